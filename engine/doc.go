@@ -1,0 +1,27 @@
+// Package engine is the contract between the serving layer and the code that
+// runs a model.
+//
+// An engine is a step-level executor. It loads a checkpoint into a [Model];
+// the batcher then drives the model one forward pass at a time: every [Model.Step]
+// carries a batch of sequences, each feeding either a prompt chunk or its
+// last sampled token, and returns the next token of every sequence that asked
+// to sample. Sampling happens inside the engine, next to the logits; only
+// token ids cross this boundary. Batching policy, chunked prefill,
+// cancellation and stop conditions live in the batcher, once, for every
+// engine.
+//
+// The engine owns KV memory: [Model.Open] reserves a sequence (reusing KV
+// saved under a prefix key when its tokens start the prompt),
+// [Model.Free] releases it (optionally saving its KV for reuse), and
+// [Info.KVCapacity] tells the batcher how many tokens it may admit.
+//
+// Use:
+//
+//	m, err := eng.Load(ctx, engine.ModelSpec{ID: "tiny", Path: dir})
+//	reused, err := m.Open(ctx, 1, prompt, "")
+//	out, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: prompt[reused:], Sample: true, Params: &engine.SamplingParams{}}})
+//	m.Free(1, "")
+//
+// Errors are the sentinels and typed errors of this package, so callers
+// branch with errors.Is and errors.As whichever engine produced them.
+package engine

@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"context"
+)
+
+// Engine loads checkpoints into models. An Engine may hold several models
+// at once; each is independent.
+//
+// Methods are safe for concurrent use.
+type Engine interface {
+	// Name identifies the engine implementation ("pyproc", "mlx", "sim").
+	Name() string
+
+	// Load reads the Hugging Face-layout checkpoint directory spec.Path
+	// (config.json, *.safetensors, tokenizer.json, tokenizer_config.json)
+	// and returns a model ready to Step. It honours ctx while loading; a
+	// cancelled load returns ctx.Err() and leaves nothing allocated.
+	//
+	// Errors: a *CheckpointError (wrapping ErrBadCheckpoint) for missing,
+	// corrupt or unsupported checkpoints, ErrOutOfMemory when the weights
+	// do not fit, ErrUnavailable when the engine cannot run here, ErrClosed
+	// after Close.
+	Load(ctx context.Context, spec ModelSpec) (Model, error)
+
+	// Close unloads every model the engine loaded and releases the
+	// engine's resources (processes, threads, device memory). It returns
+	// when they are gone. Calls on the engine or its models after Close
+	// return ErrClosed. Close is idempotent.
+	Close() error
+}
+
+// ModelSpec says what to load and how to size it.
+type ModelSpec struct {
+	// ID is the name requests use for this model. Required.
+	ID string
+	// Path is the checkpoint directory. Required.
+	Path string
+	// MaxBatch caps the sequences one Step may carry. Zero lets the engine
+	// choose its default.
+	MaxBatch int
+	// KVCapacity caps the KV cache, in tokens across all sequences. Zero
+	// lets the engine size it from available memory.
+	KVCapacity int
+	// ContextLength overrides the model's context window downwards. Zero
+	// keeps the checkpoint's value.
+	ContextLength int
+}
+
+// Model is a loaded model: a step-level executor with its own KV memory.
+//
+// Info is safe for concurrent use. Open, Step and Free are not: the caller
+// (the batcher's loop) serialises them. Engines rely on that and keep no
+// locks on the hot path.
+//
+// A sequence's life: Open allocates it (and may attach a cached prefix),
+// Step feeds it tokens and samples, Free releases it. Every opened
+// sequence must be freed, also after errors; Free of an unknown or already
+// freed sequence is a no-op.
+type Model interface {
+	// Info describes the model. It does not change after Load.
+	Info() Info
+
+	// Open starts sequence id for the given full prompt. If prefixKey is
+	// non-empty and the engine holds KV saved under that key whose tokens
+	// are a prefix of prompt, the engine attaches that KV and returns how
+	// many prompt tokens it reused; the caller then feeds only
+	// prompt[reused:]. Reuse is never the whole prompt: at least one token
+	// is left to feed, so the first Step has logits to sample from.
+	//
+	// Errors: *ContextLengthError when the prompt does not fit the context,
+	// ErrOutOfMemory when the KV cannot be reserved now (retry after other
+	// sequences finish), ErrWorkerLost, ErrClosed.
+	Open(ctx context.Context, id SeqID, prompt []int32, prefixKey string) (reused int, err error)
+
+	// Step runs one forward pass over the batch. Each input appends its
+	// Tokens to its sequence's KV; inputs with Sample set get back the next
+	// token sampled with their own parameters. The outputs hold exactly
+	// one entry per sampling input, in input order. A sequence appears at
+	// most once per batch; the batch holds at most Info().MaxBatch inputs.
+	//
+	// A batch gives every sequence the same tokens it would get alone.
+	//
+	// If ctx ends during Step, Step returns ctx.Err() and the KV of the
+	// batch's sequences is undefined: the caller frees them. On any error
+	// the caller must treat every sequence in the batch as failed; errors
+	// that wrap ErrWorkerLost are retryable from the start.
+	Step(ctx context.Context, batch []StepInput) ([]StepOutput, error)
+
+	// Free releases sequence id. If saveKey is non-empty the engine may keep
+	// the sequence's KV (every token it was fed) under saveKey so a later
+	// Open with that key reuses it; saved KV is evicted as memory is needed
+	// and never counts against KVCapacity for admission. Free never fails
+	// for a live model; after Close it is a no-op.
+	Free(id SeqID, saveKey string)
+
+	// Close unloads the model and frees its memory, returning when that is
+	// done. Calls after Close return ErrClosed. Close is idempotent.
+	Close() error
+}
+
+// SeqID names a sequence within one model. The caller picks ids and never
+// reuses one while it is open.
+type SeqID uint64
+
+// StepInput is one sequence's share of a Step.
+type StepInput struct {
+	Seq SeqID
+	// Tokens to append: a prompt chunk, or the token sampled last step.
+	// Never empty.
+	Tokens []int32
+	// Sample asks for the next token after Tokens. False for a prefill
+	// chunk that does not end the prompt.
+	Sample bool
+	// Params are the sequence's sampling parameters; read when Sample is
+	// set. The pointer is shared across steps and must not be modified.
+	Params *SamplingParams
+}
+
+// StepOutput is the token sampled for one StepInput with Sample set.
+type StepOutput struct {
+	Seq   SeqID
+	Token int32
+	// Logprob is the token's log-probability under the sampling
+	// distribution's logits (before temperature), when Params.Logprobs
+	// was set; zero otherwise.
+	Logprob float32
+}
+
+// Info describes a loaded model.
+type Info struct {
+	// ID is the name requests use.
+	ID string
+	// Engine names the engine that loaded it.
+	Engine string
+	// ContextLength is the most tokens (prompt + generated) one sequence
+	// may hold.
+	ContextLength int
+	// VocabSize is the number of token ids the model produces.
+	VocabSize int
+	// BOS is the beginning-of-sequence token id, or -1 if none.
+	BOS int32
+	// EOS lists the token ids that end generation.
+	EOS []int32
+	// KVCapacity is the number of tokens the KV cache holds across all
+	// open sequences.
+	KVCapacity int
+	// MaxBatch is the most inputs one Step takes.
+	MaxBatch int
+}

@@ -1,0 +1,3 @@
+module github.com/mlxserving/mlxserving
+
+go 1.26
