@@ -1,0 +1,276 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// fileSpec is the part of tokenizer.json this package reads.
+type fileSpec struct {
+	AddedTokens   []addedToken    `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	Model         json.RawMessage `json:"model"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+}
+
+type modelSpec struct {
+	Type                    string            `json:"type"`
+	Vocab                   map[string]int32  `json:"vocab"`
+	Merges                  []json.RawMessage `json:"merges"`
+	UnkToken                *string           `json:"unk_token"`
+	FuseUnk                 bool              `json:"fuse_unk"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	Dropout                 *float64          `json:"dropout"`
+}
+
+// Load reads dir/tokenizer.json and, if present, dir/tokenizer_config.json.
+// Errors are *FileError values naming the file; they wrap ErrMalformed,
+// ErrUnsupported or the error reading the file.
+func Load(dir string) (*Tokenizer, error) {
+	tokPath := filepath.Join(dir, "tokenizer.json")
+	tokJSON, err := os.ReadFile(tokPath)
+	if err != nil {
+		return nil, &FileError{File: tokPath, Reason: "cannot read: " + err.Error(), Err: err}
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfgJSON, err := os.ReadFile(cfgPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, &FileError{File: cfgPath, Reason: "cannot read: " + err.Error(), Err: err}
+	}
+	return build(tokJSON, cfgJSON, tokPath, cfgPath)
+}
+
+// FromJSON builds a tokenizer from the contents of tokenizer.json and
+// tokenizer_config.json (configJSON may be nil). Errors are as for Load,
+// naming "tokenizer.json" or "tokenizer_config.json".
+func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
+	return build(tokenizerJSON, configJSON, "tokenizer.json", "tokenizer_config.json")
+}
+
+func build(tokJSON, cfgJSON []byte, tokName, cfgName string) (*Tokenizer, error) {
+	t, err := parseTokenizer(tokJSON)
+	if err != nil {
+		return nil, nameFile(err, tokName)
+	}
+	if len(cfgJSON) > 0 {
+		if err := t.applyConfig(cfgJSON); err != nil {
+			return nil, nameFile(err, cfgName)
+		}
+	}
+	return t, nil
+}
+
+func nameFile(err error, name string) error {
+	var fe *FileError
+	if errors.As(err, &fe) {
+		fe.File = name
+		return fe
+	}
+	return &FileError{File: name, Reason: err.Error(), Err: ErrMalformed}
+}
+
+func parseTokenizer(data []byte) (*Tokenizer, error) {
+	var spec fileSpec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, specErr("", ErrMalformed, "not valid JSON: %v", err)
+	}
+	if isNull(spec.Model) {
+		return nil, specErr("model", ErrMalformed, "missing")
+	}
+	t := &Tokenizer{bl: newByteLevelTable()}
+	var err error
+	if t.normalizers, err = parseNormalizers(spec.Normalizer, "normalizer"); err != nil {
+		return nil, err
+	}
+	byteLevel := false
+	if !isNull(spec.PreTokenizer) {
+		c, err := parseComponent(spec.PreTokenizer, "pre_tokenizer")
+		if err != nil {
+			return nil, err
+		}
+		if t.pre, byteLevel, err = parsePreTokenizer(c, "pre_tokenizer"); err != nil {
+			return nil, err
+		}
+	}
+	if t.post, err = parsePostProcessor(spec.PostProcessor, "post_processor"); err != nil {
+		return nil, err
+	}
+	if t.dec, err = parseDecoder(spec.Decoder, "decoder"); err != nil {
+		return nil, err
+	}
+	if err := t.buildModel(spec.Model, byteLevel); err != nil {
+		return nil, err
+	}
+	if err := t.buildAdded(spec.AddedTokens); err != nil {
+		return nil, err
+	}
+	t.buildPieces()
+	return t, nil
+}
+
+func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
+	var ms modelSpec
+	if err := json.Unmarshal(raw, &ms); err != nil {
+		return specErr("model", ErrMalformed, "%v", err)
+	}
+	switch {
+	case ms.Type == "":
+		if ms.Merges == nil {
+			return specErr("model.type", ErrMalformed, "missing")
+		}
+	case ms.Type != "BPE":
+		return specErr("model.type", ErrUnsupported, "model type %q (only BPE is implemented)", ms.Type)
+	}
+	if ms.Vocab == nil {
+		return specErr("model.vocab", ErrMalformed, "missing")
+	}
+	if ms.Merges == nil {
+		return specErr("model.merges", ErrMalformed, "missing")
+	}
+	if p := ms.ContinuingSubwordPrefix; p != nil && *p != "" {
+		return specErr("model.continuing_subword_prefix", ErrUnsupported, "%q", *p)
+	}
+	if p := ms.EndOfWordSuffix; p != nil && *p != "" {
+		return specErr("model.end_of_word_suffix", ErrUnsupported, "%q", *p)
+	}
+	m := &bpeModel{
+		vocab: make(map[string]int32, len(ms.Vocab)), unk: -1, fuseUnk: ms.FuseUnk,
+		byteFallback: ms.ByteFallback, ignoreMerges: ms.IgnoreMerges, byteLevel: byteLevel,
+		cache: newWordCache(),
+	}
+	t.tokens = ms.Vocab
+	for tok, id := range ms.Vocab {
+		if id < 0 {
+			return specErr("model.vocab", ErrMalformed, "token %q has negative id %d", tok, id)
+		}
+		t.noteID(id)
+		m.vocab[t.workForm(tok, byteLevel)] = id
+	}
+	if err := m.fillByteTokens(); err != nil {
+		return err
+	}
+	if ms.UnkToken != nil {
+		id, ok := ms.Vocab[*ms.UnkToken]
+		if !ok {
+			return specErr("model.unk_token", ErrMalformed, "%q is not in the vocabulary", *ms.UnkToken)
+		}
+		m.unk = id
+	}
+	if err := t.buildMerges(m, ms.Merges, byteLevel); err != nil {
+		return err
+	}
+	t.model = m
+	return nil
+}
+
+// workForm is a vocabulary key as BPE sees it: raw bytes for byte-level
+// models.
+func (t *Tokenizer) workForm(tok string, byteLevel bool) string {
+	if !byteLevel {
+		return tok
+	}
+	raw, _ := t.bl.toBytes(tok)
+	return string(raw)
+}
+
+func (m *bpeModel) fillByteTokens() error {
+	for b := 0; b < 256; b++ {
+		m.byteTokens[b] = -1
+		key := fmt.Sprintf("<0x%02X>", b)
+		if m.byteLevel {
+			key = string([]byte{byte(b)})
+		}
+		if id, ok := m.vocab[key]; ok {
+			m.byteTokens[b] = id
+		} else if m.byteLevel {
+			return specErr("model.vocab", ErrMalformed, "byte-level vocabulary lacks byte 0x%02X", b)
+		}
+	}
+	return nil
+}
+
+func (t *Tokenizer) buildMerges(m *bpeModel, merges []json.RawMessage, byteLevel bool) error {
+	m.merges = make(map[uint64]mergeRule, len(merges))
+	for i, raw := range merges {
+		a, b, err := parseMerge(raw)
+		if err != nil {
+			return specErr(fmt.Sprintf("model.merges[%d]", i), ErrMalformed, "%v", err)
+		}
+		a, b = t.workForm(a, byteLevel), t.workForm(b, byteLevel)
+		ia, okA := m.vocab[a]
+		ib, okB := m.vocab[b]
+		id, okAB := m.vocab[a+b]
+		if !okA || !okB || !okAB {
+			return specErr(fmt.Sprintf("model.merges[%d]", i), ErrMalformed, "merge %q + %q uses a token missing from the vocabulary", a, b)
+		}
+		k := pairKey(ia, ib)
+		if _, dup := m.merges[k]; !dup {
+			m.merges[k] = mergeRule{rank: int32(i), id: id}
+		}
+	}
+	return nil
+}
+
+// parseMerge reads "a b" or ["a", "b"].
+func parseMerge(raw json.RawMessage) (string, string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok {
+			return "", "", fmt.Errorf("merge %q has no space", s)
+		}
+		return a, b, nil
+	}
+	var pair []string
+	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+		return "", "", fmt.Errorf("merge is neither \"a b\" nor [a, b]")
+	}
+	return pair[0], pair[1], nil
+}
+
+func (t *Tokenizer) noteID(id int32) {
+	if int(id)+1 > t.vocabSize {
+		t.vocabSize = int(id) + 1
+	}
+}
+
+func (t *Tokenizer) buildAdded(added []addedToken) error {
+	t.addedByID = make(map[int32]*addedToken, len(added))
+	t.addedByContent = make(map[string]int32, len(added))
+	for i := range added {
+		a := &added[i]
+		if a.ID < 0 {
+			return specErr(fmt.Sprintf("added_tokens[%d]", i), ErrMalformed, "negative id %d", a.ID)
+		}
+		if a.Content == "" {
+			return specErr(fmt.Sprintf("added_tokens[%d]", i), ErrMalformed, "empty content")
+		}
+		t.noteID(a.ID)
+		t.addedByID[a.ID] = a
+		t.addedByContent[a.Content] = a.ID
+	}
+	t.added = newAddedMatcher(added)
+	return nil
+}
+
+// buildPieces precomputes each id's decoded bytes.
+func (t *Tokenizer) buildPieces() {
+	t.pieces = make([][]byte, t.vocabSize)
+	t.special = make([]bool, t.vocabSize)
+	for tok, id := range t.tokens {
+		t.pieces[id] = t.dec.tokenBytes(tok, t.bl)
+	}
+	for id, a := range t.addedByID {
+		t.pieces[id] = t.dec.tokenBytes(a.Content, t.bl)
+		t.special[id] = a.Special
+	}
+}

