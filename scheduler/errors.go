@@ -1,0 +1,137 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Sentinel errors; the typed errors below unwrap to them, so callers
+// branch with errors.Is and read the details with errors.As.
+var (
+	// ErrQueueFull means the queue is at its request or token bound. The
+	// *QueueFullError says when to retry.
+	ErrQueueFull = errors.New("queue full")
+	// ErrRateLimited means the client sent more than its rate allows. The
+	// *RateLimitError says when to retry.
+	ErrRateLimited = errors.New("rate limited")
+	// ErrUnknownTier means a tier name or value is not one of the tiers.
+	ErrUnknownTier = errors.New("unknown tier")
+	// ErrInvalidEntry means an entry cannot be queued as given (Cost below
+	// 1, nil, or already queued).
+	ErrInvalidEntry = errors.New("invalid queue entry")
+	// ErrInvalidOption means a constructor option has a value out of range.
+	ErrInvalidOption = errors.New("invalid scheduler option")
+	// ErrClosed means the scheduler was closed and takes no new work.
+	ErrClosed = errors.New("scheduler closed")
+)
+
+// QueueFullError reports a rejection by the queue's bounds.
+type QueueFullError struct {
+	// Queued and QueuedTokens are what the queue held when it refused.
+	Queued, QueuedTokens int
+	// MaxQueued and MaxQueuedTokens are the bounds (0 = unbounded).
+	MaxQueued, MaxQueuedTokens int
+	// Cost is the refused entry's cost.
+	Cost int
+	// RetryAfter estimates how long the queue takes to drain what it holds
+	// at the observed drain rate; see [WithMaxQueued].
+	RetryAfter time.Duration
+}
+
+func (e *QueueFullError) Error() string {
+	if e.MaxQueued > 0 && e.Queued >= e.MaxQueued {
+		return fmt.Sprintf("queue full: %d requests queued (limit %d), retry after %s",
+			e.Queued, e.MaxQueued, e.RetryAfter)
+	}
+	return fmt.Sprintf("queue full: %d tokens queued + %d requested exceeds the limit of %d tokens, retry after %s",
+		e.QueuedTokens, e.Cost, e.MaxQueuedTokens, e.RetryAfter)
+}
+
+// Unwrap returns ErrQueueFull.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// RateLimitError reports a client over its rate.
+type RateLimitError struct {
+	// Client is the rate-limit key that was refused.
+	Client string
+	// Rate and Burst are the limit: requests per second and bucket size.
+	Rate  float64
+	Burst int
+	// RetryAfter is when the client's bucket holds a whole token again.
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitError) Error() string {
+	return fmt.Sprintf("rate limited: client %q is over %g requests/s (burst %d), retry after %s",
+		e.Client, e.Rate, e.Burst, e.RetryAfter)
+}
+
+// Unwrap returns ErrRateLimited.
+func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
+
+// UnknownTierError names a value that is not a tier.
+type UnknownTierError struct {
+	// Value is the name or "Tier(N)" that was not recognised.
+	Value string
+}
+
+func (e *UnknownTierError) Error() string {
+	return fmt.Sprintf("unknown tier %q: want critical, high, normal, low or background", e.Value)
+}
+
+// Unwrap returns ErrUnknownTier.
+func (e *UnknownTierError) Unwrap() error { return ErrUnknownTier }
+
+// CapacityError reports a request larger than a model's whole KV cache:
+// it could never run, however long it waited.
+type CapacityError struct {
+	// Model is the model id.
+	Model string
+	// Prompt and MaxNew are the request's prompt tokens and tokens to
+	// generate; Capacity is the KV cache size in tokens.
+	Prompt, MaxNew, Capacity int
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("out of memory: model %q holds %d tokens of KV cache in all; the request needs %d (%d prompt + %d to generate)",
+		e.Model, e.Capacity, e.Prompt+e.MaxNew, e.Prompt, e.MaxNew)
+}
+
+// Unwrap returns engine.ErrOutOfMemory.
+func (e *CapacityError) Unwrap() error { return engine.ErrOutOfMemory }
+
+// CheckFits rejects, before queueing, a request that can never run: it
+// returns *engine.InvalidParamError for an empty prompt or maxNew below 1,
+// *engine.ContextLengthError when prompt+maxNew exceeds contextLength, and
+// *CapacityError (wrapping engine.ErrOutOfMemory) when prompt+maxNew
+// exceeds the model's whole KV capacity. A contextLength or kvCapacity of
+// 0 or less is unknown and not checked.
+func CheckFits(model string, prompt, maxNew, contextLength, kvCapacity int) error {
+	if prompt < 1 {
+		return &engine.InvalidParamError{Param: "prompt", Reason: fmt.Sprintf("%d tokens: must not be empty", prompt)}
+	}
+	if maxNew < 1 {
+		return &engine.InvalidParamError{Param: "max_tokens", Reason: fmt.Sprintf("%d: must be at least 1", maxNew)}
+	}
+	// Compare by subtraction so huge values cannot overflow.
+	if contextLength > 0 && (prompt > contextLength || maxNew > contextLength-prompt) {
+		return &engine.ContextLengthError{Model: model, Prompt: prompt, MaxNew: maxNew, Limit: contextLength}
+	}
+	if kvCapacity > 0 && (prompt > kvCapacity || maxNew > kvCapacity-prompt) {
+		return &CapacityError{Model: model, Prompt: prompt, MaxNew: maxNew, Capacity: kvCapacity}
+	}
+	return nil
+}
+
+// invalidEntry returns an error wrapping ErrInvalidEntry.
+func invalidEntry(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidEntry, fmt.Sprintf(format, args...))
+}
+
+// invalidOption returns an error wrapping ErrInvalidOption.
+func invalidOption(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,204 @@
+package scheduler
+
+import (
+	"math"
+	"time"
+)
+
+// Defaults for [New]; each option's doc says how to change it.
+const (
+	// DefaultMaxQueued is the default request bound.
+	DefaultMaxQueued = 10000
+	// DefaultAging is how long waiting raises an entry one tier.
+	DefaultAging = 5 * time.Second
+	// DefaultPromotion is the fraction of its SLA an entry has left when
+	// it moves ahead of its tier.
+	DefaultPromotion = 0.2
+	// DefaultRateLimitClients is how many clients' buckets are kept.
+	DefaultRateLimitClients = 10000
+	// MinRetryAfter and MaxRetryAfter clamp the RetryAfter of a
+	// *QueueFullError.
+	MinRetryAfter = time.Second
+	MaxRetryAfter = time.Minute
+)
+
+// DefaultSLA returns the default queue-wait SLA of a tier: critical
+// 100 ms, high 500 ms, normal 2 s, low 10 s, background none (0).
+func DefaultSLA(t Tier) time.Duration {
+	switch t {
+	case Critical:
+		return 100 * time.Millisecond
+	case High:
+		return 500 * time.Millisecond
+	case Normal:
+		return 2 * time.Second
+	case Low:
+		return 10 * time.Second
+	}
+	return 0
+}
+
+// config is what the options set; New fills defaults first.
+type config struct {
+	sla            [numTiers]time.Duration
+	maxQueued      int
+	maxTokens      int
+	aging          time.Duration
+	promotion      float64
+	rate           float64 // requests per second per client; 0 = off
+	burst          int
+	clients        int
+	preemption     bool
+	clock          func() time.Time
+}
+
+func defaultConfig() config {
+	c := config{
+		maxQueued:      DefaultMaxQueued,
+		aging:          DefaultAging,
+		promotion:      DefaultPromotion,
+		clients:        DefaultRateLimitClients,
+		clock:          time.Now,
+	}
+	for r := range numTiers {
+		c.sla[r] = DefaultSLA(tierOfRank(r))
+	}
+	return c
+}
+
+// Option configures a [PriorityScheduler]; [New] returns an error wrapping
+// ErrInvalidOption for an out-of-range value.
+type Option func(*config) error
+
+// WithSLA sets tier's queue-wait SLA: Push sets an entry's Deadline to its
+// enqueue time plus d, and promotion (see [WithPromotion]) moves it ahead
+// of its tier as the deadline nears. d = 0 gives the tier no SLA; d < 0 is
+// refused.
+func WithSLA(tier Tier, d time.Duration) Option {
+	return func(c *config) error {
+		if !tier.Valid() {
+			return invalidOption("WithSLA: %v", &UnknownTierError{Value: tier.String()})
+		}
+		if d < 0 {
+			return invalidOption("WithSLA(%v, %s): must not be negative", tier, d)
+		}
+		c.sla[tier.rank()] = d
+		return nil
+	}
+}
+
+// WithMaxQueued bounds the queue to n requests (default
+// [DefaultMaxQueued]); 0 leaves it unbounded, n < 0 is refused. Push
+// beyond the bound returns a *QueueFullError whose RetryAfter is the time
+// the queued tokens take to drain at the observed drain rate (tokens
+// popped per second, smoothed), clamped to [MinRetryAfter,
+// MaxRetryAfter]; before any drain was observed it is MaxRetryAfter.
+func WithMaxQueued(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return invalidOption("WithMaxQueued(%d): must not be negative", n)
+		}
+		c.maxQueued = n
+		return nil
+	}
+}
+
+// WithMaxQueuedTokens bounds the sum of queued entries' Cost to n (default
+// 0: unbounded); n < 0 is refused. An entry costlier than n alone is
+// still accepted into an empty queue, so a bound never refuses a request
+// forever (CheckFits refuses those that can never run).
+func WithMaxQueuedTokens(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return invalidOption("WithMaxQueuedTokens(%d): must not be negative", n)
+		}
+		c.maxTokens = n
+		return nil
+	}
+}
+
+// WithAging sets how long waiting raises an entry one tier (default
+// [DefaultAging]), so nothing starves: a background entry ranks as low
+// after d, normal after 2d, high after 3d, and after 4d joins the front of
+// the high tier (see [PriorityScheduler.Pop]). Aging never lifts work into
+// the critical tier, so critical SLAs hold under any load of other work.
+// d = 0 turns aging off; d < 0 is refused.
+func WithAging(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return invalidOption("WithAging(%s): must not be negative", d)
+		}
+		c.aging = d
+		return nil
+	}
+}
+
+// WithPromotion sets the fraction of its SLA an entry has left when it is
+// promoted ahead of every unpromoted entry of its tier (default
+// [DefaultPromotion]), where promoted entries run earliest deadline first
+// instead of shortest job first. frac = 0 turns promotion off; frac must
+// be in [0, 1).
+func WithPromotion(frac float64) Option {
+	return func(c *config) error {
+		if !(frac >= 0 && frac < 1) {
+			return invalidOption("WithPromotion(%g): must be in [0, 1)", frac)
+		}
+		c.promotion = frac
+		return nil
+	}
+}
+
+// WithRateLimit limits every client (Entry.Client other than "") to
+// perSecond requests per second with bursts of burst, as a token bucket.
+// Buckets of the most recently seen [DefaultRateLimitClients] clients are
+// kept (see [WithRateLimitClients]); a client evicted from that table
+// starts again with a full bucket. perSecond = 0 turns limits off (the
+// default); otherwise perSecond must be positive and finite and burst at
+// least 1.
+func WithRateLimit(perSecond float64, burst int) Option {
+	return func(c *config) error {
+		if perSecond == 0 {
+			c.rate, c.burst = 0, 0
+			return nil
+		}
+		if !(perSecond > 0) || math.IsInf(perSecond, 1) || burst < 1 {
+			return invalidOption("WithRateLimit(%g, %d): want a positive finite rate and a burst of at least 1", perSecond, burst)
+		}
+		c.rate, c.burst = perSecond, burst
+		return nil
+	}
+}
+
+// WithRateLimitClients sets how many clients' buckets are remembered
+// (default [DefaultRateLimitClients]); n must be at least 1.
+func WithRateLimitClients(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return invalidOption("WithRateLimitClients(%d): must be at least 1", n)
+		}
+		c.clients = n
+		return nil
+	}
+}
+
+// WithPreemption lets a waiting critical entry that cannot be admitted
+// evict running work of lower tiers (see [PriorityScheduler.Preempts]).
+// Off by default.
+func WithPreemption(on bool) Option {
+	return func(c *config) error {
+		c.preemption = on
+		return nil
+	}
+}
+
+// WithClock replaces time.Now, for deterministic tests and simulations.
+// nil is refused.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) error {
+		if now == nil {
+			return invalidOption("WithClock(nil)")
+		}
+		c.clock = now
+		return nil
+	}
+}
