@@ -1,0 +1,157 @@
+// Command loadgen replays a synthetic workload against an OpenAI-compatible
+// server on this machine and reports, with vLLM's benchmark definitions,
+// time to first token (TTFT), time per output token (TPOT), inter-token
+// latency (ITL) and end-to-end latency percentiles, request and token
+// throughput, and goodput against SLOs.
+//
+//	go run ./examples/server &
+//	go run ./cmd/loadgen -requests 200 -concurrency 16 -max-tokens 64
+//	go run ./cmd/loadgen -requests 500 -rate 20 -slo-ttft 200ms -slo-tpot 20ms
+//
+// Every run is bounded: at most -requests requests and -duration of time.
+// Only loopback targets are accepted.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	if err := mainErr(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func mainErr(ctx context.Context, args []string, out io.Writer) error {
+	cfg, goal, pcts, asJSON, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+	defer stop()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.concurrency, MaxConnsPerHost: 0}}
+	defer client.CloseIdleConnections()
+	if cfg.model == "" {
+		if cfg.model, err = firstModel(ctx, client, cfg.target); err != nil {
+			return err
+		}
+	}
+	results, elapsed := run(ctx, client, cfg)
+	s := summarize(results, elapsed, goal, pcts)
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	fmt.Fprintf(out, "target %s  model %s  endpoint %s  stream %v  requests %d  concurrency %d  rate %v/s  input %d words  output %d tokens\n",
+		cfg.target, cfg.model, cfg.endpoint, cfg.stream, cfg.requests, cfg.concurrency, cfg.rate, cfg.inputWords, cfg.maxTokens)
+	s.print(out, goal)
+	return nil
+}
+
+func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON bool, err error) {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	target := fs.String("url", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat or completions")
+	fs.StringVar(&cfg.model, "model", "", "model id (default: the first of /v1/models)")
+	fs.IntVar(&cfg.requests, "requests", 100, "number of requests to send (1 to 1000000)")
+	fs.DurationVar(&cfg.duration, "duration", time.Minute, "time limit for the whole run (at most 1h)")
+	fs.IntVar(&cfg.concurrency, "concurrency", 8, "most requests in flight")
+	fs.Float64Var(&cfg.rate, "rate", 0, "Poisson arrival rate in requests/s (0: closed loop at -concurrency)")
+	fs.IntVar(&cfg.inputWords, "input-words", 32, "prompt length in words")
+	fs.IntVar(&cfg.maxTokens, "max-tokens", 64, "tokens to generate per request (ignore_eos is set)")
+	fs.BoolVar(&cfg.stream, "stream", true, "stream responses over SSE")
+	fs.StringVar(&cfg.priority, "priority", "", "priority tier sent with every request")
+	fs.Uint64Var(&cfg.seed, "seed", 1, "seed for arrival times")
+	fs.DurationVar(&goal.ttft, "slo-ttft", 0, "goodput SLO on time to first token (0: none)")
+	fs.DurationVar(&goal.tpot, "slo-tpot", 0, "goodput SLO on time per output token (0: none)")
+	fs.DurationVar(&goal.e2e, "slo-e2e", 0, "goodput SLO on end-to-end latency (0: none)")
+	pctList := fs.String("percentiles", "50,90,99", "latency percentiles to report")
+	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	if err = fs.Parse(args); err != nil {
+		return
+	}
+	if fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected arguments %q", fs.Args())
+		return
+	}
+	if cfg.target, err = url.Parse(*target); err != nil {
+		return
+	}
+	if err = checkLoopback(cfg.target); err != nil {
+		return
+	}
+	if pcts, err = parsePercentiles(*pctList); err != nil {
+		return
+	}
+	err = cfg.validate()
+	return
+}
+
+func (c config) validate() error {
+	switch {
+	case c.endpoint != "chat" && c.endpoint != "completions":
+		return fmt.Errorf("-endpoint %q: want chat or completions", c.endpoint)
+	case c.requests < 1 || c.requests > 1_000_000:
+		return fmt.Errorf("-requests %d: want 1 to 1000000", c.requests)
+	case c.duration <= 0 || c.duration > time.Hour:
+		return fmt.Errorf("-duration %v: want more than 0, at most 1h", c.duration)
+	case c.concurrency < 1 || c.concurrency > 100_000:
+		return fmt.Errorf("-concurrency %d: want 1 to 100000", c.concurrency)
+	case c.rate < 0:
+		return fmt.Errorf("-rate %v: want 0 or more", c.rate)
+	case c.inputWords < 1 || c.maxTokens < 1:
+		return errors.New("-input-words and -max-tokens must be at least 1")
+	}
+	return nil
+}
+
+func parsePercentiles(s string) ([]float64, error) {
+	var out []float64
+	for f := range strings.SplitSeq(s, ",") {
+		p, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || p < 0 || p > 100 {
+			return nil, fmt.Errorf("-percentiles: %q is not a number from 0 to 100", f)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// firstModel asks the server which models it serves.
+func firstModel(ctx context.Context, client *http.Client, target *url.URL) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.JoinPath("/v1/models").String(), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return "", fmt.Errorf("GET /v1/models: %w", err)
+	}
+	if len(list.Data) == 0 {
+		return "", errors.New("the server has no models loaded")
+	}
+	return list.Data[0].ID, nil
+}

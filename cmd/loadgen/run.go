@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// config is one run's workload.
+type config struct {
+	target      *url.URL
+	endpoint    string // "chat" or "completions"
+	model       string
+	requests    int
+	duration    time.Duration
+	concurrency int
+	rate        float64 // Poisson arrivals per second; 0 is closed loop
+	inputWords  int
+	maxTokens   int
+	stream      bool
+	priority    string
+	seed        uint64
+}
+
+// checkLoopback refuses targets other than this machine.
+func checkLoopback(u *url.URL) error {
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("target %q: scheme must be http or https", u)
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("target %q: only loopback hosts (127.0.0.1, ::1, localhost) are allowed", u)
+	}
+	return nil
+}
+
+// run replays the workload and returns one result per request sent.
+// It stops after cfg.requests requests or cfg.duration, whichever is
+// first; requests in flight at the deadline are cancelled and count as
+// failed.
+func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.duration)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(cfg.seed, 0x6c6f6164))
+	var (
+		mu      sync.Mutex
+		results []*result
+		wg      sync.WaitGroup
+	)
+	slots := make(chan struct{}, cfg.concurrency)
+	start := time.Now()
+	next := start
+	for i := 0; i < cfg.requests; i++ {
+		if cfg.rate > 0 {
+			next = next.Add(time.Duration(rng.ExpFloat64() / cfg.rate * float64(time.Second)))
+			if !sleepUntil(ctx, next) {
+				break
+			}
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		body := requestBody(cfg, i)
+		wg.Go(func() {
+			defer func() { <-slots }()
+			r := send(ctx, client, cfg, body)
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, time.Since(start)
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// requestBody builds request i: a prompt of cfg.inputWords words that
+// differs per request, asking for exactly cfg.maxTokens tokens.
+func requestBody(cfg config, i int) []byte {
+	words := make([]string, cfg.inputWords)
+	for w := range words {
+		words[w] = vocabulary[(i*7+w*13)%len(vocabulary)]
+	}
+	prompt := strings.Join(words, " ")
+	req := map[string]any{
+		"model": cfg.model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
+		"temperature": 0, "stream": cfg.stream,
+	}
+	if cfg.stream {
+		req["stream_options"] = map[string]bool{"include_usage": true}
+	}
+	if cfg.priority != "" {
+		req["priority"] = cfg.priority
+	}
+	if cfg.endpoint == "chat" {
+		req["messages"] = []map[string]string{{"role": "user", "content": prompt}}
+	} else {
+		req["prompt"] = prompt
+	}
+	b, _ := json.Marshal(req)
+	return b
+}
+
+var vocabulary = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars watch " +
+	"quiet rivers carry old stories toward distant hills where patient farmers plant golden wheat")
+
+func (c config) path() string {
+	if c.endpoint == "chat" {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// send runs one request and measures it.
+func send(ctx context.Context, client *http.Client, cfg config, body []byte) *result {
+	r := &result{start: time.Now()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.target.JoinPath(cfg.path()).String(), bytes.NewReader(body))
+	if err != nil {
+		r.err = err
+		return r
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		r.err = fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		return r
+	}
+	if cfg.stream {
+		r.err = readStream(resp.Body, r)
+	} else {
+		r.err = readWhole(resp.Body, r)
+	}
+	r.e2e = time.Since(r.start)
+	return r
+}
+
+// chunk is the part of a response (or stream chunk) the generator reads.
+type chunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func readWhole(body io.Reader, r *result) error {
+	var c chunk
+	if err := json.NewDecoder(body).Decode(&c); err != nil {
+		return err
+	}
+	r.ttft = time.Since(r.start)
+	if c.Usage == nil {
+		return errors.New("response has no usage")
+	}
+	r.promptTokens, r.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+	return nil
+}
+
+// readStream reads SSE chunks: every chunk with text is a token arrival.
+func readStream(body io.Reader, r *result) error {
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var last time.Time
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			if r.outputTokens == 0 {
+				return errors.New("stream ended without usage")
+			}
+			return nil
+		}
+		var c chunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return fmt.Errorf("bad chunk %q: %w", data, err)
+		}
+		if c.Error != nil {
+			return fmt.Errorf("stream error: %s", c.Error.Message)
+		}
+		if c.Usage != nil {
+			r.promptTokens, r.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		}
+		if len(c.Choices) == 0 || c.Choices[0].Text+c.Choices[0].Delta.Content == "" {
+			continue
+		}
+		now := time.Now()
+		if last.IsZero() {
+			r.ttft = now.Sub(r.start)
+		} else {
+			r.itl = append(r.itl, now.Sub(last))
+		}
+		last = now
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return errors.New("stream ended without [DONE]")
+}
