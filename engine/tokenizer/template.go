@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"time"
 
@@ -114,11 +113,11 @@ func (ct *chatTemplates) compile(name, src string) (tpl *exec.Template, err erro
 	}()
 	// A memory loader holding only this template: include/extends/import
 	// cannot reach the file system.
-	loader, lerr := loaders.NewMemoryLoader(map[string]string{name: src})
+	loader, lerr := loaders.NewMemoryLoader(map[string]string{"/" + name: src})
 	if lerr != nil {
 		return nil, &TemplateError{Name: name, Reason: lerr.Error()}
 	}
-	tpl, err = exec.NewTemplate(name, templateConfig(), loader, ct.env)
+	tpl, err = exec.NewTemplate("/"+name, templateConfig(), loader, ct.env)
 	if err != nil {
 		return nil, &TemplateError{Name: name, Reason: "parse: " + trimSource(err.Error(), src)}
 	}
@@ -136,6 +135,7 @@ func trimSource(msg, src string) string {
 func newTemplateEnv() *exec.Environment {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
 	_ = filters.Replace("tojson", filterPyToJSON)
+	_ = filters.Replace("items", filterItems)
 	tests := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
 	statements := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
 	globals := exec.NewContext(map[string]any{})
@@ -210,18 +210,14 @@ func (t *Tokenizer) templateName(want string) (string, error) {
 }
 
 func (t *Tokenizer) templateVars(messages []Message, opts *ChatOptions) map[string]any {
-	msgs := make([]any, len(messages))
+	msgs := make(pyList, len(messages))
 	for i, m := range messages {
 		obj := map[string]any{"role": m.Role, "content": m.Content}
 		if m.Name != "" {
 			obj["name"] = m.Name
 		}
 		if m.ToolCalls != nil {
-			calls := make([]any, len(m.ToolCalls))
-			for j, c := range m.ToolCalls {
-				calls[j] = c
-			}
-			obj["tool_calls"] = calls
+			obj["tool_calls"] = pyData(m.ToolCalls)
 		}
 		if m.ToolCallID != "" {
 			obj["tool_call_id"] = m.ToolCallID
@@ -242,13 +238,11 @@ func (t *Tokenizer) templateVars(messages []Message, opts *ChatOptions) map[stri
 		},
 	}
 	if opts.Tools != nil {
-		tools := make([]any, len(opts.Tools))
-		for i, tl := range opts.Tools {
-			tools[i] = tl
-		}
-		vars["tools"] = tools
+		vars["tools"] = pyData(opts.Tools)
 	}
-	maps.Copy(vars, opts.Extra)
+	for k, v := range opts.Extra {
+		vars[k] = pyData(v)
+	}
 	return vars
 }
 
