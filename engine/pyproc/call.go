@@ -1,0 +1,183 @@
+package pyproc
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// builder appends one request line (without its newline) for request id.
+type builder func(b []byte, id uint64) []byte
+
+// request builds a request from op and its fields with encoding/json; the
+// hot path (step) has its own appender.
+func request(op string, fields map[string]any) builder {
+	return func(b []byte, id uint64) []byte {
+		b = append(b, `{"id":`...)
+		b = strconv.AppendUint(b, id, 10)
+		b = append(b, `,"op":`...)
+		b = strconv.AppendQuote(b, op)
+		for k, v := range fields {
+			js, err := json.Marshal(v)
+			if err != nil {
+				js = []byte("null") // fields are plain values; never happens
+			}
+			b = append(b, ',')
+			b = strconv.AppendQuote(b, k)
+			b = append(b, ':')
+			b = append(b, js...)
+		}
+		return append(b, '}')
+	}
+}
+
+// call sends one request and waits for its reply. A reply with ok false
+// comes back as an error mapped by toError.
+func (p *proc) call(ctx context.Context, model string, build builder) (*reply, error) {
+	id, ch, err := p.send(build, true)
+	if err != nil {
+		return nil, err
+	}
+	return p.wait(ctx, model, id, ch)
+}
+
+// send writes a request. With wait false nobody waits for the reply, which
+// the reader then drops.
+func (p *proc) send(build builder, wait bool) (uint64, chan *reply, error) {
+	id := p.nextID.Add(1)
+	var ch chan *reply
+	if wait {
+		ch = make(chan *reply, 1)
+		p.pmu.Lock()
+		if p.pending == nil {
+			p.pmu.Unlock()
+			return 0, nil, p.lost()
+		}
+		p.pending[id] = ch
+		p.pmu.Unlock()
+	}
+	p.wmu.Lock()
+	p.wbuf = build(p.wbuf[:0], id)
+	if len(p.wbuf) > p.maxLine {
+		n := len(p.wbuf)
+		p.wmu.Unlock()
+		p.forget(id)
+		return 0, nil, &engine.InvalidParamError{Param: "tokens",
+			Reason: fmt.Sprintf("the request takes %d bytes, over the worker protocol's line limit of %d", n, p.maxLine)}
+	}
+	p.wbuf = append(p.wbuf, '\n')
+	_, err := p.stdin.Write(p.wbuf)
+	p.wmu.Unlock()
+	if err != nil {
+		p.forget(id)
+		p.fail("writing a request: " + err.Error())
+		return 0, nil, p.lost()
+	}
+	return id, ch, nil
+}
+
+func (p *proc) forget(id uint64) {
+	p.pmu.Lock()
+	if p.pending != nil {
+		delete(p.pending, id)
+	}
+	p.pmu.Unlock()
+}
+
+func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply) (*reply, error) {
+	var r *reply
+	select {
+	case r = <-ch:
+	case <-p.dead:
+		select {
+		case r = <-ch:
+		default:
+			return nil, p.lost()
+		}
+	case <-ctx.Done():
+		p.forget(id)
+		return nil, ctx.Err()
+	}
+	if !r.OK {
+		if r.Error == nil {
+			return nil, &WorkerError{Code: "internal", Message: "error reply without an error"}
+		}
+		return nil, r.Error.toError(model)
+	}
+	return r, nil
+}
+
+// appendStep encodes a step request by hand: it runs every decode step.
+func appendStep(b []byte, id uint64, model string, batch []engine.StepInput, idx []int) []byte {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendUint(b, id, 10)
+	b = append(b, `,"op":"step","model":`...)
+	b = strconv.AppendQuote(b, model)
+	b = append(b, `,"batch":[`...)
+	for n, i := range idx {
+		in := &batch[i]
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendUint(b, uint64(in.Seq), 10)
+		b = append(b, ",["...)
+		for j, t := range in.Tokens {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(t), 10)
+		}
+		b = append(b, "],"...)
+		b = strconv.AppendBool(b, in.Sample)
+		b = append(b, ',')
+		b = appendParams(b, in.Params, in.Sample)
+		b = append(b, ']')
+	}
+	return append(b, "]}"...)
+}
+
+// appendParams writes the compact sampling object PROTOCOL.md describes;
+// zero fields are left out.
+func appendParams(b []byte, p *engine.SamplingParams, sample bool) []byte {
+	if p == nil || !sample {
+		return append(b, "{}"...)
+	}
+	b = append(b, '{')
+	first := true
+	f := func(k string, v float32) {
+		if v == 0 || math.IsNaN(float64(v)) {
+			return
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, k...)
+		b = strconv.AppendFloat(b, float64(v), 'g', -1, 32)
+	}
+	f(`"t":`, p.Temperature)
+	f(`"p":`, p.TopP)
+	f(`"k":`, float32(p.TopK))
+	f(`"m":`, p.MinP)
+	f(`"r":`, p.RepetitionPenalty)
+	if p.HasSeed {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, `"s":`...)
+		b = strconv.AppendUint(b, p.Seed, 10)
+	}
+	if p.Logprobs {
+		if !first {
+			b = append(b, ',')
+		}
+		b = append(b, `"l":true`...)
+	}
+	return append(b, '}')
+}

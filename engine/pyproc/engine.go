@@ -1,0 +1,241 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Engine runs models in a pool of supervised Python worker processes. It
+// implements engine.Engine.
+type Engine struct {
+	cfg        config
+	runtimeDir string
+	slots      []*slot
+	closing    chan struct{}
+	wg         sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	models map[*Model]struct{}
+	nextID atomic.Uint64
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// slot is one position of the pool: the worker running there now, replaced
+// by its supervisor when it dies.
+type slot struct {
+	idx  int
+	mu   sync.Mutex
+	cur  *proc         // nil while (re)starting
+	up   chan struct{} // closed when cur is set; replaced when cur dies
+	open atomic.Int64  // sequences routed here, for least-loaded routing
+}
+
+// current returns the live worker, waiting for a restart to finish if one
+// is under way.
+func (s *slot) current(ctx context.Context, closing chan struct{}) (*proc, error) {
+	for {
+		s.mu.Lock()
+		p, up := s.cur, s.up
+		s.mu.Unlock()
+		if p != nil && p.alive() {
+			return p, nil
+		}
+		select {
+		case <-up:
+		case <-closing:
+			return nil, engine.ErrClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// New writes the embedded runtime to the cache directory, starts the
+// workers and waits for their handshakes. A missing interpreter or backend
+// gives an error wrapping engine.ErrUnavailable that says what to install.
+func New(ctx context.Context, opts ...Option) (*Engine, error) {
+	cfg := defaults()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := installRuntime(cfg.cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, runtimeDir: dir, closing: make(chan struct{}), models: map[*Model]struct{}{}}
+	procs := make([]*proc, cfg.workers)
+	errs := make([]error, cfg.workers)
+	var wg sync.WaitGroup
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			procs[i], errs[i] = startProc(ctx, &e.cfg, dir, i)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range procs {
+			if p != nil {
+				p.fail("start-up failed")
+				<-p.dead
+			}
+		}
+		return nil, err
+	}
+	for i, p := range procs {
+		s := &slot{idx: i, cur: p, up: make(chan struct{})}
+		close(s.up)
+		e.slots = append(e.slots, s)
+		e.wg.Add(1)
+		go e.supervise(s, p)
+	}
+	return e, nil
+}
+
+// Name returns "pyproc".
+func (e *Engine) Name() string { return "pyproc" }
+
+// Backend reports the backend the workers run ("torch" or "mlx") and their
+// library versions, as the first worker's handshake gave them.
+func (e *Engine) Backend() (string, map[string]any) {
+	p, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		return "", nil
+	}
+	return p.hello.Backend, p.hello.Versions
+}
+
+// supervise watches the worker of one slot and replaces it, with
+// exponential backoff, whenever it dies, until the engine closes.
+func (e *Engine) supervise(s *slot, p *proc) {
+	defer e.wg.Done()
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 10*time.Second, 0
+	for {
+		started := time.Now()
+		select {
+		case <-p.dead:
+		case <-e.closing:
+			e.shutdown(p)
+			return
+		}
+		s.mu.Lock()
+		s.cur, s.up = nil, make(chan struct{})
+		s.mu.Unlock()
+		s.open.Store(0)
+		e.cfg.logger.Warn("worker lost; restarting", "worker", s.idx, "reason", p.reason)
+		if time.Since(started) > time.Minute {
+			b.Reset()
+		}
+		if p = e.restart(s, b); p == nil {
+			return
+		}
+	}
+}
+
+// restart starts a replacement worker and reloads every model on it,
+// retrying with backoff. It returns nil when the engine closes first.
+func (e *Engine) restart(s *slot, b backoff.BackOff) *proc {
+	for {
+		select {
+		case <-time.After(b.NextBackOff()):
+		case <-e.closing:
+			return nil
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-e.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		p, err := startProc(ctx, &e.cfg, e.runtimeDir, s.idx)
+		if err == nil {
+			err = e.reload(ctx, p)
+		}
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			s.cur = p
+			close(s.up)
+			s.mu.Unlock()
+			return p
+		}
+		e.cfg.logger.Error("worker restart failed", "worker", s.idx, "err", err)
+		if p != nil {
+			p.fail("restart failed")
+			<-p.dead
+		}
+	}
+}
+
+// reload loads every open model onto a fresh worker.
+func (e *Engine) reload(ctx context.Context, p *proc) error {
+	e.mu.Lock()
+	models := make([]*Model, 0, len(e.models))
+	for m := range e.models {
+		models = append(models, m)
+	}
+	e.mu.Unlock()
+	for _, m := range models {
+		if _, err := p.call(ctx, m.info.ID, m.loadRequest()); err != nil {
+			return fmt.Errorf("reloading model %q: %w", m.info.ID, err)
+		}
+	}
+	return nil
+}
+
+// shutdown asks a worker to finish what it has queued and exit, and kills
+// it if it does not within the start timeout.
+func (e *Engine) shutdown(p *proc) {
+	if p.alive() {
+		_, _, _ = p.send(request("shutdown", nil), false)
+		_ = p.stdin.Close()
+	}
+	select {
+	case <-p.dead:
+	case <-time.After(e.cfg.startTimeout):
+		p.fail("did not shut down")
+		<-p.dead
+	}
+}
+
+// Close unloads every model, stops the workers after they finish the work
+// queued on them, and returns when the processes are gone. It is
+// idempotent.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.models = map[*Model]struct{}{}
+	e.mu.Unlock()
+	close(e.closing)
+	e.wg.Wait()
+	return nil
+}
+
+func (e *Engine) isClosed() bool {
+	select {
+	case <-e.closing:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,232 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Model is a checkpoint loaded on every worker of an Engine. It implements
+// engine.Model: Open, Step and Free are serialised by the caller; Info is
+// safe for concurrent use.
+type Model struct {
+	e      *Engine
+	handle string // the model's name on the workers: unique per Load
+	spec   engine.ModelSpec
+	info   engine.Info
+	closed atomic.Bool
+
+	seqs map[engine.SeqID]seqRef
+
+	// Step scratch, reused between steps (Step is serialised).
+	groups map[*proc]*stepGroup
+	outAt  []int
+}
+
+// seqRef is where a sequence lives: the worker it was opened on. If that
+// worker died since, the sequence is gone.
+type seqRef struct {
+	slot *slot
+	proc *proc
+}
+
+type stepGroup struct {
+	idx   []int // batch indices on this worker
+	id    uint64
+	ch    chan *reply
+	err   error
+	reply *reply
+}
+
+var _ engine.Model = (*Model)(nil)
+
+// Load loads the checkpoint on every worker. It returns when all have it;
+// if ctx ends first it returns ctx.Err() and unloads it again.
+func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	if spec.ID == "" || spec.Path == "" {
+		return nil, &engine.InvalidParamError{Param: "model", Reason: "ModelSpec needs an ID and a Path"}
+	}
+	if spec.MaxBatch < 0 || spec.KVCapacity < 0 || spec.ContextLength < 0 {
+		return nil, &engine.InvalidParamError{Param: "model", Reason: "ModelSpec sizes must not be negative"}
+	}
+	if e.isClosed() {
+		return nil, engine.ErrClosed
+	}
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{},
+		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
+	infos := make([]*wireInfo, len(e.slots))
+	errs := make([]error, len(e.slots))
+	var wg sync.WaitGroup
+	for i, s := range e.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := s.current(ctx, e.closing)
+			if err == nil {
+				var r *reply
+				if r, err = p.call(ctx, spec.ID, m.loadRequest()); err == nil {
+					infos[i] = r.Info
+				}
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil || infos[0] == nil {
+		m.unload()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, firstError(errs)
+	}
+	m.info = m.infoFrom(infos)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, engine.ErrClosed
+	}
+	e.models[m] = struct{}{}
+	return m, nil
+}
+
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: no worker answered", engine.ErrWorkerLost)
+}
+
+func (m *Model) loadRequest() builder {
+	return request("load", map[string]any{
+		"model": m.handle,
+		"path":  m.spec.Path,
+		"opts": map[string]any{
+			"max_batch":      m.spec.MaxBatch,
+			"kv_capacity":    m.spec.KVCapacity / len(m.e.slots),
+			"context_length": m.spec.ContextLength,
+			"device":         m.e.cfg.device,
+			"dtype":          m.e.cfg.dtype,
+		},
+	})
+}
+
+func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
+	w := infos[0]
+	info := engine.Info{ID: m.spec.ID, Engine: "pyproc", ContextLength: w.ContextLength,
+		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch}
+	for _, x := range infos {
+		info.KVCapacity += x.KVCapacity
+	}
+	return info
+}
+
+// unload removes the model from every live worker, waiting for them.
+func (m *Model) unload() {
+	var wg sync.WaitGroup
+	for _, s := range m.e.slots {
+		s.mu.Lock()
+		p := s.cur
+		s.mu.Unlock()
+		if p == nil || !p.alive() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = p.call(context.Background(), m.spec.ID, request("unload", map[string]any{"model": m.handle}))
+		}()
+	}
+	wg.Wait()
+}
+
+// Info describes the model.
+func (m *Model) Info() engine.Info { return m.info }
+
+func (m *Model) usable() error {
+	if m.closed.Load() || m.e.isClosed() {
+		return engine.ErrClosed
+	}
+	return nil
+}
+
+// Open routes the sequence to the least-loaded worker and reserves its KV
+// there. A worker being restarted is waited for (within ctx).
+func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
+	if err := m.usable(); err != nil {
+		return 0, err
+	}
+	if len(prompt) == 0 {
+		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
+	}
+	if len(prompt) > m.info.ContextLength {
+		return 0, &engine.ContextLengthError{Model: m.spec.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
+	}
+	if _, ok := m.seqs[id]; ok {
+		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
+	}
+	s := m.pickSlot()
+	p, err := s.current(ctx, m.e.closing)
+	if err != nil {
+		return 0, err
+	}
+	r, err := p.call(ctx, m.spec.ID, request("open", map[string]any{
+		"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}))
+	if err != nil {
+		return 0, err
+	}
+	m.seqs[id] = seqRef{slot: s, proc: p}
+	s.open.Add(1)
+	return r.Reused, nil
+}
+
+// pickSlot is the slot with the fewest open sequences, preferring one
+// whose worker is up.
+func (m *Model) pickSlot() *slot {
+	var best *slot
+	bestUp := false
+	for _, s := range m.e.slots {
+		s.mu.Lock()
+		up := s.cur != nil && s.cur.alive()
+		s.mu.Unlock()
+		if best == nil || (up && !bestUp) || (up == bestUp && s.open.Load() < best.open.Load()) {
+			best, bestUp = s, up
+		}
+	}
+	return best
+}
+
+// Free releases the sequence. The request is sent without waiting for its
+// reply; the worker handles it before anything sent later.
+func (m *Model) Free(id engine.SeqID, saveKey string) {
+	ref, ok := m.seqs[id]
+	if !ok {
+		return
+	}
+	delete(m.seqs, id)
+	if ref.proc.alive() && !m.closed.Load() {
+		ref.slot.open.Add(-1)
+		_, _, _ = ref.proc.send(request("free", map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}), false)
+	}
+}
+
+// Close unloads the model from every worker and returns when that is done.
+func (m *Model) Close() error {
+	if m.closed.Swap(true) {
+		return nil
+	}
+	m.e.mu.Lock()
+	delete(m.e.models, m)
+	m.e.mu.Unlock()
+	if !m.e.isClosed() {
+		m.unload()
+	}
+	m.seqs = nil
+	return nil
+}

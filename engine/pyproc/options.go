@@ -1,0 +1,189 @@
+package pyproc
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+)
+
+// Option configures New. Options validate their values; New returns the
+// first error.
+type Option func(*config) error
+
+type config struct {
+	python       string
+	workers      int
+	backend      string
+	device       string
+	dtype        string
+	startTimeout time.Duration
+	hbInterval   time.Duration
+	hbTimeout    time.Duration
+	logger       *slog.Logger
+	cacheDir     string
+	maxLine      int
+	threads      int
+	faults       bool // test hook: lets the worker obey "fault" requests
+}
+
+func defaults() config {
+	return config{
+		python:       "python3",
+		workers:      1,
+		backend:      "auto",
+		device:       "auto",
+		dtype:        "auto",
+		startTimeout: 60 * time.Second,
+		hbInterval:   500 * time.Millisecond,
+		hbTimeout:    5 * time.Second,
+		logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		maxLine:      64 << 20,
+	}
+}
+
+// WithPython sets the Python interpreter, a path or a name looked up on
+// PATH. The default is "python3".
+func WithPython(path string) Option {
+	return func(c *config) error {
+		if path == "" {
+			return fmt.Errorf("pyproc: WithPython: empty path")
+		}
+		c.python = path
+		return nil
+	}
+}
+
+// WithWorkers sets the number of worker processes, each holding its own
+// copy of every loaded model. The default is 1.
+func WithWorkers(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("pyproc: WithWorkers(%d): want at least 1", n)
+		}
+		c.workers = n
+		return nil
+	}
+}
+
+// WithBackend picks the runtime's backend: "auto" (the default: mlx where
+// mlx_lm imports, torch otherwise), "torch" or "mlx".
+func WithBackend(name string) Option {
+	return func(c *config) error {
+		switch name {
+		case "auto", "torch", "mlx":
+			c.backend = name
+			return nil
+		}
+		return fmt.Errorf("pyproc: WithBackend(%q): want auto, torch or mlx", name)
+	}
+}
+
+// WithDevice picks the torch device: "auto" (the default: CUDA when torch
+// sees one), "cpu" or "cuda".
+func WithDevice(name string) Option {
+	return func(c *config) error {
+		switch name {
+		case "auto", "cpu", "cuda":
+			c.device = name
+			return nil
+		}
+		return fmt.Errorf("pyproc: WithDevice(%q): want auto, cpu or cuda", name)
+	}
+}
+
+// WithDType picks the compute dtype: "auto" (the default: bfloat16 on
+// CUDA, float32 on CPU), "float32", "bfloat16" or "float16".
+func WithDType(name string) Option {
+	return func(c *config) error {
+		switch name {
+		case "auto", "float32", "bfloat16", "float16":
+			c.dtype = name
+			return nil
+		}
+		return fmt.Errorf("pyproc: WithDType(%q): want auto, float32, bfloat16 or float16", name)
+	}
+}
+
+// WithStartTimeout bounds a worker's start-up, from launch to its
+// handshake. The default is 60s (importing torch can be slow).
+func WithStartTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("pyproc: WithStartTimeout(%v): want a positive duration", d)
+		}
+		c.startTimeout = d
+		return nil
+	}
+}
+
+// WithHeartbeat sets how often workers send heartbeats and how long a
+// silent worker is given before it is killed and replaced. The defaults
+// are 500ms and 5s.
+func WithHeartbeat(interval, timeout time.Duration) Option {
+	return func(c *config) error {
+		if interval <= 0 || timeout <= interval {
+			return fmt.Errorf("pyproc: WithHeartbeat(%v, %v): want 0 < interval < timeout", interval, timeout)
+		}
+		c.hbInterval, c.hbTimeout = interval, timeout
+		return nil
+	}
+}
+
+// WithLogger receives supervision events and the workers' stderr. The
+// default discards them.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("pyproc: WithLogger: nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithCacheDir sets where the embedded runtime is written (in a
+// subdirectory named by its content hash). The default is the user cache
+// directory's "mlxserving".
+func WithCacheDir(dir string) Option {
+	return func(c *config) error {
+		if dir == "" {
+			return fmt.Errorf("pyproc: WithCacheDir: empty path")
+		}
+		c.cacheDir = dir
+		return nil
+	}
+}
+
+// WithMaxLineBytes sets the protocol's line limit in both directions. The
+// default is 64 MiB.
+func WithMaxLineBytes(n int) Option {
+	return func(c *config) error {
+		if n < 4096 {
+			return fmt.Errorf("pyproc: WithMaxLineBytes(%d): want at least 4096", n)
+		}
+		c.maxLine = n
+		return nil
+	}
+}
+
+// WithThreads sets each worker's CPU thread count for torch. Zero (the
+// default) leaves torch's own choice.
+func WithThreads(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("pyproc: WithThreads(%d): want 0 or more", n)
+		}
+		c.threads = n
+		return nil
+	}
+}
+
+// withFaults lets tests make workers misbehave on request (the protocol's
+// "fault" op, refused otherwise).
+func withFaults() Option {
+	return func(c *config) error {
+		c.faults = true
+		return nil
+	}
+}

@@ -1,0 +1,299 @@
+package pyproc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// protocolVersion is the version of PROTOCOL.md this supervisor speaks.
+const protocolVersion = 1
+
+// reply is any line a worker writes: a handshake, a heartbeat or a reply.
+type reply struct {
+	ID       uint64     `json:"id"`
+	Type     string     `json:"type"`
+	OK       bool       `json:"ok"`
+	Error    *wireError `json:"error"`
+	Tokens   []int32    `json:"tokens"`
+	Logprobs []float32  `json:"logprobs"`
+	Reused   int        `json:"reused"`
+	Info     *wireInfo  `json:"info"`
+
+	Protocol int               `json:"protocol"`
+	Backend  string            `json:"backend"`
+	PID      int               `json:"pid"`
+	Versions map[string]any    `json:"versions"`
+	Stats    map[string]any    `json:"models"`
+	Caps     map[string]any    `json:"capabilities"`
+}
+
+type wireInfo struct {
+	ContextLength int     `json:"context_length"`
+	VocabSize     int     `json:"vocab_size"`
+	BOS           int32   `json:"bos"`
+	EOS           []int32 `json:"eos"`
+	KVCapacity    int     `json:"kv_capacity"`
+	MaxBatch      int     `json:"max_batch"`
+	Device        string  `json:"device"`
+	DType         string  `json:"dtype"`
+}
+
+var heartbeatLine = []byte(`{"type":"hb"}`)
+
+// proc is one running worker process. Calls may come from several
+// goroutines: writes are serialised by wmu, replies are matched to callers
+// by request id.
+type proc struct {
+	slot    int
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	log     *slog.Logger
+	maxLine int
+	hello   reply
+
+	wmu  sync.Mutex
+	wbuf []byte
+
+	pmu     sync.Mutex
+	pending map[uint64]chan *reply
+	nextID  atomic.Uint64
+
+	lastSeen atomic.Int64 // unix nanos of the last line read
+	failOnce sync.Once
+	reason   string        // why the process is gone; set before dead closes
+	dead     chan struct{} // closed when the process has exited and been reaped
+	stop     chan struct{} // closed to stop the watchdog early
+}
+
+// startProc launches a worker and waits for its handshake.
+func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*proc, error) {
+	args := []string{"-u", filepath.Join(runtimeDir, "worker.py"),
+		"--backend", cfg.backend,
+		"--heartbeat", strconv.FormatFloat(cfg.hbInterval.Seconds(), 'f', -1, 64),
+		"--max-line", strconv.Itoa(cfg.maxLine),
+		"--threads", strconv.Itoa(cfg.threads)}
+	if cfg.faults {
+		args = append(args, "--faults")
+	}
+	cmd := exec.Command(cfg.python, args...)
+	cmd.Dir = runtimeDir
+	p := &proc{slot: slot, cmd: cmd, log: cfg.logger.With("worker", slot), maxLine: cfg.maxLine,
+		pending: map[uint64]chan *reply{}, dead: make(chan struct{}), stop: make(chan struct{})}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: Python interpreter %q not found: install Python 3 with PyTorch (Debian: apt-get install python3 python3-torch python3-numpy) or pass pyproc.WithPython: %v",
+				engine.ErrUnavailable, cfg.python, err)
+		}
+		return nil, fmt.Errorf("%w: starting %s: %v", engine.ErrUnavailable, cfg.python, err)
+	}
+	p.stdin = stdin
+	p.lastSeen.Store(time.Now().UnixNano())
+	hello := make(chan *reply, 1)
+	errDone := make(chan struct{})
+	go p.forwardStderr(stderr, errDone)
+	go p.readLoop(bufio.NewReaderSize(stdout, 64<<10), hello, errDone)
+	return p, p.handshake(ctx, cfg, hello)
+}
+
+func (p *proc) handshake(ctx context.Context, cfg *config, hello chan *reply) error {
+	timer := time.NewTimer(cfg.startTimeout)
+	defer timer.Stop()
+	var h *reply
+	select {
+	case h = <-hello:
+	case <-p.dead:
+		return fmt.Errorf("%w: worker exited during start-up (%s); see its stderr in the log", engine.ErrUnavailable, p.reason)
+	case <-timer.C:
+		p.fail("no handshake within " + cfg.startTimeout.String())
+		return fmt.Errorf("%w: worker sent no handshake within %v", engine.ErrUnavailable, cfg.startTimeout)
+	case <-ctx.Done():
+		p.fail("start cancelled")
+		return ctx.Err()
+	}
+	if h.Error != nil {
+		p.fail("refused to start")
+		return fmt.Errorf("%w: %s", engine.ErrUnavailable, h.Error.Message)
+	}
+	if h.Protocol != protocolVersion {
+		p.fail("protocol mismatch")
+		return fmt.Errorf("%w: worker speaks protocol %d, supervisor %d", engine.ErrUnavailable, h.Protocol, protocolVersion)
+	}
+	p.hello = *h
+	p.log.Info("worker ready", "pid", h.PID, "backend", h.Backend, "versions", h.Versions)
+	go p.watchdog(cfg.hbInterval, cfg.hbTimeout)
+	return nil
+}
+
+func (p *proc) pid() int {
+	if p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// fail records why the worker is being given up and kills it. The first
+// reason wins.
+func (p *proc) fail(reason string) {
+	p.failOnce.Do(func() {
+		p.reason = reason
+		p.log.Warn("killing worker", "pid", p.pid(), "reason", reason)
+		_ = p.cmd.Process.Kill()
+	})
+}
+
+// lost is the error callers get for work that was on this worker.
+func (p *proc) lost() error {
+	<-p.dead
+	return &LostError{Worker: p.slot, PID: p.pid(), Reason: p.reason}
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.dead:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *proc) forwardStderr(r io.Reader, done chan struct{}) {
+	defer close(done)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		level := slog.LevelInfo
+		switch {
+		case strings.HasPrefix(line, "WARNING"):
+			level = slog.LevelWarn
+		case strings.HasPrefix(line, "ERROR"), strings.HasPrefix(line, "Traceback"):
+			level = slog.LevelError
+		}
+		p.log.Log(context.Background(), level, line)
+	}
+	_, _ = io.Copy(io.Discard, r)
+}
+
+// readLoop reads the worker's stdout until EOF, then reaps the process and
+// fails every pending call.
+func (p *proc) readLoop(r *bufio.Reader, hello chan *reply, errDone chan struct{}) {
+	for {
+		line, err := readLine(r, p.maxLine)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				p.fail(err.Error())
+			}
+			break
+		}
+		p.lastSeen.Store(time.Now().UnixNano())
+		if bytes.Equal(line, heartbeatLine) {
+			continue
+		}
+		rep := new(reply)
+		if err := json.Unmarshal(line, rep); err != nil {
+			p.fail(fmt.Sprintf("protocol violation: unreadable line %.60q", line))
+			continue
+		}
+		if rep.Type == "hello" {
+			hello <- rep
+			continue
+		}
+		p.deliver(rep)
+	}
+	_, _ = io.Copy(io.Discard, r)
+	<-errDone
+	err := p.cmd.Wait()
+	p.failOnce.Do(func() { p.reason = fmt.Sprintf("exited: %v", err) })
+	if p.reason == "" {
+		p.reason = "exited"
+	}
+	close(p.dead)
+	p.pmu.Lock()
+	p.pending = nil
+	p.pmu.Unlock()
+}
+
+var errLineTooLong = errors.New("protocol violation: line exceeds the limit")
+
+// readLine returns one line without its newline, refusing lines longer
+// than limit.
+func readLine(r *bufio.Reader, limit int) ([]byte, error) {
+	line, err := r.ReadSlice('\n')
+	if err == nil {
+		return line[:len(line)-1], nil
+	}
+	if !errors.Is(err, bufio.ErrBufferFull) {
+		return nil, err
+	}
+	buf := append([]byte(nil), line...)
+	for {
+		line, err = r.ReadSlice('\n')
+		buf = append(buf, line...)
+		if len(buf) > limit+1 {
+			return nil, errLineTooLong
+		}
+		if err == nil {
+			return buf[:len(buf)-1], nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+	}
+}
+
+func (p *proc) deliver(rep *reply) {
+	p.pmu.Lock()
+	ch, ok := p.pending[rep.ID]
+	delete(p.pending, rep.ID)
+	p.pmu.Unlock()
+	if ok {
+		ch <- rep
+	} else if rep.ID == 0 && rep.Error != nil {
+		p.fail("worker could not read a request: " + rep.Error.Message)
+	}
+}
+
+// watchdog kills the worker when no line (heartbeat or reply) arrived for
+// timeout.
+func (p *proc) watchdog(interval, timeout time.Duration) {
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.dead:
+			return
+		case <-t.C:
+			if silent := time.Since(time.Unix(0, p.lastSeen.Load())); silent > timeout {
+				p.fail(fmt.Sprintf("heartbeat lost: silent for %v", silent.Round(time.Millisecond)))
+			}
+		}
+	}
+}

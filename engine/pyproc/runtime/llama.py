@@ -1,0 +1,208 @@
+"""A compact Llama-family transformer in plain torch.
+
+Covers Llama 2/3 (llama3 rope scaling), Mistral and Qwen2 (q/k/v biases):
+RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, tied
+embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
+projections and the MLP; attention runs per group: all one-token sequences
+together against their padded caches, each multi-token chunk on its own.
+"""
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from st import Checkpoint, CheckpointError
+
+ARCHS = {"llama", "mistral", "qwen2"}
+
+
+class Config:
+    """The fields of config.json the forward pass needs."""
+
+    def __init__(self, directory):
+        path = os.path.join(directory, "config.json")
+        try:
+            with open(path) as f:
+                c = json.load(f)
+        except OSError as e:
+            raise CheckpointError("config.json", "cannot read: %s" % e.strerror)
+        except ValueError as e:
+            raise CheckpointError("config.json", "not JSON: %s" % e)
+        arch = c.get("model_type", "")
+        if arch not in ARCHS:
+            raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(sorted(ARCHS))))
+        try:
+            self.arch = arch
+            self.hidden = int(c["hidden_size"])
+            self.layers = int(c["num_hidden_layers"])
+            self.heads = int(c["num_attention_heads"])
+            self.kv_heads = int(c.get("num_key_value_heads") or self.heads)
+            self.head_dim = int(c.get("head_dim") or self.hidden // self.heads)
+            self.intermediate = int(c["intermediate_size"])
+            self.vocab = int(c["vocab_size"])
+            self.context = int(c.get("max_position_embeddings") or 2048)
+            self.eps = float(c.get("rms_norm_eps") or 1e-5)
+            self.theta = float(c.get("rope_theta") or 10000.0)
+            self.rope_scaling = c.get("rope_scaling")
+            self.tie = bool(c.get("tie_word_embeddings", False))
+            self.bias = arch == "qwen2" or bool(c.get("attention_bias", False))
+            self.dtype = c.get("torch_dtype") or "float32"
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError("config.json", "missing or bad field: %s" % e)
+        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) <= 0 or self.heads % self.kv_heads:
+            raise CheckpointError("config.json", "inconsistent sizes")
+        self.bos, self.eos = _special_ids(directory, c)
+
+
+def _special_ids(directory, c):
+    bos, eos = c.get("bos_token_id"), c.get("eos_token_id")
+    try:
+        with open(os.path.join(directory, "generation_config.json")) as f:
+            g = json.load(f)
+        bos = g.get("bos_token_id", bos)
+        eos = g.get("eos_token_id", eos)
+    except (OSError, ValueError):
+        pass
+    if isinstance(eos, int):
+        eos = [eos]
+    return (bos if isinstance(bos, int) else -1), [int(e) for e in (eos or [])]
+
+
+def rope_inv_freq(cfg):
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    rs = cfg.rope_scaling
+    if not rs:
+        return inv
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind == "linear":
+        return inv / float(rs["factor"])
+    if kind != "llama3":
+        raise CheckpointError("config.json", "unsupported rope_scaling %r" % kind)
+    factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old = float(rs["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Llama:
+    """Weights and the forward pass. The KV cache is owned by the caller:
+    k_cache[l] and v_cache[l] are [slots, kv_heads, context, head_dim]."""
+
+    def __init__(self, directory, cfg, device, dtype):
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        ck = Checkpoint(directory)
+        h, hd = cfg.hidden, cfg.head_dim
+        get = lambda n, s: ck.get(n, s, device, dtype)
+        self.embed = get("model.embed_tokens.weight", (cfg.vocab, h))
+        self.layers = []
+        for i in range(cfg.layers):
+            p = "model.layers.%d." % i
+            L = {
+                "ln1": get(p + "input_layernorm.weight", (h,)),
+                "ln2": get(p + "post_attention_layernorm.weight", (h,)),
+                "o": get(p + "self_attn.o_proj.weight", (h, cfg.heads * hd)),
+                "down": get(p + "mlp.down_proj.weight", (h, cfg.intermediate)),
+            }
+            q = get(p + "self_attn.q_proj.weight", (cfg.heads * hd, h))
+            k = get(p + "self_attn.k_proj.weight", (cfg.kv_heads * hd, h))
+            v = get(p + "self_attn.v_proj.weight", (cfg.kv_heads * hd, h))
+            L["qkv"] = torch.cat([q, k, v])
+            if cfg.bias:
+                L["qkv_b"] = torch.cat([
+                    get(p + "self_attn.q_proj.bias", (cfg.heads * hd,)),
+                    get(p + "self_attn.k_proj.bias", (cfg.kv_heads * hd,)),
+                    get(p + "self_attn.v_proj.bias", (cfg.kv_heads * hd,)),
+                ])
+            gate = get(p + "mlp.gate_proj.weight", (cfg.intermediate, h))
+            up = get(p + "mlp.up_proj.weight", (cfg.intermediate, h))
+            L["gate_up"] = torch.cat([gate, up])
+            self.layers.append(L)
+        self.norm = get("model.norm.weight", (h,))
+        if cfg.tie or not ck.has("lm_head.weight"):
+            self.lm_head = self.embed
+        else:
+            self.lm_head = get("lm_head.weight", (cfg.vocab, h))
+        inv = rope_inv_freq(cfg)
+        t = torch.arange(cfg.context, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.sdpa = hasattr(F, "scaled_dot_product_attention") and device.type == "cuda"
+
+    def rms(self, x, w):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        return w * xf.to(x.dtype)
+
+    def rope(self, x, pos):
+        # x [N, heads, hd]; pos [N]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rot * sin
+
+    def forward(self, tokens, pos, slot_tok, groups, kc, vc, last):
+        """tokens, pos, slot_tok: [N] packed over the batch. groups: the
+        attention plan (see attend). Returns logits [len(last), vocab] for
+        the packed rows in last."""
+        cfg = self.cfg
+        H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        x = self.embed[tokens]
+        for li, L in enumerate(self.layers):
+            h = self.rms(x, L["ln1"])
+            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            q = qkv[:, : H * hd].view(-1, H, hd)
+            k = qkv[:, H * hd : (H + K) * hd].view(-1, K, hd)
+            v = qkv[:, (H + K) * hd :].view(-1, K, hd)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            kc[li][slot_tok, :, pos] = k
+            vc[li][slot_tok, :, pos] = v
+            a = self.attend(q, kc[li], vc[li], groups)
+            x = x + F.linear(a, L["o"])
+            h = self.rms(x, L["ln2"])
+            gu = F.linear(h, L["gate_up"])
+            g, u = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, L["down"])
+        x = self.rms(x[last], self.norm)
+        return F.linear(x, self.lm_head).float()
+
+    def attend(self, q, kc, vc, groups):
+        """groups: ("decode", rows, slots, lengths, maxlen, mask) for the
+        one-token sequences, ("chunk", start, end, slot, p) for a chunk of
+        end-start tokens at positions p.. of one sequence."""
+        cfg = self.cfg
+        H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        rep = H // K
+        out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
+        scale = 1.0 / math.sqrt(hd)
+        for g in groups:
+            if g[0] == "decode":
+                _, rows, slots, maxlen, mask = g
+                B = rows.shape[0]
+                qd = q[rows].view(B, K, rep, 1, hd)
+                kk = kc[slots, :, :maxlen].unsqueeze(2)  # [B, K, 1, L, hd]
+                vv = vc[slots, :, :maxlen].unsqueeze(2)
+                s = torch.matmul(qd, kk.transpose(-1, -2)) * scale + mask
+                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
+                out[rows] = o.reshape(B, H * hd)
+            else:
+                _, a, b, slot, p = g
+                T, L = b - a, p + b - a
+                qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
+                kk = kc[slot, :, :L].unsqueeze(1)  # [K, 1, L, hd]
+                vv = vc[slot, :, :L].unsqueeze(1)
+                s = torch.matmul(qc, kk.transpose(-1, -2)) * scale
+                i = torch.arange(T, device=q.device).unsqueeze(1) + p
+                j = torch.arange(L, device=q.device).unsqueeze(0)
+                s = s.masked_fill(j > i, float("-inf"))
+                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
+                out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
+        return out

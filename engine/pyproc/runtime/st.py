@@ -1,0 +1,106 @@
+"""Safetensors reading without the safetensors package.
+
+A file is an 8-byte little-endian header length, a JSON header mapping
+tensor names to dtype, shape and byte offsets, then the raw data. The data is
+memory-mapped copy-on-write and viewed with torch.frombuffer; bfloat16 is
+read as int16 and reinterpreted, which works on torch 1.13 too.
+"""
+import json
+import mmap
+import os
+import struct
+
+import torch
+
+from errors import CheckpointError
+
+DTYPES = {
+    "F32": (torch.float32, torch.float32, 4),
+    "F16": (torch.float16, torch.float16, 2),
+    "BF16": (torch.int16, torch.bfloat16, 2),
+    "F64": (torch.float64, torch.float64, 8),
+    "I64": (torch.int64, torch.int64, 8),
+    "I32": (torch.int32, torch.int32, 4),
+}
+
+
+class SafetensorsFile:
+    """One .safetensors file: its header, and tensors on demand."""
+
+    def __init__(self, path):
+        self.path = path
+        name = os.path.basename(path)
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise CheckpointError(name, "cannot open: %s" % e.strerror)
+        with f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise CheckpointError(name, "file too short for a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            size = os.fstat(f.fileno()).st_size
+            if n > size - 8 or n > 100 << 20:
+                raise CheckpointError(name, "header length %d exceeds the file" % n)
+            try:
+                self.header = json.loads(f.read(n))
+            except ValueError as e:
+                raise CheckpointError(name, "header is not JSON: %s" % e)
+            self.header.pop("__metadata__", None)
+            self.base = 8 + n
+            data = size - self.base
+            for tname, e in self.header.items():
+                if e.get("dtype") not in DTYPES:
+                    raise CheckpointError(name, "unsupported dtype %r" % e.get("dtype"), tname)
+                b, end = e["data_offsets"]
+                numel = 1
+                for d in e["shape"]:
+                    numel *= d
+                if end > data or end - b != numel * DTYPES[e["dtype"]][2]:
+                    raise CheckpointError(name, "data offsets %r do not fit shape %r" % (e["data_offsets"], e["shape"]), tname)
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if data > 0 else None
+        self.name = name
+
+    def shape(self, tname):
+        return list(self.header[tname]["shape"])
+
+    def dtype(self, tname):
+        return DTYPES[self.header[tname]["dtype"]][1]
+
+    def tensor(self, tname):
+        e = self.header[tname]
+        raw_dtype, dtype, size = DTYPES[e["dtype"]]
+        b, end = e["data_offsets"]
+        count = (end - b) // size
+        if count == 0:
+            return torch.empty(e["shape"], dtype=dtype)
+        t = torch.frombuffer(self.mm, dtype=raw_dtype, count=count, offset=self.base + b)
+        if raw_dtype != dtype:
+            t = t.view(dtype)
+        return t.view(e["shape"])
+
+
+class Checkpoint:
+    """All *.safetensors files of a directory, as one name space."""
+
+    def __init__(self, directory):
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not files:
+            raise CheckpointError(".", "no *.safetensors file")
+        self.where = {}
+        for f in files:
+            st = SafetensorsFile(os.path.join(directory, f))
+            for tname in st.header:
+                self.where[tname] = st
+
+    def has(self, tname):
+        return tname in self.where
+
+    def get(self, tname, shape, device, dtype):
+        st = self.where.get(tname)
+        if st is None:
+            raise CheckpointError("model.safetensors", "missing tensor", tname)
+        got = st.shape(tname)
+        if got != list(shape):
+            raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (got, list(shape)), tname)
+        return st.tensor(tname).to(device=device, dtype=dtype, copy=True)

@@ -1,0 +1,195 @@
+"""The torch backend: a loaded model with slot-based KV memory, steps and
+sampling on the device."""
+import collections
+import os
+
+import torch
+
+from llama import Config, Llama
+from errors import CheckpointError, ProtocolError
+from sampling import sample_rows
+
+
+CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+
+
+def load(path, opts):
+    """Loads the checkpoint at path; opts as in PROTOCOL.md's load."""
+    return TorchModel(path, opts)
+
+
+def pick_device(name):
+    if name in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ProtocolError("unavailable", "device cuda requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def pick_dtype(name, device, cfg):
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name in table:
+        return table[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class Seq:
+    __slots__ = ("slot", "tokens", "gen")
+
+    def __init__(self, slot, tokens):
+        self.slot, self.tokens, self.gen = slot, tokens, None
+
+
+class TorchModel:
+    """One loaded checkpoint. Sequences live in KV slots of context-length
+    capacity; freed sequences may be kept under a key for prefix reuse."""
+
+    def __init__(self, path, opts):
+        if not os.path.isdir(path):
+            raise CheckpointError(path, "not a directory")
+        for f in ("config.json", "tokenizer.json"):
+            if not os.path.exists(os.path.join(path, f)):
+                raise CheckpointError(f, "missing")
+        cfg = Config(path)
+        if opts.get("context_length"):
+            cfg.context = min(cfg.context, int(opts["context_length"]))
+        self.device = pick_device(opts.get("device", "auto"))
+        self.dtype = pick_dtype(opts.get("dtype", "auto"), self.device, cfg)
+        self.cfg = cfg
+        with torch.no_grad():
+            self.model = Llama(path, cfg, self.device, self.dtype)
+        self.max_batch = int(opts.get("max_batch") or 64)
+        self.slots = self._size_slots(int(opts.get("kv_capacity") or 0))
+        shape = (self.slots, cfg.kv_heads, cfg.context, cfg.head_dim)
+        try:
+            self.kc = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(cfg.layers)]
+            self.vc = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(cfg.layers)]
+        except RuntimeError as e:
+            raise ProtocolError("oom", "KV cache of %d slots: %s" % (self.slots, e))
+        self.free_slots = list(range(self.slots - 1, -1, -1))
+        self.seqs = {}
+        self.saved = collections.OrderedDict()  # key -> Seq, oldest first
+
+    def _size_slots(self, kv_capacity):
+        cfg = self.cfg
+        if kv_capacity:
+            return max(1, kv_capacity // cfg.context)
+        per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * 0.8)
+        else:
+            budget = 1 << 30
+        return max(1, min(self.max_batch * 2, budget // (per_token * cfg.context)))
+
+    def info(self):
+        c = self.cfg
+        return {
+            "context_length": c.context, "vocab_size": c.vocab, "bos": c.bos, "eos": c.eos,
+            "kv_capacity": self.slots * c.context, "max_batch": self.max_batch,
+            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+        }
+
+    def _take_slot(self):
+        if not self.free_slots and self.saved:
+            _, old = self.saved.popitem(last=False)
+            self.free_slots.append(old.slot)
+        if not self.free_slots:
+            raise ProtocolError("oom", "all %d KV slots are in use" % self.slots)
+        return self.free_slots.pop()
+
+    def open(self, seq, prompt, prefix_key):
+        if seq in self.seqs:
+            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+        if len(prompt) > self.cfg.context:
+            raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
+                                prompt=len(prompt), limit=self.cfg.context)
+        saved = self.saved.get(prefix_key) if prefix_key else None
+        slot = self._take_slot()
+        reused = 0
+        if saved is not None:
+            self.saved.move_to_end(prefix_key)
+            n = min(len(saved.tokens), len(prompt) - 1)
+            if n > 0 and saved.tokens[:n] == prompt[:n]:
+                reused = n
+                for layer in range(self.cfg.layers):
+                    self.kc[layer][slot, :, :n] = self.kc[layer][saved.slot, :, :n]
+                    self.vc[layer][slot, :, :n] = self.vc[layer][saved.slot, :, :n]
+        self.seqs[seq] = Seq(slot, list(prompt[:reused]))
+        return reused
+
+    def free(self, seq, save_key):
+        s = self.seqs.pop(seq, None)
+        if s is None:
+            return
+        if save_key and s.tokens:
+            old = self.saved.pop(save_key, None)
+            if old is not None:
+                self.free_slots.append(old.slot)
+            self.saved[save_key] = s
+        else:
+            self.free_slots.append(s.slot)
+
+    def close(self):
+        self.kc = self.vc = self.model = None
+        self.seqs.clear()
+        self.saved.clear()
+
+    def stats(self):
+        return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots)}
+
+    def step(self, batch):
+        """batch: list of [seq, tokens, sample, params]. Returns (tokens,
+        logprobs) for the sampling inputs in order."""
+        if not batch:
+            return [], []
+        seqs = []
+        for seq, toks, _, _ in batch:
+            s = self.seqs.get(seq)
+            if s is None:
+                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+            if not toks:
+                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+            if len(s.tokens) + len(toks) > self.cfg.context:
+                raise ProtocolError("context_length", "sequence %d would hold %d tokens" % (seq, len(s.tokens) + len(toks)),
+                                    prompt=len(s.tokens) + len(toks), limit=self.cfg.context)
+            bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
+            if bad:
+                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+            seqs.append(s)
+        with torch.no_grad():
+            rows = self._forward(batch, seqs)
+            return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)
+
+    def _forward(self, batch, seqs):
+        dev = self.device
+        tokens, pos, slot_tok, last = [], [], [], []
+        dec_rows, dec_slots, dec_len, chunks = [], [], [], []
+        for (seq, toks, sample, _), s in zip(batch, seqs):
+            p, a = len(s.tokens), len(tokens)
+            tokens.extend(toks)
+            pos.extend(range(p, p + len(toks)))
+            slot_tok.extend([s.slot] * len(toks))
+            if len(toks) == 1:
+                dec_rows.append(a)
+                dec_slots.append(s.slot)
+                dec_len.append(p + 1)
+            else:
+                chunks.append(("chunk", a, a + len(toks), s.slot, p))
+            if sample:
+                last.append(len(tokens) - 1)
+            s.tokens.extend(toks)
+        groups = chunks
+        if dec_rows:
+            maxlen = max(dec_len)
+            lens = torch.tensor(dec_len, device=dev)
+            mask = torch.zeros(len(dec_len), maxlen, device=dev, dtype=self.dtype)
+            mask.masked_fill_(torch.arange(maxlen, device=dev).unsqueeze(0) >= lens.unsqueeze(1), float("-inf"))
+            groups = [("decode", torch.tensor(dec_rows, device=dev), torch.tensor(dec_slots, device=dev),
+                       maxlen, mask.view(len(dec_len), 1, 1, 1, maxlen))] + chunks
+        t = lambda v: torch.tensor(v, device=dev, dtype=torch.long)
+        return self.model.forward(t(tokens), t(pos), t(slot_tok), groups, self.kc, self.vc, t(last))
+

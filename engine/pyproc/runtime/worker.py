@@ -1,0 +1,219 @@
+"""mlxserving worker: runs models for the Go supervisor over stdio.
+
+One JSON object per line on stdin (requests) and stdout (replies,
+heartbeats); logs go to stderr. See PROTOCOL.md beside the Go code.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+
+from errors import CheckpointError, ProtocolError
+
+PROTOCOL = 1
+log = logging.getLogger("worker")
+
+
+class Out:
+    """The protocol's stdout: whole lines under a lock, so heartbeats and
+    replies never interleave. Python's own stdout is pointed at stderr so
+    a stray print cannot corrupt the protocol."""
+
+    def __init__(self):
+        self.f = os.fdopen(os.dup(1), "wb", buffering=0)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self.lock = threading.Lock()
+
+    def send(self, obj):
+        self.raw(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    def raw(self, data):
+        with self.lock:
+            self.f.write(data)
+
+
+class Heartbeat(threading.Thread):
+    """Sends a heartbeat every interval and exits the process when its
+    parent goes away (the parent id changes)."""
+
+    def __init__(self, out, interval):
+        super().__init__(daemon=True)
+        self.out, self.interval = out, interval
+        self.ppid = os.getppid()
+        self.stopped = False
+
+    def run(self):
+        while True:
+            time.sleep(self.interval)
+            if os.getppid() != self.ppid:
+                log.warning("parent %d is gone; exiting", self.ppid)
+                os._exit(0)
+            if not self.stopped:
+                self.out.send({"type": "hb"})
+
+
+def import_backend(name):
+    """Returns (backend name, module, versions) or raises ImportError with
+    what to install."""
+    if name in ("mlx", "auto"):
+        try:
+            import mlx_backend
+            return "mlx", mlx_backend, mlx_backend.versions()
+        except ImportError as e:
+            if name == "mlx":
+                raise ImportError("the mlx backend needs the mlx and mlx-lm Python packages (pip install mlx-lm): %s" % e)
+    try:
+        import torch_backend
+        import torch
+    except ImportError as e:
+        raise ImportError("the torch backend needs PyTorch and NumPy (Debian: apt-get install python3-torch python3-numpy; "
+                          "elsewhere: pip install torch numpy): %s" % e)
+    return "torch", torch_backend, {"torch": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+class Worker:
+    def __init__(self, out, hb, backend, faults):
+        self.out, self.hb, self.backend, self.faults = out, hb, backend, faults
+        self.models = {}
+        self.step_delay = 0.0
+
+    def model(self, req):
+        m = self.models.get(req.get("model"))
+        if m is None:
+            raise ProtocolError("unknown_model", "model %r is not loaded" % req.get("model"))
+        return m
+
+    def handle(self, req):
+        op = req.get("op")
+        if op == "step":
+            if self.step_delay:
+                time.sleep(self.step_delay)
+            toks, lps = self.model(req).step(req["batch"])
+            r = {"tokens": toks}
+            if any(lps):
+                r["logprobs"] = lps
+            return r
+        if op == "open":
+            return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}
+        if op == "free":
+            m = self.models.get(req.get("model"))
+            if m is not None:
+                m.free(req["seq"], req.get("key", ""))
+            return {}
+        if op == "load":
+            name = req["model"]
+            if name in self.models:
+                self.models.pop(name).close()
+            m = self.backend.load(req["path"], req.get("opts") or {})
+            self.models[name] = m
+            return {"info": m.info()}
+        if op == "unload":
+            m = self.models.pop(req.get("model"), None)
+            if m is not None:
+                m.close()
+            return {}
+        if op == "stats":
+            return {"models": {k: m.stats() for k, m in self.models.items()}}
+        if op == "fault" and self.faults:
+            return self.fault(req)
+        raise ProtocolError("bad_request", "unknown op %r" % op)
+
+    def fault(self, req):
+        kind = req.get("kind")
+        if kind == "exit":
+            os._exit(7)
+        if kind == "garbage":
+            self.out.raw(b"this is not JSON\n")
+        elif kind == "longline":
+            self.out.raw(b"{" + b" " * int(req.get("bytes", 1 << 20)))
+        elif kind == "stop_heartbeat":
+            self.hb.stopped = True
+        elif kind == "hang":
+            self.hb.stopped = True
+            time.sleep(3600)
+        elif kind == "step_delay":
+            self.step_delay = float(req.get("seconds", 0))
+        return {}
+
+    def reply(self, rid, fn, req):
+        try:
+            r = fn(req)
+            r["id"] = rid
+            r["ok"] = True
+            self.out.send(r)
+        except Exception as e:  # every failure becomes a coded reply
+            self.out.send({"id": rid, "ok": False, "error": self.describe(e)})
+
+    def describe(self, e):
+        if isinstance(e, CheckpointError):
+            return {"code": "bad_checkpoint", "message": str(e), "path": e.path, "tensor": e.tensor, "reason": e.reason}
+        if isinstance(e, ProtocolError):
+            d = {"code": e.code, "message": str(e)}
+            d.update(e.extra)
+            return d
+        if isinstance(e, (KeyError, TypeError, ValueError)):
+            return {"code": "bad_request", "message": "%s: %s" % (type(e).__name__, e)}
+        msg = str(e)
+        if isinstance(e, MemoryError) or "out of memory" in msg.lower():
+            return {"code": "oom", "message": msg}
+        log.error("internal error: %s", traceback.format_exc())
+        return {"code": "internal", "message": "%s: %s" % (type(e).__name__, msg)}
+
+
+def serve(inp, out, worker, max_line):
+    while True:
+        line = inp.readline(max_line + 1)
+        if not line:
+            log.info("stdin closed; exiting")
+            return
+        if len(line) > max_line:
+            while line and not line.endswith(b"\n"):
+                line = inp.readline(1 << 20)
+            out.send({"id": 0, "ok": False, "error": {"code": "too_large", "message": "request line exceeds %d bytes" % max_line}})
+            continue
+        try:
+            req = json.loads(line)
+            rid = req["id"]
+        except (ValueError, KeyError, TypeError) as e:
+            out.send({"id": 0, "ok": False, "error": {"code": "bad_request", "message": "unreadable request: %s" % e}})
+            continue
+        if req.get("op") == "shutdown":
+            out.send({"id": rid, "ok": True})
+            return
+        worker.reply(rid, worker.handle, req)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--heartbeat", type=float, default=1.0)
+    ap.add_argument("--max-line", type=int, default=64 << 20)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--faults", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    out = Out()
+    hello = {"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0]}
+    try:
+        name, backend, versions = import_backend(args.backend)
+    except ImportError as e:
+        hello["error"] = {"code": "unavailable", "message": str(e)}
+        out.send(hello)
+        sys.exit(3)
+    if args.threads and name == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
+    hello.update({"backend": name, "versions": versions, "capabilities": backend.CAPABILITIES, "max_line": args.max_line})
+    out.send(hello)
+    hb = Heartbeat(out, args.heartbeat)
+    hb.start()
+    serve(sys.stdin.buffer, out, Worker(out, hb, backend, args.faults), args.max_line)
+
+
+if __name__ == "__main__":
+    main()
