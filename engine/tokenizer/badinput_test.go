@@ -1,0 +1,208 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// tinySpec is a small byte-level BPE tokenizer.json as a mutable map.
+func tinySpec() map[string]any {
+	bl := newByteLevelTable()
+	vocab := map[string]any{}
+	for b := 0; b < 256; b++ {
+		vocab[string(bl.chars[b])] = b
+	}
+	merges := []any{"Ġ t", "h e", "Ġt he"}
+	for i, m := range []string{"Ġt", "he", "Ġthe"} {
+		vocab[m] = 256 + i
+	}
+	return map[string]any{
+		"added_tokens":  []any{map[string]any{"id": 259, "content": "<eos>", "special": true}},
+		"normalizer":    nil,
+		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": merges},
+		"decoder":       map[string]any{"type": "ByteLevel"},
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestTinyTokenizer(t *testing.T) {
+	tok, err := FromJSON(mustJSON(t, tinySpec()), []byte(`{"eos_token": "<eos>", "bos_token": null}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := tok.Encode("the the<eos>", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int32{'t', 257, 258, 259}
+	if len(ids) != len(want) {
+		t.Fatalf("Encode = %v, want %v", ids, want)
+	}
+	for i := range ids {
+		if ids[i] != want[i] {
+			t.Fatalf("Encode = %v, want %v", ids, want)
+		}
+	}
+	if _, ok := tok.BOS(); ok {
+		t.Error("BOS reported for bos_token null")
+	}
+	if eos := tok.EOS(); len(eos) != 1 || eos[0] != 259 {
+		t.Errorf("EOS = %v", eos)
+	}
+	if id, ok := tok.TokenID("Ġthe"); !ok || id != 258 {
+		t.Errorf("TokenID(Ġthe) = %d, %v", id, ok)
+	}
+	if tok.HasChatTemplate() {
+		t.Error("HasChatTemplate without a template")
+	}
+	if _, err := tok.ApplyChatTemplate(nil, ChatOptions{}); !errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("ApplyChatTemplate without a template: %v", err)
+	}
+}
+
+func TestEncodeInvalidUTF8(t *testing.T) {
+	tok, err := FromJSON(mustJSON(t, tinySpec()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{"ok \xff", "\xc3", "abc\xed\xa0\x80"} {
+		_, err := tok.Encode(text, true)
+		var ue *UTF8Error
+		if !errors.Is(err, ErrInvalidUTF8) || !errors.As(err, &ue) || ue.Offset != strings.IndexFunc(text, func(r rune) bool { return r == '\uFFFD' }) {
+			t.Errorf("Encode(%q) = %v", text, err)
+		}
+	}
+	if _, err := tok.Decode([]int32{1, 100000}, false); !errors.Is(err, ErrInvalidToken) {
+		t.Errorf("Decode out of range: %v", err)
+	}
+	if _, err := tok.Decode([]int32{-1}, false); !errors.Is(err, ErrInvalidToken) {
+		t.Errorf("Decode negative: %v", err)
+	}
+}
+
+// TestMalformedFiles checks that broken or unsupported files give a
+// *FileError naming the file and field, wrapping the right sentinel.
+func TestMalformedFiles(t *testing.T) {
+	edit := func(f func(m map[string]any)) []byte {
+		m := tinySpec()
+		f(m)
+		return mustJSON(t, m)
+	}
+	model := func(m map[string]any) map[string]any { return m["model"].(map[string]any) }
+	cases := []struct {
+		name     string
+		tok, cfg []byte
+		file     string
+		field    string
+		sentinel error
+	}{
+		{"not json", []byte(`{"model": `), nil, "tokenizer.json", "", ErrMalformed},
+		{"no model", edit(func(m map[string]any) { delete(m, "model") }), nil, "tokenizer.json", "model", ErrMalformed},
+		{"unigram", edit(func(m map[string]any) { model(m)["type"] = "Unigram" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"wordpiece", edit(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"no vocab", edit(func(m map[string]any) { delete(model(m), "vocab") }), nil, "tokenizer.json", "model.vocab", ErrMalformed},
+		{"no merges", edit(func(m map[string]any) { delete(model(m), "merges") }), nil, "tokenizer.json", "model.merges", ErrMalformed},
+		{"bad merge", edit(func(m map[string]any) { model(m)["merges"] = []any{"Ġ zz"} }), nil, "tokenizer.json", "model.merges[0]", ErrMalformed},
+		{"merge shape", edit(func(m map[string]any) { model(m)["merges"] = []any{42} }), nil, "tokenizer.json", "model.merges[0]", ErrMalformed},
+		{"unk missing", edit(func(m map[string]any) { model(m)["unk_token"] = "<nope>" }), nil, "tokenizer.json", "model.unk_token", ErrMalformed},
+		{"pre type", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "BertPreTokenizer"} }), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
+		{"pre no type", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"kind": "x"} }), nil, "tokenizer.json", "pre_tokenizer", ErrMalformed},
+		{"bad regex", edit(func(m map[string]any) {
+			m["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(unclosed"}, "behavior": "Isolated"}
+		}), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
+		{"normalizer", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer"} }), nil, "tokenizer.json", "normalizer", ErrUnsupported},
+		{"decoder", edit(func(m map[string]any) { m["decoder"] = map[string]any{"type": "WordPiece"} }), nil, "tokenizer.json", "decoder", ErrUnsupported},
+		{"post", edit(func(m map[string]any) { m["post_processor"] = map[string]any{"type": "Fancy"} }), nil, "tokenizer.json", "post_processor", ErrUnsupported},
+		{"added empty", edit(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"id": 5, "content": ""}} }), nil, "tokenizer.json", "added_tokens[0]", ErrMalformed},
+		{"config json", mustJSON(t, tinySpec()), []byte(`{`), "tokenizer_config.json", "", ErrMalformed},
+		{"config eos", mustJSON(t, tinySpec()), []byte(`{"eos_token": "<nope>"}`), "tokenizer_config.json", "eos_token", ErrMalformed},
+		{"config eos type", mustJSON(t, tinySpec()), []byte(`{"eos_token": 7}`), "tokenizer_config.json", "eos_token", ErrMalformed},
+		{"config template", mustJSON(t, tinySpec()), []byte(`{"chat_template": 7}`), "tokenizer_config.json", "chat_template", ErrMalformed},
+	}
+	for _, c := range cases {
+		_, err := FromJSON(c.tok, c.cfg)
+		var fe *FileError
+		if !errors.As(err, &fe) || !errors.Is(err, c.sentinel) || fe.File != c.file || fe.Field != c.field {
+			t.Errorf("%s: got %v (%#v); want file %q field %q wrapping %v", c.name, err, fe, c.file, c.field, c.sentinel)
+		}
+	}
+}
+
+func TestLoadErrorsNameFile(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Load(dir)
+	var fe *FileError
+	if !errors.As(err, &fe) || !errors.Is(err, os.ErrNotExist) || fe.File != filepath.Join(dir, "tokenizer.json") {
+		t.Errorf("missing file: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "Unigram"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(dir)
+	if !errors.As(err, &fe) || !errors.Is(err, ErrUnsupported) || fe.File != filepath.Join(dir, "tokenizer.json") {
+		t.Errorf("unsupported model: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), mustJSON(t, tinySpec()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"bos_token": ["<x>"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(dir)
+	if !errors.As(err, &fe) || !errors.Is(err, ErrMalformed) || fe.File != filepath.Join(dir, "tokenizer_config.json") {
+		t.Errorf("bad config: %v", err)
+	}
+}
+
+// TestTemplateErrors covers templates that do not parse, raise, or use
+// undefined values, and template selection.
+func TestTemplateErrors(t *testing.T) {
+	cfg := mustJSON(t, map[string]any{"chat_template": []any{
+		map[string]any{"name": "default", "template": "{% for m in messages %}{{ m.content }}{{ missing }}{% endfor %}"},
+		map[string]any{"name": "broken", "template": "{% for m in messages %}{{ m.content "},
+		map[string]any{"name": "raises", "template": "{{ raise_exception('no tools here') }}"},
+		map[string]any{"name": "attr", "template": "{{ missing.attribute }}"},
+		map[string]any{"name": "extra", "template": "{{ greeting }} {{ messages[-1].role }}"},
+	}})
+	tok, err := FromJSON(mustJSON(t, tinySpec()), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	if out, err := tok.ApplyChatTemplate(msgs, ChatOptions{}); err != nil || out != "hi" {
+		t.Errorf("default with an undefined variable (renders empty, as in Python): %q, %v", out, err)
+	}
+	for _, name := range []string{"broken", "raises", "attr"} {
+		_, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: name})
+		var te *TemplateError
+		if !errors.As(err, &te) || !errors.Is(err, ErrTemplate) || te.Name != name {
+			t.Errorf("%s: %v", name, err)
+		}
+		if name == "raises" && !strings.Contains(err.Error(), "no tools here") {
+			t.Errorf("raise_exception message lost: %v", err)
+		}
+	}
+	out, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: "extra", Extra: map[string]any{"greeting": "hello"}})
+	if err != nil || out != "hello user" {
+		t.Errorf("extra: %q, %v", out, err)
+	}
+	if _, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: "nope"}); !errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("unknown template name: %v", err)
+	}
+	if names := tok.TemplateNames(); len(names) != 5 {
+		t.Errorf("TemplateNames = %v", names)
+	}
+}
