@@ -1,0 +1,67 @@
+// Package openai serves an [mlxserving.Server] over the OpenAI HTTP API, so
+// the official OpenAI clients (and anything built on them) work against a
+// Go program that embeds its own models.
+//
+//	srv, _ := mlxserving.New(eng)
+//	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: dir})
+//	h, _ := openai.New(srv, openai.WithLogger(logger), openai.WithMetricsHandler(promHandler))
+//	hs := &http.Server{Addr: "127.0.0.1:8080", Handler: h}
+//	_ = hs.ListenAndServe()
+//
+// # Endpoints
+//
+//	POST /v1/chat/completions   chat, streaming (SSE) or not
+//	POST /v1/completions        text completion, streaming (SSE) or not
+//	GET  /v1/models             the loaded models; GET /v1/models/{id} one of them
+//	GET  /health                liveness: 200 while the process serves HTTP
+//	GET  /ready                 readiness: 200 once models are loaded (and warm,
+//	                            see WithReadyCheck), 503 otherwise
+//	GET  /metrics               the handler given to WithMetricsHandler (404 without)
+//
+// # Request fields
+//
+// Supported as OpenAI documents them: model, messages (string content or
+// an array of text parts), prompt (a string, one token-id array, or a
+// one-element array of either), max_tokens, max_completion_tokens,
+// temperature (default 1, as OpenAI), top_p, stop (string or list), seed,
+// stream, stream_options.include_usage, logprobs (chat: true with
+// top_logprobs 0; completions: 0 — only the sampled token's logprob exists),
+// user (used as the client key for per-client rate limits). When max_tokens
+// is absent the request generates up to the default (WithDefaultMaxTokens),
+// or up to what is left of the model's context if that is less.
+//
+// Anything the server cannot honour is refused with a 400 naming the field,
+// never silently ignored: n other than 1, tools and tool_choice other than
+// "none"/"auto", response_format other than text, logit_bias, non-zero
+// presence_penalty or frequency_penalty, top_logprobs above 0, echo, suffix,
+// best_of above 1, and any field the server does not know. Bodies must be
+// valid UTF-8 JSON no larger than WithMaxBodyBytes (413 otherwise).
+//
+// # Extensions
+//
+// Priority: the body field "priority" or the header X-Priority names the
+// request's tier ("critical", "high", "normal", "low", "background"; the
+// body wins when both are given; default normal). An unknown tier is a 400.
+//
+// Session: the body field "session_id" or the header X-Session-ID keeps a
+// conversation's KV cache between requests, so a later turn only prefills
+// what is new. Its usage reports the reused tokens in
+// usage.prompt_tokens_details.cached_tokens.
+//
+// Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
+// repetition_penalty and ignore_eos.
+//
+// # Errors
+//
+// Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
+// mapped from the library's typed errors in one table: invalid JSON, wrong
+// types and out-of-range values 400; unknown model 404; a prompt longer than
+// the context 400 with the numbers; a body over the limit 413; a full queue
+// or a client's rate limit 429 with Retry-After; an overloaded server, memory
+// pressure or a closing server 503; an engine failure 500. An error after a
+// stream started is sent as a final SSE event data: {"error":{...}} without
+// [DONE].
+//
+// A client that disconnects cancels its generation: the request's context
+// ends, and the sequence and its KV memory are freed within one engine step.
+package openai

@@ -1,0 +1,132 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Error types, the "type" field of an error body.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeNotFound       = "not_found_error"
+	typeRateLimit      = "rate_limit_error"
+	typeOverloaded     = "overloaded_error"
+	typeServer         = "server_error"
+)
+
+// apiError is an error as the HTTP API reports it.
+type apiError struct {
+	status     int
+	retryAfter time.Duration
+	Message    string  `json:"message"`
+	Type       string  `json:"type"`
+	Param      *string `json:"param"`
+	Code       *string `json:"code"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+// badRequest is a 400 naming the parameter at fault ("" for none).
+func badRequest(param, code, format string, args ...any) *apiError {
+	return newAPIError(http.StatusBadRequest, typeInvalidRequest, param, code, fmt.Sprintf(format, args...))
+}
+
+func newAPIError(status int, typ, param, code, msg string) *apiError {
+	e := &apiError{status: status, Type: typ, Message: msg}
+	if param != "" {
+		e.Param = &param
+	}
+	if code != "" {
+		e.Code = &code
+	}
+	return e
+}
+
+// toAPIError maps the library's errors to statuses: the one table the
+// package doc describes.
+func toAPIError(err error) *apiError {
+	var (
+		api      *apiError
+		invalid  *engine.InvalidParamError
+		ctxLen   *engine.ContextLengthError
+		notFound *mlxserving.ModelNotFoundError
+		full     *scheduler.QueueFullError
+		limited  *scheduler.RateLimitError
+		tooBig   *http.MaxBytesError
+		capacity *scheduler.CapacityError
+	)
+	switch {
+	case errors.As(err, &api):
+		return api
+	case errors.As(err, &tooBig):
+		return newAPIError(http.StatusRequestEntityTooLarge, typeInvalidRequest, "", "request_too_large",
+			fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit))
+	case errors.As(err, &ctxLen):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
+	case errors.As(err, &capacity):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
+	case errors.As(err, &invalid):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
+	case errors.Is(err, scheduler.ErrUnknownTier):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
+	case errors.As(err, &notFound), errors.Is(err, engine.ErrModelNotFound):
+		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found", err.Error())
+	case errors.Is(err, mlxserving.ErrNoTokenizer):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "model", "unsupported_model", err.Error())
+	case errors.As(err, &full):
+		e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "queue_full", err.Error())
+		e.retryAfter = full.RetryAfter
+		return e
+	case errors.As(err, &limited):
+		e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded", err.Error())
+		e.retryAfter = limited.RetryAfter
+		return e
+	case errors.Is(err, scheduler.ErrQueueFull), errors.Is(err, scheduler.ErrRateLimited):
+		return newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded", err.Error())
+	case errors.Is(err, engine.ErrOutOfMemory):
+		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
+	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
+		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed):
+		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())
+	default:
+		return newAPIError(http.StatusInternalServerError, typeServer, "", "engine_error", err.Error())
+	}
+}
+
+// writeError writes err as an OpenAI-shaped error body.
+func writeError(w http.ResponseWriter, err error) {
+	e := toAPIError(err)
+	if e.retryAfter > 0 {
+		secs := int(math.Ceil(e.retryAfter.Seconds()))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+	}
+	writeJSON(w, e.status, errorBody{Error: e})
+}
+
+type errorBody struct {
+	Error *apiError `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"message":"cannot encode response","type":"server_error","param":null,"code":null}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,265 @@
+package openai
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Handler serves a Server over the OpenAI HTTP API (see the package doc for
+// the endpoints, fields and extensions). It is safe for concurrent use.
+type Handler struct {
+	srv     *mlxserving.Server
+	cfg     config
+	metrics *httpMetrics
+	created int64 // the models' "created" time
+}
+
+// New returns a Handler over srv.
+func New(srv *mlxserving.Server, opts ...Option) (*Handler, error) {
+	if srv == nil {
+		return nil, errors.New("openai: server is nil")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("openai: %w", err)
+		}
+	}
+	m, err := newHTTPMetrics(cfg.meterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("openai: metrics: %w", err)
+	}
+	h := &Handler{srv: srv, cfg: cfg, metrics: m, created: time.Now().Unix()}
+	if h.cfg.ready == nil {
+		h.cfg.ready = h.modelsLoaded
+	}
+	return h, nil
+}
+
+// route is one endpoint: its method and handler.
+type route struct {
+	name    string
+	method  string
+	handler func(*Handler, http.ResponseWriter, *http.Request)
+}
+
+var routes = map[string]route{
+	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions},
+	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions},
+	"/v1/models":           {"models", http.MethodGet, (*Handler).models},
+	"/health":              {"health", http.MethodGet, (*Handler).health},
+	"/ready":               {"ready", http.MethodGet, (*Handler).readyz},
+	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz},
+}
+
+// ServeHTTP routes r to its endpoint.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	rt, ok := routes[path]
+	if !ok && strings.HasPrefix(path, "/v1/models/") {
+		rt, ok = route{"model", http.MethodGet, (*Handler).model}, true
+	}
+	rec := &statusRecorder{ResponseWriter: w}
+	start := time.Now()
+	defer func() { h.metrics.record(r.Context(), rt.name, rec.status, time.Since(start)) }()
+	switch {
+	case !ok:
+		rt.name = "unknown"
+		writeError(rec, newAPIError(http.StatusNotFound, typeNotFound, "", "unknown_url", fmt.Sprintf("no endpoint %s %s", r.Method, path)))
+	case r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead):
+		rec.Header().Set("Allow", rt.method)
+		writeError(rec, newAPIError(http.StatusMethodNotAllowed, typeInvalidRequest, "", "method_not_allowed",
+			fmt.Sprintf("%s takes %s, not %s", path, rt.method, r.Method)))
+	default:
+		rt.handler(h, rec, r)
+	}
+}
+
+func (h *Handler) health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := h.cfg.ready(r.Context()); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (h *Handler) modelsLoaded(context.Context) error {
+	if len(h.srv.Models()) == 0 {
+		return errors.New("no model loaded")
+	}
+	return nil
+}
+
+func (h *Handler) metricsz(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.metricsHandler == nil {
+		writeError(w, newAPIError(http.StatusNotFound, typeNotFound, "", "unknown_url", "metrics are not served here"))
+		return
+	}
+	h.cfg.metricsHandler.ServeHTTP(w, r)
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// Extensions: what the engine reports.
+	Engine        string `json:"engine"`
+	ContextLength int    `json:"context_length"`
+}
+
+func (h *Handler) modelObject(info engine.Info) modelObject {
+	return modelObject{ID: info.ID, Object: "model", Created: h.created, OwnedBy: "mlxserving",
+		Engine: info.Engine, ContextLength: info.ContextLength}
+}
+
+func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
+	infos := h.srv.Models()
+	data := make([]modelObject, len(infos))
+	for i, info := range infos {
+		data[i] = h.modelObject(info)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	for _, info := range h.srv.Models() {
+		if info.ID == id {
+			writeJSON(w, http.StatusOK, h.modelObject(info))
+			return
+		}
+	}
+	writeError(w, &mlxserving.ModelNotFoundError{Model: id})
+}
+
+func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if err := h.decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	cr, err := req.chat(r, h.cfg.defaultMax)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil
+	st, err := h.start(r.Context(), explicit, func(ctx context.Context, maxTokens int) (*mlxserving.Stream, error) {
+		cr.MaxTokens = maxTokens
+		return h.srv.Chat(ctx, cr)
+	}, cr.MaxTokens)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	f := newFormat(true, "chatcmpl-"+rand.Text(), time.Now().Unix(), cr.Model, req.Logprobs, req.includeUsage())
+	h.respond(w, r, st, f, req.Stream)
+}
+
+func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if err := h.decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	gr, err := req.completion(r, h.cfg.defaultMax)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	st, err := h.start(r.Context(), req.MaxTokens != nil, func(ctx context.Context, maxTokens int) (*mlxserving.Stream, error) {
+		gr.MaxTokens = maxTokens
+		return h.srv.Generate(ctx, gr)
+	}, gr.MaxTokens)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	f := newFormat(false, "cmpl-"+rand.Text(), time.Now().Unix(), gr.Model, req.Logprobs != nil, req.includeUsage())
+	h.respond(w, r, st, f, req.Stream)
+}
+
+func (c *commonFields) includeUsage() bool {
+	return c.Stream && c.StreamOptions != nil && c.StreamOptions.IncludeUsage
+}
+
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := readBody(w, r, h.cfg.maxBody)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(body, v)
+}
+
+// start submits a request. When the client gave no max_tokens and the
+// default does not fit the context, it retries once with the room left.
+func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.Context, int) (*mlxserving.Stream, error), maxTokens int) (*mlxserving.Stream, error) {
+	st, err := submit(ctx, maxTokens)
+	if err == nil || explicit {
+		return st, err
+	}
+	var (
+		cl *engine.ContextLengthError
+		kv *scheduler.CapacityError
+	)
+	switch {
+	case errors.As(err, &cl) && cl.MaxNew > 0 && cl.Limit > cl.Prompt:
+		return h.start(ctx, explicit, submit, cl.Limit-cl.Prompt)
+	case errors.As(err, &kv) && kv.Capacity > kv.Prompt && kv.MaxNew > kv.Capacity-kv.Prompt:
+		return submit(ctx, kv.Capacity-kv.Prompt)
+	}
+	return st, err
+}
+
+// respond sends the stream as SSE or as one body.
+func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *mlxserving.Stream, f *format, stream bool) {
+	defer st.Close()
+	var err error
+	if stream {
+		err = h.streamSSE(w, st, f)
+	} else {
+		err = h.writeWhole(w, st, f)
+	}
+	if err != nil && r.Context().Err() == nil {
+		h.cfg.logger.Warn("request failed", "path", r.URL.Path, "model", f.model, "id", f.id, "err", err)
+	}
+}
+
+// writeWhole collects the stream into one response body.
+func (h *Handler) writeWhole(w http.ResponseWriter, st *mlxserving.Stream, f *format) error {
+	var (
+		text   strings.Builder
+		tokens []mlxserving.Chunk
+		finish mlxserving.FinishReason
+		usage  *mlxserving.Usage
+	)
+	for c, err := range st.Chunks() {
+		if err != nil {
+			writeError(w, err)
+			return err
+		}
+		text.WriteString(c.Text)
+		if c.HasToken && f.logprobs {
+			tokens = append(tokens, c)
+		}
+		if c.Finish != "" {
+			finish, usage = c.Finish, c.Usage
+		}
+	}
+	writeJSON(w, http.StatusOK, f.body(text.String(), tokens, finish, usage))
+	return nil
+}

@@ -1,0 +1,284 @@
+package openai
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// commonFields are the fields chat and text completions share.
+type commonFields struct {
+	Model            string             `json:"model"`
+	MaxTokens        *int               `json:"max_tokens"`
+	Temperature      *float32           `json:"temperature"`
+	TopP             *float32           `json:"top_p"`
+	Stop             json.RawMessage    `json:"stop"`
+	Seed             *int64             `json:"seed"`
+	Stream           bool               `json:"stream"`
+	StreamOptions    *streamOptions     `json:"stream_options"`
+	N                *int               `json:"n"`
+	User             string             `json:"user"`
+	FrequencyPenalty *float32           `json:"frequency_penalty"`
+	PresencePenalty  *float32           `json:"presence_penalty"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
+
+	// Extensions.
+	Priority          string   `json:"priority"`
+	SessionID         string   `json:"session_id"`
+	TopK              *int     `json:"top_k"`
+	MinP              *float32 `json:"min_p"`
+	RepetitionPenalty *float32 `json:"repetition_penalty"`
+	IgnoreEOS         bool     `json:"ignore_eos"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatRequest struct {
+	commonFields
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	ResponseFormat      *responseFormat `json:"response_format"`
+}
+
+type chatMessage struct {
+	Role       string           `json:"role"`
+	Content    json.RawMessage  `json:"content"`
+	Name       string           `json:"name"`
+	ToolCalls  []map[string]any `json:"tool_calls"`
+	ToolCallID string           `json:"tool_call_id"`
+}
+
+type responseFormat struct {
+	Type       string          `json:"type"`
+	JSONSchema json.RawMessage `json:"json_schema"`
+}
+
+type completionRequest struct {
+	commonFields
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+	Suffix   *string         `json:"suffix"`
+	BestOf   *int            `json:"best_of"`
+}
+
+// params converts the shared fields into the library's parameters.
+// maxTokens is the already-resolved max_tokens field (nil when absent).
+func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, def int, logprobs bool) (mlxserving.Params, error) {
+	var p mlxserving.Params
+	if err := c.unsupported(); err != nil {
+		return p, err
+	}
+	if c.Model == "" {
+		return p, badRequest("model", "missing_field", "field \"model\" is required")
+	}
+	if c.StreamOptions != nil && !c.Stream {
+		return p, badRequest("stream_options", "invalid_value", "stream_options is only allowed when stream is true")
+	}
+	p.MaxTokens = def
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return p, badRequest(maxParam, "invalid_value", "%s is %d: it must be at least 1", maxParam, *maxTokens)
+		}
+		p.MaxTokens = *maxTokens
+	}
+	p.Sampling.Temperature = 1 // OpenAI's default
+	if c.Temperature != nil {
+		p.Sampling.Temperature = *c.Temperature
+	}
+	if c.TopP != nil {
+		if *c.TopP <= 0 {
+			return p, badRequest("top_p", "invalid_value", "top_p is %v: it must be greater than 0 and at most 1", *c.TopP)
+		}
+		p.Sampling.TopP = *c.TopP
+	}
+	if c.Seed != nil {
+		p.Sampling.Seed, p.Sampling.HasSeed = uint64(*c.Seed), true
+	}
+	p.Sampling.Logprobs = logprobs
+	setIf(&p.Sampling.TopK, c.TopK)
+	setIf(&p.Sampling.MinP, c.MinP)
+	setIf(&p.Sampling.RepetitionPenalty, c.RepetitionPenalty)
+	if err := p.Sampling.Validate(); err != nil {
+		return p, err
+	}
+	stop, err := parseStop(c.Stop)
+	if err != nil {
+		return p, err
+	}
+	p.Stop, p.IgnoreEOS, p.Client = stop, c.IgnoreEOS, c.User
+	if p.Priority, err = c.tier(r); err != nil {
+		return p, err
+	}
+	p.Session = c.SessionID
+	if p.Session == "" {
+		p.Session = r.Header.Get("X-Session-ID")
+	}
+	return p, nil
+}
+
+func setIf[T any](dst *T, src *T) {
+	if src != nil {
+		*dst = *src
+	}
+}
+
+// tier reads the priority from the body, else the X-Priority header.
+func (c *commonFields) tier(r *http.Request) (scheduler.Tier, error) {
+	name := c.Priority
+	if name == "" {
+		name = r.Header.Get("X-Priority")
+	}
+	if name == "" {
+		return scheduler.Normal, nil
+	}
+	t, err := scheduler.ParseTier(name)
+	if err != nil {
+		return t, badRequest("priority", "invalid_value", "unknown priority %q: want critical, high, normal, low or background", name)
+	}
+	return t, nil
+}
+
+// unsupported refuses shared fields the server cannot honour.
+func (c *commonFields) unsupported() error {
+	switch {
+	case c.N != nil && *c.N != 1:
+		return badRequest("n", "unsupported_value", "n is %d: only one choice per request is supported", *c.N)
+	case c.FrequencyPenalty != nil && *c.FrequencyPenalty != 0:
+		return badRequest("frequency_penalty", "unsupported_value", "frequency_penalty is not supported; use repetition_penalty")
+	case c.PresencePenalty != nil && *c.PresencePenalty != 0:
+		return badRequest("presence_penalty", "unsupported_value", "presence_penalty is not supported; use repetition_penalty")
+	case len(c.LogitBias) > 0:
+		return badRequest("logit_bias", "unsupported_value", "logit_bias is not supported")
+	}
+	return nil
+}
+
+// chat converts a chat completion request.
+func (c *chatRequest) chat(r *http.Request, def int) (mlxserving.ChatRequest, error) {
+	var req mlxserving.ChatRequest
+	if err := c.unsupportedChat(); err != nil {
+		return req, err
+	}
+	maxTokens, maxParam := c.MaxTokens, "max_tokens"
+	if c.MaxCompletionTokens != nil {
+		maxTokens, maxParam = c.MaxCompletionTokens, "max_completion_tokens"
+	}
+	p, err := c.params(r, maxTokens, maxParam, def, c.Logprobs)
+	if err != nil {
+		return req, err
+	}
+	if len(c.Messages) == 0 {
+		return req, badRequest("messages", "invalid_value", "messages must hold at least one message")
+	}
+	req.Model, req.Params = c.Model, p
+	req.Messages = make([]mlxserving.Message, len(c.Messages))
+	for i, m := range c.Messages {
+		if req.Messages[i], err = m.message(i); err != nil {
+			return req, err
+		}
+	}
+	return req, nil
+}
+
+func (c *chatRequest) unsupportedChat() error {
+	switch {
+	case c.TopLogprobs != nil && *c.TopLogprobs != 0:
+		return badRequest("top_logprobs", "unsupported_value", "top_logprobs is not supported: only the sampled token's logprob is available")
+	case !isNull(c.Tools) && string(c.Tools) != "[]":
+		return badRequest("tools", "unsupported_value", "tools are not supported by this server")
+	case !isNull(c.ToolChoice) && string(c.ToolChoice) != `"none"` && string(c.ToolChoice) != `"auto"`:
+		return badRequest("tool_choice", "unsupported_value", "tool_choice must be \"none\" or \"auto\": tools are not supported")
+	case c.ResponseFormat != nil && c.ResponseFormat.Type != "text":
+		return badRequest("response_format", "unsupported_value", "response_format %q is not supported: only \"text\"", c.ResponseFormat.Type)
+	}
+	return nil
+}
+
+// message converts message i, checking its role and content.
+func (m *chatMessage) message(i int) (mlxserving.Message, error) {
+	role := m.Role
+	switch role {
+	case "system", "user", "assistant", "tool":
+	case "developer":
+		role = "system"
+	case "":
+		return mlxserving.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "missing_field", "message %d has no role", i)
+	default:
+		return mlxserving.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "invalid_value",
+			"message %d has unknown role %q: want system, developer, user, assistant or tool", i, m.Role)
+	}
+	param := fmt.Sprintf("messages.%d.content", i)
+	if isNull(m.Content) && (role != "assistant" || len(m.ToolCalls) == 0) {
+		return mlxserving.Message{}, badRequest(param, "missing_field", "message %d (%s) has no content", i, m.Role)
+	}
+	content, err := parseContent(m.Content, param)
+	if err != nil {
+		return mlxserving.Message{}, err
+	}
+	return mlxserving.Message{Role: role, Content: content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}, nil
+}
+
+// completion converts a text completion request.
+func (c *completionRequest) completion(r *http.Request, def int) (mlxserving.Request, error) {
+	var req mlxserving.Request
+	switch {
+	case c.Logprobs != nil && *c.Logprobs != 0:
+		return req, badRequest("logprobs", "unsupported_value", "logprobs is %d: only 0 (the sampled token's logprob) is supported", *c.Logprobs)
+	case c.Echo:
+		return req, badRequest("echo", "unsupported_value", "echo is not supported")
+	case c.Suffix != nil && *c.Suffix != "":
+		return req, badRequest("suffix", "unsupported_value", "suffix is not supported")
+	case c.BestOf != nil && *c.BestOf != 1:
+		return req, badRequest("best_of", "unsupported_value", "best_of is %d: only 1 is supported", *c.BestOf)
+	}
+	p, err := c.params(r, c.MaxTokens, "max_tokens", def, c.Logprobs != nil)
+	if err != nil {
+		return req, err
+	}
+	req.Model, req.Params = c.Model, p
+	req.Prompt, req.PromptTokens, err = parsePrompt(c.Prompt)
+	return req, err
+}
+
+// parsePrompt reads "prompt": a string, an array of token ids, or a
+// one-element array of either (several prompts would be several choices).
+func parsePrompt(raw json.RawMessage) (string, []int32, error) {
+	if isNull(raw) {
+		return "", nil, badRequest("prompt", "missing_field", "field \"prompt\" is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return "", nil, badRequest("prompt", "invalid_value", "prompt is empty")
+		}
+		return s, nil, nil
+	}
+	var ids []int32
+	if json.Unmarshal(raw, &ids) == nil {
+		if len(ids) == 0 {
+			return "", nil, badRequest("prompt", "invalid_value", "prompt is empty")
+		}
+		return "", ids, nil
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) == nil {
+		if len(list) != 1 {
+			return "", nil, badRequest("prompt", "unsupported_value", "prompt holds %d prompts: only one per request is supported", len(list))
+		}
+		if list[0][0] == '[' || list[0][0] == '"' {
+			return parsePrompt(list[0])
+		}
+	}
+	return "", nil, badRequest("prompt", "invalid_type", "field \"prompt\" must be a string or an array of token ids")
+}

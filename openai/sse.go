@@ -1,0 +1,99 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/mlxserving/mlxserving"
+)
+
+// sseWriter writes server-sent events, flushing each one so every token
+// reaches the client as soon as it is generated. The Stream buffers tokens,
+// so a slow reader slows only its own writes, never the batcher.
+type sseWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+	buf     []byte
+}
+
+func (s *sseWriter) start() {
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	s.w.WriteHeader(http.StatusOK)
+	s.started = true
+}
+
+func (s *sseWriter) send(b []byte) error {
+	if _, err := s.w.Write(b); err != nil {
+		return err
+	}
+	return s.rc.Flush()
+}
+
+// streamSSE sends the stream as chunks in OpenAI's shape, ending with
+// data: [DONE]. The status line waits for the first chunk, so a request
+// that fails before its first token still gets a proper error status.
+func (h *Handler) streamSSE(w http.ResponseWriter, st *mlxserving.Stream, f *format) error {
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), buf: make([]byte, 0, 512)}
+	for {
+		c, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return s.fail(err)
+		}
+		if err := s.chunk(f, c); err != nil {
+			return err
+		}
+	}
+	if !s.started {
+		return s.fail(errors.New("stream ended without a final chunk"))
+	}
+	return s.send(append(s.buf[:0], "data: [DONE]\n\n"...))
+}
+
+// chunk sends what one stream chunk holds: its text (and logprob), and on
+// the final chunk the finish reason and, if asked for, the usage.
+func (s *sseWriter) chunk(f *format, c mlxserving.Chunk) error {
+	if !s.started {
+		s.start()
+		if f.chat {
+			if err := s.send(f.roleChunk(s.buf[:0])); err != nil {
+				return err
+			}
+		}
+	}
+	if c.Text != "" || (f.logprobs && c.HasToken) {
+		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
+			return err
+		}
+	}
+	if c.Finish == "" {
+		return nil
+	}
+	if err := s.send(f.finishChunk(s.buf[:0], c.Finish)); err != nil {
+		return err
+	}
+	if f.includeUsage {
+		return s.send(f.usageChunk(s.buf[:0], c.Usage))
+	}
+	return nil
+}
+
+// fail reports err: as an error response before the stream started, as an
+// error event after.
+func (s *sseWriter) fail(err error) error {
+	if !s.started {
+		writeError(s.w, err)
+		return err
+	}
+	b, _ := json.Marshal(errorBody{Error: toAPIError(err)})
+	_ = s.send(append(append(append(s.buf[:0], "data: "...), b...), "\n\n"...))
+	return err
+}
