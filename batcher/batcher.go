@@ -1,0 +1,321 @@
+package batcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+var (
+	// ErrStreamDone is returned by Recv after the final chunk.
+	ErrStreamDone = errors.New("stream done")
+	// ErrClosed ends the streams of sequences still running when the
+	// batcher is closed.
+	ErrClosed = errors.New("batcher closed")
+)
+
+// Entry is a queued sequence with its scheduling metadata.
+type Entry = scheduler.Entry[*Sequence]
+
+// Queue is where the batcher takes waiting sequences from. The priority
+// scheduler implements it.
+type Queue interface {
+	// Pop removes and returns the most urgent entry if admit accepts it.
+	// When admit refuses the most urgent entry, Pop returns it as blocked
+	// and leaves it queued.
+	Pop(admit func(*Sequence) bool) (next, blocked *Entry)
+	// Requeue puts back an entry the batcher preempted or must recompute.
+	Requeue(*Entry)
+	// Ready receives a value whenever work is added.
+	Ready() <-chan struct{}
+	// Preempts reports whether a waiting entry of one tier may evict a
+	// running entry of another.
+	Preempts(waiting, running scheduler.Tier) bool
+}
+
+// ContinuousBatcher runs one model's sequences with iteration-level
+// batching: sequences join and leave the running batch at every step,
+// prompts are prefilled in chunks mixed with decode under a per-step token
+// budget, and admission respects the batch limit, the token budget and the
+// engine's KV capacity.
+//
+// One goroutine, started by New and stopped by Close or Shutdown, owns the
+// running batch and is the only caller of the model's Open, Step and Free.
+type ContinuousBatcher struct {
+	model engine.Model
+	info  engine.Info
+	queue Queue
+	cfg   config
+
+	cancel   context.CancelFunc
+	draining chan struct{}
+	drainOne sync.Once
+	done     chan struct{}
+
+	// Owned by the loop goroutine.
+	running  []*Entry
+	reserved int // KV tokens reserved by running sequences
+	nextID   engine.SeqID
+	limit    int // current adaptive batch limit
+	inputs   []engine.StepInput
+	stepSeqs []*Sequence // stepSeqs[i] is the sequence of inputs[i]
+	admitFn  func(*Sequence) bool
+	emaStep  time.Duration
+
+	statsMu sync.Mutex
+	stats   Stats
+}
+
+// New starts a batcher for model, taking work from queue. Options are
+// validated before the loop starts.
+func New(model engine.Model, queue Queue, opts ...Option) (*ContinuousBatcher, error) {
+	if model == nil || queue == nil {
+		return nil, errors.New("batcher: model and queue are required")
+	}
+	info := model.Info()
+	if info.MaxBatch < 1 || info.KVCapacity < 1 || info.ContextLength < 1 {
+		return nil, fmt.Errorf("batcher: model %q reports unusable limits (max batch %d, KV capacity %d, context %d)",
+			info.ID, info.MaxBatch, info.KVCapacity, info.ContextLength)
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("batcher: %w", err)
+		}
+	}
+	if err := cfg.resolve(info); err != nil {
+		return nil, fmt.Errorf("batcher: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &ContinuousBatcher{
+		model:    model,
+		info:     info,
+		queue:    queue,
+		cfg:      cfg,
+		cancel:   cancel,
+		draining: make(chan struct{}),
+		done:     make(chan struct{}),
+		limit:    cfg.maxBatch,
+		inputs:   make([]engine.StepInput, 0, cfg.maxBatch),
+		stepSeqs: make([]*Sequence, 0, cfg.maxBatch),
+	}
+	if cfg.targetStep > 0 {
+		b.limit = cfg.minBatch
+	}
+	b.admitFn = b.fits
+	b.stats.Limit = b.limit
+	go b.loop(ctx)
+	return b, nil
+}
+
+// Info returns the model's description.
+func (b *ContinuousBatcher) Info() engine.Info { return b.info }
+
+// Close stops the batcher at once: sequences still running end with
+// ErrClosed and their KV is freed. It returns when the loop has exited.
+// Entries still queued stay in the queue; the queue's owner fails them.
+func (b *ContinuousBatcher) Close() {
+	b.cancel()
+	<-b.done
+}
+
+// Shutdown waits until the queue has nothing left this batcher can admit
+// and every running sequence has finished, then stops the loop. The caller
+// stops adding work first. If ctx ends first it closes the batcher, ending
+// the running sequences with ErrClosed, and returns ctx.Err().
+func (b *ContinuousBatcher) Shutdown(ctx context.Context) error {
+	b.drainOne.Do(func() { close(b.draining) })
+	select {
+	case <-b.done:
+		return nil
+	case <-ctx.Done():
+		b.Close()
+		return ctx.Err()
+	}
+}
+
+func (b *ContinuousBatcher) loop(ctx context.Context) {
+	defer close(b.done)
+	defer b.failRunning(ErrClosed)
+	for {
+		b.reapCancelled()
+		b.admit(ctx)
+		b.publishOccupancy()
+		if len(b.running) == 0 {
+			if isClosed(b.draining) {
+				return // nothing running and nothing admissible left
+			}
+			select {
+			case <-b.queue.Ready():
+			case <-b.draining:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		b.step(ctx)
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// need is the KV a sequence reserves: its whole possible length, so a
+// running sequence never runs out of KV mid-generation.
+func (b *ContinuousBatcher) need(s *Sequence) int {
+	return min(len(s.Prompt)+s.MaxTokens, b.info.ContextLength)
+}
+
+// fits is the admission test handed to the queue. An empty batch admits
+// anything, so a request too large for the KV fails on Open instead of
+// blocking the queue forever.
+func (b *ContinuousBatcher) fits(s *Sequence) bool {
+	if len(b.running) == 0 {
+		return true
+	}
+	return len(b.running) < b.limit && b.reserved+b.need(s) <= b.info.KVCapacity
+}
+
+// admit moves sequences from the queue into the running batch while they
+// fit, preempting lower tiers for a blocked critical one when allowed.
+func (b *ContinuousBatcher) admit(ctx context.Context) {
+	for {
+		next, blocked := b.queue.Pop(b.admitFn)
+		if next == nil {
+			if blocked == nil || !b.preemptFor(blocked) {
+				return
+			}
+			continue
+		}
+		if !b.start(ctx, next) {
+			return
+		}
+	}
+}
+
+// start opens a sequence in the engine and adds it to the running batch.
+// It reports whether admission may go on this round.
+func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
+	s := e.Value
+	if s.cancelled.Load() {
+		s.out.finish(Chunk{}, s.out.cancelError())
+		return true
+	}
+	if s.Submitted.IsZero() {
+		s.Submitted = e.Enqueued
+	}
+	b.nextID++
+	s.id = b.nextID
+	s.feed = s.Prompt
+	if len(s.generated) > 0 { // recompute after preemption or a lost worker
+		s.feed = append(append(make([]int32, 0, len(s.Prompt)+len(s.generated)), s.Prompt...), s.generated...)
+	}
+	reused, err := b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
+	switch {
+	case err == nil:
+	case errors.Is(err, engine.ErrOutOfMemory) && len(b.running) > 0:
+		b.model.Free(s.id, "")
+		b.queue.Requeue(e) // fits once running sequences finish
+		return false
+	case engine.Retryable(err) && s.preemptions < b.cfg.recoveries:
+		b.model.Free(s.id, "")
+		s.preemptions++
+		b.queue.Requeue(e)
+		return false
+	default:
+		b.model.Free(s.id, "")
+		s.out.finish(Chunk{}, err)
+		return true
+	}
+	s.fed = reused
+	s.open = true
+	if s.admitted.IsZero() {
+		s.admitted = time.Now()
+		s.cached = reused
+	}
+	b.reserved += b.need(s)
+	b.running = append(b.running, e)
+	return true
+}
+
+// preemptFor evicts the lowest-tier, most recently admitted running
+// sequence if the blocked entry's tier may preempt it. The victim is
+// requeued and later recomputes its prompt and the tokens it generated.
+func (b *ContinuousBatcher) preemptFor(blocked *Entry) bool {
+	victim := -1
+	for i, e := range b.running {
+		if !b.queue.Preempts(blocked.Tier, e.Tier) {
+			continue
+		}
+		if victim < 0 || b.running[victim].Tier.Outranks(e.Tier) ||
+			(b.running[victim].Tier == e.Tier && e.Value.admitted.After(b.running[victim].Value.admitted)) {
+			victim = i
+		}
+	}
+	if victim < 0 {
+		return false
+	}
+	e := b.running[victim]
+	b.release(e, "")
+	b.removeRunning(victim)
+	e.Value.preemptions++
+	b.queue.Requeue(e)
+	return true
+}
+
+// release frees a running sequence's KV and reservation.
+func (b *ContinuousBatcher) release(e *Entry, saveKey string) {
+	s := e.Value
+	b.model.Free(s.id, saveKey)
+	s.open = false
+	b.reserved -= b.need(s)
+}
+
+func (b *ContinuousBatcher) removeRunning(i int) {
+	last := len(b.running) - 1
+	copy(b.running[i:], b.running[i+1:])
+	b.running[last] = nil
+	b.running = b.running[:last]
+}
+
+// reapCancelled frees cancelled sequences before the next step, so a
+// cancellation releases KV within one engine step.
+func (b *ContinuousBatcher) reapCancelled() {
+	kept := b.running[:0]
+	for _, e := range b.running {
+		s := e.Value
+		if s.cancelled.Load() {
+			b.release(e, "")
+			s.out.finish(Chunk{}, s.out.cancelError())
+			continue
+		}
+		kept = append(kept, e)
+	}
+	clear(b.running[len(kept):])
+	b.running = kept
+}
+
+// failRunning ends every running sequence with err and frees it.
+func (b *ContinuousBatcher) failRunning(err error) {
+	for _, e := range b.running {
+		b.release(e, "")
+		e.Value.out.finish(Chunk{}, err)
+	}
+	clear(b.running)
+	b.running = b.running[:0]
+	b.publishOccupancy()
+}

@@ -1,0 +1,387 @@
+package batcher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type rig struct {
+	sim   *enginetest.Sim
+	model engine.Model
+	queue *scheduler.PriorityScheduler[*batcher.Sequence]
+	b     *batcher.ContinuousBatcher
+}
+
+func newRig(t *testing.T, simOpts []enginetest.SimOption, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
+	t.Helper()
+	sim, err := enginetest.NewSim(simOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newRigModel(t, sim, m, qOpts, bOpts...)
+}
+
+func newRigModel(t *testing.T, sim *enginetest.Sim, m engine.Model, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
+	t.Helper()
+	q, err := scheduler.New[*batcher.Sequence](qOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := batcher.New(m, q, bOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		q.Close()
+		_ = sim.Close()
+	})
+	return &rig{sim: sim, model: m, queue: q, b: b}
+}
+
+func (r *rig) submit(t *testing.T, seq *batcher.Sequence) *batcher.Entry {
+	t.Helper()
+	if seq.Tier == 0 {
+		seq.Tier = scheduler.Normal
+	}
+	e := &batcher.Entry{Value: seq, Tier: seq.Tier, Cost: len(seq.Prompt) + seq.MaxTokens}
+	if err := r.queue.Push(e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+type result struct {
+	tokens []int32
+	finish batcher.FinishReason
+	usage  *batcher.Usage
+	err    error
+}
+
+func collect(seq *batcher.Sequence) result {
+	var r result
+	for {
+		c, err := seq.Recv(context.Background())
+		if errors.Is(err, batcher.ErrStreamDone) {
+			return r
+		}
+		if err != nil {
+			r.err = err
+			return r
+		}
+		if c.HasToken {
+			r.tokens = append(r.tokens, c.Token)
+		}
+		if c.Finish != "" {
+			r.finish, r.usage = c.Finish, c.Usage
+		}
+	}
+}
+
+func prompt(seed, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((seed*31+i*7)%150 + 1)
+	}
+	return p
+}
+
+// alone runs prompt through the model directly, one sequence, greedy: the
+// reference every batched run must reproduce.
+func alone(t *testing.T, p []int32, n int) []int32 {
+	t.Helper()
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "ref"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := m.Open(ctx, 1, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	params := &engine.SamplingParams{}
+	feed := p
+	var out []int32
+	for len(out) < n {
+		res, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed, Sample: true, Params: params}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, res[0].Token)
+		feed = out[len(out)-1:]
+	}
+	return out
+}
+
+func TestBatchedTokensMatchAlone(t *testing.T) {
+	// A small token budget forces chunked prefill mixed with decode, and
+	// different lengths make sequences join and leave at different steps.
+	r := newRig(t, nil, nil, batcher.WithTokenBudget(16), batcher.WithMaxBatch(4))
+	var seqs []*batcher.Sequence
+	for i := range 10 {
+		s := &batcher.Sequence{Prompt: prompt(i, 5+i*9), MaxTokens: 3 + i*2, IgnoreEOS: true}
+		r.submit(t, s)
+		seqs = append(seqs, s)
+	}
+	for i, s := range seqs {
+		got := collect(s)
+		if got.err != nil {
+			t.Fatalf("seq %d: %v", i, got.err)
+		}
+		want := alone(t, s.Prompt, s.MaxTokens)
+		if !slices.Equal(got.tokens, want) {
+			t.Errorf("seq %d: batched %v, alone %v", i, got.tokens, want)
+		}
+		if got.finish != batcher.FinishLength || got.usage.CompletionTokens != s.MaxTokens || got.usage.PromptTokens != len(s.Prompt) {
+			t.Errorf("seq %d: finish %q usage %+v", i, got.finish, got.usage)
+		}
+	}
+	st := r.b.Stats()
+	if st.Running != 0 || st.KVReserved != 0 {
+		t.Errorf("after all finished: %+v", st)
+	}
+	if r.sim.Stats().MaxBatch > 4 {
+		t.Errorf("batch limit 4 exceeded: %d", r.sim.Stats().MaxBatch)
+	}
+}
+
+func TestStopConditions(t *testing.T) {
+	r := newRig(t, nil, nil)
+	ref := alone(t, prompt(1, 8), 6)
+	tests := []struct {
+		name   string
+		seq    *batcher.Sequence
+		want   []int32
+		finish batcher.FinishReason
+	}{
+		{"max tokens", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 4}, ref[:4], batcher.FinishLength},
+		{"stop token", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, StopTokens: []int32{ref[2]}}, ref[:3], batcher.FinishStop},
+		{"stop string", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, Text: &stopAfter{n: 2}}, ref[:2], batcher.FinishStop},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r.submit(t, tt.seq)
+			got := collect(tt.seq)
+			if got.err != nil || !slices.Equal(got.tokens, tt.want) || got.finish != tt.finish {
+				t.Errorf("got %v %q %v, want %v %q", got.tokens, got.finish, got.err, tt.want, tt.finish)
+			}
+		})
+	}
+}
+
+// stopAfter is a Detokenizer that reports a stop string on its n-th token.
+type stopAfter struct{ n, seen int }
+
+func (s *stopAfter) Add(int32) (string, bool) { s.seen++; return "x", s.seen == s.n }
+func (s *stopAfter) Flush() string            { return "" }
+
+func TestEOSEndsSequence(t *testing.T) {
+	r := newRig(t, []enginetest.SimOption{enginetest.WithEOS(7), enginetest.WithEOSProbability(0.3)}, nil)
+	ended := 0
+	for i := range 20 {
+		s := &batcher.Sequence{Prompt: prompt(i, 6), MaxTokens: 50}
+		r.submit(t, s)
+		got := collect(s)
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		if got.finish == batcher.FinishStop {
+			ended++
+			if slices.Contains(got.tokens[:len(got.tokens)-1], 7) {
+				t.Errorf("tokens after EOS: %v", got.tokens)
+			}
+		}
+	}
+	if ended == 0 {
+		t.Error("no sequence ended on EOS")
+	}
+}
+
+func TestCancelFreesKVWithinAStep(t *testing.T) {
+	r := newRig(t, []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0)}, nil)
+	s := &batcher.Sequence{Prompt: prompt(3, 10), MaxTokens: 100000, IgnoreEOS: true}
+	r.submit(t, s)
+	if _, err := s.Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.Cancel(context.Canceled)
+	got := collect(s)
+	if !errors.Is(got.err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", got.err)
+	}
+	// The stream ends when the batcher freed the sequence.
+	if open := r.sim.Stats().OpenSequences; open != 0 {
+		t.Errorf("%d sequences still open in the engine", open)
+	}
+}
+
+func TestPreemptionRecomputes(t *testing.T) {
+	r := newRig(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0)},
+		[]scheduler.Option{scheduler.WithPreemption(true)}, batcher.WithMaxBatch(1))
+	bg := &batcher.Sequence{Prompt: prompt(4, 8), MaxTokens: 40, IgnoreEOS: true, Tier: scheduler.Background}
+	r.submit(t, bg)
+	if _, err := bg.Recv(context.Background()); err != nil { // background is running
+		t.Fatal(err)
+	}
+	crit := &batcher.Sequence{Prompt: prompt(5, 8), MaxTokens: 5, IgnoreEOS: true, Tier: scheduler.Critical}
+	r.submit(t, crit)
+	c := collect(crit)
+	if c.err != nil || !slices.Equal(c.tokens, alone(t, crit.Prompt, 5)) {
+		t.Fatalf("critical: %v %v", c.tokens, c.err)
+	}
+	rest := collect(bg)
+	if rest.err != nil {
+		t.Fatal(rest.err)
+	}
+	want := alone(t, bg.Prompt, 40)
+	if got := append([]int32{want[0]}, rest.tokens...); !slices.Equal(got, want) {
+		t.Errorf("preempted stream: got %v, want %v", got, want)
+	}
+	if rest.usage.Preemptions != 1 {
+		t.Errorf("preemptions %d, want 1", rest.usage.Preemptions)
+	}
+}
+
+// flaky fails chosen steps with ErrWorkerLost, like a crashed worker.
+type flaky struct {
+	engine.Model
+	steps  atomic.Int64
+	failAt map[int64]bool
+}
+
+func (f *flaky) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepOutput, error) {
+	if f.failAt[f.steps.Add(1)] {
+		return nil, fmt.Errorf("worker 0 exited: %w", engine.ErrWorkerLost)
+	}
+	return f.Model.Step(ctx, in)
+}
+
+func TestLostWorkerIsRecovered(t *testing.T) {
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	r := newRigModel(t, sim, f, nil)
+	s := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
+	r.submit(t, s)
+	got := collect(s)
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if want := alone(t, s.Prompt, 10); !slices.Equal(got.tokens, want) {
+		t.Errorf("after recovery: %v, want %v", got.tokens, want)
+	}
+	// Past the recovery limit the stream fails with a retryable error.
+	f.failAt = nil
+	always := &flaky{Model: m, failAt: map[int64]bool{}}
+	for i := int64(1); i < 100; i++ {
+		always.failAt[i] = true
+	}
+	r2 := newRigModel(t, sim, always, nil, batcher.WithRecoveries(1))
+	s2 := &batcher.Sequence{Prompt: prompt(7, 8), MaxTokens: 10}
+	r2.submit(t, s2)
+	if got := collect(s2); !engine.Retryable(got.err) {
+		t.Errorf("want a retryable error, got %v", got.err)
+	}
+}
+
+func TestAdaptiveBatchSizing(t *testing.T) {
+	// Each token in a step costs 1 ms: a 10 ms target allows about 10.
+	r := newRig(t, []enginetest.SimOption{enginetest.WithStepTime(0, time.Millisecond), enginetest.WithMaxBatch(64)}, nil,
+		batcher.WithTargetStepLatency(10*time.Millisecond, 2))
+	var seqs []*batcher.Sequence
+	for i := range 40 {
+		s := &batcher.Sequence{Prompt: prompt(i, 2), MaxTokens: 60, IgnoreEOS: true}
+		r.submit(t, s)
+		seqs = append(seqs, s)
+	}
+	var wg sync.WaitGroup
+	for _, s := range seqs {
+		wg.Add(1)
+		go func() { defer wg.Done(); collect(s) }()
+	}
+	wg.Wait()
+	if l := r.b.Stats().Limit; l < 5 || l > 16 {
+		t.Errorf("adaptive limit settled at %d, want near 10", l)
+	}
+}
+
+func TestShutdownFinishesQueuedWork(t *testing.T) {
+	r := newRig(t, nil, nil, batcher.WithMaxBatch(2))
+	var seqs []*batcher.Sequence
+	for i := range 6 {
+		s := &batcher.Sequence{Prompt: prompt(i, 4), MaxTokens: 5, IgnoreEOS: true}
+		r.submit(t, s)
+		seqs = append(seqs, s)
+	}
+	if err := r.b.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range seqs {
+		if got := collect(s); got.err != nil || len(got.tokens) != 5 {
+			t.Errorf("seq %d: %d tokens, %v", i, len(got.tokens), got.err)
+		}
+	}
+}
+
+func TestCloseFailsRunning(t *testing.T) {
+	r := newRig(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0)}, nil)
+	s := &batcher.Sequence{Prompt: prompt(1, 4), MaxTokens: 100000, IgnoreEOS: true}
+	r.submit(t, s)
+	if _, err := s.Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.b.Close()
+	if got := collect(s); !errors.Is(got.err, batcher.ErrClosed) {
+		t.Errorf("want ErrClosed, got %v", got.err)
+	}
+	if open := r.sim.Stats().OpenSequences; open != 0 {
+		t.Errorf("%d sequences left open", open)
+	}
+}
+
+func TestOptionsValidated(t *testing.T) {
+	sim, _ := enginetest.NewSim(enginetest.WithMaxBatch(8))
+	defer sim.Close()
+	m, _ := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	q, _ := scheduler.New[*batcher.Sequence]()
+	defer q.Close()
+	for _, o := range []batcher.Option{
+		batcher.WithTokenBudget(0), batcher.WithTokenBudget(4), batcher.WithMaxBatch(-1),
+		batcher.WithTargetStepLatency(time.Millisecond, 0), batcher.WithTargetStepLatency(time.Millisecond, 9),
+		batcher.WithRecoveries(-1), batcher.WithLogger(nil),
+	} {
+		if b, err := batcher.New(m, q, o); err == nil {
+			b.Close()
+			t.Errorf("option accepted")
+		}
+	}
+}

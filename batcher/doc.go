@@ -1,0 +1,27 @@
+// Package batcher runs a model's sequences with continuous (iteration-level)
+// batching.
+//
+// A [ContinuousBatcher] owns one loaded model. Its single goroutine takes
+// waiting sequences from a [Queue] (the priority scheduler) whenever they fit
+// — free batch slots, the per-step token budget, the engine's KV capacity —
+// and runs the model one step at a time. Every step carries one token for
+// each decoding sequence plus prompt chunks under the remaining token budget,
+// so long prompts never stall the sequences already generating. Sequences
+// leave the batch at any step: when they hit their token limit, an
+// end-of-sequence or stop token, a stop string found by their [Detokenizer],
+// or when they are cancelled, and their KV is freed before the next step.
+//
+// A lower-tier sequence may be preempted for a blocked critical one (when
+// the queue allows it) and a sequence whose engine worker died is recovered:
+// both are requeued and later recompute their prompt plus the tokens they
+// already produced, so their streams continue without repeating a token.
+//
+// Use:
+//
+//	q, _ := scheduler.New[*batcher.Sequence]()
+//	b, _ := batcher.New(model, q, batcher.WithTokenBudget(4096))
+//	defer b.Close()
+//	seq := &batcher.Sequence{Prompt: ids, MaxTokens: 64}
+//	_ = q.Push(&batcher.Entry{Value: seq, Tier: scheduler.Normal, Cost: len(ids) + 64})
+//	for c, err := seq.Recv(ctx); err == nil; c, err = seq.Recv(ctx) { ... }
+package batcher

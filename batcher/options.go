@@ -1,0 +1,133 @@
+package batcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Option configures a ContinuousBatcher.
+type Option func(*config) error
+
+type config struct {
+	maxBatch    int // 0 until resolved: the engine's MaxBatch
+	tokenBudget int
+	targetStep  time.Duration
+	minBatch    int
+	recoveries  int
+	observer    func(StepStats)
+	logger      *slog.Logger
+}
+
+// Defaults.
+const (
+	// DefaultTokenBudget is the most tokens (decode tokens plus prompt
+	// chunk tokens) one step carries.
+	DefaultTokenBudget = 2048
+	// DefaultRecoveries is how often a sequence is recomputed after its
+	// engine worker was lost before its stream fails.
+	DefaultRecoveries = 2
+)
+
+func defaultConfig() config {
+	return config{
+		tokenBudget: DefaultTokenBudget,
+		recoveries:  DefaultRecoveries,
+		minBatch:    1,
+		logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// resolve fills limits that depend on the model and checks consistency.
+func (c *config) resolve(info engine.Info) error {
+	if c.maxBatch == 0 || c.maxBatch > info.MaxBatch {
+		c.maxBatch = info.MaxBatch
+	}
+	if c.minBatch > c.maxBatch {
+		return fmt.Errorf("minimum batch %d is above the maximum %d", c.minBatch, c.maxBatch)
+	}
+	if c.tokenBudget < c.maxBatch {
+		return fmt.Errorf("token budget %d is below the batch limit %d: decoding sequences alone would not fit", c.tokenBudget, c.maxBatch)
+	}
+	return nil
+}
+
+// WithMaxBatch caps the sequences running at once. Zero (the default) uses
+// the engine's MaxBatch; a larger value is lowered to it.
+func WithMaxBatch(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("max batch %d is negative", n)
+		}
+		c.maxBatch = n
+		return nil
+	}
+}
+
+// WithTokenBudget caps the tokens one step carries: one per decoding
+// sequence plus prompt chunks. Smaller budgets keep decode steps short while
+// long prompts prefill; larger ones prefill faster. Default
+// DefaultTokenBudget; it must be at least the batch limit.
+func WithTokenBudget(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("token budget %d must be at least 1", n)
+		}
+		c.tokenBudget = n
+		return nil
+	}
+}
+
+// WithTargetStepLatency turns on adaptive batch sizing: the batch limit
+// moves between minBatch and the maximum so that the moving average of
+// step latency stays near target (additive increase while below, a tenth
+// off while above). Zero target (the default) turns it off and the limit
+// stays at the maximum.
+func WithTargetStepLatency(target time.Duration, minBatch int) Option {
+	return func(c *config) error {
+		if target < 0 {
+			return errors.New("target step latency is negative")
+		}
+		if minBatch < 1 {
+			return fmt.Errorf("minimum batch %d must be at least 1", minBatch)
+		}
+		c.targetStep, c.minBatch = target, minBatch
+		return nil
+	}
+}
+
+// WithRecoveries sets how often a sequence whose engine worker was lost is
+// requeued and recomputed before its stream fails. Zero fails at once.
+func WithRecoveries(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("recoveries %d is negative", n)
+		}
+		c.recoveries = n
+		return nil
+	}
+}
+
+// WithStepObserver calls fn after every engine step, on the batcher's
+// goroutine: it must return quickly (record metrics, nothing blocking).
+func WithStepObserver(fn func(StepStats)) Option {
+	return func(c *config) error {
+		c.observer = fn
+		return nil
+	}
+}
+
+// WithLogger sets the logger. The default discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}

@@ -1,0 +1,252 @@
+package batcher
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// FinishReason says why a sequence stopped generating.
+type FinishReason string
+
+const (
+	// FinishStop means an end-of-sequence token, a stop token or a stop
+	// string ended generation.
+	FinishStop FinishReason = "stop"
+	// FinishLength means the sequence reached its token limit or the
+	// model's context.
+	FinishLength FinishReason = "length"
+)
+
+// Detokenizer turns one sequence's generated tokens into text and detects
+// stop strings. The text layer's stream decoder implements it.
+type Detokenizer interface {
+	// Add takes the next generated token and returns the text that became
+	// final. stopped reports that a stop string completed; delta then
+	// holds only the text before it.
+	Add(token int32) (delta string, stopped bool)
+	// Flush returns the text still held back when generation ends for a
+	// reason other than a stop string.
+	Flush() string
+}
+
+// Chunk is one piece of a sequence's output: a generated token with the text
+// it completed, or the final chunk carrying the finish reason and usage.
+type Chunk struct {
+	// Text is the new text; it may be empty while a multi-byte character
+	// or a possible stop string is held back.
+	Text string
+	// Token is the generated token id; valid when HasToken is set.
+	Token    int32
+	HasToken bool
+	// Logprob is the token's log-probability, when requested.
+	Logprob float32
+	// Finish is set on the last chunk only.
+	Finish FinishReason
+	// Usage is set on the last chunk only.
+	Usage *Usage
+}
+
+// Usage counts a finished sequence's tokens and times.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	// CachedTokens is the number of prompt tokens whose KV was reused
+	// from a saved prefix instead of being prefilled.
+	CachedTokens int
+	// QueueWait is the time from submission to first admission.
+	QueueWait time.Duration
+	// TimeToFirstToken is the time from submission to the first token.
+	TimeToFirstToken time.Duration
+	// Duration is the time from submission to the end.
+	Duration time.Duration
+	// Preemptions counts how often the sequence was evicted and
+	// recomputed (preemption or a lost worker).
+	Preemptions int
+}
+
+// Sequence is one generation request as the batcher runs it. The caller
+// fills the exported fields, queues it, and reads its output with Recv.
+// Fields must not change once queued.
+type Sequence struct {
+	// Prompt is the prompt's token ids. Must not be empty.
+	Prompt []int32
+	// MaxTokens is the most tokens to generate. Must be at least 1.
+	MaxTokens int
+	// Params are the sampling parameters.
+	Params engine.SamplingParams
+	// StopTokens end generation like the model's EOS ids do.
+	StopTokens []int32
+	// IgnoreEOS keeps generating past the model's EOS ids.
+	IgnoreEOS bool
+	// PrefixKey asks the engine to reuse KV saved under this key.
+	PrefixKey string
+	// SaveKey asks the engine to keep this sequence's KV under this key
+	// when it finishes, for a later request's PrefixKey.
+	SaveKey string
+	// Text detokenizes output and finds stop strings; nil emits tokens
+	// without text.
+	Text Detokenizer
+	// Tier is the sequence's priority, used to choose preemption victims.
+	Tier scheduler.Tier
+	// Submitted is when the request arrived; zero means when queued.
+	Submitted time.Time
+
+	cancelled atomic.Bool
+	out       outbox
+
+	// Owned by the batcher's loop.
+	id          engine.SeqID
+	generated   []int32
+	feed        []int32 // tokens to prefill after Open: prompt (+ generated on recompute)
+	fed         int     // tokens of feed already stepped
+	open        bool
+	admitted    time.Time
+	firstToken  time.Time
+	cached      int
+	preemptions int
+}
+
+// Cancel asks the batcher to stop the sequence. A running sequence is
+// freed before the next engine step; its stream ends with err.
+func (s *Sequence) Cancel(err error) {
+	s.out.setCancelErr(err)
+	s.cancelled.Store(true)
+}
+
+// Fail ends the sequence's stream with err unless it has already ended.
+// The owner of the queue calls it for a sequence that never ran (removed
+// while queued, drained at shutdown).
+func (s *Sequence) Fail(err error) { s.out.finish(Chunk{}, err) }
+
+// Generated returns how many tokens the sequence has produced so far. Safe
+// only after the stream ended.
+func (s *Sequence) Generated() int { return len(s.generated) }
+
+// Recv returns the next chunk, blocking until one is ready or ctx ends.
+// After the final chunk (Finish set) it returns ErrStreamDone; if the
+// sequence failed it returns that error.
+func (s *Sequence) Recv(ctx context.Context) (Chunk, error) {
+	return s.out.next(ctx)
+}
+
+// Done is closed when the final chunk or an error has been queued for the
+// reader.
+func (s *Sequence) Done() <-chan struct{} { return s.out.doneCh() }
+
+// outbox buffers a sequence's chunks between the batcher, which never
+// blocks on a slow reader, and the reader. It is bounded by MaxTokens + 1.
+type outbox struct {
+	mu        sync.Mutex
+	chunks    []Chunk
+	head      int
+	err       error
+	cancelErr error
+	ended     bool // final chunk or error queued
+	once      sync.Once
+	ready     chan struct{}
+	done      chan struct{}
+}
+
+// init makes the channels; every method that touches them calls it, so a
+// Sequence's zero value is ready to use.
+func (o *outbox) init() {
+	o.once.Do(func() {
+		o.ready = make(chan struct{}, 1)
+		o.done = make(chan struct{})
+	})
+}
+
+func (o *outbox) doneCh() <-chan struct{} {
+	o.init()
+	return o.done
+}
+
+func (o *outbox) setCancelErr(err error) {
+	o.mu.Lock()
+	if o.cancelErr == nil {
+		o.cancelErr = err
+	}
+	o.mu.Unlock()
+}
+
+func (o *outbox) cancelError() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.cancelErr == nil {
+		return context.Canceled
+	}
+	return o.cancelErr
+}
+
+// push queues a chunk; a no-op after the stream ended.
+func (o *outbox) push(c Chunk) {
+	o.mu.Lock()
+	if !o.ended {
+		o.chunks = append(o.chunks, c)
+	}
+	o.mu.Unlock()
+	o.signal()
+}
+
+// finish queues the final chunk (err == nil) or the error, once.
+func (o *outbox) finish(last Chunk, err error) bool {
+	o.mu.Lock()
+	if o.ended {
+		o.mu.Unlock()
+		return false
+	}
+	o.ended = true
+	o.init()
+	if err != nil {
+		o.err = err
+	} else {
+		o.chunks = append(o.chunks, last)
+	}
+	o.mu.Unlock()
+	close(o.done)
+	o.signal()
+	return true
+}
+
+func (o *outbox) signal() {
+	o.init()
+	select {
+	case o.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox) next(ctx context.Context) (Chunk, error) {
+	o.init()
+	for {
+		o.mu.Lock()
+		if o.head < len(o.chunks) {
+			c := o.chunks[o.head]
+			o.chunks[o.head] = Chunk{}
+			o.head++
+			if o.head == len(o.chunks) {
+				o.chunks, o.head = o.chunks[:0], 0
+			}
+			o.mu.Unlock()
+			return c, nil
+		}
+		ended, err := o.ended, o.err
+		o.mu.Unlock()
+		if ended {
+			if err != nil {
+				return Chunk{}, err
+			}
+			return Chunk{}, ErrStreamDone
+		}
+		select {
+		case <-o.ready:
+		case <-ctx.Done():
+			return Chunk{}, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package batcher
+
+import "time"
+
+// StepStats describes one engine step.
+type StepStats struct {
+	// Batch is the number of sequences in the step.
+	Batch int
+	// Decode is the number of sequences that fed one generated token.
+	Decode int
+	// PrefillTokens is the number of prompt tokens fed.
+	PrefillTokens int
+	// Latency is the engine's step time.
+	Latency time.Duration
+}
+
+// Stats is a snapshot of a batcher.
+type Stats struct {
+	// Steps is the number of engine steps run.
+	Steps uint64
+	// DecodeTokens and PrefillTokens count tokens fed to the engine.
+	DecodeTokens  uint64
+	PrefillTokens uint64
+	// Running is the number of sequences in the batch now.
+	Running int
+	// KVReserved is the KV tokens reserved by running sequences.
+	KVReserved int
+	// KVCapacity is the engine's KV capacity in tokens.
+	KVCapacity int
+	// Limit is the current batch limit (adaptive sizing moves it).
+	Limit int
+	// StepLatency is the moving average of step latency.
+	StepLatency time.Duration
+	// Last is the most recent step.
+	Last StepStats
+}
+
+// Stats returns a snapshot. Safe for concurrent use.
+func (b *ContinuousBatcher) Stats() Stats {
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	return b.stats
+}
+
+// observe records a step, runs the adaptive batch controller and calls the
+// step observer.
+func (b *ContinuousBatcher) observe(st StepStats) {
+	const alpha = 0.2
+	if b.emaStep == 0 {
+		b.emaStep = st.Latency
+	} else {
+		b.emaStep = time.Duration(alpha*float64(st.Latency) + (1-alpha)*float64(b.emaStep))
+	}
+	b.adapt(st)
+
+	b.statsMu.Lock()
+	b.stats.Steps++
+	b.stats.DecodeTokens += uint64(st.Decode)
+	b.stats.PrefillTokens += uint64(st.PrefillTokens)
+	b.stats.StepLatency = b.emaStep
+	b.stats.Limit = b.limit
+	b.stats.Last = st
+	b.statsMu.Unlock()
+
+	if b.cfg.observer != nil {
+		b.cfg.observer(st)
+	}
+}
+
+// adapt moves the batch limit toward the target step latency: one more
+// sequence while the average is comfortably below target and the batch is
+// full, a tenth fewer while it is above.
+func (b *ContinuousBatcher) adapt(st StepStats) {
+	target := b.cfg.targetStep
+	if target == 0 {
+		return
+	}
+	switch {
+	case b.emaStep > target+target/10 && b.limit > b.cfg.minBatch:
+		b.limit = max(b.cfg.minBatch, b.limit-max(1, b.limit/10))
+	case b.emaStep < target-target/10 && st.Batch >= b.limit && b.limit < b.cfg.maxBatch:
+		b.limit++
+	}
+}
+
+// publishOccupancy updates the running and KV figures.
+func (b *ContinuousBatcher) publishOccupancy() {
+	b.statsMu.Lock()
+	b.stats.Running = len(b.running)
+	b.stats.KVReserved = b.reserved
+	b.stats.KVCapacity = b.info.KVCapacity
+	b.statsMu.Unlock()
+}

@@ -1,0 +1,201 @@
+package batcher
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// step builds one batch — a token for every decoding sequence first, then
+// prompt chunks under what is left of the token budget — runs it, and hands
+// the sampled tokens to their sequences.
+func (b *ContinuousBatcher) step(ctx context.Context) {
+	in, seqs := b.inputs[:0], b.stepSeqs[:0]
+	budget := b.cfg.tokenBudget
+	decode, prefill := 0, 0
+	for _, e := range b.running {
+		s := e.Value
+		if s.fed == len(s.feed) {
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params})
+			seqs = append(seqs, s)
+			budget--
+			decode++
+		}
+	}
+	for _, e := range b.running {
+		s := e.Value
+		if s.fed == len(s.feed) || budget <= 0 {
+			continue
+		}
+		n := min(budget, len(s.feed)-s.fed)
+		end := s.fed + n
+		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params})
+		seqs = append(seqs, s)
+		budget -= n
+		prefill += n
+	}
+	b.inputs, b.stepSeqs = in, seqs
+
+	start := time.Now()
+	outs, err := b.model.Step(ctx, in)
+	elapsed := time.Since(start)
+	if err != nil {
+		b.stepFailed(ctx, err)
+		return
+	}
+	if err := b.deliver(in, seqs, outs, start.Add(elapsed)); err != nil {
+		b.stepFailed(ctx, err)
+		return
+	}
+	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed})
+}
+
+// deliver advances every input's sequence and appends the sampled tokens.
+// seqs[i] is the sequence of in[i].
+func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, outs []engine.StepOutput, now time.Time) error {
+	j := 0
+	for i := range in {
+		if in[i].Sample {
+			if j >= len(outs) || outs[j].Seq != in[i].Seq {
+				return fmt.Errorf("engine returned outputs that do not match the batch's sampling inputs (%d outputs)", len(outs))
+			}
+			j++
+		}
+	}
+	if j != len(outs) {
+		return fmt.Errorf("engine returned %d outputs for %d sampling inputs", len(outs), j)
+	}
+	j = 0
+	finished := false
+	for i := range in {
+		s := seqs[i]
+		if s.fed < len(s.feed) {
+			s.fed += len(in[i].Tokens)
+		}
+		if !in[i].Sample {
+			continue
+		}
+		if b.accept(s, outs[j], now) {
+			finished = true
+		}
+		j++
+	}
+	if finished {
+		b.removeFinished()
+	}
+	return nil
+}
+
+// accept appends one sampled token, emits it, and finishes the sequence
+// when a stop condition holds. It reports whether the sequence finished.
+func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.Time) bool {
+	tok := out.Token
+	s.generated = append(s.generated, tok)
+	if s.firstToken.IsZero() {
+		s.firstToken = now
+	}
+	if b.isStopToken(s, tok) {
+		b.finish(s, FinishStop, "", now)
+		return true
+	}
+	c := Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
+	if s.Text != nil {
+		delta, stopped := s.Text.Add(tok)
+		c.Text = delta
+		if stopped {
+			s.out.push(c)
+			b.finish(s, FinishStop, "", now)
+			return true
+		}
+	}
+	s.out.push(c)
+	if len(s.generated) >= s.MaxTokens || len(s.Prompt)+len(s.generated) >= b.info.ContextLength {
+		tail := ""
+		if s.Text != nil {
+			tail = s.Text.Flush()
+		}
+		b.finish(s, FinishLength, tail, now)
+		return true
+	}
+	return false
+}
+
+func (b *ContinuousBatcher) isStopToken(s *Sequence, tok int32) bool {
+	if !s.IgnoreEOS && slices.Contains(b.info.EOS, tok) {
+		return true
+	}
+	return slices.Contains(s.StopTokens, tok)
+}
+
+// finish frees a sequence (saving its KV under SaveKey) and sends its final
+// chunk. The caller removes it from running.
+func (b *ContinuousBatcher) finish(s *Sequence, reason FinishReason, text string, now time.Time) {
+	b.model.Free(s.id, s.SaveKey)
+	s.open = false
+	b.reserved -= b.need(s)
+	s.out.finish(Chunk{Text: text, Finish: reason, Usage: s.usage(now)}, nil)
+}
+
+func (s *Sequence) usage(now time.Time) *Usage {
+	u := &Usage{
+		PromptTokens:     len(s.Prompt),
+		CompletionTokens: len(s.generated),
+		CachedTokens:     s.cached,
+		QueueWait:        s.admitted.Sub(s.Submitted),
+		Duration:         now.Sub(s.Submitted),
+		Preemptions:      s.preemptions,
+	}
+	if !s.firstToken.IsZero() {
+		u.TimeToFirstToken = s.firstToken.Sub(s.Submitted)
+	}
+	return u
+}
+
+// removeFinished drops sequences that are no longer open from running.
+func (b *ContinuousBatcher) removeFinished() {
+	kept := b.running[:0]
+	for _, e := range b.running {
+		if e.Value.open {
+			kept = append(kept, e)
+		}
+	}
+	clear(b.running[len(kept):])
+	b.running = kept
+}
+
+// stepFailed handles a failed Step. Every sequence of the batch is treated
+// as failed (the contract says its KV is undefined). A lost worker is
+// recovered: the sequence is requeued and recomputes its prompt and the
+// tokens already generated, so its stream continues without repeating
+// anything, up to the configured number of recoveries.
+func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // closing: the loop fails what is running
+	}
+	retry := engine.Retryable(err)
+	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(b.inputs), "recovering", retry)
+	failed := make(map[engine.SeqID]bool, len(b.inputs))
+	for _, in := range b.inputs {
+		failed[in.Seq] = true
+	}
+	kept := b.running[:0]
+	for _, e := range b.running {
+		s := e.Value
+		if !failed[s.id] {
+			kept = append(kept, e)
+			continue
+		}
+		b.release(e, "")
+		if retry && s.preemptions < b.cfg.recoveries {
+			s.preemptions++
+			b.queue.Requeue(e)
+			continue
+		}
+		s.out.finish(Chunk{}, fmt.Errorf("model %s: %w", b.info.ID, err))
+	}
+	clear(b.running[len(kept):])
+	b.running = kept
+}

@@ -1,0 +1,200 @@
+package mlxserving_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// These benchmarks measure the serving layer on the simulated engine, whose
+// steps sleep for a fixed time: what they report is the stack's own cost.
+// Run them one at a time with -benchtime=1x; see BENCHMARKS.md.
+
+func simServer(tb testing.TB, step time.Duration, maxBatch int, opts ...mlxserving.Option) *mlxserving.Server {
+	tb.Helper()
+	sim, err := enginetest.NewSim(enginetest.WithStepTime(step, 0), enginetest.WithMaxBatch(maxBatch),
+		enginetest.WithVocabSize(32000), enginetest.WithContextLength(4096))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv, err := mlxserving.New(sim, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "sim"}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = srv.Close()
+		_ = sim.Close()
+	})
+	return srv
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runStreams sends n concurrent requests of maxTokens each and returns the
+// tokens received.
+func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prompt := []int32{int32(i%1000 + 1), 2, 3, 4, 5, 6, 7, 8}
+			st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "sim", PromptTokens: prompt,
+				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+			if err != nil {
+				tb.Error(err)
+				return
+			}
+			res, err := st.Collect()
+			if err != nil {
+				tb.Error(err)
+				return
+			}
+			mu.Lock()
+			total += len(res.Tokens)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return total
+}
+
+// BenchmarkServingOverhead: 256 concurrent streams of 256 tokens on a
+// simulated engine with 20 ms steps and max batch 64. The ideal is 64
+// tokens per step; the report gives the fraction of it reached and the
+// serving layer's CPU per generated token.
+func BenchmarkServingOverhead(b *testing.B) {
+	const step, maxBatch, streams, tokens = 20 * time.Millisecond, 64, 256, 256
+	srv := simServer(b, step, maxBatch)
+	for b.Loop() {
+		cpu0, t0 := cpuTime(), time.Now()
+		got := runStreams(b, srv, streams, tokens)
+		wall, cpu := time.Since(t0), cpuTime()-cpu0
+		ideal := float64(maxBatch) / step.Seconds()
+		b.ReportMetric(float64(got)/wall.Seconds(), "tokens/s")
+		b.ReportMetric(100*float64(got)/wall.Seconds()/ideal, "%ideal")
+		b.ReportMetric(float64(cpu.Microseconds())/float64(got), "cpu-µs/token")
+	}
+}
+
+// BenchmarkContinuousVsSequential compares continuous batching with serving
+// one request at a time (max batch 1) on the same simulated engine.
+func BenchmarkContinuousVsSequential(b *testing.B) {
+	const step, streams, tokens = 5 * time.Millisecond, 32, 32
+	for _, mb := range []int{1, 32} {
+		b.Run(fmt.Sprintf("maxBatch=%d", mb), func(b *testing.B) {
+			srv := simServer(b, step, mb)
+			for b.Loop() {
+				t0 := time.Now()
+				got := runStreams(b, srv, streams, tokens)
+				b.ReportMetric(float64(got)/time.Since(t0).Seconds(), "tokens/s")
+			}
+		})
+	}
+}
+
+// BenchmarkPriorityUnderSaturation offers more work than the simulated
+// engine can run, across all tiers, and reports queue wait per tier. The
+// critical tier's p99 must stay within its SLA while background work still
+// completes.
+func BenchmarkPriorityUnderSaturation(b *testing.B) {
+	const step, maxBatch = 10 * time.Millisecond, 8
+	srv := simServer(b, step, maxBatch, mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(100000)))
+	for b.Loop() {
+		waits := saturate(b, srv, 2*time.Second)
+		for _, tier := range scheduler.Tiers() {
+			w := waits[tier]
+			if len(w) == 0 {
+				b.Fatalf("tier %s completed nothing", tier)
+			}
+			slices.Sort(w)
+			b.ReportMetric(float64(w[len(w)/2].Microseconds())/1000, tier.String()+"-p50-ms")
+			b.ReportMetric(float64(w[len(w)*99/100].Microseconds())/1000, tier.String()+"-p99-ms")
+			b.ReportMetric(float64(len(w)), tier.String()+"-done")
+		}
+	}
+}
+
+// saturate submits requests of every tier at about twice what the engine can
+// run for d, then waits for all of them, and returns queue waits by tier.
+func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[scheduler.Tier][]time.Duration {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	waits := map[scheduler.Tier][]time.Duration{}
+	tiers := scheduler.Tiers()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; time.Now().Before(deadline); i++ {
+		<-tick.C
+		tier := tiers[i%len(tiers)]
+		maxTokens := 4 + i%13
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3, int32(i % 500)},
+				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true, Priority: tier}})
+			if err != nil {
+				tb.Error(err)
+				return
+			}
+			res, err := st.Collect()
+			if err != nil {
+				tb.Error(err)
+				return
+			}
+			mu.Lock()
+			waits[tier] = append(waits[tier], res.Usage.QueueWait)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return waits
+}
+
+// BenchmarkQueueFullRejection measures how fast Generate refuses a request
+// when the queue already holds 10,000.
+func BenchmarkQueueFullRejection(b *testing.B) {
+	const queued = 10000
+	srv := simServer(b, time.Hour, 1, mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(queued)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req := mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3}, Params: mlxserving.Params{MaxTokens: 4}}
+	// One request occupies the engine (its step never ends); the rest queue
+	// until the queue refuses.
+	var full *scheduler.QueueFullError
+	for i := 0; ; i++ {
+		_, err := srv.Generate(ctx, req)
+		if errors.As(err, &full) {
+			break
+		}
+		if err != nil || i > 2*queued {
+			b.Fatalf("filling the queue: %v after %d requests", err, i)
+		}
+	}
+	for b.Loop() {
+		_, err := srv.Generate(ctx, req)
+		if !errors.As(err, &full) {
+			b.Fatalf("want QueueFullError, got %v", err)
+		}
+	}
+}

@@ -1,0 +1,25 @@
+// Package mlxserving lets a Go program serve large language models itself.
+//
+// A [Server] composes an engine (the cgo engine on MLX in engine/mlx, the
+// Python-subprocess engine in engine/pyproc, or the simulated engine in
+// engine/enginetest for testing), a priority scheduler per model
+// (scheduler.PriorityScheduler: SLA tiers, shortest-job-first, aging,
+// bounded queue, rate limits, preemption) and a continuous batcher per model
+// (batcher.ContinuousBatcher: iteration-level batching with chunked
+// prefill). Requests are validated before they are queued; output streams
+// token by token.
+//
+//	eng, _ := pyproc.New()                   // or mlx.New(), enginetest.NewSim()
+//	srv, _ := mlxserving.New(eng)
+//	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: "/models/Llama-3.2-1B-Instruct"})
+//	st, _ := srv.Chat(ctx, mlxserving.ChatRequest{Model: "llama",
+//		Messages: []mlxserving.Message{{Role: "user", Content: "Hello"}},
+//		Params:   mlxserving.Params{MaxTokens: 64}})
+//	for c, err := range st.Chunks() { ... c.Text ... }
+//
+// Errors are typed: engine.InvalidParamError for bad input,
+// engine.ContextLengthError when a request can never fit,
+// scheduler.QueueFullError (with RetryAfter) when the queue is full,
+// [ModelNotFoundError] for an unknown model. Branch on them with errors.Is
+// and errors.As.
+package mlxserving

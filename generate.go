@@ -1,0 +1,197 @@
+package mlxserving
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Params are the generation settings shared by Request and ChatRequest.
+type Params struct {
+	// MaxTokens is the most tokens to generate. Required: at least 1.
+	MaxTokens int
+	// Sampling chooses how tokens are picked; the zero value is greedy.
+	Sampling engine.SamplingParams
+	// Stop lists strings that end generation; the text stops before them.
+	// Needs the model's tokenizer.
+	Stop []string
+	// StopTokens lists token ids that end generation, on top of the
+	// model's end-of-sequence ids.
+	StopTokens []int32
+	// IgnoreEOS keeps generating past end-of-sequence tokens.
+	IgnoreEOS bool
+	// Priority is the request's tier. The zero value is scheduler.Normal.
+	Priority scheduler.Tier
+	// Client identifies the caller for per-client rate limits; "" is not
+	// rate limited.
+	Client string
+	// Session keeps a conversation's KV cache: the engine saves the KV of
+	// this request under the session id, and the next request of the same
+	// session reuses the part of its prompt that matches, prefilling only
+	// what is new.
+	Session string
+}
+
+// Request asks for a completion of a prompt.
+type Request struct {
+	// Model is the id of a loaded model.
+	Model string
+	// Prompt is the text to complete, tokenized with the model's
+	// tokenizer (with its BOS). Ignored when PromptTokens is set.
+	Prompt string
+	// PromptTokens is the prompt as token ids.
+	PromptTokens []int32
+	Params
+}
+
+// Message is one chat message.
+type Message = tokenizer.Message
+
+// ChatRequest asks for the next assistant message of a conversation,
+// rendered with the model's chat template.
+type ChatRequest struct {
+	// Model is the id of a loaded model.
+	Model string
+	// Messages is the conversation so far. Must not be empty.
+	Messages []Message
+	// Tools are tool definitions passed to the chat template, for models
+	// whose template supports them.
+	Tools []map[string]any
+	Params
+}
+
+// Generate starts generating a completion and returns its stream. The
+// request is validated and queued before Generate returns: bad input and a
+// full queue are reported here, as typed errors. Cancelling ctx stops the
+// generation and frees its KV within one engine step.
+func (s *Server) Generate(ctx context.Context, req Request) (*Stream, error) {
+	st, err := s.generate(ctx, req)
+	if err != nil {
+		s.metrics.refused(req.Model, req.Priority, err)
+	}
+	return st, err
+}
+
+func (s *Server) generate(ctx context.Context, req Request) (*Stream, error) {
+	m, err := s.lookup(req.Model)
+	if err != nil {
+		return nil, err
+	}
+	prompt := req.PromptTokens
+	if len(prompt) == 0 {
+		if req.Prompt == "" {
+			return nil, &engine.InvalidParamError{Param: "prompt", Reason: "prompt is empty"}
+		}
+		if m.tok == nil {
+			return nil, fmt.Errorf("%w: model %q takes token ids (PromptTokens)", ErrNoTokenizer, req.Model)
+		}
+		if prompt, err = m.tok.Encode(req.Prompt, true); err != nil {
+			return nil, &engine.InvalidParamError{Param: "prompt", Reason: err.Error()}
+		}
+	}
+	return s.submit(ctx, m, prompt, req.Params)
+}
+
+// Chat renders the conversation with the model's chat template (adding the
+// generation prompt) and starts generating the assistant's reply.
+func (s *Server) Chat(ctx context.Context, req ChatRequest) (*Stream, error) {
+	st, err := s.chat(ctx, req)
+	if err != nil {
+		s.metrics.refused(req.Model, req.Priority, err)
+	}
+	return st, err
+}
+
+func (s *Server) chat(ctx context.Context, req ChatRequest) (*Stream, error) {
+	m, err := s.lookup(req.Model)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Messages) == 0 {
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: "no messages"}
+	}
+	if m.tok == nil || !m.tok.HasChatTemplate() {
+		return nil, fmt.Errorf("%w: model %q has no chat template", ErrNoTokenizer, req.Model)
+	}
+	text, err := m.tok.ApplyChatTemplate(req.Messages, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools})
+	if err != nil {
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+	}
+	// The template writes the special tokens (BOS) itself.
+	prompt, err := m.tok.Encode(text, false)
+	if err != nil {
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+	}
+	return s.submit(ctx, m, prompt, req.Params)
+}
+
+// submit validates the request against the model and queues it.
+func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p Params) (*Stream, error) {
+	if err := validate(m, prompt, &p); err != nil {
+		return nil, err
+	}
+	seq := &batcher.Sequence{
+		Prompt:     prompt,
+		MaxTokens:  p.MaxTokens,
+		Params:     p.Sampling,
+		StopTokens: append(append([]int32(nil), p.StopTokens...), m.eos...),
+		IgnoreEOS:  p.IgnoreEOS,
+		Tier:       p.Priority,
+		Submitted:  time.Now(),
+	}
+	if p.IgnoreEOS {
+		seq.StopTokens = p.StopTokens
+	}
+	if p.Session != "" {
+		key := "session:" + p.Session
+		seq.PrefixKey, seq.SaveKey = key, key
+	}
+	if m.tok != nil {
+		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
+	}
+	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := m.queue.Push(entry); err != nil {
+		return nil, err
+	}
+	return newStream(ctx, m, entry, s.metrics), nil
+}
+
+// validate checks a request before it is queued, so a request that can
+// never run is refused at once with the numbers that rule it out.
+func validate(m *model, prompt []int32, p *Params) error {
+	if len(prompt) == 0 {
+		return &engine.InvalidParamError{Param: "prompt", Reason: "prompt is empty"}
+	}
+	if p.MaxTokens < 1 {
+		return &engine.InvalidParamError{Param: "max_tokens", Reason: fmt.Sprintf("%d: must be at least 1", p.MaxTokens)}
+	}
+	if !p.Priority.Valid() {
+		return &engine.InvalidParamError{Param: "priority", Reason: fmt.Sprintf("unknown tier %d", p.Priority)}
+	}
+	if err := p.Sampling.Validate(); err != nil {
+		return err
+	}
+	if len(p.Stop) > 0 && m.tok == nil {
+		return fmt.Errorf("%w: stop strings need model %q's tokenizer; use StopTokens", ErrNoTokenizer, m.info.ID)
+	}
+	for _, stop := range p.Stop {
+		if stop == "" {
+			return &engine.InvalidParamError{Param: "stop", Reason: "empty stop string"}
+		}
+	}
+	vocab := int32(m.info.VocabSize)
+	for i, id := range prompt {
+		if id < 0 || id >= vocab {
+			return &engine.InvalidParamError{Param: "prompt", Reason: fmt.Sprintf("token %d at position %d is outside the vocabulary [0, %d)", id, i, vocab)}
+		}
+	}
+	return scheduler.CheckFits(m.info.ID, len(prompt), p.MaxTokens, m.info.ContextLength, m.info.KVCapacity)
+}

@@ -1,0 +1,201 @@
+package mlxserving
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// WithMeterProvider records the Server's metrics through mp: latencies
+// (time to first token, inter-token, end to end, queue wait per tier),
+// requests by outcome, token counts, prefix-cache reuse, and per model the
+// running and waiting sequences, batch size and KV use. The default is a
+// no-op provider; the Server never touches a global registry.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return errors.New("meter provider is nil")
+		}
+		c.meterProvider = mp
+		return nil
+	}
+}
+
+// Request outcomes, the "outcome" attribute of mlxserving.requests.
+const (
+	outcomeOK        = "ok"
+	outcomeError     = "error"
+	outcomeCancelled = "cancelled"
+	outcomeRejected  = "rejected"
+	outcomeInvalid   = "invalid"
+)
+
+// metrics holds the Server's instruments.
+type metrics struct {
+	requests     metric.Int64Counter
+	duration     metric.Float64Histogram
+	ttft         metric.Float64Histogram
+	itl          metric.Float64Histogram
+	queueWait    metric.Float64Histogram
+	promptTok    metric.Int64Counter
+	genTok       metric.Int64Counter
+	cachedTok    metric.Int64Counter
+	preemptions  metric.Int64Counter
+	batchSize    metric.Int64Histogram
+	stepLatency  metric.Float64Histogram
+	registration metric.Registration
+
+	mu    sync.Mutex
+	attrs map[attrKey]metric.MeasurementOption // cached, so recording does not allocate
+}
+
+type attrKey struct {
+	model   string
+	tier    scheduler.Tier
+	outcome string
+}
+
+// latencyBuckets are in seconds, from 1 ms to a minute.
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	meter := mp.Meter("github.com/mlxserving/mlxserving")
+	m := &metrics{attrs: make(map[attrKey]metric.MeasurementOption)}
+	var errs []error
+	check := func(err error) { errs = append(errs, err) }
+	hist := func(name, desc string) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"),
+			metric.WithExplicitBucketBoundaries(latencyBuckets...))
+		check(err)
+		return h
+	}
+	counter := func(name, desc, unit string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit(unit))
+		check(err)
+		return c
+	}
+	m.requests = counter("mlxserving.requests", "Requests by model, tier and outcome.", "{request}")
+	m.duration = hist("mlxserving.request.duration", "End-to-end request latency.")
+	m.ttft = hist("mlxserving.time_to_first_token", "Time from submission to the first generated token.")
+	m.itl = hist("mlxserving.inter_token_latency", "Time between consecutive tokens of a stream.")
+	m.queueWait = hist("mlxserving.queue.wait", "Time from submission to admission into the batch, per tier.")
+	m.stepLatency = hist("mlxserving.step.duration", "Engine step latency.")
+	m.promptTok = counter("mlxserving.tokens.prompt", "Prompt tokens of finished requests.", "{token}")
+	m.genTok = counter("mlxserving.tokens.generated", "Generated tokens of finished requests.", "{token}")
+	m.cachedTok = counter("mlxserving.prefix_cache.tokens", "Prompt tokens served from a saved KV prefix instead of prefill.", "{token}")
+	m.preemptions = counter("mlxserving.preemptions", "Sequences evicted and recomputed (preemption or a lost worker).", "{preemption}")
+	bs, err := meter.Int64Histogram("mlxserving.batch.size", metric.WithDescription("Sequences per engine step."),
+		metric.WithUnit("{sequence}"), metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
+	check(err)
+	m.batchSize = bs
+	m.registration, err = registerGauges(meter, s)
+	check(err)
+	return m, errors.Join(errs...)
+}
+
+// registerGauges reports per-model occupancy when the exporter collects.
+func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) {
+	running, err1 := meter.Int64ObservableGauge("mlxserving.sequences.running", metric.WithDescription("Sequences in the running batch."))
+	waiting, err2 := meter.Int64ObservableGauge("mlxserving.sequences.waiting", metric.WithDescription("Requests waiting in the queue."))
+	kvUsed, err3 := meter.Float64ObservableGauge("mlxserving.kv.usage", metric.WithDescription("Fraction of the KV capacity reserved by running sequences."))
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for id, st := range s.Stats() {
+			attrs := metric.WithAttributes(attribute.String("model", id))
+			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
+			o.ObserveInt64(waiting, int64(st.Queue.Queued), attrs)
+			if st.Batcher.KVCapacity > 0 {
+				o.ObserveFloat64(kvUsed, float64(st.Batcher.KVReserved)/float64(st.Batcher.KVCapacity), attrs)
+			}
+		}
+		return nil
+	}, running, waiting, kvUsed)
+}
+
+// attr returns the cached attribute option for a model, tier and outcome.
+func (m *metrics) attr(model string, tier scheduler.Tier, outcome string) metric.MeasurementOption {
+	k := attrKey{model, tier, outcome}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if o, ok := m.attrs[k]; ok {
+		return o
+	}
+	kv := []attribute.KeyValue{attribute.String("model", model)}
+	if tier.Valid() {
+		kv = append(kv, attribute.String("tier", tier.String()))
+	}
+	if outcome != "" {
+		kv = append(kv, attribute.String("outcome", outcome))
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(kv...))
+	m.attrs[k] = o
+	return o
+}
+
+// stepObserver records a model's engine steps.
+func (m *metrics) stepObserver(model string) func(batcher.StepStats) {
+	attrs := m.attr(model, 0, "")
+	return func(st batcher.StepStats) {
+		ctx := context.Background()
+		m.batchSize.Record(ctx, int64(st.Batch), attrs)
+		m.stepLatency.Record(ctx, st.Latency.Seconds(), attrs)
+	}
+}
+
+// refused records a request turned away before it was queued.
+func (m *metrics) refused(model string, tier scheduler.Tier, err error) {
+	outcome := outcomeInvalid
+	if errors.Is(err, scheduler.ErrQueueFull) || errors.Is(err, scheduler.ErrRateLimited) || errors.Is(err, ErrServerClosed) {
+		outcome = outcomeRejected
+	}
+	m.requests.Add(context.Background(), 1, m.attr(model, tier, outcome))
+}
+
+// interToken records the gap between two tokens of one stream.
+func (m *metrics) interToken(model string, gap time.Duration) {
+	m.itl.Record(context.Background(), gap.Seconds(), m.attr(model, 0, ""))
+}
+
+// finished records a stream's end: its usage when it completed, its outcome
+// either way.
+func (m *metrics) finished(model string, tier scheduler.Tier, u *Usage, err error) {
+	ctx := context.Background()
+	outcome := outcomeOK
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAbandoned):
+		outcome = outcomeCancelled
+	case err != nil:
+		outcome = outcomeError
+	}
+	m.requests.Add(ctx, 1, m.attr(model, tier, outcome))
+	if u == nil {
+		return
+	}
+	byModel, byTier := m.attr(model, 0, ""), m.attr(model, tier, "")
+	m.duration.Record(ctx, u.Duration.Seconds(), byTier)
+	m.queueWait.Record(ctx, u.QueueWait.Seconds(), byTier)
+	if u.TimeToFirstToken > 0 {
+		m.ttft.Record(ctx, u.TimeToFirstToken.Seconds(), byTier)
+	}
+	m.promptTok.Add(ctx, int64(u.PromptTokens), byModel)
+	m.genTok.Add(ctx, int64(u.CompletionTokens), byModel)
+	if u.CachedTokens > 0 {
+		m.cachedTok.Add(ctx, int64(u.CachedTokens), byModel)
+	}
+	if u.Preemptions > 0 {
+		m.preemptions.Add(ctx, int64(u.Preemptions), byModel)
+	}
+}

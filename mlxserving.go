@@ -1,0 +1,221 @@
+package mlxserving
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Errors of the Server itself. Errors from lower layers (engine, scheduler,
+// batcher) come through wrapped and keep their identity for errors.Is/As.
+var (
+	// ErrServerClosed is returned for requests after Close or Shutdown.
+	ErrServerClosed = errors.New("server closed")
+	// ErrModelExists is returned by LoadModel for an id already loaded.
+	ErrModelExists = errors.New("model already loaded")
+	// ErrNoTokenizer is returned for a text prompt to a model whose
+	// checkpoint has no tokenizer.json.
+	ErrNoTokenizer = errors.New("model has no tokenizer")
+	// ErrModelUnloaded ends requests still queued for a model that is
+	// being unloaded.
+	ErrModelUnloaded = errors.New("model unloaded")
+)
+
+// Server serves models loaded into one engine: it validates requests,
+// queues them by priority and runs each model's sequences in its own
+// continuous batcher.
+//
+// A Server is safe for concurrent use. The engine stays the caller's: Close
+// unloads the Server's models but does not close the engine.
+type Server struct {
+	eng     engine.Engine
+	cfg     config
+	metrics *metrics
+
+	mu     sync.RWMutex
+	models map[string]*model
+	closed bool
+}
+
+// New returns a Server over eng. Load models with LoadModel.
+func New(eng engine.Engine, opts ...Option) (*Server, error) {
+	if eng == nil {
+		return nil, errors.New("mlxserving: engine is nil")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("mlxserving: %w", err)
+		}
+	}
+	// Build one scheduler and drop it, so option errors surface here and
+	// not at the first LoadModel.
+	if _, err := scheduler.New[*batcher.Sequence](cfg.schedulerOpts...); err != nil {
+		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
+	}
+	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
+	m, err := newMetrics(cfg.meterProvider, s)
+	if err != nil {
+		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// Option configures a Server.
+type Option func(*config) error
+
+type config struct {
+	logger        *slog.Logger
+	meterProvider metric.MeterProvider
+	schedulerOpts []scheduler.Option
+	batcherOpts   []batcher.Option
+}
+
+func defaultConfig() config {
+	return config{logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// WithLogger sets the logger. The default discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithSchedulerOptions configures each model's priority scheduler: queue
+// bounds, tier deadlines, aging, rate limits, preemption.
+func WithSchedulerOptions(opts ...scheduler.Option) Option {
+	return func(c *config) error {
+		c.schedulerOpts = append(c.schedulerOpts, opts...)
+		return nil
+	}
+}
+
+// WithBatcherOptions configures each model's continuous batcher: batch
+// limit, token budget, adaptive sizing.
+func WithBatcherOptions(opts ...batcher.Option) Option {
+	return func(c *config) error {
+		c.batcherOpts = append(c.batcherOpts, opts...)
+		return nil
+	}
+}
+
+// Models describes the loaded models, sorted by id.
+func (s *Server) Models() []engine.Info {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]engine.Info, 0, len(s.models))
+	for _, m := range s.models {
+		out = append(out, m.info)
+	}
+	slices.SortFunc(out, func(a, b engine.Info) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// ModelStats is a snapshot of one model's serving state.
+type ModelStats struct {
+	Batcher batcher.Stats
+	Queue   scheduler.Stats
+}
+
+// Stats returns a snapshot per loaded model.
+func (s *Server) Stats() map[string]ModelStats {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[string]ModelStats, len(s.models))
+	for id, m := range s.models {
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+	}
+	return out
+}
+
+// Shutdown stops accepting requests, lets queued and running ones finish,
+// then unloads every model. If ctx ends first, what is left ends with an
+// error and Shutdown returns ctx.Err().
+func (s *Server) Shutdown(ctx context.Context) error {
+	models := s.closeAll()
+	if s.metrics.registration != nil {
+		defer func() { _ = s.metrics.registration.Unregister() }()
+	}
+	var errs []error
+	for _, m := range models {
+		errs = append(errs, m.shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops the Server at once: requests in flight end with an error and
+// every model is unloaded. It returns when the batchers have stopped.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Shutdown(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) closeAll() []*model {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	models := make([]*model, 0, len(s.models))
+	for id, m := range s.models {
+		models = append(models, m)
+		delete(s.models, id)
+	}
+	return models
+}
+
+func (s *Server) lookup(id string) (*model, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, ErrServerClosed
+	}
+	m, ok := s.models[id]
+	if !ok {
+		return nil, &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
+	}
+	return m, nil
+}
+
+func (s *Server) idsLocked() []string {
+	ids := make([]string, 0, len(s.models))
+	for id := range s.models {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// ModelNotFoundError names the model a request asked for and the ones that
+// are loaded.
+type ModelNotFoundError struct {
+	Model  string
+	Loaded []string
+}
+
+func (e *ModelNotFoundError) Error() string {
+	return fmt.Sprintf("model %q is not loaded (loaded: %v)", e.Model, e.Loaded)
+}
+
+// Unwrap returns engine.ErrModelNotFound.
+func (e *ModelNotFoundError) Unwrap() error { return engine.ErrModelNotFound }
