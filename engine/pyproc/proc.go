@@ -35,12 +35,12 @@ type reply struct {
 	Reused   int        `json:"reused"`
 	Info     *wireInfo  `json:"info"`
 
-	Protocol int               `json:"protocol"`
-	Backend  string            `json:"backend"`
-	PID      int               `json:"pid"`
-	Versions map[string]any    `json:"versions"`
-	Stats    map[string]any    `json:"models"`
-	Caps     map[string]any    `json:"capabilities"`
+	Protocol int            `json:"protocol"`
+	Backend  string         `json:"backend"`
+	PID      int            `json:"pid"`
+	Versions map[string]any `json:"versions"`
+	Stats    map[string]any `json:"models"`
+	Caps     map[string]any `json:"capabilities"`
 }
 
 type wireInfo struct {
