@@ -20,6 +20,9 @@ const (
 	// *QueueFullError.
 	MinRetryAfter = time.Second
 	MaxRetryAfter = time.Minute
+	// MaxDuration bounds SLAs and the aging interval, so deadline
+	// arithmetic can never overflow.
+	MaxDuration = 30 * 24 * time.Hour
 )
 
 // DefaultSLA returns the default queue-wait SLA of a tier: critical
@@ -40,25 +43,25 @@ func DefaultSLA(t Tier) time.Duration {
 
 // config is what the options set; New fills defaults first.
 type config struct {
-	sla            [numTiers]time.Duration
-	maxQueued      int
-	maxTokens      int
-	aging          time.Duration
-	promotion      float64
-	rate           float64 // requests per second per client; 0 = off
-	burst          int
-	clients        int
-	preemption     bool
-	clock          func() time.Time
+	sla        [numTiers]time.Duration
+	maxQueued  int
+	maxTokens  int
+	aging      time.Duration
+	promotion  float64
+	rate       float64 // requests per second per client; 0 = off
+	burst      int
+	clients    int
+	preemption bool
+	clock      func() time.Time
 }
 
 func defaultConfig() config {
 	c := config{
-		maxQueued:      DefaultMaxQueued,
-		aging:          DefaultAging,
-		promotion:      DefaultPromotion,
-		clients:        DefaultRateLimitClients,
-		clock:          time.Now,
+		maxQueued: DefaultMaxQueued,
+		aging:     DefaultAging,
+		promotion: DefaultPromotion,
+		clients:   DefaultRateLimitClients,
+		clock:     time.Now,
 	}
 	for r := range numTiers {
 		c.sla[r] = DefaultSLA(tierOfRank(r))
@@ -72,15 +75,15 @@ type Option func(*config) error
 
 // WithSLA sets tier's queue-wait SLA: Push sets an entry's Deadline to its
 // enqueue time plus d, and promotion (see [WithPromotion]) moves it ahead
-// of its tier as the deadline nears. d = 0 gives the tier no SLA; d < 0 is
-// refused.
+// of its tier as the deadline nears. d = 0 gives the tier no SLA; d must be in [0,
+// MaxDuration].
 func WithSLA(tier Tier, d time.Duration) Option {
 	return func(c *config) error {
 		if !tier.Valid() {
 			return invalidOption("WithSLA: %v", &UnknownTierError{Value: tier.String()})
 		}
-		if d < 0 {
-			return invalidOption("WithSLA(%v, %s): must not be negative", tier, d)
+		if d < 0 || d > MaxDuration {
+			return invalidOption("WithSLA(%v, %s): must be in [0, %s]", tier, d, MaxDuration)
 		}
 		c.sla[tier.rank()] = d
 		return nil
@@ -122,11 +125,11 @@ func WithMaxQueuedTokens(n int) Option {
 // after d, normal after 2d, high after 3d, and after 4d joins the front of
 // the high tier (see [PriorityScheduler.Pop]). Aging never lifts work into
 // the critical tier, so critical SLAs hold under any load of other work.
-// d = 0 turns aging off; d < 0 is refused.
+// d = 0 turns aging off; d must be in [0, MaxDuration].
 func WithAging(d time.Duration) Option {
 	return func(c *config) error {
-		if d < 0 {
-			return invalidOption("WithAging(%s): must not be negative", d)
+		if d < 0 || d > MaxDuration {
+			return invalidOption("WithAging(%s): must be in [0, %s]", d, MaxDuration)
 		}
 		c.aging = d
 		return nil
