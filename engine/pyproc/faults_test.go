@@ -1,0 +1,140 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// inject sends a fault request (PROTOCOL.md, test hook) to worker i.
+func inject(t *testing.T, e *Engine, i int, fields map[string]any) *proc {
+	t.Helper()
+	p, err := e.slots[i].current(context.Background(), e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.send(request("fault", fields), false); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestFaults breaks worker 0 in each way a worker can break while a
+// sequence is stepping on it, and checks: the step fails with a typed
+// retryable error, a sequence on worker 1 carries on undisturbed, and
+// worker 0 is replaced by a fresh process that serves the model again.
+func TestFaults(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(t *testing.T, e *Engine) *proc
+		reason string
+	}{
+		{"kill -9 mid-step", func(t *testing.T, e *Engine) *proc {
+			p := inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 2})
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				_ = syscall.Kill(p.pid(), syscall.SIGKILL)
+			}()
+			return p
+		}, "signal: killed"},
+		{"heartbeat stops mid-step", func(t *testing.T, e *Engine) *proc {
+			inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 5})
+			return inject(t, e, 0, map[string]any{"kind": "stop_heartbeat"})
+		}, "heartbeat lost"},
+		{"garbage on stdout", func(t *testing.T, e *Engine) *proc {
+			inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 1})
+			return inject(t, e, 0, map[string]any{"kind": "garbage"})
+		}, "unreadable line"},
+		{"over-long line on stdout", func(t *testing.T, e *Engine) *proc {
+			inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 1})
+			return inject(t, e, 0, map[string]any{"kind": "longline", "bytes": 200 << 10})
+		}, "exceeds the limit"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, WithWorkers(2), withFaults(), WithHeartbeat(100*time.Millisecond, 1500*time.Millisecond), WithMaxLineBytes(64<<10))
+			m := load(t, e, tiny(t))
+			ctx := context.Background()
+			pa, pb := prompt(1, 12), prompt(2, 9)
+			wantA, wantB := generate(t, m, 100, pa, 1), generate(t, m, 101, pb, 6)
+			if _, err := m.Open(ctx, 1, pa, ""); err != nil { // worker 0
+				t.Fatal(err)
+			}
+			if _, err := m.Open(ctx, 2, pb, ""); err != nil { // worker 1
+				t.Fatal(err)
+			}
+			if m.seqs[1].slot.idx != 0 || m.seqs[2].slot.idx != 1 {
+				t.Fatalf("routing put the sequences on workers %d and %d", m.seqs[1].slot.idx, m.seqs[2].slot.idx)
+			}
+			gotB := stepOne(t, m, 2, pb, nil)
+			old := tc.break_(t, e)
+			_, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: pa, Sample: true, Params: greedy}})
+			var lost *LostError
+			if !errors.Is(err, engine.ErrWorkerLost) || !errors.As(err, &lost) || !engine.Retryable(err) {
+				t.Fatalf("step on the broken worker: %v, want a *LostError", err)
+			}
+			if !strings.Contains(lost.Reason, tc.reason) {
+				t.Errorf("reason %q, want it to mention %q", lost.Reason, tc.reason)
+			}
+			m.Free(1, "")
+			for len(gotB) < 6 { // the other worker's sequence carries on
+				gotB = stepOne(t, m, 2, gotB[len(gotB)-1:], gotB)
+			}
+			m.Free(2, "")
+			if !slices.Equal(gotB, wantB) {
+				t.Errorf("sequence on the healthy worker: %v, want %v", gotB, wantB)
+			}
+			waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			fresh, err := e.slots[0].current(waitCtx, e.closing)
+			if err != nil || fresh == old || fresh.pid() == old.pid() {
+				t.Fatalf("worker 0 not replaced: %v", err)
+			}
+			// The retried sequence lands on the fresh worker and gets its tokens.
+			if got := generate(t, m, 3, pa, 1); !slices.Equal(got, wantA) {
+				t.Errorf("retry on the fresh worker: %v, want %v", got, wantA)
+			}
+		})
+	}
+}
+
+func stepOne(t *testing.T, m *Model, seq engine.SeqID, feed, acc []int32) []int32 {
+	t.Helper()
+	o, err := m.Step(context.Background(), []engine.StepInput{{Seq: seq, Tokens: feed, Sample: true, Params: greedy}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(acc, o[0].Token)
+}
+
+// TestOversizeRequest sends a step whose request line exceeds the limit:
+// it is refused before it is sent, with a typed error, and the worker and
+// its other sequences carry on.
+func TestOversizeRequest(t *testing.T) {
+	e := newEngine(t, WithMaxLineBytes(4096))
+	m := load(t, e, tiny(t))
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		if _, err := m.Open(ctx, engine.SeqID(i), prompt(i, 500), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch := []engine.StepInput{{Seq: 1, Tokens: prompt(1, 500)}, {Seq: 2, Tokens: prompt(2, 500)}, {Seq: 3, Tokens: prompt(3, 500)}}
+	_, err := m.Step(ctx, batch)
+	var ipe *engine.InvalidParamError
+	if !errors.As(err, &ipe) || !strings.Contains(ipe.Reason, "line limit") {
+		t.Fatalf("oversize step: %v, want an InvalidParamError about the line limit", err)
+	}
+	if _, err := m.Step(ctx, batch[:1]); err != nil {
+		t.Fatalf("the same worker after the refusal: %v", err)
+	}
+	for i := 1; i <= 3; i++ {
+		m.Free(engine.SeqID(i), "")
+	}
+}
