@@ -1,0 +1,285 @@
+package mlx
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// modelConfig is what the forward pass needs from config.json.
+type modelConfig struct {
+	Arch          string // llama, mistral, qwen2, qwen3
+	Layers        int
+	Hidden        int
+	Heads         int
+	KVHeads       int
+	HeadDim       int
+	Intermediate  int
+	Vocab         int
+	ContextLength int
+	NormEps       float32
+	RopeTheta     float32
+	Rope          ropeScaling
+	Tied          bool
+	QKVBias       bool
+	QKNorm        bool
+	BOS           int32
+	EOS           []int32
+	Quant         *quantConfig
+}
+
+// ropeScaling is the rope_scaling entry; Type "" means none.
+type ropeScaling struct {
+	Type           string
+	Factor         float64
+	LowFreqFactor  float64
+	HighFreqFactor float64
+	OriginalMax    int
+}
+
+// quantConfig is MLX's "quantization" entry: defaults plus per-module
+// overrides keyed by module path ("model.layers.0.mlp.down_proj").
+type quantConfig struct {
+	GroupSize int
+	Bits      int
+	Mode      string
+	Override  map[string]quantParams
+	Skip      map[string]bool // modules explicitly left unquantized
+}
+
+type quantParams struct{ GroupSize, Bits int }
+
+// params returns the quantization of module, and false if it is not
+// quantized.
+func (q *quantConfig) params(module string) (quantParams, bool) {
+	if q == nil || q.Skip[module] {
+		return quantParams{}, false
+	}
+	if p, ok := q.Override[module]; ok {
+		return p, true
+	}
+	return quantParams{GroupSize: q.GroupSize, Bits: q.Bits}, true
+}
+
+type rawConfig struct {
+	Architectures []string         `json:"architectures"`
+	ModelType     string           `json:"model_type"`
+	Hidden        int              `json:"hidden_size"`
+	Intermediate  int              `json:"intermediate_size"`
+	Layers        int              `json:"num_hidden_layers"`
+	Heads         int              `json:"num_attention_heads"`
+	KVHeads       int              `json:"num_key_value_heads"`
+	HeadDim       int              `json:"head_dim"`
+	Vocab         int              `json:"vocab_size"`
+	MaxPos        int              `json:"max_position_embeddings"`
+	NormEps       float64          `json:"rms_norm_eps"`
+	RopeTheta     float64          `json:"rope_theta"`
+	RopeScaling   map[string]any   `json:"rope_scaling"`
+	Tied          *bool            `json:"tie_word_embeddings"`
+	AttnBias      bool             `json:"attention_bias"`
+	MLPBias       bool             `json:"mlp_bias"`
+	HiddenAct     string           `json:"hidden_act"`
+	BOS           json.RawMessage  `json:"bos_token_id"`
+	EOS           json.RawMessage  `json:"eos_token_id"`
+	Quantization  map[string]any   `json:"quantization"`
+	QuantConfig   map[string]any   `json:"quantization_config"`
+	TextConfig    *json.RawMessage `json:"text_config"`
+}
+
+// readConfig reads and checks dir/config.json.
+func readConfig(dir string) (*modelConfig, error) {
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, &engine.CheckpointError{Path: path, Reason: "config.json is missing"}
+		}
+		return nil, &engine.CheckpointError{Path: path, Reason: err.Error()}
+	}
+	var r rawConfig
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, &engine.CheckpointError{Path: path, Reason: "invalid JSON: " + err.Error()}
+	}
+	c, reason := r.convert()
+	if reason != "" {
+		return nil, &engine.CheckpointError{Path: path, Reason: reason}
+	}
+	return c, nil
+}
+
+var archByType = map[string]string{"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+func (r *rawConfig) convert() (*modelConfig, string) {
+	arch, ok := archByType[r.ModelType]
+	if !ok {
+		return nil, fmt.Sprintf("unsupported architecture: model_type %q %v (want llama, mistral, qwen2 or qwen3)", r.ModelType, r.Architectures)
+	}
+	c := &modelConfig{
+		Arch: arch, Layers: r.Layers, Hidden: r.Hidden, Heads: r.Heads, KVHeads: r.KVHeads,
+		HeadDim: r.HeadDim, Intermediate: r.Intermediate, Vocab: r.Vocab, ContextLength: r.MaxPos,
+		NormEps: float32(r.NormEps), RopeTheta: float32(r.RopeTheta),
+		QKVBias: arch == "qwen2" || r.AttnBias, QKNorm: arch == "qwen3",
+		Tied: r.Tied != nil && *r.Tied, BOS: -1,
+	}
+	if r.Tied == nil {
+		c.Tied = arch == "qwen3" // transformers' default for Qwen3 is tied; others untied
+	}
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
+	if c.HeadDim == 0 && c.Heads > 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	if c.NormEps == 0 {
+		c.NormEps = 1e-6
+	}
+	if c.RopeTheta == 0 {
+		c.RopeTheta = 10000
+	}
+	if reason := c.checkSizes(r); reason != "" {
+		return nil, reason
+	}
+	var reason string
+	if c.Rope, reason = parseRopeScaling(r.RopeScaling); reason != "" {
+		return nil, reason
+	}
+	if c.BOS, reason = parseBOS(r.BOS); reason != "" {
+		return nil, reason
+	}
+	if c.EOS, reason = parseEOS(r.EOS); reason != "" {
+		return nil, reason
+	}
+	q := r.Quantization
+	if q == nil {
+		q = r.QuantConfig
+	}
+	if q != nil {
+		if c.Quant, reason = parseQuant(q); reason != "" {
+			return nil, reason
+		}
+	}
+	return c, ""
+}
+
+func (c *modelConfig) checkSizes(r *rawConfig) string {
+	switch {
+	case c.Layers <= 0 || c.Hidden <= 0 || c.Heads <= 0 || c.Intermediate <= 0 || c.Vocab <= 0:
+		return "num_hidden_layers, hidden_size, num_attention_heads, intermediate_size and vocab_size must be positive"
+	case c.KVHeads < 0 || c.Heads%c.KVHeads != 0:
+		return fmt.Sprintf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	case c.HeadDim <= 0 || c.HeadDim%2 != 0:
+		return fmt.Sprintf("head_dim %d must be positive and even", c.HeadDim)
+	case c.ContextLength <= 0:
+		return "max_position_embeddings must be positive"
+	case r.HiddenAct != "" && r.HiddenAct != "silu":
+		return fmt.Sprintf("unsupported hidden_act %q (want silu)", r.HiddenAct)
+	case r.MLPBias:
+		return "unsupported mlp_bias: true"
+	case r.TextConfig != nil:
+		return "unsupported multimodal checkpoint (text_config)"
+	}
+	return ""
+}
+
+func parseRopeScaling(m map[string]any) (ropeScaling, string) {
+	if m == nil {
+		return ropeScaling{}, ""
+	}
+	typ, _ := m["rope_type"].(string)
+	if typ == "" {
+		typ, _ = m["type"].(string)
+	}
+	num := func(k string) float64 { f, _ := m[k].(float64); return f }
+	s := ropeScaling{Type: typ, Factor: num("factor"), LowFreqFactor: num("low_freq_factor"),
+		HighFreqFactor: num("high_freq_factor"), OriginalMax: int(num("original_max_position_embeddings"))}
+	switch typ {
+	case "default":
+		return ropeScaling{}, ""
+	case "linear":
+		if s.Factor <= 0 {
+			return s, "rope_scaling linear: factor must be positive"
+		}
+	case "llama3":
+		if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMax <= 0 {
+			return s, fmt.Sprintf("rope_scaling llama3: bad parameters %v", m)
+		}
+	default:
+		return s, fmt.Sprintf("unsupported rope_scaling type %q (want linear or llama3)", typ)
+	}
+	return s, ""
+}
+
+func parseBOS(raw json.RawMessage) (int32, string) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return -1, ""
+	}
+	var v int32
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return -1, "bos_token_id: " + err.Error()
+	}
+	return v, ""
+}
+
+func parseEOS(raw json.RawMessage) ([]int32, string) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, ""
+	}
+	var one int32
+	if json.Unmarshal(raw, &one) == nil {
+		return []int32{one}, ""
+	}
+	var many []int32
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, "eos_token_id: want an integer or a list of integers"
+	}
+	return many, ""
+}
+
+func parseQuant(q map[string]any) (*quantConfig, string) {
+	qc := &quantConfig{Mode: "affine", Override: map[string]quantParams{}, Skip: map[string]bool{}}
+	if mode, ok := q["mode"].(string); ok {
+		qc.Mode = mode
+	}
+	if qm, ok := q["quant_method"].(string); ok && qm != "mlx" {
+		return nil, fmt.Sprintf("unsupported quantization method %q (want MLX affine)", qm)
+	}
+	if qc.Mode != "affine" {
+		return nil, fmt.Sprintf("unsupported quantization mode %q (want affine)", qc.Mode)
+	}
+	var reason string
+	if qc.GroupSize, qc.Bits, reason = quantSizes(q); reason != "" {
+		return nil, reason
+	}
+	for k, v := range q {
+		switch v := v.(type) {
+		case bool:
+			if !v {
+				qc.Skip[k] = true
+			}
+		case map[string]any:
+			gs, bits, reason := quantSizes(v)
+			if reason != "" {
+				return nil, k + ": " + reason
+			}
+			qc.Override[k] = quantParams{GroupSize: gs, Bits: bits}
+		}
+	}
+	return qc, ""
+}
+
+func quantSizes(m map[string]any) (groupSize, bits int, reason string) {
+	gs, _ := m["group_size"].(float64)
+	b, _ := m["bits"].(float64)
+	if gs != 32 && gs != 64 && gs != 128 {
+		return 0, 0, fmt.Sprintf("unsupported quantization group_size %v (want 32, 64 or 128)", m["group_size"])
+	}
+	if b != 4 && b != 8 && b != 2 && b != 3 && b != 6 || b != math.Trunc(b) {
+		return 0, 0, fmt.Sprintf("unsupported quantization bits %v (want 2, 3, 4, 6 or 8)", m["bits"])
+	}
+	return int(gs), int(b), ""
+}

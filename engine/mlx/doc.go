@@ -1,0 +1,46 @@
+// Package mlx is the engine that runs Llama-family checkpoints in-process on
+// MLX (github.com/ml-explore/mlx) through its C API, mlx-c. It loads
+// Hugging Face-layout checkpoints (Llama 2/3, Mistral, Qwen2 and Qwen3 dense)
+// in float32, float16 or bfloat16 and MLX affine 4- and 8-bit quantized form,
+// runs the forward pass as MLX ops (fast RMSNorm, RoPE, scaled-dot-product
+// attention), keeps a KV cache per sequence, decodes a whole batch of
+// sequences of different lengths in one forward pass and samples on the
+// device.
+//
+// Use:
+//
+//	eng, err := mlx.New(mlx.WithCacheLimit(1 << 30))
+//	if err != nil { return err } // wraps engine.ErrUnavailable without -tags mlx
+//	defer eng.Close()
+//	m, err := eng.Load(ctx, engine.ModelSpec{ID: "llama", Path: dir})
+//	out, err := m.Step(ctx, batch)
+//
+// # Building
+//
+// The engine is compiled only with the build tag mlx; without it New returns
+// an error wrapping engine.ErrUnavailable and the rest of the module builds
+// and tests as usual. mlx-c ships no pkg-config file, so point cgo at the
+// installed headers and libraries:
+//
+//	# macOS (brew install mlx mlx-c)
+//	export CGO_CFLAGS="-I$(brew --prefix)/include"
+//	export CGO_LDFLAGS="-L$(brew --prefix)/lib -Wl,-rpath,$(brew --prefix)/lib"
+//	go build -tags mlx ./...
+//
+//	# Linux, MLX and mlx-c built from source into PREFIX (CPU or CUDA backend)
+//	export CGO_CFLAGS="-I$PREFIX/include"
+//	export CGO_LDFLAGS="-L$PREFIX/lib -Wl,-rpath,$PREFIX/lib"
+//	go build -tags mlx ./...
+//
+// The package links -lmlxc -lmlx. Build mlx-c as a shared library
+// (-DBUILD_SHARED_LIBS=ON), or add MLX's own link dependencies (BLAS,
+// LAPACK) to CGO_LDFLAGS for static libraries.
+//
+// # Threads and memory
+//
+// All MLX work of an Engine runs on one goroutine locked to an OS thread.
+// MLX errors are caught by an error handler installed at start (MLX's
+// default one exits the process) and come back as Go errors carrying MLX's
+// message. Arrays are freed as soon as a step ends; nothing relies on
+// finalizers. Package internal/metal reports and limits MLX's memory.
+package mlx

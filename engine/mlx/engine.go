@@ -1,0 +1,192 @@
+//go:build mlx
+
+package mlx
+
+/*
+#include "mlx/c/mlx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/metal"
+)
+
+// Engine loads checkpoints onto MLX. All its models share one MLX thread.
+// It implements engine.Engine.
+type Engine struct {
+	opts   options
+	w      *worker
+	mu     sync.RWMutex // guards closed and models; held (read) while a job runs
+	closed bool
+	models map[*model]struct{}
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// New starts the engine's MLX thread and applies the memory limits the
+// options set. Errors: a bad option, or MLX failing to start (no such
+// device).
+func New(opts ...Option) (*Engine, error) {
+	o := defaultOptions()
+	if err := o.apply(opts); err != nil {
+		return nil, err
+	}
+	metal.Init()
+	if err := applyLimits(&o); err != nil {
+		return nil, err
+	}
+	w, err := startWorker(o.device)
+	if err != nil {
+		return nil, fmt.Errorf("mlx: start: %w", err)
+	}
+	return &Engine{opts: o, w: w, models: map[*model]struct{}{}}, nil
+}
+
+func applyLimits(o *options) error {
+	type limit struct {
+		set bool
+		n   uint64
+		f   func(uint64) (uint64, error)
+	}
+	for _, l := range []limit{
+		{o.setMemory, o.memoryLimit, metal.SetMemoryLimit},
+		{o.setCache, o.cacheLimit, metal.SetCacheLimit},
+		{o.setWired, o.wiredLimit, metal.SetWiredLimit},
+	} {
+		if l.set {
+			if _, err := l.f(l.n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Name returns "mlx".
+func (e *Engine) Name() string { return "mlx" }
+
+// run runs job on the MLX thread unless the engine is closed.
+func (e *Engine) run(job func(*graph)) error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.closed {
+		return engine.ErrClosed
+	}
+	e.w.do(job)
+	return nil
+}
+
+// Close unloads every model and stops the MLX thread.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	e.w.do(func(*graph) {
+		for m := range e.models {
+			m.unload()
+		}
+	})
+	e.models = nil
+	e.w.stop()
+	return nil
+}
+
+// Load reads a checkpoint; see engine.Engine.
+func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	if spec.ID == "" || spec.Path == "" {
+		return nil, &engine.InvalidParamError{Param: "model spec", Reason: "ID and Path are required"}
+	}
+	if spec.MaxBatch < 0 || spec.KVCapacity < 0 || spec.ContextLength < 0 {
+		return nil, &engine.InvalidParamError{Param: "model spec", Reason: "sizes must not be negative"}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cfg, err := readConfig(spec.Path)
+	if err != nil {
+		return nil, err
+	}
+	man, files, err := manifest(spec.Path)
+	if err != nil {
+		return nil, err
+	}
+	mods, err := planModules(cfg, man)
+	if err != nil {
+		return nil, err
+	}
+	m := &model{eng: e, cfg: cfg, seqs: map[engine.SeqID]*seqState{}}
+	if err := m.size(spec, weightBytes(man)); err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, md := range mods {
+		for _, s := range []string{".weight", ".bias", ".scales", ".biases"} {
+			want[md.Name+s] = true
+		}
+	}
+	var lerr error
+	err = e.run(func(g *graph) {
+		ts, err := loadTensors(ctx, g, files, want)
+		if err != nil {
+			lerr = err
+			return
+		}
+		if m.w, lerr = buildWeights(g, cfg, mods, ts); lerr != nil {
+			return
+		}
+		if err := ctx.Err(); err != nil {
+			m.w.free()
+			lerr = err
+			return
+		}
+		e.models[m] = struct{}{}
+	})
+	if err == nil {
+		err = lerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.opts.logger.Info("mlx: loaded", "model", spec.ID, "path", spec.Path, "layers", cfg.Layers, "kv_capacity", m.info.KVCapacity)
+	return m, nil
+}
+
+// size fills the model's Info, checking the weights fit MLX's memory limit.
+func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
+	c := m.cfg
+	ctxLen := c.ContextLength
+	if spec.ContextLength > 0 && spec.ContextLength < ctxLen {
+		ctxLen = spec.ContextLength
+	}
+	maxBatch := spec.MaxBatch
+	if maxBatch == 0 {
+		maxBatch = m.eng.opts.maxBatch
+	}
+	limit, err := metal.MemoryLimit()
+	if err != nil {
+		return err
+	}
+	if wbytes >= limit {
+		return fmt.Errorf("mlx: %s: weights take %d bytes, MLX's memory limit is %d: %w", spec.ID, wbytes, limit, engine.ErrOutOfMemory)
+	}
+	kv := spec.KVCapacity
+	if kv == 0 {
+		perToken := uint64(2 * c.Layers * c.KVHeads * c.HeadDim * 4)
+		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
+		kv = int(min(budget/perToken, uint64(maxBatch*ctxLen)))
+		if kv < ctxLen {
+			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
+		}
+	}
+	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
+		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch}
+	return nil
+}

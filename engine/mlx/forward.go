@@ -1,0 +1,161 @@
+//go:build mlx
+
+package mlx
+
+/*
+#include "mlx/c/mlx.h"
+*/
+import "C"
+
+import (
+	"math"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// kvStep is how much a sequence's KV cache grows at a time, in tokens.
+const kvStep = 256
+
+// seqState is one open sequence: the tokens fed so far and its KV cache,
+// one key and one value array per layer, shaped [1, kvHeads, cap, headDim]
+// with the first len(tokens) positions valid.
+type seqState struct {
+	tokens   []int32
+	k, v     []arr
+	cap      int
+	key      arr // sampling PRNG key, made at the first sample
+	reserved int // KV tokens reserved at Open
+}
+
+func (s *seqState) free() {
+	for i := range s.k {
+		free(&s.k[i])
+		free(&s.v[i])
+	}
+	free(&s.key)
+}
+
+// feed is one sequence's part of a forward pass.
+type feed struct {
+	id     engine.SeqID
+	seq    *seqState
+	tokens []int32
+	sample bool
+}
+
+// forward runs the model over every feed's tokens in one pass: the
+// projections and MLP see all tokens packed together; attention runs per
+// sequence against its own cache. It replaces each sequence's cache handles
+// with the updated ones (computed when the caller evaluates) and returns
+// float32 logits [S, vocab] for the feeds that sample, in order, or a null
+// array when none samples.
+func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
+	c, w := m.cfg, m.w
+	var ids []int32
+	var last []int32
+	for _, f := range feeds {
+		ids = append(ids, f.tokens...)
+		if f.sample {
+			last = append(last, int32(len(ids)-1))
+		}
+		m.grow(g, f.seq, len(f.seq.tokens)+len(f.tokens))
+	}
+	x := g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
+	for li := range w.layers {
+		x = m.block(g, li, x, feeds)
+	}
+	if !sampling {
+		return arr{}
+	}
+	x = g.take(x, g.int32s(last, len(last)), 1)
+	x = g.rmsNorm(x, w.norm, c.NormEps)
+	head := &w.head
+	if c.Tied {
+		head = &w.embed
+	}
+	logits := head.apply(g, x)
+	return g.astype(g.reshape(logits, len(last), c.Vocab), C.MLX_FLOAT32)
+}
+
+// block is one decoder layer.
+func (m *model) block(g *graph, li int, x arr, feeds []feed) arr {
+	c, l := m.cfg, &m.w.layers[li]
+	h := g.rmsNorm(x, l.inNorm, c.NormEps)
+	q, k, v := l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	outs := make([]arr, len(feeds))
+	row := 0
+	for i, f := range feeds {
+		outs[i] = m.attend(g, li, f, row, q, k, v)
+		row += len(f.tokens)
+	}
+	x = g.add(x, l.o.apply(g, g.concat(1, outs...)))
+	h = g.rmsNorm(x, l.postNorm, c.NormEps)
+	gate := l.gate.apply(g, h)
+	act := g.mul(g.mul(gate, g.sigmoid(gate)), l.up.apply(g, h))
+	return g.add(x, l.down.apply(g, act))
+}
+
+// attend is one sequence's attention in layer li over rows
+// [row, row+len(f.tokens)) of the packed projections.
+func (m *model) attend(g *graph, li int, f feed, row int, q, k, v arr) arr {
+	c, l, s := m.cfg, &m.w.layers[li], f.seq
+	t, off, d := len(f.tokens), len(s.tokens), c.HeadDim
+	heads := func(a arr, n int) arr {
+		a = g.slice(a, []int{0, row, 0}, []int{1, row + t, n * d})
+		return g.reshape(a, 1, t, n, d)
+	}
+	qs, ks, vs := heads(q, c.Heads), heads(k, c.KVHeads), heads(v, c.KVHeads)
+	if c.QKNorm {
+		qs, ks = g.rmsNorm(qs, l.qNorm, c.NormEps), g.rmsNorm(ks, l.kNorm, c.NormEps)
+	}
+	qs, ks, vs = g.transpose(qs, 0, 2, 1, 3), g.transpose(ks, 0, 2, 1, 3), g.transpose(vs, 0, 2, 1, 3)
+	scale := float32(1)
+	if c.Rope.Type == "linear" {
+		scale = float32(1 / c.Rope.Factor)
+	}
+	qs = g.rope(qs, d, c.RopeTheta, scale, off, m.w.freqs)
+	ks = g.rope(ks, d, c.RopeTheta, scale, off, m.w.freqs)
+	start, stop := []int{0, 0, off, 0}, []int{1, c.KVHeads, off + t, d}
+	kc, vc := g.sliceUpdate(s.k[li], ks, start, stop), g.sliceUpdate(s.v[li], vs, start, stop)
+	m.replace(g, &s.k[li], kc)
+	m.replace(g, &s.v[li], vc)
+	all := []int{1, c.KVHeads, off + t, d}
+	kv, vv := g.slice(kc, []int{0, 0, 0, 0}, all), g.slice(vc, []int{0, 0, 0, 0}, all)
+	o := g.sdpa(qs, kv, vv, float32(1/math.Sqrt(float64(d))), t > 1)
+	return g.reshape(g.transpose(o, 0, 2, 1, 3), 1, t, c.Heads*d)
+}
+
+// replace swaps a kept handle for a new one. The old buffer is then held
+// only by the graph, so MLX can update the cache in place.
+func (m *model) replace(g *graph, h *arr, a arr) {
+	free(h)
+	*h = g.keep(a)
+}
+
+// grow makes room for n tokens in s's cache.
+func (m *model) grow(g *graph, s *seqState, n int) {
+	if n <= s.cap {
+		return
+	}
+	c := m.cfg
+	newCap := (n + kvStep - 1) / kvStep * kvStep
+	if newCap > m.info.ContextLength {
+		newCap = n
+	}
+	if s.k == nil {
+		s.k, s.v = make([]arr, c.Layers), make([]arr, c.Layers)
+	}
+	off := len(s.tokens)
+	for li := range s.k {
+		for _, h := range []*arr{&s.k[li], &s.v[li]} {
+			if isNull(*h) || off == 0 {
+				m.replace(g, h, g.zeros(m.w.dtype, 1, c.KVHeads, newCap, c.HeadDim))
+				continue
+			}
+			old := g.slice(*h, []int{0, 0, 0, 0}, []int{1, c.KVHeads, off, c.HeadDim})
+			pad := g.zeros(m.w.dtype, 1, c.KVHeads, newCap-off, c.HeadDim)
+			m.replace(g, h, g.concat(2, old, pad))
+		}
+	}
+	s.cap = newCap
+}

@@ -1,0 +1,172 @@
+//go:build mlx
+
+package mlx
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// model is a loaded checkpoint. Its state is touched only on the engine's
+// MLX thread; the caller serialises Open, Step and Free as engine.Model
+// requires.
+type model struct {
+	eng    *Engine
+	cfg    *modelConfig
+	info   engine.Info
+	w      *weights
+	seqs   map[engine.SeqID]*seqState
+	saved  []*savedKV // least recently used first
+	used   int        // KV tokens held by open sequences
+	closed atomic.Bool
+}
+
+var _ engine.Model = (*model)(nil)
+
+// savedKV is a freed sequence's cache kept for prefix reuse.
+type savedKV struct {
+	key string
+	seq *seqState
+}
+
+// Info describes the model.
+func (m *model) Info() engine.Info { return m.info }
+
+// call runs job on the MLX thread, or returns ErrClosed.
+func (m *model) call(job func(*graph) error) error {
+	if m.closed.Load() {
+		return engine.ErrClosed
+	}
+	var jerr error
+	err := m.eng.run(func(g *graph) {
+		if m.closed.Load() {
+			jerr = engine.ErrClosed
+			return
+		}
+		jerr = job(g)
+	})
+	if err != nil {
+		return err
+	}
+	return jerr
+}
+
+// Open starts a sequence; see engine.Model.
+func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if len(prompt) == 0 {
+		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
+	}
+	if len(prompt) > m.info.ContextLength {
+		return 0, &engine.ContextLengthError{Model: m.info.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
+	}
+	reused := 0
+	err := m.call(func(g *graph) error {
+		if _, dup := m.seqs[id]; dup {
+			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
+		}
+		if m.used+len(prompt) > m.info.KVCapacity {
+			return fmt.Errorf("mlx: %s: KV cache holds %d of %d tokens; %d more do not fit now: %w",
+				m.info.ID, m.used, m.info.KVCapacity, len(prompt), engine.ErrOutOfMemory)
+		}
+		s := &seqState{reserved: len(prompt)}
+		if prefixKey != "" {
+			reused = m.attach(g, s, prompt, prefixKey)
+		}
+		m.seqs[id] = s
+		m.used += s.reserved
+		return g.err
+	})
+	return reused, err
+}
+
+// attach gives s the KV saved under key if its tokens start prompt, and
+// returns how many prompt tokens it covers (always fewer than the prompt).
+func (m *model) attach(g *graph, s *seqState, prompt []int32, key string) int {
+	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key })
+	if i < 0 {
+		return 0
+	}
+	e := m.saved[i]
+	have := e.seq.tokens
+	if len(have) > len(prompt) || !slices.Equal(have, prompt[:len(have)]) {
+		return 0
+	}
+	n := min(len(have), len(prompt)-1)
+	if n <= 0 {
+		return 0
+	}
+	m.saved = append(slices.Delete(m.saved, i, i+1), e) // most recently used
+	s.tokens = slices.Clone(prompt[:n])
+	s.cap = e.seq.cap
+	s.k, s.v = make([]arr, len(e.seq.k)), make([]arr, len(e.seq.v))
+	for l := range s.k {
+		s.k[l], s.v[l] = g.keep(e.seq.k[l]), g.keep(e.seq.v[l])
+	}
+	return n
+}
+
+// Free releases a sequence; see engine.Model.
+func (m *model) Free(id engine.SeqID, saveKey string) {
+	_ = m.call(func(*graph) error {
+		s, ok := m.seqs[id]
+		if !ok {
+			return nil
+		}
+		delete(m.seqs, id)
+		m.used -= max(s.reserved, len(s.tokens))
+		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 || s.k == nil {
+			s.free()
+			return nil
+		}
+		free(&s.key)
+		m.save(saveKey, s)
+		return nil
+	})
+}
+
+func (m *model) save(key string, s *seqState) {
+	if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
+		m.saved[i].seq.free()
+		m.saved = slices.Delete(m.saved, i, i+1)
+	}
+	m.saved = append(m.saved, &savedKV{key: key, seq: s})
+	for len(m.saved) > m.eng.opts.prefixSlots {
+		m.saved[0].seq.free()
+		m.saved = m.saved[1:]
+	}
+}
+
+// Close unloads the model; see engine.Model.
+func (m *model) Close() error {
+	err := m.call(func(*graph) error {
+		m.unload()
+		delete(m.eng.models, m)
+		return nil
+	})
+	if err == engine.ErrClosed {
+		return nil
+	}
+	return err
+}
+
+// unload frees everything the model holds. MLX thread only.
+func (m *model) unload() {
+	if m.closed.Swap(true) {
+		return
+	}
+	for _, s := range m.seqs {
+		s.free()
+	}
+	for _, e := range m.saved {
+		e.seq.free()
+	}
+	m.seqs, m.saved, m.used = nil, nil, 0
+	m.w.free()
+}

@@ -1,0 +1,156 @@
+//go:build mlx
+
+package mlx
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Step runs one forward pass over the batch; see engine.Model.
+func (m *model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	if len(batch) > m.info.MaxBatch {
+		return nil, &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs; the model takes at most %d", len(batch), m.info.MaxBatch)}
+	}
+	params, err := m.checkParams(batch)
+	if err != nil {
+		return nil, err
+	}
+	var out []engine.StepOutput
+	err = m.call(func(g *graph) error {
+		feeds, err := m.feeds(batch)
+		if err != nil {
+			return err
+		}
+		out, err = m.run(ctx, g, feeds, params)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkParams validates tokens and sampling parameters; it returns the
+// parameters of the sampling inputs in order.
+func (m *model) checkParams(batch []engine.StepInput) ([]*engine.SamplingParams, error) {
+	var params []*engine.SamplingParams
+	greedy := &engine.SamplingParams{}
+	for _, in := range batch {
+		if len(in.Tokens) == 0 {
+			return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d feeds no tokens", in.Seq)}
+		}
+		for _, t := range in.Tokens {
+			if t < 0 || int(t) >= m.info.VocabSize {
+				return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("token %d is outside the vocabulary [0, %d)", t, m.info.VocabSize)}
+			}
+		}
+		if !in.Sample {
+			continue
+		}
+		p := in.Params
+		if p == nil {
+			p = greedy
+		}
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+		params = append(params, p)
+	}
+	return params, nil
+}
+
+// feeds resolves the batch's sequences. MLX thread only.
+func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
+	feeds := make([]feed, len(batch))
+	seen := make(map[engine.SeqID]bool, len(batch))
+	for i, in := range batch {
+		s, ok := m.seqs[in.Seq]
+		if !ok {
+			return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
+		}
+		if seen[in.Seq] {
+			return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in the batch", in.Seq)}
+		}
+		seen[in.Seq] = true
+		if n := len(s.tokens) + len(in.Tokens); n > m.info.ContextLength {
+			return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
+		}
+		feeds[i] = feed{id: in.Seq, seq: s, tokens: in.Tokens, sample: in.Sample}
+	}
+	return feeds, nil
+}
+
+// run builds, evaluates and reads one step. MLX thread only.
+func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engine.SamplingParams) ([]engine.StepOutput, error) {
+	logits := m.forward(g, feeds, len(params) > 0)
+	var toks, lps arr
+	if len(params) > 0 {
+		toks, lps = m.sampleAll(g, logits, feeds, params)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// Evaluate the samples and every updated cache together, so that a
+	// prefill chunk that samples nothing still lands in the cache.
+	outs := m.cacheArrays(feeds)
+	if len(params) > 0 {
+		outs = append(outs, toks, lps)
+	}
+	g.eval(outs...)
+	if g.err != nil {
+		return nil, g.err
+	}
+	for _, f := range feeds {
+		s := f.seq
+		before := max(s.reserved, len(s.tokens))
+		s.tokens = append(s.tokens, f.tokens...)
+		m.used += max(s.reserved, len(s.tokens)) - before
+	}
+	if len(params) == 0 {
+		return nil, nil
+	}
+	return m.outputs(feeds, toks, lps)
+}
+
+func (m *model) cacheArrays(feeds []feed) []arr {
+	var out []arr
+	for _, f := range feeds {
+		out = append(out, f.seq.k...)
+		out = append(out, f.seq.v...)
+	}
+	return out
+}
+
+func (m *model) outputs(feeds []feed, toks, lps arr) ([]engine.StepOutput, error) {
+	ts, err := readInt32s(toks)
+	if err != nil {
+		return nil, err
+	}
+	ls, err := readFloat32s(lps)
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) != len(ls) {
+		return nil, fmt.Errorf("mlx: sampled %d tokens and %d log-probabilities", len(ts), len(ls))
+	}
+	out := make([]engine.StepOutput, 0, len(ts))
+	for _, f := range feeds {
+		if f.sample {
+			i := len(out)
+			out = append(out, engine.StepOutput{Seq: f.id, Token: ts[i], Logprob: ls[i]})
+		}
+	}
+	return out, nil
+}
