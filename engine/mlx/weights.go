@@ -10,7 +10,6 @@ import "C"
 
 import (
 	"context"
-	"math"
 	"unsafe"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -208,43 +207,4 @@ func (w *weights) all() []arr {
 		addLin(&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down)
 	}
 	return out
-}
-
-// ropeFreqs returns the RoPE frequencies for llama3 scaling (as MLX's
-// fast.rope takes them: base**(2i/d), scaled), or nil for plain RoPE.
-func ropeFreqs(c *modelConfig) []float32 {
-	s := c.Rope
-	if s.Type != "llama3" {
-		return nil
-	}
-	d := c.HeadDim
-	low := float64(s.OriginalMax) / s.LowFreqFactor
-	high := float64(s.OriginalMax) / s.HighFreqFactor
-	out := make([]float32, d/2)
-	for i := range out {
-		f := math.Pow(float64(c.RopeTheta), float64(2*i)/float64(d))
-		wave := 2 * math.Pi * f
-		switch {
-		case wave > low:
-			f *= s.Factor
-		case wave > high:
-			smooth := (float64(s.OriginalMax)/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
-			f = f / ((1-smooth)/s.Factor + smooth)
-		}
-		out[i] = float32(f)
-	}
-	return out
-}
-
-func itoa(i int) string {
-	if i == 0 {
-		return "0"
-	}
-	var b [20]byte
-	n := len(b)
-	for ; i > 0; i /= 10 {
-		n--
-		b[n] = byte('0' + i%10)
-	}
-	return string(b[n:])
 }

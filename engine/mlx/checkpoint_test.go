@@ -1,0 +1,181 @@
+package mlx
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+)
+
+func writeTiny(t *testing.T, cfg testmodel.Config) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func editConfig(t *testing.T, dir string, edit func(map[string]any)) {
+	t.Helper()
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// plan runs the whole pure-Go check a load does before touching MLX.
+func plan(dir string) (*modelConfig, []module, error) {
+	c, err := readConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	man, _, err := manifest(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	mods, err := planModules(c, man)
+	return c, mods, err
+}
+
+func TestPlanTinyArchitectures(t *testing.T) {
+	for _, arch := range []string{"llama", "mistral", "qwen2"} {
+		cfg := testmodel.Tiny()
+		cfg.Arch = arch
+		cfg.TieEmbeddings = arch == "mistral"
+		c, mods, err := plan(writeTiny(t, cfg))
+		if err != nil {
+			t.Fatalf("%s: %v", arch, err)
+		}
+		if c.Arch != arch || c.Layers != 2 || c.Hidden != 64 || c.KVHeads != 2 || c.HeadDim != 16 || c.QKVBias != (arch == "qwen2") || c.Tied != cfg.TieEmbeddings {
+			t.Errorf("%s: config %+v", arch, c)
+		}
+		want := 2 + 9*2
+		if !c.Tied {
+			want++
+		}
+		if len(mods) != want {
+			t.Errorf("%s: %d modules, want %d", arch, len(mods), want)
+		}
+	}
+}
+
+func TestRopeScalingLlama3(t *testing.T) {
+	cfg := testmodel.Tiny()
+	cfg.RopeScaling = &testmodel.RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
+	c, _, err := plan(writeTiny(t, cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ropeFreqs(c)
+	if len(f) != c.HeadDim/2 {
+		t.Fatalf("%d frequencies, want %d", len(f), c.HeadDim/2)
+	}
+	// The highest frequency is untouched; the lowest is scaled by factor.
+	if f[0] != 1 {
+		t.Errorf("f[0] = %v, want 1", f[0])
+	}
+	if last := f[len(f)-1]; last < 8*1000 {
+		t.Errorf("lowest frequency %v not scaled by 8", last)
+	}
+}
+
+func TestBadCheckpoints(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(t *testing.T, dir string)
+		want   string
+	}{
+		{"missing config", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "config.json")) }, "config.json is missing"},
+		{"missing weights", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "model.safetensors")) }, "no *.safetensors"},
+		{"unsupported arch", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["model_type"] = "gpt2" })
+		}, "unsupported architecture"},
+		{"unsupported quant mode", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) {
+				m["quantization"] = map[string]any{"group_size": 64, "bits": 4, "mode": "mxfp4"}
+			})
+		}, "unsupported quantization mode"},
+		{"unsupported quant bits", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["quantization"] = map[string]any{"group_size": 64, "bits": 5} })
+		}, "unsupported quantization bits"},
+		{"shape contradicts config", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["intermediate_size"] = 96 })
+		}, "contradicts config.json"},
+		{"truncated", func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "model.safetensors")
+			st, _ := os.Stat(p)
+			os.Truncate(p, st.Size()-100)
+		}, "truncated"},
+		{"garbage header", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("\x10\x00\x00\x00\x00\x00\x00\x00{not json at all"), 0o644)
+		}, "corrupt safetensors"},
+		{"empty file", func(t *testing.T, dir string) { os.WriteFile(filepath.Join(dir, "model.safetensors"), nil, 0o644) }, "too short"},
+		{"bad index", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{}}`), 0o644)
+		}, "invalid index"},
+		{"shard outside", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{"a":"../x.safetensors"}}`), 0o644)
+		}, "outside the checkpoint"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeTiny(t, testmodel.Tiny())
+			tc.break_(t, dir)
+			_, _, err := plan(dir)
+			var ce *engine.CheckpointError
+			if !errors.As(err, &ce) || !errors.Is(err, engine.ErrBadCheckpoint) {
+				t.Fatalf("err = %v, want a *engine.CheckpointError", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestQuantConfig(t *testing.T) {
+	q, reason := parseQuant(map[string]any{
+		"group_size": 64.0, "bits": 4.0,
+		"lm_head":            map[string]any{"group_size": 32.0, "bits": 8.0},
+		"model.embed_tokens": false,
+	})
+	if reason != "" {
+		t.Fatal(reason)
+	}
+	if p, ok := q.params("model.layers.0.mlp.up_proj"); !ok || p != (quantParams{64, 4}) {
+		t.Errorf("default params = %v, %v", p, ok)
+	}
+	if p, ok := q.params("lm_head"); !ok || p != (quantParams{32, 8}) {
+		t.Errorf("override = %v, %v", p, ok)
+	}
+	if _, ok := q.params("model.embed_tokens"); ok {
+		t.Error("skipped module reported quantized")
+	}
+}
+
+func TestOptionsRejectBadValues(t *testing.T) {
+	for _, opt := range []Option{WithMaxBatch(0), WithPrefixSlots(-1), WithDevice("tpu"), WithMemoryLimit(0), WithKVFraction(0), WithLogger(nil), nil} {
+		o := defaultOptions()
+		if err := o.apply([]Option{opt}); err == nil {
+			t.Errorf("option accepted")
+		}
+	}
+}
