@@ -1,0 +1,78 @@
+package pyproc
+
+import (
+	"context"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// BenchmarkEmptyStepRoundTrip measures the protocol's own cost: a step
+// request with an empty batch, to the worker and back.
+func BenchmarkEmptyStepRoundTrip(b *testing.B) {
+	e := newEngine(b)
+	m := load(b, e, tiny(b))
+	p, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		b.Fatal(err)
+	}
+	empty := func(buf []byte, id uint64) []byte { return appendStep(buf, id, m.handle, nil, nil) }
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.call(ctx, "tiny", empty); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecode compares decoding 16 sequences together (one Step carries
+// all 16) with decoding them one at a time, on the tiny model; tokens/s is
+// the figure to compare.
+func BenchmarkDecode(b *testing.B) {
+	for _, bc := range []struct {
+		name     string
+		together int
+	}{{"one_at_a_time", 1}, {"batch16", 16}} {
+		b.Run(bc.name, func(b *testing.B) {
+			e := newEngine(b)
+			m := load(b, e, tiny(b))
+			const seqs, steps = 16, 32
+			tokens := 0
+			for b.Loop() {
+				for g := 0; g < seqs; g += bc.together {
+					tokens += decodeGroup(b, m, g, bc.together, steps)
+				}
+			}
+			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// decodeGroup opens n sequences with 16-token prompts, prefills them and
+// decodes steps tokens each, all n in every Step.
+func decodeGroup(b *testing.B, m *Model, first, n, steps int) int {
+	ctx := context.Background()
+	batch := make([]engine.StepInput, n)
+	for i := range batch {
+		id := engine.SeqID(first + i + 1)
+		p := prompt(first+i, 16)
+		if _, err := m.Open(ctx, id, p, ""); err != nil {
+			b.Fatal(err)
+		}
+		batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true, Params: greedy}
+	}
+	for range steps {
+		outs, err := m.Step(ctx, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range batch {
+			batch[i].Tokens = []int32{outs[i].Token}
+		}
+	}
+	for i := range batch {
+		m.Free(batch[i].Seq, "")
+	}
+	return n * steps
+}
