@@ -113,6 +113,7 @@ func (m *Model) loadRequest() builder {
 			"context_length": m.spec.ContextLength,
 			"device":         m.e.cfg.device,
 			"dtype":          m.e.cfg.dtype,
+			"cuda_graphs":    !m.e.cfg.noGraphs,
 		},
 	})
 }

@@ -24,6 +24,7 @@ type config struct {
 	cacheDir     string
 	maxLine      int
 	threads      int
+	noGraphs     bool
 	faults       bool // test hook: lets the worker obey "fault" requests
 }
 
@@ -175,6 +176,15 @@ func WithThreads(n int) Option {
 			return fmt.Errorf("pyproc: WithThreads(%d): want 0 or more", n)
 		}
 		c.threads = n
+		return nil
+	}
+}
+
+// WithCUDAGraphs turns CUDA graphs for decode steps on (the default) or
+// off. They only apply on CUDA devices.
+func WithCUDAGraphs(on bool) Option {
+	return func(c *config) error {
+		c.noGraphs = !on
 		return nil
 	}
 }

@@ -1,6 +1,7 @@
 """The torch backend: a loaded model with slot-based KV memory, steps and
 sampling on the device."""
 import collections
+import logging
 import os
 
 import torch
@@ -8,6 +9,7 @@ import torch
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
 from sampling import sample_rows
+from graphs import DecodeGraphs
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
@@ -17,6 +19,9 @@ CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
 def load(path, opts):
     """Loads the checkpoint at path; opts as in PROTOCOL.md's load."""
     return TorchModel(path, opts)
+
+
+log = logging.getLogger("torch_backend")
 
 
 def pick_device(name):
@@ -63,13 +68,17 @@ class TorchModel:
             self.model = Llama(path, cfg, self.device, self.dtype)
         self.max_batch = int(opts.get("max_batch") or 64)
         self.slots = self._size_slots(int(opts.get("kv_capacity") or 0))
-        shape = (self.slots, cfg.kv_heads, cfg.context, cfg.head_dim)
+        # One slot more than sequences can take: CUDA-graph padding rows write there.
+        shape = (self.slots + 1, cfg.kv_heads, cfg.context, cfg.head_dim)
         try:
             self.kc = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(cfg.layers)]
             self.vc = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(cfg.layers)]
         except RuntimeError as e:
             raise ProtocolError("oom", "KV cache of %d slots: %s" % (self.slots, e))
         self.free_slots = list(range(self.slots - 1, -1, -1))
+        self.graphs = None
+        if self.device.type == "cuda" and opts.get("cuda_graphs", True):
+            self.graphs = DecodeGraphs(self.model, self.kc, self.vc, self.slots, self.max_batch, cfg.context)
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
 
@@ -133,6 +142,14 @@ class TorchModel:
         else:
             self.free_slots.append(s.slot)
 
+    def _graph_decode(self, batch, seqs):
+        tokens = [b[1][0] for b in batch]
+        pos = [len(s.tokens) for s in seqs]
+        slots = [s.slot for s in seqs]
+        for s, t in zip(seqs, tokens):
+            s.tokens.append(t)
+        return self.graphs.run(tokens, pos, slots)
+
     def close(self):
         self.kc = self.vc = self.model = None
         self.seqs.clear()
@@ -165,6 +182,14 @@ class TorchModel:
             return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)
 
     def _forward(self, batch, seqs):
+        if self.graphs is not None and self.graphs.usable(len(batch)) and all(len(b[1]) == 1 and b[2] for b in batch):
+            try:
+                return self._graph_decode(batch, seqs)
+            except RuntimeError as e:  # capture unsupported here: run eagerly from now on
+                log.warning("CUDA graph decode failed, running eagerly: %s", e)
+                self.graphs.broken = True
+                for s in seqs:
+                    del s.tokens[-1]
         dev = self.device
         tokens, pos, slot_tok, last = [], [], [], []
         dec_rows, dec_slots, dec_len, chunks = [], [], [], []

@@ -1,0 +1,71 @@
+"""CUDA graphs for decode steps.
+
+A decode step (every input one token) replays a graph captured for its
+batch-size and context-length bucket; the Python and kernel-launch cost of
+the whole forward pass becomes one launch. Rows past the real batch use a
+scratch KV slot, so padding never touches a sequence's cache.
+"""
+import torch
+
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]
+LEN_STEP = 256
+
+
+class DecodeGraphs:
+    def __init__(self, model, kc, vc, scratch_slot, max_batch, context):
+        self.model, self.kc, self.vc = model, kc, vc
+        self.scratch, self.context = scratch_slot, context
+        self.max_batch = min(max_batch, BATCH_BUCKETS[-1])
+        self.graphs = {}
+        self.pool = None
+        self.broken = False
+
+    def bucket(self, b, maxlen):
+        bb = next(x for x in BATCH_BUCKETS if x >= b)
+        lb = min(self.context, -(-maxlen // LEN_STEP) * LEN_STEP)
+        return bb, lb
+
+    def usable(self, b):
+        return not self.broken and b <= self.max_batch
+
+    def run(self, tokens, pos, slots):
+        """tokens, pos, slots: python lists of one entry per sequence.
+        Returns logits [len(tokens), vocab] (float32)."""
+        b = len(tokens)
+        bb, lb = self.bucket(b, max(pos) + 1)
+        g = self.graphs.get((bb, lb))
+        if g is None:
+            g = self.capture(bb, lb)
+        pad = bb - b
+        host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, slots + [self.scratch] * pad], dtype=torch.long)
+        g["io"].copy_(host, non_blocking=True)
+        g["graph"].replay()
+        return g["out"][:b]
+
+    def capture(self, bb, lb):
+        dev, dtype = self.model.device, self.model.dtype
+        io = torch.zeros(3, bb, dtype=torch.long, device=dev)
+        io[2].fill_(self.scratch)
+        rows = torch.arange(bb, device=dev)
+
+        def step():
+            tok, pos, slots = io[0], io[1], io[2]
+            ar = torch.arange(lb, device=dev).unsqueeze(0)
+            mask = torch.zeros(bb, lb, device=dev, dtype=dtype).masked_fill(ar > pos.unsqueeze(1), float("-inf"))
+            groups = [("decode", rows, slots, lb, mask.view(bb, 1, 1, 1, lb))]
+            return self.model.forward(tok, pos, slots, groups, self.kc, self.vc, rows)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = step()
+        g = {"graph": graph, "io": io, "out": out}
+        self.graphs[(bb, lb)] = g
+        return g
