@@ -11,7 +11,7 @@ import (
 )
 
 func TestMaxQueued(t *testing.T) {
-	s := newSched(t, newClock(), scheduler.WithMaxQueued(3))
+	s := newSched(t, newClock(), scheduler.WithMaxQueued(3), scheduler.WithHeadroom(0))
 	for i := range 3 {
 		mustPush(t, s, newEntry(string(rune('a'+i)), scheduler.Normal, 10))
 	}
@@ -27,7 +27,7 @@ func TestMaxQueued(t *testing.T) {
 	if full.RetryAfter != scheduler.MaxRetryAfter {
 		t.Errorf("RetryAfter before any drain = %s, want %s", full.RetryAfter, scheduler.MaxRetryAfter)
 	}
-	if want := "queue full: 3 requests queued (limit 3), retry after 1m0s"; err.Error() != want {
+	if want := "queue full: 3 requests queued (limit 3 for critical), retry after 1m0s"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
 	if st := s.Stats(); st.Rejected != 1 || st.Tier(scheduler.Critical).Rejected != 1 {
@@ -38,15 +38,50 @@ func TestMaxQueued(t *testing.T) {
 	}
 }
 
+// TestHeadroom fills the queue tier by tier, least urgent first: each tier
+// is refused at its share of the bound, and critical can still fill it.
+func TestHeadroom(t *testing.T) {
+	for _, bound := range []struct {
+		opt  scheduler.Option
+		cost int
+	}{{scheduler.WithMaxQueued(100), 1}, {scheduler.WithMaxQueuedTokens(1000), 10}} {
+		s := newSched(t, newClock(), scheduler.WithMaxQueued(0), bound.opt)
+		tiers := scheduler.Tiers()
+		for i := len(tiers) - 1; i >= 0; i-- {
+			tier := tiers[i]
+			for {
+				err := s.Push(newEntry(tier.String(), tier, bound.cost))
+				var full *scheduler.QueueFullError
+				if errors.As(err, &full) {
+					if full.Tier != tier {
+						t.Errorf("refusal names tier %v, want %v", full.Tier, tier)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := 100 - 5*i // critical 100, high 95, ... background 80
+			if n, _ := s.Len(); n != want {
+				t.Errorf("%v refused at %d queued, want %d", tier, n, want)
+			}
+		}
+	}
+	// Tiny bounds keep at least one place for every tier.
+	s := newSched(t, newClock(), scheduler.WithMaxQueued(1))
+	mustPush(t, s, newEntry("bg", scheduler.Background, 1))
+}
+
 func TestMaxQueuedTokens(t *testing.T) {
-	s := newSched(t, newClock(), scheduler.WithMaxQueued(0), scheduler.WithMaxQueuedTokens(1000))
+	s := newSched(t, newClock(), scheduler.WithMaxQueued(0), scheduler.WithMaxQueuedTokens(1000), scheduler.WithHeadroom(0))
 	mustPush(t, s, newEntry("600", scheduler.Normal, 600))
 	err := s.Push(newEntry("500", scheduler.Normal, 500))
 	var full *scheduler.QueueFullError
 	if !errors.As(err, &full) || full.QueuedTokens != 600 || full.Cost != 500 || full.MaxQueuedTokens != 1000 {
 		t.Fatalf("Push over the token bound: %v (%+v)", err, full)
 	}
-	if !strings.Contains(err.Error(), "600 tokens queued + 500 requested exceeds the limit of 1000 tokens") {
+	if !strings.Contains(err.Error(), "600 tokens queued + 500 requested exceeds the limit of 1000 tokens for normal") {
 		t.Errorf("message %q", err)
 	}
 	mustPush(t, s, newEntry("400", scheduler.Normal, 400)) // exactly at the bound
@@ -67,7 +102,7 @@ func TestMaxQueuedTokens(t *testing.T) {
 // should settle at 1000/200 = 5 s.
 func TestRetryAfterFollowsDrainRate(t *testing.T) {
 	clk := newClock()
-	s := newSched(t, clk, scheduler.WithMaxQueued(10))
+	s := newSched(t, clk, scheduler.WithMaxQueued(10), scheduler.WithHeadroom(0))
 	for range 10 {
 		mustPush(t, s, newEntry("x", scheduler.Normal, 100))
 	}

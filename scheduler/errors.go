@@ -30,9 +30,12 @@ var (
 
 // QueueFullError reports a rejection by the queue's bounds.
 type QueueFullError struct {
+	// Tier is the refused entry's tier.
+	Tier Tier
 	// Queued and QueuedTokens are what the queue held when it refused.
 	Queued, QueuedTokens int
-	// MaxQueued and MaxQueuedTokens are the bounds (0 = unbounded).
+	// MaxQueued and MaxQueuedTokens are the bounds as they apply to Tier
+	// (0 = unbounded); see WithHeadroom.
 	MaxQueued, MaxQueuedTokens int
 	// Cost is the refused entry's cost.
 	Cost int
@@ -43,11 +46,11 @@ type QueueFullError struct {
 
 func (e *QueueFullError) Error() string {
 	if e.MaxQueued > 0 && e.Queued >= e.MaxQueued {
-		return fmt.Sprintf("queue full: %d requests queued (limit %d), retry after %s",
-			e.Queued, e.MaxQueued, e.RetryAfter)
+		return fmt.Sprintf("queue full: %d requests queued (limit %d for %s), retry after %s",
+			e.Queued, e.MaxQueued, e.Tier, e.RetryAfter)
 	}
-	return fmt.Sprintf("queue full: %d tokens queued + %d requested exceeds the limit of %d tokens, retry after %s",
-		e.QueuedTokens, e.Cost, e.MaxQueuedTokens, e.RetryAfter)
+	return fmt.Sprintf("queue full: %d tokens queued + %d requested exceeds the limit of %d tokens for %s, retry after %s",
+		e.QueuedTokens, e.Cost, e.MaxQueuedTokens, e.Tier, e.RetryAfter)
 }
 
 // Unwrap returns ErrQueueFull.

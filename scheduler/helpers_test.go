@@ -36,6 +36,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 type job struct {
 	name string
 	size int
+	id   int
 }
 
 type entry = scheduler.Entry[*job]

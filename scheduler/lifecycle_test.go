@@ -179,6 +179,8 @@ func TestOptions(t *testing.T) {
 		"promotion 1":         scheduler.WithPromotion(1),
 		"promotion NaN":       scheduler.WithPromotion(math.NaN()),
 		"promotion negative":  scheduler.WithPromotion(-0.1),
+		"headroom 1":          scheduler.WithHeadroom(1),
+		"headroom NaN":        scheduler.WithHeadroom(math.NaN()),
 		"rate negative":       scheduler.WithRateLimit(-1, 1),
 		"rate inf":            scheduler.WithRateLimit(math.Inf(1), 1),
 		"rate NaN":            scheduler.WithRateLimit(math.NaN(), 1),

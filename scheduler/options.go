@@ -13,7 +13,10 @@ const (
 	DefaultAging = 5 * time.Second
 	// DefaultPromotion is the fraction of its SLA an entry has left when
 	// it moves ahead of its tier.
-	DefaultPromotion = 0.2
+	DefaultPromotion = 0.5
+	// DefaultHeadroom is the share of the bounds kept free for more
+	// urgent tiers; see [WithHeadroom].
+	DefaultHeadroom = 0.2
 	// DefaultRateLimitClients is how many clients' buckets are kept.
 	DefaultRateLimitClients = 10000
 	// MinRetryAfter and MaxRetryAfter clamp the RetryAfter of a
@@ -46,6 +49,7 @@ type config struct {
 	sla        [numTiers]time.Duration
 	maxQueued  int
 	maxTokens  int
+	headroom   float64
 	aging      time.Duration
 	promotion  float64
 	rate       float64 // requests per second per client; 0 = off
@@ -60,6 +64,7 @@ func defaultConfig() config {
 		maxQueued: DefaultMaxQueued,
 		aging:     DefaultAging,
 		promotion: DefaultPromotion,
+		headroom:  DefaultHeadroom,
 		clients:   DefaultRateLimitClients,
 		clock:     time.Now,
 	}
@@ -96,6 +101,7 @@ func WithSLA(tier Tier, d time.Duration) Option {
 // the queued tokens take to drain at the observed drain rate (tokens
 // popped per second, smoothed), clamped to [MinRetryAfter,
 // MaxRetryAfter]; before any drain was observed it is MaxRetryAfter.
+// Tiers below critical meet a lower bound; see [WithHeadroom].
 func WithMaxQueued(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
@@ -120,11 +126,41 @@ func WithMaxQueuedTokens(n int) Option {
 	}
 }
 
+// WithHeadroom keeps part of the queue's bounds for more urgent tiers, so
+// a backlog of less urgent work is refused before it can crowd out a
+// critical request: critical entries may fill the bounds, and each tier
+// below stops frac/4 of the bounds earlier — with the default
+// [DefaultHeadroom] of 0.2, high at 95%, normal at 90%, low at 85% and
+// background at 80%. frac = 0 lets every tier fill the whole queue; frac
+// must be in [0, 1).
+func WithHeadroom(frac float64) Option {
+	return func(c *config) error {
+		if !(frac >= 0 && frac < 1) {
+			return invalidOption("WithHeadroom(%g): must be in [0, 1)", frac)
+		}
+		c.headroom = frac
+		return nil
+	}
+}
+
+// tierBound is bound as it applies to tier rank r (0 stays unbounded).
+func (c *config) tierBound(bound, r int) int {
+	if bound == 0 {
+		return 0
+	}
+	cut := int(float64(bound) * c.headroom * float64(rankCritical-r) / float64(rankCritical))
+	return max(1, bound-cut)
+}
+
 // WithAging sets how long waiting raises an entry one tier (default
 // [DefaultAging]), so nothing starves: a background entry ranks as low
-// after d, normal after 2d, high after 3d, and after 4d joins the front of
-// the high tier (see [PriorityScheduler.Pop]). Aging never lifts work into
-// the critical tier, so critical SLAs hold under any load of other work.
+// after d, normal after 2d and high after 3d. An entry aged into a tier is
+// promoted when an arrival of that tier at that moment would be (at High
+// without an SLA, after one more interval), and promoted aged entries run
+// after the tier's own promoted entries but before its fresh ones. So aged
+// work is held back only while work of a higher tier is about to miss its
+// own SLA; aging never lifts work into the critical tier, and a stream of
+// critical work that fills every slot does hold everything else back.
 // d = 0 turns aging off; d must be in [0, MaxDuration].
 func WithAging(d time.Duration) Option {
 	return func(c *config) error {
@@ -137,10 +173,11 @@ func WithAging(d time.Duration) Option {
 }
 
 // WithPromotion sets the fraction of its SLA an entry has left when it is
-// promoted ahead of every unpromoted entry of its tier (default
-// [DefaultPromotion]), where promoted entries run earliest deadline first
-// instead of shortest job first. frac = 0 turns promotion off; frac must
-// be in [0, 1).
+// promoted (default [DefaultPromotion]): it then runs before every
+// unpromoted entry of its effective tier, earliest deadline first, instead
+// of shortest job first, so a large job cannot miss its deadline behind a
+// stream of small ones. Promotion never lifts an entry above a more urgent
+// tier. frac = 0 turns promotion off; frac must be in [0, 1).
 func WithPromotion(frac float64) Option {
 	return func(c *config) error {
 		if !(frac >= 0 && frac < 1) {

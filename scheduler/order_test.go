@@ -42,10 +42,10 @@ func TestOrder(t *testing.T) {
 			{0, "a", low, 50}, {0, "b", low, 50}, {time.Millisecond, "c", low, 50},
 		}, 0, []string{"a", "b", "c"}},
 		{"promotion: big job near its deadline overtakes small ones", nil, []push{
-			{0, "big", normal, 5000}, {1700 * time.Millisecond, "small", normal, 10},
+			{0, "big", normal, 5000}, {1100 * time.Millisecond, "small", normal, 10},
 		}, 0, []string{"big", "small"}},
 		{"promotion: not yet near the deadline, SJF holds", nil, []push{
-			{0, "big", normal, 5000}, {1500 * time.Millisecond, "small", normal, 10},
+			{0, "big", normal, 5000}, {900 * time.Millisecond, "small", normal, 10},
 		}, 0, []string{"small", "big"}},
 		{"promotion stays inside the tier", nil, []push{
 			{0, "normal-late", normal, 10}, {1900 * time.Millisecond, "high", high, 9000},
@@ -65,6 +65,12 @@ func TestOrder(t *testing.T) {
 		{"aging past high puts it ahead of high, never of critical", []scheduler.Option{scheduler.WithAging(time.Second), scheduler.WithPromotion(0)}, []push{
 			{0, "bg", bg, 1000}, {4 * time.Second, "high", high, 1}, {0, "crit", crit, 1},
 		}, 0, []string{"crit", "bg", "high"}},
+		{"an aged entry is promoted as a fresh arrival of its new tier would be", []scheduler.Option{scheduler.WithAging(2 * time.Second)}, []push{
+			{0, "low-big", low, 9000}, {3100 * time.Millisecond, "normal-small", normal, 1},
+		}, 0, []string{"low-big", "normal-small"}},
+		{"an aged entry before that point runs shortest job first", []scheduler.Option{scheduler.WithAging(2 * time.Second)}, []push{
+			{0, "low-big", low, 9000}, {2900 * time.Millisecond, "normal-small", normal, 1},
+		}, 0, []string{"normal-small", "low-big"}},
 		{"a critical near its deadline goes first among criticals", nil, []push{
 			{0, "crit-big", crit, 8000}, {90 * time.Millisecond, "crit-small", crit, 1},
 		}, 0, []string{"crit-big", "crit-small"}},
@@ -93,13 +99,15 @@ func TestOrder(t *testing.T) {
 
 // TestAgingPreventsStarvation feeds a constant stream of high work that
 // fills every pop, and checks a background entry still runs — after four
-// aging intervals — and that without aging it never does.
+// aging intervals, when it ranks as high, and 250 ms later, when it is
+// promoted as a high request arriving then would be — and that without
+// aging it never does.
 func TestAgingPreventsStarvation(t *testing.T) {
 	for _, aging := range []time.Duration{time.Second, 0} {
 		clk := newClock()
 		s := newSched(t, clk, scheduler.WithAging(aging))
 		mustPush(t, s, newEntry("bg", scheduler.Background, 100)) // larger than any high job
-		ranAt := time.Duration(-1)
+		ranAt, want := time.Duration(-1), 3*aging+250*time.Millisecond
 		const tick = 10 * time.Millisecond
 		for step := range 6000 { // one minute of simulated time
 			mustPush(t, s, newEntry("high", scheduler.High, 5))
@@ -110,8 +118,8 @@ func TestAgingPreventsStarvation(t *testing.T) {
 			}
 		}
 		switch {
-		case aging > 0 && (ranAt < 4*aging || ranAt > 4*aging+2*tick):
-			t.Errorf("aging %s: background ran at %s, want just after %s", aging, ranAt, 4*aging)
+		case aging > 0 && (ranAt < want || ranAt > want+2*tick):
+			t.Errorf("aging %s: background ran at %s, want just after %s", aging, ranAt, want)
 		case aging == 0 && ranAt >= 0:
 			t.Errorf("aging off: background ran at %s under a constant stream of high work", ranAt)
 		}

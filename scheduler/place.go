@@ -5,30 +5,43 @@ import "time"
 // Effective priority.
 //
 // An entry's effective tier starts at its own tier and rises by one every
-// aging interval, up to High. Inside each effective tier there are two
-// bands: the promoted band first (entries close to their deadline, and
-// entries that aged past High), ordered by the time they were promoted —
-// earliest deadline first for one tier — and then the ordinary band,
-// shortest job first. So the order of bands, most urgent first, is
-// critical promoted, critical, high promoted, high, normal promoted, ...
+// aging interval, up to High; an entry aged into a tier counts as an
+// arrival of that tier at the moment it got there. An entry is promoted
+// when less than the promotion fraction of its effective tier's SLA is
+// left (at High, an aged entry or one of a tier without SLA is promoted
+// one aging interval after it got there, so aging alone moves it on).
+//
+// Each effective tier has three bands, run in this order:
+//
+//   - promoted entries of the tier itself, earliest promotion (deadline)
+//     first: work of this tier about to miss its SLA;
+//   - promoted entries aged into the tier, earliest promotion first: old
+//     work of lower tiers, which therefore runs before fresh work of this
+//     tier but never pushes this tier's own work past its deadline;
+//   - the rest, shortest job first.
+//
+// So aged work starves only when a tier above it cannot meet its own SLAs
+// by itself, and critical work is never displaced by aging at all.
 //
 // Every change of band happens at a time fixed when the entry is queued
-// (its enqueue time plus multiples of the aging interval, or its deadline
-// minus the promotion margin), so the scheduler keeps one heap of entries
-// keyed by their next change and moves the due ones when Pop looks: each
-// entry moves at most a handful of times, O(log n) each.
+// (its enqueue time plus multiples of the aging interval, plus the
+// promotion point of the tier it is in), so the scheduler keeps one heap
+// of entries keyed by their next change and moves the due ones when Pop
+// looks: each entry moves at most twice per tier, O(log n) each.
 
-// numBands is two bands (ordinary, promoted) per tier.
-const numBands = 2 * numTiers
+// Kinds of band inside one effective tier, least urgent first.
+const (
+	ordinary    = iota // shortest job first
+	agedUrgent         // promoted, aged into this tier
+	ownUrgent          // promoted, of this tier
+	bandsPerTier
+)
 
-// band returns the band index of an effective tier rank; a higher index
-// runs first.
-func band(rank int, promoted bool) int {
-	if promoted {
-		return 2*rank + 1
-	}
-	return 2 * rank
-}
+// numBands is the number of bands; a higher index runs first.
+const numBands = bandsPerTier * numTiers
+
+// band returns the band index of kind in effective tier rank.
+func band(rank, kind int) int { return bandsPerTier*rank + kind }
 
 // placement is where an entry belongs at one moment.
 type placement struct {
@@ -37,59 +50,59 @@ type placement struct {
 	next       time.Time // the next change of band; zero for none
 }
 
-// place computes e's band at now from its enqueue time, its tier's SLA
-// and the aging interval. It reads only e's bookkeeping set by Push.
+// place computes e's band at now from its enqueue time, the SLAs and the
+// aging interval. It reads only e's bookkeeping set by Push.
 func (s *PriorityScheduler[T]) place(e *Entry[T], now time.Time) placement {
 	b := int(e.rank)
-	lvl := b
-	var promotedAt, next time.Time
-	earliest := func(t time.Time) {
-		if promotedAt.IsZero() || t.Before(promotedAt) {
-			promotedAt = t
-		}
-	}
-	upcoming := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
-	if at := s.promotionTime(e); !at.IsZero() {
-		if now.Before(at) {
-			upcoming(at)
-		} else {
-			earliest(at)
-		}
-	}
-	if a := s.cfg.aging; a > 0 && b <= rankHigh {
+	lvl, reached := b, e.Enqueued // effective tier and when it got there
+	var next time.Time
+	if a := s.cfg.aging; a > 0 && b < rankHigh {
 		steps := int64(0)
 		if w := now.Sub(e.Enqueued); w > 0 {
 			steps = int64(w / a)
 		}
-		toPromoted := int64(rankHigh - b + 1) // steps that age it past High
-		if steps >= toPromoted {
-			lvl = rankHigh
-			earliest(e.Enqueued.Add(time.Duration(toPromoted) * a))
-		} else {
-			lvl = b + int(steps)
-			upcoming(e.Enqueued.Add(time.Duration(steps+1) * a))
+		lvl = b + int(min(steps, int64(rankHigh-b)))
+		reached = e.Enqueued.Add(time.Duration(lvl-b) * a)
+		if lvl < rankHigh {
+			next = reached.Add(a)
 		}
 	}
-	if !promotedAt.IsZero() && lvl == rankHigh {
-		// Promoted in the highest tier aging reaches: nothing later can
-		// move it (a later promotion time never replaces an earlier one).
-		next = time.Time{}
+	p := placement{band: band(lvl, ordinary), next: next}
+	at := s.promotionTime(e, lvl, reached)
+	switch {
+	case at.IsZero():
+	case now.Before(at):
+		if p.next.IsZero() || at.Before(p.next) {
+			p.next = at
+		}
+	default:
+		kind := ownUrgent
+		if lvl != b {
+			kind = agedUrgent
+		}
+		p.band, p.promotedAt = band(lvl, kind), at
 	}
-	return placement{band: band(lvl, !promotedAt.IsZero()), promotedAt: promotedAt, next: next}
+	return p
 }
 
-// promotionTime is when e moves ahead of its tier because its deadline is
-// near, or zero when its tier has no SLA or promotion is off.
-func (s *PriorityScheduler[T]) promotionTime(e *Entry[T]) time.Time {
-	sla := s.cfg.sla[e.rank]
-	if sla <= 0 || s.cfg.promotion <= 0 || e.Deadline.IsZero() {
-		return time.Time{}
+// promotionTime is when e, in effective tier lvl since reached, moves
+// ahead of that tier: in its own tier, when less than the promotion
+// fraction of its SLA is left before its Deadline; in a tier it aged into,
+// the same for an arrival of that tier at reached. At High, the tier
+// aging stops at, an aged entry of a tier without SLA is promoted one
+// aging interval after it got there, so aging alone still moves it on.
+// Zero means never.
+func (s *PriorityScheduler[T]) promotionTime(e *Entry[T], lvl int, reached time.Time) time.Time {
+	sla, frac := s.cfg.sla[lvl], s.cfg.promotion
+	switch {
+	case lvl == int(e.rank) && sla > 0 && frac > 0 && !e.Deadline.IsZero():
+		return e.Deadline.Add(-time.Duration(float64(sla) * frac))
+	case lvl != int(e.rank) && sla > 0 && frac > 0:
+		return reached.Add(sla - time.Duration(float64(sla)*frac))
+	case lvl == rankHigh && s.cfg.aging > 0 && (lvl != int(e.rank) || sla == 0 || frac == 0):
+		return reached.Add(s.cfg.aging)
 	}
-	return e.Deadline.Add(-time.Duration(float64(sla) * s.cfg.promotion))
+	return time.Time{}
 }
 
 // insert places e at now and adds it to its band and, when it will move
@@ -142,7 +155,7 @@ func newBands[T any]() [numBands]entryHeap[T] {
 	pos := func(e *Entry[T]) *int { return &e.bandPos }
 	for b := range bands {
 		bands[b] = entryHeap[T]{pos: pos, less: lessByCost[T]}
-		if b%2 == 1 {
+		if b%bandsPerTier != ordinary {
 			bands[b].less = lessByPromotion[T]
 		}
 	}

@@ -44,8 +44,9 @@ type Entry[T any] struct {
 // deadline, aging, bounds that reject at once, per-client rate limits and
 // the preemption rule. All methods are safe for concurrent use.
 type PriorityScheduler[T any] struct {
-	cfg   config
-	ready chan struct{}
+	cfg    config
+	ready  chan struct{}
+	bounds [numTiers][2]int // per tier rank: request and token bound
 
 	mu      sync.Mutex
 	closed  bool
@@ -62,7 +63,8 @@ type PriorityScheduler[T any] struct {
 // New returns an empty scheduler. Without options: default SLAs (see
 // [DefaultSLA]), at most [DefaultMaxQueued] requests and no token bound,
 // aging every [DefaultAging], promotion at [DefaultPromotion] of the SLA
-// left, no rate limits, no preemption. An invalid option makes New return
+// left, 20% of the bounds kept for more urgent tiers (see [WithHeadroom]),
+// no rate limits, no preemption. An invalid option makes New return
 // an error wrapping ErrInvalidOption.
 func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 	cfg := defaultConfig()
@@ -80,6 +82,9 @@ func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 		bands: newBands[T](),
 		moves: entryHeap[T]{less: lessByNext[T], pos: func(e *Entry[T]) *int { return &e.movePos }},
 		stats: newCounters(),
+	}
+	for r := range numTiers {
+		s.bounds[r] = [2]int{cfg.tierBound(cfg.maxQueued, r), cfg.tierBound(cfg.maxTokens, r)}
 	}
 	if cfg.rate > 0 {
 		l, err := newLimiter(cfg.rate, cfg.burst, cfg.clients)
@@ -117,7 +122,7 @@ func (s *PriorityScheduler[T]) Push(e *Entry[T]) error {
 		return invalidEntry("entry is already queued")
 	}
 	now := s.cfg.clock()
-	if err := s.checkBounds(e.Cost, now); err != nil {
+	if err := s.checkBounds(r, e.Cost, now); err != nil {
 		s.stats.rejected[r]++
 		return err
 	}
@@ -138,17 +143,18 @@ func (s *PriorityScheduler[T]) Push(e *Entry[T]) error {
 	return nil
 }
 
-// checkBounds returns a *QueueFullError when an entry of cost does not
-// fit. Has to be called with the lock.
-func (s *PriorityScheduler[T]) checkBounds(cost int, now time.Time) error {
-	byCount := s.cfg.maxQueued > 0 && s.count >= s.cfg.maxQueued
-	byTokens := s.cfg.maxTokens > 0 && s.tokens > 0 && cost > s.cfg.maxTokens-s.tokens
+// checkBounds returns a *QueueFullError when an entry of tier rank r and
+// cost does not fit. Has to be called with the lock.
+func (s *PriorityScheduler[T]) checkBounds(r, cost int, now time.Time) error {
+	maxQueued, maxTokens := s.bounds[r][0], s.bounds[r][1]
+	byCount := maxQueued > 0 && s.count >= maxQueued
+	byTokens := maxTokens > 0 && s.tokens > 0 && cost > maxTokens-s.tokens
 	if !byCount && !byTokens {
 		return nil
 	}
 	return &QueueFullError{
-		Queued: s.count, QueuedTokens: s.tokens,
-		MaxQueued: s.cfg.maxQueued, MaxQueuedTokens: s.cfg.maxTokens,
+		Tier: tierOfRank(r), Queued: s.count, QueuedTokens: s.tokens,
+		MaxQueued: maxQueued, MaxQueuedTokens: maxTokens,
 		Cost: cost, RetryAfter: s.drain.retryAfter(s.tokens, now),
 	}
 }
@@ -178,12 +184,15 @@ func (s *PriorityScheduler[T]) dequeue(e *Entry[T]) {
 	s.stats.queued[e.rank]--
 }
 
-// Pop considers the most urgent entry: the highest effective tier (its
-// tier, raised by aging), promoted entries (close to their deadline)
-// first, then the shortest job, then the earliest. If admit accepts its
-// Value, Pop removes and returns it as next; if admit refuses, Pop
-// returns it as blocked and leaves it queued. A nil admit accepts. An
-// empty queue returns (nil, nil).
+// Pop considers the most urgent entry. Effective tiers run in tier order;
+// an entry's effective tier is its own, raised one tier per aging interval
+// up to High. Inside an effective tier, first come entries of that tier
+// close to their deadline (promoted, see WithPromotion), earliest deadline
+// first; then promoted entries that aged into it, oldest promotion first;
+// then the rest, shortest job (lowest Cost) first, ties by enqueue time.
+// If admit accepts the entry's Value, Pop removes and returns it as next;
+// if admit refuses, Pop returns it as blocked and leaves it queued. A nil
+// admit accepts. An empty queue returns (nil, nil).
 //
 // The order is strict: when the most urgent entry does not fit, nothing
 // behind it is tried. Letting smaller or lower-tier work fill the room
