@@ -1,0 +1,130 @@
+package tokenizer
+
+import (
+	"encoding/binary"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+)
+
+var (
+	testModelOnce sync.Once
+	testModelTok  *Tokenizer
+	testModelErr  error
+)
+
+// testModelTokenizer is the byte-level tokenizer of internal/testmodel,
+// available without any set-up.
+func testModelTokenizer(t testing.TB) *Tokenizer {
+	t.Helper()
+	testModelOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tokenizer-fuzz")
+		if err != nil {
+			testModelErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		if testModelErr = testmodel.Write(dir, testmodel.Tiny()); testModelErr == nil {
+			testModelTok, testModelErr = Load(dir)
+		}
+	})
+	if testModelErr != nil {
+		t.Fatal(testModelErr)
+	}
+	return testModelTok
+}
+
+// fuzzTokenizers returns the testmodel tokenizer plus, when the set-up has
+// installed them, a byte-level and a SentencePiece-style real tokenizer.
+func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
+	out := map[string]*Tokenizer{"testmodel": testModelTokenizer(t)}
+	if os.Getenv("MLXSERVING_TOKENIZERS") != "" || os.Getenv("CI") != "" {
+		out["qwen3"] = realTokenizer(t, "qwen3")
+		out["llama2"] = realTokenizer(t, "llama2")
+	}
+	return out
+}
+
+func addTextSeeds(f *testing.F) {
+	for _, s := range []string{"", " ", "Hello, world!", "  leading\n\n\ttabs  ", "日本語のテキスト", "👨‍👩‍👧‍👦 family",
+		"Caf\u00e9 Cafe\u0301", "a\u00a0b", "<|im_start|>user\nhi<|im_end|>", "<s>[INST] x [/INST]", "\xff\xfe invalid",
+		"\xe6\x97", "don't STOP", "x\u2581y", "1234567890", strings.Repeat("ab", 200)} {
+		f.Add([]byte(s))
+	}
+}
+
+// FuzzEncode: Encode never panics; valid text round-trips through Decode
+// where the tokenizer preserves text (byte-level, no normalizer), and
+// every id is inside the vocabulary.
+func FuzzEncode(f *testing.F) {
+	addTextSeeds(f)
+	toks := fuzzTokenizers(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		text := string(data)
+		for name, tok := range toks {
+			ids, err := tok.Encode(text, true)
+			if !utf8.ValidString(text) {
+				if err == nil {
+					t.Fatalf("%s: invalid UTF-8 %q accepted", name, text)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: Encode(%q): %v", name, text, err)
+			}
+			for _, id := range ids {
+				if id < 0 || int(id) >= tok.VocabSize() {
+					t.Fatalf("%s: id %d outside vocabulary", name, id)
+				}
+			}
+			plain, _ := tok.Encode(text, false)
+			got, err := tok.Decode(plain, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == "testmodel" && got != text {
+				t.Fatalf("%s: round trip %q -> %v -> %q", name, text, plain, got)
+			}
+		}
+	})
+}
+
+// FuzzStream: for any id sequence (random bytes read as ids, so partial
+// UTF-8 and stray special tokens occur), the streamed deltas are valid
+// UTF-8 and add up to the full decode; with a stop string they add up to
+// the full decode cut before its first occurrence.
+func FuzzStream(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 200, 201, 202, 203}, "STOP")
+	f.Add([]byte("the quick brown fox"), "fox")
+	f.Add([]byte{0xf0, 0, 0x9f, 0, 0x8d, 0, 0x95, 0}, "\u00e9")
+	f.Add([]byte{}, "")
+	toks := fuzzTokenizers(f)
+	f.Fuzz(func(t *testing.T, data []byte, stop string) {
+		for name, tok := range toks {
+			ids := make([]int32, 0, len(data)/2)
+			for i := 0; i+1 < len(data); i += 2 {
+				ids = append(ids, int32(binary.LittleEndian.Uint16(data[i:]))%int32(tok.VocabSize()))
+			}
+			full, err := tok.Decode(ids, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, wantStop := full, false
+			var stops []string
+			if stop != "" && utf8.ValidString(stop) {
+				stops = []string{stop}
+				if i := strings.Index(full, stop); i >= 0 {
+					want, wantStop = full[:i], true
+				}
+			}
+			_, stopped, got := streamAll(t, tok, nil, ids, stops)
+			if got != want || stopped != wantStop {
+				t.Fatalf("%s: ids %v stop %q: streamed %q (stopped %v), want %q (%v)", name, ids, stop, got, stopped, want, wantStop)
+			}
+		}
+	})
+}
