@@ -1,0 +1,147 @@
+//go:build mlx
+
+package mlx
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/pyproc"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+)
+
+// benchModels are the decode benchmark's checkpoints: the tiny test model
+// and a ~100M-parameter Llama (12 layers, hidden 768, GQA 12/4 heads, MLP
+// 2048, 32000 vocabulary, tied embeddings: 24.6M embedding + 75.5M layers).
+var benchModels = []struct {
+	name string
+	cfg  testmodel.Config
+}{
+	{"tiny", testmodel.Tiny()},
+	{"100M", testmodel.Config{Layers: 12, Hidden: 768, Heads: 12, KVHeads: 4, Intermediate: 2048,
+		Vocab: 32000, ContextLength: 1024, TieEmbeddings: true}},
+}
+
+func benchDir(b *testing.B, cfg testmodel.Config) string {
+	dir := b.TempDir()
+	if err := testmodel.Write(dir, cfg); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// decodeBench decodes batch sequences for b.N steps, either in one Step per
+// step or one Step per sequence ("serial"), and reports tokens/s.
+func decodeBench(b *testing.B, m engine.Model, batch int, serial bool) {
+	ctx := context.Background()
+	limit := m.Info().ContextLength - 8
+	var next engine.SeqID
+	ids := make([]engine.SeqID, batch)
+	last := make([]int32, batch)
+	pos := 0
+	open := func() {
+		for i := range ids {
+			m.Free(ids[i], "")
+			next++
+			ids[i] = next
+			prompt := []int32{1, int32(10 + i), 20, 30, 40, 50, 60, 70}
+			if _, err := m.Open(ctx, ids[i], prompt, ""); err != nil {
+				b.Fatal(err)
+			}
+			out, err := m.Step(ctx, []engine.StepInput{{Seq: ids[i], Tokens: prompt, Sample: true}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			last[i] = out[0].Token
+		}
+		pos = 8
+	}
+	open()
+	defer func() {
+		for _, id := range ids {
+			m.Free(id, "")
+		}
+	}()
+	in := make([]engine.StepInput, batch)
+	b.ResetTimer()
+	start := time.Now()
+	for n := 0; n < b.N; n++ {
+		if pos >= limit {
+			b.StopTimer()
+			open()
+			b.StartTimer()
+		}
+		for i := range in {
+			in[i] = engine.StepInput{Seq: ids[i], Tokens: last[i : i+1], Sample: true}
+		}
+		if serial {
+			for i := range in {
+				out, err := m.Step(ctx, in[i:i+1])
+				if err != nil {
+					b.Fatal(err)
+				}
+				last[i] = out[0].Token
+			}
+		} else {
+			out, err := m.Step(ctx, in)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range out {
+				last[i] = out[i].Token
+			}
+		}
+		pos++
+	}
+	b.ReportMetric(float64(b.N*batch)/time.Since(start).Seconds(), "tok/s")
+}
+
+// BenchmarkDecode measures decode tokens/s of the MLX engine, batched and
+// one sequence at a time, and of the Python engine's torch backend on the
+// same checkpoint when MLXSERVING_PYTHON is set.
+func BenchmarkDecode(b *testing.B) {
+	e, err := New(WithMaxBatch(16))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	var py *pyproc.Engine
+	if p := os.Getenv("MLXSERVING_PYTHON"); p != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		py, err = pyproc.New(ctx, pyproc.WithPython(p), pyproc.WithBackend("torch"), pyproc.WithDevice("cpu"), pyproc.WithCacheDir(b.TempDir()))
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer py.Close()
+	}
+	for _, bm := range benchModels {
+		dir := benchDir(b, bm.cfg)
+		m, err := e.Load(context.Background(), engine.ModelSpec{ID: bm.name, Path: dir, MaxBatch: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, batch := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("mlx/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, false) })
+			if batch > 1 {
+				b.Run(fmt.Sprintf("mlx/%s/serial=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, true) })
+			}
+		}
+		m.Close()
+		if py == nil {
+			continue
+		}
+		pm, err := py.Load(context.Background(), engine.ModelSpec{ID: bm.name, Path: dir, MaxBatch: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, batch := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("pyproc-torch/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, pm, batch, false) })
+		}
+		pm.Close()
+	}
+}
