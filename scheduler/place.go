@@ -31,9 +31,9 @@ import "time"
 
 // Kinds of band inside one effective tier, least urgent first.
 const (
-	ordinary    = iota // shortest job first
-	agedUrgent         // promoted, aged into this tier
-	ownUrgent          // promoted, of this tier
+	ordinary   = iota // shortest job first
+	agedUrgent        // promoted, aged into this tier
+	ownUrgent         // promoted, of this tier
 	bandsPerTier
 )
 
