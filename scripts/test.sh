@@ -21,3 +21,5 @@ if [ -n "$unformatted" ]; then
 fi
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./... "$@"
+echo "== compat (nested module: the official OpenAI clients)"
+(cd compat && go vet ./... && go test -race -count=1 -timeout 15m ./...)
