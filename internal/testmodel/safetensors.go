@@ -9,6 +9,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime"
+	"sync"
 )
 
 // tensorSpec is one weight: its name, shape and how its values are drawn.
@@ -100,9 +102,21 @@ func safetensorsHeader(ts []tensorSpec, dtype string) []byte {
 	return append(out, js...)
 }
 
-// writeWeights streams model.safetensors: each tensor's values are drawn
-// from its own generator (seeded by Seed and the tensor's name) and
-// written through a small buffer, never held whole.
+// chunkElems is how many values one generator draws: tensors are drawn in
+// chunks, each from its own generator (seeded by Seed, the tensor's name
+// and the chunk's index), so chunks can be drawn in parallel and the file
+// still does not depend on the number of CPUs.
+const chunkElems = 1 << 20
+
+type chunk struct {
+	t     tensorSpec
+	index int
+	out   chan []byte
+}
+
+// writeWeights streams model.safetensors: chunks are drawn by GOMAXPROCS
+// goroutines and written in order, with a bounded number in flight, so a
+// real-sized model costs a few megabytes per CPU.
 func writeWeights(path string, c Config) (err error) {
 	f, err := os.Create(path)
 	if err != nil {
@@ -118,26 +132,64 @@ func writeWeights(path string, c Config) (err error) {
 	if _, err := w.Write(safetensorsHeader(ts, c.DType)); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, 64<<10)
-	for _, t := range ts {
-		h := fnv.New64a()
-		h.Write([]byte(t.name))
-		rng := rand.New(rand.NewPCG(uint64(c.Seed), h.Sum64()))
-		for n := t.numel(); n > 0; n-- {
-			v := float32(t.mean + t.std*rng.NormFloat64())
-			buf = appendValue(buf, v, c.DType)
-			if len(buf) == cap(buf) {
-				if _, err := w.Write(buf); err != nil {
-					return err
+	workers := runtime.GOMAXPROCS(0)
+	jobs := make(chan chunk)
+	order := make(chan chunk, 2*workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ch := range jobs {
+				ch.out <- drawChunk(ch.t, ch.index, c)
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	go func() {
+		defer close(order)
+		defer close(jobs)
+		for _, t := range ts {
+			for i := 0; i*chunkElems < t.numel(); i++ {
+				ch := chunk{t: t, index: i, out: make(chan []byte, 1)}
+				select {
+				case order <- ch:
+				case <-stop:
+					return
 				}
-				buf = buf[:0]
+				select {
+				case jobs <- ch:
+				case <-stop:
+					return
+				}
 			}
 		}
+	}()
+	for ch := range order {
+		if err != nil {
+			continue // drain; chunks queued before the stop may lack a job
+		}
+		if _, err = w.Write(<-ch.out); err != nil {
+			close(stop)
+		}
 	}
-	if _, err := w.Write(buf); err != nil {
+	wg.Wait()
+	if err != nil {
 		return err
 	}
 	return w.Flush()
+}
+
+func drawChunk(t tensorSpec, index int, c Config) []byte {
+	h := fnv.New64a()
+	h.Write([]byte(t.name))
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), h.Sum64()+uint64(index)))
+	n := min(chunkElems, t.numel()-index*chunkElems)
+	b := make([]byte, 0, n*dtypeSize(c.DType))
+	for range n {
+		b = appendValue(b, float32(t.mean+t.std*rng.NormFloat64()), c.DType)
+	}
+	return b
 }
 
 func appendValue(b []byte, v float32, dtype string) []byte {
