@@ -122,3 +122,21 @@ func BenchmarkRejectRateLimited(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPushParallel pushes from every CPU at once (each push is then
+// removed, as a cancelled request would be) with 10k queued: the cost of
+// the lock under contention.
+func BenchmarkPushParallel(b *testing.B) {
+	s := newSched(b, nil, scheduler.WithMaxQueued(0))
+	fill(b, s, rand.New(rand.NewPCG(5, 5)), 10000)
+	b.RunParallel(func(pb *testing.PB) {
+		e := newEntry("x", scheduler.High, 100)
+		for pb.Next() {
+			if err := s.Push(e); err != nil {
+				b.Error(err)
+				return
+			}
+			s.Remove(e)
+		}
+	})
+}
