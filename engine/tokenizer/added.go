@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"unicode"
@@ -21,23 +22,25 @@ type addedToken struct {
 // addedMatcher finds added tokens written in text, leftmost first and the
 // longest at each position, before any normalization or BPE.
 type addedMatcher struct {
-	byFirst [256][]*addedToken // candidates by first byte, longest first
+	lengths [256][]int // distinct content lengths by first byte, longest first
+	byText  map[string]*addedToken
 }
 
 func newAddedMatcher(tokens []addedToken) *addedMatcher {
-	m := &addedMatcher{}
+	m := &addedMatcher{byText: make(map[string]*addedToken, len(tokens))}
 	for i := range tokens {
 		t := &tokens[i]
 		if t.Content == "" {
 			continue
 		}
+		m.byText[t.Content] = t
 		c := t.Content[0]
-		m.byFirst[c] = append(m.byFirst[c], t)
+		if !slices.Contains(m.lengths[c], len(t.Content)) {
+			m.lengths[c] = append(m.lengths[c], len(t.Content))
+		}
 	}
-	for i := range m.byFirst {
-		sort.SliceStable(m.byFirst[i], func(a, b int) bool {
-			return len(m.byFirst[i][a].Content) > len(m.byFirst[i][b].Content)
-		})
+	for i := range m.lengths {
+		sort.Sort(sort.Reverse(sort.IntSlice(m.lengths[i])))
 	}
 	return m
 }
@@ -53,11 +56,11 @@ func (m *addedMatcher) split(text string) []segment {
 	var segs []segment
 	last := 0
 	for i := 0; i < len(text); i++ {
-		cands := m.byFirst[text[i]]
-		if len(cands) == 0 {
+		lengths := m.lengths[text[i]]
+		if len(lengths) == 0 {
 			continue
 		}
-		tok := m.matchAt(text, i, cands)
+		tok := m.matchAt(text, i, lengths)
 		if tok == nil {
 			continue
 		}
@@ -81,9 +84,13 @@ func (m *addedMatcher) split(text string) []segment {
 	return segs
 }
 
-func (m *addedMatcher) matchAt(text string, i int, cands []*addedToken) *addedToken {
-	for _, t := range cands {
-		if !strings.HasPrefix(text[i:], t.Content) {
+func (m *addedMatcher) matchAt(text string, i int, lengths []int) *addedToken {
+	for _, n := range lengths {
+		if i+n > len(text) {
+			continue
+		}
+		t, ok := m.byText[text[i:i+n]]
+		if !ok {
 			continue
 		}
 		if t.SingleWord && !isWordBoundary(text, i, i+len(t.Content)) {

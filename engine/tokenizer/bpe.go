@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"container/heap"
 	"hash/maphash"
 	"sync"
 	"unicode/utf8"
@@ -122,12 +121,12 @@ func (m *bpeModel) merge(dst []int32, syms []int32) []int32 {
 			h = append(h, mergeCand{pos: int32(i), rank: r.rank, id: r.id, left: syms[i], right: syms[i+1]})
 		}
 	}
-	heap.Init(&h)
-	for h.Len() > 0 {
-		c := heap.Pop(&h).(mergeCand)
+	h.init()
+	for len(h) > 0 {
+		c := h.pop()
 		p := c.pos
 		nx := next[p]
-		if syms[p] != c.left || syms[p] < -1 || nx >= int32(n) || syms[nx] != c.right {
+		if syms[p] != c.left || nx >= int32(n) || syms[nx] != c.right {
 			continue // stale: a neighbour merged first
 		}
 		syms[p] = c.id
@@ -138,12 +137,12 @@ func (m *bpeModel) merge(dst []int32, syms []int32) []int32 {
 		}
 		if pv := prev[p]; pv >= 0 {
 			if r, ok := m.merges[pairKey(syms[pv], syms[p])]; ok {
-				heap.Push(&h, mergeCand{pos: pv, rank: r.rank, id: r.id, left: syms[pv], right: syms[p]})
+				h.push(mergeCand{pos: pv, rank: r.rank, id: r.id, left: syms[pv], right: syms[p]})
 			}
 		}
 		if nn := next[p]; nn < int32(n) {
 			if r, ok := m.merges[pairKey(syms[p], syms[nn])]; ok {
-				heap.Push(&h, mergeCand{pos: p, rank: r.rank, id: r.id, left: syms[p], right: syms[nn]})
+				h.push(mergeCand{pos: p, rank: r.rank, id: r.id, left: syms[p], right: syms[nn]})
 			}
 		}
 	}
@@ -177,22 +176,62 @@ type mergeCand struct {
 	left, right   int32
 }
 
+// mergeHeap is a binary min-heap of merge candidates by (rank, pos),
+// typed to avoid container/heap's interface boxing on the hot path.
 type mergeHeap []mergeCand
 
-func (h mergeHeap) Len() int { return len(h) }
-func (h mergeHeap) Less(i, j int) bool {
+func (h mergeHeap) less(i, j int) bool {
 	if h[i].rank != h[j].rank {
 		return h[i].rank < h[j].rank
 	}
 	return h[i].pos < h[j].pos
 }
-func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(mergeCand)) }
-func (h *mergeHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h mergeHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *mergeHeap) push(c mergeCand) {
+	*h = append(*h, c)
+	hh := *h
+	for i := len(hh) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !hh.less(i, parent) {
+			break
+		}
+		hh[i], hh[parent] = hh[parent], hh[i]
+		i = parent
+	}
+}
+
+func (h *mergeHeap) pop() mergeCand {
+	hh := *h
+	top := hh[0]
+	last := len(hh) - 1
+	hh[0] = hh[last]
+	*h = hh[:last]
+	h.down(0)
+	return top
+}
+
+func (h mergeHeap) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		small := l
+		if r := l + 1; r < len(h) && h.less(r, l) {
+			small = r
+		}
+		if !h.less(small, i) {
+			return
+		}
+		h[i], h[small] = h[small], h[i]
+		i = small
+	}
 }
 
 // wordCache maps words to their ids. It is sharded to keep lock contention

@@ -123,7 +123,10 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 		}
 		raw, atStart = t.appendPiece(raw, piece, atStart)
 	}
-	out, _ := lossyAppend(make([]byte, 0, len(raw)), raw, true)
+	if utf8.Valid(raw) {
+		return string(raw), nil
+	}
+	out, _ := lossyAppend(make([]byte, 0, len(raw)+8), raw, true)
 	return string(out), nil
 }
 
