@@ -66,6 +66,7 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             out = step()
-        g = {"graph": graph, "io": io, "out": out}
+        # Tensors the graph reads must outlive it: rows too, not just io.
+        g = {"graph": graph, "io": io, "rows": rows, "out": out}
         self.graphs[(bb, lb)] = g
         return g

@@ -186,7 +186,7 @@ class TorchModel:
             try:
                 return self._graph_decode(batch, seqs)
             except RuntimeError as e:  # capture unsupported here: run eagerly from now on
-                log.warning("CUDA graph decode failed, running eagerly: %s", e)
+                log.warning("CUDA graph decode failed, running eagerly: %s", e, exc_info=True)
                 self.graphs.broken = True
                 for s in seqs:
                     del s.tokens[-1]
