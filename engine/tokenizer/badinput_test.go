@@ -206,3 +206,22 @@ func TestTemplateErrors(t *testing.T) {
 		t.Errorf("TemplateNames = %v", names)
 	}
 }
+
+// TestTemplateLoopControls covers loopcontrols (break/continue, which
+// transformers enables), range (ours: a list, no goroutine to leak on
+// break) and common filters; the expected text is Python Jinja2's.
+func TestTemplateLoopControls(t *testing.T) {
+	src := `{% for i in range(10) %}{% if i > 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|` +
+		`{% for i in range(5, 0, -2) %}{% if i == 3 %}{% continue %}{% endif %}{{ i }}{% endfor %}|` +
+		`{{ messages[-1].content }}|{{ (messages | last).role }}|{{ "%s-%d" | format("a", 3) }}|` +
+		`{{ messages | selectattr("role", "equalto", "user") | list | length }}|{{ [3,1,2] | sort | join(",") }}|` +
+		`{{ "x" * 3 }}|{{ 7 // 2 }} {{ 7 % 3 }}`
+	tok, err := FromJSON(mustJSON(t, tinySpec()), mustJSON(t, map[string]any{"chat_template": src}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.ApplyChatTemplate([]Message{{Role: "user", Content: "a"}, {Role: "assistant", Content: "b"}}, ChatOptions{})
+	if want := "012|51|b|assistant|a-3|1|1,2,3|xxx|3 1"; err != nil || got != want {
+		t.Errorf("got %q, %v; want %q", got, err, want)
+	}
+}

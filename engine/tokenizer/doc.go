@@ -1,0 +1,46 @@
+// Package tokenizer is the text layer shared by every engine, the batcher
+// and the HTTP layer: Hugging Face tokenizer.json files in pure Go, chat
+// templates, and streaming detokenization with stop strings.
+//
+// Use:
+//
+//	tok, err := tokenizer.Load(checkpointDir) // tokenizer.json + tokenizer_config.json
+//	prompt, err := tok.ApplyChatTemplate(msgs, tokenizer.ChatOptions{AddGenerationPrompt: true})
+//	ids, err := tok.Encode(prompt, false) // the template already wrote BOS
+//	dec := tok.NewStreamDecoder(ids, []string{"\nUser:"})
+//	delta, stopped := dec.Add(next) // per generated token; dec.Flush() at the end
+//
+// # Tokenizers
+//
+// BPE models are supported in the two shapes current checkpoints use:
+// byte-level BPE (GPT-2, Llama 3/3.1, Qwen2/2.5/3: Split and ByteLevel
+// pre-tokenizers, NFC normalization) and SentencePiece-style BPE (Llama 2,
+// Mistral: Prepend/Replace or Metaspace normalization, byte_fallback, the
+// Replace/ByteFallback/Fuse/Strip decoders). Added and special tokens
+// written in the text are matched before anything else. Pre-tokenizer
+// regular expressions run on github.com/dlclark/regexp2 (look-ahead, \s
+// matching NBSP as Oniguruma does); the GPT-2, Llama 3 and Qwen2 patterns
+// have hand-written matchers that give the same splits much faster. Other
+// model types (WordPiece, Unigram) and components are refused with
+// ErrUnsupported, naming the field.
+//
+// Decode returns text exactly as the tokens spell it; transformers'
+// clean_up_tokenization_spaces is not applied.
+//
+// # Chat templates
+//
+// Templates from tokenizer_config.json (a string or a named list) run on
+// github.com/nikolalohinski/gonja/v2 in an environment built per
+// tokenizer: no file-system loader, copies of the built-ins, Hugging
+// Face's Jinja2 settings (trim_blocks, lstrip_blocks), Python's json.dumps
+// for tojson, raise_exception and strftime_now, Python's negative indexes.
+// Go maps in messages, tools and extra variables are iterated and
+// serialized in sorted key order, where Python keeps insertion order.
+//
+// # Errors
+//
+// Loading errors are *FileError values naming the file and field and
+// wrapping ErrMalformed or ErrUnsupported; Encode refuses invalid UTF-8
+// with a *UTF8Error; template failures are *TemplateError (ErrTemplate).
+// Nothing in this package panics on bad input.
+package tokenizer
