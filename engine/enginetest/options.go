@@ -1,0 +1,179 @@
+package enginetest
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Defaults of the simulated engine; options override them and a
+// ModelSpec's MaxBatch, KVCapacity and ContextLength override those per
+// model.
+const (
+	DefaultMaxBatch      = 64
+	DefaultKVCapacity    = 1 << 20
+	DefaultContextLength = 8192
+	DefaultVocabSize     = 32000
+	DefaultEOS           = int32(2)
+	DefaultPrefixEntries = 256
+)
+
+// SimOption configures a [Sim]. Options with bad values make [NewSim]
+// return an error wrapping [engine.ErrInvalidParam].
+type SimOption func(*simConfig) error
+
+type simConfig struct {
+	stepFixed, stepPerToken time.Duration
+	loadTime                time.Duration
+	kvCapacity              int
+	maxBatch                int
+	contextLength           int
+	vocabSize               int
+	eos                     []int32
+	eosProb                 float64
+	prefixEntries           int
+}
+
+func defaultConfig() simConfig {
+	return simConfig{
+		kvCapacity:    DefaultKVCapacity,
+		maxBatch:      DefaultMaxBatch,
+		contextLength: DefaultContextLength,
+		vocabSize:     DefaultVocabSize,
+		eos:           []int32{DefaultEOS},
+		prefixEntries: DefaultPrefixEntries,
+	}
+}
+
+func badOption(name string, v any, want string) error {
+	return &engine.InvalidParamError{Param: name, Reason: fmt.Sprintf("%v is out of range: want %s", v, want)}
+}
+
+// WithStepTime makes every Step take fixed + perToken*(tokens fed in the
+// batch), measured from the call and spent waiting on a timer (not burning
+// CPU) that honours the Step's context. Default 0, 0: steps return at once.
+func WithStepTime(fixed, perToken time.Duration) SimOption {
+	return func(c *simConfig) error {
+		if fixed < 0 || perToken < 0 {
+			return badOption("step time", fmt.Sprintf("%v + %v/token", fixed, perToken), "0 or more")
+		}
+		c.stepFixed, c.stepPerToken = fixed, perToken
+		return nil
+	}
+}
+
+// WithLoadTime makes every Load take d, honouring its context. Default 0.
+func WithLoadTime(d time.Duration) SimOption {
+	return func(c *simConfig) error {
+		if d < 0 {
+			return badOption("load time", d, "0 or more")
+		}
+		c.loadTime = d
+		return nil
+	}
+}
+
+// WithKVCapacity sets each model's KV capacity in tokens across its open
+// sequences. Default [DefaultKVCapacity].
+func WithKVCapacity(tokens int) SimOption {
+	return func(c *simConfig) error {
+		if tokens < 1 {
+			return badOption("kv capacity", tokens, "1 or more")
+		}
+		c.kvCapacity = tokens
+		return nil
+	}
+}
+
+// WithMaxBatch sets the most inputs one Step takes. Default
+// [DefaultMaxBatch].
+func WithMaxBatch(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 1 {
+			return badOption("max batch", n, "1 or more")
+		}
+		c.maxBatch = n
+		return nil
+	}
+}
+
+// WithContextLength sets the most tokens one sequence holds. Default
+// [DefaultContextLength].
+func WithContextLength(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 2 {
+			return badOption("context length", n, "2 or more")
+		}
+		c.contextLength = n
+		return nil
+	}
+}
+
+// WithVocabSize sets the number of token ids; tokens are drawn from
+// [0, n). Default [DefaultVocabSize].
+func WithVocabSize(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 2 || n > math.MaxInt32 {
+			return badOption("vocab size", n, "2 to 2^31-1")
+		}
+		c.vocabSize = n
+		return nil
+	}
+}
+
+// WithEOS sets the end-of-sequence ids reported in Info.EOS. Default
+// {[DefaultEOS]}. The simulated engine emits them only as
+// [WithEOSProbability] says; no ids means no EOS at all.
+func WithEOS(ids ...int32) SimOption {
+	return func(c *simConfig) error {
+		c.eos = append([]int32(nil), ids...)
+		return nil
+	}
+}
+
+// WithEOSProbability sets the chance in [0, 1) that a sampled token is an
+// EOS id. The choice is deterministic — a function of the sequence's
+// history like every other token — so the same prompt ends at the same
+// place every time, while some sequences end early. Default 0: EOS never
+// appears.
+func WithEOSProbability(p float64) SimOption {
+	return func(c *simConfig) error {
+		if math.IsNaN(p) || p < 0 || p >= 1 {
+			return badOption("eos probability", p, "0 to below 1")
+		}
+		c.eosProb = p
+		return nil
+	}
+}
+
+// WithPrefixCacheEntries bounds, per model, how many sequences saved by
+// Free with a key are kept for prefix reuse (least recently used go
+// first). Saved KV never counts against KV capacity. Default
+// [DefaultPrefixEntries].
+func WithPrefixCacheEntries(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 1 {
+			return badOption("prefix cache entries", n, "1 or more")
+		}
+		c.prefixEntries = n
+		return nil
+	}
+}
+
+// validate checks what single options cannot: how they combine.
+func (c *simConfig) validate() error {
+	if c.eosProb > 0 && len(c.eos) == 0 {
+		return badOption("eos probability", c.eosProb, "0 when there are no EOS ids")
+	}
+	if len(c.eos) >= c.vocabSize {
+		return badOption("eos", c.eos, fmt.Sprintf("fewer ids than the vocab size %d", c.vocabSize))
+	}
+	for _, id := range c.eos {
+		if id < 0 || int(id) >= c.vocabSize {
+			return badOption("eos", id, fmt.Sprintf("an id in [0, %d)", c.vocabSize))
+		}
+	}
+	return nil
+}

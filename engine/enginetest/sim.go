@@ -1,0 +1,219 @@
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Sim is a simulated engine: no model, deterministic pseudo-tokens, a
+// configurable step-time model and KV capacity. It implements
+// [engine.Engine]; its models follow the engine contract exactly, so the
+// serving layer can be tested and benchmarked against it.
+//
+// The next token of a sequence is a pure function of the sequence's full
+// token history (and of the seed when sampling with a temperature above
+// zero; an unseeded sampling sequence gets a seed of its own at Open). KV
+// accounting is real: Open reserves the prompt's tokens, Steps grow a
+// sequence past that, Free releases it; exceeding the capacity returns
+// [engine.ErrOutOfMemory]. Prefixes saved by Free with a key live in a
+// bounded LRU that does not count against the capacity.
+//
+// The Path of a ModelSpec is not read: "" or any directory loads. Each
+// Load gives an independent model; Stats add up all of them.
+type Sim struct {
+	cfg simConfig
+
+	mu     sync.Mutex
+	closed bool
+	models map[*simModel]struct{}
+
+	stats simCounters
+	seeds atomic.Uint64
+}
+
+// SimStats is a snapshot of a [Sim]'s counters, across all its models.
+type SimStats struct {
+	// Steps is the number of Step calls that ran a non-empty batch.
+	Steps int64
+	// Tokens is the number of tokens fed through Step.
+	Tokens int64
+	// Sampled is the number of tokens Step returned.
+	Sampled int64
+	// MaxBatch is the largest batch one Step carried.
+	MaxBatch int
+	// KVTokens is the KV held by open sequences now, in tokens.
+	KVTokens int
+	// OpenSequences is the number of sequences opened and not yet freed.
+	OpenSequences int
+	// Models is the number of models loaded and not closed.
+	Models int
+}
+
+type simCounters struct {
+	steps, tokens, sampled atomic.Int64
+	maxBatch, kv, open     atomic.Int64
+	models                 atomic.Int64
+}
+
+// NewSim returns a simulated engine configured by opts; see the Default*
+// constants for what it does without them.
+func NewSim(opts ...SimOption) (*Sim, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, badOption("option", "nil", "a SimOption")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Sim{cfg: cfg, models: make(map[*simModel]struct{})}, nil
+}
+
+// Name returns "sim".
+func (s *Sim) Name() string { return "sim" }
+
+// Load returns a new simulated model after the configured load time. The
+// spec's MaxBatch and KVCapacity replace the engine's settings when set;
+// its ContextLength lowers the context. spec.Path is not read.
+func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	info, err := s.info(spec)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("enginetest: load %q: %w", spec.ID, engine.ErrClosed)
+	}
+	if err := s.wait(ctx, s.cfg.loadTime); err != nil {
+		return nil, err
+	}
+	saves, err := lru.New[string, []int32](s.cfg.prefixEntries)
+	if err != nil {
+		return nil, fmt.Errorf("enginetest: prefix cache: %w", err)
+	}
+	m := &simModel{
+		sim:   s,
+		info:  info,
+		pick:  picker{vocab: uint64(info.VocabSize), eos: info.EOS, eosProb: s.cfg.eosProb},
+		seqs:  make(map[engine.SeqID]*simSeq),
+		saves: saves,
+		done:  make(chan struct{}),
+	}
+	m.timer = time.NewTimer(time.Hour)
+	m.timer.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("enginetest: load %q: %w", spec.ID, engine.ErrClosed)
+	}
+	s.models[m] = struct{}{}
+	s.stats.models.Add(1)
+	return m, nil
+}
+
+// info checks spec and applies its overrides to the engine's settings.
+func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
+	switch {
+	case spec.ID == "":
+		return engine.Info{}, &engine.InvalidParamError{Param: "id", Reason: "a model needs an id"}
+	case spec.MaxBatch < 0:
+		return engine.Info{}, badOption("max batch", spec.MaxBatch, "0 (default) or more")
+	case spec.KVCapacity < 0:
+		return engine.Info{}, badOption("kv capacity", spec.KVCapacity, "0 (default) or more")
+	case spec.ContextLength < 0 || spec.ContextLength == 1:
+		return engine.Info{}, badOption("context length", spec.ContextLength, "0 (default) or 2 and more")
+	}
+	info := engine.Info{
+		ID: spec.ID, Engine: s.Name(), ContextLength: s.cfg.contextLength, VocabSize: s.cfg.vocabSize,
+		BOS: -1, EOS: append([]int32(nil), s.cfg.eos...), KVCapacity: s.cfg.kvCapacity, MaxBatch: s.cfg.maxBatch,
+	}
+	if spec.MaxBatch > 0 {
+		info.MaxBatch = spec.MaxBatch
+	}
+	if spec.KVCapacity > 0 {
+		info.KVCapacity = spec.KVCapacity
+	}
+	if spec.ContextLength > 0 {
+		info.ContextLength = min(info.ContextLength, spec.ContextLength)
+	}
+	return info, nil
+}
+
+// wait sleeps d or until ctx ends.
+func (s *Sim) wait(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close closes every model the engine loaded. Later calls return
+// [engine.ErrClosed]. Close is idempotent.
+func (s *Sim) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	models := s.models
+	s.models = make(map[*simModel]struct{})
+	s.mu.Unlock()
+	for m := range models {
+		_ = m.Close()
+	}
+	return nil
+}
+
+// forget drops a closed model from the engine's set.
+func (s *Sim) forget(m *simModel) {
+	s.mu.Lock()
+	delete(s.models, m)
+	s.mu.Unlock()
+}
+
+// Stats returns a snapshot of the counters. It is safe for concurrent use,
+// also while a Step runs.
+func (s *Sim) Stats() SimStats {
+	return SimStats{
+		Steps:         s.stats.steps.Load(),
+		Tokens:        s.stats.tokens.Load(),
+		Sampled:       s.stats.sampled.Load(),
+		MaxBatch:      int(s.stats.maxBatch.Load()),
+		KVTokens:      int(s.stats.kv.Load()),
+		OpenSequences: int(s.stats.open.Load()),
+		Models:        int(s.stats.models.Load()),
+	}
+}
+
+// noteBatch records a batch size if it is the largest seen.
+func (c *simCounters) noteBatch(n int64) {
+	for {
+		cur := c.maxBatch.Load()
+		if n <= cur || c.maxBatch.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// newSeed returns a fresh seed for a sequence that samples without one.
+func (s *Sim) newSeed() uint64 { return mix64(s.seeds.Add(1) * seedSalt) }

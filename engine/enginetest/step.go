@@ -1,0 +1,153 @@
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Step feeds every input's tokens to its sequence and samples the next
+// token for inputs with Sample set, then waits out the configured step
+// time. Bad batches are refused before any sequence changes.
+func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	start := time.Now()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, fmt.Errorf("enginetest: model %q: step: %w", m.info.ID, engine.ErrClosed)
+	}
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	grow, samples, tokens, err := m.check(batch)
+	if err != nil {
+		return nil, err
+	}
+	out := m.apply(batch, grow, samples)
+	m.sim.stats.steps.Add(1)
+	m.sim.stats.tokens.Add(int64(tokens))
+	m.sim.stats.sampled.Add(int64(samples))
+	m.sim.stats.noteBatch(int64(len(batch)))
+	cfg := &m.sim.cfg
+	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens); d > 0 {
+		if err := m.waitUntil(ctx, start.Add(d)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// check validates batch against the model's limits and the sequences'
+// state, filling m.scratch with the batch's sequences. It returns the KV
+// the batch adds, the number of samples and of tokens fed. Has to be
+// called with m.mu held.
+func (m *simModel) check(batch []engine.StepInput) (grow, samples, tokens int, err error) {
+	if len(batch) > m.info.MaxBatch {
+		return 0, 0, 0, &engine.InvalidParamError{Param: "batch",
+			Reason: fmt.Sprintf("%d inputs; model %q takes at most %d per step", len(batch), m.info.ID, m.info.MaxBatch)}
+	}
+	m.stamp++
+	m.scratch = m.scratch[:0]
+	for i := range batch {
+		in := &batch[i]
+		seq, err := m.checkInput(in)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		n := len(seq.tokens) + len(in.Tokens)
+		grow += max(0, n-seq.held)
+		tokens += len(in.Tokens)
+		if in.Sample {
+			samples++
+		}
+		m.scratch = append(m.scratch, seq)
+	}
+	if m.kv+grow > m.info.KVCapacity {
+		return 0, 0, 0, fmt.Errorf("enginetest: model %q: the step needs %d more KV tokens, %d of %d are free: %w",
+			m.info.ID, grow, m.info.KVCapacity-m.kv, m.info.KVCapacity, engine.ErrOutOfMemory)
+	}
+	return grow, samples, tokens, nil
+}
+
+// checkInput validates one input and returns its sequence. Has to be
+// called with m.mu held.
+func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
+	seq := m.seqs[in.Seq]
+	switch {
+	case seq == nil:
+		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
+	case seq.stamp == m.stamp:
+		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in one batch", in.Seq)}
+	case len(in.Tokens) == 0:
+		return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d feeds no tokens", in.Seq)}
+	case in.Sample && in.Params == nil:
+		return nil, &engine.InvalidParamError{Param: "params", Reason: fmt.Sprintf("sequence %d samples without parameters", in.Seq)}
+	}
+	seq.stamp = m.stamp
+	if n := len(seq.tokens) + len(in.Tokens); n > m.info.ContextLength {
+		return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
+	}
+	if err := m.checkTokens(in.Tokens); err != nil {
+		return nil, err
+	}
+	if in.Sample {
+		if err := in.Params.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return seq, nil
+}
+
+// apply feeds a checked batch and samples. Has to be called with m.mu
+// held, after check.
+func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.StepOutput {
+	out := make([]engine.StepOutput, 0, samples)
+	for i := range batch {
+		in, seq := &batch[i], m.scratch[i]
+		seq.hash = feed(seq.hash, in.Tokens)
+		seq.tokens = append(seq.tokens, in.Tokens...)
+		seq.held = max(seq.held, len(seq.tokens))
+		if !in.Sample {
+			continue
+		}
+		p := in.Params
+		seed := seq.seed
+		if p.HasSeed {
+			seed = p.Seed
+		}
+		tok, lp := m.pick.draw(seq.hash, !p.Greedy(), seed)
+		if !p.Logprobs {
+			lp = 0
+		}
+		out = append(out, engine.StepOutput{Seq: in.Seq, Token: tok, Logprob: lp})
+	}
+	m.kv += grow
+	m.sim.stats.kv.Add(int64(grow))
+	return out
+}
+
+// waitUntil waits for the deadline on the model's reused timer, ending
+// early with ctx's error or engine.ErrClosed. Has to be called with m.mu
+// held.
+func (m *simModel) waitUntil(ctx context.Context, deadline time.Time) error {
+	d := time.Until(deadline)
+	if d <= 0 {
+		return nil
+	}
+	m.timer.Reset(d)
+	select {
+	case <-m.timer.C:
+		return nil
+	case <-ctx.Done():
+		m.timer.Stop()
+		return ctx.Err()
+	case <-m.done:
+		m.timer.Stop()
+		return fmt.Errorf("enginetest: model %q: closed during step: %w", m.info.ID, engine.ErrClosed)
+	}
+}
