@@ -1,7 +1,7 @@
 package tokenizer
 
 import (
-	"strings"
+	"bytes"
 	"unicode/utf8"
 )
 
@@ -97,34 +97,35 @@ func (d *StreamDecoder) release(final bool) (string, bool) {
 		d.text = d.text[:0]
 		return s, false
 	}
-	text := string(d.text)
 	cut := -1
 	for _, s := range d.stops {
-		if i := strings.Index(text, s); i >= 0 && (cut < 0 || i < cut) {
+		if i := bytes.Index(d.text, []byte(s)); i >= 0 && (cut < 0 || i < cut) {
 			cut = i
 		}
 	}
 	if cut >= 0 {
 		d.stopped = true
+		emit := string(d.text[:cut])
 		d.text = d.text[:0]
-		return text[:cut], true
+		return emit, true
 	}
 	keep := 0
 	if !final {
-		keep = d.heldBack(text)
+		keep = d.heldBack(d.text)
 	}
-	emit := text[:len(text)-keep]
-	d.text = d.text[:copy(d.text, d.text[len(emit):])]
+	n := len(d.text) - keep
+	emit := string(d.text[:n])
+	d.text = d.text[:copy(d.text, d.text[n:])]
 	return emit, false
 }
 
 // heldBack is the length of the longest suffix of text that is a proper
 // prefix of a stop string.
-func (d *StreamDecoder) heldBack(text string) int {
+func (d *StreamDecoder) heldBack(text []byte) int {
 	for k := min(len(text), d.maxStop-1); k > 0; k-- {
 		suffix := text[len(text)-k:]
 		for _, s := range d.stops {
-			if strings.HasPrefix(s, suffix) {
+			if len(s) >= k && s[:k] == string(suffix) {
 				return k
 			}
 		}
