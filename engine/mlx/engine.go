@@ -31,6 +31,11 @@ var _ engine.Engine = (*Engine)(nil)
 // New starts the engine's MLX thread and applies the memory limits the
 // options set. Errors: a bad option, or MLX failing to start (no such
 // device).
+//
+// MLX gives each thread that uses it a stream whose worker thread lives
+// until the process exits, and offers no way to release it; so every
+// Engine leaves one idle MLX thread behind after Close. Create one Engine
+// per process and load every model into it.
 func New(opts ...Option) (*Engine, error) {
 	o := defaultOptions()
 	if err := o.apply(opts); err != nil {

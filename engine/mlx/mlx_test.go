@@ -177,7 +177,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 	}
 	top1 := &engine.SamplingParams{Temperature: 1.5, TopK: 1}
 	d, _ := generate(t, m, 1, prompts()[0], 10, 100, top1)
-	if !slices.Equal(d, alone[0]) {
+	if !slices.Equal(d, alone[0][:10]) {
 		t.Errorf("top_k 1: %v, greedy %v", d, alone[0])
 	}
 }

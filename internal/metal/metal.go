@@ -88,14 +88,15 @@ func SetMemoryLimit(n uint64) (prev uint64, err error) {
 }
 
 // SetCacheLimit caps the allocator's cache in bytes (0 disables caching)
-// and returns the previous cap.
+// and returns the previous cap. MLX's CPU-only build keeps no cache and
+// returns 0.
 func SetCacheLimit(n uint64) (prev uint64, err error) {
 	return size(func(v *C.size_t) C.int { return C.mlx_set_cache_limit(v, C.size_t(n)) })
 }
 
 // SetWiredLimit sets the wired (resident) memory limit in bytes and returns
-// the previous one. Only Apple GPUs honour it; elsewhere it is recorded and
-// has no effect.
+// the previous one. Only Apple GPUs honour it; elsewhere it has no effect
+// and returns 0.
 func SetWiredLimit(n uint64) (prev uint64, err error) {
 	return size(func(v *C.size_t) C.int { return C.mlx_set_wired_limit(v, C.size_t(n)) })
 }

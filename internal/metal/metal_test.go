@@ -10,13 +10,21 @@ func TestMemoryControls(t *testing.T) {
 	if _, err := ReadMemory(); err != nil {
 		t.Fatal(err)
 	}
+	dev, err := DefaultDevice()
+	if err != nil {
+		t.Fatal(err)
+	}
 	prev, err := SetCacheLimit(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	back, err := SetCacheLimit(prev)
-	if err != nil || back != 1<<20 {
-		t.Fatalf("SetCacheLimit returned %d, %v; want the 1 MiB set before", back, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MLX's CPU-only build keeps no buffer cache and reports 0.
+	if dev.Type == "gpu" && back != 1<<20 {
+		t.Fatalf("SetCacheLimit returned %d; want the 1 MiB set before", back)
 	}
 	lim, err := MemoryLimit()
 	if err != nil || lim == 0 {
