@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,8 +221,12 @@ func (t *Tokenizer) buildMerges(m *bpeModel, merges []json.RawMessage, byteLevel
 	return nil
 }
 
-// parseMerge reads "a b" or ["a", "b"].
+// parseMerge reads "a b" or ["a", "b"]. Entries without escapes (nearly
+// all) are cut directly; the rest go through encoding/json.
 func parseMerge(raw json.RawMessage) (string, string, error) {
+	if a, b, ok := quickMerge(raw); ok {
+		return a, b, nil
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
 		a, b, ok := strings.Cut(s, " ")
@@ -235,6 +240,34 @@ func parseMerge(raw json.RawMessage) (string, string, error) {
 		return "", "", fmt.Errorf("merge is neither \"a b\" nor [a, b]")
 	}
 	return pair[0], pair[1], nil
+}
+
+// quickMerge parses an escape-free merge entry without encoding/json.
+func quickMerge(raw []byte) (string, string, bool) {
+	if bytes.IndexByte(raw, '\\') >= 0 || len(raw) < 2 {
+		return "", "", false
+	}
+	if raw[0] == '"' && raw[len(raw)-1] == '"' {
+		a, b, ok := strings.Cut(string(raw[1:len(raw)-1]), " ")
+		return a, b, ok && !strings.Contains(b, `"`)
+	}
+	if raw[0] != '[' || raw[len(raw)-1] != ']' {
+		return "", "", false
+	}
+	parts := strings.Split(string(raw[1:len(raw)-1]), ",")
+	if len(parts) != 2 {
+		return "", "", false
+	}
+	a, okA := quotedPlain(strings.TrimSpace(parts[0]))
+	b, okB := quotedPlain(strings.TrimSpace(parts[1]))
+	return a, b, okA && okB
+}
+
+func quotedPlain(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' || strings.Contains(s[1:len(s)-1], `"`) {
+		return "", false
+	}
+	return s[1 : len(s)-1], true
 }
 
 func (t *Tokenizer) noteID(id int32) {
