@@ -1,0 +1,24 @@
+//go:build mlx
+
+package mlx
+
+import (
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+)
+
+// TestConformance runs the engine conformance suite on the tiny float32
+// checkpoint and on its 8-bit quantized form.
+func TestConformance(t *testing.T) {
+	e := newEngine(t)
+	dir := tinyDir(t, nil)
+	t.Run("float32", func(t *testing.T) { enginetest.Run(t, e, dir) })
+	t.Run("q8", func(t *testing.T) {
+		q := t.TempDir()
+		if err := e.Quantize(t.Context(), dir, q, 8, 64); err != nil {
+			t.Fatal(err)
+		}
+		enginetest.Run(t, e, q)
+	})
+}
