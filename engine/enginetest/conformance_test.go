@@ -1,0 +1,153 @@
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+func TestSimConformance(t *testing.T) {
+	sim, err := NewSim(WithVocabSize(500), WithContextLength(512), WithMaxBatch(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	Run(t, sim, "")
+	if st := sim.Stats(); st.OpenSequences != 0 || st.KVTokens != 0 || st.Models != 0 {
+		t.Errorf("after the suite: %+v; want no open sequences, KV or models", st)
+	}
+}
+
+func TestSimConformanceDefaults(t *testing.T) {
+	sim, err := NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	Run(t, sim, t.TempDir())
+}
+
+// recorder is a testing.TB that records failures instead of failing the
+// test; Fatal ends the calling goroutine as testing.T's does.
+type recorder struct {
+	testing.TB
+	mu     sync.Mutex
+	failed bool
+	logs   []string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Logf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+}
+func (r *recorder) Errorf(format string, args ...any) { r.Logf(format, args...); r.fail() }
+func (r *recorder) Error(args ...any)                 { r.Logf("%v", args...); r.fail() }
+func (r *recorder) Fatalf(format string, args ...any) { r.Errorf(format, args...); runtime.Goexit() }
+func (r *recorder) Fatal(args ...any)                 { r.Error(args...); runtime.Goexit() }
+func (r *recorder) FailNow()                          { r.fail(); runtime.Goexit() }
+func (r *recorder) Failed() bool                      { r.mu.Lock(); defer r.mu.Unlock(); return r.failed }
+func (r *recorder) fail()                             { r.mu.Lock(); r.failed = true; r.mu.Unlock() }
+
+// runCheck runs one check against m with a recorder and reports whether
+// it failed, and with what first message.
+func runCheck(t *testing.T, check func(testing.TB, *suite), m, small engine.Model) (bool, string) {
+	t.Helper()
+	r := &recorder{TB: t}
+	s := &suite{ctx: context.Background(), m: m, small: small, info: m.Info()}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		check(r, s)
+	}()
+	<-done
+	first := ""
+	if len(r.logs) > 0 {
+		first = r.logs[0]
+	}
+	return r.Failed(), first
+}
+
+// perturbing is a broken model: a token sampled in a batch of more than
+// one sequence is off by one.
+type perturbing struct{ engine.Model }
+
+func (p perturbing) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	out, err := p.Model.Step(ctx, batch)
+	if len(batch) > 1 {
+		for i := range out {
+			out[i].Token = (out[i].Token + 1) % int32(p.Info().VocabSize)
+		}
+	}
+	return out, err
+}
+
+// deaf is a broken model: it ignores the Step's context.
+type deaf struct{ engine.Model }
+
+func (d deaf) Step(_ context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	return d.Model.Step(context.Background(), batch)
+}
+
+// forgetful is a broken model: it ignores prefix keys' saved tokens and
+// reports reuse of the whole saved prefix anyway.
+type forgetful struct{ engine.Model }
+
+func (f forgetful) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
+	r, err := f.Model.Open(ctx, id, prompt, key)
+	if r > 0 {
+		f.Model.Free(id, "")
+		if _, err := f.Model.Open(ctx, id, prompt[r:], ""); err != nil {
+			return 0, err
+		}
+	}
+	return r, err
+}
+
+func TestSuiteFailsBrokenEngines(t *testing.T) {
+	sim, err := NewSim(WithVocabSize(300), WithContextLength(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	ctx := context.Background()
+	m, err := sim.Load(ctx, engine.ModelSpec{ID: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := sim.Load(ctx, engine.ModelSpec{ID: "small", MaxBatch: smallBatch, KVCapacity: smallKV, ContextLength: smallContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		check  func(testing.TB, *suite)
+		broken engine.Model
+	}{
+		{"batch_invariance/perturbing", checkBatchInvariance, perturbing{m}},
+		{"join_leave/perturbing", checkJoinLeave, perturbing{m}},
+		{"chunked_prefill/perturbing", checkChunkedPrefill, perturbing{m}},
+		{"cancellation/deaf", checkCancellation, deaf{m}},
+		{"prefix_reuse/forgetful", checkPrefixReuse, forgetful{m}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if failed, msg := runCheck(t, c.check, m, small); failed {
+				t.Fatalf("the check fails on the sound engine: %s", msg)
+			}
+			failed, msg := runCheck(t, c.check, c.broken, small)
+			if !failed {
+				t.Fatal("the check passes a broken engine")
+			}
+			t.Logf("broken engine caught: %s", msg)
+		})
+	}
+	if st := sim.Stats(); st.OpenSequences != 0 {
+		t.Errorf("%d sequences left open by the checks", st.OpenSequences)
+	}
+}
