@@ -135,16 +135,19 @@ class Llama:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
-        self.sdpa = hasattr(F, "scaled_dot_product_attention") and device.type == "cuda"
+        fast = device.type == "cuda"
+        self.sdpa = fast and _sdpa_gqa()
+        self.fused_rms = fast and hasattr(F, "rms_norm")
 
     def rms(self, x, w):
+        if self.fused_rms:
+            return F.rms_norm(x, (x.shape[-1],), w, self.cfg.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
         return w * xf.to(x.dtype)
 
-    def rope(self, x, pos):
-        # x [N, heads, hd]; pos [N]
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+    def rope(self, x, cos, sin):
+        # x [N, heads, hd]; cos, sin [N, 1, hd]
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
@@ -156,13 +159,14 @@ class Llama:
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
         for li, L in enumerate(self.layers):
             h = self.rms(x, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
             q = qkv[:, : H * hd].view(-1, H, hd)
             k = qkv[:, H * hd : (H + K) * hd].view(-1, K, hd)
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
-            q, k = self.rope(q, pos), self.rope(k, pos)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             kc[li][slot_tok, :, pos] = k
             vc[li][slot_tok, :, pos] = v
             a = self.attend(q, kc[li], vc[li], groups)
@@ -183,6 +187,8 @@ class Llama:
         rep = H // K
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
+        if self.sdpa:
+            return self.attend_sdpa(q, kc, vc, groups, out)
         for g in groups:
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
@@ -206,3 +212,36 @@ class Llama:
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
+
+    def attend_sdpa(self, q, kc, vc, groups, out):
+        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA)."""
+        H, hd = self.cfg.heads, self.cfg.head_dim
+        for g in groups:
+            if g[0] == "decode":
+                _, rows, slots, maxlen, mask = g
+                B = rows.shape[0]
+                o = F.scaled_dot_product_attention(
+                    q[rows].unsqueeze(2), kc[slots, :, :maxlen], vc[slots, :, :maxlen],
+                    attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
+                out[rows] = o.reshape(B, H * hd)
+            else:
+                _, a, b, slot, p = g
+                T, L = b - a, p + b - a
+                i = torch.arange(T, device=q.device).unsqueeze(1) + p
+                allowed = torch.arange(L, device=q.device).unsqueeze(0) <= i
+                o = F.scaled_dot_product_attention(
+                    q[a:b].transpose(0, 1).unsqueeze(0), kc[slot, :, :L].unsqueeze(0), vc[slot, :, :L].unsqueeze(0),
+                    attn_mask=allowed, enable_gqa=True)
+                out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
+        return out
+
+
+def _sdpa_gqa():
+    """Whether this torch has scaled_dot_product_attention with GQA."""
+    if not hasattr(F, "scaled_dot_product_attention"):
+        return False
+    try:
+        F.scaled_dot_product_attention(torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False

@@ -57,6 +57,14 @@ class Heartbeat(threading.Thread):
                 self.out.send({"type": "hb"})
 
 
+class OneLine(logging.Formatter):
+    """Keeps a record, traceback included, on one stderr line so the
+    supervisor logs it as one event at the record's level."""
+
+    def format(self, record):
+        return super().format(record).replace("\n", " | ")
+
+
 def import_backend(name):
     """Returns (backend name, module, versions) or raises ImportError with
     what to install."""
@@ -196,7 +204,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--faults", action="store_true")
     args = ap.parse_args()
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     out = Out()
     hello = {"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0]}
     try:
