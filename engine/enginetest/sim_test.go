@@ -1,0 +1,246 @@
+package enginetest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// newModel returns a Sim and a model loaded from it, closed at cleanup.
+func newModel(t *testing.T, opts ...SimOption) (*Sim, engine.Model) {
+	t.Helper()
+	sim, err := NewSim(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sim, m
+}
+
+var greedy = &engine.SamplingParams{}
+
+// step runs one Step of a single input, failing t on error.
+func step(t *testing.T, m engine.Model, id engine.SeqID, tokens []int32, params *engine.SamplingParams) int32 {
+	t.Helper()
+	out, err := m.Step(context.Background(), []engine.StepInput{{Seq: id, Tokens: tokens, Sample: true, Params: params}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || out[0].Seq != id {
+		t.Fatalf("outputs %+v for one input of sequence %d", out, id)
+	}
+	return out[0].Token
+}
+
+func TestNewSimRefusesBadOptions(t *testing.T) {
+	for name, opts := range map[string][]SimOption{
+		"nil option":            {nil},
+		"negative step time":    {WithStepTime(-time.Millisecond, 0)},
+		"negative per token":    {WithStepTime(0, -1)},
+		"negative load time":    {WithLoadTime(-1)},
+		"zero kv":               {WithKVCapacity(0)},
+		"zero batch":            {WithMaxBatch(0)},
+		"context 1":             {WithContextLength(1)},
+		"vocab 1":               {WithVocabSize(1)},
+		"eos probability 1":     {WithEOSProbability(1)},
+		"eos probability < 0":   {WithEOSProbability(-0.1)},
+		"eos probability, none": {WithEOS(), WithEOSProbability(0.1)},
+		"eos outside vocab":     {WithVocabSize(10), WithEOS(10)},
+		"eos negative":          {WithEOS(-1)},
+		"all ids eos":           {WithVocabSize(2), WithEOS(0, 1)},
+		"zero prefix entries":   {WithPrefixCacheEntries(0)},
+	} {
+		if _, err := NewSim(opts...); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("%s: %v; want engine.ErrInvalidParam", name, err)
+		}
+	}
+}
+
+func TestLoadSpec(t *testing.T) {
+	sim, err := NewSim(WithMaxBatch(8), WithKVCapacity(1000), WithContextLength(100), WithVocabSize(50), WithEOS(3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	ctx := context.Background()
+	for _, bad := range []engine.ModelSpec{{}, {ID: "x", MaxBatch: -1}, {ID: "x", KVCapacity: -1}, {ID: "x", ContextLength: -1}} {
+		if _, err := sim.Load(ctx, bad); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("Load(%+v): %v; want engine.ErrInvalidParam", bad, err)
+		}
+	}
+	m, err := sim.Load(ctx, engine.ModelSpec{ID: "a", Path: "/nowhere"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := engine.Info{ID: "a", Engine: "sim", ContextLength: 100, VocabSize: 50, BOS: -1, EOS: []int32{3, 4}, KVCapacity: 1000, MaxBatch: 8}
+	if got := m.Info(); !infoEqual(got, want) {
+		t.Errorf("Info %+v, want %+v", got, want)
+	}
+	m.Info().EOS[0] = 99 // a caller's copy; the model's stays
+	if got := m.Info(); got.EOS[0] != 3 {
+		t.Errorf("Info.EOS shared with callers: %v", got.EOS)
+	}
+	m2, err := sim.Load(ctx, engine.ModelSpec{ID: "b", MaxBatch: 2, KVCapacity: 10, ContextLength: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m2.Info(); got.MaxBatch != 2 || got.KVCapacity != 10 || got.ContextLength != 100 {
+		t.Errorf("overrides: %+v; want MaxBatch 2, KVCapacity 10, ContextLength 100 (never raised)", got)
+	}
+	if n := sim.Stats().Models; n != 2 {
+		t.Errorf("Stats.Models %d, want 2", n)
+	}
+}
+
+func infoEqual(a, b engine.Info) bool {
+	return a.ID == b.ID && a.Engine == b.Engine && a.ContextLength == b.ContextLength && a.VocabSize == b.VocabSize &&
+		a.BOS == b.BOS && slices.Equal(a.EOS, b.EOS) && a.KVCapacity == b.KVCapacity && a.MaxBatch == b.MaxBatch
+}
+
+func TestLoadHonoursContext(t *testing.T) {
+	sim, err := NewSim(WithLoadTime(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := sim.Load(ctx, engine.ModelSpec{ID: "slow"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Load under a deadline: %v; want context.DeadlineExceeded", err)
+	}
+	if n := sim.Stats().Models; n != 0 {
+		t.Errorf("a cancelled load left %d models", n)
+	}
+}
+
+func TestEngineClose(t *testing.T) {
+	sim, m := newModel(t)
+	if _, err := m.Open(context.Background(), 1, []int32{1, 2, 3}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := sim.Load(context.Background(), engine.ModelSpec{ID: "late"}); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Load after Close: %v; want engine.ErrClosed", err)
+	}
+	if _, err := m.Open(context.Background(), 2, []int32{1}, ""); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Open on a model of a closed engine: %v; want engine.ErrClosed", err)
+	}
+	if st := sim.Stats(); st.Models != 0 || st.OpenSequences != 0 || st.KVTokens != 0 {
+		t.Errorf("after Close: %+v", st)
+	}
+}
+
+func TestKVAccounting(t *testing.T) {
+	sim, m := newModel(t, WithKVCapacity(20))
+	ctx := context.Background()
+	if _, err := m.Open(ctx, 1, make([]int32, 10), ""); err != nil {
+		t.Fatal(err)
+	}
+	kv := func(want int) {
+		t.Helper()
+		if got := sim.Stats().KVTokens; got != want {
+			t.Errorf("KVTokens %d, want %d", got, want)
+		}
+	}
+	kv(10)
+	tok := step(t, m, 1, make([]int32, 10), greedy) // the reserved prompt: no growth
+	kv(10)
+	step(t, m, 1, []int32{tok}, greedy)
+	kv(11)
+	if _, err := m.Open(ctx, 2, make([]int32, 10), ""); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Errorf("Open of 10 with 9 free: %v; want engine.ErrOutOfMemory", err)
+	}
+	if _, err := m.Open(ctx, 2, make([]int32, 9), ""); err != nil {
+		t.Fatalf("Open of 9 with 9 free: %v", err)
+	}
+	kv(20)
+	_, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: []int32{5}, Sample: true, Params: greedy}})
+	if !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Errorf("Step growing past capacity: %v; want engine.ErrOutOfMemory", err)
+	}
+	kv(20)
+	m.Free(2, "")
+	kv(11)
+	m.Free(1, "save")
+	kv(0)
+	if st := sim.Stats(); st.OpenSequences != 0 {
+		t.Errorf("OpenSequences %d after freeing all", st.OpenSequences)
+	}
+}
+
+func TestStepCounters(t *testing.T) {
+	sim, m := newModel(t)
+	ctx := context.Background()
+	for id := range engine.SeqID(3) {
+		if _, err := m.Open(ctx, id, []int32{1, 2, 3, 4}, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Free(id, "")
+	}
+	batch := []engine.StepInput{
+		{Seq: 0, Tokens: []int32{1, 2, 3, 4}, Sample: true, Params: greedy},
+		{Seq: 1, Tokens: []int32{1, 2}, Params: greedy},
+		{Seq: 2, Tokens: []int32{1, 2, 3, 4}, Sample: true, Params: greedy},
+	}
+	out, err := m.Step(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 2 || out[0].Seq != 0 || out[1].Seq != 2 {
+		t.Errorf("outputs %+v; want sequences 0 and 2 in order", out)
+	}
+	if out[0].Token != out[1].Token {
+		t.Errorf("the same history gave %d and %d", out[0].Token, out[1].Token)
+	}
+	if out, err := m.Step(ctx, nil); err != nil || len(out) != 0 {
+		t.Errorf("empty Step: %v, %v", out, err)
+	}
+	want := SimStats{Steps: 1, Tokens: 10, Sampled: 2, MaxBatch: 3, KVTokens: 12, OpenSequences: 3, Models: 1}
+	if got := sim.Stats(); got != want {
+		t.Errorf("Stats %+v, want %+v", got, want)
+	}
+}
+
+func TestConcurrentInfoAndStats(t *testing.T) {
+	sim, m := newModel(t, WithStepTime(0, time.Microsecond))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = m.Info()
+					_ = sim.Stats()
+				}
+			}
+		})
+	}
+	if _, err := m.Open(ctx, 1, []int32{1, 2, 3}, ""); err != nil {
+		t.Fatal(err)
+	}
+	tok := step(t, m, 1, []int32{1, 2, 3}, greedy)
+	for range 200 {
+		tok = step(t, m, 1, []int32{tok}, greedy)
+	}
+	m.Free(1, "")
+	close(stop)
+	wg.Wait()
+}
