@@ -194,7 +194,7 @@ func TestCancelStopsGenerationAndFreesKV(t *testing.T) {
 }
 
 func TestEarlyBreakAndAbandonedStreamsFreeTheirSlots(t *testing.T) {
-	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0)})
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0), enginetest.WithContextLength(1 << 20)})
 	st, err := f.srv.Generate(context.Background(), req(200, 1, 2, 3))
 	if err != nil {
 		t.Fatal(err)

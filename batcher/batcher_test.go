@@ -178,7 +178,7 @@ func TestStopConditions(t *testing.T) {
 		finish batcher.FinishReason
 	}{
 		{"max tokens", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 4}, ref[:4], batcher.FinishLength},
-		{"stop token", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, StopTokens: []int32{ref[2]}}, ref[:3], batcher.FinishStop},
+		{"stop token", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, StopTokens: []int32{ref[2]}}, ref[:2], batcher.FinishStop},
 		{"stop string", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, Text: &stopAfter{n: 2}}, ref[:2], batcher.FinishStop},
 	}
 	for _, tt := range tests {
@@ -208,10 +208,14 @@ func TestEOSEndsSequence(t *testing.T) {
 		if got.err != nil {
 			t.Fatal(got.err)
 		}
+		// The EOS token ends the stream without being emitted.
+		if slices.Contains(got.tokens, 7) {
+			t.Errorf("EOS emitted: %v", got.tokens)
+		}
 		if got.finish == batcher.FinishStop {
 			ended++
-			if slices.Contains(got.tokens[:len(got.tokens)-1], 7) {
-				t.Errorf("tokens after EOS: %v", got.tokens)
+			if got.usage.CompletionTokens != len(got.tokens)+1 {
+				t.Errorf("usage counts %d tokens, %d emitted plus EOS", got.usage.CompletionTokens, len(got.tokens))
 			}
 		}
 	}

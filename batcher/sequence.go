@@ -79,7 +79,8 @@ type Sequence struct {
 	MaxTokens int
 	// Params are the sampling parameters.
 	Params engine.SamplingParams
-	// StopTokens end generation like the model's EOS ids do.
+	// StopTokens end generation like the model's EOS ids do. The token
+	// that ends generation is counted in Usage but not emitted.
 	StopTokens []int32
 	// IgnoreEOS keeps generating past the model's EOS ids.
 	IgnoreEOS bool
