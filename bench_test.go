@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"syscall"
@@ -142,7 +143,7 @@ func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[schedu
 	waits := map[scheduler.Tier][]time.Duration{}
 	tiers := scheduler.Tiers()
 	deadline := time.Now().Add(d)
-	tick := time.NewTicker(2 * time.Millisecond)
+	tick := time.NewTicker(6 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; time.Now().Before(deadline); i++ {
 		<-tick.C
@@ -180,10 +181,13 @@ func BenchmarkQueueFullRejection(b *testing.B) {
 	defer cancel()
 	req := mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3}, Params: mlxserving.Params{MaxTokens: 4}}
 	// One request occupies the engine (its step never ends); the rest queue
-	// until the queue refuses.
+	// until the queue refuses. The streams are kept: a dropped Stream is
+	// cancelled when the garbage collector finds it.
 	var full *scheduler.QueueFullError
+	var streams []*mlxserving.Stream
 	for i := 0; ; i++ {
-		_, err := srv.Generate(ctx, req)
+		st, err := srv.Generate(ctx, req)
+		streams = append(streams, st)
 		if errors.As(err, &full) {
 			break
 		}
@@ -197,4 +201,5 @@ func BenchmarkQueueFullRejection(b *testing.B) {
 			b.Fatalf("want QueueFullError, got %v", err)
 		}
 	}
+	runtime.KeepAlive(streams)
 }
