@@ -176,6 +176,10 @@ func TestTemplateErrors(t *testing.T) {
 		map[string]any{"name": "raises", "template": "{{ raise_exception('no tools here') }}"},
 		map[string]any{"name": "attr", "template": "{{ missing.attribute }}"},
 		map[string]any{"name": "extra", "template": "{{ greeting }} {{ messages[-1].role }}"},
+		// Known gonja limitation: a conditional expression inside
+		// parentheses does not parse (Python renders "xa"). It must
+		// surface as a *TemplateError, not a panic.
+		map[string]any{"name": "paren-if", "template": "{{ 'x' + ('a' if true else 'b') }}"},
 	}})
 	tok, err := FromJSON(mustJSON(t, tinySpec()), cfg)
 	if err != nil {
@@ -185,7 +189,7 @@ func TestTemplateErrors(t *testing.T) {
 	if out, err := tok.ApplyChatTemplate(msgs, ChatOptions{}); err != nil || out != "hi" {
 		t.Errorf("default with an undefined variable (renders empty, as in Python): %q, %v", out, err)
 	}
-	for _, name := range []string{"broken", "raises", "attr"} {
+	for _, name := range []string{"broken", "raises", "attr", "paren-if"} {
 		_, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: name})
 		var te *TemplateError
 		if !errors.As(err, &te) || !errors.Is(err, ErrTemplate) || te.Name != name {
@@ -202,7 +206,7 @@ func TestTemplateErrors(t *testing.T) {
 	if _, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: "nope"}); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("unknown template name: %v", err)
 	}
-	if names := tok.TemplateNames(); len(names) != 5 {
+	if names := tok.TemplateNames(); len(names) != 6 {
 		t.Errorf("TemplateNames = %v", names)
 	}
 }

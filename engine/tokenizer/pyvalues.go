@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"errors"
+	"github.com/nikolalohinski/gonja/v2/builtins"
 	"reflect"
 	"sort"
 
@@ -87,4 +88,54 @@ func filterItems(_ *exec.Evaluator, in *exec.Value, _ *exec.VarArgs) *exec.Value
 		out[i] = pyList{k.Interface(), rv.MapIndex(k).Interface()}
 	}
 	return exec.AsValue(out)
+}
+
+// strMethodNames are gonja's built-in string methods, copied into each
+// template environment.
+var strMethodNames = []string{"capitalize", "capwords", "casefold", "center", "count", "encode", "endswith",
+	"expandtabs", "find", "format", "format_map", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit",
+	"islower", "isnumeric", "isprintable", "isspace", "istitle", "isupper", "join", "ljust", "lower", "lstrip",
+	"partition", "removeprefix", "removesuffix", "replace", "rfind", "rjust", "rpartition", "rsplit", "rstrip",
+	"split", "splitlines", "startswith", "strip", "swapcase", "title", "upper", "zfill"}
+
+// templateMethods copies gonja's methods, making the string methods that
+// return lists (split, rsplit, splitlines) return pyList so that
+// s.split(x)[-1] works when there is only one part.
+func templateMethods() exec.Methods {
+	base := builtins.Methods
+	str := map[string]exec.Method[string]{}
+	for _, name := range strMethodNames {
+		fn, ok := base.Str.Get(name)
+		if !ok {
+			continue
+		}
+		switch name {
+		case "split", "rsplit", "splitlines":
+			str[name] = func(self string, selfValue *exec.Value, args *exec.VarArgs) (any, error) {
+				out, err := fn(self, selfValue, args)
+				if err != nil {
+					return nil, err
+				}
+				return toPyList(out), nil
+			}
+		default:
+			str[name] = fn
+		}
+	}
+	m := base
+	m.Str = exec.NewMethodSet(str)
+	return m
+}
+
+// toPyList converts a list a method returned into a pyList.
+func toPyList(v any) any {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Slice {
+		return v
+	}
+	out := make(pyList, rv.Len())
+	for i := range out {
+		out[i] = rv.Index(i).Interface()
+	}
+	return out
 }

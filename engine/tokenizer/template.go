@@ -148,7 +148,7 @@ func newTemplateEnv() *exec.Environment {
 	globals.Set("raise_exception", raiseException)
 	return &exec.Environment{
 		Filters: filters, Tests: tests, ControlStructures: statements,
-		Context: globals, Methods: builtins.Methods,
+		Context: globals, Methods: templateMethods(),
 	}
 }
 
