@@ -22,6 +22,11 @@ import (
 // Run them one at a time with -benchtime=1x; see BENCHMARKS.md.
 
 func simServer(tb testing.TB, step time.Duration, maxBatch int, opts ...mlxserving.Option) *mlxserving.Server {
+	srv, _ := simServerAndEngine(tb, step, maxBatch, opts...)
+	return srv
+}
+
+func simServerAndEngine(tb testing.TB, step time.Duration, maxBatch int, opts ...mlxserving.Option) (*mlxserving.Server, *enginetest.Sim) {
 	tb.Helper()
 	sim, err := enginetest.NewSim(enginetest.WithStepTime(step, 0), enginetest.WithMaxBatch(maxBatch),
 		enginetest.WithVocabSize(32000), enginetest.WithContextLength(4096))
@@ -39,7 +44,7 @@ func simServer(tb testing.TB, step time.Duration, maxBatch int, opts ...mlxservi
 		_ = srv.Close()
 		_ = sim.Close()
 	})
-	return srv
+	return srv, sim
 }
 
 func cpuTime() time.Duration {
@@ -85,15 +90,52 @@ func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
 // serving layer's CPU per generated token.
 func BenchmarkServingOverhead(b *testing.B) {
 	const step, maxBatch, streams, tokens = 20 * time.Millisecond, 64, 256, 256
-	srv := simServer(b, step, maxBatch)
+	srv, sim := simServerAndEngine(b, step, maxBatch)
 	for b.Loop() {
+		steps0 := sim.Stats().Steps
 		cpu0, t0 := cpuTime(), time.Now()
 		got := runStreams(b, srv, streams, tokens)
 		wall, cpu := time.Since(t0), cpuTime()-cpu0
+		steps := sim.Stats().Steps - steps0
 		ideal := float64(maxBatch) / step.Seconds()
 		b.ReportMetric(float64(got)/wall.Seconds(), "tokens/s")
 		b.ReportMetric(100*float64(got)/wall.Seconds()/ideal, "%ideal")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(got), "cpu-µs/token")
+		b.ReportMetric(float64(got)/float64(steps), "tokens/step")
+		// Wall time per step beyond the simulated step: the loop's own work
+		// plus the OS timer's overshoot, measured alone below.
+		b.ReportMetric(float64((wall-time.Duration(steps)*step).Microseconds())/float64(steps), "gap-µs/step")
+	}
+	b.ReportMetric(float64(timerOvershoot(step, 50).Microseconds()), "timer-overshoot-µs")
+}
+
+// timerOvershoot is how late a timer of d fires on this machine, on
+// average: the part of the gap per step that is the OS's, not the stack's.
+func timerOvershoot(d time.Duration, n int) time.Duration {
+	var late time.Duration
+	for range n {
+		t0 := time.Now()
+		<-time.After(d)
+		late += time.Since(t0) - d
+	}
+	return late / time.Duration(n)
+}
+
+// BenchmarkStepLoop runs the same load on a simulated engine whose steps
+// take no time, so the wall time per step is the serving layer's own cost:
+// the batcher's loop plus the engine's bookkeeping, with 64 streams being
+// read concurrently.
+func BenchmarkStepLoop(b *testing.B) {
+	const maxBatch, streams, tokens = 64, 256, 256
+	srv, sim := simServerAndEngine(b, 0, maxBatch)
+	for b.Loop() {
+		steps0 := sim.Stats().Steps
+		t0 := time.Now()
+		got := runStreams(b, srv, streams, tokens)
+		wall := time.Since(t0)
+		steps := sim.Stats().Steps - steps0
+		b.ReportMetric(float64(wall.Microseconds())/float64(steps), "µs/step")
+		b.ReportMetric(float64(wall.Nanoseconds())/1000/float64(got), "µs/token")
 	}
 }
 
