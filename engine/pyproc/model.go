@@ -109,13 +109,22 @@ func (m *Model) loadRequest() builder {
 		"path":  m.spec.Path,
 		"opts": map[string]any{
 			"max_batch":      m.spec.MaxBatch,
-			"kv_capacity":    m.spec.KVCapacity / len(m.e.slots),
+			"kv_capacity":    kvShare(m.spec.KVCapacity, len(m.e.slots)),
 			"context_length": m.spec.ContextLength,
 			"device":         m.e.cfg.device,
 			"dtype":          m.e.cfg.dtype,
 			"cuda_graphs":    !m.e.cfg.noGraphs,
 		},
 	})
+}
+
+// kvShare is one worker's part of the model's KV capacity; zero lets the
+// workers size it from memory.
+func kvShare(total, workers int) int {
+	if total == 0 {
+		return 0
+	}
+	return max(1, total/workers)
 }
 
 func (m *Model) infoFrom(infos []*wireInfo) engine.Info {

@@ -61,6 +61,9 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 }
 
 func (m *Model) checkBatch(batch []engine.StepInput) error {
+	if len(batch) > m.info.MaxBatch {
+		return &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs exceed MaxBatch %d", len(batch), m.info.MaxBatch)}
+	}
 	for i := range batch {
 		in := &batch[i]
 		if len(in.Tokens) == 0 {

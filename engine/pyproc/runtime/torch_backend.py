@@ -42,10 +42,10 @@ def pick_dtype(name, device, cfg):
 
 
 class Seq:
-    __slots__ = ("slot", "tokens", "gen")
+    __slots__ = ("slot", "tokens", "gen", "held")
 
-    def __init__(self, slot, tokens):
-        self.slot, self.tokens, self.gen = slot, tokens, None
+    def __init__(self, slot, tokens, held):
+        self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
 
 
 class TorchModel:
@@ -67,7 +67,8 @@ class TorchModel:
         with torch.no_grad():
             self.model = Llama(path, cfg, self.device, self.dtype)
         self.max_batch = int(opts.get("max_batch") or 64)
-        self.slots = self._size_slots(int(opts.get("kv_capacity") or 0))
+        self.slots, self.capacity = self._size_slots(int(opts.get("kv_capacity") or 0))
+        self.used = 0  # KV tokens held by open sequences, at most capacity
         # One slot more than sequences can take: CUDA-graph padding rows write there.
         shape = (self.slots + 1, cfg.kv_heads, cfg.context, cfg.head_dim)
         try:
@@ -83,22 +84,26 @@ class TorchModel:
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
 
     def _size_slots(self, kv_capacity):
+        """Returns (slots, capacity): KV slots of one context each, and the
+        tokens open sequences may hold in all. An explicit capacity gets
+        enough slots for up to twice max_batch short sequences."""
         cfg = self.cfg
         if kv_capacity:
-            return max(1, kv_capacity // cfg.context)
+            return max(-(-kv_capacity // cfg.context), min(kv_capacity, 2 * self.max_batch)), kv_capacity
         per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * torch.tensor([], dtype=self.dtype).element_size()
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * 0.8)
         else:
             budget = 1 << 30
-        return max(1, min(self.max_batch * 2, budget // (per_token * cfg.context)))
+        slots = max(1, min(self.max_batch * 2, budget // (per_token * cfg.context)))
+        return slots, slots * cfg.context
 
     def info(self):
         c = self.cfg
         return {
             "context_length": c.context, "vocab_size": c.vocab, "bos": c.bos, "eos": c.eos,
-            "kv_capacity": self.slots * c.context, "max_batch": self.max_batch,
+            "kv_capacity": self.capacity, "max_batch": self.max_batch,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
         }
 
@@ -116,6 +121,9 @@ class TorchModel:
         if len(prompt) > self.cfg.context:
             raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
+        if self.used + len(prompt) > self.capacity:
+            raise ProtocolError("oom", "sequence %d needs %d KV tokens; %d of %d are free"
+                                % (seq, len(prompt), self.capacity - self.used, self.capacity))
         saved = self.saved.get(prefix_key) if prefix_key else None
         slot = self._take_slot()
         reused = 0
@@ -127,13 +135,15 @@ class TorchModel:
                 for layer in range(self.cfg.layers):
                     self.kc[layer][slot, :, :n] = self.kc[layer][saved.slot, :, :n]
                     self.vc[layer][slot, :, :n] = self.vc[layer][saved.slot, :, :n]
-        self.seqs[seq] = Seq(slot, list(prompt[:reused]))
+        self.seqs[seq] = Seq(slot, list(prompt[:reused]), len(prompt))
+        self.used += len(prompt)
         return reused
 
     def free(self, seq, save_key):
         s = self.seqs.pop(seq, None)
         if s is None:
             return
+        self.used -= s.held
         if save_key and s.tokens:
             old = self.saved.pop(save_key, None)
             if old is not None:
@@ -163,7 +173,9 @@ class TorchModel:
         logprobs) for the sampling inputs in order."""
         if not batch:
             return [], []
-        seqs = []
+        if len(batch) > self.max_batch:
+            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        seqs, grow = [], 0
         for seq, toks, _, _ in batch:
             s = self.seqs.get(seq)
             if s is None:
@@ -177,6 +189,13 @@ class TorchModel:
             if bad:
                 raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
             seqs.append(s)
+            grow += max(0, len(s.tokens) + len(toks) - s.held)
+        if self.used + grow > self.capacity:
+            raise ProtocolError("oom", "the step needs %d more KV tokens; %d of %d are free"
+                                % (grow, self.capacity - self.used, self.capacity))
+        self.used += grow
+        for (_, toks, _, _), s in zip(batch, seqs):
+            s.held = max(s.held, len(s.tokens) + len(toks))
         with torch.no_grad():
             rows = self._forward(batch, seqs)
             return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)
