@@ -1,0 +1,173 @@
+"""The mlx backend: models built from mlx_lm.models definitions, with the
+runtime's own loading, KV accounting and sampling.
+
+Status: written against mlx-lm's model API (Model(ModelArgs), per-layer
+KVCache from mlx_lm.models.cache, model.sanitize); it has not been run in
+this project's CI, which has no MLX. A step runs its sequences one after
+another (each with its own cache) rather than as one padded batch, and
+prefix reuse is not offered (open always reports 0 reused tokens).
+"""
+import glob
+import importlib
+import json
+import os
+
+import mlx.core as mx
+import mlx_lm
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from errors import CheckpointError, ProtocolError
+
+CAPABILITIES = {"batch": False, "prefix_cache": False, "logprobs": True,
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+
+# mlx_lm builds Mistral with its llama module.
+MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+def versions():
+    return {"mlx": mx.__version__, "mlx_lm": getattr(mlx_lm, "__version__", "?")}
+
+
+def load(path, opts):
+    return MlxModel(path, opts)
+
+
+class Seq:
+    def __init__(self, cache, held):
+        self.cache, self.tokens, self.held, self.key = cache, [], held, None
+
+
+class MlxModel:
+    def __init__(self, path, opts):
+        for f in ("config.json", "tokenizer.json"):
+            if not os.path.exists(os.path.join(path, f)):
+                raise CheckpointError(f, "missing")
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        arch = config.get("model_type", "")
+        if arch not in MODULES:
+            raise CheckpointError("config.json", "unsupported architecture %r" % arch)
+        module = importlib.import_module("mlx_lm.models." + MODULES[arch])
+        args = module.ModelArgs.from_dict(config)
+        self.model = module.Model(args)
+        self.model.load_weights(self._weights(path))
+        mx.eval(self.model.parameters())
+        self.vocab = int(config["vocab_size"])
+        self.context = min(int(config.get("max_position_embeddings") or 2048), int(opts.get("context_length") or 1 << 30))
+        self.max_batch = int(opts.get("max_batch") or 64)
+        self.capacity = int(opts.get("kv_capacity") or self.max_batch * self.context)
+        self.used = 0
+        self.bos, self.eos = config.get("bos_token_id", -1), config.get("eos_token_id") or []
+        if isinstance(self.eos, int):
+            self.eos = [self.eos]
+        self.seqs = {}
+
+    def _weights(self, path):
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise CheckpointError(".", "no *.safetensors file")
+        weights = {}
+        for f in files:
+            try:
+                weights.update(mx.load(f))
+            except Exception as e:
+                raise CheckpointError(os.path.basename(f), "cannot read: %s" % e)
+        if hasattr(self.model, "sanitize"):
+            weights = self.model.sanitize(weights)
+        want = dict(tree_flatten(self.model.parameters()))
+        for name, p in want.items():
+            w = weights.get(name)
+            if w is None:
+                raise CheckpointError("model.safetensors", "missing tensor", name)
+            if tuple(w.shape) != tuple(p.shape):
+                raise CheckpointError("model.safetensors", "shape %r contradicts config.json (want %r)"
+                                      % (tuple(w.shape), tuple(p.shape)), name)
+        return [(k, v) for k, v in weights.items() if k in want]
+
+    def info(self):
+        return {"context_length": self.context, "vocab_size": self.vocab, "bos": self.bos, "eos": self.eos,
+                "kv_capacity": self.capacity, "max_batch": self.max_batch, "device": "mlx", "dtype": "auto"}
+
+    def open(self, seq, prompt, prefix_key):
+        if seq in self.seqs:
+            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+        if len(prompt) > self.context:
+            raise ProtocolError("context_length", "prompt too long", prompt=len(prompt), limit=self.context)
+        if self.used + len(prompt) > self.capacity:
+            raise ProtocolError("oom", "no KV room for %d tokens" % len(prompt))
+        self.seqs[seq] = Seq(make_prompt_cache(self.model), len(prompt))
+        self.used += len(prompt)
+        return 0
+
+    def free(self, seq, save_key):
+        s = self.seqs.pop(seq, None)
+        if s is not None:
+            self.used -= s.held
+
+    def close(self):
+        self.seqs.clear()
+        self.model = None
+
+    def stats(self):
+        return {"open": len(self.seqs)}
+
+    def step(self, batch):
+        if len(batch) > self.max_batch:
+            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        toks, lps = [], []
+        for seq, tokens, sample, params in batch:
+            s = self.seqs.get(seq)
+            if s is None:
+                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+            if len(s.tokens) + len(tokens) > self.context:
+                raise ProtocolError("context_length", "sequence too long", prompt=len(s.tokens) + len(tokens), limit=self.context)
+            grow = max(0, len(s.tokens) + len(tokens) - s.held)
+            if self.used + grow > self.capacity:
+                raise ProtocolError("oom", "no KV room for %d more tokens" % grow)
+            self.used += grow
+            s.held += grow
+            logits = self.model(mx.array(tokens)[None], cache=s.cache)[0, -1].astype(mx.float32)
+            s.tokens.extend(tokens)
+            if sample:
+                t, lp = self._sample(logits, s, params)
+                toks.append(t)
+                lps.append(lp)
+        return toks, lps
+
+    def _sample(self, logits, s, p):
+        r = float(p.get("r") or 0)
+        if r > 0 and r != 1 and s.tokens:
+            idx = mx.array(sorted(set(s.tokens)))
+            v = logits[idx]
+            logits[idx] = mx.where(v > 0, v / r, v * r)
+        logprobs = logits - mx.logsumexp(logits)
+        temp = float(p.get("t") or 0)
+        if temp == 0:
+            tok = mx.argmax(logits)
+        else:
+            x = logits / temp
+            k = int(p.get("k") or 0)
+            if 0 < k < x.shape[0]:
+                kth = mx.sort(x)[-k]
+                x = mx.where(x < kth, -mx.inf, x)
+            probs = mx.softmax(x)
+            top_p = float(p.get("p") or 0)
+            if 0 < top_p < 1:
+                order = mx.argsort(-probs)
+                sp = probs[order]
+                drop = (mx.cumsum(sp) - sp) >= top_p
+                keep = mx.zeros_like(probs)
+                keep[order] = mx.where(drop, 0, sp)
+                probs = keep
+            min_p = float(p.get("m") or 0)
+            if min_p > 0:
+                probs = mx.where(probs < min_p * probs.max(), 0, probs)
+            if s.key is None:
+                seed = p.get("s")
+                s.key = mx.random.key(int(seed) & ((1 << 63) - 1) if seed is not None else int.from_bytes(os.urandom(7), "little"))
+            s.key, sub = mx.random.split(s.key)
+            tok = mx.random.categorical(mx.log(probs), key=sub)
+        tok = int(tok.item())
+        return tok, (float(logprobs[tok].item()) if p.get("l") else 0.0)
