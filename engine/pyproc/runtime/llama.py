@@ -163,10 +163,9 @@ class Llama:
         for li, L in enumerate(self.layers):
             h = self.rms(x, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
-            q = qkv[:, : H * hd].view(-1, H, hd)
-            k = qkv[:, H * hd : (H + K) * hd].view(-1, K, hd)
+            qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             kc[li][slot_tok, :, pos] = k
             vc[li][slot_tok, :, pos] = v
             a = self.attend(q, kc[li], vc[li], groups)
@@ -179,16 +178,16 @@ class Llama:
         return F.linear(x, self.lm_head).float()
 
     def attend(self, q, kc, vc, groups):
-        """groups: ("decode", rows, slots, lengths, maxlen, mask) for the
+        """groups: ("decode", rows, slots, maxlen, mask) for the
         one-token sequences, ("chunk", start, end, slot, p) for a chunk of
         end-start tokens at positions p.. of one sequence."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rep = H // K
+        if self.sdpa:
+            return self.attend_sdpa(q, kc, vc, groups)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
-        if self.sdpa:
-            return self.attend_sdpa(q, kc, vc, groups, out)
         for g in groups:
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
@@ -213,9 +212,18 @@ class Llama:
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_sdpa(self, q, kc, vc, groups, out):
+    def attend_sdpa(self, q, kc, vc, groups):
         """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA)."""
         H, hd = self.cfg.heads, self.cfg.head_dim
+        if len(groups) == 1 and groups[0][0] == "decode" and groups[0][1].shape[0] == q.shape[0]:
+            # Decode only: every row is in the group, in order; no gather, no scatter.
+            _, rows, slots, maxlen, mask = groups[0]
+            B = q.shape[0]
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(2), kc[slots, :, :maxlen], vc[slots, :, :maxlen],
+                attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
+            return o.reshape(B, H * hd)
+        out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         for g in groups:
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
