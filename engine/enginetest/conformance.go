@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -24,8 +25,8 @@ const (
 // any dir).
 //
 // It loads two models — one as the checkpoint comes, one with a small
-// MaxBatch, KVCapacity and ContextLength — and checks, each in a named
-// subtest: load, greedy_determinism, batch_invariance, join_leave,
+// MaxBatch, KVCapacity and ContextLength — failing at once if either load
+// fails, and checks, each in a named subtest that -run can pick: load, greedy_determinism, batch_invariance, join_leave,
 // chunked_prefill, free_reuse, prefix_reuse, seeded_sampling, capacity,
 // max_batch, cancellation and close. Prompts are token ids below
 // min(VocabSize, 200); generations are 6 to 16 tokens, so a tiny model
@@ -33,10 +34,9 @@ const (
 // not eng.
 func Run(t *testing.T, eng engine.Engine, dir string) {
 	t.Helper()
-	ctx := context.Background()
-	var s *suite
-	if !t.Run("load", func(t *testing.T) { s = load(t, ctx, eng, dir) }) || s == nil {
-		t.Fatal("enginetest: loading failed; the rest of the suite needs both models")
+	s, err := loadModels(context.Background(), eng, dir)
+	if err != nil {
+		t.Fatalf("enginetest: %v", err)
 	}
 	defer func() {
 		if err := s.m.Close(); err != nil {
@@ -48,6 +48,7 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		name  string
 		check func(testing.TB, *suite)
 	}{
+		{"load", checkLoad},
 		{"greedy_determinism", checkDeterminism},
 		{"batch_invariance", checkBatchInvariance},
 		{"join_leave", checkJoinLeave},
@@ -114,42 +115,46 @@ func (s *suite) sameAsAlone(tb testing.TB, what string, plans ...*plan) {
 	}
 }
 
-// load loads both models and checks their Info.
-func load(t *testing.T, ctx context.Context, eng engine.Engine, dir string) *suite {
+// smallSpec is the second model's spec: small limits to run into.
+func smallSpec(dir string) engine.ModelSpec {
+	return engine.ModelSpec{ID: smallID, Path: dir, MaxBatch: smallBatch, KVCapacity: smallKV, ContextLength: smallContext}
+}
+
+// loadModels loads the suite's two models from dir.
+func loadModels(ctx context.Context, eng engine.Engine, dir string) (*suite, error) {
 	m, err := eng.Load(ctx, engine.ModelSpec{ID: mainID, Path: dir})
 	if err != nil {
-		t.Fatalf("Load(%q): %v", dir, err)
+		return nil, fmt.Errorf("Load(%q): %w", dir, err)
 	}
-	info := m.Info()
-	checkInfo(t, info, mainID)
-	if info.ContextLength < minContext {
-		t.Errorf("ContextLength %d: the suite needs a model of at least %d", info.ContextLength, minContext)
-	}
-	spec := engine.ModelSpec{ID: smallID, Path: dir, MaxBatch: smallBatch, KVCapacity: smallKV, ContextLength: smallContext}
-	small, err := eng.Load(ctx, spec)
+	small, err := eng.Load(ctx, smallSpec(dir))
 	if err != nil {
 		_ = m.Close()
-		t.Fatalf("Load(%+v): %v", spec, err)
+		return nil, fmt.Errorf("Load(%+v): %w", smallSpec(dir), err)
 	}
-	si := small.Info()
-	checkInfo(t, si, smallID)
+	return &suite{ctx: ctx, m: m, small: small, info: m.Info()}, nil
+}
+
+// checkLoad: both models describe themselves sanely, and the small one
+// honours its spec's overrides.
+func checkLoad(tb testing.TB, s *suite) {
+	info, si, spec := s.m.Info(), s.small.Info(), smallSpec("")
+	checkInfo(tb, info, mainID)
+	checkInfo(tb, si, smallID)
+	if info.ContextLength < minContext {
+		tb.Errorf("ContextLength %d: the suite needs a model of at least %d", info.ContextLength, minContext)
+	}
 	if si.MaxBatch > spec.MaxBatch {
-		t.Errorf("ModelSpec.MaxBatch %d not honoured: Info.MaxBatch %d", spec.MaxBatch, si.MaxBatch)
+		tb.Errorf("ModelSpec.MaxBatch %d not honoured: Info.MaxBatch %d", spec.MaxBatch, si.MaxBatch)
 	}
 	if si.KVCapacity > spec.KVCapacity {
-		t.Errorf("ModelSpec.KVCapacity %d not honoured: Info.KVCapacity %d", spec.KVCapacity, si.KVCapacity)
+		tb.Errorf("ModelSpec.KVCapacity %d not honoured: Info.KVCapacity %d", spec.KVCapacity, si.KVCapacity)
 	}
 	if want := min(spec.ContextLength, info.ContextLength); si.ContextLength != want {
-		t.Errorf("ModelSpec.ContextLength %d not honoured: Info.ContextLength %d, want %d", spec.ContextLength, si.ContextLength, want)
+		tb.Errorf("ModelSpec.ContextLength %d not honoured: Info.ContextLength %d, want %d", spec.ContextLength, si.ContextLength, want)
 	}
 	if si.VocabSize != info.VocabSize {
-		t.Errorf("the same checkpoint loaded twice: VocabSize %d and %d", info.VocabSize, si.VocabSize)
+		tb.Errorf("the same checkpoint loaded twice: VocabSize %d and %d", info.VocabSize, si.VocabSize)
 	}
-	if t.Failed() {
-		_, _ = m.Close(), small.Close()
-		return nil
-	}
-	return &suite{ctx: ctx, m: m, small: small, info: info}
 }
 
 // checkInfo checks that Info describes a usable model.

@@ -17,6 +17,7 @@ func TestSimConformance(t *testing.T) {
 	}
 	defer sim.Close()
 	Run(t, sim, "")
+	t.Logf("the suite ran %d steps, %d tokens fed, %d sampled", sim.Stats().Steps, sim.Stats().Tokens, sim.Stats().Sampled)
 	if st := sim.Stats(); st.OpenSequences != 0 || st.KVTokens != 0 || st.Models != 0 {
 		t.Errorf("after the suite: %+v; want no open sequences, KV or models", st)
 	}
@@ -87,6 +88,14 @@ func (p perturbing) Step(ctx context.Context, batch []engine.StepInput) ([]engin
 	return out, err
 }
 
+// liar is a broken model: it reports limits it does not enforce.
+type liar struct {
+	engine.Model
+	info engine.Info
+}
+
+func (l liar) Info() engine.Info { return l.info }
+
 // deaf is a broken model: it ignores the Step's context.
 type deaf struct{ engine.Model }
 
@@ -116,31 +125,39 @@ func TestSuiteFailsBrokenEngines(t *testing.T) {
 	}
 	defer sim.Close()
 	ctx := context.Background()
-	m, err := sim.Load(ctx, engine.ModelSpec{ID: "m"})
+	m, err := sim.Load(ctx, engine.ModelSpec{ID: mainID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := sim.Load(ctx, engine.ModelSpec{ID: "small", MaxBatch: smallBatch, KVCapacity: smallKV, ContextLength: smallContext})
+	small, err := sim.Load(ctx, smallSpec(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A model loaded as if the spec's limits were not there.
+	unlimited, err := sim.Load(ctx, engine.ModelSpec{ID: smallID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
-		name   string
-		check  func(testing.TB, *suite)
-		broken engine.Model
+		name          string
+		check         func(testing.TB, *suite)
+		broken, small engine.Model
 	}{
-		{"batch_invariance/perturbing", checkBatchInvariance, perturbing{m}},
-		{"join_leave/perturbing", checkJoinLeave, perturbing{m}},
-		{"chunked_prefill/perturbing", checkChunkedPrefill, perturbing{m}},
-		{"cancellation/deaf", checkCancellation, deaf{m}},
-		{"prefix_reuse/forgetful", checkPrefixReuse, forgetful{m}},
+		{"batch_invariance/perturbing", checkBatchInvariance, perturbing{m}, small},
+		{"join_leave/perturbing", checkJoinLeave, perturbing{m}, small},
+		{"chunked_prefill/perturbing", checkChunkedPrefill, perturbing{m}, small},
+		{"cancellation/deaf", checkCancellation, deaf{m}, small},
+		{"prefix_reuse/forgetful", checkPrefixReuse, forgetful{m}, small},
+		{"load/limits_ignored", checkLoad, m, unlimited},
+		{"capacity/limits_unenforced", checkCapacity, m, liar{unlimited, small.Info()}},
+		{"max_batch/limits_unenforced", checkMaxBatch, m, liar{unlimited, small.Info()}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if failed, msg := runCheck(t, c.check, m, small); failed {
 				t.Fatalf("the check fails on the sound engine: %s", msg)
 			}
-			failed, msg := runCheck(t, c.check, c.broken, small)
+			failed, msg := runCheck(t, c.check, c.broken, c.small)
 			if !failed {
 				t.Fatal("the check passes a broken engine")
 			}
@@ -150,4 +167,39 @@ func TestSuiteFailsBrokenEngines(t *testing.T) {
 	if st := sim.Stats(); st.OpenSequences != 0 {
 		t.Errorf("%d sequences left open by the checks", st.OpenSequences)
 	}
+}
+
+// perturbingEngine is a broken engine whose models perturb batched tokens.
+type perturbingEngine struct{ *Sim }
+
+func (e perturbingEngine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	m, err := e.Sim.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return perturbing{m}, nil
+}
+
+func TestSuiteFailsPerturbingEngine(t *testing.T) {
+	sim, err := NewSim(WithVocabSize(300))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	s, err := loadModels(context.Background(), perturbingEngine{sim}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = s.m.Close(), s.small.Close() }()
+	r := &recorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		checkBatchInvariance(r, s)
+	}()
+	<-done
+	if !r.Failed() {
+		t.Fatal("batch_invariance passes an engine whose batched tokens differ from lone ones")
+	}
+	t.Logf("caught: %s", r.logs[0])
 }
