@@ -242,7 +242,13 @@ func parsePreTokenizer(c *componentSpec, field string) (p preTokenizer, byteLeve
 				return nil, false, err
 			}
 			byteLevel = byteLevel || bl
+			if b, ok := st.(*byteLevelPre); ok && !b.addPrefixSpace && b.re == nil {
+				continue // only the byte mapping, which the vocabulary already holds
+			}
 			seq = append(seq, st)
+		}
+		if len(seq) == 1 {
+			return seq[0], byteLevel, nil
 		}
 		return seq, byteLevel, nil
 	case "Split":
