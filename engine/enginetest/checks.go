@@ -130,15 +130,17 @@ func checkPrefixReuse(tb testing.TB, s *suite) {
 	}
 }
 
-// checkSeededSampling: temperature sampling with the same seed repeats;
-// different seeds differ on at least one of several prompts.
+// checkSeededSampling: temperature sampling with the same seed repeats,
+// alone and batched with other seeded sequences; different seeds differ on
+// at least one of several prompts.
 func checkSeededSampling(tb testing.TB, s *suite) {
 	seeded := func(seed uint64) *engine.SamplingParams {
 		return &engine.SamplingParams{Temperature: 1, Seed: seed, HasSeed: true}
 	}
 	differ := false
+	var batched []*plan
 	for i := range 4 {
-		p := s.prompt(70+i, 8)
+		p := s.prompt(70+i, 8+i)
 		a := s.alone(tb, s.m, p, 12, seeded(7))
 		b := s.alone(tb, s.m, p, 12, seeded(7))
 		if !slices.Equal(a, b) {
@@ -147,8 +149,11 @@ func checkSeededSampling(tb testing.TB, s *suite) {
 		if c := s.alone(tb, s.m, p, 12, seeded(8)); !slices.Equal(a, c) {
 			differ = true
 		}
+		batched = append(batched, &plan{id: s.id(), prompt: p, n: 12, params: seeded(7)})
 	}
 	if !differ {
 		tb.Error("seeds 7 and 8 gave the same tokens on every prompt: the seed is ignored")
 	}
+	s.run(tb, s.m, batched...)
+	s.sameAsAlone(tb, "seeded, batched", batched...)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -96,6 +97,21 @@ type liar struct {
 
 func (l liar) Info() engine.Info { return l.info }
 
+// seedless is a broken model: every seeded sequence samples with seed 1.
+type seedless struct{ engine.Model }
+
+func (s seedless) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	b := slices.Clone(batch)
+	for i := range b {
+		if b[i].Params != nil && b[i].Params.HasSeed {
+			p := *b[i].Params
+			p.Seed = 1
+			b[i].Params = &p
+		}
+	}
+	return s.Model.Step(ctx, b)
+}
+
 // deaf is a broken model: it ignores the Step's context.
 type deaf struct{ engine.Model }
 
@@ -146,6 +162,7 @@ func TestSuiteFailsBrokenEngines(t *testing.T) {
 		{"batch_invariance/perturbing", checkBatchInvariance, perturbing{m}, small},
 		{"join_leave/perturbing", checkJoinLeave, perturbing{m}, small},
 		{"chunked_prefill/perturbing", checkChunkedPrefill, perturbing{m}, small},
+		{"seeded_sampling/seedless", checkSeededSampling, seedless{m}, small},
 		{"cancellation/deaf", checkCancellation, deaf{m}, small},
 		{"prefix_reuse/forgetful", checkPrefixReuse, forgetful{m}, small},
 		{"load/limits_ignored", checkLoad, m, unlimited},

@@ -12,7 +12,11 @@ import (
 // token for inputs with Sample set, then waits out the configured step
 // time. Bad batches are refused before any sequence changes.
 func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
-	start := time.Now()
+	cfg := &m.sim.cfg
+	var start time.Time
+	if cfg.stepFixed > 0 || cfg.stepPerToken > 0 {
+		start = time.Now()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -33,7 +37,6 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 	m.sim.stats.tokens.Add(int64(tokens))
 	m.sim.stats.sampled.Add(int64(samples))
 	m.sim.stats.noteBatch(int64(len(batch)))
-	cfg := &m.sim.cfg
 	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens); d > 0 {
 		if err := m.waitUntil(ctx, start.Add(d)); err != nil {
 			return nil, err
