@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -126,5 +128,39 @@ func FuzzStream(f *testing.F) {
 				t.Fatalf("%s: ids %v stop %q: streamed %q (stopped %v), want %q (%v)", name, ids, stop, got, stopped, want, wantStop)
 			}
 		}
+	})
+}
+
+// FuzzFromJSON: any tokenizer.json / tokenizer_config.json bytes give a
+// tokenizer or an error, never a panic; a tokenizer that loads encodes,
+// decodes and renders its template without panicking.
+func FuzzFromJSON(f *testing.F) {
+	base, _ := json.Marshal(tinySpec())
+	f.Add(base, []byte(`{"eos_token": "<eos>", "chat_template": "{{ messages[0].content }}"}`))
+	f.Add(base, []byte(`{"bos_token": {"content": "<eos>"}, "eos_token": ["<eos>", "<eos>"]}`))
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 99, "content": "<x>"}]}`), []byte(`{}`))
+	f.Add([]byte(`{"model": {"vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}, "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "_"}]}}`), []byte(nil))
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 16777216}, "merges": []}}`), []byte(nil))
+	f.Fuzz(func(t *testing.T, tokJSON, cfgJSON []byte) {
+		tok, err := FromJSON(tokJSON, cfgJSON)
+		if err != nil {
+			var fe *FileError
+			if !errors.As(err, &fe) {
+				t.Fatalf("error %v is not a *FileError", err)
+			}
+			return
+		}
+		ids, err := tok.Encode("the <eos> ab héllo", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tok.Decode(ids, true); err != nil {
+			t.Fatal(err)
+		}
+		d := tok.NewStreamDecoder(nil, []string{"x"})
+		for _, id := range ids {
+			d.Add(id)
+		}
+		_, _ = tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{})
 	})
 }

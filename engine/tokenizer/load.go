@@ -33,6 +33,10 @@ type modelSpec struct {
 	Dropout                 *float64          `json:"dropout"`
 }
 
+// maxTokenID bounds token ids (real vocabularies stay far below), so a
+// corrupt file cannot make the id tables huge.
+const maxTokenID = 1 << 24
+
 // Load reads dir/tokenizer.json and, if present, dir/tokenizer_config.json.
 // Errors are *FileError values naming the file; they wrap ErrMalformed,
 // ErrUnsupported or the error reading the file.
@@ -114,6 +118,11 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 	if err := t.buildAdded(spec.AddedTokens); err != nil {
 		return nil, err
 	}
+	for _, id := range append(append([]int32(nil), t.post.prefix...), t.post.suffix...) {
+		if id < 0 || int(id) >= t.vocabSize {
+			return nil, specErr("post_processor", ErrMalformed, "special token id %d is outside the vocabulary", id)
+		}
+	}
 	t.buildPieces()
 	return t, nil
 }
@@ -150,8 +159,8 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 	}
 	t.tokens = ms.Vocab
 	for tok, id := range ms.Vocab {
-		if id < 0 {
-			return specErr("model.vocab", ErrMalformed, "token %q has negative id %d", tok, id)
+		if id < 0 || id >= maxTokenID {
+			return specErr("model.vocab", ErrMalformed, "token %q has id %d outside [0, %d)", tok, id, maxTokenID)
 		}
 		t.noteID(id)
 		m.vocab[t.workForm(tok, byteLevel)] = id
@@ -281,8 +290,8 @@ func (t *Tokenizer) buildAdded(added []addedToken) error {
 	t.addedByContent = make(map[string]int32, len(added))
 	for i := range added {
 		a := &added[i]
-		if a.ID < 0 {
-			return specErr(fmt.Sprintf("added_tokens[%d]", i), ErrMalformed, "negative id %d", a.ID)
+		if a.ID < 0 || a.ID >= maxTokenID {
+			return specErr(fmt.Sprintf("added_tokens[%d]", i), ErrMalformed, "id %d outside [0, %d)", a.ID, maxTokenID)
 		}
 		if a.Content == "" {
 			return specErr(fmt.Sprintf("added_tokens[%d]", i), ErrMalformed, "empty content")

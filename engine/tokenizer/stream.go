@@ -15,7 +15,8 @@ import (
 // The concatenated deltas (plus Flush) equal
 // Decode(prompt+generated, true) minus Decode(prompt, true) when no stop
 // string is hit. A StreamDecoder serves one sequence and is not safe for
-// concurrent use.
+// concurrent use. Make one with Tokenizer.NewStreamDecoder; the zero value
+// is not usable.
 type StreamDecoder struct {
 	t       *Tokenizer
 	stops   []string

@@ -6,7 +6,8 @@ import (
 
 // Tokenizer turns text into token ids and back, renders chat templates and
 // makes streaming decoders. It is immutable after Load and safe for
-// concurrent use.
+// concurrent use. Make one with Load or FromJSON; the zero value is not
+// usable.
 type Tokenizer struct {
 	bl             *byteLevelTable
 	normalizers    []normalizer
