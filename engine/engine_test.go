@@ -1,0 +1,60 @@
+package engine_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+func TestSamplingParamsValidate(t *testing.T) {
+	nan := float32(math.NaN())
+	tests := []struct {
+		name  string
+		p     engine.SamplingParams
+		param string // "" means valid
+	}{
+		{"zero value is greedy", engine.SamplingParams{}, ""},
+		{"typical", engine.SamplingParams{Temperature: 0.7, TopP: 0.9, TopK: 40, MinP: 0.05, RepetitionPenalty: 1.1}, ""},
+		{"temperature 5", engine.SamplingParams{Temperature: 5}, "temperature"},
+		{"temperature negative", engine.SamplingParams{Temperature: -0.1}, "temperature"},
+		{"temperature NaN", engine.SamplingParams{Temperature: nan}, "temperature"},
+		{"top_p above 1", engine.SamplingParams{TopP: 1.5}, "top_p"},
+		{"top_p negative", engine.SamplingParams{TopP: -1}, "top_p"},
+		{"top_k negative", engine.SamplingParams{TopK: -1}, "top_k"},
+		{"min_p 1", engine.SamplingParams{MinP: 1}, "min_p"},
+		{"repetition penalty 3", engine.SamplingParams{RepetitionPenalty: 3}, "repetition_penalty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.p.Validate()
+			if tt.param == "" {
+				if err != nil {
+					t.Fatalf("valid params refused: %v", err)
+				}
+				return
+			}
+			var ip *engine.InvalidParamError
+			if !errors.As(err, &ip) || ip.Param != tt.param || !errors.Is(err, engine.ErrInvalidParam) {
+				t.Fatalf("want InvalidParamError for %s, got %v", tt.param, err)
+			}
+		})
+	}
+}
+
+func TestErrorsCarryTheirNumbers(t *testing.T) {
+	err := fmt.Errorf("open: %w", &engine.ContextLengthError{Model: "m", Prompt: 900, MaxNew: 200, Limit: 1024})
+	if !errors.Is(err, engine.ErrContextLength) || !strings.Contains(err.Error(), "1100 (900 prompt + 200 to generate)") {
+		t.Fatalf("%v", err)
+	}
+	err = &engine.CheckpointError{Path: "model.safetensors", Tensor: "lm_head.weight", Reason: "shape [10 4] contradicts config.json"}
+	if !errors.Is(err, engine.ErrBadCheckpoint) || !strings.Contains(err.Error(), `"lm_head.weight"`) {
+		t.Fatalf("%v", err)
+	}
+	if !engine.Retryable(fmt.Errorf("worker 1 exited: %w", engine.ErrWorkerLost)) || engine.Retryable(engine.ErrOutOfMemory) {
+		t.Fatal("Retryable")
+	}
+}
