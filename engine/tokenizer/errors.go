@@ -89,7 +89,9 @@ func (e *UTF8Error) Unwrap() error { return ErrInvalidUTF8 }
 // InvalidTokenError reports a token id outside the vocabulary. Unwrap
 // yields ErrInvalidToken.
 type InvalidTokenError struct {
-	ID        int32
+	// ID is the refused token id.
+	ID int32
+	// VocabSize is the tokenizer's VocabSize.
 	VocabSize int
 }
 
