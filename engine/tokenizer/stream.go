@@ -21,7 +21,7 @@ type StreamDecoder struct {
 	t       *Tokenizer
 	stops   []string
 	maxStop int
-	atStart bool   // nothing decoded yet: the decoder may strip a space
+	strip   int    // leading spaces the decoder still strips (see appendPiece)
 	raw     []byte // bytes of an unfinished UTF-8 sequence
 	text    []byte // decoded text held back for stop strings
 	stopped bool
@@ -33,7 +33,7 @@ type StreamDecoder struct {
 // leading space of the very first word only). Empty and invalid UTF-8 stop
 // strings are ignored.
 func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecoder {
-	d := &StreamDecoder{t: t, atStart: true}
+	d := &StreamDecoder{t: t, strip: t.dec.stripStart}
 	for _, s := range stop {
 		if s == "" || !utf8.ValidString(s) {
 			continue
@@ -42,11 +42,11 @@ func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecod
 		d.maxStop = max(d.maxStop, len(s))
 	}
 	for _, id := range prompt {
-		if !d.atStart {
+		if d.strip == 0 {
 			break
 		}
 		if piece, ok, err := t.piece(id, true); err == nil && ok {
-			_, d.atStart = t.appendPiece(nil, piece, true)
+			_, d.strip = appendPiece(nil, piece, d.strip)
 		}
 	}
 	return d
@@ -64,7 +64,7 @@ func (d *StreamDecoder) Add(id int32) (delta string, stopped bool) {
 	if err != nil || !ok {
 		return "", false
 	}
-	d.raw, d.atStart = d.t.appendPiece(d.raw, piece, d.atStart)
+	d.raw, d.strip = appendPiece(d.raw, piece, d.strip)
 	var n int
 	d.text, n = lossyAppend(d.text, d.raw, false)
 	d.raw = d.raw[:copy(d.raw, d.raw[n:])]

@@ -113,7 +113,7 @@ func (t *Tokenizer) encodeSegment(dst []int32, s string, first bool) []int32 {
 // comes back exactly as the tokens spell it.
 func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 	raw := make([]byte, 0, len(ids)*4)
-	atStart := true
+	strip := t.dec.stripStart
 	for _, id := range ids {
 		piece, ok, err := t.piece(id, skipSpecial)
 		if err != nil {
@@ -122,7 +122,7 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 		if !ok {
 			continue
 		}
-		raw, atStart = t.appendPiece(raw, piece, atStart)
+		raw, strip = appendPiece(raw, piece, strip)
 	}
 	if utf8.Valid(raw) {
 		return string(raw), nil
@@ -142,18 +142,18 @@ func (t *Tokenizer) piece(id int32, skipSpecial bool) ([]byte, bool, error) {
 	return t.pieces[id], true, nil
 }
 
-// appendPiece appends a token's bytes, removing the decoder's leading
-// spaces at the start of the output.
-func (t *Tokenizer) appendPiece(dst, piece []byte, atStart bool) ([]byte, bool) {
-	if atStart && t.dec.stripStart > 0 {
-		for i := 0; i < t.dec.stripStart && len(piece) > 0 && piece[0] == ' '; i++ {
-			piece = piece[1:]
-		}
+// appendPiece appends a token's bytes. strip is how many leading spaces
+// the decoder still removes from the start of the output (its Strip or
+// Metaspace step); it drops to zero once anything else is written.
+func appendPiece(dst, piece []byte, strip int) ([]byte, int) {
+	for strip > 0 && len(piece) > 0 && piece[0] == ' ' {
+		piece = piece[1:]
+		strip--
 	}
 	if len(piece) == 0 {
-		return dst, atStart
+		return dst, strip
 	}
-	return append(dst, piece...), false
+	return append(dst, piece...), 0
 }
 
 // VocabSize is the number of token ids: one more than the largest id in
