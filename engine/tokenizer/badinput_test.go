@@ -192,7 +192,7 @@ func TestTemplateErrors(t *testing.T) {
 	for _, name := range []string{"broken", "raises", "attr", "paren-if"} {
 		_, err := tok.ApplyChatTemplate(msgs, ChatOptions{TemplateName: name})
 		var te *TemplateError
-		if !errors.As(err, &te) || !errors.Is(err, ErrTemplate) || te.Name != name {
+		if !errors.As(err, &te) || !errors.Is(err, ErrTemplate) || te.Name != name || te.File != "tokenizer_config.json" {
 			t.Errorf("%s: %v", name, err)
 		}
 		if name == "raises" && !strings.Contains(err.Error(), "no tools here") {

@@ -17,7 +17,7 @@ type configSpec struct {
 
 // applyConfig reads tokenizer_config.json: special tokens, add_*_token and
 // chat templates.
-func (t *Tokenizer) applyConfig(data []byte) error {
+func (t *Tokenizer) applyConfig(data []byte, file string) error {
 	var c configSpec
 	if err := json.Unmarshal(data, &c); err != nil {
 		return specErr("", ErrMalformed, "not valid JSON: %v", err)
@@ -52,7 +52,7 @@ func (t *Tokenizer) applyConfig(data []byte) error {
 	}
 	t.addBOS = boolOr(c.AddBOSToken, false)
 	t.addEOS = boolOr(c.AddEOSToken, false)
-	t.templates, err = parseChatTemplates(c.ChatTemplate)
+	t.templates, err = parseChatTemplates(c.ChatTemplate, file)
 	return err
 }
 

@@ -59,6 +59,8 @@ func (e *FileError) Unwrap() error { return e.Err }
 // TemplateError says why a chat template could not be parsed or rendered.
 // Unwrap yields ErrTemplate.
 type TemplateError struct {
+	// File is the tokenizer_config.json the template came from.
+	File string
 	// Name is the template's name ("default" or the named template).
 	Name string
 	// Reason is the message, e.g. what raise_exception was given.
@@ -66,7 +68,7 @@ type TemplateError struct {
 }
 
 func (e *TemplateError) Error() string {
-	return fmt.Sprintf("chat template %q: %s", e.Name, e.Reason)
+	return fmt.Sprintf("%s: chat template %q: %s", e.File, e.Name, e.Reason)
 }
 
 // Unwrap returns ErrTemplate.

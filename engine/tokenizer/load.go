@@ -67,7 +67,7 @@ func build(tokJSON, cfgJSON []byte, tokName, cfgName string) (*Tokenizer, error)
 		return nil, nameFile(err, tokName)
 	}
 	if len(cfgJSON) > 0 {
-		if err := t.applyConfig(cfgJSON); err != nil {
+		if err := t.applyConfig(cfgJSON, cfgName); err != nil {
 			return nil, nameFile(err, cfgName)
 		}
 	}

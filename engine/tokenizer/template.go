@@ -49,6 +49,7 @@ type ChatOptions struct {
 
 // chatTemplates holds a tokenizer_config.json's templates, compiled.
 type chatTemplates struct {
+	file     string // tokenizer_config.json's path, for errors
 	env      *exec.Environment
 	sources  map[string]string
 	compiled map[string]*exec.Template
@@ -60,7 +61,7 @@ const defaultTemplateName = "default"
 // parseChatTemplates reads chat_template: a string or a list of
 // {"name", "template"}. Templates that fail to parse are kept with their
 // error, which ApplyChatTemplate returns.
-func parseChatTemplates(raw json.RawMessage) (*chatTemplates, error) {
+func parseChatTemplates(raw json.RawMessage, file string) (*chatTemplates, error) {
 	if isNull(raw) {
 		return nil, nil
 	}
@@ -83,7 +84,7 @@ func parseChatTemplates(raw json.RawMessage) (*chatTemplates, error) {
 			sources[item.Name] = item.Template
 		}
 	}
-	ct := &chatTemplates{env: newTemplateEnv(), sources: sources,
+	ct := &chatTemplates{file: file, env: newTemplateEnv(), sources: sources,
 		compiled: map[string]*exec.Template{}, errs: map[string]error{}}
 	for name, src := range sources {
 		tpl, err := ct.compile(name, src)
@@ -108,18 +109,18 @@ func templateConfig() *config.Config {
 func (ct *chatTemplates) compile(name, src string) (tpl *exec.Template, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			tpl, err = nil, &TemplateError{Name: name, Reason: fmt.Sprintf("parse: %v", r)}
+			tpl, err = nil, &TemplateError{File: ct.file, Name: name, Reason: fmt.Sprintf("parse: %v", r)}
 		}
 	}()
 	// A memory loader holding only this template: include/extends/import
 	// cannot reach the file system.
 	loader, lerr := loaders.NewMemoryLoader(map[string]string{"/" + name: src})
 	if lerr != nil {
-		return nil, &TemplateError{Name: name, Reason: lerr.Error()}
+		return nil, &TemplateError{File: ct.file, Name: name, Reason: lerr.Error()}
 	}
 	tpl, err = exec.NewTemplate("/"+name, templateConfig(), loader, ct.env)
 	if err != nil {
-		return nil, &TemplateError{Name: name, Reason: "parse: " + trimSource(err.Error(), src)}
+		return nil, &TemplateError{File: ct.file, Name: name, Reason: "parse: " + trimSource(err.Error(), src)}
 	}
 	return tpl, nil
 }
@@ -184,7 +185,7 @@ func (t *Tokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (str
 	}
 	tpl := t.templates.compiled[name]
 	ctx := exec.NewContext(t.templateVars(messages, &opts))
-	return render(tpl, ctx, name)
+	return t.templates.render(tpl, ctx, name)
 }
 
 func (t *Tokenizer) templateName(want string) (string, error) {
@@ -248,19 +249,19 @@ func (t *Tokenizer) templateVars(messages []Message, opts *ChatOptions) map[stri
 
 // render executes tpl, turning errors and panics inside gonja into
 // *TemplateError values.
-func render(tpl *exec.Template, ctx *exec.Context, name string) (out string, err error) {
+func (ct *chatTemplates) render(tpl *exec.Template, ctx *exec.Context, name string) (out string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			out, err = "", &TemplateError{Name: name, Reason: fmt.Sprintf("render: %v", r)}
+			out, err = "", &TemplateError{File: ct.file, Name: name, Reason: fmt.Sprintf("render: %v", r)}
 		}
 	}()
 	var sb strings.Builder
 	if err := tpl.Execute(&sb, ctx); err != nil {
 		var raised *raisedError
 		if errors.As(err, &raised) {
-			return "", &TemplateError{Name: name, Reason: "raise_exception: " + raised.msg}
+			return "", &TemplateError{File: ct.file, Name: name, Reason: "raise_exception: " + raised.msg}
 		}
-		return "", &TemplateError{Name: name, Reason: err.Error()}
+		return "", &TemplateError{File: ct.file, Name: name, Reason: err.Error()}
 	}
 	return sb.String(), nil
 }
