@@ -231,3 +231,18 @@ func TestTemplateLoopControls(t *testing.T) {
 		t.Errorf("got %q, %v; want %q", got, err, want)
 	}
 }
+
+// TestTemplateGenerationBlock covers transformers' {% generation %} tag;
+// the expected text is Python Jinja2's with the tag's extension.
+func TestTemplateGenerationBlock(t *testing.T) {
+	src := `{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{% set x = 'in' %}<a>{{ m.content }}</a>{% endgeneration %}` +
+		`{% else %}<u>{{ m.content }}</u>{% endif %}{% endfor %}[{{ x }}]`
+	tok, err := FromJSON(mustJSON(t, tinySpec()), mustJSON(t, map[string]any{"chat_template": src}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.ApplyChatTemplate([]Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "r"}}, ChatOptions{})
+	if want := "<u>q</u><a>r</a>[]"; err != nil || got != want {
+		t.Errorf("got %q, %v; want %q", got, err, want)
+	}
+}

@@ -139,6 +139,7 @@ func newTemplateEnv() *exec.Environment {
 	_ = filters.Replace("items", filterItems)
 	tests := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
 	statements := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
+	_ = statements.Register("generation", parseGeneration)
 	globals := exec.NewContext(map[string]any{})
 	for _, name := range []string{"namespace", "dict", "cycler", "joiner"} {
 		if fn, ok := builtins.GlobalFunctions.Get(name); ok {
