@@ -58,7 +58,7 @@ func TestFaults(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEngine(t, WithWorkers(2), withFaults(), WithHeartbeat(100*time.Millisecond, 1500*time.Millisecond), WithMaxLineBytes(64<<10))
+			e := newEngine(t, WithWorkers(2), withFaults(), WithHeartbeat(100*time.Millisecond, 3*time.Second), WithMaxLineBytes(64<<10))
 			m := load(t, e, tiny(t))
 			ctx := context.Background()
 			pa, pb := prompt(1, 12), prompt(2, 9)

@@ -223,7 +223,11 @@ func (p *proc) readLoop(r *bufio.Reader, hello chan *reply, errDone chan struct{
 			continue
 		}
 		if rep.Type == "hello" {
-			hello <- rep
+			select {
+			case hello <- rep:
+			default:
+				p.fail("protocol violation: a second handshake")
+			}
 			continue
 		}
 		p.deliver(rep)
