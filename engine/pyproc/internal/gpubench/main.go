@@ -20,24 +20,28 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/internal/testmodel"
 )
 
 var (
-	python  = flag.String("python", "python3", "interpreter with torch (CUDA) and transformers")
-	dir     = flag.String("dir", "/tmp/llama1b", "checkpoint directory; written if missing")
-	batches = flag.String("batches", "1,8,32,64", "batch sizes")
-	prompt  = flag.Int("prompt", 128, "prompt tokens per sequence")
-	gen     = flag.Int("gen", 128, "decoded tokens per sequence")
-	hf      = flag.Bool("hf", true, "run transformers' generate and the logits check")
-	graphs  = flag.Bool("graphs", true, "CUDA graphs for decode steps")
-	script  = flag.String("script", "engine/pyproc/testdata/hf_bench.py", "transformers script")
-	device  = flag.String("device", "cuda", "torch device")
-	small   = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
+	python    = flag.String("python", "python3", "interpreter with torch (CUDA) and transformers")
+	dir       = flag.String("dir", "/tmp/llama1b", "checkpoint directory; written if missing")
+	batches   = flag.String("batches", "1,8,32,64", "batch sizes")
+	prompt    = flag.Int("prompt", 128, "prompt tokens per sequence")
+	gen       = flag.Int("gen", 128, "decoded tokens per sequence")
+	hf        = flag.Bool("hf", true, "run transformers' generate and the logits check")
+	graphs    = flag.Bool("graphs", true, "CUDA graphs for decode steps")
+	script    = flag.String("script", "engine/pyproc/testdata/hf_bench.py", "transformers script")
+	device    = flag.String("device", "cuda", "torch device")
+	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
+	withStack = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
 )
 
 func main() {
@@ -78,6 +82,10 @@ func main() {
 		fmt.Printf("pyproc batch %d: %.1f tokens/s\n", b, ours[b])
 	}
 	must(m.Close())
+	stack := map[int]float64{}
+	if *withStack {
+		stack = serve(ctx, e, sizes)
+	}
 	theirs := map[string]float64{}
 	if *hf {
 		out := run(nil, *python, *script, "bench", *dir, *batches)
@@ -85,10 +93,11 @@ func main() {
 	}
 	// Bandwidth bound: every decode step reads the weights once.
 	const weightBytes, bandwidth = 2.47e9, 3.0e12
-	fmt.Println("batch | pyproc tok/s | generate tok/s | bound tok/s | pyproc/bound")
+	fmt.Println("batch | engine tok/s | Server tok/s | generate tok/s | bound tok/s | engine/bound | Server/bound")
 	for _, b := range sizes {
 		bound := float64(b) * bandwidth / weightBytes
-		fmt.Printf("%5d | %12.1f | %14.1f | %11.0f | %.3f\n", b, ours[b], theirs[strconv.Itoa(b)], bound, ours[b]/bound)
+		fmt.Printf("%5d | %12.1f | %12.1f | %14.1f | %11.0f | %12.3f | %.3f\n",
+			b, ours[b], stack[b], theirs[strconv.Itoa(b)], bound, ours[b]/bound, stack[b]/bound)
 	}
 }
 
@@ -188,4 +197,70 @@ func must(err error) {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// serve measures decode tokens/s through mlxserving.Server: b concurrent
+// requests of the same shape as decode's, timed from the moment every
+// stream has its first token to the last token.
+func serve(ctx context.Context, e *pyproc.Engine, sizes []int) map[int]float64 {
+	srv, err := mlxserving.New(e, mlxserving.WithBatcherOptions(batcher.WithMaxBatch(64), batcher.WithTokenBudget(64**prompt)))
+	must(err)
+	defer srv.Close()
+	must(srv.LoadModel(ctx, engine.ModelSpec{ID: "served", Path: *dir, ContextLength: 1024, MaxBatch: 64}))
+	vocab := srv.Models()[0].VocabSize
+	res := map[int]float64{}
+	for _, b := range sizes {
+		serveOnce(ctx, srv, b, vocab) // warm-up
+		res[b] = serveOnce(ctx, srv, b, vocab)
+		fmt.Printf("Server batch %d: %.1f tokens/s\n", b, res[b])
+	}
+	return res
+}
+
+func serveOnce(ctx context.Context, srv *mlxserving.Server, b, vocab int) float64 {
+	stamps := make([][]time.Time, b) // when each stream got each token
+	var wg sync.WaitGroup
+	for i := range b {
+		toks := make([]int32, *prompt)
+		for j := range toks {
+			toks[j] = int32((i*7919 + j*104729) % min(120000, vocab))
+		}
+		st, err := srv.Generate(ctx, mlxserving.Request{Model: "served", PromptTokens: toks,
+			Params: mlxserving.Params{MaxTokens: *gen, IgnoreEOS: true}})
+		must(err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c, err := range st.Chunks() {
+				must(err)
+				if c.HasToken {
+					stamps[i] = append(stamps[i], time.Now())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// The window: from the moment every stream has its first token (all
+	// are decoding) to the last token; count the tokens inside it.
+	start, end := stamps[0][0], stamps[0][len(stamps[0])-1]
+	for _, s := range stamps {
+		start = later(start, s[0])
+		end = later(end, s[len(s)-1])
+	}
+	n := 0
+	for _, s := range stamps {
+		for _, t := range s {
+			if t.After(start) {
+				n++
+			}
+		}
+	}
+	return float64(n) / end.Sub(start).Seconds()
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
