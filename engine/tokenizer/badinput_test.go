@@ -246,3 +246,22 @@ func TestTemplateGenerationBlock(t *testing.T) {
 		t.Errorf("got %q, %v; want %q", got, err, want)
 	}
 }
+
+// TestTemplateStringMethods checks the Python string methods that replace
+// gonja's (whose defaults for split(), strip() and replace() differ from
+// Python); expected text is Python's.
+func TestTemplateStringMethods(t *testing.T) {
+	src := `{{ ' a  b\tc '.split() | join('|') }};{{ 'a,b,,c'.split(',') | join('|') }};{{ 'a b c d'.split(None, 1) | join('|') }};` +
+		`{{ 'a,b,c'.split(',', 1) | join('|') }};{{ 'a,b,c'.rsplit(',', 1) | join('|') }};{{ ' a b c '.rsplit(None, 1) | join('|') }};` +
+		`[{{ '  x \n'.strip() }}][{{ '  x '.lstrip() }}][{{ ' x  '.rstrip() }}][{{ 'xxaxx'.strip('x') }}];` +
+		`{{ 'aaa'.replace('a', 'b') }} {{ 'aaa'.replace('a', 'b', 2) }};{{ 'one'.split('|')[-1] }}`
+	tok, err := FromJSON(mustJSON(t, tinySpec()), mustJSON(t, map[string]any{"chat_template": src}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.ApplyChatTemplate(nil, ChatOptions{})
+	want := "a|b|c;a|b||c;a|b c d;a|b,c;a,b|c; a b|c;[x][x ][ x][a];bbb bba;one"
+	if err != nil || got != want {
+		t.Errorf("got  %q, %v\nwant %q", got, err, want)
+	}
+}
