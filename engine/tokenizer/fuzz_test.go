@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -85,6 +86,13 @@ func FuzzEncode(f *testing.F) {
 				}
 			}
 			plain, _ := tok.Encode(text, false)
+			if tok.spaceSplit != "" {
+				whole := *tok
+				whole.spaceSplit = "" // one BPE word per segment: the reference behaviour
+				if ref, _ := whole.Encode(text, false); !slices.Equal(plain, ref) {
+					t.Fatalf("%s: word-by-word encoding %v differs from whole-segment %v for %q", name, plain, ref, text)
+				}
+			}
 			got, err := tok.Decode(plain, false)
 			if err != nil {
 				t.Fatal(err)

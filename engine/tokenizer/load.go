@@ -124,6 +124,7 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 		}
 	}
 	t.buildPieces()
+	t.spaceSplit = t.safeSpaceSplit()
 	return t, nil
 }
 
@@ -302,6 +303,23 @@ func (t *Tokenizer) buildAdded(added []addedToken) error {
 	}
 	t.added = newAddedMatcher(added)
 	return nil
+}
+
+// safeSpaceSplit returns "\u2581" when a SentencePiece-style model (no
+// pre-tokenizer) may be encoded word by word: no vocabulary token holds
+// the rune after a different character.
+func (t *Tokenizer) safeSpaceSplit() string {
+	const sep = "\u2581"
+	if t.pre != nil || t.model.byteLevel {
+		return ""
+	}
+	for tok := range t.model.vocab {
+		rest := strings.TrimLeft(tok, sep)
+		if strings.Contains(rest, sep) {
+			return ""
+		}
+	}
+	return sep
 }
 
 // buildPieces precomputes each id's decoded bytes.

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"unicode/utf8"
 )
 
@@ -12,6 +13,7 @@ type Tokenizer struct {
 	bl             *byteLevelTable
 	normalizers    []normalizer
 	pre            preTokenizer // nil: the whole segment is one word
+	spaceSplit     string       // see encodeSpaceWords; "" when unsafe
 	model          *bpeModel
 	added          *addedMatcher
 	addedByID      map[int32]*addedToken
@@ -97,6 +99,9 @@ func (t *Tokenizer) encodeSegment(dst []int32, s string, first bool) []int32 {
 		return dst
 	}
 	if t.pre == nil {
+		if t.spaceSplit != "" {
+			return t.encodeSpaceWords(dst, s)
+		}
 		return t.model.encodeWord(dst, s)
 	}
 	var buf [64]string
@@ -104,6 +109,30 @@ func (t *Tokenizer) encodeSegment(dst []int32, s string, first bool) []int32 {
 		dst = t.model.encodeWord(dst, w)
 	}
 	return dst
+}
+
+// encodeSpaceWords encodes a SentencePiece-style segment word by word,
+// cutting before each replacement rune that follows another character.
+// Load enables this only when no vocabulary token holds the replacement
+// rune after another character, so no merge can span a cut and the result
+// is exactly that of encoding the whole segment as one word, with the word
+// cache to help.
+func (t *Tokenizer) encodeSpaceWords(dst []int32, s string) []int32 {
+	sep := t.spaceSplit
+	start := 0
+	for i := 0; i < len(s); {
+		j := strings.Index(s[i:], sep)
+		if j < 0 {
+			break
+		}
+		i += j
+		if i > start && !strings.HasSuffix(s[:i], sep) {
+			dst = t.model.encodeWord(dst, s[start:i])
+			start = i
+		}
+		i += len(sep)
+	}
+	return t.model.encodeWord(dst, s[start:])
 }
 
 // Decode turns ids into text. With skipSpecial, special added tokens (BOS,
