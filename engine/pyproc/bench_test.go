@@ -2,8 +2,10 @@ package pyproc
 
 import (
 	"context"
+	"sync"
 	"testing"
 
+	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -75,4 +77,64 @@ func decodeGroup(b *testing.B, m *Model, first, n, steps int) int {
 		m.Free(batch[i].Seq, "")
 	}
 	return n * steps
+}
+
+// BenchmarkServe is the same comparison through the whole stack
+// (mlxserving.Server: scheduler, continuous batcher, pyproc): 16 requests
+// at once versus the same 16 one after another.
+func BenchmarkServe(b *testing.B) {
+	for _, bc := range []struct {
+		name       string
+		concurrent bool
+	}{{"one_at_a_time", false}, {"concurrent16", true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			e := newEngine(b)
+			srv, err := mlxserving.New(e)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer srv.Close()
+			ctx := context.Background()
+			if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(b)}); err != nil {
+				b.Fatal(err)
+			}
+			tokens := 0
+			for b.Loop() {
+				tokens += serveAll(b, srv, 16, 32, bc.concurrent)
+			}
+			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+func serveAll(b *testing.B, srv *mlxserving.Server, n, maxTokens int, concurrent bool) int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	one := func(i int) {
+		defer wg.Done()
+		st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "tiny", PromptTokens: prompt(i, 16),
+			Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		res, err := st.Collect()
+		if err != nil {
+			b.Error(err)
+		}
+		mu.Lock()
+		total += len(res.Tokens)
+		mu.Unlock()
+	}
+	for i := range n {
+		wg.Add(1)
+		if concurrent {
+			go one(i)
+		} else {
+			one(i)
+		}
+	}
+	wg.Wait()
+	return total
 }
