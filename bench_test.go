@@ -53,6 +53,21 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// generate runs one request to its end, reporting failures on tb.
+func generate(tb testing.TB, srv *mlxserving.Server, r mlxserving.Request) (mlxserving.Result, bool) {
+	st, err := srv.Generate(context.Background(), r)
+	if err != nil {
+		tb.Error(err)
+		return mlxserving.Result{}, false
+	}
+	res, err := st.Collect()
+	if err != nil {
+		tb.Error(err)
+		return res, false
+	}
+	return res, true
+}
+
 // runStreams sends n concurrent requests of maxTokens each and returns the
 // tokens received.
 func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
@@ -64,15 +79,9 @@ func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
 		go func() {
 			defer wg.Done()
 			prompt := []int32{int32(i%1000 + 1), 2, 3, 4, 5, 6, 7, 8}
-			st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "sim", PromptTokens: prompt,
+			res, ok := generate(tb, srv, mlxserving.Request{Model: "sim", PromptTokens: prompt,
 				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
-			if err != nil {
-				tb.Error(err)
-				return
-			}
-			res, err := st.Collect()
-			if err != nil {
-				tb.Error(err)
+			if !ok {
 				return
 			}
 			mu.Lock()
@@ -194,15 +203,9 @@ func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[schedu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3, int32(i % 500)},
+			res, ok := generate(tb, srv, mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3, int32(i % 500)},
 				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true, Priority: tier}})
-			if err != nil {
-				tb.Error(err)
-				return
-			}
-			res, err := st.Collect()
-			if err != nil {
-				tb.Error(err)
+			if !ok {
 				return
 			}
 			mu.Lock()
