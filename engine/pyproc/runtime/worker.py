@@ -24,7 +24,7 @@ class Out:
     a stray print cannot corrupt the protocol."""
 
     def __init__(self):
-        self.f = os.fdopen(os.dup(1), "wb", buffering=0)
+        self.f = os.fdopen(os.dup(1), "wb")
         os.dup2(2, 1)
         sys.stdout = sys.stderr
         self.lock = threading.Lock()
@@ -34,7 +34,8 @@ class Out:
 
     def raw(self, data):
         with self.lock:
-            self.f.write(data)
+            self.f.write(data)  # a buffered writer writes it all, however long
+            self.f.flush()
 
 
 class Heartbeat(threading.Thread):
