@@ -14,7 +14,8 @@ import (
 )
 
 // Engine runs models in a pool of supervised Python worker processes. It
-// implements engine.Engine.
+// implements engine.Engine. Create it with New; the zero value is not
+// usable.
 type Engine struct {
 	cfg        config
 	runtimeDir string
@@ -33,11 +34,12 @@ var _ engine.Engine = (*Engine)(nil)
 // slot is one position of the pool: the worker running there now, replaced
 // by its supervisor when it dies.
 type slot struct {
-	idx  int
-	mu   sync.Mutex
-	cur  *proc         // nil while (re)starting
-	up   chan struct{} // closed when cur is set; replaced when cur dies
-	open atomic.Int64  // sequences routed here, for least-loaded routing
+	idx      int
+	restarts atomic.Int64
+	mu       sync.Mutex
+	cur      *proc         // nil while (re)starting
+	up       chan struct{} // closed when cur is set; replaced when cur dies
+	open     atomic.Int64  // sequences routed here, for least-loaded routing
 }
 
 // current returns the live worker, waiting for a restart to finish if one
@@ -118,6 +120,32 @@ func (e *Engine) Backend() (string, map[string]any) {
 	return p.hello.Backend, p.hello.Versions
 }
 
+// WorkerInfo describes one position of the worker pool.
+type WorkerInfo struct {
+	// Index is the worker's position in the pool.
+	Index int
+	// PID is the running process's id; 0 while it is being replaced.
+	PID int
+	// Restarts counts the processes started to replace lost ones.
+	Restarts int
+	// Sequences is the number of open sequences routed to this worker.
+	Sequences int
+}
+
+// Workers describes the pool, one entry per worker.
+func (e *Engine) Workers() []WorkerInfo {
+	out := make([]WorkerInfo, len(e.slots))
+	for i, s := range e.slots {
+		s.mu.Lock()
+		if s.cur != nil && s.cur.alive() {
+			out[i].PID = s.cur.pid()
+		}
+		s.mu.Unlock()
+		out[i].Index, out[i].Restarts, out[i].Sequences = i, int(s.restarts.Load()), int(s.open.Load())
+	}
+	return out
+}
+
 // supervise watches the worker of one slot and replaces it, with
 // exponential backoff, whenever it dies, until the engine closes.
 func (e *Engine) supervise(s *slot, p *proc) {
@@ -143,6 +171,7 @@ func (e *Engine) supervise(s *slot, p *proc) {
 		if p = e.restart(s, b); p == nil {
 			return
 		}
+		s.restarts.Add(1)
 	}
 }
 

@@ -96,6 +96,9 @@ func TestFaults(t *testing.T) {
 			if err != nil || fresh == old || fresh.pid() == old.pid() {
 				t.Fatalf("worker 0 not replaced: %v", err)
 			}
+			if w := e.Workers(); w[0].Restarts != 1 || w[1].Restarts != 0 || w[0].PID != fresh.pid() {
+				t.Errorf("workers after one loss: %+v", w)
+			}
 			// The retried sequence lands on the fresh worker and gets its tokens.
 			if got := generate(t, m, 3, pa, 1); !slices.Equal(got, wantA) {
 				t.Errorf("retry on the fresh worker: %v, want %v", got, wantA)

@@ -13,7 +13,8 @@ import (
 
 // Model is a checkpoint loaded on every worker of an Engine. It implements
 // engine.Model: Open, Step and Free are serialised by the caller; Info is
-// safe for concurrent use.
+// safe for concurrent use. Models come from Engine.Load; the zero value is
+// not usable.
 type Model struct {
 	e      *Engine
 	handle string // the model's name on the workers: unique per Load
