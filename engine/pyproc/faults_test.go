@@ -141,3 +141,37 @@ func TestOversizeRequest(t *testing.T) {
 		m.Free(engine.SeqID(i), "")
 	}
 }
+
+// TestCloseDrains closes the engine while a step is running: the step
+// completes, and Close returns only once the worker process is gone.
+func TestCloseDrains(t *testing.T) {
+	e := newEngine(t, withFaults())
+	m := load(t, e, tiny(t))
+	ctx := context.Background()
+	if _, err := m.Open(ctx, 1, prompt(1, 4), ""); err != nil {
+		t.Fatal(err)
+	}
+	p := inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 0.5})
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: prompt(1, 4), Sample: true, Params: greedy}})
+		done <- err
+	}()
+	for inFlight := 0; inFlight == 0; time.Sleep(10 * time.Millisecond) { // wait until the step is sent
+		p.pmu.Lock()
+		inFlight = len(p.pending)
+		p.pmu.Unlock()
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if alive(p.pid()) {
+		t.Errorf("worker %d still runs after Close returned", p.pid())
+	}
+	if err := <-done; err != nil {
+		t.Errorf("the step in flight at Close: %v, want it completed", err)
+	}
+	if _, err := m.Open(ctx, 2, prompt(1, 4), ""); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Open after Close: %v", err)
+	}
+}
