@@ -259,6 +259,18 @@ func (g *graph) rope(x arr, dims int, theta, scale float32, offset int, freqs ar
 	})
 }
 
+// ropeAt rotates x [N, H, T, D] where batch row i starts at position
+// offsets[i].
+func (g *graph) ropeAt(x arr, dims int, theta, scale float32, offsets, freqs arr) arr {
+	base := C.mlxs_some_float(C.float(theta))
+	if !isNull(freqs) {
+		base = C.mlxs_no_float()
+	}
+	return g.op("rope", func(r *arr) C.int {
+		return C.mlx_fast_rope_dynamic(r, x, C.int(dims), false, base, C.float(scale), offsets, freqs, g.s)
+	})
+}
+
 func (g *graph) sdpa(q, k, v arr, scale float32, causal bool) arr {
 	mode := C.CString("")
 	if causal {

@@ -51,18 +51,21 @@ type feed struct {
 // array when none samples.
 func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	c, w := m.cfg, m.w
-	var ids []int32
-	var last []int32
+	var ids, pos, last []int32
 	for _, f := range feeds {
+		for j := range f.tokens {
+			pos = append(pos, int32(len(f.seq.tokens)+j))
+		}
 		ids = append(ids, f.tokens...)
 		if f.sample {
 			last = append(last, int32(len(ids)-1))
 		}
 		m.grow(g, f.seq, len(f.seq.tokens)+len(f.tokens))
 	}
+	positions := g.int32s(pos, len(pos))
 	x := g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
 	for li := range w.layers {
-		x = m.block(g, li, x, feeds)
+		x = m.block(g, li, x, feeds, positions, len(ids))
 	}
 	if !sampling {
 		return arr{}
@@ -77,11 +80,27 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	return g.astype(g.reshape(logits, len(last), c.Vocab), C.MLX_FLOAT32)
 }
 
-// block is one decoder layer.
-func (m *model) block(g *graph, li int, x arr, feeds []feed) arr {
+// block is one decoder layer. Projections, RoPE and the MLP run over all
+// packed tokens at once; each token is its own RoPE batch row at its own
+// position, so sequences at different offsets rotate in one op.
+func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, n int) arr {
 	c, l := m.cfg, &m.w.layers[li]
 	h := g.rmsNorm(x, l.inNorm, c.NormEps)
+	tokens := func(a arr, heads int) arr { // [1, N, heads*D] -> [N, heads, 1, D]
+		return g.transpose(g.reshape(a, n, 1, heads, c.HeadDim), 0, 2, 1, 3)
+	}
 	q, k, v := l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	if c.QKNorm {
+		q = g.reshape(g.rmsNorm(g.reshape(q, 1, n, c.Heads, c.HeadDim), l.qNorm, c.NormEps), 1, n, c.Heads*c.HeadDim)
+		k = g.reshape(g.rmsNorm(g.reshape(k, 1, n, c.KVHeads, c.HeadDim), l.kNorm, c.NormEps), 1, n, c.KVHeads*c.HeadDim)
+	}
+	scale := float32(1)
+	if c.Rope.Type == "linear" {
+		scale = float32(1 / c.Rope.Factor)
+	}
+	q = g.ropeAt(tokens(q, c.Heads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
+	k = g.ropeAt(tokens(k, c.KVHeads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
+	v = tokens(v, c.KVHeads)
 	outs := make([]arr, len(feeds))
 	row := 0
 	for i, f := range feeds {
@@ -96,25 +115,18 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed) arr {
 }
 
 // attend is one sequence's attention in layer li over rows
-// [row, row+len(f.tokens)) of the packed projections.
+// [row, row+len(f.tokens)) of the rotated q, k, v ([N, heads, 1, D]).
 func (m *model) attend(g *graph, li int, f feed, row int, q, k, v arr) arr {
-	c, l, s := m.cfg, &m.w.layers[li], f.seq
+	c, s := m.cfg, f.seq
 	t, off, d := len(f.tokens), len(s.tokens), c.HeadDim
-	heads := func(a arr, n int) arr {
-		a = g.slice(a, []int{0, row, 0}, []int{1, row + t, n * d})
-		return g.reshape(a, 1, t, n, d)
+	heads := func(a arr, n int) arr { // rows -> [1, n, t, D]
+		a = g.slice(a, []int{row, 0, 0, 0}, []int{row + t, n, 1, d})
+		if t == 1 {
+			return a
+		}
+		return g.reshape(g.transpose(a, 2, 1, 0, 3), 1, n, t, d)
 	}
 	qs, ks, vs := heads(q, c.Heads), heads(k, c.KVHeads), heads(v, c.KVHeads)
-	if c.QKNorm {
-		qs, ks = g.rmsNorm(qs, l.qNorm, c.NormEps), g.rmsNorm(ks, l.kNorm, c.NormEps)
-	}
-	qs, ks, vs = g.transpose(qs, 0, 2, 1, 3), g.transpose(ks, 0, 2, 1, 3), g.transpose(vs, 0, 2, 1, 3)
-	scale := float32(1)
-	if c.Rope.Type == "linear" {
-		scale = float32(1 / c.Rope.Factor)
-	}
-	qs = g.rope(qs, d, c.RopeTheta, scale, off, m.w.freqs)
-	ks = g.rope(ks, d, c.RopeTheta, scale, off, m.w.freqs)
 	start, stop := []int{0, 0, off, 0}, []int{1, c.KVHeads, off + t, d}
 	kc, vc := g.sliceUpdate(s.k[li], ks, start, stop), g.sliceUpdate(s.v[li], vs, start, stop)
 	m.replace(g, &s.k[li], kc)
@@ -122,6 +134,9 @@ func (m *model) attend(g *graph, li int, f feed, row int, q, k, v arr) arr {
 	all := []int{1, c.KVHeads, off + t, d}
 	kv, vv := g.slice(kc, []int{0, 0, 0, 0}, all), g.slice(vc, []int{0, 0, 0, 0}, all)
 	o := g.sdpa(qs, kv, vv, float32(1/math.Sqrt(float64(d))), t > 1)
+	if t == 1 {
+		return g.reshape(o, 1, 1, c.Heads*d)
+	}
 	return g.reshape(g.transpose(o, 0, 2, 1, 3), 1, t, c.Heads*d)
 }
 
