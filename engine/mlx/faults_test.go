@@ -188,3 +188,36 @@ func TestCloseSemantics(t *testing.T) {
 		t.Fatalf("Load after Close: %v", err)
 	}
 }
+
+// TestSavedKVGivesWay lowers MLX's memory limit below what is in use: the
+// next Open evicts saved prefixes, so their keys reuse nothing.
+func TestSavedKVGivesWay(t *testing.T) {
+	e := newEngine(t)
+	m := load(t, e, tinyDir(t, nil))
+	ctx := context.Background()
+	p := prompts()[2]
+	if _, err := m.Open(ctx, 1, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: p}}); err != nil {
+		t.Fatal(err)
+	}
+	m.Free(1, "kept")
+	mem, err := metal.ReadMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := metal.SetMemoryLimit(mem.Active)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer metal.SetMemoryLimit(prev)
+	longer := append(slices.Clone(p), 5)
+	if r, err := m.Open(ctx, 2, longer, "kept"); err != nil || r != 0 {
+		t.Fatalf("under memory pressure Open reused %d, %v; want 0 (saved KV evicted)", r, err)
+	}
+	m.Free(2, "")
+	if len(m.saved) != 0 {
+		t.Fatalf("%d saved prefixes left", len(m.saved))
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/metal"
 )
 
 // model is a loaded checkpoint. Its state is touched only on the engine's
@@ -75,6 +76,7 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 			return fmt.Errorf("mlx: %s: KV cache holds %d of %d tokens; %d more do not fit now: %w",
 				m.info.ID, m.used, m.info.KVCapacity, len(prompt), engine.ErrOutOfMemory)
 		}
+		m.relieve()
 		s := &seqState{reserved: len(prompt)}
 		if prefixKey != "" {
 			reused = m.attach(g, s, prompt, prefixKey)
@@ -138,6 +140,25 @@ func (m *model) save(key string, s *seqState) {
 	}
 	m.saved = append(m.saved, &savedKV{key: key, seq: s})
 	for len(m.saved) > m.eng.opts.prefixSlots {
+		m.saved[0].seq.free()
+		m.saved = m.saved[1:]
+	}
+	m.relieve()
+}
+
+// relieve evicts saved prefixes, least recently used first, while MLX's
+// active memory is above 90% of its limit: saved KV gives way to live
+// sequences.
+func (m *model) relieve() {
+	for len(m.saved) > 0 {
+		mem, err := metal.ReadMemory()
+		if err != nil {
+			return
+		}
+		limit, err := metal.MemoryLimit()
+		if err != nil || mem.Active <= limit/10*9 {
+			return
+		}
 		m.saved[0].seq.free()
 		m.saved = m.saved[1:]
 	}
