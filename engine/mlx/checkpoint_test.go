@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,6 +75,22 @@ func TestPlanTinyArchitectures(t *testing.T) {
 		if len(mods) != want {
 			t.Errorf("%s: %d modules, want %d", arch, len(mods), want)
 		}
+	}
+}
+
+func TestGenerationEOS(t *testing.T) {
+	dir := writeTiny(t, testmodel.Tiny())
+	c, err := readConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.EOS) == 0 {
+		t.Fatal("no EOS read")
+	}
+	want := append(slices.Clone(c.EOS), 7, 9)
+	os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"eos_token_id": [7, 9]}`), 0o644)
+	if c, err = readConfig(dir); err != nil || !slices.Equal(c.EOS, want) {
+		t.Fatalf("EOS %v, %v; want %v", c.EOS, err, want)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
@@ -109,7 +110,39 @@ func readConfig(dir string) (*modelConfig, error) {
 	if reason != "" {
 		return nil, &engine.CheckpointError{Path: path, Reason: reason}
 	}
+	if err := c.addGenerationEOS(dir); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// addGenerationEOS adds the end tokens of generation_config.json (chat
+// models often list more there than config.json does).
+func (c *modelConfig) addGenerationEOS(dir string) error {
+	path := filepath.Join(dir, "generation_config.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return &engine.CheckpointError{Path: path, Reason: err.Error()}
+	}
+	var g struct {
+		EOS json.RawMessage `json:"eos_token_id"`
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		return &engine.CheckpointError{Path: path, Reason: "invalid JSON: " + err.Error()}
+	}
+	eos, reason := parseEOS(g.EOS)
+	if reason != "" {
+		return &engine.CheckpointError{Path: path, Reason: reason}
+	}
+	for _, t := range eos {
+		if !slices.Contains(c.EOS, t) {
+			c.EOS = append(c.EOS, t)
+		}
+	}
+	return nil
 }
 
 var archByType = map[string]string{"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}

@@ -1,11 +1,15 @@
 // Package mlx is the engine that runs Llama-family checkpoints in-process on
 // MLX (github.com/ml-explore/mlx) through its C API, mlx-c. It loads
-// Hugging Face-layout checkpoints (Llama 2/3, Mistral, Qwen2 and Qwen3 dense)
-// in float32, float16 or bfloat16 and MLX affine 4- and 8-bit quantized form,
+// Hugging Face-layout checkpoints (Llama 2/3 with llama3 or linear RoPE
+// scaling, Mistral, Qwen2 with q/k/v biases, Qwen3 with q/k norms; GQA;
+// tied embeddings; sharded through model.safetensors.index.json) in
+// float32, float16 or bfloat16 and MLX affine 2- to 8-bit quantized form,
 // runs the forward pass as MLX ops (fast RMSNorm, RoPE, scaled-dot-product
 // attention), keeps a KV cache per sequence, decodes a whole batch of
 // sequences of different lengths in one forward pass and samples on the
-// device.
+// device. Sliding-window attention (Mistral's sliding_window) is not
+// applied: contexts beyond the window attend to every token.
+// [Engine.Quantize] writes MLX affine checkpoints from float ones.
 //
 // Use:
 //

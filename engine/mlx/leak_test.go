@@ -62,7 +62,10 @@ func TestNoLeaks(t *testing.T) {
 	if after.Active != base.Active {
 		t.Fatalf("active memory %d after %d requests, baseline %d", after.Active, n, base.Active)
 	}
-	if now := threads(t); now > baseThreads+1 {
+	// The Go runtime may add a few threads under load; a leak would add
+	// one or more per request.
+	const slack = 4
+	if now := threads(t); now > baseThreads+slack {
 		t.Fatalf("threads %d -> %d over %d requests", baseThreads, now, n)
 	}
 	// MLX gives every thread that uses it its own default stream, with a
@@ -78,7 +81,7 @@ func TestNoLeaks(t *testing.T) {
 		load(t, e2, tinyDir(t, nil))
 		e2.Close()
 	}
-	if now := threads(t); now > before+cycles+1 {
+	if now := threads(t); now > before+cycles+slack {
 		t.Fatalf("threads %d -> %d after %d engines started and closed", before, now, cycles)
 	}
 }
