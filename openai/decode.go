@@ -74,7 +74,7 @@ func jsonError(err error) error {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return badRequest("", "invalid_json", "invalid JSON: the body is empty or ends early")
 	case errors.As(err, &typ):
-		field := typ.Field
+		field := strings.ReplaceAll(typ.Field, "commonFields.", "")
 		if field == "" {
 			return badRequest("", "invalid_type", "the request body must be a JSON object, not %s", typ.Value)
 		}

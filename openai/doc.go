@@ -24,7 +24,8 @@
 // an array of text parts), prompt (a string, one token-id array, or a
 // one-element array of either), max_tokens, max_completion_tokens,
 // temperature (default 1, as OpenAI), top_p, stop (string or list), seed,
-// stream, stream_options.include_usage, logprobs (chat: true with
+// stream, stream_options.include_usage (include_obfuscation is accepted;
+// no obfuscation padding is added), logprobs (chat: true with
 // top_logprobs 0; completions: 0 — only the sampled token's logprob exists),
 // user (used as the client key for per-client rate limits). When max_tokens
 // is absent the request generates up to the default (WithDefaultMaxTokens),

@@ -36,6 +36,9 @@ type commonFields struct {
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+	// IncludeObfuscation is accepted for clients that send it; this
+	// server adds no obfuscation padding to chunks.
+	IncludeObfuscation *bool `json:"include_obfuscation"`
 }
 
 type chatRequest struct {

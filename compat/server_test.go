@@ -1,0 +1,51 @@
+package compat_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/openai"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startServer serves the project's test checkpoint (real tokenizer and
+// chat template) on the simulated engine behind the OpenAI handler, on a
+// loopback port. It returns the base URL (without /v1).
+func startServer(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := testmodel.Tiny()
+	if err := testmodel.Write(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sim, err := enginetest.NewSim(enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := mlxserving.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := openai.New(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(func() {
+		ts.Close()
+		_ = srv.Close()
+		_ = sim.Close()
+	})
+	return ts.URL
+}

@@ -1,0 +1,212 @@
+// Command server is an OpenAI-compatible HTTP server over mlxserving: the
+// template for serving models from a Go program.
+//
+//	go run ./examples/server                       # the project's generated test model
+//	go run ./examples/server -model /models/Llama-3.2-1B-Instruct -engine pyproc
+//	curl -N 127.0.0.1:8080/v1/chat/completions -d '{"model":"tiny","stream":true,
+//	     "messages":[{"role":"user","content":"Hello"}],"max_tokens":32}'
+//
+// Without -model it writes the project's small random-weight checkpoint
+// (internal/testmodel) to a temporary directory and serves it as "tiny". The
+// engine is chosen by -engine: "auto" (the default) takes the Python engine
+// when python3 with torch can run, then the MLX engine when built with the
+// mlx tag, and otherwise the simulated engine (pseudo-tokens, no model),
+// which it says in the log. Metrics are served in Prometheus format on
+// /metrics from the server's own registry. SIGTERM or SIGINT stop it
+// gracefully: it stops accepting, lets in-flight streams finish (up to
+// -drain), then unloads the models.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/openai"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr, model, modelID, engine, python string
+	drain, simStep                       time.Duration
+	verbose                              bool
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
+	fs.StringVar(&o.model, "model", "", "Hugging Face-layout checkpoint directory (default: the generated test model)")
+	fs.StringVar(&o.modelID, "model-id", "", "the model's id in requests (default: the directory's name, or \"tiny\")")
+	fs.StringVar(&o.engine, "engine", "auto", "auto, pyproc, mlx or sim")
+	fs.StringVar(&o.python, "python", "", "python interpreter for the pyproc engine (default: python3 on PATH)")
+	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
+	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
+	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch o.engine {
+	case "auto", "pyproc", "mlx", "sim":
+	default:
+		return o, fmt.Errorf("-engine %q: want auto, pyproc, mlx or sim", o.engine)
+	}
+	return o, nil
+}
+
+// run serves until ctx ends, then shuts down gracefully. If listening is
+// not nil it receives the address once the server accepts connections.
+func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- string) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if o.verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
+
+	dir, id, cleanup, err := checkpoint(o)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	eng, err := openEngine(ctx, o, dir, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = eng.Close() }()
+
+	mp, metricsHandler, err := newMetrics()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
+	srv, err := mlxserving.New(eng, mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = srv.Close() }()
+
+	var warm atomic.Bool
+	h, err := openai.New(srv, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
+		openai.WithReadyCheck(func(context.Context) error {
+			if !warm.Load() {
+				return errors.New("loading and warming the model")
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String())
+
+	if err := loadAndWarm(ctx, srv, engine.ModelSpec{ID: id, Path: dir}, log); err != nil {
+		_ = hs.Close()
+		<-served
+		return err
+	}
+	warm.Store(true)
+	if listening != nil {
+		listening <- ln.Addr().String()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	return shutdown(hs, srv, served, o.drain, log)
+}
+
+// shutdown stops accepting, waits for in-flight requests (streams
+// included), then drains and unloads the models.
+func shutdown(hs *http.Server, srv *mlxserving.Server, served <-chan error, drain time.Duration, log *slog.Logger) error {
+	log.Info("shutting down", "drain", drain)
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	httpErr := hs.Shutdown(ctx)
+	if httpErr != nil {
+		log.Warn("in-flight requests did not finish in time", "err", httpErr)
+		_ = hs.Close()
+	}
+	<-served
+	srvErr := srv.Shutdown(ctx)
+	log.Info("stopped")
+	return errors.Join(httpErr, srvErr)
+}
+
+// loadAndWarm loads the model and runs a short generation so the first
+// request pays no start-up cost.
+func loadAndWarm(ctx context.Context, srv *mlxserving.Server, spec engine.ModelSpec, log *slog.Logger) error {
+	start := time.Now()
+	if err := srv.LoadModel(ctx, spec); err != nil {
+		return err
+	}
+	st, err := srv.Generate(ctx, mlxserving.Request{Model: spec.ID, PromptTokens: []int32{1, 2, 3}, Params: mlxserving.Params{MaxTokens: 2}})
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	if _, err := st.Collect(); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	log.Info("model ready", "model", spec.ID, "path", spec.Path, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// checkpoint returns the directory to serve and the model id: -model, or
+// the generated test checkpoint in a temporary directory.
+func checkpoint(o options) (dir, id string, cleanup func(), err error) {
+	if o.model != "" {
+		id = o.modelID
+		if id == "" {
+			id = filepath.Base(filepath.Clean(o.model))
+		}
+		return o.model, id, func() {}, nil
+	}
+	dir, err = os.MkdirTemp("", "mlxserving-tiny-*")
+	if err != nil {
+		return "", "", nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	if err := writeTestModel(dir); err != nil {
+		cleanup()
+		return "", "", nil, err
+	}
+	id = o.modelID
+	if id == "" {
+		id = "tiny"
+	}
+	return dir, id, cleanup, nil
+}

@@ -1,0 +1,175 @@
+package openai_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+func msgs(content any) []map[string]any {
+	return []map[string]any{{"role": "user", "content": content}}
+}
+
+// TestMalformedRequests sends every kind of bad request at once, with a
+// well-formed request alongside: each gets its status and an OpenAI-shaped
+// body naming the problem, and the good request completes.
+func TestMalformedRequests(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	chat := "/v1/chat/completions"
+	cases := []struct {
+		name   string
+		path   string
+		body   any
+		header []string
+		status int
+		param  string // expected "param", "" for null
+		want   string // substring of the message
+	}{
+		{"invalid JSON", chat, `{"model":"tiny",`, nil, 400, "", "invalid JSON"},
+		{"not an object", chat, `[1,2]`, nil, 400, "", "JSON object"},
+		{"trailing data", chat, `{"model":"tiny","messages":[{"role":"user","content":"hi"}]} {}`, nil, 400, "", "after the request object"},
+		{"empty body", chat, ``, nil, 400, "", "empty"},
+		{"wrong type max_tokens", chat, chatBody(map[string]any{"max_tokens": "ten"}), nil, 400, "max_tokens", "wrong type"},
+		{"wrong type messages", chat, chatBody(map[string]any{"messages": "hi"}), nil, 400, "messages", "wrong type"},
+		{"wrong type content", chat, chatBody(map[string]any{"messages": msgs(42)}), nil, 400, "messages.0.content", "string or an array"},
+		{"wrong type stop", chat, chatBody(map[string]any{"stop": 7}), nil, 400, "stop", "string or an array"},
+		{"unknown field", chat, chatBody(map[string]any{"frobnicate": true}), nil, 400, "frobnicate", "unknown or unsupported field"},
+		{"missing model", chat, chatBody(map[string]any{"model": ""}), nil, 400, "model", "required"},
+		{"empty messages", chat, chatBody(map[string]any{"messages": []any{}}), nil, 400, "messages", "at least one"},
+		{"unknown role", chat, chatBody(map[string]any{"messages": []map[string]any{{"role": "wizard", "content": "x"}}}), nil, 400, "messages.0.role", "unknown role"},
+		{"missing content", chat, chatBody(map[string]any{"messages": []map[string]any{{"role": "user"}}}), nil, 400, "messages.0.content", "no content"},
+		{"image part", chat, chatBody(map[string]any{"messages": msgs([]map[string]any{{"type": "image_url", "image_url": map[string]string{"url": "x"}}})}), nil, 400, "messages.0.content.0.type", "text parts only"},
+		{"negative max_tokens", chat, chatBody(map[string]any{"max_tokens": -1}), nil, 400, "max_tokens", "at least 1"},
+		{"zero max_completion_tokens", chat, chatBody(map[string]any{"max_completion_tokens": 0}), nil, 400, "max_completion_tokens", "at least 1"},
+		{"huge max_tokens", chat, chatBody(map[string]any{"max_tokens": 1 << 40}), nil, 400, "messages", "context length exceeded"},
+		{"max_tokens beyond int", chat, `{"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":1e40}`, nil, 400, "max_tokens", "wrong type"},
+		{"temperature 5", chat, chatBody(map[string]any{"temperature": 5}), nil, 400, "temperature", "out of range"},
+		{"top_p 0", chat, chatBody(map[string]any{"top_p": 0}), nil, 400, "top_p", "greater than 0"},
+		{"top_p 2", chat, chatBody(map[string]any{"top_p": 2}), nil, 400, "top_p", "out of range"},
+		{"n 2", chat, chatBody(map[string]any{"n": 2}), nil, 400, "n", "only one choice"},
+		{"tools", chat, chatBody(map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f"}}}}), nil, 400, "tools", "not supported"},
+		{"json schema", chat, chatBody(map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x"}}}), nil, 400, "response_format", "not supported"},
+		{"logit_bias", chat, chatBody(map[string]any{"logit_bias": map[string]int{"50": 10}}), nil, 400, "logit_bias", "not supported"},
+		{"presence_penalty", chat, chatBody(map[string]any{"presence_penalty": 0.5}), nil, 400, "presence_penalty", "not supported"},
+		{"top_logprobs", chat, chatBody(map[string]any{"logprobs": true, "top_logprobs": 3}), nil, 400, "top_logprobs", "not supported"},
+		{"stream_options without stream", chat, chatBody(map[string]any{"stream_options": map[string]any{"include_usage": true}}), nil, 400, "stream_options", "only allowed"},
+		{"unknown model", chat, chatBody(map[string]any{"model": "gpt-9"}), nil, 404, "model", `"gpt-9" is not loaded`},
+		{"unknown tier in body", chat, chatBody(map[string]any{"priority": "urgent"}), nil, 400, "priority", "unknown priority"},
+		{"unknown tier in header", chat, chatBody(nil), []string{"X-Priority", "asap"}, 400, "priority", "unknown priority"},
+		{"invalid UTF-8", chat, []byte("{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"), nil, 400, "", "not valid UTF-8"},
+		{"20 MB body", chat, `{"model":"tiny","messages":[{"role":"user","content":"` + strings.Repeat("a", 20<<20) + `"}]}`, nil, 413, "", "limit"},
+		{"several prompts", "/v1/completions", map[string]any{"model": "tiny", "prompt": []string{"a", "b"}}, nil, 400, "prompt", "only one"},
+		{"empty prompt", "/v1/completions", map[string]any{"model": "tiny", "prompt": ""}, nil, 400, "prompt", "empty"},
+		{"token outside vocabulary", "/v1/completions", map[string]any{"model": "tiny", "prompt": []int{1, 999999}, "max_tokens": 2}, nil, 400, "prompt", "outside the vocabulary"},
+		{"echo", "/v1/completions", map[string]any{"model": "tiny", "prompt": "a", "echo": true}, nil, 400, "echo", "not supported"},
+		{"completion logprobs 5", "/v1/completions", map[string]any{"model": "tiny", "prompt": "a", "logprobs": 5}, nil, 400, "logprobs", "only 0"},
+	}
+	var wg sync.WaitGroup
+	good := make(chan string, 1)
+	wg.Go(func() {
+		status, _, body := f.post(t, chat, chatBody(map[string]any{"max_tokens": 32}))
+		if status != http.StatusOK {
+			good <- string(body)
+			return
+		}
+		good <- ""
+	})
+	for _, c := range cases {
+		wg.Go(func() {
+			status, _, body := f.post(t, c.path, c.body, c.header...)
+			if status != c.status {
+				t.Errorf("%s: status %d, want %d: %.300s", c.name, status, c.status, body)
+				return
+			}
+			e, ok := mustJSON(t, body)["error"].(map[string]any)
+			if !ok {
+				t.Errorf("%s: no error object: %.300s", c.name, body)
+				return
+			}
+			msg, _ := e["message"].(string)
+			if _, ok := e["type"].(string); !ok || !strings.Contains(msg, c.want) {
+				t.Errorf("%s: error %v; want a type and a message with %q", c.name, e, c.want)
+			}
+			if p, _ := e["param"].(string); p != c.param {
+				t.Errorf("%s: param %v, want %q", c.name, e["param"], c.param)
+			}
+		})
+	}
+	wg.Wait()
+	if msg := <-good; msg != "" {
+		t.Fatalf("the well-formed request failed: %s", msg)
+	}
+}
+
+// TestQueueFull: with one batch slot and a queue of one, a third request
+// is refused at once with 429 and Retry-After.
+func TestQueueFull(t *testing.T) {
+	f := newFixture(t, fixtureOpts{
+		sim:    []enginetest.SimOption{enginetest.WithMaxBatch(1), enginetest.WithStepTime(5*time.Millisecond, 0)},
+		server: []mlxserving.Option{mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(1))},
+	})
+	var wg sync.WaitGroup
+	statuses := make(chan int, 6)
+	retryAfter := make(chan string, 6)
+	for range 6 {
+		wg.Go(func() {
+			status, hdr, body := f.post(t, "/v1/completions", map[string]any{"model": "tiny", "prompt": []int{1, 2}, "max_tokens": 20, "ignore_eos": true})
+			statuses <- status
+			if status == http.StatusTooManyRequests {
+				retryAfter <- hdr.Get("Retry-After")
+				if !strings.Contains(string(body), `"type":"rate_limit_error"`) {
+					t.Errorf("429 body: %s", body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	close(retryAfter)
+	counts := map[int]int{}
+	for s := range statuses {
+		counts[s]++
+	}
+	if counts[429] == 0 || counts[200] == 0 || counts[200]+counts[429] != 6 {
+		t.Fatalf("statuses %v: want some 200 and some 429", counts)
+	}
+	for ra := range retryAfter {
+		if ra == "" || ra == "0" {
+			t.Errorf("429 with Retry-After %q", ra)
+		}
+	}
+}
+
+// TestDisconnectFreesKV: a client that goes away mid-stream cancels its
+// generation, and the engine's sequence (and its KV) is freed.
+func TestDisconnectFreesKV(t *testing.T) {
+	f := newFixture(t, fixtureOpts{sim: []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.ts.URL+"/v1/completions",
+		strings.NewReader(`{"model":"tiny","prompt":[1,2,3],"max_tokens":400,"ignore_eos":true,"stream":true}`))
+	resp, err := f.ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.sim.Stats().OpenSequences; n != 1 {
+		t.Fatalf("open sequences while streaming: %d, want 1", n)
+	}
+	cancel()
+	_ = resp.Body.Close()
+	waitFor(t, "the sequence to be freed", func() bool { return f.sim.Stats().OpenSequences == 0 })
+	if steps := f.sim.Stats().Steps; steps >= 400 {
+		t.Fatalf("generation ran to the end (%d steps) despite the disconnect", steps)
+	}
+}

@@ -1,0 +1,90 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// TestErrorTable checks the one mapping from the library's errors to
+// statuses, including the errors a live test cannot provoke on demand.
+func TestErrorTable(t *testing.T) {
+	cases := []struct {
+		err        error
+		status     int
+		code       string
+		retryAfter string
+	}{
+		{&engine.InvalidParamError{Param: "top_p", Reason: "bad"}, 400, "invalid_value", ""},
+		{&engine.ContextLengthError{Model: "m", Prompt: 600, Limit: 512}, 400, "context_length_exceeded", ""},
+		{&scheduler.CapacityError{Model: "m", Prompt: 10, MaxNew: 10, Capacity: 15}, 400, "exceeds_kv_capacity", ""},
+		{&scheduler.UnknownTierError{Value: "x"}, 400, "invalid_value", ""},
+		{&mlxserving.ModelNotFoundError{Model: "x"}, 404, "model_not_found", ""},
+		{fmt.Errorf("chat: %w", mlxserving.ErrNoTokenizer), 400, "unsupported_model", ""},
+		{&http.MaxBytesError{Limit: 10}, 413, "request_too_large", ""},
+		{&scheduler.QueueFullError{Queued: 5, MaxQueued: 5, RetryAfter: 1500 * time.Millisecond}, 429, "queue_full", "2"},
+		{&scheduler.RateLimitError{Client: "c", RetryAfter: 3 * time.Second}, 429, "rate_limit_exceeded", "3"},
+		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", ""},
+		{mlxserving.ErrServerClosed, 503, "unavailable", ""},
+		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
+		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
+		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 500, "engine_error", ""},
+		{context.DeadlineExceeded, 504, "timeout", ""},
+	}
+	for _, c := range cases {
+		w := httptest.NewRecorder()
+		writeError(w, c.err)
+		var body struct {
+			Error struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+				Code    *string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%v: body %q: %v", c.err, w.Body, err)
+		}
+		if w.Code != c.status || body.Error.Code == nil || *body.Error.Code != c.code || (body.Error.Message != c.err.Error() && c.status != 413) || body.Error.Type == "" {
+			t.Errorf("%T %v: %d %s; want %d code %s", c.err, c.err, w.Code, w.Body, c.status, c.code)
+		}
+		if got := w.Header().Get("Retry-After"); got != c.retryAfter {
+			t.Errorf("%v: Retry-After %q, want %q", c.err, got, c.retryAfter)
+		}
+	}
+}
+
+// FuzzAppendString checks the streaming path's JSON string encoder
+// against encoding/json: same decoded value for any input.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "hello", "quote\" back\\slash", "\n\r\t\x00\x1f", "héllo 世界 🎉", "\xff\xfe bad", "\u2028\u2029", "<&>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := appendString(nil, s)
+		var got string
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("appendString(%q) = %s: invalid JSON: %v", s, b, err)
+		}
+		want := strings.ToValidUTF8(s, "\ufffd")
+		ref, _ := json.Marshal(s)
+		var refDecoded string
+		_ = json.Unmarshal(ref, &refDecoded)
+		if got != refDecoded && got != want {
+			t.Fatalf("appendString(%q) decodes to %q; encoding/json gives %q", s, got, refDecoded)
+		}
+		if !utf8.Valid(b) {
+			t.Fatalf("appendString(%q) is not UTF-8", s)
+		}
+	})
+}
