@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/openai"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPercentileMatchesNumpy(t *testing.T) {
+	s := []time.Duration{1000, 2000, 3000, 4000, 10000}
+	// numpy.percentile([1,2,3,4,10], [0, 50, 90, 99, 100]) = 1, 3, 7.6, 9.76, 10
+	for _, c := range []struct {
+		p    float64
+		want float64
+	}{{0, 1}, {50, 3}, {90, 7.6}, {99, 9.76}, {100, 10}} {
+		if got := float64(percentile(s, c.p)) / 1000; got < c.want-0.01 || got > c.want+0.01 {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+}
+
+func TestSummaryDefinitions(t *testing.T) {
+	ms := time.Millisecond
+	results := []*result{
+		{ttft: 100 * ms, e2e: 1000 * ms, outputTokens: 10, promptTokens: 5, itl: []time.Duration{100 * ms, 100 * ms}},
+		{ttft: 300 * ms, e2e: 500 * ms, outputTokens: 3, promptTokens: 5},
+		{ttft: 50 * ms, e2e: 50 * ms, outputTokens: 1, promptTokens: 5},
+		{err: context.DeadlineExceeded},
+	}
+	s := summarize(results, 2*time.Second, slo{ttft: 200 * ms, tpot: 95 * ms}, []float64{50})
+	if s.Completed != 3 || s.Failed != 1 || s.OutputToks != 14 || s.PromptTokens != 15 {
+		t.Fatalf("counts %+v", s)
+	}
+	// TPOT = (e2e - ttft) / (out - 1): 100 ms and 100 ms; one-token outputs have none.
+	if s.TPOT.N != 2 || s.TPOT.Mean != 100*ms {
+		t.Errorf("TPOT %+v", s.TPOT)
+	}
+	// Goodput: the first misses tpot 95 ms, the second misses ttft, the third meets both.
+	if s.GoodRequests != 1 || s.Goodput != 0.5 {
+		t.Errorf("goodput %d requests, %v req/s", s.GoodRequests, s.Goodput)
+	}
+	if s.RequestThroughput != 1.5 || s.OutputThroughput != 7 || s.TotalThroughput != 14.5 {
+		t.Errorf("throughput %v %v %v", s.RequestThroughput, s.OutputThroughput, s.TotalThroughput)
+	}
+	if s.ITL.N != 2 {
+		t.Errorf("ITL %+v", s.ITL)
+	}
+}
+
+func TestRefusesNonLoopback(t *testing.T) {
+	for _, target := range []string{"http://10.0.0.1:8080", "http://example.com", "ftp://127.0.0.1", "http://0.0.0.0:80"} {
+		if _, _, _, _, err := parseFlags([]string{"-url", target}); err == nil {
+			t.Errorf("%s accepted", target)
+		}
+	}
+	for _, target := range []string{"http://127.0.0.1:1", "http://localhost:8080", "http://[::1]:8080"} {
+		u, _ := url.Parse(target)
+		if err := checkLoopback(u); err != nil {
+			t.Errorf("%s refused: %v", target, err)
+		}
+	}
+	for _, args := range [][]string{{"-requests", "0"}, {"-duration", "2h"}, {"-concurrency", "0"}, {"-rate", "-1"}, {"-endpoint", "x"}, {"-percentiles", "120"}} {
+		if _, _, _, _, err := parseFlags(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+// TestAgainstServer runs the generator against the real handler on the
+// simulated engine: closed loop and Poisson, streaming and not.
+func TestAgainstServer(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testmodel.Tiny()
+	if err := testmodel.Write(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sim, err := enginetest.NewSim(enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength),
+		enginetest.WithStepTime(time.Millisecond, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv, err := mlxserving.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := openai.New(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(h)
+	defer ts.Close()
+	for _, args := range [][]string{
+		{"-requests", "20", "-concurrency", "4", "-max-tokens", "8", "-slo-ttft", "10s"},
+		{"-requests", "10", "-rate", "200", "-endpoint", "completions", "-max-tokens", "5"},
+		{"-requests", "5", "-stream=false", "-max-tokens", "4"},
+	} {
+		var out bytes.Buffer
+		if err := mainErr(context.Background(), append([]string{"-url", ts.URL}, args...), &out); err != nil {
+			t.Fatal(err)
+		}
+		report := out.String()
+		for _, want := range []string{"Successful requests:", "Failed requests:                0", "Time to First Token", "Inter-token Latency", "p99"} {
+			if !strings.Contains(report, want) {
+				t.Errorf("%q: report lacks %q:\n%s", args, want, report)
+			}
+		}
+		if strings.Contains(args[len(args)-1], "10s") && !strings.Contains(report, "(20 of 20 requests met") {
+			t.Errorf("goodput:\n%s", report)
+		}
+	}
+}
