@@ -173,3 +173,22 @@ func TestDisconnectFreesKV(t *testing.T) {
 		t.Fatalf("generation ran to the end (%d steps) despite the disconnect", steps)
 	}
 }
+
+// TestSlowReaderDoesNotBlock: a client that stops reading its stream holds
+// up only its own writes; the batcher runs its sequence to the end and
+// serves other requests meanwhile.
+func TestSlowReaderDoesNotBlock(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	req, _ := http.NewRequest(http.MethodPost, f.ts.URL+"/v1/completions",
+		strings.NewReader(`{"model":"tiny","prompt":[1,2,3],"max_tokens":500,"ignore_eos":true,"stream":true,"logprobs":0}`))
+	resp, err := f.ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	status, _, body := f.post(t, "/v1/completions", map[string]any{"model": "tiny", "prompt": []int{4, 5}, "max_tokens": 50, "ignore_eos": true})
+	if status != http.StatusOK {
+		t.Fatalf("second request: %d %s", status, body)
+	}
+	waitFor(t, "the unread stream's generation to finish", func() bool { return f.sim.Stats().OpenSequences == 0 })
+}
