@@ -89,6 +89,23 @@ func TestChatNonStreaming(t *testing.T) {
 	if !strings.Contains(string(body), `"prompt_tokens_details":{"cached_tokens":0}`) {
 		t.Errorf("usage lacks prompt_tokens_details.cached_tokens: %s", body)
 	}
+	_, _, body = f.post(t, "/v1/chat/completions", chatBody(map[string]any{"logprobs": true, "top_logprobs": 0}))
+	var lp struct {
+		Content []struct {
+			Token       string  `json:"token"`
+			Logprob     float64 `json:"logprob"`
+			Bytes       []int   `json:"bytes"`
+			TopLogprobs []any   `json:"top_logprobs"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(decodeCompletion(t, body).Choices[0].Logprobs, &lp); err != nil || len(lp.Content) != 8 {
+		t.Fatalf("logprobs: %s (%v)", body, err)
+	}
+	for _, c := range lp.Content {
+		if c.Logprob > 0 || c.TopLogprobs == nil || len(c.Bytes) != len(c.Token) {
+			t.Fatalf("logprob entry %+v", c)
+		}
+	}
 }
 
 // TestChatStreaming checks the chunk sequence: role first, content, the

@@ -132,12 +132,13 @@ func (c chatLogprob) MarshalJSON() ([]byte, error) {
 		ints[i] = int(v)
 	}
 	type plain struct {
-		Token       string     `json:"token"`
-		Logprob     float64    `json:"logprob"`
-		Bytes       []int      `json:"bytes"`
-		TopLogprobs []struct{} `json:"top_logprobs"`
+		Token       string      `json:"token"`
+		Logprob     json.Number `json:"logprob"`
+		Bytes       []int       `json:"bytes"`
+		TopLogprobs []struct{}  `json:"top_logprobs"`
 	}
-	return json.Marshal(plain{c.Token, c.Logprob, ints, c.TopLogprobs})
+	lp := json.Number(strconv.FormatFloat(c.Logprob, 'g', -1, 32)) // the engine's float32, without float64 noise
+	return json.Marshal(plain{c.Token, lp, ints, c.TopLogprobs})
 }
 
 type textLogprobs struct {
