@@ -21,6 +21,10 @@ import (
 	"github.com/mlxserving/mlxserving/internal/testmodel"
 )
 
+// systemPython is Debian's system interpreter, tried when the python3 on
+// PATH lacks torch.
+const systemPython = "/usr/bin/python3"
+
 func writeTestModel(dir string) error {
 	return testmodel.Write(dir, testmodel.Tiny())
 }
@@ -41,6 +45,16 @@ func openEngine(ctx context.Context, o options, dir string, log *slog.Logger) (e
 		return eng, nil
 	}
 	log.Info("python engine unavailable", "err", err)
+	if o.python == "" {
+		// Debian's python3-torch installs into the system interpreter, which
+		// need not be the python3 first on PATH (pyenv, virtualenvs).
+		if _, statErr := os.Stat(systemPython); statErr == nil {
+			o.python = systemPython
+			if eng, err := openPyproc(ctx, o, log); err == nil {
+				return eng, nil
+			}
+		}
+	}
 	m, err := mlx.New(mlx.WithLogger(log))
 	if err == nil {
 		return m, nil
