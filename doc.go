@@ -9,7 +9,7 @@
 // prefill). Requests are validated before they are queued; output streams
 // token by token.
 //
-//	eng, _ := pyproc.New()                   // or mlx.New(), enginetest.NewSim()
+//	eng, _ := pyproc.New(ctx)                // or mlx.New(), enginetest.NewSim()
 //	srv, _ := mlxserving.New(eng)
 //	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: "/models/Llama-3.2-1B-Instruct"})
 //	st, _ := srv.Chat(ctx, mlxserving.ChatRequest{Model: "llama",

@@ -3,6 +3,7 @@ package mlxserving
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/mlxserving/mlxserving/batcher"
@@ -139,13 +140,14 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p Params)
 		Prompt:     prompt,
 		MaxTokens:  p.MaxTokens,
 		Params:     p.Sampling,
-		StopTokens: append(append([]int32(nil), p.StopTokens...), m.eos...),
+		StopTokens: p.StopTokens,
 		IgnoreEOS:  p.IgnoreEOS,
 		Tier:       p.Priority,
 		Submitted:  time.Now(),
 	}
-	if p.IgnoreEOS {
-		seq.StopTokens = p.StopTokens
+	if !p.IgnoreEOS && len(m.eos) > 0 {
+		// The tokenizer's end tokens stop generation like the engine's EOS.
+		seq.StopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
 	if p.Session != "" {
 		key := "session:" + p.Session
