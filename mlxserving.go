@@ -44,7 +44,7 @@ type Server struct {
 	cfg     config
 	metrics *metrics
 
-	mgr     *prewarm.Manager
+	mgr *prewarm.Manager
 
 	mu       sync.RWMutex
 	models   map[string]*model // loaded models; nil while loading
