@@ -94,6 +94,16 @@ func (g *Manager) loaded(ctx context.Context, e *entry, c *loadCall, info engine
 	e.loadTime = took
 	g.lru.Add(id, struct{}{})
 	g.touchLocked(id, e)
+	// The engine's report may exceed the estimate: make room now, or give
+	// the model up again.
+	if err := g.fitLocked(ctx, e, 0); err != nil {
+		g.beginUnloadLocked(id, e)
+		g.mu.Unlock()
+		uerr := g.host.Unload(context.WithoutCancel(ctx), id, false)
+		g.mu.Lock()
+		g.endUnloadLocked(id, e, uerr)
+		return err
+	}
 	return nil
 }
 
@@ -147,15 +157,24 @@ func (g *Manager) makeRoom(ctx context.Context, e *entry) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	need := g.estimateLocked(e)
+	if err := g.fitLocked(ctx, e, need); err != nil {
+		return err
+	}
+	g.used += need
+	e.bytes = need
+	return nil
+}
+
+// fitLocked evicts least recently used idle models other than e until
+// need more bytes fit the budget. Has to be called with g.mu held; it
+// releases it while models unload.
+func (g *Manager) fitLocked(ctx context.Context, e *entry, need int64) error {
 	budget := g.cfg.budget
 	skip := map[string]bool{e.m.ID(): true}
 	for budget > 0 && g.used+need > budget {
-		if need > budget {
-			return &BudgetError{Model: e.m.ID(), Need: need, Used: g.used, Budget: budget, Retry: g.cfg.retryAfter}
-		}
 		id, victim := g.victimLocked(skip)
-		if victim == nil {
-			return &BudgetError{Model: e.m.ID(), Need: need, Used: g.used, Budget: budget, Retry: g.cfg.retryAfter}
+		if need > budget || victim == nil {
+			return &BudgetError{Model: e.m.ID(), Need: max(need, e.bytes), Used: g.used - e.bytes, Budget: budget, Retry: g.cfg.retryAfter}
 		}
 		if err := g.evictLocked(ctx, id, victim, "budget"); err != nil {
 			skip[id] = true
@@ -164,8 +183,6 @@ func (g *Manager) makeRoom(ctx context.Context, e *entry) error {
 			return err
 		}
 	}
-	g.used += need
-	e.bytes = need
 	return nil
 }
 
