@@ -85,7 +85,9 @@ func WithReadiness(p Policy) Option {
 }
 
 // WithOnChange calls f with a model's progress each time its phase
-// changes. f runs on the PreWarmer's goroutines and must not block long.
+// changes. f runs on the PreWarmer's goroutines, right after the change
+// is visible to Status and Ready, and must not block long. Done closes
+// only after every call has returned.
 func WithOnChange(f func(ModelProgress)) Option {
 	return func(c *config) error {
 		if f == nil {

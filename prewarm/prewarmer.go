@@ -106,7 +106,7 @@ func (p *PreWarmer) Start(ctx context.Context) error {
 	}
 	go func() {
 		p.wg.Wait()
-		p.abortPending()
+		p.abortPending(context.Cause(ctx))
 		close(p.done)
 	}()
 	return nil
@@ -173,12 +173,15 @@ func (p *PreWarmer) warm(ctx context.Context, i int, m Model) error {
 	}
 }
 
-// abortPending marks the models that never started as aborted.
-func (p *PreWarmer) abortPending() {
+// abortPending marks the models that never started as aborted by cause.
+func (p *PreWarmer) abortPending(cause error) {
+	if cause == nil {
+		cause = ErrClosed
+	}
 	for i := range p.models {
 		p.update(i, func(st *ModelProgress) {
 			if st.Phase == Pending {
-				st.Phase, st.Err = Aborted, ErrClosed
+				st.Phase, st.Err = Aborted, cause
 			}
 		})
 	}
@@ -306,7 +309,7 @@ func (p *PreWarmer) Stop() {
 	cancel := p.cancel
 	p.mu.Unlock()
 	if first {
-		p.abortPending()
+		p.abortPending(ErrClosed)
 		close(p.done)
 		return
 	}
