@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -127,8 +128,11 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 	if err := m.queue.Push(entry); err != nil {
 		return nil, err
 	}
-	go s.releaseWhenDone(m, seq.Done())
-	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
+	release := sync.OnceFunc(func() { s.release(m) })
+	go releaseWhenDone(release, seq.Done())
+	src := newLocalSource(ctx, m, entry, s.metrics)
+	src.release = release // the reader seeing the end releases at once
+	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
 }
 
 // validate checks a request before it is queued, so a request that can

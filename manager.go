@@ -145,10 +145,11 @@ func (s *Server) release(m *model) {
 	}
 }
 
-// releaseWhenDone releases m once the sequence has ended.
-func (s *Server) releaseWhenDone(m *model, done <-chan struct{}) {
+// releaseWhenDone releases a request once its sequence has ended, also
+// when nobody reads its stream.
+func releaseWhenDone(release func(), done <-chan struct{}) {
 	<-done
-	s.release(m)
+	release()
 }
 
 // managerErr gives the manager's errors the Server's types.
