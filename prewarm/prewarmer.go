@@ -276,6 +276,20 @@ func (p *PreWarmer) Ready(ctx context.Context) error {
 	}
 }
 
+// CheckReady reports, without waiting, whether the readiness policy is met:
+// nil when it is, an error wrapping ErrNotReady otherwise (saying which
+// models fail it, or that they are still warming). Its signature suits
+// openai.WithReadyCheck.
+func (p *PreWarmer) CheckReady(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	err := p.readyLocked()
+	if errors.Is(err, errPending) {
+		return fmt.Errorf("%w: models still loading or warming (%s)", ErrNotReady, p.cfg.policy)
+	}
+	return err
+}
+
 // Done is closed when every model has settled (after Start).
 func (p *PreWarmer) Done() <-chan struct{} { return p.done }
 

@@ -107,12 +107,18 @@ func TestPreWarmerParallelAndReadyWhileWarming(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
+	if err := pw.CheckReady(context.Background()); !errors.Is(err, prewarm.ErrNotReady) {
+		t.Fatalf("CheckReady before Start: %v", err)
+	}
 	if err := pw.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer pw.Stop()
 	if err := pw.Ready(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if err := pw.CheckReady(context.Background()); err != nil {
+		t.Fatalf("CheckReady once ready: %v", err)
 	}
 	if took := time.Since(start); took > 55*time.Millisecond*3 {
 		t.Logf("ready after %v", took)

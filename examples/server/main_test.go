@@ -106,3 +106,75 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestPrewarmAndBudgetFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-prewarm", "a=/m/a:5, b=/m/b", "-memory-budget", "1.5GiB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.prewarm) != 2 || o.prewarm[0].Spec.ID != "a" || o.prewarm[0].Spec.Path != "/m/a" || o.prewarm[0].Priority != 5 ||
+		o.prewarm[1].Spec.Path != "/m/b" || o.prewarm[1].Priority != 0 {
+		t.Fatalf("prewarm %+v", o.prewarm)
+	}
+	if o.memoryBudget != 3<<29 {
+		t.Fatalf("budget %d", o.memoryBudget)
+	}
+	for _, in := range []string{"8GB", "8000000000", "8 GB"} {
+		if n, err := parseBytes(in); err != nil || n != 8e9 {
+			t.Errorf("parseBytes(%q) = %d, %v", in, n, err)
+		}
+	}
+	for _, args := range [][]string{{"-prewarm", "noequals"}, {"-prewarm", "a=/x:high"}, {"-prewarm", "=dir"},
+		{"-memory-budget", "lots"}, {"-memory-budget", "-1"}} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("parseFlags(%q) accepted", args)
+		}
+	}
+}
+
+// TestServePrewarmed runs the example on the simulated engine with a
+// second model pre-warmed under a budget: both are listed with their
+// state and serve.
+func TestServePrewarmed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listening := make(chan string, 1)
+	done := make(chan error, 1)
+	dir := t.TempDir()
+	if err := writeTestModel(dir); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-prewarm", "second=" + dir + ":3", "-memory-budget", "1GiB"}, io.Discard, listening)
+	}()
+	var addr string
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		t.Fatalf("server exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start")
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"second","prompt":"hi","max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("second model: %d %s", resp.StatusCode, body)
+	}
+	models := get(t, client, "http://"+addr+"/v1/models")
+	for _, want := range []string{`"id":"second"`, `"id":"tiny"`, `"pinned":true`, `"state":"loaded"`} {
+		if !strings.Contains(models, want) {
+			t.Fatalf("/v1/models lacks %s: %s", want, models)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
