@@ -62,7 +62,7 @@ func TestServeAndShutdown(t *testing.T) {
 	metrics := get(t, client, base+"/metrics")
 	for _, name := range []string{"mlxserving_http_requests_total", "mlxserving_sequences_running", "mlxserving_time_to_first_token_seconds_bucket"} {
 		if !strings.Contains(metrics, name) {
-			t.Errorf("/metrics lacks %s", name)
+			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
 		}
 	}
 	cancel()
@@ -171,6 +171,13 @@ func TestServePrewarmed(t *testing.T) {
 	for _, want := range []string{`"id":"second"`, `"id":"tiny"`, `"pinned":true`, `"state":"loaded"`} {
 		if !strings.Contains(models, want) {
 			t.Fatalf("/v1/models lacks %s: %s", want, models)
+		}
+	}
+	metrics := get(t, client, "http://"+addr+"/metrics")
+	for _, name := range []string{"mlxserving_model_loads_total", "mlxserving_model_load_duration_seconds_bucket",
+		"mlxserving_models_loaded", "mlxserving_models_memory_used_bytes", "mlxserving_models_memory_budget_bytes{otel_scope_name=\"github.com/mlxserving/mlxserving/prewarm\",otel_scope_schema_url=\"\",otel_scope_version=\"\"} 1.073741824e+09"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
 		}
 	}
 	cancel()
