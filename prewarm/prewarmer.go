@@ -26,6 +26,14 @@ type Target interface {
 	UnloadModel(ctx context.Context, id string) error
 }
 
+// Registrar is implemented by targets that can know a model before loading
+// it (mlxserving.Server does): Start registers every model first, so a
+// request for one that is still pending loads it on demand instead of
+// failing as unknown.
+type Registrar interface {
+	RegisterModel(m Model) error
+}
+
 // unloadTimeout bounds the unload of an aborted or failed model.
 const unloadTimeout = 30 * time.Second
 
@@ -93,6 +101,13 @@ func (p *PreWarmer) Start(ctx context.Context) error {
 		return errors.New("prewarm: already started")
 	}
 	p.started = true
+	if r, ok := p.target.(Registrar); ok {
+		for _, m := range p.models {
+			if err := r.RegisterModel(m); err != nil {
+				p.cfg.logger.Debug("prewarm: register", "model", m.ID(), "err", err)
+			}
+		}
+	}
 	ctx, p.cancel = context.WithCancel(ctx)
 	next := make(chan int, len(p.models))
 	for i := range p.models {

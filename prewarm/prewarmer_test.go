@@ -256,3 +256,24 @@ func TestPreWarmerModelTimeout(t *testing.T) {
 		t.Fatalf("a is %v after its timeout", s.State)
 	}
 }
+
+func TestPreWarmerRegistersEveryModelAtStart(t *testing.T) {
+	_, srv := simServer(t, []enginetest.SimOption{enginetest.WithLoadTime(50 * time.Millisecond)})
+	pw, err := prewarm.New(srv, []prewarm.Model{simModel("first"), simModel("later")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Stop()
+	// "later" is still pending: a request for it loads it on demand, and
+	// the pre-warmer's own load later shares or finds it.
+	mustGenerate(t, srv, "later")
+	if err := pw.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(srv, "later"); st.Loads != 1 {
+		t.Fatalf("later loaded %d times, want 1", st.Loads)
+	}
+}
