@@ -167,8 +167,8 @@ func BenchmarkConcurrentFirstRequests(b *testing.B) {
 }
 
 // BenchmarkModelSwitch runs sequential requests (8 tokens each) on one
-// model, then alternating between two loaded models; the difference of
-// the mean latencies is the cost of switching.
+// model and alternating between two loaded models, in interleaved blocks;
+// the difference of the median latencies is the cost of switching.
 func BenchmarkModelSwitch(b *testing.B) {
 	dirs := benchModels(b, 2)
 	_, srv, done := benchEngine(b)
@@ -181,30 +181,30 @@ func BenchmarkModelSwitch(b *testing.B) {
 		}
 		pw.Stop()
 	}
-	const rounds = 40
-	mean := func(ids ...string) (time.Duration, time.Duration) {
-		var sumFirst, sumTotal time.Duration
-		for i := range rounds {
+	const block = 20
+	var oneF, oneT, altF, altT []time.Duration
+	run := func(firsts, totals *[]time.Duration, ids ...string) {
+		for i := range block {
 			first, total := ttft(b, srv, ids[i%len(ids)], 8)
-			sumFirst += first
-			sumTotal += total
+			*firsts, *totals = append(*firsts, first), append(*totals, total)
 		}
-		return sumFirst / rounds, sumTotal / rounds
 	}
 	b.ResetTimer()
-	var oneF, oneT, altF, altT time.Duration
-	for range b.N {
-		f, t := mean("m0")
-		oneF, oneT = oneF+f, oneT+t
-		f, t = mean("m0", "m1")
-		altF, altT = altF+f, altT+t
+	for i := range b.N {
+		if i%2 == 0 {
+			run(&oneF, &oneT, "m0")
+			run(&altF, &altT, "m0", "m1")
+		} else {
+			run(&altF, &altT, "m0", "m1")
+			run(&oneF, &oneT, "m0")
+		}
 	}
-	n := time.Duration(b.N)
-	b.ReportMetric(ms(oneF/n), "one-ttft-ms")
-	b.ReportMetric(ms(altF/n), "alt-ttft-ms")
-	b.ReportMetric(ms(oneT/n), "one-req-ms")
-	b.ReportMetric(ms(altT/n), "alt-req-ms")
-	b.ReportMetric(ms((altT-oneT)/n), "switch-ms")
+	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	b.ReportMetric(ms(p50(oneF)), "one-ttft-p50-ms")
+	b.ReportMetric(ms(p50(altF)), "alt-ttft-p50-ms")
+	b.ReportMetric(ms(p50(oneT)), "one-req-p50-ms")
+	b.ReportMetric(ms(p50(altT)), "alt-req-p50-ms")
+	b.ReportMetric(ms(p50(altT)-p50(oneT)), "switch-ms")
 }
 
 // BenchmarkRoundRobinUnderBudget sends requests to three models in turn

@@ -28,23 +28,33 @@ func (g *Manager) expire() time.Time {
 	defer g.mu.Unlock()
 	now := time.Now()
 	next := now.Add(time.Hour)
+	var due []string
 	for id, e := range g.entries {
-		if g.closed {
-			break
-		}
-		if e.state != StateLoaded || e.m.Pin || e.keepAlive < 0 || g.host.Busy(id) {
+		if e.state != StateLoaded || e.m.Pin || e.keepAlive < 0 {
 			continue
 		}
-		due := e.lastUsed.Add(e.keepAlive)
-		if due.After(now) {
-			if due.Before(next) {
-				next = due
-			}
+		if at := e.lastUsed.Add(e.keepAlive); at.After(now) {
+			next = minTime(next, at)
+		} else {
+			due = append(due, id)
+		}
+	}
+	for _, id := range due {
+		// evictLocked releases the lock while the host unloads: check
+		// again, the model may have been used meanwhile.
+		e := g.entries[id]
+		if g.closed || e == nil || e.state != StateLoaded || e.m.Pin || e.keepAlive < 0 || g.host.Busy(id) ||
+			e.lastUsed.Add(e.keepAlive).After(time.Now()) {
 			continue
 		}
-		// evictLocked releases the lock while the host unloads; the map may
-		// change meanwhile, which range tolerates.
 		_ = g.evictLocked(g.base, id, e, "idle")
 	}
 	return next
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -172,7 +172,7 @@ func (g *Manager) Forget(ctx context.Context, id string) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e := g.entries[id]; e != nil && e.state == StateUnloaded || e != nil && e.state == StateFailed {
+	if e := g.entries[id]; e != nil && (e.state == StateUnloaded || e.state == StateFailed) {
 		delete(g.entries, id)
 	}
 	return nil
