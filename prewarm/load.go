@@ -21,20 +21,21 @@ func (g *Manager) startLoadLocked(e *entry) *loadCall {
 	c := &loadCall{done: make(chan struct{}), cancel: cancel}
 	e.state, e.call = StateLoading, c
 	g.wg.Add(1)
-	go g.runLoad(ctx, e, c)
+	go g.runLoad(ctx, e, c, e.m.ID(), e.m.Spec)
 	return c
 }
 
 // runLoad makes room for the model, loads it and records the outcome.
-func (g *Manager) runLoad(ctx context.Context, e *entry, c *loadCall) {
+func (g *Manager) runLoad(ctx context.Context, e *entry, c *loadCall, id string, spec engine.ModelSpec) {
 	defer g.wg.Done()
 	defer c.cancel()
-	id, spec := e.m.ID(), e.m.Spec
 	err := g.makeRoom(ctx, e)
+	took := time.Duration(0)
 	if err == nil {
 		start := time.Now()
 		info, lerr := g.host.Load(ctx, spec)
-		err = g.loaded(ctx, e, c, info, lerr, time.Since(start))
+		took = time.Since(start)
+		err = g.loaded(ctx, id, e, c, info, lerr, took)
 	} else {
 		g.mu.Lock()
 		if c.aborted || g.closed {
@@ -52,7 +53,7 @@ func (g *Manager) runLoad(ctx context.Context, e *entry, c *loadCall) {
 	c.err = err
 	close(c.done)
 	if err == nil {
-		g.cfg.logger.Info("model loaded", "model", id, "bytes", e.info.MemoryBytes(), "took", e.loadTime)
+		g.cfg.logger.Info("model loaded", "model", id, "took", took)
 	} else {
 		g.cfg.logger.Warn("model not loaded", "model", id, "err", err)
 	}
@@ -61,8 +62,7 @@ func (g *Manager) runLoad(ctx context.Context, e *entry, c *loadCall) {
 // loaded records the end of a host load: the model's memory replaces the
 // reservation, or the failure starts a back-off. A load that was aborted
 // meanwhile (Unload, Close) is unloaded again.
-func (g *Manager) loaded(ctx context.Context, e *entry, c *loadCall, info engine.Info, lerr error, took time.Duration) error {
-	id := e.m.ID()
+func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, info engine.Info, lerr error, took time.Duration) error {
 	g.mu.Lock()
 	g.used -= e.bytes
 	e.bytes = 0
