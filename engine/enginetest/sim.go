@@ -34,6 +34,11 @@ import (
 //
 // The Path of a ModelSpec is not read: "" or any directory loads. Each
 // Load gives an independent model; Stats add up all of them.
+//
+// Its models implement [engine.Warmer]: with [WithCompileTime] the first
+// Step at each batch-size bucket pays a compile time, as a real engine's
+// kernel compilation or graph capture does, and Warm pays it ahead of
+// traffic. [WithMemory] makes Info report weight and KV bytes.
 type Sim struct {
 	cfg simConfig
 

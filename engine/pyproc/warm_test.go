@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/internal/testmodel"
@@ -58,5 +59,34 @@ func TestWarm(t *testing.T) {
 	_ = m.Close()
 	if _, err := m.Warm(context.Background()); !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("Warm after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestWarmAfterWorkerLoss kills the worker as Warm starts: Warm fails with
+// a retryable error (or waits for the replacement), and once the
+// supervisor has restarted the worker and reloaded the model, Warm
+// succeeds — what a pre-warmer's retry relies on.
+func TestWarmAfterWorkerLoss(t *testing.T) {
+	e := newEngine(t, withFaults())
+	m := load(t, e, tiny(t))
+	defer m.Close()
+	inject(t, e, 0, map[string]any{"kind": "exit"})
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err = m.Warm(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if !engine.Retryable(err) {
+			t.Fatalf("attempt %d: %v, want a retryable error", attempt, err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("Warm never succeeded after the worker was replaced: %v", err)
+	}
+	if r := e.Workers()[0].Restarts; r != 1 {
+		t.Fatalf("%d restarts, want 1", r)
 	}
 }
