@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // Host is what a Manager loads models into: the serving layer
@@ -94,6 +95,7 @@ type entry struct {
 	loads     int
 	evictions int
 	loadTime  time.Duration
+	waiting   int // requests waiting for a load or an unload to end
 }
 
 // loadCall is one load shared by every request that waits for it.
@@ -193,7 +195,9 @@ func (g *Manager) Known(id string) bool {
 // Errors: ErrUnknownModel (wrapped) for an unregistered id, the shared
 // *LoadError of a failed load (also while its back-off lasts), a
 // *BudgetError when nothing can be evicted to make room, ErrAborted when
-// an Unload or Close cancelled the load, ctx.Err(), ErrClosed.
+// an Unload or Close cancelled the load, a *scheduler.QueueFullError when
+// more requests than WithMaxWaiting allows already wait for the model,
+// ctx.Err(), ErrClosed.
 func (g *Manager) Acquire(ctx context.Context, id string, keepAlive *time.Duration) error {
 	for {
 		g.mu.Lock()
@@ -230,17 +234,29 @@ func (g *Manager) Acquire(ctx context.Context, id string, keepAlive *time.Durati
 		case StateUnloading:
 			wait = e.unloaded
 		}
+		if max := g.cfg.maxWaiting; max > 0 && e.waiting >= max {
+			g.mu.Unlock()
+			return &scheduler.QueueFullError{Queued: e.waiting, MaxQueued: max, Cost: 1, RetryAfter: g.cfg.retryAfter}
+		}
+		e.waiting++
 		g.mu.Unlock()
 		if call != nil {
 			wait = call.done
 		}
+		var err error
 		select {
 		case <-wait:
+			if call != nil {
+				err = call.err
+			}
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		}
-		if call != nil && call.err != nil {
-			return call.err
+		g.mu.Lock()
+		e.waiting--
+		g.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }

@@ -32,6 +32,7 @@ type managerConfig struct {
 	backoffMin, backoffMax time.Duration
 	loadTimeout            time.Duration
 	retryAfter             time.Duration
+	maxWaiting             int
 	logger                 *slog.Logger
 	meterProvider          metric.MeterProvider
 }
@@ -131,6 +132,19 @@ func WithMeterProvider(mp metric.MeterProvider) ManagerOption {
 			return fmt.Errorf("WithMeterProvider: nil provider")
 		}
 		c.meterProvider = mp
+		return nil
+	}
+}
+
+// WithMaxWaiting bounds the requests that may wait for one model to load;
+// more are refused at once with a *scheduler.QueueFullError (HTTP 429 with
+// Retry-After). Zero, the default, is no bound.
+func WithMaxWaiting(n int) ManagerOption {
+	return func(c *managerConfig) error {
+		if n < 0 {
+			return fmt.Errorf("WithMaxWaiting(%d): want 0 (no bound) or more", n)
+		}
+		c.maxWaiting = n
 		return nil
 	}
 }

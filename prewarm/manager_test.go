@@ -12,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 func TestConcurrentFirstRequestsLoadOnce(t *testing.T) {
@@ -239,7 +240,7 @@ func TestManagerRefusesBadInput(t *testing.T) {
 		t.Fatalf("unknown model: %v, want ModelNotFoundError", err)
 	}
 	for _, o := range []prewarm.ManagerOption{prewarm.WithBudget(-1), prewarm.WithKeepAlive(0), prewarm.WithBackoff(0, 1),
-		prewarm.WithBackoff(2, 1), prewarm.WithLoadTimeout(-1), prewarm.WithRetryAfter(0), prewarm.WithManagerLogger(nil), prewarm.WithMeterProvider(nil)} {
+		prewarm.WithBackoff(2, 1), prewarm.WithLoadTimeout(-1), prewarm.WithMaxWaiting(-1), prewarm.WithRetryAfter(0), prewarm.WithManagerLogger(nil), prewarm.WithMeterProvider(nil)} {
 		sim, _ := enginetest.NewSim()
 		if _, err := mlxserving.New(sim, mlxserving.WithManagerOptions(o)); err == nil {
 			t.Error("a bad manager option was accepted")
@@ -277,5 +278,37 @@ func TestLoadTimeoutAndCloseDuringLoad(t *testing.T) {
 	}
 	if _, err := generate(context.Background(), srv, "slow2", 2); !errors.Is(err, mlxserving.ErrServerClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+func TestWaitingForALoadIsBounded(t *testing.T) {
+	sim, srv := simServer(t, []enginetest.SimOption{enginetest.WithLoadTime(200 * time.Millisecond)},
+		mlxserving.WithManagerOptions(prewarm.WithMaxWaiting(4)))
+	register(t, srv, simModel("m"))
+	results := make(chan error, 6)
+	for range 6 {
+		go func() {
+			_, err := generate(context.Background(), srv, "m", 2)
+			results <- err
+		}()
+	}
+	var ok, full int
+	for range 6 {
+		err := <-results
+		var qf *scheduler.QueueFullError
+		switch {
+		case err == nil:
+			ok++
+		case errors.As(err, &qf) && qf.MaxQueued == 4 && qf.RetryAfter > 0:
+			full++
+		default:
+			t.Errorf("unexpected error: %v", err)
+		}
+	}
+	if ok != 4 || full != 2 {
+		t.Fatalf("%d served, %d refused; want 4 and 2", ok, full)
+	}
+	if n := sim.Stats().Loads; n != 1 {
+		t.Fatalf("%d loads", n)
 	}
 }
