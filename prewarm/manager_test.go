@@ -312,3 +312,21 @@ func TestWaitingForALoadIsBounded(t *testing.T) {
 		t.Fatalf("%d loads", n)
 	}
 }
+
+func TestLoadModelCancelledLeavesNothing(t *testing.T) {
+	sim, srv := simServer(t, []enginetest.SimOption{enginetest.WithLoadTime(time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "m"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LoadModel past its deadline: %v", err)
+	}
+	if n := sim.Stats().Models; n != 0 || len(srv.ModelStatus()) != 0 {
+		t.Fatalf("after a cancelled LoadModel: %d engine models, status %+v", n, srv.ModelStatus())
+	}
+	// The id is free again.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	if err := srv.LoadModel(ctx2, engine.ModelSpec{ID: "m"}); errors.Is(err, mlxserving.ErrModelExists) {
+		t.Fatalf("second LoadModel: %v", err)
+	}
+}
