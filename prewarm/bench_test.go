@@ -2,6 +2,7 @@ package prewarm_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -31,7 +32,7 @@ func benchEngine(b *testing.B, opts ...mlxserving.Option) (*pyproc.Engine, *mlxs
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	eng, err := pyproc.New(ctx, pyproc.WithPython(py), pyproc.WithCacheDir(benchCache), pyproc.WithDevice("cpu"), pyproc.WithThreads(1))
+	eng, err := pyproc.New(ctx, pyproc.WithPython(py), pyproc.WithCacheDir(benchCache), pyproc.WithDevice(*benchDevice), pyproc.WithThreads(1))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,6 +42,9 @@ func benchEngine(b *testing.B, opts ...mlxserving.Option) (*pyproc.Engine, *mlxs
 	}
 	return eng, srv, func() { _ = srv.Close(); _ = eng.Close() }
 }
+
+// benchDevice picks the torch device: go test -bench . ./prewarm -args -device cuda
+var benchDevice = flag.String("device", "cpu", "torch device of the benchmarks' Python engine: cpu or cuda")
 
 var (
 	benchCache = os.TempDir() + "/mlxserving-prewarm-bench"
