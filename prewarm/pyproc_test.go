@@ -139,3 +139,39 @@ func TestPyprocShutdownDuringLoadLeavesNoWorker(t *testing.T) {
 		}
 	}
 }
+
+// TestPyprocWorkerLostDuringWarmUp kills the worker as warming starts: the
+// engine restarts it and reloads the model, the warm-up is retried, and the
+// model ends ready with its attempts in status.
+func TestPyprocWorkerLostDuringWarmUp(t *testing.T) {
+	eng, srv := pyprocServer(t, 1)
+	dir := tinyCheckpoint(t)
+	pid := eng.Workers()[0].PID
+	pw, err := prewarm.New(srv, []prewarm.Model{{Spec: engine.ModelSpec{ID: "tiny", Path: dir}}},
+		prewarm.WithOnChange(func(p prewarm.ModelProgress) {
+			if p.Phase == prewarm.Warming {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pw.Ready(ctx); err != nil {
+		t.Fatalf("Ready after a lost worker: %v", err)
+	}
+	m := pw.Status().Models[0]
+	if m.Phase != prewarm.Ready || m.Attempts < 1 || m.Warm.Generations != 1 {
+		t.Fatalf("status %+v", m)
+	}
+	if w := eng.Workers()[0]; w.Restarts != 1 || w.PID == pid {
+		t.Fatalf("worker %+v, want one restart", w)
+	}
+	t.Logf("warm-up attempts: %d", m.Attempts)
+	mustGenerate(t, srv, "tiny")
+}
