@@ -137,7 +137,8 @@ func NewManager(host Host, opts ...ManagerOption) (*Manager, error) {
 
 // Register makes m known: a request for it loads it. Registering an id
 // again replaces its settings (pin, keep-alive, prompts) and, when the
-// model is not loaded, its spec.
+// model is not loaded, its spec; a new spec for a model whose load failed
+// ends its back-off.
 func (g *Manager) Register(m Model) error {
 	if err := m.validate(); err != nil {
 		return err
@@ -153,6 +154,10 @@ func (g *Manager) Register(m Model) error {
 		g.entries[m.ID()] = e
 	} else if e.state != StateUnloaded && e.state != StateFailed && e.m.Spec != m.Spec {
 		return fmt.Errorf("prewarm: model %q is %s: unload it before changing its spec", m.ID(), e.state)
+	}
+	if e.state == StateFailed && e.m.Spec != m.Spec {
+		// A new spec (a fixed checkpoint) may load at once.
+		e.state, e.err, e.failures, e.lastBytes = StateUnloaded, nil, 0, 0
 	}
 	e.m = m
 	e.keepAlive = g.keepAliveOf(m.KeepAlive)

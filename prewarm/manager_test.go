@@ -95,6 +95,9 @@ func TestFailedLoadSharesErrorAndBacksOff(t *testing.T) {
 	if n := sim.Stats().Loads; n != 1 {
 		t.Fatalf("%d successful loads, want 1 (the good model)", n)
 	}
+	// A fixed spec ends the back-off: the next request loads it.
+	register(t, srv, prewarm.Model{Spec: engine.ModelSpec{ID: "bad", MaxBatch: 4}})
+	mustGenerate(t, srv, "bad")
 }
 
 // budgetServer serves models of 1000 bytes each under a budget of 2500:
