@@ -120,16 +120,20 @@ class TorchModel:
         """Runs one decode step at each batch-size bucket on the scratch
         slot, capturing the CUDA graph of each bucket where graphs are on.
         No sequence or KV accounting changes. Returns the batch sizes."""
-        sizes = [b for b in BATCH_BUCKETS if b < self.max_batch]
-        sizes.append(next((b for b in BATCH_BUCKETS if b >= self.max_batch), self.max_batch))
+        sizes = [b for b in BATCH_BUCKETS if b < self.max_batch] + [self.max_batch]
         with torch.no_grad():
             for b in sizes:
-                if self.graphs is not None and self.graphs.usable(min(b, self.max_batch)):
+                if self.graphs is not None and self.graphs.usable(b):
                     key = self.graphs.bucket(b, 1)
-                    if key not in self.graphs.graphs:
+                    if key in self.graphs.graphs:
+                        continue
+                    try:
                         self.graphs.capture(*key)
-                else:
-                    self._warm_eager(min(b, self.max_batch))
+                        continue
+                    except RuntimeError as e:  # as in _forward: run eagerly from now on
+                        log.warning("CUDA graph capture failed, running eagerly: %s", e, exc_info=True)
+                        self.graphs.broken = True
+                self._warm_eager(b)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return sizes
