@@ -9,6 +9,7 @@ import (
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -36,6 +37,12 @@ type Params struct {
 	// session reuses the part of its prompt that matches, prefilling only
 	// what is new.
 	Session string
+	// Deadlines bound the request's time to first token, longest gap
+	// between tokens and total time; each zero field takes the Server's
+	// default (WithDeadlines). When one fires the stream ends with a
+	// *retry.DeadlineError and the sequence's KV is freed within one
+	// engine step.
+	Deadlines retry.Deadlines
 }
 
 // Request asks for a completion of a prompt.
@@ -160,7 +167,11 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p Params)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
+		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
+	}
 	if err := m.queue.Push(entry); err != nil {
+		seq.Watch.Stop()
 		return nil, err
 	}
 	return newStream(ctx, m, entry, s.metrics), nil
@@ -180,6 +191,9 @@ func validate(m *model, prompt []int32, p *Params) error {
 	}
 	if err := p.Sampling.Validate(); err != nil {
 		return err
+	}
+	if err := p.Deadlines.Validate(); err != nil {
+		return &engine.InvalidParamError{Param: "deadlines", Reason: err.Error()}
 	}
 	if len(p.Stop) > 0 && m.tok == nil {
 		return fmt.Errorf("%w: stop strings need model %q's tokenizer; use StopTokens", ErrNoTokenizer, m.info.ID)

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -36,6 +37,7 @@ const (
 	outcomeCancelled = "cancelled"
 	outcomeRejected  = "rejected"
 	outcomeInvalid   = "invalid"
+	outcomeDeadline  = "deadline"
 )
 
 // metrics holds the Server's instruments.
@@ -109,10 +111,17 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 	running, err1 := meter.Int64ObservableGauge("mlxserving.sequences.running", metric.WithDescription("Sequences in the running batch."))
 	waiting, err2 := meter.Int64ObservableGauge("mlxserving.sequences.waiting", metric.WithDescription("Requests waiting in the queue."))
 	kvUsed, err3 := meter.Float64ObservableGauge("mlxserving.kv.usage", metric.WithDescription("Fraction of the KV capacity reserved by running sequences."))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	breaker, err4 := meter.Int64ObservableGauge("mlxserving.breaker.state",
+		metric.WithDescription("Circuit breaker state per engine worker: 0 closed, 1 half-open, 2 open."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, err
 	}
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if be, ok := s.eng.(breakerEngine); ok {
+			for _, b := range be.Breakers() {
+				o.ObserveInt64(breaker, int64(b.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
+			}
+		}
 		for id, st := range s.Stats() {
 			attrs := metric.WithAttributes(attribute.String("model", id))
 			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
@@ -122,7 +131,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 			}
 		}
 		return nil
-	}, running, waiting, kvUsed)
+	}, running, waiting, kvUsed, breaker)
 }
 
 // attr returns the cached attribute option for a model, tier and outcome.
@@ -177,6 +186,8 @@ func (m *metrics) finished(model string, tier scheduler.Tier, u *Usage, err erro
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAbandoned):
 		outcome = outcomeCancelled
+	case errors.Is(err, retry.ErrDeadline):
+		outcome = outcomeDeadline
 	case err != nil:
 		outcome = outcomeError
 	}

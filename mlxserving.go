@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -81,6 +82,7 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	deadlines     retry.Deadlines
 }
 
 func defaultConfig() config {
@@ -116,6 +118,18 @@ func WithBatcherOptions(opts ...batcher.Option) Option {
 	}
 }
 
+// WithDeadlines sets the deadlines of requests that do not set their own
+// (Params.Deadlines, field by field). The default sets none.
+func WithDeadlines(d retry.Deadlines) Option {
+	return func(c *config) error {
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		c.deadlines = d
+		return nil
+	}
+}
+
 // Models describes the loaded models, sorted by id.
 func (s *Server) Models() []engine.Info {
 	s.mu.RLock()
@@ -132,15 +146,27 @@ func (s *Server) Models() []engine.Info {
 type ModelStats struct {
 	Batcher batcher.Stats
 	Queue   scheduler.Stats
+	// Breakers are the circuit breakers of the engine's workers, when the
+	// engine has them (pyproc does).
+	Breakers []retry.Status
+}
+
+// breakerEngine is an engine whose workers have circuit breakers.
+type breakerEngine interface {
+	Breakers() []retry.Status
 }
 
 // Stats returns a snapshot per loaded model.
 func (s *Server) Stats() map[string]ModelStats {
+	var breakers []retry.Status
+	if be, ok := s.eng.(breakerEngine); ok {
+		breakers = be.Breakers()
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
-		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), Breakers: breakers}
 	}
 	return out
 }

@@ -67,12 +67,20 @@ var errAbandoned = errors.New("stream abandoned without Close")
 func (h *streamHandle) cancel(err error) {
 	h.closeOnce.Do(func() {
 		h.stopAfter()
-		seq := h.entry.Value
-		seq.Cancel(err)
-		if h.model.queue.Remove(h.entry) {
-			seq.Fail(err)
-		}
+		h.entry.Value.Watch.Stop()
+		expire(h.model, h.entry, err)
 	})
+}
+
+// expire ends a sequence with err: a queued one is removed and failed at
+// once, a running one is freed by the batcher before its next step. A
+// deadline's Watch calls it directly.
+func expire(m *model, e *batcher.Entry, err error) {
+	seq := e.Value
+	seq.Cancel(err)
+	if m.queue.Remove(e) {
+		seq.Fail(err)
+	}
 }
 
 // Recv returns the next chunk. After the final chunk (Finish set) it
@@ -86,6 +94,7 @@ func (st *Stream) Recv() (Chunk, error) {
 		return c, nil
 	case errors.Is(err, batcher.ErrStreamDone):
 		st.h.stopAfter()
+		st.h.entry.Value.Watch.Stop()
 		return Chunk{}, io.EOF
 	case st.h.ctx.Err() != nil:
 		st.h.cancel(context.Cause(st.h.ctx))
@@ -93,6 +102,7 @@ func (st *Stream) Recv() (Chunk, error) {
 		return Chunk{}, st.h.ctx.Err()
 	default:
 		st.h.stopAfter()
+		st.h.entry.Value.Watch.Stop()
 		st.end(nil, err)
 		return Chunk{}, err
 	}

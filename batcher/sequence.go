@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -96,6 +97,10 @@ type Sequence struct {
 	Tier scheduler.Tier
 	// Submitted is when the request arrived; zero means when queued.
 	Submitted time.Time
+	// Watch, when set, is told of every token the sequence produces, so
+	// the request's deadlines (first token, stall, total) can fire. The
+	// batcher does not stop it.
+	Watch *retry.Watch
 
 	cancelled atomic.Bool
 	out       outbox
@@ -110,6 +115,7 @@ type Sequence struct {
 	firstToken  time.Time
 	cached      int
 	preemptions int
+	retries     *retry.Tracker // started at the first failed attempt
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

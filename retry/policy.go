@@ -252,3 +252,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Retryable reports whether the policy's classifier retries err.
+func (p *Policy) Retryable(err error) bool { return p.retryable(err) }
