@@ -3,6 +3,7 @@ package batcher
 import (
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/retry"
 )
 
@@ -16,7 +17,7 @@ import (
 func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	s := e.Value
 	if n := len(s.generated); n > 0 {
-		s.out.finish(Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
+		s.out.finish(api.Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
 		return false
 	}
 	if s.retries == nil {
@@ -27,7 +28,7 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 		if s.retries.Attempts() > 1 && b.cfg.retry.Retryable(err) {
 			err = &retry.ExhaustedError{Attempts: s.retries.Attempts(), Err: err}
 		}
-		s.out.finish(Chunk{}, err)
+		s.out.finish(api.Chunk{}, err)
 		return false
 	}
 	s.preemptions++
@@ -56,7 +57,7 @@ func (b *ContinuousBatcher) requeueAfter(e *Entry, d time.Duration) {
 		switch {
 		case !mine: // the loop exited and failed it
 		case e.Value.cancelled.Load():
-			e.Value.out.finish(Chunk{}, e.Value.out.cancelError())
+			e.Value.out.finish(api.Chunk{}, e.Value.out.cancelError())
 		default:
 			b.queue.Requeue(e)
 		}
@@ -76,7 +77,7 @@ func (b *ContinuousBatcher) failDelayed(err error) {
 	defer b.delayMu.Unlock()
 	for e, t := range b.delayed {
 		t.Stop()
-		e.Value.out.finish(Chunk{}, err)
+		e.Value.out.finish(api.Chunk{}, err)
 		delete(b.delayed, e)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
 )
@@ -89,11 +90,11 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)}); err != nil {
 		t.Fatal(err)
 	}
-	run := func(p engine.SamplingParams) (mlxserving.Result, error) {
-		st, err := srv.Generate(ctx, mlxserving.Request{Model: "tiny", PromptTokens: prompt(3, 9),
-			Params: mlxserving.Params{MaxTokens: 16, IgnoreEOS: true, Sampling: p}})
+	run := func(p engine.SamplingParams) (api.Result, error) {
+		st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(3, 9),
+			Params: api.Params{MaxTokens: 16, IgnoreEOS: true, Sampling: p}})
 		if err != nil {
-			return mlxserving.Result{}, err
+			return api.Result{}, err
 		}
 		return st.Collect()
 	}
@@ -130,8 +131,8 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 	}
 
 	t.Run("after the first token", func(t *testing.T) {
-		st, err := srv.Generate(ctx, mlxserving.Request{Model: "tiny", PromptTokens: prompt(4, 9),
-			Params: mlxserving.Params{MaxTokens: 400, IgnoreEOS: true}})
+		st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(4, 9),
+			Params: api.Params{MaxTokens: 400, IgnoreEOS: true}})
 		if err != nil {
 			t.Fatal(err)
 		}
