@@ -79,23 +79,42 @@ func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 	return s.submit(ctx, m, prompt, req.Params)
 }
 
-// submit validates the request against the model and queues it.
+// submit validates the request against the model and queues it, or,
+// with request merging on and a deterministic request, joins an identical
+// generation or the response cache.
 func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Params) (*api.Stream, error) {
 	if err := validate(m, prompt, &p); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	stopTokens := p.StopTokens
+	if !p.IgnoreEOS && len(m.eos) > 0 {
+		// The tokenizer's end tokens stop generation like the engine's EOS.
+		stopTokens = append(slices.Clone(p.StopTokens), m.eos...)
+	}
+	if s.merger != nil && mergeable(&p) {
+		return s.join(ctx, m, prompt, p, stopTokens)
+	}
+	src, err := s.start(ctx, m, prompt, p, stopTokens)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
+}
+
+// start queues one sequence and returns its source, which ends the
+// sequence when ctx ends.
+func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32) (*localSource, error) {
 	seq := &batcher.Sequence{
 		Prompt:     prompt,
 		MaxTokens:  p.MaxTokens,
 		Params:     p.Sampling,
-		StopTokens: p.StopTokens,
+		StopTokens: stopTokens,
 		IgnoreEOS:  p.IgnoreEOS,
 		Tier:       p.Priority,
 		Submitted:  time.Now(),
-	}
-	if !p.IgnoreEOS && len(m.eos) > 0 {
-		// The tokenizer's end tokens stop generation like the engine's EOS.
-		seq.StopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
 	if p.Session != "" {
 		key := "session:" + p.Session
@@ -105,9 +124,6 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
 		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
 	}
@@ -115,7 +131,7 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 		seq.Watch.Stop()
 		return nil, err
 	}
-	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
+	return newLocalSource(ctx, m, entry, s.metrics), nil
 }
 
 // validate checks a request before it is queued, so a request that can

@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -44,6 +46,9 @@ type Server struct {
 	cfg     config
 	metrics *metrics
 
+	merger *merge.Merger // nil when merging is off
+	loads  atomic.Uint64 // model loads, for revisions
+
 	mu     sync.RWMutex
 	models map[string]*model
 	closed bool
@@ -66,8 +71,18 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
 	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
+	if cfg.merging {
+		mg, err := merge.New(cfg.mergeOpts...)
+		if err != nil {
+			return nil, fmt.Errorf("mlxserving: %w", err)
+		}
+		s.merger = mg
+	}
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
+		if s.merger != nil {
+			s.merger.Close()
+		}
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
@@ -83,6 +98,8 @@ type config struct {
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
 	deadlines     retry.Deadlines
+	merging       bool
+	mergeOpts     []merge.Option
 }
 
 func defaultConfig() config {
@@ -183,6 +200,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, m := range models {
 		errs = append(errs, m.shutdown(ctx))
 	}
+	if s.merger != nil {
+		s.merger.Close() // its generations have ended with their models
+	}
 	return errors.Join(errs...)
 }
 
@@ -245,3 +265,12 @@ func (e *ModelNotFoundError) Error() string {
 
 // Unwrap returns engine.ErrModelNotFound.
 func (e *ModelNotFoundError) Unwrap() error { return engine.ErrModelNotFound }
+
+// MergeStats reports what request merging did; the zero value when it is
+// off (see WithMerging).
+func (s *Server) MergeStats() merge.Stats {
+	if s.merger == nil {
+		return merge.Stats{}
+	}
+	return s.merger.Stats()
+}

@@ -21,6 +21,7 @@ type localSource struct {
 	metrics   *metrics
 	stopAfter func() bool
 	closeOnce sync.Once
+	tier      api.Tier // the tier it was submitted at, for metrics
 
 	// Owned by the reader.
 	lastToken time.Time
@@ -28,7 +29,7 @@ type localSource struct {
 }
 
 func newLocalSource(ctx context.Context, m *model, e *batcher.Entry, mt *metrics) *localSource {
-	src := &localSource{model: m, entry: e, metrics: mt}
+	src := &localSource{model: m, entry: e, metrics: mt, tier: e.Tier}
 	src.stopAfter = context.AfterFunc(ctx, func() { src.Close(context.Cause(ctx)) })
 	return src
 }
@@ -52,6 +53,18 @@ func expire(m *model, e *batcher.Entry, err error) {
 	if m.queue.Remove(e) {
 		seq.Fail(err)
 	}
+}
+
+// Raise moves a sequence still waiting in the queue to a more urgent tier
+// (request merging calls it when a more urgent request joins). A running
+// sequence keeps its tier.
+func (s *localSource) Raise(t api.Tier) {
+	if !t.Outranks(s.entry.Value.Tier) || !s.model.queue.Remove(s.entry) {
+		return
+	}
+	// Out of the queue and not admitted: nothing else reads the entry.
+	s.entry.Tier, s.entry.Value.Tier = t, t
+	s.model.queue.Requeue(s.entry)
 }
 
 // Recv returns the sequence's next chunk; see api.Source.
@@ -97,5 +110,5 @@ func (s *localSource) end(u *api.Usage, err error) {
 		return
 	}
 	s.ended = true
-	s.metrics.finished(s.model.info.ID, s.entry.Tier, u, err)
+	s.metrics.finished(s.model.info.ID, s.tier, u, err)
 }

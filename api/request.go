@@ -35,6 +35,11 @@ type Params struct {
 	// default. When one fires the stream ends with a *retry.DeadlineError
 	// and the sequence's KV is freed within one engine step.
 	Deadlines retry.Deadlines
+	// Cache lets a server with a response cache (see the root package's
+	// WithMerging) answer this request from a cached identical response
+	// and keep this one's for later. Only deterministic requests (greedy,
+	// or sampled with a seed) are cached; for others it does nothing.
+	Cache bool
 }
 
 // Request asks for a completion of a prompt.

@@ -52,6 +52,15 @@
 // Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
 // repetition_penalty and ignore_eos.
 //
+// Request merging (when the Server has it on, mlxserving.WithMerging):
+// identical deterministic requests (temperature 0, or a seed) in flight
+// together share one generation, and the body field "cache": true lets a
+// server with a response cache answer from it. The response header
+// X-Cache says what happened: "miss" (a fresh generation), "merged"
+// (joined an identical one in flight) or "hit" (replayed from the cache,
+// its usage counting every prompt token as cached); it is absent for
+// requests that are not eligible.
+//
 // # Errors
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
