@@ -27,7 +27,8 @@ type flight struct {
 	subs     int
 	tier     api.Tier
 	cacheIt  bool
-	notify   chan struct{} // closed and replaced when chunks grow or done is set
+	notify   chan struct{} // closed and replaced when chunks grow or done is set, if waited on
+	waited   bool          // a reader holds notify
 	stopOnce sync.Once
 }
 
@@ -123,8 +124,10 @@ func (f *flight) end(err error) {
 // wakeLocked wakes the readers waiting for news. Has to be called with
 // f.mu held.
 func (f *flight) wakeLocked() {
-	close(f.notify)
-	f.notify = make(chan struct{})
+	if f.waited {
+		close(f.notify)
+		f.notify, f.waited = make(chan struct{}), false
+	}
 }
 
 // subscriber is one request's view of a flight: an api.Source that reads
@@ -161,6 +164,7 @@ func (s *subscriber) Recv(ctx context.Context) (api.Chunk, error) {
 			return c, nil
 		}
 		done, err, wait := f.done, f.err, f.notify
+		f.waited = true
 		f.mu.Unlock()
 		if done {
 			s.release()

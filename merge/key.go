@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
+	"reflect"
+	"unsafe"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
@@ -56,11 +59,11 @@ func KeyOf(r Request) Key {
 	}
 	ids := func(ids []int32) {
 		u64(uint64(len(ids)))
-		b := make([]byte, 4*len(ids))
-		for i, id := range ids {
-			binary.LittleEndian.PutUint32(b[4*i:], uint32(id))
+		if len(ids) > 0 {
+			// The ids' bytes in memory order: keys live in one process,
+			// so the host's byte order is the same for every key.
+			h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids)))
 		}
-		h.Write(b)
 	}
 	flag := func(b bool) {
 		if b {
@@ -73,10 +76,27 @@ func KeyOf(r Request) Key {
 	str(r.Revision)
 	ids(r.Prompt)
 	u64(uint64(r.MaxTokens))
-	// Every sampling field, including any added later: %#v prints them
-	// all (maps sorted), so a new parameter can never be left out of the
-	// key and merge requests it tells apart.
-	fmt.Fprintf(h, "%#v", r.Sampling)
+	// Every sampling field, including any added later, so a new
+	// parameter can never be left out of the key and merge requests it
+	// tells apart.
+	v := reflect.ValueOf(r.Sampling)
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Bool:
+			flag(f.Bool())
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			u64(uint64(f.Int()))
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			u64(f.Uint())
+		case reflect.Float32, reflect.Float64:
+			u64(math.Float64bits(f.Float()))
+		case reflect.String:
+			str(f.String())
+		default: // slices, maps, pointers: printed in full (maps sorted)
+			str(fmt.Sprintf("%#v", f.Interface()))
+		}
+	}
 	u64(uint64(len(r.Stop)))
 	for _, st := range r.Stop {
 		str(st)
