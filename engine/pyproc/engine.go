@@ -38,7 +38,8 @@ type slot struct {
 	restarts atomic.Int64
 	mu       sync.Mutex
 	cur      *proc         // nil while (re)starting
-	up       chan struct{} // closed when cur is set; replaced when cur dies
+	up       chan struct{} // closed when cur is set or the slot is given up; replaced when cur dies
+	gone     error         // set when the restart policy gave up
 	open     atomic.Int64  // sequences routed here, for least-loaded routing
 	breaker  *retry.Breaker
 }
@@ -48,10 +49,13 @@ type slot struct {
 func (s *slot) current(ctx context.Context, closing chan struct{}) (*proc, error) {
 	for {
 		s.mu.Lock()
-		p, up := s.cur, s.up
+		p, up, gone := s.cur, s.up, s.gone
 		s.mu.Unlock()
 		if p != nil && p.alive() {
 			return p, nil
+		}
+		if gone != nil {
+			return nil, gone
 		}
 		select {
 		case <-up:
@@ -201,6 +205,10 @@ func (e *Engine) restart(s *slot, tries *retry.Tracker, cause error) *proc {
 		wait, ok := tries.Next(cause)
 		if !ok {
 			e.cfg.logger.Error("worker restart: giving up", "worker", s.idx, "attempts", tries.Attempts(), "err", cause)
+			s.mu.Lock()
+			s.gone = &LostError{Worker: s.idx, Reason: fmt.Sprintf("not restarted after %d attempts: %v", tries.Attempts(), cause)}
+			close(s.up)
+			s.mu.Unlock()
 			return nil
 		}
 		select {

@@ -3,7 +3,9 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -90,6 +92,9 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)}); err != nil {
 		t.Fatal(err)
 	}
+	if b := srv.Stats()["tiny"].Breakers; len(b) != 2 || b[0].Name != "worker-0" || b[1].State != retry.StateClosed {
+		t.Errorf("Server.Stats breakers: %+v", b)
+	}
 	run := func(p engine.SamplingParams) (api.Result, error) {
 		st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(3, 9),
 			Params: api.Params{MaxTokens: 16, IgnoreEOS: true, Sampling: p}})
@@ -158,4 +163,61 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 			t.Fatalf("after %d tokens: %v, want an InterruptedError", n, err)
 		}
 	})
+}
+
+// TestRestartPolicyGivesUp: a worker that cannot be restarted is retried
+// as the restart policy says and then given up; its slot stays empty and
+// new sequences go to the live worker.
+func TestRestartPolicyGivesUp(t *testing.T) {
+	dir := t.TempDir()
+	count := dir + "/starts"
+	// The interpreter works for the first two starts (the pool), then
+	// refuses, as a broken installation would.
+	script := dir + "/python"
+	body := "#!/bin/sh\necho x >> " + count + "\n[ \"$(wc -l < " + count + ")\" -le 2 ] || exit 3\nexec " + python(t) + " \"$@\"\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	policy := retry.MustPolicy(retry.WithBackoff(10*time.Millisecond, 10*time.Millisecond, 1),
+		retry.WithMaxAttempts(3), retry.WithClassifier(func(error) bool { return true }))
+	e := newEngine(t, WithWorkers(2), WithPython(script), WithRestartPolicy(policy))
+	m := load(t, e, tiny(t))
+	old, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(old.pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-old.dead
+	waitFor := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(count)
+		if strings.Count(string(b), "x") >= 4 { // 2 pool starts + 2 refused restarts
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("restart attempts: %q", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a third attempt would come 10 ms later
+	if b, _ := os.ReadFile(count); strings.Count(string(b), "x") != 4 {
+		t.Errorf("%d starts, want 2 + 2 restart attempts (3 attempts in all)", strings.Count(string(b), "x"))
+	}
+	if w := e.Workers(); w[0].PID != 0 || w[1].PID == 0 {
+		t.Fatalf("workers after giving up: %+v", w)
+	}
+	if _, err := e.slots[0].current(context.Background(), e.closing); !errors.Is(err, engine.ErrWorkerLost) {
+		t.Errorf("the given-up slot: %v, want a lost-worker error", err)
+	}
+	for id := engine.SeqID(1); id <= 3; id++ {
+		if _, err := m.Open(context.Background(), id, prompt(int(id), 5), ""); err != nil {
+			t.Fatal(err)
+		}
+		if m.seqs[id].slot.idx != 1 {
+			t.Errorf("sequence %d on worker %d, whose slot is empty", id, m.seqs[id].slot.idx)
+		}
+		m.Free(id, "")
+	}
 }
