@@ -3,6 +3,7 @@ package mlxserving_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -316,4 +317,66 @@ func TestMergeRaisesPriority(t *testing.T) {
 	}
 	<-finished
 	busy.Close()
+}
+
+// lossyEngine is the simulated engine whose models lose their worker on
+// chosen steps, as a crashed process would.
+type lossyEngine struct {
+	*enginetest.Sim
+	failAt map[int64]bool
+}
+
+func (e *lossyEngine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	m, err := e.Sim.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &lossyModel{Model: m, failAt: e.failAt}, nil
+}
+
+type lossyModel struct {
+	engine.Model
+	failAt map[int64]bool
+	steps  int64 // Step is serialised by the batcher
+}
+
+func (m *lossyModel) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepOutput, error) {
+	m.steps++
+	if m.failAt[m.steps] {
+		return nil, fmt.Errorf("worker 0 exited: %w", engine.ErrWorkerLost)
+	}
+	return m.Model.Step(ctx, in)
+}
+
+// TestMergedGenerationRetriedOnceForAll: a shared generation that loses
+// its worker before its first token is retried once, for every
+// subscriber, and all get the text an undisturbed run gives.
+func TestMergedGenerationRetriedOnceForAll(t *testing.T) {
+	ref := newFixture(t, nil)
+	want, ok := generate(t, ref.srv, req(20, 7, 7, 7))
+	if !ok {
+		t.FailNow()
+	}
+	sim, err := enginetest.NewSim(enginetest.WithContextLength(256), enginetest.WithVocabSize(1000), enginetest.WithStepTime(2*time.Millisecond, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv, err := mlxserving.New(&lossyEngine{Sim: sim, failAt: map[int64]bool{1: true}}, mlxserving.WithMerging())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "sim"}); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range startAll(t, srv, req(20, 7, 7, 7), 8) {
+		res, err := st.Collect()
+		if err != nil || !slices.Equal(res.Tokens, want.Tokens) || res.Usage.Preemptions != 1 {
+			t.Errorf("subscriber %d: %v %v (preemptions %d), want %v after one retry", i, err, res.Tokens, res.Usage.Preemptions, want.Tokens)
+		}
+	}
+	if s := sim.Stats(); s.Sampled != 20 {
+		t.Errorf("engine sampled %d tokens, want 20: one generation, retried once", s.Sampled)
+	}
 }

@@ -73,6 +73,9 @@ func (f *flight) leave(err error) {
 // stop ends the generation: the source is closed with err and the pump,
 // which sees its context cancelled, ends the flight.
 func (f *flight) stop(err error) {
+	if err == nil {
+		err = context.Canceled // the generation finished; nothing waits
+	}
 	f.stopOnce.Do(func() {
 		f.src.Close(err)
 		f.cancel()
