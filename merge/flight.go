@@ -10,17 +10,22 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 )
 
-// flight is one generation shared by its subscribers. Its pump goroutine
-// reads the source and appends to chunks; subscribers read chunks at their
-// own pace, from the start.
+// flight is one generation shared by its subscribers. It has no goroutine
+// of its own: a subscriber that has read every chunk so far pulls the next
+// one from the source (one at a time, under the flight's context) and
+// appends it to chunks, where the others read at their own pace, from the
+// start. The generation itself runs in the batcher whether or not anyone
+// is reading.
 type flight struct {
 	m      *Merger
 	key    Key
 	src    api.Source
+	ctx    context.Context // the generation's: ends when the last subscriber leaves
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	chunks   []api.Chunk
+	pulling  bool  // a subscriber is reading the source
 	done     bool  // the source ended; err says how
 	err      error // nil: ended with its final chunk
 	leaving  bool  // the last subscriber left; no one may join
@@ -70,8 +75,8 @@ func (f *flight) leave(err error) {
 	}
 }
 
-// stop ends the generation: the source is closed with err and the pump,
-// which sees its context cancelled, ends the flight.
+// stop ends the generation: the source is closed with err and the
+// flight's context cancelled, so a pull in progress returns.
 func (f *flight) stop(err error) {
 	if err == nil {
 		err = context.Canceled // the generation finished; nothing waits
@@ -82,26 +87,24 @@ func (f *flight) stop(err error) {
 	})
 }
 
-// pump reads the generation to its end. It is the only writer of chunks.
-func (f *flight) pump(ctx context.Context) {
-	defer f.m.wg.Done()
-	for {
-		c, err := f.src.Recv(ctx)
-		if err == nil {
-			f.mu.Lock()
-			f.chunks = append(f.chunks, c)
-			f.wakeLocked()
-			f.mu.Unlock()
-			continue
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil
-		} else if f.m.ctx.Err() != nil {
-			err = ErrClosed
-		}
-		f.end(err)
+// pull reads the source's next chunk for every subscriber. The caller set
+// f.pulling.
+func (f *flight) pull() {
+	c, err := f.src.Recv(f.ctx)
+	if err == nil {
+		f.mu.Lock()
+		f.chunks = append(f.chunks, c)
+		f.pulling = false
+		f.wakeLocked()
+		f.mu.Unlock()
 		return
 	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	} else if f.m.ctx.Err() != nil {
+		err = ErrClosed
+	}
+	f.end(err)
 }
 
 // end records how the generation ended and wakes every subscriber. A
@@ -110,7 +113,7 @@ func (f *flight) pump(ctx context.Context) {
 func (f *flight) end(err error) {
 	if err == nil && f.m.cache != nil {
 		f.mu.Lock()
-		cacheIt, chunks := f.cacheIt, f.chunks // the pump, our caller, is the only writer
+		cacheIt, chunks := f.cacheIt, f.chunks // the puller, our caller, is the only writer
 		f.mu.Unlock()
 		if cacheIt {
 			f.m.cache.add(f.key, chunks)
@@ -119,7 +122,7 @@ func (f *flight) end(err error) {
 	f.m.forget(f)
 	f.stop(err)
 	f.mu.Lock()
-	f.done, f.err = true, err
+	f.done, f.err, f.pulling = true, err, false
 	f.wakeLocked()
 	f.mu.Unlock()
 }
@@ -144,7 +147,9 @@ type subscriber struct {
 }
 
 // Recv returns the next chunk: one already produced, or the next one the
-// generation produces. See api.Source.
+// generation produces. See api.Source. A subscriber that leaves (ctx ends,
+// Close) while it is pulling the generation's next chunk for everyone
+// returns once that chunk arrives.
 func (s *subscriber) Recv(ctx context.Context) (api.Chunk, error) {
 	f := s.f
 	for {
@@ -166,16 +171,24 @@ func (s *subscriber) Recv(ctx context.Context) (api.Chunk, error) {
 			}
 			return c, nil
 		}
-		done, err, wait := f.done, f.err, f.notify
-		f.waited = true
-		f.mu.Unlock()
-		if done {
+		if f.done {
+			err := f.err
+			f.mu.Unlock()
 			s.release()
 			if err == nil {
 				return api.Chunk{}, io.EOF
 			}
 			return api.Chunk{}, err
 		}
+		if !f.pulling {
+			f.pulling = true
+			f.mu.Unlock()
+			f.pull()
+			continue
+		}
+		wait := f.notify
+		f.waited = true
+		f.mu.Unlock()
 		select {
 		case <-wait:
 		case <-ctx.Done():

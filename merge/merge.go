@@ -48,7 +48,6 @@ type Merger struct {
 
 	ctx    context.Context // parent of every flight's context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	flights map[Key]*flight
@@ -160,13 +159,11 @@ func (m *Merger) Join(ctx context.Context, k Key, tier api.Tier, useCache bool, 
 		cancel()
 		return nil, "", err
 	}
-	f := &flight{m: m, key: k, src: src, cancel: cancel, tier: tier, notify: make(chan struct{})}
+	f := &flight{m: m, key: k, src: src, ctx: fctx, cancel: cancel, tier: tier, notify: make(chan struct{})}
 	s := f.join(ctx, tier, useCache)
 	m.flights[k] = f
-	m.wg.Add(1)
 	m.mu.Unlock()
 	m.misses.Add(1)
-	go f.pump(fctx)
 	return s, Miss, nil
 }
 
@@ -180,8 +177,9 @@ func (m *Merger) forget(f *flight) {
 }
 
 // Close stops every generation in flight (their subscribers get
-// ErrClosed), waits for them, and empties the cache. Later Joins fail with
-// ErrClosed. Idempotent.
+// ErrClosed) and empties the cache. Later Joins fail with ErrClosed.
+// Idempotent. A Merger starts no goroutine of its own: subscribers read
+// the generations.
 //
 // One goroutine outlives Close when the cache is on: the expiry loop of
 // golang-lru/v2's expirable LRU, which that library (v2.0.7) starts per
@@ -199,11 +197,10 @@ func (m *Merger) Close() {
 		flights = append(flights, f)
 	}
 	m.mu.Unlock()
+	m.cancel() // first, so pulls that fail now report ErrClosed
 	for _, f := range flights {
 		f.stop(ErrClosed)
 	}
-	m.cancel()
-	m.wg.Wait()
 	if m.cache != nil {
 		m.cache.purge()
 	}
