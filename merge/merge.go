@@ -159,7 +159,8 @@ func (m *Merger) Join(ctx context.Context, k Key, tier api.Tier, useCache bool, 
 		cancel()
 		return nil, "", err
 	}
-	f := &flight{m: m, key: k, src: src, ctx: fctx, cancel: cancel, tier: tier, notify: make(chan struct{})}
+	f := &flight{m: m, key: k, src: src, ctx: fctx, cancel: cancel, tier: tier, notify: make(chan struct{}),
+		chunks: make([]api.Chunk, 0, 16)}
 	s := f.join(ctx, tier, useCache)
 	m.flights[k] = f
 	m.mu.Unlock()
