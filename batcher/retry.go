@@ -8,14 +8,19 @@ import (
 )
 
 // retryOrFail decides the fate of a sequence whose attempt failed with err
-// (its KV already released). A sequence that produced a token is never
-// retried: the caller has it, and a new attempt would repeat it, so the
-// stream fails with a *retry.InterruptedError. Otherwise, when the retry
+// (its KV already released). An error the policy does not retry ends the
+// stream as is. A sequence that produced a token is never retried: the
+// caller has it, and a new attempt would repeat it, so the stream fails
+// with a *retry.InterruptedError. Otherwise, when the retry
 // policy allows, it is requeued after the policy's wait and starts again
 // from its prompt; greedy and seeded requests then produce exactly the
 // tokens the lost attempt would have. It reports whether it was requeued.
 func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	s := e.Value
+	if !b.cfg.retry.Retryable(err) {
+		s.out.finish(api.Chunk{}, err)
+		return false
+	}
 	if n := len(s.generated); n > 0 {
 		s.out.finish(api.Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
 		return false
@@ -25,7 +30,7 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	}
 	wait, ok := s.retries.Next(err)
 	if !ok {
-		if s.retries.Attempts() > 1 && b.cfg.retry.Retryable(err) {
+		if s.retries.Attempts() > 1 {
 			err = &retry.ExhaustedError{Attempts: s.retries.Attempts(), Err: err}
 		}
 		s.out.finish(api.Chunk{}, err)
