@@ -279,7 +279,7 @@ func TestMergePanickingReader(t *testing.T) {
 func TestMergeRaisesPriority(t *testing.T) {
 	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0), enginetest.WithMaxBatch(1)}, mlxserving.WithMerging())
 	ctx := context.Background()
-	busy, err := f.srv.Generate(ctx, req(40, 1, 2))
+	busy, err := f.srv.Generate(ctx, req(220, 1, 2)) // holds the batch of one ~220 ms
 	if err != nil {
 		t.Fatal(err)
 	}

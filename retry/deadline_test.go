@@ -40,9 +40,9 @@ func TestWatchFiresEachDeadline(t *testing.T) {
 		want   retry.DeadlineKind // 0: none
 	}{
 		{"first token late", retry.Deadlines{FirstToken: 30 * ms}, []time.Duration{80 * ms}, retry.FirstToken},
-		{"first token in time", retry.Deadlines{FirstToken: 60 * ms}, []time.Duration{10 * ms, 20 * ms}, 0},
-		{"stall", retry.Deadlines{Stall: 40 * ms}, []time.Duration{0, 10 * ms, 20 * ms, 120 * ms}, retry.Stall},
-		{"steady tokens", retry.Deadlines{Stall: 50 * ms}, []time.Duration{0, 20 * ms, 40 * ms, 60 * ms, 80 * ms, 100 * ms, 120 * ms}, 0},
+		{"first token in time", retry.Deadlines{FirstToken: 300 * ms}, []time.Duration{10 * ms, 20 * ms}, 0},
+		{"stall", retry.Deadlines{Stall: 60 * ms}, []time.Duration{0, 10 * ms, 20 * ms, 250 * ms}, retry.Stall},
+		{"steady tokens", retry.Deadlines{Stall: 150 * ms}, []time.Duration{0, 20 * ms, 40 * ms, 60 * ms, 80 * ms, 100 * ms, 120 * ms}, 0},
 		{"total", retry.Deadlines{Total: 50 * ms, Stall: time.Second}, []time.Duration{0, 20 * ms, 40 * ms, 60 * ms, 80 * ms}, retry.Total},
 		{"none", retry.Deadlines{}, []time.Duration{0, 50 * ms}, 0},
 	}
