@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
@@ -378,5 +381,50 @@ func TestMergedGenerationRetriedOnceForAll(t *testing.T) {
 	}
 	if s := sim.Stats(); s.Sampled != 20 {
 		t.Errorf("engine sampled %d tokens, want 20: one generation, retried once", s.Sampled)
+	}
+}
+
+// TestMergeMetrics: merged requests and cache results are exported.
+func TestMergeMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0)},
+		mlxserving.WithMeterProvider(mp), mlxserving.WithMerging(merge.WithCache(1<<20, time.Minute)))
+	r := req(20, 4, 5, 6)
+	r.Cache = true
+	for _, st := range startAll(t, f.srv, r, 3) {
+		if _, err := st.Collect(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := generate(t, f.srv, r); !ok { // a hit
+		t.FailNow()
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					name := m.Name
+					if v, ok := p.Attributes.Value("result"); ok {
+						name += "." + v.AsString()
+					}
+					got[name] += p.Value
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	if got["mlxserving.merge.merged"] < 1 || got["mlxserving.cache.requests.hit"] != 1 || got["mlxserving.cache.requests.miss"] != 3 || got["mlxserving.cache.bytes"] <= 0 {
+		t.Errorf("merge metrics: %v", got)
 	}
 }
