@@ -44,5 +44,11 @@ func (s *Server) join(ctx context.Context, m *model, prompt []int32, p api.Param
 	if err != nil {
 		return nil, err
 	}
+	if outcome != merge.Miss {
+		// Only a miss started a sequence, which holds the model until it
+		// ends; a subscriber to another's generation or a cache hit holds
+		// nothing of its own.
+		s.release(m)
+	}
 	return api.NewStream(ctx, src, api.Header{Model: m.info.ID, Cache: string(outcome)}), nil
 }

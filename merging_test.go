@@ -76,6 +76,21 @@ func TestMergeCoalesces(t *testing.T) {
 	if st := f.srv.MergeStats(); st.Merged != n-1 || st.Misses != 1 || st.InFlight != 0 {
 		t.Errorf("merge stats %+v", st)
 	}
+	waitIdle(t, f.srv)
+}
+
+// waitIdle waits until the model manager counts no request on "sim":
+// merged requests and cache hits must not keep a model busy.
+func waitIdle(t *testing.T, srv *mlxserving.Server) {
+	t.Helper()
+	waitFor(t, "the model idle", func() bool {
+		for _, st := range srv.ModelStatus() {
+			if st.ID == "sim" && st.Busy {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // TestMergeLateSubscriberAndCancellation: a late subscriber first gets
@@ -237,6 +252,7 @@ func TestResponseCache(t *testing.T) {
 	if st := f.srv.MergeStats(); st.CacheHits != 1 || st.CacheMisses != 2 || st.CacheEntries != 2 || st.CacheBytes <= 0 {
 		t.Errorf("stats %+v", st)
 	}
+	waitIdle(t, f.srv)
 }
 
 // TestMergeFailureReachesAll: the shared generation's failure reaches

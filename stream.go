@@ -22,6 +22,7 @@ type localSource struct {
 	stopAfter func() bool
 	closeOnce sync.Once
 	tier      api.Tier // the tier it was submitted at, for metrics
+	release   func()   // ends the request's count on the model; idempotent
 
 	// Owned by the reader.
 	lastToken time.Time
@@ -110,5 +111,8 @@ func (s *localSource) end(u *api.Usage, err error) {
 		return
 	}
 	s.ended = true
+	if s.release != nil {
+		s.release()
+	}
 	s.metrics.finished(s.model.info.ID, s.tier, u, err)
 }
