@@ -58,6 +58,20 @@ func failsOver(ctx context.Context, err error) bool {
 	return true
 }
 
+// backendFault reports whether err is the backend's failure, counted by its
+// breaker: it would fail over, and it is not a backend merely being busy
+// (a full queue) or lacking the model.
+func backendFault(err error) bool {
+	var se *retry.StatusError
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrQueueFull), errors.Is(err, engine.ErrModelNotFound):
+		return false
+	case errors.As(err, &se) && (se.Code == 429 || se.Code == 404):
+		return false
+	}
+	return failsOver(context.Background(), err)
+}
+
 // failoverSource is the api.Source of a balanced request: the stream of
 // the backend it runs on, replaced by another backend's if the first
 // fails before a token reached the caller.

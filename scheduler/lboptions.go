@@ -50,7 +50,7 @@ func defaultLBConfig() lbConfig {
 		maxAttempts:       DefaultLBAttempts,
 		healthInterval:    DefaultHealthInterval,
 		healthTimeout:     2 * time.Second,
-		breakerOpts:       []retry.BreakerOption{retry.WithOpenTimeout(DefaultEjection)},
+		breakerOpts:       []retry.BreakerOption{retry.WithOpenTimeout(DefaultEjection), retry.WithFailure(backendFault)},
 		affinityTTL:       DefaultAffinityTTL,
 		affinityTimeout:   100 * time.Millisecond,
 		prefixChunks:      DefaultPrefixChunks,
