@@ -1,0 +1,207 @@
+package httpbackend
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
+)
+
+var (
+	// ErrClosed is returned by requests on a closed Backend.
+	ErrClosed = errors.New("httpbackend: backend is closed")
+	// ErrTruncated means the upstream's stream ended before its final
+	// chunk: the connection closed or [DONE] came without a finish reason.
+	ErrTruncated = errors.New("httpbackend: stream ended before its final chunk")
+	// ErrHeaderTimeout means the upstream sent no response headers within
+	// the header timeout.
+	ErrHeaderTimeout = errors.New("httpbackend: no response headers in time")
+)
+
+// Error is a request the upstream did not serve: it could not be reached,
+// answered with an HTTP error status, or broke its stream before any text
+// reached the caller. Nothing was streamed, so the request may be sent
+// elsewhere when Retryable says so.
+//
+// It unwraps to Err (the transport failure, ErrTruncated, a
+// *ProtocolError, ...), to a *retry.StatusError when the upstream answered
+// with a status, and to the engine's sentinel for the upstream's error
+// code where there is one (engine.ErrModelNotFound,
+// engine.ErrContextLength, an *engine.InvalidParamError), so callers classify it
+// as they would a local error.
+type Error struct {
+	// URL is the endpoint the request went to.
+	URL string
+	// Status is the HTTP status; 0 when no error response arrived.
+	Status int
+	// RetryAfter is the upstream's Retry-After; 0 when it sent none.
+	RetryAfter time.Duration
+	// Type, Code and Param are the upstream's error fields, if its body
+	// was an OpenAI-shaped error.
+	Type, Code, Param string
+	// Message is the upstream's error message, if it gave one.
+	Message string
+	// Err is the underlying failure when the upstream sent no status.
+	Err error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "httpbackend: %s: ", e.URL)
+	switch {
+	case e.Status != 0:
+		fmt.Fprintf(&b, "%d %s", e.Status, http.StatusText(e.Status))
+		if e.Message != "" {
+			b.WriteString(": " + e.Message)
+		}
+	case e.Message != "":
+		b.WriteString(e.Message)
+	case e.Err != nil:
+		b.WriteString(e.Err.Error())
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, " (retry after %v)", e.RetryAfter)
+	}
+	return b.String()
+}
+
+// Retryable reports whether the request may be tried again, here or on
+// another backend: the upstream could not be reached, timed out, broke
+// its stream before any text, or answered 408, 429 or 5xx. Other 4xx
+// statuses (a bad request, an unknown model, a context too long) are not.
+func (e *Error) Retryable() bool {
+	switch {
+	case e.Status == 0:
+		return true
+	case e.Status == http.StatusRequestTimeout, e.Status == http.StatusTooManyRequests:
+		return true
+	}
+	return e.Status >= 500
+}
+
+// RetryAfterHint returns RetryAfter.
+func (e *Error) RetryAfterHint() time.Duration { return e.RetryAfter }
+
+// Unwrap returns Err, a *retry.StatusError for the status, and the engine
+// sentinel matching the upstream's error code.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	if e.Status != 0 {
+		errs = append(errs, &retry.StatusError{Code: e.Status, RetryAfter: e.RetryAfter, Message: e.Message})
+	}
+	switch {
+	case e.Code == "model_not_found" || e.Status == http.StatusNotFound:
+		errs = append(errs, engine.ErrModelNotFound)
+	case e.Code == "context_length_exceeded":
+		errs = append(errs, engine.ErrContextLength)
+	case e.Status == http.StatusBadRequest:
+		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
+	}
+	return errs
+}
+
+// ProtocolError is an upstream response that is not OpenAI-compatible
+// streaming: a wrong content type, a malformed event, an over-long line.
+type ProtocolError struct {
+	// Detail says what was wrong.
+	Detail string
+	// Data is the start of the offending data, at most 200 bytes.
+	Data string
+}
+
+func (e *ProtocolError) Error() string {
+	if e.Data == "" {
+		return "httpbackend: bad response from upstream: " + e.Detail
+	}
+	return fmt.Sprintf("httpbackend: bad response from upstream: %s: %q", e.Detail, e.Data)
+}
+
+func protocolError(detail string, data []byte) *ProtocolError {
+	if len(data) > 200 {
+		data = data[:200]
+	}
+	return &ProtocolError{Detail: detail, Data: string(data)}
+}
+
+// StreamError is an error event the upstream sent inside its stream, after
+// the response had started.
+type StreamError struct {
+	Type, Code, Message string
+}
+
+func (e *StreamError) Error() string {
+	return fmt.Sprintf("httpbackend: upstream failed mid-stream (%s %s): %s", e.Type, e.Code, e.Message)
+}
+
+// errorBody is an OpenAI-shaped error ({"error": {...}}), or vLLM's older
+// flat shape ({"object": "error", "message": ..., "type": ..., "code": 400}).
+type errorBody struct {
+	Error   json.RawMessage `json:"error"`
+	Message string          `json:"message"`
+	Type    string          `json:"type"`
+}
+
+type errorFields struct {
+	Message string          `json:"message"`
+	Type    string          `json:"type"`
+	Param   *string         `json:"param"`
+	Code    json.RawMessage `json:"code"`
+}
+
+// statusError builds the *Error for a non-2xx response with body b.
+func statusError(url string, resp *http.Response, b []byte) *Error {
+	e := &Error{URL: url, Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	var body errorBody
+	if json.Unmarshal(b, &body) == nil {
+		var f errorFields
+		switch {
+		case len(body.Error) > 0 && body.Error[0] == '{' && json.Unmarshal(body.Error, &f) == nil:
+			e.Message, e.Type = f.Message, f.Type
+			if f.Param != nil {
+				e.Param = *f.Param
+			}
+			var code string
+			if json.Unmarshal(f.Code, &code) == nil {
+				e.Code = code
+			}
+		case len(body.Error) > 0 && body.Error[0] == '"':
+			_ = json.Unmarshal(body.Error, &e.Message) // llama.cpp/Ollama: {"error": "message"}
+		default:
+			e.Message, e.Type = body.Message, body.Type
+		}
+	}
+	if e.Message == "" {
+		msg := strings.TrimSpace(string(b))
+		if len(msg) > 200 {
+			msg = msg[:200]
+		}
+		e.Message = msg
+	}
+	return e
+}
+
+// parseRetryAfter reads a Retry-After header: seconds, or an HTTP date.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		if s <= 0 {
+			return 0
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}

@@ -1,0 +1,122 @@
+package httpbackend
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/mlxserving/mlxserving/api"
+)
+
+// body is the JSON of a completion or chat completion request. Fields an
+// upstream may not know are sent only when set, so a plain OpenAI-style
+// server sees a plain request.
+type body struct {
+	Model         string           `json:"model"`
+	Prompt        any              `json:"prompt,omitempty"`
+	Messages      []message        `json:"messages,omitempty"`
+	Tools         []map[string]any `json:"tools,omitempty"`
+	MaxTokens     int              `json:"max_tokens"`
+	Temperature   float32          `json:"temperature"`
+	TopP          float32          `json:"top_p,omitempty"`
+	TopK          int              `json:"top_k,omitempty"`
+	MinP          float32          `json:"min_p,omitempty"`
+	RepPenalty    float32          `json:"repetition_penalty,omitempty"`
+	Seed          *int64           `json:"seed,omitempty"`
+	Stop          []string         `json:"stop,omitempty"`
+	IgnoreEOS     bool             `json:"ignore_eos,omitempty"`
+	User          string           `json:"user,omitempty"`
+	KeepAlive     string           `json:"keep_alive,omitempty"`
+	Cache         bool             `json:"cache,omitempty"`
+	ChatLogprobs  bool             `json:"logprobs,omitempty"`
+	Stream        bool             `json:"stream"`
+	StreamOptions streamOptions    `json:"stream_options"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type message struct {
+	Role       string           `json:"role"`
+	Content    string           `json:"content"`
+	Name       string           `json:"name,omitempty"`
+	ToolCalls  []map[string]any `json:"tool_calls,omitempty"`
+	ToolCallID string           `json:"tool_call_id,omitempty"`
+}
+
+func paramsBody(model string, p api.Params) body {
+	b := body{
+		Model: model, MaxTokens: p.MaxTokens, Temperature: p.Sampling.Temperature,
+		TopP: p.Sampling.TopP, TopK: p.Sampling.TopK, MinP: p.Sampling.MinP,
+		RepPenalty: p.Sampling.RepetitionPenalty, Stop: p.Stop, IgnoreEOS: p.IgnoreEOS,
+		User: p.Client, Cache: p.Cache, Stream: true, StreamOptions: streamOptions{IncludeUsage: true},
+	}
+	if p.Sampling.HasSeed {
+		s := int64(p.Sampling.Seed)
+		b.Seed = &s
+	}
+	if p.KeepAlive != nil {
+		b.KeepAlive = p.KeepAlive.String()
+	}
+	return b
+}
+
+// completionBody is the /v1/completions request for req.
+func completionBody(req api.Request) ([]byte, error) {
+	b := paramsBody(req.Model, req.Params)
+	if len(req.PromptTokens) > 0 {
+		b.Prompt = req.PromptTokens
+	} else {
+		b.Prompt = req.Prompt
+	}
+	if req.Sampling.Logprobs {
+		zero := 0
+		return marshalWith(b, "logprobs", &zero)
+	}
+	return json.Marshal(b)
+}
+
+// marshalWith encodes b with one more field (completions' integer
+// "logprobs", which chat requests spell as a boolean).
+func marshalWith(b body, key string, v any) ([]byte, error) {
+	raw, err := json.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m[key], err = json.Marshal(v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// chatBody is the /v1/chat/completions request for req.
+func chatBody(req api.ChatRequest) ([]byte, error) {
+	b := paramsBody(req.Model, req.Params)
+	b.Messages = make([]message, len(req.Messages))
+	for i, m := range req.Messages {
+		b.Messages[i] = message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}
+	}
+	b.Tools = req.Tools
+	b.ChatLogprobs = req.Sampling.Logprobs
+	return json.Marshal(b)
+}
+
+// setHeaders adds the request's priority and session as the headers
+// mlxserving reads (X-Priority, X-Session-ID); other servers ignore them.
+func setHeaders(h http.Header, p api.Params, apiKey string) {
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "text/event-stream")
+	if apiKey != "" {
+		h.Set("Authorization", "Bearer "+apiKey)
+	}
+	if p.Priority != api.Normal && p.Priority.Valid() {
+		h.Set("X-Priority", p.Priority.String())
+	}
+	if p.Session != "" {
+		h.Set("X-Session-ID", p.Session)
+	}
+}
