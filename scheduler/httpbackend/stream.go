@@ -40,9 +40,9 @@ type usage struct {
 // api.Source. Recv is called from one goroutine at a time; Close may run
 // concurrently with it.
 type source struct {
-	url    string
-	body   io.ReadCloser
-	r      *bufio.Reader
+	url     string
+	body    io.ReadCloser
+	r       *bufio.Reader
 	cancel  context.CancelFunc
 	begun   time.Time
 	maxLine int
