@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	defer func() { _ = eng.Close() }()
 
-	mp, metricsHandler, err := newMetrics()
+	mp, reg, metricsHandler, err := newMetrics()
 	if err != nil {
 		return err
 	}
@@ -161,6 +161,15 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = srv.Close() }()
+	// Queue, running and KV gauges also under vLLM's names, for routers
+	// built for vLLM.
+	vllm, err := openai.NewVLLMCollector(srv)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(vllm); err != nil {
+		return err
+	}
 
 	// The main model first and pinned; /ready waits for it only.
 	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir}, Priority: mainPriority, Pin: true}

@@ -60,7 +60,8 @@ func TestServeAndShutdown(t *testing.T) {
 		t.Fatal("no first chunk")
 	}
 	metrics := get(t, client, base+"/metrics")
-	for _, name := range []string{"mlxserving_http_requests_total", "mlxserving_sequences_running", "mlxserving_time_to_first_token_seconds_bucket"} {
+	for _, name := range []string{"mlxserving_http_requests_total", "mlxserving_sequences_running", "mlxserving_time_to_first_token_seconds_bucket",
+		`vllm:num_requests_running{model_name="`, "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
 		}
