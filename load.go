@@ -22,8 +22,9 @@ func (s *Server) Load() scheduler.Load {
 			continue
 		}
 		l.Models = append(l.Models, id)
-		bs, qs := m.batcher.Stats(), m.queue.Stats()
-		l.Waiting += qs.Queued
+		bs := m.batcher.Stats()
+		queued, _ := m.queue.Len()
+		l.Waiting += queued
 		l.Running += bs.Running
 		l.MaxBatch += m.info.MaxBatch
 		reserved += bs.KVReserved

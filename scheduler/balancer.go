@@ -227,33 +227,43 @@ func (lb *LoadBalancer) Load() Load {
 // open breaker, it picks among them anyway (panic mode, as Envoy does):
 // better a request on a doubtful backend than none at all.
 func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool) (*member, bool) {
+	type entry struct {
+		m    *member
+		load Load
+	}
 	lb.mu.RLock()
-	var healthy, doubtful []*member
+	var healthy, doubtful []entry
 	for _, m := range lb.members {
-		if tried[m] || m.draining.Load() || !m.backend.Load().Serves(r.Model) {
+		if tried[m] || m.draining.Load() {
+			continue
+		}
+		l := m.backend.Load()
+		if !l.Serves(r.Model) {
 			continue
 		}
 		if m.healthy.Load() && m.breaker.State() != retry.StateOpen {
-			healthy = append(healthy, m)
+			healthy = append(healthy, entry{m, l})
 		} else {
-			doubtful = append(doubtful, m)
+			doubtful = append(doubtful, entry{m, l})
 		}
 	}
 	lb.mu.RUnlock()
-	pool, panicMode := healthy, false
-	if len(pool) == 0 {
-		pool, panicMode = doubtful, true
+	entries, panicMode := healthy, false
+	if len(entries) == 0 {
+		entries, panicMode = doubtful, true
 	}
-	if len(pool) == 0 {
+	if len(entries) == 0 {
 		return nil, false
 	}
 	// A stable order, so round robin and ties behave the same every time.
-	slices.SortFunc(pool, func(a, b *member) int { return strings.Compare(a.name, b.name) })
-	cands := make([]Candidate, len(pool))
-	for i, m := range pool {
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.m.name, b.m.name) })
+	pool := make([]*member, len(entries))
+	cands := make([]Candidate, len(entries))
+	for i, e := range entries {
+		pool[i] = e.m
 		cands[i] = Candidate{
-			Name: m.name, Load: m.backend.Load(), InFlight: int(m.inflight.Load()),
-			Latency: m.latency(), PrefixMatch: m.prefix.match(hashes),
+			Name: e.m.name, Load: e.load, InFlight: int(e.m.inflight.Load()),
+			Latency: e.m.latency(), PrefixMatch: e.m.prefix.match(hashes),
 		}
 	}
 	if m := lb.sessionHome(ctx, r, pool, cands); m != nil {
