@@ -1,0 +1,270 @@
+package natsbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/retry"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Client is a scheduler.Backend reaching one instance over NATS. Discover
+// makes one per instance it finds and keeps its load report fresh.
+type Client struct {
+	nc       *nats.Conn
+	instance string
+	id       string
+	generate string
+	chat     string
+	cfg      clientConfig
+
+	mu   sync.RWMutex
+	load scheduler.Load
+}
+
+var _ scheduler.Backend = (*Client)(nil)
+
+type clientConfig struct {
+	window       int
+	heartbeat    time.Duration
+	startTimeout time.Duration
+}
+
+// Instance returns the instance's name.
+func (c *Client) Instance() string { return c.instance }
+
+// Load returns the instance's load as its last stats answer reported it.
+func (c *Client) Load() scheduler.Load {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	l := c.load
+	l.Models = append([]string(nil), l.Models...)
+	return l
+}
+
+func (c *Client) setLoad(l scheduler.Load) {
+	c.mu.Lock()
+	c.load = l
+	c.mu.Unlock()
+}
+
+// Generate sends a completion request to the instance.
+func (c *Client) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("natsbackend: encode request: %w", err)
+	}
+	return c.start(ctx, c.generate, b)
+}
+
+// Chat sends a chat request to the instance.
+func (c *Client) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("natsbackend: encode request: %w", err)
+	}
+	return c.start(ctx, c.chat, b)
+}
+
+func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.Stream, error) {
+	if st := c.nc.Status(); st != nats.CONNECTED {
+		// Reconnecting: a request would sit in the reconnect buffer until
+		// the start timeout; fail now so the balancer tries elsewhere.
+		return nil, transportError(c.instance, fmt.Errorf("%w: NATS connection is %s", ErrNotConnected, st))
+	}
+	inbox := c.nc.NewInbox()
+	ch := make(chan *nats.Msg, c.cfg.window+64)
+	sub, err := c.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, transportError(c.instance, err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	msg.Header.Set(hdrStream, inbox)
+	msg.Header.Set(hdrWindow, strconv.Itoa(c.cfg.window))
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.startTimeout)
+	reply, err := c.nc.RequestMsgWithContext(rctx, msg)
+	cancel()
+	if err != nil {
+		_ = sub.Unsubscribe()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			err = fmt.Errorf("%w: %w", ErrInstanceLost, err)
+		}
+		return nil, transportError(c.instance, err)
+	}
+	switch reply.Header.Get(hdrKind) {
+	case "start":
+	case "error":
+		_ = sub.Unsubscribe()
+		var w wireError
+		if err := json.Unmarshal(reply.Data, &w); err != nil {
+			return nil, transportError(c.instance, fmt.Errorf("%w: error reply: %v", ErrProtocol, err))
+		}
+		return nil, fromWire(c.instance, w)
+	default:
+		_ = sub.Unsubscribe()
+		return nil, transportError(c.instance, fmt.Errorf("%w: reply of kind %q", ErrProtocol, reply.Header.Get(hdrKind)))
+	}
+	var h api.Header
+	if err := json.Unmarshal(reply.Data, &h); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, transportError(c.instance, fmt.Errorf("%w: start reply: %v", ErrProtocol, err))
+	}
+	h.Backend = c.instance
+	src := &clientStream{c: c, sub: sub, ch: ch, control: reply.Header.Get(hdrControl), closed: make(chan struct{}),
+		timer: time.NewTimer(3 * c.cfg.heartbeat)}
+	return api.NewStream(ctx, src, h), nil
+}
+
+// clientStream is a stream from an instance, read from the client's inbox.
+type clientStream struct {
+	c       *Client
+	sub     *nats.Subscription
+	ch      chan *nats.Msg
+	control string
+	timer   *time.Timer
+
+	consumed  int
+	delivered int
+
+	once     sync.Once
+	mu       sync.Mutex
+	ended    bool
+	closeErr error
+	closed   chan struct{}
+}
+
+// Recv returns the next chunk; see api.Source.
+func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
+	s.mu.Lock()
+	ended := s.ended
+	s.mu.Unlock()
+	if ended {
+		return api.Chunk{}, s.endErr()
+	}
+	for {
+		s.timer.Reset(3 * s.c.cfg.heartbeat)
+		select {
+		case m := <-s.ch:
+			if len(m.Data) == 0 {
+				return api.Chunk{}, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
+			}
+			switch m.Data[0] {
+			case msgHeartbeat:
+				continue
+			case msgError:
+				var w wireError
+				if err := json.Unmarshal(m.Data[1:], &w); err != nil {
+					return api.Chunk{}, s.fail(fmt.Errorf("%w: error message: %v", ErrProtocol, err))
+				}
+				return api.Chunk{}, s.fail(fromWire(s.c.instance, w))
+			case msgChunk:
+				return s.chunk(m.Data[1:])
+			}
+			return api.Chunk{}, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
+		case <-s.timer.C:
+			return api.Chunk{}, s.fail(ErrInstanceLost)
+		case <-ctx.Done():
+			s.Close(ctx.Err())
+			return api.Chunk{}, ctx.Err()
+		case <-s.closed:
+			return api.Chunk{}, s.endErr()
+		}
+	}
+}
+
+func (s *clientStream) chunk(data []byte) (api.Chunk, error) {
+	var w wireChunk
+	if err := json.Unmarshal(data, &w); err != nil {
+		return api.Chunk{}, s.fail(fmt.Errorf("%w: chunk: %v", ErrProtocol, err))
+	}
+	c := api.Chunk{Text: w.Text, Token: w.Token, HasToken: w.HasToken, Logprob: w.Logprob, Finish: w.Finish, Usage: w.Usage}
+	if c.Finish != "" {
+		s.finish(nil)
+		return c, nil
+	}
+	if c.HasToken || c.Text != "" {
+		s.delivered++
+	}
+	s.consumed++
+	if half := max(s.c.cfg.window/2, 1); s.consumed >= half {
+		_ = s.c.nc.Publish(s.control, []byte(string(rune(ctlCredit))+strconv.Itoa(s.consumed)))
+		s.consumed = 0
+	}
+	return c, nil
+}
+
+// fail ends the stream with err: an *Error (retry-safe) while nothing
+// reached the caller, a *retry.InterruptedError after.
+func (s *clientStream) fail(err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = transportError(s.c.instance, err)
+	}
+	err = e
+	if s.delivered > 0 {
+		err = &retry.InterruptedError{Delivered: s.delivered, Err: e}
+	}
+	s.finish(err)
+	return err
+}
+
+func (s *clientStream) finish(err error) {
+	s.mu.Lock()
+	if !s.ended {
+		s.ended = true
+		if err == nil {
+			err = errEOF
+		}
+		s.closeErr = err
+	}
+	s.mu.Unlock()
+	s.release(false)
+}
+
+func (s *clientStream) endErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closeErr == errEOF {
+		return io.EOF
+	}
+	return s.closeErr
+}
+
+// Close stops the stream and tells the instance to stop generating.
+func (s *clientStream) Close(err error) {
+	s.mu.Lock()
+	wasEnded := s.ended
+	if !s.ended {
+		s.ended = true
+		if err == nil {
+			err = context.Canceled
+		}
+		s.closeErr = err
+	}
+	s.mu.Unlock()
+	s.release(!wasEnded)
+}
+
+func (s *clientStream) release(cancel bool) {
+	s.once.Do(func() {
+		if cancel {
+			_ = s.c.nc.Publish(s.control, []byte{ctlCancel})
+		}
+		_ = s.sub.Unsubscribe()
+		s.timer.Stop()
+		close(s.closed)
+	})
+}

@@ -1,0 +1,307 @@
+package natsbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Discovery defaults.
+const (
+	// DefaultInterval is how often discovery asks the instances for their
+	// stats unless WithInterval says otherwise.
+	DefaultInterval = time.Second
+	// DefaultTimeout is how long an instance may stay silent before it is
+	// removed unless WithTimeout says otherwise.
+	DefaultTimeout = 3 * time.Second
+	// DefaultWindow is the credit, in chunks, a client grants a stream
+	// unless WithWindow says otherwise.
+	DefaultWindow = 256
+	// DefaultStartTimeout bounds the wait for an instance to accept or
+	// refuse a request unless WithStartTimeout says otherwise.
+	DefaultStartTimeout = 10 * time.Second
+)
+
+// DiscoverOption configures Discover.
+type DiscoverOption func(*discoverConfig) error
+
+type discoverConfig struct {
+	service  string
+	interval time.Duration
+	timeout  time.Duration
+	client   clientConfig
+	logger   *slog.Logger
+}
+
+func positive(what string, d time.Duration, dst *time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%s %v: must be positive", what, d)
+	}
+	*dst = d
+	return nil
+}
+
+// WithDiscoverService looks for instances of service instead of
+// DefaultService.
+func WithDiscoverService(service string) DiscoverOption {
+	return func(c *discoverConfig) error {
+		if !nameRe.MatchString(service) {
+			return fmt.Errorf("service name %q: want letters, digits, '-' or '_'", service)
+		}
+		c.service = service
+		return nil
+	}
+}
+
+// WithInterval sets how often the instances are asked for their stats
+// (which refreshes their load reports). Default DefaultInterval.
+func WithInterval(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error { return positive("interval", d, &c.interval) }
+}
+
+// WithTimeout sets how long an instance may stay silent before it is
+// removed from the registry; it must exceed the interval. Default
+// DefaultTimeout.
+func WithTimeout(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error { return positive("timeout", d, &c.timeout) }
+}
+
+// WithWindow sets the credit, in chunks, clients grant each stream. It
+// must be at least 2; default DefaultWindow.
+func WithWindow(n int) DiscoverOption {
+	return func(c *discoverConfig) error {
+		if n < 2 {
+			return fmt.Errorf("window %d: must be at least 2", n)
+		}
+		c.client.window = n
+		return nil
+	}
+}
+
+// WithClientHeartbeat sets the instances' heartbeat interval (their
+// WithHeartbeat); a stream silent for three of them ends with
+// ErrInstanceLost. Default DefaultHeartbeat.
+func WithClientHeartbeat(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error { return positive("heartbeat", d, &c.client.heartbeat) }
+}
+
+// WithStartTimeout bounds the wait for an instance to accept or refuse a
+// request. Default DefaultStartTimeout.
+func WithStartTimeout(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error { return positive("start timeout", d, &c.client.startTimeout) }
+}
+
+// WithDiscoverLogger logs instances found and lost, and NATS trouble.
+// The default discards.
+func WithDiscoverLogger(l *slog.Logger) DiscoverOption {
+	return func(c *discoverConfig) error {
+		if l == nil {
+			return errors.New("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// Discovery keeps a registry in step with the instances on NATS. Close
+// stops it.
+type Discovery struct {
+	nc  *nats.Conn
+	reg scheduler.Registry
+	cfg discoverConfig
+	sub *nats.Subscription
+
+	mu        sync.Mutex
+	instances map[string]*known // by micro id
+	lastAny   time.Time
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type known struct {
+	name   string // the registry name
+	client *Client
+	seen   time.Time
+}
+
+// Discover finds the instances of the service on nc, adds a Client per
+// instance to reg under the instance's name, refreshes their load every
+// interval and removes an instance silent for the timeout. It returns
+// once the first query is sent; instances appear as they answer. ctx
+// bounds the discovery's life as Close does.
+func Discover(ctx context.Context, nc *nats.Conn, reg scheduler.Registry, opts ...DiscoverOption) (*Discovery, error) {
+	if nc == nil || reg == nil {
+		return nil, errors.New("natsbackend: discover: connection and registry are required")
+	}
+	cfg := discoverConfig{service: DefaultService, interval: DefaultInterval, timeout: DefaultTimeout,
+		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout},
+		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("natsbackend: discover: %w", err)
+		}
+	}
+	if cfg.timeout <= cfg.interval {
+		return nil, fmt.Errorf("natsbackend: discover: timeout %v must exceed the interval %v", cfg.timeout, cfg.interval)
+	}
+	d := &Discovery{nc: nc, reg: reg, cfg: cfg, instances: make(map[string]*known), lastAny: time.Now(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	inbox := nc.NewInbox()
+	sub, err := nc.Subscribe(inbox, d.answer)
+	if err != nil {
+		return nil, fmt.Errorf("natsbackend: discover: %w", err)
+	}
+	d.sub = sub
+	subject, _ := micro.ControlSubject(micro.StatsVerb, cfg.service, "")
+	go d.loop(ctx, subject, inbox)
+	return d, nil
+}
+
+// Close stops discovery and removes the instances it added.
+func (d *Discovery) Close() error {
+	select {
+	case <-d.stop:
+	default:
+		close(d.stop)
+	}
+	<-d.done
+	return nil
+}
+
+// Instances returns the names of the instances known now.
+func (d *Discovery) Instances() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.instances))
+	for _, k := range d.instances {
+		out = append(out, k.name)
+	}
+	return out
+}
+
+func (d *Discovery) loop(ctx context.Context, subject, inbox string) {
+	defer close(d.done)
+	defer func() {
+		_ = d.sub.Unsubscribe()
+		d.mu.Lock()
+		for id, k := range d.instances {
+			d.reg.Remove(k.name)
+			delete(d.instances, id)
+		}
+		d.mu.Unlock()
+	}()
+	tick := time.NewTicker(d.cfg.interval)
+	defer tick.Stop()
+	for {
+		if err := d.nc.PublishRequest(subject, inbox, nil); err != nil {
+			d.cfg.logger.Warn("discovery: cannot query instances", "err", err)
+		}
+		d.expire()
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// answer handles one instance's stats.
+func (d *Discovery) answer(m *nats.Msg) {
+	var st micro.Stats
+	if err := json.Unmarshal(m.Data, &st); err != nil || st.ID == "" {
+		d.cfg.logger.Warn("discovery: bad stats answer", "err", err)
+		return
+	}
+	var gen, chat string
+	var load scheduler.Load
+	for _, e := range st.Endpoints {
+		switch e.Name {
+		case "generate":
+			gen = e.Subject
+		case "chat":
+			chat = e.Subject
+		case "load":
+			if len(e.Data) > 0 {
+				_ = json.Unmarshal(e.Data, &load)
+			}
+		}
+	}
+	if gen == "" || chat == "" {
+		return
+	}
+	load.Updated = time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.stop:
+		return
+	default:
+	}
+	d.lastAny = time.Now()
+	if k, ok := d.instances[st.ID]; ok {
+		k.seen = time.Now()
+		k.client.setLoad(load)
+		return
+	}
+	name := st.Metadata["instance"]
+	if name == "" {
+		name = st.ID
+	}
+	for _, k := range d.instances {
+		if k.name == name { // two instances with one name: tell them apart
+			name += "/" + st.ID
+			break
+		}
+	}
+	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client}
+	c.setLoad(load)
+	if err := d.reg.Add(name, c); err != nil {
+		d.cfg.logger.Warn("discovery: registry refused instance", "instance", name, "err", err)
+		return
+	}
+	d.instances[st.ID] = &known{name: name, client: c, seen: time.Now()}
+	d.cfg.logger.Info("discovery: instance found", "instance", name, "id", st.ID, "models", load.Models)
+}
+
+// expire removes instances silent for the timeout.
+func (d *Discovery) expire() {
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.instances) > 0 && now.Sub(d.lastAny) > d.cfg.timeout && d.nc.Status() != nats.CONNECTED {
+		d.cfg.logger.Warn("discovery: NATS unreachable; instances will be dropped", "status", d.nc.Status().String())
+	}
+	for id, k := range d.instances {
+		if now.Sub(k.seen) > d.cfg.timeout {
+			d.reg.Remove(k.name)
+			delete(d.instances, id)
+			d.cfg.logger.Warn("discovery: instance stopped answering; removed", "instance", k.name, "silent", now.Sub(k.seen).Round(time.Millisecond))
+		}
+	}
+}
+
+// Client returns the Client of the instance registered as name, nil when
+// none is known.
+func (d *Discovery) Client(name string) *Client {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, k := range d.instances {
+		if k.name == name {
+			return k.client
+		}
+	}
+	return nil
+}

@@ -1,0 +1,32 @@
+// Package natsbackend serves and reaches scheduler.Backends over NATS,
+// with nats.go's micro services for discovery, stats and liveness.
+//
+// On each instance, [Serve] exposes a backend (a *mlxserving.Server) as a
+// micro service:
+//
+//	svc, err := natsbackend.Serve(nc, "gpu-7", srv)
+//	defer svc.Stop()
+//
+// On the balancer, [Discover] finds the instances and keeps a
+// scheduler.Registry (a scheduler.LoadBalancer) in step with them:
+//
+//	d, err := natsbackend.Discover(ctx, nc, lb)
+//	defer d.Close()
+//
+// Every instance is the micro service DefaultService with endpoints
+// generate, chat and load on subjects of its own. Discovery asks all of
+// them for their stats ($SRV.STATS.<service>) every interval; each answer
+// carries the instance's load report, so one broadcast both proves an
+// instance alive and refreshes what the balancer routes on. An instance
+// that has not answered within the timeout is removed.
+//
+// A request is a NATS request to the instance's endpoint, answered at once
+// with a start message (or a typed error: nothing was started), after
+// which chunks stream to an inbox of the client's. The stream is
+// credit-based: the client grants a window of chunks and renews it as it
+// reads, so a slow reader never overflows its subscription. While a
+// stream is quiet the instance sends heartbeats; a stream that hears
+// nothing for the heartbeat timeout ends with ErrInstanceLost — after
+// text reached the caller as a *retry.InterruptedError. Closing the
+// stream on the client tells the instance to stop the generation.
+package natsbackend

@@ -1,0 +1,100 @@
+package natsbackend
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+var (
+	// ErrInstanceLost means an instance stopped answering: no reply to a
+	// request, or no chunk or heartbeat within the heartbeat timeout.
+	ErrInstanceLost = errors.New("natsbackend: instance stopped answering")
+	// ErrClosed is returned by requests on a stopped Service or a closed
+	// Discovery's backends.
+	ErrClosed = errors.New("natsbackend: closed")
+	// ErrNotConnected means the NATS connection is down (reconnecting or
+	// closed).
+	ErrNotConnected = errors.New("natsbackend: NATS not connected")
+	// ErrProtocol means a message was not what the protocol allows.
+	ErrProtocol = errors.New("natsbackend: bad message")
+)
+
+// Error is a failure reported by, or on the way to, an instance, before
+// any text reached the caller (after, it is wrapped in a
+// *retry.InterruptedError). It unwraps to the engine's or scheduler's
+// sentinel for its code, so callers classify it as they would a local
+// error, and to Err, the transport failure, when there is one.
+type Error struct {
+	// Instance is the instance's name.
+	Instance string
+	// Code is the instance's error code ("model_not_found",
+	// "invalid_param", "context_length", "queue_full", "rate_limited",
+	// "internal", ...); "" for a transport failure.
+	Code string
+	// Message is the instance's error message.
+	Message string
+	// Param is the parameter at fault for "invalid_param".
+	Param string
+	// RetryAfter is the instance's suggested wait; 0 when none.
+	RetryAfter time.Duration
+	// Err is the transport failure (no responders, NATS unreachable,
+	// ErrInstanceLost), when there is one.
+	Err error
+
+	retryable bool
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("natsbackend: instance %q: ", e.Instance)
+	switch {
+	case e.Err != nil:
+		msg += e.Err.Error()
+	default:
+		msg += e.Message
+	}
+	if e.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (retry after %v)", e.RetryAfter)
+	}
+	return msg
+}
+
+// Retryable reports whether the request may go to another instance:
+// transport failures and busy or failing instances are, bad requests are
+// not.
+func (e *Error) Retryable() bool { return e.retryable }
+
+// RetryAfterHint returns RetryAfter.
+func (e *Error) RetryAfterHint() time.Duration { return e.RetryAfter }
+
+// Unwrap returns Err and the sentinel for Code.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	switch e.Code {
+	case codeModelNotFound:
+		errs = append(errs, engine.ErrModelNotFound)
+	case codeInvalidParam:
+		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
+	case codeContextLength:
+		errs = append(errs, engine.ErrContextLength)
+	case codeQueueFull:
+		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
+	case codeRateLimited:
+		errs = append(errs, &scheduler.RateLimitError{RetryAfter: e.RetryAfter})
+	}
+	return errs
+}
+
+func transportError(instance string, err error) *Error {
+	return &Error{Instance: instance, Err: err, retryable: true}
+}
+
+func fromWire(instance string, w wireError) *Error {
+	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter, retryable: w.Retryable}
+}

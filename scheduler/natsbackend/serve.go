@@ -1,0 +1,285 @@
+package natsbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/scheduler"
+)
+
+// Defaults.
+const (
+	// DefaultService is the micro service name instances register under
+	// and discovery looks for unless WithService says otherwise.
+	DefaultService = "mlxserving"
+	// DefaultHeartbeat is how often a quiet stream sends a heartbeat
+	// unless WithHeartbeat says otherwise; clients give up after three
+	// missed ones.
+	DefaultHeartbeat = time.Second
+	// DefaultStallTimeout is how long an instance waits for a client to
+	// renew its credit before it stops the generation (the client is gone
+	// or stuck) unless WithStallTimeout says otherwise.
+	DefaultStallTimeout = 30 * time.Second
+)
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// ServeOption configures Serve.
+type ServeOption func(*serveConfig) error
+
+type serveConfig struct {
+	service   string
+	heartbeat time.Duration
+	stall     time.Duration
+	logger    *slog.Logger
+}
+
+// WithService registers the instance under service instead of
+// DefaultService (letters, digits, '-' and '_').
+func WithService(service string) ServeOption {
+	return func(c *serveConfig) error {
+		if !nameRe.MatchString(service) {
+			return fmt.Errorf("service name %q: want letters, digits, '-' or '_'", service)
+		}
+		c.service = service
+		return nil
+	}
+}
+
+// WithHeartbeat sets how often a quiet stream sends a heartbeat. It must
+// be positive; the default is DefaultHeartbeat. Clients must use the same
+// interval (WithClientHeartbeat).
+func WithHeartbeat(d time.Duration) ServeOption {
+	return func(c *serveConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("heartbeat %v: must be positive", d)
+		}
+		c.heartbeat = d
+		return nil
+	}
+}
+
+// WithStallTimeout sets how long a stream waits for credit before the
+// generation is stopped. It must be positive; the default is
+// DefaultStallTimeout.
+func WithStallTimeout(d time.Duration) ServeOption {
+	return func(c *serveConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("stall timeout %v: must be positive", d)
+		}
+		c.stall = d
+		return nil
+	}
+}
+
+// WithServeLogger logs failed streams. The default discards.
+func WithServeLogger(l *slog.Logger) ServeOption {
+	return func(c *serveConfig) error {
+		if l == nil {
+			return errors.New("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// Service is a backend served over NATS. Stop ends it.
+type Service struct {
+	nc   *nats.Conn
+	b    scheduler.Backend
+	name string
+	cfg  serveConfig
+	svc  micro.Service
+	ctl  *nats.Subscription
+	ctlP string // control subject prefix, "<service>.<id>.ctl."
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	streams map[string]*serverStream
+	next    uint64
+	stopped bool
+}
+
+// Serve exposes b on nc as an instance named name (letters, digits, '-'
+// and '_'; unique among the service's instances): a micro service with
+// endpoints generate, chat and load, whose stats carry b's load report.
+func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption) (*Service, error) {
+	if nc == nil || b == nil {
+		return nil, errors.New("natsbackend: serve: connection and backend are required")
+	}
+	if !nameRe.MatchString(name) {
+		return nil, fmt.Errorf("natsbackend: serve: instance name %q: want letters, digits, '-' or '_'", name)
+	}
+	cfg := serveConfig{service: DefaultService, heartbeat: DefaultHeartbeat, stall: DefaultStallTimeout,
+		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("natsbackend: serve: %w", err)
+		}
+	}
+	s := &Service{nc: nc, b: b, name: name, cfg: cfg, streams: make(map[string]*serverStream)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	svc, err := micro.AddService(nc, micro.Config{
+		Name: cfg.service, Version: "1.0.0", Description: "mlxserving instance " + name,
+		Metadata: map[string]string{"instance": name},
+		StatsHandler: func(e *micro.Endpoint) any {
+			if e.Name != "load" {
+				return nil
+			}
+			return s.b.Load()
+		},
+	})
+	if err != nil {
+		s.cancel()
+		return nil, fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	s.svc = svc
+	prefix := cfg.service + "." + svc.Info().ID
+	s.ctlP = prefix + ".ctl."
+	g := svc.AddGroup(prefix, micro.WithGroupQueueGroupDisabled())
+	err = errors.Join(
+		g.AddEndpoint("generate", micro.HandlerFunc(func(r micro.Request) { s.handle(r, false) })),
+		g.AddEndpoint("chat", micro.HandlerFunc(func(r micro.Request) { s.handle(r, true) })),
+		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.b.Load()) })),
+	)
+	if err == nil {
+		s.ctl, err = nc.Subscribe(s.ctlP+"*", s.control)
+	}
+	if err != nil {
+		_ = svc.Stop()
+		s.cancel()
+		return nil, fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	return s, nil
+}
+
+// ID returns the micro service instance id.
+func (s *Service) ID() string { return s.svc.Info().ID }
+
+// Stop stops answering discovery and requests, ends the streams in flight
+// (their clients get an error) and waits for them. It is idempotent.
+func (s *Service) Stop() error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	err := s.svc.Stop()
+	_ = s.ctl.Unsubscribe()
+	s.cancel()
+	s.wg.Wait()
+	return err
+}
+
+// handle starts a request in its own goroutine: micro calls handlers one
+// at a time per endpoint.
+func (s *Service) handle(r micro.Request, chat bool) {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		s.serve(r, chat)
+	}()
+}
+
+func (s *Service) serve(r micro.Request, chat bool) {
+	inbox := r.Headers().Get(hdrStream)
+	window, _ := strconv.Atoi(r.Headers().Get(hdrWindow))
+	if inbox == "" || window <= 0 {
+		s.fail(r, fmt.Errorf("%w: request without %s or %s", ErrProtocol, hdrStream, hdrWindow))
+		return
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	st, err := s.start(ctx, r.Data(), chat)
+	if err != nil {
+		s.fail(r, err)
+		return
+	}
+	defer st.Close()
+	ss := &serverStream{credit: make(chan int, 16), cancel: cancel}
+	s.mu.Lock()
+	s.next++
+	id := strconv.FormatUint(s.next, 36)
+	s.streams[id] = ss
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.streams, id)
+		s.mu.Unlock()
+	}()
+	hb, _ := json.Marshal(st.Header())
+	if err := r.Respond(hb, micro.WithHeaders(micro.Headers{hdrKind: {"start"}, hdrControl: {s.ctlP + id}})); err != nil {
+		return
+	}
+	s.pump(ctx, st, ss, inbox, window)
+}
+
+func (s *Service) start(ctx context.Context, data []byte, chat bool) (*api.Stream, error) {
+	if chat {
+		var req api.ChatRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, fmt.Errorf("%w: chat request: %v", ErrProtocol, err)
+		}
+		return s.b.Chat(ctx, req)
+	}
+	var req api.Request
+	if err := json.Unmarshal(data, &req); err != nil {
+		return nil, fmt.Errorf("%w: request: %v", ErrProtocol, err)
+	}
+	return s.b.Generate(ctx, req)
+}
+
+func (s *Service) fail(r micro.Request, err error) {
+	w := toWire(err)
+	if errors.Is(err, ErrProtocol) {
+		w.Code = codeBadRequest
+	}
+	b, _ := json.Marshal(w)
+	_ = r.Respond(b, micro.WithHeaders(micro.Headers{hdrKind: {"error"}}))
+}
+
+// control receives credit and cancel messages for the streams.
+func (s *Service) control(m *nats.Msg) {
+	id := m.Subject[len(s.ctlP):]
+	s.mu.Lock()
+	ss := s.streams[id]
+	s.mu.Unlock()
+	if ss == nil || len(m.Data) == 0 {
+		return
+	}
+	switch m.Data[0] {
+	case ctlCancel:
+		ss.cancel()
+	case ctlCredit:
+		n, err := strconv.Atoi(string(m.Data[1:]))
+		if err == nil && n > 0 {
+			select {
+			case ss.credit <- n:
+			default: // a client flooding credit; the window is already open
+			}
+		}
+	}
+}
