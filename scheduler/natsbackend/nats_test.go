@@ -228,12 +228,20 @@ func TestNATSRestart(t *testing.T) {
 	waitInstances(t, d, "a")
 	c := client(t, d, "a")
 	n.stop()
+	waitInstances(t, d) // dropped within the timeout
+	start := time.Now()
 	_, err := c.Generate(context.Background(), genReq(2))
+	if time.Since(start) > time.Second {
+		t.Errorf("request with NATS down took %v", time.Since(start))
+	}
 	var ne *natsbackend.Error
 	if !errors.As(err, &ne) || !ne.Retryable() || !errors.Is(err, natsbackend.ErrNotConnected) {
 		t.Fatalf("NATS down: %v, want a retryable *Error, ErrNotConnected", err)
 	}
-	waitInstances(t, d)
+	var nb *scheduler.NoBackendError
+	if _, err := lb.Generate(context.Background(), genReq(2)); !errors.As(err, &nb) {
+		t.Errorf("balancer with NATS down: %v, want *NoBackendError", err)
+	}
 	n.start()
 	waitInstances(t, d, "a")
 	waitFor(t, "load after restart", func() bool {
