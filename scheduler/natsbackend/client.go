@@ -138,6 +138,7 @@ type clientStream struct {
 
 	consumed  int
 	delivered int
+	pending   []wireChunk
 
 	once     sync.Once
 	mu       sync.Mutex
@@ -151,6 +152,9 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 	s.mu.Lock()
 	ended := s.ended
 	s.mu.Unlock()
+	if len(s.pending) > 0 {
+		return s.pop()
+	}
 	if ended {
 		return api.Chunk{}, s.endErr()
 	}
@@ -185,11 +189,20 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 }
 
+// chunk decodes a message of chunks and returns the first.
 func (s *clientStream) chunk(data []byte) (api.Chunk, error) {
-	var w wireChunk
-	if err := json.Unmarshal(data, &w); err != nil {
-		return api.Chunk{}, s.fail(fmt.Errorf("%w: chunk: %v", ErrProtocol, err))
+	if err := json.Unmarshal(data, &s.pending); err != nil || len(s.pending) == 0 {
+		s.pending = nil
+		return api.Chunk{}, s.fail(fmt.Errorf("%w: chunks: %v", ErrProtocol, err))
 	}
+	return s.pop()
+}
+
+// pop returns the next decoded chunk, renewing the credit as chunks are
+// consumed.
+func (s *clientStream) pop() (api.Chunk, error) {
+	w := s.pending[0]
+	s.pending = s.pending[1:]
 	c := api.Chunk{Text: w.Text, Token: w.Token, HasToken: w.HasToken, Logprob: w.Logprob, Finish: w.Finish, Usage: w.Usage}
 	if c.Finish != "" {
 		s.finish(nil)

@@ -17,9 +17,10 @@ type serverStream struct {
 	cancel context.CancelFunc
 }
 
-// pump sends st's chunks to inbox while the client's credit lasts, with
-// heartbeats while the stream is quiet, and ends with an error message if
-// the stream fails.
+// pump sends st's chunks to inbox while the client's credit lasts —
+// every chunk ready at the time in one message — with heartbeats while
+// the stream is quiet, and ends with an error message if the stream
+// fails.
 func (s *Service) pump(ctx context.Context, st *api.Stream, ss *serverStream, inbox string, credit int) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -27,36 +28,94 @@ func (s *Service) pump(ctx context.Context, st *api.Stream, ss *serverStream, in
 	defer close(hbDone)
 	go s.heartbeats(inbox, &last, hbDone)
 
-	buf := make([]byte, 0, 256)
+	ready := make(chan recvResult, 64)
+	readerDone := make(chan struct{})
+	go read(ctx, st, ready, readerDone)
+	defer func() {
+		ss.cancel() // ends a Recv in progress
+		<-readerDone
+	}()
+
+	var (
+		batch []wireChunk
+		buf   = make([]byte, 0, 512)
+	)
 	for {
-		c, err := st.Recv()
-		if errors.Is(err, io.EOF) {
+		for credit == 0 {
+			if credit = s.waitCredit(ctx, ss); credit == 0 {
+				if ctx.Err() == nil {
+					s.cfg.logger.Warn("stream stalled: client renewed no credit; stopping it", "instance", s.name)
+				}
+				return
+			}
+		}
+		var r recvResult
+		select {
+		case r = <-ready:
+		case <-ctx.Done():
+			if s.ctx.Err() != nil { // the service stops: tell the client
+				_ = s.nc.Publish(inbox, marshalError(msgError, ErrClosed))
+			}
 			return
 		}
-		if err != nil {
-			if s.ctx.Err() != nil {
-				err = ErrClosed
+		batch = batch[:0]
+		for {
+			if r.err != nil {
+				break
 			}
-			if ctx.Err() == nil || s.ctx.Err() != nil { // not cancelled by the client
+			batch = append(batch, wireChunk{Text: r.c.Text, Token: r.c.Token, HasToken: r.c.HasToken, Logprob: r.c.Logprob, Finish: r.c.Finish, Usage: r.c.Usage})
+			if r.c.Finish != "" || len(batch) == credit {
+				break
+			}
+			select {
+			case r = <-ready:
+				continue
+			default:
+			}
+			break
+		}
+		if len(batch) > 0 {
+			b, _ := json.Marshal(batch)
+			buf = append(append(buf[:0], msgChunk), b...)
+			if err := s.nc.Publish(inbox, buf); err != nil {
+				return
+			}
+			last.Store(time.Now().UnixNano())
+			credit -= len(batch)
+			if batch[len(batch)-1].Finish != "" {
+				return
+			}
+		}
+		if r.err != nil {
+			if !errors.Is(r.err, io.EOF) && (ctx.Err() == nil || s.ctx.Err() != nil) { // not cancelled by the client
+				err := r.err
+				if s.ctx.Err() != nil {
+					err = ErrClosed
+				}
 				_ = s.nc.Publish(inbox, marshalError(msgError, err))
 			}
 			return
 		}
-		for credit == 0 {
-			if credit = s.waitCredit(ctx, ss); credit == 0 {
-				s.cfg.logger.Warn("stream stalled: client renewed no credit; stopping it", "instance", s.name)
-				return
-			}
-		}
-		credit--
-		buf = append(buf[:0], msgChunk)
-		b, _ := json.Marshal(wireChunk{Text: c.Text, Token: c.Token, HasToken: c.HasToken, Logprob: c.Logprob, Finish: c.Finish, Usage: c.Usage})
-		buf = append(buf, b...)
-		if err := s.nc.Publish(inbox, buf); err != nil {
+	}
+}
+
+type recvResult struct {
+	c   api.Chunk
+	err error
+}
+
+// read receives st's chunks into ready until the final chunk, an error,
+// or ctx's end.
+func read(ctx context.Context, st *api.Stream, ready chan<- recvResult, done chan<- struct{}) {
+	defer close(done)
+	for {
+		c, err := st.Recv()
+		select {
+		case ready <- recvResult{c, err}:
+		case <-ctx.Done():
 			return
 		}
-		last.Store(time.Now().UnixNano())
-		if c.Finish != "" {
+		if err != nil || c.Finish != "" {
 			return
 		}
 	}
