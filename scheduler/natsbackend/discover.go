@@ -260,9 +260,12 @@ func (d *Discovery) answer(m *nats.Msg) {
 	if name == "" {
 		name = st.ID
 	}
-	for _, k := range d.instances {
-		if k.name == name { // two instances with one name: tell them apart
-			name += "/" + st.ID
+	for id, k := range d.instances {
+		if k.name == name {
+			// A new instance under a known name: the instance restarted
+			// (names are unique). The new one replaces it in the registry.
+			delete(d.instances, id)
+			d.cfg.logger.Info("discovery: instance restarted", "instance", name, "old_id", id, "id", st.ID)
 			break
 		}
 	}

@@ -116,3 +116,26 @@ func TestStalledClient(t *testing.T) {
 		t.Errorf("the instance sent %d chunks on a window of 2", chunks)
 	}
 }
+
+// TestInstanceRestart: an instance that comes back under the same name
+// with a new service replaces the old one in the registry at once.
+func TestInstanceRestart(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a")
+	lb, d := balancer(t, n, natsbackend.WithTimeout(time.Minute))
+	waitInstances(t, d, "a")
+	old := d.Client("a")
+	_ = a.svc.Stop()
+	svc, err := natsbackend.Serve(a.nc, "a", a.srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop()
+	waitFor(t, "new client for a", func() bool { c := d.Client("a"); return c != nil && c != old })
+	if got := d.Instances(); len(got) != 1 {
+		t.Fatalf("instances %v", got)
+	}
+	if res, err := mustCollect(lb.Generate(t.Context(), genReq(3))); err != nil || res.Usage.CompletionTokens != 3 {
+		t.Fatalf("after restart: %+v %v", res, err)
+	}
+}
