@@ -99,7 +99,7 @@ func startInstance(t testing.TB, n *natsServer, name string, simOpts ...enginete
 		t.Fatal(err)
 	}
 	in := &instance{name: name, sim: sim, srv: srv, nc: n.connect(t, name)}
-	in.svc, err = natsbackend.Serve(in.nc, name, srv, natsbackend.WithHeartbeat(50*time.Millisecond))
+	in.svc, err = natsbackend.Serve(in.nc, name, srv, natsbackend.WithHeartbeat(testHeartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func balancer(t testing.TB, n *natsServer, opts ...natsbackend.DiscoverOption) (
 	}
 	nc := n.connect(t, "balancer")
 	opts = append([]natsbackend.DiscoverOption{natsbackend.WithInterval(50 * time.Millisecond), natsbackend.WithTimeout(500 * time.Millisecond),
-		natsbackend.WithClientHeartbeat(50 * time.Millisecond)}, opts...)
+		natsbackend.WithClientHeartbeat(testHeartbeat)}, opts...)
 	d, err := natsbackend.Discover(context.Background(), nc, lb, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -154,3 +154,8 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// testHeartbeat is the instances' heartbeat in tests: short, so a lost
+// instance is noticed quickly, yet 3 of them (the client's limit) outlast
+// the stalls of a loaded 2-core machine.
+var testHeartbeat = 100 * time.Millisecond
