@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -16,24 +17,73 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// startCluster runs the cluster with args until the test ends and returns
+// its HTTP address, the log buffer and a stop function that waits for run.
+func startCluster(t *testing.T, args ...string) (string, *syncBuffer, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	listening := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), logs, listening) }()
+	stop := func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("cluster did not stop")
+		}
+	}
+	select {
+	case addr := <-listening:
+		return addr, logs, stop
+	case err := <-done:
+		cancel()
+		t.Fatalf("run: %v\n%s", err, logs.String())
+	case <-time.After(60 * time.Second):
+		stop()
+		t.Fatal("cluster did not start")
+	}
+	return "", nil, nil
+}
+
+// TestClusterPyproc runs one instance on the Python engine (the tiny
+// checkpoint on PyTorch) when MLXSERVING_PYTHON names an interpreter with
+// torch, and answers a chat through the balancer.
+func TestClusterPyproc(t *testing.T) {
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("MLXSERVING_PYTHON is not set: source scripts/setup.d/30-python.sh")
+		}
+		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
+	}
+	addr, logs, stop := startCluster(t, "-engine", "pyproc", "-python", py, "-instances", "1")
+	defer stop()
+	body := `{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"ignore_eos":true}`
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"completion_tokens":4`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if strings.Contains(logs.String(), "SIMULATED ENGINE") {
+		t.Error("pyproc cluster logged the simulated engine")
+	}
+}
+
 // TestCluster runs the cluster briefly: 3 instances on the simulated
 // engine found over embedded NATS, chat and completions through the
 // balancer's OpenAI endpoint, vLLM-named gauges,
 // and a clean shutdown.
 func TestCluster(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
-	listening := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-sim-step", "0"}, &logs, listening) }()
-	var addr string
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("run: %v\n%s", err, logs.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("cluster did not start")
-	}
+	addr, logs, stop := startCluster(t, "-sim-step", "0")
 	base := "http://" + addr
 	for i := range 6 {
 		path, body := "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0,"ignore_eos":true}`
@@ -73,15 +123,7 @@ func TestCluster(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("cluster did not stop")
-	}
+	stop()
 	out := logs.String()
 	for _, want := range []string{"SIMULATED ENGINE", "instance=instance-3", "discovery: instance found"} {
 		if !strings.Contains(out, want) {
