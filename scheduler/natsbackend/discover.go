@@ -124,6 +124,7 @@ type Discovery struct {
 	mu        sync.Mutex
 	instances map[string]*known // by micro id
 	lastAny   time.Time
+	down      bool // NATS unreachable was logged; cleared when answers return
 
 	stop chan struct{}
 	done chan struct{}
@@ -205,7 +206,7 @@ func (d *Discovery) loop(ctx context.Context, subject, inbox string) {
 	defer tick.Stop()
 	for {
 		if err := d.nc.PublishRequest(subject, inbox, nil); err != nil {
-			d.cfg.logger.Warn("discovery: cannot query instances", "err", err)
+			d.cfg.logger.Debug("discovery: cannot query instances", "err", err)
 		}
 		d.expire()
 		select {
@@ -251,6 +252,10 @@ func (d *Discovery) answer(m *nats.Msg) {
 	default:
 	}
 	d.lastAny = time.Now()
+	if d.down {
+		d.down = false
+		d.cfg.logger.Info("discovery: NATS reachable again")
+	}
 	if k, ok := d.instances[st.ID]; ok {
 		k.seen = time.Now()
 		k.client.setLoad(load)
@@ -284,8 +289,9 @@ func (d *Discovery) expire() {
 	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.instances) > 0 && now.Sub(d.lastAny) > d.cfg.timeout && d.nc.Status() != nats.CONNECTED {
-		d.cfg.logger.Warn("discovery: NATS unreachable; instances will be dropped", "status", d.nc.Status().String())
+	if !d.down && now.Sub(d.lastAny) > d.cfg.timeout && d.nc.Status() != nats.CONNECTED {
+		d.down = true
+		d.cfg.logger.Warn("discovery: NATS unreachable; dropping its instances, routing to the rest", "status", d.nc.Status().String())
 	}
 	for id, k := range d.instances {
 		if now.Sub(k.seen) > d.cfg.timeout {

@@ -3,6 +3,9 @@ package natsbackend_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,7 +227,8 @@ func TestInstanceDeath(t *testing.T) {
 func TestNATSRestart(t *testing.T) {
 	n := startNATS(t)
 	startInstance(t, n, "a")
-	lb, d := balancer(t, n)
+	var logs syncBuffer
+	lb, d := balancer(t, n, natsbackend.WithDiscoverLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	waitInstances(t, d, "a")
 	c := client(t, d, "a")
 	n.stop()
@@ -251,4 +255,26 @@ func TestNATSRestart(t *testing.T) {
 	if res, err := mustCollect(lb.Generate(context.Background(), genReq(4))); err != nil || res.Usage.CompletionTokens != 4 {
 		t.Fatalf("after restart: %+v %v", res, err)
 	}
+	for _, want := range []string{"NATS unreachable", "NATS reachable again", "instance stopped answering; removed"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("discovery logged no %q:\n%s", want, logs.String())
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
