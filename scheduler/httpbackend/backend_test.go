@@ -3,7 +3,6 @@ package httpbackend_test
 import (
 	"context"
 	"errors"
-	"io"
 	"slices"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/merge"
+	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
 )
 
 func greedy(n int) api.Params {
@@ -130,7 +130,7 @@ func TestCloseStopsUpstream(t *testing.T) {
 // /metrics, the sequences running.
 func TestLoadFromMetrics(t *testing.T) {
 	u := newUpstream(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0)})
-	b := newBackend(t, u.ts.URL, httpbackend_WithModels("extra"))
+	b := newBackend(t, u.ts.URL, httpbackend.WithModels("extra"))
 	if err := b.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestModelNotFound(t *testing.T) {
 	u := newUpstream(t, nil)
 	b := newBackend(t, u.ts.URL)
 	_, err := b.Generate(context.Background(), api.Request{Model: "nope", Prompt: "x", Params: greedy(2)})
-	var he *httpbackendError
+	var he *httpbackend.Error
 	if !errors.As(err, &he) || he.Status != 404 || he.Retryable() {
 		t.Fatalf("err %v, want a non-retryable 404 *Error", err)
 	}
@@ -178,5 +178,31 @@ func TestModelNotFound(t *testing.T) {
 	if !errors.As(err, &ip) || ip.Param != "top_k" {
 		t.Errorf("err %v, want an *engine.InvalidParamError for top_k", err)
 	}
-	_ = io.EOF
+}
+
+// TestPollerFollowsLoad: the background poller, without Refresh, follows
+// the upstream's load as requests start and end, and notices the
+// upstream going away.
+func TestPollerFollowsLoad(t *testing.T) {
+	u := newUpstream(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0)})
+	b := newBackend(t, u.ts.URL, httpbackend.WithPollInterval(20*time.Millisecond))
+	waitFor(t, "models polled", func() bool { return b.Load().Serves("tiny") })
+	var streams []*api.Stream
+	for range 2 {
+		st, err := b.Generate(context.Background(), api.Request{Model: "tiny", Prompt: "hello", Params: greedy(400)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	waitFor(t, "2 running", func() bool { return b.Load().Running == 2 })
+	for _, st := range streams {
+		st.Close()
+	}
+	waitFor(t, "0 running", func() bool { return b.Load().Running == 0 })
+	u.ts.Close()
+	waitFor(t, "poll error", func() bool { return b.PollErr() != nil })
+	if err := b.CheckHealth(context.Background()); err == nil {
+		t.Error("health check of a closed upstream passed")
+	}
 }

@@ -109,7 +109,3 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
-type httpbackendError = httpbackend.Error
-
-var httpbackend_WithModels = httpbackend.WithModels
