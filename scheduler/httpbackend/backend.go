@@ -131,17 +131,31 @@ func (b *Backend) start(ctx context.Context, path, model string, p api.Params, b
 		cancel(nil)
 		return nil, statusError(endpoint, resp, msg)
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+	h := api.Header{Model: model, Session: resp.Header.Get("X-Session-ID"), Cache: resp.Header.Get("X-Cache"), Backend: b.base}
+	if h.Session == "" {
+		h.Session = p.Session
+	}
+	switch mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt {
+	case "text/event-stream":
+	case "application/json": // an upstream that ignores stream:true
+		whole, err := io.ReadAll(io.LimitReader(resp.Body, maxWhole+1))
+		_ = resp.Body.Close()
+		cancel(nil)
+		if err != nil {
+			return nil, &Error{URL: endpoint, Err: err}
+		}
+		src, err := wholeResponse(whole, begun)
+		if err != nil {
+			return nil, &Error{URL: endpoint, Err: err}
+		}
+		return api.NewStream(ctx, src, h), nil
+	default:
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
 		_ = resp.Body.Close()
 		cancel(nil)
 		return nil, &Error{URL: endpoint, Err: protocolError(fmt.Sprintf("content type %q, want text/event-stream", mt), head)}
 	}
 	src := newSource(endpoint, resp.Body, func() { cancel(context.Canceled) }, begun, b.cfg.maxLine, nil)
-	h := api.Header{Model: model, Session: resp.Header.Get("X-Session-ID"), Cache: resp.Header.Get("X-Cache"), Backend: b.base}
-	if h.Session == "" {
-		h.Session = p.Session
-	}
 	return api.NewStream(ctx, src, h), nil
 }
 

@@ -12,7 +12,9 @@
 // turns the server-sent events into the same [api.Stream] a local Server
 // returns: text, finish reason, and usage with cached prompt tokens. The
 // request's priority and session travel in the X-Priority and X-Session-ID
-// headers, which mlxserving reads and other servers ignore.
+// headers, which mlxserving reads and other servers ignore. An upstream
+// that ignores stream:true and answers one JSON completion is read as one
+// chunk of text and the final chunk.
 //
 // Failures are typed. A request the upstream did not take (connection
 // refused or reset, no response headers in time, an HTTP error status)

@@ -180,6 +180,36 @@ func TestGarbage(t *testing.T) {
 	}
 }
 
+// TestNonStreamingUpstream: an upstream that ignores stream:true and
+// answers one JSON body is read as one chunk and the final chunk; a JSON
+// body that is no completion is a retryable ProtocolError.
+func TestNonStreamingUpstream(t *testing.T) {
+	url := garbage(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/chat/completions" {
+			fmt.Fprint(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi there"},"finish_reason":"stop"}],`+
+				`"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":3}}}`)
+			return
+		}
+		fmt.Fprint(w, `{"status":"ok"}`)
+	})
+	b := newBackend(t, url)
+	st, err := b.Chat(context.Background(), api.ChatRequest{Model: "m", Messages: []api.Message{{Role: "user", Content: "x"}}, Params: greedy(4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Collect()
+	if err != nil || res.Text != "Hi there" || res.Finish != api.FinishStop || res.Usage.PromptTokens != 7 || res.Usage.CachedTokens != 3 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	_, err = generate(b, 4)
+	var pe *httpbackend.ProtocolError
+	var he *httpbackend.Error
+	if !errors.As(err, &pe) || !errors.As(err, &he) || !he.Retryable() {
+		t.Fatalf("JSON that is no completion: %v", err)
+	}
+}
+
 // TestHeaderTimeout: an upstream that hangs before its first byte fails
 // the request with a retryable ErrHeaderTimeout.
 func TestHeaderTimeout(t *testing.T) {
