@@ -103,6 +103,9 @@ func startInstance(t testing.TB, n *natsServer, name string, simOpts ...enginete
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := in.nc.Flush(); err != nil { // the service's subscriptions reached the server
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		_ = in.svc.Stop()
 		in.nc.Close()

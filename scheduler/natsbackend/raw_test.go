@@ -16,10 +16,12 @@ import (
 // endpoint finds an instance's endpoint subject through micro's INFO.
 func endpoint(t *testing.T, nc *nats.Conn, name string) string {
 	t.Helper()
-	m, err := nc.Request("$SRV.INFO.mlxserving", nil, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var m *nats.Msg
+	waitFor(t, "an instance answering INFO", func() bool {
+		var err error
+		m, err = nc.Request("$SRV.INFO.mlxserving", nil, time.Second)
+		return err == nil
+	})
 	var info micro.Info
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
