@@ -30,8 +30,8 @@ type simModel struct {
 	seqs    map[engine.SeqID]*simSeq
 	kv      int // KV tokens held by open sequences
 	saves   *lru.Cache[string, []int32]
-	evicted []string // saved keys the LRU bound pushed out, for EvictedSaved
-	quiet   bool     // set while removing saves on purpose: not evictions
+	evicted []string    // saved keys the LRU bound pushed out, for EvictedSaved
+	quiet   bool        // set while removing saves on purpose: not evictions
 	stamp   uint64      // counts Steps; marks sequences seen in the current one
 	scratch []*simSeq   // the current batch's sequences, reused across Steps
 	timer   *time.Timer // the Step wait timer, reused across Steps
