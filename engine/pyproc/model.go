@@ -24,6 +24,12 @@ type Model struct {
 
 	seqs map[engine.SeqID]seqRef
 
+	// Saved KV: which worker holds each key, the keys workers reported
+	// evicted and not yet collected by EvictedSaved, routing counters.
+	saved                        map[string]*proc
+	evicted                      []string
+	affinityHits, affinityMissed int64
+
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
 	outAt  []int
@@ -58,7 +64,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -167,8 +173,10 @@ func (m *Model) usable() error {
 	return nil
 }
 
-// Open routes the sequence to the least-loaded worker and reserves its KV
-// there. A worker being restarted is waited for (within ctx).
+// Open routes the sequence to the worker holding the KV saved under
+// prefixKey unless that worker is over the load bound (see affinityLoad),
+// else to the least-loaded worker, and reserves its KV there. A worker
+// being restarted is waited for (within ctx).
 func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
@@ -182,7 +190,7 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if _, ok := m.seqs[id]; ok {
 		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 	}
-	s := m.pickSlot()
+	s := m.pickFor(prefixKey)
 	p, err := s.current(ctx, m.e.closing)
 	if err != nil {
 		return 0, err
@@ -192,6 +200,7 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if err != nil {
 		return 0, err
 	}
+	m.noteEvicted(p, r.Evicted)
 	m.seqs[id] = seqRef{slot: s, proc: p}
 	s.open.Add(1)
 	return r.Reused, nil
@@ -224,6 +233,9 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 	if ref.proc.alive() && !m.closed.Load() {
 		ref.slot.open.Add(-1)
 		_, _, _ = ref.proc.send(request("free", map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}), false)
+		if saveKey != "" {
+			m.noteSaved(saveKey, ref.proc)
+		}
 	}
 }
 
@@ -238,6 +250,6 @@ func (m *Model) Close() error {
 	if !m.e.isClosed() {
 		m.unload()
 	}
-	m.seqs = nil
+	m.seqs, m.saved, m.evicted = nil, nil, nil
 	return nil
 }

@@ -33,6 +33,7 @@ type reply struct {
 	Tokens   []int32    `json:"tokens"`
 	Logprobs []float32  `json:"logprobs"`
 	Reused   int        `json:"reused"`
+	Evicted  []string   `json:"evicted"`
 	Info     *wireInfo  `json:"info"`
 
 	Protocol int            `json:"protocol"`

@@ -41,6 +41,21 @@ def pick_dtype(name, device, cfg):
     return torch.float32
 
 
+def common_prefix(a, b):
+    """Length of the longest common prefix of the lists a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slices compared in C
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class Seq:
     __slots__ = ("slot", "tokens", "gen", "held")
 
@@ -82,6 +97,7 @@ class TorchModel:
             self.graphs = DecodeGraphs(self.model, self.kc, self.vc, self.slots, self.max_batch, cfg.context)
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
+        self.evicted = []  # saved keys given up for memory, reported on the next open
 
     def _size_slots(self, kv_capacity):
         """Returns (slots, capacity): KV slots of one context each, and the
@@ -109,8 +125,9 @@ class TorchModel:
 
     def _take_slot(self):
         if not self.free_slots and self.saved:
-            _, old = self.saved.popitem(last=False)
+            key, old = self.saved.popitem(last=False)
             self.free_slots.append(old.slot)
+            self.evicted.append(key)
         if not self.free_slots:
             raise ProtocolError("oom", "all %d KV slots are in use" % self.slots)
         return self.free_slots.pop()
@@ -125,19 +142,30 @@ class TorchModel:
             raise ProtocolError("oom", "sequence %d needs %d KV tokens; %d of %d are free"
                                 % (seq, len(prompt), self.capacity - self.used, self.capacity))
         saved = self.saved.get(prefix_key) if prefix_key else None
+        if saved is not None:
+            self.saved.move_to_end(prefix_key)  # the last to give up its slot below
         slot = self._take_slot()
         reused = 0
         if saved is not None:
-            self.saved.move_to_end(prefix_key)
-            n = min(len(saved.tokens), len(prompt) - 1)
-            if n > 0 and saved.tokens[:n] == prompt[:n]:
-                reused = n
+            reused = min(common_prefix(saved.tokens, prompt), len(prompt) - 1)
+            if reused > 0 and saved.slot != slot:  # same slot: the evicted save's KV is already there
                 for layer in range(self.cfg.layers):
-                    self.kc[layer][slot, :, :n] = self.kc[layer][saved.slot, :, :n]
-                    self.vc[layer][slot, :, :n] = self.vc[layer][saved.slot, :, :n]
+                    self.kc[layer][slot, :, :reused] = self.kc[layer][saved.slot, :, :reused]
+                    self.vc[layer][slot, :, :reused] = self.vc[layer][saved.slot, :, :reused]
         self.seqs[seq] = Seq(slot, list(prompt[:reused]), len(prompt))
         self.used += len(prompt)
         return reused
+
+    def take_evicted(self):
+        """Returns the saved keys evicted since the last call."""
+        out, self.evicted = self.evicted, []
+        return out
+
+    def drop(self, key):
+        """Discards the KV saved under key; an unknown key is a no-op."""
+        old = self.saved.pop(key, None)
+        if old is not None:
+            self.free_slots.append(old.slot)
 
     def free(self, seq, save_key):
         s = self.seqs.pop(seq, None)
@@ -166,7 +194,8 @@ class TorchModel:
         self.saved.clear()
 
     def stats(self):
-        return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots)}
+        return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots),
+                "saved_tokens": sum(len(s.tokens) for s in self.saved.values())}
 
     def step(self, batch):
         """batch: list of [seq, tokens, sample, params]. Returns (tokens,

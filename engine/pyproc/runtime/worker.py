@@ -108,7 +108,17 @@ class Worker:
                 r["logprobs"] = lps
             return r
         if op == "open":
-            return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}
+            m = self.model(req)
+            r = {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))}
+            evicted = m.take_evicted() if hasattr(m, "take_evicted") else []
+            if evicted:
+                r["evicted"] = evicted
+            return r
+        if op == "drop":
+            m = self.models.get(req.get("model"))
+            if m is not None and hasattr(m, "drop"):
+                m.drop(req.get("key", ""))
+            return {}
         if op == "free":
             m = self.models.get(req.get("model"))
             if m is not None:
