@@ -27,6 +27,7 @@ type Model struct {
 	// Saved KV: which worker holds each key, the keys workers reported
 	// evicted and not yet collected by EvictedSaved, routing counters.
 	saved                        map[string]*proc
+	byProc                       map[*proc]map[string]struct{}
 	evicted                      []string
 	affinityHits, affinityMissed int64
 
@@ -64,7 +65,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, byProc: map[*proc]map[string]struct{}{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -250,6 +251,6 @@ func (m *Model) Close() error {
 	if !m.e.isClosed() {
 		m.unload()
 	}
-	m.seqs, m.saved, m.evicted = nil, nil, nil
+	m.seqs, m.saved, m.byProc, m.evicted = nil, nil, nil, nil
 	return nil
 }

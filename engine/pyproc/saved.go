@@ -51,11 +51,29 @@ func (m *Model) pickFor(key string) *slot {
 
 // noteSaved records where the KV saved under key lives now.
 func (m *Model) noteSaved(key string, p *proc) {
-	if old, ok := m.saved[key]; ok && old != p && old.alive() {
-		// The same key saved on another worker: the old copy is stale.
-		_, _, _ = old.send(request("drop", map[string]any{"model": m.handle, "key": key}), false)
+	if old, ok := m.saved[key]; ok && old != p {
+		m.unnote(key)
+		if old.alive() { // the same key saved on another worker: the old copy is stale
+			_, _, _ = old.send(request("drop", map[string]any{"model": m.handle, "key": key}), false)
+		}
 	}
 	m.saved[key] = p
+	keys := m.byProc[p]
+	if keys == nil {
+		keys = map[string]struct{}{}
+		m.byProc[p] = keys
+	}
+	keys[key] = struct{}{}
+}
+
+// unnote forgets where key's saved KV lives.
+func (m *Model) unnote(key string) {
+	p, ok := m.saved[key]
+	if !ok {
+		return
+	}
+	delete(m.saved, key)
+	delete(m.byProc[p], key)
 }
 
 // DropSaved discards the KV saved under key on the worker that holds it;
@@ -65,7 +83,7 @@ func (m *Model) DropSaved(key string) {
 	if !ok {
 		return
 	}
-	delete(m.saved, key)
+	m.unnote(key)
 	if p.alive() && !m.closed.Load() {
 		_, _, _ = p.send(request("drop", map[string]any{"model": m.handle, "key": key}), false)
 	}
@@ -77,11 +95,15 @@ func (m *Model) DropSaved(key string) {
 func (m *Model) EvictedSaved() []string {
 	out := m.evicted
 	m.evicted = nil
-	for key, p := range m.saved {
-		if !p.alive() {
+	for p, keys := range m.byProc {
+		if p.alive() {
+			continue
+		}
+		for key := range keys {
 			delete(m.saved, key)
 			out = append(out, key)
 		}
+		delete(m.byProc, p)
 	}
 	return out
 }
@@ -90,7 +112,7 @@ func (m *Model) EvictedSaved() []string {
 func (m *Model) noteEvicted(p *proc, keys []string) {
 	for _, k := range keys {
 		if m.saved[k] == p {
-			delete(m.saved, k)
+			m.unnote(k)
 			m.evicted = append(m.evicted, k)
 		}
 	}
