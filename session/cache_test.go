@@ -58,10 +58,16 @@ func turn(t testing.TB, m engine.Model, id engine.SeqID, prompt []int32, key, sa
 	return r, out
 }
 
+// tokens returns n pseudo-random ids below 997, a different run per seed.
 func tokens(seed, n int) []int32 {
 	p := make([]int32, n)
+	x := uint64(seed)*0x9e3779b97f4a7c15 + 1
 	for i := range p {
-		p[i] = int32((seed*7919 + i*104729 + 13) % 997)
+		x ^= x >> 30
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 27
+		x += 0x94d049bb133111eb
+		p[i] = int32(x % 997)
 	}
 	return p
 }
