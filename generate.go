@@ -96,9 +96,9 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 		// The tokenizer's end tokens stop generation like the engine's EOS.
 		seq.StopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
-	if p.Session != "" {
-		key := "session:" + p.Session
-		seq.PrefixKey, seq.SaveKey = key, key
+	hdr := api.Header{Model: m.info.ID}
+	if err := s.attachSession(m, seq, p, &hdr); err != nil {
+		return nil, err
 	}
 	if m.tok != nil {
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
@@ -110,7 +110,7 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 	if err := m.queue.Push(entry); err != nil {
 		return nil, err
 	}
-	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
+	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), hdr), nil
 }
 
 // validate checks a request before it is queued, so a request that can

@@ -15,6 +15,7 @@ import (
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/session"
 )
 
 // Errors of the Server itself. Errors from lower layers (engine, scheduler,
@@ -39,9 +40,10 @@ var (
 // A Server is safe for concurrent use. The engine stays the caller's: Close
 // unloads the Server's models but does not close the engine.
 type Server struct {
-	eng     engine.Engine
-	cfg     config
-	metrics *metrics
+	eng      engine.Engine
+	cfg      config
+	metrics  *metrics
+	sessions *session.Registry
 
 	mu     sync.RWMutex
 	models map[string]*model
@@ -70,6 +72,10 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
+	if s.sessions, err = s.newRegistry(); err != nil {
+		_ = m.registration.Unregister()
+		return nil, fmt.Errorf("mlxserving: session options: %w", err)
+	}
 	return s, nil
 }
 
@@ -81,6 +87,9 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	sessionOpts   []session.Option
+	cacheOpts     []session.CacheOption
+	noPrefixCache bool
 }
 
 func defaultConfig() config {
@@ -132,6 +141,9 @@ func (s *Server) Models() []engine.Info {
 type ModelStats struct {
 	Batcher batcher.Stats
 	Queue   scheduler.Stats
+	// PrefixCache counts prompt tokens looked up and reused from saved KV
+	// (cached tokens) and what is saved; zero with WithoutPrefixCache.
+	PrefixCache session.CacheStats
 }
 
 // Stats returns a snapshot per loaded model.
@@ -140,7 +152,7 @@ func (s *Server) Stats() map[string]ModelStats {
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
-		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), PrefixCache: m.prefixStats()}
 	}
 	return out
 }
@@ -157,6 +169,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, m := range models {
 		errs = append(errs, m.shutdown(ctx))
 	}
+	s.sessions.Close()
 	return errors.Join(errs...)
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/session"
 )
 
 // model is one loaded model with its queue and batcher.
@@ -22,6 +23,7 @@ type model struct {
 	eos     []int32              // the tokenizer's end tokens the engine does not already stop on
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
+	cache   *session.PrefixCache // nil with WithoutPrefixCache
 }
 
 // LoadModel loads the checkpoint at spec.Path into the engine under spec.ID
@@ -87,8 +89,16 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 		_ = em.Close()
 		return nil, err
 	}
+	run := em
+	if !s.cfg.noPrefixCache {
+		if m.cache, err = session.NewPrefixCache(em, append([]session.CacheOption{session.WithOnLost(s.lostKey)}, s.cfg.cacheOpts...)...); err != nil {
+			_ = em.Close()
+			return nil, err
+		}
+		run = m.cache
+	}
 	opts := append([]batcher.Option{batcher.WithLogger(s.cfg.logger), batcher.WithStepObserver(s.metrics.stepObserver(spec.ID))}, s.cfg.batcherOpts...)
-	if m.batcher, err = batcher.New(em, m.queue, opts...); err != nil {
+	if m.batcher, err = batcher.New(run, m.queue, opts...); err != nil {
 		_ = em.Close()
 		return nil, err
 	}

@@ -26,9 +26,15 @@ type Params struct {
 	Client string
 	// Session keeps a conversation's KV cache: the engine saves the KV of
 	// this request under the session id, and the next request of the same
-	// session reuses the part of its prompt that matches, prefilling only
-	// what is new.
+	// session reuses the longest prefix its prompt shares with it,
+	// prefilling only what is new. An unknown or expired id starts a new
+	// session under that id; an id over 128 bytes or with control
+	// characters is refused. "" names no session: the prompt still reuses
+	// any saved prefix it shares (automatic prefix caching).
 	Session string
+	// NewSession asks, when Session is "", for a new session with a
+	// minted id, reported in the stream's Header().Session.
+	NewSession bool
 }
 
 // Request asks for a completion of a prompt.
