@@ -46,8 +46,14 @@
 //
 // Session: the body field "session_id" or the header X-Session-ID keeps a
 // conversation's KV cache between requests, so a later turn only prefills
-// what is new. Its usage reports the reused tokens in
-// usage.prompt_tokens_details.cached_tokens.
+// what its prompt does not share with the previous one. A request without
+// an id starts a session under a minted one; the response's X-Session-ID
+// header names the session either way. An unknown or expired id starts
+// afresh; an id over 128 bytes or with control characters is a 400.
+// Prompts that share a prefix with KV saved by any earlier request (a
+// common system prompt) reuse it with or without a session. Usage reports
+// the reused tokens in usage.prompt_tokens_details.cached_tokens, in the
+// final streamed chunk too with stream_options.include_usage.
 //
 // Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
 // repetition_penalty and ignore_eos.

@@ -126,6 +126,9 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	if p.Session == "" {
 		p.Session = r.Header.Get("X-Session-ID")
 	}
+	// Without an id the request starts a session with a minted one,
+	// returned in X-Session-ID for the next turn.
+	p.NewSession = p.Session == ""
 	return p, nil
 }
 
