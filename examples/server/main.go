@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	defer func() { _ = eng.Close() }()
 
-	mp, metricsHandler, err := newMetrics()
+	mp, metricsHandler, reg, err := newMetrics()
 	if err != nil {
 		return err
 	}
@@ -113,6 +113,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = srv.Close() }()
+	if err := reg.Register(openai.PrefixCacheCollector(srv)); err != nil { // vLLM's prefix-cache counter names
+		return err
+	}
 
 	var warm atomic.Bool
 	h, err := openai.New(srv, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
