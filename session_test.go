@@ -31,7 +31,7 @@ func run(t *testing.T, srv *mlxserving.Server, r api.Request) (api.Result, api.H
 func seq(start, n int) []int32 {
 	out := make([]int32, n)
 	for i := range out {
-		out[i] = int32((start + i*37) % 997)
+		out[i] = int32((start + i*37) % 383)
 	}
 	return out
 }

@@ -150,6 +150,7 @@ func (c *PrefixCache) NewKey() string {
 // entry, else the best entry's.
 func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
 	c.applyDrops()
+	c.collect() // a worker may have died since the last call: its keys leave the index first
 	c.mu.Lock()
 	chosen, predicted := c.choose(prompt, key)
 	c.mu.Unlock()
