@@ -168,7 +168,11 @@ func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32,
 	if r > 0 {
 		c.stats.LookupHits++
 	}
-	if chosen != "" && r == 0 && predicted > 0 && c.idx.Remove(chosen) {
+	// A model that reports its evictions keeps the index exact: a miss
+	// there means the sequence ran where the entry is not (another
+	// worker), not that the entry is gone. For one that does not, the
+	// first miss shows the entry is gone.
+	if c.sk == nil && chosen != "" && r == 0 && predicted > 0 && c.idx.Remove(chosen) {
 		c.lru.Remove(chosen)
 		c.stats.Stale++
 	}
