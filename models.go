@@ -91,7 +91,7 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 	}
 	run := em
 	if !s.cfg.noPrefixCache {
-		if m.cache, err = session.NewPrefixCache(em, append([]session.CacheOption{session.WithOnLost(s.lostKey)}, s.cfg.cacheOpts...)...); err != nil {
+		if m.cache, err = session.NewPrefixCache(em, append([]session.CacheOption{session.WithOnLost(s.lostKey), session.WithOnSaved(s.savedKey)}, s.cfg.cacheOpts...)...); err != nil {
 			_ = em.Close()
 			return nil, err
 		}

@@ -257,4 +257,3 @@ func benchEngine(b *testing.B, workers int) *pyproc.Engine {
 	b.Cleanup(func() { _ = e.Close() })
 	return e
 }
-

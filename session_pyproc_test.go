@@ -61,6 +61,9 @@ func TestDeadWorkerLosesSessionKV(t *testing.T) {
 	}
 	first := seq(11, 40)
 	res1 := turn(first)
+	if sess, ok := srv.Session("conv"); !ok || sess.Worker != 0 || sess.Model != "tiny" {
+		t.Fatalf("session %+v, %v; want it on worker 0 of model tiny", sess, ok)
+	}
 	second := append(append(append([]int32(nil), first...), res1.Tokens...), 5, 6, 7)
 	pid := e.Workers()[0].PID
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

@@ -78,6 +78,13 @@ func (s *Server) lostKey(key string) {
 	}
 }
 
+// savedKey records which worker holds a session's saved KV.
+func (s *Server) savedKey(key string, worker int) {
+	if id, ok := strings.CutPrefix(key, session.Key("")); ok && worker >= 0 {
+		s.sessions.SetWorker(id, worker)
+	}
+}
+
 // attachSession sets the keys a sequence reuses and saves its KV under:
 // its session's, or with no session a fresh key that later prompts
 // sharing its prefix find through the prefix cache.

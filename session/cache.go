@@ -35,9 +35,10 @@ type CacheStats struct {
 type CacheOption func(*cacheConfig) error
 
 type cacheConfig struct {
-	budget int
-	block  int
-	onLost func(key string)
+	budget  int
+	block   int
+	onLost  func(key string)
+	onSaved func(key string, worker int)
 }
 
 // WithTokenBudget bounds the tokens of saved KV the cache keeps; past it
@@ -78,6 +79,27 @@ func WithOnLost(fn func(key string)) CacheOption {
 		c.onLost = fn
 		return nil
 	}
+}
+
+// WithOnSaved calls fn after Free saved a sequence's KV under key, with
+// the engine worker holding it when the model can tell (a worker pool
+// such as the Python engine's; -1 otherwise), so a session registry can
+// record the session's affinity. fn runs on the caller of Free and must
+// not block.
+func WithOnSaved(fn func(key string, worker int)) CacheOption {
+	return func(c *cacheConfig) error {
+		if fn == nil {
+			return errors.New("session: nil saved-key callback")
+		}
+		c.onSaved = fn
+		return nil
+	}
+}
+
+// workerLocator is implemented by models whose saved KV lives on one of
+// several workers.
+type workerLocator interface {
+	SavedWorker(key string) int
 }
 
 // PrefixCache wraps a model to make prefix caching automatic. It is an
@@ -230,6 +252,13 @@ func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
 			for _, k := range drops {
 				c.sk.DropSaved(k)
 			}
+		}
+		if c.cfg.onSaved != nil {
+			worker := -1
+			if wl, ok := c.m.(workerLocator); ok {
+				worker = wl.SavedWorker(saveKey)
+			}
+			c.cfg.onSaved(saveKey, worker)
 		}
 	}
 	c.collect()

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -236,9 +237,19 @@ func TestIndexLookup(t *testing.T) {
 	}
 }
 
+func TestOnSaved(t *testing.T) {
+	var got []string
+	c := newCache(t, newSimModel(t), WithOnSaved(func(k string, w int) { got = append(got, fmt.Sprint(k, w)) }))
+	turn(t, c, 1, tokens(50, 20), "", "a", 1)
+	turn(t, c, 2, tokens(51, 20), "", "", 1)
+	if !slices.Equal(got, []string{"a-1"}) {
+		t.Fatalf("saved callbacks %v; want one for a, worker -1", got)
+	}
+}
+
 func TestCacheOptions(t *testing.T) {
 	m := newSimModel(t)
-	for _, o := range []CacheOption{WithTokenBudget(-1), WithBlockSize(0), WithOnLost(nil), nil} {
+	for _, o := range []CacheOption{WithTokenBudget(-1), WithBlockSize(0), WithOnLost(nil), WithOnSaved(nil), nil} {
 		if _, err := NewPrefixCache(m, o); err == nil {
 			t.Error("NewPrefixCache accepted a bad option")
 		}

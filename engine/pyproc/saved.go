@@ -135,3 +135,22 @@ type AffinityStats struct {
 func (m *Model) Affinity() AffinityStats {
 	return AffinityStats{Hits: m.affinityHits, Overloaded: m.affinityMissed, Saved: len(m.saved)}
 }
+
+// SavedWorker returns the index of the worker holding the KV saved under
+// key, or -1 when no live worker holds it. Like Open, it must not run
+// concurrently with Open, Step or Free.
+func (m *Model) SavedWorker(key string) int {
+	p, ok := m.saved[key]
+	if !ok || !p.alive() {
+		return -1
+	}
+	for _, s := range m.e.slots {
+		s.mu.Lock()
+		cur := s.cur
+		s.mu.Unlock()
+		if cur == p {
+			return s.idx
+		}
+	}
+	return -1
+}
