@@ -37,6 +37,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/openai/vllm"
 )
 
 func main() {
@@ -113,7 +114,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = srv.Close() }()
-	if err := reg.Register(openai.PrefixCacheCollector(srv)); err != nil { // vLLM's prefix-cache counter names
+	if err := reg.Register(vllm.PrefixCacheCollector(srv)); err != nil { // vLLM's prefix-cache counter names
 		return err
 	}
 

@@ -1,4 +1,12 @@
-package openai
+// Package vllm exports a Server's figures as Prometheus metrics under the
+// names vLLM gives them, so dashboards and alerts built for vLLM carry
+// over. The names carry a colon, which OpenTelemetry instrument names
+// cannot, hence Prometheus collectors of their own, registered beside the
+// OpenTelemetry exporter on the registry behind /metrics:
+//
+//	reg := prometheus.NewRegistry()
+//	reg.MustRegister(vllm.PrefixCacheCollector(srv))
+package vllm
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -6,15 +14,12 @@ import (
 	"github.com/mlxserving/mlxserving"
 )
 
-// PrefixCacheCollector exports a Server's prefix-cache counters under
-// vLLM's metric names, so dashboards built for vLLM carry over:
+// PrefixCacheCollector exports a Server's prefix-cache counters:
 // vllm:prefix_cache_queries_total (prompt tokens looked up) and
 // vllm:prefix_cache_hits_total (prompt tokens reused from saved KV), per
-// model_name, as vLLM's Prometheus exposition names its counters
-// vllm:prefix_cache_queries and vllm:prefix_cache_hits. The names carry a
-// colon, which OpenTelemetry instrument names cannot, hence a Prometheus
-// collector of its own; register it beside the OpenTelemetry exporter on
-// the registry behind /metrics. It reads Server.Stats when scraped.
+// model_name — vLLM's counters vllm:prefix_cache_queries and
+// vllm:prefix_cache_hits as its Prometheus exposition names them. It reads
+// Server.Stats when scraped.
 func PrefixCacheCollector(srv *mlxserving.Server) prometheus.Collector {
 	return &prefixCollector{
 		srv:     srv,
