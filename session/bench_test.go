@@ -3,10 +3,12 @@ package session
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 )
 
 // BenchmarkRegistry measures the registry's operations: Begin of a live
@@ -178,4 +180,65 @@ func BenchmarkCacheStep(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*64), "ns/token")
 		})
 	}
+}
+
+// BenchmarkMixedLoad drives a PrefixCache over the simulated engine with a
+// mixed stream of requests: 40% follow-up turns of 64 conversations, 40%
+// one-off questions behind one of 4 system prompts of 512 tokens, 20%
+// unrelated prompts; saved KV is bounded to 64k tokens. It reports the
+// hit rate in tokens (vLLM's hits/queries), the share of requests that
+// reused anything, and the saved tokens held at the end.
+func BenchmarkMixedLoad(b *testing.B) {
+	const budget = 1 << 16
+	m := newSimModel(b, enginetest.WithContextLength(16384), enginetest.WithPrefixCacheEntries(4096))
+	c := newCache(b, m, WithTokenBudget(budget))
+	systems := make([][]int32, 4)
+	for i := range systems {
+		systems[i] = tokens(9000+i, 512)
+	}
+	convs := make([][]int32, 64)
+	r := rand.New(rand.NewPCG(1, 2))
+	ctx := context.Background()
+	id := engine.SeqID(0)
+	for b.Loop() {
+		var prompt []int32
+		key := ""
+		save := c.NewKey()
+		switch x := r.IntN(10); {
+		case x < 4:
+			k := r.IntN(len(convs))
+			if len(convs[k]) > 6000 {
+				convs[k] = nil
+			}
+			convs[k] = append(convs[k], tokens(r.IntN(1<<20), 40+r.IntN(100))...)
+			prompt, key = convs[k], Key(strconv.Itoa(k))
+			save = key
+		case x < 8:
+			prompt = append(append([]int32(nil), systems[r.IntN(4)]...), tokens(r.IntN(1<<20), 10+r.IntN(30))...)
+		default:
+			prompt = tokens(r.IntN(1<<20), 50+r.IntN(500))
+		}
+		id++
+		reused, err := c.Open(ctx, id, prompt, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := c.Step(ctx, []engine.StepInput{{Seq: id, Tokens: prompt[reused:], Sample: true, Params: greedy}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Step(ctx, []engine.StepInput{{Seq: id, Tokens: []int32{out[0].Token}, Sample: true, Params: greedy}}); err != nil {
+			b.Fatal(err)
+		}
+		c.Free(id, save)
+		if key != "" {
+			k, _ := strconv.Atoi(key[len(Key("")):])
+			convs[k] = append(convs[k], out[0].Token)
+		}
+	}
+	st := c.Stats()
+	b.ReportMetric(100*float64(st.Hits)/float64(max(st.Queries, 1)), "hit_rate_%")
+	b.ReportMetric(100*float64(st.LookupHits)/float64(max(st.Lookups, 1)), "requests_hit_%")
+	b.ReportMetric(float64(st.Tokens), "held_tokens")
+	b.ReportMetric(float64(st.Keys), "held_keys")
 }
