@@ -4,9 +4,13 @@ runtime's own loading, KV accounting and sampling.
 Status: written against mlx-lm's model API (Model(ModelArgs), per-layer
 KVCache from mlx_lm.models.cache, model.sanitize); it has not been run in
 this project's CI, which has no MLX. A step runs its sequences one after
-another (each with its own cache) rather than as one padded batch, and
-prefix reuse is not offered (open always reports 0 reused tokens).
+another (each with its own cache) rather than as one padded batch. Freed
+sequences saved under a key keep their cache (at most MAX_SAVED, least
+recently used evicted first and reported on the next open); open reuses
+the longest common prefix of a saved entry and the prompt by slicing the
+saved cache's state (mlx_lm KVCache.state).
 """
+import collections
 import glob
 import importlib
 import json
@@ -19,11 +23,23 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from errors import CheckpointError, ProtocolError
 
-CAPABILITIES = {"batch": False, "prefix_cache": False, "logprobs": True,
+CAPABILITIES = {"batch": False, "prefix_cache": True, "logprobs": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
 
 # mlx_lm builds Mistral with its llama module.
 MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+# Saved caches kept per model; each holds its sequence's whole KV.
+MAX_SAVED = 32
+
+
+def common_prefix(a, b):
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def versions():
@@ -63,6 +79,8 @@ class MlxModel:
         if isinstance(self.eos, int):
             self.eos = [self.eos]
         self.seqs = {}
+        self.saved = collections.OrderedDict()  # key -> Seq, least recently used first
+        self.evicted = []
 
     def _weights(self, path):
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -97,21 +115,47 @@ class MlxModel:
             raise ProtocolError("context_length", "prompt too long", prompt=len(prompt), limit=self.context)
         if self.used + len(prompt) > self.capacity:
             raise ProtocolError("oom", "no KV room for %d tokens" % len(prompt))
-        self.seqs[seq] = Seq(make_prompt_cache(self.model), len(prompt))
+        s = Seq(make_prompt_cache(self.model), len(prompt))
+        reused = 0
+        saved = self.saved.get(prefix_key) if prefix_key else None
+        if saved is not None:
+            self.saved.move_to_end(prefix_key)
+            reused = min(common_prefix(saved.tokens, prompt), len(prompt) - 1)
+            if reused > 0:
+                for dst, src in zip(s.cache, saved.cache):
+                    k, v = src.state
+                    dst.state = (k[..., :reused, :], v[..., :reused, :])
+                s.tokens = list(prompt[:reused])
+        self.seqs[seq] = s
         self.used += len(prompt)
-        return 0
+        return reused
+
+    def take_evicted(self):
+        out, self.evicted = self.evicted, []
+        return out
+
+    def drop(self, key):
+        self.saved.pop(key, None)
 
     def free(self, seq, save_key):
         s = self.seqs.pop(seq, None)
-        if s is not None:
-            self.used -= s.held
+        if s is None:
+            return
+        self.used -= s.held
+        if save_key and s.tokens:
+            self.saved.pop(save_key, None)
+            self.saved[save_key] = s
+            while len(self.saved) > MAX_SAVED:
+                key, _ = self.saved.popitem(last=False)
+                self.evicted.append(key)
 
     def close(self):
         self.seqs.clear()
+        self.saved.clear()
         self.model = None
 
     def stats(self):
-        return {"open": len(self.seqs)}
+        return {"open": len(self.seqs), "saved": len(self.saved)}
 
     def step(self, batch):
         if len(batch) > self.max_batch:
