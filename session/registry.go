@@ -132,6 +132,13 @@ type departure struct {
 // Registry maps session ids to their affinity. It is safe for concurrent
 // use. With a TTL it runs one goroutine that removes expired sessions;
 // Close stops it.
+//
+// The sessions sit in golang-lru's simplelru under the registry's own
+// lock, with expiry done here, rather than in golang-lru's expirable LRU:
+// v2.0.7's expirable LRU starts a goroutine per cache that nothing can
+// stop (its Close is commented out) and calls the eviction callback under
+// its lock; this registry stops its goroutine on Close and calls the
+// callback after releasing its lock.
 type Registry struct {
 	cfg config
 
