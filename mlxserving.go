@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/session"
 )
@@ -45,9 +46,12 @@ type Server struct {
 	metrics  *metrics
 	sessions *session.Registry
 
-	mu     sync.RWMutex
-	models map[string]*model
-	closed bool
+	mgr *prewarm.Manager
+
+	mu       sync.RWMutex
+	models   map[string]*model // loaded models; nil while loading
+	explicit map[string]bool   // models added by LoadModel
+	closed   bool
 }
 
 // New returns a Server over eng. Load models with LoadModel.
@@ -66,7 +70,7 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	if _, err := scheduler.New[*batcher.Sequence](cfg.schedulerOpts...); err != nil {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
-	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
+	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
@@ -75,6 +79,13 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	if s.sessions, err = s.newRegistry(); err != nil {
 		_ = m.registration.Unregister()
 		return nil, fmt.Errorf("mlxserving: session options: %w", err)
+	}
+	if s.mgr, err = newManager(s, &cfg); err != nil {
+		s.sessions.Close()
+		if m.registration != nil {
+			_ = m.registration.Unregister()
+		}
+		return nil, fmt.Errorf("mlxserving: %w", err)
 	}
 	return s, nil
 }
@@ -90,6 +101,7 @@ type config struct {
 	sessionOpts   []session.Option
 	cacheOpts     []session.CacheOption
 	noPrefixCache bool
+	managerOpts   []prewarm.ManagerOption
 }
 
 func defaultConfig() config {
@@ -131,7 +143,9 @@ func (s *Server) Models() []engine.Info {
 	defer s.mu.RUnlock()
 	out := make([]engine.Info, 0, len(s.models))
 	for _, m := range s.models {
-		out = append(out, m.info)
+		if m != nil {
+			out = append(out, m.info)
+		}
 	}
 	slices.SortFunc(out, func(a, b engine.Info) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -152,6 +166,9 @@ func (s *Server) Stats() map[string]ModelStats {
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
+		if m == nil {
+			continue
+		}
 		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), PrefixCache: m.prefixStats()}
 	}
 	return out
@@ -161,6 +178,7 @@ func (s *Server) Stats() map[string]ModelStats {
 // then unloads every model. If ctx ends first, what is left ends with an
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
+	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
 	if s.metrics.registration != nil {
 		defer func() { _ = s.metrics.registration.Unregister() }()
@@ -195,19 +213,6 @@ func (s *Server) closeAll() []*model {
 		delete(s.models, id)
 	}
 	return models
-}
-
-func (s *Server) lookup(id string) (*model, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return nil, ErrServerClosed
-	}
-	m, ok := s.models[id]
-	if !ok {
-		return nil, &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
-	}
-	return m, nil
 }
 
 func (s *Server) idsLocked() []string {

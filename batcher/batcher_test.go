@@ -334,8 +334,11 @@ func TestAdaptiveBatchSizing(t *testing.T) {
 		go func() { defer wg.Done(); collect(s) }()
 	}
 	wg.Wait()
-	if l := r.b.Stats().Limit; l < 5 || l > 16 {
-		t.Errorf("adaptive limit settled at %d, want near 10", l)
+	// A loaded machine only lengthens steps, which lowers the limit, so
+	// only the upper bound is tight: without adaptation the limit would
+	// stay at 40 running sequences.
+	if l := r.b.Stats().Limit; l < 2 || l > 16 {
+		t.Errorf("adaptive limit settled at %d, want near 10 (at least the minimum, 2)", l)
 	}
 }
 

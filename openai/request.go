@@ -31,6 +31,8 @@ type commonFields struct {
 	MinP              *float32 `json:"min_p"`
 	RepetitionPenalty *float32 `json:"repetition_penalty"`
 	IgnoreEOS         bool     `json:"ignore_eos"`
+	// KeepAlive is Ollama's keep_alive: a duration string or seconds.
+	KeepAlive json.RawMessage `json:"keep_alive"`
 }
 
 type streamOptions struct {
@@ -129,6 +131,9 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	// Without an id the request starts a session with a minted one,
 	// returned in X-Session-ID for the next turn.
 	p.NewSession = p.Session == ""
+	if p.KeepAlive, err = parseKeepAlive(c.KeepAlive); err != nil {
+		return p, err
+	}
 	return p, nil
 }
 
