@@ -113,9 +113,10 @@ type SavedKV interface {
 	// DropSaved discards the KV saved under key. An unknown key is a no-op.
 	DropSaved(key string)
 	// EvictedSaved returns the keys whose saved KV the engine discarded
-	// since the previous call — evicted for memory, replaced by nothing,
-	// or lost with a worker — and forgets them. Keys replaced by a Free
-	// with the same key, or dropped by DropSaved, are not reported.
+	// on its own since the previous call — evicted for memory or by the
+	// engine's bound on saved entries, or lost with a worker — and
+	// forgets them. Keys replaced by a Free with the same key, or dropped
+	// by DropSaved, are not reported.
 	EvictedSaved() []string
 }
 
