@@ -170,6 +170,9 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 		m.used -= max(s.reserved, len(s.tokens))
 		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 || s.k == nil {
 			s.free()
+			if saveKey != "" { // asked to save and did not: say so, as for an eviction
+				m.evicted = append(m.evicted, saveKey)
+			}
 			return nil
 		}
 		free(&s.key)
