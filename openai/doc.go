@@ -1,6 +1,8 @@
 // Package openai serves an [mlxserving.Server] over the OpenAI HTTP API, so
 // the official OpenAI clients (and anything built on them) work against a
-// Go program that embeds its own models.
+// Go program that embeds its own models. It serves a
+// scheduler.LoadBalancer in front of several instances the same way: New
+// takes any scheduler.Backend.
 //
 //	srv, _ := mlxserving.New(eng)
 //	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: dir})
@@ -78,7 +80,8 @@
 // or a client's rate limit 429 with Retry-After; an overloaded server, memory
 // pressure or a closing server 503; a model that cannot be loaded now (its
 // load failed and backs off, or the memory budget is held by pinned or busy
-// models) 503 with Retry-After; an engine failure 500. An error after a
+// models) 503 with Retry-After; no backend of a load balancer able to take
+// the request 503 with Retry-After; an engine failure 500. An error after a
 // stream started is sent as a final SSE event data: {"error":{...}} without
 // [DONE].
 //
