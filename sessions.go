@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/session"
 )
@@ -85,24 +84,17 @@ func (s *Server) savedKey(key string, worker int) {
 	}
 }
 
-// attachSession sets the keys a sequence reuses and saves its KV under:
+// sessionKeys sets the keys a sequence reuses and saves its KV under:
 // its session's, or with no session a fresh key that later prompts
 // sharing its prefix find through the prefix cache.
-func (s *Server) attachSession(m *model, seq *batcher.Sequence, p api.Params, hdr *api.Header) error {
-	if p.Session == "" && !p.NewSession {
-		if m.cache != nil {
-			seq.SaveKey = m.cache.NewKey()
-		}
-		return nil
+func (s *Server) sessionKeys(m *model, seq *batcher.Sequence, id string) {
+	switch {
+	case id != "":
+		key := session.Key(id)
+		seq.PrefixKey, seq.SaveKey = key, key
+	case m.cache != nil:
+		seq.SaveKey = m.cache.NewKey()
 	}
-	sess, _, err := s.sessions.Begin(p.Session, m.info.ID)
-	if err != nil {
-		return err
-	}
-	key := session.Key(sess.ID)
-	seq.PrefixKey, seq.SaveKey = key, key
-	hdr.Session = sess.ID
-	return nil
 }
 
 // prefixStats returns the model's prefix-cache counters.

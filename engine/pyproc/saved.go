@@ -16,10 +16,11 @@ const affinityLoad = 1.25
 
 var _ engine.SavedKV = (*Model)(nil)
 
-// pickFor is the slot a sequence with prefix key goes to: the holder of
-// the key's saved KV when its load is within the bound, else the least
-// loaded.
-func (m *Model) pickFor(key string) *slot {
+// pickFor is the slot a sequence with prefix key goes to, with the
+// breaker admission's done func as pickSlot gives it: the holder of the
+// key's saved KV when its load is within the bound and its breaker admits
+// the sequence, else what pickSlot picks.
+func (m *Model) pickFor(key string) (*slot, func(error)) {
 	if key == "" {
 		return m.pickSlot()
 	}
@@ -45,8 +46,12 @@ func (m *Model) pickFor(key string) *slot {
 		m.affinityMissed++
 		return m.pickSlot()
 	}
+	done, err := holder.breaker.Allow()
+	if err != nil {
+		return m.pickSlot()
+	}
 	m.affinityHits++
-	return holder
+	return holder, done
 }
 
 // noteSaved records where the KV saved under key lives now.
