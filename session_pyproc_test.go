@@ -69,7 +69,8 @@ func TestDeadWorkerLosesSessionKV(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a replacement worker", func() bool { w := e.Workers()[0]; return w.PID != 0 && w.PID != pid })
+	// The next turn waits for the replacement worker itself.
+	waitFor(t, "the worker's death to be seen", func() bool { return e.Workers()[0].PID != pid })
 	res2 := turn(second)
 	if res2.Usage.CachedTokens != 0 {
 		t.Fatalf("the turn after the worker died reused %d tokens", res2.Usage.CachedTokens)
