@@ -1,6 +1,10 @@
 package api
 
-import "time"
+import (
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
 
 // FinishReason says why a sequence stopped generating.
 type FinishReason string
@@ -25,6 +29,9 @@ type Chunk struct {
 	HasToken bool
 	// Logprob is the token's log-probability, when requested.
 	Logprob float32
+	// Top lists the most likely tokens and their log-probabilities, most
+	// likely first, when Sampling.TopLogprobs asked for them.
+	Top []engine.TokenLogprob
 	// Finish is set on the last chunk only.
 	Finish FinishReason
 	// Usage is set on the last chunk only.

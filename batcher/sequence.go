@@ -49,6 +49,10 @@ type Sequence struct {
 	Tier api.Tier
 	// Submitted is when the request arrived; zero means when queued.
 	Submitted time.Time
+	// Constraint, when set, restricts every sampled token (constrained
+	// decoding); the sequence finishes with FinishStop when it is Done,
+	// and with FinishLength when it allows no token at all.
+	Constraint Constraint
 
 	cancelled atomic.Bool
 	out       outbox
@@ -63,6 +67,20 @@ type Sequence struct {
 	firstToken  time.Time
 	cached      int
 	preemptions int
+	mask        []uint64 // the Constraint's mask for the next sample
+}
+
+// Constraint restricts which tokens a sequence may sample, one step at a
+// time; engine/grammar's Matcher implements it. The batcher's loop calls
+// it and nothing else does.
+type Constraint interface {
+	// FillMask sets the bits of the tokens allowed next (see
+	// engine.StepInput.Allowed) and clears the others.
+	FillMask(mask []uint64)
+	// Accept advances past a sampled token.
+	Accept(tok int32) error
+	// Done reports that nothing but the end may follow.
+	Done() bool
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

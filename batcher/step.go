@@ -17,10 +17,16 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	in, seqs := b.inputs[:0], b.stepSeqs[:0]
 	budget := b.cfg.tokenBudget
 	decode, prefill := 0, 0
+	dead := false
 	for _, e := range b.running {
 		s := e.Value
 		if s.fed == len(s.feed) {
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params})
+			allowed, ok := b.allowed(s)
+			if !ok {
+				dead = true
+				continue
+			}
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params, Allowed: allowed})
 			seqs = append(seqs, s)
 			budget--
 			decode++
@@ -33,12 +39,26 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		}
 		n := min(budget, len(s.feed)-s.fed)
 		end := s.fed + n
-		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params})
+		var allowed []uint64
+		if end == len(s.feed) {
+			var ok bool
+			if allowed, ok = b.allowed(s); !ok {
+				dead = true
+				continue
+			}
+		}
+		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params, Allowed: allowed})
 		seqs = append(seqs, s)
 		budget -= n
 		prefill += n
 	}
 	b.inputs, b.stepSeqs = in, seqs
+	if dead {
+		b.removeFinished()
+	}
+	if len(in) == 0 {
+		return
+	}
 
 	start := time.Now()
 	outs, err := b.model.Step(ctx, in)
@@ -102,7 +122,16 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		b.finish(s, api.FinishStop, "", now)
 		return true
 	}
-	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
+	if s.Constraint != nil {
+		if err := s.Constraint.Accept(tok); err != nil {
+			b.model.Free(s.id, "")
+			s.open = false
+			b.reserved -= b.need(s)
+			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
+			return true
+		}
+	}
+	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob, Top: out.Top}
 	if s.Text != nil {
 		delta, stopped := s.Text.Add(tok)
 		c.Text = delta
@@ -113,6 +142,14 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		}
 	}
 	s.out.push(c)
+	if s.Constraint != nil && s.Constraint.Done() {
+		tail := ""
+		if s.Text != nil {
+			tail = s.Text.Flush()
+		}
+		b.finish(s, api.FinishStop, tail, now)
+		return true
+	}
 	if len(s.generated) >= s.MaxTokens || len(s.Prompt)+len(s.generated) >= b.info.ContextLength {
 		tail := ""
 		if s.Text != nil {
@@ -199,4 +236,29 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 	}
 	clear(b.running[len(kept):])
 	b.running = kept
+}
+
+// allowed fills a constrained sequence's mask for its next sample. When
+// the constraint allows no token (its limits leave no way to complete
+// the output) the sequence ends with FinishLength, keeping the valid
+// prefix, and ok is false.
+func (b *ContinuousBatcher) allowed(s *Sequence) (mask []uint64, ok bool) {
+	if s.Constraint == nil {
+		return nil, true
+	}
+	if s.mask == nil {
+		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
+	}
+	s.Constraint.FillMask(s.mask)
+	for _, w := range s.mask {
+		if w != 0 {
+			return s.mask, true
+		}
+	}
+	tail := ""
+	if s.Text != nil {
+		tail = s.Text.Flush()
+	}
+	b.finish(s, api.FinishLength, tail, time.Now())
+	return nil, false
 }
