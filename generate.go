@@ -11,6 +11,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/toolcall"
 )
 
 // Generate starts generating a completion and returns its stream. The
@@ -70,16 +71,49 @@ func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
 	}
+	format := toolcall.Detect(m.tok)
+	p := req.Params
+	if req.ForceTool != "" {
+		if text, p, err = forceTool(text, format, req); err != nil {
+			return nil, err
+		}
+	}
 	// The template writes the special tokens (BOS) itself.
 	prompt, err := m.tok.Encode(text, false)
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
 	}
-	return s.submit(ctx, m, prompt, req.Params)
+	return s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
+}
+
+// forceTool opens the family's tool-call syntax after the generation
+// prompt and constrains the reply to one call of the requested function.
+func forceTool(text string, f toolcall.Format, req api.ChatRequest) (string, api.Params, error) {
+	p := req.Params
+	tools := make([]toolcall.Tool, len(req.ForceTools))
+	for i, t := range req.ForceTools {
+		tools[i] = toolcall.Tool{Name: t.Name, Parameters: t.Parameters}
+	}
+	name := req.ForceTool
+	if name == "*" {
+		name = ""
+	}
+	schema, err := f.Schema(tools, name)
+	if err != nil {
+		return "", p, &engine.InvalidParamError{Param: "tool_choice", Reason: err.Error()}
+	}
+	p.JSONSchema = schema
+	return text + f.Prefix(), p, nil
 }
 
 // submit validates the request against the model and queues it.
 func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Params) (*api.Stream, error) {
+	return s.submitHeader(ctx, m, prompt, p, api.Header{})
+}
+
+// submitHeader is submit with header fields for the stream (its Model is
+// filled in here).
+func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p api.Params, hdr api.Header) (*api.Stream, error) {
 	if err := validate(m, prompt, &p); err != nil {
 		return nil, err
 	}
@@ -103,6 +137,13 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 	if m.tok != nil {
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
 	}
+	if len(p.JSONSchema) > 0 {
+		c, err := m.constraint(p.JSONSchema)
+		if err != nil {
+			return nil, err
+		}
+		seq.Constraint = c
+	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -110,7 +151,8 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 	if err := m.queue.Push(entry); err != nil {
 		return nil, err
 	}
-	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
+	hdr.Model = m.info.ID
+	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), hdr), nil
 }
 
 // validate checks a request before it is queued, so a request that can
@@ -126,6 +168,9 @@ func validate(m *model, prompt []int32, p *api.Params) error {
 		return &engine.InvalidParamError{Param: "priority", Reason: fmt.Sprintf("unknown tier %d", p.Priority)}
 	}
 	if err := p.Sampling.Validate(); err != nil {
+		return err
+	}
+	if err := p.Sampling.CheckVocab(m.info.VocabSize); err != nil {
 		return err
 	}
 	if len(p.Stop) > 0 && m.tok == nil {

@@ -22,6 +22,7 @@ type model struct {
 	eos     []int32              // the tokenizer's end tokens the engine does not already stop on
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
+	vocab   vocabOnce // the tokenizer's vocabulary for constrained decoding
 }
 
 // LoadModel loads the checkpoint at spec.Path into the engine under spec.ID

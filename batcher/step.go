@@ -131,7 +131,13 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 			return true
 		}
 	}
-	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob, Top: out.Top}
+	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
+	if len(out.Top) > 0 {
+		c.Top = make([]api.TopLogprob, len(out.Top))
+		for i, e := range out.Top {
+			c.Top[i] = api.TopLogprob{Token: e.Token, Logprob: e.Logprob}
+		}
+	}
 	if s.Text != nil {
 		delta, stopped := s.Text.Add(tok)
 		c.Text = delta

@@ -13,6 +13,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/toolcall"
 )
 
 // Handler serves a Server over the OpenAI HTTP API (see the package doc for
@@ -168,6 +169,10 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := newFormat(true, "chatcmpl-"+rand.Text(), time.Now().Unix(), cr.Model, req.Logprobs, req.includeUsage())
+	if req.tools {
+		hd := st.Header()
+		f.tools = &toolStream{f: toolcall.Format(hd.ToolFormat), forced: hd.ToolForced}
+	}
 	h.respond(w, r, st, f, req.Stream)
 }
 
@@ -259,6 +264,16 @@ func (h *Handler) writeWhole(w http.ResponseWriter, st *api.Stream, f *format) e
 		}
 		if c.Finish != "" {
 			finish, usage = c.Finish, c.Usage
+		}
+	}
+	if f.tools != nil {
+		content, calls := f.tools.f.Parse(text.String(), f.tools.forced)
+		if len(calls) > 0 {
+			writeJSON(w, http.StatusOK, f.toolBody(content, toolCalls(calls), tokens, usage))
+			return nil
+		}
+		if f.tools.forced {
+			text.Reset() // a forced call cut short: not content
 		}
 	}
 	writeJSON(w, http.StatusOK, f.body(text.String(), tokens, finish, usage))

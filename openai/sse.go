@@ -69,6 +69,9 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 			}
 		}
 	}
+	if f.tools != nil {
+		c.Text = f.tools.feed(c.Text)
+	}
 	if c.Text != "" || (f.logprobs && c.HasToken) {
 		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
 			return err
@@ -77,7 +80,28 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	if c.Finish == "" {
 		return nil
 	}
-	if err := s.send(f.finishChunk(s.buf[:0], c.Finish)); err != nil {
+	finish := c.Finish
+	if f.tools != nil {
+		rest, calls := f.tools.finish()
+		if rest != "" {
+			if err := s.send(f.tokenChunk(s.buf[:0], api.Chunk{Text: rest})); err != nil {
+				return err
+			}
+		}
+		if len(calls) > 0 {
+			chunks, err := f.toolCallChunks(s.buf[:0], calls)
+			if err != nil {
+				return err
+			}
+			for _, b := range chunks {
+				if err := s.send(b); err != nil {
+					return err
+				}
+			}
+			finish = "tool_calls"
+		}
+	}
+	if err := s.send(f.finishChunk(s.buf[:0], finish)); err != nil {
 		return err
 	}
 	if f.includeUsage {
