@@ -243,3 +243,50 @@ func TestGoSDKSamplingFields(t *testing.T) {
 		}
 	}
 }
+
+// TestGoSDKChoices: n choices, whole and streamed, each with its index;
+// seeded choices differ from each other and repeat across requests.
+func TestGoSDKChoices(t *testing.T) {
+	client := newClient(startServer(t))
+	ctx := context.Background()
+	p := chatParams()
+	p.N = oai.Int(3)
+	p.Temperature = oai.Float(1)
+	p.MaxTokens = oai.Int(8)
+	ignoreEOS := option.WithJSONSet("ignore_eos", true)
+	resp, err := client.Chat.Completions.New(ctx, p, ignoreEOS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Choices) != 3 || resp.Usage.CompletionTokens != 24 {
+		t.Fatalf("3 choices of 8 tokens: %s", resp.RawJSON())
+	}
+	seen := map[string]bool{}
+	for i, c := range resp.Choices {
+		if c.Index != int64(i) || c.FinishReason != "length" {
+			t.Fatalf("choice %d: %s", i, c.RawJSON())
+		}
+		seen[c.Message.Content] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("seeded choices are all the same: %v", seen)
+	}
+	p.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
+	stream := client.Chat.Completions.NewStreaming(ctx, p, ignoreEOS)
+	var acc oai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Close()
+	if len(acc.Choices) != 3 || acc.Usage.CompletionTokens != 24 {
+		t.Fatalf("streamed: %d choices, usage %+v", len(acc.Choices), acc.Usage)
+	}
+	for i, c := range acc.Choices {
+		if c.Message.Content != resp.Choices[i].Message.Content {
+			t.Fatalf("choice %d streamed %q, whole %q", i, c.Message.Content, resp.Choices[i].Message.Content)
+		}
+	}
+}

@@ -172,10 +172,18 @@ func (c *commonFields) tier(r *http.Request) (api.Tier, error) {
 
 // unsupported refuses shared fields the server cannot honour.
 func (c *commonFields) unsupported() error {
-	if c.N != nil && *c.N != 1 {
-		return badRequest("n", "unsupported_value", "n is %d: only one choice per request is supported", *c.N)
+	if c.N != nil && (*c.N < 1 || *c.N > maxChoices) {
+		return badRequest("n", "invalid_value", "n is %d: it must be between 1 and %d", *c.N, maxChoices)
 	}
 	return nil
+}
+
+// choices is the number of choices asked for.
+func (c *commonFields) choices() int {
+	if c.N == nil {
+		return 1
+	}
+	return *c.N
 }
 
 // chat converts a chat completion request.

@@ -22,6 +22,13 @@ type format struct {
 	prefix       []byte      // a stream chunk up to and including `"choices":[`
 	textOffset   int         // completions' logprobs text_offset
 	tools        *toolStream // set when replies are parsed for tool calls
+	index        int         // the choice's index (n > 1)
+}
+
+// openChoice appends `{"index":N` for the format's choice.
+func (f *format) openChoice(b []byte) []byte {
+	b = append(b, `{"index":`...)
+	return strconv.AppendInt(b, int64(f.index), 10)
 }
 
 func newFormat(chat bool, id string, created int64, model string, logprobs, includeUsage bool) *format {
@@ -43,7 +50,8 @@ func newFormat(chat bool, id string, created int64, model string, logprobs, incl
 // roleChunk is the chat stream's first chunk, carrying the role.
 func (f *format) roleChunk(b []byte) []byte {
 	b = append(b, f.prefix...)
-	b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	b = f.openChoice(b)
+	b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
 	return f.end(b)
 }
 
@@ -52,11 +60,11 @@ func (f *format) roleChunk(b []byte) []byte {
 func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
-		b = append(b, `{"index":0,"delta":{"content":`...)
+		b = append(f.openChoice(b), `,"delta":{"content":`...)
 		b = appendString(b, c.Text)
 		b = append(b, `},"logprobs":`...)
 	} else {
-		b = append(b, `{"index":0,"text":`...)
+		b = append(f.openChoice(b), `,"text":`...)
 		b = appendString(b, c.Text)
 		b = append(b, `,"logprobs":`...)
 	}
@@ -74,9 +82,9 @@ func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 func (f *format) finishChunk(b []byte, finish api.FinishReason) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
-		b = append(b, `{"index":0,"delta":{},"logprobs":null,"finish_reason":`...)
+		b = append(f.openChoice(b), `,"delta":{},"logprobs":null,"finish_reason":`...)
 	} else {
-		b = append(b, `{"index":0,"text":"","logprobs":null,"finish_reason":`...)
+		b = append(f.openChoice(b), `,"text":"","logprobs":null,"finish_reason":`...)
 	}
 	b = appendString(b, string(finish))
 	b = append(b, "}]"...)
@@ -208,7 +216,7 @@ func (f *format) body(text string, chunks []api.Chunk, finish api.FinishReason, 
 	if f.logprobs {
 		lp = f.logprobsOf(chunks)
 	}
-	choice := map[string]any{"index": 0, "logprobs": lp, "finish_reason": finish}
+	choice := map[string]any{"index": f.index, "logprobs": lp, "finish_reason": finish}
 	object := "text_completion"
 	if f.chat {
 		object = "chat.completion"

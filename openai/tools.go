@@ -212,7 +212,7 @@ func (f *format) toolCallChunks(b []byte, calls []toolcall.Call) ([][]byte, erro
 			if err != nil {
 				return nil, err
 			}
-			c := append(append([]byte(nil), f.prefix...), `{"index":0,"delta":`...)
+			c := append(f.openChoice(append([]byte(nil), f.prefix...)), `,"delta":`...)
 			c = append(c, delta...)
 			c = append(c, `,"logprobs":null,"finish_reason":null}]`...)
 			out = append(out, f.end(c))
