@@ -78,3 +78,47 @@ func TestNodeClient(t *testing.T) {
 		t.Errorf("models: %s", out)
 	}
 }
+
+// TestNodeToolCalls runs testdata/tools.mjs: forced tool calls (whole and
+// streamed), the call and a tool message sent back, and a json_schema
+// response_format, through the npm openai client.
+func TestNodeToolCalls(t *testing.T) {
+	node, modules := nodeClient(t)
+	base := startServer(t)
+	script, err := filepath.Abs("testdata/tools.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), node, script, modules, base)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("node tools: %v\n%s\n%s", err, out, stderr)
+	}
+	var got struct {
+		Finish, Name, Args, ID               string
+		StreamedName, StreamedArgs, StreamID string
+		StreamFinish                         string
+		StreamIndex                          int
+		NextFinish, Structured               string
+		StructuredFin                        string `json:"structuredFinish"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	val := compileSchema(t, weatherParams)
+	validate(t, val, got.Args)
+	validate(t, val, got.StreamedArgs)
+	validate(t, val, got.Structured)
+	switch {
+	case got.Finish != "tool_calls" || got.Name != "get_weather" || got.ID == "":
+		t.Errorf("whole call: %s", out)
+	case got.StreamFinish != "tool_calls" || got.StreamedName != "get_weather" || got.StreamIndex != 0 || got.StreamID == "":
+		t.Errorf("streamed call: %s", out)
+	case got.NextFinish == "" || got.StructuredFin != "stop":
+		t.Errorf("follow-up or structured output: %s", out)
+	}
+}

@@ -62,6 +62,9 @@ type chatMessage struct {
 	Name       string           `json:"name"`
 	ToolCalls  []map[string]any `json:"tool_calls"`
 	ToolCallID string           `json:"tool_call_id"`
+	// Refusal comes back on assistant messages a client resends as it
+	// received them; it carries no prompt text.
+	Refusal *string `json:"refusal"`
 }
 
 type responseFormat struct {
