@@ -35,6 +35,7 @@ type reply struct {
 	Top      [][][2]float64 `json:"top"`
 	Reused   int            `json:"reused"`
 	Info     *wireInfo      `json:"info"`
+	Warmed   []int          `json:"batch_sizes"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`
@@ -53,6 +54,8 @@ type wireInfo struct {
 	MaxBatch      int     `json:"max_batch"`
 	Device        string  `json:"device"`
 	DType         string  `json:"dtype"`
+	WeightBytes   int64   `json:"weight_bytes"`
+	KVBytes       int64   `json:"kv_bytes"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)
