@@ -179,13 +179,16 @@ func TestGoSDKToolCalls(t *testing.T) {
 
 		stream := client.Chat.Completions.NewStreaming(ctx, p)
 		var acc oai.ChatCompletionAccumulator
-		sawIndex := false
+		sawIndex, argDeltas := false, 0
 		for stream.Next() {
 			ch := stream.Current()
 			acc.AddChunk(ch)
 			for _, d := range ch.Choices {
 				for _, tc := range d.Delta.ToolCalls {
 					sawIndex = sawIndex || tc.JSON.Index.Valid()
+					if tc.Function.Arguments != "" {
+						argDeltas++
+					}
 				}
 			}
 		}
@@ -196,6 +199,9 @@ func TestGoSDKToolCalls(t *testing.T) {
 		sc := acc.Choices[0]
 		if sc.FinishReason != "tool_calls" || len(sc.Message.ToolCalls) != 1 || !sawIndex {
 			t.Fatalf("streamed choice %d: finish %q, calls %+v", i, sc.FinishReason, sc.Message.ToolCalls)
+		}
+		if call.Function.Name == "get_weather" && argDeltas < 3 {
+			t.Errorf("arguments came in %d deltas: not streamed", argDeltas)
 		}
 		if sc.Message.ToolCalls[0].Function.Name != call.Function.Name || sc.Message.ToolCalls[0].Function.Arguments != call.Function.Arguments {
 			t.Fatalf("streamed call %+v, whole call %+v", sc.Message.ToolCalls[0].Function, call.Function)

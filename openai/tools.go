@@ -127,22 +127,40 @@ func toolCalls(calls []toolcall.Call) []toolCall {
 }
 
 // toolStream holds back streamed text that may be a tool call, releasing
-// the rest as content; the held text is parsed when the stream ends.
+// the rest as content. A forced call streams: its opening delta (id,
+// name) once the name is complete, then its arguments as they come; other
+// held text is parsed when the stream ends.
 type toolStream struct {
 	f      toolcall.Format
 	forced bool
 	held   strings.Builder
 	locked bool // everything from here on is held
 	text   strings.Builder
+
+	opened bool   // a forced call's opening delta went out
+	argsAt int    // where its arguments start in held
+	sent   int    // bytes of arguments sent
+	id     string // its id
+}
+
+// toolDelta is one streamed piece of a call: its opening (id and name)
+// or more of its arguments.
+type toolDelta struct {
+	id, name, args string
 }
 
 const hermesOpen = "<tool_call>"
 
-// feed takes a text delta and returns the text safe to send as content.
-func (t *toolStream) feed(delta string) string {
-	if t.forced || t.locked {
+// feed takes a text delta and returns the text safe to send as content
+// and the call deltas ready to send.
+func (t *toolStream) feed(delta string) (string, []toolDelta) {
+	if t.forced {
 		t.held.WriteString(delta)
-		return ""
+		return "", t.forcedDeltas()
+	}
+	if t.locked {
+		t.held.WriteString(delta)
+		return "", nil
 	}
 	all := t.held.String() + delta
 	t.held.Reset()
@@ -150,25 +168,57 @@ func (t *toolStream) feed(delta string) string {
 		if i := strings.Index(all, hermesOpen); i >= 0 {
 			t.held.WriteString(all[i:])
 			t.locked = true
-			return t.emit(all[:i])
+			return t.emit(all[:i]), nil
 		}
 		// Hold the longest suffix that may begin the opener.
 		for j := max(0, len(all)-len(hermesOpen)); j < len(all); j++ {
 			if strings.HasPrefix(hermesOpen, all[j:]) {
 				t.held.WriteString(all[j:])
-				return t.emit(all[:j])
+				return t.emit(all[:j]), nil
 			}
 		}
-		return t.emit(all)
+		return t.emit(all), nil
 	}
 	if t.text.Len() == 0 && t.f.MayStart(all) {
 		t.held.WriteString(all)
 		if strings.TrimSpace(all) != "" && !strings.HasPrefix(strings.TrimSpace(all), "<") {
 			t.locked = true
 		}
-		return ""
+		return "", nil
 	}
-	return t.emit(all)
+	return t.emit(all), nil
+}
+
+// forcedDeltas streams a forced call: everything before the last "}" of
+// its arguments so far is arguments (the call's own closing brackets
+// and the whitespace before them come only after).
+func (t *toolStream) forcedDeltas() []toolDelta {
+	all := t.held.String()
+	var out []toolDelta
+	if !t.opened {
+		name, at, ok := toolcall.ForcedHead(all)
+		if !ok {
+			return nil
+		}
+		t.opened, t.argsAt, t.id = true, at, callID()
+		out = append(out, toolDelta{id: t.id, name: name})
+	}
+	args := all[t.argsAt:]
+	if t.sent == 0 { // whitespace before the arguments is not theirs
+		trimmed := strings.TrimLeft(args, " \t\r\n")
+		t.argsAt += len(args) - len(trimmed)
+		args = trimmed
+	}
+	safe := strings.LastIndexByte(args, '}')
+	if safe < 0 {
+		safe = len(args)
+	}
+	safe = len(strings.TrimRight(args[:safe], " \t\r\n"))
+	if safe > t.sent {
+		out = append(out, toolDelta{args: args[t.sent:safe]})
+		t.sent = safe
+	}
+	return out
 }
 
 func (t *toolStream) emit(s string) string {
@@ -176,22 +226,48 @@ func (t *toolStream) emit(s string) string {
 	return s
 }
 
-// finish parses what was held: the calls found, and held text that
-// turned out to be content.
-func (t *toolStream) finish() (string, []toolcall.Call) {
+// finish parses what was held: held text that turned out to be content,
+// the calls found, and for a streamed forced call the rest of its
+// arguments (its calls were already announced).
+func (t *toolStream) finish() (string, []toolcall.Call, []toolDelta) {
 	held := t.held.String()
 	t.held.Reset()
 	if held == "" {
-		return "", nil
+		return "", nil, nil
 	}
 	content, calls := t.f.Parse(held, t.forced)
-	if len(calls) == 0 {
-		if t.forced {
-			return "", nil // a forced call cut short by max_tokens
+	if t.forced {
+		if len(calls) != 1 || !t.opened {
+			return "", nil, nil // a forced call cut short by max_tokens
 		}
-		return held, nil
+		var tail []toolDelta
+		if a := calls[0].Arguments; len(a) > t.sent {
+			tail = append(tail, toolDelta{args: a[t.sent:]})
+		}
+		return "", calls, tail
 	}
-	return content, calls
+	if len(calls) == 0 {
+		return held, nil, nil
+	}
+	return content, calls, nil
+}
+
+// deltaChunk sends one toolDelta of call 0.
+func (f *format) deltaChunk(d toolDelta) ([]byte, error) {
+	idx := 0
+	tc := toolCall{Index: &idx, ID: d.id}
+	if d.id != "" {
+		tc.Type = "function"
+	}
+	tc.Function.Name, tc.Function.Arguments = d.name, d.args
+	delta, err := json.Marshal(map[string]any{"tool_calls": []toolCall{tc}})
+	if err != nil {
+		return nil, err
+	}
+	c := append(f.openChoice(append([]byte(nil), f.prefix...)), `,"delta":`...)
+	c = append(c, delta...)
+	c = append(c, `,"logprobs":null,"finish_reason":null}]`...)
+	return f.end(c), nil
 }
 
 // toolCallChunks sends the calls as chat.completion.chunk deltas: one

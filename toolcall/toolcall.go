@@ -313,11 +313,28 @@ func callOf(raw []byte, key string) (Call, bool) {
 	if json.Unmarshal(args, &s) == nil {
 		return Call{Name: name, Arguments: s}, true
 	}
-	var compact bytes.Buffer
-	if json.Compact(&compact, args) != nil {
+	if !json.Valid(args) {
 		return Call{}, false
 	}
-	return Call{Name: name, Arguments: compact.String()}, true
+	return Call{Name: name, Arguments: string(bytes.TrimSpace(args))}, true
+}
+
+// callHead matches the start of a forced call up to its arguments:
+// `{"name": "f", "arguments": ` (or "parameters"; Mistral's in a list).
+var callHead = regexp.MustCompile(`^\s*\[?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*`)
+
+// ForcedHead reads the start of a forced call's text: once the name and
+// the arguments key are complete it returns the name and the offset where
+// the arguments begin.
+func ForcedHead(text string) (name string, argsAt int, ok bool) {
+	m := callHead.FindStringSubmatchIndex(text)
+	if m == nil {
+		return "", 0, false
+	}
+	if json.Unmarshal([]byte(text[m[2]:m[3]]), &name) != nil {
+		return "", 0, false
+	}
+	return name, m[1], true
 }
 
 // MayStart reports whether text (the output so far) may be the start of

@@ -18,17 +18,17 @@ func TestParse(t *testing.T) {
 		calls   []Call
 	}{
 		{Hermes, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", false,
-			"Let me check.", []Call{{"get_weather", `{"city":"Paris"}`}}},
+			"Let me check.", []Call{{"get_weather", `{"city": "Paris"}`}}},
 		{Hermes, "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>{\"name\":\"b\",\"arguments\":{\"x\":1}}</tool_call>", false,
 			"", []Call{{"a", `{}`}, {"b", `{"x":1}`}}},
 		{Hermes, "{\"name\":\"a\",\"arguments\":{\"k\":[1,2]}}", true, "", []Call{{"a", `{"k":[1,2]}`}}},
 		{Hermes, "no call here", false, "no call here", nil},
 		{Hermes, "<tool_call>{broken</tool_call>", false, "<tool_call>{broken</tool_call>", nil},
 		{Llama3, `<|python_tag|>{"name": "f", "parameters": {"a": "b"}}; {"name": "g", "parameters": {}}`, false,
-			"", []Call{{"f", `{"a":"b"}`}, {"g", `{}`}}},
-		{Llama3, `{"name": "f", "parameters": {"a": 1}}`, true, "", []Call{{"f", `{"a":1}`}}},
+			"", []Call{{"f", `{"a": "b"}`}, {"g", `{}`}}},
+		{Llama3, `{"name": "f", "parameters": {"a": 1}}`, true, "", []Call{{"f", `{"a": 1}`}}},
 		{Llama3, `The answer is {not json}`, false, `The answer is {not json}`, nil},
-		{Mistral, `[TOOL_CALLS] [{"name": "f", "arguments": {"q": "x"}}]`, false, "", []Call{{"f", `{"q":"x"}`}}},
+		{Mistral, `[TOOL_CALLS] [{"name": "f", "arguments": {"q": "x"}}]`, false, "", []Call{{"f", `{"q": "x"}`}}},
 		{Mistral, `[{"name": "f", "arguments": "{\"q\":1}"}]`, true, "", []Call{{"f", `{"q":1}`}}},
 	}
 	for _, c := range cases {
@@ -116,5 +116,20 @@ func TestForcedCallsParse(t *testing.T) {
 	}
 	if _, err := Hermes.Schema(tools, "missing"); !errors.Is(err, ErrBadTool) {
 		t.Errorf("unknown named tool: %v", err)
+	}
+}
+
+func TestForcedHead(t *testing.T) {
+	for text, want := range map[string]string{
+		`{"name": "get_weather", "arguments": {"ci`: "get_weather",
+		` [ {"name":"f\"x","parameters":`:          `f"x`,
+	} {
+		name, at, ok := ForcedHead(text)
+		if !ok || name != want || at > len(text) {
+			t.Errorf("ForcedHead(%q) = %q, %d, %v", text, name, at, ok)
+		}
+	}
+	if _, _, ok := ForcedHead(`{"name": "get_wea`); ok {
+		t.Error("ForcedHead matched an unfinished name")
 	}
 }
