@@ -122,7 +122,7 @@ func TestForcedCallsParse(t *testing.T) {
 func TestForcedHead(t *testing.T) {
 	for text, want := range map[string]string{
 		`{"name": "get_weather", "arguments": {"ci`: "get_weather",
-		` [ {"name":"f\"x","parameters":`:          `f"x`,
+		` [ {"name":"f\"x","parameters":`:           `f"x`,
 	} {
 		name, at, ok := ForcedHead(text)
 		if !ok || name != want || at > len(text) {
