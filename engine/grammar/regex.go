@@ -374,3 +374,16 @@ func partialRange(buf []byte, next0, next1 byte, need int) (rune, rune) {
 	}
 	return decodeRune(lo), decodeRune(hi)
 }
+
+// formats maps the string formats OpenAI's structured outputs accept to
+// patterns that generate only valid values.
+var formats = map[string]string{
+	"date-time": `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
+	"date":      `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])$`,
+	"time":      `^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
+	"duration":  `^P(\d{1,4}D)?(T(\d{1,4}H)?(\d{1,4}M)?(\d{1,4}S)?)?$`,
+	"email":     `^[a-zA-Z0-9_%+-]{1,30}(\.[a-zA-Z0-9_%+-]{1,16}){0,2}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,8}$`,
+	"hostname":  `^[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}$`,
+	"ipv4":      `^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$`,
+	"uuid":      `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`,
+}

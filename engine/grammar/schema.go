@@ -1,10 +1,7 @@
 package grammar
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
-	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -78,27 +75,6 @@ var annotations = map[string]bool{
 	"$schema": true, "$id": true, "$comment": true, "strict": true,
 	"deprecated": true, "readOnly": true, "writeOnly": true,
 	"$defs": true, "definitions": true, orderKey: true,
-}
-
-func decodeSchema(schema []byte) (map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(schema))
-	dec.UseNumber()
-	v, err := decodeOrdered(dec, 0)
-	if err != nil {
-		return nil, &SchemaError{Reason: "not JSON: " + err.Error()}
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, &SchemaError{Reason: "trailing data after the schema"}
-	}
-	switch s := v.(type) {
-	case map[string]any:
-		return s, nil
-	case bool:
-		if s {
-			return map[string]any{}, nil
-		}
-	}
-	return nil, &SchemaError{Reason: "a schema must be a JSON object or true"}
 }
 
 func (c *compiler) compile(v any, path string) (*node, error) {
@@ -405,19 +381,6 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 	return n, nil
 }
 
-// formats maps the string formats OpenAI's structured outputs accept to
-// patterns that generate only valid values.
-var formats = map[string]string{
-	"date-time": `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
-	"date":      `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])$`,
-	"time":      `^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
-	"duration":  `^P(\d{1,4}D)?(T(\d{1,4}H)?(\d{1,4}M)?(\d{1,4}S)?)?$`,
-	"email":     `^[a-zA-Z0-9_%+-]{1,30}(\.[a-zA-Z0-9_%+-]{1,16}){0,2}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,8}$`,
-	"hostname":  `^[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}$`,
-	"ipv4":      `^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$`,
-	"uuid":      `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`,
-}
-
 func intRange(s map[string]any, lo, hi, path string) (int, int, error) {
 	get := func(k string, def int) (int, error) {
 		v, ok := s[k]
@@ -525,89 +488,6 @@ func (c *compiler) resolve(ref, path string) (*node, error) {
 	return n, nil
 }
 
-func canonical(v any) (string, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(stripOrder(v)); err != nil {
-		return "", err
-	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
-}
-
 func escapePointer(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
-}
-
-// orderKey holds, in every decoded object, its keys in document order:
-// properties are generated in the order the schema lists them.
-const orderKey = "\x00order"
-
-func decodeOrdered(dec *json.Decoder, depth int) (any, error) {
-	if depth > 128 {
-		return nil, errors.New("nested deeper than 128 levels")
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	switch d := tok.(type) {
-	case json.Delim:
-		switch d {
-		case '{':
-			m := map[string]any{}
-			var order []string
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				k, _ := kt.(string)
-				v, err := decodeOrdered(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				if _, dup := m[k]; !dup {
-					order = append(order, k)
-				}
-				m[k] = v
-			}
-			m[orderKey] = order
-			_, err := dec.Token()
-			return m, err
-		case '[':
-			list := []any{}
-			for dec.More() {
-				v, err := decodeOrdered(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				list = append(list, v)
-			}
-			_, err := dec.Token()
-			return list, err
-		}
-	}
-	return tok, nil
-}
-
-// stripOrder removes orderKey entries, for re-encoding values.
-func stripOrder(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			if k != orderKey {
-				out[k] = stripOrder(e)
-			}
-		}
-		return out
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = stripOrder(e)
-		}
-		return out
-	}
-	return v
 }
