@@ -68,6 +68,7 @@ type Sequence struct {
 	cached      int
 	preemptions int
 	mask        []uint64 // the Constraint's mask for the next sample
+	maskReady   bool     // mask was filled for this step
 }
 
 // Constraint restricts which tokens a sequence may sample, one step at a

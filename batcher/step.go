@@ -3,7 +3,10 @@ package batcher
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -18,6 +21,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	budget := b.cfg.tokenBudget
 	decode, prefill := 0, 0
 	dead := false
+	b.fillMasks()
 	for _, e := range b.running {
 		s := e.Value
 		if s.fed == len(s.feed) {
@@ -252,10 +256,10 @@ func (b *ContinuousBatcher) allowed(s *Sequence) (mask []uint64, ok bool) {
 	if s.Constraint == nil {
 		return nil, true
 	}
-	if s.mask == nil {
-		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
+	if !s.maskReady {
+		b.fillMask(s)
 	}
-	s.Constraint.FillMask(s.mask)
+	s.maskReady = false
 	for _, w := range s.mask {
 		if w != 0 {
 			return s.mask, true
@@ -267,4 +271,48 @@ func (b *ContinuousBatcher) allowed(s *Sequence) (mask []uint64, ok bool) {
 	}
 	b.finish(s, api.FinishLength, tail, time.Now())
 	return nil, false
+}
+
+// fillMasks computes the masks of the constrained sequences that sample
+// this step, on up to GOMAXPROCS goroutines: each sequence's constraint is
+// its own, and grammar vocabularies are safe for concurrent use. The
+// goroutines end before it returns.
+func (b *ContinuousBatcher) fillMasks() {
+	todo := b.maskSeqs[:0]
+	for _, e := range b.running {
+		if s := e.Value; s.Constraint != nil && s.fed == len(s.feed) {
+			todo = append(todo, s)
+		}
+	}
+	b.maskSeqs = todo
+	workers := min(len(todo), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for _, s := range todo {
+			b.fillMask(s)
+		}
+		return
+	}
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(todo) {
+					return
+				}
+				b.fillMask(todo[i])
+			}
+		})
+	}
+	wg.Wait()
+	clear(todo)
+}
+
+func (b *ContinuousBatcher) fillMask(s *Sequence) {
+	if s.mask == nil {
+		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
+	}
+	s.Constraint.FillMask(s.mask)
+	s.maskReady = true
 }
