@@ -143,7 +143,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		fs[i].index = i
 		if req.tools {
 			hd := st.Header()
-			fs[i].tools = &toolStream{f: toolcall.Format(hd.ToolFormat), forced: hd.ToolForced}
+			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
 		}
 	}
 	if len(sts) == 1 {

@@ -95,7 +95,7 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 		if err := s.deltas(f, tail); err != nil {
 			return err
 		}
-		if len(calls) > 0 && f.tools.opened {
+		if len(calls) > 0 && f.tools.streamed {
 			finish = "tool_calls"
 		} else if len(calls) > 0 {
 			chunks, err := f.toolCallChunks(s.buf[:0], calls)

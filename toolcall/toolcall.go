@@ -358,3 +358,7 @@ func (f Format) MayStart(text string) bool {
 	}
 	return strings.HasPrefix(t, open) || strings.HasPrefix(open, t)
 }
+
+// ParseCall reads one call object {"name": ..., "arguments"|"parameters":
+// {...}}.
+func ParseCall(raw string) (Call, bool) { return callOf([]byte(raw), "arguments") }
