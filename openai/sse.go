@@ -98,14 +98,8 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 		if len(calls) > 0 && f.tools.streamed {
 			finish = "tool_calls"
 		} else if len(calls) > 0 {
-			chunks, err := f.toolCallChunks(s.buf[:0], calls)
-			if err != nil {
+			if err := s.deltas(f, callDeltas(calls)); err != nil {
 				return err
-			}
-			for _, b := range chunks {
-				if err := s.send(b); err != nil {
-					return err
-				}
 			}
 			finish = "tool_calls"
 		}

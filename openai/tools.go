@@ -3,7 +3,6 @@ package openai
 import (
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"strings"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -126,32 +125,12 @@ func toolCalls(calls []toolcall.Call) []toolCall {
 	return out
 }
 
-// toolCallChunks sends the calls as chat.completion.chunk deltas: one
-// opening each call (id, type, name), one with its arguments.
-func (f *format) toolCallChunks(b []byte, calls []toolcall.Call) ([][]byte, error) {
-	var out [][]byte
-	for i, tc := range toolCalls(calls) {
-		idx := i
-		open := tc
-		open.Index = &idx
-		args := open.Function.Arguments
-		open.Function.Arguments = ""
-		for _, d := range []toolCall{open, {Index: &idx}} {
-			if d.ID == "" {
-				d.Function.Arguments = args
-			}
-			delta, err := json.Marshal(map[string]any{"tool_calls": []toolCall{d}})
-			if err != nil {
-				return nil, err
-			}
-			c := append(f.openChoice(append([]byte(nil), f.prefix...)), `,"delta":`...)
-			c = append(c, delta...)
-			c = append(c, `,"logprobs":null,"finish_reason":null}]`...)
-			out = append(out, f.end(c))
-		}
+// callDeltas turns whole calls into stream deltas: one opening each call
+// (index, id, type, name), one with its arguments.
+func callDeltas(calls []toolcall.Call) []toolDelta {
+	var out []toolDelta
+	for i, c := range calls {
+		out = append(out, toolDelta{index: i, id: callID(), name: c.Name}, toolDelta{index: i, args: c.Arguments})
 	}
-	if len(out) == 0 {
-		return nil, errors.New("no calls")
-	}
-	return out, nil
+	return out
 }
