@@ -156,7 +156,7 @@ func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p a
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
 	}
 	if len(p.JSONSchema) > 0 {
-		c, err := m.constraint(p.JSONSchema)
+		c, err := m.constraint(p.JSONSchema, s.cfg.grammarLimits)
 		if err != nil {
 			return nil, err
 		}

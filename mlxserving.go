@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -92,6 +93,7 @@ type config struct {
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
 	managerOpts   []prewarm.ManagerOption
+	grammarLimits grammar.Limits
 }
 
 func defaultConfig() config {

@@ -32,6 +32,12 @@ type Limits struct {
 	MaxFracDigits int
 }
 
+// Validate refuses negative fields.
+func (l Limits) Validate() error {
+	_, err := l.withDefaults()
+	return err
+}
+
 func (l Limits) withDefaults() (Limits, error) {
 	fields := []struct {
 		name string
