@@ -13,6 +13,11 @@ import random
 
 import torch
 
+try:
+    import numpy as _np
+except ImportError:  # torch runs without numpy; the bitset path then uses torch ops
+    _np = None
+
 
 def _generator(seq, params, device):
     if seq.gen is None:
@@ -58,13 +63,19 @@ def allowed_mask(x, width, device):
         if "v" in x and x["v"] < width:
             m[int(x["v"]):] = False
     else:
-        raw = base64.b64decode(x["b"])
-        b = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        bits = ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
         m = torch.zeros(width, dtype=torch.bool)
+        bits = _unpack(base64.b64decode(x["b"]))
         n = min(width, bits.shape[0])
         m[:n] = bits[:n]
     return m.to(device)
+
+
+def _unpack(raw):
+    """Bits of raw, least significant first, as a bool tensor."""
+    if _np is not None:
+        return torch.from_numpy(_np.unpackbits(_np.frombuffer(raw, dtype=_np.uint8), bitorder="little").view(_np.bool_))
+    b = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
 
 
 def _adjust(row, seq, params):
