@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -245,10 +246,11 @@ func appendMask(b []byte, mask []uint64, vocab int) []byte {
 		b = append(b, `,"v":`...)
 		return append(strconv.AppendInt(b, int64(vocab), 10), '}')
 	}
-	raw := make([]byte, (vocab+7)/8)
-	for i := range raw {
-		raw[i] = byte(mask[i/8] >> (8 * (i % 8)))
+	raw := make([]byte, 8*words)
+	for i, w := range mask[:words] {
+		binary.LittleEndian.PutUint64(raw[8*i:], w)
 	}
+	raw = raw[:(vocab+7)/8]
 	if vocab%8 != 0 {
 		raw[len(raw)-1] &= 1<<(vocab%8) - 1
 	}
@@ -257,18 +259,26 @@ func appendMask(b []byte, mask []uint64, vocab int) []byte {
 	return append(b, `"}`...)
 }
 
-// appendIDs writes the ids whose bit equals set, then "]".
+// appendIDs writes the ids below vocab whose bit equals set, then "]".
 func appendIDs(b []byte, mask []uint64, vocab int, set bool) []byte {
 	first := true
-	for id := 0; id < vocab; id++ {
-		if (mask[id>>6]&(1<<(id&63)) != 0) != set {
-			continue
+	for i := 0; i < engine.MaskWords(vocab); i++ {
+		w := mask[i]
+		if !set {
+			w = ^w
 		}
-		if !first {
-			b = append(b, ',')
+		for w != 0 {
+			id := i*64 + bits.TrailingZeros64(w)
+			w &= w - 1
+			if id >= vocab {
+				break
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = strconv.AppendInt(b, int64(id), 10)
 		}
-		first = false
-		b = strconv.AppendInt(b, int64(id), 10)
 	}
 	return append(b, ']')
 }
