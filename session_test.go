@@ -11,6 +11,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/session"
 )
 
@@ -184,5 +185,47 @@ func TestConcurrentTurnsOfOneSession(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+	}
+}
+
+// TestMintedSessionsMerge: with request merging on, requests that only ask
+// for a minted session still merge; each gets its own id, and the
+// leader's id holds the generation's KV for its next turn.
+func TestMintedSessionsMerge(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0)}, mlxserving.WithMerging())
+	r := req(20, seq(13, 30)...)
+	r.NewSession = true
+	var streams []*api.Stream
+	for range 4 {
+		st, err := f.srv.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	ids := map[string]bool{}
+	leader := ""
+	var res api.Result
+	for _, st := range streams {
+		got, err := st.Collect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := st.Header()
+		ids[h.Session] = true
+		if h.Cache == "miss" {
+			leader, res = h.Session, got
+		}
+	}
+	if len(ids) != 4 || leader == "" {
+		t.Fatalf("sessions %v, leader %q: want 4 distinct ids and one miss", ids, leader)
+	}
+	if s := f.sim.Stats(); s.Sampled != 20 {
+		t.Fatalf("%d tokens sampled for 4 merged requests of 20", s.Sampled)
+	}
+	next := req(3, append(append(seq(13, 30), res.Tokens[:5]...), 1, 2)...)
+	next.Session = leader
+	if got, _ := run(t, f.srv, next); got.Usage.CachedTokens != 35 {
+		t.Fatalf("the leader's next turn reused %d tokens, want 35", got.Usage.CachedTokens)
 	}
 }
