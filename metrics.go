@@ -51,6 +51,8 @@ type metrics struct {
 	promptTok    metric.Int64Counter
 	genTok       metric.Int64Counter
 	cachedTok    metric.Int64Counter
+	prefixQuery  metric.Int64Counter
+	prefixHit    metric.Int64Counter
 	preemptions  metric.Int64Counter
 	batchSize    metric.Int64Histogram
 	stepLatency  metric.Float64Histogram
@@ -97,6 +99,8 @@ func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
 	m.promptTok = counter("mlxserving.tokens.prompt", "Prompt tokens of finished requests.", "{token}")
 	m.genTok = counter("mlxserving.tokens.generated", "Generated tokens of finished requests.", "{token}")
 	m.cachedTok = counter("mlxserving.prefix_cache.tokens", "Prompt tokens served from a saved KV prefix instead of prefill.", "{token}")
+	m.prefixQuery = counter("mlxserving.prefix_cache.queries", "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", "{token}")
+	m.prefixHit = counter("mlxserving.prefix_cache.hits", "Prompt tokens found in the prefix cache (vLLM's prefix_cache_hits).", "{token}")
 	m.preemptions = counter("mlxserving.preemptions", "Sequences evicted and recomputed (preemption or a lost worker).", "{preemption}")
 	bs, err := meter.Int64Histogram("mlxserving.batch.size", metric.WithDescription("Sequences per engine step."),
 		metric.WithUnit("{sequence}"), metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -217,6 +221,8 @@ func (m *metrics) finished(model string, tier api.Tier, u *api.Usage, err error)
 	}
 	m.promptTok.Add(ctx, int64(u.PromptTokens), byModel)
 	m.genTok.Add(ctx, int64(u.CompletionTokens), byModel)
+	m.prefixQuery.Add(ctx, int64(u.PromptTokens), byModel)
+	m.prefixHit.Add(ctx, int64(u.CachedTokens), byModel)
 	if u.CachedTokens > 0 {
 		m.cachedTok.Add(ctx, int64(u.CachedTokens), byModel)
 	}

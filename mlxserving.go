@@ -15,10 +15,12 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/session"
 )
 
 // Errors of the Server itself. Errors from lower layers (engine, scheduler,
@@ -43,9 +45,10 @@ var (
 // A Server is safe for concurrent use. The engine stays the caller's: Close
 // unloads the Server's models but does not close the engine.
 type Server struct {
-	eng     engine.Engine
-	cfg     config
-	metrics *metrics
+	eng      engine.Engine
+	cfg      config
+	metrics  *metrics
+	sessions *session.Registry
 
 	merger *merge.Merger // nil when merging is off
 	loads  atomic.Uint64 // model loads, for revisions
@@ -89,7 +92,17 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
+	if s.sessions, err = s.newRegistry(); err != nil {
+		if m.registration != nil {
+			_ = m.registration.Unregister()
+		}
+		if s.merger != nil {
+			s.merger.Close()
+		}
+		return nil, fmt.Errorf("mlxserving: session options: %w", err)
+	}
 	if s.mgr, err = newManager(s, &cfg); err != nil {
+		s.sessions.Close()
 		if m.registration != nil {
 			_ = m.registration.Unregister()
 		}
@@ -109,10 +122,14 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	sessionOpts   []session.Option
+	cacheOpts     []session.CacheOption
+	noPrefixCache bool
 	deadlines     retry.Deadlines
 	merging       bool
 	mergeOpts     []merge.Option
 	managerOpts   []prewarm.ManagerOption
+	grammarLimits grammar.Limits
 }
 
 func defaultConfig() config {
@@ -178,6 +195,9 @@ func (s *Server) Models() []engine.Info {
 type ModelStats struct {
 	Batcher batcher.Stats
 	Queue   scheduler.Stats
+	// PrefixCache counts prompt tokens looked up and reused from saved KV
+	// (cached tokens) and what is saved; zero with WithoutPrefixCache.
+	PrefixCache session.CacheStats
 	// Breakers are the circuit breakers of the engine's workers, when the
 	// engine has them (pyproc does).
 	Breakers []retry.Status
@@ -201,7 +221,7 @@ func (s *Server) Stats() map[string]ModelStats {
 		if m == nil {
 			continue
 		}
-		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), Breakers: breakers}
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), Breakers: breakers, PrefixCache: m.prefixStats()}
 	}
 	return out
 }
@@ -219,6 +239,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, m := range models {
 		errs = append(errs, m.shutdown(ctx))
 	}
+	s.sessions.Close()
 	if s.merger != nil {
 		s.merger.Close() // its generations have ended with their models
 	}

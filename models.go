@@ -15,6 +15,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/session"
 )
 
 // model is one loaded model with its queue and batcher.
@@ -25,9 +26,11 @@ type model struct {
 	eos     []int32              // the tokenizer's end tokens the engine does not already stop on
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
+	cache   *session.PrefixCache // nil with WithoutPrefixCache
 	// revision tells this load of the id from every other, so merged and
 	// cached responses never cross loads of different checkpoints.
 	revision string
+	vocab    vocabOnce    // the tokenizer's vocabulary for constrained decoding
 	active   atomic.Int64 // requests from acquire to the end of their sequence
 }
 
@@ -107,8 +110,16 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 		_ = em.Close()
 		return nil, err
 	}
+	run := em
+	if !s.cfg.noPrefixCache {
+		if m.cache, err = session.NewPrefixCache(em, append([]session.CacheOption{session.WithOnLost(s.lostKey), session.WithOnSaved(s.savedKey)}, s.cfg.cacheOpts...)...); err != nil {
+			_ = em.Close()
+			return nil, err
+		}
+		run = m.cache
+	}
 	opts := append([]batcher.Option{batcher.WithLogger(s.cfg.logger), batcher.WithStepObserver(s.metrics.stepObserver(spec.ID))}, s.cfg.batcherOpts...)
-	if m.batcher, err = batcher.New(em, m.queue, opts...); err != nil {
+	if m.batcher, err = batcher.New(run, m.queue, opts...); err != nil {
 		_ = em.Close()
 		return nil, err
 	}

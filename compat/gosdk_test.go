@@ -129,7 +129,7 @@ func TestGoSDKErrors(t *testing.T) {
 	}{
 		{"unknown model", func(p *oai.ChatCompletionNewParams) { p.Model = "gpt-4o" }, nil, http.StatusNotFound, "model", "model_not_found"},
 		{"temperature", func(p *oai.ChatCompletionNewParams) { p.Temperature = oai.Float(5) }, nil, http.StatusBadRequest, "temperature", "invalid_value"},
-		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(3) }, nil, http.StatusBadRequest, "n", "unsupported_value"},
+		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(9) }, nil, http.StatusBadRequest, "n", "invalid_value"},
 		{"context", func(p *oai.ChatCompletionNewParams) { p.MaxTokens = oai.Int(100000) }, nil, http.StatusBadRequest, "messages", "context_length_exceeded"},
 		{"tier", func(*oai.ChatCompletionNewParams) {}, []option.RequestOption{option.WithHeader("X-Priority", "urgent")}, http.StatusBadRequest, "priority", "invalid_value"},
 	}
@@ -157,4 +157,43 @@ func TestGoSDKErrors(t *testing.T) {
 		t.Fatalf("stream error %v", err)
 	}
 	_ = stream.Close()
+}
+
+// TestGoSDKCachedTokens: through openai-go, a conversation's second turn
+// (sent with the X-Session-ID the first response returned) and a second
+// user with the same system prompt and no session report cached tokens.
+func TestGoSDKCachedTokens(t *testing.T) {
+	client := newClient(startServer(t))
+	ctx := context.Background()
+	system := oai.SystemMessage(strings.Repeat("You answer briefly and never use lists. ", 6))
+	params := func(msgs ...oai.ChatCompletionMessageParamUnion) oai.ChatCompletionNewParams {
+		return oai.ChatCompletionNewParams{Model: "tiny", Messages: append([]oai.ChatCompletionMessageParamUnion{system}, msgs...),
+			MaxTokens: oai.Int(8), Temperature: oai.Float(0)}
+	}
+	var hdr *http.Response
+	first, err := client.Chat.Completions.New(ctx, params(oai.UserMessage("Name a color.")), option.WithResponseInto(&hdr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := hdr.Header.Get("X-Session-ID")
+	if id == "" {
+		t.Fatal("no X-Session-ID on the response")
+	}
+	second, err := client.Chat.Completions.New(ctx, params(oai.UserMessage("Name a color."),
+		oai.AssistantMessage(first.Choices[0].Message.Content), oai.UserMessage("Another one?")), option.WithHeader("X-Session-ID", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := second.Usage.PromptTokensDetails.CachedTokens; c == 0 {
+		t.Fatalf("second turn: cached_tokens 0 of %d", second.Usage.PromptTokens)
+	}
+	other, err := client.Chat.Completions.New(ctx, params(oai.UserMessage("What is two plus two?")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := other.Usage.PromptTokensDetails.CachedTokens; c == 0 {
+		t.Fatalf("a second user with the same system prompt: cached_tokens 0 of %d", other.Usage.PromptTokens)
+	}
+	t.Logf("cached tokens: second turn %d of %d, second user %d of %d", second.Usage.PromptTokensDetails.CachedTokens,
+		second.Usage.PromptTokens, other.Usage.PromptTokensDetails.CachedTokens, other.Usage.PromptTokens)
 }

@@ -62,11 +62,15 @@ type Model interface {
 	Info() Info
 
 	// Open starts sequence id for the given full prompt. If prefixKey is
-	// non-empty and the engine holds KV saved under that key whose tokens
-	// are a prefix of prompt, the engine attaches that KV and returns how
-	// many prompt tokens it reused; the caller then feeds only
-	// prompt[reused:]. Reuse is never the whole prompt: at least one token
-	// is left to feed, so the first Step has logits to sample from.
+	// non-empty and the engine holds KV saved under that key, the engine
+	// attaches the KV of the longest common prefix of the saved tokens and
+	// prompt (the saved KV truncated to where the two first differ; the
+	// saved entry itself stays intact for later Opens) and returns its
+	// length; the caller then feeds only prompt[reused:]. A saved entry
+	// that shares no first token with prompt, or an unknown key, reuses 0.
+	// Reuse is never the whole prompt: at least one token is left to feed,
+	// so the first Step has logits to sample from. Tokens generated from a
+	// reused prefix equal those of a full prefill.
 	//
 	// Errors: *ContextLengthError when the prompt does not fit the context,
 	// ErrOutOfMemory when the KV cannot be reserved now (retry after other
@@ -88,15 +92,32 @@ type Model interface {
 	Step(ctx context.Context, batch []StepInput) ([]StepOutput, error)
 
 	// Free releases sequence id. If saveKey is non-empty the engine may keep
-	// the sequence's KV (every token it was fed) under saveKey so a later
-	// Open with that key reuses it; saved KV is evicted as memory is needed
-	// and never counts against KVCapacity for admission. Free never fails
-	// for a live model; after Close it is a no-op.
+	// the sequence's KV (every token it was fed) under saveKey, replacing
+	// what was saved under that key, so a later Open with that key reuses
+	// its longest common prefix; saved KV is evicted (least recently used
+	// first) as memory is needed, never blocks admission and never counts
+	// against KVCapacity. Free never fails for a live model; after Close it
+	// is a no-op.
 	Free(id SeqID, saveKey string)
 
 	// Close unloads the model and frees its memory, returning when that is
 	// done. Calls after Close return ErrClosed. Close is idempotent.
 	Close() error
+}
+
+// SavedKV is implemented by models that keep KV saved by Free and let the
+// caller keep an index of it (package session does): which keys the engine
+// dropped on its own, and a way to drop a key the caller no longer wants.
+// Its methods are serialised with Open, Step and Free like them.
+type SavedKV interface {
+	// DropSaved discards the KV saved under key. An unknown key is a no-op.
+	DropSaved(key string)
+	// EvictedSaved returns the keys whose saved KV the engine discarded
+	// on its own since the previous call — evicted for memory or by the
+	// engine's bound on saved entries, or lost with a worker — and
+	// forgets them. Keys replaced by a Free with the same key, or dropped
+	// by DropSaved, are not reported.
+	EvictedSaved() []string
 }
 
 // SeqID names a sequence within one model. The caller picks ids and never
@@ -115,6 +136,13 @@ type StepInput struct {
 	// Params are the sequence's sampling parameters; read when Sample is
 	// set. The pointer is shared across steps and must not be modified.
 	Params *SamplingParams
+	// Allowed, when not nil, restricts this step's sample to the tokens
+	// whose bit is set: bit id%64 of word id/64, at least
+	// MaskWords(VocabSize) words, one bit set at least (constrained
+	// decoding fills it from a grammar). Disallowed tokens get a logit of
+	// minus infinity before log-probabilities and sampling. Read when
+	// Sample is set; the engine does not keep it past Step.
+	Allowed []uint64
 }
 
 // StepOutput is the token sampled for one StepInput with Sample set.
@@ -122,8 +150,18 @@ type StepOutput struct {
 	Seq   SeqID
 	Token int32
 	// Logprob is the token's log-probability under the sampling
-	// distribution's logits (before temperature), when Params.Logprobs
-	// was set; zero otherwise.
+	// distribution's logits (before temperature; after penalties, logit
+	// bias and the allowed mask), when Params.Logprobs was set; zero
+	// otherwise.
+	Logprob float32
+	// Top holds the Params.TopLogprobs most likely tokens, most likely
+	// first, under the same distribution as Logprob; nil when not asked.
+	Top []TokenLogprob
+}
+
+// TokenLogprob is a token and its log-probability.
+type TokenLogprob struct {
+	Token   int32
 	Logprob float32
 }
 

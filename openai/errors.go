@@ -16,6 +16,7 @@ import (
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/session"
 )
 
 // Error types, the "type" field of an error body.
@@ -101,6 +102,8 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
 	case errors.As(err, &invalid):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
+	case errors.Is(err, session.ErrInvalidID):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "session_id", "invalid_value", err.Error())
 	case errors.Is(err, api.ErrUnknownTier):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
 	case errors.As(err, &notFound), errors.Is(err, engine.ErrModelNotFound):

@@ -157,3 +157,48 @@ func checkSeededSampling(tb testing.TB, s *suite) {
 	s.run(tb, s.m, batched...)
 	s.sameAsAlone(tb, "seeded, batched", batched...)
 }
+
+// checkPartialPrefixReuse: an Open whose prompt shares only part of the
+// tokens saved under its key reuses exactly their longest common prefix —
+// the case of a chat template that renders the previous answer differently
+// from the tokens generated — and the tokens equal a full prefill's. The
+// saved entry stays whole for later Opens. Models that implement
+// engine.SavedKV forget a dropped key.
+func checkPartialPrefixReuse(tb testing.TB, s *suite) {
+	first := &plan{id: s.id(), prompt: s.prompt(90, 14), n: 8, save: "conformance-partial"}
+	s.run(tb, s.m, first)
+	hist := first.history() // 21 tokens
+	span := int32(min(s.info.VocabSize, 200))
+	for _, c := range []struct {
+		what   string
+		prompt []int32
+		want   int
+	}{
+		{"diverging after 16 tokens", append(append(slices.Clone(hist[:16]), (hist[16]+1)%span), s.prompt(91, 6)...), 16},
+		{"diverging after 5 tokens", append(append(slices.Clone(hist[:5]), (hist[5]+1)%span), s.prompt(92, 9)...), 5},
+		{"shorter than the saved tokens", slices.Clone(hist[:11]), 10},
+		{"extending the saved tokens", append(slices.Clone(hist), s.prompt(93, 4)...), len(hist)},
+	} {
+		p := &plan{id: s.id(), prompt: c.prompt, n: 6, key: first.save}
+		s.run(tb, s.m, p)
+		if p.reused != c.want {
+			tb.Errorf("%s: a %d-token prompt sharing %d tokens with the %d saved under its key reused %d; want %d",
+				c.what, len(c.prompt), c.want, len(hist), p.reused, c.want)
+		}
+		s.sameAsAlone(tb, "partial prefix reuse, "+c.what, p)
+	}
+	sk, ok := s.m.(engine.SavedKV)
+	if !ok {
+		return
+	}
+	sk.DropSaved(first.save)
+	sk.DropSaved("conformance-never-saved")
+	p := &plan{id: s.id(), prompt: append(slices.Clone(hist), s.prompt(94, 3)...), n: 4, key: first.save}
+	s.run(tb, s.m, p)
+	if p.reused != 0 {
+		tb.Errorf("a key dropped with DropSaved still reused %d tokens", p.reused)
+	}
+	if ev := sk.EvictedSaved(); slices.Contains(ev, first.save) {
+		tb.Errorf("EvictedSaved reports %q, which the caller dropped itself: %v", first.save, ev)
+	}
+}

@@ -134,6 +134,44 @@ func (f forgetful) Open(ctx context.Context, id engine.SeqID, prompt []int32, ke
 	return r, err
 }
 
+// prefixOnly is a broken model: it reuses saved KV only when the saved
+// tokens are a whole prefix of the prompt, as engines once did.
+type prefixOnly struct {
+	engine.Model
+	fed   map[engine.SeqID][]int32
+	saved map[string][]int32
+}
+
+func newPrefixOnly(m engine.Model) *prefixOnly {
+	return &prefixOnly{Model: m, fed: map[engine.SeqID][]int32{}, saved: map[string][]int32{}}
+}
+
+func (p *prefixOnly) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
+	if s, ok := p.saved[key]; !ok || len(s) > len(prompt) || !slices.Equal(s, prompt[:len(s)]) {
+		key = ""
+	}
+	r, err := p.Model.Open(ctx, id, prompt, key)
+	if err == nil {
+		p.fed[id] = slices.Clone(prompt[:r])
+	}
+	return r, err
+}
+
+func (p *prefixOnly) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	for _, in := range batch {
+		p.fed[in.Seq] = append(p.fed[in.Seq], in.Tokens...)
+	}
+	return p.Model.Step(ctx, batch)
+}
+
+func (p *prefixOnly) Free(id engine.SeqID, key string) {
+	if key != "" {
+		p.saved[key] = p.fed[id]
+	}
+	delete(p.fed, id)
+	p.Model.Free(id, key)
+}
+
 func TestSuiteFailsBrokenEngines(t *testing.T) {
 	sim, err := NewSim(WithVocabSize(300), WithContextLength(256))
 	if err != nil {
@@ -165,6 +203,7 @@ func TestSuiteFailsBrokenEngines(t *testing.T) {
 		{"seeded_sampling/seedless", checkSeededSampling, seedless{m}, small},
 		{"cancellation/deaf", checkCancellation, deaf{m}, small},
 		{"prefix_reuse/forgetful", checkPrefixReuse, forgetful{m}, small},
+		{"partial_prefix_reuse/prefix_only", checkPartialPrefixReuse, newPrefixOnly(m), small},
 		{"load/limits_ignored", checkLoad, m, unlimited},
 		{"capacity/limits_unenforced", checkCapacity, m, liar{unlimited, small.Info()}},
 		{"max_batch/limits_unenforced", checkMaxBatch, m, liar{unlimited, small.Info()}},

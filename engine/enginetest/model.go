@@ -30,6 +30,8 @@ type simModel struct {
 	seqs    map[engine.SeqID]*simSeq
 	kv      int // KV tokens held by open sequences
 	saves   *lru.Cache[string, []int32]
+	evicted []string    // saved keys the LRU bound pushed out, for EvictedSaved
+	quiet   bool        // set while removing saves on purpose: not evictions
 	stamp   uint64      // counts Steps; marks sequences seen in the current one
 	scratch []*simSeq   // the current batch's sequences, reused across Steps
 	timer   *time.Timer // the Step wait timer, reused across Steps
@@ -43,6 +45,11 @@ type simSeq struct {
 	held   int     // KV tokens reserved: the prompt's length, or more once fed past it
 	seed   uint64  // sampling seed when the params carry none
 	stamp  uint64  // the last Step that carried this sequence
+	// sampled is set once the sequence has sampled; tokens fed after that
+	// are generated and gen counts them, for presence and frequency
+	// penalties.
+	sampled bool
+	gen     map[int32]int
 }
 
 // Info describes the model. It is safe for concurrent use.
@@ -89,17 +96,58 @@ func (m *simModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 }
 
 // reuse returns how many of prompt's tokens the save under key covers:
-// all of the saved tokens when they are a prefix of prompt, but never the
+// the longest common prefix of the saved tokens and prompt, but never the
 // whole prompt.
 func (m *simModel) reuse(prompt []int32, key string) int {
 	if key == "" {
 		return 0
 	}
 	saved, ok := m.saves.Get(key)
-	if !ok || len(saved) > len(prompt) || !slices.Equal(saved, prompt[:len(saved)]) {
+	if !ok {
 		return 0
 	}
-	return min(len(saved), len(prompt)-1)
+	return min(commonPrefix(saved, prompt), len(prompt)-1)
+}
+
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b []int32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// DropSaved discards the tokens saved under key; see [engine.SavedKV].
+func (m *simModel) DropSaved(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.quiet = true
+	m.saves.Remove(key)
+	m.quiet = false
+}
+
+// EvictedSaved returns the keys the prefix cache's bound evicted since the
+// last call; see [engine.SavedKV].
+func (m *simModel) EvictedSaved() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.evicted
+	m.evicted = nil
+	return out
+}
+
+// onEvict records a save the LRU bound pushed out. It runs inside the
+// cache's calls, with m.mu held.
+func (m *simModel) onEvict(key string, _ []int32) {
+	if !m.quiet {
+		m.evicted = append(m.evicted, key)
+	}
 }
 
 // checkTokens refuses ids outside the vocabulary.
@@ -144,7 +192,14 @@ func (m *simModel) Close() error {
 	m.sim.stats.open.Add(-int64(len(m.seqs)))
 	m.sim.stats.models.Add(-1)
 	m.kv, m.seqs, m.scratch = 0, nil, nil
+	m.quiet = true
 	m.saves.Purge()
+	m.evicted = nil
 	m.sim.forget(m)
 	return nil
 }
+
+var (
+	_ engine.Model   = (*simModel)(nil)
+	_ engine.SavedKV = (*simModel)(nil)
+)

@@ -23,7 +23,16 @@ import (
 // accounting is real: Open reserves the prompt's tokens, Steps grow a
 // sequence past that, Free releases it; exceeding the capacity returns
 // [engine.ErrOutOfMemory]. Prefixes saved by Free with a key live in a
-// bounded LRU that does not count against the capacity.
+// bounded LRU that does not count against the capacity; Open reuses the
+// longest common prefix of a saved entry and the prompt, and the models
+// implement [engine.SavedKV], reporting the saves the LRU bound evicts.
+//
+// Allowed-token masks, logit bias and presence/frequency penalties are
+// honoured: a mask alone keeps the natural token when allowed and
+// otherwise picks an allowed one by the hash; bias and penalties score
+// every token with a pseudo logit (the natural token highest) and take the
+// best, so +100 forces a token and -100 bans one. TopLogprobs lists the
+// sampled token and others with falling pseudo log-probabilities.
 //
 // Bad input is refused before any sequence changes: an unknown or repeated
 // sequence, empty tokens, ids outside the vocabulary, sampling parameters
@@ -117,18 +126,18 @@ func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, er
 	if err := s.wait(ctx, s.cfg.loadTime); err != nil {
 		return nil, err
 	}
-	saves, err := lru.New[string, []int32](s.cfg.prefixEntries)
+	m := &simModel{
+		sim:  s,
+		info: info,
+		pick: picker{vocab: uint64(info.VocabSize), eos: info.EOS, eosProb: s.cfg.eosProb},
+		seqs: make(map[engine.SeqID]*simSeq),
+		done: make(chan struct{}),
+	}
+	saves, err := lru.NewWithEvict[string, []int32](s.cfg.prefixEntries, m.onEvict)
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: prefix cache: %w", err)
 	}
-	m := &simModel{
-		sim:   s,
-		info:  info,
-		pick:  picker{vocab: uint64(info.VocabSize), eos: info.EOS, eosProb: s.cfg.eosProb},
-		seqs:  make(map[engine.SeqID]*simSeq),
-		saves: saves,
-		done:  make(chan struct{}),
-	}
+	m.saves = saves
 	m.timer = time.NewTimer(time.Hour)
 	m.timer.Stop()
 	s.mu.Lock()

@@ -245,6 +245,48 @@ func TestConcurrentInfoAndStats(t *testing.T) {
 	wg.Wait()
 }
 
+// TestSavedEvictions: saves past the LRU bound are reported once by
+// EvictedSaved, oldest first; replaced and dropped keys are not.
+func TestSavedEvictions(t *testing.T) {
+	_, m := newModel(t, WithPrefixCacheEntries(2))
+	sk := m.(engine.SavedKV)
+	ctx := context.Background()
+	save := func(id engine.SeqID, key string) {
+		t.Helper()
+		if _, err := m.Open(ctx, id, []int32{1, 2, 3}, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Step(ctx, []engine.StepInput{{Seq: id, Tokens: []int32{1, 2, 3}, Sample: true, Params: greedy}}); err != nil {
+			t.Fatal(err)
+		}
+		m.Free(id, key)
+	}
+	save(1, "a")
+	save(2, "b")
+	save(3, "b") // replaces b: no eviction
+	if ev := sk.EvictedSaved(); len(ev) != 0 {
+		t.Fatalf("evicted %v after two keys in a cache of two", ev)
+	}
+	save(4, "c")
+	save(5, "d")
+	if ev := sk.EvictedSaved(); !slices.Equal(ev, []string{"a", "b"}) {
+		t.Fatalf("EvictedSaved %v, want [a b]", ev)
+	}
+	if ev := sk.EvictedSaved(); len(ev) != 0 {
+		t.Fatalf("EvictedSaved reported %v twice", ev)
+	}
+	sk.DropSaved("c")
+	if ev := sk.EvictedSaved(); len(ev) != 0 {
+		t.Fatalf("a dropped key reported as evicted: %v", ev)
+	}
+	if r, err := m.Open(ctx, 6, []int32{1, 2, 3, 4}, "c"); err != nil || r != 0 {
+		t.Fatalf("Open with a dropped key: reused %d, %v; want 0, nil", r, err)
+	}
+	if r, err := m.Open(ctx, 7, []int32{1, 2, 9, 9}, "d"); err != nil || r != 2 {
+		t.Fatalf("Open sharing 2 tokens with a save: reused %d, %v; want 2, nil", r, err)
+	}
+}
+
 func TestSimWarmPaysCompileTimeOnce(t *testing.T) {
 	sim, err := NewSim(WithMaxBatch(6), WithCompileTime(time.Millisecond), WithMemory(1000, 10), WithKVCapacity(100))
 	if err != nil {

@@ -16,17 +16,21 @@ import (
 // MLX thread; the caller serialises Open, Step and Free as engine.Model
 // requires.
 type model struct {
-	eng    *Engine
-	cfg    *modelConfig
-	info   engine.Info
-	w      *weights
-	seqs   map[engine.SeqID]*seqState
-	saved  []*savedKV // least recently used first
-	used   int        // KV tokens held by open sequences
-	closed atomic.Bool
+	eng     *Engine
+	cfg     *modelConfig
+	info    engine.Info
+	w       *weights
+	seqs    map[engine.SeqID]*seqState
+	saved   []*savedKV // least recently used first
+	evicted []string   // saved keys evicted since the last EvictedSaved
+	used    int        // KV tokens held by open sequences
+	closed  atomic.Bool
 }
 
-var _ engine.Model = (*model)(nil)
+var (
+	_ engine.Model   = (*model)(nil)
+	_ engine.SavedKV = (*model)(nil)
+)
 
 // savedKV is a freed sequence's cache kept for prefix reuse.
 type savedKV struct {
@@ -88,19 +92,19 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	return reused, err
 }
 
-// attach gives s the KV saved under key if its tokens start prompt, and
-// returns how many prompt tokens it covers (always fewer than the prompt).
+// attach gives s the KV saved under key truncated to the longest common
+// prefix of its tokens and prompt, and returns that length (always fewer
+// than the prompt). s shares the saved arrays: MLX arrays are values, so
+// s's cache updates (from position n on) make new buffers and the saved
+// entry stays whole; positions past n in the shared arrays are overwritten
+// before attention reads them.
 func (m *model) attach(g *graph, s *seqState, prompt []int32, key string) int {
 	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key })
 	if i < 0 {
 		return 0
 	}
 	e := m.saved[i]
-	have := e.seq.tokens
-	if len(have) > len(prompt) || !slices.Equal(have, prompt[:len(have)]) {
-		return 0
-	}
-	n := min(len(have), len(prompt)-1)
+	n := min(commonPrefix(e.seq.tokens, prompt), len(prompt)-1)
 	if n <= 0 {
 		return 0
 	}
@@ -114,6 +118,47 @@ func (m *model) attach(g *graph, s *seqState, prompt []int32, key string) int {
 	return n
 }
 
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b []int32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// DropSaved discards the KV saved under key; see engine.SavedKV.
+func (m *model) DropSaved(key string) {
+	_ = m.call(func(*graph) error {
+		if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
+			m.saved[i].seq.free()
+			m.saved = slices.Delete(m.saved, i, i+1)
+		}
+		return nil
+	})
+}
+
+// EvictedSaved returns the keys evicted for memory or by the prefix-slot
+// bound since the last call; see engine.SavedKV.
+func (m *model) EvictedSaved() []string {
+	var out []string
+	_ = m.call(func(*graph) error {
+		out, m.evicted = m.evicted, nil
+		return nil
+	})
+	return out
+}
+
+// evictOldest frees the least recently used saved entry and records its
+// key for EvictedSaved.
+func (m *model) evictOldest() {
+	m.saved[0].seq.free()
+	m.evicted = append(m.evicted, m.saved[0].key)
+	m.saved = m.saved[1:]
+}
+
 // Free releases a sequence; see engine.Model.
 func (m *model) Free(id engine.SeqID, saveKey string) {
 	_ = m.call(func(*graph) error {
@@ -125,6 +170,9 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 		m.used -= max(s.reserved, len(s.tokens))
 		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 || s.k == nil {
 			s.free()
+			if saveKey != "" { // asked to save and did not: say so, as for an eviction
+				m.evicted = append(m.evicted, saveKey)
+			}
 			return nil
 		}
 		free(&s.key)
@@ -140,8 +188,7 @@ func (m *model) save(key string, s *seqState) {
 	}
 	m.saved = append(m.saved, &savedKV{key: key, seq: s})
 	for len(m.saved) > m.eng.opts.prefixSlots {
-		m.saved[0].seq.free()
-		m.saved = m.saved[1:]
+		m.evictOldest()
 	}
 	m.relieve()
 }
@@ -159,8 +206,7 @@ func (m *model) relieve() {
 		if err != nil || mem.Active <= limit/10*9 {
 			return
 		}
-		m.saved[0].seq.free()
-		m.saved = m.saved[1:]
+		m.evictOldest()
 	}
 }
 
@@ -188,6 +234,6 @@ func (m *model) unload() {
 	for _, e := range m.saved {
 		e.seq.free()
 	}
-	m.seqs, m.saved, m.used = nil, nil, 0
+	m.seqs, m.saved, m.evicted, m.used = nil, nil, nil, 0
 	m.w.free()
 }

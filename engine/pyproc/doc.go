@@ -9,9 +9,14 @@
 // the supervisor checks their heartbeats, fails the sequences of a worker
 // that dies with an error wrapping engine.ErrWorkerLost, and restarts it
 // under a retry.Policy (exponential backoff with jitter; WithRestartPolicy).
-// Sequences go to the least-loaded worker whose circuit breaker admits
-// them (WithBreaker: a worker that keeps losing its sequences is avoided
-// until its breaker's probes succeed) and stay there.
+// A sequence whose prefix key names KV saved on a worker goes to that
+// worker unless it carries more than 1.25 times the pool's mean load
+// (bounded-load affinity) or its circuit breaker refuses; otherwise, and
+// without a key, it goes to the least-loaded worker whose circuit breaker
+// admits it (WithBreaker: a worker that keeps losing its sequences is
+// avoided until its breaker's probes succeed). It stays there. Models
+// implement engine.SavedKV: keys evicted by a worker, or lost with it, are
+// reported.
 //
 // Use:
 //

@@ -26,6 +26,13 @@ type Model struct {
 
 	seqs map[engine.SeqID]seqRef
 
+	// Saved KV: which worker holds each key, the keys workers reported
+	// evicted and not yet collected by EvictedSaved, routing counters.
+	saved                        map[string]*proc
+	byProc                       map[*proc]map[string]struct{}
+	evicted                      []string
+	affinityHits, affinityMissed int64
+
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
 	outAt  []int
@@ -61,7 +68,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, byProc: map[*proc]map[string]struct{}{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -172,9 +179,12 @@ func (m *Model) usable() error {
 	return nil
 }
 
-// Open routes the sequence to the least-loaded live worker whose circuit
-// breaker admits it (see WithBreaker) and reserves its KV there. A worker
-// being restarted is waited for (within ctx) when no other can take it.
+// Open routes the sequence to the worker holding the KV saved under
+// prefixKey unless that worker is over the load bound (see affinityLoad)
+// or its circuit breaker refuses, else to the least-loaded live worker
+// whose breaker admits it (see WithBreaker), and reserves its KV there. A
+// worker being restarted is waited for (within ctx) when no other can
+// take it.
 func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
@@ -188,13 +198,14 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if _, ok := m.seqs[id]; ok {
 		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 	}
-	s, done := m.pickSlot()
+	s, done := m.pickFor(prefixKey)
 	p, err := s.current(ctx, m.e.closing)
 	if err == nil {
 		var r *reply
 		r, err = p.call(ctx, m.spec.ID, request("open", map[string]any{
 			"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}))
 		if err == nil {
+			m.noteEvicted(p, r.Evicted)
 			m.seqs[id] = seqRef{slot: s, proc: p, done: done}
 			s.open.Add(1)
 			return r.Reused, nil
@@ -254,6 +265,9 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 	if ref.proc.alive() && !m.closed.Load() {
 		ref.slot.open.Add(-1)
 		_, _, _ = ref.proc.send(request("free", map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}), false)
+		if saveKey != "" {
+			m.noteSaved(saveKey, ref.proc)
+		}
 	}
 }
 
@@ -273,6 +287,6 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs = nil
+	m.seqs, m.saved, m.byProc, m.evicted = nil, nil, nil, nil
 	return nil
 }

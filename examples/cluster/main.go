@@ -42,6 +42,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/openai/vllm"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 )
@@ -148,11 +149,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 
 	reg := prometheus.NewRegistry()
-	vllm, err := openai.NewVLLMCollector(lb)
+	gauges, err := vllm.LoadCollector(lb)
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(vllm)
+	reg.MustRegister(gauges)
 	h, err := openai.New(lb, openai.WithLogger(log), openai.WithMetricsHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	if err != nil {
 		return err

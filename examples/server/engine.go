@@ -105,14 +105,14 @@ func readConfig(dir string) (modelConfig, error) {
 }
 
 // newMetrics builds a MeterProvider exporting to a registry of the
-// server's own (never the global one), the registry (for collectors such
-// as the vLLM-named gauges) and the /metrics handler over it.
-func newMetrics() (*sdkmetric.MeterProvider, *prometheus.Registry, http.Handler, error) {
+// server's own (never the global one), the /metrics handler over it, and
+// the registry, for collectors of Prometheus's own.
+func newMetrics() (*sdkmetric.MeterProvider, http.Handler, prometheus.Registerer, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	return mp, reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), reg, nil
 }

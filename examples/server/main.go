@@ -46,6 +46,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/openai/vllm"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 )
@@ -142,7 +143,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	defer func() { _ = eng.Close() }()
 
-	mp, reg, metricsHandler, err := newMetrics()
+	mp, metricsHandler, reg, err := newMetrics()
 	if err != nil {
 		return err
 	}
@@ -161,13 +162,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = srv.Close() }()
-	// Queue, running and KV gauges also under vLLM's names, for routers
-	// built for vLLM.
-	vllm, err := openai.NewVLLMCollector(srv)
+	if err := reg.Register(vllm.PrefixCacheCollector(srv)); err != nil { // vLLM's prefix-cache counter names
+		return err
+	}
+	// Queue, running and KV gauges under vLLM's names, for routers built
+	// for vLLM.
+	gauges, err := vllm.LoadCollector(srv)
 	if err != nil {
 		return err
 	}
-	if err := reg.Register(vllm); err != nil {
+	if err := reg.Register(gauges); err != nil {
 		return err
 	}
 

@@ -4,9 +4,13 @@ runtime's own loading, KV accounting and sampling.
 Status: written against mlx-lm's model API (Model(ModelArgs), per-layer
 KVCache from mlx_lm.models.cache, model.sanitize); it has not been run in
 this project's CI, which has no MLX. A step runs its sequences one after
-another (each with its own cache) rather than as one padded batch, and
-prefix reuse is not offered (open always reports 0 reused tokens).
+another (each with its own cache) rather than as one padded batch. Freed
+sequences saved under a key keep their cache (at most MAX_SAVED, least
+recently used evicted first and reported on the next open); open reuses
+the longest common prefix of a saved entry and the prompt by slicing the
+saved cache's state (mlx_lm KVCache.state).
 """
+import collections
 import glob
 import importlib
 import json
@@ -19,11 +23,24 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from errors import CheckpointError, ProtocolError
 
-CAPABILITIES = {"batch": False, "prefix_cache": False, "logprobs": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+CAPABILITIES = {"batch": False, "prefix_cache": True, "logprobs": True,
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
 # mlx_lm builds Mistral with its llama module.
 MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+# Saved caches kept per model; each holds its sequence's whole KV.
+MAX_SAVED = 32
+
+
+def common_prefix(a, b):
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def versions():
@@ -37,6 +54,44 @@ def load(path, opts):
 class Seq:
     def __init__(self, cache, held):
         self.cache, self.tokens, self.held, self.key = cache, [], held, None
+        self.sampled, self.counts = False, {}
+
+
+def _allowed(x, width):
+    """The protocol's allowed-token mask as a numpy bool array."""
+    import base64
+
+    import numpy as np
+    if "a" in x:
+        m = np.zeros(width, dtype=bool)
+        m[[i for i in x["a"] if 0 <= i < width]] = True
+    elif "d" in x:
+        m = np.ones(width, dtype=bool)
+        m[[i for i in x["d"] if 0 <= i < width]] = False
+        m[int(x.get("v", width)):] = False
+    else:
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(x["b"]), dtype=np.uint8), bitorder="little").astype(bool)
+        m = np.zeros(width, dtype=bool)
+        n = min(width, bits.shape[0])
+        m[:n] = bits[:n]
+    return m
+
+
+def _adjust(logits, s, p):
+    """Presence and frequency penalties, logit bias, allowed mask."""
+    pp, fp = float(p.get("pp") or 0), float(p.get("fp") or 0)
+    if (pp or fp) and s.counts:
+        ids = list(s.counts)
+        idx = mx.array(ids)
+        logits[idx] = logits[idx] - (pp + fp * mx.array([s.counts[i] for i in ids], dtype=mx.float32))
+    lb = p.get("lb")
+    if lb:
+        idx = mx.array([int(i) for i, _ in lb])
+        logits[idx] = logits[idx] + mx.array([float(b) for _, b in lb], dtype=mx.float32)
+    x = p.get("x")
+    if x:
+        logits = mx.where(mx.array(_allowed(x, logits.shape[0])), logits, -mx.inf)
+    return logits
 
 
 class MlxModel:
@@ -63,6 +118,8 @@ class MlxModel:
         if isinstance(self.eos, int):
             self.eos = [self.eos]
         self.seqs = {}
+        self.saved = collections.OrderedDict()  # key -> Seq, least recently used first
+        self.evicted = []
 
     def _weights(self, path):
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -98,26 +155,52 @@ class MlxModel:
             raise ProtocolError("context_length", "prompt too long", prompt=len(prompt), limit=self.context)
         if self.used + len(prompt) > self.capacity:
             raise ProtocolError("oom", "no KV room for %d tokens" % len(prompt))
-        self.seqs[seq] = Seq(make_prompt_cache(self.model), len(prompt))
+        s = Seq(make_prompt_cache(self.model), len(prompt))
+        reused = 0
+        saved = self.saved.get(prefix_key) if prefix_key else None
+        if saved is not None:
+            self.saved.move_to_end(prefix_key)
+            reused = min(common_prefix(saved.tokens, prompt), len(prompt) - 1)
+            if reused > 0:
+                for dst, src in zip(s.cache, saved.cache):
+                    k, v = src.state
+                    dst.state = (k[..., :reused, :], v[..., :reused, :])
+                s.tokens = list(prompt[:reused])
+        self.seqs[seq] = s
         self.used += len(prompt)
-        return 0
+        return reused
+
+    def take_evicted(self):
+        out, self.evicted = self.evicted, []
+        return out
+
+    def drop(self, key):
+        self.saved.pop(key, None)
 
     def free(self, seq, save_key):
         s = self.seqs.pop(seq, None)
-        if s is not None:
-            self.used -= s.held
+        if s is None:
+            return
+        self.used -= s.held
+        if save_key and s.tokens:
+            self.saved.pop(save_key, None)
+            self.saved[save_key] = s
+            while len(self.saved) > MAX_SAVED:
+                key, _ = self.saved.popitem(last=False)
+                self.evicted.append(key)
 
     def close(self):
         self.seqs.clear()
+        self.saved.clear()
         self.model = None
 
     def stats(self):
-        return {"open": len(self.seqs)}
+        return {"open": len(self.seqs), "saved": len(self.saved)}
 
     def step(self, batch):
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
-        toks, lps = [], []
+        toks, lps, tops = [], [], []
         for seq, tokens, sample, params in batch:
             s = self.seqs.get(seq)
             if s is None:
@@ -130,12 +213,17 @@ class MlxModel:
             self.used += grow
             s.held += grow
             logits = self.model(mx.array(tokens)[None], cache=s.cache)[0, -1].astype(mx.float32)
+            if s.sampled:
+                for t in tokens:
+                    s.counts[t] = s.counts.get(t, 0) + 1
             s.tokens.extend(tokens)
             if sample:
-                t, lp = self._sample(logits, s, params)
+                s.sampled = True
+                t, lp, top = self._sample(logits, s, params)
                 toks.append(t)
                 lps.append(lp)
-        return toks, lps
+                tops.append(top)
+        return toks, lps, tops
 
     def _sample(self, logits, s, p):
         r = float(p.get("r") or 0)
@@ -143,6 +231,7 @@ class MlxModel:
             idx = mx.array(sorted(set(s.tokens)))
             v = logits[idx]
             logits[idx] = mx.where(v > 0, v / r, v * r)
+        logits = _adjust(logits, s, p)
         logprobs = logits - mx.logsumexp(logits)
         temp = float(p.get("t") or 0)
         if temp == 0:
@@ -171,4 +260,9 @@ class MlxModel:
             s.key, sub = mx.random.split(s.key)
             tok = mx.random.categorical(mx.log(probs), key=sub)
         tok = int(tok.item())
-        return tok, (float(logprobs[tok].item()) if p.get("l") else 0.0)
+        n = int(p.get("n") or 0)
+        top = []
+        if n > 0:
+            order = mx.argsort(-logprobs)[:n].tolist()
+            top = [[int(i), float(logprobs[i].item())] for i in order if float(logprobs[i].item()) != float("-inf")]
+        return tok, (float(logprobs[tok].item()) if p.get("l") or n else 0.0), top

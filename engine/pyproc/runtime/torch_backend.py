@@ -8,12 +8,13 @@ import torch
 
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
-from sampling import sample_rows
+from sampling import note_fed, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
 
 def load(path, opts):
@@ -48,11 +49,27 @@ def pick_dtype(name, device, cfg):
     return torch.float32
 
 
+def common_prefix(a, b):
+    """Length of the longest common prefix of the lists a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slices compared in C
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class Seq:
-    __slots__ = ("slot", "tokens", "gen", "held")
+    __slots__ = ("slot", "tokens", "gen", "held", "sampled", "counts")
 
     def __init__(self, slot, tokens, held):
         self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
+        self.sampled, self.counts = False, {}
 
 
 class TorchModel:
@@ -89,6 +106,7 @@ class TorchModel:
             self.graphs = DecodeGraphs(self.model, self.kc, self.vc, self.slots, self.max_batch, cfg.context)
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
+        self.evicted = []  # saved keys given up for memory, reported on the next open
 
     def _size_slots(self, kv_capacity):
         """Returns (slots, capacity): KV slots of one context each, and the
@@ -147,8 +165,9 @@ class TorchModel:
 
     def _take_slot(self):
         if not self.free_slots and self.saved:
-            _, old = self.saved.popitem(last=False)
+            key, old = self.saved.popitem(last=False)
             self.free_slots.append(old.slot)
+            self.evicted.append(key)
         if not self.free_slots:
             raise ProtocolError("oom", "all %d KV slots are in use" % self.slots)
         return self.free_slots.pop()
@@ -163,19 +182,30 @@ class TorchModel:
             raise ProtocolError("oom", "sequence %d needs %d KV tokens; %d of %d are free"
                                 % (seq, len(prompt), self.capacity - self.used, self.capacity))
         saved = self.saved.get(prefix_key) if prefix_key else None
+        if saved is not None:
+            self.saved.move_to_end(prefix_key)  # the last to give up its slot below
         slot = self._take_slot()
         reused = 0
         if saved is not None:
-            self.saved.move_to_end(prefix_key)
-            n = min(len(saved.tokens), len(prompt) - 1)
-            if n > 0 and saved.tokens[:n] == prompt[:n]:
-                reused = n
+            reused = min(common_prefix(saved.tokens, prompt), len(prompt) - 1)
+            if reused > 0 and saved.slot != slot:  # same slot: the evicted save's KV is already there
                 for layer in range(self.cfg.layers):
-                    self.kc[layer][slot, :, :n] = self.kc[layer][saved.slot, :, :n]
-                    self.vc[layer][slot, :, :n] = self.vc[layer][saved.slot, :, :n]
+                    self.kc[layer][slot, :, :reused] = self.kc[layer][saved.slot, :, :reused]
+                    self.vc[layer][slot, :, :reused] = self.vc[layer][saved.slot, :, :reused]
         self.seqs[seq] = Seq(slot, list(prompt[:reused]), len(prompt))
         self.used += len(prompt)
         return reused
+
+    def take_evicted(self):
+        """Returns the saved keys evicted since the last call."""
+        out, self.evicted = self.evicted, []
+        return out
+
+    def drop(self, key):
+        """Discards the KV saved under key; an unknown key is a no-op."""
+        old = self.saved.pop(key, None)
+        if old is not None:
+            self.free_slots.append(old.slot)
 
     def free(self, seq, save_key):
         s = self.seqs.pop(seq, None)
@@ -204,13 +234,14 @@ class TorchModel:
         self.saved.clear()
 
     def stats(self):
-        return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots)}
+        return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots),
+                "saved_tokens": sum(len(s.tokens) for s in self.saved.values())}
 
     def step(self, batch):
         """batch: list of [seq, tokens, sample, params]. Returns (tokens,
-        logprobs) for the sampling inputs in order."""
+        logprobs, top logprobs) for the sampling inputs in order."""
         if not batch:
-            return [], []
+            return [], [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seqs, grow = [], 0
@@ -234,6 +265,7 @@ class TorchModel:
         self.used += grow
         for (_, toks, _, _), s in zip(batch, seqs):
             s.held = max(s.held, len(s.tokens) + len(toks))
+            note_fed(s, toks)
         with torch.no_grad():
             rows = self._forward(batch, seqs)
             return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)

@@ -102,13 +102,26 @@ class Worker:
         if op == "step":
             if self.step_delay:
                 time.sleep(self.step_delay)
-            toks, lps = self.model(req).step(req["batch"])
+            res = self.model(req).step(req["batch"])
+            toks, lps = res[0], res[1]
             r = {"tokens": toks}
             if any(lps):
                 r["logprobs"] = lps
+            if len(res) > 2 and any(res[2]):
+                r["top"] = res[2]
             return r
         if op == "open":
-            return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}
+            m = self.model(req)
+            r = {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))}
+            evicted = m.take_evicted() if hasattr(m, "take_evicted") else []
+            if evicted:
+                r["evicted"] = evicted
+            return r
+        if op == "drop":
+            m = self.models.get(req.get("model"))
+            if m is not None and hasattr(m, "drop"):
+                m.drop(req.get("key", ""))
+            return {}
         if op == "free":
             m = self.models.get(req.get("model"))
             if m is not None:

@@ -1,0 +1,130 @@
+package pyproc
+
+import (
+	"context"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// saveOn opens seq with prompt (reusing key's prefix), prefills it, frees
+// it saving its KV under key, and returns the reuse Open reported and the
+// worker it ran on.
+func saveOn(t *testing.T, m *Model, seq engine.SeqID, p []int32, key string) (int, *proc) {
+	t.Helper()
+	return reuseSave(t, m, seq, p, key, key)
+}
+
+// reuseSave is saveOn with different keys for Open and Free.
+func reuseSave(t *testing.T, m *Model, seq engine.SeqID, p []int32, from, key string) (int, *proc) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := m.Open(ctx, seq, p, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	where := m.seqs[seq].proc
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: p[r:], Sample: true, Params: greedy}}); err != nil {
+		t.Fatal(err)
+	}
+	m.Free(seq, key)
+	return r, where
+}
+
+// TestPrefixAffinity: a sequence naming a saved prefix goes to the worker
+// holding it, and reuses it, while that worker's load is within bound; an
+// overloaded holder sends it to the least-loaded worker instead.
+func TestPrefixAffinity(t *testing.T) {
+	e := newEngine(t, WithWorkers(2))
+	m := load(t, e, tiny(t))
+	ctx := context.Background()
+	base := prompt(3, 40)
+	_, holder := saveOn(t, m, 1, base, "k")
+	for i := range 4 {
+		p := append(slices.Clone(base[:30]), prompt(10+i, 5)...)
+		r, where := reuseSave(t, m, engine.SeqID(10+i), p, "k", "")
+		if where != holder || r != 30 {
+			t.Fatalf("sequence %d: ran on another worker or reused %d, want the holder and 30", i, r)
+		}
+	}
+	// Load the holder with open sequences until it is over the bound.
+	var open []engine.SeqID
+	defer func() {
+		for _, id := range open {
+			m.Free(id, "")
+		}
+	}()
+	for i := range 3 {
+		id := engine.SeqID(100 + i)
+		if _, err := m.Open(ctx, id, prompt(20+i, 8), "k"); err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, id)
+	}
+	st := m.Affinity()
+	if st.Overloaded == 0 || st.Hits < 5 {
+		t.Fatalf("affinity %+v: want at least 5 hits and some overloaded fallbacks", st)
+	}
+	id := engine.SeqID(200)
+	if _, err := m.Open(ctx, id, base, "k"); err != nil {
+		t.Fatal(err)
+	}
+	open = append(open, id)
+	ws := e.Workers()
+	if d := ws[0].Sequences - ws[1].Sequences; d > 2 || d < -2 {
+		t.Fatalf("workers carry %d and %d sequences: affinity ignored the load bound", ws[0].Sequences, ws[1].Sequences)
+	}
+}
+
+// TestSavedEvictionsReported: KV the worker evicts for memory, and KV on a
+// worker that died, is reported by EvictedSaved; DropSaved removes a key.
+func TestSavedEvictionsReported(t *testing.T) {
+	e := newEngine(t, WithWorkers(1), withFaults())
+	m, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 2, KVCapacity: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := m.(*Model)
+	// 512 tokens of a 512-token context: one KV slot for sequences and saves together,
+	// plus the slots for short sequences (twice MaxBatch: 4).
+	for i := range 6 {
+		saveOn(t, pm, engine.SeqID(i+1), prompt(i, 10), string(rune('a'+i)))
+	}
+	ev := pm.EvictedSaved()
+	if len(ev) == 0 || ev[0] != "a" {
+		t.Fatalf("EvictedSaved %v after 6 saves on 4 slots; want the oldest keys first", ev)
+	}
+	if st := pm.Affinity(); st.Saved+len(ev) != 6 {
+		t.Fatalf("%d keys held and %d evicted; want 6 in all", st.Saved, len(ev))
+	}
+	pm.DropSaved("f")
+	if r, _ := saveOn(t, pm, 20, append(prompt(5, 10), 1, 2), "f"); r != 0 {
+		t.Fatalf("a dropped key reused %d tokens", r)
+	}
+	if r, _ := saveOn(t, pm, 21, append(prompt(5, 10), 1, 2, 3), "f"); r != 12 {
+		t.Fatalf("a key saved again reused %d tokens, want 12", r)
+	}
+	p, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(p.pid(), syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.alive() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ev = pm.EvictedSaved()
+	if !slices.Contains(ev, "f") {
+		t.Fatalf("after the worker died EvictedSaved reports %v; want every key it held, f among them", ev)
+	}
+	if st := pm.Affinity(); st.Saved != 0 {
+		t.Fatalf("%d keys still held after the only worker died", st.Saved)
+	}
+	r, _ := saveOn(t, pm, 30, append(prompt(5, 10), 1, 2, 3, 4), "f")
+	if r != 0 {
+		t.Fatalf("the replacement worker reused %d tokens of KV that died with its predecessor", r)
+	}
+}

@@ -1,0 +1,351 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// CacheStats counts a PrefixCache's lookups and what it holds.
+type CacheStats struct {
+	// Queries is the number of prompt tokens looked up at Open and Hits
+	// the number the engine reused from saved KV: vLLM's
+	// prefix_cache_queries and prefix_cache_hits.
+	Queries, Hits int64
+	// Lookups counts Opens; LookupHits those that reused at least one
+	// token.
+	Lookups, LookupHits int64
+	// Keys and Tokens are the saved KV entries indexed now and the tokens
+	// they hold.
+	Keys, Tokens int
+	// Evicted counts entries the engine evicted for memory or lost with a
+	// worker; Dropped those the cache dropped (token budget, Drop); Stale
+	// those the index named but the engine no longer held.
+	Evicted, Dropped, Stale int64
+}
+
+// CacheOption configures a PrefixCache.
+type CacheOption func(*cacheConfig) error
+
+type cacheConfig struct {
+	budget  int
+	block   int
+	onLost  func(key string)
+	onSaved func(key string, worker int)
+}
+
+// WithTokenBudget bounds the tokens of saved KV the cache keeps; past it
+// the least recently used entries are dropped from the engine. Zero (the
+// default) uses the model's KV capacity. The engine may evict sooner for
+// memory; saved KV never blocks admission.
+func WithTokenBudget(tokens int) CacheOption {
+	return func(c *cacheConfig) error {
+		if tokens < 0 {
+			return errors.New("session: token budget must not be negative")
+		}
+		c.budget = tokens
+		return nil
+	}
+}
+
+// WithBlockSize sets the tokens per indexed block. Default
+// DefaultBlockSize.
+func WithBlockSize(n int) CacheOption {
+	return func(c *cacheConfig) error {
+		if n < 1 || n > 4096 {
+			return errors.New("session: block size must be 1 to 4096")
+		}
+		c.block = n
+		return nil
+	}
+}
+
+// WithOnLost calls fn with every key whose saved KV the engine evicted or
+// lost with a worker (not those the cache dropped itself), so a session
+// registry can forget the session. fn runs on the caller of Open and Free
+// (the batcher's loop) and must not block.
+func WithOnLost(fn func(key string)) CacheOption {
+	return func(c *cacheConfig) error {
+		if fn == nil {
+			return errors.New("session: nil lost-key callback")
+		}
+		c.onLost = fn
+		return nil
+	}
+}
+
+// WithOnSaved calls fn after Free saved a sequence's KV under key, with
+// the engine worker holding it when the model can tell (a worker pool
+// such as the Python engine's; -1 otherwise), so a session registry can
+// record the session's affinity. fn runs on the caller of Free and must
+// not block.
+func WithOnSaved(fn func(key string, worker int)) CacheOption {
+	return func(c *cacheConfig) error {
+		if fn == nil {
+			return errors.New("session: nil saved-key callback")
+		}
+		c.onSaved = fn
+		return nil
+	}
+}
+
+// workerLocator is implemented by models whose saved KV lives on one of
+// several workers.
+type workerLocator interface {
+	SavedWorker(key string) int
+}
+
+// PrefixCache wraps a model to make prefix caching automatic. It is an
+// engine.Model: Open looks the prompt up in an Index of the KV the engine
+// saved and passes the engine the key of the entry sharing the longest
+// prefix (or the caller's key when that shares as much), Step hashes the
+// tokens each sequence is fed, Free with a key indexes what the engine
+// saved. The saved KV is kept within a token budget, least recently used
+// dropped first, and entries the engine evicts or loses leave the index.
+//
+// Like any engine.Model, Open, Step and Free are serialised by the caller;
+// Drop, NewKey and Stats are safe from any goroutine.
+type PrefixCache struct {
+	m   engine.Model
+	sk  engine.SavedKV // nil when the model reports no evictions
+	cfg cacheConfig
+
+	mu      sync.Mutex
+	idx     *Index
+	lru     *simplelru.LRU[string, int] // key -> tokens, least recently used first
+	pending []string                    // keys dropped outside the loop, to drop in the engine
+	stats   CacheStats
+
+	keys atomic.Uint64
+	seqs map[engine.SeqID]*Hasher // owned by the caller of Open, Step and Free
+}
+
+var _ engine.Model = (*PrefixCache)(nil)
+
+// NewPrefixCache wraps m. Close closes m.
+func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
+	if m == nil {
+		return nil, errors.New("session: nil model")
+	}
+	cfg := cacheConfig{block: DefaultBlockSize}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("session: nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.budget == 0 {
+		cfg.budget = max(m.Info().KVCapacity, 1)
+	}
+	l, err := simplelru.NewLRU[string, int](math.MaxInt32, nil)
+	if err != nil {
+		return nil, err
+	}
+	c := &PrefixCache{m: m, cfg: cfg, idx: NewIndex(cfg.block), lru: l, seqs: map[engine.SeqID]*Hasher{}}
+	c.sk, _ = m.(engine.SavedKV)
+	return c, nil
+}
+
+// Model returns the wrapped model.
+func (c *PrefixCache) Model() engine.Model { return c.m }
+
+// Info describes the wrapped model.
+func (c *PrefixCache) Info() engine.Info { return c.m.Info() }
+
+// NewKey returns a fresh key to save a sequence's KV under when it has no
+// session: Free with it makes the KV findable by later prompts.
+func (c *PrefixCache) NewKey() string {
+	return "prefix:" + strconv.FormatUint(c.keys.Add(1), 36)
+}
+
+// Open starts sequence id, reusing the saved KV that shares the longest
+// prefix with prompt: key's when it shares as much as the best indexed
+// entry, else the best entry's.
+func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
+	c.applyDrops()
+	c.collect() // a worker may have died since the last call: its keys leave the index first
+	c.mu.Lock()
+	chosen, predicted := c.choose(prompt, key)
+	c.mu.Unlock()
+	r, err := c.m.Open(ctx, id, prompt, chosen)
+	if err != nil {
+		return r, err
+	}
+	h := NewHasher(c.cfg.block)
+	h.Write(prompt[:r])
+	c.seqs[id] = h
+	c.mu.Lock()
+	c.stats.Lookups++
+	c.stats.Queries += int64(len(prompt))
+	c.stats.Hits += int64(r)
+	if r > 0 {
+		c.stats.LookupHits++
+	}
+	// A model that reports its evictions keeps the index exact: a miss
+	// there means the sequence ran where the entry is not (another
+	// worker), not that the entry is gone. For one that does not, the
+	// first miss shows the entry is gone.
+	if c.sk == nil && chosen != "" && r == 0 && predicted > 0 && c.idx.Remove(chosen) {
+		c.lru.Remove(chosen)
+		c.stats.Stale++
+	}
+	c.mu.Unlock()
+	c.collect()
+	return r, nil
+}
+
+// choose picks the key to pass the engine and the tokens the index
+// expects it to cover. Has to be called with c.mu held.
+func (c *PrefixCache) choose(prompt []int32, key string) (string, int) {
+	best, n := c.idx.Lookup(prompt)
+	if key != "" && c.idx.Has(key) {
+		if m := c.idx.Match(key, prompt); m >= n {
+			c.lru.Get(key)
+			return key, m
+		}
+	}
+	if n > 0 {
+		c.lru.Get(best)
+		return best, n
+	}
+	return key, 0
+}
+
+// Step runs the wrapped model's step and hashes what each sequence was
+// fed.
+func (c *PrefixCache) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	out, err := c.m.Step(ctx, batch)
+	if err != nil {
+		return out, err
+	}
+	for i := range batch {
+		if h := c.seqs[batch[i].Seq]; h != nil {
+			h.Write(batch[i].Tokens)
+		}
+	}
+	return out, nil
+}
+
+// Free releases sequence id; with saveKey the engine keeps its KV and the
+// index learns the tokens it holds.
+func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
+	h := c.seqs[id]
+	delete(c.seqs, id)
+	c.applyDrops()
+	c.m.Free(id, saveKey)
+	if saveKey != "" && h != nil && h.Tokens() > 0 {
+		c.mu.Lock()
+		c.idx.Insert(saveKey, h.Hashes(), h.Tokens())
+		c.lru.Add(saveKey, h.Tokens())
+		drops := c.overBudget()
+		c.mu.Unlock()
+		if c.sk != nil {
+			for _, k := range drops {
+				c.sk.DropSaved(k)
+			}
+		}
+		if c.cfg.onSaved != nil {
+			worker := -1
+			if wl, ok := c.m.(workerLocator); ok {
+				worker = wl.SavedWorker(saveKey)
+			}
+			c.cfg.onSaved(saveKey, worker)
+		}
+	}
+	c.collect()
+}
+
+// overBudget drops least recently used entries from the index until the
+// saved tokens fit the budget, returning their keys. Has to be called with
+// c.mu held.
+func (c *PrefixCache) overBudget() []string {
+	var out []string
+	for c.idx.Tokens() > c.cfg.budget {
+		k, _, ok := c.lru.RemoveOldest()
+		if !ok {
+			break
+		}
+		c.idx.Remove(k)
+		c.stats.Dropped++
+		out = append(out, k)
+	}
+	return out
+}
+
+// Drop forgets key and has the engine drop its saved KV before the next
+// Open, Step or Free. Safe for concurrent use.
+func (c *PrefixCache) Drop(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idx.Remove(key) {
+		c.lru.Remove(key)
+		c.stats.Dropped++
+	}
+	c.pending = append(c.pending, key)
+}
+
+// applyDrops passes the keys dropped since the last call to the engine.
+func (c *PrefixCache) applyDrops() {
+	c.mu.Lock()
+	p := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	if c.sk == nil {
+		return
+	}
+	for _, k := range p {
+		c.sk.DropSaved(k)
+	}
+}
+
+// collect takes the engine's evictions out of the index.
+func (c *PrefixCache) collect() {
+	if c.sk == nil {
+		return
+	}
+	ev := c.sk.EvictedSaved()
+	if len(ev) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, k := range ev {
+		if c.idx.Remove(k) {
+			c.lru.Remove(k)
+		}
+		c.stats.Evicted++
+	}
+	c.mu.Unlock()
+	if c.cfg.onLost != nil {
+		for _, k := range ev {
+			c.cfg.onLost(k)
+		}
+	}
+}
+
+// Stats returns the counters. Safe for concurrent use.
+func (c *PrefixCache) Stats() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.stats
+	st.Keys, st.Tokens = c.idx.Len(), c.idx.Tokens()
+	return st
+}
+
+// Close closes the wrapped model and empties the index.
+func (c *PrefixCache) Close() error {
+	c.mu.Lock()
+	c.idx = NewIndex(c.cfg.block)
+	c.lru.Purge()
+	c.pending = nil
+	c.mu.Unlock()
+	return c.m.Close()
+}
