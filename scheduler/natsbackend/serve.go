@@ -165,6 +165,11 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 		s.cancel()
 		return nil, fmt.Errorf("natsbackend: serve: %w", err)
 	}
+	if nc.IsConnected() {
+		// Once Serve returns, the instance answers: its subscriptions have
+		// reached the server. (Disconnected, they are sent on reconnect.)
+		_ = nc.FlushTimeout(2 * time.Second)
+	}
 	return s, nil
 }
 
