@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -96,7 +97,8 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, engine.ErrOutOfMemory):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
 	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
-		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed):
+		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed),
+		errors.Is(err, batcher.ErrClosed), errors.Is(err, scheduler.ErrClosed):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())

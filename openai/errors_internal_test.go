@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -37,6 +38,8 @@ func TestErrorTable(t *testing.T) {
 		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", ""},
 		{mlxserving.ErrServerClosed, 503, "unavailable", ""},
 		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
+		{fmt.Errorf("stream: %w", batcher.ErrClosed), 503, "unavailable", ""},
+		{scheduler.ErrClosed, 503, "unavailable", ""},
 		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
 		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 500, "engine_error", ""},
 		{context.DeadlineExceeded, 504, "timeout", ""},

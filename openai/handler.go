@@ -50,15 +50,16 @@ type route struct {
 	name    string
 	method  string
 	handler func(*Handler, http.ResponseWriter, *http.Request)
+	access  access // who may call it when the handler has API keys
 }
 
 var routes = map[string]route{
-	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions},
-	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions},
-	"/v1/models":           {"models", http.MethodGet, (*Handler).models},
-	"/health":              {"health", http.MethodGet, (*Handler).health},
-	"/ready":               {"ready", http.MethodGet, (*Handler).readyz},
-	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz},
+	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions, accessKey},
+	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions, accessKey},
+	"/v1/models":           {"models", http.MethodGet, (*Handler).models, accessKey},
+	"/health":              {"health", http.MethodGet, (*Handler).health, accessOpen},
+	"/ready":               {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
+	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},
 }
 
 // ServeHTTP routes r to its endpoint.
@@ -66,7 +67,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	rt, ok := routes[path]
 	if !ok && strings.HasPrefix(path, "/v1/models/") {
-		rt, ok = route{"model", http.MethodGet, (*Handler).model}, true
+		rt, ok = route{"model", http.MethodGet, (*Handler).model, accessKey}, true
 	}
 	rec := &statusRecorder{ResponseWriter: w}
 	start := time.Now()
@@ -80,6 +81,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(rec, newAPIError(http.StatusMethodNotAllowed, typeInvalidRequest, "", "method_not_allowed",
 			fmt.Sprintf("%s takes %s, not %s", path, rt.method, r.Method)))
 	default:
+		r, err := h.checkAccess(rec, r, rt.access)
+		if err != nil {
+			writeError(rec, err)
+			return
+		}
 		rt.handler(h, rec, r)
 	}
 }
@@ -126,11 +132,12 @@ func (h *Handler) modelObject(info engine.Info) modelObject {
 		Engine: info.Engine, ContextLength: info.ContextLength}
 }
 
-func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
-	infos := h.srv.Models()
-	data := make([]modelObject, len(infos))
-	for i, info := range infos {
-		data[i] = h.modelObject(info)
+func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
+	data := []modelObject{}
+	for _, info := range h.srv.Models() {
+		if mayUseModel(r.Context(), info.ID) {
+			data = append(data, h.modelObject(info))
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
@@ -138,7 +145,7 @@ func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
 func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
 	for _, info := range h.srv.Models() {
-		if info.ID == id {
+		if info.ID == id && mayUseModel(r.Context(), id) {
 			writeJSON(w, http.StatusOK, h.modelObject(info))
 			return
 		}
@@ -157,6 +164,11 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	charge, err := authorize(r.Context(), cr.Model, &cr.Params)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil
 	st, err := h.start(r.Context(), explicit, func(ctx context.Context, maxTokens int) (*mlxserving.Stream, error) {
 		cr.MaxTokens = maxTokens
@@ -168,6 +180,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	f := newFormat(true, "chatcmpl-"+rand.Text(), time.Now().Unix(), cr.Model, req.Logprobs, req.includeUsage())
 	h.respond(w, r, st, f, req.Stream)
+	charge(f.usage)
 }
 
 func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
@@ -177,6 +190,11 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr, err := req.completion(r, h.cfg.defaultMax)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	charge, err := authorize(r.Context(), gr.Model, &gr.Params)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -191,6 +209,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	f := newFormat(false, "cmpl-"+rand.Text(), time.Now().Unix(), gr.Model, req.Logprobs != nil, req.includeUsage())
 	h.respond(w, r, st, f, req.Stream)
+	charge(f.usage)
 }
 
 func (c *commonFields) includeUsage() bool {
@@ -258,6 +277,7 @@ func (h *Handler) writeWhole(w http.ResponseWriter, st *mlxserving.Stream, f *fo
 		}
 		if c.Finish != "" {
 			finish, usage = c.Finish, c.Usage
+			f.usage = c.Usage
 		}
 	}
 	writeJSON(w, http.StatusOK, f.body(text.String(), tokens, finish, usage))

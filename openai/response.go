@@ -18,8 +18,9 @@ type format struct {
 	model        string
 	logprobs     bool
 	includeUsage bool
-	prefix       []byte // a stream chunk up to and including `"choices":[`
-	textOffset   int    // completions' logprobs text_offset
+	prefix       []byte            // a stream chunk up to and including `"choices":[`
+	textOffset   int               // completions' logprobs text_offset
+	usage        *mlxserving.Usage // the final chunk's usage, once sent
 }
 
 func newFormat(chat bool, id string, created int64, model string, logprobs, includeUsage bool) *format {

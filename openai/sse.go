@@ -77,6 +77,7 @@ func (s *sseWriter) chunk(f *format, c mlxserving.Chunk) error {
 	if c.Finish == "" {
 		return nil
 	}
+	f.usage = c.Usage
 	if err := s.send(f.finishChunk(s.buf[:0], c.Finish)); err != nil {
 		return err
 	}
