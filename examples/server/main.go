@@ -49,6 +49,7 @@ func main() {
 
 type options struct {
 	addr, model, modelID, engine, python string
+	apiKeys                              string
 	drain, simStep                       time.Duration
 	verbose                              bool
 }
@@ -64,6 +65,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -95,6 +97,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	if err != nil {
 		return err
 	}
+	if o.model == "" {
+		log.Warn("serving the project's GENERATED test model: real architecture and tokenizer, RANDOM weights, so its text is gibberish; pass -model DIR to serve a real checkpoint",
+			"model", id, "path", dir)
+	}
 	defer cleanup()
 	eng, err := openEngine(ctx, o, dir, log)
 	if err != nil {
@@ -113,14 +119,18 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	defer func() { _ = srv.Close() }()
 
+	keyOpts, nkeys, err := apiKeys(o.apiKeys, os.Getenv)
+	if err != nil {
+		return err
+	}
 	var warm atomic.Bool
-	h, err := openai.New(srv, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
+	h, err := openai.New(srv, append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
 		openai.WithReadyCheck(func(context.Context) error {
 			if !warm.Load() {
 				return errors.New("loading and warming the model")
 			}
 			return nil
-		}))
+		})}, keyOpts...)...)
 	if err != nil {
 		return err
 	}
@@ -132,6 +142,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String())
+	warnIfExposed(ln.Addr(), nkeys, log)
 
 	if err := loadAndWarm(ctx, srv, engine.ModelSpec{ID: id, Path: dir}, log); err != nil {
 		_ = hs.Close()
@@ -181,7 +192,13 @@ func loadAndWarm(ctx context.Context, srv *mlxserving.Server, spec engine.ModelS
 	if _, err := st.Collect(); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	log.Info("model ready", "model", spec.ID, "path", spec.Path, "took", time.Since(start).Round(time.Millisecond))
+	var name string
+	for _, info := range srv.Models() {
+		if info.ID == spec.ID {
+			name = info.Engine
+		}
+	}
+	log.Info("model ready", "engine", name, "model", spec.ID, "path", spec.Path, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
