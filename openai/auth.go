@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // access is who may call a route.
@@ -92,10 +92,10 @@ func mayUseModel(ctx context.Context, model string) bool {
 // authorize checks a generation request against its key: model, tier and
 // limits. On success it sets the request's client id to the key's name
 // and returns the function that charges the finished request's usage.
-func authorize(ctx context.Context, model string, p *mlxserving.Params) (charge func(*mlxserving.Usage), err error) {
+func authorize(ctx context.Context, model string, p *api.Params) (charge func(*api.Usage), err error) {
 	g := grantOf(ctx)
 	if g == nil {
-		return func(*mlxserving.Usage) {}, nil
+		return func(*api.Usage) {}, nil
 	}
 	if g.models != nil && !g.models[model] {
 		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
@@ -113,7 +113,7 @@ func authorize(ctx context.Context, model string, p *mlxserving.Params) (charge 
 		return nil, overLimit(g.name, "requests", wait)
 	}
 	p.Client = g.name
-	return func(u *mlxserving.Usage) {
+	return func(u *api.Usage) {
 		if u != nil {
 			g.tokens.charge(float64(u.PromptTokens+u.CompletionTokens), time.Now())
 		}

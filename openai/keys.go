@@ -11,7 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // Key is one API key and what its holder may do. Clients send the key as
@@ -127,7 +127,7 @@ func ParseKeyList(s string) ([]Key, error) {
 type grant struct {
 	name     string
 	hash     [sha256.Size]byte
-	maxTier  scheduler.Tier
+	maxTier  api.Tier
 	models   map[string]bool // nil: every model
 	admin    bool
 	requests *bucket // nil: no limit
@@ -142,7 +142,7 @@ func (k *Key) compile() (*grant, error) {
 	if strings.TrimSpace(k.Name) == "" {
 		return nil, fmt.Errorf("%w: a key has no name", ErrBadKeys)
 	}
-	g := &grant{name: k.Name, admin: k.Admin, maxTier: scheduler.Normal}
+	g := &grant{name: k.Name, admin: k.Admin, maxTier: api.Normal}
 	switch {
 	case k.Secret != "" && k.SHA256 != "":
 		return nil, bad("give key or key_sha256, not both")
@@ -161,7 +161,7 @@ func (k *Key) compile() (*grant, error) {
 		return nil, bad("no key or key_sha256")
 	}
 	if k.MaxTier != "" {
-		t, err := scheduler.ParseTier(k.MaxTier)
+		t, err := api.ParseTier(k.MaxTier)
 		if err != nil {
 			return nil, bad("max_tier %q: want critical, high, normal, low or background", k.MaxTier)
 		}

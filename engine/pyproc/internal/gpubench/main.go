@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
@@ -225,8 +226,8 @@ func serveOnce(ctx context.Context, srv *mlxserving.Server, b, vocab int) float6
 		for j := range toks {
 			toks[j] = int32((i*7919 + j*104729) % min(120000, vocab))
 		}
-		st, err := srv.Generate(ctx, mlxserving.Request{Model: "served", PromptTokens: toks,
-			Params: mlxserving.Params{MaxTokens: *gen, IgnoreEOS: true}})
+		st, err := srv.Generate(ctx, api.Request{Model: "served", PromptTokens: toks,
+			Params: api.Params{MaxTokens: *gen, IgnoreEOS: true}})
 		must(err)
 		wg.Add(1)
 		go func() {
