@@ -39,7 +39,7 @@ func (s *Server) generate(ctx context.Context, req api.Request) (*api.Stream, er
 			return nil, fmt.Errorf("%w: model %q takes token ids (PromptTokens)", ErrNoTokenizer, req.Model)
 		}
 		if prompt, err = m.tok.Encode(req.Prompt, true); err != nil {
-			return nil, &engine.InvalidParamError{Param: "prompt", Reason: err.Error()}
+			return nil, &engine.InvalidParamError{Param: "prompt", Reason: err.Error(), Err: err}
 		}
 	}
 	return s.submit(ctx, m, prompt, req.Params)
@@ -68,12 +68,12 @@ func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 	}
 	text, err := m.tok.ApplyChatTemplate(req.Messages, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools})
 	if err != nil {
-		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
 	// The template writes the special tokens (BOS) itself.
 	prompt, err := m.tok.Encode(text, false)
 	if err != nil {
-		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
 	return s.submit(ctx, m, prompt, req.Params)
 }

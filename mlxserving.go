@@ -46,6 +46,12 @@ type Server struct {
 	mu     sync.RWMutex
 	models map[string]*model
 	closed bool
+
+	// life ends when the Server closes; loads in flight are cancelled by
+	// it, and loading counts them so Shutdown can wait for them.
+	life    context.Context
+	end     context.CancelFunc
+	loading sync.WaitGroup
 }
 
 // New returns a Server over eng. Load models with LoadModel.
@@ -65,6 +71,7 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
 	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
+	s.life, s.end = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
@@ -122,7 +129,9 @@ func (s *Server) Models() []engine.Info {
 	defer s.mu.RUnlock()
 	out := make([]engine.Info, 0, len(s.models))
 	for _, m := range s.models {
-		out = append(out, m.info)
+		if m != nil { // nil: still loading
+			out = append(out, m.info)
+		}
 	}
 	slices.SortFunc(out, func(a, b engine.Info) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -140,7 +149,9 @@ func (s *Server) Stats() map[string]ModelStats {
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
-		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		if m != nil { // nil: still loading
+			out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		}
 	}
 	return out
 }
@@ -150,6 +161,7 @@ func (s *Server) Stats() map[string]ModelStats {
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
 	models := s.closeAll()
+	s.loading.Wait() // a LoadModel in flight is cancelled and has cleaned up
 	if s.metrics.registration != nil {
 		defer func() { _ = s.metrics.registration.Unregister() }()
 	}
@@ -160,8 +172,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close stops the Server at once: requests in flight end with an error and
-// every model is unloaded. It returns when the batchers have stopped.
+// Close stops the Server at once: requests in flight end with an error,
+// a LoadModel in flight is cancelled, and every model is unloaded. It
+// returns when the batchers have stopped and no load is left running.
 func (s *Server) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -176,6 +189,7 @@ func (s *Server) closeAll() []*model {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	s.end()
 	models := make([]*model, 0, len(s.models))
 	for id, m := range s.models {
 		models = append(models, m)
@@ -191,7 +205,7 @@ func (s *Server) lookup(id string) (*model, error) {
 		return nil, ErrServerClosed
 	}
 	m, ok := s.models[id]
-	if !ok {
+	if !ok || m == nil { // nil: still loading
 		return nil, &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
 	}
 	return m, nil
@@ -199,8 +213,10 @@ func (s *Server) lookup(id string) (*model, error) {
 
 func (s *Server) idsLocked() []string {
 	ids := make([]string, 0, len(s.models))
-	for id := range s.models {
-		ids = append(ids, id)
+	for id, m := range s.models {
+		if m != nil {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	return ids

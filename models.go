@@ -35,6 +35,10 @@ func (s *Server) LoadModel(ctx context.Context, spec engine.ModelSpec) error {
 	if err := s.reserve(spec.ID); err != nil {
 		return err
 	}
+	defer s.loading.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer context.AfterFunc(s.life, cancel)()
+	defer cancel()
 	m, err := s.load(ctx, spec)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -43,6 +47,9 @@ func (s *Server) LoadModel(ctx context.Context, spec engine.ModelSpec) error {
 		if err == nil {
 			m.close(ErrServerClosed)
 			return ErrServerClosed
+		}
+		if s.closed {
+			return fmt.Errorf("%w: load of %q cancelled: %w", ErrServerClosed, spec.ID, err)
 		}
 		return err
 	}
@@ -63,6 +70,7 @@ func (s *Server) reserve(id string) error {
 		return fmt.Errorf("%w: %q", ErrModelExists, id)
 	}
 	s.models[id] = nil
+	s.loading.Add(1)
 	return nil
 }
 

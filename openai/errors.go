@@ -14,6 +14,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -77,6 +78,8 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
 	case errors.As(err, &capacity):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
+	case errors.Is(err, tokenizer.ErrTemplate):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "template_error", err.Error())
 	case errors.As(err, &invalid):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
 	case errors.Is(err, api.ErrUnknownTier):

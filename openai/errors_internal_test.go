@@ -15,6 +15,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -41,6 +42,7 @@ func TestErrorTable(t *testing.T) {
 		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
 		{fmt.Errorf("stream: %w", batcher.ErrClosed), 503, "unavailable", ""},
 		{scheduler.ErrClosed, 503, "unavailable", ""},
+		{&engine.InvalidParamError{Param: "messages", Reason: "r", Err: &tokenizer.TemplateError{Reason: "r"}}, 400, "template_error", ""},
 		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
 		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 500, "engine_error", ""},
 		{context.DeadlineExceeded, 504, "timeout", ""},
