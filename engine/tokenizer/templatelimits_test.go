@@ -77,3 +77,32 @@ func TestHostileTemplates(t *testing.T) {
 		t.Fatalf("long conversation: %d bytes, %v", len(out), err)
 	}
 }
+
+// TestOversizedFiles: files larger than any real tokenizer are refused
+// without being read (the sparse file below would take 200 MB), as are
+// non-regular files.
+func TestOversizedFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokenizer.json")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(MaxTokenizerJSONBytes + 1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var fe *FileError
+	if _, err := Load(dir); !errors.As(err, &fe) || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("oversized tokenizer.json: %v", err)
+	}
+	if err := os.WriteFile(path, mustJSON(t, tinySpec()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "tokenizer_config.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); !errors.As(err, &fe) || !errors.Is(err, ErrMalformed) {
+		t.Fatalf("directory as tokenizer_config.json: %v", err)
+	}
+}
