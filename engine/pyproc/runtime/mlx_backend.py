@@ -9,7 +9,6 @@ prefix reuse is not offered (open always reports 0 reused tokens).
 """
 import glob
 import importlib
-import json
 import os
 
 import mlx.core as mx
@@ -18,6 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from errors import CheckpointError, ProtocolError
+from stcheck import read_header, read_json
 
 CAPABILITIES = {"batch": False, "prefix_cache": False, "logprobs": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
@@ -44,8 +44,7 @@ class MlxModel:
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
+        config = read_json(os.path.join(path, "config.json"), "config.json")
         arch = config.get("model_type", "")
         if arch not in MODULES:
             raise CheckpointError("config.json", "unsupported architecture %r" % arch)
@@ -70,6 +69,7 @@ class MlxModel:
             raise CheckpointError(".", "no *.safetensors file")
         weights = {}
         for f in files:
+            read_header(f)  # refuse a crafted header before mx.load reads it
             try:
                 weights.update(mx.load(f))
             except Exception as e:
