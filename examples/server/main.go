@@ -12,7 +12,11 @@
 // when python3 with torch can run, then the MLX engine when built with the
 // mlx tag, and otherwise the simulated engine (pseudo-tokens, no model),
 // which it says in the log. Metrics are served in Prometheus format on
-// /metrics from the server's own registry. SIGTERM or SIGINT stop it
+// /metrics from the server's own registry. -api-keys FILE (see
+// openai.LoadKeyFile) and $MLXSERVING_API_KEYS (name:key,...) require API
+// keys; without them the server takes anyone's requests, and warns when it
+// listens beyond loopback. scripts/serve.sh runs it on the Python engine,
+// installing Debian's python3-torch first if needed. SIGTERM or SIGINT stop it
 // gracefully: it stops accepting, lets in-flight streams finish (up to
 // -drain), then unloads the models.
 package main
@@ -108,6 +112,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = eng.Close() }()
+	log.Info("engine started", "engine", eng.Name())
 
 	mp, metricsHandler, err := newMetrics()
 	if err != nil {
