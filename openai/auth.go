@@ -91,11 +91,12 @@ func mayUseModel(ctx context.Context, model string) bool {
 
 // authorize checks a generation request against its key: model, tier and
 // limits. On success it sets the request's client id to the key's name
-// and returns the function that charges the finished request's usage.
-func authorize(ctx context.Context, model string, p *api.Params) (charge func(*api.Usage), err error) {
+// and returns the function that charges the finished request's usage (or,
+// for a request cut short, the tokens generated before it ended).
+func authorize(ctx context.Context, model string, p *api.Params) (charge func(u *api.Usage, generated int), err error) {
 	g := grantOf(ctx)
 	if g == nil {
-		return func(*api.Usage) {}, nil
+		return func(*api.Usage, int) {}, nil
 	}
 	if g.models != nil && !g.models[model] {
 		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
@@ -113,10 +114,12 @@ func authorize(ctx context.Context, model string, p *api.Params) (charge func(*a
 		return nil, overLimit(g.name, "requests", wait)
 	}
 	p.Client = g.name
-	return func(u *api.Usage) {
+	return func(u *api.Usage, generated int) {
+		n := generated
 		if u != nil {
-			g.tokens.charge(float64(u.PromptTokens+u.CompletionTokens), time.Now())
+			n = u.PromptTokens + u.CompletionTokens
 		}
+		g.tokens.charge(float64(n), time.Now())
 	}, nil
 }
 

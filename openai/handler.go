@@ -181,7 +181,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	f := newFormat(true, "chatcmpl-"+rand.Text(), time.Now().Unix(), cr.Model, req.Logprobs, req.includeUsage())
 	h.respond(w, r, st, f, req.Stream)
-	charge(f.usage)
+	charge(f.usage, f.generated)
 }
 
 func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
@@ -210,7 +210,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	f := newFormat(false, "cmpl-"+rand.Text(), time.Now().Unix(), gr.Model, req.Logprobs != nil, req.includeUsage())
 	h.respond(w, r, st, f, req.Stream)
-	charge(f.usage)
+	charge(f.usage, f.generated)
 }
 
 func (c *commonFields) includeUsage() bool {
@@ -273,6 +273,9 @@ func (h *Handler) writeWhole(w http.ResponseWriter, st *api.Stream, f *format) e
 			return err
 		}
 		text.WriteString(c.Text)
+		if c.HasToken {
+			f.generated++
+		}
 		if c.HasToken && f.logprobs {
 			tokens = append(tokens, c)
 		}

@@ -21,6 +21,7 @@ type format struct {
 	prefix       []byte     // a stream chunk up to and including `"choices":[`
 	textOffset   int        // completions' logprobs text_offset
 	usage        *api.Usage // the final chunk's usage, once sent
+	generated    int        // tokens received so far, for a stream cut short
 }
 
 func newFormat(chat bool, id string, created int64, model string, logprobs, includeUsage bool) *format {
