@@ -185,3 +185,28 @@ func viaJSON(s string) string {
 	_ = json.Unmarshal(b, &out)
 	return out
 }
+
+// TestNestedPromptRefusedAtOnce: a prompt nested many arrays deep with a
+// large payload inside is refused as it is found, not unwrapped one level
+// at a time (each level re-parsed the rest: quadratic in the body).
+func TestNestedPromptRefusedAtOnce(t *testing.T) {
+	inner := strings.Repeat("1,", 200000) + "1"
+	body := `{"model":"m","prompt":` + strings.Repeat("[", 5000) + inner + strings.Repeat("]", 5000) + `}`
+	r := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+	var req completionRequest
+	if err := decodeStrict([]byte(body), &req); err != nil {
+		t.Fatal(err)
+	}
+	_, err := req.completion(r, 16)
+	var e *apiError
+	if !errors.As(err, &e) || e.status != http.StatusBadRequest || e.Param == nil || *e.Param != "prompt" {
+		t.Fatalf("nested prompt: %v", err)
+	}
+	for _, ok := range []string{`"x"`, `[1,2]`, `["x"]`, `[[1,2]]`} {
+		var req completionRequest
+		_ = decodeStrict([]byte(`{"model":"m","prompt":`+ok+`}`), &req)
+		if _, err := req.completion(r, 16); err != nil {
+			t.Errorf("prompt %s: %v", ok, err)
+		}
+	}
+}
