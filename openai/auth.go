@@ -90,10 +90,12 @@ func mayUseModel(ctx context.Context, model string) bool {
 }
 
 // authorize checks a generation request against its key: model, tier and
-// limits. On success it sets the request's client id to the key's name
+// limits. A request that names no tier runs at the default (normal) or at
+// the key's highest tier if that is lower; one that names a tier above the
+// key's is refused. On success it sets the request's client id to the key's name
 // and returns the function that charges the finished request's usage (or,
 // for a request cut short, the tokens generated before it ended).
-func authorize(ctx context.Context, model string, p *api.Params) (charge func(u *api.Usage, generated int), err error) {
+func authorize(ctx context.Context, model string, p *api.Params, namedTier bool) (charge func(u *api.Usage, generated int), err error) {
 	g := grantOf(ctx)
 	if g == nil {
 		return func(*api.Usage, int) {}, nil
@@ -101,6 +103,9 @@ func authorize(ctx context.Context, model string, p *api.Params) (charge func(u 
 	if g.models != nil && !g.models[model] {
 		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
 			fmt.Sprintf("key %q may not use model %q", g.name, model))
+	}
+	if !namedTier && p.Priority.Outranks(g.maxTier) {
+		p.Priority = g.maxTier
 	}
 	if p.Priority.Outranks(g.maxTier) {
 		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",

@@ -57,7 +57,7 @@ func errCode(t *testing.T, body []byte) string {
 }
 
 func TestAPIKeyRequired(t *testing.T) {
-	f := keyedFixture(t)
+	f := keyedFixture(t, openai.Key{Name: "batch", Secret: "sk-low-0123456789", MaxTier: "low"})
 	cases := []struct {
 		name   string
 		header []string
@@ -74,6 +74,8 @@ func TestAPIKeyRequired(t *testing.T) {
 		{"tier below the key's", append(bearer(normalKey), "X-Priority", "low"), 200, ""},
 		{"admin may use critical", append(bearer(adminKey), "X-Priority", "critical"), 200, ""},
 		{"model not allowed", bearer(otherKey), 403, "model_not_allowed"},
+		{"no tier: the key's highest below normal", bearer("sk-low-0123456789"), 200, ""},
+		{"named tier above a low key", append(bearer("sk-low-0123456789"), "X-Priority", "normal"), 403, "tier_not_allowed"},
 	}
 	for _, c := range cases {
 		status, h, body := f.post(t, "/v1/chat/completions", keyChatBody, c.header...)

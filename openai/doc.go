@@ -62,8 +62,10 @@
 // show; never the key — the most urgent tier it may ask for, the models it
 // may use, and request and token limits per minute. /metrics (and any
 // operator route) needs a key marked Admin. A missing or wrong key is a
-// 401, a model or tier the key may not use a 403, a key over its limits a
-// 429 with Retry-After; /v1/models lists only the key's models.
+// 401, a model or tier the key may not use a 403 (a request that names no
+// tier runs at normal, or at the key's highest tier if that is lower), a
+// key over its limits a 429 with Retry-After; /v1/models lists only the
+// key's models.
 //
 // # Errors
 //

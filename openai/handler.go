@@ -165,7 +165,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	charge, err := authorize(r.Context(), cr.Model, &cr.Params)
+	charge, err := authorize(r.Context(), cr.Model, &cr.Params, req.namesTier(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -195,7 +195,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	charge, err := authorize(r.Context(), gr.Model, &gr.Params)
+	charge, err := authorize(r.Context(), gr.Model, &gr.Params, req.namesTier(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -211,6 +211,11 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	f := newFormat(false, "cmpl-"+rand.Text(), time.Now().Unix(), gr.Model, req.Logprobs != nil, req.includeUsage())
 	h.respond(w, r, st, f, req.Stream)
 	charge(f.usage, f.generated)
+}
+
+// namesTier reports whether the request asked for a tier.
+func (c *commonFields) namesTier(r *http.Request) bool {
+	return c.Priority != "" || r.Header.Get("X-Priority") != ""
 }
 
 func (c *commonFields) includeUsage() bool {
