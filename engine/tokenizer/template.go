@@ -112,6 +112,9 @@ func (ct *chatTemplates) compile(name, src string) (tpl *exec.Template, err erro
 			tpl, err = nil, &TemplateError{File: ct.file, Name: name, Reason: fmt.Sprintf("parse: %v", r)}
 		}
 	}()
+	if err := checkTemplateSource(src); err != nil {
+		return nil, &TemplateError{File: ct.file, Name: name, Reason: "parse: " + err.Error()}
+	}
 	// A memory loader holding only this template: include/extends/import
 	// cannot reach the file system.
 	loader, lerr := loaders.NewMemoryLoader(map[string]string{"/" + name: src})

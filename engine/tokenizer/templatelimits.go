@@ -179,3 +179,74 @@ func limitReason(err error) string {
 	}
 	return msg
 }
+
+// checkTemplateSource refuses template text that gonja's lexer is not to
+// be trusted with: a non-ASCII character inside a tag ({{ }}, {% %}) but
+// outside a string literal. Jinja names and operators are ASCII, so such a
+// template is wrong in any case, and some of these (found by fuzzing) make
+// the lexer loop forever, which no limit inside a rendering could stop.
+func checkTemplateSource(src string) error {
+	for i := 0; i < len(src); {
+		j := strings.Index(src[i:], "{")
+		if j < 0 || i+j+1 >= len(src) {
+			return nil
+		}
+		i += j + 1
+		var closing string
+		switch src[i] {
+		case '#':
+			end := strings.Index(src[i:], "#}")
+			if end < 0 {
+				return nil
+			}
+			i += end + 2
+			continue
+		case '{':
+			closing = "}}"
+		case '%':
+			closing = "%}"
+		default:
+			continue
+		}
+		start := i + 1
+		end, err := scanTag(src, start, closing)
+		if err != nil {
+			return err
+		}
+		i = end
+		if closing == "%}" && strings.Trim(src[start:max(start, end-2)], " \t\r\n-+") == "raw" {
+			k := strings.Index(src[i:], "endraw")
+			if k < 0 {
+				return nil
+			}
+			i += k + len("endraw")
+		}
+	}
+	return nil
+}
+
+// scanTag finds the end of the tag whose body starts at i (the index just
+// past closing), refusing non-ASCII outside string literals.
+func scanTag(src string, i int, closing string) (int, error) {
+	var quote byte
+	for i < len(src) {
+		c := src[i]
+		switch {
+		case quote != 0 && c == '\\':
+			i += 2
+			continue
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case strings.HasPrefix(src[i:], closing):
+			return i + len(closing), nil
+		case c >= 0x80:
+			return 0, fmt.Errorf("non-ASCII character at byte %d inside a tag, outside a string literal", i)
+		}
+		i++
+	}
+	return len(src), nil
+}

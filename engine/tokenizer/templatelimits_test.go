@@ -51,6 +51,8 @@ func TestHostileTemplates(t *testing.T) {
 		{"mutual recursion", `{% macro a(n) %}{{ b(n) }}{% endmacro %}{% macro b(n) %}{{ a(n) }}{% endmacro %}{{ a(0) }}`, "deeper than"},
 		{"recursive loop", `{% set x = [[1]] %}{% for i in x recursive %}{{ loop(x) }}{% endfor %}`, "deeper than"},
 		{"output bomb", `{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}`, "output larger"},
+		{"lexer loop (found by fuzzing)", "{%\ufffd0.\ufffd", "non-ASCII"},
+		{"non-ASCII name", "{{ messagé }}", "non-ASCII"},
 	}
 	msgs := []Message{{Role: "user", Content: "hi"}}
 	for _, c := range cases {
@@ -66,6 +68,11 @@ func TestHostileTemplates(t *testing.T) {
 				t.Errorf("took %s", d)
 			}
 		})
+	}
+	// Non-ASCII text, strings, comments and raw blocks are fine.
+	ok := withTemplate(t, "héllo {# ça #}{{ '—' }}{% if messages[0].content != \"é\" %}ok{% endif %}{% raw %}{{ é }}{% endraw %}")
+	if out, err := ok.ApplyChatTemplate(msgs, ChatOptions{}); err != nil || out != "héllo —ok{{ é }}" {
+		t.Fatalf("non-ASCII outside tags: %q, %v", out, err)
 	}
 	// The limits leave room for real work: a long conversation renders.
 	long := make([]Message, 5000)
