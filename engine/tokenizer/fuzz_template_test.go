@@ -46,7 +46,7 @@ func FuzzChatTemplateMessages(f *testing.F) {
 		for tname, tok := range toks {
 			start := time.Now()
 			out, err := tok.ApplyChatTemplate(msgs, ChatOptions{AddGenerationPrompt: gen})
-			if d := time.Since(start); d > MaxTemplateTime+time.Second {
+			if d := time.Since(start); d > hangAfter {
 				t.Fatalf("%s: rendering took %s", tname, d)
 			}
 			if err != nil {
@@ -100,7 +100,7 @@ func FuzzTemplateSource(f *testing.F) {
 		}
 		start := time.Now()
 		_, err = tok.ApplyChatTemplate([]Message{{Role: "user", Content: content}}, ChatOptions{AddGenerationPrompt: true})
-		if d := time.Since(start); d > MaxTemplateTime+time.Second {
+		if d := time.Since(start); d > hangAfter {
 			t.Fatalf("rendering %q took %s", src, d)
 		}
 		var te *TemplateError
