@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -43,15 +44,12 @@ type Server struct {
 	cfg     config
 	metrics *metrics
 
-	mu     sync.RWMutex
-	models map[string]*model
-	closed bool
+	mgr *prewarm.Manager
 
-	// life ends when the Server closes; loads in flight are cancelled by
-	// it, and loading counts them so Shutdown can wait for them.
-	life    context.Context
-	end     context.CancelFunc
-	loading sync.WaitGroup
+	mu       sync.RWMutex
+	models   map[string]*model // loaded models; nil while loading
+	explicit map[string]bool   // models added by LoadModel
+	closed   bool
 }
 
 // New returns a Server over eng. Load models with LoadModel.
@@ -70,13 +68,18 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	if _, err := scheduler.New[*batcher.Sequence](cfg.schedulerOpts...); err != nil {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
-	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
-	s.life, s.end = context.WithCancel(context.Background())
+	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
+	if s.mgr, err = newManager(s, &cfg); err != nil {
+		if m.registration != nil {
+			_ = m.registration.Unregister()
+		}
+		return nil, fmt.Errorf("mlxserving: %w", err)
+	}
 	return s, nil
 }
 
@@ -88,6 +91,7 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	managerOpts   []prewarm.ManagerOption
 }
 
 func defaultConfig() config {
@@ -129,7 +133,7 @@ func (s *Server) Models() []engine.Info {
 	defer s.mu.RUnlock()
 	out := make([]engine.Info, 0, len(s.models))
 	for _, m := range s.models {
-		if m != nil { // nil: still loading
+		if m != nil {
 			out = append(out, m.info)
 		}
 	}
@@ -149,9 +153,10 @@ func (s *Server) Stats() map[string]ModelStats {
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
-		if m != nil { // nil: still loading
-			out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		if m == nil {
+			continue
 		}
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
 	}
 	return out
 }
@@ -160,8 +165,11 @@ func (s *Server) Stats() map[string]ModelStats {
 // then unloads every model. If ctx ends first, what is left ends with an
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true // from here on, a load cut short reports ErrServerClosed
+	s.mu.Unlock()
+	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
-	s.loading.Wait() // a LoadModel in flight is cancelled and has cleaned up
 	if s.metrics.registration != nil {
 		defer func() { _ = s.metrics.registration.Unregister() }()
 	}
@@ -172,9 +180,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close stops the Server at once: requests in flight end with an error,
-// a LoadModel in flight is cancelled, and every model is unloaded. It
-// returns when the batchers have stopped and no load is left running.
+// Close stops the Server at once: requests in flight end with an error and
+// every model is unloaded. It returns when the batchers have stopped.
 func (s *Server) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -189,7 +196,6 @@ func (s *Server) closeAll() []*model {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.end()
 	models := make([]*model, 0, len(s.models))
 	for id, m := range s.models {
 		models = append(models, m)
@@ -198,25 +204,10 @@ func (s *Server) closeAll() []*model {
 	return models
 }
 
-func (s *Server) lookup(id string) (*model, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return nil, ErrServerClosed
-	}
-	m, ok := s.models[id]
-	if !ok || m == nil { // nil: still loading
-		return nil, &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
-	}
-	return m, nil
-}
-
 func (s *Server) idsLocked() []string {
 	ids := make([]string, 0, len(s.models))
-	for id, m := range s.models {
-		if m != nil {
-			ids = append(ids, id)
-		}
+	for id := range s.models {
+		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	return ids

@@ -34,6 +34,7 @@ type reply struct {
 	Logprobs []float32  `json:"logprobs"`
 	Reused   int        `json:"reused"`
 	Info     *wireInfo  `json:"info"`
+	Warmed   []int      `json:"batch_sizes"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`
@@ -52,6 +53,8 @@ type wireInfo struct {
 	MaxBatch      int     `json:"max_batch"`
 	Device        string  `json:"device"`
 	DType         string  `json:"dtype"`
+	WeightBytes   int64   `json:"weight_bytes"`
+	KVBytes       int64   `json:"kv_bytes"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

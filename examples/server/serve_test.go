@@ -64,12 +64,12 @@ func TestServeScript(t *testing.T) {
 			if m := regexp.MustCompile(`msg=listening addr=(\S+)`).FindStringSubmatch(line); m != nil {
 				addr = m[1]
 			}
-			ready = strings.Contains(line, "msg=\"model ready\"")
+			ready = strings.Contains(line, "msg=serving")
 		case <-deadline:
 			t.Fatalf("serve.sh did not get ready:\n%s", log.String())
 		}
 	}
-	for _, want := range []string{"engine started\" engine=pyproc", "model ready\" engine=pyproc", "RANDOM weights"} {
+	for _, want := range []string{"engine started\" engine=pyproc", "msg=serving engine=pyproc model=tiny", "RANDOM weights"} {
 		if !strings.Contains(log.String(), want) {
 			t.Errorf("the log lacks %q:\n%s", want, log.String())
 		}
