@@ -104,6 +104,11 @@ func authorize(ctx context.Context, model string, p *api.Params, namedTier bool)
 		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
 			fmt.Sprintf("key %q may not use model %q", g.name, model))
 	}
+	if p.KeepAlive != nil && !g.admin {
+		// keep_alive decides how long a model holds memory for everyone.
+		return nil, newAPIError(http.StatusForbidden, typePermission, "keep_alive", "admin_required",
+			fmt.Sprintf("key %q may not set keep_alive: it needs an admin key", g.name))
+	}
 	if !namedTier && p.Priority.Outranks(g.maxTier) {
 		p.Priority = g.maxTier
 	}

@@ -77,6 +77,14 @@ func TestAPIKeyRequired(t *testing.T) {
 		{"no tier: the key's highest below normal", bearer("sk-low-0123456789"), 200, ""},
 		{"named tier above a low key", append(bearer("sk-low-0123456789"), "X-Priority", "normal"), 403, "tier_not_allowed"},
 	}
+	// keep_alive holds memory for every tenant: admin keys only.
+	keep := `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"keep_alive":"-1s"}`
+	if status, _, body := f.post(t, "/v1/chat/completions", keep, bearer(normalKey)...); status != 403 || errCode(t, body) != "admin_required" {
+		t.Errorf("keep_alive from a user key: %d %s", status, body)
+	}
+	if status, _, body := f.post(t, "/v1/chat/completions", keep, bearer(adminKey)...); status != 200 {
+		t.Errorf("keep_alive from an admin key: %d %s", status, body)
+	}
 	for _, c := range cases {
 		status, h, body := f.post(t, "/v1/chat/completions", keyChatBody, c.header...)
 		if status != c.status {

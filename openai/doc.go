@@ -69,11 +69,11 @@
 // rate limits and metrics, in place of the body's "user", and what logs
 // show; never the key — the most urgent tier it may ask for, the models it
 // may use, and request and token limits per minute. /metrics (and any
-// operator route) needs a key marked Admin. A missing or wrong key is a
-// 401, a model or tier the key may not use a 403 (a request that names no
-// tier runs at normal, or at the key's highest tier if that is lower), a
-// key over its limits a 429 with Retry-After; /v1/models lists only the
-// key's models.
+// operator route) and the keep_alive field need a key marked Admin. A
+// missing or wrong key is a 401, a model or tier the key may not use a
+// 403 (a request that names no tier runs at normal, or at the key's
+// highest tier if that is lower), a key over its limits a 429 with
+// Retry-After; /v1/models lists only the key's models.
 //
 // # Errors
 //
