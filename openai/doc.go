@@ -1,6 +1,8 @@
 // Package openai serves an [mlxserving.Server] over the OpenAI HTTP API, so
 // the official OpenAI clients (and anything built on them) work against a
-// Go program that embeds its own models.
+// Go program that embeds its own models. It serves a
+// scheduler.LoadBalancer in front of several instances the same way: New
+// takes any scheduler.Backend.
 //
 //	srv, _ := mlxserving.New(eng)
 //	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: dir})
@@ -60,6 +62,15 @@
 // (unloaded, loading, loaded, unloading, failed), pinned, memory_bytes,
 // idle_until (Unix seconds), and error and retry_at after a failed load.
 //
+// Request merging (when the Server has it on, mlxserving.WithMerging):
+// identical deterministic requests (temperature 0, or a seed) in flight
+// together share one generation, and the body field "cache": true lets a
+// server with a response cache answer from it. The response header
+// X-Cache says what happened: "miss" (a fresh generation), "merged"
+// (joined an identical one in flight) or "hit" (replayed from the cache,
+// its usage counting every prompt token as cached); it is absent for
+// requests that are not eligible.
+//
 // # API keys
 //
 // WithAPIKeys (keys from LoadKeyFile or ParseKeyList) makes every route
@@ -84,8 +95,9 @@
 // or a client's rate limit 429 with Retry-After; an overloaded server, memory
 // pressure or a closing server (requests cut off by shutdown included) 503;
 // a model that cannot be loaded now (its load failed and backs off, or the
-// memory budget is held by pinned or busy models) 503 with Retry-After; an
-// engine failure 500. An error after a
+// memory budget is held by pinned or busy models) 503 with Retry-After; no
+// backend of a load balancer able to take the request 503 with
+// Retry-After; an engine failure 500. An error after a
 // stream started is sent as a final SSE event data: {"error":{...}} without
 // [DONE].
 //

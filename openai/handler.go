@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
-	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -18,15 +18,17 @@ import (
 // Handler serves a Server over the OpenAI HTTP API (see the package doc for
 // the endpoints, fields and extensions). It is safe for concurrent use.
 type Handler struct {
-	srv     *mlxserving.Server
+	srv     scheduler.Backend
 	cfg     config
 	metrics *httpMetrics
 	created int64 // the models' "created" time
 }
 
-// New returns a Handler over srv.
-func New(srv *mlxserving.Server, opts ...Option) (*Handler, error) {
-	if srv == nil {
+// New returns a Handler over srv: a *mlxserving.Server, or a
+// scheduler.LoadBalancer in front of several instances (anything that
+// implements scheduler.Backend).
+func New(srv scheduler.Backend, opts ...Option) (*Handler, error) {
+	if srv == nil || (reflect.ValueOf(srv).Kind() == reflect.Pointer && reflect.ValueOf(srv).IsNil()) {
 		return nil, errors.New("openai: server is nil")
 	}
 	cfg := defaultConfig()
@@ -104,7 +106,7 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) modelsLoaded(context.Context) error {
-	if len(h.srv.ModelStatus()) == 0 {
+	if len(h.modelStatus()) == 0 {
 		return errors.New("no model loaded or registered")
 	}
 	return nil
@@ -217,6 +219,9 @@ func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.
 // respond sends the stream as SSE or as one body.
 func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream, f *format, stream bool) {
 	defer st.Close()
+	if c := st.Header().Cache; c != "" {
+		w.Header().Set("X-Cache", c) // request merging: hit, miss or merged
+	}
 	var err error
 	if stream {
 		err = h.streamSSE(w, st, f)

@@ -78,7 +78,7 @@ func (h *Handler) modelObject(st prewarm.ModelStatus) modelObject {
 
 func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
 	data := []modelObject{}
-	for _, st := range h.srv.ModelStatus() {
+	for _, st := range h.modelStatus() {
 		if mayUseModel(r.Context(), st.ID) { // with API keys: the key's models only
 			data = append(data, h.modelObject(st))
 		}
@@ -88,11 +88,26 @@ func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	for _, st := range h.srv.ModelStatus() {
+	for _, st := range h.modelStatus() {
 		if st.ID == id && mayUseModel(r.Context(), id) {
 			writeJSON(w, http.StatusOK, h.modelObject(st))
 			return
 		}
 	}
 	writeError(w, &mlxserving.ModelNotFoundError{Model: id})
+}
+
+// modelStatus lists the models served: a Server's known models with their
+// state, or, for another backend (a load balancer), the models its load
+// report names, as loaded.
+func (h *Handler) modelStatus() []prewarm.ModelStatus {
+	if ms, ok := h.srv.(interface{ ModelStatus() []prewarm.ModelStatus }); ok {
+		return ms.ModelStatus()
+	}
+	ids := h.srv.Load().Models
+	out := make([]prewarm.ModelStatus, len(ids))
+	for i, id := range ids {
+		out[i] = prewarm.ModelStatus{ID: id, State: prewarm.StateLoaded}
+	}
+	return out
 }
