@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/bits"
 	"os"
@@ -123,7 +124,10 @@ func ParseHeader(header []byte, dataLen int64, path string) (*Header, error) {
 		return nil, &engine.CheckpointError{Path: path, Reason: fmt.Sprintf("corrupt safetensors header: want a JSON object (%v)", err)}
 	}
 	h := &Header{Tensors: make(map[string]Tensor, len(raw))}
-	for name, msg := range raw {
+	// In name order, so the same bad file always names the same tensor.
+	names := slices.Sorted(maps.Keys(raw))
+	for _, name := range names {
+		msg := raw[name]
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &h.Metadata); err != nil {
 				return nil, &engine.CheckpointError{Path: path, Reason: "corrupt safetensors header: __metadata__ must map strings to strings"}

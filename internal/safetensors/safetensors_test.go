@@ -76,7 +76,7 @@ func TestHostileFiles(t *testing.T) {
 		{"empty file", nil, "", "too short"},
 		{"header length past the end", append(lenOnly, '{', '}'), "", "does not fit"},
 		{"truncated header", whole[:20], "", "does not fit"},
-		{"truncated data", whole[:len(whole)-5], "b", "outside the 27 data bytes"},
+		{"truncated data", whole[:len(whole)-5], "b", "outside the 27 data bytes"}, // "b" sorts before "empty"
 		{"offsets past the end", file(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}`, 8), "a", "outside"},
 		{"10 GB declared tensor", file(`{"w":{"dtype":"F32","shape":[50000,50000],"data_offsets":[0,10000000000]}}`, 64), "w", "outside"},
 		{"unknown dtype", file(`{"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]}}`, 2), "a", "unknown dtype"},
