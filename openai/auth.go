@@ -93,12 +93,13 @@ func mayUseModel(ctx context.Context, model string) bool {
 // limits. A request that names no tier runs at the default (normal) or at
 // the key's highest tier if that is lower; one that names a tier above the
 // key's is refused. On success it sets the request's client id to the key's name
-// and returns the function that charges the finished request's usage (or,
-// for a request cut short, the tokens generated before it ended).
-func authorize(ctx context.Context, model string, p *api.Params, namedTier bool) (charge func(u *api.Usage, generated int), err error) {
+// and returns the function that charges the finished request's tokens:
+// the prompt once and every choice's generated tokens (as usage reports
+// them, or as many as arrived before a choice was cut short).
+func authorize(ctx context.Context, model string, p *api.Params, namedTier bool) (charge func([]*format), err error) {
 	g := grantOf(ctx)
 	if g == nil {
-		return func(*api.Usage, int) {}, nil
+		return func([]*format) {}, nil
 	}
 	if g.models != nil && !g.models[model] {
 		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
@@ -124,12 +125,17 @@ func authorize(ctx context.Context, model string, p *api.Params, namedTier bool)
 		return nil, overLimit(g.name, "requests", wait)
 	}
 	p.Client = g.name
-	return func(u *api.Usage, generated int) {
-		n := generated
-		if u != nil {
-			n = u.PromptTokens + u.CompletionTokens
+	return func(fs []*format) {
+		prompt, generated := 0, 0
+		for _, f := range fs {
+			if f.usage != nil {
+				prompt = max(prompt, f.usage.PromptTokens)
+				generated += f.usage.CompletionTokens
+			} else {
+				generated += f.generated
+			}
 		}
-		g.tokens.charge(float64(n), time.Now())
+		g.tokens.charge(float64(prompt+generated), time.Now())
 	}, nil
 }
 

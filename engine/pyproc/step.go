@@ -40,7 +40,7 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	for _, p := range order {
 		g := m.groups[p]
 		g.id, g.ch, g.err = p.send(func(b []byte, id uint64) []byte {
-			return appendStep(b, id, m.handle, batch, g.idx)
+			return appendStep(b, id, m.handle, m.info.VocabSize, batch, g.idx)
 		}, true)
 	}
 	var firstErr error
@@ -74,6 +74,14 @@ func (m *Model) checkBatch(batch []engine.StepInput) error {
 		}
 		if in.Sample && in.Params != nil {
 			if err := in.Params.Validate(); err != nil {
+				return err
+			}
+			if err := in.Params.CheckVocab(m.info.VocabSize); err != nil {
+				return err
+			}
+		}
+		if in.Sample {
+			if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
 				return err
 			}
 		}
@@ -112,6 +120,12 @@ func (m *Model) collect(batch []engine.StepInput, order []*proc) ([]engine.StepO
 			o.Seq, o.Token = batch[i].Seq, g.reply.Tokens[k]
 			if k < len(g.reply.Logprobs) {
 				o.Logprob = g.reply.Logprobs[k]
+			}
+			if k < len(g.reply.Top) && len(g.reply.Top[k]) > 0 {
+				o.Top = make([]engine.TokenLogprob, len(g.reply.Top[k]))
+				for j, e := range g.reply.Top[k] {
+					o.Top[j] = engine.TokenLogprob{Token: int32(e[0]), Logprob: float32(e[1])}
+				}
 			}
 			k++
 		}

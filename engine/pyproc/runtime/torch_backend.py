@@ -8,12 +8,13 @@ import torch
 
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
-from sampling import sample_rows
+from sampling import note_fed, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
 
 def load(path, opts):
@@ -49,10 +50,11 @@ def pick_dtype(name, device, cfg):
 
 
 class Seq:
-    __slots__ = ("slot", "tokens", "gen", "held")
+    __slots__ = ("slot", "tokens", "gen", "held", "sampled", "counts")
 
     def __init__(self, slot, tokens, held):
         self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
+        self.sampled, self.counts = False, {}
 
 
 class TorchModel:
@@ -208,9 +210,9 @@ class TorchModel:
 
     def step(self, batch):
         """batch: list of [seq, tokens, sample, params]. Returns (tokens,
-        logprobs) for the sampling inputs in order."""
+        logprobs, top logprobs) for the sampling inputs in order."""
         if not batch:
-            return [], []
+            return [], [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seqs, grow = [], 0
@@ -234,6 +236,7 @@ class TorchModel:
         self.used += grow
         for (_, toks, _, _), s in zip(batch, seqs):
             s.held = max(s.held, len(s.tokens) + len(toks))
+            note_fed(s, toks)
         with torch.no_grad():
             rows = self._forward(batch, seqs)
             return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)

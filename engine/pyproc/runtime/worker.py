@@ -102,10 +102,13 @@ class Worker:
         if op == "step":
             if self.step_delay:
                 time.sleep(self.step_delay)
-            toks, lps = self.model(req).step(req["batch"])
+            res = self.model(req).step(req["batch"])
+            toks, lps = res[0], res[1]
             r = {"tokens": toks}
             if any(lps):
                 r["logprobs"] = lps
+            if len(res) > 2 and any(res[2]):
+                r["top"] = res[2]
             return r
         if op == "open":
             return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}
