@@ -238,6 +238,9 @@ func (s *Server) Stats() map[string]ModelStats {
 // then unloads every model. If ctx ends first, what is left ends with an
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true // from here on, a load cut short reports ErrServerClosed
+	s.mu.Unlock()
 	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
 	if s.metrics.registration != nil {

@@ -189,8 +189,11 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithCacheDir sets where the embedded runtime is written (in a
-// subdirectory named by its content hash). The default is the user cache
-// directory's "mlxserving".
+// subdirectory named by its content hash, created 0700). The default is the
+// user cache directory's "mlxserving". The directory must not be writable
+// by other users (unless sticky, like /tmp); the runtime's own directory
+// must be ours, 0700, and hold exactly the embedded files, checked before
+// every worker start (else ErrUnsafeRuntime).
 func WithCacheDir(dir string) Option {
 	return func(c *config) error {
 		if dir == "" {

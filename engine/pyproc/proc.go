@@ -87,8 +87,14 @@ type proc struct {
 }
 
 // startProc launches a worker and waits for its handshake.
+// The runtime directory is verified first, every time: a worker restarted
+// hours later runs exactly the files this binary embeds, or does not start.
 func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*proc, error) {
-	args := []string{"-u", filepath.Join(runtimeDir, "worker.py"),
+	if err := verifyRuntime(runtimeDir); err != nil {
+		return nil, err
+	}
+	// -B: no bytecode cache is written (or trusted: verifyRuntime refuses one).
+	args := []string{"-u", "-B", filepath.Join(runtimeDir, "worker.py"),
 		"--backend", cfg.backend,
 		"--heartbeat", strconv.FormatFloat(cfg.hbInterval.Seconds(), 'f', -1, 64),
 		"--max-line", strconv.Itoa(cfg.maxLine),

@@ -6,7 +6,6 @@ embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
 projections and the MLP; attention runs per group: all one-token sequences
 together against their padded caches, each multi-token chunk on its own.
 """
-import json
 import math
 import os
 
@@ -14,22 +13,21 @@ import torch
 import torch.nn.functional as F
 
 from st import Checkpoint, CheckpointError
+from stcheck import read_json
 
 ARCHS = {"llama", "mistral", "qwen2"}
+
+# Upper bounds far above any real model, so a crafted config.json cannot ask
+# for absurd KV memory before the weights' shapes are compared with it.
+LIMITS = {"hidden": 1 << 17, "layers": 1 << 10, "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 17,
+          "intermediate": 1 << 19, "vocab": 1 << 22, "context": 1 << 24}
 
 
 class Config:
     """The fields of config.json the forward pass needs."""
 
     def __init__(self, directory):
-        path = os.path.join(directory, "config.json")
-        try:
-            with open(path) as f:
-                c = json.load(f)
-        except OSError as e:
-            raise CheckpointError("config.json", "cannot read: %s" % e.strerror)
-        except ValueError as e:
-            raise CheckpointError("config.json", "not JSON: %s" % e)
+        c = read_json(os.path.join(directory, "config.json"), "config.json")
         arch = c.get("model_type", "")
         if arch not in ARCHS:
             raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(sorted(ARCHS))))
@@ -46,28 +44,38 @@ class Config:
             self.eps = float(c.get("rms_norm_eps") or 1e-5)
             self.theta = float(c.get("rope_theta") or 10000.0)
             self.rope_scaling = c.get("rope_scaling")
+            if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+                raise ValueError("rope_scaling is not an object")
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.bias = arch == "qwen2" or bool(c.get("attention_bias", False))
             self.dtype = c.get("torch_dtype") or "float32"
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError("config.json", "missing or bad field: %s" % e)
-        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) <= 0 or self.heads % self.kv_heads:
+        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab, self.head_dim, self.context) <= 0 or self.heads % self.kv_heads:
             raise CheckpointError("config.json", "inconsistent sizes")
+        for field, limit in LIMITS.items():
+            if getattr(self, field) > limit:
+                raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
         self.bos, self.eos = _special_ids(directory, c)
 
 
 def _special_ids(directory, c):
-    bos, eos = c.get("bos_token_id"), c.get("eos_token_id")
-    try:
-        with open(os.path.join(directory, "generation_config.json")) as f:
-            g = json.load(f)
+    bos, eos, src = c.get("bos_token_id"), c.get("eos_token_id"), "config.json"
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.exists(path):
+        g = read_json(path, "generation_config.json")
         bos = g.get("bos_token_id", bos)
-        eos = g.get("eos_token_id", eos)
-    except (OSError, ValueError):
-        pass
-    if isinstance(eos, int):
+        if "eos_token_id" in g:
+            eos, src = g["eos_token_id"], "generation_config.json"
+    if _is_id(eos):
         eos = [eos]
-    return (bos if isinstance(bos, int) else -1), [int(e) for e in (eos or [])]
+    if eos is not None and not (isinstance(eos, list) and all(_is_id(e) for e in eos)):
+        raise CheckpointError(src, "eos_token_id: want an integer or a list of integers")
+    return (bos if _is_id(bos) else -1), list(eos or [])
+
+
+def _is_id(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 31)
 
 
 def rope_inv_freq(cfg):
@@ -77,12 +85,22 @@ def rope_inv_freq(cfg):
     if not rs:
         return inv
     kind = rs.get("rope_type") or rs.get("type")
-    if kind == "linear":
-        return inv / float(rs["factor"])
-    if kind != "llama3":
-        raise CheckpointError("config.json", "unsupported rope_scaling %r" % kind)
-    factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-    old = float(rs["original_max_position_embeddings"])
+    if kind == "default":
+        return inv
+    try:
+        if kind == "linear":
+            factor = float(rs["factor"])
+            if not factor > 0:
+                raise ValueError("factor must be positive")
+            return inv / factor
+        if kind != "llama3":
+            raise CheckpointError("config.json", "unsupported rope_scaling %r" % (kind,))
+        factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        if not (factor > 0 and low > 0 and high > low and old > 0):
+            raise ValueError("bad parameters")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError("config.json", "rope_scaling %s: %s" % (kind, e))
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > old / low, inv / factor, inv)
     smooth = (old / wavelen - low) / (high - low)
