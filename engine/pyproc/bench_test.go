@@ -18,7 +18,7 @@ func BenchmarkEmptyStepRoundTrip(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	empty := func(buf []byte, id uint64) []byte { return appendStep(buf, id, m.handle, nil, nil) }
+	empty := func(buf []byte, id uint64) []byte { return appendStep(buf, id, m.handle, nil, nil, nil) }
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

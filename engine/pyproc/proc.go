@@ -32,8 +32,11 @@ type reply struct {
 	Error    *wireError `json:"error"`
 	Tokens   []int32    `json:"tokens"`
 	Logprobs []float32  `json:"logprobs"`
-	Reused   int        `json:"reused"`
-	Info     *wireInfo  `json:"info"`
+	// Lookahead: per sampling input, the tokens decoded after Tokens.
+	More         [][]int32   `json:"more"`
+	MoreLogprobs [][]float32 `json:"more_logprobs"`
+	Reused       int         `json:"reused"`
+	Info         *wireInfo   `json:"info"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`

@@ -7,6 +7,7 @@ projections and the MLP; attention runs per group: all one-token sequences
 together against their padded caches, each multi-token chunk on its own.
 """
 import json
+import logging
 import math
 import os
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from st import Checkpoint, CheckpointError
 
 ARCHS = {"llama", "mistral", "qwen2"}
+log = logging.getLogger("llama")
 
 
 class Config:
@@ -138,6 +140,7 @@ class Llama:
         fast = device.type == "cuda"
         self.sdpa = fast and _sdpa_gqa()
         self.fused_rms = fast and hasattr(F, "rms_norm")
+        self.kern = _kernels(cfg, device, dtype) if fast else None
 
     def rms(self, x, w):
         if self.fused_rms:
@@ -160,8 +163,9 @@ class Llama:
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        h = None
         for li, L in enumerate(self.layers):
-            h = self.rms(x, L["ln1"])
+            x, h = self.add_norm(x, h, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
             qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
@@ -169,12 +173,42 @@ class Llama:
             kc[li][slot_tok, :, pos] = k
             vc[li][slot_tok, :, pos] = v
             a = self.attend(q, kc[li], vc[li], groups)
-            x = x + F.linear(a, L["o"])
-            h = self.rms(x, L["ln2"])
-            gu = F.linear(h, L["gate_up"])
-            g, u = gu.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, L["down"])
-        x = self.rms(x[last], self.norm)
+            x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
+            h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
+        x = self.rms(x[last] + h[last], self.norm)
+        return F.linear(x, self.lm_head).float()
+
+    def add_norm(self, x, d, w):
+        """(x + d, rms(x + d) * w); d is skipped when None (the first
+        layer: x is the embedding). Returns the new residual and the
+        normalised rows."""
+        if self.kern is not None:
+            return self.kern.add_rms(x, d, w, self.cfg.eps)
+        if d is not None:
+            x = x + d
+        return x, self.rms(x, w)
+
+    def swiglu(self, gu):
+        if self.kern is not None:
+            return self.kern.silu_mul(gu)
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def forward_decode(self, tokens, pos, slots, kc, vc):
+        """One token per sequence, all on the device: tokens, pos, slots
+        [B] (int64). Needs the CUDA kernels (self.kern). Returns logits
+        [B, vocab] (float32)."""
+        cfg = self.cfg
+        kern = self.kern
+        x = self.embed[tokens]
+        h = None
+        for li, L in enumerate(self.layers):
+            x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
+            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            a = kern.decode_attention(qkv, kc[li], vc[li], slots, pos, self.cos, self.sin, cfg.heads, cfg.kv_heads)
+            x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
+            h = F.linear(kern.silu_mul(F.linear(h, L["gate_up"])), L["down"])
+        _, x = kern.add_rms(x, h, self.norm, cfg.eps)
         return F.linear(x, self.lm_head).float()
 
     def attend(self, q, kc, vc, groups):
@@ -242,6 +276,25 @@ class Llama:
                     attn_mask=allowed, enable_gqa=True)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
+
+
+def _kernels(cfg, device, dtype):
+    """The Triton kernels module when it runs here and agrees with the
+    plain torch code on a small case; None otherwise (the torch code runs)."""
+    if os.environ.get("MLXSERVING_TORCH_KERNELS", "1") == "0":
+        return None
+    try:
+        import kernels
+        if not kernels.usable(cfg, dtype):
+            return None
+        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
+    except Exception as e:  # no Triton, or it cannot compile for this device
+        log.warning("Triton kernels unavailable, using plain torch: %s", e)
+        return None
+    if err is not None:
+        log.warning("Triton kernels disagree with torch (%s); using plain torch", err)
+        return None
+    return kernels
 
 
 def _sdpa_gqa():

@@ -10,9 +10,10 @@ from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
 from sampling import sample_rows
 from graphs import DecodeGraphs
+import lookahead
 
 
-CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
+CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
 
 
@@ -42,10 +43,11 @@ def pick_dtype(name, device, cfg):
 
 
 class Seq:
-    __slots__ = ("slot", "tokens", "gen", "held")
+    __slots__ = ("slot", "tokens", "gen", "held", "hist")
 
     def __init__(self, slot, tokens, held):
         self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
+        self.hist = None  # generator states before recent draws (lookahead.rewind)
 
 
 class TorchModel:
@@ -82,6 +84,7 @@ class TorchModel:
             self.graphs = DecodeGraphs(self.model, self.kc, self.vc, self.slots, self.max_batch, cfg.context)
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
+        self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
 
     def _size_slots(self, kv_capacity):
         """Returns (slots, capacity): KV slots of one context each, and the
@@ -139,10 +142,12 @@ class TorchModel:
         self.used += len(prompt)
         return reused
 
-    def free(self, seq, save_key):
+    def free(self, seq, save_key, back=0):
         s = self.seqs.pop(seq, None)
         if s is None:
             return
+        if 0 < back <= len(s.tokens):
+            lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
         self.used -= s.held
         if save_key and s.tokens:
             old = self.saved.pop(save_key, None)
@@ -169,17 +174,24 @@ class TorchModel:
         return {"open": len(self.seqs), "saved": len(self.saved), "free_slots": len(self.free_slots)}
 
     def step(self, batch):
-        """batch: list of [seq, tokens, sample, params]. Returns (tokens,
-        logprobs) for the sampling inputs in order."""
+        """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
+        (tokens, logprobs, more, more_logprobs) for the sampling inputs in
+        order; more holds the tokens decoded ahead (lookahead.py)."""
         if not batch:
             return [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seqs, grow = [], 0
-        for seq, toks, _, _ in batch:
+        for b in batch:
+            seq, toks = b[0], b[1]
             s = self.seqs.get(seq)
             if s is None:
                 raise ProtocolError("invalid", "sequence %d is not open" % seq)
+            back = int(b[5]) if len(b) > 5 and b[5] else 0
+            if back:
+                if back < 0 or back > len(s.tokens):
+                    raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
+                lookahead.rewind(s, back)
             if not toks:
                 raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
             if len(s.tokens) + len(toks) > self.cfg.context:
@@ -194,14 +206,24 @@ class TorchModel:
             raise ProtocolError("oom", "the step needs %d more KV tokens; %d of %d are free"
                                 % (grow, self.capacity - self.used, self.capacity))
         self.used += grow
-        for (_, toks, _, _), s in zip(batch, seqs):
-            s.held = max(s.held, len(s.tokens) + len(toks))
+        for b, s in zip(batch, seqs):
+            s.held = max(s.held, len(s.tokens) + len(b[1]))
+        want = lookahead.plan(self, batch, seqs)
+        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
         with torch.no_grad():
             rows = self._forward(batch, seqs)
-            return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)
+            items = [(b[3], s) for b, s in zip(batch, seqs) if b[2]]
+            if self.lookahead_used:
+                lookahead.remember(items, self.device)
+            toks, lps = sample_rows(rows, items, self.device)
+            if max(want, default=1) <= 1:
+                return toks, lps
+            more, more_lps = lookahead.run(self, items, toks, want)
+            return toks, lps, more, more_lps
 
     def _forward(self, batch, seqs):
-        if self.graphs is not None and self.graphs.usable(len(batch)) and all(len(b[1]) == 1 and b[2] for b in batch):
+        decode = all(len(b[1]) == 1 and b[2] for b in batch)
+        if decode and self.graphs is not None and self.graphs.usable(len(batch)):
             try:
                 return self._graph_decode(batch, seqs)
             except RuntimeError as e:  # capture unsupported here: run eagerly from now on
@@ -210,9 +232,15 @@ class TorchModel:
                 for s in seqs:
                     del s.tokens[-1]
         dev = self.device
+        if decode and self.model.kern is not None:
+            t = torch.tensor([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.slot for s in seqs]], device=dev)
+            for b, s in zip(batch, seqs):
+                s.tokens.append(b[1][0])
+            return self.model.forward_decode(t[0], t[1], t[2], self.kc, self.vc)
         tokens, pos, slot_tok, last = [], [], [], []
         dec_rows, dec_slots, dec_len, chunks = [], [], [], []
-        for (seq, toks, sample, _), s in zip(batch, seqs):
+        for b, s in zip(batch, seqs):
+            toks, sample = b[1], b[2]
             p, a = len(s.tokens), len(tokens)
             tokens.extend(toks)
             pos.extend(range(p, p + len(toks)))

@@ -102,17 +102,21 @@ class Worker:
         if op == "step":
             if self.step_delay:
                 time.sleep(self.step_delay)
-            toks, lps = self.model(req).step(req["batch"])
-            r = {"tokens": toks}
-            if any(lps):
-                r["logprobs"] = lps
+            res = self.model(req).step(req["batch"])
+            r = {"tokens": res[0]}
+            if any(res[1]):
+                r["logprobs"] = res[1]
+            if len(res) > 2:  # lookahead: the tokens decoded after these
+                r["more"] = res[2]
+                if res[3] is not None:
+                    r["more_logprobs"] = res[3]
             return r
         if op == "open":
             return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}
         if op == "free":
             m = self.models.get(req.get("model"))
             if m is not None:
-                m.free(req["seq"], req.get("key", ""))
+                m.free(req["seq"], req.get("key", ""), *([int(req["back"])] if req.get("back") else []))
             return {}
         if op == "load":
             name = req["model"]

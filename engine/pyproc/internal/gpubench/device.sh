@@ -1,0 +1,32 @@
+#!/bin/sh
+# One device run: environment, the benchmark table, and profiles of decode
+# steps. Expects the gpubench binary in bin/ (Go is not needed there):
+#
+#   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o bin/gpubench ./engine/pyproc/internal/gpubench
+#   sh engine/pyproc/internal/gpubench/device.sh OUTDIR [gpubench flags]
+#
+# Optional: bin/gpubench-base and bin/base_runtime/ (an older build and its
+# runtime *.py) are measured and profiled first, for before/after figures.
+set -u
+out=${1:-/tmp/gpubench-out}
+shift || true
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+ck=/tmp/llama1b
+prof=engine/pyproc/internal/gpubench/prof.py
+{
+	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+	$py -c 'import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)'
+	command -v go || echo "no go"
+} 2>&1 | tee "$out/env.txt"
+if [ -x bin/gpubench-base ]; then
+	bin/gpubench-base -python "$py" -dir $ck -hf=false 2>&1 | tee "$out/base.txt"
+	for b in 1 64; do
+		$py $prof bin/base_runtime $ck $b 1 2>&1 | tee -a "$out/prof_before.txt"
+	done
+fi
+for b in 1 64; do
+	$py $prof engine/pyproc/runtime $ck $b 8 2>&1 | tee -a "$out/prof_after.txt"
+done
+bin/gpubench -python "$py" -dir $ck "$@" 2>&1 | tee "$out/bench.txt"

@@ -1,0 +1,210 @@
+"""Triton kernels for the CUDA decode path.
+
+Imported only where torch runs on CUDA and Triton imports (torch's CUDA
+wheels ship it); everywhere else the forward pass keeps its plain torch
+code. Each kernel reproduces the rounding of the torch code it replaces
+(bfloat16/float16 results rounded where torch rounds them), so greedy
+tokens do not depend on which path ran.
+
+- add_rms: the residual add and the next RMSNorm in one pass.
+- silu_mul: SwiGLU's silu(gate) * up from the packed gate_up projection.
+- decode_attention: one token per sequence: rotary embedding of q and k,
+  the new k and v written into the sequence's KV slot, and attention over
+  the slot's cache, all heads of a KV group in one program; no gather of
+  the cache, no mask, any length up to the context.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=m, other=0.0)
+    if HAS_D:
+        d = tl.load(d_ptr + row * n + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+        tl.store(xo_ptr + row * n + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0)
+    y = (xf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
+    tl.store(y_ptr + row * n + offs, y.to(x.dtype), mask=m)
+
+
+def add_rms(x, d, w, eps):
+    """Returns (x + d, rms_norm(x + d) * w); with d None, (x, rms_norm(x) * w).
+    x, d: contiguous [N, hidden]."""
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    xo = torch.empty_like(x) if d is not None else x
+    if x.shape[0]:
+        _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, n, eps,
+                                       HAS_D=d is not None, BLOCK=triton.next_power_of_2(n), num_warps=8)
+    return xo, y
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < inter
+    g = tl.load(gu_ptr + row * 2 * inter + offs, mask=m, other=0.0)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=m, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    tl.store(out_ptr + row * inter + offs, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
+
+
+def silu_mul(gu):
+    """gu: contiguous [N, 2*inter] (gate then up). Returns silu(gate) * up."""
+    n, inter = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(n, inter, device=gu.device, dtype=gu.dtype)
+    BLOCK = 1024
+    if n:
+        _silu_mul_kernel[(n, triton.cdiv(inter, BLOCK))](gu, out, inter, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
+    # x * cos + rotate_half(x) * sin, rounded like torch: each product and
+    # the sum in x's dtype. xr is x loaded at (d + HALF) % HD.
+    d = tl.arange(0, HD)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    a = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
+    b = ((xr.to(tl.float32) * sign) * sin.to(tl.float32)).to(x.dtype)
+    return (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                        qkv_stride, s_slot, s_head, s_pos, scale,
+                        H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
+                        HD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    slot = tl.load(slot_ptr + b)
+    p = tl.load(pos_ptr + b)
+    d = tl.arange(0, HD)
+    dr = (d + HD // 2) % HD
+    r = tl.arange(0, RB)
+    rm = r < REP
+    row = qkv_ptr + b * qkv_stride
+    cos = tl.load(cos_ptr + p * HD + d)
+    sin = tl.load(sin_ptr + p * HD + d)
+    qh = (kh * REP + r)[:, None] * HD
+    q = tl.load(row + qh + d[None, :], mask=rm[:, None], other=0.0)
+    qr = tl.load(row + qh + dr[None, :], mask=rm[:, None], other=0.0)
+    q = _rope(q, qr, cos[None, :], sin[None, :], HD // 2, HD)
+    k = tl.load(row + (H + kh) * HD + d)
+    kr = tl.load(row + (H + kh) * HD + dr)
+    k = _rope(k, kr, cos, sin, HD // 2, HD)
+    v = tl.load(row + (H + K + kh) * HD + d)
+    base = slot.to(tl.int64) * s_slot + kh * s_head
+    tl.store(kc_ptr + base + p * s_pos + d, k)
+    tl.store(vc_ptr + base + p * s_pos + d, v)
+    # The current token from registers; the cache for positions before p.
+    s_cur = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
+    m_i = s_cur
+    l_i = tl.full([RB], 1.0, tl.float32)
+    acc = tl.zeros([RB, HD], tl.float32) + v.to(tl.float32)[None, :]
+    j = tl.arange(0, BLOCK)
+    for start in range(0, p, BLOCK):
+        jm = start + j < p
+        kb = tl.load(kc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
+        vb = tl.load(vc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kb))
+        s = tl.where(jm[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        pr = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(pr, vb.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
+
+
+def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
+    """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
+    sequence, before the rotary embedding); kc, vc [slots, K, context, hd];
+    slots, pos [B] (int64): the sequence's slot and the token's position.
+    Writes k and v at pos and returns attention over positions 0..pos,
+    [B, H * hd]."""
+    B = qkv.shape[0]
+    hd = kc.shape[-1]
+    rep = heads // kv_heads
+    out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    _decode_attn_kernel[(B, kv_heads)](
+        qkv, kc, vc, out, slots, pos, cos, sin,
+        qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
+        H=heads, K=kv_heads, REP=rep, RB=max(16, triton.next_power_of_2(rep)), HD=hd, BLOCK=64,
+        IEEE=qkv.dtype == torch.float32, num_warps=4)
+    return out
+
+
+def usable(cfg, dtype):
+    """Whether these kernels cover the model's shapes."""
+    hd = cfg.head_dim
+    return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
+
+
+def self_check(device, dtype, heads, kv_heads, hd):
+    """Runs each kernel once on random data against plain torch; returns
+    None when they agree, else what differs."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    B, ctx, slots = 3, 80, 4
+    x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
+    xo, y = add_rms(x, d, w, 1e-5)
+    s = (x + d).float()
+    ref = w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
+        return "add_rms"
+    gu = rnd(B, 2 * 300)
+    ref = torch.nn.functional.silu(gu[:, :300]) * gu[:, 300:]
+    if not torch.allclose(silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
+        return "silu_mul"
+    H, K = heads, kv_heads
+    kc, vc = rnd(slots, K, ctx, hd), rnd(slots, K, ctx, hd)
+    qkv = rnd(B, (H + 2 * K) * hd)
+    slot = torch.tensor([2, 0, 3], device=device)
+    pos = torch.tensor([0, 37, 79], device=device)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], -1)
+    cos, sin = emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+    kref, vref = kc.clone(), vc.clone()
+    out = decode_attention(qkv, kc, vc, slot, pos, cos, sin, H, K)
+
+    def rope(t, p):
+        half = hd // 2
+        return t * cos[p] + torch.cat([-t[..., half:], t[..., :half]], -1) * sin[p]
+
+    for b in range(B):
+        p, sl = int(pos[b]), int(slot[b])
+        q = rope(qkv[b, : H * hd].view(H, hd), p)
+        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
+        kref[sl, :, p], vref[sl, :, p] = k, qkv[b, (H + K) * hd :].view(K, hd)
+        kk = kref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
+        vv = vref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
+        att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) / math.sqrt(hd), -1)
+        o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
+        if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
+            return "decode_attention (row %d, max diff %.3g)" % (b, (out[b].float() - o).abs().max())
+    if not (torch.allclose(kc.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(vc, vref)):
+        return "decode_attention's KV write"
+    return None
