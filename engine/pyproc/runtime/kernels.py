@@ -83,12 +83,13 @@ def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
 
 
 @triton.jit
-def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
                         qkv_stride, s_slot, s_head, s_pos, scale,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
-                        HD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr):
+                        HD: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
+    sp = tl.program_id(2)
     slot = tl.load(slot_ptr + b)
     p = tl.load(pos_ptr + b)
     d = tl.arange(0, HD)
@@ -107,16 +108,24 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, slot_ptr, pos_ptr, cos
     k = _rope(k, kr, cos, sin, HD // 2, HD)
     v = tl.load(row + (H + K + kh) * HD + d)
     base = slot.to(tl.int64) * s_slot + kh * s_head
-    tl.store(kc_ptr + base + p * s_pos + d, k)
-    tl.store(vc_ptr + base + p * s_pos + d, v)
-    # The current token from registers; the cache for positions before p.
-    s_cur = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
-    m_i = s_cur
-    l_i = tl.full([RB], 1.0, tl.float32)
-    acc = tl.zeros([RB, HD], tl.float32) + v.to(tl.float32)[None, :]
+    if sp == 0:
+        tl.store(kc_ptr + base + p * s_pos + d, k)
+        tl.store(vc_ptr + base + p * s_pos + d, v)
+        # The current token from registers; the cache for positions before p.
+        m_i = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
+        l_i = tl.full([RB], 1.0, tl.float32)
+        acc = tl.zeros([RB, HD], tl.float32) + v.to(tl.float32)[None, :]
+    else:
+        m_i = tl.full([RB], float("-inf"), tl.float32)
+        l_i = tl.zeros([RB], tl.float32)
+        acc = tl.zeros([RB, HD], tl.float32)
+    # This program's share of the cached positions [0, p).
+    chunk = tl.cdiv(tl.cdiv(p, SPLIT), BLOCK) * BLOCK
+    lo = sp * chunk
+    hi = tl.minimum(p, lo + chunk)
     j = tl.arange(0, BLOCK)
-    for start in range(0, p, BLOCK):
-        jm = start + j < p
+    for start in range(lo, hi, BLOCK):
+        jm = start + j < hi
         kb = tl.load(kc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
         vb = tl.load(vc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
         if IEEE:
@@ -133,8 +142,54 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, slot_ptr, pos_ptr, cos
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
         m_i = m_new
-    o = acc / l_i[:, None]
-    tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
+    if SPLIT == 1:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
+    else:
+        # Partial results for _combine_kernel: acc [B, K, SPLIT, RB, HD], (m, l) [B, K, SPLIT, 2, RB].
+        at = (b * K + kh) * SPLIT + sp
+        tl.store(part_ptr + at * RB * HD + r[:, None] * HD + d[None, :], acc)
+        tl.store(ml_ptr + at * 2 * RB + r, m_i)
+        tl.store(ml_ptr + at * 2 * RB + RB + r, l_i)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
+                    HD: tl.constexpr, SPLIT: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    r = tl.arange(0, RB)
+    d = tl.arange(0, HD)
+    s = tl.arange(0, SPLIT)
+    at = (b * K + kh) * SPLIT + s
+    m = tl.load(ml_ptr + at[:, None] * 2 * RB + r[None, :])  # [SPLIT, RB]
+    l = tl.load(ml_ptr + at[:, None] * 2 * RB + RB + r[None, :])
+    mx = tl.max(m, axis=0)
+    w = tl.exp(m - mx[None, :])  # empty splits: exp(-inf) = 0
+    lt = tl.sum(l * w, axis=0)
+    o = tl.zeros([RB, HD], tl.float32)
+    for i in tl.static_range(SPLIT):
+        wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)
+        acc = tl.load(part_ptr + ((b * K + kh) * SPLIT + i) * RB * HD + r[:, None] * HD + d[None, :])
+        o += acc * wi[:, None]
+    o = o / lt[:, None]
+    rm = r < REP
+    tl.store(out_ptr + b * (H * HD) + (kh * REP + r)[:, None] * HD + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def splits(batch, kv_heads, context):
+    """How many programs share one sequence's cache. Splitting costs a
+    second kernel (the combine), about as long as a short cache's whole
+    attention: only long contexts at small batches gain."""
+    n = 1
+    while context >= 4096 and n < 16 and batch * kv_heads * n * 2 <= 256:
+        n *= 2
+    return n
+
+
+# Launch parameters of _decode_attn_kernel (internal/gpubench/attn_tune.py).
+ATTN_BLOCK, ATTN_WARPS, ATTN_STAGES = 64, 4, 3
 
 
 def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
@@ -146,12 +201,54 @@ def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
     B = qkv.shape[0]
     hd = kc.shape[-1]
     rep = heads // kv_heads
+    rb = max(16, triton.next_power_of_2(rep))
     out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    _decode_attn_kernel[(B, kv_heads)](
-        qkv, kc, vc, out, slots, pos, cos, sin,
+    sp = splits(B, kv_heads, kc.shape[2])
+    part = ml = out
+    if sp > 1:
+        part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
+        ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
+    _decode_attn_kernel[(B, kv_heads, sp)](
+        qkv, kc, vc, out, part, ml, slots, pos, cos, sin,
         qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
-        H=heads, K=kv_heads, REP=rep, RB=max(16, triton.next_power_of_2(rep)), HD=hd, BLOCK=64,
-        IEEE=qkv.dtype == torch.float32, num_warps=4)
+        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BLOCK=ATTN_BLOCK, SPLIT=sp,
+        IEEE=qkv.dtype == torch.float32, num_warps=ATTN_WARPS, num_stages=ATTN_STAGES)
+    if sp > 1:
+        _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
+    return out
+
+
+@triton.jit
+def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, NCH: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=float("-inf"))
+    v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(val_ptr + row * NCH + c, v)
+    tl.store(idx_ptr + row * NCH + c, c * BLOCK + i)
+
+
+@triton.jit
+def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, NCH: tl.constexpr, NB: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, NB)
+    v = tl.load(val_ptr + row * NCH + c, mask=c < NCH, other=float("-inf"))
+    _, i = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(idx_ptr + row * NCH + i).to(tl.int64))
+
+
+def argmax(x):
+    """torch.argmax(x, -1) for a contiguous float [B, n] (the first index
+    of the largest value), in two passes that fill the GPU."""
+    B, n = x.shape
+    BLOCK = 4096
+    nch = triton.cdiv(n, BLOCK)
+    val = torch.empty(B, nch, device=x.device, dtype=torch.float32)
+    idx = torch.empty(B, nch, device=x.device, dtype=torch.int32)
+    out = torch.empty(B, device=x.device, dtype=torch.int64)
+    _argmax_part_kernel[(B, nch)](x, val, idx, n, NCH=nch, BLOCK=BLOCK, num_warps=8)
+    _argmax_final_kernel[(B,)](val, idx, out, NCH=nch, NB=triton.next_power_of_2(nch), num_warps=1)
     return out
 
 
@@ -167,7 +264,7 @@ def self_check(device, dtype, heads, kv_heads, hd):
     g = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
     tol = 2e-2 if dtype != torch.float32 else 1e-4
-    B, ctx, slots = 3, 80, 4
+    B, ctx, slots = 3, 4100, 4  # long enough to split the cache
     x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
     xo, y = add_rms(x, d, w, 1e-5)
     s = (x + d).float()
@@ -182,7 +279,7 @@ def self_check(device, dtype, heads, kv_heads, hd):
     kc, vc = rnd(slots, K, ctx, hd), rnd(slots, K, ctx, hd)
     qkv = rnd(B, (H + 2 * K) * hd)
     slot = torch.tensor([2, 0, 3], device=device)
-    pos = torch.tensor([0, 37, 79], device=device)
+    pos = torch.tensor([0, 37, 4099], device=device)
     inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
     emb = torch.cat([f, f], -1)
@@ -207,4 +304,8 @@ def self_check(device, dtype, heads, kv_heads, hd):
             return "decode_attention (row %d, max diff %.3g)" % (b, (out[b].float() - o).abs().max())
     if not (torch.allclose(kc.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(vc, vref)):
         return "decode_attention's KV write"
+    x = torch.randn(3, 50000, generator=g).to(device)
+    x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
+    if not torch.equal(argmax(x), torch.argmax(x, -1)):
+        return "argmax"
     return None

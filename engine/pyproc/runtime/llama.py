@@ -172,7 +172,7 @@ class Llama:
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
             kc[li][slot_tok, :, pos] = k
             vc[li][slot_tok, :, pos] = v
-            a = self.attend(q, kc[li], vc[li], groups)
+            a = self.attend(q, k, v, kc[li], vc[li], groups)
             x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
             h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
         x = self.rms(x[last] + h[last], self.norm)
@@ -211,15 +211,16 @@ class Llama:
         _, x = kern.add_rms(x, h, self.norm, cfg.eps)
         return F.linear(x, self.lm_head).float()
 
-    def attend(self, q, kc, vc, groups):
+    def attend(self, q, k, v, kc, vc, groups):
         """groups: ("decode", rows, slots, maxlen, mask) for the
         one-token sequences, ("chunk", start, end, slot, p) for a chunk of
-        end-start tokens at positions p.. of one sequence."""
+        end-start tokens at positions p.. of one sequence. k and v are the
+        step's own keys and values (already in the cache)."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rep = H // K
         if self.sdpa:
-            return self.attend_sdpa(q, kc, vc, groups)
+            return self.attend_sdpa(q, k, v, kc, vc, groups)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
         for g in groups:
@@ -246,8 +247,10 @@ class Llama:
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_sdpa(self, q, kc, vc, groups):
-        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA)."""
+    def attend_sdpa(self, q, k, v, kc, vc, groups):
+        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
+        Chunks that start a sequence (position 0) need no cache: those of
+        one length run as one causal batch on the step's own k and v."""
         H, hd = self.cfg.heads, self.cfg.head_dim
         if len(groups) == 1 and groups[0][0] == "decode" and groups[0][1].shape[0] == q.shape[0]:
             # Decode only: every row is in the group, in order; no gather, no scatter.
@@ -258,7 +261,32 @@ class Llama:
                 attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
             return o.reshape(B, H * hd)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
+        fresh = {}
         for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                fresh.setdefault(g[2] - g[1], []).append(g[1])
+        for T, starts in fresh.items():
+            n = len(starts)
+            adjacent = starts == list(range(starts[0], starts[0] + n * T, T))
+            if adjacent:  # views, no copies
+                sl = slice(starts[0], starts[0] + n * T)
+                qq, kk, vv = (t[sl].view(n, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+            else:
+                qq, kk, vv = (torch.stack([t[a : a + T] for a in starts]).transpose(1, 2) for t in (q, k, v))
+            # Every query head its own key and value head: the flash kernel
+            # then runs the causal mask itself (with GQA it may not).
+            rep = H // kk.shape[1]
+            kk, vv = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in (kk, vv))
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+            o = o.transpose(1, 2).reshape(n * T, H * hd)
+            if adjacent:
+                out[starts[0] : starts[0] + n * T] = o
+            else:
+                for i, a in enumerate(starts):
+                    out[a : a + T] = o[i * T : (i + 1) * T]
+        for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                continue
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
                 B = rows.shape[0]

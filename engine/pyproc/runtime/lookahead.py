@@ -71,6 +71,36 @@ def plan(model, batch, seqs):
     return want
 
 
+def chainable(model, batch, items, want):
+    """Whether the whole step, its first token included, can run as a
+    device chain: every input decodes one token and samples, with
+    parameters that run ahead, on a graph-captured batch size."""
+    g = model.graphs
+    return (max(want, default=1) > 1 and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
+            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items))
+
+
+def run_chain(model, items, tokens, want):
+    """The whole step on the device (see chainable): tokens are the ones
+    the inputs feed. Returns (tokens, logprobs, more, more_logprobs) as
+    TorchModel.step does. When the next round looks like this one, its
+    first step is launched before this round's tokens are read."""
+    spec, model.spec = model.spec, None
+    pre = spec.take(items, tokens) if spec is not None else None
+    ch = _launch(model, items, tokens, want, 0, pre)
+    if spec is not None and pre is None:
+        model.spec_missed = True
+    if not model.spec_missed:
+        model.spec = Spec.launch(model, items, ch)
+    model.spec_missed = False  # after a miss, one round without
+    out, lps = _finish(ch)
+    first = [o[0] for o in out]
+    more = [o[1:] for o in out]
+    if lps is None:
+        return first, [0.0] * len(items), more, None
+    return first, [p[0] for p in lps], more, [p[1:] for p in lps]
+
+
 def run(model, items, first, want):
     """items: (params, seq) per sampling input; first: the tokens this
     step sampled for them (host ints); want: tokens per input, first
@@ -79,10 +109,7 @@ def run(model, items, first, want):
     steps = max(want) - 1
     g = model.graphs
     if g is not None and g.fast and g.usable(len(items)):
-        try:
-            return _run_device(model, items, first, want, steps)
-        except RuntimeError as e:
-            raise RuntimeError("lookahead on the device failed: %s" % e) from e
+        return _finish(_launch(model, items, first, want, 1, None))
     return _run_host(model, items, first, want, steps)
 
 
@@ -106,41 +133,185 @@ def _run_host(model, items, first, want, steps):
     return more, (lps if any(p.get("l") for p, _ in items) else None)
 
 
-def _run_device(model, items, first, want, steps):
-    """The extra steps chained on the device: graph replays fed by the
-    previous step's sampled tokens; one host read at the end. Inputs that
-    need fewer tokens ride along on the scratch slot."""
+def _upload(rows, dev):
+    """Host ints to the device without waiting for queued GPU work."""
+    return torch.tensor(rows, dtype=torch.long, pin_memory=True).to(dev, non_blocking=True)
+
+
+def _sample(model, items, logits, active, step):
+    """Greedy for every row (the Triton argmax), then the temperature rows
+    that are active at this step drawn from their own generators; their
+    logprobs when any input asked."""
+    dev = model.device
+    nxt = model.model.kern.argmax(logits)
+    for i, (p, s) in enumerate(items):
+        if active[i] > step and float(p.get("t") or 0) > 0:
+            remember(items, dev, [i])
+            probs = _filter(logits[i], p)
+            nxt[i] = torch.multinomial(probs, 1, generator=_generator(s, p, dev))[0]
+    lp = None
+    if any(p.get("l") for p, _ in items):
+        lp = torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1)
+    return nxt, lp
+
+
+class _Chain:
+    __slots__ = ("items", "feed", "run", "steps", "plan", "last", "host", "hostl", "event")
+
+
+def _launch(model, items, feed, want, done, pre):
+    """Queues decode steps chained on the device: graph replays fed by the
+    previous step's sampled tokens. feed: the tokens (host ints) the first
+    step feeds; done: tokens per input already sampled (0 or 1), so input
+    i runs want[i] - done steps; pre: the first step's (tokens, logprobs)
+    when it already ran (Spec). Inputs with fewer steps ride along on the
+    scratch slot. The sampled tokens are copied to pinned host memory
+    behind the steps; _finish reads them."""
     dev = model.device
     S = len(items)
+    ch = _Chain()
+    ch.items, ch.feed = items, feed
+    ch.run = [w - done for w in want]
+    ch.steps = max(ch.run)
     p0 = [len(s.tokens) for _, s in items]
     sl = [s.slot for _, s in items]
-    host = [[[p0[i] + j if want[i] > j + 1 else 0 for i in range(S)],
-             [sl[i] if want[i] > j + 1 else model.slots for i in range(S)]] for j in range(steps)]
-    plan_dev = torch.tensor(host, dtype=torch.long).to(dev)
-    tok = torch.tensor(first, device=dev, dtype=torch.long)
-    logp = any(p.get("l") for p, _ in items)
-    hot = [i for i, (p, _) in enumerate(items) if float(p.get("t") or 0) > 0]
+    run = ch.run
+    ch.plan = _upload([[[p0[i] + j if run[i] > j else 0 for i in range(S)],
+                        [sl[i] if run[i] > j else model.slots for i in range(S)]] for j in range(ch.steps)], dev)
     outs, outl = [], []
-    for j in range(steps):
-        logits = model.graphs.run_device(tok, plan_dev[j])
-        nxt = torch.argmax(logits, dim=-1)
-        for i in hot:
-            if want[i] > j + 1:
-                p, s = items[i]
-                remember(items, dev, [i])
-                probs = _filter(logits[i], p)
-                nxt[i] = torch.multinomial(probs, 1, generator=_generator(s, p, dev))[0]
-        if logp:
-            outl.append(torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1))
+    tok = None
+    for j in range(ch.steps):
+        if j == 0 and pre is not None:
+            nxt, lp = pre
+        else:
+            if tok is None:
+                tok = _upload(feed, dev)
+            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j]), run, j)
         outs.append(nxt)
+        if lp is not None:
+            outl.append(lp)
         tok = nxt
-    toks = torch.stack(outs).tolist()
-    lpv = torch.stack(outl).tolist() if logp else None
-    more = [[toks[j][i] for j in range(want[i] - 1)] for i in range(S)]
+    ch.last = tok
+    toks = torch.stack(outs)
+    ch.host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+    ch.host.copy_(toks, non_blocking=True)
+    ch.hostl = None
+    if any(p.get("l") for p, _ in items):
+        lps = torch.stack(outl)
+        ch.hostl = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+        ch.hostl.copy_(lps, non_blocking=True)
+    ch.event = torch.cuda.Event()
+    ch.event.record()
+    return ch
+
+
+def _finish(ch):
+    """Waits for a launched chain's tokens and records what each sequence
+    was fed. Returns, per input, its sampled tokens and their logprobs
+    (None when nobody asked)."""
+    ch.event.synchronize()
+    toks = ch.host.tolist()
+    items, run = ch.items, ch.run
+    res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
     for i, (_, s) in enumerate(items):
-        if want[i] > 1:
-            s.tokens.append(first[i])
-            s.tokens.extend(more[i][:-1])
-    if not logp:
-        return more, None
-    return more, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(want[i] - 1)] for i in range(S)]
+        if run[i] > 0:  # fed: feed[i], then every sampled token but the last
+            s.tokens.append(ch.feed[i])
+            s.tokens.extend(res[i][:-1])
+    if ch.hostl is None:
+        return res, None
+    lpv = ch.hostl.tolist()
+    return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(run[i])] for i in range(len(items))]
+
+
+class Spec:
+    """The first step of the next round, launched behind this round's
+    steps before the host reads their tokens: while the supervisor hands
+    the tokens out and asks for more, the GPU already decodes. It assumes
+    every sequence goes on, fed its last token with the same parameters;
+    a request that does not match discards it (one step of GPU work lost;
+    temperature draws are taken back, so seeded sequences do not notice)."""
+
+    __slots__ = ("rows", "live", "chain", "tok", "lp")
+
+    @staticmethod
+    def launch(model, items, ch):
+        """Speculates the round after chain ch, or returns None when the
+        next round cannot be such a step."""
+        run = ch.run
+        if ch.steps < 1 or min(run) != ch.steps:
+            return None
+        if any(len(s.tokens) + 1 + r >= model.cfg.context for (_, s), r in zip(items, run)):
+            return None
+        plan = ch.plan[ch.steps - 1].clone()
+        plan[0] += 1  # the position after the round's last fed token
+        sp = Spec()
+        sp.rows = [(dict(p), s) for p, s in items]
+        sp.live = {id(s): i for i, (_, s) in enumerate(items)}
+        sp.chain = ch  # its last step's tokens are what the next round feeds
+        logits = model.graphs.run_device(ch.last, plan)
+        sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0)
+        return sp
+
+    def take(self, items, tokens):
+        """The first step's (tokens, logprobs) for this request, in its
+        input order, or None after discarding the speculation."""
+        feed = self.chain.host[-1].tolist()  # read by _finish already: no wait
+        idx = []
+        for (p, s), t in zip(items, tokens):
+            i = self.live.get(id(s))
+            if i is None or feed[i] != t or self.rows[i][0] != p:
+                self.discard()
+                return None
+            idx.append(i)
+        self.discard(keep=set(idx))
+        if idx == list(range(len(self.rows))):
+            return self.tok, self.lp
+        ix = _upload(idx, self.tok.device)
+        return self.tok[ix], (self.lp[ix] if self.lp is not None else None)
+
+    def drop(self, s):
+        """Forgets sequence s (freed): takes back its draw."""
+        i = self.live.pop(id(s), None)
+        if i is not None:
+            _undraw(*self.rows[i])
+
+    def discard(self, keep=()):
+        """Takes back the draws of every live row not in keep."""
+        for sid, i in list(self.live.items()):
+            if i not in keep:
+                del self.live[sid]
+                _undraw(*self.rows[i])
+
+
+def _undraw(params, s):
+    """Takes back a sequence's last temperature draw (remember's record)."""
+    if float(params.get("t") or 0) > 0 and s.hist and s.gen is not None:
+        s.gen.set_state(s.hist.pop())
+
+
+def settle(model, batch):
+    """Called first thing for every step request: discards a speculation
+    this request cannot use (anything but the decode step it assumed), so
+    that rewinding and sampling see the draws as they are."""
+    sp = model.spec
+    if sp is None:
+        return
+    ok = all(len(b) < 6 or not b[5] for b in batch) and all(len(b[1]) == 1 and b[2] for b in batch)
+    if ok:
+        feed = sp.chain.host[-1].tolist()
+        for b in batch:
+            s = model.seqs.get(b[0])
+            i = sp.live.get(id(s)) if s is not None else None
+            if i is None or feed[i] != b[1][0] or sp.rows[i][0] != b[3]:
+                ok = False
+                break
+    if not ok:
+        cancel(model)
+
+
+def cancel(model):
+    """Discards the speculation, if any; the next round runs without one."""
+    if model.spec is not None:
+        model.spec.discard()
+        model.spec = None
+        model.spec_missed = True

@@ -85,6 +85,8 @@ class TorchModel:
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
+        self.spec = None  # lookahead.Spec: the next round's first step, already launched
+        self.spec_missed = False
 
     def _size_slots(self, kv_capacity):
         """Returns (slots, capacity): KV slots of one context each, and the
@@ -146,6 +148,8 @@ class TorchModel:
         s = self.seqs.pop(seq, None)
         if s is None:
             return
+        if self.spec is not None:
+            self.spec.drop(s)
         if 0 < back <= len(s.tokens):
             lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
         self.used -= s.held
@@ -166,7 +170,7 @@ class TorchModel:
         return self.graphs.run(tokens, pos, slots)
 
     def close(self):
-        self.kc = self.vc = self.model = None
+        self.kc = self.vc = self.model = self.graphs = self.spec = None
         self.seqs.clear()
         self.saved.clear()
 
@@ -181,6 +185,7 @@ class TorchModel:
             return [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        lookahead.settle(self, batch)
         seqs, grow = [], 0
         for b in batch:
             seq, toks = b[0], b[1]
@@ -211,8 +216,11 @@ class TorchModel:
         want = lookahead.plan(self, batch, seqs)
         self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
         with torch.no_grad():
-            rows = self._forward(batch, seqs)
             items = [(b[3], s) for b, s in zip(batch, seqs) if b[2]]
+            if lookahead.chainable(self, batch, items, want):
+                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
+            lookahead.cancel(self)  # a speculation this step cannot use
+            rows = self._forward(batch, seqs)
             if self.lookahead_used:
                 lookahead.remember(items, self.device)
             toks, lps = sample_rows(rows, items, self.device)

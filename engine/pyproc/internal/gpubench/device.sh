@@ -5,7 +5,8 @@
 #   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o bin/gpubench ./engine/pyproc/internal/gpubench
 #   sh engine/pyproc/internal/gpubench/device.sh OUTDIR [gpubench flags]
 #
-# Optional: bin/gpubench-base and bin/base_runtime/ (an older build and its
+# Optional: bin/pyproc.test (go test -c ./engine/pyproc) runs the package's
+# tests on the GPU first; bin/gpubench-base and bin/base_runtime/ (an older build and its
 # runtime *.py) are measured and profiled first, for before/after figures.
 set -u
 out=${1:-/tmp/gpubench-out}
@@ -26,7 +27,13 @@ if [ -x bin/gpubench-base ]; then
 		$py $prof bin/base_runtime $ck $b 1 2>&1 | tee -a "$out/prof_before.txt"
 	done
 fi
+if [ -x bin/pyproc.test ]; then # the package's tests on the GPU
+	(cd engine/pyproc && MLXSERVING_PYTHON=$py MLXSERVING_TEST_DEVICE=cuda ../../bin/pyproc.test \
+		-test.run 'Lookahead|Batched|Reference|Sampling|Prefix|Deterministic|Conformance|ThroughServer' -test.count=1) 2>&1 | tail -30 | tee "$out/tests.txt"
+fi
+[ -n "${TUNE:-}" ] && $py engine/pyproc/internal/gpubench/attn_tune.py engine/pyproc/runtime 2>&1 | tee "$out/tune.txt"
+bin/gpubench -python "$py" -dir $ck "$@" 2>&1 | tee "$out/bench.txt"
 for b in 1 64; do
 	$py $prof engine/pyproc/runtime $ck $b 8 2>&1 | tee -a "$out/prof_after.txt"
 done
-bin/gpubench -python "$py" -dir $ck "$@" 2>&1 | tee "$out/bench.txt"
+$py $prof engine/pyproc/runtime $ck 1 0 2>&1 | tee -a "$out/prof_after.txt"

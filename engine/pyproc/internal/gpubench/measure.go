@@ -85,9 +85,10 @@ func prefillAll(ctx context.Context, e *pyproc.Engine, cases []prefillCase) map[
 				ts = append(ts, float64(c.b*c.n)/el.Seconds())
 			}
 		}
+		fmt.Printf("engine prefill %s: runs %.0f tokens/s", c.name, ts)
 		slices.Sort(ts)
 		res[c.name] = ts[len(ts)/2]
-		fmt.Printf("engine prefill %s: %.0f tokens/s\n", c.name, res[c.name])
+		fmt.Printf(", median %.0f\n", res[c.name])
 	}
 	return res
 }

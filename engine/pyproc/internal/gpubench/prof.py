@@ -5,7 +5,8 @@ steps, with wall time per token.
   prof.py RUNTIME_DIR CHECKPOINT BATCH AHEAD [STEPS]
 
 RUNTIME_DIR holds the runtime's *.py (an older one works too with AHEAD 1).
-AHEAD > 1 asks for that many tokens per step (lookahead).
+AHEAD > 1 asks for that many tokens per step (lookahead). AHEAD 0 profiles
+prefill instead: one step of BATCH prompts of 2048 / BATCH tokens each.
 """
 import sys
 import time
@@ -19,6 +20,29 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import torch_backend  # noqa: E402
 
+if ahead == 0:
+    m = torch_backend.TorchModel(path, {"max_batch": 16, "context_length": 2304, "device": "cuda", "dtype": "bfloat16"})
+    for case in ((1, 2048), (16, 512)):
+        b, n = case
+        times = []
+        for r in range(4):
+            ps = [[(i * 7919 + j * 104729 + r) % 120000 for j in range(n)] for i in range(b)]
+            for i, p in enumerate(ps):
+                m.open(i + 1, p, "")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if r < 3:
+                m.step([[i + 1, p, True, {}] for i, p in enumerate(ps)])
+            else:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    m.step([[i + 1, p, True, {}] for i, p in enumerate(ps)])
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            for i in range(b):
+                m.free(i + 1, "")
+        print("prefill %dx%d: %.2f ms, %.0f tokens/s" % (b, n, min(times[1:3]) * 1e3, b * n / min(times[1:3])))
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+    sys.exit(0)
 m = torch_backend.TorchModel(path, {"max_batch": 64, "context_length": 1024, "device": "cuda", "dtype": "bfloat16"})
 prompts = [[(i * 7919 + j * 104729) % 120000 for j in range(128)] for i in range(batch)]
 for i, p in enumerate(prompts):
