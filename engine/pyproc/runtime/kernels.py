@@ -188,8 +188,16 @@ def splits(batch, kv_heads, context):
     return n
 
 
-# Launch parameters of _decode_attn_kernel (internal/gpubench/attn_tune.py).
-ATTN_BLOCK, ATTN_WARPS, ATTN_STAGES = 64, 4, 3
+# Launch parameters of _decode_attn_kernel, (block, warps, stages), chosen
+# by batch size from internal/gpubench/attn_tune.py on an H100; ATTN_CONFIG
+# set overrides them (the tuning script does).
+ATTN_CONFIG = None
+
+
+def _attn_config(batch):
+    if ATTN_CONFIG is not None:
+        return ATTN_CONFIG
+    return (32, 1, 3) if batch >= 32 else (64, 4, 3)
 
 
 def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
@@ -204,6 +212,7 @@ def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
     rb = max(16, triton.next_power_of_2(rep))
     out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
     sp = splits(B, kv_heads, kc.shape[2])
+    block, warps, stages = _attn_config(B)
     part = ml = out
     if sp > 1:
         part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
@@ -211,8 +220,8 @@ def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
     _decode_attn_kernel[(B, kv_heads, sp)](
         qkv, kc, vc, out, part, ml, slots, pos, cos, sin,
         qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
-        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BLOCK=ATTN_BLOCK, SPLIT=sp,
-        IEEE=qkv.dtype == torch.float32, num_warps=ATTN_WARPS, num_stages=ATTN_STAGES)
+        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BLOCK=block, SPLIT=sp,
+        IEEE=qkv.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
     return out

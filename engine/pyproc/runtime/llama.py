@@ -275,10 +275,13 @@ class Llama:
                 qq, kk, vv = (torch.stack([t[a : a + T] for a in starts]).transpose(1, 2) for t in (q, k, v))
             # Every query head its own key and value head: the flash kernel
             # then runs the causal mask itself (with GQA it may not).
-            rep = H // kk.shape[1]
-            kk, vv = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in (kk, vv))
+            K = kk.shape[1]
+            if H > K:
+                kk, vv = (t.unsqueeze(2).expand(n, K, H // K, T, hd).reshape(n, H, T, hd) for t in (kk, vv))
             o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
             o = o.transpose(1, 2).reshape(n * T, H * hd)
+            if adjacent and n * T == q.shape[0]:
+                return o  # the whole step is this one group
             if adjacent:
                 out[starts[0] : starts[0] + n * T] = o
             else:

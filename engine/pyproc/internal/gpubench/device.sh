@@ -32,7 +32,11 @@ if [ -x bin/pyproc.test ]; then # the package's tests on the GPU
 		-test.run 'Lookahead|Batched|Reference|Sampling|Prefix|Deterministic|Conformance|ThroughServer' -test.count=1) 2>&1 | tail -30 | tee "$out/tests.txt"
 fi
 [ -n "${TUNE:-}" ] && $py engine/pyproc/internal/gpubench/attn_tune.py engine/pyproc/runtime 2>&1 | tee "$out/tune.txt"
-bin/gpubench -python "$py" -dir $ck "$@" 2>&1 | tee "$out/bench.txt"
+if [ -n "${NOBENCH:-}" ]; then # just write the checkpoint
+	bin/gpubench -python "$py" -dir $ck -batches 1 -gen 1 -prefill "" -hf=false -hfstatic=false -stack=false >/dev/null 2>&1
+else
+	bin/gpubench -python "$py" -dir $ck "$@" 2>&1 | tee "$out/bench.txt"
+fi
 for b in 1 64; do
 	$py $prof engine/pyproc/runtime $ck $b 8 2>&1 | tee -a "$out/prof_after.txt"
 done

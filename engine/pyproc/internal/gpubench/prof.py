@@ -22,26 +22,32 @@ import torch_backend  # noqa: E402
 
 if ahead == 0:
     m = torch_backend.TorchModel(path, {"max_batch": 16, "context_length": 2304, "device": "cuda", "dtype": "bfloat16"})
-    for case in ((1, 2048), (16, 512)):
-        b, n = case
-        times = []
-        for r in range(4):
-            ps = [[(i * 7919 + j * 104729 + r) % 120000 for j in range(n)] for i in range(b)]
-            for i, p in enumerate(ps):
-                m.open(i + 1, p, "")
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            if r < 3:
-                m.step([[i + 1, p, True, {}] for i, p in enumerate(ps)])
-            else:
+
+    def prefill(b, n, r, prof=None):
+        ps = [[(i * 7919 + j * 104729 + r) % 120000 for j in range(n)] for i in range(b)]
+        for i, p in enumerate(ps):
+            m.open(i + 1, p, "")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        m.step([[i + 1, p, True, {}] for i, p in enumerate(ps)])
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t0
+        for i in range(b):
+            m.free(i + 1, "")
+        return el
+
+    for cudnn in (True, False):
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        for b, n in ((1, 2048), (16, 512)):
+            times = [prefill(b, n, r) for r in range(6)][1:]
+            print("prefill %dx%d (cuDNN attention %s): %s ms" % (b, n, "on" if cudnn else "off",
+                                                              " ".join("%.2f" % (t * 1e3) for t in times)))
+            if cudnn and b == 1:
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    m.step([[i + 1, p, True, {}] for i, p in enumerate(ps)])
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            for i in range(b):
-                m.free(i + 1, "")
-        print("prefill %dx%d: %.2f ms, %.0f tokens/s" % (b, n, min(times[1:3]) * 1e3, b * n / min(times[1:3])))
-        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+                    prefill(b, n, 9)
+                ka = prof.key_averages()
+                print(ka.table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=60))
+                print(ka.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
     sys.exit(0)
 m = torch_backend.TorchModel(path, {"max_batch": 64, "context_length": 1024, "device": "cuda", "dtype": "bfloat16"})
 prompts = [[(i * 7919 + j * 104729) % 120000 for j in range(128)] for i in range(batch)]
