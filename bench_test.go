@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -54,11 +55,11 @@ func cpuTime() time.Duration {
 }
 
 // generate runs one request to its end, reporting failures on tb.
-func generate(tb testing.TB, srv *mlxserving.Server, r mlxserving.Request) (mlxserving.Result, bool) {
+func generate(tb testing.TB, srv *mlxserving.Server, r api.Request) (api.Result, bool) {
 	st, err := srv.Generate(context.Background(), r)
 	if err != nil {
 		tb.Error(err)
-		return mlxserving.Result{}, false
+		return api.Result{}, false
 	}
 	res, err := st.Collect()
 	if err != nil {
@@ -79,8 +80,8 @@ func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
 		go func() {
 			defer wg.Done()
 			prompt := []int32{int32(i%1000 + 1), 2, 3, 4, 5, 6, 7, 8}
-			res, ok := generate(tb, srv, mlxserving.Request{Model: "sim", PromptTokens: prompt,
-				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+			res, ok := generate(tb, srv, api.Request{Model: "sim", PromptTokens: prompt,
+				Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
 			if !ok {
 				return
 			}
@@ -173,7 +174,7 @@ func BenchmarkPriorityUnderSaturation(b *testing.B) {
 	srv := simServer(b, step, maxBatch, mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(100000)))
 	for b.Loop() {
 		waits := saturate(b, srv, 2*time.Second)
-		for _, tier := range scheduler.Tiers() {
+		for _, tier := range api.Tiers() {
 			w := waits[tier]
 			if len(w) == 0 {
 				b.Fatalf("tier %s completed nothing", tier)
@@ -188,11 +189,11 @@ func BenchmarkPriorityUnderSaturation(b *testing.B) {
 
 // saturate submits requests of every tier at about twice what the engine can
 // run for d, then waits for all of them, and returns queue waits by tier.
-func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[scheduler.Tier][]time.Duration {
+func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[api.Tier][]time.Duration {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	waits := map[scheduler.Tier][]time.Duration{}
-	tiers := scheduler.Tiers()
+	waits := map[api.Tier][]time.Duration{}
+	tiers := api.Tiers()
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(6 * time.Millisecond)
 	defer tick.Stop()
@@ -203,8 +204,8 @@ func saturate(tb testing.TB, srv *mlxserving.Server, d time.Duration) map[schedu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, ok := generate(tb, srv, mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3, int32(i % 500)},
-				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true, Priority: tier}})
+			res, ok := generate(tb, srv, api.Request{Model: "sim", PromptTokens: []int32{1, 2, 3, int32(i % 500)},
+				Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true, Priority: tier}})
 			if !ok {
 				return
 			}
@@ -224,12 +225,12 @@ func BenchmarkQueueFullRejection(b *testing.B) {
 	srv := simServer(b, time.Hour, 1, mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(queued)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req := mlxserving.Request{Model: "sim", PromptTokens: []int32{1, 2, 3}, Params: mlxserving.Params{MaxTokens: 4}}
+	req := api.Request{Model: "sim", PromptTokens: []int32{1, 2, 3}, Params: api.Params{MaxTokens: 4}}
 	// One request occupies the engine (its step never ends); the rest queue
 	// until the queue refuses. The streams are kept: a dropped Stream is
 	// cancelled when the garbage collector finds it.
 	var full *scheduler.QueueFullError
-	var streams []*mlxserving.Stream
+	var streams []*api.Stream
 	for i := 0; ; i++ {
 		st, err := srv.Generate(ctx, req)
 		streams = append(streams, st)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
@@ -45,9 +46,9 @@ func chatFixture(t *testing.T) (*mlxserving.Server, *tokenizer.Tokenizer) {
 
 func TestChatRendersTemplateAndDetokenizes(t *testing.T) {
 	srv, tok := chatFixture(t)
-	chat := mlxserving.ChatRequest{Model: "tiny",
-		Messages: []mlxserving.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hello there"}},
-		Params:   mlxserving.Params{MaxTokens: 40, IgnoreEOS: true}}
+	chat := api.ChatRequest{Model: "tiny",
+		Messages: []api.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hello there"}},
+		Params:   api.Params{MaxTokens: 40, IgnoreEOS: true}}
 	st, err := srv.Chat(context.Background(), chat)
 	if err != nil {
 		t.Fatal(err)
@@ -84,26 +85,26 @@ func TestChatRendersTemplateAndDetokenizes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wantText := res.Text[:strings.Index(res.Text, stop)]; stopped.Text != wantText || stopped.Finish != mlxserving.FinishStop {
+	if wantText := res.Text[:strings.Index(res.Text, stop)]; stopped.Text != wantText || stopped.Finish != api.FinishStop {
 		t.Fatalf("with stop %q: %q (%s), want %q", stop, stopped.Text, stopped.Finish, wantText)
 	}
 }
 
 func TestTextPromptAndBadChat(t *testing.T) {
 	srv, _ := chatFixture(t)
-	st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "tiny", Prompt: "Once upon a time",
-		Params: mlxserving.Params{MaxTokens: 8, IgnoreEOS: true}})
+	st, err := srv.Generate(context.Background(), api.Request{Model: "tiny", Prompt: "Once upon a time",
+		Params: api.Params{MaxTokens: 8, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res, err := st.Collect(); err != nil || len(res.Tokens) != 8 {
 		t.Fatalf("%d tokens, %v", len(res.Tokens), err)
 	}
-	if _, err := srv.Chat(context.Background(), mlxserving.ChatRequest{Model: "tiny", Params: mlxserving.Params{MaxTokens: 4}}); !isParam("messages")(err) {
+	if _, err := srv.Chat(context.Background(), api.ChatRequest{Model: "tiny", Params: api.Params{MaxTokens: 4}}); !isParam("messages")(err) {
 		t.Fatalf("empty messages: %v", err)
 	}
-	if _, err := srv.Generate(context.Background(), mlxserving.Request{Model: "tiny", Prompt: "x",
-		Params: mlxserving.Params{MaxTokens: 4, Stop: []string{""}}}); !isParam("stop")(err) {
+	if _, err := srv.Generate(context.Background(), api.Request{Model: "tiny", Prompt: "x",
+		Params: api.Params{MaxTokens: 4, Stop: []string{""}}}); !isParam("stop")(err) {
 		t.Fatalf("empty stop string: %v", err)
 	}
 }

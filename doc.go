@@ -12,9 +12,9 @@
 //	eng, _ := pyproc.New(ctx)                // or mlx.New(), enginetest.NewSim()
 //	srv, _ := mlxserving.New(eng)
 //	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: "/models/Llama-3.2-1B-Instruct"})
-//	st, _ := srv.Chat(ctx, mlxserving.ChatRequest{Model: "llama",
-//		Messages: []mlxserving.Message{{Role: "user", Content: "Hello"}},
-//		Params:   mlxserving.Params{MaxTokens: 64}})
+//	st, _ := srv.Chat(ctx, api.ChatRequest{Model: "llama",
+//		Messages: []api.Message{{Role: "user", Content: "Hello"}},
+//		Params:   api.Params{MaxTokens: 64}})
 //	for c, err := range st.Chunks() { ... c.Text ... }
 //
 // Errors are typed: engine.InvalidParamError for bad input,

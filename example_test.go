@@ -6,9 +6,9 @@ import (
 	"fmt"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // A Server over the simulated engine: generate from token ids and read the
@@ -24,10 +24,10 @@ func ExampleServer_Generate() {
 		return
 	}
 
-	st, err := srv.Generate(ctx, mlxserving.Request{
+	st, err := srv.Generate(ctx, api.Request{
 		Model:        "sim",
 		PromptTokens: []int32{1, 2, 3},
-		Params:       mlxserving.Params{MaxTokens: 5, IgnoreEOS: true, Priority: scheduler.High},
+		Params:       api.Params{MaxTokens: 5, IgnoreEOS: true, Priority: api.High},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -58,8 +58,8 @@ func ExampleServer_Generate_badInput() {
 	defer srv.Close()
 	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "sim"})
 
-	_, err := srv.Generate(ctx, mlxserving.Request{Model: "sim", PromptTokens: make([]int32, 100),
-		Params: mlxserving.Params{MaxTokens: 50}})
+	_, err := srv.Generate(ctx, api.Request{Model: "sim", PromptTokens: make([]int32, 100),
+		Params: api.Params{MaxTokens: 50}})
 	var tooLong *engine.ContextLengthError
 	fmt.Println(errors.As(err, &tooLong), tooLong.Prompt, tooLong.MaxNew, tooLong.Limit)
 	// Output: true 100 50 128

@@ -6,71 +6,18 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
-// Params are the generation settings shared by Request and ChatRequest.
-type Params struct {
-	// MaxTokens is the most tokens to generate. Required: at least 1.
-	MaxTokens int
-	// Sampling chooses how tokens are picked; the zero value is greedy.
-	Sampling engine.SamplingParams
-	// Stop lists strings that end generation; the text stops before them.
-	// Needs the model's tokenizer.
-	Stop []string
-	// StopTokens lists token ids that end generation, on top of the
-	// model's end-of-sequence ids.
-	StopTokens []int32
-	// IgnoreEOS keeps generating past end-of-sequence tokens.
-	IgnoreEOS bool
-	// Priority is the request's tier. The zero value is scheduler.Normal.
-	Priority scheduler.Tier
-	// Client identifies the caller for per-client rate limits; "" is not
-	// rate limited.
-	Client string
-	// Session keeps a conversation's KV cache: the engine saves the KV of
-	// this request under the session id, and the next request of the same
-	// session reuses the part of its prompt that matches, prefilling only
-	// what is new.
-	Session string
-}
-
-// Request asks for a completion of a prompt.
-type Request struct {
-	// Model is the id of a loaded model.
-	Model string
-	// Prompt is the text to complete, tokenized with the model's
-	// tokenizer (with its BOS). Ignored when PromptTokens is set.
-	Prompt string
-	// PromptTokens is the prompt as token ids.
-	PromptTokens []int32
-	Params
-}
-
-// Message is one chat message.
-type Message = tokenizer.Message
-
-// ChatRequest asks for the next assistant message of a conversation,
-// rendered with the model's chat template.
-type ChatRequest struct {
-	// Model is the id of a loaded model.
-	Model string
-	// Messages is the conversation so far. Must not be empty.
-	Messages []Message
-	// Tools are tool definitions passed to the chat template, for models
-	// whose template supports them.
-	Tools []map[string]any
-	Params
-}
-
 // Generate starts generating a completion and returns its stream. The
 // request is validated and queued before Generate returns: bad input and a
 // full queue are reported here, as typed errors. Cancelling ctx stops the
 // generation and frees its KV within one engine step.
-func (s *Server) Generate(ctx context.Context, req Request) (*Stream, error) {
+func (s *Server) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
 	st, err := s.generate(ctx, req)
 	if err != nil {
 		s.metrics.refused(req.Model, req.Priority, err)
@@ -78,7 +25,7 @@ func (s *Server) Generate(ctx context.Context, req Request) (*Stream, error) {
 	return st, err
 }
 
-func (s *Server) generate(ctx context.Context, req Request) (*Stream, error) {
+func (s *Server) generate(ctx context.Context, req api.Request) (*api.Stream, error) {
 	m, err := s.lookup(req.Model)
 	if err != nil {
 		return nil, err
@@ -100,7 +47,7 @@ func (s *Server) generate(ctx context.Context, req Request) (*Stream, error) {
 
 // Chat renders the conversation with the model's chat template (adding the
 // generation prompt) and starts generating the assistant's reply.
-func (s *Server) Chat(ctx context.Context, req ChatRequest) (*Stream, error) {
+func (s *Server) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	st, err := s.chat(ctx, req)
 	if err != nil {
 		s.metrics.refused(req.Model, req.Priority, err)
@@ -108,7 +55,7 @@ func (s *Server) Chat(ctx context.Context, req ChatRequest) (*Stream, error) {
 	return st, err
 }
 
-func (s *Server) chat(ctx context.Context, req ChatRequest) (*Stream, error) {
+func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	m, err := s.lookup(req.Model)
 	if err != nil {
 		return nil, err
@@ -132,7 +79,7 @@ func (s *Server) chat(ctx context.Context, req ChatRequest) (*Stream, error) {
 }
 
 // submit validates the request against the model and queues it.
-func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p Params) (*Stream, error) {
+func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Params) (*api.Stream, error) {
 	if err := validate(m, prompt, &p); err != nil {
 		return nil, err
 	}
@@ -163,12 +110,12 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p Params)
 	if err := m.queue.Push(entry); err != nil {
 		return nil, err
 	}
-	return newStream(ctx, m, entry, s.metrics), nil
+	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
 }
 
 // validate checks a request before it is queued, so a request that can
 // never run is refused at once with the numbers that rule it out.
-func validate(m *model, prompt []int32, p *Params) error {
+func validate(m *model, prompt []int32, p *api.Params) error {
 	if len(prompt) == 0 {
 		return &engine.InvalidParamError{Param: "prompt", Reason: "prompt is empty"}
 	}

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -59,7 +60,7 @@ type metrics struct {
 
 type attrKey struct {
 	model   string
-	tier    scheduler.Tier
+	tier    api.Tier
 	outcome string
 }
 
@@ -126,7 +127,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 }
 
 // attr returns the cached attribute option for a model, tier and outcome.
-func (m *metrics) attr(model string, tier scheduler.Tier, outcome string) metric.MeasurementOption {
+func (m *metrics) attr(model string, tier api.Tier, outcome string) metric.MeasurementOption {
 	k := attrKey{model, tier, outcome}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -156,7 +157,7 @@ func (m *metrics) stepObserver(model string) func(batcher.StepStats) {
 }
 
 // refused records a request turned away before it was queued.
-func (m *metrics) refused(model string, tier scheduler.Tier, err error) {
+func (m *metrics) refused(model string, tier api.Tier, err error) {
 	outcome := outcomeInvalid
 	if errors.Is(err, scheduler.ErrQueueFull) || errors.Is(err, scheduler.ErrRateLimited) || errors.Is(err, ErrServerClosed) {
 		outcome = outcomeRejected
@@ -171,11 +172,11 @@ func (m *metrics) interToken(model string, gap time.Duration) {
 
 // finished records a stream's end: its usage when it completed, its outcome
 // either way.
-func (m *metrics) finished(model string, tier scheduler.Tier, u *Usage, err error) {
+func (m *metrics) finished(model string, tier api.Tier, u *api.Usage, err error) {
 	ctx := context.Background()
 	outcome := outcomeOK
 	switch {
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAbandoned):
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, api.ErrAbandoned):
 		outcome = outcomeCancelled
 	case err != nil:
 		outcome = outcomeError

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -46,8 +47,8 @@ func newFixture(t *testing.T, simOpts []enginetest.SimOption, opts ...mlxserving
 	return &fixture{sim: sim, srv: srv}
 }
 
-func req(maxTokens int, prompt ...int32) mlxserving.Request {
-	return mlxserving.Request{Model: "sim", PromptTokens: prompt, Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}}
+func req(maxTokens int, prompt ...int32) api.Request {
+	return api.Request{Model: "sim", PromptTokens: prompt, Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}}
 }
 
 // waitFor polls cond: the batcher frees KV on its own goroutine, within a
@@ -71,7 +72,7 @@ func TestGenerateStreamsTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tokens []int32
-	var final mlxserving.Chunk
+	var final api.Chunk
 	for {
 		c, err := st.Recv()
 		if errors.Is(err, io.EOF) {
@@ -87,7 +88,7 @@ func TestGenerateStreamsTokens(t *testing.T) {
 			final = c
 		}
 	}
-	if len(tokens) != 12 || final.Finish != mlxserving.FinishLength || final.Usage.CompletionTokens != 12 || final.Usage.PromptTokens != 3 {
+	if len(tokens) != 12 || final.Finish != api.FinishLength || final.Usage.CompletionTokens != 12 || final.Usage.PromptTokens != 3 {
 		t.Fatalf("tokens %v final %+v usage %+v", tokens, final, final.Usage)
 	}
 	// Greedy decoding is deterministic through the whole stack.
@@ -114,7 +115,7 @@ func TestBadRequestsAreTypedAndHarmless(t *testing.T) {
 	for i := range long {
 		long[i] = 1
 	}
-	with := func(mut func(*mlxserving.Request)) mlxserving.Request {
+	with := func(mut func(*api.Request)) api.Request {
 		r := req(8, 1, 2, 3)
 		mut(&r)
 		return r
@@ -123,23 +124,23 @@ func TestBadRequestsAreTypedAndHarmless(t *testing.T) {
 	var notFound *mlxserving.ModelNotFoundError
 	tests := []struct {
 		name  string
-		req   mlxserving.Request
+		req   api.Request
 		check func(error) bool
 	}{
-		{"zero max tokens", with(func(r *mlxserving.Request) { r.MaxTokens = 0 }), isParam("max_tokens")},
-		{"negative max tokens", with(func(r *mlxserving.Request) { r.MaxTokens = -3 }), isParam("max_tokens")},
-		{"empty prompt", with(func(r *mlxserving.Request) { r.PromptTokens = nil }), isParam("prompt")},
-		{"token outside vocabulary", with(func(r *mlxserving.Request) { r.PromptTokens = []int32{1, 5000} }), isParam("prompt")},
-		{"unknown model", with(func(r *mlxserving.Request) { r.Model = "nope" }), func(err error) bool {
+		{"zero max tokens", with(func(r *api.Request) { r.MaxTokens = 0 }), isParam("max_tokens")},
+		{"negative max tokens", with(func(r *api.Request) { r.MaxTokens = -3 }), isParam("max_tokens")},
+		{"empty prompt", with(func(r *api.Request) { r.PromptTokens = nil }), isParam("prompt")},
+		{"token outside vocabulary", with(func(r *api.Request) { r.PromptTokens = []int32{1, 5000} }), isParam("prompt")},
+		{"unknown model", with(func(r *api.Request) { r.Model = "nope" }), func(err error) bool {
 			return errors.As(err, &notFound) && errors.Is(err, engine.ErrModelNotFound)
 		}},
-		{"unknown tier", with(func(r *mlxserving.Request) { r.Priority = scheduler.Tier(200) }), isParam("priority")},
-		{"temperature 5", with(func(r *mlxserving.Request) { r.Sampling.Temperature = 5 }), isParam("temperature")},
-		{"top_p negative", with(func(r *mlxserving.Request) { r.Sampling.TopP = -1 }), isParam("top_p")},
-		{"prompt over context", with(func(r *mlxserving.Request) { r.PromptTokens = long; r.MaxTokens = 10 }), func(err error) bool {
+		{"unknown tier", with(func(r *api.Request) { r.Priority = api.Tier(200) }), isParam("priority")},
+		{"temperature 5", with(func(r *api.Request) { r.Sampling.Temperature = 5 }), isParam("temperature")},
+		{"top_p negative", with(func(r *api.Request) { r.Sampling.TopP = -1 }), isParam("top_p")},
+		{"prompt over context", with(func(r *api.Request) { r.PromptTokens = long; r.MaxTokens = 10 }), func(err error) bool {
 			return errors.As(err, &ctxErr) && ctxErr.Limit == 256 && ctxErr.Prompt == 250
 		}},
-		{"text prompt without tokenizer", mlxserving.Request{Model: "sim", Prompt: "hi", Params: mlxserving.Params{MaxTokens: 3}}, func(err error) bool {
+		{"text prompt without tokenizer", api.Request{Model: "sim", Prompt: "hi", Params: api.Params{MaxTokens: 3}}, func(err error) bool {
 			return errors.Is(err, mlxserving.ErrNoTokenizer)
 		}},
 	}
@@ -306,7 +307,7 @@ func TestSessionReusesKV(t *testing.T) {
 
 func TestShutdownDrainsThenRefuses(t *testing.T) {
 	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0), enginetest.WithMaxBatch(2)})
-	var streams []*mlxserving.Stream
+	var streams []*api.Stream
 	for range 5 {
 		st, err := f.srv.Generate(context.Background(), req(10, 4, 5))
 		if err != nil {

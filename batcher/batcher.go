@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -35,7 +36,7 @@ type Queue interface {
 	Ready() <-chan struct{}
 	// Preempts reports whether a waiting entry of one tier may evict a
 	// running entry of another.
-	Preempts(waiting, running scheduler.Tier) bool
+	Preempts(waiting, running api.Tier) bool
 }
 
 // ContinuousBatcher runs one model's sequences with iteration-level
@@ -212,7 +213,7 @@ func (b *ContinuousBatcher) admit(ctx context.Context) {
 func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	s := e.Value
 	if s.cancelled.Load() {
-		s.out.finish(Chunk{}, s.out.cancelError())
+		s.out.finish(api.Chunk{}, s.out.cancelError())
 		return true
 	}
 	if s.Submitted.IsZero() {
@@ -238,7 +239,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		return false
 	default:
 		b.model.Free(s.id, "")
-		s.out.finish(Chunk{}, err)
+		s.out.finish(api.Chunk{}, err)
 		return true
 	}
 	s.fed = reused
@@ -300,7 +301,7 @@ func (b *ContinuousBatcher) reapCancelled() {
 		s := e.Value
 		if s.cancelled.Load() {
 			b.release(e, "")
-			s.out.finish(Chunk{}, s.out.cancelError())
+			s.out.finish(api.Chunk{}, s.out.cancelError())
 			continue
 		}
 		kept = append(kept, e)
@@ -313,7 +314,7 @@ func (b *ContinuousBatcher) reapCancelled() {
 func (b *ContinuousBatcher) failRunning(err error) {
 	for _, e := range b.running {
 		b.release(e, "")
-		e.Value.out.finish(Chunk{}, err)
+		e.Value.out.finish(api.Chunk{}, err)
 	}
 	clear(b.running)
 	b.running = b.running[:0]

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -61,7 +62,7 @@ func newRigModel(t *testing.T, sim *enginetest.Sim, m engine.Model, qOpts []sche
 func (r *rig) submit(t *testing.T, seq *batcher.Sequence) *batcher.Entry {
 	t.Helper()
 	if seq.Tier == 0 {
-		seq.Tier = scheduler.Normal
+		seq.Tier = api.Normal
 	}
 	e := &batcher.Entry{Value: seq, Tier: seq.Tier, Cost: len(seq.Prompt) + seq.MaxTokens}
 	if err := r.queue.Push(e); err != nil {
@@ -72,8 +73,8 @@ func (r *rig) submit(t *testing.T, seq *batcher.Sequence) *batcher.Entry {
 
 type result struct {
 	tokens []int32
-	finish batcher.FinishReason
-	usage  *batcher.Usage
+	finish api.FinishReason
+	usage  *api.Usage
 	err    error
 }
 
@@ -155,7 +156,7 @@ func TestBatchedTokensMatchAlone(t *testing.T) {
 		if !slices.Equal(got.tokens, want) {
 			t.Errorf("seq %d: batched %v, alone %v", i, got.tokens, want)
 		}
-		if got.finish != batcher.FinishLength || got.usage.CompletionTokens != s.MaxTokens || got.usage.PromptTokens != len(s.Prompt) {
+		if got.finish != api.FinishLength || got.usage.CompletionTokens != s.MaxTokens || got.usage.PromptTokens != len(s.Prompt) {
 			t.Errorf("seq %d: finish %q usage %+v", i, got.finish, got.usage)
 		}
 	}
@@ -175,11 +176,11 @@ func TestStopConditions(t *testing.T) {
 		name   string
 		seq    *batcher.Sequence
 		want   []int32
-		finish batcher.FinishReason
+		finish api.FinishReason
 	}{
-		{"max tokens", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 4}, ref[:4], batcher.FinishLength},
-		{"stop token", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, StopTokens: []int32{ref[2]}}, ref[:2], batcher.FinishStop},
-		{"stop string", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, Text: &stopAfter{n: 2}}, ref[:2], batcher.FinishStop},
+		{"max tokens", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 4}, ref[:4], api.FinishLength},
+		{"stop token", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, StopTokens: []int32{ref[2]}}, ref[:2], api.FinishStop},
+		{"stop string", &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, Text: &stopAfter{n: 2}}, ref[:2], api.FinishStop},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,7 +213,7 @@ func TestEOSEndsSequence(t *testing.T) {
 		if slices.Contains(got.tokens, 7) {
 			t.Errorf("EOS emitted: %v", got.tokens)
 		}
-		if got.finish == batcher.FinishStop {
+		if got.finish == api.FinishStop {
 			ended++
 			if got.usage.CompletionTokens != len(got.tokens)+1 {
 				t.Errorf("usage counts %d tokens, %d emitted plus EOS", got.usage.CompletionTokens, len(got.tokens))
@@ -245,12 +246,12 @@ func TestCancelFreesKVWithinAStep(t *testing.T) {
 func TestPreemptionRecomputes(t *testing.T) {
 	r := newRig(t, []enginetest.SimOption{enginetest.WithStepTime(time.Millisecond, 0)},
 		[]scheduler.Option{scheduler.WithPreemption(true)}, batcher.WithMaxBatch(1))
-	bg := &batcher.Sequence{Prompt: prompt(4, 8), MaxTokens: 40, IgnoreEOS: true, Tier: scheduler.Background}
+	bg := &batcher.Sequence{Prompt: prompt(4, 8), MaxTokens: 40, IgnoreEOS: true, Tier: api.Background}
 	r.submit(t, bg)
 	if _, err := bg.Recv(context.Background()); err != nil { // background is running
 		t.Fatal(err)
 	}
-	crit := &batcher.Sequence{Prompt: prompt(5, 8), MaxTokens: 5, IgnoreEOS: true, Tier: scheduler.Critical}
+	crit := &batcher.Sequence{Prompt: prompt(5, 8), MaxTokens: 5, IgnoreEOS: true, Tier: api.Critical}
 	r.submit(t, crit)
 	c := collect(crit)
 	if c.err != nil || !slices.Equal(c.tokens, alone(t, crit.Prompt, 5)) {
@@ -333,8 +334,11 @@ func TestAdaptiveBatchSizing(t *testing.T) {
 		go func() { defer wg.Done(); collect(s) }()
 	}
 	wg.Wait()
-	if l := r.b.Stats().Limit; l < 5 || l > 16 {
-		t.Errorf("adaptive limit settled at %d, want near 10", l)
+	// A loaded machine only lengthens steps, which lowers the limit, so
+	// only the upper bound is tight: without adaptation the limit would
+	// stay at 40 running sequences.
+	if l := r.b.Stats().Limit; l < 2 || l > 16 {
+		t.Errorf("adaptive limit settled at %d, want near 10 (at least the minimum, 2)", l)
 	}
 }
 

@@ -22,6 +22,6 @@
 //	b, _ := batcher.New(model, q, batcher.WithTokenBudget(4096))
 //	defer b.Close()
 //	seq := &batcher.Sequence{Prompt: ids, MaxTokens: 64}
-//	_ = q.Push(&batcher.Entry{Value: seq, Tier: scheduler.Normal, Cost: len(ids) + 64})
+//	_ = q.Push(&batcher.Entry{Value: seq, Tier: api.Normal, Cost: len(ids) + 64})
 //	for c, err := seq.Recv(ctx); err == nil; c, err = seq.Recv(ctx) { ... }
 package batcher

@@ -6,20 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/scheduler"
-)
-
-// FinishReason says why a sequence stopped generating.
-type FinishReason string
-
-const (
-	// FinishStop means an end-of-sequence token, a stop token or a stop
-	// string ended generation.
-	FinishStop FinishReason = "stop"
-	// FinishLength means the sequence reached its token limit or the
-	// model's context.
-	FinishLength FinishReason = "length"
 )
 
 // Detokenizer turns one sequence's generated tokens into text and detects
@@ -32,41 +20,6 @@ type Detokenizer interface {
 	// Flush returns the text still held back when generation ends for a
 	// reason other than a stop string.
 	Flush() string
-}
-
-// Chunk is one piece of a sequence's output: a generated token with the text
-// it completed, or the final chunk carrying the finish reason and usage.
-type Chunk struct {
-	// Text is the new text; it may be empty while a multi-byte character
-	// or a possible stop string is held back.
-	Text string
-	// Token is the generated token id; valid when HasToken is set.
-	Token    int32
-	HasToken bool
-	// Logprob is the token's log-probability, when requested.
-	Logprob float32
-	// Finish is set on the last chunk only.
-	Finish FinishReason
-	// Usage is set on the last chunk only.
-	Usage *Usage
-}
-
-// Usage counts a finished sequence's tokens and times.
-type Usage struct {
-	PromptTokens     int
-	CompletionTokens int
-	// CachedTokens is the number of prompt tokens whose KV was reused
-	// from a saved prefix instead of being prefilled.
-	CachedTokens int
-	// QueueWait is the time from submission to first admission.
-	QueueWait time.Duration
-	// TimeToFirstToken is the time from submission to the first token.
-	TimeToFirstToken time.Duration
-	// Duration is the time from submission to the end.
-	Duration time.Duration
-	// Preemptions counts how often the sequence was evicted and
-	// recomputed (preemption or a lost worker).
-	Preemptions int
 }
 
 // Sequence is one generation request as the batcher runs it. The caller
@@ -93,7 +46,7 @@ type Sequence struct {
 	// without text.
 	Text Detokenizer
 	// Tier is the sequence's priority, used to choose preemption victims.
-	Tier scheduler.Tier
+	Tier api.Tier
 	// Submitted is when the request arrived; zero means when queued.
 	Submitted time.Time
 
@@ -122,7 +75,7 @@ func (s *Sequence) Cancel(err error) {
 // Fail ends the sequence's stream with err unless it has already ended.
 // The owner of the queue calls it for a sequence that never ran (removed
 // while queued, drained at shutdown).
-func (s *Sequence) Fail(err error) { s.out.finish(Chunk{}, err) }
+func (s *Sequence) Fail(err error) { s.out.finish(api.Chunk{}, err) }
 
 // Generated returns how many tokens the sequence has produced so far. Safe
 // only after the stream ended.
@@ -131,7 +84,7 @@ func (s *Sequence) Generated() int { return len(s.generated) }
 // Recv returns the next chunk, blocking until one is ready or ctx ends.
 // After the final chunk (Finish set) it returns ErrStreamDone; if the
 // sequence failed it returns that error.
-func (s *Sequence) Recv(ctx context.Context) (Chunk, error) {
+func (s *Sequence) Recv(ctx context.Context) (api.Chunk, error) {
 	return s.out.next(ctx)
 }
 
@@ -143,7 +96,7 @@ func (s *Sequence) Done() <-chan struct{} { return s.out.doneCh() }
 // blocks on a slow reader, and the reader. It is bounded by MaxTokens + 1.
 type outbox struct {
 	mu        sync.Mutex
-	chunks    []Chunk
+	chunks    []api.Chunk
 	head      int
 	err       error
 	cancelErr error
@@ -185,7 +138,7 @@ func (o *outbox) cancelError() error {
 }
 
 // push queues a chunk; a no-op after the stream ended.
-func (o *outbox) push(c Chunk) {
+func (o *outbox) push(c api.Chunk) {
 	o.mu.Lock()
 	if !o.ended {
 		o.chunks = append(o.chunks, c)
@@ -195,7 +148,7 @@ func (o *outbox) push(c Chunk) {
 }
 
 // finish queues the final chunk (err == nil) or the error, once.
-func (o *outbox) finish(last Chunk, err error) bool {
+func (o *outbox) finish(last api.Chunk, err error) bool {
 	o.mu.Lock()
 	if o.ended {
 		o.mu.Unlock()
@@ -222,13 +175,13 @@ func (o *outbox) signal() {
 	}
 }
 
-func (o *outbox) next(ctx context.Context) (Chunk, error) {
+func (o *outbox) next(ctx context.Context) (api.Chunk, error) {
 	o.init()
 	for {
 		o.mu.Lock()
 		if o.head < len(o.chunks) {
 			c := o.chunks[o.head]
-			o.chunks[o.head] = Chunk{}
+			o.chunks[o.head] = api.Chunk{}
 			o.head++
 			if o.head == len(o.chunks) {
 				o.chunks, o.head = o.chunks[:0], 0
@@ -240,14 +193,14 @@ func (o *outbox) next(ctx context.Context) (Chunk, error) {
 		o.mu.Unlock()
 		if ended {
 			if err != nil {
-				return Chunk{}, err
+				return api.Chunk{}, err
 			}
-			return Chunk{}, ErrStreamDone
+			return api.Chunk{}, ErrStreamDone
 		}
 		select {
 		case <-o.ready:
 		case <-ctx.Done():
-			return Chunk{}, ctx.Err()
+			return api.Chunk{}, ctx.Err()
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -98,16 +99,16 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		s.firstToken = now
 	}
 	if b.isStopToken(s, tok) {
-		b.finish(s, FinishStop, "", now)
+		b.finish(s, api.FinishStop, "", now)
 		return true
 	}
-	c := Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
+	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
 	if s.Text != nil {
 		delta, stopped := s.Text.Add(tok)
 		c.Text = delta
 		if stopped {
 			s.out.push(c)
-			b.finish(s, FinishStop, "", now)
+			b.finish(s, api.FinishStop, "", now)
 			return true
 		}
 	}
@@ -117,7 +118,7 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		if s.Text != nil {
 			tail = s.Text.Flush()
 		}
-		b.finish(s, FinishLength, tail, now)
+		b.finish(s, api.FinishLength, tail, now)
 		return true
 	}
 	return false
@@ -132,15 +133,15 @@ func (b *ContinuousBatcher) isStopToken(s *Sequence, tok int32) bool {
 
 // finish frees a sequence (saving its KV under SaveKey) and sends its final
 // chunk. The caller removes it from running.
-func (b *ContinuousBatcher) finish(s *Sequence, reason FinishReason, text string, now time.Time) {
+func (b *ContinuousBatcher) finish(s *Sequence, reason api.FinishReason, text string, now time.Time) {
 	b.model.Free(s.id, s.SaveKey)
 	s.open = false
 	b.reserved -= b.need(s)
-	s.out.finish(Chunk{Text: text, Finish: reason, Usage: s.usage(now)}, nil)
+	s.out.finish(api.Chunk{Text: text, Finish: reason, Usage: s.usage(now)}, nil)
 }
 
-func (s *Sequence) usage(now time.Time) *Usage {
-	u := &Usage{
+func (s *Sequence) usage(now time.Time) *api.Usage {
+	u := &api.Usage{
 		PromptTokens:     len(s.Prompt),
 		CompletionTokens: len(s.generated),
 		CachedTokens:     s.cached,
@@ -194,7 +195,7 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 			b.queue.Requeue(e)
 			continue
 		}
-		s.out.finish(Chunk{}, fmt.Errorf("model %s: %w", b.info.ID, err))
+		s.out.finish(api.Chunk{}, fmt.Errorf("model %s: %w", b.info.ID, err))
 	}
 	clear(b.running[len(kept):])
 	b.running = kept

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 )
 
@@ -27,8 +27,8 @@ func BenchmarkStreamOverhead(b *testing.B) {
 	b.Run("direct", func(b *testing.B) {
 		ctx := context.Background()
 		for b.Loop() {
-			st, err := f.srv.Generate(ctx, mlxserving.Request{Model: "tiny", PromptTokens: []int32{1, 2, 3, 4},
-				Params: mlxserving.Params{MaxTokens: benchTokens, IgnoreEOS: true}})
+			st, err := f.srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: []int32{1, 2, 3, 4},
+				Params: api.Params{MaxTokens: benchTokens, IgnoreEOS: true}})
 			if err != nil {
 				b.Fatal(err)
 			}

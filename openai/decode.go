@@ -64,11 +64,11 @@ func jsonError(err error) error {
 	var (
 		syntax *json.SyntaxError
 		typ    *json.UnmarshalTypeError
-		api    *apiError
+		ae     *apiError
 	)
 	switch {
-	case errors.As(err, &api):
-		return api
+	case errors.As(err, &ae):
+		return ae
 	case errors.As(err, &syntax):
 		return badRequest("", "invalid_json", "invalid JSON at byte offset %d: %v", syntax.Offset, syntax)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):

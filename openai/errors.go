@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -56,7 +57,7 @@ func newAPIError(status int, typ, param, code, msg string) *apiError {
 // package doc describes.
 func toAPIError(err error) *apiError {
 	var (
-		api      *apiError
+		ae       *apiError
 		invalid  *engine.InvalidParamError
 		ctxLen   *engine.ContextLengthError
 		notFound *mlxserving.ModelNotFoundError
@@ -66,8 +67,8 @@ func toAPIError(err error) *apiError {
 		capacity *scheduler.CapacityError
 	)
 	switch {
-	case errors.As(err, &api):
-		return api
+	case errors.As(err, &ae):
+		return ae
 	case errors.As(err, &tooBig):
 		return newAPIError(http.StatusRequestEntityTooLarge, typeInvalidRequest, "", "request_too_large",
 			fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit))
@@ -77,7 +78,7 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
 	case errors.As(err, &invalid):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
-	case errors.Is(err, scheduler.ErrUnknownTier):
+	case errors.Is(err, api.ErrUnknownTier):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
 	case errors.As(err, &notFound), errors.Is(err, engine.ErrModelNotFound):
 		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found", err.Error())

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -28,7 +29,7 @@ func TestErrorTable(t *testing.T) {
 		{&engine.InvalidParamError{Param: "top_p", Reason: "bad"}, 400, "invalid_value", ""},
 		{&engine.ContextLengthError{Model: "m", Prompt: 600, Limit: 512}, 400, "context_length_exceeded", ""},
 		{&scheduler.CapacityError{Model: "m", Prompt: 10, MaxNew: 10, Capacity: 15}, 400, "exceeds_kv_capacity", ""},
-		{&scheduler.UnknownTierError{Value: "x"}, 400, "invalid_value", ""},
+		{&api.UnknownTierError{Value: "x"}, 400, "invalid_value", ""},
 		{&mlxserving.ModelNotFoundError{Model: "x"}, 404, "model_not_found", ""},
 		{fmt.Errorf("chat: %w", mlxserving.ErrNoTokenizer), 400, "unsupported_model", ""},
 		{&http.MaxBytesError{Limit: 10}, 413, "request_too_large", ""},

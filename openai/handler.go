@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -158,7 +159,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil
-	st, err := h.start(r.Context(), explicit, func(ctx context.Context, maxTokens int) (*mlxserving.Stream, error) {
+	st, err := h.start(r.Context(), explicit, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
 		cr.MaxTokens = maxTokens
 		return h.srv.Chat(ctx, cr)
 	}, cr.MaxTokens)
@@ -181,7 +182,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	st, err := h.start(r.Context(), req.MaxTokens != nil, func(ctx context.Context, maxTokens int) (*mlxserving.Stream, error) {
+	st, err := h.start(r.Context(), req.MaxTokens != nil, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
 		gr.MaxTokens = maxTokens
 		return h.srv.Generate(ctx, gr)
 	}, gr.MaxTokens)
@@ -207,7 +208,7 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) error {
 
 // start submits a request. When the client gave no max_tokens and the
 // default does not fit the context, it retries once with the room left.
-func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.Context, int) (*mlxserving.Stream, error), maxTokens int) (*mlxserving.Stream, error) {
+func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.Context, int) (*api.Stream, error), maxTokens int) (*api.Stream, error) {
 	st, err := submit(ctx, maxTokens)
 	if err == nil || explicit {
 		return st, err
@@ -226,7 +227,7 @@ func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.
 }
 
 // respond sends the stream as SSE or as one body.
-func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *mlxserving.Stream, f *format, stream bool) {
+func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream, f *format, stream bool) {
 	defer st.Close()
 	var err error
 	if stream {
@@ -240,12 +241,12 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *mlxserving
 }
 
 // writeWhole collects the stream into one response body.
-func (h *Handler) writeWhole(w http.ResponseWriter, st *mlxserving.Stream, f *format) error {
+func (h *Handler) writeWhole(w http.ResponseWriter, st *api.Stream, f *format) error {
 	var (
 		text   strings.Builder
-		tokens []mlxserving.Chunk
-		finish mlxserving.FinishReason
-		usage  *mlxserving.Usage
+		tokens []api.Chunk
+		finish api.FinishReason
+		usage  *api.Usage
 	)
 	for c, err := range st.Chunks() {
 		if err != nil {

@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/mlxserving/mlxserving"
-	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // commonFields are the fields chat and text completions share.
@@ -77,8 +76,8 @@ type completionRequest struct {
 
 // params converts the shared fields into the library's parameters.
 // maxTokens is the already-resolved max_tokens field (nil when absent).
-func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, def int, logprobs bool) (mlxserving.Params, error) {
-	var p mlxserving.Params
+func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, def int, logprobs bool) (api.Params, error) {
+	var p api.Params
 	if err := c.unsupported(); err != nil {
 		return p, err
 	}
@@ -137,15 +136,15 @@ func setIf[T any](dst *T, src *T) {
 }
 
 // tier reads the priority from the body, else the X-Priority header.
-func (c *commonFields) tier(r *http.Request) (scheduler.Tier, error) {
+func (c *commonFields) tier(r *http.Request) (api.Tier, error) {
 	name := c.Priority
 	if name == "" {
 		name = r.Header.Get("X-Priority")
 	}
 	if name == "" {
-		return scheduler.Normal, nil
+		return api.Normal, nil
 	}
-	t, err := scheduler.ParseTier(name)
+	t, err := api.ParseTier(name)
 	if err != nil {
 		return t, badRequest("priority", "invalid_value", "unknown priority %q: want critical, high, normal, low or background", name)
 	}
@@ -168,8 +167,8 @@ func (c *commonFields) unsupported() error {
 }
 
 // chat converts a chat completion request.
-func (c *chatRequest) chat(r *http.Request, def int) (mlxserving.ChatRequest, error) {
-	var req mlxserving.ChatRequest
+func (c *chatRequest) chat(r *http.Request, def int) (api.ChatRequest, error) {
+	var req api.ChatRequest
 	if err := c.unsupportedChat(); err != nil {
 		return req, err
 	}
@@ -185,7 +184,7 @@ func (c *chatRequest) chat(r *http.Request, def int) (mlxserving.ChatRequest, er
 		return req, badRequest("messages", "invalid_value", "messages must hold at least one message")
 	}
 	req.Model, req.Params = c.Model, p
-	req.Messages = make([]mlxserving.Message, len(c.Messages))
+	req.Messages = make([]api.Message, len(c.Messages))
 	for i, m := range c.Messages {
 		if req.Messages[i], err = m.message(i); err != nil {
 			return req, err
@@ -209,32 +208,32 @@ func (c *chatRequest) unsupportedChat() error {
 }
 
 // message converts message i, checking its role and content.
-func (m *chatMessage) message(i int) (mlxserving.Message, error) {
+func (m *chatMessage) message(i int) (api.Message, error) {
 	role := m.Role
 	switch role {
 	case "system", "user", "assistant", "tool":
 	case "developer":
 		role = "system"
 	case "":
-		return mlxserving.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "missing_field", "message %d has no role", i)
+		return api.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "missing_field", "message %d has no role", i)
 	default:
-		return mlxserving.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "invalid_value",
+		return api.Message{}, badRequest(fmt.Sprintf("messages.%d.role", i), "invalid_value",
 			"message %d has unknown role %q: want system, developer, user, assistant or tool", i, m.Role)
 	}
 	param := fmt.Sprintf("messages.%d.content", i)
 	if isNull(m.Content) && (role != "assistant" || len(m.ToolCalls) == 0) {
-		return mlxserving.Message{}, badRequest(param, "missing_field", "message %d (%s) has no content", i, m.Role)
+		return api.Message{}, badRequest(param, "missing_field", "message %d (%s) has no content", i, m.Role)
 	}
 	content, err := parseContent(m.Content, param)
 	if err != nil {
-		return mlxserving.Message{}, err
+		return api.Message{}, err
 	}
-	return mlxserving.Message{Role: role, Content: content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}, nil
+	return api.Message{Role: role, Content: content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}, nil
 }
 
 // completion converts a text completion request.
-func (c *completionRequest) completion(r *http.Request, def int) (mlxserving.Request, error) {
-	var req mlxserving.Request
+func (c *completionRequest) completion(r *http.Request, def int) (api.Request, error) {
+	var req api.Request
 	switch {
 	case c.Logprobs != nil && *c.Logprobs != 0:
 		return req, badRequest("logprobs", "unsupported_value", "logprobs is %d: only 0 (the sampled token's logprob) is supported", *c.Logprobs)

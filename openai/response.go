@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // format writes one request's responses: a chat or text completion, as
@@ -47,7 +47,7 @@ func (f *format) roleChunk(b []byte) []byte {
 
 // tokenChunk is one piece of generated text (with the token's logprob
 // when asked for).
-func (f *format) tokenChunk(b []byte, c mlxserving.Chunk) []byte {
+func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
 		b = append(b, `{"index":0,"delta":{"content":`...)
@@ -59,7 +59,7 @@ func (f *format) tokenChunk(b []byte, c mlxserving.Chunk) []byte {
 		b = append(b, `,"logprobs":`...)
 	}
 	if f.logprobs && c.HasToken {
-		lp, _ := json.Marshal(f.logprobsOf([]mlxserving.Chunk{c}))
+		lp, _ := json.Marshal(f.logprobsOf([]api.Chunk{c}))
 		b = append(b, lp...)
 	} else {
 		b = append(b, "null"...)
@@ -69,7 +69,7 @@ func (f *format) tokenChunk(b []byte, c mlxserving.Chunk) []byte {
 }
 
 // finishChunk ends the choice with its finish reason.
-func (f *format) finishChunk(b []byte, finish mlxserving.FinishReason) []byte {
+func (f *format) finishChunk(b []byte, finish api.FinishReason) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
 		b = append(b, `{"index":0,"delta":{},"logprobs":null,"finish_reason":`...)
@@ -82,7 +82,7 @@ func (f *format) finishChunk(b []byte, finish mlxserving.FinishReason) []byte {
 }
 
 // usageChunk is stream_options.include_usage's last chunk: no choices.
-func (f *format) usageChunk(b []byte, u *mlxserving.Usage) []byte {
+func (f *format) usageChunk(b []byte, u *api.Usage) []byte {
 	b = append(b, f.prefix...)
 	b = append(b, `],"usage":`...)
 	ub, _ := json.Marshal(usageOf(u))
@@ -100,7 +100,7 @@ func (f *format) end(b []byte) []byte {
 // logprobsOf renders the chunks' logprobs in the endpoint's shape. The
 // token text is the text the token completed (empty while a multi-byte
 // character is incomplete).
-func (f *format) logprobsOf(chunks []mlxserving.Chunk) any {
+func (f *format) logprobsOf(chunks []api.Chunk) any {
 	if f.chat {
 		content := make([]chatLogprob, 0, len(chunks))
 		for _, c := range chunks {
@@ -165,7 +165,7 @@ type usageBody struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func usageOf(u *mlxserving.Usage) usageBody {
+func usageOf(u *api.Usage) usageBody {
 	var b usageBody
 	if u == nil {
 		return b
@@ -177,7 +177,7 @@ func usageOf(u *mlxserving.Usage) usageBody {
 }
 
 // body is the whole non-streamed response.
-func (f *format) body(text string, chunks []mlxserving.Chunk, finish mlxserving.FinishReason, u *mlxserving.Usage) any {
+func (f *format) body(text string, chunks []api.Chunk, finish api.FinishReason, u *api.Usage) any {
 	var lp any
 	if f.logprobs {
 		lp = f.logprobsOf(chunks)

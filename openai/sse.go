@@ -6,7 +6,7 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // sseWriter writes server-sent events, flushing each one so every token
@@ -38,7 +38,7 @@ func (s *sseWriter) send(b []byte) error {
 // streamSSE sends the stream as chunks in OpenAI's shape, ending with
 // data: [DONE]. The status line waits for the first chunk, so a request
 // that fails before its first token still gets a proper error status.
-func (h *Handler) streamSSE(w http.ResponseWriter, st *mlxserving.Stream, f *format) error {
+func (h *Handler) streamSSE(w http.ResponseWriter, st *api.Stream, f *format) error {
 	s := &sseWriter{w: w, rc: http.NewResponseController(w), buf: make([]byte, 0, 512)}
 	for {
 		c, err := st.Recv()
@@ -60,7 +60,7 @@ func (h *Handler) streamSSE(w http.ResponseWriter, st *mlxserving.Stream, f *for
 
 // chunk sends what one stream chunk holds: its text (and logprob), and on
 // the final chunk the finish reason and, if asked for, the usage.
-func (s *sseWriter) chunk(f *format, c mlxserving.Chunk) error {
+func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	if !s.started {
 		s.start()
 		if f.chat {

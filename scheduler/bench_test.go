@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // fill queues n entries of mixed tiers and costs.
 func fill(b *testing.B, s *scheduler.PriorityScheduler[*job], rng *rand.Rand, n int) {
-	tiers := scheduler.Tiers()
+	tiers := api.Tiers()
 	for i := range n {
 		e := newEntry("fill", tiers[i%len(tiers)], 1+rng.IntN(4096))
 		if err := s.Push(e); err != nil {
@@ -29,7 +30,7 @@ func BenchmarkPushPop(b *testing.B) {
 			s := newSched(b, nil, scheduler.WithMaxQueued(0))
 			rng := rand.New(rand.NewPCG(1, 1))
 			fill(b, s, rng, n)
-			tiers := scheduler.Tiers()
+			tiers := api.Tiers()
 			entries := make([]*entry, 1024)
 			for i := range entries {
 				entries[i] = newEntry("x", tiers[i%len(tiers)], 1+rng.IntN(4096))
@@ -56,10 +57,10 @@ func BenchmarkPushPop(b *testing.B) {
 func BenchmarkPushPopAging(b *testing.B) {
 	clk := newClock()
 	s := newSched(b, clk, scheduler.WithMaxQueued(0), scheduler.WithAging(100*time.Millisecond),
-		scheduler.WithSLA(scheduler.Low, 200*time.Millisecond), scheduler.WithSLA(scheduler.Background, 400*time.Millisecond))
+		scheduler.WithSLA(api.Low, 200*time.Millisecond), scheduler.WithSLA(api.Background, 400*time.Millisecond))
 	rng := rand.New(rand.NewPCG(2, 2))
 	fill(b, s, rng, 10000)
-	tiers := scheduler.Tiers()
+	tiers := api.Tiers()
 	admit := func(*job) bool { return true }
 	i := 0
 	for b.Loop() {
@@ -92,12 +93,12 @@ func BenchmarkRejectQueueFull(b *testing.B) {
 	s := newSched(b, nil, scheduler.WithMaxQueued(10000))
 	fill(b, s, rand.New(rand.NewPCG(4, 4)), 8000) // background stops at 80%
 	for range 2000 {
-		mustPush(b, s, newEntry("crit", scheduler.Critical, 100))
+		mustPush(b, s, newEntry("crit", api.Critical, 100))
 	}
 	if n, _ := s.Len(); n != 10000 {
 		b.Fatalf("queued %d", n)
 	}
-	e := newEntry("refused", scheduler.Critical, 100)
+	e := newEntry("refused", api.Critical, 100)
 	for b.Loop() {
 		if err := s.Push(e); !errors.Is(err, scheduler.ErrQueueFull) {
 			b.Fatalf("Push: %v", err)
@@ -110,11 +111,11 @@ func BenchmarkRejectQueueFull(b *testing.B) {
 func BenchmarkRejectRateLimited(b *testing.B) {
 	s := newSched(b, nil, scheduler.WithMaxQueued(0), scheduler.WithRateLimit(1e-3, 1))
 	for i := range 10000 {
-		e := newEntry("x", scheduler.Normal, 1)
+		e := newEntry("x", api.Normal, 1)
 		e.Client = "client-" + strconv.Itoa(i)
 		mustPush(b, s, e)
 	}
-	e := newEntry("x", scheduler.Normal, 1)
+	e := newEntry("x", api.Normal, 1)
 	e.Client = "client-42"
 	for b.Loop() {
 		if err := s.Push(e); !errors.Is(err, scheduler.ErrRateLimited) {
@@ -130,7 +131,7 @@ func BenchmarkPushParallel(b *testing.B) {
 	s := newSched(b, nil, scheduler.WithMaxQueued(0))
 	fill(b, s, rand.New(rand.NewPCG(5, 5)), 10000)
 	b.RunParallel(func(pb *testing.PB) {
-		e := newEntry("x", scheduler.High, 100)
+		e := newEntry("x", api.High, 100)
 		for pb.Next() {
 			if err := s.Push(e); err != nil {
 				b.Error(err)

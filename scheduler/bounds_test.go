@@ -7,15 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 func TestMaxQueued(t *testing.T) {
 	s := newSched(t, newClock(), scheduler.WithMaxQueued(3), scheduler.WithHeadroom(0))
 	for i := range 3 {
-		mustPush(t, s, newEntry(string(rune('a'+i)), scheduler.Normal, 10))
+		mustPush(t, s, newEntry(string(rune('a'+i)), api.Normal, 10))
 	}
-	err := s.Push(newEntry("d", scheduler.Critical, 10))
+	err := s.Push(newEntry("d", api.Critical, 10))
 	var full *scheduler.QueueFullError
 	if !errors.Is(err, scheduler.ErrQueueFull) || !errors.As(err, &full) {
 		t.Fatalf("Push beyond the bound: %v", err)
@@ -30,8 +31,8 @@ func TestMaxQueued(t *testing.T) {
 	if want := "queue full: 3 requests queued (limit 3 for critical), retry after 1m0s"; err.Error() != want {
 		t.Errorf("message %q, want %q", err, want)
 	}
-	if st := s.Stats(); st.Rejected != 1 || st.Tier(scheduler.Critical).Rejected != 1 {
-		t.Errorf("Stats rejected = %d, critical %d", st.Rejected, st.Tier(scheduler.Critical).Rejected)
+	if st := s.Stats(); st.Rejected != 1 || st.Tier(api.Critical).Rejected != 1 {
+		t.Errorf("Stats rejected = %d, critical %d", st.Rejected, st.Tier(api.Critical).Rejected)
 	}
 	if n, _ := s.Len(); n != 3 {
 		t.Errorf("Len = %d after a refused push", n)
@@ -46,7 +47,7 @@ func TestHeadroom(t *testing.T) {
 		cost int
 	}{{scheduler.WithMaxQueued(100), 1}, {scheduler.WithMaxQueuedTokens(1000), 10}} {
 		s := newSched(t, newClock(), scheduler.WithMaxQueued(0), bound.opt)
-		tiers := scheduler.Tiers()
+		tiers := api.Tiers()
 		for i := len(tiers) - 1; i >= 0; i-- {
 			tier := tiers[i]
 			for {
@@ -70,13 +71,13 @@ func TestHeadroom(t *testing.T) {
 	}
 	// Tiny bounds keep at least one place for every tier.
 	s := newSched(t, newClock(), scheduler.WithMaxQueued(1))
-	mustPush(t, s, newEntry("bg", scheduler.Background, 1))
+	mustPush(t, s, newEntry("bg", api.Background, 1))
 }
 
 func TestMaxQueuedTokens(t *testing.T) {
 	s := newSched(t, newClock(), scheduler.WithMaxQueued(0), scheduler.WithMaxQueuedTokens(1000), scheduler.WithHeadroom(0))
-	mustPush(t, s, newEntry("600", scheduler.Normal, 600))
-	err := s.Push(newEntry("500", scheduler.Normal, 500))
+	mustPush(t, s, newEntry("600", api.Normal, 600))
+	err := s.Push(newEntry("500", api.Normal, 500))
 	var full *scheduler.QueueFullError
 	if !errors.As(err, &full) || full.QueuedTokens != 600 || full.Cost != 500 || full.MaxQueuedTokens != 1000 {
 		t.Fatalf("Push over the token bound: %v (%+v)", err, full)
@@ -84,15 +85,15 @@ func TestMaxQueuedTokens(t *testing.T) {
 	if !strings.Contains(err.Error(), "600 tokens queued + 500 requested exceeds the limit of 1000 tokens for normal") {
 		t.Errorf("message %q", err)
 	}
-	mustPush(t, s, newEntry("400", scheduler.Normal, 400)) // exactly at the bound
-	if err := s.Push(newEntry("1", scheduler.Normal, 1)); !errors.Is(err, scheduler.ErrQueueFull) {
+	mustPush(t, s, newEntry("400", api.Normal, 400)) // exactly at the bound
+	if err := s.Push(newEntry("1", api.Normal, 1)); !errors.Is(err, scheduler.ErrQueueFull) {
 		t.Fatalf("Push at the bound: %v", err)
 	}
 
 	// An entry larger than the whole bound still runs, alone.
 	s = newSched(t, newClock(), scheduler.WithMaxQueuedTokens(1000))
-	mustPush(t, s, newEntry("huge", scheduler.Normal, 5000))
-	if err := s.Push(newEntry("1", scheduler.Normal, 1)); !errors.Is(err, scheduler.ErrQueueFull) {
+	mustPush(t, s, newEntry("huge", api.Normal, 5000))
+	if err := s.Push(newEntry("1", api.Normal, 1)); !errors.Is(err, scheduler.ErrQueueFull) {
 		t.Fatalf("Push behind an oversize entry: %v", err)
 	}
 }
@@ -104,15 +105,15 @@ func TestRetryAfterFollowsDrainRate(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk, scheduler.WithMaxQueued(10), scheduler.WithHeadroom(0))
 	for range 10 {
-		mustPush(t, s, newEntry("x", scheduler.Normal, 100))
+		mustPush(t, s, newEntry("x", api.Normal, 100))
 	}
 	for range 40 {
 		clk.Advance(500 * time.Millisecond)
 		popName(t, s)
-		mustPush(t, s, newEntry("x", scheduler.Normal, 100))
+		mustPush(t, s, newEntry("x", api.Normal, 100))
 	}
 	var full *scheduler.QueueFullError
-	if err := s.Push(newEntry("x", scheduler.Normal, 100)); !errors.As(err, &full) {
+	if err := s.Push(newEntry("x", api.Normal, 100)); !errors.As(err, &full) {
 		t.Fatalf("Push on a full queue: %v", err)
 	}
 	if d := full.RetryAfter - 5*time.Second; d < -50*time.Millisecond || d > 50*time.Millisecond {
@@ -126,10 +127,10 @@ func TestRetryAfterFollowsDrainRate(t *testing.T) {
 	for range 40 {
 		clk.Advance(time.Millisecond)
 		popName(t, s)
-		mustPush(t, s, newEntry("x", scheduler.Normal, 100))
+		mustPush(t, s, newEntry("x", api.Normal, 100))
 	}
 	clk.Advance(300 * time.Millisecond) // a stall of 300 ms lowers the rate but not to zero
-	if err := s.Push(newEntry("x", scheduler.Normal, 100)); !errors.As(err, &full) || full.RetryAfter < scheduler.MinRetryAfter || full.RetryAfter >= 5*time.Second {
+	if err := s.Push(newEntry("x", api.Normal, 100)); !errors.As(err, &full) || full.RetryAfter < scheduler.MinRetryAfter || full.RetryAfter >= 5*time.Second {
 		t.Errorf("RetryAfter after a fast drain: %v", err)
 	}
 }
@@ -137,15 +138,15 @@ func TestRetryAfterFollowsDrainRate(t *testing.T) {
 func TestRequeueIgnoresBounds(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk, scheduler.WithMaxQueued(2), scheduler.WithRateLimit(1, 1))
-	a := newEntry("a", scheduler.Normal, 10)
+	a := newEntry("a", api.Normal, 10)
 	a.Client = "c1"
 	mustPush(t, s, a)
 	next, _ := s.Pop(nil)
 	if next != a {
 		t.Fatalf("Pop = %v", next)
 	}
-	mustPush(t, s, newEntry("b", scheduler.Normal, 10))
-	mustPush(t, s, newEntry("c", scheduler.Normal, 10))
+	mustPush(t, s, newEntry("b", api.Normal, 10))
+	mustPush(t, s, newEntry("c", api.Normal, 10))
 	enq := a.Enqueued
 	clk.Advance(time.Second)
 	s.Requeue(a)
@@ -169,23 +170,23 @@ func TestRequeueIgnoresBounds(t *testing.T) {
 func TestRequeueKeepsAge(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk)
-	a := newEntry("a", scheduler.Normal, 1000)
+	a := newEntry("a", api.Normal, 1000)
 	mustPush(t, s, a)
 	if next, _ := s.Pop(nil); next != a {
 		t.Fatal("Pop did not return a")
 	}
 	clk.Advance(3 * time.Second) // a ran, then was preempted
-	mustPush(t, s, newEntry("b", scheduler.Normal, 10))
+	mustPush(t, s, newEntry("b", api.Normal, 10))
 	s.Requeue(a)
 	if got := popAll(t, s); len(got) != 2 || got[0] != "a" {
 		t.Fatalf("order %v, want a first", got)
 	}
-	if w := s.Stats().Tier(scheduler.Normal); w.Waits != 2 || w.WaitP99 != 0 {
+	if w := s.Stats().Tier(api.Normal); w.Waits != 2 || w.WaitP99 != 0 {
 		t.Errorf("waits %d p99 %s: want 2 first-pop waits of 0 (a requeued entry's wait is not counted again)", w.Waits, w.WaitP99)
 	}
 
 	// An entry that was never pushed is stamped as Push would.
-	fresh := &entry{Value: &job{name: "fresh"}, Tier: scheduler.High}
+	fresh := &entry{Value: &job{name: "fresh"}, Tier: api.High}
 	s.Requeue(fresh)
 	if fresh.Enqueued.IsZero() || !fresh.Deadline.Equal(fresh.Enqueued.Add(500*time.Millisecond)) || fresh.Cost != 1 {
 		t.Errorf("Requeue of a new entry: enqueued %v deadline %v cost %d", fresh.Enqueued, fresh.Deadline, fresh.Cost)
@@ -200,7 +201,7 @@ func TestRateLimit(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk, scheduler.WithRateLimit(2, 3))
 	push := func(client string) error {
-		e := newEntry(client, scheduler.Normal, 1)
+		e := newEntry(client, api.Normal, 1)
 		e.Client = client
 		return s.Push(e)
 	}
@@ -237,14 +238,14 @@ func TestRateLimit(t *testing.T) {
 		t.Errorf("after 500ms: %v", err)
 	}
 	st := s.Stats()
-	if st.RateLimited != 2 || st.Tier(scheduler.Normal).RateLimited != 2 {
+	if st.RateLimited != 2 || st.Tier(api.Normal).RateLimited != 2 {
 		t.Errorf("Stats RateLimited = %d", st.RateLimited)
 	}
 	// A refused push spends no token: the queue bound refuses before the
 	// limiter is asked.
 	s = newSched(t, clk, scheduler.WithRateLimit(1, 1), scheduler.WithMaxQueued(1))
-	mustPush(t, s, newEntry("x", scheduler.Normal, 1))
-	e := newEntry("y", scheduler.Normal, 1)
+	mustPush(t, s, newEntry("x", api.Normal, 1))
+	e := newEntry("y", api.Normal, 1)
 	e.Client = "c"
 	if err := s.Push(e); !errors.Is(err, scheduler.ErrQueueFull) {
 		t.Fatalf("push on full queue: %v", err)
@@ -260,7 +261,7 @@ func TestRateLimit(t *testing.T) {
 func TestRateLimitTableIsBounded(t *testing.T) {
 	s := newSched(t, newClock(), scheduler.WithRateLimit(1, 1), scheduler.WithRateLimitClients(2), scheduler.WithMaxQueued(0))
 	push := func(client string) error {
-		e := newEntry(client, scheduler.Low, 1)
+		e := newEntry(client, api.Low, 1)
 		e.Client = client
 		return s.Push(e)
 	}

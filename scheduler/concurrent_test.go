@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -23,7 +24,7 @@ func TestConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for p := range pushers {
 		wg.Go(func() {
-			tiers := scheduler.Tiers()
+			tiers := api.Tiers()
 			for i := range each {
 				id := p*each + i
 				e := newEntry(strconv.Itoa(id), tiers[id%len(tiers)], 1+id%97)

@@ -16,7 +16,7 @@
 // Use:
 //
 //	q, err := scheduler.New[*Job](scheduler.WithMaxQueued(1000), scheduler.WithPreemption(true))
-//	err = q.Push(&scheduler.Entry[*Job]{Value: job, Tier: scheduler.High, Client: "team-a", Cost: 512})
+//	err = q.Push(&scheduler.Entry[*Job]{Value: job, Tier: api.High, Client: "team-a", Cost: 512})
 //	<-q.Ready()
 //	next, blocked := q.Pop(func(j *Job) bool { return j.Tokens() <= free })
 //	if next == nil && blocked != nil && q.Preempts(blocked.Tier, running.Tier) { evict(running); q.Requeue(running) }

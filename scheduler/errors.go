@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -17,8 +18,6 @@ var (
 	// ErrRateLimited means the client sent more than its rate allows. The
 	// *RateLimitError says when to retry.
 	ErrRateLimited = errors.New("rate limited")
-	// ErrUnknownTier means a tier name or value is not one of the tiers.
-	ErrUnknownTier = errors.New("unknown tier")
 	// ErrInvalidEntry means an entry cannot be queued as given (Cost below
 	// 1, nil, or already queued).
 	ErrInvalidEntry = errors.New("invalid queue entry")
@@ -31,7 +30,7 @@ var (
 // QueueFullError reports a rejection by the queue's bounds.
 type QueueFullError struct {
 	// Tier is the refused entry's tier.
-	Tier Tier
+	Tier api.Tier
 	// Queued and QueuedTokens are what the queue held when it refused.
 	Queued, QueuedTokens int
 	// MaxQueued and MaxQueuedTokens are the bounds as they apply to Tier
@@ -74,19 +73,6 @@ func (e *RateLimitError) Error() string {
 
 // Unwrap returns ErrRateLimited.
 func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
-
-// UnknownTierError names a value that is not a tier.
-type UnknownTierError struct {
-	// Value is the name or "Tier(N)" that was not recognised.
-	Value string
-}
-
-func (e *UnknownTierError) Error() string {
-	return fmt.Sprintf("unknown tier %q: want critical, high, normal, low or background", e.Value)
-}
-
-// Unwrap returns ErrUnknownTier.
-func (e *UnknownTierError) Unwrap() error { return ErrUnknownTier }
 
 // CapacityError reports a request larger than a model's whole KV cache:
 // it could never run, however long it waited.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -15,10 +16,10 @@ func Example() {
 		panic(err)
 	}
 	for _, e := range []*scheduler.Entry[string]{
-		{Value: "nightly report", Tier: scheduler.Background, Cost: 4000},
-		{Value: "chat reply", Tier: scheduler.Normal, Cost: 300},
-		{Value: "short chat reply", Tier: scheduler.Normal, Cost: 80},
-		{Value: "health probe", Tier: scheduler.Critical, Cost: 16},
+		{Value: "nightly report", Tier: api.Background, Cost: 4000},
+		{Value: "chat reply", Tier: api.Normal, Cost: 300},
+		{Value: "short chat reply", Tier: api.Normal, Cost: 80},
+		{Value: "health probe", Tier: api.Critical, Cost: 16},
 	} {
 		if err := q.Push(e); err != nil {
 			panic(err)
@@ -28,7 +29,7 @@ func Example() {
 	for {
 		next, blocked := q.Pop(func(string) bool { return room > 0 })
 		if next == nil {
-			fmt.Printf("batch full; %q waits (preempts background: %v)\n", blocked.Value, q.Preempts(blocked.Tier, scheduler.Background))
+			fmt.Printf("batch full; %q waits (preempts background: %v)\n", blocked.Value, q.Preempts(blocked.Tier, api.Background))
 			break
 		}
 		room--

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 func TestRemove(t *testing.T) {
 	s := newSched(t, newClock())
-	a, b, c := newEntry("a", scheduler.High, 1), newEntry("b", scheduler.High, 2), newEntry("c", scheduler.High, 3)
+	a, b, c := newEntry("a", api.High, 1), newEntry("b", api.High, 2), newEntry("c", api.High, 3)
 	for _, e := range []*entry{a, b, c} {
 		mustPush(t, s, e)
 	}
@@ -49,7 +50,7 @@ func TestRemove(t *testing.T) {
 // can be cancelled meanwhile; Pop must not return it.
 func TestRemoveDuringAdmit(t *testing.T) {
 	s := newSched(t, newClock())
-	a, b := newEntry("a", scheduler.High, 1), newEntry("b", scheduler.High, 2)
+	a, b := newEntry("a", api.High, 1), newEntry("b", api.High, 2)
 	mustPush(t, s, a)
 	mustPush(t, s, b)
 	next, blocked := s.Pop(func(j *job) bool {
@@ -69,7 +70,7 @@ func TestRemoveDuringAdmit(t *testing.T) {
 func TestCloseAndDrain(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk)
-	for _, p := range []push{{0, "low", scheduler.Low, 1}, {0, "crit", scheduler.Critical, 5}, {0, "normal", scheduler.Normal, 2}} {
+	for _, p := range []push{{0, "low", api.Low, 1}, {0, "crit", api.Critical, 5}, {0, "normal", api.Normal, 2}} {
 		mustPush(t, s, newEntry(p.name, p.tier, p.cost))
 	}
 	popped, _ := s.Pop(nil)
@@ -81,7 +82,7 @@ func TestCloseAndDrain(t *testing.T) {
 	default:
 		t.Error("Close did not signal Ready")
 	}
-	if err := s.Push(newEntry("late", scheduler.Critical, 1)); !errors.Is(err, scheduler.ErrClosed) {
+	if err := s.Push(newEntry("late", api.Critical, 1)); !errors.Is(err, scheduler.ErrClosed) {
 		t.Errorf("Push after Close: %v", err)
 	}
 	s.Requeue(popped) // preempted after Close: still handed back by Drain
@@ -105,7 +106,7 @@ func TestReady(t *testing.T) {
 	default:
 	}
 	for range 3 { // sends never block
-		mustPush(t, s, newEntry("x", scheduler.Normal, 1))
+		mustPush(t, s, newEntry("x", api.Normal, 1))
 	}
 	<-s.Ready()
 	select {
@@ -121,9 +122,9 @@ func TestReady(t *testing.T) {
 func TestPreempts(t *testing.T) {
 	on := newSched(t, nil, scheduler.WithPreemption(true))
 	off := newSched(t, nil)
-	for _, w := range scheduler.Tiers() {
-		for _, r := range scheduler.Tiers() {
-			want := w == scheduler.Critical && r != scheduler.Critical
+	for _, w := range api.Tiers() {
+		for _, r := range api.Tiers() {
+			want := w == api.Critical && r != api.Critical
 			if got := on.Preempts(w, r); got != want {
 				t.Errorf("Preempts(%v, %v) = %v, want %v", w, r, got, want)
 			}
@@ -132,14 +133,14 @@ func TestPreempts(t *testing.T) {
 			}
 		}
 	}
-	if on.Preempts(scheduler.Critical, scheduler.Tier(99)) != true || on.Preempts(scheduler.Tier(99), scheduler.Background) {
+	if on.Preempts(api.Critical, api.Tier(99)) != true || on.Preempts(api.Tier(99), api.Background) {
 		t.Error("Preempts with an invalid tier")
 	}
 }
 
 func TestBadEntries(t *testing.T) {
 	s := newSched(t, nil)
-	queued := newEntry("q", scheduler.Normal, 1)
+	queued := newEntry("q", api.Normal, 1)
 	mustPush(t, s, queued)
 	tests := []struct {
 		name string
@@ -148,9 +149,9 @@ func TestBadEntries(t *testing.T) {
 		msg  string
 	}{
 		{"nil", nil, scheduler.ErrInvalidEntry, "nil entry"},
-		{"unknown tier", newEntry("x", scheduler.Tier(7), 1), scheduler.ErrUnknownTier, `unknown tier "Tier(7)"`},
-		{"zero cost", newEntry("x", scheduler.Normal, 0), scheduler.ErrInvalidEntry, "cost 0: must be at least 1"},
-		{"negative cost", newEntry("x", scheduler.Normal, -5), scheduler.ErrInvalidEntry, "cost -5"},
+		{"unknown tier", newEntry("x", api.Tier(7), 1), api.ErrUnknownTier, `unknown tier "Tier(7)"`},
+		{"zero cost", newEntry("x", api.Normal, 0), scheduler.ErrInvalidEntry, "cost 0: must be at least 1"},
+		{"negative cost", newEntry("x", api.Normal, -5), scheduler.ErrInvalidEntry, "cost -5"},
 		{"already queued", queued, scheduler.ErrInvalidEntry, "already queued"},
 	}
 	for _, tt := range tests {
@@ -170,9 +171,9 @@ func TestBadEntries(t *testing.T) {
 func TestOptions(t *testing.T) {
 	bad := map[string]scheduler.Option{
 		"nil option":          nil,
-		"negative SLA":        scheduler.WithSLA(scheduler.High, -time.Second),
-		"huge SLA":            scheduler.WithSLA(scheduler.High, 1000*24*time.Hour),
-		"SLA of unknown tier": scheduler.WithSLA(scheduler.Tier(9), time.Second),
+		"negative SLA":        scheduler.WithSLA(api.High, -time.Second),
+		"huge SLA":            scheduler.WithSLA(api.High, 1000*24*time.Hour),
+		"SLA of unknown tier": scheduler.WithSLA(api.Tier(9), time.Second),
 		"negative max queued": scheduler.WithMaxQueued(-1),
 		"negative max tokens": scheduler.WithMaxQueuedTokens(-1),
 		"negative aging":      scheduler.WithAging(-time.Second),
@@ -193,22 +194,22 @@ func TestOptions(t *testing.T) {
 			t.Errorf("%s: New = %v, %v; want ErrInvalidOption", name, s, err)
 		}
 	}
-	s, err := scheduler.New[int](scheduler.WithSLA(scheduler.Background, time.Minute), scheduler.WithRateLimit(0, 0),
+	s, err := scheduler.New[int](scheduler.WithSLA(api.Background, time.Minute), scheduler.WithRateLimit(0, 0),
 		scheduler.WithAging(0), scheduler.WithPromotion(0), scheduler.WithMaxQueued(0), scheduler.WithMaxQueuedTokens(0))
 	if err != nil || s == nil {
 		t.Fatalf("valid options: %v", err)
 	}
-	e := &scheduler.Entry[int]{Tier: scheduler.Background, Cost: 1}
+	e := &scheduler.Entry[int]{Tier: api.Background, Cost: 1}
 	if err := s.Push(e); err != nil || !e.Deadline.Equal(e.Enqueued.Add(time.Minute)) {
 		t.Errorf("WithSLA: deadline %v for enqueued %v (%v)", e.Deadline, e.Enqueued, err)
 	}
-	for _, tier := range scheduler.Tiers() {
+	for _, tier := range api.Tiers() {
 		e := &scheduler.Entry[int]{Tier: tier, Cost: 1}
 		if err := s.Push(e); err != nil {
 			t.Fatal(err)
 		}
 		want := scheduler.DefaultSLA(tier)
-		if tier == scheduler.Background {
+		if tier == api.Background {
 			want = time.Minute
 		}
 		if got := e.Deadline.Sub(e.Enqueued); got != want {
@@ -264,29 +265,29 @@ func TestStatsWaits(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk, scheduler.WithAging(0))
 	for i := range 100 {
-		mustPush(t, s, newEntry("c", scheduler.Critical, 1))
+		mustPush(t, s, newEntry("c", api.Critical, 1))
 		clk.Advance(time.Duration(i+1) * time.Millisecond)
 		popName(t, s)
 	}
-	mustPush(t, s, newEntry("bg", scheduler.Background, 1))
+	mustPush(t, s, newEntry("bg", api.Background, 1))
 	st := s.Stats()
-	c := st.Tier(scheduler.Critical)
+	c := st.Tier(api.Critical)
 	if c.Waits != 100 || c.WaitP50 != 50*time.Millisecond || c.WaitP99 != 99*time.Millisecond {
 		t.Errorf("critical waits %d p50 %s p99 %s; want 100, 50ms, 99ms", c.Waits, c.WaitP50, c.WaitP99)
 	}
-	if b := st.Tier(scheduler.Background); b.Queued != 1 || b.Waits != 0 || st.Queued != 1 || st.QueuedTokens != 1 {
+	if b := st.Tier(api.Background); b.Queued != 1 || b.Waits != 0 || st.Queued != 1 || st.QueuedTokens != 1 {
 		t.Errorf("background row %+v, totals %d/%d", b, st.Queued, st.QueuedTokens)
 	}
-	if len(st.Tiers) != 5 || st.Tiers[0].Tier != scheduler.Critical || st.Tier(scheduler.Tier(9)).Tier != 0 {
+	if len(st.Tiers) != 5 || st.Tiers[0].Tier != api.Critical || st.Tier(api.Tier(9)).Tier != 0 {
 		t.Errorf("Tiers rows %+v", st.Tiers)
 	}
 	// The reservoir keeps only the most recent waits.
 	for range 2000 {
-		mustPush(t, s, newEntry("c", scheduler.Critical, 1))
+		mustPush(t, s, newEntry("c", api.Critical, 1))
 		clk.Advance(time.Millisecond)
 		popName(t, s)
 	}
-	if c := s.Stats().Tier(scheduler.Critical); c.Waits != 1024 || c.WaitP99 != time.Millisecond {
+	if c := s.Stats().Tier(api.Critical); c.Waits != 1024 || c.WaitP99 != time.Millisecond {
 		t.Errorf("after 2000 more pops: waits %d p99 %s; want 1024, 1ms", c.Waits, c.WaitP99)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -41,7 +42,7 @@ type job struct {
 
 type entry = scheduler.Entry[*job]
 
-func newEntry(name string, tier scheduler.Tier, cost int) *entry {
+func newEntry(name string, tier api.Tier, cost int) *entry {
 	return &entry{Value: &job{name: name, size: cost}, Tier: tier, Cost: cost}
 }
 

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"math"
 	"time"
+
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // Defaults for [New]; each option's doc says how to change it.
@@ -30,15 +32,15 @@ const (
 
 // DefaultSLA returns the default queue-wait SLA of a tier: critical
 // 100 ms, high 500 ms, normal 2 s, low 10 s, background none (0).
-func DefaultSLA(t Tier) time.Duration {
+func DefaultSLA(t api.Tier) time.Duration {
 	switch t {
-	case Critical:
+	case api.Critical:
 		return 100 * time.Millisecond
-	case High:
+	case api.High:
 		return 500 * time.Millisecond
-	case Normal:
+	case api.Normal:
 		return 2 * time.Second
-	case Low:
+	case api.Low:
 		return 10 * time.Second
 	}
 	return 0
@@ -46,7 +48,7 @@ func DefaultSLA(t Tier) time.Duration {
 
 // config is what the options set; New fills defaults first.
 type config struct {
-	sla        [numTiers]time.Duration
+	sla        [api.NumTiers]time.Duration
 	maxQueued  int
 	maxTokens  int
 	headroom   float64
@@ -68,8 +70,8 @@ func defaultConfig() config {
 		clients:   DefaultRateLimitClients,
 		clock:     time.Now,
 	}
-	for r := range numTiers {
-		c.sla[r] = DefaultSLA(tierOfRank(r))
+	for r := range api.NumTiers {
+		c.sla[r] = DefaultSLA(api.TierOfRank(r))
 	}
 	return c
 }
@@ -82,15 +84,15 @@ type Option func(*config) error
 // enqueue time plus d, and promotion (see [WithPromotion]) moves it ahead
 // of its tier as the deadline nears. d = 0 gives the tier no SLA; d must be in [0,
 // MaxDuration].
-func WithSLA(tier Tier, d time.Duration) Option {
+func WithSLA(tier api.Tier, d time.Duration) Option {
 	return func(c *config) error {
 		if !tier.Valid() {
-			return invalidOption("WithSLA: %v", &UnknownTierError{Value: tier.String()})
+			return invalidOption("WithSLA: %v", &api.UnknownTierError{Value: tier.String()})
 		}
 		if d < 0 || d > MaxDuration {
 			return invalidOption("WithSLA(%v, %s): must be in [0, %s]", tier, d, MaxDuration)
 		}
-		c.sla[tier.rank()] = d
+		c.sla[tier.Rank()] = d
 		return nil
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -12,14 +13,14 @@ import (
 type push struct {
 	after time.Duration // clock advance before this push
 	name  string
-	tier  scheduler.Tier
+	tier  api.Tier
 	cost  int
 }
 
 func TestOrder(t *testing.T) {
 	const (
-		bg, low, normal = scheduler.Background, scheduler.Low, scheduler.Normal
-		high, crit      = scheduler.High, scheduler.Critical
+		bg, low, normal = api.Background, api.Low, api.Normal
+		high, crit      = api.High, api.Critical
 	)
 	noDrift := []scheduler.Option{scheduler.WithAging(0), scheduler.WithPromotion(0)}
 	tests := []struct {
@@ -77,7 +78,7 @@ func TestOrder(t *testing.T) {
 		{"background has no SLA: no promotion", []scheduler.Option{scheduler.WithAging(0)}, []push{
 			{0, "bg-big", bg, 8000}, {time.Hour, "bg-small", bg, 1},
 		}, 0, []string{"bg-small", "bg-big"}},
-		{"custom SLA drives promotion", []scheduler.Option{scheduler.WithSLA(scheduler.Background, time.Second), scheduler.WithAging(0)}, []push{
+		{"custom SLA drives promotion", []scheduler.Option{scheduler.WithSLA(api.Background, time.Second), scheduler.WithAging(0)}, []push{
 			{0, "bg-big", bg, 8000}, {900 * time.Millisecond, "bg-small", bg, 1},
 		}, 0, []string{"bg-big", "bg-small"}},
 	}
@@ -106,11 +107,11 @@ func TestAgingPreventsStarvation(t *testing.T) {
 	for _, aging := range []time.Duration{time.Second, 0} {
 		clk := newClock()
 		s := newSched(t, clk, scheduler.WithAging(aging))
-		mustPush(t, s, newEntry("bg", scheduler.Background, 100)) // larger than any high job
+		mustPush(t, s, newEntry("bg", api.Background, 100)) // larger than any high job
 		ranAt, want := time.Duration(-1), 3*aging+250*time.Millisecond
 		const tick = 10 * time.Millisecond
 		for step := range 6000 { // one minute of simulated time
-			mustPush(t, s, newEntry("high", scheduler.High, 5))
+			mustPush(t, s, newEntry("high", api.High, 5))
 			clk.Advance(tick)
 			if popName(t, s) == "bg" {
 				ranAt = time.Duration(step+1) * tick
@@ -131,9 +132,9 @@ func TestAgingPreventsStarvation(t *testing.T) {
 func TestAgingNeverReachesCritical(t *testing.T) {
 	clk := newClock()
 	s := newSched(t, clk, scheduler.WithAging(time.Millisecond))
-	mustPush(t, s, newEntry("bg", scheduler.Background, 1))
+	mustPush(t, s, newEntry("bg", api.Background, 1))
 	for range 1000 {
-		mustPush(t, s, newEntry("crit", scheduler.Critical, 1000))
+		mustPush(t, s, newEntry("crit", api.Critical, 1000))
 		clk.Advance(10 * time.Millisecond)
 		if got := popName(t, s); got != "crit" {
 			t.Fatalf("popped %q before a waiting critical entry", got)
@@ -143,8 +144,8 @@ func TestAgingNeverReachesCritical(t *testing.T) {
 
 func TestBlockedIsStrict(t *testing.T) {
 	s := newSched(t, newClock())
-	mustPush(t, s, newEntry("crit-big", scheduler.Critical, 1000))
-	mustPush(t, s, newEntry("low-small", scheduler.Low, 1))
+	mustPush(t, s, newEntry("crit-big", api.Critical, 1000))
+	mustPush(t, s, newEntry("low-small", api.Low, 1))
 	fits := func(j *job) bool { return j.size <= 100 }
 	next, blocked := s.Pop(fits)
 	if next != nil || blocked == nil || blocked.Value.name != "crit-big" {

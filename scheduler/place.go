@@ -1,6 +1,10 @@
 package scheduler
 
-import "time"
+import (
+	"time"
+
+	"github.com/mlxserving/mlxserving/api"
+)
 
 // Effective priority.
 //
@@ -38,7 +42,7 @@ const (
 )
 
 // numBands is the number of bands; a higher index runs first.
-const numBands = bandsPerTier * numTiers
+const numBands = bandsPerTier * api.NumTiers
 
 // band returns the band index of kind in effective tier rank.
 func band(rank, kind int) int { return bandsPerTier*rank + kind }

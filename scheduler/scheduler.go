@@ -3,6 +3,8 @@ package scheduler
 import (
 	"sync"
 	"time"
+
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // Entry is one queued unit of work. The caller fills Value, Tier, Client
@@ -13,7 +15,7 @@ type Entry[T any] struct {
 	// Value is the caller's work item, handed to Pop's admit callback.
 	Value T
 	// Tier is the priority class; the zero value is Normal.
-	Tier Tier
+	Tier api.Tier
 	// Client is the rate-limit key; "" is not rate limited.
 	Client string
 	// Cost estimates the tokens of work (prompt + max new tokens): the
@@ -46,7 +48,7 @@ type Entry[T any] struct {
 type PriorityScheduler[T any] struct {
 	cfg    config
 	ready  chan struct{}
-	bounds [numTiers][2]int // per tier rank: request and token bound
+	bounds [api.NumTiers][2]int // per tier rank: request and token bound
 
 	mu      sync.Mutex
 	closed  bool
@@ -83,7 +85,7 @@ func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 		moves: entryHeap[T]{less: lessByNext[T], pos: func(e *Entry[T]) *int { return &e.movePos }},
 		stats: newCounters(),
 	}
-	for r := range numTiers {
+	for r := range api.NumTiers {
 		s.bounds[r] = [2]int{cfg.tierBound(cfg.maxQueued, r), cfg.tierBound(cfg.maxTokens, r)}
 	}
 	if cfg.rate > 0 {
@@ -106,9 +108,9 @@ func (s *PriorityScheduler[T]) Push(e *Entry[T]) error {
 	if e == nil {
 		return invalidEntry("nil entry")
 	}
-	r := e.Tier.rank()
+	r := e.Tier.Rank()
 	if r < 0 {
-		return &UnknownTierError{Value: e.Tier.String()}
+		return &api.UnknownTierError{Value: e.Tier.String()}
 	}
 	if e.Cost < 1 {
 		return invalidEntry("cost %d: must be at least 1", e.Cost)
@@ -153,7 +155,7 @@ func (s *PriorityScheduler[T]) checkBounds(r, cost int, now time.Time) error {
 		return nil
 	}
 	return &QueueFullError{
-		Tier: tierOfRank(r), Queued: s.count, QueuedTokens: s.tokens,
+		Tier: api.TierOfRank(r), Queued: s.count, QueuedTokens: s.tokens,
 		MaxQueued: maxQueued, MaxQueuedTokens: maxTokens,
 		Cost: cost, RetryAfter: s.drain.retryAfter(s.tokens, now),
 	}
@@ -251,7 +253,7 @@ func (s *PriorityScheduler[T]) Requeue(e *Entry[T]) {
 		return
 	}
 	now := s.cfg.clock()
-	if r := e.Tier.rank(); r >= 0 {
+	if r := e.Tier.Rank(); r >= 0 {
 		e.rank = int8(r)
 	} else if e.owner == nil {
 		e.rank = rankNormal
@@ -294,8 +296,8 @@ func (s *PriorityScheduler[T]) Ready() <-chan struct{} { return s.ready }
 // Preempts reports whether a waiting entry of tier waiting may evict a
 // running sequence of tier running: preemption is on (see
 // [WithPreemption]), waiting is Critical and running is lower.
-func (s *PriorityScheduler[T]) Preempts(waiting, running Tier) bool {
-	return s.cfg.preemption && waiting == Critical && Critical.Outranks(running)
+func (s *PriorityScheduler[T]) Preempts(waiting, running api.Tier) bool {
+	return s.cfg.preemption && waiting == api.Critical && api.Critical.Outranks(running)
 }
 
 // Len returns the number of queued entries and the sum of their Cost.

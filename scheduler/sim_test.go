@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -51,7 +52,7 @@ type sim struct {
 	s           *scheduler.PriorityScheduler[*simSeq]
 	rng         *rand.Rand
 	running     []*scheduler.Entry[*simSeq]
-	tiers       map[scheduler.Tier]*tierResult
+	tiers       map[api.Tier]*tierResult
 	preemptions int
 }
 
@@ -62,8 +63,8 @@ func simulate(tb testing.TB, steps int, arrivals float64, opts ...scheduler.Opti
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m := &sim{clk: clk, s: s, rng: rand.New(rand.NewPCG(7, 11)), tiers: map[scheduler.Tier]*tierResult{}}
-	for _, t := range scheduler.Tiers() {
+	m := &sim{clk: clk, s: s, rng: rand.New(rand.NewPCG(7, 11)), tiers: map[api.Tier]*tierResult{}}
+	for _, t := range api.Tiers() {
 		m.tiers[t] = &tierResult{}
 	}
 	for range steps {
@@ -153,8 +154,8 @@ func (m *sim) step() {
 	m.running = kept
 }
 
-func (m *sim) pickTier() scheduler.Tier {
-	x, tiers := m.rng.Float64(), scheduler.Tiers()
+func (m *sim) pickTier() api.Tier {
+	x, tiers := m.rng.Float64(), api.Tiers()
 	for i, share := range simMix() {
 		if x < share {
 			return tiers[i]
@@ -179,7 +180,7 @@ func poisson(rng *rand.Rand, mean float64) int {
 func (m *sim) report() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-10s %8s %8s %9s %10s %10s\n", "tier", "arrived", "rejected", "completed", "wait p50", "wait p99")
-	for _, t := range scheduler.Tiers() {
+	for _, t := range api.Tiers() {
 		r := m.tiers[t]
 		fmt.Fprintf(&b, "%-10s %8d %8d %9d %10s %10s\n", t, r.arrived, r.rejected, r.completed,
 			r.percentile(0.5).Round(time.Millisecond), r.percentile(0.99).Round(time.Millisecond))
@@ -201,14 +202,14 @@ const (
 func TestSaturation(t *testing.T) {
 	m := simulate(t, simSteps/2, simArrivals, scheduler.WithMaxQueued(simQueue))
 	t.Logf("saturation, %d steps of %s, %.2f arrivals per step:\n%s", simSteps/2, simStep, simArrivals, m.report())
-	crit, bg := m.tiers[scheduler.Critical], m.tiers[scheduler.Background]
-	if p99 := crit.percentile(0.99); p99 < 0 || p99 > scheduler.DefaultSLA(scheduler.Critical) {
-		t.Errorf("critical p99 queue wait %s, want within %s", p99, scheduler.DefaultSLA(scheduler.Critical))
+	crit, bg := m.tiers[api.Critical], m.tiers[api.Background]
+	if p99 := crit.percentile(0.99); p99 < 0 || p99 > scheduler.DefaultSLA(api.Critical) {
+		t.Errorf("critical p99 queue wait %s, want within %s", p99, scheduler.DefaultSLA(api.Critical))
 	}
 	// High work cannot preempt, so its SLA is not a guarantee, but aged
 	// work must yield to it once it nears its deadline: its p99 stays
 	// close to the SLA instead of growing with the backlog of lower tiers.
-	if p99, sla := m.tiers[scheduler.High].percentile(0.99), scheduler.DefaultSLA(scheduler.High); p99 > 2*sla {
+	if p99, sla := m.tiers[api.High].percentile(0.99), scheduler.DefaultSLA(api.High); p99 > 2*sla {
 		t.Errorf("high p99 queue wait %s, want within 2x its SLA of %s", p99, sla)
 	}
 	if bg.completed < bg.arrived/10 {
@@ -227,7 +228,7 @@ func TestSaturation(t *testing.T) {
 // aging off, background work never runs under the same load.
 func TestSaturationWithoutAgingStarves(t *testing.T) {
 	m := simulate(t, simSteps/3, simArrivals, scheduler.WithMaxQueued(simQueue), scheduler.WithAging(0))
-	if bg := m.tiers[scheduler.Background]; bg.completed > bg.arrived/50 {
+	if bg := m.tiers[api.Background]; bg.completed > bg.arrived/50 {
 		t.Errorf("background completed %d of %d with aging off; the load does not saturate", bg.completed, bg.arrived)
 	}
 }
@@ -239,7 +240,7 @@ func BenchmarkSaturation(b *testing.B) {
 	for b.Loop() {
 		m = simulate(b, simSteps, simArrivals, scheduler.WithMaxQueued(simQueue))
 	}
-	for _, t := range scheduler.Tiers() {
+	for _, t := range api.Tiers() {
 		r := m.tiers[t]
 		b.ReportMetric(float64(r.percentile(0.5))/1e6, t.String()+"-p50-ms")
 		b.ReportMetric(float64(r.percentile(0.99))/1e6, t.String()+"-p99-ms")

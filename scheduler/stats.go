@@ -3,6 +3,8 @@ package scheduler
 import (
 	"slices"
 	"time"
+
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // waitSamples is how many recent queue waits each tier keeps for its
@@ -27,7 +29,7 @@ type Stats struct {
 }
 
 // Tier returns the row of tier t (zero for an invalid tier).
-func (s Stats) Tier(t Tier) TierStats {
+func (s Stats) Tier(t api.Tier) TierStats {
 	for _, row := range s.Tiers {
 		if row.Tier == t {
 			return row
@@ -39,7 +41,7 @@ func (s Stats) Tier(t Tier) TierStats {
 // TierStats describes one tier.
 type TierStats struct {
 	// Tier is the tier this row describes.
-	Tier Tier
+	Tier api.Tier
 	// Queued is how many entries of this tier wait now.
 	Queued int
 	// Waits is how many queue waits the percentiles cover: the most
@@ -55,11 +57,11 @@ type TierStats struct {
 // counters is the bookkeeping behind Stats; the scheduler's lock guards
 // it.
 type counters struct {
-	queued                            [numTiers]int
-	rejected, rateLimited             [numTiers]uint64
+	queued                            [api.NumTiers]int
+	rejected, rateLimited             [api.NumTiers]uint64
 	pushed, popped, requeued, removed uint64
-	waits                             [numTiers][]time.Duration // ring buffers
-	waitNext                          [numTiers]int
+	waits                             [api.NumTiers][]time.Duration // ring buffers
+	waitNext                          [api.NumTiers]int
 }
 
 func newCounters() counters {
@@ -89,9 +91,9 @@ func (s *PriorityScheduler[T]) Stats() Stats {
 		Requeued: s.stats.requeued, Removed: s.stats.removed,
 		DrainRate: s.drain.rate,
 	}
-	var waits [numTiers][]time.Duration
-	for _, t := range Tiers() {
-		r := t.rank()
+	var waits [api.NumTiers][]time.Duration
+	for _, t := range api.Tiers() {
+		r := t.Rank()
 		waits[r] = slices.Clone(s.stats.waits[r])
 		out.Tiers = append(out.Tiers, TierStats{
 			Tier: t, Queued: s.stats.queued[r],
@@ -102,7 +104,7 @@ func (s *PriorityScheduler[T]) Stats() Stats {
 	}
 	s.mu.Unlock()
 	for i := range out.Tiers { // sort outside the lock
-		w := waits[out.Tiers[i].Tier.rank()]
+		w := waits[out.Tiers[i].Tier.Rank()]
 		slices.Sort(w)
 		out.Tiers[i].Waits = len(w)
 		out.Tiers[i].WaitP50 = percentile(w, 0.50)

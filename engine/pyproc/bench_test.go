@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -113,8 +114,8 @@ func serveAll(b *testing.B, srv *mlxserving.Server, n, maxTokens int, concurrent
 	total := 0
 	one := func(i int) {
 		defer wg.Done()
-		st, err := srv.Generate(context.Background(), mlxserving.Request{Model: "tiny", PromptTokens: prompt(i, 16),
-			Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+		st, err := srv.Generate(context.Background(), api.Request{Model: "tiny", PromptTokens: prompt(i, 16),
+			Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
 		if err != nil {
 			b.Error(err)
 			return

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -37,8 +38,8 @@ func TestThroughServer(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := srv.Generate(ctx, mlxserving.Request{Model: "tiny-served", PromptTokens: prompt(i, 5+3*i),
-				Params: mlxserving.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+			st, err := srv.Generate(ctx, api.Request{Model: "tiny-served", PromptTokens: prompt(i, 5+3*i),
+				Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
 			if err != nil {
 				errs[i] = err
 				return

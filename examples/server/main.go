@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/openai"
 )
@@ -174,7 +175,7 @@ func loadAndWarm(ctx context.Context, srv *mlxserving.Server, spec engine.ModelS
 	if err := srv.LoadModel(ctx, spec); err != nil {
 		return err
 	}
-	st, err := srv.Generate(ctx, mlxserving.Request{Model: spec.ID, PromptTokens: []int32{1, 2, 3}, Params: mlxserving.Params{MaxTokens: 2}})
+	st, err := srv.Generate(ctx, api.Request{Model: spec.ID, PromptTokens: []int32{1, 2, 3}, Params: api.Params{MaxTokens: 2}})
 	if err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
@@ -115,8 +116,8 @@ func serveOnce(ctx context.Context, srv *mlxserving.Server, b, vocab int) float6
 	stamps := make([][]time.Time, b) // when each stream got each token
 	var wg sync.WaitGroup
 	for i := range b {
-		st, err := srv.Generate(ctx, mlxserving.Request{Model: "served", PromptTokens: promptFor(i, *prompt, vocab),
-			Params: mlxserving.Params{MaxTokens: *gen, IgnoreEOS: true}})
+		st, err := srv.Generate(ctx, api.Request{Model: "served", PromptTokens: promptFor(i, *prompt, vocab),
+			Params: api.Params{MaxTokens: *gen, IgnoreEOS: true}})
 		must(err)
 		wg.Add(1)
 		go func() {

@@ -1,6 +1,7 @@
-package scheduler
+package api
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -28,8 +29,8 @@ const (
 	Critical
 )
 
-// numTiers is the number of valid tiers; ranks run 0..numTiers-1.
-const numTiers = 5
+// NumTiers is the number of valid tiers; ranks run 0..NumTiers-1.
+const NumTiers = 5
 
 // Rank numbers, least urgent first, used to index per-tier tables.
 const (
@@ -43,13 +44,14 @@ const (
 // Tiers returns every tier, most urgent first.
 func Tiers() []Tier { return []Tier{Critical, High, Normal, Low, Background} }
 
-// tierOfRank is the inverse of Tier.rank.
-func tierOfRank(r int) Tier {
-	return [numTiers]Tier{Background, Low, Normal, High, Critical}[r]
+// TierOfRank is the inverse of [Tier.Rank]; r must be in [0, NumTiers).
+func TierOfRank(r int) Tier {
+	return [NumTiers]Tier{Background, Low, Normal, High, Critical}[r]
 }
 
-// rank orders tiers: 0 is Background, 4 is Critical, -1 is invalid.
-func (t Tier) rank() int {
+// Rank orders tiers for per-tier tables: 0 is Background, NumTiers-1 is
+// Critical, -1 is invalid.
+func (t Tier) Rank() int {
 	switch t {
 	case Background:
 		return rankBackground
@@ -66,11 +68,11 @@ func (t Tier) rank() int {
 }
 
 // Valid reports whether t is one of the named tiers.
-func (t Tier) Valid() bool { return t.rank() >= 0 }
+func (t Tier) Valid() bool { return t.Rank() >= 0 }
 
 // Outranks reports whether t runs before o. An invalid tier outranks
 // nothing and is outranked by every valid one.
-func (t Tier) Outranks(o Tier) bool { return t.rank() > o.rank() }
+func (t Tier) Outranks(o Tier) bool { return t.Rank() > o.Rank() }
 
 // String returns the tier's name as [ParseTier] reads it, or "Tier(N)" for
 // an invalid value.
@@ -127,3 +129,19 @@ func (t *Tier) UnmarshalText(b []byte) error {
 	*t = v
 	return nil
 }
+
+// ErrUnknownTier means a tier name or value is not one of the tiers.
+var ErrUnknownTier = errors.New("unknown tier")
+
+// UnknownTierError names a value that is not a tier.
+type UnknownTierError struct {
+	// Value is the name or "Tier(N)" that was not recognised.
+	Value string
+}
+
+func (e *UnknownTierError) Error() string {
+	return fmt.Sprintf("unknown tier %q: want critical, high, normal, low or background", e.Value)
+}
+
+// Unwrap returns ErrUnknownTier.
+func (e *UnknownTierError) Unwrap() error { return ErrUnknownTier }

@@ -1,33 +1,33 @@
-package scheduler_test
+package api_test
 
 import (
 	"errors"
 	"slices"
 	"testing"
 
-	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/api"
 )
 
 func TestParseTier(t *testing.T) {
 	tests := []struct {
 		in   string
-		want scheduler.Tier
+		want api.Tier
 		err  bool
 	}{
-		{"critical", scheduler.Critical, false},
-		{"HIGH", scheduler.High, false},
-		{" Normal ", scheduler.Normal, false},
-		{"low", scheduler.Low, false},
-		{"background", scheduler.Background, false},
+		{"critical", api.Critical, false},
+		{"HIGH", api.High, false},
+		{" Normal ", api.Normal, false},
+		{"low", api.Low, false},
+		{"background", api.Background, false},
 		{"", 0, true},
 		{"urgent", 0, true},
 		{"3", 0, true},
 	}
 	for _, tt := range tests {
-		got, err := scheduler.ParseTier(tt.in)
+		got, err := api.ParseTier(tt.in)
 		if tt.err {
-			var ute *scheduler.UnknownTierError
-			if !errors.Is(err, scheduler.ErrUnknownTier) || !errors.As(err, &ute) || ute.Value != tt.in {
+			var ute *api.UnknownTierError
+			if !errors.Is(err, api.ErrUnknownTier) || !errors.As(err, &ute) || ute.Value != tt.in {
 				t.Errorf("ParseTier(%q) error = %v, want *UnknownTierError{%q}", tt.in, err, tt.in)
 			}
 			continue
@@ -35,15 +35,15 @@ func TestParseTier(t *testing.T) {
 		if err != nil || got != tt.want {
 			t.Errorf("ParseTier(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
-		if back, _ := scheduler.ParseTier(got.String()); back != got {
+		if back, _ := api.ParseTier(got.String()); back != got {
 			t.Errorf("ParseTier(%v.String()) = %v", got, back)
 		}
 	}
 }
 
 func TestTierOrder(t *testing.T) {
-	tiers := scheduler.Tiers()
-	want := []scheduler.Tier{scheduler.Critical, scheduler.High, scheduler.Normal, scheduler.Low, scheduler.Background}
+	tiers := api.Tiers()
+	want := []api.Tier{api.Critical, api.High, api.Normal, api.Low, api.Background}
 	if !slices.Equal(tiers, want) {
 		t.Fatalf("Tiers() = %v, want %v", tiers, want)
 	}
@@ -57,13 +57,13 @@ func TestTierOrder(t *testing.T) {
 			}
 		}
 	}
-	var zero scheduler.Tier
-	if zero != scheduler.Normal {
+	var zero api.Tier
+	if zero != api.Normal {
 		t.Errorf("zero Tier = %v, want normal", zero)
 	}
-	bad := scheduler.Tier(200)
-	if bad.Valid() || bad.Outranks(scheduler.Background) || !scheduler.Background.Outranks(bad) {
-		t.Errorf("invalid tier: Valid %v, outranks background %v", bad.Valid(), bad.Outranks(scheduler.Background))
+	bad := api.Tier(200)
+	if bad.Valid() || bad.Outranks(api.Background) || !api.Background.Outranks(bad) {
+		t.Errorf("invalid tier: Valid %v, outranks background %v", bad.Valid(), bad.Outranks(api.Background))
 	}
 	if bad.String() != "Tier(200)" {
 		t.Errorf("String() = %q", bad.String())
@@ -71,21 +71,21 @@ func TestTierOrder(t *testing.T) {
 }
 
 func TestTierText(t *testing.T) {
-	for _, tier := range scheduler.Tiers() {
+	for _, tier := range api.Tiers() {
 		b, err := tier.MarshalText()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got scheduler.Tier
+		var got api.Tier
 		if err := got.UnmarshalText(b); err != nil || got != tier {
 			t.Errorf("round trip of %v: %v, %v", tier, got, err)
 		}
 	}
-	if _, err := scheduler.Tier(9).MarshalText(); !errors.Is(err, scheduler.ErrUnknownTier) {
+	if _, err := api.Tier(9).MarshalText(); !errors.Is(err, api.ErrUnknownTier) {
 		t.Errorf("MarshalText(Tier(9)) error = %v", err)
 	}
-	var got scheduler.Tier = scheduler.High
-	if err := got.UnmarshalText([]byte("top")); !errors.Is(err, scheduler.ErrUnknownTier) || got != scheduler.High {
+	var got api.Tier = api.High
+	if err := got.UnmarshalText([]byte("top")); !errors.Is(err, api.ErrUnknownTier) || got != api.High {
 		t.Errorf("UnmarshalText(top) = %v, %v", got, err)
 	}
 }

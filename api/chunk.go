@@ -1,0 +1,50 @@
+package api
+
+import "time"
+
+// FinishReason says why a sequence stopped generating.
+type FinishReason string
+
+const (
+	// FinishStop means an end-of-sequence token, a stop token or a stop
+	// string ended generation.
+	FinishStop FinishReason = "stop"
+	// FinishLength means the sequence reached its token limit or the
+	// model's context.
+	FinishLength FinishReason = "length"
+)
+
+// Chunk is one piece of a sequence's output: a generated token with the text
+// it completed, or the final chunk carrying the finish reason and usage.
+type Chunk struct {
+	// Text is the new text; it may be empty while a multi-byte character
+	// or a possible stop string is held back.
+	Text string
+	// Token is the generated token id; valid when HasToken is set.
+	Token    int32
+	HasToken bool
+	// Logprob is the token's log-probability, when requested.
+	Logprob float32
+	// Finish is set on the last chunk only.
+	Finish FinishReason
+	// Usage is set on the last chunk only.
+	Usage *Usage
+}
+
+// Usage counts a finished sequence's tokens and times.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	// CachedTokens is the number of prompt tokens whose KV was reused
+	// from a saved prefix instead of being prefilled.
+	CachedTokens int
+	// QueueWait is the time from submission to first admission.
+	QueueWait time.Duration
+	// TimeToFirstToken is the time from submission to the first token.
+	TimeToFirstToken time.Duration
+	// Duration is the time from submission to the end.
+	Duration time.Duration
+	// Preemptions counts how often the sequence was evicted and
+	// recomputed (preemption or a lost worker).
+	Preemptions int
+}

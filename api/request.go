@@ -1,0 +1,60 @@
+package api
+
+import (
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
+)
+
+// Params are the generation settings shared by Request and ChatRequest.
+type Params struct {
+	// MaxTokens is the most tokens to generate. Required: at least 1.
+	MaxTokens int
+	// Sampling chooses how tokens are picked; the zero value is greedy.
+	Sampling engine.SamplingParams
+	// Stop lists strings that end generation; the text stops before them.
+	// Needs the model's tokenizer.
+	Stop []string
+	// StopTokens lists token ids that end generation, on top of the
+	// model's end-of-sequence ids.
+	StopTokens []int32
+	// IgnoreEOS keeps generating past end-of-sequence tokens.
+	IgnoreEOS bool
+	// Priority is the request's tier. The zero value is Normal.
+	Priority Tier
+	// Client identifies the caller for per-client rate limits; "" is not
+	// rate limited.
+	Client string
+	// Session keeps a conversation's KV cache: the engine saves the KV of
+	// this request under the session id, and the next request of the same
+	// session reuses the part of its prompt that matches, prefilling only
+	// what is new.
+	Session string
+}
+
+// Request asks for a completion of a prompt.
+type Request struct {
+	// Model is the id of a loaded model.
+	Model string
+	// Prompt is the text to complete, tokenized with the model's
+	// tokenizer (with its BOS). Ignored when PromptTokens is set.
+	Prompt string
+	// PromptTokens is the prompt as token ids.
+	PromptTokens []int32
+	Params
+}
+
+// Message is one chat message.
+type Message = tokenizer.Message
+
+// ChatRequest asks for the next assistant message of a conversation,
+// rendered with the model's chat template.
+type ChatRequest struct {
+	// Model is the id of a loaded model.
+	Model string
+	// Messages is the conversation so far. Must not be empty.
+	Messages []Message
+	// Tools are tool definitions passed to the chat template, for models
+	// whose template supports them.
+	Tools []map[string]any
+	Params
+}
