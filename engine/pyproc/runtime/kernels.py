@@ -178,6 +178,44 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
              o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
 
 
+@triton.jit
+def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                    qkv_stride, s_slot, s_head, s_pos,
+                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    p = tl.load(pos_ptr + row)
+    h = tl.arange(0, NB)  # q heads, then k heads, then v heads
+    d = tl.arange(0, HD)
+    dr = (d + HD // 2) % HD
+    hm = h < H + 2 * K
+    src = qkv_ptr + row * qkv_stride + h[:, None] * HD
+    x = tl.load(src + d[None, :], mask=hm[:, None], other=0.0)
+    xr = tl.load(src + dr[None, :], mask=hm[:, None], other=0.0)
+    cos = tl.load(cos_ptr + p * HD + d)
+    sin = tl.load(sin_ptr + p * HD + d)
+    r = _rope(x, xr, cos[None, :], sin[None, :], HD // 2, HD)
+    isqk = h < H + K
+    tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
+    at = slot.to(tl.int64) * s_slot + p * s_pos + d[None, :]
+    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, r, mask=((h >= H) & isqk)[:, None])
+    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, x, mask=((h >= H + K) & hm)[:, None])
+
+
+def rope_kv(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
+    """Any number of tokens: qkv [N, (H + 2K) * hd], slots and pos [N]
+    (int64) per token. Writes the rotated k and v into the cache at pos and
+    returns the rotated q and k, [N, H + K, hd]."""
+    N = qkv.shape[0]
+    hd = kc.shape[-1]
+    qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
+    if N:
+        _rope_kv_kernel[(N,)](qkv, qk, kc, vc, slots, pos, cos, sin,
+                              qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+                              H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, num_warps=4)
+    return qk
+
+
 def splits(batch, kv_heads, context):
     """How many programs share one sequence's cache. Splitting costs a
     second kernel (the combine), about as long as a short cache's whole
@@ -313,6 +351,15 @@ def self_check(device, dtype, heads, kv_heads, hd):
             return "decode_attention (row %d, max diff %.3g)" % (b, (out[b].float() - o).abs().max())
     if not (torch.allclose(kc.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(vc, vref)):
         return "decode_attention's KV write"
+    kc2, vc2 = kref.clone(), vref.clone()
+    qk = rope_kv(qkv, kc2, vc2, slot, pos, cos, sin, H, K)
+    for b in range(B):
+        p, sl = int(pos[b]), int(slot[b])
+        q = rope(qkv[b, : H * hd].view(H, hd), p)
+        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
+        if not (torch.allclose(qk[b, :H].float(), q.float(), atol=tol, rtol=tol) and torch.allclose(qk[b, H:].float(), k.float(), atol=tol, rtol=tol)
+                and torch.allclose(kc2[sl, :, p].float(), k.float(), atol=tol, rtol=tol) and torch.equal(vc2[sl, :, p], qkv[b, (H + K) * hd :].view(K, hd))):
+            return "rope_kv (row %d)" % b
     x = torch.randn(3, 50000, generator=g).to(device)
     x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
     if not torch.equal(argmax(x), torch.argmax(x, -1)):

@@ -162,16 +162,22 @@ class Llama:
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        cos = sin = None
+        if self.kern is None:
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
         h = None
         for li, L in enumerate(self.layers):
             x, h = self.add_norm(x, h, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
-            qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
+            if self.kern is not None:  # rotary embedding and KV write in one kernel
+                qk = self.kern.rope_kv(qkv, kc[li], vc[li], slot_tok, pos, self.cos, self.sin, H, K)
+            else:
+                qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
-            kc[li][slot_tok, :, pos] = k
-            vc[li][slot_tok, :, pos] = v
+            if self.kern is None:
+                kc[li][slot_tok, :, pos] = k
+                vc[li][slot_tok, :, pos] = v
             a = self.attend(q, k, v, kc[li], vc[li], groups)
             x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
             h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
