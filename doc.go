@@ -17,9 +17,17 @@
 //		Params:   api.Params{MaxTokens: 64}})
 //	for c, err := range st.Chunks() { ... c.Text ... }
 //
+// A model manager (package prewarm) sits behind the models: LoadModel
+// loads and pins a model; [Server.RegisterModel] makes one known and loads
+// it on its first request (concurrent requests share one load), unloading
+// it after its keep-alive or to stay under [WithMemoryBudget]; a
+// prewarm.PreWarmer loads and warms models by priority before traffic
+// through [Server.Preload] and [Server.WarmModel].
+//
 // Errors are typed: engine.InvalidParamError for bad input,
 // engine.ContextLengthError when a request can never fit,
 // scheduler.QueueFullError (with RetryAfter) when the queue is full,
-// [ModelNotFoundError] for an unknown model. Branch on them with errors.Is
+// [ModelNotFoundError] for an unknown model, prewarm.LoadError and
+// prewarm.BudgetError (with RetryAfter) when a model cannot be loaded now. Branch on them with errors.Is
 // and errors.As.
 package mlxserving

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -26,10 +27,19 @@ func (s *Server) Generate(ctx context.Context, req api.Request) (*api.Stream, er
 }
 
 func (s *Server) generate(ctx context.Context, req api.Request) (*api.Stream, error) {
-	m, err := s.lookup(req.Model)
+	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
 	if err != nil {
 		return nil, err
 	}
+	st, err := s.generateOn(ctx, m, req)
+	if err != nil {
+		s.release(m)
+	}
+	return st, err
+}
+
+func (s *Server) generateOn(ctx context.Context, m *model, req api.Request) (*api.Stream, error) {
+	var err error
 	prompt := req.PromptTokens
 	if len(prompt) == 0 {
 		if req.Prompt == "" {
@@ -56,10 +66,18 @@ func (s *Server) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 }
 
 func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
-	m, err := s.lookup(req.Model)
+	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
 	if err != nil {
 		return nil, err
 	}
+	st, err := s.chatOn(ctx, m, req)
+	if err != nil {
+		s.release(m)
+	}
+	return st, err
+}
+
+func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*api.Stream, error) {
 	if len(req.Messages) == 0 {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: "no messages"}
 	}
@@ -110,7 +128,11 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 	if err := m.queue.Push(entry); err != nil {
 		return nil, err
 	}
-	return api.NewStream(ctx, newLocalSource(ctx, m, entry, s.metrics), api.Header{Model: m.info.ID}), nil
+	release := sync.OnceFunc(func() { s.release(m) })
+	go releaseWhenDone(release, seq.Done())
+	src := newLocalSource(ctx, m, entry, s.metrics)
+	src.release = release // the reader seeing the end releases at once
+	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
 }
 
 // validate checks a request before it is queued, so a request that can

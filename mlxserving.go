@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -43,9 +44,12 @@ type Server struct {
 	cfg     config
 	metrics *metrics
 
-	mu     sync.RWMutex
-	models map[string]*model
-	closed bool
+	mgr *prewarm.Manager
+
+	mu       sync.RWMutex
+	models   map[string]*model // loaded models; nil while loading
+	explicit map[string]bool   // models added by LoadModel
+	closed   bool
 }
 
 // New returns a Server over eng. Load models with LoadModel.
@@ -64,12 +68,18 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	if _, err := scheduler.New[*batcher.Sequence](cfg.schedulerOpts...); err != nil {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
-	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model)}
+	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
+	if s.mgr, err = newManager(s, &cfg); err != nil {
+		if m.registration != nil {
+			_ = m.registration.Unregister()
+		}
+		return nil, fmt.Errorf("mlxserving: %w", err)
+	}
 	return s, nil
 }
 
@@ -81,6 +91,7 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	managerOpts   []prewarm.ManagerOption
 }
 
 func defaultConfig() config {
@@ -122,7 +133,9 @@ func (s *Server) Models() []engine.Info {
 	defer s.mu.RUnlock()
 	out := make([]engine.Info, 0, len(s.models))
 	for _, m := range s.models {
-		out = append(out, m.info)
+		if m != nil {
+			out = append(out, m.info)
+		}
 	}
 	slices.SortFunc(out, func(a, b engine.Info) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -140,6 +153,9 @@ func (s *Server) Stats() map[string]ModelStats {
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
 	for id, m := range s.models {
+		if m == nil {
+			continue
+		}
 		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
 	}
 	return out
@@ -149,6 +165,7 @@ func (s *Server) Stats() map[string]ModelStats {
 // then unloads every model. If ctx ends first, what is left ends with an
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
+	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
 	if s.metrics.registration != nil {
 		defer func() { _ = s.metrics.registration.Unregister() }()
@@ -182,19 +199,6 @@ func (s *Server) closeAll() []*model {
 		delete(s.models, id)
 	}
 	return models
-}
-
-func (s *Server) lookup(id string) (*model, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return nil, ErrServerClosed
-	}
-	m, ok := s.models[id]
-	if !ok {
-		return nil, &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
-	}
-	return m, nil
 }
 
 func (s *Server) idsLocked() []string {

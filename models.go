@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -22,34 +24,47 @@ type model struct {
 	eos     []int32              // the tokenizer's end tokens the engine does not already stop on
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
+	active  atomic.Int64 // requests from acquire to the end of their sequence
 }
 
 // LoadModel loads the checkpoint at spec.Path into the engine under spec.ID
 // and starts serving it. The tokenizer comes from the checkpoint's
 // tokenizer.json when there is one; without it the model serves token-id
-// prompts only.
+// prompts only. A model loaded this way is pinned: it stays loaded until
+// UnloadModel, whatever the memory budget and keep-alive. If ctx ends
+// first, the load is cancelled and nothing of it stays loaded.
 func (s *Server) LoadModel(ctx context.Context, spec engine.ModelSpec) error {
-	if spec.ID == "" {
+	id := spec.ID
+	if id == "" {
 		return &engine.InvalidParamError{Param: "model", Reason: "model id is empty"}
 	}
-	if err := s.reserve(spec.ID); err != nil {
-		return err
-	}
-	m, err := s.load(ctx, spec)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil || s.closed {
-		delete(s.models, spec.ID)
-		if err == nil {
-			m.close(ErrServerClosed)
-			return ErrServerClosed
-		}
-		return err
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return ErrServerClosed
+	case s.explicit[id]:
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrModelExists, id)
 	}
-	s.models[spec.ID] = m
-	s.cfg.logger.Info("model loaded", "model", spec.ID, "engine", m.info.Engine,
-		"context", m.info.ContextLength, "kv_capacity", m.info.KVCapacity, "max_batch", m.info.MaxBatch)
-	return nil
+	s.explicit[id] = true
+	s.mu.Unlock()
+	err := s.mgr.Register(prewarm.Model{Spec: spec, Pin: true, KeepAlive: -1})
+	if err == nil {
+		err = s.mgr.Acquire(ctx, id, nil)
+	}
+	if err == nil {
+		return nil
+	}
+	_ = s.mgr.Forget(context.WithoutCancel(ctx), id)
+	s.mu.Lock()
+	delete(s.explicit, id)
+	s.mu.Unlock()
+	var le *prewarm.LoadError
+	if errors.As(err, &le) {
+		return fmt.Errorf("load model %q: %w", id, le.Err)
+	}
+	return s.managerErr(id, err)
 }
 
 // reserve claims id while it loads, so concurrent loads of one id fail fast.
@@ -108,18 +123,21 @@ func loadTokenizer(dir string) (*tokenizer.Tokenizer, error) {
 
 // UnloadModel stops serving a model: it stops taking requests for it, lets
 // those already queued or running finish until ctx ends (then ends them
-// with an error), and frees the model.
+// with an error), and frees the model. A load under way is cancelled. A
+// model added by LoadModel is forgotten; one added by RegisterModel or
+// Preload stays known and loads again on its next request.
 func (s *Server) UnloadModel(ctx context.Context, id string) error {
 	s.mu.Lock()
-	m, ok := s.models[id]
-	if ok && m != nil {
-		delete(s.models, id)
-	}
+	explicit := s.explicit[id]
+	delete(s.explicit, id)
 	s.mu.Unlock()
-	if !ok || m == nil {
+	if !s.mgr.Known(id) {
 		return &ModelNotFoundError{Model: id}
 	}
-	return m.shutdown(ctx)
+	if explicit {
+		return s.managerErr(id, s.mgr.Forget(ctx, id))
+	}
+	return s.managerErr(id, s.mgr.Unload(ctx, id))
 }
 
 // shutdown drains the model's batcher until ctx ends, fails what is still

@@ -21,6 +21,7 @@ type localSource struct {
 	metrics   *metrics
 	stopAfter func() bool
 	closeOnce sync.Once
+	release   func() // ends the request's count on the model; idempotent
 
 	// Owned by the reader.
 	lastToken time.Time
@@ -87,5 +88,8 @@ func (s *localSource) end(u *api.Usage, err error) {
 		return
 	}
 	s.ended = true
+	if s.release != nil {
+		s.release()
+	}
 	s.metrics.finished(s.model.info.ID, s.entry.Tier, u, err)
 }

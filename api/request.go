@@ -1,6 +1,8 @@
 package api
 
 import (
+	"time"
+
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 )
@@ -29,6 +31,10 @@ type Params struct {
 	// session reuses the part of its prompt that matches, prefilling only
 	// what is new.
 	Session string
+	// KeepAlive, when set, becomes the model's keep-alive: how long it
+	// stays loaded after its last request ends. Zero unloads it as soon
+	// as it is idle; negative keeps it loaded. Nil keeps the model's own.
+	KeepAlive *time.Duration
 }
 
 // Request asks for a completion of a prompt.

@@ -22,6 +22,11 @@
 //	out, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: prompt[reused:], Sample: true, Params: &engine.SamplingParams{}}})
 //	m.Free(1, "")
 //
+// A model may also implement [Warmer]: Warm runs one step at each
+// batch-size bucket the engine uses on scratch memory, so compiled kernels
+// and CUDA graphs exist before the first request. [Info] reports the
+// model's weight and KV memory, which a memory budget adds up.
+//
 // Errors are the sentinels and typed errors of this package, so callers
 // branch with errors.Is and errors.As whichever engine produced them.
 package engine

@@ -147,4 +147,33 @@ type Info struct {
 	KVCapacity int
 	// MaxBatch is the most inputs one Step takes.
 	MaxBatch int
+	// WeightBytes is the memory the model's weights take, in bytes, across
+	// every copy the engine holds (one per worker process). Zero when the
+	// engine cannot tell.
+	WeightBytes int64
+	// KVBytes is the memory reserved for the model's KV cache, in bytes,
+	// across every copy. Zero when the engine cannot tell.
+	KVBytes int64
+}
+
+// MemoryBytes is the model's weight plus KV memory: what unloading it
+// frees. Zero when the engine reports neither.
+func (i Info) MemoryBytes() int64 { return i.WeightBytes + i.KVBytes }
+
+// Warmer is implemented by models that can prepare for traffic ahead of it.
+// Warm runs the work a model otherwise does on its first requests —
+// compiling kernels, capturing CUDA graphs, filling allocator pools — by
+// running one decode step at each batch-size bucket the engine uses, on
+// scratch memory of its own. It returns the batch sizes it warmed.
+//
+// Warm needs no open sequence and leaves the model's sequences, KV
+// accounting and saved prefixes as they were. Unlike Open, Step and Free,
+// Warm is safe to call while the model serves: the engine serialises it
+// with the steps. If ctx ends, Warm returns ctx.Err() and the model stays
+// usable (some buckets stay cold).
+//
+// The serving layer calls Warm when a model implements it, then runs a
+// short real generation through the whole stack.
+type Warmer interface {
+	Warm(ctx context.Context) (batchSizes []int, err error)
 }

@@ -12,7 +12,7 @@
 //
 //	POST /v1/chat/completions   chat, streaming (SSE) or not
 //	POST /v1/completions        text completion, streaming (SSE) or not
-//	GET  /v1/models             the loaded models; GET /v1/models/{id} one of them
+//	GET  /v1/models             the known models (loaded or not); GET /v1/models/{id} one of them
 //	GET  /health                liveness: 200 while the process serves HTTP
 //	GET  /ready                 readiness: 200 once models are loaded (and warm,
 //	                            see WithReadyCheck), 503 otherwise
@@ -52,6 +52,14 @@
 // Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
 // repetition_penalty and ignore_eos.
 //
+// Keep-alive, as Ollama names it: "keep_alive" is how long the model stays
+// loaded after this request — a duration ("5m") or seconds (300); 0
+// unloads it once idle, negative keeps it loaded. A request for a model
+// the server knows but has not loaded waits while it loads. /v1/models
+// lists every known model with extra fields OpenAI clients ignore: state
+// (unloaded, loading, loaded, unloading, failed), pinned, memory_bytes,
+// idle_until (Unix seconds), and error and retry_at after a failed load.
+//
 // # Errors
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
@@ -59,7 +67,9 @@
 // types and out-of-range values 400; unknown model 404; a prompt longer than
 // the context 400 with the numbers; a body over the limit 413; a full queue
 // or a client's rate limit 429 with Retry-After; an overloaded server, memory
-// pressure or a closing server 503; an engine failure 500. An error after a
+// pressure or a closing server 503; a model that cannot be loaded now (its
+// load failed and backs off, or the memory budget is held by pinned or busy
+// models) 503 with Retry-After; an engine failure 500. An error after a
 // stream started is sent as a final SSE event data: {"error":{...}} without
 // [DONE].
 //

@@ -13,6 +13,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -65,10 +66,22 @@ func toAPIError(err error) *apiError {
 		limited  *scheduler.RateLimitError
 		tooBig   *http.MaxBytesError
 		capacity *scheduler.CapacityError
+		budget   *prewarm.BudgetError
+		load     *prewarm.LoadError
 	)
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &budget):
+		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "memory_budget_exhausted", err.Error())
+		e.retryAfter = budget.RetryAfter()
+		return e
+	case errors.As(err, &load):
+		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "model_load_failed", err.Error())
+		e.retryAfter = load.RetryAfter()
+		return e
+	case errors.Is(err, prewarm.ErrAborted):
+		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "unavailable", err.Error())
 	case errors.As(err, &tooBig):
 		return newAPIError(http.StatusRequestEntityTooLarge, typeInvalidRequest, "", "request_too_large",
 			fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit))

@@ -14,6 +14,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -41,6 +42,9 @@ func TestErrorTable(t *testing.T) {
 		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
 		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 500, "engine_error", ""},
 		{context.DeadlineExceeded, 504, "timeout", ""},
+		{&prewarm.BudgetError{Model: "m", Need: 10, Used: 20, Budget: 25, Retry: 4 * time.Second}, 503, "memory_budget_exhausted", "4"},
+		{&prewarm.LoadError{Model: "m", Attempts: 1, RetryAt: time.Now().Add(9500 * time.Millisecond), Err: &engine.CheckpointError{Path: "x", Reason: "bad"}}, 503, "model_load_failed", "10"},
+		{fmt.Errorf("x: %w", prewarm.ErrAborted), 503, "unavailable", ""},
 	}
 	for _, c := range cases {
 		w := httptest.NewRecorder()

@@ -98,8 +98,8 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) modelsLoaded(context.Context) error {
-	if len(h.srv.Models()) == 0 {
-		return errors.New("no model loaded")
+	if len(h.srv.ModelStatus()) == 0 {
+		return errors.New("no model loaded or registered")
 	}
 	return nil
 }
@@ -110,41 +110,6 @@ func (h *Handler) metricsz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.cfg.metricsHandler.ServeHTTP(w, r)
-}
-
-type modelObject struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	// Extensions: what the engine reports.
-	Engine        string `json:"engine"`
-	ContextLength int    `json:"context_length"`
-}
-
-func (h *Handler) modelObject(info engine.Info) modelObject {
-	return modelObject{ID: info.ID, Object: "model", Created: h.created, OwnedBy: "mlxserving",
-		Engine: info.Engine, ContextLength: info.ContextLength}
-}
-
-func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
-	infos := h.srv.Models()
-	data := make([]modelObject, len(infos))
-	for i, info := range infos {
-		data[i] = h.modelObject(info)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-}
-
-func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
-	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	for _, info := range h.srv.Models() {
-		if info.ID == id {
-			writeJSON(w, http.StatusOK, h.modelObject(info))
-			return
-		}
-	}
-	writeError(w, &mlxserving.ModelNotFoundError{Model: id})
 }
 
 func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {

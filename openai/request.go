@@ -31,6 +31,8 @@ type commonFields struct {
 	MinP              *float32 `json:"min_p"`
 	RepetitionPenalty *float32 `json:"repetition_penalty"`
 	IgnoreEOS         bool     `json:"ignore_eos"`
+	// KeepAlive is Ollama's keep_alive: a duration string or seconds.
+	KeepAlive json.RawMessage `json:"keep_alive"`
 }
 
 type streamOptions struct {
@@ -125,6 +127,9 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	p.Session = c.SessionID
 	if p.Session == "" {
 		p.Session = r.Header.Get("X-Session-ID")
+	}
+	if p.KeepAlive, err = parseKeepAlive(c.KeepAlive); err != nil {
+		return p, err
 	}
 	return p, nil
 }

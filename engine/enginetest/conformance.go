@@ -28,7 +28,8 @@ const (
 // MaxBatch, KVCapacity and ContextLength — failing at once if either load
 // fails, and checks, each in a named subtest that -run can pick: load, greedy_determinism, batch_invariance, join_leave,
 // chunked_prefill, free_reuse, prefix_reuse, seeded_sampling, capacity,
-// max_batch, cancellation and close. Prompts are token ids below
+// max_batch, cancellation, warm (models implementing engine.Warmer) and
+// close. Prompts are token ids below
 // min(VocabSize, 200); generations are 6 to 16 tokens, so a tiny model
 // runs the whole suite in seconds. Run closes the models it loaded but
 // not eng.
@@ -59,6 +60,7 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		{"capacity", checkCapacity},
 		{"max_batch", checkMaxBatch},
 		{"cancellation", checkCancellation},
+		{"warm", checkWarm},
 		{"close", checkClose},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.check(t, s) })

@@ -33,6 +33,7 @@ type simModel struct {
 	stamp   uint64      // counts Steps; marks sequences seen in the current one
 	scratch []*simSeq   // the current batch's sequences, reused across Steps
 	timer   *time.Timer // the Step wait timer, reused across Steps
+	warm    uint64      // bit b set: the bucket of batch size 1<<b has run
 }
 
 // simSeq is an open sequence.

@@ -34,6 +34,9 @@ type simConfig struct {
 	eos                     []int32
 	eosProb                 float64
 	prefixEntries           int
+	compileTime             time.Duration
+	weightBytes             int64
+	kvTokenBytes            int64
 }
 
 func defaultConfig() simConfig {
@@ -176,4 +179,32 @@ func (c *simConfig) validate() error {
 		}
 	}
 	return nil
+}
+
+// WithCompileTime makes the first Step at each batch-size bucket (powers
+// of two up to the max batch, see [SimBuckets]) take d longer, the way a
+// real engine compiles kernels or captures a CUDA graph the first time it
+// sees a shape. Warm pays that cost ahead of traffic. Default 0.
+func WithCompileTime(d time.Duration) SimOption {
+	return func(c *simConfig) error {
+		if d < 0 {
+			return badOption("compile time", d, "0 or more")
+		}
+		c.compileTime = d
+		return nil
+	}
+}
+
+// WithMemory sets the memory each model reports in its Info: weightBytes
+// for the weights and kvTokenBytes per token of KV capacity. Nothing is
+// allocated; the figures let a memory budget be exercised. Default 0, 0:
+// the models report no memory.
+func WithMemory(weightBytes, kvTokenBytes int64) SimOption {
+	return func(c *simConfig) error {
+		if weightBytes < 0 || kvTokenBytes < 0 {
+			return badOption("memory", fmt.Sprintf("%d + %d/token", weightBytes, kvTokenBytes), "0 or more")
+		}
+		c.weightBytes, c.kvTokenBytes = weightBytes, kvTokenBytes
+		return nil
+	}
 }

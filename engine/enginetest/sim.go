@@ -34,6 +34,11 @@ import (
 //
 // The Path of a ModelSpec is not read: "" or any directory loads. Each
 // Load gives an independent model; Stats add up all of them.
+//
+// Its models implement [engine.Warmer]: with [WithCompileTime] the first
+// Step at each batch-size bucket pays a compile time, as a real engine's
+// kernel compilation or graph capture does, and Warm pays it ahead of
+// traffic. [WithMemory] makes Info report weight and KV bytes.
 type Sim struct {
 	cfg simConfig
 
@@ -61,12 +66,17 @@ type SimStats struct {
 	OpenSequences int
 	// Models is the number of models loaded and not closed.
 	Models int
+	// Loads is the number of Load calls that returned a model.
+	Loads int64
+	// ColdSteps is the number of Steps (Warm's included) that paid the
+	// compile time of [WithCompileTime] for a bucket not seen before.
+	ColdSteps int64
 }
 
 type simCounters struct {
 	steps, tokens, sampled atomic.Int64
 	maxBatch, kv, open     atomic.Int64
-	models                 atomic.Int64
+	models, loads, cold    atomic.Int64
 }
 
 // NewSim returns a simulated engine configured by opts; see the Default*
@@ -128,6 +138,7 @@ func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, er
 	}
 	s.models[m] = struct{}{}
 	s.stats.models.Add(1)
+	s.stats.loads.Add(1)
 	return m, nil
 }
 
@@ -156,6 +167,8 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 	if spec.ContextLength > 0 {
 		info.ContextLength = min(info.ContextLength, spec.ContextLength)
 	}
+	info.WeightBytes = s.cfg.weightBytes
+	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil
 }
 
@@ -209,6 +222,8 @@ func (s *Sim) Stats() SimStats {
 		KVTokens:      int(s.stats.kv.Load()),
 		OpenSequences: int(s.stats.open.Load()),
 		Models:        int(s.stats.models.Load()),
+		Loads:         s.stats.loads.Load(),
+		ColdSteps:     s.stats.cold.Load(),
 	}
 }
 

@@ -209,7 +209,7 @@ func TestStepCounters(t *testing.T) {
 	if out, err := m.Step(ctx, nil); err != nil || len(out) != 0 {
 		t.Errorf("empty Step: %v, %v", out, err)
 	}
-	want := SimStats{Steps: 1, Tokens: 10, Sampled: 2, MaxBatch: 3, KVTokens: 12, OpenSequences: 3, Models: 1}
+	want := SimStats{Steps: 1, Tokens: 10, Sampled: 2, MaxBatch: 3, KVTokens: 12, OpenSequences: 3, Models: 1, Loads: 1}
 	if got := sim.Stats(); got != want {
 		t.Errorf("Stats %+v, want %+v", got, want)
 	}
@@ -243,4 +243,84 @@ func TestConcurrentInfoAndStats(t *testing.T) {
 	m.Free(1, "")
 	close(stop)
 	wg.Wait()
+}
+
+func TestSimWarmPaysCompileTimeOnce(t *testing.T) {
+	sim, err := NewSim(WithMaxBatch(6), WithCompileTime(time.Millisecond), WithMemory(1000, 10), WithKVCapacity(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := m.Info(); info.WeightBytes != 1000 || info.KVBytes != 1000 || info.MemoryBytes() != 2000 {
+		t.Fatalf("memory = %d + %d, want 1000 + 1000", info.WeightBytes, info.KVBytes)
+	}
+	got, err := m.(engine.Warmer).Warm(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{1, 2, 4, 6}; !slices.Equal(got, want) {
+		t.Fatalf("warmed %v, want %v", got, want)
+	}
+	if c := sim.Stats().ColdSteps; c != 4 {
+		t.Fatalf("cold steps after Warm = %d, want 4", c)
+	}
+	// Every batch size now falls in a warm bucket.
+	params := &engine.SamplingParams{}
+	for n := 1; n <= 6; n++ {
+		var batch []engine.StepInput
+		for i := range n {
+			id := engine.SeqID(n*10 + i)
+			if _, err := m.Open(context.Background(), id, []int32{1, 2}, ""); err != nil {
+				t.Fatal(err)
+			}
+			batch = append(batch, engine.StepInput{Seq: id, Tokens: []int32{1, 2}, Sample: true, Params: params})
+		}
+		if _, err := m.Step(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range batch {
+			m.Free(in.Seq, "")
+		}
+	}
+	if c := sim.Stats().ColdSteps; c != 4 {
+		t.Fatalf("cold steps after warm traffic = %d, want still 4", c)
+	}
+	if st := sim.Stats(); st.OpenSequences != 0 || st.KVTokens != 0 {
+		t.Fatalf("warm left state behind: %+v", st)
+	}
+}
+
+func TestSimColdStepsWithoutWarm(t *testing.T) {
+	sim, err := NewSim(WithMaxBatch(4), WithCompileTime(time.Microsecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(context.Background(), 1, []int32{1}, ""); err != nil {
+		t.Fatal(err)
+	}
+	in := []engine.StepInput{{Seq: 1, Tokens: []int32{1}, Sample: true, Params: &engine.SamplingParams{}}}
+	for range 3 {
+		if _, err := m.Step(context.Background(), in); err != nil {
+			t.Fatal(err)
+		}
+		in[0].Tokens = []int32{3}
+	}
+	if c := sim.Stats().ColdSteps; c != 1 {
+		t.Fatalf("cold steps = %d, want 1 (one bucket seen)", c)
+	}
+	if _, err := NewSim(WithCompileTime(-1)); err == nil {
+		t.Fatal("negative compile time accepted")
+	}
+	if _, err := NewSim(WithMemory(-1, 0)); err == nil {
+		t.Fatal("negative memory accepted")
+	}
 }

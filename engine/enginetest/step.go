@@ -37,7 +37,10 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 	m.sim.stats.tokens.Add(int64(tokens))
 	m.sim.stats.sampled.Add(int64(samples))
 	m.sim.stats.noteBatch(int64(len(batch)))
-	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens); d > 0 {
+	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens) + m.coldCost(len(batch)); d > 0 {
+		if start.IsZero() {
+			start = time.Now()
+		}
 		if err := m.waitUntil(ctx, start.Add(d)); err != nil {
 			return nil, err
 		}

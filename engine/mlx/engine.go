@@ -183,8 +183,8 @@ func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
 		return fmt.Errorf("mlx: %s: weights take %d bytes, MLX's memory limit is %d: %w", spec.ID, wbytes, limit, engine.ErrOutOfMemory)
 	}
 	kv := spec.KVCapacity
+	perToken := uint64(2 * c.Layers * c.KVHeads * c.HeadDim * 4)
 	if kv == 0 {
-		perToken := uint64(2 * c.Layers * c.KVHeads * c.HeadDim * 4)
 		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
 		kv = int(min(budget/perToken, uint64(maxBatch*ctxLen)))
 		if kv < ctxLen {
@@ -192,6 +192,7 @@ func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
 		}
 	}
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
-		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch}
+		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,
+		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken)}
 	return nil
 }

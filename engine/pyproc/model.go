@@ -154,6 +154,8 @@ func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
 		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch}
 	for _, x := range infos {
 		info.KVCapacity += x.KVCapacity
+		info.WeightBytes += x.WeightBytes
+		info.KVBytes += x.KVBytes
 	}
 	return info
 }

@@ -32,11 +32,12 @@ type reply struct {
 	Error    *wireError `json:"error"`
 	Tokens   []int32    `json:"tokens"`
 	Logprobs []float32  `json:"logprobs"`
+	Reused   int        `json:"reused"`
+	Info     *wireInfo  `json:"info"`
+	Warmed   []int      `json:"batch_sizes"`
 	// Lookahead: per sampling input, the tokens decoded after Tokens.
 	More         [][]int32   `json:"more"`
 	MoreLogprobs [][]float32 `json:"more_logprobs"`
-	Reused       int         `json:"reused"`
-	Info         *wireInfo   `json:"info"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`
@@ -55,6 +56,8 @@ type wireInfo struct {
 	MaxBatch      int     `json:"max_batch"`
 	Device        string  `json:"device"`
 	DType         string  `json:"dtype"`
+	WeightBytes   int64   `json:"weight_bytes"`
+	KVBytes       int64   `json:"kv_bytes"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

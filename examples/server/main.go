@@ -3,6 +3,7 @@
 //
 //	go run ./examples/server                       # the project's generated test model
 //	go run ./examples/server -model /models/Llama-3.2-1B-Instruct -engine pyproc
+//	go run ./examples/server -model /models/llama -prewarm qwen=/models/qwen:5,phi=/models/phi -memory-budget 24GiB
 //	curl -N 127.0.0.1:8080/v1/chat/completions -d '{"model":"tiny","stream":true,
 //	     "messages":[{"role":"user","content":"Hello"}],"max_tokens":32}'
 //
@@ -15,6 +16,15 @@
 // /metrics from the server's own registry. SIGTERM or SIGINT stop it
 // gracefully: it stops accepting, lets in-flight streams finish (up to
 // -drain), then unloads the models.
+//
+// The -model checkpoint is pre-warmed (loaded, its engine warm-up run at
+// every batch-size bucket, one short generation) before /ready turns 200
+// and it stays loaded. -prewarm names more checkpoints (id=dir[:priority],
+// comma-separated) that are pre-warmed after it, highest priority first,
+// while the server already serves; they load again on demand after being
+// unloaded when idle (keep-alive, five minutes by default) or to stay under
+// -memory-budget (bytes, or with a kB/MB/GB/KiB/MiB/GiB suffix), which
+// evicts the least recently used idle model.
 package main
 
 import (
@@ -29,14 +39,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/mlxserving/mlxserving"
-	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/prewarm"
 )
 
 func main() {
@@ -52,6 +61,8 @@ type options struct {
 	addr, model, modelID, engine, python string
 	drain, simStep                       time.Duration
 	verbose                              bool
+	prewarm                              []prewarm.Model
+	memoryBudget                         int64
 }
 
 func parseFlags(args []string) (options, error) {
@@ -65,8 +76,17 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
+	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	var err error
+	if o.prewarm, err = parsePrewarm(*prewarmList); err != nil {
+		return o, err
+	}
+	if o.memoryBudget, err = parseBytes(*budget); err != nil {
+		return o, fmt.Errorf("-memory-budget: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -108,20 +128,22 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-	srv, err := mlxserving.New(eng, mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp))
+	srv, err := mlxserving.New(eng, mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithMemoryBudget(o.memoryBudget))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = srv.Close() }()
 
-	var warm atomic.Bool
+	// The main model first and pinned; /ready waits for it only.
+	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir}, Priority: mainPriority, Pin: true}
+	pw, err := prewarm.New(srv, append([]prewarm.Model{main}, o.prewarm...),
+		prewarm.WithReadiness(prewarm.WhileWarming(mainPriority)), prewarm.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	defer pw.Stop()
 	h, err := openai.New(srv, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
-		openai.WithReadyCheck(func(context.Context) error {
-			if !warm.Load() {
-				return errors.New("loading and warming the model")
-			}
-			return nil
-		}))
+		openai.WithReadyCheck(pw.CheckReady))
 	if err != nil {
 		return err
 	}
@@ -134,12 +156,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String())
 
-	if err := loadAndWarm(ctx, srv, engine.ModelSpec{ID: id, Path: dir}, log); err != nil {
+	if err := startPrewarm(ctx, pw, log); err != nil {
 		_ = hs.Close()
 		<-served
 		return err
 	}
-	warm.Store(true)
 	if listening != nil {
 		listening <- ln.Addr().String()
 	}
@@ -168,21 +189,20 @@ func shutdown(hs *http.Server, srv *mlxserving.Server, served <-chan error, drai
 	return errors.Join(httpErr, srvErr)
 }
 
-// loadAndWarm loads the model and runs a short generation so the first
-// request pays no start-up cost.
-func loadAndWarm(ctx context.Context, srv *mlxserving.Server, spec engine.ModelSpec, log *slog.Logger) error {
+// mainPriority is the -model checkpoint's pre-warming priority, above
+// any -prewarm entry's.
+const mainPriority = 1 << 20
+
+// startPrewarm starts pre-warming and waits until the main model serves.
+func startPrewarm(ctx context.Context, pw *prewarm.PreWarmer, log *slog.Logger) error {
 	start := time.Now()
-	if err := srv.LoadModel(ctx, spec); err != nil {
+	if err := pw.Start(ctx); err != nil {
 		return err
 	}
-	st, err := srv.Generate(ctx, api.Request{Model: spec.ID, PromptTokens: []int32{1, 2, 3}, Params: api.Params{MaxTokens: 2}})
-	if err != nil {
-		return fmt.Errorf("warm-up: %w", err)
+	if err := pw.Ready(ctx); err != nil {
+		return err
 	}
-	if _, err := st.Collect(); err != nil {
-		return fmt.Errorf("warm-up: %w", err)
-	}
-	log.Info("model ready", "model", spec.ID, "path", spec.Path, "took", time.Since(start).Round(time.Millisecond))
+	log.Info("model ready", "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

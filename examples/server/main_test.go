@@ -62,7 +62,7 @@ func TestServeAndShutdown(t *testing.T) {
 	metrics := get(t, client, base+"/metrics")
 	for _, name := range []string{"mlxserving_http_requests_total", "mlxserving_sequences_running", "mlxserving_time_to_first_token_seconds_bucket"} {
 		if !strings.Contains(metrics, name) {
-			t.Errorf("/metrics lacks %s", name)
+			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
 		}
 	}
 	cancel()
@@ -104,5 +104,84 @@ func TestFlags(t *testing.T) {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}
+	}
+}
+
+func TestPrewarmAndBudgetFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-prewarm", "a=/m/a:5, b=/m/b", "-memory-budget", "1.5GiB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.prewarm) != 2 || o.prewarm[0].Spec.ID != "a" || o.prewarm[0].Spec.Path != "/m/a" || o.prewarm[0].Priority != 5 ||
+		o.prewarm[1].Spec.Path != "/m/b" || o.prewarm[1].Priority != 0 {
+		t.Fatalf("prewarm %+v", o.prewarm)
+	}
+	if o.memoryBudget != 3<<29 {
+		t.Fatalf("budget %d", o.memoryBudget)
+	}
+	for _, in := range []string{"8GB", "8000000000", "8 GB"} {
+		if n, err := parseBytes(in); err != nil || n != 8e9 {
+			t.Errorf("parseBytes(%q) = %d, %v", in, n, err)
+		}
+	}
+	for _, args := range [][]string{{"-prewarm", "noequals"}, {"-prewarm", "a=/x:high"}, {"-prewarm", "=dir"},
+		{"-memory-budget", "lots"}, {"-memory-budget", "-1"}} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("parseFlags(%q) accepted", args)
+		}
+	}
+}
+
+// TestServePrewarmed runs the example on the simulated engine with a
+// second model pre-warmed under a budget: both are listed with their
+// state and serve.
+func TestServePrewarmed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listening := make(chan string, 1)
+	done := make(chan error, 1)
+	dir := t.TempDir()
+	if err := writeTestModel(dir); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-prewarm", "second=" + dir + ":3", "-memory-budget", "1GiB"}, io.Discard, listening)
+	}()
+	var addr string
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		t.Fatalf("server exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start")
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"second","prompt":"hi","max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("second model: %d %s", resp.StatusCode, body)
+	}
+	models := get(t, client, "http://"+addr+"/v1/models")
+	for _, want := range []string{`"id":"second"`, `"id":"tiny"`, `"pinned":true`, `"state":"loaded"`} {
+		if !strings.Contains(models, want) {
+			t.Fatalf("/v1/models lacks %s: %s", want, models)
+		}
+	}
+	metrics := get(t, client, "http://"+addr+"/metrics")
+	for _, name := range []string{"mlxserving_model_loads_total", "mlxserving_model_load_duration_seconds_bucket",
+		"mlxserving_models_loaded", "mlxserving_models_memory_used_bytes", "mlxserving_models_memory_budget_bytes{otel_scope_name=\"github.com/mlxserving/mlxserving/prewarm\",otel_scope_schema_url=\"\",otel_scope_version=\"\"} 1.073741824e+09"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

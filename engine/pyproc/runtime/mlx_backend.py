@@ -88,7 +88,8 @@ class MlxModel:
 
     def info(self):
         return {"context_length": self.context, "vocab_size": self.vocab, "bos": self.bos, "eos": self.eos,
-                "kv_capacity": self.capacity, "max_batch": self.max_batch, "device": "mlx", "dtype": "auto"}
+                "kv_capacity": self.capacity, "max_batch": self.max_batch, "device": "mlx", "dtype": "auto",
+                "weight_bytes": sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))}
 
     def open(self, seq, prompt, prefix_key):
         if seq in self.seqs:

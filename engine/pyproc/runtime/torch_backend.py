@@ -9,7 +9,7 @@ import torch
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
 from sampling import sample_rows
-from graphs import DecodeGraphs
+from graphs import BATCH_BUCKETS, DecodeGraphs
 import lookahead
 
 
@@ -23,6 +23,13 @@ def load(path, opts):
 
 
 log = logging.getLogger("torch_backend")
+
+
+def weight_bytes(model):
+    """Bytes of the model's weight tensors, each shared tensor once."""
+    ts = [model.embed, model.norm, model.lm_head] + [t for layer in model.layers for t in layer.values()]
+    unique = {id(t): t for t in ts}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def pick_device(name):
@@ -110,7 +117,40 @@ class TorchModel:
             "context_length": c.context, "vocab_size": c.vocab, "bos": c.bos, "eos": c.eos,
             "kv_capacity": self.capacity, "max_batch": self.max_batch,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "weight_bytes": weight_bytes(self.model),
+            "kv_bytes": sum(t.numel() * t.element_size() for t in self.kc + self.vc),
         }
+
+    def warm(self):
+        """Runs one decode step at each batch-size bucket on the scratch
+        slot, capturing the CUDA graph of each bucket where graphs are on.
+        No sequence or KV accounting changes. Returns the batch sizes."""
+        sizes = [b for b in BATCH_BUCKETS if b < self.max_batch] + [self.max_batch]
+        with torch.no_grad():
+            for b in sizes:
+                if self.graphs is not None and self.graphs.usable(b):
+                    key = self.graphs.bucket(b, 1)
+                    if key in self.graphs.graphs:
+                        continue
+                    try:
+                        self.graphs.capture(*key)
+                        continue
+                    except RuntimeError as e:  # as in _forward: run eagerly from now on
+                        log.warning("CUDA graph capture failed, running eagerly: %s", e, exc_info=True)
+                        self.graphs.broken = True
+                self._warm_eager(b)
+            if self.model.kern is not None:  # the decode chain's argmax, compiled now
+                self.model.kern.argmax(torch.zeros(1, self.cfg.vocab, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return sizes
+
+    def _warm_eager(self, b):
+        dev = self.device
+        t = lambda v: torch.tensor(v, device=dev, dtype=torch.long)
+        rows, slots = t(list(range(b))), t([self.slots] * b)
+        mask = torch.zeros(b, 1, device=dev, dtype=self.dtype).view(b, 1, 1, 1, 1)
+        self.model.forward(t([0] * b), t([0] * b), slots, [("decode", rows, slots, 1, mask)], self.kc, self.vc, rows)
 
     def _take_slot(self):
         if not self.free_slots and self.saved:

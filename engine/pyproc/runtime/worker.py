@@ -130,6 +130,9 @@ class Worker:
             if m is not None:
                 m.close()
             return {}
+        if op == "warm":
+            warm = getattr(self.model(req), "warm", None)
+            return {"batch_sizes": warm() if warm else []}
         if op == "stats":
             return {"models": {k: m.stats() for k, m in self.models.items()}}
         if op == "fault" and self.faults:
