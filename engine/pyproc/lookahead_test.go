@@ -181,3 +181,38 @@ func TestLookaheadContextEnd(t *testing.T) {
 		t.Fatalf("without lookahead %v, with %v; want 11 equal tokens", outs[0], outs[1])
 	}
 }
+
+// TestLookaheadBadFields sends the worker lookahead fields no supervisor
+// would: taking back more tokens than a sequence holds is refused as an
+// invalid request, a nonsense count is clipped, and the model keeps
+// working.
+func TestLookaheadBadFields(t *testing.T) {
+	e := newEngine(t)
+	m := load(t, e, tiny(t))
+	ctx := context.Background()
+	p, err := e.slots[0].current(ctx, e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(ctx, 1, prompt(1, 4), ""); err != nil {
+		t.Fatal(err)
+	}
+	step := func(n, back int) (*reply, error) {
+		return p.call(ctx, "tiny", func(b []byte, id uint64) []byte {
+			return fmt.Appendf(b, `{"id":%d,"op":"step","model":%q,"batch":[[1,[5],true,{},%d,%d]]}`, id, m.handle, n, back)
+		})
+	}
+	if _, err := step(1, 99); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("back past the sequence's tokens: %v, want an invalid-parameter error", err)
+	}
+	r, err := step(-3, 0)
+	if err != nil || len(r.Tokens) != 1 || len(r.More) != 0 {
+		t.Fatalf("negative count: %+v, %v; want one token", r, err)
+	}
+	r, err = step(1000, 0)
+	if err != nil || len(r.More) != 1 || len(r.More[0]) != 63 {
+		t.Fatalf("count past the limit: %v; want 64 tokens", err)
+	}
+	m.Free(1, "")
+	generate(t, m, 2, prompt(2, 5), 3)
+}
