@@ -11,6 +11,7 @@ import (
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -96,23 +97,42 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	return s.submit(ctx, m, prompt, req.Params)
 }
 
-// submit validates the request against the model and queues it.
+// submit validates the request against the model and queues it, or,
+// with request merging on and a deterministic request, joins an identical
+// generation or the response cache.
 func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Params) (*api.Stream, error) {
 	if err := validate(m, prompt, &p); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	stopTokens := p.StopTokens
+	if !p.IgnoreEOS && len(m.eos) > 0 {
+		// The tokenizer's end tokens stop generation like the engine's EOS.
+		stopTokens = append(slices.Clone(p.StopTokens), m.eos...)
+	}
+	if s.merger != nil && mergeable(&p) {
+		return s.join(ctx, m, prompt, p, stopTokens)
+	}
+	src, err := s.start(ctx, m, prompt, p, stopTokens)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
+}
+
+// start queues one sequence and returns its source, which ends the
+// sequence when ctx ends.
+func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32) (*localSource, error) {
 	seq := &batcher.Sequence{
 		Prompt:     prompt,
 		MaxTokens:  p.MaxTokens,
 		Params:     p.Sampling,
-		StopTokens: p.StopTokens,
+		StopTokens: stopTokens,
 		IgnoreEOS:  p.IgnoreEOS,
 		Tier:       p.Priority,
 		Submitted:  time.Now(),
-	}
-	if !p.IgnoreEOS && len(m.eos) > 0 {
-		// The tokenizer's end tokens stop generation like the engine's EOS.
-		seq.StopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
 	if p.Session != "" {
 		key := "session:" + p.Session
@@ -122,17 +142,18 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
+		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
 	}
 	if err := m.queue.Push(entry); err != nil {
+		seq.Watch.Stop()
 		return nil, err
 	}
 	release := sync.OnceFunc(func() { s.release(m) })
 	go releaseWhenDone(release, seq.Done())
 	src := newLocalSource(ctx, m, entry, s.metrics)
 	src.release = release // the reader seeing the end releases at once
-	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
+	return src, nil
 }
 
 // validate checks a request before it is queued, so a request that can
@@ -149,6 +170,9 @@ func validate(m *model, prompt []int32, p *api.Params) error {
 	}
 	if err := p.Sampling.Validate(); err != nil {
 		return err
+	}
+	if err := p.Deadlines.Validate(); err != nil {
+		return &engine.InvalidParamError{Param: "deadlines", Reason: err.Error()}
 	}
 	if len(p.Stop) > 0 && m.tok == nil {
 		return fmt.Errorf("%w: stop strings need model %q's tokenizer; use StopTokens", ErrNoTokenizer, m.info.ID)

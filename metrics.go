@@ -12,6 +12,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -37,6 +38,7 @@ const (
 	outcomeCancelled = "cancelled"
 	outcomeRejected  = "rejected"
 	outcomeInvalid   = "invalid"
+	outcomeDeadline  = "deadline"
 )
 
 // metrics holds the Server's instruments.
@@ -110,10 +112,30 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 	running, err1 := meter.Int64ObservableGauge("mlxserving.sequences.running", metric.WithDescription("Sequences in the running batch."))
 	waiting, err2 := meter.Int64ObservableGauge("mlxserving.sequences.waiting", metric.WithDescription("Requests waiting in the queue."))
 	kvUsed, err3 := meter.Float64ObservableGauge("mlxserving.kv.usage", metric.WithDescription("Fraction of the KV capacity reserved by running sequences."))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	breaker, err4 := meter.Int64ObservableGauge("mlxserving.breaker.state",
+		metric.WithDescription("Circuit breaker state per engine worker: 0 closed, 1 half-open, 2 open."))
+	merged, err5 := meter.Int64ObservableCounter("mlxserving.merge.merged", metric.WithDescription("Requests served by joining an identical generation in flight."), metric.WithUnit("{request}"))
+	cacheReq, err6 := meter.Int64ObservableCounter("mlxserving.cache.requests", metric.WithDescription("Response cache look-ups by result (hit, miss)."), metric.WithUnit("{request}"))
+	evicted, err7 := meter.Int64ObservableCounter("mlxserving.cache.evictions", metric.WithDescription("Responses dropped from the cache (least recently used or expired)."), metric.WithUnit("{response}"))
+	cacheBytes, err8 := meter.Int64ObservableGauge("mlxserving.cache.bytes", metric.WithDescription("Bytes of responses the cache holds."), metric.WithUnit("By"))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8); err != nil {
 		return nil, err
 	}
+	hit, miss := metric.WithAttributes(attribute.String("result", "hit")), metric.WithAttributes(attribute.String("result", "miss"))
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if s.merger != nil {
+			st := s.merger.Stats()
+			o.ObserveInt64(merged, int64(st.Merged))
+			o.ObserveInt64(cacheReq, int64(st.CacheHits), hit)
+			o.ObserveInt64(cacheReq, int64(st.CacheMisses), miss)
+			o.ObserveInt64(evicted, int64(st.CacheEvictions))
+			o.ObserveInt64(cacheBytes, st.CacheBytes)
+		}
+		if be, ok := s.eng.(breakerEngine); ok {
+			for _, b := range be.Breakers() {
+				o.ObserveInt64(breaker, int64(b.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
+			}
+		}
 		for id, st := range s.Stats() {
 			attrs := metric.WithAttributes(attribute.String("model", id))
 			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
@@ -123,7 +145,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 			}
 		}
 		return nil
-	}, running, waiting, kvUsed)
+	}, running, waiting, kvUsed, breaker, merged, cacheReq, evicted, cacheBytes)
 }
 
 // attr returns the cached attribute option for a model, tier and outcome.
@@ -178,6 +200,8 @@ func (m *metrics) finished(model string, tier api.Tier, u *api.Usage, err error)
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, api.ErrAbandoned):
 		outcome = outcomeCancelled
+	case errors.Is(err, retry.ErrDeadline):
+		outcome = outcomeDeadline
 	case err != nil:
 		outcome = outcomeError
 	}

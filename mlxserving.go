@@ -9,12 +9,15 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -44,7 +47,9 @@ type Server struct {
 	cfg     config
 	metrics *metrics
 
-	mgr *prewarm.Manager
+	merger *merge.Merger // nil when merging is off
+	loads  atomic.Uint64 // model loads, for revisions
+	mgr    *prewarm.Manager
 
 	mu       sync.RWMutex
 	models   map[string]*model // loaded models; nil while loading
@@ -69,14 +74,27 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
 	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
+	if cfg.merging {
+		mg, err := merge.New(cfg.mergeOpts...)
+		if err != nil {
+			return nil, fmt.Errorf("mlxserving: %w", err)
+		}
+		s.merger = mg
+	}
 	m, err := newMetrics(cfg.meterProvider, s)
 	if err != nil {
+		if s.merger != nil {
+			s.merger.Close()
+		}
 		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
 	}
 	s.metrics = m
 	if s.mgr, err = newManager(s, &cfg); err != nil {
 		if m.registration != nil {
 			_ = m.registration.Unregister()
+		}
+		if s.merger != nil {
+			s.merger.Close()
 		}
 		return nil, fmt.Errorf("mlxserving: %w", err)
 	}
@@ -91,6 +109,9 @@ type config struct {
 	meterProvider metric.MeterProvider
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
+	deadlines     retry.Deadlines
+	merging       bool
+	mergeOpts     []merge.Option
 	managerOpts   []prewarm.ManagerOption
 }
 
@@ -127,6 +148,18 @@ func WithBatcherOptions(opts ...batcher.Option) Option {
 	}
 }
 
+// WithDeadlines sets the deadlines of requests that do not set their own
+// (Params.Deadlines, field by field). The default sets none.
+func WithDeadlines(d retry.Deadlines) Option {
+	return func(c *config) error {
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		c.deadlines = d
+		return nil
+	}
+}
+
 // Models describes the loaded models, sorted by id.
 func (s *Server) Models() []engine.Info {
 	s.mu.RLock()
@@ -145,10 +178,22 @@ func (s *Server) Models() []engine.Info {
 type ModelStats struct {
 	Batcher batcher.Stats
 	Queue   scheduler.Stats
+	// Breakers are the circuit breakers of the engine's workers, when the
+	// engine has them (pyproc does).
+	Breakers []retry.Status
+}
+
+// breakerEngine is an engine whose workers have circuit breakers.
+type breakerEngine interface {
+	Breakers() []retry.Status
 }
 
 // Stats returns a snapshot per loaded model.
 func (s *Server) Stats() map[string]ModelStats {
+	var breakers []retry.Status
+	if be, ok := s.eng.(breakerEngine); ok {
+		breakers = be.Breakers()
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make(map[string]ModelStats, len(s.models))
@@ -156,7 +201,7 @@ func (s *Server) Stats() map[string]ModelStats {
 		if m == nil {
 			continue
 		}
-		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats()}
+		out[id] = ModelStats{Batcher: m.batcher.Stats(), Queue: m.queue.Stats(), Breakers: breakers}
 	}
 	return out
 }
@@ -173,6 +218,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
 	for _, m := range models {
 		errs = append(errs, m.shutdown(ctx))
+	}
+	if s.merger != nil {
+		s.merger.Close() // its generations have ended with their models
 	}
 	return errors.Join(errs...)
 }
@@ -223,3 +271,12 @@ func (e *ModelNotFoundError) Error() string {
 
 // Unwrap returns engine.ErrModelNotFound.
 func (e *ModelNotFoundError) Unwrap() error { return engine.ErrModelNotFound }
+
+// MergeStats reports what request merging did; the zero value when it is
+// off (see WithMerging).
+func (s *Server) MergeStats() merge.Stats {
+	if s.merger == nil {
+		return merge.Stats{}
+	}
+	return s.merger.Stats()
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/mlxserving/mlxserving/batcher"
@@ -24,7 +25,10 @@ type model struct {
 	eos     []int32              // the tokenizer's end tokens the engine does not already stop on
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
-	active  atomic.Int64 // requests from acquire to the end of their sequence
+	// revision tells this load of the id from every other, so merged and
+	// cached responses never cross loads of different checkpoints.
+	revision string
+	active   atomic.Int64 // requests from acquire to the end of their sequence
 }
 
 // LoadModel loads the checkpoint at spec.Path into the engine under spec.ID
@@ -90,7 +94,8 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 	if err != nil {
 		return nil, fmt.Errorf("load model %q: %w", spec.ID, err)
 	}
-	m := &model{info: em.Info(), engine: em, tok: tok}
+	m := &model{info: em.Info(), engine: em, tok: tok,
+		revision: spec.Path + "#" + strconv.FormatUint(s.loads.Add(1), 10)}
 	if tok != nil {
 		for _, id := range tok.EOS() {
 			if !slices.Contains(m.info.EOS, id) {

@@ -21,7 +21,8 @@ type localSource struct {
 	metrics   *metrics
 	stopAfter func() bool
 	closeOnce sync.Once
-	release   func() // ends the request's count on the model; idempotent
+	tier      api.Tier // the tier it was submitted at, for metrics
+	release   func()   // ends the request's count on the model; idempotent
 
 	// Owned by the reader.
 	lastToken time.Time
@@ -29,7 +30,7 @@ type localSource struct {
 }
 
 func newLocalSource(ctx context.Context, m *model, e *batcher.Entry, mt *metrics) *localSource {
-	src := &localSource{model: m, entry: e, metrics: mt}
+	src := &localSource{model: m, entry: e, metrics: mt, tier: e.Tier}
 	src.stopAfter = context.AfterFunc(ctx, func() { src.Close(context.Cause(ctx)) })
 	return src
 }
@@ -39,12 +40,32 @@ func newLocalSource(ctx context.Context, m *model, e *batcher.Entry, mt *metrics
 func (s *localSource) Close(err error) {
 	s.closeOnce.Do(func() {
 		s.stopAfter()
-		seq := s.entry.Value
-		seq.Cancel(err)
-		if s.model.queue.Remove(s.entry) {
-			seq.Fail(err)
-		}
+		s.entry.Value.Watch.Stop()
+		expire(s.model, s.entry, err)
 	})
+}
+
+// expire ends a sequence with err: a queued one is removed and failed at
+// once, a running one is freed by the batcher before its next step. A
+// deadline's Watch calls it directly.
+func expire(m *model, e *batcher.Entry, err error) {
+	seq := e.Value
+	seq.Cancel(err)
+	if m.queue.Remove(e) {
+		seq.Fail(err)
+	}
+}
+
+// Raise moves a sequence still waiting in the queue to a more urgent tier
+// (request merging calls it when a more urgent request joins). A running
+// sequence keeps its tier.
+func (s *localSource) Raise(t api.Tier) {
+	if !t.Outranks(s.entry.Value.Tier) || !s.model.queue.Remove(s.entry) {
+		return
+	}
+	// Out of the queue and not admitted: nothing else reads the entry.
+	s.entry.Tier, s.entry.Value.Tier = t, t
+	s.model.queue.Requeue(s.entry)
 }
 
 // Recv returns the sequence's next chunk; see api.Source.
@@ -56,6 +77,7 @@ func (s *localSource) Recv(ctx context.Context) (api.Chunk, error) {
 		return c, nil
 	case errors.Is(err, batcher.ErrStreamDone):
 		s.stopAfter()
+		s.entry.Value.Watch.Stop()
 		return api.Chunk{}, io.EOF
 	case ctx.Err() != nil:
 		s.Close(context.Cause(ctx))
@@ -63,6 +85,7 @@ func (s *localSource) Recv(ctx context.Context) (api.Chunk, error) {
 		return api.Chunk{}, ctx.Err()
 	default:
 		s.stopAfter()
+		s.entry.Value.Watch.Stop()
 		s.end(nil, err)
 		return api.Chunk{}, err
 	}
@@ -91,5 +114,5 @@ func (s *localSource) end(u *api.Usage, err error) {
 	if s.release != nil {
 		s.release()
 	}
-	s.metrics.finished(s.model.info.ID, s.entry.Tier, u, err)
+	s.metrics.finished(s.model.info.ID, s.tier, u, err)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Params are the generation settings shared by Request and ChatRequest.
@@ -35,6 +36,16 @@ type Params struct {
 	// stays loaded after its last request ends. Zero unloads it as soon
 	// as it is idle; negative keeps it loaded. Nil keeps the model's own.
 	KeepAlive *time.Duration
+	// Deadlines bound the request's time to first token, longest gap
+	// between tokens and total time; each zero field takes the Server's
+	// default. When one fires the stream ends with a *retry.DeadlineError
+	// and the sequence's KV is freed within one engine step.
+	Deadlines retry.Deadlines
+	// Cache lets a server with a response cache (see the root package's
+	// WithMerging) answer this request from a cached identical response
+	// and keep this one's for later. Only deterministic requests (greedy,
+	// or sampled with a seed) are cached; for others it does nothing.
+	Cache bool
 }
 
 // Request asks for a completion of a prompt.

@@ -70,6 +70,9 @@ type ContinuousBatcher struct {
 
 	statsMu sync.Mutex
 	stats   Stats
+
+	delayMu sync.Mutex
+	delayed map[*Entry]*time.Timer // failed sequences waiting to be retried
 }
 
 // New starts a batcher for model, taking work from queue. Options are
@@ -142,18 +145,23 @@ func (b *ContinuousBatcher) Shutdown(ctx context.Context) error {
 
 func (b *ContinuousBatcher) loop(ctx context.Context) {
 	defer close(b.done)
+	defer b.failDelayed(ErrClosed)
 	defer b.failRunning(ErrClosed)
 	for {
 		b.reapCancelled()
 		b.admit(ctx)
 		b.publishOccupancy()
 		if len(b.running) == 0 {
+			drain := b.draining
 			if isClosed(b.draining) {
-				return // nothing running and nothing admissible left
+				if b.waitingRetries() == 0 {
+					return // nothing running and nothing admissible left
+				}
+				drain = nil // wait for the retries to come back
 			}
 			select {
 			case <-b.queue.Ready():
-			case <-b.draining:
+			case <-drain:
 			case <-ctx.Done():
 				return
 			}
@@ -232,11 +240,9 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		b.model.Free(s.id, "")
 		b.queue.Requeue(e) // fits once running sequences finish
 		return false
-	case engine.Retryable(err) && s.preemptions < b.cfg.recoveries:
+	case b.cfg.retry.Retryable(err):
 		b.model.Free(s.id, "")
-		s.preemptions++
-		b.queue.Requeue(e)
-		return false
+		return !b.retryOrFail(e, err)
 	default:
 		b.model.Free(s.id, "")
 		s.out.finish(api.Chunk{}, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -293,7 +294,9 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	// Lost on the first step, before any token: retried from the prompt,
+	// same tokens as an undisturbed run.
+	f := &flaky{Model: m, failAt: map[int64]bool{1: true, 2: true}}
 	r := newRigModel(t, sim, f, nil)
 	s := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
 	r.submit(t, s)
@@ -302,10 +305,24 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 		t.Fatal(got.err)
 	}
 	if want := alone(t, s.Prompt, 10); !slices.Equal(got.tokens, want) {
-		t.Errorf("after recovery: %v, want %v", got.tokens, want)
+		t.Errorf("after two retries: %v, want %v", got.tokens, want)
 	}
-	// Past the recovery limit the stream fails with a retryable error.
-	f.failAt = nil
+	if got.usage.Preemptions != 2 {
+		t.Errorf("preemptions %d, want 2", got.usage.Preemptions)
+	}
+
+	// Lost after tokens reached the caller: never retried.
+	late := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	r1 := newRigModel(t, sim, late, nil)
+	s1 := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
+	r1.submit(t, s1)
+	got = collect(s1)
+	var ie *retry.InterruptedError
+	if !errors.As(got.err, &ie) || ie.Delivered != 2 || len(got.tokens) != 2 || retry.Retryable(got.err) || !errors.Is(got.err, engine.ErrWorkerLost) {
+		t.Errorf("lost after 2 tokens: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
+	}
+
+	// Past the policy's attempts the stream fails, saying so.
 	always := &flaky{Model: m, failAt: map[int64]bool{}}
 	for i := int64(1); i < 100; i++ {
 		always.failAt[i] = true
@@ -313,8 +330,36 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 	r2 := newRigModel(t, sim, always, nil, batcher.WithRecoveries(1))
 	s2 := &batcher.Sequence{Prompt: prompt(7, 8), MaxTokens: 10}
 	r2.submit(t, s2)
-	if got := collect(s2); !engine.Retryable(got.err) {
-		t.Errorf("want a retryable error, got %v", got.err)
+	var ex *retry.ExhaustedError
+	if got := collect(s2); !errors.As(got.err, &ex) || ex.Attempts != 2 || !errors.Is(got.err, engine.ErrWorkerLost) {
+		t.Errorf("always lost: %v, want an ExhaustedError after 2 attempts", got.err)
+	}
+}
+
+// TestRetryWaitsAndCloseFailsWaiting: a retry waits the policy's backoff;
+// closing the batcher meanwhile fails the waiting sequence.
+func TestRetryWaitsAndCloseFailsWaiting(t *testing.T) {
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := retry.MustPolicy(retry.WithBackoff(time.Hour, time.Hour, 1), retry.WithJitter(0))
+	r := newRigModel(t, sim, &flaky{Model: m, failAt: map[int64]bool{1: true}}, nil, batcher.WithRetryPolicy(slow))
+	s := &batcher.Sequence{Prompt: prompt(8, 8), MaxTokens: 4}
+	r.submit(t, s)
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-s.Done():
+		t.Fatal("the sequence ended instead of waiting for its retry")
+	default:
+	}
+	r.b.Close()
+	if got := collect(s); !errors.Is(got.err, batcher.ErrClosed) {
+		t.Errorf("after Close: %v, want ErrClosed", got.err)
 	}
 }
 
@@ -385,7 +430,7 @@ func TestOptionsValidated(t *testing.T) {
 	for _, o := range []batcher.Option{
 		batcher.WithTokenBudget(0), batcher.WithTokenBudget(4), batcher.WithMaxBatch(-1),
 		batcher.WithTargetStepLatency(time.Millisecond, 0), batcher.WithTargetStepLatency(time.Millisecond, 9),
-		batcher.WithRecoveries(-1), batcher.WithLogger(nil),
+		batcher.WithRecoveries(-1), batcher.WithLogger(nil), batcher.WithRetryPolicy(nil),
 	} {
 		if b, err := batcher.New(m, q, o); err == nil {
 			b.Close()

@@ -12,9 +12,12 @@
 // or when they are cancelled, and their KV is freed before the next step.
 //
 // A lower-tier sequence may be preempted for a blocked critical one (when
-// the queue allows it) and a sequence whose engine worker died is recovered:
-// both are requeued and later recompute their prompt plus the tokens they
-// already produced, so their streams continue without repeating a token.
+// the queue allows it): it is requeued and later recomputes its prompt plus
+// the tokens it already produced, so its stream continues without
+// repeating a token. A sequence whose engine worker died before its first
+// token is retried from its prompt under a [retry.Policy] (see
+// [WithRetryPolicy]); one that had already produced tokens is not retried
+// and its stream fails with a *retry.InterruptedError.
 //
 // Use:
 //

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Option configures a ContinuousBatcher.
@@ -18,7 +19,7 @@ type config struct {
 	tokenBudget int
 	targetStep  time.Duration
 	minBatch    int
-	recoveries  int
+	retry       *retry.Policy
 	observer    func(StepStats)
 	logger      *slog.Logger
 }
@@ -28,15 +29,23 @@ const (
 	// DefaultTokenBudget is the most tokens (decode tokens plus prompt
 	// chunk tokens) one step carries.
 	DefaultTokenBudget = 2048
-	// DefaultRecoveries is how often a sequence is recomputed after its
-	// engine worker was lost before its stream fails.
+	// DefaultRecoveries is how often a sequence whose engine worker was
+	// lost before its first token is started again before its stream
+	// fails.
 	DefaultRecoveries = 2
 )
+
+// defaultRetry is the policy of DefaultRecoveries: short waits, as the
+// engine's own Open waits for a replacement worker.
+func defaultRetry(recoveries int) *retry.Policy {
+	return retry.MustPolicy(retry.WithMaxAttempts(recoveries+1),
+		retry.WithBackoff(10*time.Millisecond, time.Second, 2), retry.WithJitter(0.2))
+}
 
 func defaultConfig() config {
 	return config{
 		tokenBudget: DefaultTokenBudget,
-		recoveries:  DefaultRecoveries,
+		retry:       defaultRetry(DefaultRecoveries),
 		minBatch:    1,
 		logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -100,14 +109,30 @@ func WithTargetStepLatency(target time.Duration, minBatch int) Option {
 	}
 }
 
-// WithRecoveries sets how often a sequence whose engine worker was lost is
-// requeued and recomputed before its stream fails. Zero fails at once.
+// WithRecoveries sets how often a sequence whose engine worker was lost
+// before its first token is started again before its stream fails: the
+// default retry policy with n+1 attempts. Zero fails at once.
 func WithRecoveries(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
 			return fmt.Errorf("recoveries %d is negative", n)
 		}
-		c.recoveries = n
+		c.retry = defaultRetry(n)
+		return nil
+	}
+}
+
+// WithRetryPolicy sets the policy for sequences whose attempt failed with
+// an error the policy retries (a lost worker): they are requeued after the
+// policy's wait and start again from their prompt, up to its attempts and
+// elapsed time. A sequence that already produced a token is never retried:
+// its stream fails with a *retry.InterruptedError.
+func WithRetryPolicy(p *retry.Policy) Option {
+	return func(c *config) error {
+		if p == nil {
+			return errors.New("retry policy is nil")
+		}
+		c.retry = p
 		return nil
 	}
 }

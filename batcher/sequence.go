@@ -8,6 +8,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Detokenizer turns one sequence's generated tokens into text and detects
@@ -49,6 +50,10 @@ type Sequence struct {
 	Tier api.Tier
 	// Submitted is when the request arrived; zero means when queued.
 	Submitted time.Time
+	// Watch, when set, is told of every token the sequence produces, so
+	// the request's deadlines (first token, stall, total) can fire. The
+	// batcher does not stop it.
+	Watch *retry.Watch
 
 	cancelled atomic.Bool
 	out       outbox
@@ -63,6 +68,7 @@ type Sequence struct {
 	firstToken  time.Time
 	cached      int
 	preemptions int
+	retries     *retry.Tracker // started at the first failed attempt
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

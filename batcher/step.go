@@ -79,6 +79,10 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 		if !in[i].Sample {
 			continue
 		}
+		if s.cancelled.Load() { // cancelled during the step: reaped next
+			j++
+			continue
+		}
 		if b.accept(s, outs[j], now) {
 			finished = true
 		}
@@ -95,6 +99,7 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.Time) bool {
 	tok := out.Token
 	s.generated = append(s.generated, tok)
+	s.Watch.Token()
 	if s.firstToken.IsZero() {
 		s.firstToken = now
 	}
@@ -168,16 +173,14 @@ func (b *ContinuousBatcher) removeFinished() {
 }
 
 // stepFailed handles a failed Step. Every sequence of the batch is treated
-// as failed (the contract says its KV is undefined). A lost worker is
-// recovered: the sequence is requeued and recomputes its prompt and the
-// tokens already generated, so its stream continues without repeating
-// anything, up to the configured number of recoveries.
+// as failed (the contract says its KV is undefined). A sequence that has
+// not produced a token yet is retried from its prompt when the retry
+// policy allows; one that has fails with a *retry.InterruptedError.
 func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return // closing: the loop fails what is running
 	}
-	retry := engine.Retryable(err)
-	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(b.inputs), "recovering", retry)
+	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(b.inputs), "retryable", b.cfg.retry.Retryable(err))
 	failed := make(map[engine.SeqID]bool, len(b.inputs))
 	for _, in := range b.inputs {
 		failed[in.Seq] = true
@@ -190,12 +193,7 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 			continue
 		}
 		b.release(e, "")
-		if retry && s.preemptions < b.cfg.recoveries {
-			s.preemptions++
-			b.queue.Requeue(e)
-			continue
-		}
-		s.out.finish(api.Chunk{}, fmt.Errorf("model %s: %w", b.info.ID, err))
+		b.retryOrFail(e, fmt.Errorf("model %s: %w", b.info.ID, err))
 	}
 	clear(b.running[len(kept):])
 	b.running = kept

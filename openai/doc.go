@@ -60,6 +60,15 @@
 // (unloaded, loading, loaded, unloading, failed), pinned, memory_bytes,
 // idle_until (Unix seconds), and error and retry_at after a failed load.
 //
+// Request merging (when the Server has it on, mlxserving.WithMerging):
+// identical deterministic requests (temperature 0, or a seed) in flight
+// together share one generation, and the body field "cache": true lets a
+// server with a response cache answer from it. The response header
+// X-Cache says what happened: "miss" (a fresh generation), "merged"
+// (joined an identical one in flight) or "hit" (replayed from the cache,
+// its usage counting every prompt token as cached); it is absent for
+// requests that are not eligible.
+//
 // # Errors
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},

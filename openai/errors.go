@@ -14,6 +14,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -66,6 +67,8 @@ func toAPIError(err error) *apiError {
 		limited  *scheduler.RateLimitError
 		tooBig   *http.MaxBytesError
 		capacity *scheduler.CapacityError
+		deadline *retry.DeadlineError
+		broken   *retry.InterruptedError
 		budget   *prewarm.BudgetError
 		load     *prewarm.LoadError
 	)
@@ -107,6 +110,14 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.Is(err, scheduler.ErrQueueFull), errors.Is(err, scheduler.ErrRateLimited):
 		return newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded", err.Error())
+	case errors.As(err, &deadline):
+		return newAPIError(http.StatusGatewayTimeout, typeServer, "", deadlineCodes[deadline.Kind], err.Error())
+	case errors.As(err, &broken):
+		return newAPIError(http.StatusBadGateway, typeServer, "", "stream_interrupted", err.Error())
+	case errors.Is(err, engine.ErrWorkerLost), errors.Is(err, retry.ErrBreakerOpen):
+		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "worker_unavailable", err.Error())
+		e.retryAfter = time.Second
+		return e
 	case errors.Is(err, engine.ErrOutOfMemory):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
 	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
@@ -117,6 +128,13 @@ func toAPIError(err error) *apiError {
 	default:
 		return newAPIError(http.StatusInternalServerError, typeServer, "", "engine_error", err.Error())
 	}
+}
+
+// deadlineCodes are the error codes of the request deadlines.
+var deadlineCodes = map[retry.DeadlineKind]string{
+	retry.FirstToken: "time_to_first_token_exceeded",
+	retry.Stall:      "stall_timeout",
+	retry.Total:      "request_timeout",
 }
 
 // writeError writes err as an OpenAI-shaped error body.

@@ -15,6 +15,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -40,7 +41,13 @@ func TestErrorTable(t *testing.T) {
 		{mlxserving.ErrServerClosed, 503, "unavailable", ""},
 		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
 		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
-		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 500, "engine_error", ""},
+		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 503, "worker_unavailable", "1"},
+		{&retry.ExhaustedError{Attempts: 3, Err: engine.ErrWorkerLost}, 503, "worker_unavailable", "1"},
+		{&retry.OpenError{Name: "worker-0", State: retry.StateOpen}, 503, "worker_unavailable", "1"},
+		{&retry.InterruptedError{Delivered: 4, Err: engine.ErrWorkerLost}, 502, "stream_interrupted", ""},
+		{&retry.DeadlineError{Kind: retry.FirstToken, Limit: time.Second}, 504, "time_to_first_token_exceeded", ""},
+		{&retry.DeadlineError{Kind: retry.Stall, Limit: time.Second, Tokens: 3}, 504, "stall_timeout", ""},
+		{fmt.Errorf("x: %w", &retry.DeadlineError{Kind: retry.Total, Limit: time.Second}), 504, "request_timeout", ""},
 		{context.DeadlineExceeded, 504, "timeout", ""},
 		{&prewarm.BudgetError{Model: "m", Need: 10, Used: 20, Budget: 25, Retry: 4 * time.Second}, 503, "memory_budget_exhausted", "4"},
 		{&prewarm.LoadError{Model: "m", Attempts: 1, RetryAt: time.Now().Add(9500 * time.Millisecond), Err: &engine.CheckpointError{Path: "x", Reason: "bad"}}, 503, "model_load_failed", "10"},

@@ -194,6 +194,9 @@ func (h *Handler) start(ctx context.Context, explicit bool, submit func(context.
 // respond sends the stream as SSE or as one body.
 func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream, f *format, stream bool) {
 	defer st.Close()
+	if c := st.Header().Cache; c != "" {
+		w.Header().Set("X-Cache", c) // request merging: hit, miss or merged
+	}
 	var err error
 	if stream {
 		err = h.streamSSE(w, st, f)

@@ -31,6 +31,7 @@ type commonFields struct {
 	MinP              *float32 `json:"min_p"`
 	RepetitionPenalty *float32 `json:"repetition_penalty"`
 	IgnoreEOS         bool     `json:"ignore_eos"`
+	Cache             bool     `json:"cache"`
 	// KeepAlive is Ollama's keep_alive: a duration string or seconds.
 	KeepAlive json.RawMessage `json:"keep_alive"`
 }
@@ -124,6 +125,7 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	if p.Priority, err = c.tier(r); err != nil {
 		return p, err
 	}
+	p.Cache = c.Cache
 	p.Session = c.SessionID
 	if p.Session == "" {
 		p.Session = r.Header.Get("X-Session-ID")

@@ -8,8 +8,10 @@
 // Workers speak one JSON object per line over stdin/stdout (PROTOCOL.md);
 // the supervisor checks their heartbeats, fails the sequences of a worker
 // that dies with an error wrapping engine.ErrWorkerLost, and restarts it
-// with exponential backoff. Sequences go to the least-loaded worker and
-// stay there.
+// under a retry.Policy (exponential backoff with jitter; WithRestartPolicy).
+// Sequences go to the least-loaded worker whose circuit breaker admits
+// them (WithBreaker: a worker that keeps losing its sequences is avoided
+// until its breaker's probes succeed) and stay there.
 //
 // On CUDA the torch backend decodes ahead: a decode step asks the worker
 // for 8 tokens per sequence (WithLookahead), which it produces as chained

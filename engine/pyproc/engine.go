@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Engine runs models in a pool of supervised Python worker processes. It
@@ -38,8 +38,10 @@ type slot struct {
 	restarts atomic.Int64
 	mu       sync.Mutex
 	cur      *proc         // nil while (re)starting
-	up       chan struct{} // closed when cur is set; replaced when cur dies
+	up       chan struct{} // closed when cur is set or the slot is given up; replaced when cur dies
+	gone     error         // set when the restart policy gave up
 	open     atomic.Int64  // sequences routed here, for least-loaded routing
+	breaker  *retry.Breaker
 }
 
 // current returns the live worker, waiting for a restart to finish if one
@@ -47,10 +49,13 @@ type slot struct {
 func (s *slot) current(ctx context.Context, closing chan struct{}) (*proc, error) {
 	for {
 		s.mu.Lock()
-		p, up := s.cur, s.up
+		p, up, gone := s.cur, s.up, s.gone
 		s.mu.Unlock()
 		if p != nil && p.alive() {
 			return p, nil
+		}
+		if gone != nil {
+			return nil, gone
 		}
 		select {
 		case <-up:
@@ -98,7 +103,11 @@ func New(ctx context.Context, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	for i, p := range procs {
-		s := &slot{idx: i, cur: p, up: make(chan struct{})}
+		br, err := retry.NewBreaker("worker-"+strconv.Itoa(i), cfg.breakerOpts...)
+		if err != nil { // options were checked by WithBreaker
+			return nil, err
+		}
+		s := &slot{idx: i, cur: p, up: make(chan struct{}), breaker: br}
 		close(s.up)
 		e.slots = append(e.slots, s)
 		e.wg.Add(1)
@@ -130,6 +139,8 @@ type WorkerInfo struct {
 	Restarts int
 	// Sequences is the number of open sequences routed to this worker.
 	Sequences int
+	// Breaker is the state of the worker's circuit breaker.
+	Breaker retry.State
 }
 
 // Workers describes the pool, one entry per worker.
@@ -142,16 +153,27 @@ func (e *Engine) Workers() []WorkerInfo {
 		}
 		s.mu.Unlock()
 		out[i].Index, out[i].Restarts, out[i].Sequences = i, int(s.restarts.Load()), int(s.open.Load())
+		out[i].Breaker = s.breaker.State()
 	}
 	return out
 }
 
-// supervise watches the worker of one slot and replaces it, with
-// exponential backoff, whenever it dies, until the engine closes.
+// Breakers returns the state of each worker's circuit breaker, named
+// "worker-<index>".
+func (e *Engine) Breakers() []retry.Status {
+	out := make([]retry.Status, len(e.slots))
+	for i, s := range e.slots {
+		out[i] = s.breaker.Status()
+	}
+	return out
+}
+
+// supervise watches the worker of one slot and replaces it, under the
+// restart policy, whenever it dies, until the engine closes or the policy
+// gives up.
 func (e *Engine) supervise(s *slot, p *proc) {
 	defer e.wg.Done()
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 10*time.Second, 0
+	tries := e.cfg.restart.Start()
 	for {
 		started := time.Now()
 		select {
@@ -166,9 +188,9 @@ func (e *Engine) supervise(s *slot, p *proc) {
 		s.open.Store(0)
 		e.cfg.logger.Warn("worker lost; restarting", "worker", s.idx, "reason", p.reason)
 		if time.Since(started) > time.Minute {
-			b.Reset()
+			tries.Reset()
 		}
-		if p = e.restart(s, b); p == nil {
+		if p = e.restart(s, tries, p.lost()); p == nil {
 			return
 		}
 		s.restarts.Add(1)
@@ -176,11 +198,21 @@ func (e *Engine) supervise(s *slot, p *proc) {
 }
 
 // restart starts a replacement worker and reloads every model on it,
-// retrying with backoff. It returns nil when the engine closes first.
-func (e *Engine) restart(s *slot, b backoff.BackOff) *proc {
+// waiting between attempts as the policy says. It returns nil when the
+// engine closes first or the policy gives up.
+func (e *Engine) restart(s *slot, tries *retry.Tracker, cause error) *proc {
 	for {
+		wait, ok := tries.Next(cause)
+		if !ok {
+			e.cfg.logger.Error("worker restart: giving up", "worker", s.idx, "attempts", tries.Attempts(), "err", cause)
+			s.mu.Lock()
+			s.gone = &LostError{Worker: s.idx, Reason: fmt.Sprintf("not restarted after %d attempts: %v", tries.Attempts(), cause)}
+			close(s.up)
+			s.mu.Unlock()
+			return nil
+		}
 		select {
-		case <-time.After(b.NextBackOff()):
+		case <-time.After(wait):
 		case <-e.closing:
 			return nil
 		}
@@ -209,6 +241,7 @@ func (e *Engine) restart(s *slot, b backoff.BackOff) *proc {
 			p.fail("restart failed")
 			<-p.dead
 		}
+		cause = err
 	}
 }
 

@@ -1,9 +1,11 @@
 package pyproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,6 +42,7 @@ type Model struct {
 type seqRef struct {
 	slot *slot
 	proc *proc
+	done func(error) // reports the outcome to the slot's breaker; nil if it refused
 }
 
 type stepGroup struct {
@@ -189,8 +192,9 @@ func (m *Model) usable() error {
 	return nil
 }
 
-// Open routes the sequence to the least-loaded worker and reserves its KV
-// there. A worker being restarted is waited for (within ctx).
+// Open routes the sequence to the least-loaded live worker whose circuit
+// breaker admits it (see WithBreaker) and reserves its KV there. A worker
+// being restarted is waited for (within ctx) when no other can take it.
 func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
@@ -204,35 +208,52 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if _, ok := m.seqs[id]; ok {
 		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 	}
-	s := m.pickSlot()
+	s, done := m.pickSlot()
 	p, err := s.current(ctx, m.e.closing)
-	if err != nil {
-		return 0, err
-	}
-	r, err := p.call(ctx, m.spec.ID, request("open", map[string]any{
-		"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}))
-	if err != nil {
-		return 0, err
-	}
-	m.seqs[id] = seqRef{slot: s, proc: p}
-	s.open.Add(1)
-	return r.Reused, nil
-}
-
-// pickSlot is the slot with the fewest open sequences, preferring one
-// whose worker is up.
-func (m *Model) pickSlot() *slot {
-	var best *slot
-	bestUp := false
-	for _, s := range m.e.slots {
-		s.mu.Lock()
-		up := s.cur != nil && s.cur.alive()
-		s.mu.Unlock()
-		if best == nil || (up && !bestUp) || (up == bestUp && s.open.Load() < best.open.Load()) {
-			best, bestUp = s, up
+	if err == nil {
+		var r *reply
+		r, err = p.call(ctx, m.spec.ID, request("open", map[string]any{
+			"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}))
+		if err == nil {
+			m.seqs[id] = seqRef{slot: s, proc: p, done: done}
+			s.open.Add(1)
+			return r.Reused, nil
 		}
 	}
-	return best
+	if done != nil {
+		done(err)
+	}
+	return 0, err
+}
+
+// pickSlot routes a new sequence: the live worker with the fewest open
+// sequences among those whose breaker admits it. When every breaker
+// refuses, it takes the least-loaded worker without its breaker's
+// admission (done is nil then).
+func (m *Model) pickSlot() (*slot, func(error)) {
+	order := make([]*slot, len(m.e.slots))
+	up := make(map[*slot]bool, len(m.e.slots))
+	for i, s := range m.e.slots {
+		s.mu.Lock()
+		up[s] = s.cur != nil && s.cur.alive()
+		s.mu.Unlock()
+		order[i] = s
+	}
+	slices.SortStableFunc(order, func(a, b *slot) int {
+		if up[a] != up[b] {
+			if up[a] {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.open.Load(), b.open.Load())
+	})
+	for _, s := range order {
+		if done, err := s.breaker.Allow(); err == nil {
+			return s, done
+		}
+	}
+	return order[0], nil
 }
 
 // Free releases the sequence. The request is sent without waiting for its
@@ -243,6 +264,13 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	if ref.done != nil {
+		if ref.proc.alive() {
+			ref.done(nil)
+		} else {
+			ref.done(ref.proc.lost())
+		}
+	}
 	fields := map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}
 	if st := m.look[id]; st != nil {
 		delete(m.look, id)
@@ -266,6 +294,11 @@ func (m *Model) Close() error {
 	m.e.mu.Unlock()
 	if !m.e.isClosed() {
 		m.unload()
+	}
+	for _, ref := range m.seqs {
+		if ref.done != nil {
+			ref.done(context.Canceled) // not counted either way
+		}
 	}
 	m.seqs = nil
 	return nil

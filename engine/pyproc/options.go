@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"time"
+
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Option configures New. Options validate their values; New returns the
@@ -27,6 +29,15 @@ type config struct {
 	noGraphs     bool
 	lookahead    int
 	faults       bool // test hook: lets the worker obey "fault" requests
+	restart      *retry.Policy
+	breakerOpts  []retry.BreakerOption
+}
+
+// defaultRestart waits 50 ms, growing ×1.5 to 10 s, between attempts to
+// replace a lost worker, and never gives up while the engine is open.
+func defaultRestart() *retry.Policy {
+	return retry.MustPolicy(retry.WithBackoff(50*time.Millisecond, 10*time.Second, 1.5),
+		retry.WithJitter(0.2), retry.WithMaxAttempts(0), retry.WithClassifier(func(error) bool { return true }))
 }
 
 func defaults() config {
@@ -41,6 +52,40 @@ func defaults() config {
 		hbTimeout:    5 * time.Second,
 		logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 		maxLine:      64 << 20,
+		restart:      defaultRestart(),
+	}
+}
+
+// WithRestartPolicy sets how a lost worker is replaced: the wait before
+// each start attempt, and when to stop trying (its attempts and elapsed
+// time; a slot that gives up stays empty and its sequences go to the other
+// workers). The default waits 50 ms growing ×1.5 to 10 s, with 20% jitter,
+// and never gives up. The policy's count starts again after a worker has
+// run for a minute.
+func WithRestartPolicy(p *retry.Policy) Option {
+	return func(c *config) error {
+		if p == nil {
+			return fmt.Errorf("pyproc: WithRestartPolicy: nil policy")
+		}
+		c.restart = p
+		return nil
+	}
+}
+
+// WithBreaker configures the circuit breaker each worker has. A sequence
+// is one request of its worker's breaker: it succeeds when it is freed
+// normally and fails when the worker is lost under it. New sequences are
+// routed away from a worker whose breaker is open (or half-open with its
+// probes taken); when every worker's breaker refuses, the least-loaded
+// live worker takes the sequence anyway, so a pool never refuses work it
+// could run. Without this option the breakers use retry's defaults.
+func WithBreaker(opts ...retry.BreakerOption) Option {
+	return func(c *config) error {
+		if _, err := retry.NewBreaker("check", opts...); err != nil {
+			return fmt.Errorf("pyproc: WithBreaker: %w", err)
+		}
+		c.breakerOpts = append(c.breakerOpts, opts...)
+		return nil
 	}
 }
 

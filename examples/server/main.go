@@ -44,8 +44,10 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 func main() {
@@ -61,8 +63,13 @@ type options struct {
 	addr, model, modelID, engine, python string
 	drain, simStep                       time.Duration
 	verbose                              bool
-	prewarm                              []prewarm.Model
-	memoryBudget                         int64
+	// Request merging and deadlines.
+	merge        bool
+	cacheBytes   int64
+	cacheTTL     time.Duration
+	deadlines    retry.Deadlines
+	prewarm      []prewarm.Model
+	memoryBudget int64
 }
 
 func parseFlags(args []string) (options, error) {
@@ -76,6 +83,12 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
+	fs.Int64Var(&o.cacheBytes, "cache-bytes", 0, "with -merge: response cache size in bytes for requests with \"cache\": true (0: no cache)")
+	fs.DurationVar(&o.cacheTTL, "cache-ttl", 10*time.Minute, "with -cache-bytes: how long a cached response is served")
+	fs.DurationVar(&o.deadlines.FirstToken, "ttft-deadline", 0, "end requests whose first token takes longer (0: none)")
+	fs.DurationVar(&o.deadlines.Stall, "stall-deadline", 0, "end requests that produce no token for this long (0: none)")
+	fs.DurationVar(&o.deadlines.Total, "total-deadline", 0, "end requests that run longer (0: none)")
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
 	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
 	if err := fs.Parse(args); err != nil {
@@ -95,6 +108,12 @@ func parseFlags(args []string) (options, error) {
 	case "auto", "pyproc", "mlx", "sim":
 	default:
 		return o, fmt.Errorf("-engine %q: want auto, pyproc, mlx or sim", o.engine)
+	}
+	if o.cacheBytes < 0 || o.cacheTTL <= 0 || (o.cacheBytes > 0 && !o.merge) {
+		return o, fmt.Errorf("-cache-bytes %d, -cache-ttl %v: want a size of 0 or more, a positive TTL, and -merge", o.cacheBytes, o.cacheTTL)
+	}
+	if err := o.deadlines.Validate(); err != nil {
+		return o, err
 	}
 	return o, nil
 }
@@ -128,7 +147,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-	srv, err := mlxserving.New(eng, mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithMemoryBudget(o.memoryBudget))
+	srvOpts := []mlxserving.Option{mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithDeadlines(o.deadlines),
+		mlxserving.WithMemoryBudget(o.memoryBudget)}
+	if o.merge {
+		var mopts []merge.Option
+		if o.cacheBytes > 0 {
+			mopts = append(mopts, merge.WithCache(o.cacheBytes, o.cacheTTL))
+		}
+		srvOpts = append(srvOpts, mlxserving.WithMerging(mopts...))
+	}
+	srv, err := mlxserving.New(eng, srvOpts...)
 	if err != nil {
 		return err
 	}

@@ -100,7 +100,7 @@ func get(t *testing.T, c *http.Client, url string) string {
 }
 
 func TestFlags(t *testing.T) {
-	for _, args := range [][]string{{"-engine", "gpu"}, {"extra"}, {"-nope"}} {
+	for _, args := range [][]string{{"-engine", "gpu"}, {"extra"}, {"-nope"}, {"-cache-bytes", "1000"}, {"-merge", "-cache-ttl", "0s"}, {"-stall-deadline", "-1s"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}

@@ -1,0 +1,130 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"syscall"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Marker is implemented by errors that decide for themselves whether they
+// are retryable. Retryable asks the outermost Marker in an error's chain
+// before anything else, so a wrapper can overrule what it wraps.
+type Marker interface {
+	Retryable() bool
+}
+
+// Retryable reports whether err is worth another attempt, from the start,
+// on the same or another worker or backend: the work was lost, not
+// refused.
+//
+// Retryable: engine.ErrWorkerLost, ErrBreakerOpen (another backend may
+// take it), a refused or reset connection (ECONNREFUSED, ECONNRESET:
+// wrap them in an InterruptedError once a byte of the answer arrived) and
+// a *StatusError with status 429 or 503 that carries a Retry-After.
+//
+// Not retryable: nil, a caller's cancellation or deadline, a
+// *DeadlineError, an *InterruptedError (a token reached the caller),
+// invalid parameters, an exceeded context length, a bad checkpoint, an
+// unknown model, and anything else not listed above.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var m Marker
+	if errors.As(err, &m) {
+		return m.Retryable()
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, ErrDeadline),
+		errors.Is(err, engine.ErrInvalidParam), errors.Is(err, engine.ErrContextLength),
+		errors.Is(err, engine.ErrBadCheckpoint), errors.Is(err, engine.ErrModelNotFound):
+		return false
+	case errors.Is(err, engine.ErrWorkerLost), errors.Is(err, ErrBreakerOpen),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		return true
+	}
+	var st *StatusError
+	if errors.As(err, &st) {
+		return (st.Code == http.StatusTooManyRequests || st.Code == http.StatusServiceUnavailable) && st.RetryAfter > 0
+	}
+	return false
+}
+
+// RetryAfter returns the wait a server asked for, if err carries one: a
+// *StatusError's RetryAfter, or any error in the chain with a method
+// RetryAfterHint() time.Duration returning a positive value.
+func RetryAfter(err error) (time.Duration, bool) {
+	var h interface{ RetryAfterHint() time.Duration }
+	if errors.As(err, &h) {
+		if d := h.RetryAfterHint(); d > 0 {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// StatusError is a refusal from a remote backend: its HTTP status and the
+// Retry-After it sent, if any.
+type StatusError struct {
+	// Code is the HTTP status.
+	Code int
+	// RetryAfter is the backend's Retry-After; 0 when it sent none.
+	RetryAfter time.Duration
+	// Message is the backend's error message, if it gave one.
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	msg := fmt.Sprintf("backend answered %d %s", e.Code, http.StatusText(e.Code))
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	if e.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (retry after %v)", e.RetryAfter)
+	}
+	return msg
+}
+
+// RetryAfterHint returns RetryAfter.
+func (e *StatusError) RetryAfterHint() time.Duration { return e.RetryAfter }
+
+// InterruptedError is a failure after tokens reached the caller. It is
+// never retried: a second attempt would repeat or contradict what the
+// caller already has.
+type InterruptedError struct {
+	// Delivered is the number of tokens the caller had received.
+	Delivered int
+	// Err is the failure.
+	Err error
+}
+
+func (e *InterruptedError) Error() string {
+	return fmt.Sprintf("stream interrupted after %d tokens: %v", e.Delivered, e.Err)
+}
+
+// Unwrap returns the failure.
+func (e *InterruptedError) Unwrap() error { return e.Err }
+
+// Retryable reports false.
+func (e *InterruptedError) Retryable() bool { return false }
+
+// Permanent marks err as not retryable whatever it wraps. It returns nil
+// for nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string   { return e.err.Error() }
+func (e *permanentError) Unwrap() error   { return e.err }
+func (e *permanentError) Retryable() bool { return false }
