@@ -13,6 +13,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/toolcall"
 )
 
 // Generate starts generating a completion and returns its stream. The
@@ -89,18 +90,51 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
 	}
+	format := toolcall.Detect(m.tok)
+	p := req.Params
+	if req.ForceTool != "" {
+		if text, p, err = forceTool(text, format, req); err != nil {
+			return nil, err
+		}
+	}
 	// The template writes the special tokens (BOS) itself.
 	prompt, err := m.tok.Encode(text, false)
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
 	}
-	return s.submit(ctx, m, prompt, req.Params)
+	return s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
+}
+
+// forceTool opens the family's tool-call syntax after the generation
+// prompt and constrains the reply to one call of the requested function.
+func forceTool(text string, f toolcall.Format, req api.ChatRequest) (string, api.Params, error) {
+	p := req.Params
+	tools := make([]toolcall.Tool, len(req.ForceTools))
+	for i, t := range req.ForceTools {
+		tools[i] = toolcall.Tool{Name: t.Name, Parameters: t.Parameters}
+	}
+	name := req.ForceTool
+	if name == "*" {
+		name = ""
+	}
+	schema, err := f.Schema(tools, name)
+	if err != nil {
+		return "", p, &engine.InvalidParamError{Param: "tool_choice", Reason: err.Error()}
+	}
+	p.JSONSchema = schema
+	return text + f.Prefix(), p, nil
 }
 
 // submit validates the request against the model and queues it, or,
 // with request merging on and a deterministic request, joins an identical
 // generation or the response cache.
 func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Params) (*api.Stream, error) {
+	return s.submitHeader(ctx, m, prompt, p, api.Header{})
+}
+
+// submitHeader is submit with header fields for the stream (its Model is
+// filled in here).
+func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p api.Params, hdr api.Header) (*api.Stream, error) {
 	if err := validate(m, prompt, &p); err != nil {
 		return nil, err
 	}
@@ -112,14 +146,15 @@ func (s *Server) submit(ctx context.Context, m *model, prompt []int32, p api.Par
 		// The tokenizer's end tokens stop generation like the engine's EOS.
 		stopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
+	hdr.Model = m.info.ID
 	if s.merger != nil && mergeable(&p) {
-		return s.join(ctx, m, prompt, p, stopTokens)
+		return s.join(ctx, m, prompt, p, stopTokens, hdr)
 	}
 	src, err := s.start(ctx, m, prompt, p, stopTokens)
 	if err != nil {
 		return nil, err
 	}
-	return api.NewStream(ctx, src, api.Header{Model: m.info.ID}), nil
+	return api.NewStream(ctx, src, hdr), nil
 }
 
 // start queues one sequence and returns its source, which ends the
@@ -140,6 +175,13 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	}
 	if m.tok != nil {
 		seq.Text = m.tok.NewStreamDecoder(prompt, p.Stop)
+	}
+	if len(p.JSONSchema) > 0 {
+		c, err := m.constraint(p.JSONSchema, s.cfg.grammarLimits)
+		if err != nil {
+			return nil, err
+		}
+		seq.Constraint = c
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
 	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
@@ -173,6 +215,9 @@ func validate(m *model, prompt []int32, p *api.Params) error {
 	}
 	if err := p.Deadlines.Validate(); err != nil {
 		return &engine.InvalidParamError{Param: "deadlines", Reason: err.Error()}
+	}
+	if err := p.Sampling.CheckVocab(m.info.VocabSize); err != nil {
+		return err
 	}
 	if len(p.Stop) > 0 && m.tok == nil {
 		return fmt.Errorf("%w: stop strings need model %q's tokenizer; use StopTokens", ErrNoTokenizer, m.info.ID)

@@ -30,9 +30,9 @@ func mergeable(p *api.Params) bool {
 }
 
 // join serves a mergeable request through the merger.
-func (s *Server) join(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32) (*api.Stream, error) {
+func (s *Server) join(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32, hdr api.Header) (*api.Stream, error) {
 	k := merge.KeyOf(merge.Request{Model: m.info.ID, Revision: m.revision, Prompt: prompt, MaxTokens: p.MaxTokens,
-		Sampling: p.Sampling, Stop: p.Stop, StopTokens: stopTokens, IgnoreEOS: p.IgnoreEOS})
+		Sampling: p.Sampling, Stop: p.Stop, StopTokens: stopTokens, IgnoreEOS: p.IgnoreEOS, JSONSchema: p.JSONSchema})
 	src, outcome, err := s.merger.Join(ctx, k, p.Priority, p.Cache, func(fctx context.Context, tier api.Tier) (api.Source, error) {
 		q := p
 		q.Priority = tier
@@ -50,5 +50,6 @@ func (s *Server) join(ctx context.Context, m *model, prompt []int32, p api.Param
 		// nothing of its own.
 		s.release(m)
 	}
-	return api.NewStream(ctx, src, api.Header{Model: m.info.ID, Cache: string(outcome)}), nil
+	hdr.Cache = string(outcome)
+	return api.NewStream(ctx, src, hdr), nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
@@ -113,6 +114,7 @@ type config struct {
 	merging       bool
 	mergeOpts     []merge.Option
 	managerOpts   []prewarm.ManagerOption
+	grammarLimits grammar.Limits
 }
 
 func defaultConfig() config {

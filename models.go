@@ -28,6 +28,7 @@ type model struct {
 	// revision tells this load of the id from every other, so merged and
 	// cached responses never cross loads of different checkpoints.
 	revision string
+	vocab    vocabOnce    // the tokenizer's vocabulary for constrained decoding
 	active   atomic.Int64 // requests from acquire to the end of their sequence
 }
 

@@ -74,6 +74,11 @@ func (s *localSource) Recv(ctx context.Context) (api.Chunk, error) {
 	switch {
 	case err == nil:
 		s.observe(c)
+		if tok := s.model.tok; tok != nil {
+			for i := range c.Top {
+				c.Top[i].Text = string(tok.TokenBytes(c.Top[i].Token))
+			}
+		}
 		return c, nil
 	case errors.Is(err, batcher.ErrStreamDone):
 		s.stopAfter()

@@ -25,6 +25,9 @@ type Chunk struct {
 	HasToken bool
 	// Logprob is the token's log-probability, when requested.
 	Logprob float32
+	// Top lists the most likely tokens and their log-probabilities, most
+	// likely first, when Sampling.TopLogprobs asked for them.
+	Top []TopLogprob
 	// Finish is set on the last chunk only.
 	Finish FinishReason
 	// Usage is set on the last chunk only.
@@ -47,4 +50,13 @@ type Usage struct {
 	// Preemptions counts how often the sequence was evicted and
 	// recomputed (preemption or a lost worker).
 	Preemptions int
+}
+
+// TopLogprob is one of the most likely tokens at a step.
+type TopLogprob struct {
+	Token int32
+	// Text is the token's text (its bytes, which may be part of a
+	// character), filled by the server when the model has a tokenizer.
+	Text    string
+	Logprob float32
 }

@@ -27,6 +27,13 @@ type Params struct {
 	// Client identifies the caller for per-client rate limits; "" is not
 	// rate limited.
 	Client string
+	// JSONSchema, when set, constrains the output to one JSON document
+	// that matches this JSON schema (the structured-outputs subset
+	// engine/grammar compiles; grammar.AnyObject for any JSON object).
+	// Generation ends when the document is complete. Needs the model's
+	// tokenizer; a schema that cannot be compiled is refused with an
+	// *engine.InvalidParamError naming the keyword.
+	JSONSchema []byte
 	// Session keeps a conversation's KV cache: the engine saves the KV of
 	// this request under the session id, and the next request of the same
 	// session reuses the part of its prompt that matches, prefilling only
@@ -73,5 +80,21 @@ type ChatRequest struct {
 	// Tools are tool definitions passed to the chat template, for models
 	// whose template supports them.
 	Tools []map[string]any
+	// ForceTool, when set, makes the reply a tool call: the server opens
+	// the model family's tool-call syntax after the generation prompt and
+	// constrains decoding to a call of the named function, or of any of
+	// ForceTools when the name is "*". The stream's Header.ToolFormat
+	// names the syntax; the generated text is the call's JSON.
+	ForceTool string
+	// ForceTools are the functions a forced call may name, with their
+	// parameter schemas (toolcall.Tool).
+	ForceTools []ToolSpec
 	Params
+}
+
+// ToolSpec is a function a forced tool call may name.
+type ToolSpec struct {
+	Name string
+	// Parameters is the arguments' JSON schema; nil takes any object.
+	Parameters []byte
 }

@@ -40,6 +40,13 @@ type Header struct {
 	Cache string
 	// Backend names the backend a load balancer routed the request to.
 	Backend string
+	// ToolFormat names the model family's tool-call syntax (toolcall's
+	// Format: "hermes", "llama3", "mistral") for chat requests; "" when
+	// the model has no tokenizer.
+	ToolFormat string
+	// ToolForced is set when the request forced a tool call: the text is
+	// the call's JSON, after the family's opening syntax.
+	ToolForced bool
 }
 
 // ErrAbandoned ends the generation behind a Stream that was dropped

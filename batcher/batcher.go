@@ -65,6 +65,7 @@ type ContinuousBatcher struct {
 	limit    int // current adaptive batch limit
 	inputs   []engine.StepInput
 	stepSeqs []*Sequence // stepSeqs[i] is the sequence of inputs[i]
+	maskSeqs []*Sequence // constrained sequences whose masks a step fills
 	admitFn  func(*Sequence) bool
 	emaStep  time.Duration
 

@@ -54,6 +54,10 @@ type Sequence struct {
 	// the request's deadlines (first token, stall, total) can fire. The
 	// batcher does not stop it.
 	Watch *retry.Watch
+	// Constraint, when set, restricts every sampled token (constrained
+	// decoding); the sequence finishes with FinishStop when it is Done,
+	// and with FinishLength when it allows no token at all.
+	Constraint Constraint
 
 	cancelled atomic.Bool
 	out       outbox
@@ -69,6 +73,21 @@ type Sequence struct {
 	cached      int
 	preemptions int
 	retries     *retry.Tracker // started at the first failed attempt
+	mask        []uint64       // the Constraint's mask for the next sample
+	maskReady   bool           // mask was filled for this step
+}
+
+// Constraint restricts which tokens a sequence may sample, one step at a
+// time; engine/grammar's Matcher implements it. The batcher's loop calls
+// it and nothing else does.
+type Constraint interface {
+	// FillMask sets the bits of the tokens allowed next (see
+	// engine.StepInput.Allowed) and clears the others.
+	FillMask(mask []uint64)
+	// Accept advances past a sampled token.
+	Accept(tok int32) error
+	// Done reports that nothing but the end may follow.
+	Done() bool
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

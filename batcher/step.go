@@ -3,7 +3,10 @@ package batcher
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -17,10 +20,17 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	in, seqs := b.inputs[:0], b.stepSeqs[:0]
 	budget := b.cfg.tokenBudget
 	decode, prefill := 0, 0
+	dead := false
+	b.fillMasks()
 	for _, e := range b.running {
 		s := e.Value
 		if s.fed == len(s.feed) {
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params})
+			allowed, ok := b.allowed(s)
+			if !ok {
+				dead = true
+				continue
+			}
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params, Allowed: allowed})
 			seqs = append(seqs, s)
 			budget--
 			decode++
@@ -33,12 +43,26 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		}
 		n := min(budget, len(s.feed)-s.fed)
 		end := s.fed + n
-		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params})
+		var allowed []uint64
+		if end == len(s.feed) {
+			var ok bool
+			if allowed, ok = b.allowed(s); !ok {
+				dead = true
+				continue
+			}
+		}
+		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params, Allowed: allowed})
 		seqs = append(seqs, s)
 		budget -= n
 		prefill += n
 	}
 	b.inputs, b.stepSeqs = in, seqs
+	if dead {
+		b.removeFinished()
+	}
+	if len(in) == 0 {
+		return
+	}
 
 	start := time.Now()
 	outs, err := b.model.Step(ctx, in)
@@ -107,7 +131,22 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		b.finish(s, api.FinishStop, "", now)
 		return true
 	}
+	if s.Constraint != nil {
+		if err := s.Constraint.Accept(tok); err != nil {
+			b.model.Free(s.id, "")
+			s.open = false
+			b.reserved -= b.need(s)
+			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
+			return true
+		}
+	}
 	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
+	if len(out.Top) > 0 {
+		c.Top = make([]api.TopLogprob, len(out.Top))
+		for i, e := range out.Top {
+			c.Top[i] = api.TopLogprob{Token: e.Token, Logprob: e.Logprob}
+		}
+	}
 	if s.Text != nil {
 		delta, stopped := s.Text.Add(tok)
 		c.Text = delta
@@ -118,6 +157,14 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		}
 	}
 	s.out.push(c)
+	if s.Constraint != nil && s.Constraint.Done() {
+		tail := ""
+		if s.Text != nil {
+			tail = s.Text.Flush()
+		}
+		b.finish(s, api.FinishStop, tail, now)
+		return true
+	}
 	if len(s.generated) >= s.MaxTokens || len(s.Prompt)+len(s.generated) >= b.info.ContextLength {
 		tail := ""
 		if s.Text != nil {
@@ -197,4 +244,73 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 	}
 	clear(b.running[len(kept):])
 	b.running = kept
+}
+
+// allowed fills a constrained sequence's mask for its next sample. When
+// the constraint allows no token (its limits leave no way to complete
+// the output) the sequence ends with FinishLength, keeping the valid
+// prefix, and ok is false.
+func (b *ContinuousBatcher) allowed(s *Sequence) (mask []uint64, ok bool) {
+	if s.Constraint == nil {
+		return nil, true
+	}
+	if !s.maskReady {
+		b.fillMask(s)
+	}
+	s.maskReady = false
+	for _, w := range s.mask {
+		if w != 0 {
+			return s.mask, true
+		}
+	}
+	tail := ""
+	if s.Text != nil {
+		tail = s.Text.Flush()
+	}
+	b.finish(s, api.FinishLength, tail, time.Now())
+	return nil, false
+}
+
+// fillMasks computes the masks of the constrained sequences that sample
+// this step, on up to GOMAXPROCS goroutines: each sequence's constraint is
+// its own, and grammar vocabularies are safe for concurrent use. The
+// goroutines end before it returns.
+func (b *ContinuousBatcher) fillMasks() {
+	todo := b.maskSeqs[:0]
+	for _, e := range b.running {
+		if s := e.Value; s.Constraint != nil && s.fed == len(s.feed) {
+			todo = append(todo, s)
+		}
+	}
+	b.maskSeqs = todo
+	workers := min(len(todo), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for _, s := range todo {
+			b.fillMask(s)
+		}
+		return
+	}
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(todo) {
+					return
+				}
+				b.fillMask(todo[i])
+			}
+		})
+	}
+	wg.Wait()
+	clear(todo)
+}
+
+func (b *ContinuousBatcher) fillMask(s *Sequence) {
+	if s.mask == nil {
+		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
+	}
+	s.Constraint.FillMask(s.mask)
+	s.maskReady = true
 }

@@ -129,7 +129,7 @@ func TestGoSDKErrors(t *testing.T) {
 	}{
 		{"unknown model", func(p *oai.ChatCompletionNewParams) { p.Model = "gpt-4o" }, nil, http.StatusNotFound, "model", "model_not_found"},
 		{"temperature", func(p *oai.ChatCompletionNewParams) { p.Temperature = oai.Float(5) }, nil, http.StatusBadRequest, "temperature", "invalid_value"},
-		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(3) }, nil, http.StatusBadRequest, "n", "unsupported_value"},
+		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(9) }, nil, http.StatusBadRequest, "n", "invalid_value"},
 		{"context", func(p *oai.ChatCompletionNewParams) { p.MaxTokens = oai.Int(100000) }, nil, http.StatusBadRequest, "messages", "context_length_exceeded"},
 		{"tier", func(*oai.ChatCompletionNewParams) {}, []option.RequestOption{option.WithHeader("X-Priority", "urgent")}, http.StatusBadRequest, "priority", "invalid_value"},
 	}

@@ -78,3 +78,110 @@ func TestNodeClient(t *testing.T) {
 		t.Errorf("models: %s", out)
 	}
 }
+
+// TestNodeToolCalls runs testdata/tools.mjs: forced tool calls (whole and
+// streamed), the call and a tool message sent back, and a json_schema
+// response_format, through the npm openai client.
+func TestNodeToolCalls(t *testing.T) {
+	node, modules := nodeClient(t)
+	base := startServer(t)
+	script, err := filepath.Abs("testdata/tools.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), node, script, modules, base)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("node tools: %v\n%s\n%s", err, out, stderr)
+	}
+	var got struct {
+		Finish, Name, Args, ID               string
+		StreamedName, StreamedArgs, StreamID string
+		StreamFinish                         string
+		StreamIndex                          int
+		NextFinish, Structured               string
+		StructuredFin                        string `json:"structuredFinish"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	val := compileSchema(t, weatherParams)
+	validate(t, val, got.Args)
+	validate(t, val, got.StreamedArgs)
+	validate(t, val, got.Structured)
+	switch {
+	case got.Finish != "tool_calls" || got.Name != "get_weather" || got.ID == "":
+		t.Errorf("whole call: %s", out)
+	case got.StreamFinish != "tool_calls" || got.StreamedName != "get_weather" || got.StreamIndex != 0 || got.StreamID == "":
+		t.Errorf("streamed call: %s", out)
+	case got.NextFinish == "" || got.StructuredFin != "stop":
+		t.Errorf("follow-up or structured output: %s", out)
+	}
+}
+
+// TestAgentFrameworks runs testdata/agents.mjs: LangChain JS bindTools and
+// withStructuredOutput, and the Vercel AI SDK's generateText, with a
+// required tool call. Their packages come from scripts/setup.d/41-agents.sh.
+func TestAgentFrameworks(t *testing.T) {
+	node, _ := nodeClient(t)
+	modules := os.Getenv("MLXSERVING_NPM_AGENTS")
+	if _, err := os.Stat(filepath.Join(modules, "@langchain", "openai", "package.json")); modules == "" || err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("MLXSERVING_NPM_AGENTS is not set up; run scripts/setup.d/41-agents.sh")
+		}
+		t.Skip("MLXSERVING_NPM_AGENTS is not set up; source scripts/setup.d/41-agents.sh")
+	}
+	// ES modules resolve packages from the script's directory up.
+	dir := t.TempDir()
+	src, err := os.ReadFile("testdata/agents.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agents.mjs"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	base := startServer(t)
+	cmd := exec.CommandContext(t.Context(), node, filepath.Join(dir, "agents.mjs"), base)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("node agents: %v\n%s\n%s", err, out, stderr)
+	}
+	type call struct {
+		Name string
+		Args json.RawMessage
+		ID   string
+	}
+	var got struct {
+		Langchain           struct{ Calls []call }
+		LangchainStructured json.RawMessage
+		Aisdk               struct {
+			Calls  []call
+			Finish string
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	val := compileSchema(t, weatherParams)
+	for what, calls := range map[string][]call{"langchain": got.Langchain.Calls, "ai sdk": got.Aisdk.Calls} {
+		if len(calls) != 1 || calls[0].Name != "get_weather" || calls[0].ID == "" {
+			t.Fatalf("%s: calls %s", what, out)
+		}
+		validate(t, val, string(calls[0].Args))
+	}
+	validate(t, val, string(got.LangchainStructured))
+	if got.Aisdk.Finish != "tool-calls" {
+		t.Errorf("ai sdk finish %q", got.Aisdk.Finish)
+	}
+}

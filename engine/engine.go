@@ -115,6 +115,13 @@ type StepInput struct {
 	// Params are the sequence's sampling parameters; read when Sample is
 	// set. The pointer is shared across steps and must not be modified.
 	Params *SamplingParams
+	// Allowed, when not nil, restricts this step's sample to the tokens
+	// whose bit is set: bit id%64 of word id/64, at least
+	// MaskWords(VocabSize) words, one bit set at least (constrained
+	// decoding fills it from a grammar). Disallowed tokens get a logit of
+	// minus infinity before log-probabilities and sampling. Read when
+	// Sample is set; the engine does not keep it past Step.
+	Allowed []uint64
 }
 
 // StepOutput is the token sampled for one StepInput with Sample set.
@@ -122,8 +129,18 @@ type StepOutput struct {
 	Seq   SeqID
 	Token int32
 	// Logprob is the token's log-probability under the sampling
-	// distribution's logits (before temperature), when Params.Logprobs
-	// was set; zero otherwise.
+	// distribution's logits (before temperature; after penalties, logit
+	// bias and the allowed mask), when Params.Logprobs was set; zero
+	// otherwise.
+	Logprob float32
+	// Top holds the Params.TopLogprobs most likely tokens, most likely
+	// first, under the same distribution as Logprob; nil when not asked.
+	Top []TokenLogprob
+}
+
+// TokenLogprob is a token and its log-probability.
+type TokenLogprob struct {
+	Token   int32
 	Logprob float32
 }
 

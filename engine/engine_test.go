@@ -58,3 +58,32 @@ func TestErrorsCarryTheirNumbers(t *testing.T) {
 		t.Fatal("Retryable")
 	}
 }
+
+func TestConstraintParams(t *testing.T) {
+	for _, p := range []engine.SamplingParams{
+		{TopLogprobs: 21}, {TopLogprobs: -1}, {PresencePenalty: 2.1}, {FrequencyPenalty: -2.1},
+		{LogitBias: map[int32]float32{1: 100.5}}, {LogitBias: map[int32]float32{-1: 1}},
+	} {
+		if err := p.Validate(); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("Validate(%+v) = %v, want engine.ErrInvalidParam", p, err)
+		}
+	}
+	ok := engine.SamplingParams{TopLogprobs: 20, PresencePenalty: -2, FrequencyPenalty: 2, LogitBias: map[int32]float32{0: -100, 9: 100}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("Validate(%+v) = %v", ok, err)
+	}
+	if err := ok.CheckVocab(9); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Errorf("CheckVocab: bias id 9 in a vocabulary of 9 accepted: %v", err)
+	}
+	if err := engine.CheckMask(nil, 100); err != nil {
+		t.Errorf("nil mask: %v", err)
+	}
+	if err := engine.CheckMask([]uint64{1 << 3, 0}, 100); err != nil || !engine.MaskAllows([]uint64{1 << 3, 0}, 3) || engine.MaskAllows([]uint64{1 << 3, 0}, 4) {
+		t.Errorf("mask allowing 3: %v", err)
+	}
+	for _, m := range [][]uint64{{1}, {0, 0}, {0, 1 << 40}} {
+		if err := engine.CheckMask(m, 100); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("engine.CheckMask(%v, 100) = %v, want engine.ErrInvalidParam", m, err)
+		}
+	}
+}

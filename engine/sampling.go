@@ -27,6 +27,33 @@ type SamplingParams struct {
 	HasSeed bool
 	// Logprobs asks for the sampled token's log-probability.
 	Logprobs bool
+	// TopLogprobs asks for the log-probabilities of the N most likely
+	// tokens as well (StepOutput.Top). 0 turns it off. Range [0, 20].
+	TopLogprobs int
+	// LogitBias adds its value to the logit of each listed token id, as
+	// OpenAI's logit_bias does: -100 in effect bans a token, 100 in effect
+	// forces it. Values in [-100, 100]; ids outside the vocabulary are
+	// refused with an *InvalidParamError.
+	LogitBias map[int32]float32
+	// PresencePenalty is subtracted once from the logit of every token
+	// the sequence has generated so far; FrequencyPenalty is subtracted
+	// once per time it was generated (OpenAI's presence_penalty and
+	// frequency_penalty). Generated tokens are those fed after the
+	// sequence's first sampling step. Range [-2, 2]; 0 turns each off.
+	PresencePenalty  float32
+	FrequencyPenalty float32
+}
+
+// Sampling applies its steps in this order: repetition penalty,
+// presence and frequency penalties, logit bias, the step's allowed-token
+// mask (StepInput.Allowed); log-probabilities are taken there; then
+// temperature, top-k, top-p and min-p, and the draw.
+
+// Adjusts reports whether the parameters change logits before sampling
+// beyond the repetition penalty: a logit bias or a presence or frequency
+// penalty.
+func (p *SamplingParams) Adjusts() bool {
+	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0
 }
 
 // Greedy reports whether the parameters pick the argmax token.
@@ -48,8 +75,64 @@ func (p *SamplingParams) Validate() error {
 		return bad("min_p", p.MinP, "0 (off) to below 1")
 	case isNaN(p.RepetitionPenalty) || p.RepetitionPenalty < 0 || p.RepetitionPenalty > 2:
 		return bad("repetition_penalty", p.RepetitionPenalty, "0 (off) to 2")
+	case p.TopLogprobs < 0 || p.TopLogprobs > 20:
+		return bad("top_logprobs", p.TopLogprobs, "0 to 20")
+	case isNaN(p.PresencePenalty) || p.PresencePenalty < -2 || p.PresencePenalty > 2:
+		return bad("presence_penalty", p.PresencePenalty, "-2 to 2")
+	case isNaN(p.FrequencyPenalty) || p.FrequencyPenalty < -2 || p.FrequencyPenalty > 2:
+		return bad("frequency_penalty", p.FrequencyPenalty, "-2 to 2")
+	}
+	for id, b := range p.LogitBias {
+		if id < 0 {
+			return bad("logit_bias", id, "token ids of the vocabulary")
+		}
+		if isNaN(b) || b < -100 || b > 100 {
+			return bad("logit_bias", b, "-100 to 100")
+		}
 	}
 	return nil
+}
+
+// CheckVocab refuses logit-bias ids at or above vocab.
+func (p *SamplingParams) CheckVocab(vocab int) error {
+	for id := range p.LogitBias {
+		if int(id) >= vocab {
+			return &InvalidParamError{Param: "logit_bias", Reason: fmt.Sprintf("token id %d is outside the vocabulary of %d", id, vocab)}
+		}
+	}
+	return nil
+}
+
+// MaskWords is the number of 64-bit words of an allowed-token mask over a
+// vocabulary of vocab ids.
+func MaskWords(vocab int) int { return (vocab + 63) / 64 }
+
+// CheckMask refuses an allowed-token mask that is too short for vocab or
+// allows no token of it. A nil mask allows every token.
+func CheckMask(mask []uint64, vocab int) error {
+	if mask == nil {
+		return nil
+	}
+	if len(mask) < MaskWords(vocab) {
+		return &InvalidParamError{Param: "allowed", Reason: fmt.Sprintf("mask of %d words; a vocabulary of %d needs %d", len(mask), vocab, MaskWords(vocab))}
+	}
+	for i, w := range mask[:MaskWords(vocab)] {
+		if i == MaskWords(vocab)-1 && vocab%64 != 0 {
+			w &= 1<<(vocab%64) - 1
+		}
+		if w != 0 {
+			return nil
+		}
+	}
+	return &InvalidParamError{Param: "allowed", Reason: "the mask allows no token"}
+}
+
+// MaskAllows reports whether mask allows id (a nil mask allows all).
+func MaskAllows(mask []uint64, id int32) bool {
+	if mask == nil {
+		return true
+	}
+	return id >= 0 && int(id>>6) < len(mask) && mask[id>>6]&(1<<(id&63)) != 0
 }
 
 func isNaN(f float32) bool { return math.IsNaN(float64(f)) }

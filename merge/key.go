@@ -35,6 +35,9 @@ type Request struct {
 	Stop       []string
 	StopTokens []int32
 	IgnoreEOS  bool
+	// JSONSchema is the request's output constraint (constrained
+	// decoding), nil for none.
+	JSONSchema []byte
 }
 
 // Deterministic reports whether p's output is a function of the request:
@@ -103,6 +106,7 @@ func KeyOf(r Request) Key {
 	}
 	ids(r.StopTokens)
 	flag(r.IgnoreEOS)
+	str(string(r.JSONSchema))
 	var k Key
 	h.Sum(k[:0])
 	return k

@@ -1,6 +1,8 @@
 // Package openai serves an [mlxserving.Server] over the OpenAI HTTP API, so
 // the official OpenAI clients (and anything built on them) work against a
-// Go program that embeds its own models.
+// Go program that embeds its own models. It serves a
+// scheduler.LoadBalancer in front of several instances the same way: New
+// takes any scheduler.Backend.
 //
 //	srv, _ := mlxserving.New(eng)
 //	_ = srv.LoadModel(ctx, engine.ModelSpec{ID: "llama", Path: dir})
@@ -25,18 +27,39 @@
 // one-element array of either), max_tokens, max_completion_tokens,
 // temperature (default 1, as OpenAI), top_p, stop (string or list), seed,
 // stream, stream_options.include_usage (include_obfuscation is accepted;
-// no obfuscation padding is added), logprobs (chat: true with
-// top_logprobs 0; completions: 0 — only the sampled token's logprob exists),
-// user (used as the client key for per-client rate limits). When max_tokens
-// is absent the request generates up to the default (WithDefaultMaxTokens),
-// or up to what is left of the model's context if that is less.
+// no obfuscation padding is added), logprobs and top_logprobs (chat: up to
+// 20; completions: logprobs up to 5), logit_bias, presence_penalty and
+// frequency_penalty (counted over the generated tokens), user (used as
+// the client key for per-client rate limits). When max_tokens is absent the
+// request generates up to the default (WithDefaultMaxTokens), or up to what
+// is left of the model's context if that is less.
+//
+// n (up to 8) runs one generation per choice; a seeded request gives
+// choice i the seed plus i. Usage counts the prompt once and the tokens of
+// every choice.
+//
+// Structured output: response_format json_object (any JSON object) and
+// json_schema (the structured-outputs subset of JSON schema, see
+// engine/grammar) constrain decoding token by token, so the reply is valid
+// JSON that matches; it ends with finish_reason "stop" when the document
+// is complete, or "length" with a valid prefix when max_tokens runs out. A
+// schema keyword the grammar cannot enforce is a 400 naming it.
+//
+// Tools: tools (function tools) are rendered through the model's chat
+// template; tool_choice "auto" (the default with tools) parses the reply
+// for the model family's tool calls (Hermes/Qwen <tool_call> blocks,
+// Llama 3.1 JSON, Mistral [TOOL_CALLS]); "required" or a named function
+// opens the family's call syntax and constrains decoding to a valid call
+// of the allowed function(s), so even a small model produces one; "none"
+// leaves the tools out. Calls come back as message.tool_calls with
+// finish_reason "tool_calls", and streamed as deltas with index, id, type
+// and name, then the arguments. Assistant messages with tool_calls and
+// role "tool" messages are accepted back. Malformed tools are a 400.
 //
 // Anything the server cannot honour is refused with a 400 naming the field,
-// never silently ignored: n other than 1, tools and tool_choice other than
-// "none"/"auto", response_format other than text, logit_bias, non-zero
-// presence_penalty or frequency_penalty, top_logprobs above 0, echo, suffix,
-// best_of above 1, and any field the server does not know. Bodies must be
-// valid UTF-8 JSON no larger than WithMaxBodyBytes (413 otherwise).
+// never silently ignored: n above 8, echo, suffix, best_of above 1,
+// and any field the server does not know. Bodies must be valid UTF-8 JSON
+// no larger than WithMaxBodyBytes (413 otherwise).
 //
 // # Extensions
 //
@@ -78,7 +101,8 @@
 // or a client's rate limit 429 with Retry-After; an overloaded server, memory
 // pressure or a closing server 503; a model that cannot be loaded now (its
 // load failed and backs off, or the memory budget is held by pinned or busy
-// models) 503 with Retry-After; an engine failure 500. An error after a
+// models) 503 with Retry-After; no backend of a load balancer able to take
+// the request 503 with Retry-After; an engine failure 500. An error after a
 // stream started is sent as a final SSE event data: {"error":{...}} without
 // [DONE].
 //

@@ -71,10 +71,17 @@ func toAPIError(err error) *apiError {
 		broken   *retry.InterruptedError
 		budget   *prewarm.BudgetError
 		load     *prewarm.LoadError
+		noBack   *scheduler.NoBackendError
 	)
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &noBack):
+		// Before anything below: the last backend's error is wrapped too,
+		// but the request's fate is that no backend could take it.
+		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "no_backend_available", err.Error())
+		e.retryAfter = noBack.RetryAfter
+		return e
 	case errors.As(err, &budget):
 		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "memory_budget_exhausted", err.Error())
 		e.retryAfter = budget.RetryAfter()

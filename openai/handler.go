@@ -6,27 +6,30 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
-	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/toolcall"
 )
 
 // Handler serves a Server over the OpenAI HTTP API (see the package doc for
 // the endpoints, fields and extensions). It is safe for concurrent use.
 type Handler struct {
-	srv     *mlxserving.Server
+	srv     scheduler.Backend
 	cfg     config
 	metrics *httpMetrics
 	created int64 // the models' "created" time
 }
 
-// New returns a Handler over srv.
-func New(srv *mlxserving.Server, opts ...Option) (*Handler, error) {
-	if srv == nil {
+// New returns a Handler over srv: a *mlxserving.Server, or a
+// scheduler.LoadBalancer in front of several instances (anything that
+// implements scheduler.Backend).
+func New(srv scheduler.Backend, opts ...Option) (*Handler, error) {
+	if srv == nil || (reflect.ValueOf(srv).Kind() == reflect.Pointer && reflect.ValueOf(srv).IsNil()) {
 		return nil, errors.New("openai: server is nil")
 	}
 	cfg := defaultConfig()
@@ -98,7 +101,7 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) modelsLoaded(context.Context) error {
-	if len(h.srv.ModelStatus()) == 0 {
+	if len(h.modelStatus()) == 0 {
 		return errors.New("no model loaded or registered")
 	}
 	return nil
@@ -124,16 +127,32 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil
-	st, err := h.start(r.Context(), explicit, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
-		cr.MaxTokens = maxTokens
-		return h.srv.Chat(ctx, cr)
-	}, cr.MaxTokens)
+	id := "chatcmpl-" + rand.Text()
+	created := time.Now().Unix()
+	sts, err := h.startN(r.Context(), req.choices(), &cr.Params, func(ctx context.Context, _ int) (*api.Stream, error) {
+		return h.start(ctx, explicit, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
+			cr.MaxTokens = maxTokens
+			return h.srv.Chat(ctx, cr)
+		}, cr.MaxTokens)
+	})
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	f := newFormat(true, "chatcmpl-"+rand.Text(), time.Now().Unix(), cr.Model, req.Logprobs, req.includeUsage())
-	h.respond(w, r, st, f, req.Stream)
+	fs := make([]*format, len(sts))
+	for i, st := range sts {
+		fs[i] = newFormat(true, id, created, cr.Model, req.Logprobs, req.includeUsage())
+		fs[i].index = i
+		if req.tools {
+			hd := st.Header()
+			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
+		}
+	}
+	if len(sts) == 1 {
+		h.respond(w, r, sts[0], fs[0], req.Stream)
+		return
+	}
+	h.respondN(w, r, sts, fs, req.Stream)
 }
 
 func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
@@ -147,16 +166,28 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	st, err := h.start(r.Context(), req.MaxTokens != nil, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
-		gr.MaxTokens = maxTokens
-		return h.srv.Generate(ctx, gr)
-	}, gr.MaxTokens)
+	id := "cmpl-" + rand.Text()
+	created := time.Now().Unix()
+	sts, err := h.startN(r.Context(), req.choices(), &gr.Params, func(ctx context.Context, _ int) (*api.Stream, error) {
+		return h.start(ctx, req.MaxTokens != nil, func(ctx context.Context, maxTokens int) (*api.Stream, error) {
+			gr.MaxTokens = maxTokens
+			return h.srv.Generate(ctx, gr)
+		}, gr.MaxTokens)
+	})
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	f := newFormat(false, "cmpl-"+rand.Text(), time.Now().Unix(), gr.Model, req.Logprobs != nil, req.includeUsage())
-	h.respond(w, r, st, f, req.Stream)
+	fs := make([]*format, len(sts))
+	for i := range sts {
+		fs[i] = newFormat(false, id, created, gr.Model, req.Logprobs != nil, req.includeUsage())
+		fs[i].index = i
+	}
+	if len(sts) == 1 {
+		h.respond(w, r, sts[0], fs[0], req.Stream)
+		return
+	}
+	h.respondN(w, r, sts, fs, req.Stream)
 }
 
 func (c *commonFields) includeUsage() bool {
@@ -210,25 +241,11 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream
 
 // writeWhole collects the stream into one response body.
 func (h *Handler) writeWhole(w http.ResponseWriter, st *api.Stream, f *format) error {
-	var (
-		text   strings.Builder
-		tokens []api.Chunk
-		finish api.FinishReason
-		usage  *api.Usage
-	)
-	for c, err := range st.Chunks() {
-		if err != nil {
-			writeError(w, err)
-			return err
-		}
-		text.WriteString(c.Text)
-		if c.HasToken && f.logprobs {
-			tokens = append(tokens, c)
-		}
-		if c.Finish != "" {
-			finish, usage = c.Finish, c.Usage
-		}
+	body, _, err := f.collect(st)
+	if err != nil {
+		writeError(w, err)
+		return err
 	}
-	writeJSON(w, http.StatusOK, f.body(text.String(), tokens, finish, usage))
+	writeJSON(w, http.StatusOK, body)
 	return nil
 }

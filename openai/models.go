@@ -77,7 +77,7 @@ func (h *Handler) modelObject(st prewarm.ModelStatus) modelObject {
 }
 
 func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
-	known := h.srv.ModelStatus()
+	known := h.modelStatus()
 	data := make([]modelObject, len(known))
 	for i, st := range known {
 		data[i] = h.modelObject(st)
@@ -87,11 +87,26 @@ func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
 
 func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	for _, st := range h.srv.ModelStatus() {
+	for _, st := range h.modelStatus() {
 		if st.ID == id {
 			writeJSON(w, http.StatusOK, h.modelObject(st))
 			return
 		}
 	}
 	writeError(w, &mlxserving.ModelNotFoundError{Model: id})
+}
+
+// modelStatus lists the models served: a Server's known models with their
+// state, or, for another backend (a load balancer), the models its load
+// report names, as loaded.
+func (h *Handler) modelStatus() []prewarm.ModelStatus {
+	if ms, ok := h.srv.(interface{ ModelStatus() []prewarm.ModelStatus }); ok {
+		return ms.ModelStatus()
+	}
+	ids := h.srv.Load().Models
+	out := make([]prewarm.ModelStatus, len(ids))
+	for i, id := range ids {
+		out[i] = prewarm.ModelStatus{ID: id, State: prewarm.StateLoaded}
+	}
+	return out
 }

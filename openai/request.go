@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/engine/grammar"
 )
 
 // commonFields are the fields chat and text completions share.
@@ -53,6 +55,8 @@ type chatRequest struct {
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	ResponseFormat      *responseFormat `json:"response_format"`
+
+	tools bool // replies are parsed for tool calls
 }
 
 type chatMessage struct {
@@ -61,6 +65,9 @@ type chatMessage struct {
 	Name       string           `json:"name"`
 	ToolCalls  []map[string]any `json:"tool_calls"`
 	ToolCallID string           `json:"tool_call_id"`
+	// Refusal comes back on assistant messages a client resends as it
+	// received them; it carries no prompt text.
+	Refusal *string `json:"refusal"`
 }
 
 type responseFormat struct {
@@ -114,6 +121,21 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	setIf(&p.Sampling.TopK, c.TopK)
 	setIf(&p.Sampling.MinP, c.MinP)
 	setIf(&p.Sampling.RepetitionPenalty, c.RepetitionPenalty)
+	setIf(&p.Sampling.PresencePenalty, c.PresencePenalty)
+	setIf(&p.Sampling.FrequencyPenalty, c.FrequencyPenalty)
+	if len(c.LogitBias) > 0 {
+		p.Sampling.LogitBias = make(map[int32]float32, len(c.LogitBias))
+		for k, v := range c.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 {
+				return p, badRequest("logit_bias", "invalid_value", "logit_bias key %q is not a token id", k)
+			}
+			if v < -100 || v > 100 {
+				return p, badRequest("logit_bias", "invalid_value", "logit_bias for token %s is %v: it must be between -100 and 100", k, v)
+			}
+			p.Sampling.LogitBias[int32(id)] = float32(v)
+		}
+	}
 	if err := p.Sampling.Validate(); err != nil {
 		return p, err
 	}
@@ -160,17 +182,18 @@ func (c *commonFields) tier(r *http.Request) (api.Tier, error) {
 
 // unsupported refuses shared fields the server cannot honour.
 func (c *commonFields) unsupported() error {
-	switch {
-	case c.N != nil && *c.N != 1:
-		return badRequest("n", "unsupported_value", "n is %d: only one choice per request is supported", *c.N)
-	case c.FrequencyPenalty != nil && *c.FrequencyPenalty != 0:
-		return badRequest("frequency_penalty", "unsupported_value", "frequency_penalty is not supported; use repetition_penalty")
-	case c.PresencePenalty != nil && *c.PresencePenalty != 0:
-		return badRequest("presence_penalty", "unsupported_value", "presence_penalty is not supported; use repetition_penalty")
-	case len(c.LogitBias) > 0:
-		return badRequest("logit_bias", "unsupported_value", "logit_bias is not supported")
+	if c.N != nil && (*c.N < 1 || *c.N > maxChoices) {
+		return badRequest("n", "invalid_value", "n is %d: it must be between 1 and %d", *c.N, maxChoices)
 	}
 	return nil
+}
+
+// choices is the number of choices asked for.
+func (c *commonFields) choices() int {
+	if c.N == nil {
+		return 1
+	}
+	return *c.N
 }
 
 // chat converts a chat completion request.
@@ -190,7 +213,16 @@ func (c *chatRequest) chat(r *http.Request, def int) (api.ChatRequest, error) {
 	if len(c.Messages) == 0 {
 		return req, badRequest("messages", "invalid_value", "messages must hold at least one message")
 	}
+	if c.TopLogprobs != nil {
+		p.Sampling.TopLogprobs = *c.TopLogprobs
+	}
+	if p.JSONSchema, err = c.ResponseFormat.schema(); err != nil {
+		return req, err
+	}
 	req.Model, req.Params = c.Model, p
+	if c.tools, err = c.toolRequest(&req); err != nil {
+		return req, err
+	}
 	req.Messages = make([]api.Message, len(c.Messages))
 	for i, m := range c.Messages {
 		if req.Messages[i], err = m.message(i); err != nil {
@@ -201,17 +233,49 @@ func (c *chatRequest) chat(r *http.Request, def int) (api.ChatRequest, error) {
 }
 
 func (c *chatRequest) unsupportedChat() error {
-	switch {
-	case c.TopLogprobs != nil && *c.TopLogprobs != 0:
-		return badRequest("top_logprobs", "unsupported_value", "top_logprobs is not supported: only the sampled token's logprob is available")
-	case !isNull(c.Tools) && string(c.Tools) != "[]":
-		return badRequest("tools", "unsupported_value", "tools are not supported by this server")
-	case !isNull(c.ToolChoice) && string(c.ToolChoice) != `"none"` && string(c.ToolChoice) != `"auto"`:
-		return badRequest("tool_choice", "unsupported_value", "tool_choice must be \"none\" or \"auto\": tools are not supported")
-	case c.ResponseFormat != nil && c.ResponseFormat.Type != "text":
-		return badRequest("response_format", "unsupported_value", "response_format %q is not supported: only \"text\"", c.ResponseFormat.Type)
+	if c.TopLogprobs != nil {
+		switch {
+		case *c.TopLogprobs < 0 || *c.TopLogprobs > 20:
+			return badRequest("top_logprobs", "invalid_value", "top_logprobs is %d: it must be between 0 and 20", *c.TopLogprobs)
+		case *c.TopLogprobs > 0 && !c.Logprobs:
+			return badRequest("top_logprobs", "invalid_value", "top_logprobs needs logprobs set to true")
+		}
 	}
 	return nil
+}
+
+// schema returns the JSON schema response_format asks the output to
+// match: nil for text, grammar.AnyObject for json_object.
+func (f *responseFormat) schema() ([]byte, error) {
+	if f == nil {
+		return nil, nil
+	}
+	switch f.Type {
+	case "text", "":
+		return nil, nil
+	case "json_object":
+		return grammar.AnyObject, nil
+	case "json_schema":
+		var js struct {
+			Name   string          `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+			Strict *bool           `json:"strict"`
+		}
+		if isNull(f.JSONSchema) || json.Unmarshal(f.JSONSchema, &js) != nil {
+			return nil, badRequest("response_format.json_schema", "invalid_value", "response_format json_schema needs a json_schema object with a name and a schema")
+		}
+		if js.Name == "" {
+			return nil, badRequest("response_format.json_schema.name", "missing_field", "response_format.json_schema.name is required")
+		}
+		if isNull(js.Schema) {
+			return grammar.AnyObject, nil
+		}
+		if js.Schema[0] != '{' {
+			return nil, badRequest("response_format.json_schema.schema", "invalid_type", "response_format.json_schema.schema must be a JSON schema object")
+		}
+		return js.Schema, nil
+	}
+	return nil, badRequest("response_format.type", "invalid_value", "response_format type %q: want text, json_object or json_schema", f.Type)
 }
 
 // message converts message i, checking its role and content.
@@ -235,15 +299,19 @@ func (m *chatMessage) message(i int) (api.Message, error) {
 	if err != nil {
 		return api.Message{}, err
 	}
-	return api.Message{Role: role, Content: content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}, nil
+	var calls []map[string]any
+	if len(m.ToolCalls) > 0 {
+		calls = templateToolCalls(m.ToolCalls)
+	}
+	return api.Message{Role: role, Content: content, Name: m.Name, ToolCalls: calls, ToolCallID: m.ToolCallID}, nil
 }
 
 // completion converts a text completion request.
 func (c *completionRequest) completion(r *http.Request, def int) (api.Request, error) {
 	var req api.Request
 	switch {
-	case c.Logprobs != nil && *c.Logprobs != 0:
-		return req, badRequest("logprobs", "unsupported_value", "logprobs is %d: only 0 (the sampled token's logprob) is supported", *c.Logprobs)
+	case c.Logprobs != nil && (*c.Logprobs < 0 || *c.Logprobs > 5):
+		return req, badRequest("logprobs", "invalid_value", "logprobs is %d: it must be between 0 and 5", *c.Logprobs)
 	case c.Echo:
 		return req, badRequest("echo", "unsupported_value", "echo is not supported")
 	case c.Suffix != nil && *c.Suffix != "":
@@ -254,6 +322,9 @@ func (c *completionRequest) completion(r *http.Request, def int) (api.Request, e
 	p, err := c.params(r, c.MaxTokens, "max_tokens", def, c.Logprobs != nil)
 	if err != nil {
 		return req, err
+	}
+	if c.Logprobs != nil {
+		p.Sampling.TopLogprobs = *c.Logprobs
 	}
 	req.Model, req.Params = c.Model, p
 	req.Prompt, req.PromptTokens, err = parsePrompt(c.Prompt)

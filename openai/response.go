@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -18,8 +19,16 @@ type format struct {
 	model        string
 	logprobs     bool
 	includeUsage bool
-	prefix       []byte // a stream chunk up to and including `"choices":[`
-	textOffset   int    // completions' logprobs text_offset
+	prefix       []byte      // a stream chunk up to and including `"choices":[`
+	textOffset   int         // completions' logprobs text_offset
+	tools        *toolStream // set when replies are parsed for tool calls
+	index        int         // the choice's index (n > 1)
+}
+
+// openChoice appends `{"index":N` for the format's choice.
+func (f *format) openChoice(b []byte) []byte {
+	b = append(b, `{"index":`...)
+	return strconv.AppendInt(b, int64(f.index), 10)
 }
 
 func newFormat(chat bool, id string, created int64, model string, logprobs, includeUsage bool) *format {
@@ -41,7 +50,8 @@ func newFormat(chat bool, id string, created int64, model string, logprobs, incl
 // roleChunk is the chat stream's first chunk, carrying the role.
 func (f *format) roleChunk(b []byte) []byte {
 	b = append(b, f.prefix...)
-	b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	b = f.openChoice(b)
+	b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
 	return f.end(b)
 }
 
@@ -50,11 +60,11 @@ func (f *format) roleChunk(b []byte) []byte {
 func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
-		b = append(b, `{"index":0,"delta":{"content":`...)
+		b = append(f.openChoice(b), `,"delta":{"content":`...)
 		b = appendString(b, c.Text)
 		b = append(b, `},"logprobs":`...)
 	} else {
-		b = append(b, `{"index":0,"text":`...)
+		b = append(f.openChoice(b), `,"text":`...)
 		b = appendString(b, c.Text)
 		b = append(b, `,"logprobs":`...)
 	}
@@ -72,9 +82,9 @@ func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 func (f *format) finishChunk(b []byte, finish api.FinishReason) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
-		b = append(b, `{"index":0,"delta":{},"logprobs":null,"finish_reason":`...)
+		b = append(f.openChoice(b), `,"delta":{},"logprobs":null,"finish_reason":`...)
 	} else {
-		b = append(b, `{"index":0,"text":"","logprobs":null,"finish_reason":`...)
+		b = append(f.openChoice(b), `,"text":"","logprobs":null,"finish_reason":`...)
 	}
 	b = appendString(b, string(finish))
 	b = append(b, "}]"...)
@@ -104,7 +114,11 @@ func (f *format) logprobsOf(chunks []api.Chunk) any {
 	if f.chat {
 		content := make([]chatLogprob, 0, len(chunks))
 		for _, c := range chunks {
-			content = append(content, chatLogprob{Token: c.Text, Logprob: finite(c.Logprob), Bytes: []byte(c.Text), TopLogprobs: []struct{}{}})
+			top := make([]chatLogprob, 0, len(c.Top))
+			for _, t := range c.Top {
+				top = append(top, chatLogprob{Token: validText(t.Text), Logprob: finite(t.Logprob), Bytes: []byte(t.Text)})
+			}
+			content = append(content, chatLogprob{Token: c.Text, Logprob: finite(c.Logprob), Bytes: []byte(c.Text), TopLogprobs: top})
 		}
 		return map[string]any{"content": content}
 	}
@@ -114,15 +128,26 @@ func (f *format) logprobsOf(chunks []api.Chunk) any {
 		lp.TokenLogprobs = append(lp.TokenLogprobs, finite(c.Logprob))
 		lp.TextOffset = append(lp.TextOffset, f.textOffset)
 		f.textOffset += len(c.Text)
+		if len(c.Top) > 0 {
+			top := make(map[string]float64, len(c.Top))
+			for _, t := range c.Top {
+				top[validText(t.Text)] = finite(t.Logprob)
+			}
+			lp.TopLogprobs = append(lp.TopLogprobs, top)
+		}
 	}
 	return lp
 }
 
+// validText is a token's text as valid UTF-8: a token holding part of a
+// character shows the replacement character (its bytes stay exact).
+func validText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
 type chatLogprob struct {
-	Token       string     `json:"token"`
-	Logprob     float64    `json:"logprob"`
-	Bytes       []byte     `json:"bytes"`
-	TopLogprobs []struct{} `json:"top_logprobs"`
+	Token       string        `json:"token"`
+	Logprob     float64       `json:"logprob"`
+	Bytes       []byte        `json:"bytes"`
+	TopLogprobs []chatLogprob `json:"top_logprobs"`
 }
 
 // MarshalJSON writes bytes as an array of numbers, as OpenAI does.
@@ -132,12 +157,21 @@ func (c chatLogprob) MarshalJSON() ([]byte, error) {
 		ints[i] = int(v)
 	}
 	type plain struct {
-		Token       string      `json:"token"`
-		Logprob     json.Number `json:"logprob"`
-		Bytes       []int       `json:"bytes"`
-		TopLogprobs []struct{}  `json:"top_logprobs"`
+		Token       string        `json:"token"`
+		Logprob     json.Number   `json:"logprob"`
+		Bytes       []int         `json:"bytes"`
+		TopLogprobs []chatLogprob `json:"top_logprobs"`
 	}
 	lp := json.Number(strconv.FormatFloat(c.Logprob, 'g', -1, 32)) // the engine's float32, without float64 noise
+	if c.TopLogprobs == nil {
+		// Entries inside top_logprobs have no list of their own.
+		type entry struct {
+			Token   string      `json:"token"`
+			Logprob json.Number `json:"logprob"`
+			Bytes   []int       `json:"bytes"`
+		}
+		return json.Marshal(entry{c.Token, lp, ints})
+	}
 	return json.Marshal(plain{c.Token, lp, ints, c.TopLogprobs})
 }
 
@@ -182,7 +216,7 @@ func (f *format) body(text string, chunks []api.Chunk, finish api.FinishReason, 
 	if f.logprobs {
 		lp = f.logprobsOf(chunks)
 	}
-	choice := map[string]any{"index": 0, "logprobs": lp, "finish_reason": finish}
+	choice := map[string]any{"index": f.index, "logprobs": lp, "finish_reason": finish}
 	object := "text_completion"
 	if f.chat {
 		object = "chat.completion"
@@ -194,6 +228,18 @@ func (f *format) body(text string, chunks []api.Chunk, finish api.FinishReason, 
 		"id": f.id, "object": object, "created": f.created, "model": f.model,
 		"choices": []any{choice}, "usage": usageOf(u), "system_fingerprint": nil,
 	}
+}
+
+// toolBody is the whole non-streamed response of a reply that called
+// tools.
+func (f *format) toolBody(content string, calls []toolCall, chunks []api.Chunk, u *api.Usage) any {
+	body := f.body(content, chunks, "tool_calls", u).(map[string]any)
+	msg := body["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	if content == "" {
+		msg["content"] = nil
+	}
+	msg["tool_calls"] = calls
+	return body
 }
 
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.

@@ -69,15 +69,42 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 			}
 		}
 	}
+	var deltas []toolDelta
+	if f.tools != nil {
+		c.Text, deltas = f.tools.feed(c.Text)
+	}
 	if c.Text != "" || (f.logprobs && c.HasToken) {
 		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
 			return err
 		}
 	}
+	if err := s.deltas(f, deltas); err != nil {
+		return err
+	}
 	if c.Finish == "" {
 		return nil
 	}
-	if err := s.send(f.finishChunk(s.buf[:0], c.Finish)); err != nil {
+	finish := c.Finish
+	if f.tools != nil {
+		rest, calls, tail := f.tools.finish()
+		if rest != "" {
+			if err := s.send(f.tokenChunk(s.buf[:0], api.Chunk{Text: rest})); err != nil {
+				return err
+			}
+		}
+		if err := s.deltas(f, tail); err != nil {
+			return err
+		}
+		if len(calls) > 0 && f.tools.streamed {
+			finish = "tool_calls"
+		} else if len(calls) > 0 {
+			if err := s.deltas(f, callDeltas(calls)); err != nil {
+				return err
+			}
+			finish = "tool_calls"
+		}
+	}
+	if err := s.send(f.finishChunk(s.buf[:0], finish)); err != nil {
 		return err
 	}
 	if f.includeUsage {
@@ -96,4 +123,18 @@ func (s *sseWriter) fail(err error) error {
 	b, _ := json.Marshal(errorBody{Error: toAPIError(err)})
 	_ = s.send(append(append(append(s.buf[:0], "data: "...), b...), "\n\n"...))
 	return err
+}
+
+// deltas sends streamed tool-call deltas.
+func (s *sseWriter) deltas(f *format, ds []toolDelta) error {
+	for _, d := range ds {
+		b, err := f.deltaChunk(d)
+		if err != nil {
+			return err
+		}
+		if err := s.send(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }

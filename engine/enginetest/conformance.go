@@ -27,9 +27,10 @@ const (
 // It loads two models — one as the checkpoint comes, one with a small
 // MaxBatch, KVCapacity and ContextLength — failing at once if either load
 // fails, and checks, each in a named subtest that -run can pick: load, greedy_determinism, batch_invariance, join_leave,
-// chunked_prefill, free_reuse, prefix_reuse, seeded_sampling, capacity,
-// max_batch, cancellation, warm (models implementing engine.Warmer) and
-// close. Prompts are token ids below
+// chunked_prefill, free_reuse, prefix_reuse, seeded_sampling,
+// constraints (allowed-token masks, logit bias, top log-probabilities and
+// their refusals), capacity, max_batch, cancellation, warm (models
+// implementing engine.Warmer) and close. Prompts are token ids below
 // min(VocabSize, 200); generations are 6 to 16 tokens, so a tiny model
 // runs the whole suite in seconds. Run closes the models it loaded but
 // not eng.
@@ -57,6 +58,7 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		{"free_reuse", checkFreeReuse},
 		{"prefix_reuse", checkPrefixReuse},
 		{"seeded_sampling", checkSeededSampling},
+		{"constraints", checkConstraints},
 		{"capacity", checkCapacity},
 		{"max_batch", checkMaxBatch},
 		{"cancellation", checkCancellation},

@@ -43,6 +43,11 @@ type simSeq struct {
 	held   int     // KV tokens reserved: the prompt's length, or more once fed past it
 	seed   uint64  // sampling seed when the params carry none
 	stamp  uint64  // the last Step that carried this sequence
+	// sampled is set once the sequence has sampled; tokens fed after that
+	// are generated and gen counts them, for presence and frequency
+	// penalties.
+	sampled bool
+	gen     map[int32]int
 }
 
 // Info describes the model. It is safe for concurrent use.

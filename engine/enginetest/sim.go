@@ -25,6 +25,13 @@ import (
 // [engine.ErrOutOfMemory]. Prefixes saved by Free with a key live in a
 // bounded LRU that does not count against the capacity.
 //
+// Allowed-token masks, logit bias and presence/frequency penalties are
+// honoured: a mask alone keeps the natural token when allowed and
+// otherwise picks an allowed one by the hash; bias and penalties score
+// every token with a pseudo logit (the natural token highest) and take the
+// best, so +100 forces a token and -100 bans one. TopLogprobs lists the
+// sampled token and others with falling pseudo log-probabilities.
+//
 // Bad input is refused before any sequence changes: an unknown or repeated
 // sequence, empty tokens, ids outside the vocabulary, sampling parameters
 // out of range or a batch over MaxBatch with an *[engine.InvalidParamError],

@@ -105,6 +105,12 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 		if err := in.Params.Validate(); err != nil {
 			return nil, err
 		}
+		if err := in.Params.CheckVocab(m.info.VocabSize); err != nil {
+			return nil, err
+		}
+		if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
+			return nil, err
+		}
 	}
 	return seq, nil
 }
@@ -116,6 +122,14 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 	for i := range batch {
 		in, seq := &batch[i], m.scratch[i]
 		seq.hash = feed(seq.hash, in.Tokens)
+		if seq.sampled && in.Params != nil && (in.Params.PresencePenalty != 0 || in.Params.FrequencyPenalty != 0) {
+			for _, t := range in.Tokens {
+				if seq.gen == nil {
+					seq.gen = map[int32]int{}
+				}
+				seq.gen[t]++
+			}
+		}
 		seq.tokens = append(seq.tokens, in.Tokens...)
 		seq.held = max(seq.held, len(seq.tokens))
 		if !in.Sample {
@@ -126,11 +140,22 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 		if p.HasSeed {
 			seed = p.Seed
 		}
-		tok, lp := m.pick.draw(seq.hash, !p.Greedy(), seed)
-		if !p.Logprobs {
-			lp = 0
+		seq.sampled = true
+		var tok int32
+		var lp float32
+		if in.Allowed == nil && !p.Adjusts() {
+			tok, lp = m.pick.draw(seq.hash, !p.Greedy(), seed)
+		} else {
+			tok, lp = m.pick.adjusted(seq.hash, !p.Greedy(), seed, p, in.Allowed, seq.gen)
 		}
-		out = append(out, engine.StepOutput{Seq: in.Seq, Token: tok, Logprob: lp})
+		o := engine.StepOutput{Seq: in.Seq, Token: tok}
+		if p.Logprobs || p.TopLogprobs > 0 {
+			o.Logprob = lp
+		}
+		if p.TopLogprobs > 0 {
+			o.Top = m.pick.top(seq.hash, tok, lp, p.TopLogprobs, in.Allowed)
+		}
+		out = append(out, o)
 	}
 	m.kv += grow
 	m.sim.stats.kv.Add(int64(grow))

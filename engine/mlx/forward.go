@@ -25,6 +25,10 @@ type seqState struct {
 	cap      int
 	key      arr // sampling PRNG key, made at the first sample
 	reserved int // KV tokens reserved at Open
+	// sampled is set at the first sample; tokens fed after it are
+	// generated and counts holds them for presence/frequency penalties.
+	sampled bool
+	counts  map[int32]int
 }
 
 func (s *seqState) free() {
@@ -37,10 +41,11 @@ func (s *seqState) free() {
 
 // feed is one sequence's part of a forward pass.
 type feed struct {
-	id     engine.SeqID
-	seq    *seqState
-	tokens []int32
-	sample bool
+	id      engine.SeqID
+	seq     *seqState
+	tokens  []int32
+	sample  bool
+	allowed []uint64 // the step's allowed-token mask; nil: all
 }
 
 // forward runs the model over every feed's tokens in one pass: the

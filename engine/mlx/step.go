@@ -66,6 +66,12 @@ func (m *model) checkParams(batch []engine.StepInput) ([]*engine.SamplingParams,
 		if err := p.Validate(); err != nil {
 			return nil, err
 		}
+		if err := p.CheckVocab(m.info.VocabSize); err != nil {
+			return nil, err
+		}
+		if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
+			return nil, err
+		}
 		params = append(params, p)
 	}
 	return params, nil
@@ -87,7 +93,7 @@ func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
 		if n := len(s.tokens) + len(in.Tokens); n > m.info.ContextLength {
 			return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
 		}
-		feeds[i] = feed{id: in.Seq, seq: s, tokens: in.Tokens, sample: in.Sample}
+		feeds[i] = feed{id: in.Seq, seq: s, tokens: in.Tokens, sample: in.Sample, allowed: in.Allowed}
 	}
 	return feeds, nil
 }
@@ -95,9 +101,19 @@ func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
 // run builds, evaluates and reads one step. MLX thread only.
 func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engine.SamplingParams) ([]engine.StepOutput, error) {
 	logits := m.forward(g, feeds, len(params) > 0)
-	var toks, lps arr
+	for _, f := range feeds {
+		if s := f.seq; s.sampled {
+			if s.counts == nil {
+				s.counts = map[int32]int{}
+			}
+			for _, t := range f.tokens {
+				s.counts[t]++
+			}
+		}
+	}
+	var toks, lps, topIDs, topLps arr
 	if len(params) > 0 {
-		toks, lps = m.sampleAll(g, logits, feeds, params)
+		toks, lps, topIDs, topLps = m.sampleAll(g, logits, feeds, params)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -107,6 +123,9 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	outs := m.cacheArrays(feeds)
 	if len(params) > 0 {
 		outs = append(outs, toks, lps)
+		if !isNull(topIDs) {
+			outs = append(outs, topIDs, topLps)
+		}
 	}
 	g.eval(outs...)
 	if g.err != nil {
@@ -121,7 +140,12 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	if len(params) == 0 {
 		return nil, nil
 	}
-	return m.outputs(feeds, toks, lps)
+	for _, f := range feeds {
+		if f.sample {
+			f.seq.sampled = true
+		}
+	}
+	return m.outputs(feeds, params, toks, lps, topIDs, topLps)
 }
 
 func (m *model) cacheArrays(feeds []feed) []arr {
@@ -133,7 +157,7 @@ func (m *model) cacheArrays(feeds []feed) []arr {
 	return out
 }
 
-func (m *model) outputs(feeds []feed, toks, lps arr) ([]engine.StepOutput, error) {
+func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps, topIDs, topLps arr) ([]engine.StepOutput, error) {
 	ts, err := readInt32s(toks)
 	if err != nil {
 		return nil, err
@@ -145,11 +169,29 @@ func (m *model) outputs(feeds []feed, toks, lps arr) ([]engine.StepOutput, error
 	if len(ts) != len(ls) {
 		return nil, fmt.Errorf("mlx: sampled %d tokens and %d log-probabilities", len(ts), len(ls))
 	}
+	var tids []int32
+	var tlps []float32
+	if !isNull(topIDs) {
+		if tids, err = readInt32s(topIDs); err != nil {
+			return nil, err
+		}
+		if tlps, err = readFloat32s(topLps); err != nil {
+			return nil, err
+		}
+	}
+	k := 0
+	if len(ts) > 0 {
+		k = len(tids) / len(ts)
+	}
 	out := make([]engine.StepOutput, 0, len(ts))
 	for _, f := range feeds {
 		if f.sample {
 			i := len(out)
-			out = append(out, engine.StepOutput{Seq: f.id, Token: ts[i], Logprob: ls[i]})
+			o := engine.StepOutput{Seq: f.id, Token: ts[i], Logprob: ls[i]}
+			for j := 0; j < min(params[i].TopLogprobs, k); j++ {
+				o.Top = append(o.Top, engine.TokenLogprob{Token: tids[i*k+j], Logprob: tlps[i*k+j]})
+			}
+			out = append(out, o)
 		}
 	}
 	return out, nil

@@ -2,9 +2,13 @@ package pyproc
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"strconv"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -113,7 +117,7 @@ func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply
 
 // appendStep encodes a step request by hand: it runs every decode step.
 // plan (nil: every input as given, one token) says what each input sends.
-func appendStep(b []byte, id uint64, model string, batch []engine.StepInput, plan []inPlan, idx []int) []byte {
+func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, plan []inPlan, idx []int) []byte {
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, id, 10)
 	b = append(b, `,"op":"step","model":`...)
@@ -140,7 +144,7 @@ func appendStep(b []byte, id uint64, model string, batch []engine.StepInput, pla
 		b = append(b, "],"...)
 		b = strconv.AppendBool(b, in.Sample)
 		b = append(b, ',')
-		b = appendParams(b, in.Params, in.Sample)
+		b = appendParams(b, in.Params, in.Sample, in.Allowed, vocab)
 		if n > 1 || back > 0 {
 			b = append(b, ',')
 			b = strconv.AppendInt(b, int64(n), 10)
@@ -154,7 +158,7 @@ func appendStep(b []byte, id uint64, model string, batch []engine.StepInput, pla
 
 // appendParams writes the compact sampling object PROTOCOL.md describes;
 // zero fields are left out.
-func appendParams(b []byte, p *engine.SamplingParams, sample bool) []byte {
+func appendParams(b []byte, p *engine.SamplingParams, sample bool, allowed []uint64, vocab int) []byte {
 	if p == nil || !sample {
 		return append(b, "{}"...)
 	}
@@ -188,7 +192,104 @@ func appendParams(b []byte, p *engine.SamplingParams, sample bool) []byte {
 		if !first {
 			b = append(b, ',')
 		}
+		first = false
 		b = append(b, `"l":true`...)
 	}
+	f(`"n":`, float32(p.TopLogprobs))
+	f(`"pp":`, p.PresencePenalty)
+	f(`"fp":`, p.FrequencyPenalty)
+	if len(p.LogitBias) > 0 {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = appendBias(b, p.LogitBias)
+	}
+	if allowed != nil {
+		if !first {
+			b = append(b, ',')
+		}
+		b = appendMask(b, allowed, vocab)
+	}
 	return append(b, '}')
+}
+
+// appendBias writes "lb":[[id,bias],...] in id order.
+func appendBias(b []byte, bias map[int32]float32) []byte {
+	ids := make([]int32, 0, len(bias))
+	for id := range bias {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	b = append(b, `"lb":[`...)
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, int64(id), 10)
+		b = append(b, ',')
+		b = strconv.AppendFloat(b, float64(bias[id]), 'g', -1, 32)
+		b = append(b, ']')
+	}
+	return append(b, ']')
+}
+
+// appendMask writes the step's allowed-token mask as "x", in the smallest
+// of three forms (PROTOCOL.md): the allowed ids ("a"), the disallowed ids
+// ("d", with "v" the vocabulary size), or the bitset in base64 ("b").
+func appendMask(b []byte, mask []uint64, vocab int) []byte {
+	words := engine.MaskWords(vocab)
+	allowed := 0
+	for i, w := range mask[:words] {
+		if i == words-1 && vocab%64 != 0 {
+			w &= 1<<(vocab%64) - 1
+		}
+		allowed += bits.OnesCount64(w)
+	}
+	const idBytes = 7 // a typical id and its comma
+	bitset := (vocab/8 + 2) * 4 / 3
+	switch {
+	case allowed*idBytes <= bitset:
+		return append(appendIDs(append(b, `"x":{"a":[`...), mask, vocab, true), '}')
+	case (vocab-allowed)*idBytes <= bitset:
+		b = appendIDs(append(b, `"x":{"d":[`...), mask, vocab, false)
+		b = append(b, `,"v":`...)
+		return append(strconv.AppendInt(b, int64(vocab), 10), '}')
+	}
+	raw := make([]byte, 8*words)
+	for i, w := range mask[:words] {
+		binary.LittleEndian.PutUint64(raw[8*i:], w)
+	}
+	raw = raw[:(vocab+7)/8]
+	if vocab%8 != 0 {
+		raw[len(raw)-1] &= 1<<(vocab%8) - 1
+	}
+	b = append(b, `"x":{"b":"`...)
+	b = base64.StdEncoding.AppendEncode(b, raw)
+	return append(b, `"}`...)
+}
+
+// appendIDs writes the ids below vocab whose bit equals set, then "]".
+func appendIDs(b []byte, mask []uint64, vocab int, set bool) []byte {
+	first := true
+	for i := 0; i < engine.MaskWords(vocab); i++ {
+		w := mask[i]
+		if !set {
+			w = ^w
+		}
+		for w != 0 {
+			id := i*64 + bits.TrailingZeros64(w)
+			w &= w - 1
+			if id >= vocab {
+				break
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = strconv.AppendInt(b, int64(id), 10)
+		}
+	}
+	return append(b, ']')
 }

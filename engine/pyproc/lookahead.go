@@ -62,18 +62,22 @@ func lookaheadFor(configured int, device string, hellos []reply) int {
 }
 
 // canLookahead reports whether a sampling input's tokens may be decoded
-// ahead. The repetition penalty is left out: it is applied on the host
-// from the sequence's tokens, a round trip per token either way. The
-// worker applies the same rule (lookahead.allowed).
-func canLookahead(p *engine.SamplingParams) bool {
-	return p == nil || (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1)
+// ahead: not with a per-step allowed-token mask (the caller computes the
+// next one from the token it is given), nor with parameters applied on
+// the host from the sequence's tokens or returned per token beside it
+// (penalties, logit bias, top log-probabilities). The worker applies the
+// same rule (lookahead.allowed).
+func canLookahead(in *engine.StepInput) bool {
+	p := in.Params
+	return in.Allowed == nil && (p == nil || ((p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
+		!p.Adjusts() && p.TopLogprobs == 0))
 }
 
 // servable reports whether input in can take its output from the
 // sequence's lookahead buffer.
 func servable(in *engine.StepInput, st *ahead) bool {
 	return st != nil && len(st.buf) > 0 && st.has && in.Sample && len(in.Tokens) == 1 &&
-		in.Tokens[0] == st.last && canLookahead(in.Params)
+		in.Tokens[0] == st.last && canLookahead(in)
 }
 
 // fromBuffers answers the whole step from the lookahead buffers, or
@@ -125,7 +129,7 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			// A prompt chunk samples just its first token, so lookahead
 			// never delays time to first token; decoding ahead starts
 			// with the next step.
-			if m.k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in.Params) {
+			if m.k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
 				p.n = m.k
 			}
 		}
@@ -151,6 +155,12 @@ func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine
 		o := engine.StepOutput{Seq: in.Seq, Token: r.Tokens[k]}
 		if k < len(r.Logprobs) {
 			o.Logprob = r.Logprobs[k]
+		}
+		if k < len(r.Top) && len(r.Top[k]) > 0 { // never with lookahead: canLookahead
+			o.Top = make([]engine.TokenLogprob, len(r.Top[k]))
+			for j, e := range r.Top[k] {
+				o.Top[j] = engine.TokenLogprob{Token: int32(e[0]), Logprob: float32(e[1])}
+			}
 		}
 		got = append(got, o)
 		if k < len(r.More) {

@@ -26,15 +26,16 @@ const protocolVersion = 1
 
 // reply is any line a worker writes: a handshake, a heartbeat or a reply.
 type reply struct {
-	ID       uint64     `json:"id"`
-	Type     string     `json:"type"`
-	OK       bool       `json:"ok"`
-	Error    *wireError `json:"error"`
-	Tokens   []int32    `json:"tokens"`
-	Logprobs []float32  `json:"logprobs"`
-	Reused   int        `json:"reused"`
-	Info     *wireInfo  `json:"info"`
-	Warmed   []int      `json:"batch_sizes"`
+	ID       uint64         `json:"id"`
+	Type     string         `json:"type"`
+	OK       bool           `json:"ok"`
+	Error    *wireError     `json:"error"`
+	Tokens   []int32        `json:"tokens"`
+	Logprobs []float32      `json:"logprobs"`
+	Top      [][][2]float64 `json:"top"`
+	Reused   int            `json:"reused"`
+	Info     *wireInfo      `json:"info"`
+	Warmed   []int          `json:"batch_sizes"`
 	// Lookahead: per sampling input, the tokens decoded after Tokens.
 	More         [][]int32   `json:"more"`
 	MoreLogprobs [][]float32 `json:"more_logprobs"`

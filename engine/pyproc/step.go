@@ -50,7 +50,7 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	for _, p := range order {
 		g := m.groups[p]
 		g.id, g.ch, g.err = p.send(func(b []byte, id uint64) []byte {
-			return appendStep(b, id, m.handle, batch, plan, g.idx)
+			return appendStep(b, id, m.handle, m.info.VocabSize, batch, plan, g.idx)
 		}, true)
 	}
 	var firstErr error
@@ -84,6 +84,14 @@ func (m *Model) checkBatch(batch []engine.StepInput) error {
 		}
 		if in.Sample && in.Params != nil {
 			if err := in.Params.Validate(); err != nil {
+				return err
+			}
+			if err := in.Params.CheckVocab(m.info.VocabSize); err != nil {
+				return err
+			}
+		}
+		if in.Sample {
+			if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
 				return err
 			}
 		}

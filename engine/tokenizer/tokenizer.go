@@ -214,3 +214,13 @@ func (t *Tokenizer) TokenID(token string) (int32, bool) {
 func (t *Tokenizer) IsSpecial(id int32) bool {
 	return id >= 0 && int(id) < len(t.special) && t.special[id]
 }
+
+// TokenBytes returns the bytes id decodes to on its own (nil for ids
+// outside the vocabulary). Constrained decoding matches these against a
+// grammar. The caller must not modify the slice.
+func (t *Tokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.pieces) {
+		return nil
+	}
+	return t.pieces[id]
+}

@@ -12,7 +12,7 @@ and the host reads all the tokens once at the end.
 """
 import torch
 
-from sampling import _filter, _generator, sample_rows
+from sampling import _filter, _generator, note_fed, sample_rows
 
 MAX_AHEAD = 64
 _PLAIN = {"t", "k", "p", "m", "s", "l"}
@@ -96,9 +96,10 @@ def run_chain(model, items, tokens, want):
     out, lps = _finish(ch)
     first = [o[0] for o in out]
     more = [o[1:] for o in out]
+    none = [[] for _ in items]  # no top log-probabilities: allowed() refuses them
     if lps is None:
-        return first, [0.0] * len(items), more, None
-    return first, [p[0] for p in lps], more, [p[1:] for p in lps]
+        return first, [0.0] * len(items), none, more, None
+    return first, [p[0] for p in lps], none, more, [p[1:] for p in lps]
 
 
 def run(model, items, first, want):
@@ -125,8 +126,9 @@ def _run_host(model, items, first, want, steps):
         seqs = [items[i][1] for i in act]
         rows = model._forward(sub, seqs)
         remember(items, model.device, act)
-        toks, lp = sample_rows(rows, [items[i] for i in act], model.device)
+        toks, lp, _ = sample_rows(rows, [items[i] for i in act], model.device)
         for i, t, l in zip(act, toks, lp):
+            note_fed(items[i][1], [last[i]])
             more[i].append(t)
             lps[i].append(l)
             last[i] = t
@@ -156,7 +158,7 @@ def _sample(model, items, logits, active, step):
 
 
 class _Chain:
-    __slots__ = ("items", "feed", "run", "steps", "plan", "last", "host", "hostl", "event")
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event")
 
 
 def _launch(model, items, feed, want, done, pre):
@@ -170,7 +172,7 @@ def _launch(model, items, feed, want, done, pre):
     dev = model.device
     S = len(items)
     ch = _Chain()
-    ch.items, ch.feed = items, feed
+    ch.items, ch.feed, ch.done = items, feed, done
     ch.run = [w - done for w in want]
     ch.steps = max(ch.run)
     p0 = [len(s.tokens) for _, s in items]
@@ -217,6 +219,9 @@ def _finish(ch):
         if run[i] > 0:  # fed: feed[i], then every sampled token but the last
             s.tokens.append(ch.feed[i])
             s.tokens.extend(res[i][:-1])
+            # The step's own tokens were counted when it arrived (done 0).
+            note_fed(s, ([ch.feed[i]] if ch.done else []) + res[i][:-1])
+        s.sampled = True
     if ch.hostl is None:
         return res, None
     lpv = ch.hostl.tolist()

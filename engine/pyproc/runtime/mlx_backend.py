@@ -20,7 +20,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from errors import CheckpointError, ProtocolError
 
 CAPABILITIES = {"batch": False, "prefix_cache": False, "logprobs": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
 # mlx_lm builds Mistral with its llama module.
 MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
@@ -37,6 +38,44 @@ def load(path, opts):
 class Seq:
     def __init__(self, cache, held):
         self.cache, self.tokens, self.held, self.key = cache, [], held, None
+        self.sampled, self.counts = False, {}
+
+
+def _allowed(x, width):
+    """The protocol's allowed-token mask as a numpy bool array."""
+    import base64
+
+    import numpy as np
+    if "a" in x:
+        m = np.zeros(width, dtype=bool)
+        m[[i for i in x["a"] if 0 <= i < width]] = True
+    elif "d" in x:
+        m = np.ones(width, dtype=bool)
+        m[[i for i in x["d"] if 0 <= i < width]] = False
+        m[int(x.get("v", width)):] = False
+    else:
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(x["b"]), dtype=np.uint8), bitorder="little").astype(bool)
+        m = np.zeros(width, dtype=bool)
+        n = min(width, bits.shape[0])
+        m[:n] = bits[:n]
+    return m
+
+
+def _adjust(logits, s, p):
+    """Presence and frequency penalties, logit bias, allowed mask."""
+    pp, fp = float(p.get("pp") or 0), float(p.get("fp") or 0)
+    if (pp or fp) and s.counts:
+        ids = list(s.counts)
+        idx = mx.array(ids)
+        logits[idx] = logits[idx] - (pp + fp * mx.array([s.counts[i] for i in ids], dtype=mx.float32))
+    lb = p.get("lb")
+    if lb:
+        idx = mx.array([int(i) for i, _ in lb])
+        logits[idx] = logits[idx] + mx.array([float(b) for _, b in lb], dtype=mx.float32)
+    x = p.get("x")
+    if x:
+        logits = mx.where(mx.array(_allowed(x, logits.shape[0])), logits, -mx.inf)
+    return logits
 
 
 class MlxModel:
@@ -117,7 +156,7 @@ class MlxModel:
     def step(self, batch):
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
-        toks, lps = [], []
+        toks, lps, tops = [], [], []
         for seq, tokens, sample, params in batch:
             s = self.seqs.get(seq)
             if s is None:
@@ -130,12 +169,17 @@ class MlxModel:
             self.used += grow
             s.held += grow
             logits = self.model(mx.array(tokens)[None], cache=s.cache)[0, -1].astype(mx.float32)
+            if s.sampled:
+                for t in tokens:
+                    s.counts[t] = s.counts.get(t, 0) + 1
             s.tokens.extend(tokens)
             if sample:
-                t, lp = self._sample(logits, s, params)
+                s.sampled = True
+                t, lp, top = self._sample(logits, s, params)
                 toks.append(t)
                 lps.append(lp)
-        return toks, lps
+                tops.append(top)
+        return toks, lps, tops
 
     def _sample(self, logits, s, p):
         r = float(p.get("r") or 0)
@@ -143,6 +187,7 @@ class MlxModel:
             idx = mx.array(sorted(set(s.tokens)))
             v = logits[idx]
             logits[idx] = mx.where(v > 0, v / r, v * r)
+        logits = _adjust(logits, s, p)
         logprobs = logits - mx.logsumexp(logits)
         temp = float(p.get("t") or 0)
         if temp == 0:
@@ -171,4 +216,9 @@ class MlxModel:
             s.key, sub = mx.random.split(s.key)
             tok = mx.random.categorical(mx.log(probs), key=sub)
         tok = int(tok.item())
-        return tok, (float(logprobs[tok].item()) if p.get("l") else 0.0)
+        n = int(p.get("n") or 0)
+        top = []
+        if n > 0:
+            order = mx.argsort(-logprobs)[:n].tolist()
+            top = [[int(i), float(logprobs[i].item())] for i in order if float(logprobs[i].item()) != float("-inf")]
+        return tok, (float(logprobs[tok].item()) if p.get("l") or n else 0.0), top

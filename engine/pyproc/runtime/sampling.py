@@ -1,12 +1,22 @@
 """Sampling on the device: greedy, temperature, top-k, top-p, min-p,
-repetition penalty, per-sequence seeded generators.
+repetition, presence and frequency penalties, logit bias, allowed-token
+masks, top log-probabilities, per-sequence seeded generators.
 
 Parameters arrive as the protocol's compact dict: t temperature, k top-k,
-p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob.
+p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob,
+n top log-probabilities, pp presence and fp frequency penalty, lb logit
+bias ([[id, bias], ...]), x this step's allowed-token mask ({"a": ids},
+{"d": ids} or {"b": base64 bitset}).
 """
+import base64
 import random
 
 import torch
+
+try:
+    import numpy as _np
+except ImportError:  # torch runs without numpy; the bitset path then uses torch ops
+    _np = None
 
 
 def _generator(seq, params, device):
@@ -18,6 +28,15 @@ def _generator(seq, params, device):
     return seq.gen
 
 
+def note_fed(seq, toks):
+    """Counts the tokens fed after the sequence's first sample: the
+    generated ones, for presence and frequency penalties."""
+    if getattr(seq, "sampled", False):
+        counts = seq.counts
+        for t in toks:
+            counts[t] = counts.get(t, 0) + 1
+
+
 def _penalise(row, seq, r):
     if not seq.tokens:
         return row
@@ -25,6 +44,56 @@ def _penalise(row, seq, r):
     vals = row[idx]
     row = row.clone()
     row[idx] = torch.where(vals > 0, vals / r, vals * r)
+    return row
+
+
+def allowed_mask(x, width, device):
+    """Decodes the protocol's mask into a bool tensor of width entries;
+    ids past the mask are disallowed."""
+    if "a" in x:
+        m = torch.zeros(width, dtype=torch.bool)
+        ids = [i for i in x["a"] if 0 <= i < width]
+        if ids:
+            m[torch.tensor(ids)] = True
+    elif "d" in x:
+        m = torch.ones(width, dtype=torch.bool)
+        ids = [i for i in x["d"] if 0 <= i < width]
+        if ids:
+            m[torch.tensor(ids)] = False
+        if "v" in x and x["v"] < width:
+            m[int(x["v"]):] = False
+    else:
+        m = torch.zeros(width, dtype=torch.bool)
+        bits = _unpack(base64.b64decode(x["b"]))
+        n = min(width, bits.shape[0])
+        m[:n] = bits[:n]
+    return m.to(device)
+
+
+def _unpack(raw):
+    """Bits of raw, least significant first, as a bool tensor."""
+    if _np is not None:
+        return torch.from_numpy(_np.unpackbits(_np.frombuffer(raw, dtype=_np.uint8), bitorder="little").view(_np.bool_))
+    b = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
+
+
+def _adjust(row, seq, params):
+    """Penalties, logit bias and the allowed mask, in the engine's order."""
+    pp, fp = float(params.get("pp") or 0), float(params.get("fp") or 0)
+    counts = getattr(seq, "counts", None)
+    if (pp or fp) and counts:
+        ids = list(counts)
+        idx = torch.tensor(ids, device=row.device)
+        n = torch.tensor([counts[i] for i in ids], device=row.device, dtype=row.dtype)
+        row[idx] -= pp + fp * n
+    lb = params.get("lb")
+    if lb:
+        idx = torch.tensor([int(i) for i, _ in lb], device=row.device)
+        row[idx] += torch.tensor([float(b) for _, b in lb], device=row.device, dtype=row.dtype)
+    x = params.get("x")
+    if x:
+        row.masked_fill_(~allowed_mask(x, row.shape[-1], row.device), float("-inf"))
     return row
 
 
@@ -51,26 +120,37 @@ def _filter(row, params):
 
 def sample_rows(logits, items, device):
     """logits [S, vocab] float32; items: (params, seq) per row. Returns the
-    sampled token ids and their logprobs (0.0 where not asked)."""
+    sampled token ids, their logprobs (0.0 where not asked) and the top
+    log-probabilities ([] where not asked) as [[id, logprob], ...]."""
     S = logits.shape[0]
     if S == 0:
-        return [], []
+        return [], [], []
     pen = [(i, float(p.get("r") or 0), s) for i, (p, s) in enumerate(items)]
     pen = [(i, r, s) for i, r, s in pen if r > 0 and r != 1]
-    if pen:
+    adj = [i for i, (p, _) in enumerate(items) if p.get("x") or p.get("lb") or p.get("pp") or p.get("fp")]
+    if pen or adj:
         logits = logits.clone()
         for i, r, s in pen:
             logits[i] = _penalise(logits[i], s, r)
+        for i in adj:
+            params, seq = items[i]
+            logits[i] = _adjust(logits[i], seq, params)
     out = torch.argmax(logits, dim=-1)
     for i, (params, seq) in enumerate(items):
         if float(params.get("t") or 0) > 0:
             probs = _filter(logits[i], params)
             out[i] = torch.multinomial(probs, 1, generator=_generator(seq, params, device))[0]
-    want = [i for i, (params, _) in enumerate(items) if params.get("l")]
-    lps = [0.0] * S
+        seq.sampled = True
+    want = [i for i, (params, _) in enumerate(items) if params.get("l") or params.get("n")]
+    lps, tops = [0.0] * S, [[] for _ in range(S)]
     if want:
         w = torch.tensor(want, device=logits.device)
-        lp = torch.log_softmax(logits[w], dim=-1).gather(1, out[w].unsqueeze(1)).squeeze(1).tolist()
-        for i, v in zip(want, lp):
+        ls = torch.log_softmax(logits[w], dim=-1)
+        lp = ls.gather(1, out[w].unsqueeze(1)).squeeze(1).tolist()
+        for k, (i, v) in enumerate(zip(want, lp)):
             lps[i] = v
-    return out.tolist(), lps
+            n = int(items[i][0].get("n") or 0)
+            if n > 0:
+                vals, ids = torch.topk(ls[k], min(n, ls.shape[-1]))
+                tops[i] = [[int(a), float(b)] for a, b in zip(ids.tolist(), vals.tolist()) if b != float("-inf")]
+    return out.tolist(), lps, tops

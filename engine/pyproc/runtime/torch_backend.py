@@ -8,13 +8,14 @@ import torch
 
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
-from sampling import sample_rows
+from sampling import note_fed, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 import lookahead
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"]}
+                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
 
 def load(path, opts):
@@ -50,10 +51,11 @@ def pick_dtype(name, device, cfg):
 
 
 class Seq:
-    __slots__ = ("slot", "tokens", "gen", "held", "hist")
+    __slots__ = ("slot", "tokens", "gen", "held", "sampled", "counts", "hist")
 
     def __init__(self, slot, tokens, held):
         self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
+        self.sampled, self.counts = False, {}
         self.hist = None  # generator states before recent draws (lookahead.rewind)
 
 
@@ -219,10 +221,11 @@ class TorchModel:
 
     def step(self, batch):
         """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
-        (tokens, logprobs, more, more_logprobs) for the sampling inputs in
-        order; more holds the tokens decoded ahead (lookahead.py)."""
+        (tokens, logprobs, top logprobs) for the sampling inputs in order,
+        then (more, more_logprobs) when inputs asked for lookahead: the
+        tokens decoded after them (lookahead.py)."""
         if not batch:
-            return [], []
+            return [], [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         lookahead.settle(self, batch)
@@ -253,6 +256,7 @@ class TorchModel:
         self.used += grow
         for b, s in zip(batch, seqs):
             s.held = max(s.held, len(s.tokens) + len(b[1]))
+            note_fed(s, b[1])
         want = lookahead.plan(self, batch, seqs)
         self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
         with torch.no_grad():
@@ -263,11 +267,11 @@ class TorchModel:
             rows = self._forward(batch, seqs)
             if self.lookahead_used:
                 lookahead.remember(items, self.device)
-            toks, lps = sample_rows(rows, items, self.device)
+            toks, lps, tops = sample_rows(rows, items, self.device)
             if max(want, default=1) <= 1:
-                return toks, lps
+                return toks, lps, tops
             more, more_lps = lookahead.run(self, items, toks, want)
-            return toks, lps, more, more_lps
+            return toks, lps, tops, more, more_lps
 
     def _forward(self, batch, seqs):
         decode = all(len(b[1]) == 1 and b[2] for b in batch)

@@ -106,10 +106,12 @@ class Worker:
             r = {"tokens": res[0]}
             if any(res[1]):
                 r["logprobs"] = res[1]
-            if len(res) > 2:  # lookahead: the tokens decoded after these
-                r["more"] = res[2]
-                if res[3] is not None:
-                    r["more_logprobs"] = res[3]
+            if len(res) > 2 and any(res[2]):
+                r["top"] = res[2]
+            if len(res) > 3:  # lookahead: the tokens decoded after these
+                r["more"] = res[3]
+                if res[4] is not None:
+                    r["more_logprobs"] = res[4]
             return r
         if op == "open":
             return {"reused": self.model(req).open(req["seq"], req["prompt"], req.get("key", ""))}

@@ -1,0 +1,37 @@
+// Tool calling and structured output through LangChain JS and the Vercel
+// AI SDK, with tool_choice required. Run from a directory whose
+// node_modules holds them (the Go test links it). Usage: node agents.mjs
+// <base URL>. Prints one JSON object for the Go test to check.
+import { ChatOpenAI } from "@langchain/openai";
+import { generateText, tool, jsonSchema } from "ai";
+import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
+import { z } from "zod";
+
+const base = process.argv[2];
+const weather = z.object({ city: z.string().max(12), unit: z.enum(["celsius", "fahrenheit"]) });
+const out = {};
+
+// LangChain: bindTools with a required call, then structured output.
+const llm = new ChatOpenAI({
+  model: "tiny", apiKey: "unused", configuration: { baseURL: base + "/v1" },
+  maxTokens: 200, temperature: 1, maxRetries: 0,
+});
+const lcTools = llm.bindTools([{ name: "get_weather", description: "Weather in a city", schema: weather }], { tool_choice: "required" });
+const msg = await lcTools.invoke("Weather in Paris?");
+out.langchain = { calls: msg.tool_calls.map((c) => ({ name: c.name, args: c.args, id: c.id })) };
+const structured = llm.withStructuredOutput(weather, { name: "weather", method: "jsonSchema" });
+out.langchainStructured = await structured.invoke("Weather in Paris as JSON");
+
+// Vercel AI SDK: generateText with a required tool.
+const provider = createOpenAICompatible({ name: "mlxserving", baseURL: base + "/v1", apiKey: "unused" });
+const r = await generateText({
+  model: provider("tiny"),
+  prompt: "Weather in Paris?",
+  tools: { get_weather: tool({ description: "Weather in a city", inputSchema: weather }) },
+  toolChoice: "required",
+  maxOutputTokens: 200,
+  temperature: 1,
+  seed: 3,
+});
+out.aisdk = { calls: r.toolCalls.map((c) => ({ name: c.toolName, args: c.input ?? c.args, id: c.toolCallId })), finish: r.finishReason };
+console.log(JSON.stringify(out));

@@ -1,0 +1,33 @@
+// Package grammar constrains decoding to JSON that matches a JSON schema.
+//
+// Compile turns a schema (the subset OpenAI's structured outputs accept:
+// objects with required and optional properties, arrays, enum, const,
+// strings with lengths, patterns and common formats, numbers and integers
+// with bounds, booleans, null, anyOf, $ref into $defs) or "any JSON object"
+// into a [Grammar] bound to one model vocabulary ([Vocab]). A [Matcher]
+// follows one generated sequence: at every step it fills the set of token
+// ids that keep the output a valid prefix of a matching document, and
+// Accept advances it with the token the sampler picked. EOS is allowed only
+// once the document is complete.
+//
+// The matcher works on bytes, so it is tokenizer-aware without knowing the
+// tokenizer: a token is allowed when all its bytes are accepted in order
+// (multi-character tokens, byte-level BPE pieces and SentencePiece byte
+// fallbacks alike). The vocabulary is kept as a byte trie walked with
+// pruning; inside free strings, where nearly every token is allowed, a
+// precomputed set of "string-safe" tokens by length replaces the walk.
+//
+// Free whitespace, number length, unconstrained string length, array and
+// object sizes and the total number of values are bounded (see [Limits]),
+// so that even a model that samples at random ends with a complete
+// document within a modest number of tokens.
+//
+//	v := grammar.NewVocab(pieces, eos, special)
+//	g, err := v.Compile(schema, grammar.Limits{})
+//	m := g.NewMatcher()
+//	for !m.Done() {
+//		m.FillMask(mask) // bit i of mask: token i allowed
+//		tok := sample(logits, mask)
+//		m.Accept(tok)
+//	}
+package grammar

@@ -1,0 +1,244 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
+)
+
+// startFunc sends the request to one backend.
+type startFunc func(ctx context.Context, b Backend) (*api.Stream, error)
+
+// serve places the request on a backend and returns a stream that fails
+// over to another backend while no token has reached the caller.
+func (lb *LoadBalancer) serve(ctx context.Context, r Route, start startFunc) (*api.Stream, error) {
+	lb.mu.RLock()
+	closed := lb.closed
+	lb.mu.RUnlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	src := &failoverSource{lb: lb, route: r, start: start, tried: make(map[*member]bool)}
+	if r.Prefix != "" {
+		src.hashes = chunkHashes(lb.seed, r.Prefix)
+	}
+	if err := src.open(ctx); err != nil {
+		return nil, err
+	}
+	h := src.cur.Header()
+	h.Backend = src.m.name
+	return api.NewStream(ctx, src, h), nil
+}
+
+// failsOver reports whether err, met before any token reached the caller,
+// sends the request on to another backend: the backend could not take or
+// keep it (down, shutting down, full, lost its worker, lost the model),
+// as opposed to the request being wrong or the caller gone.
+func failsOver(ctx context.Context, err error) bool {
+	var de *retry.DeadlineError
+	var ie *retry.InterruptedError
+	var se *retry.StatusError
+	switch {
+	case err == nil || ctx.Err() != nil:
+		return false
+	case errors.Is(err, engine.ErrInvalidParam), errors.Is(err, engine.ErrContextLength),
+		errors.Is(err, api.ErrUnknownTier), errors.Is(err, ErrRateLimited),
+		errors.As(err, &de), errors.As(err, &ie):
+		return false
+	case errors.As(err, &se):
+		return se.Code >= 500 || se.Code == 429 || se.Code == 404 || se.Code == 408
+	}
+	return true
+}
+
+// backendFault reports whether err is the backend's failure, counted by its
+// breaker: it would fail over, and it is not a backend merely being busy
+// (a full queue) or lacking the model.
+func backendFault(err error) bool {
+	var se *retry.StatusError
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrQueueFull), errors.Is(err, engine.ErrModelNotFound):
+		return false
+	case errors.As(err, &se) && (se.Code == 429 || se.Code == 404):
+		return false
+	}
+	return failsOver(context.Background(), err)
+}
+
+// failoverSource is the api.Source of a balanced request: the stream of
+// the backend it runs on, replaced by another backend's if the first
+// fails before a token reached the caller.
+type failoverSource struct {
+	lb     *LoadBalancer
+	route  Route
+	hashes []uint64
+	start  startFunc
+
+	mu        sync.Mutex
+	cur       *api.Stream
+	m         *member
+	done      func(error) // reports the attempt's outcome to m's breaker
+	tried     map[*member]bool
+	closed    bool
+	closeErr  error
+	began     time.Time
+	delivered int
+}
+
+// open places the request on the next backend, trying others while they
+// refuse it. It returns a *NoBackendError when none takes it.
+func (s *failoverSource) open(ctx context.Context) error {
+	var last error
+	attempts := 0
+	for attempts < s.lb.cfg.maxAttempts {
+		m, panicMode := s.lb.pick(ctx, s.route, s.hashes, s.tried)
+		if m == nil {
+			break
+		}
+		s.tried[m] = true
+		done := func(error) {}
+		if !panicMode {
+			d, err := m.breaker.Allow()
+			if err != nil {
+				last = err
+				continue
+			}
+			done = d
+		}
+		attempts++
+		m.inflight.Add(1)
+		began := time.Now()
+		st, err := s.start(ctx, m.backend)
+		if err != nil {
+			m.inflight.Add(-1)
+			done(err)
+			if !failsOver(ctx, err) {
+				return err
+			}
+			s.lb.cfg.logger.Debug("backend refused; failing over", "backend", m.name, "err", err)
+			last = err
+			s.lb.stats.failovers.Add(1)
+			continue
+		}
+		s.lb.routed(ctx, m, s.route, s.hashes)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			st.Close()
+			m.inflight.Add(-1)
+			done(nil)
+			return s.closeErr
+		}
+		s.cur, s.m, s.done, s.began = st, m, done, began
+		s.mu.Unlock()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.lb.stats.refused.Add(1)
+	return &NoBackendError{Model: s.route.Model, Tried: len(s.tried), RetryAfter: s.lb.retryAfter(last), Last: last}
+}
+
+// retryAfter is the wait a caller refused by every backend is told: the
+// last backend's own Retry-After, or the breakers' open time.
+func (lb *LoadBalancer) retryAfter(last error) time.Duration {
+	if d, ok := retry.RetryAfter(last); ok {
+		return d
+	}
+	return lb.cfg.refusedRetryAfter
+}
+
+// Recv returns the next chunk of the current backend's stream, failing
+// over to another backend when it breaks before the first token.
+func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
+	for {
+		s.mu.Lock()
+		cur := s.cur
+		s.mu.Unlock()
+		c, err := cur.Recv()
+		if err == nil {
+			s.observe(c)
+			return c, nil
+		}
+		if errors.Is(err, io.EOF) {
+			s.finish(nil)
+			return api.Chunk{}, io.EOF
+		}
+		s.finish(err)
+		s.mu.Lock()
+		delivered, closed := s.delivered, s.closed
+		s.mu.Unlock()
+		if delivered == 0 && !closed && failsOver(ctx, err) {
+			s.lb.stats.failovers.Add(1)
+			s.lb.cfg.logger.Warn("backend failed before the first token; failing over", "backend", s.m.name, "err", err)
+			if oerr := s.open(ctx); oerr != nil {
+				return api.Chunk{}, oerr
+			}
+			continue
+		}
+		if delivered > 0 && ctx.Err() == nil && !closed {
+			s.lb.stats.interrupted.Add(1)
+			var ie *retry.InterruptedError
+			if !errors.As(err, &ie) {
+				err = &retry.InterruptedError{Delivered: delivered, Err: err}
+			}
+		}
+		return api.Chunk{}, err
+	}
+}
+
+// observe counts what reached the caller and times the first token.
+func (s *failoverSource) observe(c api.Chunk) {
+	if !c.HasToken && c.Text == "" {
+		return
+	}
+	s.mu.Lock()
+	first := s.delivered == 0
+	s.delivered++
+	m, began := s.m, s.began
+	s.mu.Unlock()
+	if first {
+		now := time.Now()
+		m.observe(now.Sub(began), now)
+	}
+}
+
+// finish ends the current attempt once: it leaves the backend's in-flight
+// count and tells its breaker how it went.
+func (s *failoverSource) finish(err error) {
+	s.mu.Lock()
+	done, m := s.done, s.m
+	s.done = nil
+	s.mu.Unlock()
+	if done == nil {
+		return
+	}
+	m.inflight.Add(-1)
+	done(err)
+}
+
+// Close stops the current backend's stream.
+func (s *failoverSource) Close(err error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed, s.closeErr = true, err
+	cur := s.cur
+	s.mu.Unlock()
+	if cur != nil {
+		cur.Close()
+	}
+	s.finish(nil)
+}
+
+func expNeg(x float64) float64 { return math.Exp(-x) }

@@ -1,0 +1,146 @@
+package scheduler
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/mlxserving/mlxserving/retry"
+)
+
+// LBOption configures a LoadBalancer.
+type LBOption func(*lbConfig) error
+
+type lbConfig struct {
+	strategy          Strategy
+	maxAttempts       int
+	healthInterval    time.Duration
+	healthTimeout     time.Duration
+	breakerOpts       []retry.BreakerOption
+	affinity          AffinityStore
+	affinityTTL       time.Duration
+	affinityTimeout   time.Duration
+	prefixChunks      int
+	refusedRetryAfter time.Duration
+	logger            *slog.Logger
+}
+
+// Defaults of a LoadBalancer.
+const (
+	// DefaultLBAttempts is how many backends one request may be tried on
+	// before its first token.
+	DefaultLBAttempts = 3
+	// DefaultHealthInterval is the active health-check interval (Envoy's
+	// outlier-detection interval).
+	DefaultHealthInterval = 10 * time.Second
+	// DefaultEjection is how long a backend whose breaker opened stays
+	// out before probes are let through (Envoy's base ejection time).
+	DefaultEjection = 30 * time.Second
+	// DefaultAffinityTTL is how long a shared session assignment lives
+	// without use.
+	DefaultAffinityTTL = 30 * time.Minute
+	// DefaultPrefixChunks bounds each backend's approximate prefix index
+	// (llm-d's per-server LRU of 31,250 blocks).
+	DefaultPrefixChunks = 31250
+)
+
+func defaultLBConfig() lbConfig {
+	return lbConfig{
+		strategy:          Weighted(DefaultWeights),
+		maxAttempts:       DefaultLBAttempts,
+		healthInterval:    DefaultHealthInterval,
+		healthTimeout:     2 * time.Second,
+		breakerOpts:       []retry.BreakerOption{retry.WithOpenTimeout(DefaultEjection), retry.WithFailure(backendFault)},
+		affinityTTL:       DefaultAffinityTTL,
+		affinityTimeout:   100 * time.Millisecond,
+		prefixChunks:      DefaultPrefixChunks,
+		refusedRetryAfter: time.Second,
+		logger:            discardLogger(),
+	}
+}
+
+// WithStrategy sets the routing strategy. The default is
+// Weighted(DefaultWeights).
+func WithStrategy(s Strategy) LBOption {
+	return func(c *lbConfig) error {
+		if s == nil {
+			return errors.New("strategy is nil")
+		}
+		c.strategy = s
+		return nil
+	}
+}
+
+// WithFailoverAttempts sets how many backends a request may be tried on
+// before its first token (default 3). 1 turns failover off.
+func WithFailoverAttempts(n int) LBOption {
+	return func(c *lbConfig) error {
+		if n < 1 {
+			return errors.New("failover attempts must be at least 1")
+		}
+		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithHealthCheck sets the interval and timeout of the active health
+// checks of backends that implement HealthChecker. An interval of 0 turns
+// them off; the default is 10 s with a 2 s timeout.
+func WithHealthCheck(interval, timeout time.Duration) LBOption {
+	return func(c *lbConfig) error {
+		if interval < 0 || timeout <= 0 {
+			return errors.New("health check: interval must be ≥ 0 and timeout > 0")
+		}
+		c.healthInterval, c.healthTimeout = interval, timeout
+		return nil
+	}
+}
+
+// WithBreaker configures each backend's circuit breaker (passive outlier
+// ejection). The default opens after 5 consecutive failures (or half of
+// 10+ requests in a minute) and stays open 30 s.
+func WithBreaker(opts ...retry.BreakerOption) LBOption {
+	return func(c *lbConfig) error {
+		c.breakerOpts = append(c.breakerOpts, opts...)
+		return nil
+	}
+}
+
+// WithAffinityStore shares session → backend assignments through store
+// (e.g. Redis, scheduler/redisaffinity), so every balancer replica routes
+// a session to the same backend. ttl 0 keeps the default, 30 min.
+func WithAffinityStore(store AffinityStore, ttl time.Duration) LBOption {
+	return func(c *lbConfig) error {
+		if store == nil || ttl < 0 {
+			return errors.New("affinity store: store is nil or ttl negative")
+		}
+		c.affinity = store
+		if ttl > 0 {
+			c.affinityTTL = ttl
+		}
+		return nil
+	}
+}
+
+// WithPrefixIndexSize bounds each backend's approximate prefix index, in
+// 64-byte chunks (default 31,250).
+func WithPrefixIndexSize(chunks int) LBOption {
+	return func(c *lbConfig) error {
+		if chunks < 1 {
+			return errors.New("prefix index size must be at least 1")
+		}
+		c.prefixChunks = chunks
+		return nil
+	}
+}
+
+// WithLBLogger sets the logger. The default discards.
+func WithLBLogger(l *slog.Logger) LBOption {
+	return func(c *lbConfig) error {
+		if l == nil {
+			return errors.New("logger is nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
