@@ -18,12 +18,7 @@ import (
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
-// expiryGoroutine is golang-lru/v2 expirable's expiry loop: v2.0.7, its
-// newest release, starts one per LRU and has no way to stop it (see
-// merge.Merger.Close, which empties the LRU it leaves behind).
-const expiryGoroutine = "github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(expiryGoroutine)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type fixture struct {
 	sim *enginetest.Sim

@@ -2,6 +2,7 @@ package merge
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,10 +12,31 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 )
 
-// The expirable LRU's expiry goroutine (golang-lru/v2 v2.0.7) cannot be
-// stopped; see Merger.Close.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"))
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func mustCache(t *testing.T, maxBytes int64, ttl time.Duration) *cache {
+	t.Helper()
+	c, err := newCache(maxBytes, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// checkBound fails t unless c holds at most its bound and its byte count,
+// LRU and age list agree.
+func checkBound(t *testing.T, c *cache) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var sum int64
+	for _, r := range c.lru.Values() {
+		sum += r.size
+	}
+	if b := c.bytes.Load(); b != sum || b > c.max || c.byAge.Len() != c.lru.Len() {
+		t.Fatalf("cache counts %d bytes, holds %d (bound %d); %d entries by age, %d in the LRU",
+			b, sum, c.max, c.byAge.Len(), c.lru.Len())
+	}
 }
 
 func chunks(n int, text string) []api.Chunk {
@@ -31,12 +53,10 @@ func key(i int) Key { return KeyOf(Request{Model: "m", Prompt: []int32{int32(i)}
 // TestCacheByteBound: a cache full of entries never holds more than its
 // byte bound; the least recently used go first and are counted.
 func TestCacheByteBound(t *testing.T) {
-	c := newCache(4000, time.Hour)
+	c := mustCache(t, 4000, time.Hour)
 	for i := range 200 {
 		c.add(key(i), chunks(10, strings.Repeat("x", 1+i%30)))
-		if b := c.bytes.Load(); b > 4000 {
-			t.Fatalf("after %d adds the cache holds %d bytes, bound 4000", i+1, b)
-		}
+		checkBound(t, c)
 	}
 	var st Stats
 	c.stats(&st)
@@ -59,8 +79,11 @@ func TestCacheByteBound(t *testing.T) {
 	}
 }
 
+// TestCacheExpires runs on the real clock: an entry is served while fresh,
+// is a miss and gone once its TTL has passed, and its key can be stored
+// again.
 func TestCacheExpires(t *testing.T) {
-	c := newCache(1<<20, 50*time.Millisecond)
+	c := mustCache(t, 1<<20, 50*time.Millisecond)
 	c.add(key(1), chunks(3, "a"))
 	if _, ok := c.get(key(1)); !ok {
 		t.Fatal("fresh entry missing")
@@ -69,7 +92,126 @@ func TestCacheExpires(t *testing.T) {
 	if _, ok := c.get(key(1)); ok {
 		t.Error("entry outlived its TTL")
 	}
+	var st Stats
+	c.stats(&st)
+	if st.CacheEntries != 0 || st.CacheBytes != 0 || st.CacheEvictions != 1 {
+		t.Errorf("after expiry: %+v", st)
+	}
+	c.add(key(1), chunks(3, "b"))
+	if r, ok := c.get(key(1)); !ok || r.chunks[0].Text != "b" {
+		t.Error("an expired key was not stored again")
+	}
 	c.purge()
+	checkBound(t, c)
+}
+
+// stepClock is a clock the test moves by hand.
+type stepClock struct{ t time.Time }
+
+func (s *stepClock) now() time.Time       { return s.t }
+func (s *stepClock) step(d time.Duration) { s.t = s.t.Add(d) }
+
+func newStepClock(c *cache) *stepClock {
+	s := &stepClock{t: time.Unix(1e9, 0)}
+	c.now = s.now
+	return s
+}
+
+// kb returns a response of n*1000 bytes.
+func kb(n int) []api.Chunk { return chunks(10*n, strings.Repeat("x", 36)) }
+
+func hit(c *cache, i int) bool {
+	_, ok := c.get(key(i))
+	return ok
+}
+
+func entries(c *cache) (n int, b int64, ev uint64) {
+	var st Stats
+	c.stats(&st)
+	return st.CacheEntries, st.CacheBytes, st.CacheEvictions
+}
+
+// TestCacheExpiryBeforeEviction: an expired entry is not served even when
+// it was used recently; expired entries give their bytes back before any
+// live one is evicted; the byte bound holds throughout.
+func TestCacheExpiryBeforeEviction(t *testing.T) {
+	c := mustCache(t, 4000, 10*time.Second)
+	clock := newStepClock(c)
+	c.add(key(0), kb(1))
+	c.add(key(1), kb(1))
+	clock.step(6 * time.Second)
+	c.add(key(2), kb(1))
+	c.add(key(3), kb(1))
+	checkBound(t, c)
+	if !hit(c, 0) { // now the most recently used
+		t.Fatal("fresh entry missing")
+	}
+	clock.step(4 * time.Second) // keys 0 and 1 are exactly 10s old: expired
+	if hit(c, 0) {
+		t.Fatal("an expired entry was served")
+	}
+	if n, b, ev := entries(c); n != 2 || b != 2000 || ev != 2 {
+		t.Fatalf("after expiry: %d entries, %d bytes, %d evictions; want 2, 2000, 2", n, b, ev)
+	}
+	c.add(key(4), kb(1))
+	c.add(key(5), kb(1))
+	checkBound(t, c)
+	for _, i := range []int{2, 3, 4, 5} {
+		if !hit(c, i) {
+			t.Errorf("live entry %d was evicted while expired ones made room", i)
+		}
+	}
+	if _, _, ev := entries(c); ev != 2 {
+		t.Errorf("%d evictions, want 2", ev)
+	}
+	c.add(key(6), kb(2)) // full of live entries: the least recently used go
+	checkBound(t, c)
+	if hit(c, 2) || hit(c, 3) || !hit(c, 4) || !hit(c, 5) || !hit(c, 6) {
+		t.Error("LRU eviction among live entries")
+	}
+	c.add(key(0), kb(1)) // an expired key is stored anew; 4 makes room
+	checkBound(t, c)
+	if !hit(c, 0) || hit(c, 4) || !hit(c, 5) || !hit(c, 6) {
+		t.Error("expired key not stored again, or the wrong entry made room")
+	}
+	clock.step(time.Hour)
+	if n, b, ev := entries(c); n != 0 || b != 0 || ev != 8 {
+		t.Errorf("after every TTL: %d entries, %d bytes, %d evictions; want 0, 0, 8", n, b, ev)
+	}
+	checkBound(t, c)
+}
+
+// TestCacheConcurrent adds, looks up, expires and reads stats from many
+// goroutines (run with -race); the bound holds at every stats read.
+func TestCacheConcurrent(t *testing.T) {
+	c := mustCache(t, 20000, 2*time.Millisecond)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				k := key(g*7 + i%50)
+				if _, ok := c.get(k); !ok {
+					c.add(k, chunks(1+i%20, strings.Repeat("z", 1+i%40)))
+				}
+				if i%50 == 0 {
+					var st Stats
+					c.stats(&st)
+					if st.CacheBytes > 20000 || st.CacheBytes < 0 {
+						t.Errorf("cache holds %d bytes, bound 20000", st.CacheBytes)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	checkBound(t, c)
+	c.purge()
+	checkBound(t, c)
+	if n, b, _ := entries(c); n != 0 || b != 0 {
+		t.Errorf("after purge: %d entries, %d bytes", n, b)
+	}
 }
 
 func TestKeyTellsRequestsApart(t *testing.T) {

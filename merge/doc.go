@@ -17,8 +17,11 @@
 //     more urgent subscriber raises it while it is still queued.
 //   - Response cache: a finished generation one of whose subscribers
 //     opted in is kept in an LRU bounded by bytes and by age (on
-//     github.com/hashicorp/golang-lru/v2/expirable); a later request with
-//     the same key replays it as a normal stream.
+//     github.com/hashicorp/golang-lru/v2/simplelru); a later request with
+//     the same key replays it as a normal stream. Expiry needs no
+//     goroutine: each look-up or store first drops the responses past
+//     their TTL, so an expired response is never served and its bytes go
+//     back to the bound.
 //
 // Join reports which of the two (or neither) served a request as an
 // [Outcome], which the HTTP layer returns in its X-Cache header.

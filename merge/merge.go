@@ -87,12 +87,15 @@ func New(opts ...Option) (*Merger, error) {
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m := &Merger{ctx: ctx, cancel: cancel, flights: make(map[Key]*flight)}
+	var cache *cache
 	if c.cacheBytes > 0 {
-		m.cache = newCache(c.cacheBytes, c.cacheTTL)
+		var err error
+		if cache, err = newCache(c.cacheBytes, c.cacheTTL); err != nil {
+			return nil, err
+		}
 	}
-	return m, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Merger{cache: cache, ctx: ctx, cancel: cancel, flights: make(map[Key]*flight)}, nil
 }
 
 // Stats counts what a Merger did.
@@ -179,13 +182,8 @@ func (m *Merger) forget(f *flight) {
 
 // Close stops every generation in flight (their subscribers get
 // ErrClosed) and empties the cache. Later Joins fail with ErrClosed.
-// Idempotent. A Merger starts no goroutine of its own: subscribers read
-// the generations.
-//
-// One goroutine outlives Close when the cache is on: the expiry loop of
-// golang-lru/v2's expirable LRU, which that library (v2.0.7) starts per
-// LRU and offers no way to stop. Close empties the LRU, so it holds
-// nothing.
+// Idempotent. A Merger starts no goroutine: subscribers read the
+// generations, and the cache expires entries as it is used.
 func (m *Merger) Close() {
 	m.mu.Lock()
 	if m.closed {

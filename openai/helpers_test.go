@@ -21,11 +21,7 @@ import (
 	"github.com/mlxserving/mlxserving/openai"
 )
 
-// The response cache's LRU (golang-lru/v2 expirable, v2.0.7) runs an
-// expiry goroutine that the library gives no way to stop.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"))
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fixture is a real Server on the simulated engine, loaded with the
 // project's test checkpoint (so its tokenizer and chat template are real),
