@@ -25,6 +25,14 @@
 // implement engine.SavedKV: keys evicted by a worker, or lost with it, are
 // reported.
 //
+// On CUDA the torch backend decodes ahead: a decode step asks the worker
+// for 8 tokens per sequence (WithLookahead), which it produces as chained
+// CUDA-graph replays with Triton kernels for attention, the rotary
+// embedding and the fused norms, and Step hands them out without a round
+// trip per token; stop conditions stay the caller's, at the cost of at
+// most 7 wasted tokens per finished sequence. On the CPU (and for the
+// repetition penalty) every token is one round trip.
+//
 // Use:
 //
 //	eng, err := pyproc.New(ctx, pyproc.WithPython("/usr/bin/python3"), pyproc.WithWorkers(2))

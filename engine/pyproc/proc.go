@@ -37,6 +37,9 @@ type reply struct {
 	Evicted  []string       `json:"evicted"`
 	Info     *wireInfo      `json:"info"`
 	Warmed   []int          `json:"batch_sizes"`
+	// Lookahead: per sampling input, the tokens decoded after Tokens.
+	More         [][]int32   `json:"more"`
+	MoreLogprobs [][]float32 `json:"more_logprobs"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`

@@ -6,6 +6,8 @@ embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
 projections and the MLP; attention runs per group: all one-token sequences
 together against their padded caches, each multi-token chunk on its own.
 """
+import json
+import logging
 import math
 import os
 
@@ -16,6 +18,7 @@ from st import Checkpoint, CheckpointError
 from stcheck import read_json
 
 ARCHS = {"llama", "mistral", "qwen2"}
+log = logging.getLogger("llama")
 
 # Upper bounds far above any real model, so a crafted config.json cannot ask
 # for absurd KV memory before the weights' shapes are compared with it.
@@ -156,6 +159,7 @@ class Llama:
         fast = device.type == "cuda"
         self.sdpa = fast and _sdpa_gqa()
         self.fused_rms = fast and hasattr(F, "rms_norm")
+        self.kern = _kernels(cfg, device, dtype) if fast else None
 
     def rms(self, x, w):
         if self.fused_rms:
@@ -177,33 +181,71 @@ class Llama:
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        cos = sin = None
+        if self.kern is None:
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        h = None
         for li, L in enumerate(self.layers):
-            h = self.rms(x, L["ln1"])
+            x, h = self.add_norm(x, h, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
-            qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
+            if self.kern is not None:  # rotary embedding and KV write in one kernel
+                qk = self.kern.rope_kv(qkv, kc[li], vc[li], slot_tok, pos, self.cos, self.sin, H, K)
+            else:
+                qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
-            kc[li][slot_tok, :, pos] = k
-            vc[li][slot_tok, :, pos] = v
-            a = self.attend(q, kc[li], vc[li], groups)
-            x = x + F.linear(a, L["o"])
-            h = self.rms(x, L["ln2"])
-            gu = F.linear(h, L["gate_up"])
-            g, u = gu.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, L["down"])
-        x = self.rms(x[last], self.norm)
+            if self.kern is None:
+                kc[li][slot_tok, :, pos] = k
+                vc[li][slot_tok, :, pos] = v
+            a = self.attend(q, k, v, kc[li], vc[li], groups)
+            x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
+            h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
+        x = self.rms(x[last] + h[last], self.norm)
         return F.linear(x, self.lm_head).float()
 
-    def attend(self, q, kc, vc, groups):
+    def add_norm(self, x, d, w):
+        """(x + d, rms(x + d) * w); d is skipped when None (the first
+        layer: x is the embedding). Returns the new residual and the
+        normalised rows."""
+        if self.kern is not None:
+            return self.kern.add_rms(x, d, w, self.cfg.eps)
+        if d is not None:
+            x = x + d
+        return x, self.rms(x, w)
+
+    def swiglu(self, gu):
+        if self.kern is not None:
+            return self.kern.silu_mul(gu)
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def forward_decode(self, tokens, pos, slots, kc, vc):
+        """One token per sequence, all on the device: tokens, pos, slots
+        [B] (int64). Needs the CUDA kernels (self.kern). Returns logits
+        [B, vocab] (float32)."""
+        cfg = self.cfg
+        kern = self.kern
+        x = self.embed[tokens]
+        h = None
+        for li, L in enumerate(self.layers):
+            x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
+            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            a = kern.decode_attention(qkv, kc[li], vc[li], slots, pos, self.cos, self.sin, cfg.heads, cfg.kv_heads)
+            x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
+            h = F.linear(kern.silu_mul(F.linear(h, L["gate_up"])), L["down"])
+        _, x = kern.add_rms(x, h, self.norm, cfg.eps)
+        return F.linear(x, self.lm_head).float()
+
+    def attend(self, q, k, v, kc, vc, groups):
         """groups: ("decode", rows, slots, maxlen, mask) for the
         one-token sequences, ("chunk", start, end, slot, p) for a chunk of
-        end-start tokens at positions p.. of one sequence."""
+        end-start tokens at positions p.. of one sequence. k and v are the
+        step's own keys and values (already in the cache)."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rep = H // K
         if self.sdpa:
-            return self.attend_sdpa(q, kc, vc, groups)
+            return self.attend_sdpa(q, k, v, kc, vc, groups)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
         for g in groups:
@@ -230,8 +272,10 @@ class Llama:
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_sdpa(self, q, kc, vc, groups):
-        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA)."""
+    def attend_sdpa(self, q, k, v, kc, vc, groups):
+        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
+        Chunks that start a sequence (position 0) need no cache: those of
+        one length run as one causal batch on the step's own k and v."""
         H, hd = self.cfg.heads, self.cfg.head_dim
         if len(groups) == 1 and groups[0][0] == "decode" and groups[0][1].shape[0] == q.shape[0]:
             # Decode only: every row is in the group, in order; no gather, no scatter.
@@ -242,7 +286,35 @@ class Llama:
                 attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
             return o.reshape(B, H * hd)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
+        fresh = {}
         for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                fresh.setdefault(g[2] - g[1], []).append(g[1])
+        for T, starts in fresh.items():
+            n = len(starts)
+            adjacent = starts == list(range(starts[0], starts[0] + n * T, T))
+            if adjacent:  # views, no copies
+                sl = slice(starts[0], starts[0] + n * T)
+                qq, kk, vv = (t[sl].view(n, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+            else:
+                qq, kk, vv = (torch.stack([t[a : a + T] for a in starts]).transpose(1, 2) for t in (q, k, v))
+            # Every query head its own key and value head: the flash kernel
+            # then runs the causal mask itself (with GQA it may not).
+            K = kk.shape[1]
+            if H > K:
+                kk, vv = (t.unsqueeze(2).expand(n, K, H // K, T, hd).reshape(n, H, T, hd) for t in (kk, vv))
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+            o = o.transpose(1, 2).reshape(n * T, H * hd)
+            if adjacent and n * T == q.shape[0]:
+                return o  # the whole step is this one group
+            if adjacent:
+                out[starts[0] : starts[0] + n * T] = o
+            else:
+                for i, a in enumerate(starts):
+                    out[a : a + T] = o[i * T : (i + 1) * T]
+        for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                continue
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
                 B = rows.shape[0]
@@ -260,6 +332,25 @@ class Llama:
                     attn_mask=allowed, enable_gqa=True)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
+
+
+def _kernels(cfg, device, dtype):
+    """The Triton kernels module when it runs here and agrees with the
+    plain torch code on a small case; None otherwise (the torch code runs)."""
+    if os.environ.get("MLXSERVING_TORCH_KERNELS", "1") == "0":
+        return None
+    try:
+        import kernels
+        if not kernels.usable(cfg, dtype):
+            return None
+        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
+    except Exception as e:  # no Triton, or it cannot compile for this device
+        log.warning("Triton kernels unavailable, using plain torch: %s", e)
+        return None
+    if err is not None:
+        log.warning("Triton kernels disagree with torch (%s); using plain torch", err)
+        return None
+    return kernels
 
 
 def _sdpa_gqa():
