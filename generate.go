@@ -51,7 +51,7 @@ func (s *Server) generateOn(ctx context.Context, m *model, req api.Request) (*ap
 			return nil, fmt.Errorf("%w: model %q takes token ids (PromptTokens)", ErrNoTokenizer, req.Model)
 		}
 		if prompt, err = m.tok.Encode(req.Prompt, true); err != nil {
-			return nil, &engine.InvalidParamError{Param: "prompt", Reason: err.Error()}
+			return nil, &engine.InvalidParamError{Param: "prompt", Reason: err.Error(), Err: err}
 		}
 	}
 	return s.submit(ctx, m, prompt, req.Params)
@@ -88,7 +88,7 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	}
 	text, err := m.tok.ApplyChatTemplate(req.Messages, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools})
 	if err != nil {
-		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
 	format := toolcall.Detect(m.tok)
 	p := req.Params
@@ -100,7 +100,7 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	// The template writes the special tokens (BOS) itself.
 	prompt, err := m.tok.Encode(text, false)
 	if err != nil {
-		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error()}
+		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
 	return s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
 }

@@ -163,6 +163,13 @@ func (s *Server) managerErr(id string, err error) error {
 		return &ModelNotFoundError{Model: id, Loaded: s.idsLocked()}
 	case errors.Is(err, prewarm.ErrClosed):
 		return ErrServerClosed
+	case errors.Is(err, prewarm.ErrAborted):
+		s.mu.RLock()
+		closed := s.closed
+		s.mu.RUnlock()
+		if closed { // cut short by Close or Shutdown
+			return fmt.Errorf("%w: %w", ErrServerClosed, err)
+		}
 	}
 	return err
 }

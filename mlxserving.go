@@ -27,7 +27,9 @@ import (
 // batcher) come through wrapped and keep their identity for errors.Is/As.
 var (
 	// ErrServerClosed is returned for requests after Close or Shutdown.
-	ErrServerClosed = errors.New("server closed")
+	// It wraps engine.ErrClosed, so a load balancer in front of several
+	// Servers counts a closed one as a failing backend.
+	ErrServerClosed error = closedError("server closed")
 	// ErrModelExists is returned by LoadModel for an id already loaded.
 	ErrModelExists = errors.New("model already loaded")
 	// ErrNoTokenizer is returned for a text prompt to a model whose
@@ -37,6 +39,12 @@ var (
 	// being unloaded.
 	ErrModelUnloaded = errors.New("model unloaded")
 )
+
+// closedError is a closed-server sentinel that unwraps to engine.ErrClosed.
+type closedError string
+
+func (e closedError) Error() string { return string(e) }
+func (e closedError) Unwrap() error { return engine.ErrClosed }
 
 // Server serves models loaded into one engine: it validates requests,
 // queues them by priority and runs each model's sequences in its own
@@ -230,6 +238,9 @@ func (s *Server) Stats() map[string]ModelStats {
 // then unloads every model. If ctx ends first, what is left ends with an
 // error and Shutdown returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true // from here on, a load cut short reports ErrServerClosed
+	s.mu.Unlock()
 	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
 	if s.metrics.registration != nil {

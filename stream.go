@@ -31,7 +31,14 @@ type localSource struct {
 
 func newLocalSource(ctx context.Context, m *model, e *batcher.Entry, mt *metrics) *localSource {
 	src := &localSource{model: m, entry: e, metrics: mt, tier: e.Tier}
-	src.stopAfter = context.AfterFunc(ctx, func() { src.Close(context.Cause(ctx)) })
+	// An already-ended ctx runs the func at once, on another goroutine:
+	// it waits until stopAfter is set, which Close calls.
+	set := make(chan struct{})
+	src.stopAfter = context.AfterFunc(ctx, func() {
+		<-set
+		src.Close(context.Cause(ctx))
+	})
+	close(set)
 	return src
 }
 

@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // startServer serves the project's test checkpoint (real tokenizer and
 // chat template) on the simulated engine behind the OpenAI handler, on a
 // loopback port. It returns the base URL (without /v1).
-func startServer(t *testing.T) string {
+func startServer(t *testing.T, opts ...openai.Option) string {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := testmodel.Tiny()
@@ -37,7 +37,7 @@ func startServer(t *testing.T) string {
 	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
 		t.Fatal(err)
 	}
-	h, err := openai.New(srv)
+	h, err := openai.New(srv, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

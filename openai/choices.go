@@ -166,11 +166,15 @@ func (f *format) collect(st *api.Stream) (map[string]any, *api.Usage, error) {
 			return nil, nil, err
 		}
 		text.WriteString(c.Text)
+		if c.HasToken {
+			f.generated++
+		}
 		if c.HasToken && f.logprobs {
 			tokens = append(tokens, c)
 		}
 		if c.Finish != "" {
 			finish, usage = c.Finish, c.Usage
+			f.usage = c.Usage
 		}
 	}
 	if f.tools != nil {

@@ -98,6 +98,21 @@
 // its usage counting every prompt token as cached); it is absent for
 // requests that are not eligible.
 //
+// # API keys
+//
+// WithAPIKeys (keys from LoadKeyFile or ParseKeyList) makes every route
+// but /health and /ready need "Authorization: Bearer <key>", as OpenAI's
+// clients send it. Keys are kept as SHA-256 hashes and compared in
+// constant time. Each key has a name — the scheduler's client id for its
+// rate limits and metrics, in place of the body's "user", and what logs
+// show; never the key — the most urgent tier it may ask for, the models it
+// may use, and request and token limits per minute. /metrics (and any
+// operator route) and the keep_alive field need a key marked Admin. A
+// missing or wrong key is a 401, a model or tier the key may not use a
+// 403 (a request that names no tier runs at normal, or at the key's
+// highest tier if that is lower), a key over its limits a 429 with
+// Retry-After; /v1/models lists only the key's models.
+//
 // # Errors
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
@@ -105,10 +120,11 @@
 // types and out-of-range values 400; unknown model 404; a prompt longer than
 // the context 400 with the numbers; a body over the limit 413; a full queue
 // or a client's rate limit 429 with Retry-After; an overloaded server, memory
-// pressure or a closing server 503; a model that cannot be loaded now (its
-// load failed and backs off, or the memory budget is held by pinned or busy
-// models) 503 with Retry-After; no backend of a load balancer able to take
-// the request 503 with Retry-After; an engine failure 500. An error after a
+// pressure or a closing server (requests cut off by shutdown included) 503;
+// a model that cannot be loaded now (its load failed and backs off, or the
+// memory budget is held by pinned or busy models) 503 with Retry-After; no
+// backend of a load balancer able to take the request 503 with
+// Retry-After; an engine failure 500. An error after a
 // stream started is sent as a final SSE event data: {"error":{...}} without
 // [DONE].
 //

@@ -12,7 +12,9 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -100,6 +102,8 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
 	case errors.As(err, &capacity):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
+	case errors.Is(err, tokenizer.ErrTemplate):
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "template_error", err.Error())
 	case errors.As(err, &invalid):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
 	case errors.Is(err, session.ErrInvalidID):
@@ -131,7 +135,8 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, engine.ErrOutOfMemory):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
 	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
-		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed):
+		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed),
+		errors.Is(err, batcher.ErrClosed), errors.Is(err, scheduler.ErrClosed):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())

@@ -13,7 +13,9 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -40,6 +42,9 @@ func TestErrorTable(t *testing.T) {
 		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", ""},
 		{mlxserving.ErrServerClosed, 503, "unavailable", ""},
 		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
+		{fmt.Errorf("stream: %w", batcher.ErrClosed), 503, "unavailable", ""},
+		{scheduler.ErrClosed, 503, "unavailable", ""},
+		{&engine.InvalidParamError{Param: "messages", Reason: "r", Err: &tokenizer.TemplateError{Reason: "r"}}, 400, "template_error", ""},
 		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
 		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 503, "worker_unavailable", "1"},
 		{&retry.ExhaustedError{Attempts: 3, Err: engine.ErrWorkerLost}, 503, "worker_unavailable", "1"},

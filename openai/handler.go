@@ -54,15 +54,16 @@ type route struct {
 	name    string
 	method  string
 	handler func(*Handler, http.ResponseWriter, *http.Request)
+	access  access // who may call it when the handler has API keys
 }
 
 var routes = map[string]route{
-	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions},
-	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions},
-	"/v1/models":           {"models", http.MethodGet, (*Handler).models},
-	"/health":              {"health", http.MethodGet, (*Handler).health},
-	"/ready":               {"ready", http.MethodGet, (*Handler).readyz},
-	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz},
+	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions, accessKey},
+	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions, accessKey},
+	"/v1/models":           {"models", http.MethodGet, (*Handler).models, accessKey},
+	"/health":              {"health", http.MethodGet, (*Handler).health, accessOpen},
+	"/ready":               {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
+	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},
 }
 
 // ServeHTTP routes r to its endpoint.
@@ -70,7 +71,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	rt, ok := routes[path]
 	if !ok && strings.HasPrefix(path, "/v1/models/") {
-		rt, ok = route{"model", http.MethodGet, (*Handler).model}, true
+		rt, ok = route{"model", http.MethodGet, (*Handler).model, accessKey}, true
 	}
 	rec := &statusRecorder{ResponseWriter: w}
 	start := time.Now()
@@ -84,6 +85,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(rec, newAPIError(http.StatusMethodNotAllowed, typeInvalidRequest, "", "method_not_allowed",
 			fmt.Sprintf("%s takes %s, not %s", path, rt.method, r.Method)))
 	default:
+		r, err := h.checkAccess(rec, r, rt.access)
+		if err != nil {
+			writeError(rec, err)
+			return
+		}
 		rt.handler(h, rec, r)
 	}
 }
@@ -126,6 +132,11 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	charge, err := authorize(r.Context(), cr.Model, &cr.Params, req.namesTier(r))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil
 	id := "chatcmpl-" + rand.Text()
 	created := time.Now().Unix()
@@ -148,6 +159,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
 		}
 	}
+	defer charge(fs)
 	if len(sts) == 1 {
 		h.respond(w, r, sts[0], fs[0], req.Stream)
 		return
@@ -162,6 +174,11 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr, err := req.completion(r, h.cfg.defaultMax)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	charge, err := authorize(r.Context(), gr.Model, &gr.Params, req.namesTier(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -183,11 +200,17 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 		fs[i] = newFormat(false, id, created, gr.Model, req.Logprobs != nil, req.includeUsage())
 		fs[i].index = i
 	}
+	defer charge(fs)
 	if len(sts) == 1 {
 		h.respond(w, r, sts[0], fs[0], req.Stream)
 		return
 	}
 	h.respondN(w, r, sts, fs, req.Stream)
+}
+
+// namesTier reports whether the request asked for a tier.
+func (c *commonFields) namesTier(r *http.Request) bool {
+	return c.Priority != "" || r.Header.Get("X-Priority") != ""
 }
 
 func (c *commonFields) includeUsage() bool {

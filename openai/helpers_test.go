@@ -37,6 +37,7 @@ type fixtureOpts struct {
 	server  []mlxserving.Option
 	handler []openai.Option
 	noModel bool
+	dir     string // the checkpoint; "" writes the test model
 }
 
 func checkpoint(t testing.TB) string {
@@ -49,7 +50,10 @@ func checkpoint(t testing.TB) string {
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	t.Helper()
-	dir := checkpoint(t)
+	dir := o.dir
+	if dir == "" {
+		dir = checkpoint(t)
+	}
 	cfg := testmodel.Tiny()
 	simOpts := append([]enginetest.SimOption{enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength)}, o.sim...)
 	sim, err := enginetest.NewSim(simOpts...)

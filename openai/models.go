@@ -76,11 +76,12 @@ func (h *Handler) modelObject(st prewarm.ModelStatus) modelObject {
 	return o
 }
 
-func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
-	known := h.modelStatus()
-	data := make([]modelObject, len(known))
-	for i, st := range known {
-		data[i] = h.modelObject(st)
+func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
+	data := []modelObject{}
+	for _, st := range h.modelStatus() {
+		if mayUseModel(r.Context(), st.ID) { // with API keys: the key's models only
+			data = append(data, h.modelObject(st))
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
@@ -88,7 +89,7 @@ func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
 func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
 	for _, st := range h.modelStatus() {
-		if st.ID == id {
+		if st.ID == id && mayUseModel(r.Context(), id) {
 			writeJSON(w, http.StatusOK, h.modelObject(st))
 			return
 		}

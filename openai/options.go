@@ -22,6 +22,7 @@ type config struct {
 	defaultMax     int
 	metricsHandler http.Handler
 	ready          func(context.Context) error
+	keys           []*grant // API keys; none: the handler serves anyone
 }
 
 // Defaults.

@@ -330,13 +330,15 @@ func (c *completionRequest) completion(r *http.Request, def int) (api.Request, e
 		p.Sampling.TopLogprobs = *c.Logprobs
 	}
 	req.Model, req.Params = c.Model, p
-	req.Prompt, req.PromptTokens, err = parsePrompt(c.Prompt)
+	req.Prompt, req.PromptTokens, err = parsePrompt(c.Prompt, true)
 	return req, err
 }
 
 // parsePrompt reads "prompt": a string, an array of token ids, or a
 // one-element array of either (several prompts would be several choices).
-func parsePrompt(raw json.RawMessage) (string, []int32, error) {
+// Only the outer array may wrap: a nested array is refused rather than
+// unwrapped level by level, which would re-parse the body once per level.
+func parsePrompt(raw json.RawMessage, outer bool) (string, []int32, error) {
 	if isNull(raw) {
 		return "", nil, badRequest("prompt", "missing_field", "field \"prompt\" is required")
 	}
@@ -359,8 +361,8 @@ func parsePrompt(raw json.RawMessage) (string, []int32, error) {
 		if len(list) != 1 {
 			return "", nil, badRequest("prompt", "unsupported_value", "prompt holds %d prompts: only one per request is supported", len(list))
 		}
-		if list[0][0] == '[' || list[0][0] == '"' {
-			return parsePrompt(list[0])
+		if outer && (list[0][0] == '[' || list[0][0] == '"') {
+			return parsePrompt(list[0], false)
 		}
 	}
 	return "", nil, badRequest("prompt", "invalid_type", "field \"prompt\" must be a string or an array of token ids")

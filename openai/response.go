@@ -23,6 +23,8 @@ type format struct {
 	textOffset   int         // completions' logprobs text_offset
 	tools        *toolStream // set when replies are parsed for tool calls
 	index        int         // the choice's index (n > 1)
+	usage        *api.Usage  // the final chunk's usage, once received
+	generated    int         // tokens received so far, for a stream cut short
 }
 
 // openChoice appends `{"index":N` for the format's choice.

@@ -61,6 +61,9 @@ func (h *Handler) streamSSE(w http.ResponseWriter, st *api.Stream, f *format) er
 // chunk sends what one stream chunk holds: its text (and logprob), and on
 // the final chunk the finish reason and, if asked for, the usage.
 func (s *sseWriter) chunk(f *format, c api.Chunk) error {
+	if c.HasToken {
+		f.generated++
+	}
 	if !s.started {
 		s.start()
 		if f.chat {
@@ -84,6 +87,7 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	if c.Finish == "" {
 		return nil
 	}
+	f.usage = c.Usage
 	finish := c.Finish
 	if f.tools != nil {
 		rest, calls, tail := f.tools.finish()

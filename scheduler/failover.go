@@ -59,17 +59,13 @@ func failsOver(ctx context.Context, err error) bool {
 }
 
 // backendFault reports whether err is the backend's failure, counted by its
-// breaker: it would fail over, and it is not a backend merely being busy
-// (a full queue) or lacking the model.
+// breaker: it lost the work (a lost worker, a refused or reset connection,
+// a 5xx, a stall) or it is closed or cannot run. A backend that is merely
+// busy (a full queue), lacks the model or refuses the request itself is
+// not failing.
 func backendFault(err error) bool {
-	var se *retry.StatusError
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, ErrQueueFull), errors.Is(err, engine.ErrModelNotFound):
-		return false
-	case errors.As(err, &se) && (se.Code == 429 || se.Code == 404):
-		return false
-	}
-	return failsOver(context.Background(), err)
+	return retry.CountsAsFailure(err) || errors.Is(err, engine.ErrClosed) ||
+		errors.Is(err, engine.ErrUnavailable) || errors.Is(err, ErrClosed) || errors.Is(err, ErrNoBackend)
 }
 
 // failoverSource is the api.Source of a balanced request: the stream of

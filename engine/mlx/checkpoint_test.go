@@ -1,6 +1,7 @@
 package mlx
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -114,6 +115,12 @@ func TestRopeScalingLlama3(t *testing.T) {
 	}
 }
 
+// stFile is a safetensors file with the given header and 64 data bytes.
+func stFile(header string) []byte {
+	b := binary.LittleEndian.AppendUint64(nil, uint64(len(header)))
+	return append(append(b, header...), make([]byte, 64)...)
+}
+
 func TestBadCheckpoints(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -148,6 +155,18 @@ func TestBadCheckpoints(t *testing.T) {
 		{"bad index", func(t *testing.T, dir string) {
 			os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{}}`), 0o644)
 		}, "invalid index"},
+		{"10 GB declared tensor", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "model.safetensors"), stFile(`{"model.embed_tokens.weight":{"dtype":"F32","shape":[50000,50000],"data_offsets":[0,10000000000]}}`), 0o644)
+		}, "outside"},
+		{"unknown dtype", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "model.safetensors"), stFile(`{"model.norm.weight":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}}`), 0o644)
+		}, "unknown dtype"},
+		{"huge config sizes", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["max_position_embeddings"] = 1 << 40 })
+		}, "beyond any supported model"},
+		{"huge config.json", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "config.json"), make([]byte, 5<<20), 0o644)
+		}, "larger than"},
 		{"shard outside", func(t *testing.T, dir string) {
 			os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{"a":"../x.safetensors"}}`), 0o644)
 		}, "outside the checkpoint"},

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -95,7 +96,7 @@ type rawConfig struct {
 // readConfig reads and checks dir/config.json.
 func readConfig(dir string) (*modelConfig, error) {
 	path := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(path)
+	b, err := readSmall(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, &engine.CheckpointError{Path: path, Reason: "config.json is missing"}
@@ -120,7 +121,7 @@ func readConfig(dir string) (*modelConfig, error) {
 // models often list more there than config.json does).
 func (c *modelConfig) addGenerationEOS(dir string) error {
 	path := filepath.Join(dir, "generation_config.json")
-	b, err := os.ReadFile(path)
+	b, err := readSmall(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -199,8 +200,43 @@ func (r *rawConfig) convert() (*modelConfig, string) {
 	return c, ""
 }
 
+// maxConfigBytes bounds config.json and generation_config.json.
+const maxConfigBytes = 4 << 20
+
+// readSmall reads a JSON side file of at most maxConfigBytes.
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxConfigBytes {
+		return nil, fmt.Errorf("larger than %d bytes", maxConfigBytes)
+	}
+	return b, nil
+}
+
+// Upper bounds on config sizes, far above any real model, so a crafted
+// config cannot make later size arithmetic overflow or ask for absurd KV
+// memory before the weights' shapes are compared with it.
+const (
+	maxLayers  = 1 << 10
+	maxHidden  = 1 << 17
+	maxHeads   = 1 << 10
+	maxVocab   = 1 << 22
+	maxContext = 1 << 24
+)
+
 func (c *modelConfig) checkSizes(r *rawConfig) string {
 	switch {
+	case c.Layers > maxLayers || c.Hidden > maxHidden || c.Intermediate > 4*maxHidden || c.Heads > maxHeads ||
+		c.KVHeads > maxHeads || c.HeadDim > maxHidden || c.Vocab > maxVocab || c.ContextLength > maxContext:
+		return fmt.Sprintf("sizes beyond any supported model: layers %d, hidden %d, intermediate %d, heads %d/%d, head_dim %d, vocab %d, context %d",
+			c.Layers, c.Hidden, c.Intermediate, c.Heads, c.KVHeads, c.HeadDim, c.Vocab, c.ContextLength)
 	case c.Layers <= 0 || c.Hidden <= 0 || c.Heads <= 0 || c.Intermediate <= 0 || c.Vocab <= 0:
 		return "num_hidden_layers, hidden_size, num_attention_heads, intermediate_size and vocab_size must be positive"
 	case c.KVHeads < 0 || c.Heads%c.KVHeads != 0:

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/safetensors"
 )
 
 // module is one weight-bearing module of the model: a linear layer, an
@@ -152,7 +153,8 @@ func checkQuantized(c *modelConfig, m *module, man map[string]tensorInfo) error 
 func weightBytes(man map[string]tensorInfo) uint64 {
 	var n uint64
 	for _, t := range man {
-		b := uint64(dtypeBytes[t.DType])
+		size, _ := safetensors.DTypeSize(t.DType)
+		b := uint64(size)
 		for _, d := range t.Shape {
 			b *= uint64(d)
 		}

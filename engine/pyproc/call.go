@@ -116,7 +116,8 @@ func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply
 }
 
 // appendStep encodes a step request by hand: it runs every decode step.
-func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, idx []int) []byte {
+// plan (nil: every input as given, one token) says what each input sends.
+func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, plan []inPlan, idx []int) []byte {
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, id, 10)
 	b = append(b, `,"op":"step","model":`...)
@@ -127,10 +128,14 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		if n > 0 {
 			b = append(b, ',')
 		}
+		toks, n, back := in.Tokens, 1, 0
+		if plan != nil {
+			toks, n, back = plan[i].send, plan[i].n, plan[i].back
+		}
 		b = append(b, '[')
 		b = strconv.AppendUint(b, uint64(in.Seq), 10)
 		b = append(b, ",["...)
-		for j, t := range in.Tokens {
+		for j, t := range toks {
 			if j > 0 {
 				b = append(b, ',')
 			}
@@ -140,6 +145,12 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		b = strconv.AppendBool(b, in.Sample)
 		b = append(b, ',')
 		b = appendParams(b, in.Params, in.Sample, in.Allowed, vocab)
+		if n > 1 || back > 0 {
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(n), 10)
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(back), 10)
+		}
 		b = append(b, ']')
 	}
 	return append(b, "]}"...)

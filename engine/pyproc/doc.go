@@ -5,6 +5,13 @@
 // start to a cache directory named by their content hash, so `go get` is
 // all a program needs besides a Python interpreter with PyTorch (Debian:
 // apt-get install python3-torch python3-numpy) or MLX (pip install mlx-lm).
+// That directory is created 0700 and checked before every worker start:
+// owned by this user, nobody else may write it, and it holds exactly the
+// embedded files with the embedded content; otherwise the start fails with
+// a *RuntimeDirError (ErrUnsafeRuntime). Checkpoints are treated as
+// untrusted: the runtime checks every safetensors header and config.json
+// bound before it reads a weight, and refuses a bad one with an
+// *engine.CheckpointError.
 // Workers speak one JSON object per line over stdin/stdout (PROTOCOL.md);
 // the supervisor checks their heartbeats, fails the sequences of a worker
 // that dies with an error wrapping engine.ErrWorkerLost, and restarts it
@@ -17,6 +24,14 @@
 // avoided until its breaker's probes succeed). It stays there. Models
 // implement engine.SavedKV: keys evicted by a worker, or lost with it, are
 // reported.
+//
+// On CUDA the torch backend decodes ahead: a decode step asks the worker
+// for 8 tokens per sequence (WithLookahead), which it produces as chained
+// CUDA-graph replays with Triton kernels for attention, the rotary
+// embedding and the fused norms, and Step hands them out without a round
+// trip per token; stop conditions stay the caller's, at the cost of at
+// most 7 wasted tokens per finished sequence. On the CPU (and for the
+// repetition penalty) every token is one round trip.
 //
 // Use:
 //

@@ -193,7 +193,6 @@ func (e *Engine) supervise(s *slot, p *proc) {
 		if p = e.restart(s, tries, p.lost()); p == nil {
 			return
 		}
-		s.restarts.Add(1)
 	}
 }
 
@@ -230,6 +229,9 @@ func (e *Engine) restart(s *slot, tries *retry.Tracker, cause error) *proc {
 		}
 		cancel()
 		if err == nil {
+			// Counted before the worker is published, so whoever sees it
+			// serving also sees the restart that brought it.
+			s.restarts.Add(1)
 			s.mu.Lock()
 			s.cur = p
 			close(s.up)

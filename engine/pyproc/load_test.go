@@ -33,7 +33,7 @@ func TestMissingBackend(t *testing.T) {
 func TestOptionsRefuseBadValues(t *testing.T) {
 	for _, o := range []Option{WithWorkers(0), WithBackend("jax"), WithDevice("tpu"), WithDType("int4"),
 		WithStartTimeout(0), WithHeartbeat(0, 1), WithHeartbeat(2, 1), WithLogger(nil), WithPython(""),
-		WithCacheDir(""), WithMaxLineBytes(10), WithThreads(-1)} {
+		WithCacheDir(""), WithMaxLineBytes(10), WithThreads(-1), WithLookahead(-1), WithLookahead(65)} {
 		if _, err := New(context.Background(), o); err == nil {
 			t.Error("a bad option was accepted")
 		}

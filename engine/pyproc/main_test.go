@@ -55,7 +55,14 @@ func newEngine(t testing.TB, opts ...Option) *Engine {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := []Option{WithPython(python(t)), WithCacheDir(t.TempDir()), WithDevice("cpu"), WithThreads(1)}
+	device := os.Getenv("MLXSERVING_TEST_DEVICE") // cuda: the same tests on a GPU
+	if device == "" {
+		device = "cpu"
+	}
+	base := []Option{WithPython(python(t)), WithCacheDir(t.TempDir()), WithDevice(device), WithThreads(1)}
+	if device != "cpu" { // the tests' tolerances are float32's
+		base = append(base, WithDType("float32"))
+	}
 	e, err := New(ctx, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)

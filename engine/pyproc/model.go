@@ -32,10 +32,15 @@ type Model struct {
 	byProc                       map[*proc]map[string]struct{}
 	evicted                      []string
 	affinityHits, affinityMissed int64
+	// Lookahead (lookahead.go): tokens per worker round trip, 1 when off,
+	// and the tokens decoded ahead per sequence.
+	k    int
+	look map[engine.SeqID]*ahead
 
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
 	outAt  []int
+	plan   []inPlan
 }
 
 // seqRef is where a sequence lives: the worker it was opened on. If that
@@ -68,7 +73,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, byProc: map[*proc]map[string]struct{}{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -96,6 +101,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, firstError(errs)
 	}
 	m.info = m.infoFrom(infos)
+	m.k = lookaheadFor(e.cfg.lookahead, infos[0].Device, m.hellos())
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -127,6 +133,19 @@ func (m *Model) loadRequest() builder {
 			"cuda_graphs":    !m.e.cfg.noGraphs,
 		},
 	})
+}
+
+// hellos are the handshakes of the workers running now.
+func (m *Model) hellos() []reply {
+	var hs []reply
+	for _, s := range m.e.slots {
+		s.mu.Lock()
+		if s.cur != nil {
+			hs = append(hs, s.cur.hello)
+		}
+		s.mu.Unlock()
+	}
+	return hs
 }
 
 // kvShare is one worker's part of the model's KV capacity; zero lets the
@@ -262,9 +281,16 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 			ref.done(ref.proc.lost())
 		}
 	}
+	fields := map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}
+	if st := m.look[id]; st != nil {
+		delete(m.look, id)
+		if len(st.buf) > 0 {
+			fields["back"] = len(st.buf) // decoded ahead, never fed by the caller
+		}
+	}
 	if ref.proc.alive() && !m.closed.Load() {
 		ref.slot.open.Add(-1)
-		_, _, _ = ref.proc.send(request("free", map[string]any{"model": m.handle, "seq": uint64(id), "key": saveKey}), false)
+		_, _, _ = ref.proc.send(request("free", fields), false)
 		if saveKey != "" {
 			m.noteSaved(saveKey, ref.proc)
 		}

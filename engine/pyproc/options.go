@@ -27,6 +27,7 @@ type config struct {
 	maxLine      int
 	threads      int
 	noGraphs     bool
+	lookahead    int
 	faults       bool // test hook: lets the worker obey "fault" requests
 	restart      *retry.Policy
 	breakerOpts  []retry.BreakerOption
@@ -189,8 +190,11 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithCacheDir sets where the embedded runtime is written (in a
-// subdirectory named by its content hash). The default is the user cache
-// directory's "mlxserving".
+// subdirectory named by its content hash, created 0700). The default is the
+// user cache directory's "mlxserving". The directory must not be writable
+// by other users (unless sticky, like /tmp); the runtime's own directory
+// must be ours, 0700, and hold exactly the embedded files, checked before
+// every worker start (else ErrUnsafeRuntime).
 func WithCacheDir(dir string) Option {
 	return func(c *config) error {
 		if dir == "" {
@@ -230,6 +234,23 @@ func WithThreads(n int) Option {
 func WithCUDAGraphs(on bool) Option {
 	return func(c *config) error {
 		c.noGraphs = !on
+		return nil
+	}
+}
+
+// WithLookahead sets how many tokens a decode step asks the worker for
+// per sequence: the worker keeps decoding, feeding each sequence its own
+// sampled token, and later Steps take the tokens from the buffer without a
+// round trip (see PROTOCOL.md, "Lookahead"). A sequence that stops early
+// wastes at most n-1 decoded tokens; one fed other tokens than it was
+// given is rolled back. 1 turns it off; 0 (the default) picks 8 on CUDA
+// and 1 elsewhere. At most 64.
+func WithLookahead(n int) Option {
+	return func(c *config) error {
+		if n < 0 || n > maxLookahead {
+			return fmt.Errorf("pyproc: WithLookahead(%d): want 0 (auto) to %d", n, maxLookahead)
+		}
+		c.lookahead = n
 		return nil
 	}
 }

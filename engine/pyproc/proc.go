@@ -37,6 +37,9 @@ type reply struct {
 	Evicted  []string       `json:"evicted"`
 	Info     *wireInfo      `json:"info"`
 	Warmed   []int          `json:"batch_sizes"`
+	// Lookahead: per sampling input, the tokens decoded after Tokens.
+	More         [][]int32   `json:"more"`
+	MoreLogprobs [][]float32 `json:"more_logprobs"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`
@@ -87,8 +90,14 @@ type proc struct {
 }
 
 // startProc launches a worker and waits for its handshake.
+// The runtime directory is verified first, every time: a worker restarted
+// hours later runs exactly the files this binary embeds, or does not start.
 func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*proc, error) {
-	args := []string{"-u", filepath.Join(runtimeDir, "worker.py"),
+	if err := verifyRuntime(runtimeDir); err != nil {
+		return nil, err
+	}
+	// -B: no bytecode cache is written (or trusted: verifyRuntime refuses one).
+	args := []string{"-u", "-B", filepath.Join(runtimeDir, "worker.py"),
 		"--backend", cfg.backend,
 		"--heartbeat", strconv.FormatFloat(cfg.hbInterval.Seconds(), 'f', -1, 64),
 		"--max-line", strconv.Itoa(cfg.maxLine),

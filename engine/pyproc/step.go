@@ -10,7 +10,8 @@ import (
 // Step runs one forward pass. Inputs on different workers go out together
 // and run in parallel; the outputs come back in input order. A sequence
 // whose worker died fails the step with an error wrapping
-// engine.ErrWorkerLost.
+// engine.ErrWorkerLost. With lookahead (WithLookahead) a step may be
+// answered from tokens the worker decoded ahead, without a round trip.
 func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
 	if err := m.usable(); err != nil {
 		return nil, err
@@ -18,6 +19,12 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	if err := m.checkBatch(batch); err != nil {
 		return nil, err
 	}
+	if m.k > 1 {
+		if outs := m.fromBuffers(batch); outs != nil {
+			return outs, nil
+		}
+	}
+	plan := m.planStep(batch)
 	for _, g := range m.groups {
 		g.idx, g.reply, g.err = g.idx[:0], nil, nil
 	}
@@ -26,6 +33,9 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 		ref := m.seqs[batch[i].Seq]
 		if !ref.proc.alive() {
 			return nil, ref.proc.lost()
+		}
+		if plan[i].send == nil {
+			continue
 		}
 		g := m.groups[ref.proc]
 		if g == nil {
@@ -40,7 +50,7 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	for _, p := range order {
 		g := m.groups[p]
 		g.id, g.ch, g.err = p.send(func(b []byte, id uint64) []byte {
-			return appendStep(b, id, m.handle, m.info.VocabSize, batch, g.idx)
+			return appendStep(b, id, m.handle, m.info.VocabSize, batch, plan, g.idx)
 		}, true)
 	}
 	var firstErr error
@@ -57,7 +67,7 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	return m.collect(batch, order)
+	return m.collect(batch, plan, order)
 }
 
 func (m *Model) checkBatch(batch []engine.StepInput) error {
@@ -94,41 +104,39 @@ func (m *Model) checkBatch(batch []engine.StepInput) error {
 	return nil
 }
 
-// collect puts the workers' sampled tokens back in input order.
-func (m *Model) collect(batch []engine.StepInput, order []*proc) ([]engine.StepOutput, error) {
+// collect puts the workers' sampled tokens back in input order, taking
+// lookahead buffers into account.
+func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) ([]engine.StepOutput, error) {
+	// k[i]: input i's index among the sampling inputs its worker was sent.
 	at := m.outAt[:0]
-	n := 0
-	for i := range batch {
-		at = append(at, n)
-		if batch[i].Sample {
-			n++
+	for range batch {
+		at = append(at, -1)
+	}
+	for _, p := range order {
+		k := 0
+		for _, i := range m.groups[p].idx {
+			if batch[i].Sample {
+				at[i] = k
+				k++
+			}
 		}
 	}
 	m.outAt = at
-	outs := make([]engine.StepOutput, n)
-	for _, p := range order {
-		g := m.groups[p]
-		k := 0
-		for _, i := range g.idx {
-			if !batch[i].Sample {
-				continue
-			}
-			if k >= len(g.reply.Tokens) {
-				return nil, &WorkerError{Code: "internal", Message: fmt.Sprintf("step reply has %d tokens, want more", len(g.reply.Tokens))}
-			}
-			o := &outs[at[i]]
-			o.Seq, o.Token = batch[i].Seq, g.reply.Tokens[k]
-			if k < len(g.reply.Logprobs) {
-				o.Logprob = g.reply.Logprobs[k]
-			}
-			if k < len(g.reply.Top) && len(g.reply.Top[k]) > 0 {
-				o.Top = make([]engine.TokenLogprob, len(g.reply.Top[k]))
-				for j, e := range g.reply.Top[k] {
-					o.Top[j] = engine.TokenLogprob{Token: int32(e[0]), Logprob: float32(e[1])}
-				}
-			}
-			k++
+	outs := make([]engine.StepOutput, 0, len(batch))
+	for i := range batch {
+		in := &batch[i]
+		if !in.Sample {
+			continue
 		}
+		var r *reply
+		if plan[i].send != nil {
+			r = m.groups[m.seqs[in.Seq].proc].reply
+		}
+		o, err := m.absorb(in, &plan[i], r, at[i])
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, o)
 	}
 	return outs, nil
 }

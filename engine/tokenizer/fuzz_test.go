@@ -193,3 +193,45 @@ func FuzzFromJSON(f *testing.F) {
 		_, _ = tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{})
 	})
 }
+
+// FuzzDecodeRoundTrip: any id sequence decodes without panicking (ids
+// outside the vocabulary are an InvalidTokenError), and decoding is a
+// fixed point: the text a sequence decodes to encodes to ids that decode
+// to the same text.
+func FuzzDecodeRoundTrip(f *testing.F) {
+	f.Add([]byte{1, 0, 2, 0, 3, 0})
+	f.Add([]byte{0xff, 0xff, 0, 0})
+	f.Add([]byte("any bytes at all, read as little-endian uint16 ids"))
+	toks := fuzzTokenizers(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ids := make([]int32, len(data)/2)
+		for i := range ids {
+			ids[i] = int32(binary.LittleEndian.Uint16(data[2*i:]))
+		}
+		for name, tok := range toks {
+			text, err := tok.Decode(ids, false)
+			var bad *InvalidTokenError
+			if errors.As(err, &bad) {
+				if int(bad.ID) < tok.VocabSize() && bad.ID >= 0 {
+					t.Fatalf("%s: id %d refused inside a vocabulary of %d", name, bad.ID, tok.VocabSize())
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: Decode(%v): %v", name, ids, err)
+			}
+			if !utf8.ValidString(text) {
+				t.Fatalf("%s: Decode(%v) = %q is not UTF-8", name, ids, text)
+			}
+			again, err := tok.Encode(text, false)
+			if err != nil {
+				t.Fatalf("%s: Encode(Decode(%v)) = %v", name, ids, err)
+			}
+			if want, ok := roundTrip(name, text); ok {
+				if got, _ := tok.Decode(again, false); got != want {
+					t.Fatalf("%s: %v -> %q -> %v -> %q", name, ids, text, again, got)
+				}
+			}
+		}
+	})
+}

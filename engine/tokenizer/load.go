@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,21 +38,58 @@ type modelSpec struct {
 // corrupt file cannot make the id tables huge.
 const maxTokenID = 1 << 24
 
+// Size limits on the files Load reads: a file larger than any real one is
+// refused before it is read, so a hostile checkpoint cannot make loading
+// allocate without bound.
+const (
+	// MaxTokenizerJSONBytes bounds tokenizer.json (real ones stay under 40 MB).
+	MaxTokenizerJSONBytes = 128 << 20
+	// MaxTokenizerConfigBytes bounds tokenizer_config.json.
+	MaxTokenizerConfigBytes = 16 << 20
+)
+
 // Load reads dir/tokenizer.json and, if present, dir/tokenizer_config.json.
 // Errors are *FileError values naming the file; they wrap ErrMalformed,
 // ErrUnsupported or the error reading the file.
 func Load(dir string) (*Tokenizer, error) {
 	tokPath := filepath.Join(dir, "tokenizer.json")
-	tokJSON, err := os.ReadFile(tokPath)
+	tokJSON, err := readBounded(tokPath, MaxTokenizerJSONBytes)
 	if err != nil {
-		return nil, &FileError{File: tokPath, Reason: "cannot read: " + err.Error(), Err: err}
+		return nil, err
 	}
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	cfgJSON, err := os.ReadFile(cfgPath)
+	cfgJSON, err := readBounded(cfgPath, MaxTokenizerConfigBytes)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, &FileError{File: cfgPath, Reason: "cannot read: " + err.Error(), Err: err}
+		return nil, err
 	}
 	return build(tokJSON, cfgJSON, tokPath, cfgPath)
+}
+
+// readBounded reads a regular file of at most limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &FileError{File: path, Reason: "cannot read: " + err.Error(), Err: err}
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, &FileError{File: path, Reason: "cannot read: " + err.Error(), Err: err}
+	}
+	if !st.Mode().IsRegular() {
+		return nil, &FileError{File: path, Reason: "not a regular file", Err: ErrMalformed}
+	}
+	if st.Size() > limit {
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("%d bytes: larger than the %d-byte limit", st.Size(), limit), Err: ErrMalformed}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, &FileError{File: path, Reason: "cannot read: " + err.Error(), Err: err}
+	}
+	if int64(len(b)) > limit {
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("larger than the %d-byte limit", limit), Err: ErrMalformed}
+	}
+	return b, nil
 }
 
 // FromJSON builds a tokenizer from the contents of tokenizer.json and
@@ -62,6 +100,12 @@ func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 }
 
 func build(tokJSON, cfgJSON []byte, tokName, cfgName string) (*Tokenizer, error) {
+	if len(tokJSON) > MaxTokenizerJSONBytes {
+		return nil, &FileError{File: tokName, Reason: "larger than the size limit", Err: ErrMalformed}
+	}
+	if len(cfgJSON) > MaxTokenizerConfigBytes {
+		return nil, &FileError{File: cfgName, Reason: "larger than the size limit", Err: ErrMalformed}
+	}
 	t, err := parseTokenizer(tokJSON)
 	if err != nil {
 		return nil, nameFile(err, tokName)

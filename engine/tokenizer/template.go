@@ -112,6 +112,9 @@ func (ct *chatTemplates) compile(name, src string) (tpl *exec.Template, err erro
 			tpl, err = nil, &TemplateError{File: ct.file, Name: name, Reason: fmt.Sprintf("parse: %v", r)}
 		}
 	}()
+	if err := checkTemplateSource(src); err != nil {
+		return nil, &TemplateError{File: ct.file, Name: name, Reason: "parse: " + err.Error()}
+	}
 	// A memory loader holding only this template: include/extends/import
 	// cannot reach the file system.
 	loader, lerr := loaders.NewMemoryLoader(map[string]string{"/" + name: src})
@@ -140,6 +143,7 @@ func newTemplateEnv() *exec.Environment {
 	tests := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
 	statements := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
 	_ = statements.Register("generation", parseGeneration)
+	restrictStatements(statements)
 	globals := exec.NewContext(map[string]any{})
 	for _, name := range []string{"namespace", "dict", "cycler", "joiner"} {
 		if fn, ok := builtins.GlobalFunctions.Get(name); ok {
@@ -185,7 +189,9 @@ func (t *Tokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (str
 		return "", err
 	}
 	tpl := t.templates.compiled[name]
-	ctx := exec.NewContext(t.templateVars(messages, &opts))
+	vars := t.templateVars(messages, &opts)
+	vars[budgetVar] = newRenderBudget()
+	ctx := exec.NewContext(vars)
 	return t.templates.render(tpl, ctx, name)
 }
 
@@ -257,12 +263,12 @@ func (ct *chatTemplates) render(tpl *exec.Template, ctx *exec.Context, name stri
 		}
 	}()
 	var sb strings.Builder
-	if err := tpl.Execute(&sb, ctx); err != nil {
+	if err := tpl.Execute(&limitedWriter{w: &sb, left: MaxTemplateOutput}, ctx); err != nil {
 		var raised *raisedError
 		if errors.As(err, &raised) {
 			return "", &TemplateError{File: ct.file, Name: name, Reason: "raise_exception: " + raised.msg}
 		}
-		return "", &TemplateError{File: ct.file, Name: name, Reason: err.Error()}
+		return "", &TemplateError{File: ct.file, Name: name, Reason: limitReason(err)}
 	}
 	return sb.String(), nil
 }
@@ -277,8 +283,9 @@ func raiseException(_ *exec.Evaluator, params *exec.VarArgs) (string, error) {
 }
 
 // rangeFunction is Python's range returning a list (gonja's own feeds a
-// channel from a goroutine that leaks when a loop breaks early).
-func rangeFunction(_ *exec.Evaluator, params *exec.VarArgs) ([]int, error) {
+// channel from a goroutine that leaks when a loop breaks early). Its items
+// count against the rendering's step budget.
+func rangeFunction(e *exec.Evaluator, params *exec.VarArgs) ([]int, error) {
 	args := make([]int, len(params.Args))
 	for i, a := range params.Args {
 		if !a.IsInteger() {
@@ -300,11 +307,22 @@ func rangeFunction(_ *exec.Evaluator, params *exec.VarArgs) ([]int, error) {
 	if step == 0 {
 		return nil, errors.New("range: step must not be zero")
 	}
-	var out []int
-	for i := start; (step > 0 && i < stop) || (step < 0 && i > stop); i += step {
-		if len(out) >= 1<<20 {
-			return nil, errors.New("range: more than 1048576 items")
+	n := 0
+	if step > 0 && stop > start {
+		n = (stop - start + step - 1) / step
+	} else if step < 0 && start > stop {
+		n = (start - stop - step - 1) / -step
+	}
+	if n > 1<<20 {
+		return nil, fmt.Errorf("range: %d items; at most 1048576", n)
+	}
+	if b := budgetOf(e.Environment.Context); b != nil {
+		if err := b.spend(n); err != nil {
+			return nil, err
 		}
+	}
+	out := make([]int, 0, n)
+	for i := start; len(out) < n; i += step {
 		out = append(out, i)
 	}
 	return out, nil

@@ -13,7 +13,11 @@
 // when python3 with torch can run, then the MLX engine when built with the
 // mlx tag, and otherwise the simulated engine (pseudo-tokens, no model),
 // which it says in the log. Metrics are served in Prometheus format on
-// /metrics from the server's own registry. SIGTERM or SIGINT stop it
+// /metrics from the server's own registry. -api-keys FILE (see
+// openai.LoadKeyFile) and $MLXSERVING_API_KEYS (name:key,...) require API
+// keys; without them the server takes anyone's requests, and warns when it
+// listens beyond loopback. scripts/serve.sh runs it on the Python engine,
+// installing Debian's python3-torch first if needed. SIGTERM or SIGINT stop it
 // gracefully: it stops accepting, lets in-flight streams finish (up to
 // -drain), then unloads the models.
 //
@@ -62,6 +66,7 @@ func main() {
 
 type options struct {
 	addr, model, modelID, engine, python string
+	apiKeys                              string
 	drain, simStep                       time.Duration
 	verbose                              bool
 	// Request merging and deadlines.
@@ -84,6 +89,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
 	fs.Int64Var(&o.cacheBytes, "cache-bytes", 0, "with -merge: response cache size in bytes for requests with \"cache\": true (0: no cache)")
 	fs.DurationVar(&o.cacheTTL, "cache-ttl", 10*time.Minute, "with -cache-bytes: how long a cached response is served")
@@ -136,12 +142,17 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	if err != nil {
 		return err
 	}
+	if o.model == "" {
+		log.Warn("serving the project's GENERATED test model: real architecture and tokenizer, RANDOM weights, so its text is gibberish; pass -model DIR to serve a real checkpoint",
+			"model", id, "path", dir)
+	}
 	defer cleanup()
 	eng, err := openEngine(ctx, o, dir, log)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = eng.Close() }()
+	log.Info("engine started", "engine", eng.Name())
 
 	mp, metricsHandler, reg, err := newMetrics()
 	if err != nil {
@@ -175,6 +186,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 
+	keyOpts, nkeys, err := apiKeys(o.apiKeys, os.Getenv)
+	if err != nil {
+		return err
+	}
 	// The main model first and pinned; /ready waits for it only.
 	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir}, Priority: mainPriority, Pin: true}
 	pw, err := prewarm.New(srv, append([]prewarm.Model{main}, o.prewarm...),
@@ -183,8 +198,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer pw.Stop()
-	h, err := openai.New(srv, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler),
-		openai.WithReadyCheck(pw.CheckReady))
+	h, err := openai.New(srv, append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp),
+		openai.WithMetricsHandler(metricsHandler), openai.WithReadyCheck(pw.CheckReady)}, keyOpts...)...)
 	if err != nil {
 		return err
 	}
@@ -196,11 +211,17 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String())
+	warnIfExposed(ln.Addr(), nkeys, log)
 
 	if err := startPrewarm(ctx, pw, log); err != nil {
 		_ = hs.Close()
 		<-served
 		return err
+	}
+	for _, info := range srv.Models() {
+		if info.ID == id {
+			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength)
+		}
 	}
 	if listening != nil {
 		listening <- ln.Addr().String()

@@ -1,9 +1,15 @@
 """CUDA graphs for decode steps.
 
 A decode step (every input one token) replays a graph captured for its
-batch-size and context-length bucket; the Python and kernel-launch cost of
-the whole forward pass becomes one launch. Rows past the real batch use a
-scratch KV slot, so padding never touches a sequence's cache.
+batch-size bucket (and, on the plain torch path, its context-length
+bucket); the Python and kernel-launch cost of the whole forward pass
+becomes one launch. Rows past the real batch use a scratch KV slot, so
+padding never touches a sequence's cache.
+
+With the Triton kernels (llama.Llama.kern) the attention reads each
+sequence's own length from the device, so one graph per batch bucket
+covers every length, and a step's inputs can come from device tensors:
+run_device chains steps without the host waiting for the GPU.
 """
 import torch
 
@@ -16,29 +22,49 @@ class DecodeGraphs:
         self.model, self.kc, self.vc = model, kc, vc
         self.scratch, self.context = scratch_slot, context
         self.max_batch = min(max_batch, BATCH_BUCKETS[-1])
+        self.fast = model.kern is not None
         self.graphs = {}
         self.pool = None
         self.broken = False
 
     def bucket(self, b, maxlen):
         bb = next(x for x in BATCH_BUCKETS if x >= b)
+        if self.fast:
+            return bb, self.context
         lb = min(self.context, -(-maxlen // LEN_STEP) * LEN_STEP)
         return bb, lb
 
     def usable(self, b):
         return not self.broken and b <= self.max_batch
 
+    def _graph(self, b, maxlen):
+        bb, lb = self.bucket(b, maxlen)
+        g = self.graphs.get((bb, lb))
+        if g is None:
+            g = self.capture(bb, lb)
+        return g
+
     def run(self, tokens, pos, slots):
         """tokens, pos, slots: python lists of one entry per sequence.
         Returns logits [len(tokens), vocab] (float32)."""
         b = len(tokens)
-        bb, lb = self.bucket(b, max(pos) + 1)
-        g = self.graphs.get((bb, lb))
-        if g is None:
-            g = self.capture(bb, lb)
-        pad = bb - b
+        g = self._graph(b, max(pos) + 1)
+        pad = g["io"].shape[1] - b
         host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, slots + [self.scratch] * pad], dtype=torch.long)
         g["io"].copy_(host, non_blocking=True)
+        g["graph"].replay()
+        return g["out"][:b]
+
+    def run_device(self, tokens, pos_slots):
+        """Like run, with every input already on the device: tokens [b],
+        pos_slots [2, b] (int64). Nothing waits for the GPU. Needs the
+        Triton path (self.fast). The returned logits live in the graph's
+        buffer until its next replay."""
+        b = tokens.shape[0]
+        g = self._graph(b, 1)
+        io = g["io"]
+        io[0, :b].copy_(tokens)
+        io[1:, :b].copy_(pos_slots)
         g["graph"].replay()
         return g["out"][:b]
 
@@ -50,6 +76,8 @@ class DecodeGraphs:
 
         def step():
             tok, pos, slots = io[0], io[1], io[2]
+            if self.fast:
+                return self.model.forward_decode(tok, pos, slots, self.kc, self.vc)
             ar = torch.arange(lb, device=dev).unsqueeze(0)
             mask = torch.zeros(bb, lb, device=dev, dtype=dtype).masked_fill(ar > pos.unsqueeze(1), float("-inf"))
             groups = [("decode", rows, slots, lb, mask.view(bb, 1, 1, 1, lb))]

@@ -7,6 +7,7 @@ projections and the MLP; attention runs per group: all one-token sequences
 together against their padded caches, each multi-token chunk on its own.
 """
 import json
+import logging
 import math
 import os
 
@@ -14,22 +15,22 @@ import torch
 import torch.nn.functional as F
 
 from st import Checkpoint, CheckpointError
+from stcheck import read_json
 
 ARCHS = {"llama", "mistral", "qwen2"}
+log = logging.getLogger("llama")
+
+# Upper bounds far above any real model, so a crafted config.json cannot ask
+# for absurd KV memory before the weights' shapes are compared with it.
+LIMITS = {"hidden": 1 << 17, "layers": 1 << 10, "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 17,
+          "intermediate": 1 << 19, "vocab": 1 << 22, "context": 1 << 24}
 
 
 class Config:
     """The fields of config.json the forward pass needs."""
 
     def __init__(self, directory):
-        path = os.path.join(directory, "config.json")
-        try:
-            with open(path) as f:
-                c = json.load(f)
-        except OSError as e:
-            raise CheckpointError("config.json", "cannot read: %s" % e.strerror)
-        except ValueError as e:
-            raise CheckpointError("config.json", "not JSON: %s" % e)
+        c = read_json(os.path.join(directory, "config.json"), "config.json")
         arch = c.get("model_type", "")
         if arch not in ARCHS:
             raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(sorted(ARCHS))))
@@ -46,28 +47,38 @@ class Config:
             self.eps = float(c.get("rms_norm_eps") or 1e-5)
             self.theta = float(c.get("rope_theta") or 10000.0)
             self.rope_scaling = c.get("rope_scaling")
+            if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+                raise ValueError("rope_scaling is not an object")
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.bias = arch == "qwen2" or bool(c.get("attention_bias", False))
             self.dtype = c.get("torch_dtype") or "float32"
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError("config.json", "missing or bad field: %s" % e)
-        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) <= 0 or self.heads % self.kv_heads:
+        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab, self.head_dim, self.context) <= 0 or self.heads % self.kv_heads:
             raise CheckpointError("config.json", "inconsistent sizes")
+        for field, limit in LIMITS.items():
+            if getattr(self, field) > limit:
+                raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
         self.bos, self.eos = _special_ids(directory, c)
 
 
 def _special_ids(directory, c):
-    bos, eos = c.get("bos_token_id"), c.get("eos_token_id")
-    try:
-        with open(os.path.join(directory, "generation_config.json")) as f:
-            g = json.load(f)
+    bos, eos, src = c.get("bos_token_id"), c.get("eos_token_id"), "config.json"
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.exists(path):
+        g = read_json(path, "generation_config.json")
         bos = g.get("bos_token_id", bos)
-        eos = g.get("eos_token_id", eos)
-    except (OSError, ValueError):
-        pass
-    if isinstance(eos, int):
+        if "eos_token_id" in g:
+            eos, src = g["eos_token_id"], "generation_config.json"
+    if _is_id(eos):
         eos = [eos]
-    return (bos if isinstance(bos, int) else -1), [int(e) for e in (eos or [])]
+    if eos is not None and not (isinstance(eos, list) and all(_is_id(e) for e in eos)):
+        raise CheckpointError(src, "eos_token_id: want an integer or a list of integers")
+    return (bos if _is_id(bos) else -1), list(eos or [])
+
+
+def _is_id(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 31)
 
 
 def rope_inv_freq(cfg):
@@ -77,12 +88,22 @@ def rope_inv_freq(cfg):
     if not rs:
         return inv
     kind = rs.get("rope_type") or rs.get("type")
-    if kind == "linear":
-        return inv / float(rs["factor"])
-    if kind != "llama3":
-        raise CheckpointError("config.json", "unsupported rope_scaling %r" % kind)
-    factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-    old = float(rs["original_max_position_embeddings"])
+    if kind == "default":
+        return inv
+    try:
+        if kind == "linear":
+            factor = float(rs["factor"])
+            if not factor > 0:
+                raise ValueError("factor must be positive")
+            return inv / factor
+        if kind != "llama3":
+            raise CheckpointError("config.json", "unsupported rope_scaling %r" % (kind,))
+        factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        if not (factor > 0 and low > 0 and high > low and old > 0):
+            raise ValueError("bad parameters")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError("config.json", "rope_scaling %s: %s" % (kind, e))
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > old / low, inv / factor, inv)
     smooth = (old / wavelen - low) / (high - low)
@@ -138,6 +159,7 @@ class Llama:
         fast = device.type == "cuda"
         self.sdpa = fast and _sdpa_gqa()
         self.fused_rms = fast and hasattr(F, "rms_norm")
+        self.kern = _kernels(cfg, device, dtype) if fast else None
 
     def rms(self, x, w):
         if self.fused_rms:
@@ -159,33 +181,71 @@ class Llama:
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        cos = sin = None
+        if self.kern is None:
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        h = None
         for li, L in enumerate(self.layers):
-            h = self.rms(x, L["ln1"])
+            x, h = self.add_norm(x, h, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
-            qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
+            if self.kern is not None:  # rotary embedding and KV write in one kernel
+                qk = self.kern.rope_kv(qkv, kc[li], vc[li], slot_tok, pos, self.cos, self.sin, H, K)
+            else:
+                qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
-            kc[li][slot_tok, :, pos] = k
-            vc[li][slot_tok, :, pos] = v
-            a = self.attend(q, kc[li], vc[li], groups)
-            x = x + F.linear(a, L["o"])
-            h = self.rms(x, L["ln2"])
-            gu = F.linear(h, L["gate_up"])
-            g, u = gu.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, L["down"])
-        x = self.rms(x[last], self.norm)
+            if self.kern is None:
+                kc[li][slot_tok, :, pos] = k
+                vc[li][slot_tok, :, pos] = v
+            a = self.attend(q, k, v, kc[li], vc[li], groups)
+            x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
+            h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
+        x = self.rms(x[last] + h[last], self.norm)
         return F.linear(x, self.lm_head).float()
 
-    def attend(self, q, kc, vc, groups):
+    def add_norm(self, x, d, w):
+        """(x + d, rms(x + d) * w); d is skipped when None (the first
+        layer: x is the embedding). Returns the new residual and the
+        normalised rows."""
+        if self.kern is not None:
+            return self.kern.add_rms(x, d, w, self.cfg.eps)
+        if d is not None:
+            x = x + d
+        return x, self.rms(x, w)
+
+    def swiglu(self, gu):
+        if self.kern is not None:
+            return self.kern.silu_mul(gu)
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def forward_decode(self, tokens, pos, slots, kc, vc):
+        """One token per sequence, all on the device: tokens, pos, slots
+        [B] (int64). Needs the CUDA kernels (self.kern). Returns logits
+        [B, vocab] (float32)."""
+        cfg = self.cfg
+        kern = self.kern
+        x = self.embed[tokens]
+        h = None
+        for li, L in enumerate(self.layers):
+            x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
+            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            a = kern.decode_attention(qkv, kc[li], vc[li], slots, pos, self.cos, self.sin, cfg.heads, cfg.kv_heads)
+            x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
+            h = F.linear(kern.silu_mul(F.linear(h, L["gate_up"])), L["down"])
+        _, x = kern.add_rms(x, h, self.norm, cfg.eps)
+        return F.linear(x, self.lm_head).float()
+
+    def attend(self, q, k, v, kc, vc, groups):
         """groups: ("decode", rows, slots, maxlen, mask) for the
         one-token sequences, ("chunk", start, end, slot, p) for a chunk of
-        end-start tokens at positions p.. of one sequence."""
+        end-start tokens at positions p.. of one sequence. k and v are the
+        step's own keys and values (already in the cache)."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rep = H // K
         if self.sdpa:
-            return self.attend_sdpa(q, kc, vc, groups)
+            return self.attend_sdpa(q, k, v, kc, vc, groups)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
         for g in groups:
@@ -212,8 +272,10 @@ class Llama:
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_sdpa(self, q, kc, vc, groups):
-        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA)."""
+    def attend_sdpa(self, q, k, v, kc, vc, groups):
+        """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
+        Chunks that start a sequence (position 0) need no cache: those of
+        one length run as one causal batch on the step's own k and v."""
         H, hd = self.cfg.heads, self.cfg.head_dim
         if len(groups) == 1 and groups[0][0] == "decode" and groups[0][1].shape[0] == q.shape[0]:
             # Decode only: every row is in the group, in order; no gather, no scatter.
@@ -224,7 +286,35 @@ class Llama:
                 attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
             return o.reshape(B, H * hd)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
+        fresh = {}
         for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                fresh.setdefault(g[2] - g[1], []).append(g[1])
+        for T, starts in fresh.items():
+            n = len(starts)
+            adjacent = starts == list(range(starts[0], starts[0] + n * T, T))
+            if adjacent:  # views, no copies
+                sl = slice(starts[0], starts[0] + n * T)
+                qq, kk, vv = (t[sl].view(n, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+            else:
+                qq, kk, vv = (torch.stack([t[a : a + T] for a in starts]).transpose(1, 2) for t in (q, k, v))
+            # Every query head its own key and value head: the flash kernel
+            # then runs the causal mask itself (with GQA it may not).
+            K = kk.shape[1]
+            if H > K:
+                kk, vv = (t.unsqueeze(2).expand(n, K, H // K, T, hd).reshape(n, H, T, hd) for t in (kk, vv))
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+            o = o.transpose(1, 2).reshape(n * T, H * hd)
+            if adjacent and n * T == q.shape[0]:
+                return o  # the whole step is this one group
+            if adjacent:
+                out[starts[0] : starts[0] + n * T] = o
+            else:
+                for i, a in enumerate(starts):
+                    out[a : a + T] = o[i * T : (i + 1) * T]
+        for g in groups:
+            if g[0] == "chunk" and g[4] == 0:
+                continue
             if g[0] == "decode":
                 _, rows, slots, maxlen, mask = g
                 B = rows.shape[0]
@@ -242,6 +332,25 @@ class Llama:
                     attn_mask=allowed, enable_gqa=True)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
+
+
+def _kernels(cfg, device, dtype):
+    """The Triton kernels module when it runs here and agrees with the
+    plain torch code on a small case; None otherwise (the torch code runs)."""
+    if os.environ.get("MLXSERVING_TORCH_KERNELS", "1") == "0":
+        return None
+    try:
+        import kernels
+        if not kernels.usable(cfg, dtype):
+            return None
+        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
+    except Exception as e:  # no Triton, or it cannot compile for this device
+        log.warning("Triton kernels unavailable, using plain torch: %s", e)
+        return None
+    if err is not None:
+        log.warning("Triton kernels disagree with torch (%s); using plain torch", err)
+        return None
+    return kernels
 
 
 def _sdpa_gqa():

@@ -13,7 +13,6 @@ saved cache's state (mlx_lm KVCache.state).
 import collections
 import glob
 import importlib
-import json
 import os
 
 import mlx.core as mx
@@ -22,6 +21,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from errors import CheckpointError, ProtocolError
+from stcheck import read_header, read_json
 
 CAPABILITIES = {"batch": False, "prefix_cache": True, "logprobs": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
@@ -99,8 +99,7 @@ class MlxModel:
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
+        config = read_json(os.path.join(path, "config.json"), "config.json")
         arch = config.get("model_type", "")
         if arch not in MODULES:
             raise CheckpointError("config.json", "unsupported architecture %r" % arch)
@@ -127,6 +126,7 @@ class MlxModel:
             raise CheckpointError(".", "no *.safetensors file")
         weights = {}
         for f in files:
+            read_header(f)  # refuse a crafted header before mx.load reads it
             try:
                 weights.update(mx.load(f))
             except Exception as e:

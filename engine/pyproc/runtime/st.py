@@ -5,7 +5,6 @@ tensor names to dtype, shape and byte offsets, then the raw data. The data is
 memory-mapped copy-on-write and viewed with torch.frombuffer; bfloat16 is
 read as int16 and reinterpreted, which works on torch 1.13 too.
 """
-import json
 import mmap
 import os
 import struct
@@ -13,6 +12,7 @@ import struct
 import torch
 
 from errors import CheckpointError
+from stcheck import MAX_HEADER, parse_header
 
 DTYPES = {
     "F32": (torch.float32, torch.float32, 4),
@@ -25,7 +25,9 @@ DTYPES = {
 
 
 class SafetensorsFile:
-    """One .safetensors file: its header, and tensors on demand."""
+    """One .safetensors file: its header, and tensors on demand. Every size
+    and offset is checked against the file before anything is read or
+    mapped, so a crafted file gives a CheckpointError."""
 
     def __init__(self, path):
         self.path = path
@@ -40,24 +42,11 @@ class SafetensorsFile:
                 raise CheckpointError(name, "file too short for a safetensors header")
             (n,) = struct.unpack("<Q", raw)
             size = os.fstat(f.fileno()).st_size
-            if n > size - 8 or n > 100 << 20:
+            if n > size - 8 or n > MAX_HEADER:
                 raise CheckpointError(name, "header length %d exceeds the file" % n)
-            try:
-                self.header = json.loads(f.read(n))
-            except ValueError as e:
-                raise CheckpointError(name, "header is not JSON: %s" % e)
-            self.header.pop("__metadata__", None)
             self.base = 8 + n
             data = size - self.base
-            for tname, e in self.header.items():
-                if e.get("dtype") not in DTYPES:
-                    raise CheckpointError(name, "unsupported dtype %r" % e.get("dtype"), tname)
-                b, end = e["data_offsets"]
-                numel = 1
-                for d in e["shape"]:
-                    numel *= d
-                if end > data or end - b != numel * DTYPES[e["dtype"]][2]:
-                    raise CheckpointError(name, "data offsets %r do not fit shape %r" % (e["data_offsets"], e["shape"]), tname)
+            self.header = parse_header(f.read(n), data, name, DTYPES)
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if data > 0 else None
         self.name = name
 

@@ -10,9 +10,10 @@ from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
 from sampling import note_fed, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
+import lookahead
 
 
-CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True,
+CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
                              "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
 
@@ -65,11 +66,12 @@ def common_prefix(a, b):
 
 
 class Seq:
-    __slots__ = ("slot", "tokens", "gen", "held", "sampled", "counts")
+    __slots__ = ("slot", "tokens", "gen", "held", "sampled", "counts", "hist")
 
     def __init__(self, slot, tokens, held):
         self.slot, self.tokens, self.gen, self.held = slot, tokens, None, held
         self.sampled, self.counts = False, {}
+        self.hist = None  # generator states before recent draws (lookahead.rewind)
 
 
 class TorchModel:
@@ -107,6 +109,9 @@ class TorchModel:
         self.seqs = {}
         self.saved = collections.OrderedDict()  # key -> Seq, oldest first
         self.evicted = []  # saved keys given up for memory, reported on the next open
+        self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
+        self.spec = None  # lookahead.Spec: the next round's first step, already launched
+        self.spec_missed = False
 
     def _size_slots(self, kv_capacity):
         """Returns (slots, capacity): KV slots of one context each, and the
@@ -152,6 +157,8 @@ class TorchModel:
                         log.warning("CUDA graph capture failed, running eagerly: %s", e, exc_info=True)
                         self.graphs.broken = True
                 self._warm_eager(b)
+            if self.model.kern is not None:  # the decode chain's argmax, compiled now
+                self.model.kern.argmax(torch.zeros(1, self.cfg.vocab, device=self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return sizes
@@ -207,10 +214,14 @@ class TorchModel:
         if old is not None:
             self.free_slots.append(old.slot)
 
-    def free(self, seq, save_key):
+    def free(self, seq, save_key, back=0):
         s = self.seqs.pop(seq, None)
         if s is None:
             return
+        if self.spec is not None:
+            self.spec.drop(s)
+        if 0 < back <= len(s.tokens):
+            lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
         self.used -= s.held
         if save_key and s.tokens:
             old = self.saved.pop(save_key, None)
@@ -229,7 +240,7 @@ class TorchModel:
         return self.graphs.run(tokens, pos, slots)
 
     def close(self):
-        self.kc = self.vc = self.model = None
+        self.kc = self.vc = self.model = self.graphs = self.spec = None
         self.seqs.clear()
         self.saved.clear()
 
@@ -238,17 +249,26 @@ class TorchModel:
                 "saved_tokens": sum(len(s.tokens) for s in self.saved.values())}
 
     def step(self, batch):
-        """batch: list of [seq, tokens, sample, params]. Returns (tokens,
-        logprobs, top logprobs) for the sampling inputs in order."""
+        """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
+        (tokens, logprobs, top logprobs) for the sampling inputs in order,
+        then (more, more_logprobs) when inputs asked for lookahead: the
+        tokens decoded after them (lookahead.py)."""
         if not batch:
             return [], [], []
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        lookahead.settle(self, batch)
         seqs, grow = [], 0
-        for seq, toks, _, _ in batch:
+        for b in batch:
+            seq, toks = b[0], b[1]
             s = self.seqs.get(seq)
             if s is None:
                 raise ProtocolError("invalid", "sequence %d is not open" % seq)
+            back = int(b[5]) if len(b) > 5 and b[5] else 0
+            if back:
+                if back < 0 or back > len(s.tokens):
+                    raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
+                lookahead.rewind(s, back)
             if not toks:
                 raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
             if len(s.tokens) + len(toks) > self.cfg.context:
@@ -263,15 +283,28 @@ class TorchModel:
             raise ProtocolError("oom", "the step needs %d more KV tokens; %d of %d are free"
                                 % (grow, self.capacity - self.used, self.capacity))
         self.used += grow
-        for (_, toks, _, _), s in zip(batch, seqs):
-            s.held = max(s.held, len(s.tokens) + len(toks))
-            note_fed(s, toks)
+        for b, s in zip(batch, seqs):
+            s.held = max(s.held, len(s.tokens) + len(b[1]))
+            note_fed(s, b[1])
+        want = lookahead.plan(self, batch, seqs)
+        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
         with torch.no_grad():
+            items = [(b[3], s) for b, s in zip(batch, seqs) if b[2]]
+            if lookahead.chainable(self, batch, items, want):
+                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
+            lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
-            return sample_rows(rows, [(b[3], s) for b, s in zip(batch, seqs) if b[2]], self.device)
+            if self.lookahead_used:
+                lookahead.remember(items, self.device)
+            toks, lps, tops = sample_rows(rows, items, self.device)
+            if max(want, default=1) <= 1:
+                return toks, lps, tops
+            more, more_lps = lookahead.run(self, items, toks, want)
+            return toks, lps, tops, more, more_lps
 
     def _forward(self, batch, seqs):
-        if self.graphs is not None and self.graphs.usable(len(batch)) and all(len(b[1]) == 1 and b[2] for b in batch):
+        decode = all(len(b[1]) == 1 and b[2] for b in batch)
+        if decode and self.graphs is not None and self.graphs.usable(len(batch)):
             try:
                 return self._graph_decode(batch, seqs)
             except RuntimeError as e:  # capture unsupported here: run eagerly from now on
@@ -280,9 +313,15 @@ class TorchModel:
                 for s in seqs:
                     del s.tokens[-1]
         dev = self.device
+        if decode and self.model.kern is not None:
+            t = torch.tensor([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.slot for s in seqs]], device=dev)
+            for b, s in zip(batch, seqs):
+                s.tokens.append(b[1][0])
+            return self.model.forward_decode(t[0], t[1], t[2], self.kc, self.vc)
         tokens, pos, slot_tok, last = [], [], [], []
         dec_rows, dec_slots, dec_len, chunks = [], [], [], []
-        for (seq, toks, sample, _), s in zip(batch, seqs):
+        for b, s in zip(batch, seqs):
+            toks, sample = b[1], b[2]
             p, a = len(s.tokens), len(tokens)
             tokens.extend(toks)
             pos.extend(range(p, p + len(toks)))

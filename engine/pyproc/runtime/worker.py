@@ -103,12 +103,15 @@ class Worker:
             if self.step_delay:
                 time.sleep(self.step_delay)
             res = self.model(req).step(req["batch"])
-            toks, lps = res[0], res[1]
-            r = {"tokens": toks}
-            if any(lps):
-                r["logprobs"] = lps
+            r = {"tokens": res[0]}
+            if any(res[1]):
+                r["logprobs"] = res[1]
             if len(res) > 2 and any(res[2]):
                 r["top"] = res[2]
+            if len(res) > 3:  # lookahead: the tokens decoded after these
+                r["more"] = res[3]
+                if res[4] is not None:
+                    r["more_logprobs"] = res[4]
             return r
         if op == "open":
             m = self.model(req)
@@ -125,7 +128,7 @@ class Worker:
         if op == "free":
             m = self.models.get(req.get("model"))
             if m is not None:
-                m.free(req["seq"], req.get("key", ""))
+                m.free(req["seq"], req.get("key", ""), *([int(req["back"])] if req.get("back") else []))
             return {}
         if op == "load":
             name = req["model"]

@@ -1,0 +1,189 @@
+package pyproc
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Lookahead: a decode step asks the worker for up to k tokens per
+// sequence instead of one (PROTOCOL.md, "Lookahead"). The worker keeps
+// decoding on its own, feeding each sequence the token it just sampled;
+// Step hands the extra tokens out one per call while the caller feeds
+// back exactly the tokens it was given, so k tokens cost one round trip.
+// A caller that feeds something else (or a prompt chunk) rolls the
+// sequence back first: the worker drops the tokens it fed ahead. Stop
+// conditions stay the caller's: a sequence freed early wastes at most k-1
+// decoded tokens.
+
+// defaultLookaheadCUDA is the lookahead used on CUDA when WithLookahead
+// leaves the choice to the engine. On the CPU it is 1 (off): there a
+// token's compute dwarfs the round trip, and wasted tokens cost real time.
+const defaultLookaheadCUDA = 8
+
+// maxLookahead bounds WithLookahead; the worker clips at the same value.
+const maxLookahead = 64
+
+// ahead is one sequence's lookahead state.
+type ahead struct {
+	last int32               // the token Step returned last
+	has  bool                // last is set
+	buf  []engine.StepOutput // tokens decoded ahead, not yet returned
+}
+
+// inPlan says how one input of a Step goes to the worker.
+type inPlan struct {
+	send   []int32 // tokens to send; nil: not sent this step
+	n      int     // tokens the worker decodes for it (1: just this step)
+	back   int     // tokens the worker drops before feeding send
+	served bool    // the output comes from the lookahead buffer
+}
+
+// lookaheadFor resolves the configured lookahead for a model loaded on
+// device with workers whose handshakes are hellos.
+func lookaheadFor(configured int, device string, hellos []reply) int {
+	k := configured
+	if k == 0 {
+		k = 1
+		if strings.HasPrefix(device, "cuda") {
+			k = defaultLookaheadCUDA
+		}
+	}
+	if k <= 1 {
+		return 1
+	}
+	for _, h := range hellos {
+		if on, _ := h.Caps["lookahead"].(bool); !on {
+			return 1
+		}
+	}
+	return k
+}
+
+// canLookahead reports whether a sampling input's tokens may be decoded
+// ahead: not with a per-step allowed-token mask (the caller computes the
+// next one from the token it is given), nor with parameters applied on
+// the host from the sequence's tokens or returned per token beside it
+// (penalties, logit bias, top log-probabilities). The worker applies the
+// same rule (lookahead.allowed).
+func canLookahead(in *engine.StepInput) bool {
+	p := in.Params
+	return in.Allowed == nil && (p == nil || ((p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
+		!p.Adjusts() && p.TopLogprobs == 0))
+}
+
+// servable reports whether input in can take its output from the
+// sequence's lookahead buffer.
+func servable(in *engine.StepInput, st *ahead) bool {
+	return st != nil && len(st.buf) > 0 && st.has && in.Sample && len(in.Tokens) == 1 &&
+		in.Tokens[0] == st.last && canLookahead(in)
+}
+
+// fromBuffers answers the whole step from the lookahead buffers, or
+// returns nil when some input needs the worker.
+func (m *Model) fromBuffers(batch []engine.StepInput) []engine.StepOutput {
+	for i := range batch {
+		if !servable(&batch[i], m.look[batch[i].Seq]) || !m.seqs[batch[i].Seq].proc.alive() {
+			return nil
+		}
+	}
+	outs := make([]engine.StepOutput, len(batch))
+	for i := range batch {
+		st := m.look[batch[i].Seq]
+		outs[i] = st.pop()
+	}
+	return outs
+}
+
+func (st *ahead) pop() engine.StepOutput {
+	o := st.buf[0]
+	copy(st.buf, st.buf[1:])
+	st.buf = st.buf[:len(st.buf)-1]
+	st.last, st.has = o.Token, true
+	return o
+}
+
+// planStep decides, per input, what goes to the worker: inputs served
+// from their buffer are topped up to k-1 buffered tokens (or not sent when
+// already full); others are sent as given, rolled back first when they
+// had tokens buffered, and ask for k tokens when they decode one token.
+func (m *Model) planStep(batch []engine.StepInput) []inPlan {
+	plan := m.plan[:0]
+	for i := range batch {
+		in := &batch[i]
+		st := m.look[in.Seq]
+		var p inPlan
+		switch {
+		case m.k > 1 && servable(in, st):
+			p.served = true
+			if n := m.k - len(st.buf); n >= 1 {
+				p.send, p.n = []int32{st.buf[len(st.buf)-1].Token}, n
+			}
+		default:
+			p.send, p.n = in.Tokens, 1
+			if st != nil {
+				p.back = len(st.buf)
+				st.buf, st.has = st.buf[:0], false
+			}
+			// A prompt chunk samples just its first token, so lookahead
+			// never delays time to first token; decoding ahead starts
+			// with the next step.
+			if m.k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
+				p.n = m.k
+			}
+		}
+		plan = append(plan, p)
+	}
+	m.plan = plan
+	return plan
+}
+
+// absorb records input i's reply: the step's token k and the tokens
+// decoded after it; it returns the output Step hands back for the input.
+func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine.StepOutput, error) {
+	st := m.look[in.Seq]
+	if st == nil && m.k > 1 {
+		st = &ahead{}
+		m.look[in.Seq] = st
+	}
+	var got []engine.StepOutput
+	if p.send != nil {
+		if k >= len(r.Tokens) {
+			return engine.StepOutput{}, &WorkerError{Code: "internal", Message: fmt.Sprintf("step reply has %d tokens, want more", len(r.Tokens))}
+		}
+		o := engine.StepOutput{Seq: in.Seq, Token: r.Tokens[k]}
+		if k < len(r.Logprobs) {
+			o.Logprob = r.Logprobs[k]
+		}
+		if k < len(r.Top) && len(r.Top[k]) > 0 { // never with lookahead: canLookahead
+			o.Top = make([]engine.TokenLogprob, len(r.Top[k]))
+			for j, e := range r.Top[k] {
+				o.Top[j] = engine.TokenLogprob{Token: int32(e[0]), Logprob: float32(e[1])}
+			}
+		}
+		got = append(got, o)
+		if k < len(r.More) {
+			if len(r.More[k]) >= p.n {
+				return engine.StepOutput{}, &WorkerError{Code: "internal", Message: fmt.Sprintf("step reply has %d tokens ahead, asked for %d", len(r.More[k]), p.n-1)}
+			}
+			for j, t := range r.More[k] {
+				o := engine.StepOutput{Seq: in.Seq, Token: t}
+				if k < len(r.MoreLogprobs) && j < len(r.MoreLogprobs[k]) {
+					o.Logprob = r.MoreLogprobs[k][j]
+				}
+				got = append(got, o)
+			}
+		}
+	}
+	if st == nil { // lookahead off: exactly the step's token
+		return got[0], nil
+	}
+	if p.served {
+		o := st.pop()
+		st.buf = append(st.buf, got...)
+		return o, nil
+	}
+	st.buf = append(st.buf[:0], got...)
+	return st.pop(), nil
+}

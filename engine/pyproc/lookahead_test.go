@@ -1,0 +1,218 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// transcript runs a fixed scenario on m and records everything the caller
+// sees: sequences joining (chunked prefill) and leaving mid-decode, greedy,
+// seeded and penalised sampling with logprobs, a caller feeding a token it
+// was not given, and prefix reuse of a sequence freed with tokens decoded
+// ahead.
+func transcript(t *testing.T, m *Model) []string {
+	t.Helper()
+	ctx := context.Background()
+	var log []string
+	params := []*engine.SamplingParams{
+		{Logprobs: true},
+		{Temperature: 0.9, TopK: 40, Seed: 7, HasSeed: true, Logprobs: true},
+		{RepetitionPenalty: 1.3},
+		{Temperature: 0.7, TopP: 0.9, MinP: 0.05, Seed: 3, HasSeed: true},
+	}
+	prompts := [][]int32{prompt(1, 9), prompt(2, 4), prompt(3, 13), prompt(4, 6)}
+	fedPrompt := make([]int, len(prompts))
+	last := make([][]int32, len(prompts))
+	fed := make([][]int32, len(prompts)) // every token each sequence was fed
+	open := make([]bool, len(prompts))
+	for step := 0; step < 14; step++ {
+		var batch []engine.StepInput
+		for i, p := range prompts {
+			id := engine.SeqID(i + 1)
+			if step == i*2 && !open[i] && step < 10 { // staggered joins
+				if _, err := m.Open(ctx, id, p, ""); err != nil {
+					t.Fatal(err)
+				}
+				open[i] = true
+			}
+			if !open[i] {
+				continue
+			}
+			in := engine.StepInput{Seq: id, Params: params[i], Sample: true}
+			switch {
+			case fedPrompt[i] < len(p): // prefill in chunks of up to 5
+				end := min(fedPrompt[i]+5, len(p))
+				in.Tokens, in.Sample = p[fedPrompt[i]:end], end == len(p)
+				fedPrompt[i] = end
+			case step == 7 && i == 1: // feed a token other than the one sampled
+				in.Tokens = []int32{(last[i][0] + 1) % 300}
+			default:
+				in.Tokens = last[i]
+			}
+			fed[i] = append(fed[i], in.Tokens...)
+			batch = append(batch, in)
+		}
+		outs, err := m.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, in := range batch {
+			if !in.Sample {
+				continue
+			}
+			o := outs[k]
+			k++
+			if o.Seq != in.Seq {
+				t.Fatalf("step %d: output for seq %d, want %d", step, o.Seq, in.Seq)
+			}
+			log = append(log, fmt.Sprintf("step %d seq %d: %d %.5f", step, o.Seq, o.Token, o.Logprob))
+			last[o.Seq-1] = []int32{o.Token}
+		}
+		if k != len(outs) {
+			t.Fatalf("step %d: %d outputs for %d sampling inputs", step, len(outs), k)
+		}
+		if step == 9 { // sequence 1 leaves and saves its KV
+			m.Free(1, "one")
+			open[0] = false
+		}
+	}
+	for i := range prompts {
+		if open[i] {
+			m.Free(engine.SeqID(i+1), "")
+		}
+	}
+	// Reuse what sequence 1 saved: every token it was fed, and only those.
+	full := append(slices.Clone(fed[0]), 5, 6)
+	reused, err := m.Open(ctx, 9, full, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log = append(log, fmt.Sprintf("reused %d of %d", reused, len(full)))
+	feed := full[reused:]
+	for range 5 {
+		o, err := m.Step(ctx, []engine.StepInput{{Seq: 9, Tokens: feed, Sample: true, Params: greedy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		log = append(log, fmt.Sprintf("seq 9: %d", o[0].Token))
+		feed = []int32{o[0].Token}
+	}
+	m.Free(9, "")
+	return log
+}
+
+// TestLookaheadSameTokens checks that decoding ahead changes nothing the
+// caller sees: the same scenario with lookahead 4 and without gives the
+// same tokens, logprobs and prefix reuse.
+func TestLookaheadSameTokens(t *testing.T) {
+	off := load(t, newEngine(t, WithLookahead(1)), tiny(t))
+	on := load(t, newEngine(t, WithLookahead(4)), tiny(t))
+	if off.k != 1 || on.k != 4 {
+		t.Fatalf("lookahead %d and %d, want 1 and 4", off.k, on.k)
+	}
+	want, got := transcript(t, off), transcript(t, on)
+	if !slices.Equal(got, want) {
+		t.Fatalf("with lookahead:\n%v\nwithout:\n%v", got, want)
+	}
+}
+
+// TestLookaheadRoundTrips checks that a lone greedy sequence takes one
+// worker round trip per 4 decoded tokens with lookahead 4.
+func TestLookaheadRoundTrips(t *testing.T) {
+	e := newEngine(t, WithLookahead(4))
+	m := load(t, e, tiny(t))
+	p, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := p.nextID.Load()
+	// Open, the prompt (its token alone), 15 tokens in 4 round trips, free.
+	generate(t, m, 1, prompt(5, 10), 16)
+	if n := p.nextID.Load() - before; n != 1+1+4+1 {
+		t.Fatalf("%d requests for 16 tokens, want 7", n)
+	}
+	if got, want := generate(t, m, 2, prompt(5, 10), 16), generate(t, load(t, newEngine(t), tiny(t)), 2, prompt(5, 10), 16); !slices.Equal(got, want) {
+		t.Fatalf("with lookahead %v, without %v", got, want)
+	}
+}
+
+// TestLookaheadContextEnd checks that lookahead never runs past the
+// context: a sequence decodes to the last position and then gets the
+// same context-length error as without lookahead.
+func TestLookaheadContextEnd(t *testing.T) {
+	run := func(m engine.Model) ([]int32, error) {
+		ctx := context.Background()
+		if _, err := m.Open(ctx, 1, prompt(3, 10), ""); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Free(1, "")
+		var out []int32
+		feed := prompt(3, 10)
+		for {
+			o, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed, Sample: true, Params: greedy}})
+			if err != nil {
+				return out, err
+			}
+			out = append(out, o[0].Token)
+			feed = []int32{o[0].Token}
+		}
+	}
+	spec := engine.ModelSpec{ID: "short", Path: tiny(t), ContextLength: 20}
+	var outs [2][]int32
+	for i, k := range []int{1, 8} {
+		m, err := newEngine(t, WithLookahead(k)).Load(context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cle *engine.ContextLengthError
+		out, err := run(m)
+		if !errors.As(err, &cle) || cle.Limit != 20 {
+			t.Fatalf("lookahead %d: stepping past the context: %v", k, err)
+		}
+		outs[i] = out
+	}
+	if len(outs[0]) != 11 || !slices.Equal(outs[0], outs[1]) {
+		t.Fatalf("without lookahead %v, with %v; want 11 equal tokens", outs[0], outs[1])
+	}
+}
+
+// TestLookaheadBadFields sends the worker lookahead fields no supervisor
+// would: taking back more tokens than a sequence holds is refused as an
+// invalid request, a nonsense count is clipped, and the model keeps
+// working.
+func TestLookaheadBadFields(t *testing.T) {
+	e := newEngine(t)
+	m := load(t, e, tiny(t))
+	ctx := context.Background()
+	p, err := e.slots[0].current(ctx, e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(ctx, 1, prompt(1, 4), ""); err != nil {
+		t.Fatal(err)
+	}
+	step := func(n, back int) (*reply, error) {
+		return p.call(ctx, "tiny", func(b []byte, id uint64) []byte {
+			return fmt.Appendf(b, `{"id":%d,"op":"step","model":%q,"batch":[[1,[5],true,{},%d,%d]]}`, id, m.handle, n, back)
+		})
+	}
+	if _, err := step(1, 99); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("back past the sequence's tokens: %v, want an invalid-parameter error", err)
+	}
+	r, err := step(-3, 0)
+	if err != nil || len(r.Tokens) != 1 || len(r.More) != 0 {
+		t.Fatalf("negative count: %+v, %v; want one token", r, err)
+	}
+	r, err = step(1000, 0)
+	if err != nil || len(r.More) != 1 || len(r.More[0]) != 63 {
+		t.Fatalf("count past the limit: %v; want 64 tokens", err)
+	}
+	m.Free(1, "")
+	generate(t, m, 2, prompt(2, 5), 3)
+}

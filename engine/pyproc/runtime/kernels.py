@@ -1,0 +1,367 @@
+"""Triton kernels for the CUDA decode path.
+
+Imported only where torch runs on CUDA and Triton imports (torch's CUDA
+wheels ship it); everywhere else the forward pass keeps its plain torch
+code. Each kernel reproduces the rounding of the torch code it replaces
+(bfloat16/float16 results rounded where torch rounds them), so greedy
+tokens do not depend on which path ran.
+
+- add_rms: the residual add and the next RMSNorm in one pass.
+- silu_mul: SwiGLU's silu(gate) * up from the packed gate_up projection.
+- decode_attention: one token per sequence: rotary embedding of q and k,
+  the new k and v written into the sequence's KV slot, and attention over
+  the slot's cache, all heads of a KV group in one program; no gather of
+  the cache, no mask, any length up to the context.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=m, other=0.0)
+    if HAS_D:
+        d = tl.load(d_ptr + row * n + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+        tl.store(xo_ptr + row * n + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0)
+    y = (xf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
+    tl.store(y_ptr + row * n + offs, y.to(x.dtype), mask=m)
+
+
+def add_rms(x, d, w, eps):
+    """Returns (x + d, rms_norm(x + d) * w); with d None, (x, rms_norm(x) * w).
+    x, d: contiguous [N, hidden]."""
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    xo = torch.empty_like(x) if d is not None else x
+    if x.shape[0]:
+        _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, n, eps,
+                                       HAS_D=d is not None, BLOCK=triton.next_power_of_2(n), num_warps=8)
+    return xo, y
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < inter
+    g = tl.load(gu_ptr + row * 2 * inter + offs, mask=m, other=0.0)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=m, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    tl.store(out_ptr + row * inter + offs, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
+
+
+def silu_mul(gu):
+    """gu: contiguous [N, 2*inter] (gate then up). Returns silu(gate) * up."""
+    n, inter = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(n, inter, device=gu.device, dtype=gu.dtype)
+    BLOCK = 1024
+    if n:
+        _silu_mul_kernel[(n, triton.cdiv(inter, BLOCK))](gu, out, inter, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
+    # x * cos + rotate_half(x) * sin, rounded like torch: each product and
+    # the sum in x's dtype. xr is x loaded at (d + HALF) % HD.
+    d = tl.arange(0, HD)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    a = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
+    b = ((xr.to(tl.float32) * sign) * sin.to(tl.float32)).to(x.dtype)
+    return (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                        qkv_stride, s_slot, s_head, s_pos, scale,
+                        H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
+                        HD: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    sp = tl.program_id(2)
+    slot = tl.load(slot_ptr + b)
+    p = tl.load(pos_ptr + b)
+    d = tl.arange(0, HD)
+    dr = (d + HD // 2) % HD
+    r = tl.arange(0, RB)
+    rm = r < REP
+    row = qkv_ptr + b * qkv_stride
+    cos = tl.load(cos_ptr + p * HD + d)
+    sin = tl.load(sin_ptr + p * HD + d)
+    qh = (kh * REP + r)[:, None] * HD
+    q = tl.load(row + qh + d[None, :], mask=rm[:, None], other=0.0)
+    qr = tl.load(row + qh + dr[None, :], mask=rm[:, None], other=0.0)
+    q = _rope(q, qr, cos[None, :], sin[None, :], HD // 2, HD)
+    k = tl.load(row + (H + kh) * HD + d)
+    kr = tl.load(row + (H + kh) * HD + dr)
+    k = _rope(k, kr, cos, sin, HD // 2, HD)
+    v = tl.load(row + (H + K + kh) * HD + d)
+    base = slot.to(tl.int64) * s_slot + kh * s_head
+    if sp == 0:
+        tl.store(kc_ptr + base + p * s_pos + d, k)
+        tl.store(vc_ptr + base + p * s_pos + d, v)
+        # The current token from registers; the cache for positions before p.
+        m_i = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
+        l_i = tl.full([RB], 1.0, tl.float32)
+        acc = tl.zeros([RB, HD], tl.float32) + v.to(tl.float32)[None, :]
+    else:
+        m_i = tl.full([RB], float("-inf"), tl.float32)
+        l_i = tl.zeros([RB], tl.float32)
+        acc = tl.zeros([RB, HD], tl.float32)
+    # This program's share of the cached positions [0, p).
+    chunk = tl.cdiv(tl.cdiv(p, SPLIT), BLOCK) * BLOCK
+    lo = sp * chunk
+    hi = tl.minimum(p, lo + chunk)
+    j = tl.arange(0, BLOCK)
+    for start in range(lo, hi, BLOCK):
+        jm = start + j < hi
+        kb = tl.load(kc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
+        vb = tl.load(vc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kb))
+        s = tl.where(jm[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        pr = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(pr, vb.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
+        m_i = m_new
+    if SPLIT == 1:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
+    else:
+        # Partial results for _combine_kernel: acc [B, K, SPLIT, RB, HD], (m, l) [B, K, SPLIT, 2, RB].
+        at = (b * K + kh) * SPLIT + sp
+        tl.store(part_ptr + at * RB * HD + r[:, None] * HD + d[None, :], acc)
+        tl.store(ml_ptr + at * 2 * RB + r, m_i)
+        tl.store(ml_ptr + at * 2 * RB + RB + r, l_i)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
+                    HD: tl.constexpr, SPLIT: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    r = tl.arange(0, RB)
+    d = tl.arange(0, HD)
+    s = tl.arange(0, SPLIT)
+    at = (b * K + kh) * SPLIT + s
+    m = tl.load(ml_ptr + at[:, None] * 2 * RB + r[None, :])  # [SPLIT, RB]
+    l = tl.load(ml_ptr + at[:, None] * 2 * RB + RB + r[None, :])
+    mx = tl.max(m, axis=0)
+    w = tl.exp(m - mx[None, :])  # empty splits: exp(-inf) = 0
+    lt = tl.sum(l * w, axis=0)
+    o = tl.zeros([RB, HD], tl.float32)
+    for i in tl.static_range(SPLIT):
+        wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)
+        acc = tl.load(part_ptr + ((b * K + kh) * SPLIT + i) * RB * HD + r[:, None] * HD + d[None, :])
+        o += acc * wi[:, None]
+    o = o / lt[:, None]
+    rm = r < REP
+    tl.store(out_ptr + b * (H * HD) + (kh * REP + r)[:, None] * HD + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+@triton.jit
+def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                    qkv_stride, s_slot, s_head, s_pos,
+                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    p = tl.load(pos_ptr + row)
+    h = tl.arange(0, NB)  # q heads, then k heads, then v heads
+    d = tl.arange(0, HD)
+    dr = (d + HD // 2) % HD
+    hm = h < H + 2 * K
+    src = qkv_ptr + row * qkv_stride + h[:, None] * HD
+    x = tl.load(src + d[None, :], mask=hm[:, None], other=0.0)
+    xr = tl.load(src + dr[None, :], mask=hm[:, None], other=0.0)
+    cos = tl.load(cos_ptr + p * HD + d)
+    sin = tl.load(sin_ptr + p * HD + d)
+    r = _rope(x, xr, cos[None, :], sin[None, :], HD // 2, HD)
+    isqk = h < H + K
+    tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
+    at = slot.to(tl.int64) * s_slot + p * s_pos + d[None, :]
+    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, r, mask=((h >= H) & isqk)[:, None])
+    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, x, mask=((h >= H + K) & hm)[:, None])
+
+
+def rope_kv(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
+    """Any number of tokens: qkv [N, (H + 2K) * hd], slots and pos [N]
+    (int64) per token. Writes the rotated k and v into the cache at pos and
+    returns the rotated q and k, [N, H + K, hd]."""
+    N = qkv.shape[0]
+    hd = kc.shape[-1]
+    qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
+    if N:
+        _rope_kv_kernel[(N,)](qkv, qk, kc, vc, slots, pos, cos, sin,
+                              qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+                              H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, num_warps=4)
+    return qk
+
+
+def splits(batch, kv_heads, context):
+    """How many programs share one sequence's cache. Splitting costs a
+    second kernel (the combine), about as long as a short cache's whole
+    attention: only long contexts at small batches gain."""
+    n = 1
+    while context >= 4096 and n < 16 and batch * kv_heads * n * 2 <= 256:
+        n *= 2
+    return n
+
+
+# Launch parameters of _decode_attn_kernel, (block, warps, stages), chosen
+# by batch size from internal/gpubench/attn_tune.py on an H100; ATTN_CONFIG
+# set overrides them (the tuning script does).
+ATTN_CONFIG = None
+
+
+def _attn_config(batch):
+    if ATTN_CONFIG is not None:
+        return ATTN_CONFIG
+    return (32, 1, 3) if batch >= 32 else (64, 4, 3)
+
+
+def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
+    """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
+    sequence, before the rotary embedding); kc, vc [slots, K, context, hd];
+    slots, pos [B] (int64): the sequence's slot and the token's position.
+    Writes k and v at pos and returns attention over positions 0..pos,
+    [B, H * hd]."""
+    B = qkv.shape[0]
+    hd = kc.shape[-1]
+    rep = heads // kv_heads
+    rb = max(16, triton.next_power_of_2(rep))
+    out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    sp = splits(B, kv_heads, kc.shape[2])
+    block, warps, stages = _attn_config(B)
+    part = ml = out
+    if sp > 1:
+        part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
+        ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
+    _decode_attn_kernel[(B, kv_heads, sp)](
+        qkv, kc, vc, out, part, ml, slots, pos, cos, sin,
+        qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
+        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BLOCK=block, SPLIT=sp,
+        IEEE=qkv.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    if sp > 1:
+        _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
+    return out
+
+
+@triton.jit
+def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, NCH: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=float("-inf"))
+    v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(val_ptr + row * NCH + c, v)
+    tl.store(idx_ptr + row * NCH + c, c * BLOCK + i)
+
+
+@triton.jit
+def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, NCH: tl.constexpr, NB: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, NB)
+    v = tl.load(val_ptr + row * NCH + c, mask=c < NCH, other=float("-inf"))
+    _, i = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(idx_ptr + row * NCH + i).to(tl.int64))
+
+
+def argmax(x):
+    """torch.argmax(x, -1) for a contiguous float [B, n] (the first index
+    of the largest value), in two passes that fill the GPU."""
+    B, n = x.shape
+    BLOCK = 4096
+    nch = triton.cdiv(n, BLOCK)
+    val = torch.empty(B, nch, device=x.device, dtype=torch.float32)
+    idx = torch.empty(B, nch, device=x.device, dtype=torch.int32)
+    out = torch.empty(B, device=x.device, dtype=torch.int64)
+    _argmax_part_kernel[(B, nch)](x, val, idx, n, NCH=nch, BLOCK=BLOCK, num_warps=8)
+    _argmax_final_kernel[(B,)](val, idx, out, NCH=nch, NB=triton.next_power_of_2(nch), num_warps=1)
+    return out
+
+
+def usable(cfg, dtype):
+    """Whether these kernels cover the model's shapes."""
+    hd = cfg.head_dim
+    return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
+
+
+def self_check(device, dtype, heads, kv_heads, hd):
+    """Runs each kernel once on random data against plain torch; returns
+    None when they agree, else what differs."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    B, ctx, slots = 3, 4100, 4  # long enough to split the cache
+    x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
+    xo, y = add_rms(x, d, w, 1e-5)
+    s = (x + d).float()
+    ref = w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
+        return "add_rms"
+    gu = rnd(B, 2 * 300)
+    ref = torch.nn.functional.silu(gu[:, :300]) * gu[:, 300:]
+    if not torch.allclose(silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
+        return "silu_mul"
+    H, K = heads, kv_heads
+    kc, vc = rnd(slots, K, ctx, hd), rnd(slots, K, ctx, hd)
+    qkv = rnd(B, (H + 2 * K) * hd)
+    slot = torch.tensor([2, 0, 3], device=device)
+    pos = torch.tensor([0, 37, 4099], device=device)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], -1)
+    cos, sin = emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+    kref, vref = kc.clone(), vc.clone()
+    out = decode_attention(qkv, kc, vc, slot, pos, cos, sin, H, K)
+
+    def rope(t, p):
+        half = hd // 2
+        return t * cos[p] + torch.cat([-t[..., half:], t[..., :half]], -1) * sin[p]
+
+    for b in range(B):
+        p, sl = int(pos[b]), int(slot[b])
+        q = rope(qkv[b, : H * hd].view(H, hd), p)
+        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
+        kref[sl, :, p], vref[sl, :, p] = k, qkv[b, (H + K) * hd :].view(K, hd)
+        kk = kref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
+        vv = vref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
+        att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) / math.sqrt(hd), -1)
+        o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
+        if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
+            return "decode_attention (row %d, max diff %.3g)" % (b, (out[b].float() - o).abs().max())
+    if not (torch.allclose(kc.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(vc, vref)):
+        return "decode_attention's KV write"
+    kc2, vc2 = kref.clone(), vref.clone()
+    qk = rope_kv(qkv, kc2, vc2, slot, pos, cos, sin, H, K)
+    for b in range(B):
+        p, sl = int(pos[b]), int(slot[b])
+        q = rope(qkv[b, : H * hd].view(H, hd), p)
+        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
+        if not (torch.allclose(qk[b, :H].float(), q.float(), atol=tol, rtol=tol) and torch.allclose(qk[b, H:].float(), k.float(), atol=tol, rtol=tol)
+                and torch.allclose(kc2[sl, :, p].float(), k.float(), atol=tol, rtol=tol) and torch.equal(vc2[sl, :, p], qkv[b, (H + K) * hd :].view(K, hd))):
+            return "rope_kv (row %d)" % b
+    x = torch.randn(3, 50000, generator=g).to(device)
+    x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
+    if not torch.equal(argmax(x), torch.argmax(x, -1)):
+        return "argmax"
+    return None

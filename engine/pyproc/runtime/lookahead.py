@@ -1,0 +1,322 @@
+"""Several decode steps per step request (PROTOCOL.md: "Lookahead").
+
+A step input may ask for n > 1 tokens: after the step, the model keeps
+decoding that sequence, feeding it the token it just sampled, until it has
+n tokens. The supervisor hands them out one per Step and checks stop
+conditions itself; tokens past a stop are wasted (at most n - 1), and a
+sequence the caller feeds something else is rolled back ("back").
+
+On CUDA with the Triton kernels the extra steps run from device tensors:
+the sampled tokens feed the next step's graph without a host round trip,
+and the host reads all the tokens once at the end.
+"""
+import torch
+
+from sampling import _filter, _generator, note_fed, sample_rows
+
+MAX_AHEAD = 64
+_PLAIN = {"t", "k", "p", "m", "s", "l"}
+
+
+def allowed(params):
+    """Whether a sequence with these sampling parameters may run ahead:
+    only parameters that do not depend on what the caller does between
+    tokens (not the repetition penalty, not anything newer)."""
+    return all(k in _PLAIN for k in params)
+
+
+def remember(items, device, rows=None):
+    """Records each temperature-sampled sequence's generator state before
+    its next draw, so that taking tokens back (rewind) also takes back
+    their draws: a seeded sequence then samples as if they never happened."""
+    for i in (range(len(items)) if rows is None else rows):
+        params, s = items[i]
+        if float(params.get("t") or 0) > 0:
+            g = _generator(s, params, device)
+            s.hist = (s.hist or [])[-2 * MAX_AHEAD:] + [g.get_state()]
+
+
+def rewind(s, back):
+    """Drops the last back tokens the sequence was fed and the draws that
+    sampled them."""
+    del s.tokens[len(s.tokens) - back:]
+    if s.hist and s.gen is not None and len(s.hist) >= back:
+        s.gen.set_state(s.hist[-back])
+        del s.hist[-back:]
+
+
+def plan(model, batch, seqs):
+    """Returns, per sampling input in order, how many tokens it gets (1:
+    just this step's), clipped to the context and to the KV capacity, and
+    reserves the KV the extra tokens need. batch entries are
+    [seq, tokens, sample, params, n?, back?]."""
+    want = []
+    for b, s in zip(batch, seqs):
+        if not b[2]:
+            continue
+        n = int(b[4]) if len(b) > 4 and b[4] else 1
+        if n > 1 and not allowed(b[3]):
+            n = 1
+        n = max(1, min(n, MAX_AHEAD))
+        # This step feeds len(b[1]) tokens; each extra token feeds one more.
+        fed = len(s.tokens) + len(b[1])
+        n = min(n, model.cfg.context - fed + 1)
+        grow = max(0, fed + n - 1 - s.held)
+        if grow > model.capacity - model.used:
+            n = max(1, n - (grow - (model.capacity - model.used)))
+            grow = max(0, fed + n - 1 - s.held)
+        model.used += grow
+        s.held = max(s.held, fed + n - 1)
+        want.append(n)
+    return want
+
+
+def chainable(model, batch, items, want):
+    """Whether the whole step, its first token included, can run as a
+    device chain: every input decodes one token and samples, with
+    parameters that run ahead, on a graph-captured batch size."""
+    g = model.graphs
+    return (max(want, default=1) > 1 and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
+            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items))
+
+
+def run_chain(model, items, tokens, want):
+    """The whole step on the device (see chainable): tokens are the ones
+    the inputs feed. Returns (tokens, logprobs, more, more_logprobs) as
+    TorchModel.step does. When the next round looks like this one, its
+    first step is launched before this round's tokens are read."""
+    spec, model.spec = model.spec, None
+    pre = spec.take(items, tokens) if spec is not None else None
+    ch = _launch(model, items, tokens, want, 0, pre)
+    if spec is not None and pre is None:
+        model.spec_missed = True
+    if not model.spec_missed:
+        model.spec = Spec.launch(model, items, ch)
+    model.spec_missed = False  # after a miss, one round without
+    out, lps = _finish(ch)
+    first = [o[0] for o in out]
+    more = [o[1:] for o in out]
+    none = [[] for _ in items]  # no top log-probabilities: allowed() refuses them
+    if lps is None:
+        return first, [0.0] * len(items), none, more, None
+    return first, [p[0] for p in lps], none, more, [p[1:] for p in lps]
+
+
+def run(model, items, first, want):
+    """items: (params, seq) per sampling input; first: the tokens this
+    step sampled for them (host ints); want: tokens per input, first
+    included. Returns (more, more_logprobs): per input the want-1 tokens
+    after first, and their logprobs (None when nobody asked)."""
+    steps = max(want) - 1
+    g = model.graphs
+    if g is not None and g.fast and g.usable(len(items)):
+        return _finish(_launch(model, items, first, want, 1, None))
+    return _run_host(model, items, first, want, steps)
+
+
+def _run_host(model, items, first, want, steps):
+    """One ordinary decode step per extra token, through TorchModel's
+    own forward and sampling: any device, any parameters allowed above."""
+    more = [[] for _ in items]
+    lps = [[] for _ in items]
+    last = list(first)
+    for j in range(1, steps + 1):
+        act = [i for i in range(len(items)) if want[i] > j]
+        sub = [[None, [last[i]], True, items[i][0]] for i in act]
+        seqs = [items[i][1] for i in act]
+        rows = model._forward(sub, seqs)
+        remember(items, model.device, act)
+        toks, lp, _ = sample_rows(rows, [items[i] for i in act], model.device)
+        for i, t, l in zip(act, toks, lp):
+            note_fed(items[i][1], [last[i]])
+            more[i].append(t)
+            lps[i].append(l)
+            last[i] = t
+    return more, (lps if any(p.get("l") for p, _ in items) else None)
+
+
+def _upload(rows, dev):
+    """Host ints to the device without waiting for queued GPU work."""
+    return torch.tensor(rows, dtype=torch.long, pin_memory=True).to(dev, non_blocking=True)
+
+
+def _sample(model, items, logits, active, step):
+    """Greedy for every row (the Triton argmax), then the temperature rows
+    that are active at this step drawn from their own generators; their
+    logprobs when any input asked."""
+    dev = model.device
+    nxt = model.model.kern.argmax(logits)
+    for i, (p, s) in enumerate(items):
+        if active[i] > step and float(p.get("t") or 0) > 0:
+            remember(items, dev, [i])
+            probs = _filter(logits[i], p)
+            nxt[i] = torch.multinomial(probs, 1, generator=_generator(s, p, dev))[0]
+    lp = None
+    if any(p.get("l") for p, _ in items):
+        lp = torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1)
+    return nxt, lp
+
+
+class _Chain:
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event")
+
+
+def _launch(model, items, feed, want, done, pre):
+    """Queues decode steps chained on the device: graph replays fed by the
+    previous step's sampled tokens. feed: the tokens (host ints) the first
+    step feeds; done: tokens per input already sampled (0 or 1), so input
+    i runs want[i] - done steps; pre: the first step's (tokens, logprobs)
+    when it already ran (Spec). Inputs with fewer steps ride along on the
+    scratch slot. The sampled tokens are copied to pinned host memory
+    behind the steps; _finish reads them."""
+    dev = model.device
+    S = len(items)
+    ch = _Chain()
+    ch.items, ch.feed, ch.done = items, feed, done
+    ch.run = [w - done for w in want]
+    ch.steps = max(ch.run)
+    p0 = [len(s.tokens) for _, s in items]
+    sl = [s.slot for _, s in items]
+    run = ch.run
+    ch.plan = _upload([[[p0[i] + j if run[i] > j else 0 for i in range(S)],
+                        [sl[i] if run[i] > j else model.slots for i in range(S)]] for j in range(ch.steps)], dev)
+    outs, outl = [], []
+    tok = None
+    for j in range(ch.steps):
+        if j == 0 and pre is not None:
+            nxt, lp = pre
+        else:
+            if tok is None:
+                tok = _upload(feed, dev)
+            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j]), run, j)
+        outs.append(nxt)
+        if lp is not None:
+            outl.append(lp)
+        tok = nxt
+    ch.last = tok
+    toks = torch.stack(outs)
+    ch.host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+    ch.host.copy_(toks, non_blocking=True)
+    ch.hostl = None
+    if any(p.get("l") for p, _ in items):
+        lps = torch.stack(outl)
+        ch.hostl = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+        ch.hostl.copy_(lps, non_blocking=True)
+    ch.event = torch.cuda.Event()
+    ch.event.record()
+    return ch
+
+
+def _finish(ch):
+    """Waits for a launched chain's tokens and records what each sequence
+    was fed. Returns, per input, its sampled tokens and their logprobs
+    (None when nobody asked)."""
+    ch.event.synchronize()
+    toks = ch.host.tolist()
+    items, run = ch.items, ch.run
+    res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
+    for i, (_, s) in enumerate(items):
+        if run[i] > 0:  # fed: feed[i], then every sampled token but the last
+            s.tokens.append(ch.feed[i])
+            s.tokens.extend(res[i][:-1])
+            # The step's own tokens were counted when it arrived (done 0).
+            note_fed(s, ([ch.feed[i]] if ch.done else []) + res[i][:-1])
+        s.sampled = True
+    if ch.hostl is None:
+        return res, None
+    lpv = ch.hostl.tolist()
+    return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(run[i])] for i in range(len(items))]
+
+
+class Spec:
+    """The first step of the next round, launched behind this round's
+    steps before the host reads their tokens: while the supervisor hands
+    the tokens out and asks for more, the GPU already decodes. It assumes
+    every sequence goes on, fed its last token with the same parameters;
+    a request that does not match discards it (one step of GPU work lost;
+    temperature draws are taken back, so seeded sequences do not notice)."""
+
+    __slots__ = ("rows", "live", "chain", "tok", "lp")
+
+    @staticmethod
+    def launch(model, items, ch):
+        """Speculates the round after chain ch, or returns None when the
+        next round cannot be such a step."""
+        run = ch.run
+        if ch.steps < 1 or min(run) != ch.steps:
+            return None
+        if any(len(s.tokens) + 1 + r >= model.cfg.context for (_, s), r in zip(items, run)):
+            return None
+        plan = ch.plan[ch.steps - 1].clone()
+        plan[0] += 1  # the position after the round's last fed token
+        sp = Spec()
+        sp.rows = [(dict(p), s) for p, s in items]
+        sp.live = {id(s): i for i, (_, s) in enumerate(items)}
+        sp.chain = ch  # its last step's tokens are what the next round feeds
+        logits = model.graphs.run_device(ch.last, plan)
+        sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0)
+        return sp
+
+    def take(self, items, tokens):
+        """The first step's (tokens, logprobs) for this request, in its
+        input order, or None after discarding the speculation."""
+        feed = self.chain.host[-1].tolist()  # read by _finish already: no wait
+        idx = []
+        for (p, s), t in zip(items, tokens):
+            i = self.live.get(id(s))
+            if i is None or feed[i] != t or self.rows[i][0] != p:
+                self.discard()
+                return None
+            idx.append(i)
+        self.discard(keep=set(idx))
+        if idx == list(range(len(self.rows))):
+            return self.tok, self.lp
+        ix = _upload(idx, self.tok.device)
+        return self.tok[ix], (self.lp[ix] if self.lp is not None else None)
+
+    def drop(self, s):
+        """Forgets sequence s (freed): takes back its draw."""
+        i = self.live.pop(id(s), None)
+        if i is not None:
+            _undraw(*self.rows[i])
+
+    def discard(self, keep=()):
+        """Takes back the draws of every live row not in keep."""
+        for sid, i in list(self.live.items()):
+            if i not in keep:
+                del self.live[sid]
+                _undraw(*self.rows[i])
+
+
+def _undraw(params, s):
+    """Takes back a sequence's last temperature draw (remember's record)."""
+    if float(params.get("t") or 0) > 0 and s.hist and s.gen is not None:
+        s.gen.set_state(s.hist.pop())
+
+
+def settle(model, batch):
+    """Called first thing for every step request: discards a speculation
+    this request cannot use (anything but the decode step it assumed), so
+    that rewinding and sampling see the draws as they are."""
+    sp = model.spec
+    if sp is None:
+        return
+    ok = all(len(b) < 6 or not b[5] for b in batch) and all(len(b[1]) == 1 and b[2] for b in batch)
+    if ok:
+        feed = sp.chain.host[-1].tolist()
+        for b in batch:
+            s = model.seqs.get(b[0])
+            i = sp.live.get(id(s)) if s is not None else None
+            if i is None or feed[i] != b[1][0] or sp.rows[i][0] != b[3]:
+                ok = False
+                break
+    if not ok:
+        cancel(model)
+
+
+def cancel(model):
+    """Discards the speculation, if any; the next round runs without one."""
+    if model.spec is not None:
+        model.spec.discard()
+        model.spec = None
+        model.spec_missed = True

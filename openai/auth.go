@@ -1,0 +1,218 @@
+package openai
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mlxserving/mlxserving/api"
+)
+
+// access is who may call a route.
+type access uint8
+
+const (
+	accessKey   access = iota // any valid key (everyone when no keys are set)
+	accessOpen                // everyone
+	accessAdmin               // keys with Admin
+)
+
+// Error types of the key checks, as OpenAI names them.
+const typePermission = "permission_error"
+
+type grantCtxKey struct{}
+
+// authenticate finds the key r carries. It returns nil, nil when the
+// handler has no keys. Every configured hash is compared, in constant
+// time, so the time taken does not say which key came close.
+func (h *Handler) authenticate(r *http.Request) (*grant, *apiError) {
+	if len(h.cfg.keys) == 0 {
+		return nil, nil
+	}
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return nil, unauthorized("missing API key: send it as \"Authorization: Bearer <key>\"")
+	}
+	sum := sha256.Sum256([]byte(token))
+	var found *grant
+	for _, g := range h.cfg.keys {
+		if subtle.ConstantTimeCompare(sum[:], g.hash[:]) == 1 {
+			found = g
+		}
+	}
+	if found == nil {
+		return nil, unauthorized("incorrect API key provided")
+	}
+	return found, nil
+}
+
+func unauthorized(msg string) *apiError {
+	return newAPIError(http.StatusUnauthorized, typeInvalidRequest, "", "invalid_api_key", msg)
+}
+
+// checkAccess authenticates r for a route and returns r with the key's
+// grant in its context, or the error to answer.
+func (h *Handler) checkAccess(w http.ResponseWriter, r *http.Request, a access) (*http.Request, *apiError) {
+	if a == accessOpen {
+		return r, nil
+	}
+	g, err := h.authenticate(r)
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="mlxserving"`)
+		return r, err
+	}
+	if g == nil {
+		return r, nil
+	}
+	if a == accessAdmin && !g.admin {
+		return r, newAPIError(http.StatusForbidden, typePermission, "", "admin_required",
+			fmt.Sprintf("key %q may not use %s: it needs an admin key", g.name, r.URL.Path))
+	}
+	return r.WithContext(context.WithValue(r.Context(), grantCtxKey{}, g)), nil
+}
+
+func grantOf(ctx context.Context) *grant {
+	g, _ := ctx.Value(grantCtxKey{}).(*grant)
+	return g
+}
+
+// mayUseModel reports whether the request's key may use model.
+func mayUseModel(ctx context.Context, model string) bool {
+	g := grantOf(ctx)
+	return g == nil || g.models == nil || g.models[model]
+}
+
+// authorize checks a generation request against its key: model, tier and
+// limits. A request that names no tier runs at the default (normal) or at
+// the key's highest tier if that is lower; one that names a tier above the
+// key's is refused. On success it sets the request's client id to the key's name
+// and returns the function that charges the finished request's tokens:
+// the prompt once and every choice's generated tokens (as usage reports
+// them, or as many as arrived before a choice was cut short).
+func authorize(ctx context.Context, model string, p *api.Params, namedTier bool) (charge func([]*format), err error) {
+	g := grantOf(ctx)
+	if g == nil {
+		return func([]*format) {}, nil
+	}
+	if g.models != nil && !g.models[model] {
+		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
+			fmt.Sprintf("key %q may not use model %q", g.name, model))
+	}
+	if p.KeepAlive != nil && !g.admin {
+		// keep_alive decides how long a model holds memory for everyone.
+		return nil, newAPIError(http.StatusForbidden, typePermission, "keep_alive", "admin_required",
+			fmt.Sprintf("key %q may not set keep_alive: it needs an admin key", g.name))
+	}
+	if !namedTier && p.Priority.Outranks(g.maxTier) {
+		p.Priority = g.maxTier
+	}
+	if p.Priority.Outranks(g.maxTier) {
+		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",
+			fmt.Sprintf("key %q may use tiers up to %s, not %s", g.name, g.maxTier, p.Priority))
+	}
+	now := time.Now()
+	if wait := g.tokens.waitPositive(now); wait > 0 {
+		return nil, overLimit(g.name, "tokens", wait)
+	}
+	if wait := g.requests.take(now); wait > 0 {
+		return nil, overLimit(g.name, "requests", wait)
+	}
+	p.Client = g.name
+	return func(fs []*format) {
+		prompt, generated := 0, 0
+		for _, f := range fs {
+			if f.usage != nil {
+				prompt = max(prompt, f.usage.PromptTokens)
+				generated += f.usage.CompletionTokens
+			} else {
+				generated += f.generated
+			}
+		}
+		g.tokens.charge(float64(prompt+generated), time.Now())
+	}, nil
+}
+
+func overLimit(name, what string, wait time.Duration) *apiError {
+	e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded",
+		fmt.Sprintf("key %q is over its %s per minute; retry after %s", name, what, wait.Round(time.Millisecond)))
+	e.retryAfter = wait
+	return e
+}
+
+// bucket is a token bucket holding up to one minute's allowance and
+// refilling continuously. A nil bucket is no limit.
+type bucket struct {
+	mu     sync.Mutex
+	perSec float64
+	size   float64
+	level  float64
+	last   time.Time
+}
+
+func newBucket(perMinute int) *bucket {
+	return &bucket{perSec: float64(perMinute) / 60, size: float64(perMinute), level: float64(perMinute)}
+}
+
+// Has to be called with the lock.
+func (b *bucket) refill(now time.Time) {
+	if !b.last.IsZero() {
+		if d := now.Sub(b.last); d > 0 {
+			b.level = math.Min(b.size, b.level+d.Seconds()*b.perSec)
+		}
+	}
+	b.last = now
+}
+
+// take spends one unit, or returns how long until one is there.
+func (b *bucket) take(now time.Time) time.Duration {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	if b.level >= 1 {
+		b.level--
+		return 0
+	}
+	return b.until(1)
+}
+
+// waitPositive returns 0 while the bucket holds anything, else how long
+// until it does.
+func (b *bucket) waitPositive(now time.Time) time.Duration {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	if b.level > 0 {
+		return 0
+	}
+	return b.until(math.Nextafter(0, 1))
+}
+
+// Has to be called with the lock.
+func (b *bucket) until(level float64) time.Duration {
+	d := time.Duration((level - b.level) / b.perSec * float64(time.Second))
+	return max(d, time.Millisecond)
+}
+
+// charge spends n units; the level may go below zero.
+func (b *bucket) charge(n float64, now time.Time) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	b.level -= n
+}
