@@ -149,8 +149,12 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 	}
 	p.Cache = c.Cache
 	p.Session = c.SessionID
-	if p.Session == "" {
-		p.Session = r.Header.Get("X-Session-ID")
+	// The session headers clients already send: ours, llm-d's and
+	// SGLang's router's.
+	for _, h := range []string{"X-Session-ID", "X-Session-Token", "X-SMG-Routing-Key"} {
+		if p.Session == "" {
+			p.Session = r.Header.Get(h)
+		}
 	}
 	// Without an id the request starts a session with a minted one,
 	// returned in X-Session-ID for the next turn.

@@ -71,6 +71,13 @@ func TestChatSessionSecondTurnCached(t *testing.T) {
 	if h3.Get("X-Session-ID") != "my-chat" || r3.Usage.PromptTokensDetails.CachedTokens == 0 {
 		t.Fatalf("session_id field: header %q, cached %d", h3.Get("X-Session-ID"), r3.Usage.PromptTokensDetails.CachedTokens)
 	}
+	// The session headers of llm-d and SGLang's router name it as well.
+	for _, hdr := range []string{"X-Session-Token", "X-SMG-Routing-Key"} {
+		_, h := f.chat(t, sessionChat(msgs), hdr, "routed-"+hdr)
+		if got := h.Get("X-Session-ID"); got != "routed-"+hdr {
+			t.Errorf("%s: session %q", hdr, got)
+		}
+	}
 }
 
 // TestSharedSystemPromptCached: a second user with the same system prompt
