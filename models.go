@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/mlxserving/mlxserving/batcher"
@@ -27,8 +26,8 @@ type model struct {
 	queue   *scheduler.PriorityScheduler[*batcher.Sequence]
 	batcher *batcher.ContinuousBatcher
 	cache   *session.PrefixCache // nil with WithoutPrefixCache
-	// revision tells this load of the id from every other, so merged and
-	// cached responses never cross loads of different checkpoints.
+	// revision names the checkpoint and engine behind this load, so merged
+	// and cached responses never cross different checkpoints.
 	revision string
 	vocab    vocabOnce    // the tokenizer's vocabulary for constrained decoding
 	active   atomic.Int64 // requests from acquire to the end of their sequence
@@ -98,7 +97,7 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 		return nil, fmt.Errorf("load model %q: %w", spec.ID, err)
 	}
 	m := &model{info: em.Info(), engine: em, tok: tok,
-		revision: spec.Path + "#" + strconv.FormatUint(s.loads.Add(1), 10)}
+		revision: revision(em.Info().Engine, spec.Path, s.loads.Add(1))}
 	if tok != nil {
 		for _, id := range tok.EOS() {
 			if !slices.Contains(m.info.EOS, id) {

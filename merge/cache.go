@@ -49,6 +49,20 @@ type response struct {
 	age     *list.Element // in cache.byAge
 }
 
+// newResponse holds a copy of a finished generation's chunks.
+func newResponse(k Key, chunks []api.Chunk) *response {
+	r := &response{chunks: make([]api.Chunk, len(chunks)), key: k}
+	for i, ch := range chunks {
+		r.chunks[i] = ch
+		if ch.Usage != nil {
+			u := *ch.Usage
+			r.chunks[i].Usage = &u
+		}
+		r.size += int64(len(ch.Text)) + chunkOverhead
+	}
+	return r
+}
+
 // chunkOverhead is what a chunk costs beyond its text, roughly.
 const chunkOverhead = 64
 
@@ -104,15 +118,7 @@ func (c *cache) get(k Key) (*response, bool) {
 // dropping expired responses and then the least recently used until the
 // bound holds. A response larger than the whole bound is not stored.
 func (c *cache) add(k Key, chunks []api.Chunk) {
-	r := &response{chunks: make([]api.Chunk, len(chunks)), key: k}
-	for i, ch := range chunks {
-		r.chunks[i] = ch
-		if ch.Usage != nil {
-			u := *ch.Usage
-			r.chunks[i].Usage = &u
-		}
-		r.size += int64(len(ch.Text)) + chunkOverhead
-	}
+	r := newResponse(k, chunks)
 	if r.size > c.max {
 		return
 	}

@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -248,3 +249,25 @@ func TestKeyTellsRequestsApart(t *testing.T) {
 		t.Error("WithCache(0, ...) accepted")
 	}
 }
+
+func TestSharedCacheOptionsValidated(t *testing.T) {
+	if _, err := New(WithSharedCache(nil, time.Minute), WithCache(1<<10, time.Minute)); err == nil {
+		t.Error("nil shared cache accepted")
+	}
+	if _, err := New(WithSharedCache(mapCache{}, time.Minute)); err == nil {
+		t.Error("shared cache without a local tier accepted")
+	}
+	m, err := New(WithCache(1<<10, time.Minute), WithSharedCache(mapCache{}, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+}
+
+// mapCache is a SharedCache that holds nothing; it only satisfies the
+// option's type check (the Redis-backed cache is tested in
+// scheduler/redisaffinity against a real redis-server).
+type mapCache struct{}
+
+func (mapCache) Get(context.Context, string) ([]byte, bool, error)        { return nil, false, nil }
+func (mapCache) Set(context.Context, string, []byte, time.Duration) error { return nil }

@@ -22,6 +22,12 @@
 //     goroutine: each look-up or store first drops the responses past
 //     their TTL, so an expired response is never served and its bytes go
 //     back to the bound.
+//   - Shared cache ([WithSharedCache]): behind the local cache, a store
+//     several instances share (Redis: scheduler/redisaffinity's
+//     ResponseCache). A finished response is stored there too, and a
+//     local miss looks there before generating, so an answer one instance
+//     computed is a hit on every instance serving the same checkpoint. An
+//     unreachable store only costs the look-up (bounded at 200 ms).
 //
 // Join reports which of the two (or neither) served a request as an
 // [Outcome], which the HTTP layer returns in its X-Cache header.

@@ -117,6 +117,9 @@ func (f *flight) end(err error) {
 		f.mu.Unlock()
 		if cacheIt {
 			f.m.cache.add(f.key, chunks)
+			if f.m.shared != nil {
+				f.m.sharedSet(f.key, chunks)
+			}
 		}
 	}
 	f.m.forget(f)

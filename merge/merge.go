@@ -44,7 +44,9 @@ type Raiser interface {
 // cache. It is safe for concurrent use. Create it with New; Close stops
 // every generation it started.
 type Merger struct {
-	cache *cache // nil when off
+	cache     *cache      // nil when off
+	shared    SharedCache // nil when off
+	sharedTTL time.Duration
 
 	ctx    context.Context // parent of every flight's context
 	cancel context.CancelFunc
@@ -53,8 +55,9 @@ type Merger struct {
 	flights map[Key]*flight
 	closed  bool
 
-	merged atomic.Uint64
-	misses atomic.Uint64
+	merged                   atomic.Uint64
+	misses                   atomic.Uint64
+	sharedHits, sharedErrors atomic.Uint64
 }
 
 // Option configures New.
@@ -63,6 +66,8 @@ type Option func(*config) error
 type config struct {
 	cacheBytes int64
 	cacheTTL   time.Duration
+	shared     SharedCache
+	sharedTTL  time.Duration
 }
 
 // WithCache turns on the response cache: finished responses that opted in
@@ -87,6 +92,9 @@ func New(opts ...Option) (*Merger, error) {
 			return nil, err
 		}
 	}
+	if c.shared != nil && c.cacheBytes == 0 {
+		return nil, fmt.Errorf("merge: WithSharedCache needs WithCache for the local tier")
+	}
 	var cache *cache
 	if c.cacheBytes > 0 {
 		var err error
@@ -95,7 +103,7 @@ func New(opts ...Option) (*Merger, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Merger{cache: cache, ctx: ctx, cancel: cancel, flights: make(map[Key]*flight)}, nil
+	return &Merger{cache: cache, shared: c.shared, sharedTTL: c.sharedTTL, ctx: ctx, cancel: cancel, flights: make(map[Key]*flight)}, nil
 }
 
 // Stats counts what a Merger did.
@@ -115,6 +123,10 @@ type Stats struct {
 	CacheEntries int
 	// InFlight is the number of generations running.
 	InFlight int
+	// SharedHits counts responses found in the shared cache (WithSharedCache)
+	// after a local miss; SharedErrors the shared-cache calls that failed
+	// (store unreachable, a value that does not decode).
+	SharedHits, SharedErrors uint64
 }
 
 // Stats returns the counters. Safe for concurrent use.
@@ -122,7 +134,8 @@ func (m *Merger) Stats() Stats {
 	m.mu.Lock()
 	n := len(m.flights)
 	m.mu.Unlock()
-	st := Stats{Merged: m.merged.Load(), Misses: m.misses.Load(), InFlight: n}
+	st := Stats{Merged: m.merged.Load(), Misses: m.misses.Load(), InFlight: n,
+		SharedHits: m.sharedHits.Load(), SharedErrors: m.sharedErrors.Load()}
 	if m.cache != nil {
 		m.cache.stats(&st)
 	}
@@ -139,6 +152,11 @@ func (m *Merger) Join(ctx context.Context, k Key, tier api.Tier, useCache bool, 
 	if useCache && m.cache != nil {
 		if e, ok := m.cache.get(k); ok {
 			return newReplay(e), Hit, nil
+		}
+		if m.shared != nil {
+			if e, ok := m.sharedGet(ctx, k); ok {
+				return newReplay(e), Hit, nil
+			}
 		}
 	}
 	m.mu.Lock()
