@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/retry"
 )
@@ -42,9 +44,10 @@ type LoadBalancer struct {
 	members map[string]*member
 	closed  bool
 
-	stats lbCounters
-	stop  chan struct{}
-	done  chan struct{}
+	stats      lbCounters
+	metricsReg metric.Registration // nil without a meter provider
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 // HealthChecker is a backend with an active health check, run every
@@ -86,6 +89,9 @@ func NewLoadBalancer(opts ...LBOption) (*LoadBalancer, error) {
 	lb := &LoadBalancer{
 		cfg: cfg, seed: maphash.MakeSeed(), members: make(map[string]*member),
 		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	if err := lb.registerMetrics(); err != nil {
+		return nil, fmt.Errorf("scheduler: load balancer: metrics: %w", err)
 	}
 	go lb.healthLoop()
 	return lb, nil
@@ -163,6 +169,9 @@ func (lb *LoadBalancer) Close() error {
 	lb.mu.Unlock()
 	close(lb.stop)
 	<-lb.done
+	if lb.metricsReg != nil {
+		return lb.metricsReg.Unregister()
+	}
 	return nil
 }
 

@@ -335,7 +335,7 @@ func TestBalancerOptionsValidated(t *testing.T) {
 	for _, opt := range []scheduler.LBOption{
 		scheduler.WithStrategy(nil), scheduler.WithFailoverAttempts(0),
 		scheduler.WithHealthCheck(-1, time.Second), scheduler.WithAffinityStore(nil, 0),
-		scheduler.WithPrefixIndexSize(0), scheduler.WithLBLogger(nil),
+		scheduler.WithPrefixIndexSize(0), scheduler.WithLBLogger(nil), scheduler.WithLBMeterProvider(nil),
 	} {
 		if _, err := scheduler.NewLoadBalancer(opt); err == nil {
 			t.Error("bad option accepted")

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/mlxserving/mlxserving/retry"
 )
 
@@ -23,6 +25,7 @@ type lbConfig struct {
 	prefixChunks      int
 	refusedRetryAfter time.Duration
 	logger            *slog.Logger
+	meterProvider     metric.MeterProvider
 }
 
 // Defaults of a LoadBalancer.

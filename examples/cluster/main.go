@@ -35,6 +35,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
@@ -129,7 +131,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		defer stop()
 	}
 
-	lb, err := scheduler.NewLoadBalancer(scheduler.WithLBLogger(log))
+	// The balancer's metrics (routing, failovers, breakers per instance) and
+	// the vLLM-named load gauges are served on /metrics.
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	lb, err := scheduler.NewLoadBalancer(scheduler.WithLBLogger(log), scheduler.WithLBMeterProvider(mp))
 	if err != nil {
 		return err
 	}
@@ -148,13 +159,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
 	gauges, err := vllm.LoadCollector(lb)
 	if err != nil {
 		return err
 	}
 	reg.MustRegister(gauges)
-	h, err := openai.New(lb, openai.WithLogger(log), openai.WithMetricsHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	h, err := openai.New(lb, openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	if err != nil {
 		return err
 	}

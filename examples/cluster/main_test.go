@@ -118,7 +118,7 @@ func TestCluster(t *testing.T) {
 	}
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} {
+	for _, name := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "mlxserving_lb_requests", "mlxserving_breaker_state"} {
 		if !strings.Contains(string(m), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
