@@ -286,8 +286,11 @@ func (b *ContinuousBatcher) preemptFor(blocked *Entry) bool {
 }
 
 // release frees a running sequence's KV and reservation.
-func (b *ContinuousBatcher) release(e *Entry, saveKey string) {
-	s := e.Value
+func (b *ContinuousBatcher) release(e *Entry, saveKey string) { b.free(e.Value, saveKey) }
+
+// free frees s's KV in the engine (keeping it under saveKey when set) and
+// its reservation.
+func (b *ContinuousBatcher) free(s *Sequence, saveKey string) {
 	b.model.Free(s.id, saveKey)
 	s.open = false
 	b.reserved -= b.need(s)

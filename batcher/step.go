@@ -133,9 +133,7 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 	}
 	if s.Constraint != nil {
 		if err := s.Constraint.Accept(tok); err != nil {
-			b.model.Free(s.id, "")
-			s.open = false
-			b.reserved -= b.need(s)
+			b.free(s, "")
 			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
 			return true
 		}
@@ -186,9 +184,7 @@ func (b *ContinuousBatcher) isStopToken(s *Sequence, tok int32) bool {
 // finish frees a sequence (saving its KV under SaveKey) and sends its final
 // chunk. The caller removes it from running.
 func (b *ContinuousBatcher) finish(s *Sequence, reason api.FinishReason, text string, now time.Time) {
-	b.model.Free(s.id, s.SaveKey)
-	s.open = false
-	b.reserved -= b.need(s)
+	b.free(s, s.SaveKey)
 	s.out.finish(api.Chunk{Text: text, Finish: reason, Usage: s.usage(now)}, nil)
 }
 

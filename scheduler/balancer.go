@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -327,9 +328,8 @@ func (lb *LoadBalancer) routed(ctx context.Context, m *member, r Route, hashes [
 	}
 }
 
-// latency returns m's peak-EWMA time to first token, decayed toward zero
-// while nothing is observed so a backend that was slow once is tried
-// again.
+// latency returns m's peak-EWMA time to first token; zero before any was
+// observed.
 func (m *member) latency() time.Duration {
 	m.latMu.Lock()
 	defer m.latMu.Unlock()
@@ -347,7 +347,7 @@ func (m *member) observe(ttft time.Duration, now time.Time) {
 	if m.latAt.IsZero() || v > m.ewma {
 		m.ewma = v
 	} else {
-		w := 1 - expNeg(float64(now.Sub(m.latAt))/tau)
+		w := 1 - math.Exp(-float64(now.Sub(m.latAt))/tau)
 		m.ewma += w * (v - m.ewma)
 	}
 	m.latAt = now

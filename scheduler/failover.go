@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math"
 	"sync"
 	"time"
 
@@ -236,5 +235,3 @@ func (s *failoverSource) Close(err error) {
 	}
 	s.finish(nil)
 }
-
-func expNeg(x float64) float64 { return math.Exp(-x) }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // BenchmarkHop compares a request served by the Server directly with the
@@ -15,12 +16,9 @@ import (
 func BenchmarkHop(b *testing.B) {
 	u := newUpstream(b, nil)
 	hb := newBackend(b, u.ts.URL)
-	type generator interface {
-		Generate(context.Context, api.Request) (*api.Stream, error)
-	}
 	for _, via := range []struct {
 		name string
-		g    generator
+		g    scheduler.Backend
 	}{{"direct", u.srv}, {"http", hb}} {
 		for _, n := range []int{1, 256} {
 			name := via.name + "/1tok"

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // BenchmarkHop compares a request served by the Server directly with the
@@ -19,12 +20,9 @@ func BenchmarkHop(b *testing.B) {
 	_, d := balancer(b, n)
 	waitInstances(b, d, "a")
 	c := d.Client("a")
-	type generator interface {
-		Generate(context.Context, api.Request) (*api.Stream, error)
-	}
 	for _, via := range []struct {
 		name string
-		g    generator
+		g    scheduler.Backend
 	}{{"direct", in.srv}, {"nats", c}} {
 		for _, tokens := range []int{1, 256} {
 			name := via.name + "/1tok"
