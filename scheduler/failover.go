@@ -62,9 +62,17 @@ func failsOver(ctx context.Context, err error) bool {
 // a 5xx, a stall) or it is closed or cannot run. A backend that is merely
 // busy (a full queue), lacks the model or refuses the request itself is
 // not failing.
+//
+// A nested balancer that found no backend is failing only when its last
+// backend's error was a fault (or it had none to try): a request its
+// backends refused for reasons of its own says nothing against it.
 func backendFault(err error) bool {
+	var nb *NoBackendError
+	if errors.As(err, &nb) {
+		return nb.Last == nil || backendFault(nb.Last)
+	}
 	return retry.CountsAsFailure(err) || errors.Is(err, engine.ErrClosed) ||
-		errors.Is(err, engine.ErrUnavailable) || errors.Is(err, ErrClosed) || errors.Is(err, ErrNoBackend)
+		errors.Is(err, engine.ErrUnavailable) || errors.Is(err, ErrClosed)
 }
 
 // failoverSource is the api.Source of a balanced request: the stream of
