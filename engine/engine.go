@@ -192,6 +192,54 @@ type Info struct {
 	// KVBytes is the memory reserved for the model's KV cache, in bytes,
 	// across every copy. Zero when the engine cannot tell.
 	KVBytes int64
+	// BlockSize is the number of tokens one KV block holds when the model
+	// keeps its KV in a pool of fixed-size blocks (paged, as vLLM's
+	// PagedAttention): a sequence that was fed n tokens holds
+	// ceil(n/BlockSize) blocks, taken as it grows, and sequences share
+	// full prompt blocks by reference. Such a model implements BlockPool,
+	// and KVCapacity is KVBlocks*BlockSize.
+	//
+	// Zero when the model does not page: KVCapacity tokens are then shared
+	// by the open sequences and the caller reserves each sequence's whole
+	// possible length (prompt + max tokens) when it opens it.
+	BlockSize int
+	// KVBlocks is the number of blocks in the pool; zero when BlockSize is.
+	KVBlocks int
+}
+
+// Paged reports whether the model keeps its KV in blocks (BlockSize > 0).
+func (i Info) Paged() bool { return i.BlockSize > 0 && i.KVBlocks > 0 }
+
+// BlocksFor is the number of blocks n tokens take: ceil(n/BlockSize).
+// Zero for a model that does not page.
+func (i Info) BlocksFor(n int) int {
+	if !i.Paged() || n <= 0 {
+		return 0
+	}
+	return (n + i.BlockSize - 1) / i.BlockSize
+}
+
+// BlockPool is implemented by paged models (Info.BlockSize > 0). It lets
+// the caller admit by blocks and grow sequences on demand instead of
+// reserving their whole length up front.
+//
+// The accounting the caller relies on: after Open returns reused, the
+// sequence holds BlocksFor(reused) blocks (full shared prefix blocks are
+// referenced, not copied; a partly used last block is the sequence's own,
+// copied when it was shared). Feeding n more tokens to a sequence that holds
+// f tokens takes BlocksFor(f+n) - BlocksFor(f) blocks from the pool. Free
+// returns a sequence's blocks except those still referenced by another
+// sequence or kept for a saved prefix.
+//
+// FreeBlocks is serialised with Open, Step and Free like them.
+type BlockPool interface {
+	// FreeBlocks returns how many blocks sequences can take now: blocks
+	// nobody holds plus blocks held only by saved prefixes or the prefix
+	// cache, which the engine evicts (least recently used first) when a
+	// sequence needs them. Open and Step fail with ErrOutOfMemory, and
+	// change no sequence, when the blocks they need exceed it; a caller
+	// that checks FreeBlocks first never sees that error.
+	FreeBlocks() int
 }
 
 // MemoryBytes is the model's weight plus KV memory: what unloading it
