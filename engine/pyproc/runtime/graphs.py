@@ -3,8 +3,11 @@
 A decode step (every input one token) replays a graph captured for its
 batch-size bucket (and, on the plain torch path, its context-length
 bucket); the Python and kernel-launch cost of the whole forward pass
-becomes one launch. Rows past the real batch use a scratch KV slot, so
-padding never touches a sequence's cache.
+becomes one launch. The graph's inputs are the tokens, positions and
+block-table rows; the block table itself (paged.py) is read in place, so
+blocks a sequence takes between steps need no new graph. Rows past the
+real batch use the scratch table row, whose blocks are all the scratch
+block, so padding never touches a sequence's cache.
 
 With the Triton kernels (llama.Llama.kern) the attention reads each
 sequence's own length from the device, so one graph per batch bucket
@@ -13,14 +16,13 @@ run_device chains steps without the host waiting for the GPU.
 """
 import torch
 
-BATCH_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 LEN_STEP = 256
 
 
 class DecodeGraphs:
-    def __init__(self, model, kc, vc, scratch_slot, max_batch, context):
-        self.model, self.kc, self.vc = model, kc, vc
-        self.scratch, self.context = scratch_slot, context
+    def __init__(self, model, kv, max_batch, context):
+        self.model, self.kv, self.context = model, kv, context
         self.max_batch = min(max_batch, BATCH_BUCKETS[-1])
         self.fast = model.kern is not None
         self.graphs = {}
@@ -38,50 +40,53 @@ class DecodeGraphs:
         return not self.broken and b <= self.max_batch
 
     def _graph(self, b, maxlen):
+        if self.kv.table_grown:  # captured graphs read the old table
+            self.graphs.clear()
+            self.kv.table_grown = False
         bb, lb = self.bucket(b, maxlen)
         g = self.graphs.get((bb, lb))
         if g is None:
             g = self.capture(bb, lb)
         return g
 
-    def run(self, tokens, pos, slots):
-        """tokens, pos, slots: python lists of one entry per sequence.
-        Returns logits [len(tokens), vocab] (float32)."""
+    def run(self, tokens, pos, rows):
+        """tokens, pos, rows (block-table rows): python lists of one entry
+        per sequence. Returns logits [len(tokens), vocab] (float32)."""
         b = len(tokens)
         g = self._graph(b, max(pos) + 1)
         pad = g["io"].shape[1] - b
-        host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, slots + [self.scratch] * pad], dtype=torch.long)
+        host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad], dtype=torch.long)
         g["io"].copy_(host, non_blocking=True)
         g["graph"].replay()
         return g["out"][:b]
 
-    def run_device(self, tokens, pos_slots):
+    def run_device(self, tokens, pos_rows):
         """Like run, with every input already on the device: tokens [b],
-        pos_slots [2, b] (int64). Nothing waits for the GPU. Needs the
+        pos_rows [2, b] (int64). Nothing waits for the GPU. Needs the
         Triton path (self.fast). The returned logits live in the graph's
         buffer until its next replay."""
         b = tokens.shape[0]
         g = self._graph(b, 1)
         io = g["io"]
         io[0, :b].copy_(tokens)
-        io[1:, :b].copy_(pos_slots)
+        io[1:, :b].copy_(pos_rows)
         g["graph"].replay()
         return g["out"][:b]
 
     def capture(self, bb, lb):
         dev, dtype = self.model.device, self.model.dtype
-        io = torch.zeros(3, bb, dtype=torch.long, device=dev)
-        io[2].fill_(self.scratch)
+        io = torch.zeros(3, bb, dtype=torch.long, device=dev)  # tokens, positions, table rows (0: scratch)
         rows = torch.arange(bb, device=dev)
+        kv = self.kv
 
         def step():
-            tok, pos, slots = io[0], io[1], io[2]
+            tok, pos, trows = io[0], io[1], io[2]
             if self.fast:
-                return self.model.forward_decode(tok, pos, slots, self.kc, self.vc)
-            ar = torch.arange(lb, device=dev).unsqueeze(0)
-            mask = torch.zeros(bb, lb, device=dev, dtype=dtype).masked_fill(ar > pos.unsqueeze(1), float("-inf"))
-            groups = [("decode", rows, slots, lb, mask.view(bb, 1, 1, 1, lb))]
-            return self.model.forward(tok, pos, slots, groups, self.kc, self.vc, rows)
+                return self.model.forward_decode(tok, pos, trows, kv)
+            bs = kv.bs
+            kvrow = kv.table[trows, pos // bs].long() * bs + pos % bs
+            groups = [("decode", rows, trows, lb, pos + 1)]
+            return self.model.forward(tok, pos, kvrow, groups, kv, rows)
 
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

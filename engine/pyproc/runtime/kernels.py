@@ -9,9 +9,12 @@ tokens do not depend on which path ran.
 - add_rms: the residual add and the next RMSNorm in one pass.
 - silu_mul: SwiGLU's silu(gate) * up from the packed gate_up projection.
 - decode_attention: one token per sequence: rotary embedding of q and k,
-  the new k and v written into the sequence's KV slot, and attention over
-  the slot's cache, all heads of a KV group in one program; no gather of
-  the cache, no mask, any length up to the context.
+  the new k and v written into the sequence's KV block, and attention
+  over its blocks read through the block table (paged.py), all heads of a
+  KV group in one program; no gather of the cache, no mask, any length up
+  to the context.
+- rope_kv: the rotary embedding of a prompt chunk's q and k and its KV
+  write into the blocks.
 """
 import math
 
@@ -83,14 +86,14 @@ def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
 
 
 @triton.jit
-def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
-                        qkv_stride, s_slot, s_head, s_pos, scale,
+def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
+                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
-                        HD: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                        HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
-    slot = tl.load(slot_ptr + b)
+    bt = bt_ptr + tl.load(row_ptr + b).to(tl.int64) * bt_stride  # the sequence's block table
     p = tl.load(pos_ptr + b)
     d = tl.arange(0, HD)
     dr = (d + HD // 2) % HD
@@ -107,10 +110,10 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, slot
     kr = tl.load(row + (H + kh) * HD + dr)
     k = _rope(k, kr, cos, sin, HD // 2, HD)
     v = tl.load(row + (H + K + kh) * HD + d)
-    base = slot.to(tl.int64) * s_slot + kh * s_head
     if sp == 0:
-        tl.store(kc_ptr + base + p * s_pos + d, k)
-        tl.store(vc_ptr + base + p * s_pos + d, v)
+        at = tl.load(bt + p // BS).to(tl.int64) * s_blk + (p % BS) * s_pos + kh * s_head
+        tl.store(kc_ptr + at + d, k)
+        tl.store(vc_ptr + at + d, v)
         # The current token from registers; the cache for positions before p.
         m_i = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
         l_i = tl.full([RB], 1.0, tl.float32)
@@ -125,9 +128,12 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, slot
     hi = tl.minimum(p, lo + chunk)
     j = tl.arange(0, BLOCK)
     for start in range(lo, hi, BLOCK):
-        jm = start + j < hi
-        kb = tl.load(kc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
-        vb = tl.load(vc_ptr + base + (start + j)[:, None] * s_pos + d[None, :], mask=jm[:, None], other=0.0)
+        pj = start + j
+        jm = pj < hi
+        blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
+        off = blk * s_blk + (pj % BS) * s_pos + kh * s_head
+        kb = tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
+        vb = tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(kb), input_precision="ieee")
         else:
@@ -179,11 +185,11 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
-                    qkv_stride, s_slot, s_head, s_pos,
+def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr, sin_ptr,
+                    qkv_stride, s_pos, s_head,
                     H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr):
     row = tl.program_id(0)
-    slot = tl.load(slot_ptr + row)
+    kvrow = tl.load(kvrow_ptr + row)
     p = tl.load(pos_ptr + row)
     h = tl.arange(0, NB)  # q heads, then k heads, then v heads
     d = tl.arange(0, HD)
@@ -197,21 +203,23 @@ def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr,
     r = _rope(x, xr, cos[None, :], sin[None, :], HD // 2, HD)
     isqk = h < H + K
     tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
-    at = slot.to(tl.int64) * s_slot + p * s_pos + d[None, :]
+    at = kvrow.to(tl.int64) * s_pos + d[None, :]
     tl.store(kc_ptr + at + (h - H)[:, None] * s_head, r, mask=((h >= H) & isqk)[:, None])
     tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, x, mask=((h >= H + K) & hm)[:, None])
 
 
-def rope_kv(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
-    """Any number of tokens: qkv [N, (H + 2K) * hd], slots and pos [N]
-    (int64) per token. Writes the rotated k and v into the cache at pos and
-    returns the rotated q and k, [N, H + K, hd]."""
+def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads):
+    """Any number of tokens: qkv [N, (H + 2K) * hd], kvrow and pos [N]
+    (int64) per token: its row in the flattened blocks (block *
+    block_size + offset) and its position. kc, vc: [blocks, block_size, K,
+    hd]. Writes the rotated k and v into the blocks and returns the rotated
+    q and k, [N, H + K, hd]."""
     N = qkv.shape[0]
     hd = kc.shape[-1]
     qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
     if N:
-        _rope_kv_kernel[(N,)](qkv, qk, kc, vc, slots, pos, cos, sin,
-                              qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+        _rope_kv_kernel[(N,)](qkv, qk, kc, vc, kvrow, pos, cos, sin,
+                              qkv.stride(0), kc.stride(1), kc.stride(2),
                               H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, num_warps=4)
     return qk
 
@@ -238,27 +246,29 @@ def _attn_config(batch):
     return (32, 1, 3) if batch >= 32 else (64, 4, 3)
 
 
-def decode_attention(qkv, kc, vc, slots, pos, cos, sin, heads, kv_heads):
+def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
-    sequence, before the rotary embedding); kc, vc [slots, K, context, hd];
-    slots, pos [B] (int64): the sequence's slot and the token's position.
-    Writes k and v at pos and returns attention over positions 0..pos,
-    [B, H * hd]."""
+    sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
+    hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
+    pos [B] (int64): the sequence's table row and the token's position;
+    context: the longest a sequence gets (how the cache is split). Writes k
+    and v at pos and returns attention over positions 0..pos, [B, H * hd]."""
     B = qkv.shape[0]
     hd = kc.shape[-1]
+    bs = kc.shape[1]
     rep = heads // kv_heads
     rb = max(16, triton.next_power_of_2(rep))
     out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    sp = splits(B, kv_heads, kc.shape[2])
+    sp = splits(B, kv_heads, context)
     block, warps, stages = _attn_config(B)
     part = ml = out
     if sp > 1:
         part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
         ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
     _decode_attn_kernel[(B, kv_heads, sp)](
-        qkv, kc, vc, out, part, ml, slots, pos, cos, sin,
-        qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
-        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BLOCK=block, SPLIT=sp,
+        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
+        qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
+        H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
@@ -311,7 +321,7 @@ def self_check(device, dtype, heads, kv_heads, hd):
     g = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
     tol = 2e-2 if dtype != torch.float32 else 1e-4
-    B, ctx, slots = 3, 4100, 4  # long enough to split the cache
+    B, ctx = 3, 4100  # long enough to split the cache
     x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
     xo, y = add_rms(x, d, w, 1e-5)
     s = (x + d).float()
@@ -323,45 +333,74 @@ def self_check(device, dtype, heads, kv_heads, hd):
     if not torch.allclose(silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
         return "silu_mul"
     H, K = heads, kv_heads
-    kc, vc = rnd(slots, K, ctx, hd), rnd(slots, K, ctx, hd)
+    for bs in (16, 32):
+        err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd)
+        if err is not None:
+            return err
+    x = torch.randn(3, 50000, generator=g).to(device)
+    x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
+    if not torch.equal(argmax(x), torch.argmax(x, -1)):
+        return "argmax"
+    return None
+
+
+def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd):
+    """decode_attention (split and not) and rope_kv against plain torch on
+    blocks of bs tokens scattered through the pool."""
+    nb = -(-ctx // bs)
+    blocks = B * nb
+    kc, vc = rnd(blocks + 1, bs, K, hd), rnd(blocks + 1, bs, K, hd)
+    table = torch.full((B + 1, nb), blocks, dtype=torch.int32)
+    table[1:] = torch.randperm(blocks, generator=g).view(B, nb).int()
+    table = table.to(device)
     qkv = rnd(B, (H + 2 * K) * hd)
-    slot = torch.tensor([2, 0, 3], device=device)
+    rows = torch.tensor([2, 1, 3], device=device)
     pos = torch.tensor([0, 37, 4099], device=device)
     inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
     emb = torch.cat([f, f], -1)
     cos, sin = emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
-    kref, vref = kc.clone(), vc.clone()
-    out = decode_attention(qkv, kc, vc, slot, pos, cos, sin, H, K)
 
     def rope(t, p):
         half = hd // 2
         return t * cos[p] + torch.cat([-t[..., half:], t[..., :half]], -1) * sin[p]
 
+    def where(b):  # (block, offset) of row b's new token
+        p, r = int(pos[b]), int(rows[b])
+        return int(table[r, p // bs]), p % bs
+
+    def seq(t, b, n):  # [K, n, hd]: the first n positions of row b's sequence
+        idx = table[int(rows[b]), : -(-n // bs)].long()
+        return t[idx].reshape(-1, K, hd)[:n].transpose(0, 1)
+
+    kref, vref = kc.clone(), vc.clone()
     for b in range(B):
-        p, sl = int(pos[b]), int(slot[b])
-        q = rope(qkv[b, : H * hd].view(H, hd), p)
-        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
-        kref[sl, :, p], vref[sl, :, p] = k, qkv[b, (H + K) * hd :].view(K, hd)
-        kk = kref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
-        vv = vref[sl, :, : p + 1].float().repeat_interleave(H // K, 0)
-        att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) / math.sqrt(hd), -1)
-        o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
-        if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
-            return "decode_attention (row %d, max diff %.3g)" % (b, (out[b].float() - o).abs().max())
-    if not (torch.allclose(kc.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(vc, vref)):
-        return "decode_attention's KV write"
-    kc2, vc2 = kref.clone(), vref.clone()
-    qk = rope_kv(qkv, kc2, vc2, slot, pos, cos, sin, H, K)
+        blk, off = where(b)
+        kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]))
+        vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
+    for context in (ctx, 1024):
+        k2, v2 = kc.clone(), vc.clone()
+        out = decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context)
+        for b in range(B):
+            p = int(pos[b])
+            q = rope(qkv[b, : H * hd].view(H, hd), p)
+            kk = seq(kref, b, p + 1).float().repeat_interleave(H // K, 0)
+            vv = seq(vref, b, p + 1).float().repeat_interleave(H // K, 0)
+            att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) / math.sqrt(hd), -1)
+            o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
+            if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
+                return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
+        if not (torch.allclose(k2.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(v2, vref)):
+            return "decode_attention's KV write (block %d)" % bs
+    k2, v2 = kc.clone(), vc.clone()
+    kvrow = torch.tensor([where(b)[0] * bs + where(b)[1] for b in range(B)], device=device)
+    qk = rope_kv(qkv, k2, v2, kvrow, pos, cos, sin, H, K)
     for b in range(B):
-        p, sl = int(pos[b]), int(slot[b])
+        p = int(pos[b])
+        blk, off = where(b)
         q = rope(qkv[b, : H * hd].view(H, hd), p)
         k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
         if not (torch.allclose(qk[b, :H].float(), q.float(), atol=tol, rtol=tol) and torch.allclose(qk[b, H:].float(), k.float(), atol=tol, rtol=tol)
-                and torch.allclose(kc2[sl, :, p].float(), k.float(), atol=tol, rtol=tol) and torch.equal(vc2[sl, :, p], qkv[b, (H + K) * hd :].view(K, hd))):
-            return "rope_kv (row %d)" % b
-    x = torch.randn(3, 50000, generator=g).to(device)
-    x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
-    if not torch.equal(argmax(x), torch.argmax(x, -1)):
-        return "argmax"
+                and torch.allclose(k2[blk, off].float(), k.float(), atol=tol, rtol=tol) and torch.equal(v2[blk, off], qkv[b, (H + K) * hd :].view(K, hd))):
+            return "rope_kv (block %d, row %d)" % (bs, b)
     return None

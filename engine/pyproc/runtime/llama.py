@@ -4,7 +4,8 @@ Covers Llama 2/3 (llama3 rope scaling), Mistral and Qwen2 (q/k/v biases):
 RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, tied
 embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
 projections and the MLP; attention runs per group: all one-token sequences
-together against their padded caches, each multi-token chunk on its own.
+together, each multi-token chunk on its own, reading KV through block
+tables (paged.py).
 """
 import json
 import logging
@@ -113,8 +114,9 @@ def rope_inv_freq(cfg):
 
 
 class Llama:
-    """Weights and the forward pass. The KV cache is owned by the caller:
-    k_cache[l] and v_cache[l] are [slots, kv_heads, context, head_dim]."""
+    """Weights and the forward pass. The KV cache is owned by the caller
+    (paged.PagedKV): kc[l] and vc[l] are [blocks, block_size, kv_heads,
+    head_dim], read through the block table."""
 
     def __init__(self, directory, cfg, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
@@ -174,10 +176,11 @@ class Llama:
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rot * sin
 
-    def forward(self, tokens, pos, slot_tok, groups, kc, vc, last):
-        """tokens, pos, slot_tok: [N] packed over the batch. groups: the
-        attention plan (see attend). Returns logits [len(last), vocab] for
-        the packed rows in last."""
+    def forward(self, tokens, pos, kvrow, groups, kv, last):
+        """tokens, pos, kvrow: [N] packed over the batch; kvrow is each
+        token's row in the flattened KV blocks (block * block_size +
+        offset). groups: the attention plan (see attend); kv: paged.PagedKV.
+        Returns logits [len(last), vocab] for the packed rows in last."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         x = self.embed[tokens]
@@ -186,18 +189,19 @@ class Llama:
             cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
         h = None
         for li, L in enumerate(self.layers):
+            kc, vc = kv.kc[li], kv.vc[li]
             x, h = self.add_norm(x, h, L["ln1"])
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
             if self.kern is not None:  # rotary embedding and KV write in one kernel
-                qk = self.kern.rope_kv(qkv, kc[li], vc[li], slot_tok, pos, self.cos, self.sin, H, K)
+                qk = self.kern.rope_kv(qkv, kc, vc, kvrow, pos, self.cos, self.sin, H, K)
             else:
                 qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
             if self.kern is None:
-                kc[li][slot_tok, :, pos] = k
-                vc[li][slot_tok, :, pos] = v
-            a = self.attend(q, k, v, kc[li], vc[li], groups)
+                kc.view(-1, K, hd)[kvrow] = k
+                vc.view(-1, K, hd)[kvrow] = v
+            a = self.attend(q, k, v, qkv, kc, vc, kv, groups)
             x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
             h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
         x = self.rms(x[last] + h[last], self.norm)
@@ -219,10 +223,10 @@ class Llama:
         g, u = gu.chunk(2, dim=-1)
         return F.silu(g) * u
 
-    def forward_decode(self, tokens, pos, slots, kc, vc):
-        """One token per sequence, all on the device: tokens, pos, slots
-        [B] (int64). Needs the CUDA kernels (self.kern). Returns logits
-        [B, vocab] (float32)."""
+    def forward_decode(self, tokens, pos, rows, kv):
+        """One token per sequence, all on the device: tokens, pos and rows
+        (the sequences' block-table rows) [B] (int64). Needs the CUDA
+        kernels (self.kern). Returns logits [B, vocab] (float32)."""
         cfg = self.cfg
         kern = self.kern
         x = self.embed[tokens]
@@ -230,40 +234,65 @@ class Llama:
         for li, L in enumerate(self.layers):
             x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
             qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
-            a = kern.decode_attention(qkv, kc[li], vc[li], slots, pos, self.cos, self.sin, cfg.heads, cfg.kv_heads)
+            a = kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table, rows, pos, self.cos, self.sin,
+                                      cfg.heads, cfg.kv_heads, cfg.context)
             x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
             h = F.linear(kern.silu_mul(F.linear(h, L["gate_up"])), L["down"])
         _, x = kern.add_rms(x, h, self.norm, cfg.eps)
         return F.linear(x, self.lm_head).float()
 
-    def attend(self, q, k, v, kc, vc, groups):
-        """groups: ("decode", rows, slots, maxlen, mask) for the
-        one-token sequences, ("chunk", start, end, slot, p) for a chunk of
-        end-start tokens at positions p.. of one sequence. k and v are the
-        step's own keys and values (already in the cache)."""
+    def gather(self, kc, table, rows, n):
+        """The first n positions of the sequences in block-table rows
+        [B], as [B, kv_heads, W, head_dim] with W >= n a whole number of
+        blocks (positions past a sequence's length hold stale values)."""
+        bs = kc.shape[1]
+        nb = -(-n // bs)
+        idx = table[rows, :nb].long()
+        B = idx.shape[0]
+        return kc[idx].reshape(B, nb * bs, kc.shape[2], kc.shape[3]).transpose(1, 2)
+
+    def decode_mask(self, lens, width, dtype):
+        """[B, 1, 1, 1, width]: 0 where a position is within the length,
+        minus infinity past it."""
+        ar = torch.arange(width, device=lens.device).unsqueeze(0)
+        m = torch.zeros(lens.shape[0], width, device=lens.device, dtype=dtype)
+        return m.masked_fill(ar >= lens.unsqueeze(1), float("-inf")).view(-1, 1, 1, 1, width)
+
+    def attend(self, q, k, v, qkv, kc, vc, kv, groups):
+        """groups: ("decode", rows, trows, maxlen, lens) for the one-token
+        sequences (packed rows, block-table rows, the longest length and
+        each length, the new token included), ("chunk", start, end, trow,
+        p) for a chunk of end-start tokens at positions p.. of one
+        sequence. k and v are the step's own keys and values (already in
+        the cache); qkv the projections before the rotary embedding."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rep = H // K
         if self.sdpa:
-            return self.attend_sdpa(q, k, v, kc, vc, groups)
+            return self.attend_sdpa(q, k, v, qkv, kc, vc, kv, groups)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         scale = 1.0 / math.sqrt(hd)
         for g in groups:
             if g[0] == "decode":
-                _, rows, slots, maxlen, mask = g
+                _, rows, trows, maxlen, lens = g
+                if self.kern is not None:
+                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g)
+                    continue
                 B = rows.shape[0]
+                kk = self.gather(kc, kv.table, trows, maxlen)
+                vv = self.gather(vc, kv.table, trows, maxlen)
+                mask = self.decode_mask(lens, kk.shape[2], q.dtype)
                 qd = q[rows].view(B, K, rep, 1, hd)
-                kk = kc[slots, :, :maxlen].unsqueeze(2)  # [B, K, 1, L, hd]
-                vv = vc[slots, :, :maxlen].unsqueeze(2)
-                s = torch.matmul(qd, kk.transpose(-1, -2)) * scale + mask
-                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
+                s = torch.matmul(qd, kk.unsqueeze(2).transpose(-1, -2)) * scale + mask
+                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv.unsqueeze(2))
                 out[rows] = o.reshape(B, H * hd)
             else:
-                _, a, b, slot, p = g
+                _, a, b, trow, p = g
                 T, L = b - a, p + b - a
+                tr = torch.tensor([trow], device=q.device)
                 qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
-                kk = kc[slot, :, :L].unsqueeze(1)  # [K, 1, L, hd]
-                vv = vc[slot, :, :L].unsqueeze(1)
+                kk = self.gather(kc, kv.table, tr, L)[0, :, :L].unsqueeze(1)  # [K, 1, L, hd]
+                vv = self.gather(vc, kv.table, tr, L)[0, :, :L].unsqueeze(1)
                 s = torch.matmul(qc, kk.transpose(-1, -2)) * scale
                 i = torch.arange(T, device=q.device).unsqueeze(1) + p
                 j = torch.arange(L, device=q.device).unsqueeze(0)
@@ -272,19 +301,19 @@ class Llama:
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_sdpa(self, q, k, v, kc, vc, groups):
+    def attend_decode_kern(self, qkv, kc, vc, kv, g):
+        """A decode group through the Triton kernel: rotary embedding,
+        KV write (again, same values) and attention over the blocks."""
+        _, rows, trows, _, lens = g
+        return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table, trows, lens - 1, self.cos, self.sin,
+                                          self.cfg.heads, self.cfg.kv_heads, self.cfg.context)
+
+    def attend_sdpa(self, q, k, v, qkv, kc, vc, kv, groups):
         """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
         Chunks that start a sequence (position 0) need no cache: those of
-        one length run as one causal batch on the step's own k and v."""
+        one length run as one causal batch on the step's own k and v.
+        One-token sequences use the Triton decode kernel when it runs."""
         H, hd = self.cfg.heads, self.cfg.head_dim
-        if len(groups) == 1 and groups[0][0] == "decode" and groups[0][1].shape[0] == q.shape[0]:
-            # Decode only: every row is in the group, in order; no gather, no scatter.
-            _, rows, slots, maxlen, mask = groups[0]
-            B = q.shape[0]
-            o = F.scaled_dot_product_attention(
-                q.unsqueeze(2), kc[slots, :, :maxlen], vc[slots, :, :maxlen],
-                attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
-            return o.reshape(B, H * hd)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         fresh = {}
         for g in groups:
@@ -316,20 +345,26 @@ class Llama:
             if g[0] == "chunk" and g[4] == 0:
                 continue
             if g[0] == "decode":
-                _, rows, slots, maxlen, mask = g
+                _, rows, trows, maxlen, lens = g
+                if self.kern is not None:
+                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g)
+                    continue
                 B = rows.shape[0]
-                o = F.scaled_dot_product_attention(
-                    q[rows].unsqueeze(2), kc[slots, :, :maxlen], vc[slots, :, :maxlen],
-                    attn_mask=mask.view(B, 1, 1, maxlen), enable_gqa=True)
+                kk = self.gather(kc, kv.table, trows, maxlen)
+                vv = self.gather(vc, kv.table, trows, maxlen)
+                W = kk.shape[2]
+                mask = self.decode_mask(lens, W, q.dtype)
+                o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, W), enable_gqa=True)
                 out[rows] = o.reshape(B, H * hd)
             else:
-                _, a, b, slot, p = g
+                _, a, b, trow, p = g
                 T, L = b - a, p + b - a
+                tr = torch.tensor([trow], device=q.device)
+                kk = self.gather(kc, kv.table, tr, L)[:, :, :L]
+                vv = self.gather(vc, kv.table, tr, L)[:, :, :L]
                 i = torch.arange(T, device=q.device).unsqueeze(1) + p
                 allowed = torch.arange(L, device=q.device).unsqueeze(0) <= i
-                o = F.scaled_dot_product_attention(
-                    q[a:b].transpose(0, 1).unsqueeze(0), kc[slot, :, :L].unsqueeze(0), vc[slot, :, :L].unsqueeze(0),
-                    attn_mask=allowed, enable_gqa=True)
+                o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), kk, vv, attn_mask=allowed, enable_gqa=True)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
 

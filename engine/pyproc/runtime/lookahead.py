@@ -47,9 +47,10 @@ def rewind(s, back):
 
 def plan(model, batch, seqs):
     """Returns, per sampling input in order, how many tokens it gets (1:
-    just this step's), clipped to the context and to the KV capacity, and
-    reserves the KV the extra tokens need. batch entries are
-    [seq, tokens, sample, params, n?, back?]."""
+    just this step's), clipped to the context and to the KV blocks free
+    without evicting anything, and gives the sequences the blocks the
+    extra tokens need (plus one more token's where free, for Spec). batch
+    entries are [seq, tokens, sample, params, n?, back?]."""
     want = []
     for b, s in zip(batch, seqs):
         if not b[2]:
@@ -61,12 +62,10 @@ def plan(model, batch, seqs):
         # This step feeds len(b[1]) tokens; each extra token feeds one more.
         fed = len(s.tokens) + len(b[1])
         n = min(n, model.cfg.context - fed + 1)
-        grow = max(0, fed + n - 1 - s.held)
-        if grow > model.capacity - model.used:
-            n = max(1, n - (grow - (model.capacity - model.used)))
-            grow = max(0, fed + n - 1 - s.held)
-        model.used += grow
-        s.held = max(s.held, fed + n - 1)
+        if n > 1:
+            n = model.kv.grow(s, fed + n - 1, free_only=True) - fed + 1
+            if fed + n <= model.cfg.context:
+                model.kv.grow(s, fed + n, free_only=True)
         want.append(n)
     return want
 
@@ -167,7 +166,7 @@ def _launch(model, items, feed, want, done, pre):
     step feeds; done: tokens per input already sampled (0 or 1), so input
     i runs want[i] - done steps; pre: the first step's (tokens, logprobs)
     when it already ran (Spec). Inputs with fewer steps ride along on the
-    scratch slot. The sampled tokens are copied to pinned host memory
+    scratch table row. The sampled tokens are copied to pinned host memory
     behind the steps; _finish reads them."""
     dev = model.device
     S = len(items)
@@ -176,10 +175,11 @@ def _launch(model, items, feed, want, done, pre):
     ch.run = [w - done for w in want]
     ch.steps = max(ch.run)
     p0 = [len(s.tokens) for _, s in items]
-    sl = [s.slot for _, s in items]
+    rows = [s.row for _, s in items]
     run = ch.run
+    model.kv.flush()  # blocks the plan took
     ch.plan = _upload([[[p0[i] + j if run[i] > j else 0 for i in range(S)],
-                        [sl[i] if run[i] > j else model.slots for i in range(S)]] for j in range(ch.steps)], dev)
+                        [rows[i] if run[i] > j else 0 for i in range(S)]] for j in range(ch.steps)], dev)
     outs, outl = [], []
     tok = None
     for j in range(ch.steps):
@@ -245,7 +245,9 @@ class Spec:
         run = ch.run
         if ch.steps < 1 or min(run) != ch.steps:
             return None
-        if any(len(s.tokens) + 1 + r >= model.cfg.context for (_, s), r in zip(items, run)):
+        bs = model.kv.bs
+        # The step writes at position len + run: its block must be there.
+        if any(len(s.tokens) + 1 + r >= min(model.cfg.context, len(s.blocks) * bs) for (_, s), r in zip(items, run)):
             return None
         plan = ch.plan[ch.steps - 1].clone()
         plan[0] += 1  # the position after the round's last fed token

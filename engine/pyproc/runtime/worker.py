@@ -112,14 +112,10 @@ class Worker:
                 r["more"] = res[3]
                 if res[4] is not None:
                     r["more_logprobs"] = res[4]
-            return r
+            return self.pool(self.model(req), r)
         if op == "open":
             m = self.model(req)
-            r = {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))}
-            evicted = m.take_evicted() if hasattr(m, "take_evicted") else []
-            if evicted:
-                r["evicted"] = evicted
-            return r
+            return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))})
         if op == "drop":
             m = self.models.get(req.get("model"))
             if m is not None and hasattr(m, "drop"):
@@ -127,9 +123,10 @@ class Worker:
             return {}
         if op == "free":
             m = self.models.get(req.get("model"))
-            if m is not None:
-                m.free(req["seq"], req.get("key", ""), *([int(req["back"])] if req.get("back") else []))
-            return {}
+            if m is None:
+                return {}
+            m.free(req["seq"], req.get("key", ""), *([int(req["back"])] if req.get("back") else []))
+            return self.pool(m, {})
         if op == "load":
             name = req["model"]
             if name in self.models:
@@ -150,6 +147,17 @@ class Worker:
         if op == "fault" and self.faults:
             return self.fault(req)
         raise ProtocolError("bad_request", "unknown op %r" % op)
+
+    @staticmethod
+    def pool(m, r):
+        """Adds the model's free KV blocks and the saved keys it evicted
+        since the last reply to r."""
+        if hasattr(m, "free_blocks"):
+            r["free_blocks"] = m.free_blocks()
+        evicted = m.take_evicted() if hasattr(m, "take_evicted") else []
+        if evicted:
+            r["evicted"] = evicted
+        return r
 
     def fault(self, req):
         kind = req.get("kind")

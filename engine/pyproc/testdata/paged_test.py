@@ -1,0 +1,125 @@
+"""Randomised checks of the paged KV memory (runtime/paged.py, blocks.py):
+thousands of opens, feeds, take-backs, frees with and without a key,
+drops and evictions against the pool's invariants (no block leaked, none
+double-owned, reference counts exact) and against the KV contents: every
+sequence reads back, through its block table, exactly the tokens it was
+fed, so shared and copied blocks hold the right tokens.
+
+  python3 paged_test.py RUNTIME_DIR [OPS] [SEED]
+
+Prints "N passed, 0 failed" or raises. Run by TestPagedRandom.
+"""
+import random
+import sys
+
+sys.path.insert(0, sys.argv[1])
+
+import torch  # noqa: E402
+
+from paged import OutOfBlocks, PagedKV  # noqa: E402
+
+
+class Cfg:
+    layers, kv_heads, head_dim, context = 1, 1, 2, 300
+
+
+def write(kv, s, start):
+    """Stores each token id as its key at its position (the forward pass
+    would store its key vector)."""
+    for p in range(start, len(s.tokens)):
+        kv.k[0, s.blocks[p // kv.bs], p % kv.bs, 0, 0] = float(s.tokens[p])
+
+
+def read(kv, s):
+    kv.flush()
+    n = len(s.tokens)
+    idx = kv.table[s.row, : kv.pool.blocks_for(n)].long()
+    return [int(x) for x in kv.k[0][idx].reshape(-1, 2)[:n, 0].tolist()]
+
+
+def run(ops, seed):
+    rnd = random.Random(seed)
+    bs = rnd.choice([1, 4, 16])
+    kv = PagedKV(Cfg, torch.device("cpu"), torch.float32, rnd.choice([8, 40, 120]), bs, 2)
+    seqs, prompt_len, keys = {}, {}, ["a", "b", "c"]
+    alphabet = [rnd.randrange(1000) for _ in range(3)]
+    n_open = n_oom = n_reused = 0
+    for _ in range(ops):
+        op = rnd.random()
+        if op < 0.25 or not seqs:
+            base = [alphabet[(i * 7) % 3] if rnd.random() < 0.9 else rnd.randrange(1000) for i in range(rnd.randrange(1, 80))]
+            key = rnd.choice(keys + ["", "", ""])
+            before = kv.pool.free()
+            try:
+                s, reused = kv.open(base, key)
+            except OutOfBlocks:
+                n_oom += 1
+                assert kv.pool.free() == before, "a refused open changed the pool"
+                continue
+            assert 0 <= reused < len(base) and s.tokens == base[:reused]
+            assert len(s.blocks) == kv.pool.blocks_for(reused), "open holds BlocksFor(reused) blocks"
+            assert read(kv, s) == base[:reused], "reused KV differs from the prompt"
+            sid = rnd.randrange(1 << 30)
+            seqs[sid] = (s, base)
+            prompt_len[sid] = len(base)
+            n_open += 1
+            n_reused += reused > 0
+        elif op < 0.6:
+            sid = rnd.choice(list(seqs))
+            s, base = seqs[sid]
+            fed = len(s.tokens)
+            more = base[fed:] if fed < len(base) else [rnd.randrange(1000) for _ in range(rnd.randrange(1, 6))]
+            more = more[: rnd.randrange(1, len(more) + 1)]
+            if fed + len(more) > Cfg.context:
+                continue
+            need = kv.need(s, fed + len(more))
+            assert need == kv.pool.blocks_for(fed + len(more)) - kv.pool.blocks_for(fed)
+            if need > kv.pool.free():
+                n_oom += 1
+                continue
+            before = kv.pool.free()
+            kv.grow(s, fed + len(more))
+            assert kv.pool.free() == before - need, "feeding took other than BlocksFor(f+n)-BlocksFor(f)"
+            s.tokens.extend(more)
+            write(kv, s, fed)
+            if len(s.tokens) <= prompt_len[sid]:
+                kv.register(s, len(s.tokens))
+        elif op < 0.7:
+            sid = rnd.choice(list(seqs))
+            s, _ = seqs[sid]
+            back = rnd.randrange(0, max(1, len(s.tokens) - prompt_len[sid]) + 1)
+            if back and len(s.tokens) - back >= prompt_len[sid]:
+                del s.tokens[len(s.tokens) - back:]
+                kv.truncate(s, len(s.tokens))
+        elif op < 0.95:
+            sid = rnd.choice(list(seqs))
+            s, _ = seqs.pop(sid)
+            kv.free(s, rnd.choice(keys + ["", ""]))
+        else:
+            kv.drop(rnd.choice(keys))
+        kv.take_evicted()
+        kv.check([s for s, _ in seqs.values()])
+        for s, _ in seqs.values():
+            assert read(kv, s) == s.tokens, "a sequence reads other tokens than it was fed"
+    for s, _ in seqs.values():
+        kv.free(s, "")
+    for k in keys:
+        kv.drop(k)
+    kv.check([])
+    assert kv.pool.free() == kv.pool.n, "blocks leaked"
+    assert len(kv.free_rows) == kv.table.shape[0] - 1, "table rows leaked"
+    return n_open, n_oom, n_reused
+
+
+def main():
+    ops = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    seed = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    passed = 0
+    for i in range(6):
+        o, m, r = run(ops // 6, seed * 100 + i)
+        print("seed %d: %d opens (%d reused a prefix), %d refused for blocks" % (seed * 100 + i, o, r, m))
+        passed += 1
+    print("%d passed, 0 failed" % passed)
+
+
+main()
