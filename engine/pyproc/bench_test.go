@@ -60,10 +60,7 @@ func decodeGroup(b *testing.B, m *Model, first, n, steps int) int {
 	for i := range batch {
 		id := engine.SeqID(first + i + 1)
 		p := prompt(first+i, 16)
-		if _, err := m.Open(ctx, id, p, ""); err != nil {
-			b.Fatal(err)
-		}
-		batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true, Params: greedy}
+		batch[i] = engine.StepInput{Seq: id, Tokens: openFeed(b, m, id, p), Sample: true, Params: greedy}
 	}
 	for range steps {
 		outs, err := m.Step(ctx, batch)

@@ -123,8 +123,9 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 		default:
 			p.send, p.n = in.Tokens, 1
 			if st != nil {
+				// Dropped by absorb once the step succeeded: a step the
+				// worker refuses (out of blocks) changes no sequence.
 				p.back = len(st.buf)
-				st.buf, st.has = st.buf[:0], false
 			}
 			// A prompt chunk samples just its first token, so lookahead
 			// never delays time to first token; decoding ahead starts

@@ -87,12 +87,9 @@ var greedy = &engine.SamplingParams{}
 func generate(t testing.TB, m *Model, seq engine.SeqID, prompt []int32, n int) []int32 {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := m.Open(ctx, seq, prompt, ""); err != nil {
-		t.Fatal(err)
-	}
+	feed := openFeed(t, m, seq, prompt)
 	defer m.Free(seq, "")
 	var out []int32
-	feed := prompt
 	for len(out) < n {
 		o, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: feed, Sample: true, Params: greedy}})
 		if err != nil {
@@ -102,6 +99,17 @@ func generate(t testing.TB, m *Model, seq engine.SeqID, prompt []int32, n int) [
 		feed = []int32{o[0].Token}
 	}
 	return out
+}
+
+// openFeed opens seq without a prefix key and returns the prompt tokens
+// to feed: those past the full blocks the prefix cache reused.
+func openFeed(t testing.TB, m engine.Model, seq engine.SeqID, prompt []int32) []int32 {
+	t.Helper()
+	r, err := m.Open(context.Background(), seq, prompt, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prompt[r:]
 }
 
 func prompt(seed, n int) []int32 {

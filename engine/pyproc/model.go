@@ -29,6 +29,7 @@ type Model struct {
 	// Saved KV: which worker holds each key, the keys workers reported
 	// evicted and not yet collected by EvictedSaved, routing counters.
 	saved                        map[string]*proc
+	savedAt                      map[string]uint64 // the free request that saved each key
 	byProc                       map[*proc]map[string]struct{}
 	evicted                      []string
 	affinityHits, affinityMissed int64
@@ -36,6 +37,11 @@ type Model struct {
 	// and the tokens decoded ahead per sequence.
 	k    int
 	look map[engine.SeqID]*ahead
+
+	// Paged KV (blocks.go): each worker's pool as its replies report it,
+	// and each worker's pool size by slot index.
+	pools     map[*proc]*workerPool
+	blocksPer []int
 
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
@@ -73,7 +79,8 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
+		pools:  map[*proc]*workerPool{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -101,6 +108,9 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, firstError(errs)
 	}
 	m.info = m.infoFrom(infos)
+	for _, w := range infos {
+		m.blocksPer = append(m.blocksPer, w.KVBlocks)
+	}
 	m.k = lookaheadFor(e.cfg.lookahead, infos[0].Device, m.hellos())
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -160,11 +170,16 @@ func kvShare(total, workers int) int {
 func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
 	w := infos[0]
 	info := engine.Info{ID: m.spec.ID, Engine: "pyproc", ContextLength: w.ContextLength,
-		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch}
+		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch, BlockSize: w.BlockSize}
 	for _, x := range infos {
 		info.KVCapacity += x.KVCapacity
 		info.WeightBytes += x.WeightBytes
 		info.KVBytes += x.KVBytes
+		info.KVBlocks += x.KVBlocks
+		info.ContextLength = min(info.ContextLength, x.ContextLength)
+	}
+	if info.KVBlocks == 0 || info.BlockSize == 0 { // a backend that does not page
+		info.BlockSize, info.KVBlocks = 0, 0
 	}
 	return info
 }
@@ -220,11 +235,18 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	s, done := m.pickFor(prefixKey)
 	p, err := s.current(ctx, m.e.closing)
 	if err == nil {
-		var r *reply
-		r, err = p.call(ctx, m.spec.ID, request("open", map[string]any{
-			"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}))
+		var (
+			r   *reply
+			rid uint64
+			ch  chan *reply
+		)
+		if rid, ch, err = p.send(request("open", map[string]any{
+			"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}), true); err == nil {
+			r, err = p.wait(ctx, m.spec.ID, rid, ch)
+		}
+		m.readFrees(p) // answered before this open
 		if err == nil {
-			m.noteEvicted(p, r.Evicted)
+			m.noteReply(p, rid, r)
 			m.seqs[id] = seqRef{slot: s, proc: p, done: done}
 			s.open.Add(1)
 			return r.Reused, nil
@@ -290,9 +312,13 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 	}
 	if ref.proc.alive() && !m.closed.Load() {
 		ref.slot.open.Add(-1)
-		_, _, _ = ref.proc.send(request("free", fields), false)
-		if saveKey != "" {
-			m.noteSaved(saveKey, ref.proc)
+		// A paged worker's reply tells its free blocks: read later (blocks.go).
+		rid, ch, err := ref.proc.send(request("free", fields), m.info.Paged())
+		if err == nil && ch != nil {
+			m.sentFree(ref.proc, rid, ch)
+		}
+		if err == nil && saveKey != "" {
+			m.noteSaved(saveKey, ref.proc, rid)
 		}
 	}
 }
@@ -313,6 +339,6 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs, m.saved, m.byProc, m.evicted = nil, nil, nil, nil
+	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools = nil, nil, nil, nil, nil, nil
 	return nil
 }

@@ -35,8 +35,11 @@ type reply struct {
 	Top      [][][2]float64 `json:"top"`
 	Reused   int            `json:"reused"`
 	Evicted  []string       `json:"evicted"`
-	Info     *wireInfo      `json:"info"`
-	Warmed   []int          `json:"batch_sizes"`
+	// FreeBlocks is the worker's free KV blocks after an open, step or
+	// free of a paged model; nil when the reply has none.
+	FreeBlocks *int      `json:"free_blocks"`
+	Info       *wireInfo `json:"info"`
+	Warmed     []int     `json:"batch_sizes"`
 	// Lookahead: per sampling input, the tokens decoded after Tokens.
 	More         [][]int32   `json:"more"`
 	MoreLogprobs [][]float32 `json:"more_logprobs"`
@@ -60,6 +63,8 @@ type wireInfo struct {
 	DType         string  `json:"dtype"`
 	WeightBytes   int64   `json:"weight_bytes"`
 	KVBytes       int64   `json:"kv_bytes"`
+	BlockSize     int     `json:"block_size"`
+	KVBlocks      int     `json:"kv_blocks"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

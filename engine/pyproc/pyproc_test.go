@@ -47,9 +47,7 @@ func TestBatchedEqualsAlone(t *testing.T) {
 	got := make([][]int32, len(prompts))
 	fed := make([]int, len(prompts)) // prompt tokens fed so far
 	for i, p := range prompts {
-		if _, err := m.Open(ctx, engine.SeqID(i), p, ""); err != nil {
-			t.Fatal(err)
-		}
+		fed[i] = len(p) - len(openFeed(t, m, engine.SeqID(i), p))
 		defer m.Free(engine.SeqID(i), "")
 	}
 	for step := 0; ; step++ {
@@ -154,10 +152,7 @@ func TestPrefixReuse(t *testing.T) {
 	p := prompt(2, 30)
 	want := generate(t, m, 1, append(slices.Clone(p), prompt(9, 5)...), 6)
 
-	if _, err := m.Open(ctx, 2, p, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: p}}); err != nil {
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: openFeed(t, m, 2, p)}}); err != nil {
 		t.Fatal(err)
 	}
 	m.Free(2, "session-a")

@@ -78,14 +78,11 @@ func TestMatchesReference(t *testing.T) {
 func generateLogprobs(t *testing.T, m *Model, seq engine.SeqID, prompt []int32, n int) ([]int32, []float32) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := m.Open(ctx, seq, prompt, ""); err != nil {
-		t.Fatal(err)
-	}
+	feed := openFeed(t, m, seq, prompt)
 	defer m.Free(seq, "")
 	params := &engine.SamplingParams{Logprobs: true}
 	var toks []int32
 	var lps []float32
-	feed := prompt
 	for len(toks) < n {
 		o, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: feed, Sample: true, Params: params}})
 		if err != nil {

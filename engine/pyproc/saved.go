@@ -54,8 +54,9 @@ func (m *Model) pickFor(key string) (*slot, func(error)) {
 	return holder, done
 }
 
-// noteSaved records where the KV saved under key lives now.
-func (m *Model) noteSaved(key string, p *proc) {
+// noteSaved records where the KV saved under key lives now: on p, saved
+// by request id.
+func (m *Model) noteSaved(key string, p *proc, id uint64) {
 	if old, ok := m.saved[key]; ok && old != p {
 		m.unnote(key)
 		if old.alive() { // the same key saved on another worker: the old copy is stale
@@ -63,6 +64,7 @@ func (m *Model) noteSaved(key string, p *proc) {
 		}
 	}
 	m.saved[key] = p
+	m.savedAt[key] = id
 	keys := m.byProc[p]
 	if keys == nil {
 		keys = map[string]struct{}{}
@@ -78,6 +80,7 @@ func (m *Model) unnote(key string) {
 		return
 	}
 	delete(m.saved, key)
+	delete(m.savedAt, key)
 	delete(m.byProc[p], key)
 }
 
@@ -98,6 +101,9 @@ func (m *Model) DropSaved(key string) {
 // last call, and every key saved on a worker that has died since; see
 // engine.SavedKV.
 func (m *Model) EvictedSaved() []string {
+	for p := range m.pools {
+		m.readFrees(p)
+	}
 	out := m.evicted
 	m.evicted = nil
 	for p, keys := range m.byProc {
@@ -106,6 +112,7 @@ func (m *Model) EvictedSaved() []string {
 		}
 		for key := range keys {
 			delete(m.saved, key)
+			delete(m.savedAt, key)
 			out = append(out, key)
 		}
 		delete(m.byProc, p)
@@ -113,10 +120,12 @@ func (m *Model) EvictedSaved() []string {
 	return out
 }
 
-// noteEvicted takes a worker's report of the saved keys it evicted.
-func (m *Model) noteEvicted(p *proc, keys []string) {
+// noteEvicted takes a worker's report, in its reply to request id, of the
+// saved keys it evicted. A key saved again by a later request is the new
+// save's, not evicted.
+func (m *Model) noteEvicted(p *proc, id uint64, keys []string) {
 	for _, k := range keys {
-		if m.saved[k] == p {
+		if m.saved[k] == p && m.savedAt[k] < id {
 			m.unnote(k)
 			m.evicted = append(m.evicted, k)
 		}

@@ -88,14 +88,22 @@ func TestSavedEvictionsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	pm := m.(*Model)
-	// 512 tokens of a 512-token context: one KV slot for sequences and saves together,
-	// plus the slots for short sequences (twice MaxBatch: 4).
+	// A pool of 32 blocks of 16 tokens. Six saves of 10 tokens hold a
+	// block each, which still count as free; a sequence that needs 28
+	// blocks makes the worker evict the two oldest.
 	for i := range 6 {
 		saveOn(t, pm, engine.SeqID(i+1), prompt(i, 10), string(rune('a'+i)))
 	}
+	if n := pm.FreeBlocks(); n != 32 {
+		t.Fatalf("FreeBlocks %d with six saved prefixes; want all 32 (saved blocks are evictable)", n)
+	}
+	if ev := pm.EvictedSaved(); len(ev) != 0 {
+		t.Fatalf("EvictedSaved %v before the pool ran short", ev)
+	}
+	saveOn(t, pm, 10, prompt(9, 28*16), "")
 	ev := pm.EvictedSaved()
-	if len(ev) == 0 || ev[0] != "a" {
-		t.Fatalf("EvictedSaved %v after 6 saves on 4 slots; want the oldest keys first", ev)
+	if !slices.Equal(ev, []string{"a", "b"}) {
+		t.Fatalf("EvictedSaved %v after a sequence took 28 of 32 blocks; want the oldest two, a and b", ev)
 	}
 	if st := pm.Affinity(); st.Saved+len(ev) != 6 {
 		t.Fatalf("%d keys held and %d evicted; want 6 in all", st.Saved, len(ev))

@@ -63,6 +63,12 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 			firstErr = g.err
 		}
 	}
+	for _, p := range order {
+		if g := m.groups[p]; g.err == nil {
+			m.noteReply(p, g.id, g.reply)
+		}
+		m.readFrees(p) // answered before this step
+	}
 	m.dropDeadGroups()
 	if firstErr != nil {
 		return nil, firstErr
@@ -126,6 +132,9 @@ func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) 
 	for i := range batch {
 		in := &batch[i]
 		if !in.Sample {
+			if st := m.look[in.Seq]; st != nil && plan[i].send != nil { // rolled back by the worker
+				st.buf, st.has = st.buf[:0], false
+			}
 			continue
 		}
 		var r *reply
@@ -148,4 +157,5 @@ func (m *Model) dropDeadGroups() {
 			delete(m.groups, p)
 		}
 	}
+	m.forgetDeadPools()
 }

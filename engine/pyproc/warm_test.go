@@ -28,9 +28,13 @@ func TestInfoReportsMemory(t *testing.T) {
 	if want := int64(2 * 4 * params); info.WeightBytes != want {
 		t.Errorf("WeightBytes = %d, want %d", info.WeightBytes, want)
 	}
-	// KV: each worker holds slots+1 context-long rows of K and V per layer.
-	if info.KVBytes <= 0 || info.KVBytes%int64(2*2*c.Layers*c.KVHeads*hd*4*c.ContextLength) != 0 {
-		t.Errorf("KVBytes = %d: not whole context-long slots of K and V on 2 workers", info.KVBytes)
+	// KV: each worker holds a pool of 512 tokens in blocks of 16, plus a
+	// scratch block, of K and V per layer.
+	if info.BlockSize != 16 || info.KVBlocks != 64 || info.KVCapacity != 1024 {
+		t.Errorf("BlockSize %d, KVBlocks %d, KVCapacity %d; want 16, 64 (32 per worker), 1024", info.BlockSize, info.KVBlocks, info.KVCapacity)
+	}
+	if want := int64(2 * 2 * c.Layers * (32 + 1) * 16 * c.KVHeads * hd * 4); info.KVBytes != want {
+		t.Errorf("KVBytes = %d, want %d: 33 blocks of K and V on each of 2 workers", info.KVBytes, want)
 	}
 }
 

@@ -1,0 +1,120 @@
+package pyproc
+
+import (
+	"context"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Paged KV: each worker keeps the model's KV in a pool of fixed-size
+// blocks (PROTOCOL.md, "KV blocks") and reports its free blocks in every
+// open, step and free reply. The Model remembers the newest report per
+// worker. Free does not wait for its reply (it would cost the caller a
+// round trip per finished sequence); the replies are read after the next
+// reply the Model waits for anyway, or by FreeBlocks, which needs them.
+
+var _ engine.BlockPool = (*Model)(nil)
+
+// workerPool is what the Model knows of one worker's block pool.
+type workerPool struct {
+	free  int           // free blocks as of the reply to request at
+	at    uint64        // the request whose reply set free
+	frees []sentRequest // free requests whose replies were not read yet
+}
+
+type sentRequest struct {
+	id uint64
+	ch chan *reply
+}
+
+// poolOf returns the state kept for worker p, making it when needed: a
+// worker that never answered for this model has its whole pool free.
+func (m *Model) poolOf(p *proc) *workerPool {
+	wp := m.pools[p]
+	if wp == nil {
+		wp = &workerPool{free: m.blocksPer[p.slot]}
+		m.pools[p] = wp
+	}
+	return wp
+}
+
+// noteReply takes the pool report and the evicted keys of the reply to
+// request id on worker p. Replies of one worker come in request order, but
+// free replies are read late: the newest report wins.
+func (m *Model) noteReply(p *proc, id uint64, r *reply) {
+	if r == nil {
+		return
+	}
+	if r.FreeBlocks != nil {
+		wp := m.poolOf(p)
+		if id > wp.at {
+			wp.free, wp.at = *r.FreeBlocks, id
+		}
+	}
+	m.noteEvicted(p, id, r.Evicted)
+}
+
+// sentFree records a free request whose reply is read later.
+func (m *Model) sentFree(p *proc, id uint64, ch chan *reply) {
+	wp := m.poolOf(p)
+	wp.frees = append(wp.frees, sentRequest{id, ch})
+}
+
+// readFrees reads the replies to the free requests sent to p, waiting for
+// them (they come quickly: a free is cheap, and nothing else is in flight
+// when the caller's loop asks). A worker that died answers none.
+func (m *Model) readFrees(p *proc) {
+	wp := m.pools[p]
+	if wp == nil || len(wp.frees) == 0 {
+		return
+	}
+	frees := wp.frees
+	wp.frees = nil
+	for _, f := range frees {
+		r, err := p.wait(context.Background(), m.spec.ID, f.id, f.ch)
+		if err == nil {
+			m.noteReply(p, f.id, r)
+		}
+	}
+}
+
+// FreeBlocks returns the KV blocks a sequence can take now (see
+// engine.BlockPool): with one worker (the default), that worker's free
+// blocks, counting blocks held only by saved prefixes or the prefix cache.
+// With several workers every worker has a pool of its own, and a
+// sequence's blocks come from the pool of the worker it was opened on;
+// FreeBlocks is then the smallest count among the live workers, so any
+// set of feeds whose blocks add up to at most FreeBlocks fits wherever
+// its sequences live, and a new sequence fits wherever it is routed. A
+// worker that died took its blocks with it; its replacement starts with
+// a whole pool. Zero for a model that does not page, and when no worker
+// is up.
+func (m *Model) FreeBlocks() int {
+	if !m.info.Paged() || m.closed.Load() {
+		return 0
+	}
+	least := -1
+	for _, s := range m.e.slots {
+		s.mu.Lock()
+		p := s.cur
+		s.mu.Unlock()
+		if p == nil || !p.alive() {
+			continue
+		}
+		m.readFrees(p)
+		if n := m.poolOf(p).free; least < 0 || n < least {
+			least = n
+		}
+	}
+	m.forgetDeadPools()
+	return max(least, 0)
+}
+
+// forgetDeadPools drops the state of workers that died.
+func (m *Model) forgetDeadPools() {
+	for p := range m.pools {
+		if !p.alive() {
+			delete(m.pools, p)
+		}
+	}
+}
