@@ -84,6 +84,9 @@ class TorchModel:
         except RuntimeError as e:
             raise ProtocolError("oom", "KV pool of %d blocks: %s" % (blocks, e))
         self.graphs = None
+        # Steps that mix prompt chunks with decodes: decodes on their graph
+        # and the chunks in a second pass (True), or all in one pass.
+        self.split_steps = os.environ.get("MLXSERVING_SPLIT_STEPS", "1") != "0"
         if self.device.type == "cuda" and opts.get("cuda_graphs", True):
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
         self.seqs = {}
@@ -293,6 +296,10 @@ class TorchModel:
                 self.graphs.broken = True
                 for s in seqs:
                     del s.tokens[-1]
+        if not decode and self.split_steps and self.graphs is not None:
+            split = self._forward_split(batch, seqs)
+            if split is not None:
+                return split
         dev = self.device
         if decode and self.model.kern is not None:
             t = torch.tensor([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], device=dev)
@@ -300,6 +307,34 @@ class TorchModel:
                 s.tokens.append(b[1][0])
             return self.model.forward_decode(t[0], t[1], t[2], self.kv)
         return self._forward_packed(batch, seqs)
+
+    def _forward_split(self, batch, seqs):
+        """A step of prompt chunks and one-token inputs as two passes: the
+        one-token inputs on their CUDA graph, the chunks packed. Returns
+        the logits of the sampling inputs in order, or None when the step
+        has no graph-sized decode part."""
+        dec = [i for i, b in enumerate(batch) if len(b[1]) == 1 and b[2]]
+        if not dec or len(dec) == len(batch) or not self.graphs.usable(len(dec)):
+            return None
+        rest = [i for i in range(len(batch)) if i not in set(dec)]
+        try:
+            ld = self._graph_decode([batch[i] for i in dec], [seqs[i] for i in dec])
+        except RuntimeError as e:
+            log.warning("CUDA graph decode failed, running eagerly: %s", e, exc_info=True)
+            self.graphs.broken = True
+            for i in dec:
+                del seqs[i].tokens[-1]
+            return None
+        lr = self._forward_packed([batch[i] for i in rest], [seqs[i] for i in rest])
+        # Sampling rows in batch order: each part's rows are in its order.
+        order = [i for i, b in enumerate(batch) if b[2]]
+        at = {i: k for k, i in enumerate(order)}
+        out = torch.empty(len(order), ld.shape[1], device=ld.device, dtype=ld.dtype)
+        out[torch.tensor([at[i] for i in dec], device=ld.device)] = ld
+        rs = [i for i in rest if batch[i][2]]
+        if rs:
+            out[torch.tensor([at[i] for i in rs], device=ld.device)] = lr
+        return out
 
     def _forward_packed(self, batch, seqs):
         """Any mix of prompt chunks and one-token inputs, packed into one
