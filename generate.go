@@ -191,7 +191,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 		seq.Constraint = c
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
-	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
+	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
 		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
 	}
 	if err := m.queue.Push(entry); err != nil {

@@ -232,6 +232,28 @@ func TestKeepAlive(t *testing.T) {
 	}
 }
 
+// A request's keep_alive applies to the time after that request: once the
+// model unloads, its next load starts with the default again (as Ollama).
+func TestRequestKeepAliveDoesNotStick(t *testing.T) {
+	_, srv := simServer(t, nil)
+	register(t, srv, simModel("m"))
+	zero := time.Duration(0)
+	st, err := srv.Generate(context.Background(), api.Request{Model: "m", PromptTokens: []int32{1}, Params: api.Params{MaxTokens: 2, KeepAlive: &zero}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "m to unload after keep_alive 0", func() bool { return status(srv, "m").State == prewarm.StateUnloaded })
+	mustGenerate(t, srv, "m") // no keep_alive: the default applies
+	time.Sleep(100 * time.Millisecond)
+	s := status(srv, "m")
+	if s.State != prewarm.StateLoaded || s.KeepAlive != prewarm.DefaultKeepAlive {
+		t.Fatalf("after a request without keep_alive: %+v, want loaded with keep-alive %v", s, prewarm.DefaultKeepAlive)
+	}
+}
+
 func TestManagerRefusesBadInput(t *testing.T) {
 	_, srv := simServer(t, nil)
 	if err := srv.RegisterModel(prewarm.Model{}); !errors.Is(err, engine.ErrInvalidParam) {
