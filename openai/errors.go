@@ -110,7 +110,12 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "session_id", "invalid_value", err.Error())
 	case errors.Is(err, api.ErrUnknownTier):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
-	case errors.As(err, &notFound), errors.Is(err, engine.ErrModelNotFound):
+	case errors.As(err, &notFound):
+		// Only the name the caller sent: which models are loaded is not
+		// for every key to see (GET /v1/models lists the key's own).
+		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found",
+			fmt.Sprintf("model %q not found", notFound.Model))
+	case errors.Is(err, engine.ErrModelNotFound):
 		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found", err.Error())
 	case errors.Is(err, mlxserving.ErrNoTokenizer):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "model", "unsupported_model", err.Error())

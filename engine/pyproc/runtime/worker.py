@@ -243,6 +243,11 @@ def main():
     hb = Heartbeat(out, args.heartbeat)
     hb.start()
     serve(sys.stdin.buffer, out, Worker(out, hb, backend, args.faults), args.max_line)
+    # Every reply is flushed (Out.raw): exit now rather than wait for the
+    # interpreter's finalisation, which takes over a second once torch is
+    # imported and would keep the supervisor's shutdown waiting.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
