@@ -89,6 +89,9 @@ func New(model engine.Model, queue Queue, opts ...Option) (*ContinuousBatcher, e
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("batcher: %w", err)
 		}

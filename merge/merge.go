@@ -88,6 +88,9 @@ func WithCache(maxBytes int64, ttl time.Duration) Option {
 func New(opts ...Option) (*Merger, error) {
 	var c config
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&c); err != nil {
 			return nil, err
 		}

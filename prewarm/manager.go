@@ -114,8 +114,8 @@ func NewManager(host Host, opts ...ManagerOption) (*Manager, error) {
 	}
 	cfg := defaultManagerConfig()
 	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("prewarm: nil option")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)

@@ -83,6 +83,9 @@ type lbCounters struct {
 func NewLoadBalancer(opts ...LBOption) (*LoadBalancer, error) {
 	cfg := defaultLBConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("scheduler: load balancer: %w", err)
 		}

@@ -73,6 +73,9 @@ func (s *slot) current(ctx context.Context, closing chan struct{}) (*proc, error
 func New(ctx context.Context, opts ...Option) (*Engine, error) {
 	cfg := defaults()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}

@@ -149,6 +149,9 @@ func Discover(ctx context.Context, nc *nats.Conn, reg scheduler.Registry, opts .
 		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout},
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: discover: %w", err)
 		}

@@ -128,6 +128,9 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	cfg := serveConfig{service: DefaultService, heartbeat: DefaultHeartbeat, stall: DefaultStallTimeout,
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: serve: %w", err)
 		}
