@@ -9,7 +9,8 @@
 #   sh engine/pyproc/internal/gpubench/serving.sh OUTDIR [SHAPE...]
 #
 # LOADS overrides the loads (gpubench -loads); MICRO=0 skips the
-# microbenchmark; SERVER_ARGS are passed to examples/server.
+# microbenchmark; SERVER_ARGS are passed to examples/server; BIN names the
+# folder of the binaries (default bin).
 set -u
 out=${1:-/tmp/serving-out}
 shift || true
@@ -17,12 +18,14 @@ shapes=${*:-llama1b}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+bin=${BIN:-bin}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/env.txt"
 if [ "${MICRO:-1}" != 0 ]; then
-	bin/gpubench -python "$py" -dir /tmp/llama1b -batches 1,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/micro.txt"
+	"$bin/gpubench" -python "$py" -dir /tmp/llama1b -batches 1,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/micro.txt"
 fi
 for s in $shapes; do
-	bin/gpubench -serving -shape "$s" -python "$py" -dir "/tmp/$s" -logs "$out" \
+	"$bin/gpubench" -serving -shape "$s" -python "$py" -dir "/tmp/$s" -logs "$out" \
+		-server "$bin/server" -loadgen "$bin/loadgen" \
 		${LOADS:+-loads "$LOADS"} -- ${SERVER_ARGS:-} 2>&1 | tee "$out/serving-$s.txt"
 	mv "$out/server.log" "$out/server-$s.log" 2>/dev/null
 done
