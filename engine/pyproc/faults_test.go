@@ -175,3 +175,32 @@ func TestCloseDrains(t *testing.T) {
 		t.Errorf("Open after Close: %v", err)
 	}
 }
+
+// TestBusyWorkerIsNotKilledForSilence: a worker whose heartbeat is starved
+// while it works (the kernel shows it running) is not killed at the
+// heartbeat timeout, only past busyLimit timeouts; an idle silent one is.
+func TestBusyWorkerIsNotKilledForSilence(t *testing.T) {
+	if _, ok := readCPUState(1); !ok {
+		t.Skip("no /proc: the watchdog goes by heartbeats alone here")
+	}
+	e := newEngine(t, withFaults(), WithHeartbeat(100*time.Millisecond, 500*time.Millisecond))
+	m := load(t, e, tiny(t))
+	want := generate(t, m, 1, prompt(1, 8), 3)
+	before := e.Workers()[0].PID
+	inject(t, e, 0, map[string]any{"kind": "spin", "seconds": 1.2}) // 2.4 timeouts, under busyLimit
+	if got := generate(t, m, 2, prompt(1, 8), 3); !slices.Equal(got, want) {
+		t.Fatalf("after a busy silence: %v, want %v", got, want)
+	}
+	if w := e.Workers()[0]; w.PID != before || w.Restarts != 0 {
+		t.Fatalf("a busy worker silent for 1.2s (timeout 0.5s) was replaced: %+v", w)
+	}
+	old := inject(t, e, 0, map[string]any{"kind": "spin", "seconds": 5}) // past busyLimit timeouts
+	select {
+	case <-old.dead:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a worker silent past busyLimit timeouts was not killed")
+	}
+	if !strings.Contains(old.reason, "while busy") {
+		t.Errorf("reason %q, want it to say the worker was busy", old.reason)
+	}
+}

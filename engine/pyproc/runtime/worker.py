@@ -164,6 +164,12 @@ class Worker:
         elif kind == "hang":
             self.hb.stopped = True
             time.sleep(3600)
+        elif kind == "spin":  # busy and silent: the heartbeat starved, as by work holding the GIL
+            self.hb.stopped = True
+            end = time.time() + float(req.get("seconds", 1))
+            while time.time() < end:
+                pass
+            self.hb.stopped = False
         elif kind == "step_delay":
             self.step_delay = float(req.get("seconds", 0))
         return {}
