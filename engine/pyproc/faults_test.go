@@ -204,3 +204,26 @@ func TestBusyWorkerIsNotKilledForSilence(t *testing.T) {
 		t.Errorf("reason %q, want it to say the worker was busy", old.reason)
 	}
 }
+
+// TestShutdownWithoutKill: closing an engine with an idle worker lets the
+// worker exit by itself at once; it is not killed, for a lost heartbeat or
+// for outliving the shutdown grace.
+func TestShutdownWithoutKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e, err := New(ctx, WithPython(python(t)), WithHeartbeat(50*time.Millisecond, 300*time.Millisecond), WithCacheDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.slots[0].current(ctx, e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.dead
+	if strings.Contains(p.reason, "heartbeat") || strings.Contains(p.reason, "did not exit") {
+		t.Fatalf("the worker was killed at shutdown: %s", p.reason)
+	}
+}
