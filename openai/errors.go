@@ -87,11 +87,11 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.As(err, &budget):
 		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "memory_budget_exhausted", err.Error())
-		e.retryAfter = budget.RetryAfter()
+		e.retryAfter = budget.RetryAfterHint()
 		return e
 	case errors.As(err, &load):
 		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "model_load_failed", err.Error())
-		e.retryAfter = load.RetryAfter()
+		e.retryAfter = load.RetryAfterHint()
 		return e
 	case errors.Is(err, prewarm.ErrAborted):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "unavailable", err.Error())

@@ -161,7 +161,7 @@ func TestPinnedModelsAreNeverEvicted(t *testing.T) {
 	}
 	_, err := generate(context.Background(), srv, "b", 2)
 	var be *prewarm.BudgetError
-	if !errors.As(err, &be) || !errors.Is(err, prewarm.ErrOverBudget) || be.Need != 1000 || be.Used != 2000 || be.RetryAfter() <= 0 {
+	if !errors.As(err, &be) || !errors.Is(err, prewarm.ErrOverBudget) || be.Need != 1000 || be.Used != 2000 || be.RetryAfterHint() <= 0 {
 		t.Fatalf("with every loaded model pinned: %v, want a *BudgetError", err)
 	}
 	if st := status(srv, "b"); st.State != prewarm.StateUnloaded || st.Err != nil {

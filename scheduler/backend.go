@@ -78,6 +78,9 @@ func (e *NoBackendError) Error() string {
 }
 
 // Unwrap returns ErrNoBackend and the last backend error.
+// RetryAfterHint returns RetryAfter (see retry.RetryAfter).
+func (e *NoBackendError) RetryAfterHint() time.Duration { return e.RetryAfter }
+
 func (e *NoBackendError) Unwrap() []error {
 	if e.Last == nil {
 		return []error{ErrNoBackend}

@@ -55,6 +55,10 @@ func (e *QueueFullError) Error() string {
 // Unwrap returns ErrQueueFull.
 func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
 
+// RetryAfterHint returns RetryAfter: the one retry-after protocol
+// (retry.RetryAfter reads it, through every transport).
+func (e *QueueFullError) RetryAfterHint() time.Duration { return e.RetryAfter }
+
 // RateLimitError reports a client over its rate.
 type RateLimitError struct {
 	// Client is the rate-limit key that was refused.
@@ -73,6 +77,9 @@ func (e *RateLimitError) Error() string {
 
 // Unwrap returns ErrRateLimited.
 func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
+
+// RetryAfterHint returns RetryAfter (see retry.RetryAfter).
+func (e *RateLimitError) RetryAfterHint() time.Duration { return e.RetryAfter }
 
 // CapacityError reports a request larger than a model's whole KV cache:
 // it could never run, however long it waited.

@@ -41,6 +41,9 @@ type Error struct {
 	Param string
 	// RetryAfter is the instance's suggested wait; 0 when none.
 	RetryAfter time.Duration
+	// ContextLength is the instance's context-length refusal, with its
+	// numbers, for Code "context_length"; nil otherwise.
+	ContextLength *engine.ContextLengthError
 	// Err is the transport failure (no responders, NATS unreachable,
 	// ErrInstanceLost), when there is one.
 	Err error
@@ -82,7 +85,11 @@ func (e *Error) Unwrap() []error {
 	case codeInvalidParam:
 		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
 	case codeContextLength:
-		errs = append(errs, engine.ErrContextLength)
+		if e.ContextLength != nil {
+			errs = append(errs, e.ContextLength)
+		} else {
+			errs = append(errs, engine.ErrContextLength)
+		}
 	case codeQueueFull:
 		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
 	case codeRateLimited:
@@ -96,5 +103,6 @@ func transportError(instance string, err error) *Error {
 }
 
 func fromWire(instance string, w wireError) *Error {
-	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter, retryable: w.Retryable}
+	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter,
+		ContextLength: w.Context, retryable: w.Retryable}
 }
