@@ -6,9 +6,15 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 func newClient(base string) oai.Client {
@@ -196,4 +202,25 @@ func TestGoSDKCachedTokens(t *testing.T) {
 	}
 	t.Logf("cached tokens: second turn %d of %d, second user %d of %d", second.Usage.PromptTokensDetails.CachedTokens,
 		second.Usage.PromptTokens, other.Usage.PromptTokensDetails.CachedTokens, other.Usage.PromptTokens)
+}
+
+// TestGoSDKStreamCutByDeadline: a stream cut by the server's total
+// deadline after tokens ends, for openai-go, with a *ssestream.StreamError
+// whose event names the deadline; the text before it arrived.
+func TestGoSDKStreamCutByDeadline(t *testing.T) {
+	base := startServerWith(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0)},
+		[]mlxserving.Option{mlxserving.WithDeadlines(retry.Deadlines{Total: 150 * time.Millisecond})})
+	client := newClient(base)
+	p := chatParams()
+	p.MaxTokens = oai.Int(400)
+	stream := client.Chat.Completions.NewStreaming(context.Background(), p)
+	chunks := 0
+	for stream.Next() {
+		chunks++
+	}
+	var se *ssestream.StreamError
+	if err := stream.Err(); !errors.As(err, &se) || !strings.Contains(string(se.Event.Data), `"code":"request_timeout"`) || chunks == 0 {
+		t.Fatalf("after %d chunks: %v, want a StreamError naming the deadline", chunks, err)
+	}
+	_ = stream.Close()
 }
