@@ -174,6 +174,7 @@ func TestAgentFrameworks(t *testing.T) {
 			Calls  []call
 			Finish string
 		}
+		Zod map[string]bool
 	}
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("node output %q: %v", out, err)
@@ -188,6 +189,13 @@ func TestAgentFrameworks(t *testing.T) {
 	validate(t, val, string(got.LangchainStructured))
 	if got.Aisdk.Finish != "tool-calls" {
 		t.Errorf("ai sdk finish %q", got.Aisdk.Finish)
+	}
+	// zod v4 schemas with formats, records and nullables: accepted, and
+	// every object returned passes zod's own check.
+	for _, path := range []string{"jsonSchema", "functionCalling", "generateObject"} {
+		if !got.Zod[path] {
+			t.Errorf("zod schema through %s: %s", path, out)
+		}
 	}
 }
 
