@@ -11,6 +11,7 @@ import (
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -138,6 +139,12 @@ func TestGoSDKErrors(t *testing.T) {
 		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(9) }, nil, http.StatusBadRequest, "n", "invalid_value"},
 		{"context", func(p *oai.ChatCompletionNewParams) { p.MaxTokens = oai.Int(100000) }, nil, http.StatusBadRequest, "messages", "context_length_exceeded"},
 		{"tier", func(*oai.ChatCompletionNewParams) {}, []option.RequestOption{option.WithHeader("X-Priority", "urgent")}, http.StatusBadRequest, "priority", "invalid_value"},
+		{"tool parameters", func(p *oai.ChatCompletionNewParams) {
+			bad := oai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "bad",
+				Parameters: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"not": map[string]any{"type": "string"}}}}})
+			p.Tools = []oai.ChatCompletionToolUnionParam{weatherTool(), bad}
+			p.ToolChoice = oai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: oai.String("required")}
+		}, nil, http.StatusBadRequest, "tools[1].function.parameters", "invalid_value"},
 	}
 	for _, c := range cases {
 		p := chatParams()
