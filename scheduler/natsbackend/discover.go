@@ -123,11 +123,20 @@ type Discovery struct {
 
 	mu        sync.Mutex
 	instances map[string]*known // by micro id
-	lastAny   time.Time
-	down      bool // NATS unreachable was logged; cleared when answers return
+	// replaced holds the ids that a newer instance under the same name
+	// replaced (a restart); one of them answering again is a second live
+	// instance under a taken name, ignored (see answer) until it is silent.
+	replaced map[string]*replacedID
+	lastAny  time.Time
+	down     bool // NATS unreachable was logged; cleared when answers return
 
 	stop chan struct{}
 	done chan struct{}
+}
+
+type replacedID struct {
+	seen   time.Time // when it last answered (or was replaced)
+	warned bool
 }
 
 type known struct {
@@ -268,11 +277,26 @@ func (d *Discovery) answer(m *nats.Msg) {
 	if name == "" {
 		name = st.ID
 	}
+	if r, ok := d.replaced[st.ID]; ok {
+		// Replaced by a newer instance under its name, and still alive:
+		// two instances share a name. Keep the newer; say so once.
+		r.seen = time.Now()
+		if !r.warned {
+			r.warned = true
+			d.cfg.logger.Warn("discovery: two live instances under one name; routing to the newer only", "instance", name, "ignored_id", st.ID)
+		}
+		return
+	}
 	for id, k := range d.instances {
 		if k.name == name {
 			// A new instance under a known name: the instance restarted
-			// (names are unique). The new one replaces it in the registry.
+			// (Serve refuses a name a live instance has). The new one
+			// replaces it in the registry.
 			delete(d.instances, id)
+			if d.replaced == nil {
+				d.replaced = map[string]*replacedID{}
+			}
+			d.replaced[id] = &replacedID{seen: time.Now()}
 			d.cfg.logger.Info("discovery: instance restarted", "instance", name, "old_id", id, "id", st.ID)
 			break
 		}
@@ -295,6 +319,11 @@ func (d *Discovery) expire() {
 	if !d.down && now.Sub(d.lastAny) > d.cfg.timeout && d.nc.Status() != nats.CONNECTED {
 		d.down = true
 		d.cfg.logger.Warn("discovery: NATS unreachable; dropping its instances, routing to the rest", "status", d.nc.Status().String())
+	}
+	for id, r := range d.replaced {
+		if now.Sub(r.seen) > d.cfg.timeout {
+			delete(d.replaced, id)
+		}
 	}
 	for id, k := range d.instances {
 		if now.Sub(k.seen) > d.cfg.timeout {

@@ -20,6 +20,11 @@
 // instance alive and refreshes what the balancer routes on. An instance
 // that has not answered within the timeout is removed.
 //
+// Names are unique: Serve refuses (ErrNameTaken) a name a live instance of
+// the service answers under, and a new instance under a known name is
+// taken for a restart and replaces the old one; should the old one answer
+// again, discovery keeps the newer, logs it once, and does not swap them.
+//
 // A request is a NATS request to the instance's endpoint, answered at once
 // with a start message (or a typed error: nothing was started), after
 // which chunks stream to an inbox of the client's. The stream is

@@ -21,6 +21,9 @@ var (
 	ErrNotConnected = errors.New("natsbackend: NATS not connected")
 	// ErrProtocol means a message was not what the protocol allows.
 	ErrProtocol = errors.New("natsbackend: bad message")
+	// ErrNameTaken is returned by Serve when a live instance of the
+	// service already answers under the name.
+	ErrNameTaken = errors.New("natsbackend: instance name taken")
 )
 
 // Error is a failure reported by, or on the way to, an instance, before

@@ -135,6 +135,9 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 			return nil, fmt.Errorf("natsbackend: serve: %w", err)
 		}
 	}
+	if err := checkNameFree(nc, cfg.service, name); err != nil {
+		return nil, err
+	}
 	s := &Service{nc: nc, b: b, name: name, cfg: cfg, streams: make(map[string]*serverStream)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	svc, err := micro.AddService(nc, micro.Config{
@@ -176,6 +179,44 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	return s, nil
 }
 
+// nameCheckWait is how long Serve listens for live instances answering
+// under its name before it registers.
+const nameCheckWait = 250 * time.Millisecond
+
+// checkNameFree asks every live instance of the service for its info
+// ($SRV.INFO.<service>) and refuses a name one of them already has: two
+// instances under one name would make discovery swap them, resetting
+// their counters and breakers. A restarted instance's old incarnation no
+// longer answers, so its name is free. Without a connection the check is
+// skipped (discovery keeps the first of two in that case).
+func checkNameFree(nc *nats.Conn, service, name string) error {
+	if !nc.IsConnected() {
+		return nil
+	}
+	inbox := nc.NewRespInbox()
+	msgs := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, msgs)
+	if err != nil {
+		return fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest("$SRV.INFO."+service, inbox, nil); err != nil {
+		return fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	deadline := time.After(nameCheckWait)
+	for {
+		select {
+		case m := <-msgs:
+			var info micro.Info
+			if json.Unmarshal(m.Data, &info) == nil && info.Metadata["instance"] == name {
+				return fmt.Errorf("%w: instance %q (id %s) of service %q answers under it", ErrNameTaken, name, info.ID, service)
+			}
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
 // ID returns the micro service instance id.
 func (s *Service) ID() string { return s.svc.Info().ID }
 
@@ -191,6 +232,11 @@ func (s *Service) Stop() error {
 	s.mu.Unlock()
 	err := s.svc.Stop()
 	_ = s.ctl.Unsubscribe()
+	if s.nc.IsConnected() {
+		// Once Stop returns the instance no longer answers: the
+		// unsubscriptions have reached the server.
+		_ = s.nc.FlushTimeout(2 * time.Second)
+	}
 	s.cancel()
 	s.wg.Wait()
 	return err
