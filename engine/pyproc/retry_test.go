@@ -182,6 +182,9 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 		if err != nil || !slices.Equal(got, undisturbed.Tokens) {
 			t.Fatalf("resumed stream: %v, %d tokens; want the undisturbed %d tokens", err, len(got), len(undisturbed.Tokens))
 		}
+		if n := srv.Stats()["tiny"].Batcher.Resumed; n < 1 {
+			t.Errorf("Stats().Batcher.Resumed = %d after a resumed stream", n)
+		}
 	})
 	t.Run("seeded, after the first token", func(t *testing.T) {
 		for i := range e.Workers() {
