@@ -39,6 +39,10 @@ type Load struct {
 	MaxBatch int
 	// Updated is when the report was taken; zero for a live local report.
 	Updated time.Time
+	// Draining is set while the backend finishes what it has before it
+	// stops (natsbackend's Service.Drain): balancers route nothing new
+	// to it.
+	Draining bool `json:",omitempty"`
 }
 
 // Serves reports whether model is among l.Models.

@@ -251,7 +251,7 @@ func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, trie
 			continue
 		}
 		l := m.backend.Load()
-		if !l.Serves(r.Model) {
+		if !l.Serves(r.Model) || l.Draining {
 			continue
 		}
 		if m.healthy.Load() && m.breaker.State() != retry.StateOpen {

@@ -7,6 +7,12 @@
 //	svc, err := natsbackend.Serve(nc, "gpu-7", srv)
 //	defer svc.Stop()
 //
+// To stop an instance without losing work (SIGTERM), Drain it: it is
+// advertised as draining (balancers route nothing new to it) for a notice,
+// then leaves, and returns once its streams ended with their final chunk:
+//
+//	err := svc.Drain(ctx, 2*natsbackend.DefaultInterval)
+//
 // On the balancer, [Discover] finds the instances and keeps a
 // scheduler.Registry (a scheduler.LoadBalancer) in step with them:
 //

@@ -109,10 +109,11 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	streams map[string]*serverStream
-	next    uint64
-	stopped bool
+	mu       sync.Mutex
+	streams  map[string]*serverStream
+	next     uint64
+	stopped  bool
+	draining bool // Drain began: the load report says so
 }
 
 // Serve exposes b on nc as an instance named name (letters, digits, '-'
@@ -147,7 +148,7 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 			if e.Name != "load" {
 				return nil
 			}
-			return s.b.Load()
+			return s.load()
 		},
 	})
 	if err != nil {
@@ -161,7 +162,7 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	err = errors.Join(
 		g.AddEndpoint("generate", micro.HandlerFunc(func(r micro.Request) { s.handle(r, false) })),
 		g.AddEndpoint("chat", micro.HandlerFunc(func(r micro.Request) { s.handle(r, true) })),
-		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.b.Load()) })),
+		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.load()) })),
 	)
 	if err == nil {
 		s.ctl, err = nc.Subscribe(s.ctlP+"*", s.control)
@@ -219,6 +220,55 @@ func checkNameFree(nc *nats.Conn, service, name string) error {
 
 // ID returns the micro service instance id.
 func (s *Service) ID() string { return s.svc.Info().ID }
+
+// load is the backend's load report, marked while draining.
+func (s *Service) load() scheduler.Load {
+	l := s.b.Load()
+	s.mu.Lock()
+	l.Draining = s.draining
+	s.mu.Unlock()
+	return l
+}
+
+// Drain stops the instance without losing work: it first advertises
+// itself as draining (in the load report discovery reads every interval,
+// so balancers stop routing to it) and keeps serving for notice, then
+// leaves discovery and stops taking requests, and waits for the streams in
+// flight to finish with their final chunk and usage. If ctx ends first,
+// the streams left are ended as Stop ends them. A notice of two discovery
+// intervals lets every balancer see the state. After Drain the Service is
+// stopped.
+func (s *Service) Drain(ctx context.Context, notice time.Duration) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.draining = true
+	s.mu.Unlock()
+	select {
+	case <-time.After(notice):
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	s.stopped = true // handle takes nothing new
+	s.mu.Unlock()
+	err := s.svc.Stop()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.cancel()
+		<-done
+	}
+	_ = s.ctl.Unsubscribe()
+	if s.nc.IsConnected() {
+		_ = s.nc.FlushTimeout(2 * time.Second)
+	}
+	s.cancel()
+	return err
+}
 
 // Stop stops answering discovery and requests, ends the streams in flight
 // (their clients get an error) and waits for them. It is idempotent.
