@@ -301,7 +301,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 			break
 		}
 	}
-	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client}
+	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client, gone: d.forget}
 	c.setLoad(load)
 	if err := d.reg.Add(name, c); err != nil {
 		d.cfg.logger.Warn("discovery: registry refused instance", "instance", name, "err", err)
@@ -309,6 +309,22 @@ func (d *Discovery) answer(m *nats.Msg) {
 	}
 	d.instances[st.ID] = &known{name: name, client: c, seen: time.Now()}
 	d.cfg.logger.Info("discovery: instance found", "instance", name, "id", st.ID, "models", load.Models)
+}
+
+// forget removes the instance with micro id at once: a request to it found
+// no responders (its process died, or it left), so waiting for the
+// discovery timeout would only send more requests to nobody. Should it be
+// alive after all, its next stats answer adds it again.
+func (d *Discovery) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, ok := d.instances[id]
+	if !ok {
+		return
+	}
+	delete(d.instances, id)
+	d.reg.Remove(k.name)
+	d.cfg.logger.Warn("discovery: instance has no responders; removed", "instance", k.name, "id", id)
 }
 
 // expire removes instances silent for the timeout.

@@ -1,6 +1,7 @@
 package natsbackend_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -57,5 +58,31 @@ func TestDiscoveryKeepsOneOfTwoSameNamedInstances(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // six discovery intervals: both answer every one
 	if got := d.Client("a"); got != newer {
 		t.Fatal("discovery swapped the two instances under one name")
+	}
+}
+
+// TestNoRespondersRemovesAtOnce: a request that finds no responders on an
+// instance (its process died) fails over, and discovery drops the
+// instance then, not after its timeout (10 s here).
+func TestNoRespondersRemovesAtOnce(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a")
+	startInstance(t, n, "b")
+	lb, d := balancer(t, n, natsbackend.WithTimeout(10*time.Second))
+	waitInstances(t, d, "a", "b")
+	a.nc.Close() // as kill -9 leaves it: no goodbye, no subscriptions
+	start := time.Now()
+	for range 4 { // round robin reaches a
+		st, err := lb.Generate(context.Background(), genReq(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Collect(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitInstances(t, d, "b")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the dead instance was dropped after %v, by its timeout", took)
 	}
 }
