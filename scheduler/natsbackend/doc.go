@@ -26,6 +26,13 @@
 // instance alive and refreshes what the balancer routes on. An instance
 // that has not answered within the timeout is removed.
 //
+// Security is NATS's own: Serve and Discover take the caller's *nats.Conn,
+// so credentials, NKeys and TLS are nats.go options (nats.UserCredentials,
+// nats.Nkey, nats.UserInfo, nats.ClientCert). testdata/nats-server.conf is
+// a tested server configuration under which only instance users may serve
+// (subscribe to the serving subjects and answer discovery) and only gateway
+// users may call them; any other user can do neither.
+//
 // Names are unique: Serve refuses (ErrNameTaken) a name a live instance of
 // the service answers under, and a new instance under a known name is
 // taken for a restart and replaces the old one; should the old one answer
