@@ -57,31 +57,6 @@ func (c *clusterFlags) check() error {
 	return nil
 }
 
-// natsOptions turns the flags into nats.go options.
-func (c *clusterFlags) natsOptions(getenv func(string) string) ([]nats.Option, error) {
-	opts := []nats.Option{nats.Name("mlxserving instance " + c.instance), nats.MaxReconnects(-1)}
-	if c.creds != "" {
-		opts = append(opts, nats.UserCredentials(c.creds))
-	}
-	if c.nkey != "" {
-		o, err := nats.NkeyOptionFromSeed(c.nkey)
-		if err != nil {
-			return nil, fmt.Errorf("-nats-nkey: %w", err)
-		}
-		opts = append(opts, o)
-	}
-	if c.user != "" {
-		opts = append(opts, nats.UserInfo(c.user, getenv(natsPasswordEnv)))
-	}
-	if c.caFile != "" {
-		opts = append(opts, nats.RootCAs(c.caFile))
-	}
-	if c.certFile != "" {
-		opts = append(opts, nats.ClientCert(c.certFile, c.keyFile))
-	}
-	return opts, nil
-}
-
 // joinCluster serves srv over NATS as an instance when -nats is set and
 // returns how to leave: drain (advertised as draining for the notice,
 // then the streams in flight end with their final chunk) and close.
@@ -94,10 +69,13 @@ func joinCluster(c clusterFlags, srv *mlxserving.Server, log *slog.Logger) (leav
 			return nil, fmt.Errorf("-instance: %w", err)
 		}
 	}
-	opts, err := c.natsOptions(os.Getenv)
+	cred := natsbackend.Credentials{CredsFile: c.creds, NKeySeedFile: c.nkey, User: c.user, Password: os.Getenv(natsPasswordEnv),
+		CAFile: c.caFile, CertFile: c.certFile, KeyFile: c.keyFile}
+	opts, err := cred.Options()
 	if err != nil {
 		return nil, err
 	}
+	opts = append(opts, nats.Name("mlxserving instance "+c.instance), nats.MaxReconnects(-1))
 	nc, err := nats.Connect(c.urls, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("-nats %s: %w", c.urls, err)

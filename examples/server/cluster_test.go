@@ -3,38 +3,23 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
 )
 
 // TestJoinsCluster: with -nats the server serves as an instance that a
 // balancer discovers and reaches (with the instance user of the tested
 // nats-server configuration); on shutdown it leaves the cluster.
 func TestJoinsCluster(t *testing.T) {
-	opts, err := server.ProcessConfigFile("../../scheduler/natsbackend/testdata/nats-server.conf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	url := "nats://" + ns.Addr().(*net.TCPAddr).String()
+	url := natstest.Start(t, "../../scheduler/natsbackend/testdata/nats-server.conf")
 	t.Setenv(natsPasswordEnv, "instance-secret")
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,15 +2,14 @@ package natsbackend_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
 )
 
 // TestPermissions runs testdata/nats-server.conf: instances and gateways
@@ -18,21 +17,7 @@ import (
 // and another application's user can neither register an instance nor
 // call one.
 func TestPermissions(t *testing.T) {
-	opts, err := server.ProcessConfigFile("testdata/nats-server.conf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	url := "nats://" + ns.Addr().(*net.TCPAddr).String()
+	url := natstest.Start(t, "testdata/nats-server.conf")
 	connect := func(user, pass string) (*nats.Conn, error) {
 		nc, err := nats.Connect(url, nats.UserInfo(user, pass), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 		if err == nil {
