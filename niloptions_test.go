@@ -2,6 +2,7 @@ package mlxserving_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/mlxserving/mlxserving"
@@ -15,6 +16,7 @@ import (
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
+	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 	"github.com/mlxserving/mlxserving/session"
 )
 
@@ -75,6 +77,21 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 	for name, f := range checks {
 		if err := f(); err != nil {
 			t.Errorf("%s with a nil option: %v", name, err)
+		}
+	}
+}
+
+// TestOneClosedSentinel: every package's closed error wraps
+// engine.ErrClosed, so the HTTP status (503), the retry classification and
+// the breakers treat a closed component alike wherever it sits.
+func TestOneClosedSentinel(t *testing.T) {
+	for name, err := range map[string]error{
+		"mlxserving": mlxserving.ErrServerClosed, "batcher": batcher.ErrClosed, "scheduler": scheduler.ErrClosed,
+		"prewarm": prewarm.ErrClosed, "session": session.ErrClosed, "merge": merge.ErrClosed,
+		"httpbackend": httpbackend.ErrClosed, "natsbackend": natsbackend.ErrClosed,
+	} {
+		if !errors.Is(err, engine.ErrClosed) {
+			t.Errorf("%s.ErrClosed (%v) does not wrap engine.ErrClosed", name, err)
 		}
 	}
 }

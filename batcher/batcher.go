@@ -17,7 +17,7 @@ var (
 	ErrStreamDone = errors.New("stream done")
 	// ErrClosed ends the streams of sequences still running when the
 	// batcher is closed.
-	ErrClosed = errors.New("batcher closed")
+	ErrClosed = fmt.Errorf("batcher: %w", engine.ErrClosed)
 )
 
 // Entry is a queued sequence with its scheduling metadata.

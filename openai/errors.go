@@ -12,7 +12,6 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
-	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
@@ -139,9 +138,8 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.Is(err, engine.ErrOutOfMemory):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
-	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
-		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed),
-		errors.Is(err, batcher.ErrClosed), errors.Is(err, scheduler.ErrClosed):
+	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrModelUnloaded),
+		errors.Is(err, engine.ErrClosed): // every package's closed error wraps it
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())

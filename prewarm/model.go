@@ -52,7 +52,7 @@ func (m Model) validate() error {
 var (
 	// ErrClosed is returned by a Manager after Close and by a PreWarmer
 	// after Stop.
-	ErrClosed = errors.New("prewarm: closed")
+	ErrClosed = fmt.Errorf("prewarm: %w", engine.ErrClosed)
 	// ErrBusy is what a Host's Unload returns, with idleOnly set, for a
 	// model that has requests queued or running.
 	ErrBusy = errors.New("prewarm: model has requests in flight")

@@ -24,7 +24,7 @@ var (
 	// ErrInvalidOption means a constructor option has a value out of range.
 	ErrInvalidOption = errors.New("invalid scheduler option")
 	// ErrClosed means the scheduler was closed and takes no new work.
-	ErrClosed = errors.New("scheduler closed")
+	ErrClosed = fmt.Errorf("scheduler: %w", engine.ErrClosed)
 )
 
 // QueueFullError reports a rejection by the queue's bounds.

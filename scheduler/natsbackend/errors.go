@@ -15,7 +15,7 @@ var (
 	ErrInstanceLost = errors.New("natsbackend: instance stopped answering")
 	// ErrClosed is returned by requests on a stopped Service or a closed
 	// Discovery's backends.
-	ErrClosed = errors.New("natsbackend: closed")
+	ErrClosed = fmt.Errorf("natsbackend: %w", engine.ErrClosed)
 	// ErrNotConnected means the NATS connection is down (reconnecting or
 	// closed).
 	ErrNotConnected = errors.New("natsbackend: NATS not connected")
