@@ -71,3 +71,27 @@ func TestDeadlinesValidated(t *testing.T) {
 		t.Error("negative request deadline accepted")
 	}
 }
+
+// TestDeadlineAnswersDuringAStep: a deadline that passes while a long step
+// (a cold prefill) runs answers the caller at once; the sequence is freed
+// when the step ends.
+func TestDeadlineAnswersDuringAStep(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(3*time.Second, 0)})
+	r := req(8, 1, 2, 3)
+	r.Deadlines = retry.Deadlines{FirstToken: 20 * time.Millisecond}
+	start := time.Now()
+	st, err := f.srv.Generate(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	var de *retry.DeadlineError
+	if !errors.As(err, &de) || de.Kind != retry.FirstToken {
+		t.Fatalf("stream ended with %v, want a first-token DeadlineError", err)
+	}
+	// Far below the step: the answer did not wait for it.
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("answered %v after the request, with a 20ms deadline inside a 3s step", took)
+	}
+	waitFor(t, "KV freed", func() bool { return f.sim.Stats().OpenSequences == 0 })
+}

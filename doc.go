@@ -28,11 +28,13 @@
 // engine.ContextLengthError when a request can never fit,
 // scheduler.QueueFullError (with RetryAfter) when the queue is full,
 // [ModelNotFoundError] for an unknown model, prewarm.LoadError and
-// prewarm.BudgetError (with RetryAfter) when a model cannot be loaded now,
+// prewarm.BudgetError (with RetryAfterHint) when a model cannot be loaded now,
 // retry.DeadlineError when a request's deadline (first token, stall,
 // total; [WithDeadlines]) fired, retry.InterruptedError when its engine
-// worker died after tokens had reached the caller (before that, the
-// batcher retries it). Branch on them with errors.Is and errors.As.
+// worker died after tokens had reached the caller and the stream could not
+// resume exactly (seeded sampling, presence or frequency penalties; other
+// streams resume on a live worker). Branch on them with errors.Is and
+// errors.As.
 //
 // With [WithMerging], identical deterministic requests in flight at once
 // share one generation and, opted in, are answered from a response cache

@@ -2,6 +2,7 @@ package mlxserving
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -102,7 +103,30 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
-	return s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
+	st, err := s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
+	if err != nil && req.ForceTool != "" {
+		err = s.blameTool(m, req, err)
+	}
+	return st, err
+}
+
+// blameTool names the tool whose parameters made a forced call's schema
+// fail to compile (tools[i].function.parameters, with the path inside
+// them), instead of the internal schema the call was built into.
+func (s *Server) blameTool(m *model, req api.ChatRequest, err error) error {
+	var ip *engine.InvalidParamError
+	if !errors.As(err, &ip) || ip.Param != "json_schema" {
+		return err
+	}
+	for i, t := range req.ForceTools {
+		if (req.ForceTool != "*" && t.Name != req.ForceTool) || len(t.Parameters) == 0 {
+			continue
+		}
+		if _, cerr := m.constraint(t.Parameters, s.cfg.grammarLimits); errors.As(cerr, &ip) {
+			return &engine.InvalidParamError{Param: fmt.Sprintf("tools[%d].function.parameters", i), Reason: ip.Reason, Err: ip.Err}
+		}
+	}
+	return err
 }
 
 // forceTool opens the family's tool-call syntax after the generation
@@ -191,7 +215,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 		seq.Constraint = c
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
-	if d := p.Deadlines.Or(s.cfg.deadlines); !d.Zero() {
+	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
 		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
 	}
 	if err := m.queue.Push(entry); err != nil {

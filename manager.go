@@ -9,6 +9,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // WithMemoryBudget bounds the memory of the loaded models, in bytes, as the
@@ -74,6 +75,21 @@ func (s *Server) Memory() (used, budget int64) { return s.mgr.Memory() }
 // warmTokens is the length of a warm-up generation.
 const warmTokens = 8
 
+// warmUpKey marks the context of a warm-up generation: the server's request
+// deadlines (WithDeadlines) do not apply to it, since a cold first step
+// (kernel builds, graph capture, allocator growth) may take longer than any
+// deadline set for requests; the caller's context still bounds it.
+type warmUpKey struct{}
+
+// requestDeadlines are the server-wide deadlines for a request started
+// with ctx: none for warm-ups.
+func (s *Server) requestDeadlines(ctx context.Context) retry.Deadlines {
+	if warm, _ := ctx.Value(warmUpKey{}).(bool); warm {
+		return retry.Deadlines{}
+	}
+	return s.cfg.deadlines
+}
+
 // WarmModel warms a loaded model (loading it if it is only registered):
 // the engine's own warm-up when its model implements engine.Warmer, then
 // one short generation per prompt at background priority (from a few
@@ -97,6 +113,7 @@ func (s *Server) WarmModel(ctx context.Context, id string, prompts []string) (pr
 	if len(reqs) == 0 {
 		reqs = append(reqs, api.Request{Model: id, PromptTokens: []int32{1, 2, 3}})
 	}
+	ctx = context.WithValue(ctx, warmUpKey{}, true)
 	for _, r := range reqs {
 		r.Params = api.Params{MaxTokens: warmTokens, IgnoreEOS: true, Priority: api.Background}
 		st, err := s.Generate(ctx, r)

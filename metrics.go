@@ -122,7 +122,9 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 	cacheReq, err6 := meter.Int64ObservableCounter("mlxserving.cache.requests", metric.WithDescription("Response cache look-ups by result (hit, miss)."), metric.WithUnit("{request}"))
 	evicted, err7 := meter.Int64ObservableCounter("mlxserving.cache.evictions", metric.WithDescription("Responses dropped from the cache (least recently used or expired)."), metric.WithUnit("{response}"))
 	cacheBytes, err8 := meter.Int64ObservableGauge("mlxserving.cache.bytes", metric.WithDescription("Bytes of responses the cache holds."), metric.WithUnit("By"))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8); err != nil {
+	resumed, err9 := meter.Int64ObservableCounter("mlxserving.sequences.resumed",
+		metric.WithDescription("Streams that went on after their engine worker was lost, recomputing prompt plus delivered tokens."), metric.WithUnit("{sequence}"))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9); err != nil {
 		return nil, err
 	}
 	hit, miss := metric.WithAttributes(attribute.String("result", "hit")), metric.WithAttributes(attribute.String("result", "miss"))
@@ -144,12 +146,13 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 			attrs := metric.WithAttributes(attribute.String("model", id))
 			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
 			o.ObserveInt64(waiting, int64(st.Queue.Queued), attrs)
+			o.ObserveInt64(resumed, int64(st.Batcher.Resumed), attrs)
 			if st.Batcher.KVCapacity > 0 {
 				o.ObserveFloat64(kvUsed, float64(st.Batcher.KVReserved)/float64(st.Batcher.KVCapacity), attrs)
 			}
 		}
 		return nil
-	}, running, waiting, kvUsed, breaker, merged, cacheReq, evicted, cacheBytes)
+	}, running, waiting, kvUsed, breaker, merged, cacheReq, evicted, cacheBytes, resumed)
 }
 
 // attr returns the cached attribute option for a model, tier and outcome.

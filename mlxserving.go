@@ -75,6 +75,9 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("mlxserving: %w", err)
 		}

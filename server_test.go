@@ -25,7 +25,7 @@ type fixture struct {
 	srv *mlxserving.Server
 }
 
-func newFixture(t *testing.T, simOpts []enginetest.SimOption, opts ...mlxserving.Option) *fixture {
+func newFixture(t testing.TB, simOpts []enginetest.SimOption, opts ...mlxserving.Option) *fixture {
 	t.Helper()
 	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithContextLength(256), enginetest.WithVocabSize(1000)}, simOpts...)...)
 	if err != nil {

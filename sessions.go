@@ -1,7 +1,6 @@
 package mlxserving
 
 import (
-	"errors"
 	"strings"
 
 	"github.com/mlxserving/mlxserving/batcher"
@@ -13,12 +12,7 @@ import (
 // session that leaves the registry has its saved KV dropped.
 func WithSessionOptions(opts ...session.Option) Option {
 	return func(c *config) error {
-		for _, o := range opts {
-			if o == nil {
-				return errors.New("nil session option")
-			}
-		}
-		c.sessionOpts = append(c.sessionOpts, opts...)
+		c.sessionOpts = append(c.sessionOpts, opts...) // nil ones are skipped by session.New
 		return nil
 	}
 }
@@ -27,12 +21,7 @@ func WithSessionOptions(opts ...session.Option) Option {
 // (session.WithTokenBudget, session.WithBlockSize).
 func WithPrefixCacheOptions(opts ...session.CacheOption) Option {
 	return func(c *config) error {
-		for _, o := range opts {
-			if o == nil {
-				return errors.New("nil prefix cache option")
-			}
-		}
-		c.cacheOpts = append(c.cacheOpts, opts...)
+		c.cacheOpts = append(c.cacheOpts, opts...) // nil ones are skipped by session.NewPrefixCache
 		return nil
 	}
 }

@@ -42,8 +42,8 @@ func newLocalSource(ctx context.Context, m *model, e *batcher.Entry, mt *metrics
 	return src
 }
 
-// Close stops the sequence: a queued one is removed and failed at once, a
-// running one is freed by the batcher before its next step.
+// Close stops the sequence: its stream ends at once; a queued one is
+// removed, a running one is freed by the batcher at its next step boundary.
 func (s *localSource) Close(err error) {
 	s.closeOnce.Do(func() {
 		s.stopAfter()
@@ -52,15 +52,16 @@ func (s *localSource) Close(err error) {
 	})
 }
 
-// expire ends a sequence with err: a queued one is removed and failed at
-// once, a running one is freed by the batcher before its next step. A
-// deadline's Watch calls it directly.
+// expire ends a sequence's stream with err at once: a queued one is
+// removed, a running one (maybe inside a long step) is freed by the batcher
+// at the step's end. A deadline's Watch calls it directly.
 func expire(m *model, e *batcher.Entry, err error) {
 	seq := e.Value
 	seq.Cancel(err)
-	if m.queue.Remove(e) {
-		seq.Fail(err)
-	}
+	m.queue.Remove(e)
+	// Answer the caller now, also while the sequence is inside a step (a
+	// long prefill): the batcher frees it at the step's end.
+	seq.Fail(err)
 }
 
 // Raise moves a sequence still waiting in the queue to a more urgent tier

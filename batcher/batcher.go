@@ -17,7 +17,7 @@ var (
 	ErrStreamDone = errors.New("stream done")
 	// ErrClosed ends the streams of sequences still running when the
 	// batcher is closed.
-	ErrClosed = errors.New("batcher closed")
+	ErrClosed = fmt.Errorf("batcher: %w", engine.ErrClosed)
 )
 
 // Entry is a queued sequence with its scheduling metadata.
@@ -89,6 +89,9 @@ func New(model engine.Model, queue Queue, opts ...Option) (*ContinuousBatcher, e
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("batcher: %w", err)
 		}

@@ -311,15 +311,30 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 		t.Errorf("preemptions %d, want 2", got.usage.Preemptions)
 	}
 
-	// Lost after tokens reached the caller: never retried.
-	late := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	// Lost after tokens reached the caller: resumed from prompt + the
+	// delivered tokens, the stream the same as an undisturbed one.
+	late := &flaky{Model: m, failAt: map[int64]bool{3: true, 7: true}}
 	r1 := newRigModel(t, sim, late, nil)
 	s1 := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
 	r1.submit(t, s1)
 	got = collect(s1)
+	if got.err != nil || !slices.Equal(got.tokens, alone(t, s1.Prompt, 10)) {
+		t.Errorf("lost after 2 and again after more tokens: %v %v, want the undisturbed tokens", got.err, got.tokens)
+	}
+	if st := r1.b.Stats(); st.Resumed != 2 {
+		t.Errorf("resumed %d times, want 2", st.Resumed)
+	}
+
+	// Seeded sampling cannot resume exactly: the stream says it was cut.
+	seeded := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	rs := newRigModel(t, sim, seeded, nil)
+	ss := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true,
+		Params: engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true}}
+	rs.submit(t, ss)
+	got = collect(ss)
 	var ie *retry.InterruptedError
 	if !errors.As(got.err, &ie) || ie.Delivered != 2 || len(got.tokens) != 2 || retry.Retryable(got.err) || !errors.Is(got.err, engine.ErrWorkerLost) {
-		t.Errorf("lost after 2 tokens: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
+		t.Errorf("seeded, lost after 2 tokens: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
 	}
 
 	// Past the policy's attempts the stream fails, saying so.

@@ -14,10 +14,12 @@
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus
 // the tokens it already produced, so its stream continues without
-// repeating a token. A sequence whose engine worker died before its first
-// token is retried from its prompt under a [retry.Policy] (see
-// [WithRetryPolicy]); one that had already produced tokens is not retried
-// and its stream fails with a *retry.InterruptedError.
+// repeating a token. A sequence whose engine worker died is retried under a
+// [retry.Policy] (see [WithRetryPolicy]): from its prompt before its first
+// token, and after tokens by resuming the same way as after a preemption,
+// so the caller's stream shows no gap, no repeat and no error. Sequences
+// that cannot resume exactly (seeded sampling, presence or frequency
+// penalties) fail with a *retry.InterruptedError instead.
 //
 // Use:
 //

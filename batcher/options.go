@@ -124,9 +124,9 @@ func WithRecoveries(n int) Option {
 
 // WithRetryPolicy sets the policy for sequences whose attempt failed with
 // an error the policy retries (a lost worker): they are requeued after the
-// policy's wait and start again from their prompt, up to its attempts and
-// elapsed time. A sequence that already produced a token is never retried:
-// its stream fails with a *retry.InterruptedError.
+// policy's wait and run again, up to its attempts and elapsed time: from
+// their prompt, or, after tokens reached the caller, resuming from the
+// prompt plus those tokens (see the package doc for which sequences can).
 func WithRetryPolicy(p *retry.Policy) Option {
 	return func(c *config) error {
 		if p == nil {

@@ -4,24 +4,28 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
 )
 
 // retryOrFail decides the fate of a sequence whose attempt failed with err
 // (its KV already released). An error the policy does not retry ends the
-// stream as is. A sequence that produced a token is never retried: the
-// caller has it, and a new attempt would repeat it, so the stream fails
-// with a *retry.InterruptedError. Otherwise, when the retry
-// policy allows, it is requeued after the policy's wait and starts again
-// from its prompt; greedy and seeded requests then produce exactly the
-// tokens the lost attempt would have. It reports whether it was requeued.
+// stream as is. Otherwise, when the retry policy allows, the sequence is
+// requeued after the policy's wait and runs again on a live worker:
+// before its first token from its prompt, after tokens reached the caller
+// by resuming — its prompt then is the original prompt plus every token
+// delivered, as after a preemption, so the stream goes on where it stopped
+// with nothing repeated or lost (see resumable). A sequence that cannot
+// resume exactly fails with a *retry.InterruptedError. It reports whether
+// it was requeued.
 func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	s := e.Value
 	if !b.cfg.retry.Retryable(err) {
 		s.out.finish(api.Chunk{}, err)
 		return false
 	}
-	if n := len(s.generated); n > 0 {
+	n := len(s.generated)
+	if n > 0 && !resumable(&s.Params) {
 		s.out.finish(api.Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
 		return false
 	}
@@ -37,9 +41,29 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 		return false
 	}
 	s.preemptions++
-	b.cfg.logger.Info("retrying sequence", "model", b.info.ID, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
+	if n > 0 {
+		b.addResume()
+		b.cfg.logger.Info("resuming sequence", "model", b.info.ID, "delivered", n, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
+	} else {
+		b.cfg.logger.Info("retrying sequence", "model", b.info.ID, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
+	}
 	b.requeueAfter(e, wait)
 	return true
+}
+
+// resumable reports whether a sequence recomputed from its prompt plus the
+// tokens it delivered continues exactly as it would have: greedy decoding,
+// or sampling that draws from no seeded generator and keeps no count of
+// generated tokens. Engines restart a seeded generator, and count presence
+// and frequency penalties from tokens sampled after the first step, so a
+// resumed sequence with those would not be the uninterrupted one; it fails
+// instead. (Repetition penalties count the whole sequence and resume
+// exactly.)
+func resumable(p *engine.SamplingParams) bool {
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		return false
+	}
+	return p.Temperature == 0 || !p.HasSeed
 }
 
 // requeueAfter puts e back in the queue after d. The timer is owned by the

@@ -33,6 +33,10 @@ type Stats struct {
 	StepLatency time.Duration
 	// Last is the most recent step.
 	Last StepStats
+	// Resumed counts sequences whose worker was lost after tokens reached
+	// the caller and that went on from where they stopped (recomputing
+	// prompt plus delivered tokens on a live worker).
+	Resumed uint64
 }
 
 // Stats returns a snapshot. Safe for concurrent use.
@@ -81,6 +85,13 @@ func (b *ContinuousBatcher) adapt(st StepStats) {
 	case b.emaStep < target-target/10 && st.Batch >= b.limit && b.limit < b.cfg.maxBatch:
 		b.limit++
 	}
+}
+
+// addResume counts a resumed sequence.
+func (b *ContinuousBatcher) addResume() {
+	b.statsMu.Lock()
+	b.stats.Resumed++
+	b.statsMu.Unlock()
 }
 
 // publishOccupancy updates the running and KV figures.

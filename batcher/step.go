@@ -216,9 +216,8 @@ func (b *ContinuousBatcher) removeFinished() {
 }
 
 // stepFailed handles a failed Step. Every sequence of the batch is treated
-// as failed (the contract says its KV is undefined). A sequence that has
-// not produced a token yet is retried from its prompt when the retry
-// policy allows; one that has fails with a *retry.InterruptedError.
+// as failed (the contract says its KV is undefined) and goes to
+// retryOrFail: retried or resumed when the retry policy allows.
 func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return // closing: the loop fails what is running

@@ -6,9 +6,16 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 func newClient(base string) oai.Client {
@@ -132,6 +139,12 @@ func TestGoSDKErrors(t *testing.T) {
 		{"n", func(p *oai.ChatCompletionNewParams) { p.N = oai.Int(9) }, nil, http.StatusBadRequest, "n", "invalid_value"},
 		{"context", func(p *oai.ChatCompletionNewParams) { p.MaxTokens = oai.Int(100000) }, nil, http.StatusBadRequest, "messages", "context_length_exceeded"},
 		{"tier", func(*oai.ChatCompletionNewParams) {}, []option.RequestOption{option.WithHeader("X-Priority", "urgent")}, http.StatusBadRequest, "priority", "invalid_value"},
+		{"tool parameters", func(p *oai.ChatCompletionNewParams) {
+			bad := oai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "bad",
+				Parameters: map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"not": map[string]any{"type": "string"}}}}})
+			p.Tools = []oai.ChatCompletionToolUnionParam{weatherTool(), bad}
+			p.ToolChoice = oai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: oai.String("required")}
+		}, nil, http.StatusBadRequest, "tools[1].function.parameters", "invalid_value"},
 	}
 	for _, c := range cases {
 		p := chatParams()
@@ -196,4 +209,25 @@ func TestGoSDKCachedTokens(t *testing.T) {
 	}
 	t.Logf("cached tokens: second turn %d of %d, second user %d of %d", second.Usage.PromptTokensDetails.CachedTokens,
 		second.Usage.PromptTokens, other.Usage.PromptTokensDetails.CachedTokens, other.Usage.PromptTokens)
+}
+
+// TestGoSDKStreamCutByDeadline: a stream cut by the server's total
+// deadline after tokens ends, for openai-go, with a *ssestream.StreamError
+// whose event names the deadline; the text before it arrived.
+func TestGoSDKStreamCutByDeadline(t *testing.T) {
+	base := startServerWith(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0)},
+		[]mlxserving.Option{mlxserving.WithDeadlines(retry.Deadlines{Total: 150 * time.Millisecond})})
+	client := newClient(base)
+	p := chatParams()
+	p.MaxTokens = oai.Int(400)
+	stream := client.Chat.Completions.NewStreaming(context.Background(), p)
+	chunks := 0
+	for stream.Next() {
+		chunks++
+	}
+	var se *ssestream.StreamError
+	if err := stream.Err(); !errors.As(err, &se) || !strings.Contains(string(se.Event.Data), `"code":"request_timeout"`) || chunks == 0 {
+		t.Fatalf("after %d chunks: %v, want a StreamError naming the deadline", chunks, err)
+	}
+	_ = stream.Close()
 }

@@ -7,6 +7,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // nodeClient finds node and the npm "openai" package installed by
@@ -169,6 +174,7 @@ func TestAgentFrameworks(t *testing.T) {
 			Calls  []call
 			Finish string
 		}
+		Zod map[string]bool
 	}
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("node output %q: %v", out, err)
@@ -183,5 +189,42 @@ func TestAgentFrameworks(t *testing.T) {
 	validate(t, val, string(got.LangchainStructured))
 	if got.Aisdk.Finish != "tool-calls" {
 		t.Errorf("ai sdk finish %q", got.Aisdk.Finish)
+	}
+	// zod v4 schemas with formats, records and nullables: accepted, and
+	// every object returned passes zod's own check.
+	for _, path := range []string{"jsonSchema", "functionCalling", "generateObject"} {
+		if !got.Zod[path] {
+			t.Errorf("zod schema through %s: %s", path, out)
+		}
+	}
+}
+
+// TestNodeStreamCutByDeadline: the npm client surfaces a stream cut by the
+// server's deadline as an APIError carrying the deadline's code, after the
+// chunks that arrived.
+func TestNodeStreamCutByDeadline(t *testing.T) {
+	node, modules := nodeClient(t)
+	base := startServerWith(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0)},
+		[]mlxserving.Option{mlxserving.WithDeadlines(retry.Deadlines{Total: 150 * time.Millisecond})})
+	script, err := filepath.Abs("testdata/deadline.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), node, script, modules, base).Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got struct {
+		Chunks int
+		Error  *struct {
+			IsAPIError bool
+			Code, Type string
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node output %q: %v", out, err)
+	}
+	if got.Chunks == 0 || got.Error == nil || !got.Error.IsAPIError || got.Error.Code != "request_timeout" || got.Error.Type != "server_error" {
+		t.Fatalf("npm client: %s", out)
 	}
 }

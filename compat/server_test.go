@@ -21,16 +21,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // loopback port. It returns the base URL (without /v1).
 func startServer(t *testing.T, opts ...openai.Option) string {
 	t.Helper()
+	return startServerWith(t, nil, nil, opts...)
+}
+
+// startServerWith is startServer with more simulated-engine and Server
+// options (a step time, deadlines).
+func startServerWith(t *testing.T, simOpts []enginetest.SimOption, srvOpts []mlxserving.Option, opts ...openai.Option) string {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := testmodel.Tiny()
 	if err := testmodel.Write(dir, cfg); err != nil {
 		t.Fatal(err)
 	}
-	sim, err := enginetest.NewSim(enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength))
+	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength)}, simOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mlxserving.New(sim)
+	srv, err := mlxserving.New(sim, srvOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

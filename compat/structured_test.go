@@ -296,3 +296,39 @@ func TestGoSDKChoices(t *testing.T) {
 		}
 	}
 }
+
+// TestGoSDKToolCallCutShort: a forced call cut by max_tokens comes back
+// with finish_reason length and the call as far as it got, whole as
+// streamed, never as an empty reply.
+func TestGoSDKToolCallCutShort(t *testing.T) {
+	client := newClient(startServer(t))
+	ctx := context.Background()
+	p := chatParams()
+	p.MaxTokens = oai.Int(80)
+	p.Seed = oai.Int(3)
+	p.Tools = []oai.ChatCompletionToolUnionParam{weatherTool()}
+	p.ToolChoice = oai.ToolChoiceOptionFunctionToolChoice(oai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_weather"})
+	resp, err := client.Chat.Completions.New(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := resp.Choices[0]
+	if c.FinishReason != "length" || len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Name != "get_weather" ||
+		c.Message.ToolCalls[0].ID == "" {
+		t.Fatalf("non-streamed call cut short: %s", resp.RawJSON())
+	}
+	whole := c.Message.ToolCalls[0].Function.Arguments
+	stream := client.Chat.Completions.NewStreaming(ctx, p)
+	var acc oai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Close()
+	sc := acc.Choices[0]
+	if sc.FinishReason != "length" || len(sc.Message.ToolCalls) != 1 || sc.Message.ToolCalls[0].Function.Arguments != whole {
+		t.Fatalf("streamed: finish %q, calls %+v; non-streamed arguments %q", sc.FinishReason, sc.Message.ToolCalls, whole)
+	}
+}

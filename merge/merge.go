@@ -2,13 +2,13 @@ package merge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 // Outcome says how a request was served.
@@ -26,7 +26,7 @@ const (
 
 // ErrClosed ends the streams of generations still in flight when the
 // Merger closes, and refuses Join after Close.
-var ErrClosed = errors.New("merge: closed")
+var ErrClosed = fmt.Errorf("merge: %w", engine.ErrClosed)
 
 // Start starts the one generation behind a key. ctx is the generation's
 // own context, cancelled when its last subscriber leaves or the Merger
@@ -88,6 +88,9 @@ func WithCache(maxBytes int64, ttl time.Duration) Option {
 func New(opts ...Option) (*Merger, error) {
 	var c config
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&c); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -294,5 +296,26 @@ func TestTemplateErrorIs400(t *testing.T) {
 	}
 	if status, _, body := f.post(t, "/v1/chat/completions", keyChatBody); status != 200 {
 		t.Fatalf("after a template error: %d %s", status, body)
+	}
+}
+
+// A 404 says only what the caller may know: the name it sent, not which
+// models are loaded (another key's model among them).
+func TestHiddenModelErrorSaysOnlyTheName(t *testing.T) {
+	f := keyedFixture(t)
+	for _, path := range []string{"/v1/models/tiny", "/v1/models/nope"} {
+		req, _ := http.NewRequest(http.MethodGet, f.ts.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+otherKey)
+		resp, err := f.ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		name := strings.TrimPrefix(path, "/v1/models/")
+		msg, _ := mustJSON(t, body)["error"].(map[string]any)["message"].(string)
+		if resp.StatusCode != 404 || msg != fmt.Sprintf("model %q not found", name) {
+			t.Errorf("GET %s with a key limited to another model: %d %q, want 404 %q", path, resp.StatusCode, msg, fmt.Sprintf("model %q not found", name))
+		}
 	}
 }

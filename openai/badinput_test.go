@@ -70,7 +70,7 @@ func TestMalformedRequests(t *testing.T) {
 		{"top_logprobs 21", chat, chatBody(map[string]any{"logprobs": true, "top_logprobs": 21}), nil, 400, "top_logprobs", "between 0 and 20"},
 		{"top_logprobs without logprobs", chat, chatBody(map[string]any{"top_logprobs": 2}), nil, 400, "top_logprobs", "needs logprobs"},
 		{"stream_options without stream", chat, chatBody(map[string]any{"stream_options": map[string]any{"include_usage": true}}), nil, 400, "stream_options", "only allowed"},
-		{"unknown model", chat, chatBody(map[string]any{"model": "gpt-9"}), nil, 404, "model", `"gpt-9" is not loaded`},
+		{"unknown model", chat, chatBody(map[string]any{"model": "gpt-9"}), nil, 404, "model", `model "gpt-9" not found`},
 		{"unknown tier in body", chat, chatBody(map[string]any{"priority": "urgent"}), nil, 400, "priority", "unknown priority"},
 		{"unknown tier in header", chat, chatBody(nil), []string{"X-Priority", "asap"}, 400, "priority", "unknown priority"},
 		{"invalid UTF-8", chat, []byte("{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"), nil, 400, "", "not valid UTF-8"},

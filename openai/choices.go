@@ -180,10 +180,15 @@ func (f *format) collect(st *api.Stream) (map[string]any, *api.Usage, error) {
 	if f.tools != nil {
 		content, calls := f.tools.f.Parse(text.String(), f.tools.forced)
 		if len(calls) > 0 {
-			return f.toolBody(content, toolCalls(calls), tokens, usage).(map[string]any), usage, nil
+			return f.toolBody(content, toolCalls(calls), tokens, "tool_calls", usage).(map[string]any), usage, nil
 		}
 		if f.tools.forced {
-			text.Reset() // a forced call cut short: not content
+			// A forced call cut short: not content, but the call as far as
+			// it got, as a stream delivers it.
+			if cut, ok := cutCall(text.String()); ok {
+				return f.toolBody("", []toolCall{cut}, tokens, finish, usage).(map[string]any), usage, nil
+			}
+			text.Reset()
 		}
 	}
 	return f.body(text.String(), tokens, finish, usage).(map[string]any), usage, nil

@@ -124,9 +124,14 @@
 // a model that cannot be loaded now (its load failed and backs off, or the
 // memory budget is held by pinned or busy models) 503 with Retry-After; no
 // backend of a load balancer able to take the request 503 with
-// Retry-After; an engine failure 500. An error after a
-// stream started is sent as a final SSE event data: {"error":{...}} without
-// [DONE].
+// Retry-After; an engine failure 500. An error after a stream started (a
+// deadline, a lost backend, shutdown) is sent as an SSE event
+// data: {"error":{...}} with the same message, type, param and code as the
+// status table above, followed by data: [DONE]: the npm openai client
+// throws it as an APIError whose code names it (its status is undefined
+// after a 200), openai-go ends the stream with a *ssestream.StreamError.
+// The text streamed before it stands. A request that is not streamed and
+// fails after tokens gets the error status and no text.
 //
 // A client that disconnects cancels its generation: the request's context
 // ends, and the sequence and its KV memory are freed within one engine step.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
-	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
@@ -87,11 +86,11 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.As(err, &budget):
 		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "memory_budget_exhausted", err.Error())
-		e.retryAfter = budget.RetryAfter()
+		e.retryAfter = budget.RetryAfterHint()
 		return e
 	case errors.As(err, &load):
 		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "model_load_failed", err.Error())
-		e.retryAfter = load.RetryAfter()
+		e.retryAfter = load.RetryAfterHint()
 		return e
 	case errors.Is(err, prewarm.ErrAborted):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "unavailable", err.Error())
@@ -110,7 +109,12 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "session_id", "invalid_value", err.Error())
 	case errors.Is(err, api.ErrUnknownTier):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
-	case errors.As(err, &notFound), errors.Is(err, engine.ErrModelNotFound):
+	case errors.As(err, &notFound):
+		// Only the name the caller sent: which models are loaded is not
+		// for every key to see (GET /v1/models lists the key's own).
+		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found",
+			fmt.Sprintf("model %q not found", notFound.Model))
+	case errors.Is(err, engine.ErrModelNotFound):
 		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found", err.Error())
 	case errors.Is(err, mlxserving.ErrNoTokenizer):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "model", "unsupported_model", err.Error())
@@ -134,9 +138,8 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.Is(err, engine.ErrOutOfMemory):
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
-	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrServerClosed),
-		errors.Is(err, mlxserving.ErrModelUnloaded), errors.Is(err, engine.ErrClosed),
-		errors.Is(err, batcher.ErrClosed), errors.Is(err, scheduler.ErrClosed):
+	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrModelUnloaded),
+		errors.Is(err, engine.ErrClosed): // every package's closed error wraps it
 		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())

@@ -34,6 +34,9 @@ func New(srv scheduler.Backend, opts ...Option) (*Handler, error) {
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("openai: %w", err)
 		}

@@ -233,9 +233,9 @@ func (f *format) body(text string, chunks []api.Chunk, finish api.FinishReason, 
 }
 
 // toolBody is the whole non-streamed response of a reply that called
-// tools.
-func (f *format) toolBody(content string, calls []toolCall, chunks []api.Chunk, u *api.Usage) any {
-	body := f.body(content, chunks, "tool_calls", u).(map[string]any)
+// tools: finish is "tool_calls", or "length" for a call cut short.
+func (f *format) toolBody(content string, calls []toolCall, chunks []api.Chunk, finish api.FinishReason, u *api.Usage) any {
+	body := f.body(content, chunks, finish, u).(map[string]any)
 	msg := body["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
 	if content == "" {
 		msg["content"] = nil

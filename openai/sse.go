@@ -126,6 +126,10 @@ func (s *sseWriter) fail(err error) error {
 	}
 	b, _ := json.Marshal(errorBody{Error: toAPIError(err)})
 	_ = s.send(append(append(append(s.buf[:0], "data: "...), b...), "\n\n"...))
+	// The error event ends the reply for the official clients (npm openai
+	// throws an APIError carrying its code, openai-go's stream ends with a
+	// StreamError); [DONE] ends the stream cleanly for any other reader.
+	_ = s.send(append(s.buf[:0], "data: [DONE]\n\n"...))
 	return err
 }
 

@@ -114,8 +114,8 @@ func NewManager(host Host, opts ...ManagerOption) (*Manager, error) {
 	}
 	cfg := defaultManagerConfig()
 	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("prewarm: nil option")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)
@@ -194,8 +194,9 @@ func (g *Manager) Known(id string) bool {
 
 // Acquire makes sure the model is loaded, waiting (within ctx) for a load
 // that is under way or starting one, and marks it used now. keepAlive, if
-// not nil, becomes the model's keep-alive: zero unloads it as soon as it
-// is idle, negative keeps it forever.
+// not nil, becomes the model's keep-alive until it next unloads: zero
+// unloads it as soon as it is idle, negative keeps it loaded; a later
+// load starts with the model's own keep-alive again.
 //
 // Errors: ErrUnknownModel (wrapped) for an unregistered id, the shared
 // *LoadError of a failed load (also while its back-off lasts), a
@@ -351,6 +352,9 @@ func (g *Manager) endUnloadLocked(id string, e *entry, err error) {
 	g.used -= e.bytes
 	e.bytes = 0
 	e.state = StateUnloaded
+	// A request's keep-alive held for the time after that request; the
+	// next load starts with the model's own (Ollama does the same).
+	e.keepAlive = g.keepAliveOf(e.m.KeepAlive)
 	g.metrics.loaded.Add(context.Background(), -1)
 }
 

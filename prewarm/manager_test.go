@@ -161,7 +161,7 @@ func TestPinnedModelsAreNeverEvicted(t *testing.T) {
 	}
 	_, err := generate(context.Background(), srv, "b", 2)
 	var be *prewarm.BudgetError
-	if !errors.As(err, &be) || !errors.Is(err, prewarm.ErrOverBudget) || be.Need != 1000 || be.Used != 2000 || be.RetryAfter() <= 0 {
+	if !errors.As(err, &be) || !errors.Is(err, prewarm.ErrOverBudget) || be.Need != 1000 || be.Used != 2000 || be.RetryAfterHint() <= 0 {
 		t.Fatalf("with every loaded model pinned: %v, want a *BudgetError", err)
 	}
 	if st := status(srv, "b"); st.State != prewarm.StateUnloaded || st.Err != nil {
@@ -229,6 +229,28 @@ func TestKeepAlive(t *testing.T) {
 	mustGenerate(t, srv, "default")
 	if s := status(srv, "default"); s.Loads != 2 || s.Evictions != 1 {
 		t.Fatalf("default after reload: %+v", s)
+	}
+}
+
+// A request's keep_alive applies to the time after that request: once the
+// model unloads, its next load starts with the default again (as Ollama).
+func TestRequestKeepAliveDoesNotStick(t *testing.T) {
+	_, srv := simServer(t, nil)
+	register(t, srv, simModel("m"))
+	zero := time.Duration(0)
+	st, err := srv.Generate(context.Background(), api.Request{Model: "m", PromptTokens: []int32{1}, Params: api.Params{MaxTokens: 2, KeepAlive: &zero}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "m to unload after keep_alive 0", func() bool { return status(srv, "m").State == prewarm.StateUnloaded })
+	mustGenerate(t, srv, "m") // no keep_alive: the default applies
+	time.Sleep(100 * time.Millisecond)
+	s := status(srv, "m")
+	if s.State != prewarm.StateLoaded || s.KeepAlive != prewarm.DefaultKeepAlive {
+		t.Fatalf("after a request without keep_alive: %+v, want loaded with keep-alive %v", s, prewarm.DefaultKeepAlive)
 	}
 }
 

@@ -52,7 +52,7 @@ func (m Model) validate() error {
 var (
 	// ErrClosed is returned by a Manager after Close and by a PreWarmer
 	// after Stop.
-	ErrClosed = errors.New("prewarm: closed")
+	ErrClosed = fmt.Errorf("prewarm: %w", engine.ErrClosed)
 	// ErrBusy is what a Host's Unload returns, with idleOnly set, for a
 	// model that has requests queued or running.
 	ErrBusy = errors.New("prewarm: model has requests in flight")
@@ -94,7 +94,7 @@ func (e *LoadError) Error() string {
 func (e *LoadError) Unwrap() []error { return []error{ErrLoadFailed, e.Err} }
 
 // RetryAfter is how long until the model may be tried again.
-func (e *LoadError) RetryAfter() time.Duration { return max(time.Until(e.RetryAt), time.Second) }
+func (e *LoadError) RetryAfterHint() time.Duration { return max(time.Until(e.RetryAt), time.Second) }
 
 // BudgetError says a model cannot be loaded now: loading it would exceed
 // the memory budget and every model that could make room is pinned or
@@ -118,4 +118,4 @@ func (e *BudgetError) Error() string {
 func (e *BudgetError) Unwrap() error { return ErrOverBudget }
 
 // RetryAfter is a hint for when to try again.
-func (e *BudgetError) RetryAfter() time.Duration { return e.Retry }
+func (e *BudgetError) RetryAfterHint() time.Duration { return e.Retry }

@@ -65,8 +65,8 @@ func New(target Target, models []Model, opts ...Option) (*PreWarmer, error) {
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("prewarm: nil option")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)

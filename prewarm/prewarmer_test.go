@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // recorder keeps the phase changes a PreWarmer reports.
@@ -275,5 +277,32 @@ func TestPreWarmerRegistersEveryModelAtStart(t *testing.T) {
 	}
 	if st := status(srv, "later"); st.Loads != 1 {
 		t.Fatalf("later loaded %d times, want 1", st.Loads)
+	}
+}
+
+// Server-wide request deadlines do not apply to warm-up generations: a
+// first-token deadline shorter than a cold step cannot stop start-up.
+func TestWarmUpIgnoresRequestDeadlines(t *testing.T) {
+	_, srv := simServer(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0), enginetest.WithCompileTime(20 * time.Millisecond)},
+		mlxserving.WithDeadlines(retry.Deadlines{FirstToken: time.Millisecond, Total: 2 * time.Millisecond}))
+	pw, err := prewarm.New(srv, []prewarm.Model{simModel("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Stop()
+	if err := pw.Ready(context.Background()); err != nil {
+		t.Fatalf("not ready with a 1ms first-token deadline: %v", err)
+	}
+	// Requests still get the deadline.
+	st, err := srv.Generate(context.Background(), api.Request{Model: "m", PromptTokens: []int32{1, 2}, Params: api.Params{MaxTokens: 50}})
+	if err == nil {
+		_, err = st.Collect()
+	}
+	var de *retry.DeadlineError
+	if !errors.As(err, &de) {
+		t.Fatalf("request under a 2ms total deadline: %v, want a *retry.DeadlineError", err)
 	}
 }

@@ -221,6 +221,9 @@ func NewBreaker(name string, opts ...BreakerOption) (*Breaker, error) {
 		isFailure:   CountsAsFailure,
 	}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("retry: breaker %q: %w", name, err)
 		}

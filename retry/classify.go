@@ -56,11 +56,20 @@ func Retryable(err error) bool {
 	return false
 }
 
-// RetryAfter returns the wait a server asked for, if err carries one: a
-// *StatusError's RetryAfter, or any error in the chain with a method
-// RetryAfterHint() time.Duration returning a positive value.
+// RetryAfterHinter is the one way an error says how long to wait before
+// trying again: the scheduler's queue-full, rate-limit and no-backend
+// errors, the model manager's load and budget errors, and the transports'
+// errors implement it, and the balancer, the retry policy, the HTTP
+// Retry-After header and the NATS wire read it through RetryAfter.
+type RetryAfterHinter interface {
+	RetryAfterHint() time.Duration
+}
+
+// RetryAfter returns the wait err asks for, if it carries one: the first
+// error in the chain that implements RetryAfterHinter with a positive
+// value.
 func RetryAfter(err error) (time.Duration, bool) {
-	var h interface{ RetryAfterHint() time.Duration }
+	var h RetryAfterHinter
 	if errors.As(err, &h) {
 		if d := h.RetryAfterHint(); d > 0 {
 			return d, true

@@ -51,6 +51,9 @@ func NewPolicy(opts ...Option) (*Policy, error) {
 		retryable:   Retryable,
 	}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(p); err != nil {
 			return nil, fmt.Errorf("retry: %w", err)
 		}

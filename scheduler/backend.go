@@ -39,6 +39,10 @@ type Load struct {
 	MaxBatch int
 	// Updated is when the report was taken; zero for a live local report.
 	Updated time.Time
+	// Draining is set while the backend finishes what it has before it
+	// stops (natsbackend's Service.Drain): balancers route nothing new
+	// to it.
+	Draining bool `json:",omitempty"`
 }
 
 // Serves reports whether model is among l.Models.
@@ -78,6 +82,9 @@ func (e *NoBackendError) Error() string {
 }
 
 // Unwrap returns ErrNoBackend and the last backend error.
+// RetryAfterHint returns RetryAfter (see retry.RetryAfter).
+func (e *NoBackendError) RetryAfterHint() time.Duration { return e.RetryAfter }
+
 func (e *NoBackendError) Unwrap() []error {
 	if e.Last == nil {
 		return []error{ErrNoBackend}

@@ -83,6 +83,9 @@ type lbCounters struct {
 func NewLoadBalancer(opts ...LBOption) (*LoadBalancer, error) {
 	cfg := defaultLBConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("scheduler: load balancer: %w", err)
 		}
@@ -248,7 +251,7 @@ func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, trie
 			continue
 		}
 		l := m.backend.Load()
-		if !l.Serves(r.Model) {
+		if !l.Serves(r.Model) || l.Draining {
 			continue
 		}
 		if m.healthy.Load() && m.breaker.State() != retry.StateOpen {

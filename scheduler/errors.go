@@ -24,7 +24,7 @@ var (
 	// ErrInvalidOption means a constructor option has a value out of range.
 	ErrInvalidOption = errors.New("invalid scheduler option")
 	// ErrClosed means the scheduler was closed and takes no new work.
-	ErrClosed = errors.New("scheduler closed")
+	ErrClosed = fmt.Errorf("scheduler: %w", engine.ErrClosed)
 )
 
 // QueueFullError reports a rejection by the queue's bounds.
@@ -55,6 +55,10 @@ func (e *QueueFullError) Error() string {
 // Unwrap returns ErrQueueFull.
 func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
 
+// RetryAfterHint returns RetryAfter: the one retry-after protocol
+// (retry.RetryAfter reads it, through every transport).
+func (e *QueueFullError) RetryAfterHint() time.Duration { return e.RetryAfter }
+
 // RateLimitError reports a client over its rate.
 type RateLimitError struct {
 	// Client is the rate-limit key that was refused.
@@ -73,6 +77,9 @@ func (e *RateLimitError) Error() string {
 
 // Unwrap returns ErrRateLimited.
 func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
+
+// RetryAfterHint returns RetryAfter (see retry.RetryAfter).
+func (e *RateLimitError) RetryAfterHint() time.Duration { return e.RetryAfter }
 
 // CapacityError reports a request larger than a model's whole KV cache:
 // it could never run, however long it waited.

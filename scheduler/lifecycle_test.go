@@ -170,7 +170,6 @@ func TestBadEntries(t *testing.T) {
 
 func TestOptions(t *testing.T) {
 	bad := map[string]scheduler.Option{
-		"nil option":          nil,
 		"negative SLA":        scheduler.WithSLA(api.High, -time.Second),
 		"huge SLA":            scheduler.WithSLA(api.High, 1000*24*time.Hour),
 		"SLA of unknown tier": scheduler.WithSLA(api.Tier(9), time.Second),

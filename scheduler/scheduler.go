@@ -71,8 +71,8 @@ type PriorityScheduler[T any] struct {
 func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 	cfg := defaultConfig()
 	for _, opt := range opts {
-		if opt == nil {
-			return nil, invalidOption("nil Option")
+		if opt == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := opt(&cfg); err != nil {
 			return nil, err

@@ -21,5 +21,12 @@ if [ -n "$unformatted" ]; then
 fi
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./... "$@"
+if [ "${MLXSERVING_MLX:-0}" = 1 ]; then
+  echo "== MLX engine (-tags mlx)"
+  go vet -tags mlx ./engine/mlx ./internal/metal
+  go test -race -tags mlx -count=1 -timeout 20m ./engine/mlx ./internal/metal
+elif [ -n "${CI:-}" ]; then
+  echo "MLX is not available: the mlx-tagged tests cannot run under CI" >&2; exit 1
+fi
 echo "== compat (nested module: the official OpenAI clients)"
 (cd compat && go vet ./... && go test -race -count=1 -timeout 15m ./...)

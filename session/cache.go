@@ -136,8 +136,8 @@ func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
 	}
 	cfg := cacheConfig{block: DefaultBlockSize}
 	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("session: nil option")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err

@@ -249,7 +249,7 @@ func TestOnSaved(t *testing.T) {
 
 func TestCacheOptions(t *testing.T) {
 	m := newSimModel(t)
-	for _, o := range []CacheOption{WithTokenBudget(-1), WithBlockSize(0), WithOnLost(nil), WithOnSaved(nil), nil} {
+	for _, o := range []CacheOption{WithTokenBudget(-1), WithBlockSize(0), WithOnLost(nil), WithOnSaved(nil)} {
 		if _, err := NewPrefixCache(m, o); err == nil {
 			t.Error("NewPrefixCache accepted a bad option")
 		}

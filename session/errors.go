@@ -18,7 +18,7 @@ const MaxIDLength = 128
 var ErrInvalidID = errors.New("invalid session id")
 
 // ErrClosed is returned by a Registry after Close.
-var ErrClosed = errors.New("session registry closed")
+var ErrClosed = fmt.Errorf("session registry: %w", engine.ErrClosed)
 
 // InvalidIDError says why a session id was refused.
 type InvalidIDError struct {

@@ -156,8 +156,8 @@ type Registry struct {
 func New(opts ...Option) (*Registry, error) {
 	cfg := config{ttl: DefaultTTL, max: DefaultMaxSessions, now: time.Now}
 	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("session: nil option")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err

@@ -243,7 +243,7 @@ func TestConcurrentBegin(t *testing.T) {
 }
 
 func TestOptionsAndClose(t *testing.T) {
-	for _, o := range []Option{WithTTL(-1), WithMaxSessions(0), WithOnEvict(nil), nil} {
+	for _, o := range []Option{WithTTL(-1), WithMaxSessions(0), WithOnEvict(nil)} {
 		if _, err := New(o); err == nil {
 			t.Error("New accepted a bad option")
 		}

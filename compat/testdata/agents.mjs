@@ -3,7 +3,7 @@
 // node_modules holds them (the Go test links it). Usage: node agents.mjs
 // <base URL>. Prints one JSON object for the Go test to check.
 import { ChatOpenAI } from "@langchain/openai";
-import { generateText, tool, jsonSchema } from "ai";
+import { generateText, generateObject, tool, jsonSchema } from "ai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { z } from "zod";
 
@@ -34,4 +34,24 @@ const r = await generateText({
   seed: 3,
 });
 out.aisdk = { calls: r.toolCalls.map((c) => ({ name: c.toolName, args: c.input ?? c.args, id: c.toolCallId })), finish: r.finishReason };
+// zod v4 field types clients use most (formats carry zod's own patterns):
+// every path must return an object zod itself accepts.
+// Free strings carry a length bound where zod can say it (propertyNames
+// beyond "a string" is refused), as schemas for a small model should.
+const profile = z.object({
+  email: z.email().max(40), id: z.uuid(), at: z.iso.datetime(), day: z.iso.date(), d: z.iso.duration(),
+  ip: z.ipv4(), scores: z.record(z.string(), z.number()).optional(), nick: z.string().max(16).nullable(),
+});
+const big = new ChatOpenAI({
+  model: "tiny", apiKey: "unused", configuration: { baseURL: base + "/v1" },
+  maxTokens: 440, temperature: 1, maxRetries: 0,
+});
+out.zod = {};
+for (const method of ["jsonSchema", "functionCalling"]) {
+  const got = await big.withStructuredOutput(profile, { name: "profile", method }).invoke("A profile as JSON");
+  out.zod[method] = profile.safeParse(got).success;
+}
+const structuredProvider = createOpenAICompatible({ name: "mlxserving", baseURL: base + "/v1", apiKey: "unused", supportsStructuredOutputs: true });
+const obj = await generateObject({ model: structuredProvider("tiny"), schema: profile, prompt: "A profile", maxOutputTokens: 440, temperature: 1, seed: 5 });
+out.zod.generateObject = profile.safeParse(obj.object).success;
 console.log(JSON.stringify(out));

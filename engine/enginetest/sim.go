@@ -93,8 +93,8 @@ type simCounters struct {
 func NewSim(opts ...SimOption) (*Sim, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
-		if o == nil {
-			return nil, badOption("option", "nil", "a SimOption")
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err

@@ -43,7 +43,6 @@ func step(t *testing.T, m engine.Model, id engine.SeqID, tokens []int32, params 
 
 func TestNewSimRefusesBadOptions(t *testing.T) {
 	for name, opts := range map[string][]SimOption{
-		"nil option":            {nil},
 		"negative step time":    {WithStepTime(-time.Millisecond, 0)},
 		"negative per token":    {WithStepTime(0, -1)},
 		"negative load time":    {WithLoadTime(-1)},

@@ -17,6 +17,13 @@
 // pruning; inside free strings, where nearly every token is allowed, a
 // precomputed set of "string-safe" tokens by length replaces the walk.
 //
+// Formats (date-time, date, time, duration, email, hostname, ipv4, ipv6,
+// uuid) have grammars that generate only values their validators accept.
+// A format with a pattern (zod v4 sends both for z.email(), z.uuid() and
+// z.iso.*()) matches what both accept: the two automata run as one,
+// explored once at compile time so that no prefix is offered that cannot
+// be finished. propertyNames is accepted when it asks only for strings.
+//
 // Free whitespace, number length, unconstrained string length, array and
 // object sizes and the total number of values are bounded (see [Limits]),
 // so that even a model that samples at random ends with a complete

@@ -34,9 +34,9 @@ func ExampleVocab_Compile() {
 	}
 	fmt.Println(string(out))
 
-	_, err = v.Compile([]byte(`{"type":"string","format":"ipv6"}`), grammar.Limits{})
+	_, err = v.Compile([]byte(`{"type":"string","format":"idn-email"}`), grammar.Limits{})
 	fmt.Println(err)
 	// Output:
 	// { "ok" : false }
-	// unsupported JSON schema keyword "format: ipv6" at #
+	// unsupported JSON schema keyword "format: idn-email" at #
 }

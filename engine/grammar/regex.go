@@ -24,6 +24,10 @@ type regex struct {
 	dist  []int32 // per instruction: fewest runes to a match
 	// maxLen is the most runes a matching string has, -1 when unbounded.
 	maxLen int
+	// split is zero for one pattern; for the intersection of two (see
+	// compileIntersect) the instructions from split on are the second's,
+	// and a string matches when both programs match it.
+	split uint32
 }
 
 // dstate is a DFA state: the set of program counters waiting on a rune.
@@ -31,6 +35,7 @@ type dstate struct {
 	pcs   []uint32
 	match bool  // the text so far matches
 	dist  int32 // fewest more runes to a match
+	dead  bool  // intersections: no continuation matches both patterns
 	next  map[rune]*dstate
 	ascii [128]atomic.Pointer[dstate] // lock-free ASCII transitions; deadState for none
 }
@@ -178,24 +183,33 @@ func maxLenOf(re *syntax.Regexp) int {
 	return 0
 }
 
-// alive reports whether some continuation of s matches.
+// alive reports whether some continuation of s matches. For an
+// intersection it is exact once explore has run.
 func (r *regex) alive(s *dstate) bool {
 	if s.match {
 		return true
 	}
+	if s.dead {
+		return false
+	}
+	var liveA, liveB bool
 	for _, pc := range s.pcs {
 		if r.live[pc] {
-			return true
+			if r.split > 0 && pc >= r.split {
+				liveB = true
+			} else {
+				liveA = true
+			}
 		}
 	}
-	return false
+	return liveA && (r.split == 0 || liveB)
 }
 
 // closure follows empty transitions from pcs, returning the rune-consuming
 // instructions reached and whether a match is reachable at end of text.
 func (r *regex) closure(pcs []uint32, begin bool) ([]uint32, bool) {
 	var out []uint32
-	match := false
+	var matchA, matchB bool
 	seen := make(map[uint32]bool)
 	var visit func(pc uint32, end bool)
 	visit = func(pc uint32, end bool) {
@@ -222,7 +236,11 @@ func (r *regex) closure(pcs []uint32, begin bool) ([]uint32, bool) {
 			}
 			visit(in.Out, end)
 		case syntax.InstMatch:
-			match = true
+			if r.split > 0 && pc >= r.split {
+				matchB = true
+			} else {
+				matchA = true
+			}
 		case syntax.InstFail:
 		default:
 			if !end {
@@ -234,7 +252,7 @@ func (r *regex) closure(pcs []uint32, begin bool) ([]uint32, bool) {
 		visit(pc, false)
 	}
 	slices.Sort(out)
-	return slices.Compact(out), match
+	return slices.Compact(out), matchA && (r.split == 0 || matchB)
 }
 
 func b2u(b bool) uint32 {
@@ -270,9 +288,20 @@ func (r *regex) state(pcs []uint32, begin bool) *dstate {
 	if match {
 		s.dist = 0
 	}
-	for _, pc := range closed {
-		if r.dist != nil {
-			s.dist = min(s.dist, r.dist[pc])
+	if r.dist != nil && !match {
+		// Fewest runes to a match: per program, then the larger of the
+		// two for an intersection (a lower bound; explore makes it exact).
+		distA, distB := int32(unreachable), int32(unreachable)
+		for _, pc := range closed {
+			if r.split > 0 && pc >= r.split {
+				distB = min(distB, r.dist[pc])
+			} else {
+				distA = min(distA, r.dist[pc])
+			}
+		}
+		s.dist = distA
+		if r.split > 0 {
+			s.dist = max(distA, distB)
 		}
 	}
 	if len(r.byKey) < maxDFAStates {
@@ -381,9 +410,13 @@ var formats = map[string]string{
 	"date-time": `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
 	"date":      `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])$`,
 	"time":      `^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
-	"duration":  `^P(\d{1,4}D)?(T(\d{1,4}H)?(\d{1,4}M)?(\d{1,4}S)?)?$`,
-	"email":     `^[a-zA-Z0-9_%+-]{1,30}(\.[a-zA-Z0-9_%+-]{1,16}){0,2}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,8}$`,
-	"hostname":  `^[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}$`,
-	"ipv4":      `^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$`,
-	"uuid":      `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`,
+	// ISO 8601: weeks alone, or days and/or a time part; at least one
+	// component, and a T only before one ("P" and "PT" are not durations).
+	"duration": `^P(\d{1,4}W|\d{1,4}D(T(\d{1,2}H(\d{1,2}M)?(\d{1,2}S)?|\d{1,2}M(\d{1,2}S)?|\d{1,2}S))?|T(\d{1,2}H(\d{1,2}M)?(\d{1,2}S)?|\d{1,2}M(\d{1,2}S)?|\d{1,2}S))$`,
+	"email":    `^[a-zA-Z0-9_%+-]{1,30}(\.[a-zA-Z0-9_%+-]{1,16}){0,2}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,8}$`,
+	"hostname": `^[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}$`,
+	"ipv4":     `^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$`,
+	// Full and compressed forms (RFC 4291 section 2.2), no zone.
+	"ipv6": `^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1,4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}|[0-9a-fA-F]{1,4}:(:[0-9a-fA-F]{1,4}){1,6}|:((:[0-9a-fA-F]{1,4}){1,7}|:))$`,
+	"uuid": `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`,
 }

@@ -2,7 +2,9 @@ package grammar
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
+	"regexp/syntax"
 	"sort"
 	"strconv"
 	"strings"
@@ -204,7 +206,7 @@ func (c *compiler) compileTyped(s map[string]any, path string) (*node, error) {
 }
 
 var supported = map[string]bool{
-	"type": true, "properties": true, "required": true, "additionalProperties": true,
+	"type": true, "properties": true, "required": true, "additionalProperties": true, "propertyNames": true,
 	"items": true, "minItems": true, "maxItems": true, "minLength": true, "maxLength": true,
 	"pattern": true, "format": true, "minimum": true, "maximum": true,
 	"exclusiveMinimum": true, "exclusiveMaximum": true, "minProperties": true, "maxProperties": true,
@@ -308,6 +310,9 @@ func (c *compiler) compileObj(s map[string]any, path string) (*node, error) {
 	if n.minProps > 0 && len(n.props) > 0 {
 		return nil, &UnsupportedError{Keyword: "minProperties", Path: path}
 	}
+	if err := checkPropertyNames(s, path); err != nil {
+		return nil, err
+	}
 	if len(n.props) == 0 {
 		n.free = true
 		n.extra = &node{kind: kAny}
@@ -320,6 +325,37 @@ func (c *compiler) compileObj(s map[string]any, path string) (*node, error) {
 		}
 	}
 	return n, nil
+}
+
+// checkPropertyNames accepts a propertyNames that asks only for strings
+// (zod v4's z.record(z.string(), ...) sends {"type": "string"}): property
+// names are strings anyway. Anything narrower is refused by name.
+func checkPropertyNames(s map[string]any, path string) error {
+	pn, ok := s["propertyNames"]
+	if !ok {
+		return nil
+	}
+	switch v := pn.(type) {
+	case bool:
+		if v {
+			return nil
+		}
+	case map[string]any:
+		narrow := false
+		for k, x := range v {
+			if annotations[k] {
+				continue
+			}
+			if t, isStr := x.(string); k == "type" && isStr && t == "string" {
+				continue
+			}
+			narrow = true
+		}
+		if !narrow {
+			return nil
+		}
+	}
+	return &UnsupportedError{Keyword: "propertyNames beyond {\"type\": \"string\"}", Path: path}
 }
 
 // propertyOrder lists property names in the order the schema text gives
@@ -368,10 +404,14 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 		if !known {
 			return nil, &UnsupportedError{Keyword: "format: " + name, Path: path}
 		}
-		if hasPattern {
-			return nil, &UnsupportedError{Keyword: "pattern with format", Path: path}
+		var bound int
+		if n.re, bound, err = formatWithPattern(p, pattern, hasPattern); err != nil {
+			return nil, &UnsupportedError{Keyword: "pattern: " + err.Error(), Path: path}
 		}
-		pattern, hasPattern = p, true
+		if bound >= 0 && (n.maxLen < 0 || n.maxLen > bound) {
+			n.maxLen = max(bound, n.minLen)
+		}
+		return n, nil
 	}
 	if hasPattern {
 		if n.re, err = compileRegex(pattern); err != nil {
@@ -379,6 +419,35 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 		}
 	}
 	return n, nil
+}
+
+// formatWithPattern is the automaton of a string with a format and,
+// maybe, a pattern (zod v4 sends both for z.email(), z.uuid(), z.iso.*()),
+// and the most characters such a string may have (-1: no bound beyond the
+// automaton's). Both must hold, so the automaton is their intersection
+// (compileIntersect). When the pattern uses what RE2 cannot express (zod's
+// duration pattern has lookaheads) the format's own grammar is used: the
+// formats' grammars generate only values every validator of the format
+// accepts, zod's patterns included. When the intersection has too many
+// states, the pattern governs, bounded by the format's longest value.
+func formatWithPattern(format, pattern string, hasPattern bool) (*regex, int, error) {
+	f, err := compileRegex(format)
+	if err != nil || !hasPattern {
+		return f, -1, err
+	}
+	both, err := compileIntersect(pattern, format)
+	var perr *syntax.Error
+	switch {
+	case err == nil:
+		return both, -1, nil
+	case errors.As(err, &perr):
+		return f, -1, nil
+	case errors.Is(err, errProductTooLarge):
+		re, err := compileRegex(pattern)
+		return re, f.maxLen, err
+	default:
+		return nil, 0, err
+	}
 }
 
 func intRange(s map[string]any, lo, hi, path string) (int, int, error) {

@@ -208,10 +208,14 @@ func TestQuantConfig(t *testing.T) {
 }
 
 func TestOptionsRejectBadValues(t *testing.T) {
-	for _, opt := range []Option{WithMaxBatch(0), WithPrefixSlots(-1), WithDevice("tpu"), WithMemoryLimit(0), WithKVFraction(0), WithLogger(nil), nil} {
+	for _, opt := range []Option{WithMaxBatch(0), WithPrefixSlots(-1), WithDevice("tpu"), WithMemoryLimit(0), WithKVFraction(0), WithLogger(nil)} {
 		o := defaultOptions()
 		if err := o.apply([]Option{opt}); err == nil {
 			t.Errorf("option accepted")
 		}
+	}
+	o := defaultOptions()
+	if err := o.apply([]Option{nil, WithMaxBatch(8)}); err != nil || o.maxBatch != 8 {
+		t.Errorf("a nil option is skipped: %v, max batch %d", err, o.maxBatch)
 	}
 }

@@ -128,7 +128,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, err
 	}
 	m := &model{eng: e, cfg: cfg, seqs: map[engine.SeqID]*seqState{}}
-	if err := m.size(spec, weightBytes(man)); err != nil {
+	if err := m.size(spec, weightBytes(man), kvElemBytes(man)); err != nil {
 		return nil, err
 	}
 	want := map[string]bool{}
@@ -165,7 +165,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 }
 
 // size fills the model's Info, checking the weights fit MLX's memory limit.
-func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
+func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	c := m.cfg
 	ctxLen := c.ContextLength
 	if spec.ContextLength > 0 && spec.ContextLength < ctxLen {
@@ -183,7 +183,7 @@ func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
 		return fmt.Errorf("mlx: %s: weights take %d bytes, MLX's memory limit is %d: %w", spec.ID, wbytes, limit, engine.ErrOutOfMemory)
 	}
 	kv := spec.KVCapacity
-	perToken := uint64(2 * c.Layers * c.KVHeads * c.HeadDim * 4)
+	perToken := 2 * uint64(c.Layers*c.KVHeads*c.HeadDim) * elemBytes
 	if kv == 0 {
 		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
 		kv = int(min(budget/perToken, uint64(maxBatch*ctxLen)))
@@ -195,4 +195,20 @@ func (m *model) size(spec engine.ModelSpec, wbytes uint64) error {
 		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,
 		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken)}
 	return nil
+}
+
+// kvElemBytes is the size of one KV value: the KV cache takes the dtype of
+// the embedding (its scales when quantized; see buildWeights), 2 bytes for
+// bf16/fp16 checkpoints, 4 for float32 ones.
+func kvElemBytes(man map[string]tensorInfo) uint64 {
+	t, ok := man["model.embed_tokens.scales"]
+	if !ok {
+		t = man["model.embed_tokens.weight"]
+	}
+	switch t.DType {
+	case "BF16", "F16":
+		return 2
+	default:
+		return 4
+	}
 }

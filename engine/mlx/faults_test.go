@@ -44,11 +44,20 @@ func TestPrefixReuse(t *testing.T) {
 		t.Fatalf("whole-prompt reuse = %d, %v; want %d", r, err, len(turn1)-1)
 	}
 	m.Free(3, "")
-	// A prompt that does not start with the saved tokens reuses nothing.
-	if r, err := m.Open(ctx, 4, []int32{1, 2, 3}, "session-a"); err != nil || r != 0 {
-		t.Fatalf("mismatched reuse = %d, %v; want 0", r, err)
+	// Reuse is the longest common prefix: a prompt that parts from the
+	// saved tokens after its first token reuses that one token.
+	vocab := int32(m.Info().VocabSize)
+	parted := []int32{turn1[0], (turn1[1] + 1) % vocab, 3}
+	if r, err := m.Open(ctx, 4, parted, "session-a"); err != nil || r != 1 {
+		t.Fatalf("reuse of a prompt parting after one token = %d, %v; want 1", r, err)
 	}
 	m.Free(4, "")
+	// A prompt whose first token differs reuses nothing.
+	other := []int32{(turn1[0] + 1) % vocab, 2, 3}
+	if r, err := m.Open(ctx, 5, other, "session-a"); err != nil || r != 0 {
+		t.Fatalf("mismatched reuse = %d, %v; want 0", r, err)
+	}
+	m.Free(5, "")
 }
 
 func TestBadInput(t *testing.T) {

@@ -29,8 +29,8 @@ func defaultOptions() options {
 
 func (o *options) apply(opts []Option) error {
 	for _, opt := range opts {
-		if opt == nil {
-			return fmt.Errorf("mlx: nil option")
+		if opt == nil { // nil options are skipped, as nats.go does
+			continue
 		}
 		if err := opt(o); err != nil {
 			return err

@@ -73,6 +73,9 @@ func (s *slot) current(ctx context.Context, closing chan struct{}) (*proc, error
 func New(ctx context.Context, opts ...Option) (*Engine, error) {
 	cfg := defaults()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
@@ -263,17 +266,24 @@ func (e *Engine) reload(ctx context.Context, p *proc) error {
 	return nil
 }
 
-// shutdown asks a worker to finish what it has queued and exit, and kills
-// it if it does not within the start timeout.
+// shutdownGrace is how long a worker that was asked to shut down (and
+// whose stdin is closed) gets to exit before it is killed. A worker exits
+// as soon as it has answered what was queued before the request.
+const shutdownGrace = 2 * time.Second
+
+// shutdown asks a worker to finish what it has queued and exit, closing its
+// stdin, and kills it if it has not exited within shutdownGrace (or the
+// start timeout, if shorter).
 func (e *Engine) shutdown(p *proc) {
 	if p.alive() {
 		_, _, _ = p.send(request("shutdown", nil), false)
 		_ = p.stdin.Close()
 	}
+	grace := min(shutdownGrace, e.cfg.startTimeout)
 	select {
 	case <-p.dead:
-	case <-time.After(e.cfg.startTimeout):
-		p.fail("did not shut down")
+	case <-time.After(grace):
+		p.fail(fmt.Sprintf("did not exit within %v of shutdown", grace))
 		<-p.dead
 	}
 }

@@ -175,3 +175,55 @@ func TestCloseDrains(t *testing.T) {
 		t.Errorf("Open after Close: %v", err)
 	}
 }
+
+// TestBusyWorkerIsNotKilledForSilence: a worker whose heartbeat is starved
+// while it works (the kernel shows it running) is not killed at the
+// heartbeat timeout, only past busyLimit timeouts; an idle silent one is.
+func TestBusyWorkerIsNotKilledForSilence(t *testing.T) {
+	if _, ok := readCPUState(1); !ok {
+		t.Skip("no /proc: the watchdog goes by heartbeats alone here")
+	}
+	e := newEngine(t, withFaults(), WithHeartbeat(100*time.Millisecond, 500*time.Millisecond))
+	m := load(t, e, tiny(t))
+	want := generate(t, m, 1, prompt(1, 8), 3)
+	before := e.Workers()[0].PID
+	inject(t, e, 0, map[string]any{"kind": "spin", "seconds": 1.2}) // 2.4 timeouts, under busyLimit
+	if got := generate(t, m, 2, prompt(1, 8), 3); !slices.Equal(got, want) {
+		t.Fatalf("after a busy silence: %v, want %v", got, want)
+	}
+	if w := e.Workers()[0]; w.PID != before || w.Restarts != 0 {
+		t.Fatalf("a busy worker silent for 1.2s (timeout 0.5s) was replaced: %+v", w)
+	}
+	old := inject(t, e, 0, map[string]any{"kind": "spin", "seconds": 5}) // past busyLimit timeouts
+	select {
+	case <-old.dead:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a worker silent past busyLimit timeouts was not killed")
+	}
+	if !strings.Contains(old.reason, "while busy") {
+		t.Errorf("reason %q, want it to say the worker was busy", old.reason)
+	}
+}
+
+// TestShutdownWithoutKill: closing an engine with an idle worker lets the
+// worker exit by itself at once; it is not killed, for a lost heartbeat or
+// for outliving the shutdown grace.
+func TestShutdownWithoutKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e, err := New(ctx, WithPython(python(t)), WithHeartbeat(50*time.Millisecond, 300*time.Millisecond), WithCacheDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.slots[0].current(ctx, e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.dead
+	if strings.Contains(p.reason, "heartbeat") || strings.Contains(p.reason, "did not exit") {
+		t.Fatalf("the worker was killed at shutdown: %s", p.reason)
+	}
+}

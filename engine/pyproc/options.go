@@ -166,7 +166,8 @@ func WithStartTimeout(d time.Duration) Option {
 
 // WithHeartbeat sets how often workers send heartbeats and how long a
 // silent worker is given before it is killed and replaced. The defaults
-// are 500ms and 5s.
+// are 500ms and 5s. A silent worker that the kernel shows busy (its
+// heartbeat starved, not hung) gets up to four timeouts (Linux).
 func WithHeartbeat(interval, timeout time.Duration) Option {
 	return func(c *config) error {
 		if interval <= 0 || timeout <= interval {

@@ -304,18 +304,25 @@ func (p *proc) deliver(rep *reply) {
 	}
 }
 
+// busyLimit is how many heartbeat timeouts a silent worker that the kernel
+// shows working or waiting for a CPU is given before it is killed.
+const busyLimit = 4
+
 // watchdog kills the worker when no line (heartbeat or reply) arrived for
-// timeout.
+// timeout and the kernel does not show it busy (see silence), or for
+// busyLimit timeouts whatever it shows.
 func (p *proc) watchdog(interval, timeout time.Duration) {
 	t := time.NewTicker(interval / 2)
 	defer t.Stop()
+	judge := silence{hardLimit: busyLimit}
 	for {
 		select {
 		case <-p.dead:
 			return
 		case <-t.C:
-			if silent := time.Since(time.Unix(0, p.lastSeen.Load())); silent > timeout {
-				p.fail(fmt.Sprintf("heartbeat lost: silent for %v", silent.Round(time.Millisecond)))
+			silent := time.Since(time.Unix(0, p.lastSeen.Load()))
+			if why := judge.judge(p.cmd.Process.Pid, silent.Seconds(), timeout.Seconds()); why != "" {
+				p.fail(why)
 			}
 		}
 	}

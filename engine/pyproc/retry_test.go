@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -135,32 +136,69 @@ func TestRetriedRequestIsIdentical(t *testing.T) {
 		})
 	}
 
-	t.Run("after the first token", func(t *testing.T) {
+	// Killed after tokens reached the caller: the greedy stream resumes
+	// on a live worker and ends as an undisturbed one; a seeded one cannot
+	// resume exactly and ends with a *retry.InterruptedError.
+	after := func(t *testing.T, p engine.SamplingParams) ([]int32, error) {
 		st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(4, 9),
-			Params: api.Params{MaxTokens: 400, IgnoreEOS: true}})
+			Params: api.Params{MaxTokens: 200, IgnoreEOS: true, Sampling: p}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer st.Close()
-		if _, err := st.Recv(); err != nil {
+		c, err := st.Recv()
+		if err != nil {
 			t.Fatal(err)
 		}
+		toks := []int32{c.Token}
 		for _, w := range e.Workers() {
 			if w.Sequences > 0 {
 				_ = syscall.Kill(w.PID, syscall.SIGKILL)
 			}
 		}
-		n := 1
 		for {
-			_, err = st.Recv()
+			c, err := st.Recv()
 			if err != nil {
-				break
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				return toks, err
 			}
-			n++
+			if c.HasToken {
+				toks = append(toks, c.Token)
+			}
 		}
+	}
+	t.Run("greedy, after the first token", func(t *testing.T) {
+		st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(4, 9), Params: api.Params{MaxTokens: 200, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		undisturbed, err := st.Collect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := after(t, engine.SamplingParams{})
+		if err != nil || !slices.Equal(got, undisturbed.Tokens) {
+			t.Fatalf("resumed stream: %v, %d tokens; want the undisturbed %d tokens", err, len(got), len(undisturbed.Tokens))
+		}
+		if n := srv.Stats()["tiny"].Batcher.Resumed; n < 1 {
+			t.Errorf("Stats().Batcher.Resumed = %d after a resumed stream", n)
+		}
+	})
+	t.Run("seeded, after the first token", func(t *testing.T) {
+		for i := range e.Workers() {
+			waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err := e.slots[i].current(waitCtx, e.closing)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := after(t, engine.SamplingParams{Temperature: 0.9, Seed: 5, HasSeed: true})
 		var ie *retry.InterruptedError
 		if !errors.As(err, &ie) || ie.Delivered < 1 || !errors.Is(err, engine.ErrWorkerLost) || retry.Retryable(err) {
-			t.Fatalf("after %d tokens: %v, want an InterruptedError", n, err)
+			t.Fatalf("after %d tokens: %v, want an InterruptedError", len(got), err)
 		}
 	})
 }

@@ -76,6 +76,7 @@ type options struct {
 	deadlines    retry.Deadlines
 	prewarm      []prewarm.Model
 	memoryBudget int64
+	cluster      clusterFlags
 }
 
 func parseFlags(args []string) (options, error) {
@@ -98,6 +99,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.deadlines.Total, "total-deadline", 0, "end requests that run longer (0: none)")
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
 	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
+	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -120,6 +122,9 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-cache-bytes %d, -cache-ttl %v: want a size of 0 or more, a positive TTL, and -merge", o.cacheBytes, o.cacheTTL)
 	}
 	if err := o.deadlines.Validate(); err != nil {
+		return o, err
+	}
+	if err := o.cluster.check(); err != nil {
 		return o, err
 	}
 	return o, nil
@@ -223,14 +228,27 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength)
 		}
 	}
+	// Advertised to the cluster once the main model serves.
+	leave, err := joinCluster(o.cluster, srv, log)
+	if err != nil {
+		_ = hs.Close()
+		<-served
+		return err
+	}
 	if listening != nil {
 		listening <- ln.Addr().String()
 	}
 	select {
 	case <-ctx.Done():
 	case err := <-served:
+		leave(context.Background())
 		return err
 	}
+	// Leave the cluster first: balancers stop routing here, the streams
+	// they sent finish; then the HTTP side.
+	leaveCtx, cancel := context.WithTimeout(context.Background(), o.drain)
+	leave(leaveCtx)
+	cancel()
 	return shutdown(hs, srv, served, o.drain, log)
 }
 

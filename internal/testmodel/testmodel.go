@@ -112,6 +112,24 @@ func Llama1B() Config {
 	}
 }
 
+// Llama8B is shaped like Llama-3.1-8B: 32 layers, hidden size 4096, 32
+// query and 8 KV heads, intermediate size 14336, a 128,256-token vocabulary,
+// untied embeddings, a 131,072-token context with Llama 3.1's RoPE scaling,
+// bfloat16. Its weights take about 16 GB: for GPU benchmarks only.
+func Llama8B() Config {
+	c := Llama1B()
+	c.Layers, c.Hidden, c.Intermediate = 32, 4096, 14336
+	c.RopeScaling = &RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+	c.TieEmbeddings = false
+	return c
+}
+
+// Shapes names the real-model shapes this package can write, for benchmark
+// flags: "llama1b" (Llama1B) and "llama8b" (Llama8B).
+func Shapes() map[string]func() Config {
+	return map[string]func() Config{"llama1b": Llama1B, "llama8b": Llama8B}
+}
+
 // withDefaults fills zero fields from Tiny and checks the result.
 func (c Config) withDefaults() (Config, error) {
 	t := Tiny()

@@ -76,6 +76,9 @@ func LoadCollector(src LoadSource, opts ...Option) (prometheus.Collector, error)
 			[]string{"model_name", "block_size", "num_gpu_blocks"}, nil),
 	}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(c); err != nil {
 			return nil, fmt.Errorf("vllm: load collector: %w", err)
 		}

@@ -50,6 +50,9 @@ func New(baseURL string, opts ...Option) (*Backend, error) {
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("httpbackend: %w", err)
 		}

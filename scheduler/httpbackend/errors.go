@@ -15,7 +15,7 @@ import (
 
 var (
 	// ErrClosed is returned by requests on a closed Backend.
-	ErrClosed = errors.New("httpbackend: backend is closed")
+	ErrClosed = fmt.Errorf("httpbackend: backend: %w", engine.ErrClosed)
 	// ErrTruncated means the upstream's stream ended before its final
 	// chunk: the connection closed or [DONE] came without a finish reason.
 	ErrTruncated = errors.New("httpbackend: stream ended before its final chunk")

@@ -26,6 +26,9 @@ type Client struct {
 	generate string
 	chat     string
 	cfg      clientConfig
+	// gone, when set (Discover sets it), is told that the instance's
+	// subject has no responders: the instance is gone, not slow.
+	gone func(id string)
 
 	mu   sync.RWMutex
 	load scheduler.Load
@@ -98,6 +101,9 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 		_ = sub.Unsubscribe()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if errors.Is(err, nats.ErrNoResponders) && c.gone != nil {
+			c.gone(c.id)
 		}
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			err = fmt.Errorf("%w: %w", ErrInstanceLost, err)

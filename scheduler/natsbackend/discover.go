@@ -123,11 +123,20 @@ type Discovery struct {
 
 	mu        sync.Mutex
 	instances map[string]*known // by micro id
-	lastAny   time.Time
-	down      bool // NATS unreachable was logged; cleared when answers return
+	// replaced holds the ids that a newer instance under the same name
+	// replaced (a restart); one of them answering again is a second live
+	// instance under a taken name, ignored (see answer) until it is silent.
+	replaced map[string]*replacedID
+	lastAny  time.Time
+	down     bool // NATS unreachable was logged; cleared when answers return
 
 	stop chan struct{}
 	done chan struct{}
+}
+
+type replacedID struct {
+	seen   time.Time // when it last answered (or was replaced)
+	warned bool
 }
 
 type known struct {
@@ -149,6 +158,9 @@ func Discover(ctx context.Context, nc *nats.Conn, reg scheduler.Registry, opts .
 		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout},
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: discover: %w", err)
 		}
@@ -265,16 +277,31 @@ func (d *Discovery) answer(m *nats.Msg) {
 	if name == "" {
 		name = st.ID
 	}
+	if r, ok := d.replaced[st.ID]; ok {
+		// Replaced by a newer instance under its name, and still alive:
+		// two instances share a name. Keep the newer; say so once.
+		r.seen = time.Now()
+		if !r.warned {
+			r.warned = true
+			d.cfg.logger.Warn("discovery: two live instances under one name; routing to the newer only", "instance", name, "ignored_id", st.ID)
+		}
+		return
+	}
 	for id, k := range d.instances {
 		if k.name == name {
 			// A new instance under a known name: the instance restarted
-			// (names are unique). The new one replaces it in the registry.
+			// (Serve refuses a name a live instance has). The new one
+			// replaces it in the registry.
 			delete(d.instances, id)
+			if d.replaced == nil {
+				d.replaced = map[string]*replacedID{}
+			}
+			d.replaced[id] = &replacedID{seen: time.Now()}
 			d.cfg.logger.Info("discovery: instance restarted", "instance", name, "old_id", id, "id", st.ID)
 			break
 		}
 	}
-	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client}
+	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client, gone: d.forget}
 	c.setLoad(load)
 	if err := d.reg.Add(name, c); err != nil {
 		d.cfg.logger.Warn("discovery: registry refused instance", "instance", name, "err", err)
@@ -282,6 +309,22 @@ func (d *Discovery) answer(m *nats.Msg) {
 	}
 	d.instances[st.ID] = &known{name: name, client: c, seen: time.Now()}
 	d.cfg.logger.Info("discovery: instance found", "instance", name, "id", st.ID, "models", load.Models)
+}
+
+// forget removes the instance with micro id at once: a request to it found
+// no responders (its process died, or it left), so waiting for the
+// discovery timeout would only send more requests to nobody. Should it be
+// alive after all, its next stats answer adds it again.
+func (d *Discovery) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, ok := d.instances[id]
+	if !ok {
+		return
+	}
+	delete(d.instances, id)
+	d.reg.Remove(k.name)
+	d.cfg.logger.Warn("discovery: instance has no responders; removed", "instance", k.name, "id", id)
 }
 
 // expire removes instances silent for the timeout.
@@ -292,6 +335,11 @@ func (d *Discovery) expire() {
 	if !d.down && now.Sub(d.lastAny) > d.cfg.timeout && d.nc.Status() != nats.CONNECTED {
 		d.down = true
 		d.cfg.logger.Warn("discovery: NATS unreachable; dropping its instances, routing to the rest", "status", d.nc.Status().String())
+	}
+	for id, r := range d.replaced {
+		if now.Sub(r.seen) > d.cfg.timeout {
+			delete(d.replaced, id)
+		}
 	}
 	for id, k := range d.instances {
 		if now.Sub(k.seen) > d.cfg.timeout {

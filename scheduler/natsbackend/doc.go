@@ -7,6 +7,12 @@
 //	svc, err := natsbackend.Serve(nc, "gpu-7", srv)
 //	defer svc.Stop()
 //
+// To stop an instance without losing work (SIGTERM), Drain it: it is
+// advertised as draining (balancers route nothing new to it) for a notice,
+// then leaves, and returns once its streams ended with their final chunk:
+//
+//	err := svc.Drain(ctx, 2*natsbackend.DefaultInterval)
+//
 // On the balancer, [Discover] finds the instances and keeps a
 // scheduler.Registry (a scheduler.LoadBalancer) in step with them:
 //
@@ -19,6 +25,18 @@
 // carries the instance's load report, so one broadcast both proves an
 // instance alive and refreshes what the balancer routes on. An instance
 // that has not answered within the timeout is removed.
+//
+// Security is NATS's own: Serve and Discover take the caller's *nats.Conn,
+// so credentials, NKeys and TLS are nats.go options (nats.UserCredentials,
+// nats.Nkey, nats.UserInfo, nats.ClientCert). testdata/nats-server.conf is
+// a tested server configuration under which only instance users may serve
+// (subscribe to the serving subjects and answer discovery) and only gateway
+// users may call them; any other user can do neither.
+//
+// Names are unique: Serve refuses (ErrNameTaken) a name a live instance of
+// the service answers under, and a new instance under a known name is
+// taken for a restart and replaces the old one; should the old one answer
+// again, discovery keeps the newer, logs it once, and does not swap them.
 //
 // A request is a NATS request to the instance's endpoint, answered at once
 // with a start message (or a typed error: nothing was started), after

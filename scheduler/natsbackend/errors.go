@@ -15,12 +15,15 @@ var (
 	ErrInstanceLost = errors.New("natsbackend: instance stopped answering")
 	// ErrClosed is returned by requests on a stopped Service or a closed
 	// Discovery's backends.
-	ErrClosed = errors.New("natsbackend: closed")
+	ErrClosed = fmt.Errorf("natsbackend: %w", engine.ErrClosed)
 	// ErrNotConnected means the NATS connection is down (reconnecting or
 	// closed).
 	ErrNotConnected = errors.New("natsbackend: NATS not connected")
 	// ErrProtocol means a message was not what the protocol allows.
 	ErrProtocol = errors.New("natsbackend: bad message")
+	// ErrNameTaken is returned by Serve when a live instance of the
+	// service already answers under the name.
+	ErrNameTaken = errors.New("natsbackend: instance name taken")
 )
 
 // Error is a failure reported by, or on the way to, an instance, before
@@ -41,6 +44,9 @@ type Error struct {
 	Param string
 	// RetryAfter is the instance's suggested wait; 0 when none.
 	RetryAfter time.Duration
+	// ContextLength is the instance's context-length refusal, with its
+	// numbers, for Code "context_length"; nil otherwise.
+	ContextLength *engine.ContextLengthError
 	// Err is the transport failure (no responders, NATS unreachable,
 	// ErrInstanceLost), when there is one.
 	Err error
@@ -82,7 +88,11 @@ func (e *Error) Unwrap() []error {
 	case codeInvalidParam:
 		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
 	case codeContextLength:
-		errs = append(errs, engine.ErrContextLength)
+		if e.ContextLength != nil {
+			errs = append(errs, e.ContextLength)
+		} else {
+			errs = append(errs, engine.ErrContextLength)
+		}
 	case codeQueueFull:
 		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
 	case codeRateLimited:
@@ -96,5 +106,6 @@ func transportError(instance string, err error) *Error {
 }
 
 func fromWire(instance string, w wireError) *Error {
-	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter, retryable: w.Retryable}
+	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter,
+		ContextLength: w.Context, retryable: w.Retryable}
 }

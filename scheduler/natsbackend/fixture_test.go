@@ -82,6 +82,12 @@ type instance struct {
 
 func startInstance(t testing.TB, n *natsServer, name string, simOpts ...enginetest.SimOption) *instance {
 	t.Helper()
+	return startInstanceOn(t, name, n.connect(t, name), simOpts...)
+}
+
+// startInstanceOn is startInstance on a connection of the caller's.
+func startInstanceOn(t testing.TB, name string, nc *nats.Conn, simOpts ...enginetest.SimOption) *instance {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := testmodel.Tiny()
 	if err := testmodel.Write(dir, cfg); err != nil {
@@ -98,7 +104,7 @@ func startInstance(t testing.TB, n *natsServer, name string, simOpts ...enginete
 	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
 		t.Fatal(err)
 	}
-	in := &instance{name: name, sim: sim, srv: srv, nc: n.connect(t, name)}
+	in := &instance{name: name, sim: sim, srv: srv, nc: nc}
 	in.svc, err = natsbackend.Serve(in.nc, name, srv, natsbackend.WithHeartbeat(testHeartbeat))
 	if err != nil {
 		t.Fatal(err)

@@ -104,8 +104,26 @@ func TestTypedErrors(t *testing.T) {
 		t.Fatalf("bad top_k: %v", err)
 	}
 	_, err = c.Generate(context.Background(), api.Request{Model: "tiny", Prompt: "x", Params: greedy(100000)})
-	if !errors.Is(err, engine.ErrContextLength) {
-		t.Fatalf("too long: %v", err)
+	var cl *engine.ContextLengthError
+	if !errors.Is(err, engine.ErrContextLength) || !errors.As(err, &cl) || cl.Limit == 0 || cl.MaxNew != 100000 {
+		t.Fatalf("too long: %v, want a *engine.ContextLengthError with its numbers", err)
+	}
+}
+
+// TestRetryAfterCrossesNATS: a refusal's retry-after arrives as sent.
+func TestRetryAfterCrossesNATS(t *testing.T) {
+	for _, err := range []error{
+		&scheduler.QueueFullError{Queued: 3, MaxQueued: 3, Cost: 1, RetryAfter: 7 * time.Second},
+		&scheduler.RateLimitError{Client: "k", RetryAfter: 7 * time.Second},
+	} {
+		got := natsbackend.FromWireForTest("i", err)
+		if d, ok := retry.RetryAfter(got); !ok || d != 7*time.Second {
+			t.Errorf("%T over NATS: retry after %v, %v; want 7s", err, d, ok)
+		}
+		var qf *scheduler.QueueFullError
+		if errors.As(err, &qf) && !errors.As(got, &qf) {
+			t.Errorf("%v over NATS is no *scheduler.QueueFullError", got)
+		}
 	}
 }
 

@@ -109,10 +109,11 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	streams map[string]*serverStream
-	next    uint64
-	stopped bool
+	mu       sync.Mutex
+	streams  map[string]*serverStream
+	next     uint64
+	stopped  bool
+	draining bool // Drain began: the load report says so
 }
 
 // Serve exposes b on nc as an instance named name (letters, digits, '-'
@@ -128,9 +129,15 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	cfg := serveConfig{service: DefaultService, heartbeat: DefaultHeartbeat, stall: DefaultStallTimeout,
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: serve: %w", err)
 		}
+	}
+	if err := checkNameFree(nc, cfg.service, name); err != nil {
+		return nil, err
 	}
 	s := &Service{nc: nc, b: b, name: name, cfg: cfg, streams: make(map[string]*serverStream)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -141,7 +148,7 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 			if e.Name != "load" {
 				return nil
 			}
-			return s.b.Load()
+			return s.load()
 		},
 	})
 	if err != nil {
@@ -155,7 +162,7 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	err = errors.Join(
 		g.AddEndpoint("generate", micro.HandlerFunc(func(r micro.Request) { s.handle(r, false) })),
 		g.AddEndpoint("chat", micro.HandlerFunc(func(r micro.Request) { s.handle(r, true) })),
-		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.b.Load()) })),
+		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.load()) })),
 	)
 	if err == nil {
 		s.ctl, err = nc.Subscribe(s.ctlP+"*", s.control)
@@ -173,8 +180,95 @@ func Serve(nc *nats.Conn, name string, b scheduler.Backend, opts ...ServeOption)
 	return s, nil
 }
 
+// nameCheckWait is how long Serve listens for live instances answering
+// under its name before it registers.
+const nameCheckWait = 250 * time.Millisecond
+
+// checkNameFree asks every live instance of the service for its info
+// ($SRV.INFO.<service>) and refuses a name one of them already has: two
+// instances under one name would make discovery swap them, resetting
+// their counters and breakers. A restarted instance's old incarnation no
+// longer answers, so its name is free. Without a connection the check is
+// skipped (discovery keeps the first of two in that case).
+func checkNameFree(nc *nats.Conn, service, name string) error {
+	if !nc.IsConnected() {
+		return nil
+	}
+	inbox := nc.NewRespInbox()
+	msgs := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, msgs)
+	if err != nil {
+		return fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest("$SRV.INFO."+service, inbox, nil); err != nil {
+		return fmt.Errorf("natsbackend: serve: %w", err)
+	}
+	deadline := time.After(nameCheckWait)
+	for {
+		select {
+		case m := <-msgs:
+			var info micro.Info
+			if json.Unmarshal(m.Data, &info) == nil && info.Metadata["instance"] == name {
+				return fmt.Errorf("%w: instance %q (id %s) of service %q answers under it", ErrNameTaken, name, info.ID, service)
+			}
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
 // ID returns the micro service instance id.
 func (s *Service) ID() string { return s.svc.Info().ID }
+
+// load is the backend's load report, marked while draining.
+func (s *Service) load() scheduler.Load {
+	l := s.b.Load()
+	s.mu.Lock()
+	l.Draining = s.draining
+	s.mu.Unlock()
+	return l
+}
+
+// Drain stops the instance without losing work: it first advertises
+// itself as draining (in the load report discovery reads every interval,
+// so balancers stop routing to it) and keeps serving for notice, then
+// leaves discovery and stops taking requests, and waits for the streams in
+// flight to finish with their final chunk and usage. If ctx ends first,
+// the streams left are ended as Stop ends them. A notice of two discovery
+// intervals lets every balancer see the state. After Drain the Service is
+// stopped.
+func (s *Service) Drain(ctx context.Context, notice time.Duration) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.draining = true
+	s.mu.Unlock()
+	select {
+	case <-time.After(notice):
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	s.stopped = true // handle takes nothing new
+	s.mu.Unlock()
+	err := s.svc.Stop()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.cancel()
+		<-done
+	}
+	_ = s.ctl.Unsubscribe()
+	if s.nc.IsConnected() {
+		_ = s.nc.FlushTimeout(2 * time.Second)
+	}
+	s.cancel()
+	return err
+}
 
 // Stop stops answering discovery and requests, ends the streams in flight
 // (their clients get an error) and waits for them. It is idempotent.
@@ -188,6 +282,11 @@ func (s *Service) Stop() error {
 	s.mu.Unlock()
 	err := s.svc.Stop()
 	_ = s.ctl.Unsubscribe()
+	if s.nc.IsConnected() {
+		// Once Stop returns the instance no longer answers: the
+		// unsubscriptions have reached the server.
+		_ = s.nc.FlushTimeout(2 * time.Second)
+	}
 	s.cancel()
 	s.wg.Wait()
 	return err

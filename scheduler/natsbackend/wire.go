@@ -51,6 +51,9 @@ type wireError struct {
 	Param      string        `json:"param,omitempty"`
 	RetryAfter time.Duration `json:"retry_after,omitempty"`
 	Retryable  bool          `json:"retryable"`
+	// Context carries a context-length refusal's numbers, so the client
+	// gets the same *engine.ContextLengthError the instance returned.
+	Context *engine.ContextLengthError `json:"context,omitempty"`
 }
 
 // Error codes.
@@ -69,6 +72,7 @@ func toWire(err error) wireError {
 	w := wireError{Message: err.Error(), Code: codeInternal}
 	var ip *engine.InvalidParamError
 	var ie *retry.InterruptedError
+	var cl *engine.ContextLengthError
 	switch {
 	case errors.Is(err, engine.ErrModelNotFound):
 		w.Code = codeModelNotFound
@@ -76,6 +80,8 @@ func toWire(err error) wireError {
 		w.Code, w.Param = codeInvalidParam, ip.Param
 	case errors.Is(err, engine.ErrInvalidParam):
 		w.Code = codeInvalidParam
+	case errors.As(err, &cl):
+		w.Code, w.Context = codeContextLength, cl
 	case errors.Is(err, engine.ErrContextLength):
 		w.Code = codeContextLength
 	case errors.Is(err, scheduler.ErrQueueFull):

@@ -84,6 +84,9 @@ func newConfig(rdb redis.UniversalClient, opts []Option) (config, error) {
 		return c, errors.New("redisaffinity: client is nil")
 	}
 	for _, o := range opts {
+		if o == nil { // nil options are skipped, as nats.go does
+			continue
+		}
 		if err := o(&c); err != nil {
 			return c, fmt.Errorf("redisaffinity: %w", err)
 		}

@@ -172,6 +172,12 @@ class Worker:
         elif kind == "hang":
             self.hb.stopped = True
             time.sleep(3600)
+        elif kind == "spin":  # busy and silent: the heartbeat starved, as by work holding the GIL
+            self.hb.stopped = True
+            end = time.time() + float(req.get("seconds", 1))
+            while time.time() < end:
+                pass
+            self.hb.stopped = False
         elif kind == "step_delay":
             self.step_delay = float(req.get("seconds", 0))
         return {}
@@ -251,6 +257,11 @@ def main():
     hb = Heartbeat(out, args.heartbeat)
     hb.start()
     serve(sys.stdin.buffer, out, Worker(out, hb, backend, args.faults), args.max_line)
+    # Every reply is flushed (Out.raw): exit now rather than wait for the
+    # interpreter's finalisation, which takes over a second once torch is
+    # imported and would keep the supervisor's shutdown waiting.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,15 @@
 // log-probabilities against transformers.
 //
 //	gpubench -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill 1x2048,16x512
+//
+// With -serving it measures the stack as a user runs it instead:
+// examples/server on the checkpoint at its own full context (131,072
+// tokens; nothing overridden), driven over HTTP by cmd/loadgen at several
+// loads (closed loops and Poisson arrivals), printing per load the request
+// and token throughput, TTFT and TPOT percentiles, goodput against SLOs,
+// and the server's mean running batch and queue wait from its /metrics:
+//
+//	gpubench -serving -shape llama8b -dir /tmp/llama8b -server bin/server -loadgen bin/loadgen
 package main
 
 import (
@@ -44,6 +53,17 @@ var (
 	device    = flag.String("device", "cuda", "torch device")
 	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
 	withStack = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
+	shape     = flag.String("shape", "llama1b", "checkpoint shape: llama1b or llama8b (bf16, random weights, 131,072-token context)")
+
+	serving    = flag.Bool("serving", false, "serving mode: examples/server at the checkpoint's full context, driven by cmd/loadgen")
+	serverBin  = flag.String("server", "bin/server", "serving mode: the examples/server binary")
+	loadgenBin = flag.String("loadgen", "bin/loadgen", "serving mode: the cmd/loadgen binary")
+	loads      = flag.String("loads", "c1:50,c16:200,c64:512,c256:1024,r40:800", "serving mode: cN (closed loop, N clients) or rN (Poisson, N req/s), each :REQUESTS")
+	inWords    = flag.Int("input-words", 400, "serving mode: prompt length in words")
+	outTokens  = flag.Int("max-tokens", 128, "serving mode: output tokens per request")
+	sloTTFT    = flag.Duration("slo-ttft", 500*time.Millisecond, "serving mode: goodput SLO on time to first token")
+	sloTPOT    = flag.Duration("slo-tpot", 20*time.Millisecond, "serving mode: goodput SLO on time per output token")
+	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
 )
 
 // Bounds on the H100 as measured on the device machine: a device-to-device
@@ -54,7 +74,11 @@ const bandwidth, bf16Rate = 3.0e12, 790e12
 func main() {
 	flag.Parse()
 	ctx := context.Background()
-	cfg := testmodel.Llama1B()
+	mk, ok := testmodel.Shapes()[*shape]
+	if !ok {
+		log.Fatalf("-shape %q: want llama1b or llama8b", *shape)
+	}
+	cfg := mk()
 	if *small {
 		cfg = testmodel.Tiny()
 	}
@@ -62,6 +86,10 @@ func main() {
 		t0 := time.Now()
 		must(testmodel.Write(*dir, cfg))
 		fmt.Printf("wrote %s in %v\n", *dir, time.Since(t0).Round(time.Millisecond))
+	}
+	if *serving {
+		must(servingMode(ctx))
+		return
 	}
 	if !*kernels {
 		must(os.Setenv("MLXSERVING_TORCH_KERNELS", "0"))
@@ -128,6 +156,22 @@ func main() {
 			fmt.Printf("| %s | %.0f | %.0f | %.0f | %.3f |\n", c.name, pre[c.name], hfPre[c.name], bound, pre[c.name]/bound)
 		}
 	}
+}
+
+// servingMode runs the serving table (serving.go) on the checkpoint in -dir.
+func servingMode(ctx context.Context) error {
+	if *serverBin == "" || *loadgenBin == "" {
+		return errNoServer
+	}
+	ls, err := parseLoads(*loads)
+	if err != nil {
+		return err
+	}
+	return runServing(ctx, *dir, servingConfig{
+		server: *serverBin, loadgen: *loadgenBin, python: *python, loads: ls,
+		inputWords: *inWords, maxTokens: *outTokens, ttftSLO: *sloTTFT, tpotSLO: *sloTPOT,
+		logDir: *logDir, serverArgs: flag.Args(),
+	})
 }
 
 type prefillCase struct {

@@ -1,0 +1,29 @@
+#!/bin/sh
+# The MLX engine on a CUDA machine, beside the torch engine, in two calls
+# to the same machine (Go is not needed there). Build here:
+#
+#   CGO_ENABLED=0 go build -o BIN/gpubench ./engine/pyproc/internal/gpubench
+#   go build -tags mlx -o BIN/mlxbench ./engine/mlx/internal/mlxbench   # against any MLX prefix's headers
+#
+# and carry BIN and a copy of the MLX source bundle (../shared/mlx) as MLXSRC.
+#
+#   sh engine/mlx/internal/mlxbench/device.sh build MLXSRC      # starts the CUDA build (about 8 minutes), returns
+#   sh engine/mlx/internal/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
+#
+# mlxbench finds the CUDA build's libmlxc.so through LD_LIBRARY_PATH (it
+# takes precedence over the RUNPATH of the prefix it was linked against;
+# both builds are MLX 0.31.2 with the same C API).
+set -u
+prefix=/tmp/mlx-cuda
+case "$1" in
+build)
+	setsid sh -c "bash '$2/build.sh' cuda $prefix > /tmp/mlx-cuda-build.log 2>&1; echo rc=\$? >> /tmp/mlx-cuda-build.log" < /dev/null > /dev/null 2>&1 &
+	echo "building MLX (cuda) into $prefix in the background" ;;
+bench)
+	bin=$2 out=$3
+	mkdir -p "$out"
+	while ! grep -q '^rc=' /tmp/mlx-cuda-build.log 2>/dev/null; do sleep 5; done
+	tail -3 /tmp/mlx-cuda-build.log | tee "$out/mlx-build.txt"
+	LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx.txt"
+	"$bin/gpubench" -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/torch.txt" ;;
+esac

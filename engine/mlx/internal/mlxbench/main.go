@@ -1,0 +1,127 @@
+//go:build mlx
+
+// Command mlxbench measures the MLX engine's decode throughput with the
+// same workload as gpubench (engine/pyproc/internal/gpubench), so the two
+// engines' rows compare: a Llama-3.2-1B-shaped bf16 checkpoint with random
+// weights, a 128-token prompt per sequence prefilled in one step, then 128
+// greedy decode steps for the whole batch, at each batch size.
+//
+//	go build -tags mlx -o bin/mlxbench ./engine/mlx/internal/mlxbench
+//	bin/mlxbench -dir /tmp/llama1b -batches 1,8,32,64 -device gpu
+//
+// engine/mlx/internal/mlxbench/device.sh runs it on a CUDA machine.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/mlx"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+)
+
+func main() {
+	dir := flag.String("dir", "/tmp/llama1b", "checkpoint directory; written if missing")
+	batches := flag.String("batches", "1,8,32,64", "decode batch sizes")
+	prompt := flag.Int("prompt", 128, "prompt tokens per sequence")
+	gen := flag.Int("gen", 128, "decoded tokens per sequence")
+	device := flag.String("device", "gpu", "MLX device: gpu or cpu")
+	small := flag.Bool("small", false, "the tiny test model instead (a dry run on CPU)")
+	flag.Parse()
+	cfg := testmodel.Llama1B()
+	if *small {
+		cfg = testmodel.Tiny()
+	}
+	if _, err := os.Stat(filepath.Join(*dir, "config.json")); err != nil {
+		must(testmodel.Write(*dir, cfg))
+	}
+	sizes := ints(*batches)
+	maxB := 0
+	for _, b := range sizes {
+		maxB = max(maxB, b)
+	}
+	e, err := mlx.New(mlx.WithDevice(*device), mlx.WithMaxBatch(maxB))
+	must(err)
+	defer e.Close()
+	ctx := context.Background()
+	t0 := time.Now()
+	m, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: maxB})
+	must(err)
+	defer m.Close()
+	fmt.Printf("loaded in %v: %+v\n", time.Since(t0).Round(time.Millisecond), m.Info())
+	if w, ok := m.(engine.Warmer); ok {
+		t0 = time.Now()
+		bs, err := w.Warm(ctx)
+		must(err)
+		fmt.Printf("warmed batch sizes %v in %v\n", bs, time.Since(t0).Round(time.Millisecond))
+	}
+	fmt.Printf("\nMLX engine decode (%s): prompt %d, %d new tokens, greedy, %s\n", *device, *prompt, *gen, cfg.DType)
+	fmt.Println("| batch | prefill s | decode tok/s | ms/step |")
+	fmt.Println("|---|---|---|---|")
+	for _, b := range sizes {
+		decode(ctx, m, b, *prompt, 8) // warm-up of this shape
+		pre, tps := decode(ctx, m, b, *prompt, *gen)
+		fmt.Printf("| %d | %.3f | %.1f | %.2f |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps)
+	}
+}
+
+// decode opens b sequences, prefills them in one step and times n decode
+// steps of the whole batch; it returns the prefill time and decode tokens/s.
+func decode(ctx context.Context, m engine.Model, b, promptLen, n int) (time.Duration, float64) {
+	vocab := m.Info().VocabSize
+	batch := make([]engine.StepInput, b)
+	p := &engine.SamplingParams{}
+	for i := range batch {
+		toks := make([]int32, promptLen)
+		for j := range toks {
+			toks[j] = int32((i*7919 + j*104729) % min(120000, vocab))
+		}
+		id := engine.SeqID(i + 1)
+		_, err := m.Open(ctx, id, toks, "")
+		must(err)
+		batch[i] = engine.StepInput{Seq: id, Tokens: toks, Sample: true, Params: p}
+	}
+	step := func() {
+		outs, err := m.Step(ctx, batch)
+		must(err)
+		for i := range batch {
+			batch[i].Tokens = []int32{outs[i].Token}
+		}
+	}
+	t0 := time.Now()
+	step()
+	pre := time.Since(t0)
+	t0 = time.Now()
+	for range n {
+		step()
+	}
+	el := time.Since(t0)
+	for i := range batch {
+		m.Free(batch[i].Seq, "")
+	}
+	return pre, float64(b*n) / el.Seconds()
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(f)
+		must(err)
+		out = append(out, n)
+	}
+	return out
+}
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}

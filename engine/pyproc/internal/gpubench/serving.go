@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The serving mode runs the stack as a user does: examples/server on the
+// checkpoint at its own full context (nothing overridden), driven over HTTP
+// by cmd/loadgen at several loads, with the server's own metrics scraped
+// around every load for the mean running batch and queue wait.
+
+// load is one row of the serving table: a closed loop at a concurrency, or
+// Poisson arrivals at a rate.
+type load struct {
+	name        string
+	concurrency int
+	rate        float64
+	requests    int
+}
+
+// parseLoads reads "c1:50,c16:200,r40:800": cN is N clients in a closed
+// loop, rN Poisson arrivals at N requests/s; after the colon, how many
+// requests the row sends.
+func parseLoads(s string) ([]load, error) {
+	var out []load
+	for f := range strings.SplitSeq(s, ",") {
+		spec, n, ok := strings.Cut(strings.TrimSpace(f), ":")
+		reqs, err := strconv.Atoi(n)
+		if !ok || err != nil || reqs < 1 || len(spec) < 2 {
+			return nil, fmt.Errorf("load %q: want cN:REQUESTS or rN:REQUESTS", f)
+		}
+		v, err := strconv.ParseFloat(spec[1:], 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("load %q: bad number", f)
+		}
+		l := load{requests: reqs}
+		switch spec[0] {
+		case 'c':
+			l.name, l.concurrency = fmt.Sprintf("concurrency %g", v), int(v)
+		case 'r':
+			// Enough clients that arrivals never wait for one.
+			l.name, l.rate, l.concurrency = fmt.Sprintf("Poisson %g req/s", v), v, 1024
+		default:
+			return nil, fmt.Errorf("load %q: want c or r", f)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// loadSummary is the part of loadgen's -json summary the table prints.
+type loadSummary struct {
+	Completed, Failed int
+	RequestThroughput float64
+	OutputThroughput  float64
+	Goodput           float64
+	TTFT, TPOT        struct{ Values []time.Duration }
+	FirstError        string
+}
+
+// servingConfig is what the serving mode needs beyond the checkpoint.
+type servingConfig struct {
+	server, loadgen, python string
+	loads                   []load
+	inputWords, maxTokens   int
+	ttftSLO, tpotSLO        time.Duration
+	logDir                  string
+	serverArgs              []string
+}
+
+func runServing(ctx context.Context, dir string, c servingConfig) error {
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(c.logDir, "server.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := append([]string{"-engine", "pyproc", "-python", c.python, "-model", dir, "-model-id", "bench", "-addr", addr}, c.serverArgs...)
+	srv := exec.CommandContext(ctx, c.server, args...)
+	srv.Stdout, srv.Stderr = logf, logf
+	t0 := time.Now()
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		_ = srv.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = srv.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = srv.Process.Kill()
+			<-done
+		}
+	}()
+	base := "http://" + addr
+	if err := waitReady(ctx, base, 10*time.Minute); err != nil {
+		return fmt.Errorf("server not ready (see %s): %w", logf.Name(), err)
+	}
+	fmt.Printf("server ready in %v; %s\n", time.Since(t0).Round(time.Millisecond), grepLog(logf.Name(), "model loaded"))
+	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
+		c.inputWords, c.maxTokens, c.ttftSLO, c.tpotSLO)
+	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | mean batch | mean queue wait |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, l := range c.loads {
+		before, err := scrape(ctx, base)
+		if err != nil {
+			return err
+		}
+		s, err := runLoad(ctx, c, base, l)
+		if err != nil {
+			return fmt.Errorf("%s: %w", l.name, err)
+		}
+		after, err := scrape(ctx, base)
+		if err != nil {
+			return err
+		}
+		batch := delta(before, after, "mlxserving_batch_size")
+		wait := delta(before, after, "mlxserving_queue_wait_seconds")
+		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %.1f | %.1f | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
+			s.RequestThroughput, s.OutputThroughput, ms(pct(s.TTFT.Values, 0)), ms(pct(s.TTFT.Values, 1)), ms(pct(s.TPOT.Values, 0)),
+			s.Goodput, batch, ms(time.Duration(wait*float64(time.Second))))
+		if s.FirstError != "" {
+			fmt.Printf("  first error: %s\n", s.FirstError)
+		}
+	}
+	return nil
+}
+
+// runLoad runs loadgen for one row; percentiles are asked as 50,99.
+func runLoad(ctx context.Context, c servingConfig, base string, l load) (loadSummary, error) {
+	args := []string{"-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
+		"-requests", strconv.Itoa(l.requests), "-concurrency", strconv.Itoa(l.concurrency),
+		"-input-words", strconv.Itoa(c.inputWords), "-max-tokens", strconv.Itoa(c.maxTokens),
+		"-duration", "10m", "-slo-ttft", c.ttftSLO.String(), "-slo-tpot", c.tpotSLO.String()}
+	if l.rate > 0 {
+		args = append(args, "-rate", strconv.FormatFloat(l.rate, 'f', -1, 64))
+	}
+	cmd := exec.CommandContext(ctx, c.loadgen, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return loadSummary{}, fmt.Errorf("loadgen: %w", err)
+	}
+	var s loadSummary
+	if err := json.Unmarshal(out, &s); err != nil {
+		return loadSummary{}, fmt.Errorf("loadgen output: %w", err)
+	}
+	return s, nil
+}
+
+func pct(v []time.Duration, i int) time.Duration {
+	if i < len(v) {
+		return v[i]
+	}
+	return 0
+}
+
+func ms(d time.Duration) string {
+	if d >= time.Second {
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func waitReady(ctx context.Context, base string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ready", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// metricSums maps a Prometheus histogram name to its _sum and _count,
+// summed over label sets.
+type metricSums map[string][2]float64
+
+func scrape(ctx context.Context, base string) (metricSums, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return parseSums(resp.Body)
+}
+
+func parseSums(r io.Reader) (metricSums, error) {
+	out := metricSums{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, " ")
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		idx := -1
+		switch {
+		case strings.HasSuffix(name, "_sum"):
+			name, idx = strings.TrimSuffix(name, "_sum"), 0
+		case strings.HasSuffix(name, "_count"):
+			name, idx = strings.TrimSuffix(name, "_count"), 1
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+		if err != nil {
+			continue
+		}
+		e := out[name]
+		e[idx] += v
+		out[name] = e
+	}
+	return out, sc.Err()
+}
+
+// delta is the mean of a histogram over what was observed between two
+// scrapes; the name matches with or without a unit suffix.
+func delta(before, after metricSums, name string) float64 {
+	for k, a := range after {
+		if k != name && !strings.HasPrefix(k, name+"_") {
+			continue
+		}
+		b := before[k]
+		if n := a[1] - b[1]; n > 0 {
+			return (a[0] - b[0]) / n
+		}
+	}
+	return 0
+}
+
+func grepLog(path, substr string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var hits []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if strings.Contains(line, substr) {
+			hits = append(hits, strings.TrimSpace(line))
+		}
+	}
+	if len(hits) == 0 {
+		return "(no " + strconv.Quote(substr) + " in the server log)"
+	}
+	return strings.Join(hits[max(0, len(hits)-2):], "\n")
+}
+
+var errNoServer = errors.New("gpubench: -serving needs the -server and -loadgen binaries")

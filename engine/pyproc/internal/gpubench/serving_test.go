@@ -1,0 +1,51 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseLoads(t *testing.T) {
+	ls, err := parseLoads("c1:50, c64:512,r40:800")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 3 || ls[0].concurrency != 1 || ls[0].requests != 50 || ls[1].concurrency != 64 ||
+		ls[2].rate != 40 || ls[2].requests != 800 || ls[2].name != "Poisson 40 req/s" {
+		t.Fatalf("parseLoads = %+v", ls)
+	}
+	for _, bad := range []string{"", "c1", "x4:10", "c0:10", "c4:0", "c4:x"} {
+		if _, err := parseLoads(bad); err == nil {
+			t.Errorf("parseLoads(%q) accepted", bad)
+		}
+	}
+}
+
+func TestHistogramDelta(t *testing.T) {
+	before, err := parseSums(strings.NewReader(`# HELP mlxserving_batch_size Sequences per engine step.
+mlxserving_batch_size_bucket{le="1"} 3
+mlxserving_batch_size_sum{model="a"} 10
+mlxserving_batch_size_count{model="a"} 5
+mlxserving_queue_wait_seconds_sum 1.5
+mlxserving_queue_wait_seconds_count 3
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parseSums(strings.NewReader(`mlxserving_batch_size_sum{model="a"} 110
+mlxserving_batch_size_count{model="a"} 7
+mlxserving_batch_size_sum{model="b"} 40
+mlxserving_batch_size_count{model="b"} 3
+mlxserving_queue_wait_seconds_sum 1.5
+mlxserving_queue_wait_seconds_count 3
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := delta(before, after, "mlxserving_batch_size"); got != 28 { // (150-10)/(10-5)
+		t.Errorf("mean batch = %v, want 28", got)
+	}
+	if got := delta(before, after, "mlxserving_queue_wait_seconds"); got != 0 {
+		t.Errorf("queue wait with nothing observed = %v, want 0", got)
+	}
+}

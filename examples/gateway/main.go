@@ -1,0 +1,217 @@
+// Command gateway is the front of an mlxserving cluster: the OpenAI API
+// over a scheduler.LoadBalancer whose backends are the instances found over
+// NATS (examples/server -nats ...) and/or any OpenAI-compatible servers
+// named with -upstream (mlxserving, vLLM, llama.cpp, mlx_lm.server), with
+// API keys, a routing strategy and, with -redis, session homes shared by
+// gateway replicas.
+//
+//	MLXSERVING_NATS_PASSWORD=... go run ./examples/gateway -nats nats://nats.internal:4222 -nats-user gateway \
+//	  -api-keys keys.json -strategy weighted -redis 10.0.0.5:6379
+//	go run ./examples/gateway -upstream http://10.0.0.7:8000,http://10.0.0.8:8000   # no NATS: a static list
+//
+// SIGTERM or SIGINT stop it after the requests in flight.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
+	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/scheduler/redisaffinity"
+)
+
+// natsPasswordEnv holds the password for -nats-user (kept out of argv).
+const natsPasswordEnv = "MLXSERVING_NATS_PASSWORD"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr, natsURLs, upstreams, strategy, redisAddr, apiKeys string
+	cred                                                    natsbackend.Credentials
+	drain                                                   time.Duration
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
+	fs.StringVar(&o.natsURLs, "nats", "", "find instances over NATS: server URLs, comma-separated")
+	fs.StringVar(&o.cred.CredsFile, "nats-creds", "", "NATS credentials file (JWT + NKey)")
+	fs.StringVar(&o.cred.NKeySeedFile, "nats-nkey", "", "file holding an NKey seed")
+	fs.StringVar(&o.cred.User, "nats-user", "", "NATS user; the password comes from $"+natsPasswordEnv)
+	fs.StringVar(&o.cred.CAFile, "nats-ca", "", "CA certificate file for the NATS server's TLS")
+	fs.StringVar(&o.cred.CertFile, "nats-cert", "", "client certificate file (TLS), with -nats-key")
+	fs.StringVar(&o.cred.KeyFile, "nats-key", "", "client key file (TLS), with -nats-cert")
+	fs.StringVar(&o.upstreams, "upstream", "", "OpenAI-compatible servers to route to as well, comma-separated base URLs")
+	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
+	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
+	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile); default: no keys")
+	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for requests in flight")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.natsURLs == "" && o.upstreams == "" {
+		return o, errors.New("no backends: give -nats, -upstream or both")
+	}
+	if _, err := strategy(o.strategy); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+func strategy(name string) (scheduler.Strategy, error) {
+	switch name {
+	case "round-robin":
+		return scheduler.RoundRobin(), nil
+	case "least-loaded":
+		return scheduler.LeastLoaded(), nil
+	case "peak-ewma":
+		return scheduler.PeakEWMA(), nil
+	case "p2c":
+		return scheduler.PowerOfTwo(scheduler.LeastLoaded()), nil
+	case "session":
+		return scheduler.SessionAffinity(1.25, scheduler.LeastLoaded()), nil
+	case "weighted":
+		return scheduler.Weighted(scheduler.DefaultWeights), nil
+	}
+	return nil, fmt.Errorf("-strategy %q: want round-robin, least-loaded, peak-ewma, p2c, session or weighted", name)
+}
+
+// run serves until ctx ends. If listening is not nil it receives the
+// address once the gateway accepts connections.
+func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- string) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(logOut, nil))
+	lb, closeAll, err := balancer(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	hopts := []openai.Option{openai.WithLogger(log)}
+	if o.apiKeys != "" {
+		keys, err := openai.LoadKeyFile(o.apiKeys)
+		if err != nil {
+			return err
+		}
+		hopts = append(hopts, openai.WithAPIKeys(keys...))
+	}
+	h, err := openai.New(lb, hopts...)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	log.Info("gateway listening", "addr", ln.Addr().String(), "strategy", o.strategy)
+	if listening != nil {
+		listening <- ln.Addr().String()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.drain)
+	defer cancel()
+	err = hs.Shutdown(sctx)
+	<-served
+	return err
+}
+
+// balancer builds the load balancer over the -upstream servers and the
+// instances Discover finds; closeAll stops discovery and closes the rest.
+func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.LoadBalancer, func(), error) {
+	strat, _ := strategy(o.strategy)
+	lbOpts := []scheduler.LBOption{scheduler.WithStrategy(strat), scheduler.WithLBLogger(log)}
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	if o.redisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr})
+		closers = append(closers, func() { _ = rdb.Close() })
+		store, err := redisaffinity.New(rdb)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		lbOpts = append(lbOpts, scheduler.WithAffinityStore(store, 0))
+	}
+	lb, err := scheduler.NewLoadBalancer(lbOpts...)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	closers = append(closers, func() { _ = lb.Close() })
+	for i, u := range strings.Split(o.upstreams, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue
+		}
+		b, err := httpbackend.New(u)
+		if err == nil {
+			closers = append(closers, func() { _ = b.Close() })
+			err = lb.Add(fmt.Sprintf("upstream-%d", i), b)
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("-upstream %s: %w", u, err)
+		}
+	}
+	if o.natsURLs != "" {
+		o.cred.Password = os.Getenv(natsPasswordEnv)
+		nopts, err := o.cred.Options()
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		nc, err := nats.Connect(o.natsURLs, append(nopts, nats.Name("mlxserving gateway"), nats.MaxReconnects(-1))...)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
+		}
+		closers = append(closers, nc.Close)
+		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithDiscoverLogger(log))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = d.Close() })
+	}
+	return lb, closeAll, nil
+}
