@@ -17,6 +17,7 @@ tokens do not depend on which path ran.
   write into the blocks.
 """
 import math
+import os
 
 import torch
 import triton
@@ -89,7 +90,8 @@ def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
 def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
                         qkv_stride, bt_stride, s_blk, s_pos, s_head, scale,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
-                        HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                        HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -127,10 +129,15 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     lo = sp * chunk
     hi = tl.minimum(p, lo + chunk)
     j = tl.arange(0, BLOCK)
+    nxt = tl.load(bt + (lo + j) // BS, mask=lo + j < hi, other=0)
     for start in range(lo, hi, BLOCK):
         pj = start + j
         jm = pj < hi
-        blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
+        if PREFETCH:  # this tile's blocks came with the last one; load the next tile's now
+            blk = nxt.to(tl.int64)
+            nxt = tl.load(bt + (pj + BLOCK) // BS, mask=pj + BLOCK < hi, other=0)
+        else:
+            blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
         off = blk * s_blk + (pj % BS) * s_pos + kh * s_head
         kb = tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
         vb = tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
@@ -238,6 +245,9 @@ def splits(batch, kv_heads, context):
 # by batch size from internal/gpubench/attn_tune.py on an H100; ATTN_CONFIG
 # set overrides them (the tuning script does).
 ATTN_CONFIG = None
+# Whether each tile of the attention loop loads the next tile's block ids
+# (one tile ahead of the cache loads that depend on them).
+ATTN_PREFETCH = os.environ.get("MLXSERVING_ATTN_PREFETCH", "1") != "0"
 
 
 def _attn_config(batch):
@@ -269,7 +279,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
-        IEEE=qkv.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        IEEE=qkv.dtype == torch.float32, PREFETCH=ATTN_PREFETCH, num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
     return out

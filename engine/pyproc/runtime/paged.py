@@ -9,6 +9,7 @@ lists the blocks of the sequence in table row r; row 0 is scratch, every
 entry the scratch block.
 """
 import collections
+import os
 
 import torch
 
@@ -71,6 +72,8 @@ class PagedKV:
         self.saved = collections.OrderedDict()  # key -> Saved, least recently used first
         self.evicted = []  # saved keys given up, reported on the next reply
         self.table_grown = False  # the table was reallocated: captured graphs read the old one
+        # Reuse of cached full blocks by Opens without a key (the prefix cache).
+        self.auto_prefix = os.environ.get("MLXSERVING_PREFIX_CACHE", "1") != "0"
 
     def bytes(self):
         return 2 * self.k.numel() * self.k.element_size()
@@ -169,7 +172,7 @@ class PagedKV:
             n = common_prefix(e.tokens, prompt)
             return e.blocks[: self.pool.blocks_for(n)], n
         pool, bs, node, out = self.pool, self.bs, 0, []
-        for i in range(len(prompt) // bs):
+        for i in range(len(prompt) // bs if self.auto_prefix else 0):
             b = pool.lookup(node, tuple(prompt[i * bs : (i + 1) * bs]))
             if b is None:
                 break

@@ -76,7 +76,7 @@ class TorchModel:
         bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError("invalid", "block size %d is out of range" % bs)
-        blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs)
+        blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs, int(opts.get("max_batch") or 0))
         self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks * bs))
         cfg.context = min(cfg.context, blocks * bs)  # one sequence cannot hold more than the pool
         try:
@@ -94,19 +94,25 @@ class TorchModel:
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
 
-    def _size_pool(self, kv_capacity, bs):
+    def _size_pool(self, kv_capacity, bs, max_batch):
         """Blocks in the pool: kv_capacity tokens when given, else a share
-        of the device's free memory (CUDA) or of a fixed budget (CPU)."""
+        of the device's free memory (CUDA) or of a fixed budget (CPU), at
+        most what twice max_batch sequences of the whole context take (room
+        for as many saved prefixes), so a model with a short context leaves
+        the device to others."""
         cfg = self.cfg
         if kv_capacity:
             return max(1, -(-kv_capacity // bs))
+        if not max_batch:
+            max_batch = MAX_BATCH_CUDA if self.device.type == "cuda" else MAX_BATCH_CPU
+        most = -(-2 * max_batch * cfg.context // bs)
         per_block = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * bs * torch.tensor([], dtype=self.dtype).element_size()
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * float(os.environ.get("MLXSERVING_KV_FRACTION") or 0.8))
         else:
             budget = 1 << 30
-        return max(1, budget // per_block)
+        return max(1, min(most, budget // per_block))
 
     def _default_batch(self, tokens):
         """The default max_batch: as many sequences as the pool holds at

@@ -11,6 +11,7 @@ protocol) on a checkpoint at its full context and prints
 
   paged_bench.py RUNTIME_DIR CHECKPOINT [AHEAD]
 """
+import gc
 import os
 import sys
 import time
@@ -54,9 +55,11 @@ def load(bs, max_batch=0):
 
 def decode(m, batch, r):
     ids = list(range(1000 * r + 1, 1000 * r + 1 + batch))
-    for i in ids:
-        m.open(i, prompt(i, PROMPT, r), "")
-    last = m.step([[i, prompt(i, PROMPT, r), True, {}] for i in ids])[0]
+    last = []
+    for g in range(0, batch, 64):  # prefill 64 prompts a step
+        for i in ids[g : g + 64]:
+            m.open(i, prompt(i, PROMPT, r), "")
+        last += m.step([[i, prompt(i, PROMPT, r), True, {}] for i in ids[g : g + 64]])[0]
 
     def step():
         nonlocal last
@@ -151,6 +154,7 @@ def main():
             mixed(m, min(64, m.max_batch - 1), [int(c) for c in os.environ.get("CHUNKS", "128,512,2048").split(",")])
         m.close()
         del m
+        gc.collect()
         if DEV == "cuda":
             torch.cuda.empty_cache()
 
