@@ -69,6 +69,14 @@ type ContinuousBatcher struct {
 	admitFn  func(*Sequence) bool
 	emaStep  time.Duration
 
+	// Paged KV (blocks.go): the model's pool, nil when it does not page;
+	// the blocks an admission round has left (valid while leftValid);
+	// the free blocks the engine reported last.
+	pool      engine.BlockPool
+	left      int
+	leftValid bool
+	lastFree  int
+
 	statsMu sync.Mutex
 	stats   Stats
 
@@ -116,6 +124,10 @@ func New(model engine.Model, queue Queue, opts ...Option) (*ContinuousBatcher, e
 		b.limit = cfg.minBatch
 	}
 	b.admitFn = b.fits
+	if b.pool = pagedPool(model, info); b.pool != nil {
+		b.admitFn = b.fitsBlocks
+		b.lastFree = info.KVBlocks
+	}
 	b.stats.Limit = b.limit
 	go b.loop(ctx)
 	return b, nil
@@ -188,8 +200,12 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // need is the KV a sequence reserves: its whole possible length, so a
-// running sequence never runs out of KV mid-generation.
+// running sequence never runs out of KV mid-generation. Nothing on a
+// paged model, whose sequences take blocks as they grow (blocks.go).
 func (b *ContinuousBatcher) need(s *Sequence) int {
+	if b.pool != nil {
+		return 0
+	}
 	return min(len(s.Prompt)+s.MaxTokens, b.info.ContextLength)
 }
 
@@ -206,6 +222,7 @@ func (b *ContinuousBatcher) fits(s *Sequence) bool {
 // admit moves sequences from the queue into the running batch while they
 // fit, preempting lower tiers for a blocked critical one when allowed.
 func (b *ContinuousBatcher) admit(ctx context.Context) {
+	b.leftValid = false
 	for {
 		next, blocked := b.queue.Pop(b.admitFn)
 		if next == nil {
@@ -252,8 +269,9 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		s.out.finish(api.Chunk{}, err)
 		return true
 	}
-	s.fed = reused
+	s.fed, s.kv = reused, reused
 	s.open = true
+	b.admittedBlocks(s)
 	if s.admitted.IsZero() {
 		s.admitted = time.Now()
 		s.cached = reused
@@ -267,9 +285,21 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 // sequence if the blocked entry's tier may preempt it. The victim is
 // requeued and later recomputes its prompt and the tokens it generated.
 func (b *ContinuousBatcher) preemptFor(blocked *Entry) bool {
+	victim := b.victim(func(e *Entry) bool { return b.queue.Preempts(blocked.Tier, e.Tier) })
+	if victim < 0 {
+		return false
+	}
+	b.preempt(victim)
+	b.leftValid = false // the victim's blocks came back
+	return true
+}
+
+// victim returns the index of the lowest-tier, most recently admitted
+// running sequence that may be preempted, or -1.
+func (b *ContinuousBatcher) victim(may func(*Entry) bool) int {
 	victim := -1
 	for i, e := range b.running {
-		if !b.queue.Preempts(blocked.Tier, e.Tier) {
+		if !may(e) {
 			continue
 		}
 		if victim < 0 || b.running[victim].Tier.Outranks(e.Tier) ||
@@ -277,15 +307,17 @@ func (b *ContinuousBatcher) preemptFor(blocked *Entry) bool {
 			victim = i
 		}
 	}
-	if victim < 0 {
-		return false
-	}
-	e := b.running[victim]
+	return victim
+}
+
+// preempt frees running sequence i and requeues it; it recomputes its
+// prompt and generated tokens when admitted again.
+func (b *ContinuousBatcher) preempt(i int) {
+	e := b.running[i]
 	b.release(e, "")
-	b.removeRunning(victim)
+	b.removeRunning(i)
 	e.Value.preemptions++
 	b.queue.Requeue(e)
-	return true
 }
 
 // release frees a running sequence's KV and reservation.

@@ -67,6 +67,7 @@ type Sequence struct {
 	generated   []int32
 	feed        []int32 // tokens to prefill after Open: prompt (+ generated on recompute)
 	fed         int     // tokens of feed already stepped
+	kv          int     // tokens the engine holds for the sequence: reused + every token fed
 	open        bool
 	admitted    time.Time
 	firstToken  time.Time

@@ -23,7 +23,9 @@ type Stats struct {
 	PrefillTokens uint64
 	// Running is the number of sequences in the batch now.
 	Running int
-	// KVReserved is the KV tokens reserved by running sequences.
+	// KVReserved is the KV tokens reserved by running sequences; on a
+	// paged model, the tokens the blocks in use hold (the pool less its
+	// free blocks, as of the last step).
 	KVReserved int
 	// KVCapacity is the engine's KV capacity in tokens.
 	KVCapacity int
@@ -37,6 +39,13 @@ type Stats struct {
 	// the caller and that went on from where they stopped (recomputing
 	// prompt plus delivered tokens on a live worker).
 	Resumed uint64
+	// KVBlocks and FreeBlocks describe a paged model's pool (zero when
+	// the model does not page): its size, and its free blocks as of the
+	// last step.
+	KVBlocks, FreeBlocks int
+	// BlockPreemptions counts sequences preempted because the pool ran
+	// out of blocks; each recomputes when admitted again.
+	BlockPreemptions uint64
 }
 
 // Stats returns a snapshot. Safe for concurrent use.
@@ -94,11 +103,21 @@ func (b *ContinuousBatcher) addResume() {
 	b.statsMu.Unlock()
 }
 
+func (b *ContinuousBatcher) addBlockPreemption() {
+	b.statsMu.Lock()
+	b.stats.BlockPreemptions++
+	b.statsMu.Unlock()
+}
+
 // publishOccupancy updates the running and KV figures.
 func (b *ContinuousBatcher) publishOccupancy() {
 	b.statsMu.Lock()
 	b.stats.Running = len(b.running)
 	b.stats.KVReserved = b.reserved
 	b.stats.KVCapacity = b.info.KVCapacity
+	if b.pool != nil {
+		b.stats.KVReserved = (b.info.KVBlocks - b.lastFree) * b.info.BlockSize
+		b.stats.KVBlocks, b.stats.FreeBlocks = b.info.KVBlocks, b.lastFree
+	}
 	b.statsMu.Unlock()
 }

@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -21,6 +22,10 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	budget := b.cfg.tokenBudget
 	decode, prefill := 0, 0
 	dead := false
+	blocks := 0 // blocks left for prompt chunks on a paged model
+	if b.pool != nil {
+		blocks = b.roomForDecodes()
+	}
 	b.fillMasks()
 	for _, e := range b.running {
 		s := e.Value
@@ -42,6 +47,12 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 			continue
 		}
 		n := min(budget, len(s.feed)-s.fed)
+		if b.pool != nil && len(b.running) > 1 {
+			if n = b.chunkForBlocks(s, n, blocks); n == 0 {
+				continue // waits for blocks; decodes free them
+			}
+			blocks -= b.grows(s, n)
+		}
 		end := s.fed + n
 		var allowed []uint64
 		if end == len(s.feed) {
@@ -61,6 +72,9 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		b.removeFinished()
 	}
 	if len(in) == 0 {
+		if b.pool != nil && len(b.running) > 1 {
+			b.preemptForBlocks() // every sequence waits for blocks: make some
+		}
 		return
 	}
 
@@ -97,6 +111,7 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 	finished := false
 	for i := range in {
 		s := seqs[i]
+		s.kv += len(in[i].Tokens)
 		if s.fed < len(s.feed) {
 			s.fed += len(in[i].Tokens)
 		}
@@ -221,6 +236,15 @@ func (b *ContinuousBatcher) removeFinished() {
 func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return // closing: the loop fails what is running
+	}
+	if b.pool != nil && errors.Is(err, engine.ErrOutOfMemory) && len(b.running) > 1 {
+		// A refused step changed no sequence (engine.BlockPool): the
+		// pool is shorter than the batcher counted (blocks held ahead
+		// by the engine, or workers' pools of different fill). Give
+		// blocks back and step again.
+		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "batch", len(b.inputs), "err", err)
+		b.preemptForBlocks()
+		return
 	}
 	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(b.inputs), "retryable", b.cfg.retry.Retryable(err))
 	failed := make(map[engine.SeqID]bool, len(b.inputs))

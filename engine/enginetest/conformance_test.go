@@ -24,6 +24,20 @@ func TestSimConformance(t *testing.T) {
 	}
 }
 
+// TestSimConformancePaged runs the suite on a paged simulated model:
+// blocks of 16 tokens, taken as sequences are fed.
+func TestSimConformancePaged(t *testing.T) {
+	sim, err := NewSim(WithVocabSize(500), WithContextLength(512), WithMaxBatch(8), WithBlockSize(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	Run(t, sim, "")
+	if st := sim.Stats(); st.OpenSequences != 0 || st.KVTokens != 0 || st.Models != 0 {
+		t.Errorf("after the suite: %+v; want no open sequences, KV or models", st)
+	}
+}
+
 func TestSimConformanceDefaults(t *testing.T) {
 	sim, err := NewSim()
 	if err != nil {

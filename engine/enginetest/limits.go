@@ -33,12 +33,21 @@ func (s *suite) promptOverflow(tb testing.TB, m engine.Model) {
 // checkCapacity: prompts over the context are refused with a
 // *engine.ContextLengthError; opening more tokens than KVCapacity fails
 // with engine.ErrOutOfMemory, and works again once a sequence is freed.
+// A paged model takes its KV as sequences are fed, not at Open: its
+// capacity is checked by checkBlocks.
 func checkCapacity(tb testing.TB, s *suite) {
 	s.promptOverflow(tb, s.small)
 	if s.info.ContextLength <= 1<<17 {
 		s.promptOverflow(tb, s.m)
 	}
 	info := s.small.Info()
+	if info.Paged() {
+		checkBlocks(tb, s)
+		return
+	}
+	if info.BlockSize != 0 || info.KVBlocks != 0 {
+		tb.Errorf("Info.BlockSize %d and KVBlocks %d: a paged model sets both, another neither", info.BlockSize, info.KVBlocks)
+	}
 	plen := max(1, min(info.ContextLength, info.KVCapacity)*3/4)
 	var open []engine.SeqID
 	defer func() {

@@ -29,6 +29,7 @@ type simModel struct {
 	closed  bool
 	seqs    map[engine.SeqID]*simSeq
 	kv      int // KV tokens held by open sequences
+	blocks  int // KV blocks held by open sequences (paged models)
 	saves   *lru.Cache[string, []int32]
 	evicted []string    // saved keys the LRU bound pushed out, for EvictedSaved
 	quiet   bool        // set while removing saves on purpose: not evictions
@@ -42,9 +43,12 @@ type simModel struct {
 type simSeq struct {
 	hash   uint64  // rolling hash of tokens
 	tokens []int32 // every token fed, kept for saving under a prefix key
-	held   int     // KV tokens reserved: the prompt's length, or more once fed past it
-	seed   uint64  // sampling seed when the params carry none
-	stamp  uint64  // the last Step that carried this sequence
+	// held is the KV tokens reserved: the prompt's length, or more once
+	// fed past it; on a paged model, the tokens fed (blocks are taken as
+	// the sequence grows).
+	held  int
+	seed  uint64 // sampling seed when the params carry none
+	stamp uint64 // the last Step that carried this sequence
 	// sampled is set once the sequence has sampled; tokens fed after that
 	// are generated and gen counts them, for presence and frequency
 	// penalties.
@@ -80,17 +84,25 @@ func (m *simModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 	if err := m.checkTokens(prompt); err != nil {
 		return 0, err
 	}
-	if m.kv+len(prompt) > m.info.KVCapacity {
-		return 0, fmt.Errorf("enginetest: model %q: sequence %d needs %d KV tokens, %d of %d are free: %w",
-			m.info.ID, id, len(prompt), m.info.KVCapacity-m.kv, m.info.KVCapacity, engine.ErrOutOfMemory)
-	}
 	reused := m.reuse(prompt, prefixKey)
-	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: len(prompt), seed: m.sim.newSeed()}
+	held := len(prompt)
+	if m.info.Paged() {
+		held = reused
+		if need := m.info.BlocksFor(held); m.blocks+need > m.info.KVBlocks {
+			return 0, fmt.Errorf("enginetest: model %q: sequence %d needs %d KV blocks, %d of %d are free: %w",
+				m.info.ID, id, need, m.info.KVBlocks-m.blocks, m.info.KVBlocks, engine.ErrOutOfMemory)
+		}
+	} else if m.kv+held > m.info.KVCapacity {
+		return 0, fmt.Errorf("enginetest: model %q: sequence %d needs %d KV tokens, %d of %d are free: %w",
+			m.info.ID, id, held, m.info.KVCapacity-m.kv, m.info.KVCapacity, engine.ErrOutOfMemory)
+	}
+	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: held, seed: m.sim.newSeed()}
 	copy(seq.tokens, prompt[:reused])
 	seq.hash = feed(hashStart, seq.tokens)
 	m.seqs[id] = seq
-	m.kv += len(prompt)
-	m.sim.stats.kv.Add(int64(len(prompt)))
+	m.kv += held
+	m.blocks += m.info.BlocksFor(held)
+	m.sim.stats.kv.Add(int64(held))
 	m.sim.stats.open.Add(1)
 	return reused, nil
 }
@@ -171,6 +183,7 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 	}
 	delete(m.seqs, id)
 	m.kv -= seq.held
+	m.blocks -= m.info.BlocksFor(seq.held)
 	m.sim.stats.kv.Add(-int64(seq.held))
 	m.sim.stats.open.Add(-1)
 	if saveKey != "" && len(seq.tokens) > 0 {
@@ -191,7 +204,7 @@ func (m *simModel) Close() error {
 	m.sim.stats.kv.Add(-int64(m.kv))
 	m.sim.stats.open.Add(-int64(len(m.seqs)))
 	m.sim.stats.models.Add(-1)
-	m.kv, m.seqs, m.scratch = 0, nil, nil
+	m.kv, m.blocks, m.seqs, m.scratch = 0, 0, nil, nil
 	m.quiet = true
 	m.saves.Purge()
 	m.evicted = nil
@@ -199,7 +212,20 @@ func (m *simModel) Close() error {
 	return nil
 }
 
+// FreeBlocks returns the blocks no open sequence holds on a paged model
+// (see [WithBlockSize] and [engine.BlockPool]); zero when the model does
+// not page or is closed.
+func (m *simModel) FreeBlocks() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || !m.info.Paged() {
+		return 0
+	}
+	return m.info.KVBlocks - m.blocks
+}
+
 var (
-	_ engine.Model   = (*simModel)(nil)
-	_ engine.SavedKV = (*simModel)(nil)
+	_ engine.Model     = (*simModel)(nil)
+	_ engine.SavedKV   = (*simModel)(nil)
+	_ engine.BlockPool = (*simModel)(nil)
 )

@@ -37,6 +37,7 @@ type simConfig struct {
 	compileTime             time.Duration
 	weightBytes             int64
 	kvTokenBytes            int64
+	blockSize               int
 }
 
 func defaultConfig() simConfig {
@@ -165,10 +166,29 @@ func WithPrefixCacheEntries(n int) SimOption {
 	}
 }
 
+// WithBlockSize makes every model keep its KV in a pool of blocks of n
+// tokens (a paged model, see [engine.BlockPool]): KVCapacity/n blocks,
+// taken as sequences are fed rather than reserved at Open, so admission
+// and preemption by blocks can be exercised without a GPU. The context is
+// capped at what the pool holds. Saved prefixes still live apart from the
+// pool. Default 0: the model reserves each prompt's KV at Open.
+func WithBlockSize(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 0 {
+			return badOption("block size", n, "0 (not paged) or more")
+		}
+		c.blockSize = n
+		return nil
+	}
+}
+
 // validate checks what single options cannot: how they combine.
 func (c *simConfig) validate() error {
 	if c.eosProb > 0 && len(c.eos) == 0 {
 		return badOption("eos probability", c.eosProb, "0 when there are no EOS ids")
+	}
+	if c.blockSize > c.kvCapacity {
+		return badOption("block size", c.blockSize, fmt.Sprintf("at most the KV capacity %d", c.kvCapacity))
 	}
 	if len(c.eos) >= c.vocabSize {
 		return badOption("eos", c.eos, fmt.Sprintf("fewer ids than the vocab size %d", c.vocabSize))

@@ -176,6 +176,14 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 	if spec.ContextLength > 0 {
 		info.ContextLength = min(info.ContextLength, spec.ContextLength)
 	}
+	if bs := s.cfg.blockSize; bs > 0 {
+		info.BlockSize, info.KVBlocks = bs, info.KVCapacity/bs
+		if info.KVBlocks < 1 {
+			return engine.Info{}, badOption("kv capacity", spec.KVCapacity, fmt.Sprintf("at least one block of %d tokens", bs))
+		}
+		info.KVCapacity = info.KVBlocks * bs
+		info.ContextLength = min(info.ContextLength, info.KVCapacity) // one sequence cannot outgrow the pool
+	}
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil

@@ -53,6 +53,7 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 // the batch adds, the number of samples and of tokens fed. Has to be
 // called with m.mu held.
 func (m *simModel) check(batch []engine.StepInput) (grow, samples, tokens int, err error) {
+	growBlocks := 0
 	if len(batch) > m.info.MaxBatch {
 		return 0, 0, 0, &engine.InvalidParamError{Param: "batch",
 			Reason: fmt.Sprintf("%d inputs; model %q takes at most %d per step", len(batch), m.info.ID, m.info.MaxBatch)}
@@ -67,11 +68,16 @@ func (m *simModel) check(batch []engine.StepInput) (grow, samples, tokens int, e
 		}
 		n := len(seq.tokens) + len(in.Tokens)
 		grow += max(0, n-seq.held)
+		growBlocks += m.info.BlocksFor(n) - m.info.BlocksFor(seq.held)
 		tokens += len(in.Tokens)
 		if in.Sample {
 			samples++
 		}
 		m.scratch = append(m.scratch, seq)
+	}
+	if m.info.Paged() && m.blocks+growBlocks > m.info.KVBlocks {
+		return 0, 0, 0, fmt.Errorf("enginetest: model %q: the step needs %d more KV blocks, %d of %d are free: %w",
+			m.info.ID, growBlocks, m.info.KVBlocks-m.blocks, m.info.KVBlocks, engine.ErrOutOfMemory)
 	}
 	if m.kv+grow > m.info.KVCapacity {
 		return 0, 0, 0, fmt.Errorf("enginetest: model %q: the step needs %d more KV tokens, %d of %d are free: %w",
@@ -131,7 +137,9 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 			}
 		}
 		seq.tokens = append(seq.tokens, in.Tokens...)
+		m.blocks -= m.info.BlocksFor(seq.held)
 		seq.held = max(seq.held, len(seq.tokens))
+		m.blocks += m.info.BlocksFor(seq.held)
 		if !in.Sample {
 			continue
 		}

@@ -78,22 +78,21 @@ func (m *Model) readFrees(p *proc) {
 	}
 }
 
-// FreeBlocks returns the KV blocks a sequence can take now (see
-// engine.BlockPool): with one worker (the default), that worker's free
-// blocks, counting blocks held only by saved prefixes or the prefix cache.
-// With several workers every worker has a pool of its own, and a
-// sequence's blocks come from the pool of the worker it was opened on;
-// FreeBlocks is then the smallest count among the live workers, so any
-// set of feeds whose blocks add up to at most FreeBlocks fits wherever
-// its sequences live, and a new sequence fits wherever it is routed. A
-// worker that died took its blocks with it; its replacement starts with
-// a whole pool. Zero for a model that does not page, and when no worker
-// is up.
+// FreeBlocks returns the KV blocks sequences can take now (see
+// engine.BlockPool), counting blocks held only by saved prefixes or the
+// prefix cache: the sum over the live workers, as Info.KVBlocks is the
+// sum of their pools. With several workers each sequence draws from the
+// pool of the worker it was opened on (the least loaded), so a step can
+// still find one worker short while others have room: it then fails with
+// engine.ErrOutOfMemory and changes nothing, and the caller gives blocks
+// back (the batcher preempts) and steps again. A worker that died took
+// its blocks with it; its replacement starts with a whole pool. Zero for
+// a model that does not page, and when no worker is up.
 func (m *Model) FreeBlocks() int {
 	if !m.info.Paged() || m.closed.Load() {
 		return 0
 	}
-	least := -1
+	free := 0
 	for _, s := range m.e.slots {
 		s.mu.Lock()
 		p := s.cur
@@ -102,12 +101,10 @@ func (m *Model) FreeBlocks() int {
 			continue
 		}
 		m.readFrees(p)
-		if n := m.poolOf(p).free; least < 0 || n < least {
-			least = n
-		}
+		free += m.poolOf(p).free
 	}
 	m.forgetDeadPools()
-	return max(least, 0)
+	return free
 }
 
 // forgetDeadPools drops the state of workers that died.

@@ -60,6 +60,15 @@ class Pool:
         self.held += 1
         return b
 
+    def adopt(self, b):
+        """A sequence takes over b, cached and referenced by nobody: out of
+        the cache, the sequence's own (it will write into it)."""
+        assert self.refs[b] == 0 and self.key[b] is not None, "block %d is not an idle cached block" % b
+        del self.lru[b]
+        self._uncache(b)
+        self.refs[b] = self.seq_refs[b] = 1
+        self.held += 1
+
     def take_free(self):
         """A block from the free list only (never evicts), or None."""
         if not self.stack:

@@ -195,7 +195,12 @@ class PagedKV:
         for i, b in enumerate(src[:full]):
             pool.share(b)
             self._set(s, i, b)
-        if part:
+        if part and pool.refs[src[full]] == 0:
+            # Cached and referenced by nobody: the sequence takes the block
+            # over instead of copying it (it may be the only one to spare).
+            pool.adopt(src[full])
+            self._set(s, full, src[full])
+        elif part:
             old = src[full]
             pool.keep(old)  # taking a block may evict the prefix being copied
             try:

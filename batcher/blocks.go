@@ -1,0 +1,119 @@
+package batcher
+
+import (
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Paged KV. When the model keeps its KV in blocks (engine.Info.Paged and
+// engine.BlockPool), the batcher does not reserve a sequence's whole
+// possible length at admission, as it must for a model that does not
+// page: it admits a sequence while the blocks for its prompt are free
+// (vLLM's rule, with a watermark of 1% of the pool kept for running
+// sequences to grow into), sequences take blocks as they are fed, and a
+// step that would need more blocks than are free first drops prompt
+// chunks, then preempts running sequences — the lowest tier, the most
+// recently admitted first — which go back to the queue and later
+// recompute their prompt and the tokens they generated. An admitted
+// request never fails for want of blocks and the pool cannot deadlock:
+// a sequence alone always fits, as the engine caps the context at what
+// its pool holds.
+
+// pagedPool returns the model's block pool, or nil when it does not page.
+func pagedPool(m engine.Model, info engine.Info) engine.BlockPool {
+	if !info.Paged() {
+		return nil
+	}
+	p, _ := m.(engine.BlockPool)
+	return p
+}
+
+// grows is the blocks s takes when n more tokens are fed to it.
+func (b *ContinuousBatcher) grows(s *Sequence, n int) int {
+	return b.info.BlocksFor(s.kv+n) - b.info.BlocksFor(s.kv)
+}
+
+// blocksLeft is what the running batch leaves of the pool: the free
+// blocks less those the sequences still prefilling will take to finish
+// their prompts, and less the watermark.
+func (b *ContinuousBatcher) blocksLeft() int {
+	left := b.freeBlocks() - max(1, b.info.KVBlocks/100)
+	for _, e := range b.running {
+		if s := e.Value; s.fed < len(s.feed) {
+			left -= b.grows(s, len(s.feed)-s.fed)
+		}
+	}
+	return left
+}
+
+// freeBlocks asks the engine for its free blocks and remembers the answer
+// for the stats.
+func (b *ContinuousBatcher) freeBlocks() int {
+	n := b.pool.FreeBlocks()
+	b.lastFree = n
+	return n
+}
+
+// fitsBlocks is the admission test of a paged model: a free batch slot
+// and the blocks for the whole feed (prompt, plus the tokens generated
+// before a preemption) beyond what the batch already counts on.
+func (b *ContinuousBatcher) fitsBlocks(s *Sequence) bool {
+	if len(b.running) == 0 {
+		return true
+	}
+	if len(b.running) >= b.limit {
+		return false
+	}
+	if !b.leftValid {
+		b.left, b.leftValid = b.blocksLeft(), true
+	}
+	return b.info.BlocksFor(len(s.Prompt)+len(s.generated)) <= b.left
+}
+
+// admittedBlocks counts an admitted sequence's feed against what the
+// round has left.
+func (b *ContinuousBatcher) admittedBlocks(s *Sequence) {
+	if b.leftValid {
+		b.left -= b.info.BlocksFor(len(s.feed))
+	}
+}
+
+// roomForDecodes makes sure this step's decodes find their blocks,
+// preempting while they do not, and returns the blocks left for prompt
+// chunks. A sequence alone is never preempted: if the engine still has
+// no room, its step fails with ErrOutOfMemory and the retry policy
+// decides.
+func (b *ContinuousBatcher) roomForDecodes() int {
+	for {
+		need := 0
+		for _, e := range b.running {
+			if s := e.Value; s.fed == len(s.feed) {
+				need += b.grows(s, 1)
+			}
+		}
+		free := b.freeBlocks()
+		if need <= free || len(b.running) <= 1 {
+			return max(free-need, 0)
+		}
+		b.preemptForBlocks()
+	}
+}
+
+// chunkForBlocks caps a prompt chunk of n tokens for s at what left
+// blocks hold.
+func (b *ContinuousBatcher) chunkForBlocks(s *Sequence, n, left int) int {
+	room := (b.info.BlocksFor(s.kv)+left)*b.info.BlockSize - s.kv
+	return min(n, max(room, 0))
+}
+
+// preemptForBlocks preempts the lowest-tier, most recently admitted
+// running sequence to give its blocks back. It reports whether there was
+// one to preempt.
+func (b *ContinuousBatcher) preemptForBlocks() bool {
+	victim := b.victim(func(*Entry) bool { return true })
+	if victim < 0 {
+		return false
+	}
+	b.preempt(victim)
+	b.addBlockPreemption()
+	return true
+}
