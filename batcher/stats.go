@@ -18,6 +18,9 @@ type StepStats struct {
 type Stats struct {
 	// Steps is the number of engine steps run.
 	Steps uint64
+	// Inputs counts the sequences in those steps: Inputs/Steps is the
+	// mean batch.
+	Inputs uint64
 	// DecodeTokens and PrefillTokens count tokens fed to the engine.
 	DecodeTokens  uint64
 	PrefillTokens uint64
@@ -68,6 +71,7 @@ func (b *ContinuousBatcher) observe(st StepStats) {
 
 	b.statsMu.Lock()
 	b.stats.Steps++
+	b.stats.Inputs += uint64(st.Batch)
 	b.stats.DecodeTokens += uint64(st.Decode)
 	b.stats.PrefillTokens += uint64(st.PrefillTokens)
 	b.stats.StepLatency = b.emaStep

@@ -127,7 +127,20 @@ type PrefixCache struct {
 	seqs map[engine.SeqID]*Hasher // owned by the caller of Open, Step and Free
 }
 
-var _ engine.Model = (*PrefixCache)(nil)
+var (
+	_ engine.Model     = (*PrefixCache)(nil)
+	_ engine.BlockPool = (*PrefixCache)(nil)
+)
+
+// FreeBlocks passes on the wrapped model's free KV blocks (see
+// engine.BlockPool), so a batcher admits by blocks through the cache;
+// zero when the model does not page.
+func (c *PrefixCache) FreeBlocks() int {
+	if p, ok := c.m.(engine.BlockPool); ok && c.m.Info().Paged() {
+		return p.FreeBlocks()
+	}
+	return 0
+}
 
 // NewPrefixCache wraps m. Close closes m.
 func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {

@@ -46,6 +46,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mlxserving/mlxserving/batcher"
+
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/merge"
@@ -77,6 +79,8 @@ type options struct {
 	prewarm      []prewarm.Model
 	memoryBudget int64
 	cluster      clusterFlags
+	// Batching: 0 keeps the defaults (the engine's max batch; batcher.DefaultTokenBudget).
+	maxBatch, tokenBudget int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -90,6 +94,8 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for in-flight requests")
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
+	fs.IntVar(&o.maxBatch, "max-batch", 0, "most sequences in one engine step (default: what the engine reports)")
+	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default %d)", batcher.DefaultTokenBudget))
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
 	fs.Int64Var(&o.cacheBytes, "cache-bytes", 0, "with -merge: response cache size in bytes for requests with \"cache\": true (0: no cache)")
@@ -166,6 +172,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
 	srvOpts := []mlxserving.Option{mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithDeadlines(o.deadlines),
 		mlxserving.WithMemoryBudget(o.memoryBudget)}
+	if o.maxBatch > 0 {
+		srvOpts = append(srvOpts, mlxserving.WithBatcherOptions(batcher.WithMaxBatch(o.maxBatch)))
+	}
+	if o.tokenBudget > 0 {
+		srvOpts = append(srvOpts, mlxserving.WithBatcherOptions(batcher.WithTokenBudget(o.tokenBudget)))
+	}
 	if o.merge {
 		var mopts []merge.Option
 		if o.cacheBytes > 0 {
