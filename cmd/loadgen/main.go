@@ -49,8 +49,11 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 	}
-	results, elapsed := run(ctx, client, cfg)
+	results, elapsed, sending := run(ctx, client, cfg)
 	s := summarize(results, elapsed, goal, pcts)
+	if cfg.rate > 0 && sending > 0 && len(results) > 1 {
+		s.OfferedRate = float64(len(results)-1) / sending.Seconds()
+	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")

@@ -49,11 +49,12 @@ func checkLoopback(u *url.URL) error {
 	return nil
 }
 
-// run replays the workload and returns one result per request sent.
-// It stops after cfg.requests requests or cfg.duration, whichever is
-// first; requests in flight at the deadline are cancelled and count as
-// failed.
-func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.Duration) {
+// run replays the workload and returns one result per request sent, the
+// whole run's time and the time over which requests were sent (to the
+// last send). It stops after cfg.requests requests or cfg.duration,
+// whichever is first; requests in flight at the deadline are cancelled
+// and count as failed.
+func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.Duration, time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.duration)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6c6f6164))
@@ -65,6 +66,7 @@ func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.
 	slots := make(chan struct{}, cfg.concurrency)
 	start := time.Now()
 	next := start
+	var sending time.Duration
 	for i := 0; i < cfg.requests; i++ {
 		if cfg.rate > 0 {
 			next = next.Add(time.Duration(rng.ExpFloat64() / cfg.rate * float64(time.Second)))
@@ -80,6 +82,7 @@ func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.
 			break
 		}
 		body := requestBody(cfg, i)
+		sending = time.Since(start)
 		wg.Go(func() {
 			defer func() { <-slots }()
 			r := send(ctx, client, cfg, body)
@@ -89,7 +92,7 @@ func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.
 		})
 	}
 	wg.Wait()
-	return results, time.Since(start)
+	return results, time.Since(start), sending
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {

@@ -57,8 +57,12 @@ type summary struct {
 	TotalThroughput          float64 // prompt + output tokens per second
 	Goodput                  float64 // requests per second meeting every SLO
 	GoodRequests             int
-	TTFT, TPOT, ITL, E2E     dist
-	FirstError               string
+	// OfferedRate is the arrival rate the run realised with -rate: the
+	// requests sent after the first over the time to the last send (a
+	// seeded Poisson process offers a little more or less than -rate).
+	OfferedRate          float64
+	TTFT, TPOT, ITL, E2E dist
+	FirstError           string
 }
 
 // dist is a latency distribution: mean, median and chosen percentiles.
@@ -148,6 +152,9 @@ func (s summary) print(w io.Writer, goal slo) {
 	fmt.Fprintf(w, "Benchmark duration (s):         %.2f\n", s.Duration.Seconds())
 	fmt.Fprintf(w, "Total input tokens:             %d\n", s.PromptTokens)
 	fmt.Fprintf(w, "Total generated tokens:         %d\n", s.OutputToks)
+	if s.OfferedRate > 0 {
+		fmt.Fprintf(w, "Offered request rate (req/s):   %.2f\n", s.OfferedRate)
+	}
 	fmt.Fprintf(w, "Request throughput (req/s):     %.2f\n", s.RequestThroughput)
 	fmt.Fprintf(w, "Output token throughput (tok/s): %.2f\n", s.OutputThroughput)
 	fmt.Fprintf(w, "Total token throughput (tok/s): %.2f\n", s.TotalThroughput)

@@ -67,6 +67,8 @@ type loadSummary struct {
 	RequestThroughput float64
 	OutputThroughput  float64
 	Goodput           float64
+	GoodRequests      int
+	OfferedRate       float64
 	TTFT, TPOT        struct{ Values []time.Duration }
 	FirstError        string
 }
@@ -116,8 +118,8 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 	fmt.Printf("server ready in %v; %s\n", time.Since(t0).Round(time.Millisecond), grepLog(logf.Name(), "model loaded"))
 	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
 		c.inputWords, c.maxTokens, c.ttftSLO, c.tpotSLO)
-	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | mean batch | mean queue wait |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean queue wait |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, l := range c.loads {
 		before, err := scrape(ctx, base)
 		if err != nil {
@@ -133,9 +135,14 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		}
 		batch := delta(before, after, "mlxserving_batch_size")
 		wait := delta(before, after, "mlxserving_queue_wait_seconds")
-		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %.1f | %.1f | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
+		goodput := fmt.Sprintf("%.1f", s.Goodput)
+		if s.OfferedRate > 0 {
+			goodput += fmt.Sprintf(" (offered %.1f)", s.OfferedRate)
+		}
+		met := float64(s.GoodRequests) / float64(max(s.Completed+s.Failed, 1))
+		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %s | %.0f%% | %.1f | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
 			s.RequestThroughput, s.OutputThroughput, ms(pct(s.TTFT.Values, 0)), ms(pct(s.TTFT.Values, 1)), ms(pct(s.TPOT.Values, 0)),
-			s.Goodput, batch, ms(time.Duration(wait*float64(time.Second))))
+			goodput, 100*met, batch, ms(time.Duration(wait*float64(time.Second))))
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
