@@ -75,6 +75,7 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "most requests in flight")
 	fs.Float64Var(&cfg.rate, "rate", 0, "Poisson arrival rate in requests/s (0: closed loop at -concurrency)")
 	fs.IntVar(&cfg.inputWords, "input-words", 32, "prompt length in words")
+	fs.IntVar(&cfg.prompts, "prompts", 0, "repeat this many distinct prompts in turn, to measure prefix caching (0: every request its own random prompt)")
 	fs.IntVar(&cfg.maxTokens, "max-tokens", 64, "tokens to generate per request (ignore_eos is set)")
 	fs.BoolVar(&cfg.stream, "stream", true, "stream responses over SSE")
 	fs.StringVar(&cfg.priority, "priority", "", "priority tier sent with every request")
@@ -116,6 +117,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-concurrency %d: want 1 to 100000", c.concurrency)
 	case c.rate < 0:
 		return fmt.Errorf("-rate %v: want 0 or more", c.rate)
+	case c.prompts < 0:
+		return errors.New("-prompts must be 0 or more")
 	case c.inputWords < 1 || c.maxTokens < 1:
 		return errors.New("-input-words and -max-tokens must be at least 1")
 	}

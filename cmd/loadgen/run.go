@@ -24,6 +24,7 @@ type config struct {
 	model       string
 	requests    int
 	duration    time.Duration
+	prompts     int // distinct prompts repeated in turn; 0: every request its own
 	concurrency int
 	rate        float64 // Poisson arrivals per second; 0 is closed loop
 	inputWords  int
@@ -110,12 +111,20 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
-// requestBody builds request i: a prompt of cfg.inputWords words that
-// differs per request, asking for exactly cfg.maxTokens tokens.
+// requestBody builds request i: a prompt of cfg.inputWords words drawn
+// at random (seeded by cfg.seed and i), so no two requests share more
+// than the chat template's start — a server's prefix cache gets no help a
+// real workload would not give it; with cfg.prompts > 0 request i repeats
+// prompt i mod cfg.prompts, to measure prefix caching. It asks for
+// exactly cfg.maxTokens tokens.
 func requestBody(cfg config, i int) []byte {
+	if cfg.prompts > 0 {
+		i %= cfg.prompts
+	}
+	rng := rand.New(rand.NewPCG(cfg.seed, uint64(i)))
 	words := make([]string, cfg.inputWords)
 	for w := range words {
-		words[w] = vocabulary[(i*7+w*13)%len(vocabulary)]
+		words[w] = vocabulary[rng.IntN(len(vocabulary))]
 	}
 	prompt := strings.Join(words, " ")
 	req := map[string]any{
