@@ -15,6 +15,11 @@ import os
 import torch
 import torch.nn.functional as F
 
+try:  # torch 2.3+: causal masks aligned to the end of the keys, run by the flash kernels
+    from torch.nn.attention.bias import causal_lower_right
+except ImportError:
+    causal_lower_right = None
+
 from st import Checkpoint, CheckpointError
 from stcheck import read_json
 
@@ -362,9 +367,20 @@ class Llama:
                 tr = torch.tensor([trow], device=q.device)
                 kk = self.gather(kc, kv.table, tr, L)[:, :, :L]
                 vv = self.gather(vc, kv.table, tr, L)[:, :, :L]
-                i = torch.arange(T, device=q.device).unsqueeze(1) + p
-                allowed = torch.arange(L, device=q.device).unsqueeze(0) <= i
-                o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), kk, vv, attn_mask=allowed, enable_gqa=True)
+                qq = q[a:b].transpose(0, 1).unsqueeze(0)
+                if causal_lower_right is not None:
+                    # A chunk after its sequence's first: queries are the last
+                    # T of L positions. The lower-right causal bias keeps the
+                    # flash kernel (an explicit mask with GQA falls back to
+                    # the math kernel, milliseconds per layer); heads expanded
+                    # as for fresh chunks.
+                    K = kk.shape[1]
+                    kk, vv = (t.unsqueeze(2).expand(1, K, H // K, L, hd).reshape(1, H, L, hd) for t in (kk, vv))
+                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=causal_lower_right(T, L))
+                else:
+                    i = torch.arange(T, device=q.device).unsqueeze(1) + p
+                    allowed = torch.arange(L, device=q.device).unsqueeze(0) <= i
+                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=allowed, enable_gqa=True)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
 

@@ -58,14 +58,13 @@ class PagedKV:
         self.scratch = blocks
         self.max_blocks = -(-cfg.context // block_size)
         shape = (cfg.layers, blocks + 1, block_size, cfg.kv_heads, cfg.head_dim)
-        # Not zeroed up front: a block is zeroed when first taken (_fresh),
-        # so the masked tail of a block never holds NaN from old memory.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.k[:, blocks].zero_()
-        self.v[:, blocks].zero_()
+        # Zeroed once, up front (one pass over the pool at load, ~20 ms for
+        # 65 GB on an H100): the masked tail of a block must never hold
+        # NaN from uninitialised memory. Zeroing each block when first
+        # taken cost two kernels per block in the serving path.
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.kc, self.vc = list(self.k.unbind(0)), list(self.v.unbind(0))
-        self.zeroed = 0
         self.table = torch.full((rows + 1, self.max_blocks), blocks, dtype=torch.int32, device=device)
         self.free_rows = list(range(rows, 0, -1))
         self.pending = ([], [], [])  # table writes (row, index, block) not yet on the device
@@ -82,10 +81,6 @@ class PagedKV:
 
     def _take(self, free_only=False):
         b = self.pool.take_free() if free_only else self.pool.take()
-        if b is not None and b >= self.zeroed:
-            self.k[:, self.zeroed : b + 1].zero_()
-            self.v[:, self.zeroed : b + 1].zero_()
-            self.zeroed = b + 1
         return b
 
     def _set(self, s, i, b):

@@ -256,7 +256,15 @@ def main():
     out.send(hello)
     hb = Heartbeat(out, args.heartbeat)
     hb.start()
-    serve(sys.stdin.buffer, out, Worker(out, hb, backend, args.faults), args.max_line)
+    worker = Worker(out, hb, backend, args.faults)
+    if os.environ.get("MLXSERVING_WORKER_PROFILE") == "1":  # diagnosis: where the worker's time goes
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(35)
+    else:
+        serve(sys.stdin.buffer, out, worker, args.max_line)
     # Every reply is flushed (Out.raw): exit now rather than wait for the
     # interpreter's finalisation, which takes over a second once torch is
     # imported and would keep the supervisor's shutdown waiting.

@@ -120,12 +120,12 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		c.inputWords, c.maxTokens, c.ttftSLO, c.tpotSLO)
 	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | prompt tokens cached | mean queue wait |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, l := range c.loads {
+	for i, l := range c.loads {
 		before, err := scrape(ctx, base)
 		if err != nil {
 			return err
 		}
-		s, err := runLoad(ctx, c, base, l)
+		s, err := runLoad(ctx, c, base, l, uint64(i+1))
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
@@ -152,9 +152,11 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 	return nil
 }
 
-// runLoad runs loadgen for one row; percentiles are asked as 50,99.
-func runLoad(ctx context.Context, c servingConfig, base string, l load) (loadSummary, error) {
-	args := []string{"-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
+// runLoad runs loadgen for one row with its own seed: every load sends
+// prompts no earlier load sent, so no row is served from the prefix cache
+// another warmed.
+func runLoad(ctx context.Context, c servingConfig, base string, l load, seed uint64) (loadSummary, error) {
+	args := []string{"-seed", strconv.FormatUint(seed, 10),"-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
 		"-requests", strconv.Itoa(l.requests), "-concurrency", strconv.Itoa(l.concurrency),
 		"-input-words", strconv.Itoa(c.inputWords), "-max-tokens", strconv.Itoa(c.maxTokens),
 		"-duration", "10m", "-slo-ttft", c.ttftSLO.String(), "-slo-tpot", c.tpotSLO.String()}
