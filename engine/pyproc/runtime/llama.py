@@ -165,6 +165,12 @@ class Llama:
         self.sin = emb.sin().to(device=device, dtype=dtype)
         fast = device.type == "cuda"
         self.sdpa = fast and _sdpa_gqa()
+        if self.sdpa and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            # cuDNN's attention builds an execution plan for every new query
+            # length (about 100 ms each); prompt chunks come in every length,
+            # so a server met a new one almost every step. The flash kernel
+            # needs no plan.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.fused_rms = fast and hasattr(F, "rms_norm")
         self.kern = _kernels(cfg, device, dtype) if fast else None
 
