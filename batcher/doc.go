@@ -21,6 +21,15 @@
 // that cannot resume exactly (seeded sampling, presence or frequency
 // penalties) fail with a *retry.InterruptedError instead.
 //
+// KV: a model that does not page has each sequence reserve its whole
+// possible length (prompt plus max tokens) at admission. A paged model
+// (engine.Info.Paged, engine.BlockPool) is admitted by blocks: a sequence
+// enters while the blocks for its prompt are free, takes blocks as it
+// grows, and when a step would need more than the pool has, prompt chunks
+// wait and the lowest-tier, most recently admitted sequences are
+// preempted and later recomputed — an admitted request never fails for
+// want of KV. Stats reports the pool and the preemptions.
+//
 // Use:
 //
 //	q, _ := scheduler.New[*batcher.Sequence]()
