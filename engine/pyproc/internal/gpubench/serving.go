@@ -156,7 +156,7 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 // prompts no earlier load sent, so no row is served from the prefix cache
 // another warmed.
 func runLoad(ctx context.Context, c servingConfig, base string, l load, seed uint64) (loadSummary, error) {
-	args := []string{"-seed", strconv.FormatUint(seed, 10),"-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
+	args := []string{"-seed", strconv.FormatUint(seed, 10), "-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
 		"-requests", strconv.Itoa(l.requests), "-concurrency", strconv.Itoa(l.concurrency),
 		"-input-words", strconv.Itoa(c.inputWords), "-max-tokens", strconv.Itoa(c.maxTokens),
 		"-duration", "10m", "-slo-ttft", c.ttftSLO.String(), "-slo-tpot", c.tpotSLO.String()}
