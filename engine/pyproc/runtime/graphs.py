@@ -16,6 +16,8 @@ run_device chains steps without the host waiting for the GPU.
 """
 import torch
 
+from upload import to_device
+
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 LEN_STEP = 256
 
@@ -55,8 +57,7 @@ class DecodeGraphs:
         b = len(tokens)
         g = self._graph(b, max(pos) + 1)
         pad = g["io"].shape[1] - b
-        host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad], dtype=torch.long)
-        g["io"].copy_(host, non_blocking=True)
+        g["io"].copy_(to_device([tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad], g["io"].device))
         g["graph"].replay()
         return g["out"][:b]
 

@@ -262,6 +262,11 @@ class Llama:
         B = idx.shape[0]
         return kc[idx].reshape(B, nb * bs, kc.shape[2], kc.shape[3]).transpose(1, 2)
 
+    def chunk_kv(self, kc, blocks, n):
+        """The first n positions held by blocks (a device tensor of block
+        ids in order) as [kv_heads, n, head_dim]."""
+        return kc[blocks].flatten(0, 1)[:n].transpose(0, 1)
+
     def decode_mask(self, lens, width, dtype):
         """[B, 1, 1, 1, width]: 0 where a position is within the length,
         minus infinity past it."""
@@ -273,8 +278,9 @@ class Llama:
         """groups: ("decode", rows, trows, maxlen, lens) for the one-token
         sequences (packed rows, block-table rows, the longest length and
         each length, the new token included), ("chunk", start, end, trow,
-        p) for a chunk of end-start tokens at positions p.. of one
-        sequence. k and v are the step's own keys and values (already in
+        p, blocks) for a chunk of end-start tokens at positions p.. of one
+        sequence whose first blocks (a device tensor, enough for p +
+        end - start positions) hold its prefix and the chunk. k and v are the step's own keys and values (already in
         the cache); qkv the projections before the rotary embedding."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
@@ -298,12 +304,11 @@ class Llama:
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv.unsqueeze(2))
                 out[rows] = o.reshape(B, H * hd)
             else:
-                _, a, b, trow, p = g
+                _, a, b, trow, p, blocks = g
                 T, L = b - a, p + b - a
-                tr = torch.tensor([trow], device=q.device)
                 qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
-                kk = self.gather(kc, kv.table, tr, L)[0, :, :L].unsqueeze(1)  # [K, 1, L, hd]
-                vv = self.gather(vc, kv.table, tr, L)[0, :, :L].unsqueeze(1)
+                kk = self.chunk_kv(kc, blocks, L).unsqueeze(1)  # [K, 1, L, hd]
+                vv = self.chunk_kv(vc, blocks, L).unsqueeze(1)
                 s = torch.matmul(qc, kk.transpose(-1, -2)) * scale
                 i = torch.arange(T, device=q.device).unsqueeze(1) + p
                 j = torch.arange(L, device=q.device).unsqueeze(0)
@@ -368,11 +373,10 @@ class Llama:
                 o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, W), enable_gqa=True)
                 out[rows] = o.reshape(B, H * hd)
             else:
-                _, a, b, trow, p = g
+                _, a, b, trow, p, blocks = g
                 T, L = b - a, p + b - a
-                tr = torch.tensor([trow], device=q.device)
-                kk = self.gather(kc, kv.table, tr, L)[:, :, :L]
-                vv = self.gather(vc, kv.table, tr, L)[:, :, :L]
+                kk = self.chunk_kv(kc, blocks, L).unsqueeze(0)  # [1, K, L, hd]
+                vv = self.chunk_kv(vc, blocks, L).unsqueeze(0)
                 qq = q[a:b].transpose(0, 1).unsqueeze(0)
                 if causal_lower_right is not None:
                     # A chunk after its sequence's first: queries are the last

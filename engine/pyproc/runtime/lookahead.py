@@ -12,6 +12,7 @@ and the host reads all the tokens once at the end.
 """
 import torch
 
+from upload import to_device
 from sampling import _filter, _generator, note_fed, sample_rows
 
 MAX_AHEAD = 64
@@ -136,7 +137,7 @@ def _run_host(model, items, first, want, steps):
 
 def _upload(rows, dev):
     """Host ints to the device without waiting for queued GPU work."""
-    return torch.tensor(rows, dtype=torch.long, pin_memory=True).to(dev, non_blocking=True)
+    return to_device(rows, dev)
 
 
 def _sample(model, items, logits, active, step):

@@ -14,6 +14,7 @@ import os
 import torch
 
 from blocks import OutOfBlocks, Pool
+from upload import to_device
 
 MAX_SAVED = 8192  # saved prefixes kept at most; beyond, the oldest is evicted (reported)
 
@@ -98,9 +99,17 @@ class PagedKV:
         r, x, y = self.pending
         if not r:
             return
-        t = torch.tensor([r, x, y], dtype=torch.long)
-        if self.device.type == "cuda":
-            t = t.pin_memory().to(self.device, non_blocking=True)
+        # One write per entry, the last: a freed sequence's row may have
+        # entries pending (a block swapped for its cached twin) when a new
+        # sequence takes the row, and the GPU applies duplicate indices in
+        # no particular order.
+        last = {}
+        for i, k in enumerate(zip(r, x)):
+            last[k] = i
+        if len(last) < len(r):
+            keep = sorted(last.values())
+            r, x, y = [r[i] for i in keep], [x[i] for i in keep], [y[i] for i in keep]
+        t = to_device([r, x, y], self.device)
         self.table[t[0], t[1]] = t[2].to(torch.int32)
         self.pending = ([], [], [])
 

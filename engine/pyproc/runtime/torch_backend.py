@@ -10,6 +10,7 @@ from errors import CheckpointError, ProtocolError
 from sampling import note_fed, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 from paged import OutOfBlocks, PagedKV
+from upload import to_device
 import lookahead
 
 BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
@@ -336,19 +337,23 @@ class TorchModel:
         order = [i for i, b in enumerate(batch) if b[2]]
         at = {i: k for k, i in enumerate(order)}
         out = torch.empty(len(order), ld.shape[1], device=ld.device, dtype=ld.dtype)
-        out[torch.tensor([at[i] for i in dec], device=ld.device)] = ld
         rs = [i for i in rest if batch[i][2]]
+        where = to_device([at[i] for i in dec] + [at[i] for i in rs], ld.device)
+        out[where[: len(dec)]] = ld
         if rs:
-            out[torch.tensor([at[i] for i in rs], device=ld.device)] = lr
+            out[where[len(dec) :]] = lr
         return out
 
     def _forward_packed(self, batch, seqs):
         """Any mix of prompt chunks and one-token inputs, packed into one
         pass: one-token sequences attend together (the Triton decode
-        kernel on CUDA), each chunk on its own."""
-        dev, bs = self.device, self.kv.bs
+        kernel on CUDA), each chunk on its own. Every index the pass needs
+        goes to the device in one copy, so nothing waits for the GPU here
+        (a copy from pageable memory would wait for the decode graph a
+        split step just launched)."""
+        bs = self.kv.bs
         tokens, pos, kvrow, last = [], [], [], []
-        dec_rows, dec_trows, dec_len, chunks = [], [], [], []
+        dec_rows, dec_trows, dec_len, chunks, blocks = [], [], [], [], []
         for b, s in zip(batch, seqs):
             toks, sample = b[1], b[2]
             p, a = len(s.tokens), len(tokens)
@@ -360,15 +365,26 @@ class TorchModel:
                 dec_trows.append(s.row)
                 dec_len.append(p + 1)
             else:
-                j = torch.arange(p, p + len(toks))
-                pos.extend(range(p, p + len(toks)))
-                kvrow.extend((torch.tensor(s.blocks)[j // bs] * bs + j % bs).tolist())
-                chunks.append(("chunk", a, a + len(toks), s.row, p))
+                end = p + len(toks)
+                pos.extend(range(p, end))
+                kvrow.extend(s.blocks[j // bs] * bs + j % bs for j in range(p, end))
+                # the blocks the chunk attends over: its prefix and itself
+                nb = -(-end // bs)
+                chunks.append(["chunk", a, a + len(toks), s.row, p, len(blocks), nb])
+                blocks.extend(s.blocks[:nb])
             if sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        t = lambda v: torch.tensor(v, device=dev, dtype=torch.long)
-        groups = chunks
+        parts = [tokens, pos, kvrow, last, dec_rows, dec_trows, dec_len, blocks]
+        flat = to_device([v for part in parts for v in part], self.device)
+        views, at = [], 0
+        for part in parts:
+            views.append(flat[at : at + len(part)])
+            at += len(part)
+        tok, posd, kvrowd, lastd, rowsd, trowsd, lensd, blocksd = views
+        groups = []
+        for c in chunks:
+            groups.append(tuple(c[:5]) + (blocksd[c[5] : c[5] + c[6]],))
         if dec_rows:
-            groups = [("decode", t(dec_rows), t(dec_trows), max(dec_len), t(dec_len))] + chunks
-        return self.model.forward(t(tokens), t(pos), t(kvrow), groups, self.kv, t(last))
+            groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
+        return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd)

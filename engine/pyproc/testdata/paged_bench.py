@@ -134,6 +134,44 @@ def mixed(m, batch, chunks):
         p = timed(lambda: chunk_step(n, True))
         m.split_steps = True
         print("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |" % (n, d, c, s, p, s / (d + c)), flush=True)
+    # A chunk continuing a prompt whose first part ran in an earlier step:
+    # what a step carries when the token budget cuts prompts.
+    print("| prefix + chunk | decode %d alone ms | chunk alone ms | with decodes ms |" % batch)
+    print("|---|---|---|---|")
+    for spec in os.environ.get("CONT", "1260:700,700:560,3000:2000").split(","):
+        pre, n = (int(x) for x in spec.split(":"))
+
+        def cont_step(with_decode):
+            sid = state["next"]
+            state["next"] += 1
+            full = prompt(sid, pre + n)
+            m.open(sid, full, "")
+            m.step([[sid, full[:pre], False, {}]])
+            sync()
+            t0 = time.perf_counter()
+            b = [[sid, full[pre:], True, {}]]
+            if with_decode:
+                b = [[i, [t], True, {}] for i, t in zip(ids, state["last"])] + b
+            out = m.step(b)[0]
+            sync()
+            el = time.perf_counter() - t0
+            if with_decode:
+                state["last"] = out[:-1]
+            m.free(sid, "")
+            return el
+
+        def med(fn):
+            ts = sorted(fn() for _ in range(5))
+            return ts[2] * 1e3
+
+        print("| %d + %d | %.2f | %.2f | %.2f |" % (pre, n, d, med(lambda: cont_step(False)), med(lambda: cont_step(True))),
+              flush=True)
+        if os.environ.get("PROFILE") == "1" and DEV == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                cont_step(True)
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18), flush=True)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
     for i in ids:
         m.free(i, "")
 

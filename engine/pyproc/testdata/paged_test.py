@@ -1,7 +1,8 @@
 """Randomised checks of the paged KV memory (runtime/paged.py, blocks.py):
 thousands of opens, feeds, take-backs, frees with and without a key,
 drops and evictions against the pool's invariants (no block leaked, none
-double-owned, reference counts exact) and against the KV contents: every
+double-owned, reference counts exact, no table entry written twice in
+one flush) and against the KV contents: every
 sequence reads back, through its block table, exactly the tokens it was
 fed, so shared and copied blocks hold the right tokens.
 
@@ -16,7 +17,22 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
+import paged  # noqa: E402
 from paged import OutOfBlocks, PagedKV  # noqa: E402
+
+_to_device = paged.to_device
+
+
+def unique_writes(values, dev):
+    """The block-table writes of a flush name each entry once: a GPU
+    applies duplicate indices in no particular order (on the CPU the last
+    wins, which hid a freed row's stale entry overwriting a new one)."""
+    r, x, _ = values
+    assert len(set(zip(r, x))) == len(r), "a flush writes one table entry twice"
+    return _to_device(values, dev)
+
+
+paged.to_device = unique_writes
 
 
 class Cfg:
