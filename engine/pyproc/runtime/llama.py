@@ -173,6 +173,11 @@ class Llama:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.fused_rms = fast and hasattr(F, "rms_norm")
         self.kern = _kernels(cfg, device, dtype) if fast else None
+        # Every prompt chunk of a step in one flash call per layer (varlen,
+        # each chunk over its prefix and itself), instead of a handful of
+        # calls and copies per chunk: steps under load carry several
+        # chunks and were bound by launching them.
+        self.varlen = self.sdpa and _varlen_ok(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
 
     def rms(self, x, w):
         if self.fused_rms:
@@ -324,6 +329,24 @@ class Llama:
         return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table, trows, lens - 1, self.cos, self.sin,
                                           self.cfg.heads, self.cfg.kv_heads, self.cfg.context)
 
+    def attend_varlen(self, q, kc, vc, g, out):
+        """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
+        max_k) for every prompt chunk of the step: the chunks' packed rows
+        (None: all rows, in order), the rows of the flattened KV cache
+        holding each chunk's prefix and itself, and their cumulative
+        lengths (int32). Returns the output when it is the whole step."""
+        _, qrows, krows, cu_q, cu_k, max_q, max_k = g
+        K, hd = self.cfg.kv_heads, self.cfg.head_dim
+        qq = q if qrows is None else q[qrows]
+        kk = kc.view(-1, K, hd)[krows]
+        vv = vc.view(-1, K, hd)[krows]
+        o = _flash_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k)
+        o = o.reshape(o.shape[0], -1)
+        if qrows is None:
+            return o
+        out[qrows] = o
+        return None
+
     def attend_sdpa(self, q, k, v, qkv, kc, vc, kv, groups):
         """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
         Chunks that start a sequence (position 0) need no cache: those of
@@ -331,6 +354,11 @@ class Llama:
         One-token sequences use the Triton decode kernel when it runs."""
         H, hd = self.cfg.heads, self.cfg.head_dim
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
+        for g in groups:
+            if g[0] == "varlen":
+                whole = self.attend_varlen(q, kc, vc, g, out)
+                if whole is not None:
+                    return whole
         fresh = {}
         for g in groups:
             if g[0] == "chunk" and g[4] == 0:
@@ -358,7 +386,7 @@ class Llama:
                 for i, a in enumerate(starts):
                     out[a : a + T] = o[i * T : (i + 1) * T]
         for g in groups:
-            if g[0] == "chunk" and g[4] == 0:
+            if g[0] == "varlen" or (g[0] == "chunk" and g[4] == 0):
                 continue
             if g[0] == "decode":
                 _, rows, trows, maxlen, lens = g
@@ -412,6 +440,46 @@ def _kernels(cfg, device, dtype):
         log.warning("Triton kernels disagree with torch (%s); using plain torch", err)
         return None
     return kernels
+
+
+def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k):
+    """Causal flash attention over packed variable-length sequences:
+    q [Tq, H, hd], k and v [Tk, K, hd] (K divides H), cu_q and cu_k the
+    int32 cumulative lengths. A sequence's queries are the last of its
+    keys (the causal mask aligned bottom-right, as flash aligns it)."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False)[0]
+
+
+def _varlen_ok(device, dtype, H, K, hd):
+    """Whether the varlen flash call runs here and agrees with SDPA on
+    a fresh chunk and on one continuing its prefix (bf16/fp16 only)."""
+    if dtype not in (torch.bfloat16, torch.float16) or os.environ.get("MLXSERVING_VARLEN", "1") == "0":
+        return False
+    try:
+        from torch.nn.attention.bias import causal_lower_right
+        g = torch.Generator(device="cpu").manual_seed(0)
+        lens = [(5, 5), (3, 11)]  # (queries, keys): fresh, then continuing
+        qs = [torch.randn(t, H, hd, generator=g) for t, _ in lens]
+        ks = [torch.randn(n, K, hd, generator=g) for _, n in lens]
+        vs = [torch.randn(n, K, hd, generator=g) for _, n in lens]
+        cu = lambda xs: torch.tensor([0] + [sum(xs[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
+        dv = lambda xs: torch.cat(xs).to(device=device, dtype=dtype)
+        got = _flash_varlen(dv(qs), dv(ks), dv(vs), cu([t for t, _ in lens]), cu([n for _, n in lens]),
+                            max(t for t, _ in lens), max(n for _, n in lens)).float().cpu()
+        at = 0
+        for (t, n), qq, kk, vv in zip(lens, qs, ks, vs):
+            rep = H // K
+            kk, vv = (x.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0) for x in (kk, vv))
+            want = F.scaled_dot_product_attention(qq.transpose(0, 1).unsqueeze(0), kk, vv,
+                                                  attn_mask=causal_lower_right(t, n))[0].transpose(0, 1)
+            if (got[at : at + t] - want).abs().max().item() > 0.05:
+                log.warning("varlen flash attention disagrees with SDPA; chunks attend one by one")
+                return False
+            at += t
+        return True
+    except (RuntimeError, TypeError, AttributeError, ImportError) as e:
+        log.warning("varlen flash attention unavailable (%s); chunks attend one by one", e)
+        return False
 
 
 def _sdpa_gqa():

@@ -344,6 +344,31 @@ class TorchModel:
             out[where[len(dec) :]] = lr
         return out
 
+    def _varlen_group(self, seqs, chunks, n):
+        """The attention plan of every chunk in one varlen call (see
+        Llama.attend_varlen): chunk c attends over the KV rows of its
+        positions 0 .. p + len - 1, its own just written."""
+        bs = self.kv.bs
+        by_row = {s.row: s for s in seqs}
+        qrows, krows, cu_q, cu_k = [], [], [0], [0]
+        for _, a, b, trow, p, _, _ in chunks:
+            blocks = by_row[trow].blocks
+            qrows.extend(range(a, b))
+            krows.extend(blocks[j // bs] * bs + j % bs for j in range(p + b - a))
+            cu_q.append(cu_q[-1] + b - a)
+            cu_k.append(cu_k[-1] + p + b - a)
+        whole = qrows == list(range(n))
+        flat = to_device(([] if whole else qrows) + krows + cu_q + cu_k, self.device)
+        at = 0 if whole else len(qrows)
+        qd = None if whole else flat[:at]
+        kd = flat[at : at + len(krows)]
+        at += len(krows)
+        cq = flat[at : at + len(cu_q)].to(torch.int32)
+        ck = flat[at + len(cu_q) :].to(torch.int32)
+        max_q = max(b - a for _, a, b, _, _, _, _ in chunks)
+        max_k = max(p + b - a for _, a, b, _, p, _, _ in chunks)
+        return ("varlen", qd, kd, cq, ck, max_q, max_k)
+
     def _forward_packed(self, batch, seqs):
         """Any mix of prompt chunks and one-token inputs, packed into one
         pass: one-token sequences attend together (the Triton decode
@@ -383,8 +408,11 @@ class TorchModel:
             at += len(part)
         tok, posd, kvrowd, lastd, rowsd, trowsd, lensd, blocksd = views
         groups = []
-        for c in chunks:
-            groups.append(tuple(c[:5]) + (blocksd[c[5] : c[5] + c[6]],))
+        if chunks and self.model.varlen:
+            groups.append(self._varlen_group(seqs, chunks, len(tokens)))
+        else:
+            for c in chunks:
+                groups.append(tuple(c[:5]) + (blocksd[c[5] : c[5] + c[6]],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
         return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd)
