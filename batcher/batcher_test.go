@@ -453,3 +453,58 @@ func TestOptionsValidated(t *testing.T) {
 		}
 	}
 }
+
+// stepTokensModel reports a preferred step size, as the torch engine does
+// on CUDA.
+type stepTokensModel struct {
+	engine.Model
+	n int
+}
+
+func (m stepTokensModel) Info() engine.Info {
+	i := m.Model.Info()
+	i.StepTokens = m.n
+	return i
+}
+
+// TestEngineStepTokens: the engine's StepTokens is the token budget unless
+// the caller sets one.
+func TestEngineStepTokens(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts []batcher.Option
+		want int
+	}{
+		{"engine's", nil, 100},
+		{"caller's", []batcher.Option{batcher.WithTokenBudget(80)}, 80},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sim, err := enginetest.NewSim()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			most := 0
+			observe := batcher.WithStepObserver(func(s batcher.StepStats) {
+				mu.Lock()
+				most = max(most, s.PrefillTokens)
+				mu.Unlock()
+			})
+			r := newRigModel(t, sim, stepTokensModel{m, 100}, nil, append(c.opts, observe)...)
+			s := &batcher.Sequence{Prompt: prompt(1, 250), MaxTokens: 2, IgnoreEOS: true}
+			r.submit(t, s)
+			if got := collect(s); got.err != nil {
+				t.Fatal(got.err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if most != c.want {
+				t.Errorf("largest prompt chunk %d tokens, want the budget %d", most, c.want)
+			}
+		})
+	}
+}

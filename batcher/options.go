@@ -15,13 +15,14 @@ import (
 type Option func(*config) error
 
 type config struct {
-	maxBatch    int // 0 until resolved: the engine's MaxBatch
-	tokenBudget int
-	targetStep  time.Duration
-	minBatch    int
-	retry       *retry.Policy
-	observer    func(StepStats)
-	logger      *slog.Logger
+	maxBatch       int // 0 until resolved: the engine's MaxBatch
+	tokenBudget    int
+	tokenBudgetSet bool // WithTokenBudget given: the engine's StepTokens does not apply
+	targetStep     time.Duration
+	minBatch       int
+	retry          *retry.Policy
+	observer       func(StepStats)
+	logger         *slog.Logger
 }
 
 // Defaults.
@@ -59,6 +60,9 @@ func (c *config) resolve(info engine.Info) error {
 	if c.minBatch > c.maxBatch {
 		return fmt.Errorf("minimum batch %d is above the maximum %d", c.minBatch, c.maxBatch)
 	}
+	if !c.tokenBudgetSet && info.StepTokens > 0 {
+		c.tokenBudget = max(info.StepTokens, c.maxBatch)
+	}
 	if c.tokenBudget < c.maxBatch {
 		return fmt.Errorf("token budget %d is below the batch limit %d: decoding sequences alone would not fit", c.tokenBudget, c.maxBatch)
 	}
@@ -79,14 +83,15 @@ func WithMaxBatch(n int) Option {
 
 // WithTokenBudget caps the tokens one step carries: one per decoding
 // sequence plus prompt chunks. Smaller budgets keep decode steps short while
-// long prompts prefill; larger ones prefill faster. Default
-// DefaultTokenBudget; it must be at least the batch limit.
+// long prompts prefill; larger ones prefill faster. Default: the engine's
+// Info.StepTokens, else DefaultTokenBudget; it must be at least the batch
+// limit.
 func WithTokenBudget(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
 			return fmt.Errorf("token budget %d must be at least 1", n)
 		}
-		c.tokenBudget = n
+		c.tokenBudget, c.tokenBudgetSet = n, true
 		return nil
 	}
 }

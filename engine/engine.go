@@ -205,6 +205,12 @@ type Info struct {
 	BlockSize int
 	// KVBlocks is the number of blocks in the pool; zero when BlockSize is.
 	KVBlocks int
+	// StepTokens is the token budget per Step (decodes plus prompt
+	// chunks) the engine runs best at, as measured on its device: too
+	// small and prompts are cut into chunks that each pay a step's fixed
+	// cost, too large and decodes wait behind long prefills. Zero leaves
+	// the caller's default; a budget the caller sets wins.
+	StepTokens int
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).

@@ -170,7 +170,8 @@ func kvShare(total, workers int) int {
 func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
 	w := infos[0]
 	info := engine.Info{ID: m.spec.ID, Engine: "pyproc", ContextLength: w.ContextLength,
-		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch, BlockSize: w.BlockSize}
+		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch, BlockSize: w.BlockSize,
+		StepTokens: w.StepTokens}
 	for _, x := range infos {
 		info.KVCapacity += x.KVCapacity
 		info.WeightBytes += x.WeightBytes

@@ -65,6 +65,7 @@ type wireInfo struct {
 	KVBytes       int64   `json:"kv_bytes"`
 	BlockSize     int     `json:"block_size"`
 	KVBlocks      int     `json:"kv_blocks"`
+	StepTokens    int     `json:"step_tokens"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

@@ -79,7 +79,7 @@ type options struct {
 	prewarm      []prewarm.Model
 	memoryBudget int64
 	cluster      clusterFlags
-	// Batching: 0 keeps the defaults (the engine's max batch; batcher.DefaultTokenBudget).
+	// Batching: 0 keeps the defaults (the engine's max batch; its step size, else batcher.DefaultTokenBudget).
 	maxBatch, tokenBudget int
 }
 
@@ -95,7 +95,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "most sequences in one engine step (default: what the engine reports)")
-	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default %d)", batcher.DefaultTokenBudget))
+	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d)", batcher.DefaultTokenBudget))
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
 	fs.Int64Var(&o.cacheBytes, "cache-bytes", 0, "with -merge: response cache size in bytes for requests with \"cache\": true (0: no cache)")
