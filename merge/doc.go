@@ -3,11 +3,13 @@
 //
 // A [Merger] sits between a server's entry points and its scheduler and
 // sees requests and streams only. Each request is named by a [Key]: a hash
-// of the model, the model's revision (a new load of a checkpoint under the
-// same id is a new revision), the prompt tokens and every parameter that
-// shapes the output. Only deterministic requests — greedy, or sampled
-// with a seed — may be merged or cached ([Deterministic]); the caller
-// decides eligibility and Join never sees the others.
+// of the model, the model's revision (what its checkpoint answers with: the
+// engine and a fingerprint of the files, so reloading the same checkpoint
+// keeps it and a changed checkpoint gets a new one), the prompt tokens and
+// every parameter that shapes the output. Only deterministic requests —
+// greedy, or sampled with a seed — may be merged or cached
+// ([Deterministic]); the caller decides eligibility and Join never sees
+// the others.
 //
 //   - Coalescing: a request whose key matches a generation in flight
 //     subscribes to it. A late subscriber first receives every chunk

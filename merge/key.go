@@ -22,7 +22,9 @@ func (k Key) String() string { return hex.EncodeToString(k[:]) }
 // deterministic generation's output, and nothing that does not (priority,
 // client, deadlines).
 type Request struct {
-	// Model is the model id; Revision tells loads of that id apart.
+	// Model is the model id; Revision tells what the loaded checkpoint
+	// answers with apart (the engine and a fingerprint of its files: the
+	// same for a reload of the same checkpoint, new for a changed one).
 	Model    string
 	Revision string
 	// Prompt is the prompt's token ids.

@@ -13,7 +13,7 @@ type Model struct {
 	// Spec says what to load (ID and Path are required) and how to size it.
 	Spec engine.ModelSpec
 	// Priority orders pre-warming: higher loads first. It also names the
-	// models a [ReadyAtPriority] policy waits for. The zero value is a
+	// models a [WhileWarming] readiness policy waits for. The zero value is a
 	// valid, ordinary priority.
 	Priority int
 	// Prompts are warm-up prompts: each runs as a short real generation
