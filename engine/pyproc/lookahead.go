@@ -25,6 +25,14 @@ const defaultLookaheadCUDA = 8
 // maxLookahead bounds WithLookahead; the worker clips at the same value.
 const maxLookahead = 64
 
+// lookaheadMaxBatch is the largest step that asks for tokens ahead. Larger
+// batches keep the GPU busy without it, and a chain of decode steps holds
+// back the prompts waiting for the next step: on an H100 (1B shape,
+// 1,260-token prompts) lookahead 8 against none served 62.7 against 71.0
+// req/s at 256 clients and TTFT p99 642 against 515 ms at 64, while a lone
+// sequence decodes fastest with it.
+const lookaheadMaxBatch = 32
+
 // ahead is one sequence's lookahead state.
 type ahead struct {
 	last int32               // the token Step returned last
@@ -110,6 +118,10 @@ func (st *ahead) pop() engine.StepOutput {
 // had tokens buffered, and ask for k tokens when they decode one token.
 func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 	plan := m.plan[:0]
+	k := m.k
+	if len(batch) > lookaheadMaxBatch {
+		k = 1 // buffered tokens are still served
+	}
 	for i := range batch {
 		in := &batch[i]
 		st := m.look[in.Seq]
@@ -117,7 +129,7 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 		switch {
 		case m.k > 1 && servable(in, st):
 			p.served = true
-			if n := m.k - len(st.buf); n >= 1 {
+			if n := k - len(st.buf); n >= 1 {
 				p.send, p.n = []int32{st.buf[len(st.buf)-1].Token}, n
 			}
 		default:
@@ -130,8 +142,8 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			// A prompt chunk samples just its first token, so lookahead
 			// never delays time to first token; decoding ahead starts
 			// with the next step.
-			if m.k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
-				p.n = m.k
+			if k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
+				p.n = k
 			}
 		}
 		plan = append(plan, p)

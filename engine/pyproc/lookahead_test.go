@@ -216,3 +216,44 @@ func TestLookaheadBadFields(t *testing.T) {
 	m.Free(1, "")
 	generate(t, m, 2, prompt(2, 5), 3)
 }
+
+// TestLookaheadOffForLargeBatches checks that a step of more than
+// lookaheadMaxBatch sequences asks for one token each (a round trip per
+// step), while a small batch decodes ahead.
+func TestLookaheadOffForLargeBatches(t *testing.T) {
+	e := newEngine(t, WithLookahead(4))
+	m := load(t, e, tiny(t))
+	p, err := e.slots[0].current(context.Background(), e.closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	trips := func(n int) uint64 {
+		batch := make([]engine.StepInput, n)
+		for i := range batch {
+			id := engine.SeqID(1000*n + i)
+			if _, err := m.Open(ctx, id, prompt(i, 6), ""); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Free(id, "")
+			batch[i] = engine.StepInput{Seq: id, Tokens: prompt(i, 6), Sample: true, Params: greedy}
+		}
+		before := p.nextID.Load()
+		for range 9 { // the prompts, then 8 tokens each
+			outs, err := m.Step(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range batch {
+				batch[i].Tokens = []int32{outs[i].Token}
+			}
+		}
+		return p.nextID.Load() - before
+	}
+	if got := trips(lookaheadMaxBatch + 1); got != 9 {
+		t.Errorf("batch %d: %d round trips for 9 steps, want 9 (no lookahead)", lookaheadMaxBatch+1, got)
+	}
+	if got := trips(2); got >= 9 {
+		t.Errorf("batch 2: %d round trips for 9 steps, want fewer (lookahead 4)", got)
+	}
+}

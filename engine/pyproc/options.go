@@ -245,7 +245,10 @@ func WithCUDAGraphs(on bool) Option {
 // round trip (see PROTOCOL.md, "Lookahead"). A sequence that stops early
 // wastes at most n-1 decoded tokens; one fed other tokens than it was
 // given is rolled back. 1 turns it off; 0 (the default) picks 8 on CUDA
-// and 1 elsewhere. At most 64.
+// and 1 elsewhere. At most 64. Steps of more than 32 sequences decode
+// one token at a time whatever n is: large batches keep the device busy
+// without it, and prompts waiting for the next step do not wait behind a
+// chain of decode steps.
 func WithLookahead(n int) Option {
 	return func(c *config) error {
 		if n < 0 || n > maxLookahead {

@@ -68,6 +68,9 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	if o.python != "" {
 		opts = append(opts, pyproc.WithPython(o.python))
 	}
+	if o.lookahead > 0 {
+		opts = append(opts, pyproc.WithLookahead(o.lookahead))
+	}
 	return pyproc.New(ctx, opts...)
 }
 

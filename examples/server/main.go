@@ -81,6 +81,7 @@ type options struct {
 	cluster      clusterFlags
 	// Batching: 0 keeps the defaults (the engine's max batch; its step size, else batcher.DefaultTokenBudget).
 	maxBatch, tokenBudget int
+	lookahead             int // pyproc: tokens a decode step asks for (0: the engine's default)
 }
 
 func parseFlags(args []string) (options, error) {
@@ -96,6 +97,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "most sequences in one engine step (default: what the engine reports)")
 	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d)", batcher.DefaultTokenBudget))
+	fs.IntVar(&o.lookahead, "lookahead", 0, "python engine: tokens each decode step asks the worker for (1: off; default 8 on CUDA, 1 elsewhere)")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
 	fs.Int64Var(&o.cacheBytes, "cache-bytes", 0, "with -merge: response cache size in bytes for requests with \"cache\": true (0: no cache)")
