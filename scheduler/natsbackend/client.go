@@ -29,6 +29,10 @@ type Client struct {
 	// gone, when set (Discover sets it), is told that the instance's
 	// subject has no responders: the instance is gone, not slow.
 	gone func(id string)
+	// lost is closed once discovery knows the instance is gone; streams
+	// that have produced no token yet then fail over at once.
+	lost     chan struct{}
+	lostOnce sync.Once
 
 	mu   sync.RWMutex
 	load scheduler.Load
@@ -37,9 +41,37 @@ type Client struct {
 var _ scheduler.Backend = (*Client)(nil)
 
 type clientConfig struct {
-	window       int
-	heartbeat    time.Duration
-	startTimeout time.Duration
+	window         int
+	heartbeat      time.Duration
+	startTimeout   time.Duration
+	reconnectGrace time.Duration
+}
+
+// markLost tells the Client's streams that the instance is gone.
+func (c *Client) markLost() {
+	if c.lost != nil {
+		c.lostOnce.Do(func() { close(c.lost) })
+	}
+}
+
+// connected waits, up to the reconnect grace, for a reconnecting
+// connection: moving to another server of a NATS cluster takes
+// milliseconds, and failing every request meanwhile would refuse them all
+// (every instance shares the connection). It reports whether the
+// connection is up.
+func (c *Client) connected(ctx context.Context) bool {
+	if c.nc.Status() == nats.CONNECTED {
+		return true
+	}
+	deadline := time.Now().Add(c.cfg.reconnectGrace)
+	for c.nc.IsReconnecting() && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return c.nc.Status() == nats.CONNECTED
 }
 
 // Instance returns the instance's name.
@@ -79,10 +111,13 @@ func (c *Client) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 }
 
 func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.Stream, error) {
-	if st := c.nc.Status(); st != nats.CONNECTED {
-		// Reconnecting: a request would sit in the reconnect buffer until
-		// the start timeout; fail now so the balancer tries elsewhere.
-		return nil, transportError(c.instance, fmt.Errorf("%w: NATS connection is %s", ErrNotConnected, st))
+	if !c.connected(ctx) {
+		// Still reconnecting: a request would sit in the reconnect buffer
+		// until the start timeout; fail now so the balancer tries elsewhere.
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, transportError(c.instance, fmt.Errorf("%w: NATS connection is %s", ErrNotConnected, c.nc.Status()))
 	}
 	inbox := c.nc.NewInbox()
 	ch := make(chan *nats.Msg, c.cfg.window+64)
@@ -166,24 +201,28 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 	for {
 		s.timer.Reset(3 * s.c.cfg.heartbeat)
+		// Once the instance is known gone, a stream that has produced no
+		// token fails over now instead of after three missed heartbeats;
+		// one that has keeps waiting (its instance may only be moving to
+		// another NATS server, and its text cannot be taken back anyway).
+		var lost <-chan struct{}
+		if s.delivered == 0 {
+			lost = s.c.lost
+		}
 		select {
 		case m := <-s.ch:
-			if len(m.Data) == 0 {
-				return api.Chunk{}, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
+			if c, more, err := s.message(m); !more {
+				return c, err
 			}
-			switch m.Data[0] {
-			case msgHeartbeat:
-				continue
-			case msgError:
-				var w wireError
-				if err := json.Unmarshal(m.Data[1:], &w); err != nil {
-					return api.Chunk{}, s.fail(fmt.Errorf("%w: error message: %v", ErrProtocol, err))
+		case <-lost:
+			select {
+			case m := <-s.ch: // what it sent before it went comes first
+				if c, more, err := s.message(m); !more {
+					return c, err
 				}
-				return api.Chunk{}, s.fail(fromWire(s.c.instance, w))
-			case msgChunk:
-				return s.chunk(m.Data[1:])
+			default:
+				return api.Chunk{}, s.fail(ErrInstanceLost)
 			}
-			return api.Chunk{}, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
 		case <-s.timer.C:
 			return api.Chunk{}, s.fail(ErrInstanceLost)
 		case <-ctx.Done():
@@ -193,6 +232,28 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 			return api.Chunk{}, s.endErr()
 		}
 	}
+}
+
+// message handles one message from the instance: a chunk or an error to
+// return, or, for a heartbeat, more.
+func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) {
+	if len(m.Data) == 0 {
+		return api.Chunk{}, false, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
+	}
+	switch m.Data[0] {
+	case msgHeartbeat:
+		return api.Chunk{}, true, nil
+	case msgError:
+		var w wireError
+		if err := json.Unmarshal(m.Data[1:], &w); err != nil {
+			return api.Chunk{}, false, s.fail(fmt.Errorf("%w: error message: %v", ErrProtocol, err))
+		}
+		return api.Chunk{}, false, s.fail(fromWire(s.c.instance, w))
+	case msgChunk:
+		c, err := s.chunk(m.Data[1:])
+		return c, false, err
+	}
+	return api.Chunk{}, false, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
 }
 
 // chunk decodes a message of chunks and returns the first.
