@@ -26,11 +26,11 @@ const (
 // phase collects the requests that ended while it was current: those a
 // fault cut or sent elsewhere count in the fault's phase.
 type phase struct {
-	name    string
+	name string
 	// from and to bound the phase, to count what the gateway logged.
 	from, to time.Time
-	mu      sync.Mutex
-	results []result
+	mu       sync.Mutex
+	results  []result
 	// leftAfter is how long after the fault the instance left the
 	// gateway's rotation (0: not measured in this phase).
 	leftAfter time.Duration
@@ -96,7 +96,7 @@ type load struct {
 
 func startLoad(gwURL string, clients, maxTokens int, first *phase) *load {
 	l := &load{url: gwURL + "/v1/completions",
-		body: fmt.Appendf(nil, `{"model":"tiny","prompt":"Once upon a time","max_tokens":%d,"stream":true}`, maxTokens),
+		body:   fmt.Appendf(nil, `{"model":"tiny","prompt":"Once upon a time","max_tokens":%d,"stream":true}`, maxTokens),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}}
 	l.current.Store(first)
 	ctx, cancel := context.WithCancel(context.Background())

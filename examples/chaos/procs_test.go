@@ -187,4 +187,3 @@ func field(text, key string) string {
 	}
 	return ""
 }
-
