@@ -40,6 +40,11 @@ type result struct {
 	outcome outcome
 	ttft    time.Duration // 0 without a first token
 	tokens  int
+	// chunks counts the stream's chunks: the first is the first token's
+	// (whose text may be empty: an end of sequence), the last has the
+	// finish reason.
+	chunks   int
+	finished bool
 }
 
 func (p *phase) add(r result) {
@@ -94,10 +99,17 @@ type load struct {
 	wg      sync.WaitGroup
 }
 
-func startLoad(gwURL string, clients, maxTokens int, first *phase) *load {
-	l := &load{url: gwURL + "/v1/completions",
+// newLoad prepares clients streaming completions of maxTokens tokens.
+func newLoad(gwURL string, clients, maxTokens int) *load {
+	return &load{url: gwURL + "/v1/completions",
 		body:   fmt.Appendf(nil, `{"model":"tiny","prompt":"Once upon a time","max_tokens":%d,"stream":true}`, maxTokens),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}}
+}
+
+// startLoad starts the clients; their requests count in first until
+// current changes.
+func startLoad(gwURL string, clients, maxTokens int, first *phase) *load {
+	l := newLoad(gwURL, clients, maxTokens)
 	l.current.Store(first)
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
@@ -141,26 +153,29 @@ func (l *load) request() result {
 		switch {
 		case !ok:
 		case data == "[DONE]":
-			if r.tokens > 0 {
+			if r.finished {
 				r.outcome = completed
 				return r
 			}
-			r.outcome = failedEarly
-			return r
+			return r.cut()
 		case strings.HasPrefix(data, `{"error"`):
 			return r.cut()
-		case strings.Contains(data, `"text":"`) && !strings.Contains(data, `"text":""`):
-			if r.tokens == 0 {
+		case strings.Contains(data, `"choices"`):
+			if r.chunks == 0 {
 				r.ttft = time.Since(began)
 			}
-			r.tokens++
+			r.chunks++
+			if strings.Contains(data, `"text":"`) && !strings.Contains(data, `"text":""`) {
+				r.tokens++
+			}
+			r.finished = r.finished || !strings.Contains(data, `"finish_reason":null`)
 		}
 	}
 	return r.cut() // the connection ended without [DONE]
 }
 
 func (r result) cut() result {
-	if r.tokens > 0 {
+	if r.chunks > 0 {
 		r.outcome = interrupted
 	} else {
 		r.outcome = failedEarly
