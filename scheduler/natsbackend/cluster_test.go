@@ -3,6 +3,7 @@ package natsbackend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -20,8 +22,9 @@ import (
 // TestClusterNodeLoss: three instances and a balancer on a 3-node NATS
 // cluster, each client given every node's URL. Under load, the node of
 // one instance is shut down, then the node of another instance and of the
-// balancer: no request fails before its first token (streams cut
-// mid-generation by a lost message are counted, not failed).
+// balancer: no request fails before its first token, and no stream
+// silently misses a token (streams cut mid-generation are counted, not
+// failed).
 func TestClusterNodeLoss(t *testing.T) {
 	cl := natstest.StartCluster(t, 3)
 	connect := func(name string, node int) *nats.Conn {
@@ -57,8 +60,12 @@ func TestClusterNodeLoss(t *testing.T) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				st, err := lb.Generate(context.Background(), genReq(24))
+				var res api.Result
 				if err == nil {
-					_, err = st.Collect()
+					res, err = st.Collect()
+				}
+				if err == nil && len(res.Tokens) != res.Usage.CompletionTokens {
+					err = fmt.Errorf("a stream lost tokens silently: %d of %d arrived", len(res.Tokens), res.Usage.CompletionTokens)
 				}
 				var ie *retry.InterruptedError
 				switch {
