@@ -47,9 +47,12 @@ type clientConfig struct {
 	reconnectGrace time.Duration
 }
 
-// markLost tells the Client's streams that the instance is gone.
+// markLost tells the Client's streams that the instance is gone — unless
+// it said it was draining: then it left discovery on purpose and serves
+// the streams it has to their end (should it die meanwhile, the heartbeat
+// timeout ends them).
 func (c *Client) markLost() {
-	if c.lost != nil {
+	if c.lost != nil && !c.Load().Draining {
 		c.lostOnce.Do(func() { close(c.lost) })
 	}
 }
@@ -180,6 +183,7 @@ type clientStream struct {
 	consumed  int
 	delivered int
 	pending   []wireChunk
+	next      uint64 // the number of the next chunk message
 
 	once     sync.Once
 	mu       sync.Mutex
@@ -242,6 +246,9 @@ func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) 
 	}
 	switch m.Data[0] {
 	case msgHeartbeat:
+		if sent, _, ok := seqPrefix(m.Data[1:]); ok && sent > s.next {
+			return api.Chunk{}, false, s.fail(s.lostMessages(sent))
+		}
 		return api.Chunk{}, true, nil
 	case msgError:
 		var w wireError
@@ -250,10 +257,39 @@ func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) 
 		}
 		return api.Chunk{}, false, s.fail(fromWire(s.c.instance, w))
 	case msgChunk:
-		c, err := s.chunk(m.Data[1:])
+		data := m.Data[1:]
+		if seq, rest, ok := seqPrefix(data); ok {
+			if seq != s.next {
+				return api.Chunk{}, false, s.fail(s.lostMessages(seq))
+			}
+			s.next++
+			data = rest
+		}
+		c, err := s.chunk(data)
 		return c, false, err
 	}
 	return api.Chunk{}, false, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
+}
+
+// seqPrefix reads the decimal number that starts a chunk message or a
+// heartbeat (an instance of an older version sends none: ok is false).
+func seqPrefix(b []byte) (n uint64, rest []byte, ok bool) {
+	i := 0
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, b, false
+	}
+	n, err := strconv.ParseUint(string(b[:i]), 10, 64)
+	return n, b[i:], err == nil
+}
+
+// lostMessages is the failure of a stream that missed chunk messages
+// before the one numbered seq: text went missing on the way, so the
+// stream cannot go on as if it had not.
+func (s *clientStream) lostMessages(seq uint64) error {
+	return fmt.Errorf("%w: %d stream messages lost on the way", ErrInstanceLost, seq-s.next)
 }
 
 // chunk decodes a message of chunks and returns the first.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 )
 
 // TestDrainIsLossless: a draining instance is advertised as such, the
@@ -46,5 +47,39 @@ func TestDrainIsLossless(t *testing.T) {
 	}
 	if err := <-drained; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDrainKeepsQueuedStreams: once a draining instance leaves discovery
+// (its probes find no responders), the requests still queued on it are
+// not failed over: it serves them to their end.
+func TestDrainKeepsQueuedStreams(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a", enginetest.WithStepTime(5*time.Millisecond, 0), enginetest.WithMaxBatch(1))
+	startInstance(t, n, "b")
+	lb, d := balancer(t, n, natsbackend.WithProbeInterval(20*time.Millisecond))
+	waitInstances(t, d, "a", "b")
+	c := d.Client("a")
+	var streams []*api.Stream
+	for range 3 { // one generating, two queued behind it (a batch of 1)
+		st, err := c.Generate(context.Background(), genReq(60))
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- a.svc.Drain(context.Background(), 50*time.Millisecond) }()
+	for i, st := range streams {
+		res, err := st.Collect()
+		if err != nil || res.Usage.CompletionTokens != 60 {
+			t.Fatalf("stream %d across the drain: %+v, %v; want all 60 tokens", i, res.Usage, err)
+		}
+	}
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	if f := lb.Stats().Failovers; f != 0 {
+		t.Errorf("%d failovers", f)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -18,15 +19,18 @@ type serverStream struct {
 }
 
 // pump sends st's chunks to inbox while the client's credit lasts —
-// every chunk ready at the time in one message — with heartbeats while
-// the stream is quiet, and ends with an error message if the stream
-// fails.
+// every chunk ready at the time in one message, numbered from 0 — with
+// heartbeats (carrying how many chunk messages went out) while the stream
+// is quiet, and ends with an error message if the stream fails. The
+// numbers let the client see a message lost on the way (a NATS server of
+// a cluster went away with it) instead of missing text silently.
 func (s *Service) pump(ctx context.Context, st *api.Stream, ss *serverStream, inbox string, credit int) {
 	var last atomic.Int64
+	var sent atomic.Uint64 // chunk messages published so far
 	last.Store(time.Now().UnixNano())
 	hbDone := make(chan struct{})
 	defer close(hbDone)
-	go s.heartbeats(inbox, &last, hbDone)
+	go s.heartbeats(inbox, &last, &sent, hbDone)
 
 	ready := make(chan recvResult, 64)
 	readerDone := make(chan struct{})
@@ -76,10 +80,14 @@ func (s *Service) pump(ctx context.Context, st *api.Stream, ss *serverStream, in
 		}
 		if len(batch) > 0 {
 			b, _ := json.Marshal(batch)
-			buf = append(append(buf[:0], msgChunk), b...)
+			buf = strconv.AppendUint(append(buf[:0], msgChunk), sent.Load(), 10)
+			buf = append(buf, b...)
 			if err := s.nc.Publish(inbox, buf); err != nil {
 				return
 			}
+			// Counted once published: a heartbeat that says so goes out
+			// after the message.
+			sent.Add(1)
 			last.Store(time.Now().UnixNano())
 			credit -= len(batch)
 			if batch[len(batch)-1].Finish != "" {
@@ -135,17 +143,19 @@ func (s *Service) waitCredit(ctx context.Context, ss *serverStream) int {
 	return 0
 }
 
-// heartbeats tells the client the stream is alive while no chunk goes out.
-func (s *Service) heartbeats(inbox string, last *atomic.Int64, done <-chan struct{}) {
+// heartbeats tells the client the stream is alive while no chunk goes
+// out, and how many chunk messages went out.
+func (s *Service) heartbeats(inbox string, last *atomic.Int64, sent *atomic.Uint64, done <-chan struct{}) {
 	tick := time.NewTicker(s.cfg.heartbeat)
 	defer tick.Stop()
-	hb := []byte{msgHeartbeat}
+	hb := make([]byte, 0, 24)
 	for {
 		select {
 		case <-done:
 			return
 		case now := <-tick.C:
 			if now.UnixNano()-last.Load() >= int64(s.cfg.heartbeat)/2 {
+				hb = strconv.AppendUint(append(hb[:0], msgHeartbeat), sent.Load(), 10)
 				_ = s.nc.Publish(inbox, hb)
 			}
 		}
