@@ -57,6 +57,7 @@ type options struct {
 	// and probed, how long one may stay silent, and the instances'
 	// heartbeat.
 	interval, timeout, probe, heartbeat time.Duration
+	verbose                             bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -80,6 +81,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile); default: no keys")
+	fs.BoolVar(&o.verbose, "v", false, "debug logging (every request sent on to another backend)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for requests in flight")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -125,7 +127,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logOut, nil))
+	level := slog.LevelInfo
+	if o.verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
 	lb, closeAll, err := balancer(ctx, o, log)
 	if err != nil {
 		return err
