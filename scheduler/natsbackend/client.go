@@ -184,6 +184,9 @@ type clientStream struct {
 	delivered int
 	pending   []wireChunk
 	next      uint64 // the number of the next chunk message
+	// behind is when the stream found messages missing (zero while none
+	// is), asked when it last asked the instance for them again.
+	behind, asked time.Time
 
 	once     sync.Once
 	mu       sync.Mutex
@@ -215,13 +218,13 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 		}
 		select {
 		case m := <-s.ch:
-			if c, more, err := s.message(m); !more {
+			if c, more, err := s.message(m); !more || err != nil {
 				return c, err
 			}
 		case <-lost:
 			select {
 			case m := <-s.ch: // what it sent before it went comes first
-				if c, more, err := s.message(m); !more {
+				if c, more, err := s.message(m); !more || err != nil {
 					return c, err
 				}
 			default:
@@ -239,7 +242,7 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 }
 
 // message handles one message from the instance: a chunk or an error to
-// return, or, for a heartbeat, more.
+// return, or, for a heartbeat or a message to skip, more (unless err).
 func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) {
 	if len(m.Data) == 0 {
 		return api.Chunk{}, false, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
@@ -247,7 +250,7 @@ func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) 
 	switch m.Data[0] {
 	case msgHeartbeat:
 		if sent, _, ok := seqPrefix(m.Data[1:]); ok && sent > s.next {
-			return api.Chunk{}, false, s.fail(s.lostMessages(sent))
+			return api.Chunk{}, true, s.missing(sent)
 		}
 		return api.Chunk{}, true, nil
 	case msgError:
@@ -259,10 +262,14 @@ func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) 
 	case msgChunk:
 		data := m.Data[1:]
 		if seq, rest, ok := seqPrefix(data); ok {
-			if seq != s.next {
-				return api.Chunk{}, false, s.fail(s.lostMessages(seq))
+			switch {
+			case seq < s.next: // replayed twice
+				return api.Chunk{}, true, nil
+			case seq > s.next: // an earlier one went missing: wait for its replay
+				return api.Chunk{}, true, s.missing(seq)
 			}
 			s.next++
+			s.behind, s.asked = time.Time{}, time.Time{}
 			data = rest
 		}
 		c, err := s.chunk(data)
@@ -285,11 +292,24 @@ func seqPrefix(b []byte) (n uint64, rest []byte, ok bool) {
 	return n, b[i:], err == nil
 }
 
-// lostMessages is the failure of a stream that missed chunk messages
-// before the one numbered seq: text went missing on the way, so the
-// stream cannot go on as if it had not.
-func (s *clientStream) lostMessages(seq uint64) error {
-	return fmt.Errorf("%w: %d stream messages lost on the way", ErrInstanceLost, seq-s.next)
+// missing handles a sign that the chunk messages from s.next to seq went
+// missing on the way (a NATS server of a cluster went away with them): it
+// asks the instance to send them again, at once and then once a heartbeat,
+// and fails the stream once it has waited three heartbeats for them — it
+// cannot go on without their text.
+func (s *clientStream) missing(seq uint64) error {
+	now := time.Now()
+	if s.behind.IsZero() {
+		s.behind = now
+	}
+	if now.Sub(s.behind) > 3*s.c.cfg.heartbeat {
+		return s.fail(fmt.Errorf("%w: %d stream messages lost on the way", ErrInstanceLost, seq-s.next))
+	}
+	if s.asked.IsZero() || now.Sub(s.asked) >= s.c.cfg.heartbeat {
+		s.asked = now
+		_ = s.c.nc.Publish(s.control, strconv.AppendUint([]byte{ctlResend}, s.next, 10))
+	}
+	return nil
 }
 
 // chunk decodes a message of chunks and returns the first.
@@ -308,6 +328,7 @@ func (s *clientStream) pop() (api.Chunk, error) {
 	s.pending = s.pending[1:]
 	c := api.Chunk{Text: w.Text, Token: w.Token, HasToken: w.HasToken, Logprob: w.Logprob, Finish: w.Finish, Usage: w.Usage}
 	if c.Finish != "" {
+		_ = s.c.nc.Publish(s.control, []byte{ctlDone}) // the instance may forget the stream
 		s.finish(nil)
 		return c, nil
 	}

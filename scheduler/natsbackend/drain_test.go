@@ -83,3 +83,22 @@ func TestDrainKeepsQueuedStreams(t *testing.T) {
 		t.Errorf("%d failovers", f)
 	}
 }
+
+// TestLostMessagesReplayed: chunk messages lost on the way (here the
+// second and the final one) are sent again when the client asks, so the
+// stream ends whole, with the same text as the Server's own.
+func TestLostMessagesReplayed(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a", enginetest.WithStepTime(2*time.Millisecond, 0))
+	_, d := balancer(t, n)
+	waitInstances(t, d, "a")
+	natsbackend.DropChunkMessagesForTest(a.svc, func(seq uint64, final bool) bool { return seq == 1 || final })
+	want, err := mustCollect(a.srv.Generate(context.Background(), genReq(20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := mustCollect(d.Client("a").Generate(context.Background(), genReq(20)))
+	if err != nil || got.Text != want.Text || len(got.Tokens) != 20 || got.Usage.CompletionTokens != 20 {
+		t.Fatalf("across lost messages: %q (%d tokens), %v; want %q", got.Text, len(got.Tokens), err, want.Text)
+	}
+}
