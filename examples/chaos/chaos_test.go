@@ -16,8 +16,8 @@ import (
 // and breaks it phase by phase: kill -9 an instance, restart it, SIGTERM
 // another (a graceful drain), kill -9 a NATS node. Targets: no request
 // fails before its first token in any phase; no stream is interrupted by
-// the SIGTERM; the killed instance leaves the gateway's rotation within
-// 1 s. Streams cut mid-generation by the kill -9 are counted (resuming
+// the SIGTERM or the NATS node's loss; the killed instance leaves the
+// gateway's rotation within 1 s. Streams cut mid-generation by the kill -9 are counted (resuming
 // them is another matter). BENCHMARKS.md has its figures.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
@@ -120,6 +120,9 @@ func TestChaos(t *testing.T) {
 	}
 	if s := phases[3].summary(); s.interrupted > 0 {
 		t.Errorf("SIGTERM interrupted %d streams, want 0", s.interrupted)
+	}
+	if s := phases[4].summary(); s.interrupted > 0 {
+		t.Errorf("the NATS node's loss interrupted %d streams, want 0 (lost chunk messages are sent again)", s.interrupted)
 	}
 	if left := phases[1].leftAfter; left > time.Second {
 		t.Errorf("the killed instance left the rotation after %v, want within 1 s", left)
