@@ -53,4 +53,12 @@
 // nothing for the heartbeat timeout ends with ErrInstanceLost — after
 // text reached the caller as a *retry.InterruptedError. Closing the
 // stream on the client tells the instance to stop the generation.
+//
+// Chunk messages are numbered, and heartbeats say how many went out, so a
+// message lost on the way (a server of a NATS cluster went away with it)
+// is noticed: the client asks for the messages from the first it missed,
+// and the instance, which keeps a stream's last window of messages (and a
+// finished stream until its client has the final chunk), sends them
+// again. A stream that does not get them within three heartbeats ends
+// with ErrInstanceLost rather than go on without their text.
 package natsbackend
