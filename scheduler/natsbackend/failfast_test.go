@@ -65,3 +65,27 @@ func TestDeadInstanceFailsOverFast(t *testing.T) {
 		t.Errorf("stream cut by the death: %v, want an InterruptedError", err)
 	}
 }
+
+// TestReconnectGrace: while the NATS connection reconnects, a request
+// waits up to the grace for it (moving to another server of a cluster
+// takes milliseconds) before it fails with ErrNotConnected; its context
+// ends the wait sooner.
+func TestReconnectGrace(t *testing.T) {
+	n := startNATS(t)
+	startInstance(t, n, "a")
+	_, d := balancer(t, n, natsbackend.WithReconnectGrace(300*time.Millisecond))
+	waitInstances(t, d, "a")
+	c := d.Client("a")
+	n.stop()
+	began := time.Now()
+	_, err := c.Generate(context.Background(), genReq(2))
+	if waited := time.Since(began); !errors.Is(err, natsbackend.ErrNotConnected) || waited < 300*time.Millisecond || waited > 2*time.Second {
+		t.Fatalf("NATS down: %v after %v; want ErrNotConnected after the 300ms grace", err, waited)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	began = time.Now()
+	if _, err := c.Generate(ctx, genReq(2)); !errors.Is(err, context.DeadlineExceeded) || time.Since(began) > 250*time.Millisecond {
+		t.Fatalf("with a 50ms context: %v after %v", err, time.Since(began))
+	}
+}
