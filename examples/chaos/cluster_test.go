@@ -11,58 +11,48 @@ import (
 // examples/server on the simulated engine and one examples/gateway, every
 // one its own process on loopback.
 type cluster struct {
-	tb         testing.TB
-	bin        string
-	natsPorts  []int
-	routePorts []int
-	nats       []*proc
-	instances  map[string]*proc
-	instArgs   []string
-	gw         *proc
-	gwURL      string
+	tb        testing.TB
+	bin       string
+	nodeURLs  []string
+	nats      []*proc
+	instances map[string]*proc
+	instArgs  []string
+	gw        *proc
+	gwURL     string
 }
 
 // startTimeout bounds every process's start on a loaded machine.
 const startTimeout = 60 * time.Second
 
+// newCluster starts nodes NATS nodes on ports of their own choosing, each
+// routed to the first (which tells them of each other).
 func newCluster(tb testing.TB, bin string, nodes int, instArgs ...string) *cluster {
 	c := &cluster{tb: tb, bin: bin, instances: map[string]*proc{}, instArgs: instArgs}
-	for range nodes {
-		c.natsPorts = append(c.natsPorts, freePort(tb))
-		c.routePorts = append(c.routePorts, freePort(tb))
-	}
+	var seed string
 	for i := range nodes {
-		c.startNATS(i)
-	}
-	return c
-}
-
-// startNATS starts NATS node i, routed to the others when there are.
-func (c *cluster) startNATS(i int) {
-	args := []string{"-addr", fmt.Sprintf("127.0.0.1:%d", c.natsPorts[i]), "-name", fmt.Sprintf("node-%d", i)}
-	if len(c.natsPorts) > 1 {
-		var routes []string
-		for j, p := range c.routePorts {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+		args := []string{"-addr", "127.0.0.1:-1", "-name", fmt.Sprintf("node-%d", i)}
+		if nodes > 1 {
+			args = append(args, "-cluster", "127.0.0.1:-1")
+			if seed != "" {
+				args = append(args, "-routes", seed)
 			}
 		}
-		args = append(args, "-cluster", fmt.Sprintf("127.0.0.1:%d", c.routePorts[i]), "-routes", strings.Join(routes, ","))
-	}
-	p := start(c.tb, fmt.Sprintf("nats-%d", i), c.bin+"/natsnode", args...)
-	p.waitLine(c.tb, time.Time{}, startTimeout, "ready")
-	if i < len(c.nats) {
-		c.nats[i] = p
-	} else {
+		p := start(tb, fmt.Sprintf("nats-%d", i), bin+"/natsnode", args...)
+		ready := strings.Fields(p.waitLine(tb, time.Time{}, startTimeout, "ready").text)
 		c.nats = append(c.nats, p)
+		c.nodeURLs = append(c.nodeURLs, ready[1])
+		if seed == "" && len(ready) == 4 {
+			seed = ready[3]
+		}
 	}
+	return c
 }
 
 // natsURLs lists every node's client URL, node first first.
 func (c *cluster) natsURLs(first int) string {
 	var urls []string
-	for k := range c.natsPorts {
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", c.natsPorts[(first+k)%len(c.natsPorts)]))
+	for k := range c.nodeURLs {
+		urls = append(urls, c.nodeURLs[(first+k)%len(c.nodeURLs)])
 	}
 	return strings.Join(urls, ",")
 }

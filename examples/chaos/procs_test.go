@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -31,17 +30,6 @@ func buildBinaries(tb testing.TB) string {
 		tb.Fatalf("go build: %v\n%s", err, out)
 	}
 	return dir
-}
-
-// freePort returns a loopback port nobody listens on now.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // line is one line a process wrote, with when it was read.

@@ -4,9 +4,12 @@
 // with no download.
 //
 //	natsnode -addr 127.0.0.1:4222 -cluster 127.0.0.1:6222 -routes nats://127.0.0.1:6223,nats://127.0.0.1:6224
+//	natsnode -addr 127.0.0.1:-1 -cluster 127.0.0.1:-1   # ports of its own choosing
 //
-// It prints "ready <client URL>" once it accepts clients, and stops on
-// SIGTERM or SIGINT.
+// It prints "ready <client URL>" (and " route <route URL>" with -cluster)
+// once it accepts clients, and stops on SIGTERM or SIGINT. A port of -1
+// is any free one; a node routed to one node of a cluster learns the
+// others from it.
 package main
 
 import (
@@ -32,9 +35,9 @@ func main() {
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("natsnode", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:4222", "client address")
-	cluster := fs.String("cluster", "", "cluster (route) address; empty: no cluster")
-	routes := fs.String("routes", "", "with -cluster: the other nodes' route URLs, comma-separated")
+	addr := fs.String("addr", "127.0.0.1:4222", "client address (port -1: any free one)")
+	cluster := fs.String("cluster", "", "cluster (route) address (port -1: any free one); empty: no cluster")
+	routes := fs.String("routes", "", "with -cluster: route URLs of other nodes, comma-separated (one is enough: it tells of the rest)")
 	name := fs.String("name", "", "server name (default: nats-server's own)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -63,7 +66,11 @@ func run(args []string) error {
 	if !ns.ReadyForConnections(10 * time.Second) {
 		return errors.New("not ready for connections after 10s")
 	}
-	fmt.Println("ready", "nats://"+ns.Addr().String())
+	if *cluster != "" {
+		fmt.Println("ready", "nats://"+ns.Addr().String(), "route", "nats://"+ns.ClusterAddr().String())
+	} else {
+		fmt.Println("ready", "nats://"+ns.Addr().String())
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
 	<-sig
