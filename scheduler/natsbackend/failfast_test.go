@@ -9,6 +9,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/retry"
+	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 )
 
@@ -73,12 +74,24 @@ func TestDeadInstanceFailsOverFast(t *testing.T) {
 func TestReconnectGrace(t *testing.T) {
 	n := startNATS(t)
 	startInstance(t, n, "a")
-	_, d := balancer(t, n, natsbackend.WithReconnectGrace(300*time.Millisecond))
+	lb, err := scheduler.NewLoadBalancer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	nc := n.connect(t, "balancer")
+	d, err := natsbackend.Discover(context.Background(), nc, lb, natsbackend.WithInterval(50*time.Millisecond),
+		natsbackend.WithReconnectGrace(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
 	waitInstances(t, d, "a")
 	c := d.Client("a")
 	n.stop()
+	waitFor(t, "the connection reconnecting", nc.IsReconnecting)
 	began := time.Now()
-	_, err := c.Generate(context.Background(), genReq(2))
+	_, err = c.Generate(context.Background(), genReq(2))
 	if waited := time.Since(began); !errors.Is(err, natsbackend.ErrNotConnected) || waited < 300*time.Millisecond || waited > 2*time.Second {
 		t.Fatalf("NATS down: %v after %v; want ErrNotConnected after the 300ms grace", err, waited)
 	}
