@@ -53,6 +53,11 @@ type options struct {
 	addr, natsURLs, upstreams, strategy, redisAddr, apiKeys string
 	cred                                                    natsbackend.Credentials
 	drain                                                   time.Duration
+	// Discovery over NATS: how often instances are asked for their stats
+	// and probed, how long one may stay silent, and the instances'
+	// heartbeat.
+	interval, timeout, probe, heartbeat time.Duration
+	verbose                             bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -66,10 +71,17 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cred.CAFile, "nats-ca", "", "CA certificate file for the NATS server's TLS")
 	fs.StringVar(&o.cred.CertFile, "nats-cert", "", "client certificate file (TLS), with -nats-key")
 	fs.StringVar(&o.cred.KeyFile, "nats-key", "", "client key file (TLS), with -nats-cert")
+	fs.DurationVar(&o.interval, "discovery-interval", natsbackend.DefaultInterval, "with -nats: how often the instances are asked for their stats")
+	fs.DurationVar(&o.timeout, "discovery-timeout", natsbackend.DefaultTimeout, "with -nats: how long an instance may stay silent before it is dropped")
+	fs.DurationVar(&o.probe, "probe-interval", natsbackend.DefaultProbeInterval,
+		"with -nats: how often each instance is probed (a dead one is dropped, and its requests fail over, within about this)")
+	fs.DurationVar(&o.heartbeat, "nats-heartbeat", natsbackend.DefaultHeartbeat,
+		"with -nats: the instances' -nats-heartbeat; a stream silent for three of them has lost its instance")
 	fs.StringVar(&o.upstreams, "upstream", "", "OpenAI-compatible servers to route to as well, comma-separated base URLs")
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile); default: no keys")
+	fs.BoolVar(&o.verbose, "v", false, "debug logging (every request sent on to another backend)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for requests in flight")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -82,6 +94,10 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := strategy(o.strategy); err != nil {
 		return o, err
+	}
+	if o.interval <= 0 || o.probe <= 0 || o.heartbeat <= 0 || o.timeout <= o.interval {
+		return o, fmt.Errorf("-discovery-interval %v, -probe-interval %v, -nats-heartbeat %v: want positive durations; -discovery-timeout %v: want more than the interval",
+			o.interval, o.probe, o.heartbeat, o.timeout)
 	}
 	return o, nil
 }
@@ -111,7 +127,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logOut, nil))
+	level := slog.LevelInfo
+	if o.verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
 	lb, closeAll, err := balancer(ctx, o, log)
 	if err != nil {
 		return err
@@ -206,7 +226,8 @@ func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.Load
 			return nil, nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
 		}
 		closers = append(closers, nc.Close)
-		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithDiscoverLogger(log))
+		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithDiscoverLogger(log), natsbackend.WithInterval(o.interval),
+			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithClientHeartbeat(o.heartbeat))
 		if err != nil {
 			closeAll()
 			return nil, nil, err

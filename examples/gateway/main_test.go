@@ -95,7 +95,9 @@ func TestGatewayOverNATS(t *testing.T) {
 }
 
 func TestFlags(t *testing.T) {
-	for _, args := range [][]string{{}, {"-strategy", "nope", "-upstream", "http://127.0.0.1:1"}, {"extra"}} {
+	for _, args := range [][]string{{}, {"-strategy", "nope", "-upstream", "http://127.0.0.1:1"}, {"extra"},
+		{"-nats", "nats://127.0.0.1:4222", "-probe-interval", "0s"}, {"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "-1s"},
+		{"-nats", "nats://127.0.0.1:4222", "-discovery-interval", "2s", "-discovery-timeout", "1s"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}

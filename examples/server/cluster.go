@@ -25,7 +25,7 @@ type clusterFlags struct {
 	urls, instance            string
 	creds, nkey, user         string
 	caFile, certFile, keyFile string
-	notice                    time.Duration
+	notice, heartbeat         time.Duration
 }
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
@@ -39,6 +39,8 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.keyFile, "nats-key", "", "with -nats: client key file (TLS), with -nats-cert")
 	fs.DurationVar(&c.notice, "nats-drain-notice", 2*natsbackend.DefaultInterval,
 		"with -nats: how long shutdown advertises the instance as draining before it leaves")
+	fs.DurationVar(&c.heartbeat, "nats-heartbeat", natsbackend.DefaultHeartbeat,
+		"with -nats: how often a quiet stream tells its gateway it is alive (the gateways' -nats-heartbeat must match)")
 }
 
 func (c *clusterFlags) check() error {
@@ -53,6 +55,9 @@ func (c *clusterFlags) check() error {
 	}
 	if c.notice < 0 {
 		return fmt.Errorf("-nats-drain-notice %v: want 0 or more", c.notice)
+	}
+	if c.heartbeat <= 0 {
+		return fmt.Errorf("-nats-heartbeat %v: want a positive duration", c.heartbeat)
 	}
 	return nil
 }
@@ -80,7 +85,7 @@ func joinCluster(c clusterFlags, srv *mlxserving.Server, log *slog.Logger) (leav
 	if err != nil {
 		return nil, fmt.Errorf("-nats %s: %w", c.urls, err)
 	}
-	svc, err := natsbackend.Serve(nc, c.instance, srv, natsbackend.WithServeLogger(log))
+	svc, err := natsbackend.Serve(nc, c.instance, srv, natsbackend.WithServeLogger(log), natsbackend.WithHeartbeat(c.heartbeat))
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -29,6 +29,10 @@ type Client struct {
 	// gone, when set (Discover sets it), is told that the instance's
 	// subject has no responders: the instance is gone, not slow.
 	gone func(id string)
+	// lost is closed once discovery knows the instance is gone; streams
+	// that have produced no token yet then fail over at once.
+	lost     chan struct{}
+	lostOnce sync.Once
 
 	mu   sync.RWMutex
 	load scheduler.Load
@@ -37,9 +41,40 @@ type Client struct {
 var _ scheduler.Backend = (*Client)(nil)
 
 type clientConfig struct {
-	window       int
-	heartbeat    time.Duration
-	startTimeout time.Duration
+	window         int
+	heartbeat      time.Duration
+	startTimeout   time.Duration
+	reconnectGrace time.Duration
+}
+
+// markLost tells the Client's streams that the instance is gone — unless
+// it said it was draining: then it left discovery on purpose and serves
+// the streams it has to their end (should it die meanwhile, the heartbeat
+// timeout ends them).
+func (c *Client) markLost() {
+	if c.lost != nil && !c.Load().Draining {
+		c.lostOnce.Do(func() { close(c.lost) })
+	}
+}
+
+// connected waits, up to the reconnect grace, for a reconnecting
+// connection: moving to another server of a NATS cluster takes
+// milliseconds, and failing every request meanwhile would refuse them all
+// (every instance shares the connection). It reports whether the
+// connection is up.
+func (c *Client) connected(ctx context.Context) bool {
+	if c.nc.Status() == nats.CONNECTED {
+		return true
+	}
+	deadline := time.Now().Add(c.cfg.reconnectGrace)
+	for c.nc.IsReconnecting() && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return c.nc.Status() == nats.CONNECTED
 }
 
 // Instance returns the instance's name.
@@ -79,10 +114,13 @@ func (c *Client) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 }
 
 func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.Stream, error) {
-	if st := c.nc.Status(); st != nats.CONNECTED {
-		// Reconnecting: a request would sit in the reconnect buffer until
-		// the start timeout; fail now so the balancer tries elsewhere.
-		return nil, transportError(c.instance, fmt.Errorf("%w: NATS connection is %s", ErrNotConnected, st))
+	if !c.connected(ctx) {
+		// Still reconnecting: a request would sit in the reconnect buffer
+		// until the start timeout; fail now so the balancer tries elsewhere.
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, transportError(c.instance, fmt.Errorf("%w: NATS connection is %s", ErrNotConnected, c.nc.Status()))
 	}
 	inbox := c.nc.NewInbox()
 	ch := make(chan *nats.Msg, c.cfg.window+64)
@@ -145,6 +183,10 @@ type clientStream struct {
 	consumed  int
 	delivered int
 	pending   []wireChunk
+	next      uint64 // the number of the next chunk message
+	// behind is when the stream found messages missing (zero while none
+	// is), asked when it last asked the instance for them again.
+	behind, asked time.Time
 
 	once     sync.Once
 	mu       sync.Mutex
@@ -166,24 +208,28 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 	for {
 		s.timer.Reset(3 * s.c.cfg.heartbeat)
+		// Once the instance is known gone, a stream that has produced no
+		// token fails over now instead of after three missed heartbeats;
+		// one that has keeps waiting (its instance may only be moving to
+		// another NATS server, and its text cannot be taken back anyway).
+		var lost <-chan struct{}
+		if s.delivered == 0 {
+			lost = s.c.lost
+		}
 		select {
 		case m := <-s.ch:
-			if len(m.Data) == 0 {
-				return api.Chunk{}, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
+			if c, more, err := s.message(m); !more || err != nil {
+				return c, err
 			}
-			switch m.Data[0] {
-			case msgHeartbeat:
-				continue
-			case msgError:
-				var w wireError
-				if err := json.Unmarshal(m.Data[1:], &w); err != nil {
-					return api.Chunk{}, s.fail(fmt.Errorf("%w: error message: %v", ErrProtocol, err))
+		case <-lost:
+			select {
+			case m := <-s.ch: // what it sent before it went comes first
+				if c, more, err := s.message(m); !more || err != nil {
+					return c, err
 				}
-				return api.Chunk{}, s.fail(fromWire(s.c.instance, w))
-			case msgChunk:
-				return s.chunk(m.Data[1:])
+			default:
+				return api.Chunk{}, s.fail(ErrInstanceLost)
 			}
-			return api.Chunk{}, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
 		case <-s.timer.C:
 			return api.Chunk{}, s.fail(ErrInstanceLost)
 		case <-ctx.Done():
@@ -193,6 +239,77 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 			return api.Chunk{}, s.endErr()
 		}
 	}
+}
+
+// message handles one message from the instance: a chunk or an error to
+// return, or, for a heartbeat or a message to skip, more (unless err).
+func (s *clientStream) message(m *nats.Msg) (c api.Chunk, more bool, err error) {
+	if len(m.Data) == 0 {
+		return api.Chunk{}, false, s.fail(fmt.Errorf("%w: empty stream message", ErrProtocol))
+	}
+	switch m.Data[0] {
+	case msgHeartbeat:
+		if sent, _, ok := seqPrefix(m.Data[1:]); ok && sent > s.next {
+			return api.Chunk{}, true, s.missing(sent)
+		}
+		return api.Chunk{}, true, nil
+	case msgError:
+		var w wireError
+		if err := json.Unmarshal(m.Data[1:], &w); err != nil {
+			return api.Chunk{}, false, s.fail(fmt.Errorf("%w: error message: %v", ErrProtocol, err))
+		}
+		return api.Chunk{}, false, s.fail(fromWire(s.c.instance, w))
+	case msgChunk:
+		data := m.Data[1:]
+		if seq, rest, ok := seqPrefix(data); ok {
+			switch {
+			case seq < s.next: // replayed twice
+				return api.Chunk{}, true, nil
+			case seq > s.next: // an earlier one went missing: wait for its replay
+				return api.Chunk{}, true, s.missing(seq)
+			}
+			s.next++
+			s.behind, s.asked = time.Time{}, time.Time{}
+			data = rest
+		}
+		c, err := s.chunk(data)
+		return c, false, err
+	}
+	return api.Chunk{}, false, s.fail(fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
+}
+
+// seqPrefix reads the decimal number that starts a chunk message or a
+// heartbeat (an instance of an older version sends none: ok is false).
+func seqPrefix(b []byte) (n uint64, rest []byte, ok bool) {
+	i := 0
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, b, false
+	}
+	n, err := strconv.ParseUint(string(b[:i]), 10, 64)
+	return n, b[i:], err == nil
+}
+
+// missing handles a sign that the chunk messages from s.next to seq went
+// missing on the way (a NATS server of a cluster went away with them): it
+// asks the instance to send them again, at once and then once a heartbeat,
+// and fails the stream once it has waited three heartbeats for them — it
+// cannot go on without their text.
+func (s *clientStream) missing(seq uint64) error {
+	now := time.Now()
+	if s.behind.IsZero() {
+		s.behind = now
+	}
+	if now.Sub(s.behind) > 3*s.c.cfg.heartbeat {
+		return s.fail(fmt.Errorf("%w: %d stream messages lost on the way", ErrInstanceLost, seq-s.next))
+	}
+	if s.asked.IsZero() || now.Sub(s.asked) >= s.c.cfg.heartbeat {
+		s.asked = now
+		_ = s.c.nc.Publish(s.control, strconv.AppendUint([]byte{ctlResend}, s.next, 10))
+	}
+	return nil
 }
 
 // chunk decodes a message of chunks and returns the first.
@@ -211,6 +328,7 @@ func (s *clientStream) pop() (api.Chunk, error) {
 	s.pending = s.pending[1:]
 	c := api.Chunk{Text: w.Text, Token: w.Token, HasToken: w.HasToken, Logprob: w.Logprob, Finish: w.Finish, Usage: w.Usage}
 	if c.Finish != "" {
+		_ = s.c.nc.Publish(s.control, []byte{ctlDone}) // the instance may forget the stream
 		s.finish(nil)
 		return c, nil
 	}

@@ -30,6 +30,12 @@ const (
 	// DefaultStartTimeout bounds the wait for an instance to accept or
 	// refuse a request unless WithStartTimeout says otherwise.
 	DefaultStartTimeout = 10 * time.Second
+	// DefaultProbeInterval is how often each known instance is probed
+	// unless WithProbeInterval says otherwise.
+	DefaultProbeInterval = 250 * time.Millisecond
+	// DefaultReconnectGrace is how long a request waits for a reconnecting
+	// NATS connection unless WithReconnectGrace says otherwise.
+	DefaultReconnectGrace = 500 * time.Millisecond
 )
 
 // DiscoverOption configures Discover.
@@ -39,6 +45,7 @@ type discoverConfig struct {
 	service  string
 	interval time.Duration
 	timeout  time.Duration
+	probe    time.Duration
 	client   clientConfig
 	logger   *slog.Logger
 }
@@ -74,6 +81,31 @@ func WithInterval(d time.Duration) DiscoverOption {
 // DefaultTimeout.
 func WithTimeout(d time.Duration) DiscoverOption {
 	return func(c *discoverConfig) error { return positive("timeout", d, &c.timeout) }
+}
+
+// WithProbeInterval sets how often each known instance is probed: a
+// request to its own load subject, which refreshes its load report, and
+// which the NATS server answers "no responders" at once when the
+// instance's connection is gone (a process killed, a machine whose kernel
+// closed its sockets). Such an instance is removed, and its requests that
+// have not yet produced a token fail over, within about one probe
+// interval instead of the timeout. Default DefaultProbeInterval.
+func WithProbeInterval(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error { return positive("probe interval", d, &c.probe) }
+}
+
+// WithReconnectGrace sets how long a request waits for the NATS
+// connection while it reconnects (a NATS server of a cluster went away
+// and the client moves to another) before it fails with ErrNotConnected.
+// 0 fails at once. Default DefaultReconnectGrace.
+func WithReconnectGrace(d time.Duration) DiscoverOption {
+	return func(c *discoverConfig) error {
+		if d < 0 {
+			return fmt.Errorf("reconnect grace %v: must be 0 or more", d)
+		}
+		c.client.reconnectGrace = d
+		return nil
+	}
 }
 
 // WithWindow sets the credit, in chunks, clients grant each stream. It
@@ -120,6 +152,9 @@ type Discovery struct {
 	reg scheduler.Registry
 	cfg discoverConfig
 	sub *nats.Subscription
+	// probes receives the answers to the probes, on probeP + micro id.
+	probes *nats.Subscription
+	probeP string
 
 	mu        sync.Mutex
 	instances map[string]*known // by micro id
@@ -143,6 +178,7 @@ type known struct {
 	name   string // the registry name
 	client *Client
 	seen   time.Time
+	load   string // the instance's load subject, probed
 }
 
 // Discover finds the instances of the service on nc, adds a Client per
@@ -154,8 +190,9 @@ func Discover(ctx context.Context, nc *nats.Conn, reg scheduler.Registry, opts .
 	if nc == nil || reg == nil {
 		return nil, errors.New("natsbackend: discover: connection and registry are required")
 	}
-	cfg := discoverConfig{service: DefaultService, interval: DefaultInterval, timeout: DefaultTimeout,
-		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout},
+	cfg := discoverConfig{service: DefaultService, interval: DefaultInterval, timeout: DefaultTimeout, probe: DefaultProbeInterval,
+		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout,
+			reconnectGrace: DefaultReconnectGrace},
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
 		if o == nil { // nil options are skipped, as nats.go does
@@ -176,6 +213,11 @@ func Discover(ctx context.Context, nc *nats.Conn, reg scheduler.Registry, opts .
 		return nil, fmt.Errorf("natsbackend: discover: %w", err)
 	}
 	d.sub = sub
+	d.probeP = nc.NewInbox() + "."
+	if d.probes, err = nc.Subscribe(d.probeP+"*", d.probeAnswer); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("natsbackend: discover: %w", err)
+	}
 	subject, _ := micro.ControlSubject(micro.StatsVerb, cfg.service, "")
 	go d.loop(ctx, subject, inbox)
 	return d, nil
@@ -207,6 +249,7 @@ func (d *Discovery) loop(ctx context.Context, subject, inbox string) {
 	defer close(d.done)
 	defer func() {
 		_ = d.sub.Unsubscribe()
+		_ = d.probes.Unsubscribe()
 		d.mu.Lock()
 		for id, k := range d.instances {
 			d.reg.Remove(k.name)
@@ -216,20 +259,75 @@ func (d *Discovery) loop(ctx context.Context, subject, inbox string) {
 	}()
 	tick := time.NewTicker(d.cfg.interval)
 	defer tick.Stop()
+	probe := time.NewTicker(d.cfg.probe)
+	defer probe.Stop()
+	d.query(subject, inbox)
 	for {
-		if err := d.nc.PublishRequest(subject, inbox, nil); err != nil {
-			d.cfg.logger.Debug("discovery: cannot query instances", "err", err)
-		}
-		d.expire()
 		select {
 		case <-ctx.Done():
 			return
 		case <-d.stop:
 			return
+		case <-probe.C:
+			d.probe()
 		case <-tick.C:
+			d.query(subject, inbox)
 		}
 	}
 }
+
+// query asks all instances for their stats and removes the silent ones.
+func (d *Discovery) query(subject, inbox string) {
+	if err := d.nc.PublishRequest(subject, inbox, nil); err != nil {
+		d.cfg.logger.Debug("discovery: cannot query instances", "err", err)
+	}
+	d.expire()
+}
+
+// probe asks every known instance for its load on the instance's own
+// subject. A live one answers (probeAnswer refreshes it); for one whose
+// connection is gone the NATS server answers "no responders" at once.
+func (d *Discovery) probe() {
+	if d.nc.Status() != nats.CONNECTED {
+		return // a NATS outage says nothing of the instances; expire judges
+	}
+	d.mu.Lock()
+	subjects := make(map[string]string, len(d.instances))
+	for id, k := range d.instances {
+		subjects[id] = k.load
+	}
+	d.mu.Unlock()
+	for id, subj := range subjects {
+		if subj != "" {
+			_ = d.nc.PublishRequest(subj, d.probeP+id, nil)
+		}
+	}
+}
+
+// probeAnswer handles the answer to one probe: a load report, or the NATS
+// server's "no responders" status.
+func (d *Discovery) probeAnswer(m *nats.Msg) {
+	id := m.Subject[len(d.probeP):]
+	if len(m.Data) == 0 && m.Header.Get("Status") == noResponders {
+		d.forget(id)
+		return
+	}
+	var load scheduler.Load
+	if err := json.Unmarshal(m.Data, &load); err != nil {
+		return
+	}
+	load.Updated = time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if k, ok := d.instances[id]; ok {
+		k.seen = load.Updated
+		k.client.setLoad(load)
+	}
+}
+
+// noResponders is the status of the NATS server's answer to a request
+// nobody subscribes to.
+const noResponders = "503"
 
 // answer handles one instance's stats.
 func (d *Discovery) answer(m *nats.Msg) {
@@ -238,7 +336,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 		d.cfg.logger.Warn("discovery: bad stats answer", "err", err)
 		return
 	}
-	var gen, chat string
+	var gen, chat, loadSubj string
 	var load scheduler.Load
 	for _, e := range st.Endpoints {
 		switch e.Name {
@@ -247,6 +345,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 		case "chat":
 			chat = e.Subject
 		case "load":
+			loadSubj = e.Subject
 			if len(e.Data) > 0 {
 				_ = json.Unmarshal(e.Data, &load)
 			}
@@ -293,6 +392,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 			// (Serve refuses a name a live instance has). The new one
 			// replaces it in the registry.
 			delete(d.instances, id)
+			k.client.markLost()
 			if d.replaced == nil {
 				d.replaced = map[string]*replacedID{}
 			}
@@ -301,20 +401,23 @@ func (d *Discovery) answer(m *nats.Msg) {
 			break
 		}
 	}
-	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client, gone: d.forget}
+	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client, gone: d.forget,
+		lost: make(chan struct{})}
 	c.setLoad(load)
 	if err := d.reg.Add(name, c); err != nil {
 		d.cfg.logger.Warn("discovery: registry refused instance", "instance", name, "err", err)
 		return
 	}
-	d.instances[st.ID] = &known{name: name, client: c, seen: time.Now()}
+	d.instances[st.ID] = &known{name: name, client: c, seen: time.Now(), load: loadSubj}
 	d.cfg.logger.Info("discovery: instance found", "instance", name, "id", st.ID, "models", load.Models)
 }
 
-// forget removes the instance with micro id at once: a request to it found
-// no responders (its process died, or it left), so waiting for the
-// discovery timeout would only send more requests to nobody. Should it be
-// alive after all, its next stats answer adds it again.
+// forget removes the instance with micro id at once: a request or probe
+// to it found no responders (its process died, or it left), so waiting for
+// the discovery timeout would only send more requests to nobody, and its
+// streams that have not produced a token yet fail over. Should it be alive
+// after all (its connection moving to another server of a NATS cluster),
+// its next stats answer adds it again.
 func (d *Discovery) forget(id string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -324,6 +427,7 @@ func (d *Discovery) forget(id string) {
 	}
 	delete(d.instances, id)
 	d.reg.Remove(k.name)
+	k.client.markLost()
 	d.cfg.logger.Warn("discovery: instance has no responders; removed", "instance", k.name, "id", id)
 }
 
@@ -345,6 +449,7 @@ func (d *Discovery) expire() {
 		if now.Sub(k.seen) > d.cfg.timeout {
 			d.reg.Remove(k.name)
 			delete(d.instances, id)
+			k.client.markLost()
 			d.cfg.logger.Warn("discovery: instance stopped answering; removed", "instance", k.name, "silent", now.Sub(k.seen).Round(time.Millisecond))
 		}
 	}

@@ -24,7 +24,13 @@
 // them for their stats ($SRV.STATS.<service>) every interval; each answer
 // carries the instance's load report, so one broadcast both proves an
 // instance alive and refreshes what the balancer routes on. An instance
-// that has not answered within the timeout is removed.
+// that has not answered within the timeout is removed. Between broadcasts
+// each known instance is probed on its own load subject every probe
+// interval (250 ms by default): the NATS server answers "no responders" at
+// once for an instance whose connection is gone (kill -9), so it leaves
+// the registry, and its requests that have not produced a token yet fail
+// over to another instance, within about a probe interval rather than
+// three missed heartbeats.
 //
 // Security is NATS's own: Serve and Discover take the caller's *nats.Conn,
 // so credentials, NKeys and TLS are nats.go options (nats.UserCredentials,
@@ -47,4 +53,12 @@
 // nothing for the heartbeat timeout ends with ErrInstanceLost — after
 // text reached the caller as a *retry.InterruptedError. Closing the
 // stream on the client tells the instance to stop the generation.
+//
+// Chunk messages are numbered, and heartbeats say how many went out, so a
+// message lost on the way (a server of a NATS cluster went away with it)
+// is noticed: the client asks for the messages from the first it missed,
+// and the instance, which keeps a stream's last window of messages (and a
+// finished stream until its client has the final chunk), sends them
+// again. A stream that does not get them within three heartbeats ends
+// with ErrInstanceLost rather than go on without their text.
 package natsbackend

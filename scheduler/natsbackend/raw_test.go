@@ -1,6 +1,7 @@
 package natsbackend_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -108,9 +109,9 @@ func TestStalledClient(t *testing.T) {
 		if err != nil {
 			break
 		}
-		if m.Data[0] == 'c' {
+		if m.Data[0] == 'c' { // 'c', the message's number, the chunks
 			var batch []json.RawMessage
-			_ = json.Unmarshal(m.Data[1:], &batch)
+			_ = json.Unmarshal(m.Data[bytes.IndexByte(m.Data, '['):], &batch)
 			chunks += len(batch)
 		}
 	}

@@ -114,6 +114,10 @@ type Service struct {
 	next     uint64
 	stopped  bool
 	draining bool // Drain began: the load report says so
+
+	// drop, set by tests only, loses chunk messages on the way: those it
+	// returns true for are kept for a replay but not published.
+	drop func(seq uint64, final bool) bool
 }
 
 // Serve exposes b on nc as an instance named name (letters, digits, '-'
@@ -323,7 +327,7 @@ func (s *Service) serve(r micro.Request, chat bool) {
 		return
 	}
 	defer st.Close()
-	ss := &serverStream{credit: make(chan int, 16), cancel: cancel}
+	ss := newServerStream(cancel)
 	s.mu.Lock()
 	s.next++
 	id := strconv.FormatUint(s.next, 36)
@@ -365,7 +369,8 @@ func (s *Service) fail(r micro.Request, err error) {
 	_ = r.Respond(b, micro.WithHeaders(micro.Headers{hdrKind: {"error"}}))
 }
 
-// control receives credit and cancel messages for the streams.
+// control receives credit, cancel, resend and done messages for the
+// streams.
 func (s *Service) control(m *nats.Msg) {
 	id := m.Subject[len(s.ctlP):]
 	s.mu.Lock()
@@ -384,6 +389,18 @@ func (s *Service) control(m *nats.Msg) {
 			case ss.credit <- n:
 			default: // a client flooding credit; the window is already open
 			}
+		}
+	case ctlResend:
+		if from, err := strconv.ParseUint(string(m.Data[1:]), 10, 64); err == nil {
+			select {
+			case ss.resend <- from:
+			default: // the client asks again while it still misses some
+			}
+		}
+	case ctlDone:
+		select {
+		case ss.done <- struct{}{}:
+		default:
 		}
 	}
 }

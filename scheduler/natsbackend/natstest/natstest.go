@@ -1,7 +1,7 @@
-// Package natstest starts an embedded nats-server for tests: on a random
+// Package natstest starts embedded nats-servers for tests: one on a random
 // loopback port, optionally with a configuration file (users and
-// permissions, as natsbackend's testdata/nats-server.conf), stopped when
-// the test ends.
+// permissions, as natsbackend's testdata/nats-server.conf), or a routed
+// cluster of several (StartCluster); stopped when the test ends.
 package natstest
 
 import (

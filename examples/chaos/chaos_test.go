@@ -1,0 +1,133 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestChaos runs a cluster as an operator would — three natsnode
+// processes routed as one NATS cluster, three examples/server instances on
+// the simulated engine (10 ms steps), one examples/gateway, every one its
+// own process on loopback — under streaming clients through the gateway,
+// and breaks it phase by phase: kill -9 an instance, restart it, SIGTERM
+// another (a graceful drain), kill -9 a NATS node. Targets: no request
+// fails before its first token in any phase; no stream is interrupted by
+// the SIGTERM or the NATS node's loss; the killed instance leaves the
+// gateway's rotation within 1 s. Streams cut mid-generation by the kill -9 are counted (resuming
+// them is another matter). BENCHMARKS.md has its figures.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	bin := buildBinaries(t)
+	// 30 clients on three instances of 8 sequences a batch: a few
+	// requests queue on every instance, so a kill leaves some that have no
+	// token yet to fail over.
+	const clients = 30
+	c := newCluster(t, bin, 3, "-max-batch", "8")
+	names := []string{"i1", "i2", "i3"}
+	for i, name := range names {
+		c.startInstance(name, i)
+	}
+	began := time.Now()
+	c.startGateway("-v") // logs every request sent on to another instance
+	for _, name := range names {
+		c.waitFound(name, began.Add(-time.Minute))
+	}
+
+	const phaseTime = 3 * time.Second
+	var phases []*phase
+	next := func(name string) *phase {
+		now := time.Now()
+		if len(phases) > 0 {
+			phases[len(phases)-1].to = now
+		}
+		p := &phase{name: name, from: now}
+		phases = append(phases, p)
+		return p
+	}
+	l := startLoad(c.gwURL, clients, 32, next("baseline"))
+	time.Sleep(phaseTime)
+
+	// kill -9 an instance: it and its queued requests must leave within 1 s.
+	p := next("kill -9 instance i1")
+	l.current.Store(p)
+	killed := time.Now()
+	c.instances["i1"].kill()
+	if gone, ok := c.gw.lineAfter(killed, 10*time.Second, "removed", "instance=i1"); ok {
+		p.leftAfter = gone.at.Sub(killed)
+	} else {
+		t.Errorf("the gateway did not drop i1 within 10 s of its kill -9:\n%s", c.gw.output())
+	}
+	// The streams the kill cut end after three missed heartbeats (3 s by
+	// default): the phase lasts until they have, so they count in it.
+	time.Sleep(time.Until(killed.Add(phaseTime + 2*time.Second)))
+
+	// The killed instance comes back under its name.
+	p = next("restart i1")
+	l.current.Store(p)
+	restarted := time.Now()
+	c.startInstance("i1", 0)
+	c.waitFound("i1", restarted)
+	time.Sleep(time.Until(restarted.Add(phaseTime)))
+
+	// SIGTERM: a graceful drain, nothing lost.
+	p = next("SIGTERM instance i2")
+	l.current.Store(p)
+	termed := time.Now()
+	c.instances["i2"].signal(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := c.instances["i2"].wait(ctx); err != nil {
+		t.Errorf("i2 did not stop within 30 s of SIGTERM")
+	}
+	cancel()
+	time.Sleep(time.Until(termed.Add(phaseTime)))
+
+	// kill -9 the NATS node the gateway and i1 are connected to.
+	p = next("kill -9 NATS node 0")
+	l.current.Store(p)
+	nodeKilled := time.Now()
+	c.nats[0].kill()
+	time.Sleep(time.Until(nodeKilled.Add(phaseTime)))
+	l.stop()
+	phases[len(phases)-1].to = time.Now()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n| phase | requests | completed | failed before 1st token | interrupted | refused | failed over | left rotation after | TTFT p50 | TTFT p99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, p := range phases {
+		s := p.summary()
+		left := "-"
+		if p.leftAfter > 0 {
+			left = p.leftAfter.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %v | %v |\n", p.name, s.requests, s.completed, s.failedEarly+s.refused,
+			s.interrupted, s.refused, c.gw.count(p.from, p.to, "failing over"), left, s.p50.Round(time.Millisecond), s.p99.Round(time.Millisecond))
+	}
+	t.Log(b.String())
+
+	for _, p := range phases {
+		s := p.summary()
+		if s.failedEarly+s.refused > 0 {
+			t.Errorf("%s: %d requests failed before their first token (%d refused)", p.name, s.failedEarly+s.refused, s.refused)
+		}
+		if s.completed == 0 {
+			t.Errorf("%s: no request completed", p.name)
+		}
+	}
+	if s := phases[3].summary(); s.interrupted > 0 {
+		t.Errorf("SIGTERM interrupted %d streams, want 0", s.interrupted)
+	}
+	if s := phases[4].summary(); s.interrupted > 0 {
+		t.Errorf("the NATS node's loss interrupted %d streams, want 0 (lost chunk messages are sent again)", s.interrupted)
+	}
+	if left := phases[1].leftAfter; left > time.Second {
+		t.Errorf("the killed instance left the rotation after %v, want within 1 s", left)
+	}
+	if t.Failed() {
+		t.Logf("gateway log:\n%s", c.gw.output())
+	}
+}
