@@ -159,6 +159,14 @@ func (l *load) request() result {
 			}
 			return r.cut()
 		case strings.HasPrefix(data, `{"error"`):
+			if strings.Contains(data, "stream interrupted") {
+				// Tokens were generated, and the error reached the client
+				// before the chunk that held them: cut mid-stream (a
+				// kill -9 of the instance), not a request failed before
+				// its first token.
+				r.outcome = interrupted
+				return r
+			}
 			return r.cut()
 		case strings.Contains(data, `"choices"`):
 			if r.chunks == 0 {
