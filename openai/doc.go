@@ -117,14 +117,20 @@
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
 // mapped from the library's typed errors in one table: invalid JSON, wrong
-// types and out-of-range values 400; unknown model 404; a prompt longer than
-// the context 400 with the numbers; a body over the limit 413; a full queue
-// or a client's rate limit 429 with Retry-After; an overloaded server, memory
-// pressure or a closing server (requests cut off by shutdown included) 503;
-// a model that cannot be loaded now (its load failed and backs off, or the
-// memory budget is held by pinned or busy models) 503 with Retry-After; no
-// backend of a load balancer able to take the request 503 with
-// Retry-After; an engine failure 500. An error after a stream started (a
+// types and out-of-range values 400; unknown model 404 (also from a load
+// balancer none of whose backends has it); a prompt longer than the context
+// 400 with the numbers (the extension field "context": prompt_tokens,
+// max_tokens, context_length, which lets a gateway in front fit a request
+// without max_tokens as this server would); a body over the limit 413; a
+// full queue or a client's rate limit 429 with Retry-After; an overloaded
+// server, memory pressure or a closing server (requests cut off by shutdown
+// included) 503; a model that cannot be loaded now (its load failed and
+// backs off, or the memory budget is held by pinned or busy models) 503; no
+// backend of a load balancer able to take the request 503; an engine
+// failure 500. Every 503 carries Retry-After (1 s unless the refusal says
+// when). The same request answers the same status, code and Retry-After
+// through a load balancer that reaches this server over HTTP
+// (httpbackend) or NATS (natsbackend) as from the server itself. An error after a stream started (a
 // deadline, a lost backend, shutdown) is sent as an SSE event
 // data: {"error":{...}} with the same message, type, param and code as the
 // status table above, followed by data: [DONE]: the npm openai client

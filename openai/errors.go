@@ -37,6 +37,17 @@ type apiError struct {
 	Type       string  `json:"type"`
 	Param      *string `json:"param"`
 	Code       *string `json:"code"`
+	// Context carries a context-length refusal's numbers (an extension
+	// of OpenAI's error object), so a gateway in front of this server can
+	// fit a request that gave no max_tokens as the server itself would.
+	Context *contextNumbers `json:"context,omitempty"`
+}
+
+// contextNumbers are an *engine.ContextLengthError's numbers on the wire.
+type contextNumbers struct {
+	Prompt int `json:"prompt_tokens"`
+	MaxNew int `json:"max_tokens"`
+	Limit  int `json:"context_length"`
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -98,7 +109,11 @@ func toAPIError(err error) *apiError {
 		return newAPIError(http.StatusRequestEntityTooLarge, typeInvalidRequest, "", "request_too_large",
 			fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit))
 	case errors.As(err, &ctxLen):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
+		e := newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
+		e.Context = &contextNumbers{Prompt: ctxLen.Prompt, MaxNew: ctxLen.MaxNew, Limit: ctxLen.Limit}
+		return e
+	case errors.Is(err, engine.ErrContextLength): // an upstream's, without numbers
+		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", err.Error())
 	case errors.As(err, &capacity):
 		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
 	case errors.Is(err, tokenizer.ErrTemplate):
@@ -155,9 +170,19 @@ var deadlineCodes = map[retry.DeadlineKind]string{
 	retry.Total:      "request_timeout",
 }
 
-// writeError writes err as an OpenAI-shaped error body.
+// writeError writes err as an OpenAI-shaped error body. A refusal that
+// says when to come back (retry.RetryAfter) sends Retry-After, and so does
+// every 503: a client's retry loop needs to know when to try again.
 func writeError(w http.ResponseWriter, err error) {
 	e := toAPIError(err)
+	if e.retryAfter == 0 && e.status >= 429 {
+		if d, ok := retry.RetryAfter(err); ok {
+			e.retryAfter = d
+		}
+	}
+	if e.retryAfter == 0 && e.status == http.StatusServiceUnavailable {
+		e.retryAfter = time.Second
+	}
 	if e.retryAfter > 0 {
 		secs := int(math.Ceil(e.retryAfter.Seconds()))
 		w.Header().Set("Retry-After", strconv.Itoa(secs))

@@ -39,13 +39,13 @@ func TestErrorTable(t *testing.T) {
 		{&http.MaxBytesError{Limit: 10}, 413, "request_too_large", ""},
 		{&scheduler.QueueFullError{Queued: 5, MaxQueued: 5, RetryAfter: 1500 * time.Millisecond}, 429, "queue_full", "2"},
 		{&scheduler.RateLimitError{Client: "c", RetryAfter: 3 * time.Second}, 429, "rate_limit_exceeded", "3"},
-		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", ""},
-		{mlxserving.ErrServerClosed, 503, "unavailable", ""},
-		{mlxserving.ErrModelUnloaded, 503, "unavailable", ""},
-		{fmt.Errorf("stream: %w", batcher.ErrClosed), 503, "unavailable", ""},
-		{scheduler.ErrClosed, 503, "unavailable", ""},
+		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", "1"},
+		{mlxserving.ErrServerClosed, 503, "unavailable", "1"},
+		{mlxserving.ErrModelUnloaded, 503, "unavailable", "1"},
+		{fmt.Errorf("stream: %w", batcher.ErrClosed), 503, "unavailable", "1"},
+		{scheduler.ErrClosed, 503, "unavailable", "1"},
 		{&engine.InvalidParamError{Param: "messages", Reason: "r", Err: &tokenizer.TemplateError{Reason: "r"}}, 400, "template_error", ""},
-		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", ""},
+		{fmt.Errorf("load: %w", engine.ErrUnavailable), 503, "unavailable", "1"},
 		{fmt.Errorf("step: %w", engine.ErrWorkerLost), 503, "worker_unavailable", "1"},
 		{&retry.ExhaustedError{Attempts: 3, Err: engine.ErrWorkerLost}, 503, "worker_unavailable", "1"},
 		{&retry.OpenError{Name: "worker-0", State: retry.StateOpen}, 503, "worker_unavailable", "1"},
@@ -56,7 +56,7 @@ func TestErrorTable(t *testing.T) {
 		{context.DeadlineExceeded, 504, "timeout", ""},
 		{&prewarm.BudgetError{Model: "m", Need: 10, Used: 20, Budget: 25, Retry: 4 * time.Second}, 503, "memory_budget_exhausted", "4"},
 		{&prewarm.LoadError{Model: "m", Attempts: 1, RetryAt: time.Now().Add(9500 * time.Millisecond), Err: &engine.CheckpointError{Path: "x", Reason: "bad"}}, 503, "model_load_failed", "10"},
-		{fmt.Errorf("x: %w", prewarm.ErrAborted), 503, "unavailable", ""},
+		{fmt.Errorf("x: %w", prewarm.ErrAborted), 503, "unavailable", "1"},
 	}
 	for _, c := range cases {
 		w := httptest.NewRecorder()

@@ -104,10 +104,11 @@ func TestBalancerRoutesByModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A model no backend has is not found, as a Server answers, not a
+	// backend that is down.
 	_, err := lb.Generate(context.Background(), request("mistral", 2))
-	var nb *scheduler.NoBackendError
-	if !errors.As(err, &nb) || !errors.Is(err, scheduler.ErrNoBackend) || nb.RetryAfter <= 0 {
-		t.Fatalf("unknown model: %v, want *NoBackendError with RetryAfter", err)
+	if !errors.Is(err, engine.ErrModelNotFound) || errors.Is(err, scheduler.ErrNoBackend) {
+		t.Fatalf("unknown model: %v, want engine.ErrModelNotFound", err)
 	}
 	if got := lb.Load().Models; strings.Join(got, ",") != "llama,qwen" {
 		t.Errorf("Load().Models = %v", got)

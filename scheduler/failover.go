@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -95,6 +96,23 @@ type failoverSource struct {
 	delivered int
 }
 
+// anyServes reports whether a member, draining or not, serves model, or
+// there is no member at all (backends that are gone, not a model that is
+// unknown).
+func (lb *LoadBalancer) anyServes(model string) bool {
+	lb.mu.RLock()
+	defer lb.mu.RUnlock()
+	if len(lb.members) == 0 {
+		return true
+	}
+	for _, m := range lb.members {
+		if m.backend.Load().Serves(model) {
+			return true
+		}
+	}
+	return false
+}
+
 // open places the request on the next backend, trying others while they
 // refuse it. It returns a *NoBackendError when none takes it.
 func (s *failoverSource) open(ctx context.Context) error {
@@ -103,6 +121,12 @@ func (s *failoverSource) open(ctx context.Context) error {
 	for attempts < s.lb.cfg.maxAttempts {
 		m, panicMode := s.lb.pick(ctx, s.route, s.hashes, s.tried)
 		if m == nil {
+			if len(s.tried) == 0 && !s.lb.anyServes(s.route.Model) {
+				// Not a backend that is down: no backend has the model, as
+				// a Server answers for a model it does not know.
+				s.lb.stats.refused.Add(1)
+				return fmt.Errorf("scheduler: model %q not found on any backend: %w", s.route.Model, engine.ErrModelNotFound)
+			}
 			break
 		}
 		s.tried[m] = true

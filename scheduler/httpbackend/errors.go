@@ -11,6 +11,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 var (
@@ -47,6 +48,9 @@ type Error struct {
 	Type, Code, Param string
 	// Message is the upstream's error message, if it gave one.
 	Message string
+	// Context holds a context-length refusal's numbers when the upstream
+	// sent them (mlxserving's error object does); nil otherwise.
+	Context *engine.ContextLengthError
 	// Err is the underlying failure when the upstream sent no status.
 	Err error
 }
@@ -98,9 +102,23 @@ func (e *Error) Unwrap() []error {
 	if e.Status != 0 {
 		errs = append(errs, &retry.StatusError{Code: e.Status, RetryAfter: e.RetryAfter, Message: e.Message})
 	}
+	switch e.Code { // mlxserving's codes name the refusal exactly
+	case "rate_limit_exceeded":
+		errs = append(errs, &scheduler.RateLimitError{RetryAfter: e.RetryAfter})
+	case "queue_full":
+		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
+	case "time_to_first_token_exceeded":
+		errs = append(errs, &retry.DeadlineError{Kind: retry.FirstToken})
+	case "stall_timeout":
+		errs = append(errs, &retry.DeadlineError{Kind: retry.Stall})
+	case "request_timeout":
+		errs = append(errs, &retry.DeadlineError{Kind: retry.Total})
+	}
 	switch {
 	case e.Code == "model_not_found" || e.Status == http.StatusNotFound:
 		errs = append(errs, engine.ErrModelNotFound)
+	case e.Context != nil:
+		errs = append(errs, e.Context)
 	case e.Code == "context_length_exceeded":
 		errs = append(errs, engine.ErrContextLength)
 	case e.Status == http.StatusBadRequest:
@@ -155,6 +173,11 @@ type errorFields struct {
 	Type    string          `json:"type"`
 	Param   *string         `json:"param"`
 	Code    json.RawMessage `json:"code"`
+	Context *struct {
+		Prompt int `json:"prompt_tokens"`
+		MaxNew int `json:"max_tokens"`
+		Limit  int `json:"context_length"`
+	} `json:"context"`
 }
 
 // statusError builds the *Error for a non-2xx response with body b.
@@ -172,6 +195,9 @@ func statusError(url string, resp *http.Response, b []byte) *Error {
 			var code string
 			if json.Unmarshal(f.Code, &code) == nil {
 				e.Code = code
+			}
+			if c := f.Context; c != nil && e.Code == "context_length_exceeded" && c.Limit > 0 {
+				e.Context = &engine.ContextLengthError{Prompt: c.Prompt, MaxNew: c.MaxNew, Limit: c.Limit}
 			}
 		case len(body.Error) > 0 && body.Error[0] == '"':
 			_ = json.Unmarshal(body.Error, &e.Message) // llama.cpp/Ollama: {"error": "message"}

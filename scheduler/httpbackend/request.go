@@ -3,6 +3,7 @@ package httpbackend
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/mlxserving/mlxserving/api"
 )
@@ -11,25 +12,42 @@ import (
 // upstream may not know are sent only when set, so a plain OpenAI-style
 // server sees a plain request.
 type body struct {
-	Model         string           `json:"model"`
-	Prompt        any              `json:"prompt,omitempty"`
-	Messages      []message        `json:"messages,omitempty"`
-	Tools         []map[string]any `json:"tools,omitempty"`
-	MaxTokens     int              `json:"max_tokens"`
-	Temperature   float32          `json:"temperature"`
-	TopP          float32          `json:"top_p,omitempty"`
-	TopK          int              `json:"top_k,omitempty"`
-	MinP          float32          `json:"min_p,omitempty"`
-	RepPenalty    float32          `json:"repetition_penalty,omitempty"`
-	Seed          *int64           `json:"seed,omitempty"`
-	Stop          []string         `json:"stop,omitempty"`
-	IgnoreEOS     bool             `json:"ignore_eos,omitempty"`
-	User          string           `json:"user,omitempty"`
-	KeepAlive     string           `json:"keep_alive,omitempty"`
-	Cache         bool             `json:"cache,omitempty"`
-	ChatLogprobs  bool             `json:"logprobs,omitempty"`
-	Stream        bool             `json:"stream"`
-	StreamOptions streamOptions    `json:"stream_options"`
+	Model         string             `json:"model"`
+	Prompt        any                `json:"prompt,omitempty"`
+	Messages      []message          `json:"messages,omitempty"`
+	Tools         []map[string]any   `json:"tools,omitempty"`
+	MaxTokens     int                `json:"max_tokens"`
+	Temperature   float32            `json:"temperature"`
+	TopP          float32            `json:"top_p,omitempty"`
+	TopK          int                `json:"top_k,omitempty"`
+	MinP          float32            `json:"min_p,omitempty"`
+	RepPenalty    float32            `json:"repetition_penalty,omitempty"`
+	Seed          *int64             `json:"seed,omitempty"`
+	Stop          []string           `json:"stop,omitempty"`
+	IgnoreEOS     bool               `json:"ignore_eos,omitempty"`
+	User          string             `json:"user,omitempty"`
+	KeepAlive     string             `json:"keep_alive,omitempty"`
+	Cache         bool               `json:"cache,omitempty"`
+	ChatLogprobs  bool               `json:"logprobs,omitempty"`
+	Presence      float32            `json:"presence_penalty,omitempty"`
+	Frequency     float32            `json:"frequency_penalty,omitempty"`
+	LogitBias     map[string]float32 `json:"logit_bias,omitempty"`
+	Format        *responseFormat    `json:"response_format,omitempty"`
+	Stream        bool               `json:"stream"`
+	StreamOptions streamOptions      `json:"stream_options"`
+}
+
+// responseFormat is OpenAI's structured-output request: the output is one
+// JSON document matching the schema.
+type responseFormat struct {
+	Type       string     `json:"type"`
+	JSONSchema jsonSchema `json:"json_schema"`
+}
+
+type jsonSchema struct {
+	Name   string          `json:"name"`
+	Schema json.RawMessage `json:"schema"`
+	Strict bool            `json:"strict"`
 }
 
 type streamOptions struct {
@@ -54,6 +72,19 @@ func paramsBody(model string, p api.Params) body {
 	if p.Sampling.HasSeed {
 		s := int64(p.Sampling.Seed)
 		b.Seed = &s
+	}
+	b.Presence, b.Frequency = p.Sampling.PresencePenalty, p.Sampling.FrequencyPenalty
+	if len(p.Sampling.LogitBias) > 0 {
+		b.LogitBias = make(map[string]float32, len(p.Sampling.LogitBias))
+		for id, v := range p.Sampling.LogitBias {
+			b.LogitBias[strconv.Itoa(int(id))] = v
+		}
+	}
+	if len(p.JSONSchema) > 0 {
+		// Sent as json_schema whatever it came as (json_object arrives as
+		// the schema of any object): the upstream constrains the output
+		// as the local Server would.
+		b.Format = &responseFormat{Type: "json_schema", JSONSchema: jsonSchema{Name: "output", Schema: p.JSONSchema, Strict: true}}
 	}
 	if p.KeepAlive != nil {
 		b.KeepAlive = p.KeepAlive.String()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -47,6 +48,8 @@ type Error struct {
 	// ContextLength is the instance's context-length refusal, with its
 	// numbers, for Code "context_length"; nil otherwise.
 	ContextLength *engine.ContextLengthError
+	// Deadline is the request deadline that fired, for code "deadline".
+	Deadline *retry.DeadlineError
 	// Err is the transport failure (no responders, NATS unreachable,
 	// ErrInstanceLost), when there is one.
 	Err error
@@ -97,6 +100,10 @@ func (e *Error) Unwrap() []error {
 		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
 	case codeRateLimited:
 		errs = append(errs, &scheduler.RateLimitError{RetryAfter: e.RetryAfter})
+	case codeDeadline:
+		if e.Deadline != nil {
+			errs = append(errs, e.Deadline)
+		}
 	}
 	return errs
 }
@@ -107,5 +114,5 @@ func transportError(instance string, err error) *Error {
 
 func fromWire(instance string, w wireError) *Error {
 	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter,
-		ContextLength: w.Context, retryable: w.Retryable}
+		ContextLength: w.Context, Deadline: w.Deadline, retryable: w.Retryable}
 }

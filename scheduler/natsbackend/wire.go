@@ -54,6 +54,8 @@ type wireError struct {
 	// Context carries a context-length refusal's numbers, so the client
 	// gets the same *engine.ContextLengthError the instance returned.
 	Context *engine.ContextLengthError `json:"context,omitempty"`
+	// Deadline is the request deadline that fired (code "deadline").
+	Deadline *retry.DeadlineError `json:"deadline,omitempty"`
 }
 
 // Error codes.
@@ -65,6 +67,7 @@ const (
 	codeRateLimited   = "rate_limited"
 	codeBadRequest    = "bad_request"
 	codeInterrupted   = "interrupted"
+	codeDeadline      = "deadline"
 	codeInternal      = "internal"
 )
 
@@ -73,6 +76,7 @@ func toWire(err error) wireError {
 	var ip *engine.InvalidParamError
 	var ie *retry.InterruptedError
 	var cl *engine.ContextLengthError
+	var de *retry.DeadlineError
 	switch {
 	case errors.Is(err, engine.ErrModelNotFound):
 		w.Code = codeModelNotFound
@@ -90,6 +94,8 @@ func toWire(err error) wireError {
 		w.Code = codeRateLimited
 	case errors.As(err, &ie):
 		w.Code = codeInterrupted
+	case errors.As(err, &de):
+		w.Code, w.Deadline = codeDeadline, de
 	default:
 		w.Retryable = retry.Retryable(err)
 	}
