@@ -325,16 +325,40 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 		t.Errorf("resumed %d times, want 2", st.Resumed)
 	}
 
-	// Seeded sampling cannot resume exactly: the stream says it was cut.
-	seeded := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	// Seeded and penalised sampling resume exactly on a model that
+	// reports engine.Info.Resumes: the stream is the undisturbed one.
+	seededParams := engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true, PresencePenalty: 1, FrequencyPenalty: 0.5}
+	undisturbed := newRigModel(t, sim, m, nil)
+	us := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true, Params: seededParams}
+	undisturbed.submit(t, us)
+	want := collect(us)
+	seeded := &flaky{Model: m, failAt: map[int64]bool{3: true, 6: true}}
 	rs := newRigModel(t, sim, seeded, nil)
-	ss := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true,
-		Params: engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true}}
+	ss := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true, Params: seededParams}
 	rs.submit(t, ss)
 	got = collect(ss)
+	if want.err != nil || got.err != nil || !slices.Equal(got.tokens, want.tokens) {
+		t.Errorf("seeded and penalised, lost twice: %v %v, want the undisturbed %v %v", got.err, got.tokens, want.err, want.tokens)
+	}
+
+	// On a model that does not report it they cannot: the stream says it
+	// was cut.
+	plain, err := enginetest.NewSim(enginetest.WithoutResume())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := plain.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := newRigModel(t, plain, &flaky{Model: pm, failAt: map[int64]bool{3: true}}, nil)
+	sp := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true,
+		Params: engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true}}
+	rp.submit(t, sp)
+	got = collect(sp)
 	var ie *retry.InterruptedError
 	if !errors.As(got.err, &ie) || ie.Delivered != 2 || len(got.tokens) != 2 || retry.Retryable(got.err) || !errors.Is(got.err, engine.ErrWorkerLost) {
-		t.Errorf("seeded, lost after 2 tokens: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
+		t.Errorf("seeded, lost after 2 tokens on a model that does not resume: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
 	}
 
 	// Past the policy's attempts the stream fails, saying so.

@@ -25,7 +25,7 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 		return false
 	}
 	n := len(s.generated)
-	if n > 0 && !resumable(&s.Params) {
+	if n > 0 && !b.resumable(&s.Params) {
 		s.out.finish(api.Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
 		return false
 	}
@@ -52,14 +52,18 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 }
 
 // resumable reports whether a sequence recomputed from its prompt plus the
-// tokens it delivered continues exactly as it would have: greedy decoding,
-// or sampling that draws from no seeded generator and keeps no count of
-// generated tokens. Engines restart a seeded generator, and count presence
-// and frequency penalties from tokens sampled after the first step, so a
-// resumed sequence with those would not be the uninterrupted one; it fails
-// instead. (Repetition penalties count the whole sequence and resume
-// exactly.)
-func resumable(p *engine.SamplingParams) bool {
+// tokens it delivered continues exactly as it would have. It does on a
+// model that reports engine.Info.Resumes: the batcher sets
+// SamplingParams.Generated, and the engine continues seeded draws at that
+// position and counts those tokens for presence and frequency penalties.
+// On other models only greedy decoding and sampling that draws from no
+// seeded generator and keeps no count of generated tokens continue
+// exactly (repetition penalties count the whole sequence); the rest fail
+// instead.
+func (b *ContinuousBatcher) resumable(p *engine.SamplingParams) bool {
+	if b.info.Resumes {
+		return true
+	}
 	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 		return false
 	}

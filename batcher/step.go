@@ -35,7 +35,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				dead = true
 				continue
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params, Allowed: allowed})
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.params, Allowed: allowed})
 			seqs = append(seqs, s)
 			budget--
 			decode++
@@ -62,7 +62,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				continue
 			}
 		}
-		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params, Allowed: allowed})
+		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
 		seqs = append(seqs, s)
 		budget -= n
 		prefill += n
