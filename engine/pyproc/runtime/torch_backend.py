@@ -16,9 +16,10 @@ BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
 
 
-CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True,
+CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
+                             "generated"]}
 
 
 def load(path, opts):
