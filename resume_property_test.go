@@ -1,0 +1,265 @@
+package mlxserving_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/engine/grammar"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
+	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/retry"
+)
+
+// resumeServer serves the test checkpoint's tokenizer over a simulated
+// engine with the given options; the batcher retries lost sequences
+// without a wait, up to 1,000 times.
+func resumeServer(t *testing.T, dir string, vocab int, opts ...enginetest.SimOption) *mlxserving.Server {
+	t.Helper()
+	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithContextLength(512),
+		enginetest.WithEOSProbability(0.02), enginetest.WithMaxBatch(16)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
+	srv, err := mlxserving.New(sim, mlxserving.WithBatcherOptions(batcher.WithRetryPolicy(policy), batcher.WithTokenBudget(96)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = srv.Close()
+		_ = sim.Close()
+	})
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// streamed is everything a caller sees of a stream.
+type streamed struct {
+	text     string
+	tokens   []int32
+	logprobs []float32
+	top      [][]api.TopLogprob
+	finish   api.FinishReason
+	usage    api.Usage
+	err      error
+}
+
+func (s *streamed) String() string {
+	return fmt.Sprintf("%d tokens %v, finish %q, err %v, text %q", len(s.tokens), s.tokens, s.finish, s.err, s.text)
+}
+
+func readAll(srv *mlxserving.Server, req api.Request) *streamed {
+	out := &streamed{}
+	st, err := srv.Generate(context.Background(), req)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	defer st.Close()
+	var text strings.Builder
+	for c, err := range st.Chunks() {
+		if err != nil {
+			out.err = err
+			break
+		}
+		text.WriteString(c.Text)
+		if c.HasToken {
+			out.tokens = append(out.tokens, c.Token)
+			out.logprobs = append(out.logprobs, c.Logprob)
+			out.top = append(out.top, c.Top)
+		}
+		if c.Finish != "" {
+			out.finish, out.usage = c.Finish, *c.Usage
+		}
+	}
+	out.text = text.String()
+	return out
+}
+
+// randomRequest draws a request: greedy, seeded, unseeded, with or
+// without penalties, logprobs, logit bias, stop strings and a JSON schema.
+// It reports whether the request's tokens are a function of the request
+// (everything but unseeded sampling).
+func randomRequest(r *rand.Rand) (api.Request, bool) {
+	prompt := make([]int32, 2+r.IntN(30))
+	for i := range prompt {
+		prompt[i] = int32(3 + r.IntN(250))
+	}
+	p := api.Params{MaxTokens: 1 + r.IntN(48), IgnoreEOS: r.IntN(2) == 0}
+	s := &p.Sampling
+	deterministic := true
+	switch r.IntN(5) {
+	case 0: // greedy
+	case 1, 2: // seeded
+		s.Temperature, s.Seed, s.HasSeed = 0.3+1.2*r.Float32(), r.Uint64(), true
+	case 3: // unseeded
+		s.Temperature = 0.3 + 1.2*r.Float32()
+		deterministic = false
+	case 4: // greedy with penalties
+		s.PresencePenalty, s.FrequencyPenalty = 4*r.Float32()-2, 4*r.Float32()-2
+	}
+	if s.Temperature > 0 && r.IntN(3) == 0 {
+		s.PresencePenalty, s.FrequencyPenalty = 4*r.Float32()-2, 4*r.Float32()-2
+	}
+	if s.Temperature > 0 && r.IntN(3) == 0 {
+		s.TopK, s.TopP, s.MinP = r.IntN(50), r.Float32(), 0.5*r.Float32()
+	}
+	if r.IntN(5) == 0 {
+		s.RepetitionPenalty = 0.5 + r.Float32()
+	}
+	if r.IntN(2) == 0 {
+		s.Logprobs = true
+	}
+	if r.IntN(4) == 0 {
+		s.TopLogprobs = r.IntN(6)
+	}
+	if r.IntN(8) == 0 {
+		s.LogitBias = map[int32]float32{int32(r.IntN(256)): 200*r.Float32() - 100, int32(r.IntN(256)): 200*r.Float32() - 100}
+	}
+	if r.IntN(3) == 0 {
+		stops := []string{"e", "a", " ", "t", "\n", "th", "s ", "."}
+		p.Stop = []string{stops[r.IntN(len(stops))]}
+		if r.IntN(2) == 0 {
+			p.Stop = append(p.Stop, stops[r.IntN(len(stops))])
+		}
+	}
+	switch r.IntN(8) {
+	case 0:
+		p.JSONSchema = grammar.AnyObject
+	case 1:
+		p.JSONSchema = []byte(`{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"}},"required":["ok","n"],"additionalProperties":false}`)
+	}
+	return api.Request{Model: "tiny", PromptTokens: prompt, Params: p}, deterministic
+}
+
+// TestResumeProperty: over thousands of random requests — greedy, seeded
+// and unseeded sampling, presence, frequency and repetition penalties,
+// logprobs, logit bias, stop strings and JSON schemas — on a simulated
+// engine whose worker is lost at one step in ten, every stream ends without
+// an error and equals its twin on an engine that loses nothing: tokens,
+// text, logprobs, finish and usage. Unseeded streams cannot have a twin;
+// they end well with a valid continuation (text that decodes from the
+// tokens, a schema's document complete).
+func TestResumeProperty(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d, %d requests", seed, n)
+	ref := resumeServer(t, dir, tok.VocabSize())
+	lossy := resumeServer(t, dir, tok.VocabSize(), enginetest.WithWorkerLoss(0.1, seed))
+
+	r := rand.New(rand.NewPCG(seed, 1))
+	type job struct {
+		req           api.Request
+		deterministic bool
+	}
+	jobs := make([]job, n)
+	for i := range jobs {
+		jobs[i].req, jobs[i].deterministic = randomRequest(r)
+	}
+	want, got := make([]*streamed, n), make([]*streamed, n)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 64 {
+		wg.Go(func() {
+			for i := range next {
+				got[i] = readAll(lossy, jobs[i].req)
+				if jobs[i].deterministic {
+					want[i] = readAll(ref, jobs[i].req)
+				}
+			}
+		})
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+
+	bad := 0
+	for i, j := range jobs {
+		g := got[i]
+		var problem string
+		switch {
+		case g.err != nil:
+			problem = fmt.Sprintf("failed: %v", g.err)
+		case j.deterministic && want[i].err != nil:
+			problem = fmt.Sprintf("the twin failed: %v", want[i].err)
+		case j.deterministic && !sameStream(g, want[i]):
+			problem = fmt.Sprintf("got %v\nwant %v", g, want[i])
+		case !j.deterministic:
+			problem = validContinuation(tok, j.req, g)
+		}
+		if problem != "" {
+			bad++
+			if bad <= 5 {
+				t.Errorf("request %d %+v: %s", i, j.req.Params, problem)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d streams differ from their twins (seed %d)", bad, n, seed)
+	}
+	st := lossy.Stats()["tiny"].Batcher
+	t.Logf("resumed %d times", st.Resumed)
+	if st.Resumed < uint64(n/20) {
+		t.Errorf("only %d resumes over %d requests: the losses do not exercise resuming", st.Resumed, n)
+	}
+}
+
+// sameStream compares what a caller sees, all but times and cached
+// tokens (which depend on what the prefix cache holds).
+func sameStream(a, b *streamed) bool {
+	return a.text == b.text && slices.Equal(a.tokens, b.tokens) && slices.Equal(a.logprobs, b.logprobs) &&
+		slices.EqualFunc(a.top, b.top, slices.Equal) && a.finish == b.finish &&
+		a.usage.PromptTokens == b.usage.PromptTokens && a.usage.CompletionTokens == b.usage.CompletionTokens
+}
+
+// validContinuation checks an unseeded stream: it ended well, within its
+// limits, its text is its tokens' (before a stop string) and a schema's
+// document is complete when it stopped.
+func validContinuation(tok *tokenizer.Tokenizer, req api.Request, g *streamed) string {
+	switch {
+	case g.finish != api.FinishStop && g.finish != api.FinishLength:
+		return fmt.Sprintf("finish %q", g.finish)
+	case len(g.tokens) > req.MaxTokens || g.usage.CompletionTokens < len(g.tokens):
+		return fmt.Sprintf("%d tokens (usage %d) for max %d", len(g.tokens), g.usage.CompletionTokens, req.MaxTokens)
+	case g.usage.PromptTokens != len(req.PromptTokens):
+		return fmt.Sprintf("usage counts %d prompt tokens, sent %d", g.usage.PromptTokens, len(req.PromptTokens))
+	}
+	if len(req.Stop) == 0 {
+		// A character cut short by the end stays held back.
+		text, err := tok.Decode(g.tokens, true)
+		if err != nil || strings.TrimRight(strings.TrimPrefix(text, g.text), "\uFFFD") != "" {
+			return fmt.Sprintf("text %q, its tokens decode to %q (%v)", g.text, text, err)
+		}
+	}
+	if req.JSONSchema != nil && g.finish == api.FinishStop && len(req.Stop) == 0 && !json.Valid([]byte(g.text)) {
+		return fmt.Sprintf("stopped with %q, not a JSON document", g.text)
+	}
+	return ""
+}
