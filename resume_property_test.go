@@ -14,11 +14,9 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
-	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/retry"
 )
 
@@ -27,24 +25,10 @@ import (
 // without a wait, up to 1,000 times.
 func resumeServer(t *testing.T, dir string, vocab int, opts ...enginetest.SimOption) *mlxserving.Server {
 	t.Helper()
-	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithContextLength(512),
-		enginetest.WithEOSProbability(0.02), enginetest.WithMaxBatch(16)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
 	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
-	srv, err := mlxserving.New(sim, mlxserving.WithBatcherOptions(batcher.WithRetryPolicy(policy), batcher.WithTokenBudget(96)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = srv.Close()
-		_ = sim.Close()
-	})
-	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
-		t.Fatal(err)
-	}
-	return srv
+	return tokenizerServer(t, dir, append([]enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithContextLength(512),
+		enginetest.WithEOSProbability(0.02), enginetest.WithMaxBatch(16)}, opts...),
+		mlxserving.WithBatcherOptions(batcher.WithRetryPolicy(policy), batcher.WithTokenBudget(96)))
 }
 
 // streamed is everything a caller sees of a stream.
@@ -155,14 +139,7 @@ func randomRequest(r *rand.Rand) (api.Request, bool) {
 // they end well with a valid continuation (text that decodes from the
 // tokens, a schema's document complete).
 func TestResumeProperty(t *testing.T) {
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, tok := tinyCheckpoint(t)
 	n := 3000
 	if testing.Short() {
 		n = 300
