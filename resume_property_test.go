@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
@@ -239,4 +242,57 @@ func validContinuation(tok *tokenizer.Tokenizer, req api.Request, g *streamed) s
 		return fmt.Sprintf("stopped with %q, not a JSON document", g.text)
 	}
 	return ""
+}
+
+// TestResumeMetrics: resumes are exported by cause, with the gap they
+// added, and their count and gap reach the stream's usage.
+func TestResumeMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	dir, tok := tinyCheckpoint(t)
+	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
+	srv := tokenizerServer(t, dir, []enginetest.SimOption{enginetest.WithVocabSize(tok.VocabSize()), enginetest.WithWorkerLoss(0.2, 7)},
+		mlxserving.WithMeterProvider(mp), mlxserving.WithBatcherOptions(batcher.WithRetryPolicy(policy)))
+	resumes, gap := 0, time.Duration(0)
+	for i := range 20 {
+		g := readAll(srv, api.Request{Model: "tiny", PromptTokens: []int32{int32(10 + i), 20, 30}, Params: api.Params{MaxTokens: 20, IgnoreEOS: true}})
+		if g.err != nil {
+			t.Fatal(g.err)
+		}
+		resumes += g.usage.Resumes
+		gap += g.usage.ResumeGap
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var counted int64
+	var gaps uint64
+	var gapSum float64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.sequences.resumed" && v.AsString() == batcher.ResumeWorkerLost {
+						counted += p.Value
+					}
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.resume.gap" && v.AsString() == batcher.ResumeWorkerLost {
+						gaps += p.Count
+						gapSum += p.Sum
+					}
+				}
+			}
+		}
+	}
+	if resumes == 0 || counted != int64(resumes) || gaps == 0 || gaps > uint64(resumes) {
+		t.Errorf("%d resumes in the streams' usage; exported: %d resumes, %d gaps", resumes, counted, gaps)
+	}
+	if d := gapSum - gap.Seconds(); d > 1e-6 || d < -1e-6 {
+		t.Errorf("exported gaps add up to %.6fs, the usage's to %v", gapSum, gap)
+	}
 }

@@ -314,12 +314,22 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 	// Lost after tokens reached the caller: resumed from prompt + the
 	// delivered tokens, the stream the same as an undisturbed one.
 	late := &flaky{Model: m, failAt: map[int64]bool{3: true, 7: true}}
-	r1 := newRigModel(t, sim, late, nil)
+	var seen []batcher.ResumeStats
+	r1 := newRigModel(t, sim, late, nil, batcher.WithResumeObserver(func(rs batcher.ResumeStats) { seen = append(seen, rs) }))
 	s1 := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
 	r1.submit(t, s1)
 	got = collect(s1)
 	if got.err != nil || !slices.Equal(got.tokens, alone(t, s1.Prompt, 10)) {
 		t.Errorf("lost after 2 and again after more tokens: %v %v, want the undisturbed tokens", got.err, got.tokens)
+	}
+	if got.usage == nil || got.usage.Resumes != 2 || got.usage.ResumeGap <= 0 {
+		t.Errorf("usage %+v, want 2 resumes and their gap", got.usage)
+	}
+	// Steps 1 and 2 deliver two tokens, 3 fails; 4 (the recompute), 5
+	// and 6 deliver three more, 7 fails.
+	if len(seen) != 2 || seen[0].Cause != batcher.ResumeWorkerLost || seen[0].Delivered != 2 || seen[1].Delivered != 5 ||
+		seen[0].Gap+seen[1].Gap != got.usage.ResumeGap {
+		t.Errorf("observed resumes %+v, want two after 2 and 5 tokens adding up to the usage's gap", seen)
 	}
 	if st := r1.b.Stats(); st.Resumed != 2 {
 		t.Errorf("resumed %d times, want 2", st.Resumed)

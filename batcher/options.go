@@ -21,6 +21,7 @@ type config struct {
 	minBatch    int
 	retry       *retry.Policy
 	observer    func(StepStats)
+	onResume    func(ResumeStats)
 	logger      *slog.Logger
 }
 
@@ -142,6 +143,16 @@ func WithRetryPolicy(p *retry.Policy) Option {
 func WithStepObserver(fn func(StepStats)) Option {
 	return func(c *config) error {
 		c.observer = fn
+		return nil
+	}
+}
+
+// WithResumeObserver calls fn when a resumed sequence (see
+// WithRetryPolicy) delivers its first token after the resume, on the
+// batcher's goroutine: it must return quickly.
+func WithResumeObserver(fn func(ResumeStats)) Option {
+	return func(c *config) error {
+		c.onResume = fn
 		return nil
 	}
 }

@@ -43,6 +43,10 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	s.preemptions++
 	if n > 0 {
 		b.addResume()
+		s.resumes++
+		if s.resumedFrom.IsZero() { // not lost again before a token followed
+			s.resumedFrom = s.lastToken
+		}
 		b.cfg.logger.Info("resuming sequence", "model", b.info.ID, "delivered", n, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
 	} else {
 		b.cfg.logger.Info("retrying sequence", "model", b.info.ID, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
@@ -68,6 +72,17 @@ func (b *ContinuousBatcher) resumable(p *engine.SamplingParams) bool {
 		return false
 	}
 	return p.Temperature == 0 || !p.HasSeed
+}
+
+// resumed accounts for the first token of a resumed sequence, produced
+// at now.
+func (b *ContinuousBatcher) resumed(s *Sequence, now time.Time) {
+	gap := now.Sub(s.resumedFrom)
+	s.resumeGap += gap
+	s.resumedFrom = time.Time{}
+	if b.cfg.onResume != nil {
+		b.cfg.onResume(ResumeStats{Cause: ResumeWorkerLost, Delivered: len(s.generated) - 1, Gap: gap})
+	}
 }
 
 // requeueAfter puts e back in the queue after d. The timer is owned by the

@@ -74,6 +74,10 @@ type Sequence struct {
 	open        bool
 	admitted    time.Time
 	firstToken  time.Time
+	lastToken   time.Time // when the last token was produced
+	resumedFrom time.Time // lastToken when the sequence resumed; zero once a token followed
+	resumes     int
+	resumeGap   time.Duration
 	cached      int
 	preemptions int
 	retries     *retry.Tracker // started at the first failed attempt

@@ -142,6 +142,10 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 	if s.firstToken.IsZero() {
 		s.firstToken = now
 	}
+	if !s.resumedFrom.IsZero() {
+		b.resumed(s, now)
+	}
+	s.lastToken = now
 	if b.isStopToken(s, tok) {
 		b.finish(s, api.FinishStop, "", now)
 		return true
@@ -211,6 +215,8 @@ func (s *Sequence) usage(now time.Time) *api.Usage {
 		QueueWait:        s.admitted.Sub(s.Submitted),
 		Duration:         now.Sub(s.Submitted),
 		Preemptions:      s.preemptions,
+		Resumes:          s.resumes,
+		ResumeGap:        s.resumeGap,
 	}
 	if !s.firstToken.IsZero() {
 		u.TimeToFirstToken = s.firstToken.Sub(s.Submitted)
