@@ -98,6 +98,21 @@
 // its usage counting every prompt token as cached); it is absent for
 // requests that are not eligible.
 //
+// Resumed streams: a stream whose engine worker (or, through a load
+// balancer, whose backend) was lost after tokens reached the client goes
+// on where it stopped (see the batcher), with nothing repeated or lost.
+// Which backend finished a stream, and what resuming cost it, is told at
+// its end, not in a header (the headers leave before the stream could
+// move): a streamed reply that resumed, or that a load balancer routed,
+// ends with the SSE comment
+//
+//	: finished backend=NAME resumes=N resume_gap_ms=MS
+//
+// before data: [DONE] (backend left out when no balancer named one,
+// resumes and resume_gap_ms when it did not resume; the official clients
+// skip comments), and the handler logs "request resumed" at Info with the
+// request's id, resumes, resume_gap and backend.
+//
 // # API keys
 //
 // WithAPIKeys (keys from LoadKeyFile or ParseKeyList) makes every route

@@ -266,6 +266,10 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream
 	if err != nil && r.Context().Err() == nil {
 		h.cfg.logger.Warn("request failed", "path", r.URL.Path, "model", f.model, "id", f.id, "err", err)
 	}
+	if u := f.usage; err == nil && u != nil && u.Resumes > 0 {
+		h.cfg.logger.Info("request resumed", "path", r.URL.Path, "model", f.model, "id", f.id,
+			"resumes", u.Resumes, "resume_gap", u.ResumeGap, "backend", st.Header().Backend)
+	}
 }
 
 // writeWhole collects the stream into one response body.
