@@ -371,6 +371,17 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 		t.Errorf("seeded, lost after 2 tokens on a model that does not resume: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
 	}
 
+	// The attempts bound the failures between two tokens: lost four
+	// times, with a token after each resume, under a policy of two
+	// attempts, the stream still completes.
+	often := &flaky{Model: m, failAt: map[int64]bool{3: true, 5: true, 7: true, 9: true}}
+	ro := newRigModel(t, sim, often, nil, batcher.WithRecoveries(1))
+	so := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
+	ro.submit(t, so)
+	if got := collect(so); got.err != nil || !slices.Equal(got.tokens, alone(t, so.Prompt, 10)) || got.usage.Resumes != 4 {
+		t.Errorf("lost four times with progress between: %v %v, want the undisturbed tokens after 4 resumes", got.err, got.tokens)
+	}
+
 	// Past the policy's attempts the stream fails, saying so.
 	always := &flaky{Model: m, failAt: map[int64]bool{}}
 	for i := int64(1); i < 100; i++ {

@@ -128,6 +128,9 @@ func WithRecoveries(n int) Option {
 // policy's wait and run again, up to its attempts and elapsed time: from
 // their prompt, or, after tokens reached the caller, resuming from the
 // prompt plus those tokens (see the package doc for which sequences can).
+// A resumed sequence that delivers a token starts the policy afresh: the
+// attempts bound the failures between two tokens, not over a stream's
+// life.
 func WithRetryPolicy(p *retry.Policy) Option {
 	return func(c *config) error {
 		if p == nil {

@@ -80,6 +80,7 @@ func (b *ContinuousBatcher) resumed(s *Sequence, now time.Time) {
 	gap := now.Sub(s.resumedFrom)
 	s.resumeGap += gap
 	s.resumedFrom = time.Time{}
+	s.retries.Reset() // it made progress: a later loss is a new failure with the policy's full attempts
 	if b.cfg.onResume != nil {
 		b.cfg.onResume(ResumeStats{Cause: ResumeWorkerLost, Delivered: len(s.generated) - 1, Gap: gap})
 	}
