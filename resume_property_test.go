@@ -3,6 +3,7 @@ package mlxserving_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
@@ -40,6 +42,7 @@ type streamed struct {
 	tokens   []int32
 	logprobs []float32
 	top      [][]api.TopLogprob
+	upTo     []int // len(text) after each token's chunk
 	finish   api.FinishReason
 	usage    api.Usage
 	err      error
@@ -68,6 +71,7 @@ func readAll(srv *mlxserving.Server, req api.Request) *streamed {
 			out.tokens = append(out.tokens, c.Token)
 			out.logprobs = append(out.logprobs, c.Logprob)
 			out.top = append(out.top, c.Top)
+			out.upTo = append(out.upTo, text.Len())
 		}
 		if c.Finish != "" {
 			out.finish, out.usage = c.Finish, *c.Usage
@@ -294,5 +298,64 @@ func TestResumeMetrics(t *testing.T) {
 	}
 	if d := gapSum - gap.Seconds(); d > 1e-6 || d < -1e-6 {
 		t.Errorf("exported gaps add up to %.6fs, the usage's to %v", gapSum, gap)
+	}
+}
+
+// TestResumeRequestContinues: a request that carries the tokens an earlier
+// attempt delivered (api.Params.Resume) streams exactly the rest of the
+// uninterrupted generation — tokens, logprobs, text after what was
+// delivered, finish — and reports the whole generation's usage; for
+// greedy, seeded and penalised requests with stop strings and JSON
+// schemas. Resume tokens after which generation would have ended are
+// refused.
+func TestResumeRequestContinues(t *testing.T) {
+	dir, tok := tinyCheckpoint(t)
+	srv := resumeServer(t, dir, tok.VocabSize())
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 2))
+	tried := 0
+	for i := 0; tried < 300 && i < 3000; i++ {
+		req, deterministic := randomRequest(r)
+		if !deterministic {
+			continue
+		}
+		full := readAll(srv, req)
+		if full.err != nil {
+			t.Fatalf("request %+v: %v", req.Params, full.err)
+		}
+		if len(full.tokens) < 2 {
+			continue
+		}
+		tried++
+		k := 1 + r.IntN(len(full.tokens)-1)
+		resumed := req
+		resumed.Resume = slices.Clone(full.tokens[:k])
+		got := readAll(srv, resumed)
+		want := &streamed{text: full.text[full.upTo[k-1]:], tokens: full.tokens[k:], logprobs: full.logprobs[k:], top: full.top[k:],
+			finish: full.finish, usage: full.usage}
+		if got.err != nil || !sameStream(got, want) {
+			t.Fatalf("seed %d, resumed after %d of %d tokens (%+v):\n got %v\nwant %v", seed, k, len(full.tokens), req.Params, got, want)
+		}
+	}
+	if tried < 100 {
+		t.Fatalf("only %d requests long enough to resume", tried)
+	}
+
+	// Tokens after which generation would have ended are refused.
+	req := api.Request{Model: "tiny", PromptTokens: []int32{5, 6, 7}, Params: api.Params{MaxTokens: 8, IgnoreEOS: true}}
+	full := readAll(srv, req)
+	if full.err != nil {
+		t.Fatal(full.err)
+	}
+	stop := req
+	stop.StopTokens, stop.Resume = full.tokens[1:2], full.tokens[:3]
+	all := req
+	all.Resume = full.tokens
+	outside := req
+	outside.Resume = []int32{int32(tok.VocabSize())}
+	for name, bad := range map[string]api.Request{"a stop token": stop, "max_tokens of them": all, "outside the vocabulary": outside} {
+		if _, err := srv.Generate(context.Background(), bad); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("resume with %s: %v, want an invalid-param error", name, err)
+		}
 	}
 }
