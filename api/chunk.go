@@ -56,6 +56,10 @@ type Usage struct {
 	// from the last token before each loss to the first after it.
 	Resumes   int
 	ResumeGap time.Duration
+	// Backend names the backend that finished the stream, when a load
+	// balancer routed it (it differs from Header.Backend after a resume
+	// on another backend).
+	Backend string
 }
 
 // TopLogprob is one of the most likely tokens at a step.

@@ -268,7 +268,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream
 	}
 	if u := f.usage; err == nil && u != nil && u.Resumes > 0 {
 		h.cfg.logger.Info("request resumed", "path", r.URL.Path, "model", f.model, "id", f.id,
-			"resumes", u.Resumes, "resume_gap", u.ResumeGap, "backend", st.Header().Backend)
+			"resumes", u.Resumes, "resume_gap", u.ResumeGap, "backend", finishedBy(st, u))
 	}
 }
 

@@ -57,7 +57,7 @@ func (h *Handler) streamSSE(w http.ResponseWriter, st *api.Stream, f *format) er
 	if !s.started {
 		return s.fail(errors.New("stream ended without a final chunk"))
 	}
-	if b := finishedComment(s.buf[:0], st.Header().Backend, f.usage); len(b) > 0 {
+	if b := finishedComment(s.buf[:0], finishedBy(st, f.usage), f.usage); len(b) > 0 {
 		if err := s.send(b); err != nil {
 			return err
 		}
@@ -84,6 +84,15 @@ func finishedComment(b []byte, backend string, u *api.Usage) []byte {
 		b = strconv.AppendInt(append(b, " resume_gap_ms="...), u.ResumeGap.Milliseconds(), 10)
 	}
 	return append(b, "\n\n"...)
+}
+
+// finishedBy names the backend that finished the stream: the usage's,
+// else the one the balancer first routed to.
+func finishedBy(st *api.Stream, u *api.Usage) string {
+	if u != nil && u.Backend != "" {
+		return u.Backend
+	}
+	return st.Header().Backend
 }
 
 // commentSafe keeps a backend name on its comment line.
