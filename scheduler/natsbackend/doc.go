@@ -47,4 +47,9 @@
 // nothing for the heartbeat timeout ends with ErrInstanceLost — after
 // text reached the caller as a *retry.InterruptedError. Closing the
 // stream on the client tells the instance to stop the generation.
+//
+// A scheduler.LoadBalancer over these clients resumes such a stream on
+// another instance. Chunks carry their token ids, and the request travels
+// as its JSON, api.Params.Resume included: the new instance gets the
+// prompt plus the delivered ids and streams only what follows.
 package natsbackend
