@@ -359,3 +359,42 @@ func TestResumeRequestContinues(t *testing.T) {
 		}
 	}
 }
+
+// TestMergedStreamsFollowTheResume: identical seeded requests merged into
+// one generation all follow it through its worker's losses: every
+// subscriber gets the uninterrupted tokens.
+func TestMergedStreamsFollowTheResume(t *testing.T) {
+	dir, tok := tinyCheckpoint(t)
+	ref := resumeServer(t, dir, tok.VocabSize())
+	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
+	lossy := tokenizerServer(t, dir, []enginetest.SimOption{enginetest.WithVocabSize(tok.VocabSize()), enginetest.WithContextLength(512),
+		enginetest.WithEOSProbability(0.02), enginetest.WithMaxBatch(16), enginetest.WithStepTime(time.Millisecond, 0), enginetest.WithWorkerLoss(0.2, 5)},
+		mlxserving.WithMerging(), mlxserving.WithBatcherOptions(batcher.WithRetryPolicy(policy)))
+	req := api.Request{Model: "tiny", PromptTokens: []int32{40, 41, 42}, Params: api.Params{MaxTokens: 40, IgnoreEOS: true,
+		Sampling: engine.SamplingParams{Temperature: 0.8, Seed: 21, HasSeed: true, FrequencyPenalty: 0.5}}}
+	want := readAll(ref, req)
+	streams := make([]*api.Stream, 4)
+	for i := range streams {
+		st, err := lossy.Generate(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = st
+	}
+	merged := 0
+	for i, st := range streams {
+		if st.Header().Cache == "merged" {
+			merged++
+		}
+		res, err := st.Collect()
+		if err != nil || !slices.Equal(res.Tokens, want.tokens) || res.Text != want.text {
+			t.Errorf("subscriber %d: %v %v, want %v", i, err, res.Tokens, want.tokens)
+		}
+	}
+	if merged == 0 {
+		t.Error("no request was merged")
+	}
+	if lossy.Stats()["tiny"].Batcher.Resumed == 0 {
+		t.Error("the generation never resumed")
+	}
+}
