@@ -81,6 +81,14 @@
 // Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
 // repetition_penalty and ignore_eos.
 //
+// Resuming a stream across servers: "return_token_ids": true (vLLM's
+// name) adds each token's id to its streamed chunk as "token_ids": [id]
+// (one chunk per token, also where the token's text is held back), and
+// "resume": [ids] continues a generation whose first tokens an earlier
+// attempt delivered (api.Params.Resume): the reply streams only what
+// follows them, and its usage counts the whole generation. A load
+// balancer (httpbackend.WithResume) uses both.
+//
 // Keep-alive, as Ollama names it: "keep_alive" is how long the model stays
 // loaded after this request — a duration ("5m") or seconds (300); 0
 // unloads it once idle, negative keeps it loaded. A request for a model

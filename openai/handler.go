@@ -156,7 +156,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	fs := make([]*format, len(sts))
 	for i, st := range sts {
 		fs[i] = newFormat(true, id, created, cr.Model, req.Logprobs, req.includeUsage())
-		fs[i].index = i
+		fs[i].index, fs[i].tokenIDs = i, req.ReturnTokenIDs
 		if req.tools {
 			hd := st.Header()
 			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
@@ -201,7 +201,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	fs := make([]*format, len(sts))
 	for i := range sts {
 		fs[i] = newFormat(false, id, created, gr.Model, req.Logprobs != nil, req.includeUsage())
-		fs[i].index = i
+		fs[i].index, fs[i].tokenIDs = i, req.ReturnTokenIDs
 	}
 	defer charge(fs)
 	if len(sts) == 1 {

@@ -121,7 +121,7 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	if f.tools != nil {
 		c.Text, deltas = f.tools.feed(c.Text)
 	}
-	if c.Text != "" || (f.logprobs && c.HasToken) {
+	if c.Text != "" || ((f.logprobs || f.tokenIDs) && c.HasToken) {
 		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
 			return err
 		}
