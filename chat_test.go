@@ -13,24 +13,16 @@ import (
 	"github.com/mlxserving/mlxserving/internal/testmodel"
 )
 
-// chatFixture serves the project's test checkpoint's tokenizer and chat
-// template over the simulated engine, whose pseudo-tokens stay inside the
-// tokenizer's vocabulary.
-func chatFixture(t *testing.T) (*mlxserving.Server, *tokenizer.Tokenizer) {
+// tokenizerServer serves the checkpoint in dir (its tokenizer; the weights are
+// not read) as model "tiny" over a simulated engine, both closed at
+// cleanup.
+func tokenizerServer(t *testing.T, dir string, simOpts []enginetest.SimOption, opts ...mlxserving.Option) *mlxserving.Server {
 	t.Helper()
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
+	sim, err := enginetest.NewSim(simOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim, err := enginetest.NewSim(enginetest.WithVocabSize(tok.VocabSize()), enginetest.WithContextLength(512))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := mlxserving.New(sim)
+	srv, err := mlxserving.New(sim, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +33,31 @@ func chatFixture(t *testing.T) (*mlxserving.Server, *tokenizer.Tokenizer) {
 	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
 		t.Fatal(err)
 	}
+	return srv
+}
+
+// tinyCheckpoint writes the project's test checkpoint to a temporary
+// directory and loads its tokenizer.
+func tinyCheckpoint(t *testing.T) (string, *tokenizer.Tokenizer) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, tok
+}
+
+// chatFixture serves the project's test checkpoint's tokenizer and chat
+// template over the simulated engine, whose pseudo-tokens stay inside the
+// tokenizer's vocabulary.
+func chatFixture(t *testing.T) (*mlxserving.Server, *tokenizer.Tokenizer) {
+	t.Helper()
+	dir, tok := tinyCheckpoint(t)
+	srv := tokenizerServer(t, dir, []enginetest.SimOption{enginetest.WithVocabSize(tok.VocabSize()), enginetest.WithContextLength(512)})
 	return srv, tok
 }
 

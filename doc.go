@@ -32,8 +32,9 @@
 // retry.DeadlineError when a request's deadline (first token, stall,
 // total; [WithDeadlines]) fired, retry.InterruptedError when its engine
 // worker died after tokens had reached the caller and the stream could not
-// resume exactly (seeded sampling, presence or frequency penalties; other
-// streams resume on a live worker). Branch on them with errors.Is and
+// resume exactly (seeded sampling or presence or frequency penalties on an
+// engine that does not report engine.Info.Resumes; other streams resume on
+// a live worker). Branch on them with errors.Is and
 // errors.As.
 //
 // With [WithMerging], identical deterministic requests in flight at once

@@ -214,6 +214,9 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 		}
 		seq.Constraint = c
 	}
+	if err := resumeSequence(seq, p.Resume, m.info.EOS); err != nil {
+		return nil, err
+	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
 	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
 		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
@@ -226,6 +229,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	go releaseWhenDone(release, seq.Done())
 	src := newLocalSource(ctx, m, entry, s.metrics)
 	src.release = release // the reader seeing the end releases at once
+	src.resumed = len(p.Resume)
 	return src, nil
 }
 
@@ -262,6 +266,14 @@ func validate(m *model, prompt []int32, p *api.Params) error {
 	for i, id := range prompt {
 		if id < 0 || id >= vocab {
 			return &engine.InvalidParamError{Param: "prompt", Reason: fmt.Sprintf("token %d at position %d is outside the vocabulary [0, %d)", id, i, vocab)}
+		}
+	}
+	if len(p.Resume) >= p.MaxTokens {
+		return &engine.InvalidParamError{Param: "resume", Reason: fmt.Sprintf("%d tokens already delivered leave none of max_tokens %d to generate", len(p.Resume), p.MaxTokens)}
+	}
+	for i, id := range p.Resume {
+		if id < 0 || id >= vocab {
+			return &engine.InvalidParamError{Param: "resume", Reason: fmt.Sprintf("token %d at position %d is outside the vocabulary [0, %d)", id, i, vocab)}
 		}
 	}
 	return scheduler.CheckFits(m.info.ID, len(prompt), p.MaxTokens, m.info.ContextLength, m.info.KVCapacity)

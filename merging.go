@@ -26,7 +26,7 @@ func WithMerging(opts ...merge.Option) Option {
 // is a function of its inputs, and it has nothing of its own that a shared
 // generation would lose (a session's saved KV, its own deadlines).
 func mergeable(p *api.Params) bool {
-	return merge.Deterministic(p.Sampling) && p.Session == "" && p.Deadlines.Zero()
+	return merge.Deterministic(p.Sampling) && p.Session == "" && p.Deadlines.Zero() && len(p.Resume) == 0
 }
 
 // join serves a mergeable request through the merger.

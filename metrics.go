@@ -56,6 +56,7 @@ type metrics struct {
 	preemptions  metric.Int64Counter
 	batchSize    metric.Int64Histogram
 	stepLatency  metric.Float64Histogram
+	resumeGap    metric.Float64Histogram
 	registration metric.Registration
 
 	mu    sync.Mutex
@@ -96,6 +97,7 @@ func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
 	m.itl = hist("mlxserving.inter_token_latency", "Time between consecutive tokens of a stream.")
 	m.queueWait = hist("mlxserving.queue.wait", "Time from submission to admission into the batch, per tier.")
 	m.stepLatency = hist("mlxserving.step.duration", "Engine step latency.")
+	m.resumeGap = hist("mlxserving.resume.gap", "Time a resume added to a stream, from the last token before its worker was lost to the first after, by cause.")
 	m.promptTok = counter("mlxserving.tokens.prompt", "Prompt tokens of finished requests.", "{token}")
 	m.genTok = counter("mlxserving.tokens.generated", "Generated tokens of finished requests.", "{token}")
 	m.cachedTok = counter("mlxserving.prefix_cache.tokens", "Prompt tokens served from a saved KV prefix instead of prefill.", "{token}")
@@ -123,7 +125,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 	evicted, err7 := meter.Int64ObservableCounter("mlxserving.cache.evictions", metric.WithDescription("Responses dropped from the cache (least recently used or expired)."), metric.WithUnit("{response}"))
 	cacheBytes, err8 := meter.Int64ObservableGauge("mlxserving.cache.bytes", metric.WithDescription("Bytes of responses the cache holds."), metric.WithUnit("By"))
 	resumed, err9 := meter.Int64ObservableCounter("mlxserving.sequences.resumed",
-		metric.WithDescription("Streams that went on after their engine worker was lost, recomputing prompt plus delivered tokens."), metric.WithUnit("{sequence}"))
+		metric.WithDescription("Resumes of streams that went on after their engine worker was lost, recomputing prompt plus delivered tokens, by cause."), metric.WithUnit("{sequence}"))
 	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9); err != nil {
 		return nil, err
 	}
@@ -146,7 +148,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 			attrs := metric.WithAttributes(attribute.String("model", id))
 			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
 			o.ObserveInt64(waiting, int64(st.Queue.Queued), attrs)
-			o.ObserveInt64(resumed, int64(st.Batcher.Resumed), attrs)
+			o.ObserveInt64(resumed, int64(st.Batcher.Resumed), metric.WithAttributes(attribute.String("model", id), attribute.String("cause", batcher.ResumeWorkerLost)))
 			if st.Batcher.KVCapacity > 0 {
 				o.ObserveFloat64(kvUsed, float64(st.Batcher.KVReserved)/float64(st.Batcher.KVCapacity), attrs)
 			}
@@ -182,6 +184,13 @@ func (m *metrics) stepObserver(model string) func(batcher.StepStats) {
 		ctx := context.Background()
 		m.batchSize.Record(ctx, int64(st.Batch), attrs)
 		m.stepLatency.Record(ctx, st.Latency.Seconds(), attrs)
+	}
+}
+
+// resumeObserver records a model's resumed sequences.
+func (m *metrics) resumeObserver(model string) func(batcher.ResumeStats) {
+	return func(r batcher.ResumeStats) {
+		m.resumeGap.Record(context.Background(), r.Gap.Seconds(), metric.WithAttributes(attribute.String("model", model), attribute.String("cause", r.Cause)))
 	}
 }
 

@@ -117,7 +117,8 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 		}
 		run = m.cache
 	}
-	opts := append([]batcher.Option{batcher.WithLogger(s.cfg.logger), batcher.WithStepObserver(s.metrics.stepObserver(spec.ID))}, s.cfg.batcherOpts...)
+	opts := append([]batcher.Option{batcher.WithLogger(s.cfg.logger), batcher.WithStepObserver(s.metrics.stepObserver(spec.ID)),
+		batcher.WithResumeObserver(s.metrics.resumeObserver(spec.ID))}, s.cfg.batcherOpts...)
 	if m.batcher, err = batcher.New(run, m.queue, opts...); err != nil {
 		_ = em.Close()
 		return nil, err

@@ -23,6 +23,7 @@ type localSource struct {
 	closeOnce sync.Once
 	tier      api.Tier // the tier it was submitted at, for metrics
 	release   func()   // ends the request's count on the model; idempotent
+	resumed   int      // tokens of api.Params.Resume: usage counts them as generated
 
 	// Owned by the reader.
 	lastToken time.Time
@@ -81,7 +82,7 @@ func (s *localSource) Recv(ctx context.Context) (api.Chunk, error) {
 	c, err := s.entry.Value.Recv(ctx)
 	switch {
 	case err == nil:
-		s.observe(c)
+		c = s.observe(c)
 		if tok := s.model.tok; tok != nil {
 			for i := range c.Top {
 				c.Top[i].Text = string(tok.TokenBytes(c.Top[i].Token))
@@ -104,8 +105,9 @@ func (s *localSource) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 }
 
-// observe records token timing and, on the final chunk, the request.
-func (s *localSource) observe(c api.Chunk) {
+// observe records token timing and, on the final chunk, the request,
+// whose usage it returns counting api.Params.Resume's tokens as generated.
+func (s *localSource) observe(c api.Chunk) api.Chunk {
 	if c.HasToken {
 		now := time.Now()
 		if !s.lastToken.IsZero() {
@@ -114,8 +116,15 @@ func (s *localSource) observe(c api.Chunk) {
 		s.lastToken = now
 	}
 	if c.Finish != "" {
+		if c.Usage != nil && s.resumed > 0 {
+			u := *c.Usage
+			u.PromptTokens -= s.resumed
+			u.CompletionTokens += s.resumed
+			c.Usage = &u
+		}
 		s.end(c.Usage, nil)
 	}
+	return c
 }
 
 // end records the request's outcome once.

@@ -50,6 +50,16 @@ type Usage struct {
 	// Preemptions counts how often the sequence was evicted and
 	// recomputed (preemption or a lost worker).
 	Preemptions int
+	// Resumes counts how often the stream went on after its engine worker
+	// (or, through a load balancer, its backend) was lost after tokens
+	// had reached the caller; ResumeGap is the time those resumes added,
+	// from the last token before each loss to the first after it.
+	Resumes   int
+	ResumeGap time.Duration
+	// Backend names the backend that finished the stream, when a load
+	// balancer routed it (it differs from Header.Backend after a resume
+	// on another backend).
+	Backend string
 }
 
 // TopLogprob is one of the most likely tokens at a step.

@@ -54,6 +54,20 @@ type Params struct {
 	// default. When one fires the stream ends with a *retry.DeadlineError
 	// and the sequence's KV is freed within one engine step.
 	Deadlines retry.Deadlines
+	// Resume continues a generation an earlier attempt of this request
+	// began (on another instance whose stream broke off): the token ids
+	// that attempt delivered, in order. The server generates as if the
+	// prompt were followed by them — engine.SamplingParams.Generated
+	// counts them, and the stop strings, detokenizer and JSONSchema are
+	// fed them first — and streams only what follows, so the two streams
+	// joined are one generation: exactly the uninterrupted one for greedy
+	// requests, and for seeded or presence/frequency-penalised ones on an
+	// engine that reports engine.Info.Resumes. MaxTokens and the final
+	// usage count the whole generation (Resume included; the prompt once).
+	// Tokens that would have ended generation (a stop token or string, a
+	// complete JSON document) or as many as MaxTokens are refused with an
+	// *engine.InvalidParamError. A resumed request is never merged.
+	Resume []int32
 	// Cache lets a server with a response cache (see the root package's
 	// WithMerging) answer this request from a cached identical response
 	// and keep this one's for later. Only deterministic requests (greedy,

@@ -251,8 +251,12 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	b.nextID++
 	s.id = b.nextID
 	s.feed = s.Prompt
+	s.params = s.Params
 	if len(s.generated) > 0 { // recompute after preemption or a lost worker
 		s.feed = append(append(make([]int32, 0, len(s.Prompt)+len(s.generated)), s.Prompt...), s.generated...)
+		// The engine continues the draws and the penalty counts where they
+		// stopped (engine.SamplingParams.Generated).
+		s.params.Generated += len(s.generated)
 	}
 	reused, err := b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
 	switch {

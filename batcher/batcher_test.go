@@ -314,27 +314,72 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 	// Lost after tokens reached the caller: resumed from prompt + the
 	// delivered tokens, the stream the same as an undisturbed one.
 	late := &flaky{Model: m, failAt: map[int64]bool{3: true, 7: true}}
-	r1 := newRigModel(t, sim, late, nil)
+	var seen []batcher.ResumeStats
+	r1 := newRigModel(t, sim, late, nil, batcher.WithResumeObserver(func(rs batcher.ResumeStats) { seen = append(seen, rs) }))
 	s1 := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
 	r1.submit(t, s1)
 	got = collect(s1)
 	if got.err != nil || !slices.Equal(got.tokens, alone(t, s1.Prompt, 10)) {
 		t.Errorf("lost after 2 and again after more tokens: %v %v, want the undisturbed tokens", got.err, got.tokens)
 	}
+	if got.usage == nil || got.usage.Resumes != 2 || got.usage.ResumeGap <= 0 {
+		t.Errorf("usage %+v, want 2 resumes and their gap", got.usage)
+	}
+	// Steps 1 and 2 deliver two tokens, 3 fails; 4 (the recompute), 5
+	// and 6 deliver three more, 7 fails.
+	if len(seen) != 2 || seen[0].Cause != batcher.ResumeWorkerLost || seen[0].Delivered != 2 || seen[1].Delivered != 5 ||
+		seen[0].Gap+seen[1].Gap != got.usage.ResumeGap {
+		t.Errorf("observed resumes %+v, want two after 2 and 5 tokens adding up to the usage's gap", seen)
+	}
 	if st := r1.b.Stats(); st.Resumed != 2 {
 		t.Errorf("resumed %d times, want 2", st.Resumed)
 	}
 
-	// Seeded sampling cannot resume exactly: the stream says it was cut.
-	seeded := &flaky{Model: m, failAt: map[int64]bool{3: true}}
+	// Seeded and penalised sampling resume exactly on a model that
+	// reports engine.Info.Resumes: the stream is the undisturbed one.
+	seededParams := engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true, PresencePenalty: 1, FrequencyPenalty: 0.5}
+	undisturbed := newRigModel(t, sim, m, nil)
+	us := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true, Params: seededParams}
+	undisturbed.submit(t, us)
+	want := collect(us)
+	seeded := &flaky{Model: m, failAt: map[int64]bool{3: true, 6: true}}
 	rs := newRigModel(t, sim, seeded, nil)
-	ss := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true,
-		Params: engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true}}
+	ss := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true, Params: seededParams}
 	rs.submit(t, ss)
 	got = collect(ss)
+	if want.err != nil || got.err != nil || !slices.Equal(got.tokens, want.tokens) {
+		t.Errorf("seeded and penalised, lost twice: %v %v, want the undisturbed %v %v", got.err, got.tokens, want.err, want.tokens)
+	}
+
+	// On a model that does not report it they cannot: the stream says it
+	// was cut.
+	plain, err := enginetest.NewSim(enginetest.WithoutResume())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := plain.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := newRigModel(t, plain, &flaky{Model: pm, failAt: map[int64]bool{3: true}}, nil)
+	sp := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true,
+		Params: engine.SamplingParams{Temperature: 0.8, Seed: 7, HasSeed: true}}
+	rp.submit(t, sp)
+	got = collect(sp)
 	var ie *retry.InterruptedError
 	if !errors.As(got.err, &ie) || ie.Delivered != 2 || len(got.tokens) != 2 || retry.Retryable(got.err) || !errors.Is(got.err, engine.ErrWorkerLost) {
-		t.Errorf("seeded, lost after 2 tokens: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
+		t.Errorf("seeded, lost after 2 tokens on a model that does not resume: %v (%d tokens), want an InterruptedError after 2", got.err, len(got.tokens))
+	}
+
+	// The attempts bound the failures between two tokens: lost four
+	// times, with a token after each resume, under a policy of two
+	// attempts, the stream still completes.
+	often := &flaky{Model: m, failAt: map[int64]bool{3: true, 5: true, 7: true, 9: true}}
+	ro := newRigModel(t, sim, often, nil, batcher.WithRecoveries(1))
+	so := &batcher.Sequence{Prompt: prompt(6, 8), MaxTokens: 10, IgnoreEOS: true}
+	ro.submit(t, so)
+	if got := collect(so); got.err != nil || !slices.Equal(got.tokens, alone(t, so.Prompt, 10)) || got.usage.Resumes != 4 {
+		t.Errorf("lost four times with progress between: %v %v, want the undisturbed tokens after 4 resumes", got.err, got.tokens)
 	}
 
 	// Past the policy's attempts the stream fails, saying so.

@@ -17,9 +17,12 @@
 // repeating a token. A sequence whose engine worker died is retried under a
 // [retry.Policy] (see [WithRetryPolicy]): from its prompt before its first
 // token, and after tokens by resuming the same way as after a preemption,
-// so the caller's stream shows no gap, no repeat and no error. Sequences
-// that cannot resume exactly (seeded sampling, presence or frequency
-// penalties) fail with a *retry.InterruptedError instead.
+// so the caller's stream shows no gap, no repeat and no error: the
+// recomputed sequence carries engine.SamplingParams.Generated, so on a
+// model that reports engine.Info.Resumes seeded draws and presence and
+// frequency penalties continue where they stopped. On other models,
+// sequences that cannot resume exactly (seeded sampling, presence or
+// frequency penalties) fail with a *retry.InterruptedError instead.
 //
 // KV: a model that does not page has each sequence reserve its whole
 // possible length (prompt plus max tokens) at admission. A paged model

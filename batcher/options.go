@@ -22,6 +22,7 @@ type config struct {
 	minBatch       int
 	retry          *retry.Policy
 	observer       func(StepStats)
+	onResume       func(ResumeStats)
 	logger         *slog.Logger
 }
 
@@ -132,6 +133,9 @@ func WithRecoveries(n int) Option {
 // policy's wait and run again, up to its attempts and elapsed time: from
 // their prompt, or, after tokens reached the caller, resuming from the
 // prompt plus those tokens (see the package doc for which sequences can).
+// A resumed sequence that delivers a token starts the policy afresh: the
+// attempts bound the failures between two tokens, not over a stream's
+// life.
 func WithRetryPolicy(p *retry.Policy) Option {
 	return func(c *config) error {
 		if p == nil {
@@ -147,6 +151,16 @@ func WithRetryPolicy(p *retry.Policy) Option {
 func WithStepObserver(fn func(StepStats)) Option {
 	return func(c *config) error {
 		c.observer = fn
+		return nil
+	}
+}
+
+// WithResumeObserver calls fn when a resumed sequence (see
+// WithRetryPolicy) delivers its first token after the resume, on the
+// batcher's goroutine: it must return quickly.
+func WithResumeObserver(fn func(ResumeStats)) Option {
+	return func(c *config) error {
+		c.onResume = fn
 		return nil
 	}
 }

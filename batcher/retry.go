@@ -25,7 +25,7 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 		return false
 	}
 	n := len(s.generated)
-	if n > 0 && !resumable(&s.Params) {
+	if n > 0 && !b.resumable(&s.Params) {
 		s.out.finish(api.Chunk{}, &retry.InterruptedError{Delivered: n, Err: err})
 		return false
 	}
@@ -43,6 +43,10 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	s.preemptions++
 	if n > 0 {
 		b.addResume()
+		s.resumes++
+		if s.resumedFrom.IsZero() { // not lost again before a token followed
+			s.resumedFrom = s.lastToken
+		}
 		b.cfg.logger.Info("resuming sequence", "model", b.info.ID, "delivered", n, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
 	} else {
 		b.cfg.logger.Info("retrying sequence", "model", b.info.ID, "attempt", s.retries.Attempts()+1, "after", wait, "err", err)
@@ -52,18 +56,34 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 }
 
 // resumable reports whether a sequence recomputed from its prompt plus the
-// tokens it delivered continues exactly as it would have: greedy decoding,
-// or sampling that draws from no seeded generator and keeps no count of
-// generated tokens. Engines restart a seeded generator, and count presence
-// and frequency penalties from tokens sampled after the first step, so a
-// resumed sequence with those would not be the uninterrupted one; it fails
-// instead. (Repetition penalties count the whole sequence and resume
-// exactly.)
-func resumable(p *engine.SamplingParams) bool {
+// tokens it delivered continues exactly as it would have. It does on a
+// model that reports engine.Info.Resumes: the batcher sets
+// SamplingParams.Generated, and the engine continues seeded draws at that
+// position and counts those tokens for presence and frequency penalties.
+// On other models only greedy decoding and sampling that draws from no
+// seeded generator and keeps no count of generated tokens continue
+// exactly (repetition penalties count the whole sequence); the rest fail
+// instead.
+func (b *ContinuousBatcher) resumable(p *engine.SamplingParams) bool {
+	if b.info.Resumes {
+		return true
+	}
 	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 		return false
 	}
 	return p.Temperature == 0 || !p.HasSeed
+}
+
+// resumed accounts for the first token of a resumed sequence, produced
+// at now.
+func (b *ContinuousBatcher) resumed(s *Sequence, now time.Time) {
+	gap := now.Sub(s.resumedFrom)
+	s.resumeGap += gap
+	s.resumedFrom = time.Time{}
+	s.retries.Reset() // it made progress: a later loss is a new failure with the policy's full attempts
+	if b.cfg.onResume != nil {
+		b.cfg.onResume(ResumeStats{Cause: ResumeWorkerLost, Delivered: len(s.generated) - 1, Gap: gap})
+	}
 }
 
 // requeueAfter puts e back in the queue after d. The timer is owned by the

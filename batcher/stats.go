@@ -14,6 +14,23 @@ type StepStats struct {
 	Latency time.Duration
 }
 
+// ResumeStats describes one resumed sequence, reported when its first
+// token after the resume reached the caller.
+type ResumeStats struct {
+	// Cause is why the sequence resumed: ResumeWorkerLost.
+	Cause string
+	// Delivered is the number of tokens the caller had before the resume.
+	Delivered int
+	// Gap is the time the resume added: from the step that produced the
+	// last token before the loss to the step that produced the first
+	// token after it.
+	Gap time.Duration
+}
+
+// ResumeWorkerLost is the cause of a resume after the engine's worker
+// was lost (engine.ErrWorkerLost).
+const ResumeWorkerLost = "worker_lost"
+
 // Stats is a snapshot of a batcher.
 type Stats struct {
 	// Steps is the number of engine steps run.

@@ -35,7 +35,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				dead = true
 				continue
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.Params, Allowed: allowed})
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.params, Allowed: allowed})
 			seqs = append(seqs, s)
 			budget--
 			decode++
@@ -62,7 +62,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				continue
 			}
 		}
-		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.Params, Allowed: allowed})
+		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
 		seqs = append(seqs, s)
 		budget -= n
 		prefill += n
@@ -142,6 +142,10 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 	if s.firstToken.IsZero() {
 		s.firstToken = now
 	}
+	if !s.resumedFrom.IsZero() {
+		b.resumed(s, now)
+	}
+	s.lastToken = now
 	if b.isStopToken(s, tok) {
 		b.finish(s, api.FinishStop, "", now)
 		return true
@@ -211,6 +215,8 @@ func (s *Sequence) usage(now time.Time) *api.Usage {
 		QueueWait:        s.admitted.Sub(s.Submitted),
 		Duration:         now.Sub(s.Submitted),
 		Preemptions:      s.preemptions,
+		Resumes:          s.resumes,
+		ResumeGap:        s.resumeGap,
 	}
 	if !s.firstToken.IsZero() {
 		u.TimeToFirstToken = s.firstToken.Sub(s.Submitted)

@@ -27,6 +27,16 @@
 // and CUDA graphs exist before the first request. [Info] reports the
 // model's weight and KV memory, which a memory budget adds up.
 //
+// Resuming: a sequence whose worker was lost after it generated n tokens
+// can go on as a new sequence whose prompt is the old prompt plus those
+// n tokens. Greedy and unseeded sampling continue correctly on any
+// engine. A model that sets [Info.Resumes] also follows
+// [SamplingParams.Generated] (set to n on the new sequence): its seeded
+// draws are a function of the seed and the generated position and its
+// presence and frequency penalties count those n tokens, so a seeded or
+// penalised sequence continues exactly as the uninterrupted one would
+// have. The conformance suite (engine/enginetest) checks it.
+//
 // Errors are the sentinels and typed errors of this package, so callers
 // branch with errors.Is and errors.As whichever engine produced them.
 package engine

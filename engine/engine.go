@@ -211,6 +211,17 @@ type Info struct {
 	// cost, too large and decodes wait behind long prefills. Zero leaves
 	// the caller's default; a budget the caller sets wins.
 	StepTokens int
+	// Resumes reports that the model follows SamplingParams.Generated: a
+	// sequence opened with the prompt plus the n tokens an earlier
+	// sequence generated from it, sampling with the same parameters and
+	// Generated set to n, samples exactly the tokens that earlier sequence
+	// would have gone on to sample — a seeded draw is a function of the
+	// seed and the generated position, and presence and frequency
+	// penalties count the prompt's last n tokens as generated. The
+	// batcher resumes a seeded or penalised sequence whose worker was
+	// lost only on a model that reports it (greedy and unseeded ones
+	// resume on any model); false fails such a sequence instead.
+	Resumes bool
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).

@@ -22,7 +22,9 @@ type SamplingParams struct {
 	// of tokens already in the sequence. 0 or 1 disables it. Range (0, 2].
 	RepetitionPenalty float32
 	// Seed makes sampling reproducible when HasSeed is set: the same seed,
-	// prompt and parameters give the same tokens.
+	// prompt and parameters give the same tokens. An engine whose
+	// Info.Resumes is set makes each draw a function of the seed and the
+	// generated position (see Generated).
 	Seed    uint64
 	HasSeed bool
 	// Logprobs asks for the sampled token's log-probability.
@@ -39,9 +41,14 @@ type SamplingParams struct {
 	// the sequence has generated so far; FrequencyPenalty is subtracted
 	// once per time it was generated (OpenAI's presence_penalty and
 	// frequency_penalty). Generated tokens are those fed after the
-	// sequence's first sampling step. Range [-2, 2]; 0 turns each off.
+	// sequence's first sampling step, and the prompt's last Generated
+	// tokens. Range [-2, 2]; 0 turns each off.
 	PresencePenalty  float32
 	FrequencyPenalty float32
+	// Generated is how many of the prompt's last tokens this request generated
+	// before it was resumed: a seeded draw continues at that position and
+	// presence/frequency penalties count those tokens as generated.
+	Generated int
 }
 
 // Sampling applies its steps in this order: repetition penalty,
@@ -81,6 +88,8 @@ func (p *SamplingParams) Validate() error {
 		return bad("presence_penalty", p.PresencePenalty, "-2 to 2")
 	case isNaN(p.FrequencyPenalty) || p.FrequencyPenalty < -2 || p.FrequencyPenalty > 2:
 		return bad("frequency_penalty", p.FrequencyPenalty, "-2 to 2")
+	case p.Generated < 0:
+		return bad("generated", p.Generated, "0 or more")
 	}
 	for id, b := range p.LogitBias {
 		if id < 0 {

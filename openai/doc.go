@@ -81,6 +81,14 @@
 // Sampling beyond OpenAI's fields, as vLLM names them: top_k, min_p,
 // repetition_penalty and ignore_eos.
 //
+// Resuming a stream across servers: "return_token_ids": true (vLLM's
+// name) adds each token's id to its streamed chunk as "token_ids": [id]
+// (one chunk per token, also where the token's text is held back), and
+// "resume": [ids] continues a generation whose first tokens an earlier
+// attempt delivered (api.Params.Resume): the reply streams only what
+// follows them, and its usage counts the whole generation. A load
+// balancer (httpbackend.WithResume) uses both.
+//
 // Keep-alive, as Ollama names it: "keep_alive" is how long the model stays
 // loaded after this request — a duration ("5m") or seconds (300); 0
 // unloads it once idle, negative keeps it loaded. A request for a model
@@ -97,6 +105,21 @@
 // (joined an identical one in flight) or "hit" (replayed from the cache,
 // its usage counting every prompt token as cached); it is absent for
 // requests that are not eligible.
+//
+// Resumed streams: a stream whose engine worker (or, through a load
+// balancer, whose backend) was lost after tokens reached the client goes
+// on where it stopped (see the batcher), with nothing repeated or lost.
+// Which backend finished a stream, and what resuming cost it, is told at
+// its end, not in a header (the headers leave before the stream could
+// move): a streamed reply that resumed, or that a load balancer routed,
+// ends with the SSE comment
+//
+//	: finished backend=NAME resumes=N resume_gap_ms=MS
+//
+// before data: [DONE] (backend left out when no balancer named one,
+// resumes and resume_gap_ms when it did not resume; the official clients
+// skip comments), and the handler logs "request resumed" at Info with the
+// request's id, resumes, resume_gap and backend.
 //
 // # API keys
 //

@@ -156,7 +156,7 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	fs := make([]*format, len(sts))
 	for i, st := range sts {
 		fs[i] = newFormat(true, id, created, cr.Model, req.Logprobs, req.includeUsage())
-		fs[i].index = i
+		fs[i].index, fs[i].tokenIDs = i, req.ReturnTokenIDs
 		if req.tools {
 			hd := st.Header()
 			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
@@ -201,7 +201,7 @@ func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	fs := make([]*format, len(sts))
 	for i := range sts {
 		fs[i] = newFormat(false, id, created, gr.Model, req.Logprobs != nil, req.includeUsage())
-		fs[i].index = i
+		fs[i].index, fs[i].tokenIDs = i, req.ReturnTokenIDs
 	}
 	defer charge(fs)
 	if len(sts) == 1 {
@@ -265,6 +265,10 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, st *api.Stream
 	}
 	if err != nil && r.Context().Err() == nil {
 		h.cfg.logger.Warn("request failed", "path", r.URL.Path, "model", f.model, "id", f.id, "err", err)
+	}
+	if u := f.usage; err == nil && u != nil && u.Resumes > 0 {
+		h.cfg.logger.Info("request resumed", "path", r.URL.Path, "model", f.model, "id", f.id,
+			"resumes", u.Resumes, "resume_gap", u.ResumeGap, "backend", finishedBy(st, u))
 	}
 }
 

@@ -34,6 +34,11 @@ type commonFields struct {
 	RepetitionPenalty *float32 `json:"repetition_penalty"`
 	IgnoreEOS         bool     `json:"ignore_eos"`
 	Cache             bool     `json:"cache"`
+	// Resume is api.Params.Resume: the token ids an earlier attempt of
+	// this request delivered. ReturnTokenIDs (vLLM's return_token_ids)
+	// adds each streamed token's id to its chunk, so a balancer can resume.
+	Resume         []int32 `json:"resume"`
+	ReturnTokenIDs bool    `json:"return_token_ids"`
 	// KeepAlive is Ollama's keep_alive: a duration string or seconds.
 	KeepAlive json.RawMessage `json:"keep_alive"`
 }
@@ -148,6 +153,7 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 		return p, err
 	}
 	p.Cache = c.Cache
+	p.Resume = c.Resume
 	p.Session = c.SessionID
 	// The session headers clients already send: ours, llm-d's and
 	// SGLang's router's.

@@ -25,6 +25,7 @@ type format struct {
 	index        int         // the choice's index (n > 1)
 	usage        *api.Usage  // the final chunk's usage, once received
 	generated    int         // tokens received so far, for a stream cut short
+	tokenIDs     bool        // return_token_ids: every token's id in its streamed chunk
 }
 
 // openChoice appends `{"index":N` for the format's choice.
@@ -76,7 +77,12 @@ func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
 	} else {
 		b = append(b, "null"...)
 	}
-	b = append(b, `,"finish_reason":null}]`...)
+	b = append(b, `,"finish_reason":null`...)
+	if f.tokenIDs && c.HasToken {
+		b = strconv.AppendInt(append(b, `,"token_ids":[`...), int64(c.Token), 10)
+		b = append(b, ']')
+	}
+	b = append(b, "}]"...)
 	return f.end(b)
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"github.com/mlxserving/mlxserving/api"
 )
@@ -55,7 +57,50 @@ func (h *Handler) streamSSE(w http.ResponseWriter, st *api.Stream, f *format) er
 	if !s.started {
 		return s.fail(errors.New("stream ended without a final chunk"))
 	}
+	if b := finishedComment(s.buf[:0], finishedBy(st, f.usage), f.usage); len(b) > 0 {
+		if err := s.send(b); err != nil {
+			return err
+		}
+	}
 	return s.send(append(s.buf[:0], "data: [DONE]\n\n"...))
+}
+
+// finishedComment is the SSE comment that ends a stream which resumed
+// after losing its engine worker or backend, or that a load balancer
+// routed: ": finished backend=NAME resumes=N resume_gap_ms=MS" (fields
+// without a value left out). Clients skip comments; nil when there is
+// nothing to say.
+func finishedComment(b []byte, backend string, u *api.Usage) []byte {
+	resumes := u != nil && u.Resumes > 0
+	if backend == "" && !resumes {
+		return nil
+	}
+	b = append(b, ": finished"...)
+	if backend != "" {
+		b = append(append(b, " backend="...), strings.Map(commentSafe, backend)...)
+	}
+	if resumes {
+		b = strconv.AppendInt(append(b, " resumes="...), int64(u.Resumes), 10)
+		b = strconv.AppendInt(append(b, " resume_gap_ms="...), u.ResumeGap.Milliseconds(), 10)
+	}
+	return append(b, "\n\n"...)
+}
+
+// finishedBy names the backend that finished the stream: the usage's,
+// else the one the balancer first routed to.
+func finishedBy(st *api.Stream, u *api.Usage) string {
+	if u != nil && u.Backend != "" {
+		return u.Backend
+	}
+	return st.Header().Backend
+}
+
+// commentSafe keeps a backend name on its comment line.
+func commentSafe(r rune) rune {
+	if r == '\n' || r == '\r' || r == ' ' {
+		return '_'
+	}
+	return r
 }
 
 // chunk sends what one stream chunk holds: its text (and logprob), and on
@@ -76,7 +121,7 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	if f.tools != nil {
 		c.Text, deltas = f.tools.feed(c.Text)
 	}
-	if c.Text != "" || (f.logprobs && c.HasToken) {
+	if c.Text != "" || ((f.logprobs || f.tokenIDs) && c.HasToken) {
 		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
 			return err
 		}

@@ -29,8 +29,15 @@ import (
 // (default: [Weighted] with [DefaultWeights]: queue, KV use, prefix match
 // and session home). A request refused before its first token — the
 // backend is down, shutting down, full or has lost its worker — fails over
-// to another backend; once a token has reached the caller it never is,
-// and a backend dying mid-stream ends that stream with a
+// to another backend. A backend that fails after tokens reached the
+// caller is not asked again: the stream resumes on another backend, which
+// gets the request with the delivered token ids as api.Params.Resume and
+// streams only what follows, so the caller sees one generation (exact for
+// greedy requests, and for seeded or penalised ones where the engines
+// report engine.Info.Resumes); the final usage counts the resume
+// (Usage.Resumes, ResumeGap) and names the backend that finished
+// (Usage.Backend). Where the ids are unknown (a foreign OpenAI-compatible
+// upstream) or no backend takes it, the stream ends with a
 // *retry.InterruptedError. Backends that keep failing are ejected by their
 // breaker (passive outlier detection); backends with a health check
 // ([HealthChecker]) are also checked actively.
@@ -75,7 +82,7 @@ type member struct {
 }
 
 type lbCounters struct {
-	routed, failovers, refused, interrupted atomic.Uint64
+	routed, failovers, refused, interrupted, resumed atomic.Uint64
 }
 
 // NewLoadBalancer returns a balancer with no backends; add them with Add
@@ -182,13 +189,21 @@ func (lb *LoadBalancer) Close() error {
 // Generate routes a completion request; see [LoadBalancer].
 func (lb *LoadBalancer) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
 	r := Route{Model: req.Model, Session: req.Session, Prefix: req.Prompt}
-	return lb.serve(ctx, r, func(ctx context.Context, b Backend) (*api.Stream, error) { return b.Generate(ctx, req) })
+	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
+		req := req
+		req.Resume = append(slices.Clip(req.Resume), resume...)
+		return b.Generate(ctx, req)
+	})
 }
 
 // Chat routes a chat request; see [LoadBalancer].
 func (lb *LoadBalancer) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	r := Route{Model: req.Model, Session: req.Session, Prefix: chatPrefix(req.Messages)}
-	return lb.serve(ctx, r, func(ctx context.Context, b Backend) (*api.Stream, error) { return b.Chat(ctx, req) })
+	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
+		req := req
+		req.Resume = append(slices.Clip(req.Resume), resume...)
+		return b.Chat(ctx, req)
+	})
 }
 
 // chatPrefix is the text prefix-aware routing matches for a conversation:
@@ -421,15 +436,17 @@ type LBStats struct {
 	// Routed counts requests placed on a backend (a failover counts
 	// again); Failovers those moved to another backend before their first
 	// token; Refused requests no backend could take; Interrupted streams a
-	// backend broke after tokens were sent.
-	Routed, Failovers, Refused, Interrupted uint64
+	// backend broke after tokens were sent; Resumed streams that went on
+	// on another backend after tokens were sent (a stream resumed twice
+	// counts twice).
+	Routed, Failovers, Refused, Interrupted, Resumed uint64
 }
 
 // Stats returns a snapshot, backends sorted by name.
 func (lb *LoadBalancer) Stats() LBStats {
 	out := LBStats{
 		Routed: lb.stats.routed.Load(), Failovers: lb.stats.failovers.Load(),
-		Refused: lb.stats.refused.Load(), Interrupted: lb.stats.interrupted.Load(),
+		Refused: lb.stats.refused.Load(), Interrupted: lb.stats.interrupted.Load(), Resumed: lb.stats.resumed.Load(),
 	}
 	lb.mu.RLock()
 	for _, m := range lb.members {

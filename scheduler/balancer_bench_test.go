@@ -22,8 +22,9 @@ import (
 
 // drive runs streams concurrent request loops for d against b and returns
 // the tokens generated, the requests that failed before their first token
-// and those that failed after it.
-func drive(b scheduler.Backend, streams, tokens int, d time.Duration, session func(i int) string) (tok, failedBefore, failedAfter int64, lat []time.Duration) {
+// and those that failed after it, the completed requests' latencies and
+// the gaps that resumes added to them (Usage.ResumeGap).
+func drive(b scheduler.Backend, streams, tokens int, d time.Duration, session func(i int) string) (tok, failedBefore, failedAfter int64, lat, gaps []time.Duration) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	stop := time.Now().Add(d)
@@ -56,6 +57,11 @@ func drive(b scheduler.Backend, streams, tokens int, d time.Duration, session fu
 					if c.HasToken {
 						got++
 					}
+					if c.Usage != nil && c.Usage.Resumes > 0 {
+						mu.Lock()
+						gaps = append(gaps, c.Usage.ResumeGap)
+						mu.Unlock()
+					}
 				}
 				atomic.AddInt64(&tok, int64(got))
 				mu.Lock()
@@ -65,7 +71,7 @@ func drive(b scheduler.Backend, streams, tokens int, d time.Duration, session fu
 		}()
 	}
 	wg.Wait()
-	return tok, failedBefore, failedAfter, lat
+	return tok, failedBefore, failedAfter, lat, gaps
 }
 
 func benchInstance(b *testing.B, step time.Duration, maxBatch int) (*mlxserving.Server, func()) {
@@ -97,7 +103,7 @@ func BenchmarkBalancerScaling(b *testing.B) {
 			_ = lb.Add(fmt.Sprintf("i%d", i), srv)
 		}
 		began := time.Now()
-		tok, _, _, _ := drive(lb, streams, tokens, dur, nil)
+		tok, _, _, _, _ := drive(lb, streams, tokens, dur, nil)
 		// Requests in flight at the end finish: count their time too.
 		return float64(tok) / time.Since(began).Seconds()
 	}
@@ -138,7 +144,9 @@ func BenchmarkBalancerOverhead(b *testing.B) {
 
 // BenchmarkBalancerKill: 3 instances under steady load (24 streams); one
 // is closed (as a killed process refuses and drops everything) a second
-// in. Requests that had not streamed a token must all succeed elsewhere.
+// in. Requests that had not streamed a token must all succeed elsewhere;
+// those that had resume on another instance (resumed, and the gap the
+// resume added, p50 and p99): none may fail.
 func BenchmarkBalancerKill(b *testing.B) {
 	for b.Loop() {
 		lb, _ := scheduler.NewLoadBalancer(scheduler.WithStrategy(scheduler.RoundRobin()))
@@ -152,11 +160,20 @@ func BenchmarkBalancerKill(b *testing.B) {
 			_ = lb.Add(fmt.Sprintf("i%d", i), srv)
 		}
 		time.AfterFunc(time.Second, func() { _ = victim.Close() })
-		tok, before, after, lat := drive(lb, 24, 32, 3*time.Second, nil)
+		tok, before, after, lat, gaps := drive(lb, 24, 32, 3*time.Second, nil)
 		b.ReportMetric(float64(len(lat)), "completed")
 		b.ReportMetric(float64(before), "failed-before-first-token")
 		b.ReportMetric(float64(after), "failed-mid-stream")
 		b.ReportMetric(float64(lb.Stats().Failovers), "failovers")
+		b.ReportMetric(float64(lb.Stats().Resumed), "resumed")
+		slices.Sort(gaps)
+		if len(gaps) > 0 {
+			b.ReportMetric(float64(gaps[len(gaps)/2].Microseconds())/1e3, "gap-p50-ms")
+			b.ReportMetric(float64(gaps[min(len(gaps)-1, len(gaps)*99/100)].Microseconds())/1e3, "gap-p99-ms")
+		}
+		if before+after > 0 {
+			b.Errorf("%d requests failed before their first token, %d after", before, after)
+		}
 		b.ReportMetric(float64(tok)/3, "tok/s")
 		_ = lb.Close()
 	}
@@ -185,7 +202,7 @@ func BenchmarkBalancerSlowBackend(b *testing.B) {
 					defer stop()
 					_ = lb.Add(fmt.Sprintf("i%d", i), srv)
 				}
-				_, _, _, lat := drive(lb, 24, 16, 3*time.Second, nil)
+				_, _, _, lat, _ := drive(lb, 24, 16, 3*time.Second, nil)
 				slices.Sort(lat)
 				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")

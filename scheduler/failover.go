@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,11 +14,13 @@ import (
 	"github.com/mlxserving/mlxserving/retry"
 )
 
-// startFunc sends the request to one backend.
-type startFunc func(ctx context.Context, b Backend) (*api.Stream, error)
+// startFunc sends the request to one backend. resume, when not empty,
+// are the token ids an earlier backend delivered (api.Params.Resume).
+type startFunc func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error)
 
 // serve places the request on a backend and returns a stream that fails
-// over to another backend while no token has reached the caller.
+// over to another backend while no token has reached the caller, and
+// after tokens resumes on another backend (see failoverSource.resumable).
 func (lb *LoadBalancer) serve(ctx context.Context, r Route, start startFunc) (*api.Stream, error) {
 	lb.mu.RLock()
 	closed := lb.closed
@@ -94,6 +97,17 @@ type failoverSource struct {
 	closeErr  error
 	began     time.Time
 	delivered int
+
+	// Resuming after tokens (resumable): the token ids delivered, whether
+	// a chunk reached the caller without its id (a foreign upstream),
+	// the resumes so far, when the last token arrived, when the pending
+	// resume broke off (zero once a token followed) and the gaps.
+	tokens     []int32
+	idsLost    bool
+	resumes    int
+	lastToken  time.Time
+	resumeFrom time.Time
+	resumeGap  time.Duration
 }
 
 // anyServes reports whether a member, draining or not, serves model, or
@@ -142,7 +156,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 		attempts++
 		m.inflight.Add(1)
 		began := time.Now()
-		st, err := s.start(ctx, m.backend)
+		st, err := s.start(ctx, m.backend, s.resumeTokens())
 		if err != nil {
 			m.inflight.Add(-1)
 			done(err)
@@ -192,8 +206,7 @@ func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
 		s.mu.Unlock()
 		c, err := cur.Recv()
 		if err == nil {
-			s.observe(c)
-			return c, nil
+			return s.observe(c), nil
 		}
 		if errors.Is(err, io.EOF) {
 			s.finish(nil)
@@ -211,6 +224,14 @@ func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
 			}
 			continue
 		}
+		if delivered > 0 && !closed && s.resumable(ctx, err) {
+			from := s.m.name
+			if oerr := s.open(ctx); oerr == nil {
+				s.lb.stats.resumed.Add(1)
+				s.lb.cfg.logger.Warn("backend failed after tokens; resumed on another", "backend", from, "to", s.m.name, "delivered", delivered, "err", err)
+				continue
+			}
+		}
 		if delivered > 0 && ctx.Err() == nil && !closed {
 			s.lb.stats.interrupted.Add(1)
 			var ie *retry.InterruptedError
@@ -222,20 +243,77 @@ func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 }
 
-// observe counts what reached the caller and times the first token.
-func (s *failoverSource) observe(c api.Chunk) {
-	if !c.HasToken && c.Text == "" {
-		return
+// observe counts what reached the caller, times the first token, keeps
+// the token ids for a resume, and on the final chunk adds the resumes to
+// the usage and names the backend that finished the stream.
+func (s *failoverSource) observe(c api.Chunk) api.Chunk {
+	if c.Usage != nil {
+		u := *c.Usage
+		s.mu.Lock()
+		u.Resumes += s.resumes
+		u.ResumeGap += s.resumeGap
+		u.Backend = s.m.name
+		s.mu.Unlock()
+		c.Usage = &u
 	}
+	if !c.HasToken && c.Text == "" {
+		return c
+	}
+	now := time.Now()
 	s.mu.Lock()
 	first := s.delivered == 0
 	s.delivered++
+	if c.HasToken {
+		s.tokens = append(s.tokens, c.Token)
+		if !s.resumeFrom.IsZero() {
+			s.resumeGap += now.Sub(s.resumeFrom)
+			s.resumeFrom = time.Time{}
+		}
+		s.lastToken = now
+	} else if c.Finish == "" {
+		s.idsLost = true
+	}
 	m, began := s.m, s.began
 	s.mu.Unlock()
 	if first {
-		now := time.Now()
 		m.observe(now.Sub(began), now)
 	}
+	return c
+}
+
+// resumable reports whether a stream that broke off with err after tokens
+// reached the caller goes on on another backend, and if so gets ready to:
+// the backend failed (as failsOver judges the cause), every token that
+// reached the caller came with its id (mlxserving backends; a foreign
+// upstream's stream ends with the error) and the resumes are within the
+// balancer's attempts. The next open then sends the request with those
+// ids as api.Params.Resume.
+func (s *failoverSource) resumable(ctx context.Context, err error) bool {
+	cause := err
+	var ie *retry.InterruptedError
+	if errors.As(err, &ie) && ie.Err != nil {
+		cause = ie.Err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.idsLost || len(s.tokens) == 0 || s.resumes >= s.lb.cfg.maxAttempts || !failsOver(ctx, cause) {
+		return false
+	}
+	s.resumes++
+	if s.resumeFrom.IsZero() {
+		s.resumeFrom = s.lastToken
+	}
+	return true
+}
+
+// resumeTokens are the ids to resume from: nil before the first resume.
+func (s *failoverSource) resumeTokens() []int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resumes == 0 {
+		return nil
+	}
+	return slices.Clone(s.tokens)
 }
 
 // finish ends the current attempt once: it leaves the backend's in-flight

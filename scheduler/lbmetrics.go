@@ -11,7 +11,7 @@ import (
 // WithLBMeterProvider exports the balancer's state as OpenTelemetry
 // instruments, read from Stats when the provider collects (nothing on the
 // request path): mlxserving.lb.requests by result (routed, failover,
-// refused, interrupted), and per backend mlxserving.lb.backend.in_flight,
+// refused, interrupted, resumed), and per backend mlxserving.lb.backend.in_flight,
 // mlxserving.lb.backend.healthy (1 or 0), mlxserving.lb.backend.ttft (its
 // peak-EWMA time to first token, seconds) and mlxserving.breaker.state (0
 // closed, 1 half-open, 2 open, as the Server reports its workers'). The
@@ -34,7 +34,7 @@ func (lb *LoadBalancer) registerMetrics() error {
 	}
 	meter := lb.cfg.meterProvider.Meter("github.com/mlxserving/mlxserving/scheduler")
 	requests, err1 := meter.Int64ObservableCounter("mlxserving.lb.requests",
-		metric.WithDescription("Balanced requests by result: routed to a backend, failed over before the first token, refused by every backend, interrupted after tokens."))
+		metric.WithDescription("Balanced requests by result: routed to a backend, failed over before the first token, refused by every backend, interrupted after tokens, resumed on another backend after tokens."))
 	inflight, err2 := meter.Int64ObservableGauge("mlxserving.lb.backend.in_flight", metric.WithDescription("Requests the balancer has open on each backend."))
 	healthy, err3 := meter.Int64ObservableGauge("mlxserving.lb.backend.healthy", metric.WithDescription("1 when a backend's last active health check passed, else 0."))
 	ttft, err4 := meter.Float64ObservableGauge("mlxserving.lb.backend.ttft", metric.WithUnit("s"),
@@ -51,6 +51,7 @@ func (lb *LoadBalancer) registerMetrics() error {
 		o.ObserveInt64(requests, int64(st.Failovers), result("failover"))
 		o.ObserveInt64(requests, int64(st.Refused), result("refused"))
 		o.ObserveInt64(requests, int64(st.Interrupted), result("interrupted"))
+		o.ObserveInt64(requests, int64(st.Resumed), result("resumed"))
 		for _, b := range st.Backends {
 			attrs := metric.WithAttributes(attribute.String("backend", b.Name))
 			o.ObserveInt64(inflight, int64(b.InFlight), attrs)

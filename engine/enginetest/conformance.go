@@ -28,7 +28,7 @@ const (
 // MaxBatch, KVCapacity and ContextLength — failing at once if either load
 // fails, and checks, each in a named subtest that -run can pick: load, greedy_determinism, batch_invariance, join_leave,
 // chunked_prefill, free_reuse, prefix_reuse, partial_prefix_reuse,
-// seeded_sampling, constraints (allowed-token masks, logit bias, top
+// seeded_sampling, resume (models reporting engine.Info.Resumes), constraints (allowed-token masks, logit bias, top
 // log-probabilities and their refusals), capacity, max_batch,
 // cancellation, warm (models
 // implementing engine.Warmer) and close. Prompts are token ids below
@@ -60,6 +60,7 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		{"prefix_reuse", checkPrefixReuse},
 		{"partial_prefix_reuse", checkPartialPrefixReuse},
 		{"seeded_sampling", checkSeededSampling},
+		{"resume", checkResume},
 		{"constraints", checkConstraints},
 		{"capacity", checkCapacity},
 		{"max_batch", checkMaxBatch},

@@ -126,6 +126,16 @@ func (s seedless) Step(ctx context.Context, batch []engine.StepInput) ([]engine.
 	return s.Model.Step(ctx, b)
 }
 
+// generatedIgnored is a broken model: it reports Info.Resumes but ignores
+// SamplingParams.Generated (a simulated model loaded WithoutResume).
+type generatedIgnored struct{ engine.Model }
+
+func (g generatedIgnored) Info() engine.Info {
+	i := g.Model.Info()
+	i.Resumes = true
+	return i
+}
+
 // deaf is a broken model: it ignores the Step's context.
 type deaf struct{ engine.Model }
 
@@ -206,11 +216,21 @@ func TestSuiteFailsBrokenEngines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	noResume, err := NewSim(WithVocabSize(300), WithContextLength(256), WithoutResume())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noResume.Close()
+	ignoring, err := noResume.Load(ctx, engine.ModelSpec{ID: mainID})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name          string
 		check         func(testing.TB, *suite)
 		broken, small engine.Model
 	}{
+		{"resume/generated_ignored", checkResume, generatedIgnored{ignoring}, small},
 		{"batch_invariance/perturbing", checkBatchInvariance, perturbing{m}, small},
 		{"join_leave/perturbing", checkJoinLeave, perturbing{m}, small},
 		{"chunked_prefill/perturbing", checkChunkedPrefill, perturbing{m}, small},

@@ -22,5 +22,9 @@
 // The simulated engine's tokens are a pure function of each sequence's
 // token history (and the seed when sampling with a temperature), so a batch,
 // a chunked prefill and a reused prefix give exactly the tokens of a lone
-// full prefill — as the engine contract demands of a real model.
+// full prefill — as the engine contract demands of a real model. A
+// sampled draw also mixes in its generated position, so a sequence resumed
+// with engine.SamplingParams.Generated draws as the uninterrupted one did
+// ([WithoutResume] turns that off); [WithWorkerLoss] fails random steps as
+// a crashed worker does.
 package enginetest

@@ -54,6 +54,11 @@ type simSeq struct {
 	// penalties.
 	sampled bool
 	gen     map[int32]int
+	// draws is the generated position of the next sample: the count of
+	// samples since Open, plus SamplingParams.Generated.
+	draws int
+	// lost is set when a simulated worker loss took the sequence.
+	lost bool
 }
 
 // Info describes the model. It is safe for concurrent use.

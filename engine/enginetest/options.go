@@ -38,6 +38,9 @@ type simConfig struct {
 	weightBytes             int64
 	kvTokenBytes            int64
 	blockSize               int
+	noResume                bool
+	lossRate                float64
+	lossSeed                uint64
 }
 
 func defaultConfig() simConfig {
@@ -225,6 +228,36 @@ func WithMemory(weightBytes, kvTokenBytes int64) SimOption {
 			return badOption("memory", fmt.Sprintf("%d + %d/token", weightBytes, kvTokenBytes), "0 or more")
 		}
 		c.weightBytes, c.kvTokenBytes = weightBytes, kvTokenBytes
+		return nil
+	}
+}
+
+// WithoutResume makes every model behave as an engine that does not
+// follow [engine.SamplingParams.Generated]: Info.Resumes is false, a
+// seeded draw restarts at the first generated position of every Open and
+// presence and frequency penalties count only tokens fed after the first
+// sample. It lets the serving layer's handling of such engines be tested
+// (and shows the conformance check failing). Default: models resume.
+func WithoutResume() SimOption {
+	return func(c *simConfig) error {
+		c.noResume = true
+		return nil
+	}
+}
+
+// WithWorkerLoss makes Steps fail as if the engine's worker died: each
+// Step fails with probability rate, an error wrapping
+// [engine.ErrWorkerLost], before it changes anything, and the batch's
+// sequences are lost with the worker — stepping them again fails the same
+// way; Free releases them and a new Open works. The choice is a
+// deterministic function of seed and the count of Steps, so a run can be
+// repeated. Default 0: no Step fails.
+func WithWorkerLoss(rate float64, seed uint64) SimOption {
+	return func(c *simConfig) error {
+		if math.IsNaN(rate) || rate < 0 || rate >= 1 {
+			return badOption("worker loss rate", rate, "0 to below 1")
+		}
+		c.lossRate, c.lossSeed = rate, seed
 		return nil
 	}
 }

@@ -17,11 +17,19 @@ const (
 	hashStart  = 0x6a09e667f3bcc908
 	hashPrime  = 0x100000001b3
 	seedSalt   = 0x9e3779b97f4a7c15
+	posSalt    = 0x2545f4914f6cdd1d
 	tokenSalt  = 0xbf58476d1ce4e5b9
 	eosSalt    = 0x94d049bb133111eb
 	unitDenom  = 1 << 53
 	logprobMax = 8.0
 )
+
+// drawSeed is the seed of the draw at generated position pos: sampling is
+// a function of the seed and the position, so a sequence resumed at pos
+// (engine.SamplingParams.Generated) draws as the uninterrupted one did.
+func drawSeed(seed uint64, pos int) uint64 {
+	return mix64(seed ^ mix64(uint64(pos)+posSalt))
+}
 
 // mix64 is the splitmix64 finaliser: a cheap bijective scramble.
 func mix64(x uint64) uint64 {

@@ -44,6 +44,13 @@ import (
 // The Path of a ModelSpec is not read: "" or any directory loads. Each
 // Load gives an independent model; Stats add up all of them.
 //
+// Its models report [engine.Info.Resumes] and follow
+// [engine.SamplingParams.Generated]: a sampled draw mixes in the seed and
+// the generated position (samples since Open plus Generated), and a
+// sequence's first sample counts the prompt's last Generated tokens for
+// presence and frequency penalties ([WithoutResume] turns that off).
+// [WithWorkerLoss] fails random Steps as a crashed worker does.
+//
 // Its models implement [engine.Warmer]: with [WithCompileTime] the first
 // Step at each batch-size bucket pays a compile time, as a real engine's
 // kernel compilation or graph capture does, and Warm pays it ahead of
@@ -57,6 +64,7 @@ type Sim struct {
 
 	stats simCounters
 	seeds atomic.Uint64
+	steps atomic.Uint64 // Steps tried, for WithWorkerLoss
 }
 
 // SimStats is a snapshot of a [Sim]'s counters, across all its models.
@@ -184,6 +192,7 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 		info.KVCapacity = info.KVBlocks * bs
 		info.ContextLength = min(info.ContextLength, info.KVCapacity) // one sequence cannot outgrow the pool
 	}
+	info.Resumes = !s.cfg.noResume
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil
@@ -252,6 +261,16 @@ func (c *simCounters) noteBatch(n int64) {
 			return
 		}
 	}
+}
+
+// loseStep reports whether the next Step loses its worker
+// (WithWorkerLoss).
+func (s *Sim) loseStep() bool {
+	if s.cfg.lossRate == 0 {
+		return false
+	}
+	x := mix64(s.steps.Add(1)*seedSalt ^ mix64(s.cfg.lossSeed+eosSalt))
+	return float64(x>>11)/unitDenom < s.cfg.lossRate
 }
 
 // newSeed returns a fresh seed for a sequence that samples without one.

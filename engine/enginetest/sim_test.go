@@ -365,3 +365,69 @@ func TestSimColdStepsWithoutWarm(t *testing.T) {
 		t.Fatal("negative memory accepted")
 	}
 }
+
+func TestSimWorkerLoss(t *testing.T) {
+	if _, err := NewSim(WithWorkerLoss(1, 0)); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Errorf("loss rate 1: %v, want ErrInvalidParam", err)
+	}
+	_, m := newModel(t, WithWorkerLoss(0.3, 42))
+	ctx := context.Background()
+	lost, steps := 0, 0
+	for id := engine.SeqID(1); id <= 50; id++ {
+		if _, err := m.Open(ctx, id, []int32{5, 6, 7}, ""); err != nil {
+			t.Fatal(err)
+		}
+		in := []engine.StepInput{{Seq: id, Tokens: []int32{5, 6, 7}, Sample: true, Params: greedy}}
+		_, err := m.Step(ctx, in)
+		steps++
+		if err != nil {
+			if !errors.Is(err, engine.ErrWorkerLost) {
+				t.Fatalf("step: %v, want ErrWorkerLost", err)
+			}
+			lost++
+			// The sequence went with the worker: stepping it fails again.
+			in[0].Tokens = []int32{9}
+			if _, err := m.Step(ctx, in); !errors.Is(err, engine.ErrWorkerLost) {
+				t.Fatalf("stepping a lost sequence: %v, want ErrWorkerLost", err)
+			}
+			steps++
+		}
+		m.Free(id, "")
+	}
+	if lost < 5 || lost > 30 {
+		t.Errorf("%d of %d steps lost at a rate of 0.3", lost, steps)
+	}
+}
+
+func TestSimResumesAtGeneratedPosition(t *testing.T) {
+	for _, resumes := range []bool{true, false} {
+		var opts []SimOption
+		if !resumes {
+			opts = append(opts, WithoutResume())
+		}
+		_, m := newModel(t, opts...)
+		if m.Info().Resumes != resumes {
+			t.Fatalf("Info.Resumes %v, want %v", m.Info().Resumes, resumes)
+		}
+		ctx := context.Background()
+		p := engine.SamplingParams{Temperature: 1, Seed: 3, HasSeed: true, FrequencyPenalty: 2}
+		prompt := []int32{4, 8, 15, 16, 23, 42}
+		run := func(id engine.SeqID, prompt []int32, n int, p engine.SamplingParams) []int32 {
+			if _, err := m.Open(ctx, id, prompt, ""); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Free(id, "")
+			out := []int32{step(t, m, id, prompt, &p)}
+			for len(out) < n {
+				out = append(out, step(t, m, id, out[len(out)-1:], &p))
+			}
+			return out
+		}
+		full := run(1, prompt, 10, p)
+		p.Generated = 4
+		resumed := run(2, append(slices.Clone(prompt), full[:4]...), 6, p)
+		if same := slices.Equal(resumed, full[4:]); same != resumes {
+			t.Errorf("resumes %v: resumed %v, uninterrupted %v", resumes, resumed, full[4:])
+		}
+	}
+}

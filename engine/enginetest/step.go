@@ -32,6 +32,12 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 	if err != nil {
 		return nil, err
 	}
+	if m.sim.loseStep() {
+		for _, seq := range m.scratch {
+			seq.lost = true
+		}
+		return nil, m.lostError()
+	}
 	out := m.apply(batch, grow, samples)
 	m.sim.stats.steps.Add(1)
 	m.sim.stats.tokens.Add(int64(tokens))
@@ -100,6 +106,9 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 	case in.Sample && in.Params == nil:
 		return nil, &engine.InvalidParamError{Param: "params", Reason: fmt.Sprintf("sequence %d samples without parameters", in.Seq)}
 	}
+	if seq.lost {
+		return nil, m.lostError()
+	}
 	seq.stamp = m.stamp
 	if n := len(seq.tokens) + len(in.Tokens); n > m.info.ContextLength {
 		return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
@@ -144,10 +153,19 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 			continue
 		}
 		p := in.Params
+		if !seq.sampled {
+			m.resume(seq, p)
+		}
 		seed := seq.seed
 		if p.HasSeed {
 			seed = p.Seed
 		}
+		if p.Greedy() {
+			seed = 0 // the argmax under a mask or penalties depends on the history alone
+		} else {
+			seed = drawSeed(seed, seq.draws)
+		}
+		seq.draws++
 		seq.sampled = true
 		var tok int32
 		var lp float32
@@ -168,6 +186,33 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 	m.kv += grow
 	m.sim.stats.kv.Add(int64(grow))
 	return out
+}
+
+// resume starts a sequence's sampling state at its first sample: with
+// p.Generated set, the draws continue at that generated position and the
+// prompt's last Generated tokens count as generated for presence and
+// frequency penalties (engine.SamplingParams.Generated). Has to be called
+// with m.mu held, after the step's tokens were appended.
+func (m *simModel) resume(seq *simSeq, p *engine.SamplingParams) {
+	g := min(p.Generated, len(seq.tokens))
+	if m.sim.cfg.noResume || g == 0 {
+		return
+	}
+	seq.draws = g
+	if p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
+		return
+	}
+	if seq.gen == nil {
+		seq.gen = map[int32]int{}
+	}
+	for _, t := range seq.tokens[len(seq.tokens)-g:] {
+		seq.gen[t]++
+	}
+}
+
+// lostError is the error of a Step that lost its worker.
+func (m *simModel) lostError() error {
+	return fmt.Errorf("enginetest: model %q: simulated worker loss: %w", m.info.ID, engine.ErrWorkerLost)
 }
 
 // waitUntil waits for the deadline on the model's reused timer, ending

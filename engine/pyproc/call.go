@@ -198,6 +198,14 @@ func appendParams(b []byte, p *engine.SamplingParams, sample bool, allowed []uin
 	f(`"n":`, float32(p.TopLogprobs))
 	f(`"pp":`, p.PresencePenalty)
 	f(`"fp":`, p.FrequencyPenalty)
+	if p.Generated > 0 {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, `"g":`...)
+		b = strconv.AppendInt(b, int64(p.Generated), 10)
+	}
 	if len(p.LogitBias) > 0 {
 		if !first {
 			b = append(b, ',')

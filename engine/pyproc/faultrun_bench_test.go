@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
 )
@@ -21,17 +23,89 @@ var (
 	faultRunEvery = flag.Duration("faultrun.every", 3*time.Second, "BenchmarkKillUnderLoad: time between kills")
 )
 
-// BenchmarkKillUnderLoad runs 32 concurrent greedy streams against a
-// Server on two real Python workers and SIGKILLs the busiest worker every
-// few seconds. It reports the requests that completed (and of those, the
-// ones retried after losing their worker before their first token), the
-// ones that failed after tokens had reached the caller (each with a
-// *retry.InterruptedError), and any other failure, which must be none.
+// faultRequest is stream c's i-th request in BenchmarkKillUnderLoad: by
+// stream, greedy, seeded, seeded with presence and frequency penalties,
+// or unseeded sampling. It reports whether its tokens are a function of
+// the request (all but unseeded).
+func faultRequest(c, i, maxTokens int) (api.Request, bool) {
+	p := api.Params{MaxTokens: maxTokens, IgnoreEOS: true}
+	deterministic := true
+	switch c % 4 {
+	case 1:
+		p.Sampling = engine.SamplingParams{Temperature: 0.9, TopP: 0.95, Seed: uint64(c*1000 + i), HasSeed: true}
+	case 2:
+		p.Sampling = engine.SamplingParams{Temperature: 0.8, Seed: uint64(c*1000 + i), HasSeed: true, PresencePenalty: 0.6, FrequencyPenalty: 0.3}
+	case 3:
+		p.Sampling = engine.SamplingParams{Temperature: 0.9}
+		deterministic = false
+	}
+	return api.Request{Model: "tiny", PromptTokens: prompt(c*1000+i, 6+i%9), Params: p}, deterministic
+}
+
+// faultTally counts BenchmarkKillUnderLoad's outcomes.
+type faultTally struct {
+	completed, resumed, retried, interrupted, failed atomic.Int64
+
+	mu   sync.Mutex
+	errs []error
+	done []faultDone // completed deterministic requests, for the reference run
+	gaps []time.Duration
+}
+
+type faultDone struct {
+	req api.Request
+	res api.Result
+}
+
+func (t *faultTally) outcome(req api.Request, deterministic bool, res api.Result, err error) {
+	var ie *retry.InterruptedError
+	switch {
+	case err == nil:
+		t.completed.Add(1)
+		if res.Usage.Resumes > 0 {
+			t.resumed.Add(1)
+		} else if res.Usage.Preemptions > 0 {
+			t.retried.Add(1)
+		}
+		if deterministic {
+			t.mu.Lock()
+			t.done = append(t.done, faultDone{req, res})
+			t.mu.Unlock()
+		}
+		return
+	case errors.As(err, &ie) && ie.Delivered > 0:
+		t.interrupted.Add(1)
+	default:
+		t.failed.Add(1)
+	}
+	t.mu.Lock()
+	t.errs = append(t.errs, err)
+	t.mu.Unlock()
+}
+
+func (t *faultTally) gap(r batcher.ResumeStats) {
+	t.mu.Lock()
+	t.gaps = append(t.gaps, r.Gap)
+	t.mu.Unlock()
+}
+
+// BenchmarkKillUnderLoad runs 32 concurrent streams against a Server on
+// two real Python workers — greedy, seeded, seeded with presence and
+// frequency penalties, and unseeded — and SIGKILLs the busiest worker
+// every few seconds. A stream whose worker dies resumes on the other (or
+// the restarted) one. It reports the requests that completed, of those
+// the ones that resumed after tokens and the ones retried before their
+// first token, the ones interrupted after tokens (*retry.InterruptedError)
+// and any other failure — both must be none — and the resume gap's p50
+// and p99 (last token before the kill to the first after). Then it runs
+// every completed greedy and seeded request again on the undisturbed
+// server and compares token ids and text: every one must be identical.
 // Run it alone: -run '^$' -bench KillUnderLoad -benchtime 1x.
 func BenchmarkKillUnderLoad(b *testing.B) {
-	const streams, maxTokens = 32, 24
+	const streams, maxTokens = 32, 48
 	e := newEngine(b, WithWorkers(2), WithHeartbeat(200*time.Millisecond, 5*time.Second))
-	srv, err := mlxserving.New(e)
+	var current atomic.Pointer[faultTally] // the iteration's; the batcher reports resume gaps to it
+	srv, err := mlxserving.New(e, mlxserving.WithBatcherOptions(batcher.WithResumeObserver(func(r batcher.ResumeStats) { current.Load().gap(r) })))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,77 +115,121 @@ func BenchmarkKillUnderLoad(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		var completed, retried, interrupted, other, kills atomic.Int64
-		var mu sync.Mutex
-		var others []error
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for c := range streams {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					st, err := srv.Generate(ctx, api.Request{Model: "tiny", PromptTokens: prompt(c*1000+i, 6+i%9),
-						Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
-					if err == nil {
-						var res api.Result
-						res, err = st.Collect()
-						if err == nil {
-							completed.Add(1)
-							if res.Usage.Preemptions > 0 {
-								retried.Add(1)
-							}
-							continue
-						}
-					}
-					var ie *retry.InterruptedError
-					if errors.As(err, &ie) && ie.Delivered > 0 {
-						interrupted.Add(1)
-						continue
-					}
-					other.Add(1)
-					mu.Lock()
-					others = append(others, err)
-					mu.Unlock()
-				}
-			}()
-		}
-		deadline := time.After(*faultRunFor)
-		tick := time.NewTicker(*faultRunEvery)
-	run:
-		for {
-			select {
-			case <-deadline:
-				break run
-			case <-tick.C:
-				victim := WorkerInfo{}
-				for _, w := range e.Workers() {
-					if w.PID != 0 && w.Sequences >= victim.Sequences {
-						victim = w
-					}
-				}
-				if victim.PID != 0 && syscall.Kill(victim.PID, syscall.SIGKILL) == nil {
-					kills.Add(1)
-				}
+		tally := &faultTally{}
+		current.Store(tally)
+		kills := killUnderLoad(b, e, srv, tally, streams, maxTokens)
+		mismatched := compareWithReference(b, srv, tally.done, streams)
+		slices.Sort(tally.gaps)
+		b.ReportMetric(float64(kills), "kills")
+		b.ReportMetric(float64(tally.completed.Load()), "completed")
+		b.ReportMetric(float64(tally.resumed.Load()), "resumed")
+		b.ReportMetric(float64(tally.retried.Load()), "retried")
+		b.ReportMetric(float64(tally.interrupted.Load()), "interrupted")
+		b.ReportMetric(float64(tally.failed.Load()), "failed")
+		b.ReportMetric(float64(len(tally.done)), "compared")
+		b.ReportMetric(float64(mismatched), "mismatched")
+		b.ReportMetric(float64(len(tally.gaps)), "resume_gaps")
+		b.ReportMetric(percentile(tally.gaps, 0.50).Seconds()*1e3, "gap_p50_ms")
+		b.ReportMetric(percentile(tally.gaps, 0.99).Seconds()*1e3, "gap_p99_ms")
+		for i, err := range tally.errs {
+			if i < 5 {
+				b.Errorf("a request failed: %v", err)
 			}
 		}
-		tick.Stop()
-		close(stop)
-		wg.Wait()
-		b.ReportMetric(float64(kills.Load()), "kills")
-		b.ReportMetric(float64(completed.Load()), "completed")
-		b.ReportMetric(float64(retried.Load()), "retried")
-		b.ReportMetric(float64(interrupted.Load()), "failed_after_tokens")
-		b.ReportMetric(float64(other.Load()), "failed_other")
-		for i, err := range others {
-			if i < 5 {
-				b.Errorf("a request failed without having streamed a token: %v", err)
+		if mismatched > 0 {
+			b.Errorf("%d of %d greedy and seeded streams differ from their reference run", mismatched, len(tally.done))
+		}
+	}
+}
+
+// killUnderLoad runs the streams for -faultrun.for, killing the busiest
+// worker every -faultrun.every, and returns the kills.
+func killUnderLoad(b *testing.B, e *Engine, srv *mlxserving.Server, tally *faultTally, streams, maxTokens int) int {
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range streams {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, det := faultRequest(c, i, maxTokens)
+				st, err := srv.Generate(ctx, req)
+				var res api.Result
+				if err == nil {
+					res, err = st.Collect()
+				}
+				tally.outcome(req, det, res, err)
+			}
+		})
+	}
+	kills := 0
+	deadline := time.After(*faultRunFor)
+	tick := time.NewTicker(*faultRunEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-deadline:
+			close(stop)
+			wg.Wait()
+			return kills
+		case <-tick.C:
+			victim := WorkerInfo{}
+			for _, w := range e.Workers() {
+				if w.PID != 0 && w.Sequences >= victim.Sequences {
+					victim = w
+				}
+			}
+			if victim.PID != 0 && syscall.Kill(victim.PID, syscall.SIGKILL) == nil {
+				kills++
 			}
 		}
 	}
+}
+
+// compareWithReference runs every request of done again, with no kills,
+// on as many goroutines as there were streams, and returns how many give
+// other tokens or text.
+func compareWithReference(b *testing.B, srv *mlxserving.Server, done []faultDone, streams int) int {
+	var mismatched atomic.Int64
+	next := make(chan faultDone)
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Go(func() {
+			for d := range next {
+				st, err := srv.Generate(context.Background(), d.req)
+				var ref api.Result
+				if err == nil {
+					ref, err = st.Collect()
+				}
+				if err != nil {
+					b.Errorf("reference run: %v", err)
+					continue
+				}
+				if !slices.Equal(ref.Tokens, d.res.Tokens) || ref.Text != d.res.Text {
+					if mismatched.Add(1) <= 3 {
+						b.Logf("differs from its reference (resumes %d, sampling %+v):\n got %v\nwant %v",
+							d.res.Usage.Resumes, d.req.Sampling, d.res.Tokens, ref.Tokens)
+					}
+				}
+			}
+		})
+	}
+	for _, d := range done {
+		next <- d
+	}
+	close(next)
+	wg.Wait()
+	return int(mismatched.Load())
+}
+
+// percentile returns the q-quantile of sorted durations (0 when empty).
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }

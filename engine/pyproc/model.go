@@ -112,6 +112,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		m.blocksPer = append(m.blocksPer, w.KVBlocks)
 	}
 	m.k = lookaheadFor(e.cfg.lookahead, infos[0].Device, m.hellos())
+	m.info.Resumes = resumesFor(m.hellos())
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -143,6 +144,19 @@ func (m *Model) loadRequest() builder {
 			"cuda_graphs":    !m.e.cfg.noGraphs,
 		},
 	})
+}
+
+// resumesFor reports whether workers whose handshakes are hellos follow
+// engine.SamplingParams.Generated (the "resume" capability, PROTOCOL.md).
+// A replacement worker runs the same runtime and backend, so the answer
+// holds for the model's life.
+func resumesFor(hellos []reply) bool {
+	for _, h := range hellos {
+		if on, _ := h.Caps["resume"].(bool); !on {
+			return false
+		}
+	}
+	return len(hellos) > 0
 }
 
 // hellos are the handshakes of the workers running now.

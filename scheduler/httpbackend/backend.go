@@ -74,7 +74,10 @@ func (b *Backend) URL() string { return b.base }
 
 // Generate streams a completion from the upstream's /v1/completions.
 func (b *Backend) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
-	body, err := completionBody(req)
+	if len(req.Resume) > 0 && !b.cfg.resume {
+		return nil, ErrNoResume
+	}
+	body, err := completionBody(req, b.cfg.resume)
 	if err != nil {
 		return nil, fmt.Errorf("httpbackend: encode request: %w", err)
 	}
@@ -83,7 +86,10 @@ func (b *Backend) Generate(ctx context.Context, req api.Request) (*api.Stream, e
 
 // Chat streams a chat completion from the upstream's /v1/chat/completions.
 func (b *Backend) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
-	body, err := chatBody(req)
+	if len(req.Resume) > 0 && !b.cfg.resume {
+		return nil, ErrNoResume
+	}
+	body, err := chatBody(req, b.cfg.resume)
 	if err != nil {
 		return nil, fmt.Errorf("httpbackend: encode request: %w", err)
 	}

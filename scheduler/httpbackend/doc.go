@@ -26,6 +26,14 @@
 // truncation; one that breaks before any text ends with an *Error, still
 // safe to retry.
 //
+// An mlxserving upstream added WithResume streams every token's id
+// (return_token_ids), so a scheduler.LoadBalancer resumes a stream it
+// breaks off on another backend, and receives a resumed request's
+// delivered ids as "resume" (api.Params.Resume). A foreign upstream's ids
+// are unknown: its broken stream ends with the InterruptedError, and it
+// refuses a request carrying Resume with ErrNoResume (the balancer tries
+// another backend).
+//
 // Load returns what a background poller last read from the upstream's
 // /v1/models and /metrics: the models it serves, and its queue, running
 // sequences and KV use from vLLM-named gauges (vllm:num_requests_waiting,

@@ -23,6 +23,10 @@ var (
 	// ErrHeaderTimeout means the upstream sent no response headers within
 	// the header timeout.
 	ErrHeaderTimeout = errors.New("httpbackend: no response headers in time")
+	// ErrNoResume refuses a request carrying api.Params.Resume on a
+	// backend without WithResume (a foreign upstream cannot resume); a
+	// load balancer takes it to another backend.
+	ErrNoResume = errors.New("httpbackend: the upstream cannot resume a stream (not WithResume)")
 )
 
 // Error is a request the upstream did not serve: it could not be reached,

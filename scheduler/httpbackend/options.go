@@ -21,6 +21,7 @@ type config struct {
 	maxLine       int
 	models        []string
 	logger        *slog.Logger
+	resume        bool
 }
 
 // Defaults.
@@ -120,6 +121,20 @@ func WithModels(ids ...string) Option {
 			}
 		}
 		cfg.models = append(cfg.models, ids...)
+		return nil
+	}
+}
+
+// WithResume marks the upstream as an mlxserving instance, which can
+// resume streams: requests ask it for every streamed token's id
+// ("return_token_ids"), so a scheduler.LoadBalancer can resume a stream
+// this upstream breaks off on another backend, and a request carrying
+// api.Params.Resume sends it as "resume". Without it (the default: a
+// foreign OpenAI-compatible upstream, whose ids are unknown) streams carry
+// text only, and a request carrying Resume is refused with ErrNoResume.
+func WithResume() Option {
+	return func(c *config) error {
+		c.resume = true
 		return nil
 	}
 }

@@ -33,6 +33,8 @@ type body struct {
 	Frequency     float32            `json:"frequency_penalty,omitempty"`
 	LogitBias     map[string]float32 `json:"logit_bias,omitempty"`
 	Format        *responseFormat    `json:"response_format,omitempty"`
+	Resume        []int32            `json:"resume,omitempty"`
+	TokenIDs      bool               `json:"return_token_ids,omitempty"`
 	Stream        bool               `json:"stream"`
 	StreamOptions streamOptions      `json:"stream_options"`
 }
@@ -62,8 +64,8 @@ type message struct {
 	ToolCallID string           `json:"tool_call_id,omitempty"`
 }
 
-func paramsBody(model string, p api.Params) body {
-	b := body{
+func paramsBody(model string, p api.Params, resume bool) body {
+	b := body{Resume: p.Resume, TokenIDs: resume,
 		Model: model, MaxTokens: p.MaxTokens, Temperature: p.Sampling.Temperature,
 		TopP: p.Sampling.TopP, TopK: p.Sampling.TopK, MinP: p.Sampling.MinP,
 		RepPenalty: p.Sampling.RepetitionPenalty, Stop: p.Stop, IgnoreEOS: p.IgnoreEOS,
@@ -92,9 +94,10 @@ func paramsBody(model string, p api.Params) body {
 	return b
 }
 
-// completionBody is the /v1/completions request for req.
-func completionBody(req api.Request) ([]byte, error) {
-	b := paramsBody(req.Model, req.Params)
+// completionBody is the /v1/completions request for req; resume asks
+// for token ids (WithResume).
+func completionBody(req api.Request, resume bool) ([]byte, error) {
+	b := paramsBody(req.Model, req.Params, resume)
 	if len(req.PromptTokens) > 0 {
 		b.Prompt = req.PromptTokens
 	} else {
@@ -124,9 +127,10 @@ func marshalWith(b body, key string, v any) ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// chatBody is the /v1/chat/completions request for req.
-func chatBody(req api.ChatRequest) ([]byte, error) {
-	b := paramsBody(req.Model, req.Params)
+// chatBody is the /v1/chat/completions request for req; resume asks for
+// token ids (WithResume).
+func chatBody(req api.ChatRequest, resume bool) ([]byte, error) {
+	b := paramsBody(req.Model, req.Params, resume)
 	b.Messages = make([]message, len(req.Messages))
 	for i, m := range req.Messages {
 		b.Messages[i] = message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}

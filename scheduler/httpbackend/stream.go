@@ -23,6 +23,7 @@ type event struct {
 		} `json:"delta"`
 		FinishReason *string         `json:"finish_reason"`
 		Logprobs     json.RawMessage `json:"logprobs"`
+		TokenIDs     []int32         `json:"token_ids"` // return_token_ids (WithResume)
 	} `json:"choices"`
 	Usage *usage          `json:"usage"`
 	Error json.RawMessage `json:"error"`
@@ -144,8 +145,11 @@ func (s *source) next(ctx context.Context) (api.Chunk, bool, error) {
 		if ch.FinishReason != nil && *ch.FinishReason != "" {
 			s.finish = api.FinishReason(*ch.FinishReason)
 		}
+		if len(ch.TokenIDs) == 1 {
+			c.Token, c.HasToken = ch.TokenIDs[0], true
+		}
 	}
-	if c.Text == "" {
+	if c.Text == "" && !c.HasToken {
 		return c, false, nil
 	}
 	if s.delivered == 0 {

@@ -61,4 +61,9 @@
 // finished stream until its client has the final chunk), sends them
 // again. A stream that does not get them within three heartbeats ends
 // with ErrInstanceLost rather than go on without their text.
+//
+// A scheduler.LoadBalancer over these clients resumes such a stream on
+// another instance. Chunks carry their token ids, and the request travels
+// as its JSON, api.Params.Resume included: the new instance gets the
+// prompt plus the delivered ids and streams only what follows.
 package natsbackend

@@ -13,10 +13,10 @@ and the host reads all the tokens once at the end.
 import torch
 
 from upload import to_device
-from sampling import _filter, _generator, note_fed, sample_rows
+from sampling import _filter, _generator, draw, note_fed, sample_rows
 
 MAX_AHEAD = 64
-_PLAIN = {"t", "k", "p", "m", "s", "l"}
+_PLAIN = {"t", "k", "p", "m", "s", "l", "g"}
 
 
 def allowed(params):
@@ -150,7 +150,7 @@ def _sample(model, items, logits, active, step):
         if active[i] > step and float(p.get("t") or 0) > 0:
             remember(items, dev, [i])
             probs = _filter(logits[i], p)
-            nxt[i] = torch.multinomial(probs, 1, generator=_generator(s, p, dev))[0]
+            nxt[i] = draw(s, p, probs, dev)
     lp = None
     if any(p.get("l") for p, _ in items):
         lp = torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1)

@@ -6,7 +6,8 @@ Parameters arrive as the protocol's compact dict: t temperature, k top-k,
 p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob,
 n top log-probabilities, pp presence and fp frequency penalty, lb logit
 bias ([[id, bias], ...]), x this step's allowed-token mask ({"a": ids},
-{"d": ids} or {"b": base64 bitset}).
+{"d": ids} or {"b": base64 bitset}), g how many of the prompt's last
+tokens were generated before the sequence was resumed.
 """
 import base64
 import random
@@ -19,13 +20,57 @@ except ImportError:  # torch runs without numpy; the bitset path then uses torch
     _np = None
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """splitmix64's finaliser: a cheap bijective scramble of 64 bits."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class Draws:
+    """A sequence's temperature draws: each draw's generator is seeded from
+    the sequence's seed and the draw's generated position, so a sequence
+    resumed with "g" generated tokens draws as the uninterrupted one did
+    from that position on. get_state and set_state save and restore the
+    position (lookahead takes draws back with them)."""
+
+    __slots__ = ("seed", "pos", "gen")
+
+    def __init__(self, seed, pos, device):
+        self.seed, self.pos = seed, pos
+        self.gen = torch.Generator(device=device)
+
+    def next(self):
+        """The generator for the draw at the current position; advances it."""
+        self.gen.manual_seed(_mix64(self.seed ^ _mix64(self.pos + 0x2545F4914F6CDD1D)) & ((1 << 63) - 1))
+        self.pos += 1
+        return self.gen
+
+    def get_state(self):
+        return self.pos
+
+    def set_state(self, pos):
+        self.pos = pos
+
+
 def _generator(seq, params, device):
+    """The sequence's Draws, made at its first temperature draw from the
+    seed ("s", a random one when absent) and the generated position it
+    starts at ("g")."""
     if seq.gen is None:
-        g = torch.Generator(device=device)
         seed = params.get("s")
-        g.manual_seed(int(seed) & ((1 << 63) - 1) if seed is not None else random.getrandbits(63))
-        seq.gen = g
+        seed = int(seed) & _MASK64 if seed is not None else random.getrandbits(64)
+        seq.gen = Draws(seed, int(params.get("g") or 0), device)
     return seq.gen
+
+
+def draw(seq, params, probs, device):
+    """One temperature draw from probs for seq."""
+    return torch.multinomial(probs, 1, generator=_generator(seq, params, device).next())[0]
 
 
 def note_fed(seq, toks):
@@ -34,6 +79,17 @@ def note_fed(seq, toks):
     if getattr(seq, "sampled", False):
         counts = seq.counts
         for t in toks:
+            counts[t] = counts.get(t, 0) + 1
+
+
+def _resume(seq, params):
+    """At a sequence's first sample: the prompt's last "g" tokens were
+    generated before it was resumed, so presence and frequency penalties
+    count them."""
+    g = min(int(params.get("g") or 0), len(seq.tokens))
+    if g > 0 and (params.get("pp") or params.get("fp")):
+        counts = seq.counts
+        for t in seq.tokens[len(seq.tokens) - g:]:
             counts[t] = counts.get(t, 0) + 1
 
 
@@ -125,6 +181,9 @@ def sample_rows(logits, items, device):
     S = logits.shape[0]
     if S == 0:
         return [], [], []
+    for params, seq in items:
+        if not seq.sampled:
+            _resume(seq, params)
     pen = [(i, float(p.get("r") or 0), s) for i, (p, s) in enumerate(items)]
     pen = [(i, r, s) for i, r, s in pen if r > 0 and r != 1]
     adj = [i for i, (p, _) in enumerate(items) if p.get("x") or p.get("lb") or p.get("pp") or p.get("fp")]
@@ -139,7 +198,7 @@ def sample_rows(logits, items, device):
     for i, (params, seq) in enumerate(items):
         if float(params.get("t") or 0) > 0:
             probs = _filter(logits[i], params)
-            out[i] = torch.multinomial(probs, 1, generator=_generator(seq, params, device))[0]
+            out[i] = draw(seq, params, probs, device)
         seq.sampled = True
     want = [i for i, (params, _) in enumerate(items) if params.get("l") or params.get("n")]
     lps, tops = [0.0] * S, [[] for _ in range(S)]

@@ -22,9 +22,10 @@ MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool hold
 STEP_TOKENS_CUDA = 4096
 
 
-CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True,
+CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
+                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
+                             "generated"]}
 
 
 def load(path, opts):
