@@ -147,7 +147,14 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		if m.w, lerr = buildWeights(g, cfg, mods, ts); lerr != nil {
 			return
 		}
+		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
+			m.pool.release()
+			m.w.free()
+			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w", spec.ID, m.info.KVBytes, g.err)
+			return
+		}
 		if err := ctx.Err(); err != nil {
+			m.pool.release()
 			m.w.free()
 			lerr = err
 			return

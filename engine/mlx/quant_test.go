@@ -20,7 +20,7 @@ import (
 func dequantized(t *testing.T, m *model) *model {
 	t.Helper()
 	w := *m.w
-	d := &model{eng: m.eng, cfg: m.cfg, info: m.info, w: &w}
+	d := &model{eng: m.eng, cfg: m.cfg, info: m.info, w: &w, pool: m.pool}
 	var made []arr
 	t.Cleanup(func() {
 		m.call(func(*graph) error {
