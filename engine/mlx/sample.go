@@ -173,16 +173,23 @@ func penalty(p *engine.SamplingParams) bool {
 	return p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1
 }
 
-// draw samples every row of the adjusted logits [S, vocab] with its
-// temperature, top-k, top-p and min-p (greedy rows get temperature 1 and
-// no filters; the caller replaces their draw by the argmax).
+// draw samples every row of the adjusted logits [S, vocab] (greedy rows
+// draw too; the caller replaces their draw by the argmax).
 func (m *model) draw(g *graph, row arr, sf []feed, params []*engine.SamplingParams) arr {
+	l := m.filter(g, row, params)
+	return g.astype(g.argmax(g.add(l, m.gumbel(g, sf, params)), -1), C.MLX_INT32)
+}
+
+// filter applies each row's temperature, top-k, top-p and min-p to logits
+// [S, vocab], setting the tokens they drop to -inf. Greedy rows get
+// temperature 1 and no filters.
+func (m *model) filter(g *graph, row arr, params []*engine.SamplingParams) arr {
 	n, v := len(params), m.cfg.Vocab
 	ninf := g.scalar(float32(math.Inf(-1)))
 	temp := make([]float32, n)
 	kmax := 0
 	var useP, useMin bool
-	topP, logMin := make([]float32, n), make([]float32, n)
+	topP, logMin, hasP := make([]float32, n), make([]float32, n), make([]bool, n)
 	for i, p := range params {
 		temp[i] = 1
 		if p.Greedy() {
@@ -194,7 +201,7 @@ func (m *model) draw(g *graph, row arr, sf []feed, params []*engine.SamplingPara
 		}
 		topP[i] = 1
 		if p.TopP > 0 && p.TopP < 1 {
-			topP[i], useP = p.TopP, true
+			topP[i], hasP[i], useP = p.TopP, true, true
 		}
 		logMin[i] = float32(math.Inf(-1))
 		if p.MinP > 0 {
@@ -230,14 +237,14 @@ func (m *model) draw(g *graph, row arr, sf []feed, params []*engine.SamplingPara
 			ok := g.greaterEqual(mass, want)
 			lo, hi = g.where(ok, mid, lo), g.where(ok, hi, mid)
 		}
-		keep := g.greaterEqual(probs, g.view(lo, C.MLX_FLOAT32))
-		l = g.where(keep, l, ninf)
+		drop := g.and(g.bools(hasP, n, 1), g.less(probs, g.view(lo, C.MLX_FLOAT32)))
+		l = g.where(drop, ninf, l)
 	}
 	if useMin {
 		floor := g.add(g.maxKeep(l, -1), g.float32s(logMin, n, 1))
 		l = g.where(g.less(l, floor), ninf, l)
 	}
-	return g.astype(g.argmax(g.add(l, m.gumbel(g, sf, params)), -1), C.MLX_INT32)
+	return l
 }
 
 // gumbel returns Gumbel noise [S, vocab]: entry j of row i is a hash of
