@@ -47,4 +47,18 @@
 // default one exits the process) and come back as Go errors carrying MLX's
 // message. Arrays are freed as soon as a step ends; nothing relies on
 // finalizers. Package internal/metal reports and limits MLX's memory.
+//
+// # KV cache and sampling
+//
+// The KV cache is a pool of Info.KVCapacity token rows per layer,
+// allocated at load in the weights' dtype; a sequence holds one row per
+// position and never grows by copying. A step writes its new keys and
+// values with one scatter per layer; the one-token (decode) inputs of a
+// step attend in one batched scaled-dot-product call per layer over their
+// gathered rows with a length mask, prompt chunks one sequence at a time.
+// Sampling runs for the whole batch on the device (top-k and top-p by
+// thresholds, no vocabulary sort) and a seeded draw depends only on the
+// seed and how many tokens the sequence has sampled, so it is the same
+// alone and in any batch. float32 matrix products do not use TF32 unless
+// WithTF32 asks.
 package mlx

@@ -10,6 +10,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -40,6 +41,15 @@ func New(opts ...Option) (*Engine, error) {
 	o := defaultOptions()
 	if err := o.apply(opts); err != nil {
 		return nil, err
+	}
+	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+		tf32 := "0"
+		if o.tf32 {
+			tf32 = "1"
+		}
+		if err := os.Setenv("MLX_ENABLE_TF32", tf32); err != nil {
+			return nil, fmt.Errorf("mlx: setting MLX_ENABLE_TF32: %w", err)
+		}
 	}
 	metal.Init()
 	if err := applyLimits(&o); err != nil {
