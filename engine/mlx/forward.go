@@ -189,7 +189,15 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	tokens := func(a arr, heads int) arr { // [1, N, heads*D] -> [N, heads, 1, D]
 		return g.transpose(g.reshape(a, n, 1, heads, c.HeadDim), 0, 2, 1, 3)
 	}
-	q, k, v := l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	var q, k, v arr
+	if qd, kd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim; !isNull(l.qkv.w) {
+		y := l.qkv.apply(g, h)
+		q = g.slice(y, []int{0, 0, 0}, []int{1, n, qd})
+		k = g.slice(y, []int{0, 0, qd}, []int{1, n, qd + kd})
+		v = g.slice(y, []int{0, 0, qd + kd}, []int{1, n, qd + 2*kd})
+	} else {
+		q, k, v = l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	}
 	if c.QKNorm {
 		q = g.reshape(g.rmsNorm(g.reshape(q, 1, n, c.Heads, c.HeadDim), l.qNorm, c.NormEps), 1, n, c.Heads*c.HeadDim)
 		k = g.reshape(g.rmsNorm(g.reshape(k, 1, n, c.KVHeads, c.HeadDim), l.kNorm, c.NormEps), 1, n, c.KVHeads*c.HeadDim)
@@ -214,8 +222,15 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	}
 	x = g.add(x, l.o.apply(g, g.reshape(o, 1, n, c.Heads*c.HeadDim)))
 	h = g.rmsNorm(x, l.postNorm, c.NormEps)
-	gate := l.gate.apply(g, h)
-	act := g.mul(g.mul(gate, g.sigmoid(gate)), l.up.apply(g, h))
+	var gate, up arr
+	if !isNull(l.gateUp.w) {
+		y := l.gateUp.apply(g, h)
+		gate = g.slice(y, []int{0, 0, 0}, []int{1, n, c.Intermediate})
+		up = g.slice(y, []int{0, 0, c.Intermediate}, []int{1, n, 2 * c.Intermediate})
+	} else {
+		gate, up = l.gate.apply(g, h), l.up.apply(g, h)
+	}
+	act := g.mul(g.mul(gate, g.sigmoid(gate)), up)
 	return g.add(x, l.down.apply(g, act))
 }
 
