@@ -205,9 +205,9 @@ func (g *graph) sliceUpdate(src, upd arr, start, stop []int) arr {
 	})
 }
 
-// scatterRows writes upd [N, H, 1, D] into rows idx [N] of a [H, rows, D].
+// scatterRows writes upd [N, 1, H, D] into rows idx [N] of a [rows, H, D].
 func (g *graph) scatterRows(a, idx, upd arr) arr {
-	return g.op("scatter", func(r *arr) C.int { return C.mlx_scatter_single(r, a, idx, upd, 1, g.s) })
+	return g.op("scatter", func(r *arr) C.int { return C.mlx_scatter_single(r, a, idx, upd, 0, g.s) })
 }
 
 func (g *graph) concat(axis int, as ...arr) arr {

@@ -208,7 +208,7 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	}
 	q = g.ropeAt(tokens(q, c.Heads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
 	k = g.ropeAt(tokens(k, c.KVHeads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
-	m.writeKV(g, li, p.rows, k, tokens(v, c.KVHeads))
+	m.writeKV(g, li, p.rows, k, tokens(v, c.KVHeads), n)
 	var outs []arr
 	if len(p.dec) > 0 {
 		outs = append(outs, m.attendDecode(g, li, p, q))
@@ -239,7 +239,7 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 func (m *model) gather(g *graph, li int, idx arr, b, t int) (arr, arr) {
 	c := m.cfg
 	get := func(pool arr) arr {
-		return g.transpose(g.reshape(g.take(pool, idx, 1), c.KVHeads, b, t, c.HeadDim), 1, 0, 2, 3)
+		return g.transpose(g.reshape(g.take(pool, idx, 0), b, t, c.KVHeads, c.HeadDim), 0, 2, 1, 3)
 	}
 	return get(m.pool.k[li]), get(m.pool.v[li])
 }

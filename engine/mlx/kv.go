@@ -14,7 +14,7 @@ import (
 )
 
 // kvPool is a model's KV cache: one key and one value array per layer,
-// each [kvHeads, rows, headDim] in the weights' dtype, allocated once at
+// each [rows, kvHeads, headDim] in the weights' dtype, allocated once at
 // load with a row per token of Info.KVCapacity. A sequence holds a row per
 // position (seqState.rows); a step writes its new tokens' rows with one
 // scatter per layer and attention gathers each sequence's rows, so the
@@ -34,8 +34,8 @@ func newPool(g *graph, c *modelConfig, dt C.mlx_dtype, rows int) *kvPool {
 	}
 	var all []arr
 	for l := range p.k {
-		p.k[l] = g.keep(g.zeros(dt, c.KVHeads, rows, c.HeadDim))
-		p.v[l] = g.keep(g.zeros(dt, c.KVHeads, rows, c.HeadDim))
+		p.k[l] = g.keep(g.zeros(dt, rows, c.KVHeads, c.HeadDim))
+		p.v[l] = g.keep(g.zeros(dt, rows, c.KVHeads, c.HeadDim))
 		all = append(all, p.k[l], p.v[l])
 	}
 	g.eval(all...)
@@ -107,7 +107,8 @@ func (m *model) rowsFor(feeds []feed) error {
 // writeKV stores the step's keys and values ([N, kvHeads, 1, headDim],
 // one row per token) into layer li's pool rows idx [N]. The pool's old
 // handle is dropped before evaluation, so MLX updates it in place.
-func (m *model) writeKV(g *graph, li int, idx, k, v arr) {
-	m.replace(g, &m.pool.k[li], g.scatterRows(m.pool.k[li], idx, k))
-	m.replace(g, &m.pool.v[li], g.scatterRows(m.pool.v[li], idx, v))
+func (m *model) writeKV(g *graph, li int, idx, k, v arr, n int) {
+	c := m.cfg
+	m.replace(g, &m.pool.k[li], g.scatterRows(m.pool.k[li], idx, g.reshape(k, n, 1, c.KVHeads, c.HeadDim)))
+	m.replace(g, &m.pool.v[li], g.scatterRows(m.pool.v[li], idx, g.reshape(v, n, 1, c.KVHeads, c.HeadDim)))
 }
