@@ -23,8 +23,9 @@ const topPSteps = 31
 // sampleAll picks the next token of every sampling feed from logits
 // [S, vocab], the whole batch in one set of device ops: penalties, logit
 // bias and allowed-token masks go up as sparse updates or bit masks,
-// top-k takes a threshold from the K largest, top-p bisects for its
-// threshold, min-p is a threshold on the logits, and the draw adds Gumbel
+// top-k takes a threshold from the K largest, top-p takes one from those
+// K sorted (or, when a top-p row has no top-k, bisects the probabilities
+// for it: 31 masked sums, no vocabulary sort), min-p is a threshold on the logits, and the draw adds Gumbel
 // noise that depends only on the sequence's seed and how many tokens it
 // has sampled, so a sequence draws the same tokens alone or in any batch.
 // It returns int32 tokens [S] and float32 log-probabilities [S] (zero
@@ -209,6 +210,10 @@ func (m *model) filter(g *graph, row arr, params []*engine.SamplingParams) arr {
 		}
 	}
 	l := g.div(row, g.float32s(temp, n, 1))
+	covered := useP // every top-p row has a top-k: its nucleus is among the top-k
+	for i := range params {
+		covered = covered && (!hasP[i] || params[i].TopK > 0 && params[i].TopK < v)
+	}
 	if kmax > 0 {
 		// The k-th largest logit of each row, from its kmax largest.
 		at, has := make([]int32, n), make([]bool, n)
@@ -217,11 +222,22 @@ func (m *model) filter(g *graph, row arr, params []*engine.SamplingParams) arr {
 				at[i], has[i] = int32(kmax-p.TopK), true
 			}
 		}
-		th := g.takeAlong(g.sort(g.topk(l, kmax, -1), -1), g.int32s(at, n, 1), -1)
+		top := g.topk(l, kmax, -1)
+		th := g.takeAlong(g.sort(top, -1), g.int32s(at, n, 1), -1)
 		th = g.where(g.bools(has, n, 1), th, ninf)
 		l = g.where(g.less(l, th), ninf, l)
+		if covered {
+			// top-p over each row's top-k, sorted: keep the tokens before
+			// which less than top_p is gathered.
+			desc := g.neg(g.sort(g.neg(top), -1))
+			desc = g.where(g.less(desc, th), ninf, desc)
+			before := g.cumsum(g.softmax(desc, -1), -1, false)
+			kept := g.sumKeep(g.astype(g.less(before, g.float32s(topP, n, 1)), C.MLX_INT32), -1)
+			last := g.takeAlong(desc, g.sub(kept, g.int32s([]int32{1}, 1)), -1)
+			l = g.where(g.and(g.bools(hasP, n, 1), g.less(l, last)), ninf, l)
+		}
 	}
-	if useP {
+	if useP && !covered {
 		// Keep the tokens at least as likely as the least likely one of
 		// the smallest set whose probability reaches top_p: the largest
 		// threshold whose tokens still hold top_p, found by bisection.

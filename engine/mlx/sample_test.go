@@ -74,9 +74,10 @@ func refKeep(row []float32, p *engine.SamplingParams) []bool {
 func TestFilterMatchesSort(t *testing.T) {
 	e := newEngine(t)
 	m := load(t, e, tinyDir(t, nil))
-	v := m.cfg.Vocab
 	r := rand.New(rand.NewPCG(1, 2))
-	params := []*engine.SamplingParams{
+	// The first batch bisects for top-p (rows without top-k); in the
+	// second every top-p row has a top-k, which sorts its candidates.
+	for _, params := range [][]*engine.SamplingParams{{
 		{Temperature: 1, TopK: 5},
 		{Temperature: 0.7, TopP: 0.5},
 		{Temperature: 1.3, TopP: 0.95},
@@ -85,7 +86,20 @@ func TestFilterMatchesSort(t *testing.T) {
 		{Temperature: 2, TopK: 1},
 		{Temperature: 1},
 		{Temperature: 0.5, TopP: 0.999},
+	}, {
+		{Temperature: 1, TopK: 5, TopP: 0.6},
+		{Temperature: 0.8, TopK: 50, TopP: 0.9},
+		{Temperature: 1.5, TopK: 300, TopP: 0.95, MinP: 0.01},
+		{Temperature: 1, TopK: 20},
+		{Temperature: 1},
+	}} {
+		checkFilter(t, m, r, params)
 	}
+}
+
+func checkFilter(t *testing.T, m *model, r *rand.Rand, params []*engine.SamplingParams) {
+	t.Helper()
+	v := m.cfg.Vocab
 	rows := make([]float32, len(params)*v)
 	for i := range rows {
 		rows[i] = float32(r.NormFloat64() * 3)
