@@ -54,6 +54,7 @@ func free(a *arr) {
 // reads straight and checks err once.
 type graph struct {
 	s   C.mlx_stream
+	k   *kernels
 	tmp []arr
 	err error
 }

@@ -230,7 +230,7 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	} else {
 		gate, up = l.gate.apply(g, h), l.up.apply(g, h)
 	}
-	act := g.mul(g.mul(gate, g.sigmoid(gate)), up)
+	act := g.swiglu(gate, up)
 	return g.add(x, l.down.apply(g, act))
 }
 

@@ -281,11 +281,7 @@ func (m *model) gumbel(g *graph, sf []feed, params []*engine.SamplingParams) arr
 		k0[i], k1[i] = drawKey(s.seed, s.drawn)
 	}
 	ids := g.astype(g.arange(v, C.MLX_INT32), C.MLX_UINT32)
-	x := g.fmix(g.xor(ids, g.uint32s(k0, n, 1)))
-	x = g.fmix(g.xor(x, g.uint32s(k1, n, 1)))
-	// 24 random bits -> a uniform in (0, 1) -> -log(-log(u)).
-	u := g.add(g.mul(g.astype(g.shr(x, g.u32(8)), C.MLX_FLOAT32), g.scalar(1.0/(1<<24))), g.scalar(1.0/(1<<25)))
-	return g.neg(g.log(g.neg(g.log(u))))
+	return g.gumbelNoise(ids, g.uint32s(k0, n, 1), g.uint32s(k1, n, 1))
 }
 
 // drawKey is the noise key of a sequence's draw at position pos (tokens
@@ -296,15 +292,6 @@ func drawKey(seed uint64, pos int) (uint32, uint32) {
 	z = (z ^ z>>27) * 0x94d049bb133111eb
 	z ^= z >> 31
 	return uint32(z), uint32(z >> 32)
-}
-
-// fmix is MurmurHash3's 32-bit finaliser, elementwise on uint32 x.
-func (g *graph) fmix(x arr) arr {
-	x = g.xor(x, g.shr(x, g.u32(16)))
-	x = g.mul(x, g.u32(0x85ebca6b))
-	x = g.xor(x, g.shr(x, g.u32(13)))
-	x = g.mul(x, g.u32(0xc2b2ae35))
-	return g.xor(x, g.shr(x, g.u32(16)))
 }
 
 func fill(n int, v int32) []int32 {
