@@ -5,10 +5,11 @@
 // tied embeddings; sharded through model.safetensors.index.json) in
 // float32, float16 or bfloat16 and MLX affine 2- to 8-bit quantized form,
 // runs the forward pass as MLX ops (fast RMSNorm, RoPE, scaled-dot-product
-// attention), keeps a KV cache per sequence, decodes a whole batch of
-// sequences of different lengths in one forward pass and samples on the
-// device. Sliding-window attention (Mistral's sliding_window) is not
-// applied: contexts beyond the window attend to every token.
+// attention), keeps every sequence's KV in one preallocated pool, decodes
+// a whole batch of sequences of different lengths in one forward pass and
+// samples the whole batch on the device. Sliding-window attention
+// (Mistral's sliding_window) is not applied: contexts beyond the window
+// attend to every token.
 // [Engine.Quantize] writes MLX affine checkpoints from float ones.
 //
 // Use:
@@ -57,7 +58,8 @@
 // step attend in one batched scaled-dot-product call per layer over their
 // gathered rows with a length mask, prompt chunks one sequence at a time.
 // Sampling runs for the whole batch on the device (top-k and top-p by
-// thresholds, no vocabulary sort) and a seeded draw depends only on the
+// thresholds, no vocabulary sort; SwiGLU and the sampling noise are
+// compiled with MLX's compile) and a seeded draw depends only on the
 // seed and how many tokens the sequence has sampled, so it is the same
 // alone and in any batch. float32 matrix products do not use TF32 unless
 // WithTF32 asks.
