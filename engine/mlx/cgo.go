@@ -327,8 +327,8 @@ func (g *graph) ropeAt(x arr, dims int, theta, scale float32, offsets, freqs arr
 	})
 }
 
-// sdpaMask is attention with a boolean mask (true: attend) broadcast
-// against the scores [B, heads, Tq, Tk].
+// sdpaMask is attention with a mask broadcast against the scores
+// [B, heads, Tq, Tk]: boolean (true: attend) or additive in q's dtype.
 func (g *graph) sdpaMask(q, k, v arr, scale float32, mask arr) arr {
 	return g.op("scaled_dot_product_attention", func(r *arr) C.int {
 		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), noMask, mask, C.mlxs_null(), g.s)

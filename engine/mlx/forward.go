@@ -62,7 +62,7 @@ type stepPlan struct {
 	dec    []int
 	decQ   arr // [len(dec)] token index of each decode feed; null when all are
 	decIdx arr // [len(dec)*T] pool rows gathered for the decode batch
-	decMsk arr // [len(dec), 1, 1, T] true where a position is attended
+	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end
 	decT   int
 	pre    []int // feeds of more than one token, attended one at a time
 	preIdx []arr // [len(rows)] pool rows of each pre feed
@@ -120,18 +120,18 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	}
 	p.decT = (p.decT + kvPad - 1) / kvPad * kvPad
 	b, t := len(p.dec), p.decT
-	idx, msk := make([]int32, b*t), make([]bool, b*t)
+	idx, msk := make([]int32, b*t), make([]float32, b*t)
+	ninf := float32(math.Inf(-1))
 	for j, i := range p.dec {
 		r := feeds[i].seq.rows
 		copy(idx[j*t:], r)
 		for x := len(r); x < t; x++ {
 			idx[j*t+x] = r[0] // masked; any row of the sequence's own
-		}
-		for x := range r {
-			msk[j*t+x] = true
+			msk[j*t+x] = ninf
 		}
 	}
-	p.decIdx, p.decMsk = g.int32s(idx, b*t), g.bools(msk, b, 1, 1, t)
+	p.decIdx = g.int32s(idx, b*t)
+	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
 	return p
 }
 
