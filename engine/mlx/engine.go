@@ -160,7 +160,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
 			m.pool.release()
 			m.w.free()
-			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w", spec.ID, m.info.KVBytes, g.err)
+			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w: %w", spec.ID, m.info.KVBytes, engine.ErrOutOfMemory, g.err)
 			return
 		}
 		if err := ctx.Err(); err != nil {
@@ -207,6 +207,9 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 		if kv < ctxLen {
 			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
 		}
+	} else if uint64(kv) > (limit-wbytes)/perToken { // the pool is allocated at load
+		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
+			spec.ID, kv, uint64(kv)*perToken, limit-wbytes, engine.ErrOutOfMemory)
 	}
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
 		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,

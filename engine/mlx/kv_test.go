@@ -4,6 +4,7 @@ package mlx
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
@@ -70,5 +71,15 @@ func TestPoolRowsGiveWay(t *testing.T) {
 	m.Free(3, "")
 	if got := free(); got != 32 {
 		t.Fatalf("%d free rows after freeing everything, want 32", got)
+	}
+}
+
+// TestPoolTooLarge: a KV capacity beyond MLX's memory limit is refused at
+// load with ErrOutOfMemory, before anything is allocated.
+func TestPoolTooLarge(t *testing.T) {
+	e := newEngine(t)
+	_, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tinyDir(t, nil), KVCapacity: 1 << 50})
+	if !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("Load with a KV capacity of 2^50 tokens: %v, want ErrOutOfMemory", err)
 	}
 }
