@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"math"
+	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
@@ -64,10 +65,18 @@ type stepPlan struct {
 	decIdx arr // [len(dec)*T] pool rows gathered for the decode batch
 	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end
 	decT   int
-	pre    []int // feeds of more than one token, attended one at a time
-	preIdx []arr // [len(rows)] pool rows of each pre feed
+	pre    []*preGroup
 	start  []int // first packed token of each feed
 	perm   arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+}
+
+// preGroup is prefill feeds (more than one token) of the same length at
+// the same position, which attend in one causal call.
+type preGroup struct {
+	feeds  []int
+	t, all int // tokens fed, and rows attended (position + t), per feed
+	q      arr // [G*t] packed token of each query row; null for one feed
+	idx    arr // [G*all] pool rows
 }
 
 func (m *model) plan(g *graph, feeds []feed) *stepPlan {
@@ -80,8 +89,13 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		if len(f.tokens) == 1 {
 			p.dec = append(p.dec, i)
 		} else {
-			p.pre = append(p.pre, i)
-			p.preIdx = append(p.preIdx, g.int32s(f.seq.rows, len(f.seq.rows)))
+			t, all := len(f.tokens), len(f.seq.rows)
+			j := slices.IndexFunc(p.pre, func(x *preGroup) bool { return x.t == t && x.all == all })
+			if j < 0 {
+				j = len(p.pre)
+				p.pre = append(p.pre, &preGroup{t: t, all: all})
+			}
+			p.pre[j].feeds = append(p.pre[j].feeds, i)
 		}
 	}
 	p.rows = g.int32s(rows, len(rows))
@@ -89,10 +103,19 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	for _, i := range p.dec {
 		order = append(order, int32(p.start[i]))
 	}
-	for _, i := range p.pre {
-		for j := range feeds[i].tokens {
-			order = append(order, int32(p.start[i]+j))
+	for _, grp := range p.pre {
+		var q, idx []int32
+		for _, i := range grp.feeds {
+			for j := range grp.t {
+				q = append(q, int32(p.start[i]+j))
+			}
+			idx = append(idx, feeds[i].seq.rows...)
 		}
+		order = append(order, q...)
+		if len(grp.feeds) > 1 {
+			grp.q = g.int32s(q, len(q))
+		}
+		grp.idx = g.int32s(idx, len(idx))
 	}
 	same := true
 	for i, t := range order {
@@ -138,7 +161,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 // forward runs the model over every feed's tokens in one pass: the
 // projections and MLP see all tokens packed together, every decode feed
 // (one token) attends in one batched call per layer, and longer (prefill)
-// feeds attend one sequence at a time. It writes the new tokens' keys and
+// feeds attend in groups of the same length and position. It writes the new tokens' keys and
 // values into the pool rows rowsFor gave them, and returns float32 logits
 // [S, vocab] for the feeds that sample, in order, or a null array when none
 // samples.
@@ -213,8 +236,8 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	if len(p.dec) > 0 {
 		outs = append(outs, m.attendDecode(g, li, p, q))
 	}
-	for j, i := range p.pre {
-		outs = append(outs, m.attend(g, li, feeds[i], p.start[i], p.preIdx[j], q))
+	for _, grp := range p.pre {
+		outs = append(outs, m.attend(g, li, grp, p.start[grp.feeds[0]], q))
 	}
 	o := g.concat(0, outs...)
 	if !isNull(p.perm) {
@@ -257,18 +280,23 @@ func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 	return g.reshape(o, b, c.Heads*c.HeadDim)
 }
 
-// attend is one prefill feed's causal attention in layer li over its
-// packed tokens [row, row+len(f.tokens)) of the rotated q ([N, heads, 1,
-// D]) and its rows in the pool (this step's included). It returns
-// [len(f.tokens), heads*D].
-func (m *model) attend(g *graph, li int, f feed, row int, idx, q arr) arr {
+// attend is the causal attention in layer li of a group of prefill
+// feeds, one call for the group: their rows of the rotated q ([N, heads,
+// 1, D]; a single feed's start at packed token row) against their pool
+// rows (this step's included). It returns [G*t, heads*D], feed by feed.
+func (m *model) attend(g *graph, li int, grp *preGroup, row int, q arr) arr {
 	c := m.cfg
-	t, d, all := len(f.tokens), c.HeadDim, len(f.seq.rows)
-	qs := g.slice(q, []int{row, 0, 0, 0}, []int{row + t, c.Heads, 1, d})
-	qs = g.reshape(g.transpose(qs, 2, 1, 0, 3), 1, c.Heads, t, d)
-	k, v := m.gather(g, li, idx, 1, all)
+	b, t, d := len(grp.feeds), grp.t, c.HeadDim
+	var qs arr
+	if isNull(grp.q) {
+		qs = g.slice(q, []int{row, 0, 0, 0}, []int{row + t, c.Heads, 1, d})
+	} else {
+		qs = g.take(q, grp.q, 0)
+	}
+	qs = g.transpose(g.reshape(qs, b, t, c.Heads, d), 0, 2, 1, 3)
+	k, v := m.gather(g, li, grp.idx, b, grp.all)
 	o := g.sdpa(qs, k, v, float32(1/math.Sqrt(float64(d))), true)
-	return g.reshape(g.transpose(o, 0, 2, 1, 3), t, c.Heads*d)
+	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*d)
 }
 
 // replace swaps a kept handle for a new one. The old buffer is then held

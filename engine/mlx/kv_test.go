@@ -83,3 +83,51 @@ func TestPoolTooLarge(t *testing.T) {
 		t.Fatalf("Load with a KV capacity of 2^50 tokens: %v, want ErrOutOfMemory", err)
 	}
 }
+
+// TestGroupedPrefill: prompts of the same length prefilled whole in one
+// step attend as one group and give the tokens they give alone.
+func TestGroupedPrefill(t *testing.T) {
+	e := newEngine(t)
+	m := load(t, e, tinyDir(t, nil))
+	ctx := context.Background()
+	ps := [][]int32{{1, 72, 101, 108, 108, 111}, {1, 200, 17, 33, 5, 9}, {1, 5, 9, 300, 301, 302}}
+	batch := make([]engine.StepInput, len(ps))
+	for i, p := range ps {
+		id := engine.SeqID(10 + i)
+		if _, err := m.Open(ctx, id, p, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Free(id, "")
+		batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true}
+	}
+	_ = m.call(func(g *graph) error {
+		fs, _ := m.feeds(batch)
+		if err := m.rowsFor(fs); err != nil {
+			return err
+		}
+		if pl := m.plan(g, fs); len(pl.pre) != 1 || len(pl.pre[0].feeds) != 3 {
+			t.Errorf("plan groups %d prefill feeds as %d groups, want 1", len(fs), len(pl.pre))
+		}
+		for _, f := range fs {
+			m.pool.drop(f.seq, 0)
+		}
+		return nil
+	})
+	batched := make([][]int32, len(ps))
+	for range 6 {
+		out, err := m.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range out {
+			batched[i] = append(batched[i], o.Token)
+			batch[i].Tokens = []int32{o.Token}
+		}
+	}
+	for i, p := range ps {
+		alone, _ := generate(t, m, engine.SeqID(100+i), p, 6, len(p), nil)
+		if !slices.Equal(alone, batched[i]) {
+			t.Errorf("prompt %d: grouped %v, alone %v", i, batched[i], alone)
+		}
+	}
+}
