@@ -161,8 +161,9 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 // forward runs the model over every feed's tokens in one pass: the
 // projections and MLP see all tokens packed together, every decode feed
 // (one token) attends in one batched call per layer, and longer (prefill)
-// feeds attend in groups of the same length and position. It writes the new tokens' keys and
-// values into the pool rows rowsFor gave them, and returns float32 logits
+// feeds attend in groups of the same length and position. It writes the
+// new tokens' keys and values into the pool rows rowsFor gave them, and
+// returns float32 logits
 // [S, vocab] for the feeds that sample, in order, or a null array when none
 // samples.
 func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
