@@ -163,9 +163,8 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 // (one token) attends in one batched call per layer, and longer (prefill)
 // feeds attend in groups of the same length and position. It writes the
 // new tokens' keys and values into the pool rows rowsFor gave them, and
-// returns float32 logits
-// [S, vocab] for the feeds that sample, in order, or a null array when none
-// samples.
+// returns float32 logits [S, vocab] for the feeds that sample, in order,
+// or a null array when none samples.
 func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	c, w := m.cfg, m.w
 	if g.err != nil {
