@@ -36,7 +36,7 @@ func benchDir(b *testing.B, cfg testmodel.Config) string {
 
 // decodeBench decodes batch sequences for b.N steps, either in one Step per
 // step or one Step per sequence ("serial"), and reports tokens/s.
-func decodeBench(b *testing.B, m engine.Model, batch int, serial bool) {
+func decodeBench(b *testing.B, m engine.Model, batch int, serial bool, p *engine.SamplingParams) {
 	ctx := context.Background()
 	limit := m.Info().ContextLength - 8
 	var next engine.SeqID
@@ -76,7 +76,7 @@ func decodeBench(b *testing.B, m engine.Model, batch int, serial bool) {
 			b.StartTimer()
 		}
 		for i := range in {
-			in[i] = engine.StepInput{Seq: ids[i], Tokens: last[i : i+1], Sample: true}
+			in[i] = engine.StepInput{Seq: ids[i], Tokens: last[i : i+1], Sample: true, Params: p}
 		}
 		if serial {
 			for i := range in {
@@ -97,7 +97,32 @@ func decodeBench(b *testing.B, m engine.Model, batch int, serial bool) {
 		}
 		pos++
 	}
-	b.ReportMetric(float64(b.N*batch)/time.Since(start).Seconds(), "tok/s")
+	el := time.Since(start)
+	b.ReportMetric(float64(b.N*batch)/el.Seconds(), "tok/s")
+	b.ReportMetric(float64(el.Microseconds())/1000/float64(b.N), "ms/step")
+}
+
+// BenchmarkStep measures the MLX engine's decode step on the tiny model at
+// the GPU table's batch sizes (1, 8, 32, 64): greedy, and seeded sampling
+// with temperature, top-k and top-p.
+func BenchmarkStep(b *testing.B) {
+	e, err := New(WithMaxBatch(64))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	m, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: benchDir(b, testmodel.Tiny()), MaxBatch: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	for _, batch := range []int{1, 8, 32, 64} {
+		b.Run(fmt.Sprintf("greedy/batch=%d", batch), func(b *testing.B) { decodeBench(b, m, batch, false, nil) })
+	}
+	p := &engine.SamplingParams{Temperature: 0.8, TopK: 50, TopP: 0.9, Seed: 7, HasSeed: true}
+	for _, batch := range []int{1, 8, 32, 64} {
+		b.Run(fmt.Sprintf("sample/batch=%d", batch), func(b *testing.B) { decodeBench(b, m, batch, false, p) })
+	}
 }
 
 // BenchmarkDecode measures decode tokens/s of the MLX engine, batched and
@@ -126,9 +151,9 @@ func BenchmarkDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, batch := range []int{1, 4, 16} {
-			b.Run(fmt.Sprintf("mlx/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, false) })
+			b.Run(fmt.Sprintf("mlx/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, false, nil) })
 			if batch > 1 {
-				b.Run(fmt.Sprintf("mlx/%s/serial=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, true) })
+				b.Run(fmt.Sprintf("mlx/%s/serial=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, m, batch, true, nil) })
 			}
 		}
 		m.Close()
@@ -140,7 +165,7 @@ func BenchmarkDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, batch := range []int{1, 4, 16} {
-			b.Run(fmt.Sprintf("pyproc-torch/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, pm, batch, false) })
+			b.Run(fmt.Sprintf("pyproc-torch/%s/batch=%d", bm.name, batch), func(b *testing.B) { decodeBench(b, pm, batch, false, nil) })
 		}
 		pm.Close()
 	}

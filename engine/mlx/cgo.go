@@ -54,6 +54,7 @@ func free(a *arr) {
 // reads straight and checks err once.
 type graph struct {
 	s   C.mlx_stream
+	k   *kernels
 	tmp []arr
 	err error
 }
@@ -113,20 +114,26 @@ func cints(xs []int) []C.int {
 	return out
 }
 
-func (g *graph) int32s(data []int32, shape ...int) arr {
+// hostArray copies host data of shape into a new array of type dt.
+func (g *graph) hostArray(data unsafe.Pointer, dt C.mlx_dtype, shape []int) arr {
 	sh := cints(shape)
 	return g.op("array", func(r *arr) C.int {
-		*r = C.mlx_array_new_data(unsafe.Pointer(&data[0]), &sh[0], C.int(len(sh)), C.MLX_INT32)
+		*r = C.mlx_array_new_data(data, &sh[0], C.int(len(sh)), dt)
 		return 0
 	})
 }
 
+func (g *graph) int32s(data []int32, shape ...int) arr {
+	return g.hostArray(unsafe.Pointer(&data[0]), C.MLX_INT32, shape)
+}
+func (g *graph) uint32s(data []uint32, shape ...int) arr {
+	return g.hostArray(unsafe.Pointer(&data[0]), C.MLX_UINT32, shape)
+}
 func (g *graph) float32s(data []float32, shape ...int) arr {
-	sh := cints(shape)
-	return g.op("array", func(r *arr) C.int {
-		*r = C.mlx_array_new_data(unsafe.Pointer(&data[0]), &sh[0], C.int(len(sh)), C.MLX_FLOAT32)
-		return 0
-	})
+	return g.hostArray(unsafe.Pointer(&data[0]), C.MLX_FLOAT32, shape)
+}
+func (g *graph) bools(data []bool, shape ...int) arr {
+	return g.hostArray(unsafe.Pointer(&data[0]), C.MLX_BOOL, shape)
 }
 
 func (g *graph) scalar(v float32) arr {
@@ -199,6 +206,11 @@ func (g *graph) sliceUpdate(src, upd arr, start, stop []int) arr {
 	})
 }
 
+// scatterRows writes upd [N, 1, H, D] into rows idx [N] of a [rows, H, D].
+func (g *graph) scatterRows(a, idx, upd arr) arr {
+	return g.op("scatter", func(r *arr) C.int { return C.mlx_scatter_single(r, a, idx, upd, 0, g.s) })
+}
+
 func (g *graph) concat(axis int, as ...arr) arr {
 	if len(as) == 1 {
 		return as[0]
@@ -230,6 +242,50 @@ func (g *graph) argmax(a arr, axis int) arr {
 func (g *graph) argsort(a arr, axis int) arr {
 	return g.op("argsort", func(r *arr) C.int { return C.mlx_argsort_axis(r, a, C.int(axis), g.s) })
 }
+func (g *graph) argpartition(a arr, kth, axis int) arr {
+	return g.op("argpartition", func(r *arr) C.int { return C.mlx_argpartition_axis(r, a, C.int(kth), C.int(axis), g.s) })
+}
+func (g *graph) topk(a arr, k, axis int) arr {
+	return g.op("topk", func(r *arr) C.int { return C.mlx_topk_axis(r, a, C.int(k), C.int(axis), g.s) })
+}
+func (g *graph) sort(a arr, axis int) arr {
+	return g.op("sort", func(r *arr) C.int { return C.mlx_sort_axis(r, a, C.int(axis), g.s) })
+}
+func (g *graph) maxKeep(a arr, axis int) arr {
+	return g.op("max", func(r *arr) C.int { return C.mlx_max_axis(r, a, C.int(axis), true, g.s) })
+}
+func (g *graph) sumKeep(a arr, axis int) arr {
+	return g.op("sum", func(r *arr) C.int { return C.mlx_sum_axis(r, a, C.int(axis), true, g.s) })
+}
+func (g *graph) greaterEqual(a, b arr) arr {
+	return g.op("greater_equal", func(r *arr) C.int { return C.mlx_greater_equal(r, a, b, g.s) })
+}
+func (g *graph) and(a, b arr) arr {
+	return g.op("logical_and", func(r *arr) C.int { return C.mlx_logical_and(r, a, b, g.s) })
+}
+func (g *graph) bitAnd(a, b arr) arr {
+	return g.op("bitwise_and", func(r *arr) C.int { return C.mlx_bitwise_and(r, a, b, g.s) })
+}
+func (g *graph) xor(a, b arr) arr {
+	return g.op("bitwise_xor", func(r *arr) C.int { return C.mlx_bitwise_xor(r, a, b, g.s) })
+}
+func (g *graph) shr(a, b arr) arr {
+	return g.op("right_shift", func(r *arr) C.int { return C.mlx_right_shift(r, a, b, g.s) })
+}
+func (g *graph) log(a arr) arr {
+	return g.op("log", func(r *arr) C.int { return C.mlx_log(r, a, g.s) })
+}
+func (g *graph) view(a arr, dt C.mlx_dtype) arr {
+	return g.op("view", func(r *arr) C.int { return C.mlx_view(r, a, dt, g.s) })
+}
+func (g *graph) scatterAdd(a, idx, upd arr) arr {
+	return g.op("scatter_add", func(r *arr) C.int { return C.mlx_scatter_add_single(r, a, idx, upd, 0, g.s) })
+}
+func (g *graph) scatter(a, idx, upd arr) arr {
+	return g.op("scatter", func(r *arr) C.int { return C.mlx_scatter_single(r, a, idx, upd, 0, g.s) })
+}
+func (g *graph) u32(v uint32) arr { return g.uint32s([]uint32{v}, 1) }
+
 func (g *graph) softmax(a arr, axis int) arr {
 	return g.op("softmax", func(r *arr) C.int { return C.mlx_softmax_axis(r, a, C.int(axis), true, g.s) })
 }
@@ -270,6 +326,16 @@ func (g *graph) ropeAt(x arr, dims int, theta, scale float32, offsets, freqs arr
 		return C.mlx_fast_rope_dynamic(r, x, C.int(dims), false, base, C.float(scale), offsets, freqs, g.s)
 	})
 }
+
+// sdpaMask is attention with a mask broadcast against the scores
+// [B, heads, Tq, Tk]: boolean (true: attend) or additive in q's dtype.
+func (g *graph) sdpaMask(q, k, v arr, scale float32, mask arr) arr {
+	return g.op("scaled_dot_product_attention", func(r *arr) C.int {
+		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), noMask, mask, C.mlxs_null(), g.s)
+	})
+}
+
+var noMask = C.CString("") // constant, never freed
 
 func (g *graph) sdpa(q, k, v arr, scale float32, causal bool) arr {
 	mode := C.CString("")
@@ -316,28 +382,6 @@ func (g *graph) quantize(w arr, groupSize, bits int) (q, scales, biases arr) {
 		return g.op("quantize", func(r *arr) C.int { return C.mlx_vector_array_get(r, v, C.size_t(i)) })
 	}
 	return get(0), get(1), get(2)
-}
-
-func (g *graph) randomKey(seed uint64) arr {
-	return g.op("random.key", func(r *arr) C.int { return C.mlx_random_key(r, C.uint64_t(seed)) })
-}
-
-// split returns (next key, key to use now).
-func (g *graph) split(key arr) (arr, arr) {
-	if g.err != nil {
-		return C.mlxs_null(), C.mlxs_null()
-	}
-	var a, b arr
-	if rc := C.mlx_random_split(&a, &b, key, g.s); rc != 0 {
-		g.err = errMLX("random.split", rc)
-		return C.mlxs_null(), C.mlxs_null()
-	}
-	g.tmp = append(g.tmp, a, b)
-	return a, b
-}
-
-func (g *graph) categorical(logits, key arr) arr {
-	return g.op("random.categorical", func(r *arr) C.int { return C.mlx_random_categorical(r, logits, -1, key, g.s) })
 }
 
 func shapeOf(a arr) []int {

@@ -5,10 +5,11 @@
 // tied embeddings; sharded through model.safetensors.index.json) in
 // float32, float16 or bfloat16 and MLX affine 2- to 8-bit quantized form,
 // runs the forward pass as MLX ops (fast RMSNorm, RoPE, scaled-dot-product
-// attention), keeps a KV cache per sequence, decodes a whole batch of
-// sequences of different lengths in one forward pass and samples on the
-// device. Sliding-window attention (Mistral's sliding_window) is not
-// applied: contexts beyond the window attend to every token.
+// attention), keeps every sequence's KV in one preallocated pool, decodes
+// a whole batch of sequences of different lengths in one forward pass and
+// samples the whole batch on the device. Sliding-window attention
+// (Mistral's sliding_window) is not applied: contexts beyond the window
+// attend to every token.
 // [Engine.Quantize] writes MLX affine checkpoints from float ones.
 //
 // Use:
@@ -47,4 +48,20 @@
 // default one exits the process) and come back as Go errors carrying MLX's
 // message. Arrays are freed as soon as a step ends; nothing relies on
 // finalizers. Package internal/metal reports and limits MLX's memory.
+//
+// # KV cache and sampling
+//
+// The KV cache is a pool of Info.KVCapacity token rows per layer,
+// allocated at load in the weights' dtype; a sequence holds one row per
+// position and never grows by copying. A step writes its new keys and
+// values with one scatter per layer; the one-token (decode) inputs of a
+// step attend in one batched scaled-dot-product call per layer over their
+// gathered rows with a length mask; prompt chunks of the same length at
+// the same position attend together, causally.
+// Sampling runs for the whole batch on the device (top-k and top-p by
+// thresholds, no vocabulary sort; SwiGLU and the sampling noise are
+// compiled with MLX's compile) and a seeded draw depends only on the
+// seed and how many tokens the sequence has sampled, so it is the same
+// alone and in any batch. float32 matrix products do not use TF32 unless
+// WithTF32 asks.
 package mlx

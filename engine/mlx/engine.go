@@ -10,6 +10,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -40,6 +41,15 @@ func New(opts ...Option) (*Engine, error) {
 	o := defaultOptions()
 	if err := o.apply(opts); err != nil {
 		return nil, err
+	}
+	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+		tf32 := "0"
+		if o.tf32 {
+			tf32 = "1"
+		}
+		if err := os.Setenv("MLX_ENABLE_TF32", tf32); err != nil {
+			return nil, fmt.Errorf("mlx: setting MLX_ENABLE_TF32: %w", err)
+		}
 	}
 	metal.Init()
 	if err := applyLimits(&o); err != nil {
@@ -147,7 +157,14 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		if m.w, lerr = buildWeights(g, cfg, mods, ts); lerr != nil {
 			return
 		}
+		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
+			m.pool.release()
+			m.w.free()
+			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w: %w", spec.ID, m.info.KVBytes, engine.ErrOutOfMemory, g.err)
+			return
+		}
 		if err := ctx.Err(); err != nil {
+			m.pool.release()
 			m.w.free()
 			lerr = err
 			return
@@ -190,6 +207,9 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 		if kv < ctxLen {
 			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
 		}
+	} else if uint64(kv) > (limit-wbytes)/perToken { // the pool is allocated at load
+		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
+			spec.ID, kv, uint64(kv)*perToken, limit-wbytes, engine.ErrOutOfMemory)
 	}
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
 		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,

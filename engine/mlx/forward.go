@@ -9,34 +9,34 @@ import "C"
 
 import (
 	"math"
+	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
 
-// kvStep is how much a sequence's KV cache grows at a time, in tokens.
-const kvStep = 256
-
-// seqState is one open sequence: the tokens fed so far and its KV cache,
-// one key and one value array per layer, shaped [1, kvHeads, cap, headDim]
-// with the first len(tokens) positions valid.
+// seqState is one open sequence: the tokens fed so far and the KV pool
+// row of each (rows[i] holds position i).
 type seqState struct {
 	tokens   []int32
-	k, v     []arr
-	cap      int
-	key      arr // sampling PRNG key, made at the first sample
-	reserved int // KV tokens reserved at Open
+	rows     []int32
+	pool     *kvPool // the pool rows come from; nil before the first
+	reserved int     // KV tokens reserved at Open
+	// seed keys the sequence's draws (set at its first draw); drawn is
+	// how many tokens it has sampled, the position of its next draw.
+	seed   uint64
+	seeded bool
+	drawn  int
 	// sampled is set at the first sample; tokens fed after it are
 	// generated and counts holds them for presence/frequency penalties.
 	sampled bool
 	counts  map[int32]int
 }
 
+// free returns the sequence's rows to the pool.
 func (s *seqState) free() {
-	for i := range s.k {
-		free(&s.k[i])
-		free(&s.v[i])
+	if s.pool != nil {
+		s.pool.drop(s, 0)
 	}
-	free(&s.key)
 }
 
 // feed is one sequence's part of a forward pass.
@@ -48,14 +48,132 @@ type feed struct {
 	allowed []uint64 // the step's allowed-token mask; nil: all
 }
 
+// kvPad is the granularity of the gathered KV length in a batched decode
+// step, so that its shapes change every kvPad tokens rather than every
+// step.
+const kvPad = 32
+
+// stepPlan is a step's layout, built on the host once and shared by every
+// layer: the pool row of each packed token, the decode feeds (one token
+// each) gathered as one batch, and how attention outputs map back to
+// token order.
+type stepPlan struct {
+	n      int // packed tokens
+	rows   arr // [n] pool row of each token
+	dec    []int
+	decQ   arr // [len(dec)] token index of each decode feed; null when all are
+	decIdx arr // [len(dec)*T] pool rows gathered for the decode batch
+	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end
+	decT   int
+	pre    []*preGroup
+	start  []int // first packed token of each feed
+	perm   arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+}
+
+// preGroup is prefill feeds (more than one token) of the same length at
+// the same position, which attend in one causal call.
+type preGroup struct {
+	feeds  []int
+	t, all int // tokens fed, and rows attended (position + t), per feed
+	q      arr // [G*t] packed token of each query row; null for one feed
+	idx    arr // [G*all] pool rows
+}
+
+func (m *model) plan(g *graph, feeds []feed) *stepPlan {
+	p := &stepPlan{start: make([]int, len(feeds))}
+	var rows []int32
+	for i, f := range feeds {
+		p.start[i] = p.n
+		p.n += len(f.tokens)
+		rows = append(rows, f.seq.rows[len(f.seq.tokens):]...)
+		if len(f.tokens) == 1 {
+			p.dec = append(p.dec, i)
+		} else {
+			t, all := len(f.tokens), len(f.seq.rows)
+			j := slices.IndexFunc(p.pre, func(x *preGroup) bool { return x.t == t && x.all == all })
+			if j < 0 {
+				j = len(p.pre)
+				p.pre = append(p.pre, &preGroup{t: t, all: all})
+			}
+			p.pre[j].feeds = append(p.pre[j].feeds, i)
+		}
+	}
+	p.rows = g.int32s(rows, len(rows))
+	order := make([]int32, 0, p.n) // token index of each output, decode first
+	for _, i := range p.dec {
+		order = append(order, int32(p.start[i]))
+	}
+	for _, grp := range p.pre {
+		var q, idx []int32
+		for _, i := range grp.feeds {
+			for j := range grp.t {
+				q = append(q, int32(p.start[i]+j))
+			}
+			idx = append(idx, feeds[i].seq.rows...)
+		}
+		order = append(order, q...)
+		if len(grp.feeds) > 1 {
+			grp.q = g.int32s(q, len(q))
+		}
+		grp.idx = g.int32s(idx, len(idx))
+	}
+	same := true
+	for i, t := range order {
+		same = same && int(t) == i
+	}
+	if !same {
+		perm := make([]int32, p.n)
+		for i, t := range order {
+			perm[t] = int32(i)
+		}
+		p.perm = g.int32s(perm, p.n)
+	}
+	if len(p.dec) == 0 {
+		return p
+	}
+	if len(p.dec) != len(feeds) {
+		q := make([]int32, len(p.dec))
+		for j, i := range p.dec {
+			q[j] = int32(p.start[i])
+		}
+		p.decQ = g.int32s(q, len(q))
+	}
+	for _, i := range p.dec {
+		p.decT = max(p.decT, len(feeds[i].seq.rows))
+	}
+	p.decT = (p.decT + kvPad - 1) / kvPad * kvPad
+	b, t := len(p.dec), p.decT
+	idx, msk := make([]int32, b*t), make([]float32, b*t)
+	ninf := float32(math.Inf(-1))
+	for j, i := range p.dec {
+		r := feeds[i].seq.rows
+		copy(idx[j*t:], r)
+		for x := len(r); x < t; x++ {
+			idx[j*t+x] = r[0] // masked; any row of the sequence's own
+			msk[j*t+x] = ninf
+		}
+	}
+	p.decIdx = g.int32s(idx, b*t)
+	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
+	return p
+}
+
 // forward runs the model over every feed's tokens in one pass: the
-// projections and MLP see all tokens packed together; attention runs per
-// sequence against its own cache. It replaces each sequence's cache handles
-// with the updated ones (computed when the caller evaluates) and returns
-// float32 logits [S, vocab] for the feeds that sample, in order, or a null
-// array when none samples.
+// projections and MLP see all tokens packed together, every decode feed
+// (one token) attends in one batched call per layer, and longer (prefill)
+// feeds attend in groups of the same length and position. It writes the
+// new tokens' keys and values into the pool rows rowsFor gave them, and
+// returns float32 logits [S, vocab] for the feeds that sample, in order,
+// or a null array when none samples.
 func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	c, w := m.cfg, m.w
+	if g.err != nil {
+		return arr{}
+	}
+	if err := m.rowsFor(feeds); err != nil {
+		g.err = err
+		return arr{}
+	}
 	var ids, pos, last []int32
 	for _, f := range feeds {
 		for j := range f.tokens {
@@ -65,12 +183,12 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		if f.sample {
 			last = append(last, int32(len(ids)-1))
 		}
-		m.grow(g, f.seq, len(f.seq.tokens)+len(f.tokens))
 	}
+	p := m.plan(g, feeds)
 	positions := g.int32s(pos, len(pos))
 	x := g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
 	for li := range w.layers {
-		x = m.block(g, li, x, feeds, positions, len(ids))
+		x = m.block(g, li, x, feeds, positions, p)
 	}
 	if !sampling {
 		return arr{}
@@ -88,13 +206,21 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 // block is one decoder layer. Projections, RoPE and the MLP run over all
 // packed tokens at once; each token is its own RoPE batch row at its own
 // position, so sequences at different offsets rotate in one op.
-func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, n int) arr {
-	c, l := m.cfg, &m.w.layers[li]
+func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *stepPlan) arr {
+	c, l, n := m.cfg, &m.w.layers[li], p.n
 	h := g.rmsNorm(x, l.inNorm, c.NormEps)
 	tokens := func(a arr, heads int) arr { // [1, N, heads*D] -> [N, heads, 1, D]
 		return g.transpose(g.reshape(a, n, 1, heads, c.HeadDim), 0, 2, 1, 3)
 	}
-	q, k, v := l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	var q, k, v arr
+	if qd, kd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim; !isNull(l.qkv.w) {
+		y := l.qkv.apply(g, h)
+		q = g.slice(y, []int{0, 0, 0}, []int{1, n, qd})
+		k = g.slice(y, []int{0, 0, qd}, []int{1, n, qd + kd})
+		v = g.slice(y, []int{0, 0, qd + kd}, []int{1, n, qd + 2*kd})
+	} else {
+		q, k, v = l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+	}
 	if c.QKNorm {
 		q = g.reshape(g.rmsNorm(g.reshape(q, 1, n, c.Heads, c.HeadDim), l.qNorm, c.NormEps), 1, n, c.Heads*c.HeadDim)
 		k = g.reshape(g.rmsNorm(g.reshape(k, 1, n, c.KVHeads, c.HeadDim), l.kNorm, c.NormEps), 1, n, c.KVHeads*c.HeadDim)
@@ -105,77 +231,81 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, n in
 	}
 	q = g.ropeAt(tokens(q, c.Heads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
 	k = g.ropeAt(tokens(k, c.KVHeads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
-	v = tokens(v, c.KVHeads)
-	outs := make([]arr, len(feeds))
-	row := 0
-	for i, f := range feeds {
-		outs[i] = m.attend(g, li, f, row, q, k, v)
-		row += len(f.tokens)
+	m.writeKV(g, li, p.rows, k, tokens(v, c.KVHeads), n)
+	var outs []arr
+	if len(p.dec) > 0 {
+		outs = append(outs, m.attendDecode(g, li, p, q))
 	}
-	x = g.add(x, l.o.apply(g, g.concat(1, outs...)))
+	for _, grp := range p.pre {
+		outs = append(outs, m.attend(g, li, grp, p.start[grp.feeds[0]], q))
+	}
+	o := g.concat(0, outs...)
+	if !isNull(p.perm) {
+		o = g.take(o, p.perm, 0)
+	}
+	x = g.add(x, l.o.apply(g, g.reshape(o, 1, n, c.Heads*c.HeadDim)))
 	h = g.rmsNorm(x, l.postNorm, c.NormEps)
-	gate := l.gate.apply(g, h)
-	act := g.mul(g.mul(gate, g.sigmoid(gate)), l.up.apply(g, h))
+	var gate, up arr
+	if !isNull(l.gateUp.w) {
+		y := l.gateUp.apply(g, h)
+		gate = g.slice(y, []int{0, 0, 0}, []int{1, n, c.Intermediate})
+		up = g.slice(y, []int{0, 0, c.Intermediate}, []int{1, n, 2 * c.Intermediate})
+	} else {
+		gate, up = l.gate.apply(g, h), l.up.apply(g, h)
+	}
+	act := g.swiglu(gate, up)
 	return g.add(x, l.down.apply(g, act))
 }
 
-// attend is one sequence's attention in layer li over rows
-// [row, row+len(f.tokens)) of the rotated q, k, v ([N, heads, 1, D]).
-func (m *model) attend(g *graph, li int, f feed, row int, q, k, v arr) arr {
-	c, s := m.cfg, f.seq
-	t, off, d := len(f.tokens), len(s.tokens), c.HeadDim
-	heads := func(a arr, n int) arr { // rows -> [1, n, t, D]
-		a = g.slice(a, []int{row, 0, 0, 0}, []int{row + t, n, 1, d})
-		if t == 1 {
-			return a
-		}
-		return g.reshape(g.transpose(a, 2, 1, 0, 3), 1, n, t, d)
+// gather reads pool rows idx [B*T] of layer li as keys and values
+// [B, kvHeads, T, D].
+func (m *model) gather(g *graph, li int, idx arr, b, t int) (arr, arr) {
+	c := m.cfg
+	get := func(pool arr) arr {
+		return g.transpose(g.reshape(g.take(pool, idx, 0), b, t, c.KVHeads, c.HeadDim), 0, 2, 1, 3)
 	}
-	qs, ks, vs := heads(q, c.Heads), heads(k, c.KVHeads), heads(v, c.KVHeads)
-	start, stop := []int{0, 0, off, 0}, []int{1, c.KVHeads, off + t, d}
-	kc, vc := g.sliceUpdate(s.k[li], ks, start, stop), g.sliceUpdate(s.v[li], vs, start, stop)
-	m.replace(g, &s.k[li], kc)
-	m.replace(g, &s.v[li], vc)
-	all := []int{1, c.KVHeads, off + t, d}
-	kv, vv := g.slice(kc, []int{0, 0, 0, 0}, all), g.slice(vc, []int{0, 0, 0, 0}, all)
-	o := g.sdpa(qs, kv, vv, float32(1/math.Sqrt(float64(d))), t > 1)
-	if t == 1 {
-		return g.reshape(o, 1, 1, c.Heads*d)
+	return get(m.pool.k[li]), get(m.pool.v[li])
+}
+
+// attendDecode is the decode feeds' attention in layer li, one call for
+// all of them: queries [B, heads, 1, D] against each sequence's rows padded
+// to p.decT and masked. It returns [B, heads*D].
+func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
+	c, b := m.cfg, len(p.dec)
+	if !isNull(p.decQ) {
+		q = g.take(q, p.decQ, 0)
 	}
-	return g.reshape(g.transpose(o, 0, 2, 1, 3), 1, t, c.Heads*d)
+	k, v := m.gather(g, li, p.decIdx, b, p.decT)
+	o := g.sdpaMask(q, k, v, float32(1/math.Sqrt(float64(c.HeadDim))), p.decMsk)
+	return g.reshape(o, b, c.Heads*c.HeadDim)
+}
+
+// attend is the causal attention in layer li of a group of prefill
+// feeds, one call for the group: their rows of the rotated q ([N, heads,
+// 1, D]; a single feed's start at packed token row) against their pool
+// rows (this step's included). It returns [G*t, heads*D], feed by feed.
+func (m *model) attend(g *graph, li int, grp *preGroup, row int, q arr) arr {
+	c := m.cfg
+	b, t, d := len(grp.feeds), grp.t, c.HeadDim
+	var qs arr
+	if isNull(grp.q) {
+		qs = g.slice(q, []int{row, 0, 0, 0}, []int{row + t, c.Heads, 1, d})
+	} else {
+		qs = g.take(q, grp.q, 0)
+	}
+	qs = g.transpose(g.reshape(qs, b, t, c.Heads, d), 0, 2, 1, 3)
+	k, v := m.gather(g, li, grp.idx, b, grp.all)
+	o := g.sdpa(qs, k, v, float32(1/math.Sqrt(float64(d))), true)
+	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*d)
 }
 
 // replace swaps a kept handle for a new one. The old buffer is then held
-// only by the graph, so MLX can update the cache in place.
+// only by the graph, so MLX can update the pool in place. After a failed
+// call it keeps the old handle.
 func (m *model) replace(g *graph, h *arr, a arr) {
-	free(h)
-	*h = g.keep(a)
-}
-
-// grow makes room for n tokens in s's cache.
-func (m *model) grow(g *graph, s *seqState, n int) {
-	if n <= s.cap {
+	if g.err != nil {
 		return
 	}
-	c := m.cfg
-	newCap := (n + kvStep - 1) / kvStep * kvStep
-	if newCap > m.info.ContextLength {
-		newCap = n
-	}
-	if s.k == nil {
-		s.k, s.v = make([]arr, c.Layers), make([]arr, c.Layers)
-	}
-	off := len(s.tokens)
-	for li := range s.k {
-		for _, h := range []*arr{&s.k[li], &s.v[li]} {
-			if isNull(*h) || off == 0 {
-				m.replace(g, h, g.zeros(m.w.dtype, 1, c.KVHeads, newCap, c.HeadDim))
-				continue
-			}
-			old := g.slice(*h, []int{0, 0, 0, 0}, []int{1, c.KVHeads, off, c.HeadDim})
-			pad := g.zeros(m.w.dtype, 1, c.KVHeads, newCap-off, c.HeadDim)
-			m.replace(g, h, g.concat(2, old, pad))
-		}
-	}
-	s.cap = newCap
+	free(h)
+	*h = g.keep(a)
 }

@@ -20,6 +20,7 @@ type model struct {
 	cfg     *modelConfig
 	info    engine.Info
 	w       *weights
+	pool    *kvPool
 	seqs    map[engine.SeqID]*seqState
 	saved   []*savedKV // least recently used first
 	evicted []string   // saved keys evicted since the last EvictedSaved
@@ -83,7 +84,7 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 		m.relieve()
 		s := &seqState{reserved: len(prompt)}
 		if prefixKey != "" {
-			reused = m.attach(g, s, prompt, prefixKey)
+			reused = m.attach(s, prompt, prefixKey)
 		}
 		m.seqs[id] = s
 		m.used += s.reserved
@@ -94,11 +95,9 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 
 // attach gives s the KV saved under key truncated to the longest common
 // prefix of its tokens and prompt, and returns that length (always fewer
-// than the prompt). s shares the saved arrays: MLX arrays are values, so
-// s's cache updates (from position n on) make new buffers and the saved
-// entry stays whole; positions past n in the shared arrays are overwritten
-// before attention reads them.
-func (m *model) attach(g *graph, s *seqState, prompt []int32, key string) int {
+// than the prompt). s shares the saved entry's pool rows for those
+// positions; rows are written once, so the saved entry stays whole.
+func (m *model) attach(s *seqState, prompt []int32, key string) int {
 	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key })
 	if i < 0 {
 		return 0
@@ -110,11 +109,7 @@ func (m *model) attach(g *graph, s *seqState, prompt []int32, key string) int {
 	}
 	m.saved = append(slices.Delete(m.saved, i, i+1), e) // most recently used
 	s.tokens = slices.Clone(prompt[:n])
-	s.cap = e.seq.cap
-	s.k, s.v = make([]arr, len(e.seq.k)), make([]arr, len(e.seq.v))
-	for l := range s.k {
-		s.k[l], s.v[l] = g.keep(e.seq.k[l]), g.keep(e.seq.v[l])
-	}
+	m.pool.share(s, e.seq, n)
 	return n
 }
 
@@ -168,14 +163,13 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 		}
 		delete(m.seqs, id)
 		m.used -= max(s.reserved, len(s.tokens))
-		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 || s.k == nil {
+		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 {
 			s.free()
 			if saveKey != "" { // asked to save and did not: say so, as for an eviction
 				m.evicted = append(m.evicted, saveKey)
 			}
 			return nil
 		}
-		free(&s.key)
 		m.save(saveKey, s)
 		return nil
 	})
@@ -235,5 +229,6 @@ func (m *model) unload() {
 		e.seq.free()
 	}
 	m.seqs, m.saved, m.evicted, m.used = nil, nil, nil, 0
+	m.pool.release()
 	m.w.free()
 }

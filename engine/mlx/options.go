@@ -21,6 +21,7 @@ type options struct {
 	setWired    bool
 	logger      *slog.Logger
 	kvFraction  float64
+	tf32        bool
 }
 
 func defaultOptions() options {
@@ -72,6 +73,18 @@ func WithDevice(name string) Option {
 			return fmt.Errorf("mlx: WithDevice(%q): want cpu or gpu", name)
 		}
 		o.device = name
+		return nil
+	}
+}
+
+// WithTF32 lets float32 matrix products run in TF32 on GPUs that have it
+// (MLX's MLX_ENABLE_TF32): faster, with a 10-bit mantissa. Without it the
+// engine sets MLX_ENABLE_TF32=0 unless the environment already sets it, so
+// float32 checkpoints compute in full float32. MLX reads the variable once
+// per process, at its first matrix product: the first Engine decides.
+func WithTF32() Option {
+	return func(o *options) error {
+		o.tf32 = true
 		return nil
 	}
 }

@@ -20,7 +20,7 @@ import (
 func dequantized(t *testing.T, m *model) *model {
 	t.Helper()
 	w := *m.w
-	d := &model{eng: m.eng, cfg: m.cfg, info: m.info, w: &w}
+	d := &model{eng: m.eng, cfg: m.cfg, info: m.info, w: &w, pool: m.pool}
 	var made []arr
 	t.Cleanup(func() {
 		m.call(func(*graph) error {
@@ -44,7 +44,7 @@ func dequantized(t *testing.T, m *model) *model {
 		w.layers = slices.Clone(m.w.layers)
 		for i := range w.layers {
 			l := &w.layers[i]
-			for _, lin := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down} {
+			for _, lin := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp} {
 				deq(lin)
 			}
 		}
@@ -69,7 +69,7 @@ func TestQuantizedMatchesDequantized(t *testing.T) {
 			t.Fatal(err)
 		}
 		q := load(t, e, dst)
-		if q.w.layers[0].q.q == nil || q.w.embed.q == nil || q.w.layers[0].q.q.Bits != bits {
+		if q.w.layers[0].qkv.q == nil || q.w.embed.q == nil || q.w.layers[0].qkv.q.Bits != bits {
 			t.Fatalf("%d-bit checkpoint loaded unquantized", bits)
 		}
 		got := lastLogits(t, q, p)

@@ -14,163 +14,290 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 )
 
+// topPSteps is the number of bisection steps that find a row's top-p
+// threshold: probabilities are non-negative float32s at most 1, whose bit
+// patterns order like the numbers and lie below 2^30, so 31 halvings
+// land on the exact probability of the last token kept.
+const topPSteps = 31
+
 // sampleAll picks the next token of every sampling feed from logits
-// [S, vocab] on the device. It returns int32 tokens [S] and float32
-// log-probabilities [S] (zero where not asked for) and, when any feed
-// asks for top log-probabilities, the K most likely ids [S, K] and their
-// log-probabilities (K the largest TopLogprobs asked; null arrays
-// otherwise).
+// [S, vocab], the whole batch in one set of device ops: penalties, logit
+// bias and allowed-token masks go up as sparse updates or bit masks,
+// top-k takes a threshold from the K largest, top-p takes one from those
+// K sorted (or, when a top-p row has no top-k, bisects the probabilities
+// for it: 31 masked sums, no vocabulary sort), min-p is a threshold on the logits, and the draw adds Gumbel
+// noise that depends only on the sequence's seed and how many tokens it
+// has sampled, so a sequence draws the same tokens alone or in any batch.
+// It returns int32 tokens [S] and float32 log-probabilities [S] (zero
+// where not asked for) and, when any feed asks for top log-probabilities,
+// the K most likely ids [S, K] and their log-probabilities (K the largest
+// TopLogprobs asked; null arrays otherwise).
 func (m *model) sampleAll(g *graph, logits arr, feeds []feed, params []*engine.SamplingParams) (tokens, logprobs, topIDs, topLps arr) {
-	simple := true
-	k := 0
-	i := 0
+	n, v := len(params), m.cfg.Vocab
+	simple, k := true, 0
+	var sf []feed
 	for _, f := range feeds {
 		if !f.sample {
 			continue
 		}
-		p := params[i]
+		p := params[len(sf)]
+		sf = append(sf, f)
 		if !p.Greedy() || p.Logprobs || penalty(p) || p.Adjusts() || f.allowed != nil || p.TopLogprobs > 0 {
 			simple = false
 		}
 		k = max(k, p.TopLogprobs)
-		i++
 	}
-	n := len(params)
 	if simple {
 		return g.astype(g.argmax(logits, -1), C.MLX_INT32), g.zeros(C.MLX_FLOAT32, n), topIDs, topLps
 	}
-	k = min(k, m.cfg.Vocab)
-	toks, lps := make([]arr, n), make([]arr, n)
-	var tids, tlps []arr
-	i = 0
-	for _, f := range feeds {
-		if !f.sample {
-			continue
-		}
-		row := g.slice(logits, []int{i, 0}, []int{i + 1, m.cfg.Vocab})
-		row = m.adjust(g, row, f, params[i])
-		toks[i], lps[i] = m.sampleRow(g, row, f.seq, params[i])
-		if k > 0 {
-			lp := g.sub(row, g.logsumexp(row, -1))
-			ids := g.slice(g.argsort(g.neg(lp), -1), []int{0, 0}, []int{1, k})
-			tids = append(tids, g.astype(ids, C.MLX_INT32))
-			tlps = append(tlps, g.takeAlong(lp, ids, -1))
-		}
-		i++
+	row := m.adjust(g, logits, sf, params)
+	greedyTok := g.astype(g.argmax(row, -1), C.MLX_INT32)
+	tokens = greedyTok
+	greedy := make([]bool, n)
+	all := true
+	for i, p := range params {
+		greedy[i] = p.Greedy()
+		all = all && greedy[i]
 	}
-	if k > 0 {
-		topIDs, topLps = g.concat(0, tids...), g.concat(0, tlps...)
+	if !all {
+		tokens = g.where(g.bools(greedy, n), greedyTok, m.draw(g, row, sf, params))
 	}
-	return g.concat(0, toks...), g.concat(0, lps...), topIDs, topLps
+	logprobs = g.zeros(C.MLX_FLOAT32, n)
+	asked := make([]bool, n)
+	anyLP := false
+	for i, p := range params {
+		asked[i] = p.Logprobs || p.TopLogprobs > 0
+		anyLP = anyLP || asked[i]
+	}
+	if !anyLP {
+		return tokens, logprobs, topIDs, topLps
+	}
+	lp := g.sub(row, g.logsumexp(row, -1))
+	picked := g.reshape(g.takeAlong(lp, g.reshape(tokens, n, 1), -1), n)
+	logprobs = g.where(g.bools(asked, n), picked, logprobs)
+	if k = min(k, v); k > 0 {
+		ids := g.argpartition(g.neg(lp), k-1, -1)
+		if k < v {
+			ids = g.slice(ids, []int{0, 0}, []int{n, k})
+		}
+		vals := g.takeAlong(lp, ids, -1)
+		order := g.argsort(g.neg(vals), -1)
+		topIDs, topLps = g.astype(g.takeAlong(ids, order, -1), C.MLX_INT32), g.takeAlong(vals, order, -1)
+	}
+	return tokens, logprobs, topIDs, topLps
 }
 
-// adjust applies the repetition penalty, presence and frequency
-// penalties, logit bias and the feed's allowed mask to row [1, vocab], in
-// the engine contract's order. The additive part is built on the host.
-func (m *model) adjust(g *graph, row arr, f feed, p *engine.SamplingParams) arr {
-	if penalty(p) {
-		row = m.penalize(g, row, f.seq, p.RepetitionPenalty)
-	}
-	if !p.Adjusts() && f.allowed == nil {
-		return row
-	}
-	v := m.cfg.Vocab
-	add := make([]float32, v)
-	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
-		for t, c := range f.seq.counts {
-			if t >= 0 && int(t) < v {
+// adjust applies the repetition penalty, presence and frequency penalties,
+// logit bias and allowed-token masks to logits [S, vocab], in the engine
+// contract's order: the penalised and biased entries go up as flat
+// indices with their factors or additions, the masks as bits.
+func (m *model) adjust(g *graph, logits arr, sf []feed, params []*engine.SamplingParams) arr {
+	n, v := len(params), m.cfg.Vocab
+	var repIdx []int32
+	var repBy []float32
+	var addIdx []int32
+	var addBy []float32
+	masked := false
+	for i, f := range sf {
+		p := params[i]
+		base := int32(i * v)
+		if penalty(p) {
+			seen := map[int32]bool{}
+			for _, toks := range [][]int32{f.seq.tokens, f.tokens} {
+				for _, t := range toks {
+					if !seen[t] {
+						seen[t] = true
+						repIdx, repBy = append(repIdx, base+t), append(repBy, p.RepetitionPenalty)
+					}
+				}
+			}
+		}
+		add := map[int32]float32{}
+		if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			for t, c := range f.seq.counts {
 				add[t] -= p.PresencePenalty + float32(c)*p.FrequencyPenalty
 			}
 		}
-	}
-	for t, b := range p.LogitBias {
-		if t >= 0 && int(t) < v {
+		for t, b := range p.LogitBias {
 			add[t] += b
 		}
+		for t, a := range add {
+			addIdx, addBy = append(addIdx, base+t), append(addBy, a)
+		}
+		masked = masked || f.allowed != nil
 	}
-	if f.allowed != nil {
-		ninf := float32(math.Inf(-1))
-		for t := 0; t < v; t++ {
-			if !engine.MaskAllows(f.allowed, int32(t)) {
-				add[t] = ninf
+	if len(repIdx) == 0 && len(addIdx) == 0 && !masked {
+		return logits
+	}
+	flat := g.reshape(logits, n*v)
+	if len(repIdx) > 0 {
+		idx := g.int32s(repIdx, len(repIdx))
+		vals := g.take(flat, idx, 0)
+		r := g.float32s(repBy, len(repBy))
+		pen := g.where(g.greater(vals, g.scalar(0)), g.div(vals, r), g.mul(vals, r))
+		flat = g.scatter(flat, idx, g.reshape(pen, len(repIdx), 1))
+	}
+	if len(addIdx) > 0 {
+		flat = g.scatterAdd(flat, g.int32s(addIdx, len(addIdx)), g.float32s(addBy, len(addBy), 1))
+	}
+	row := g.reshape(flat, n, v)
+	if masked {
+		row = g.where(m.allowedBits(g, sf), row, g.scalar(float32(math.Inf(-1))))
+	}
+	return row
+}
+
+// allowedBits expands the feeds' allowed-token masks to booleans
+// [S, vocab] on the device: the host sends 32-bit words (all ones for a
+// feed without a mask).
+func (m *model) allowedBits(g *graph, sf []feed) arr {
+	v := m.cfg.Vocab
+	words := (v + 31) / 32
+	w := make([]uint32, len(sf)*words)
+	for i, f := range sf {
+		row := w[i*words : (i+1)*words]
+		for j := range row {
+			if f.allowed == nil {
+				row[j] = math.MaxUint32
+			} else {
+				row[j] = uint32(f.allowed[j/2] >> (32 * (j % 2)))
 			}
 		}
 	}
-	return g.add(row, g.float32s(add, 1, v))
+	ids := g.astype(g.arange(v, C.MLX_INT32), C.MLX_UINT32)
+	word := g.take(g.uint32s(w, len(sf), words), g.shr(ids, g.u32(5)), 1)
+	bit := g.bitAnd(g.shr(word, g.bitAnd(ids, g.u32(31))), g.u32(1))
+	return g.greater(bit, g.u32(0))
 }
 
 func penalty(p *engine.SamplingParams) bool {
 	return p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1
 }
 
-// sampleRow samples one token from the adjusted row [1, vocab] with p:
-// temperature, top-k, top-p and min-p over the sorted distribution, then
-// a categorical draw with the sequence's key.
-func (m *model) sampleRow(g *graph, row arr, s *seqState, p *engine.SamplingParams) (tok, lp arr) {
-	if p.Greedy() {
-		tok = g.astype(g.argmax(row, -1), C.MLX_INT32)
-	} else {
-		tok = m.draw(g, row, s, p)
-	}
-	if !p.Logprobs && p.TopLogprobs == 0 {
-		return tok, g.zeros(C.MLX_FLOAT32, 1)
-	}
-	picked := g.takeAlong(row, g.reshape(tok, 1, 1), -1)
-	return tok, g.reshape(g.sub(picked, g.logsumexp(row, -1)), 1)
+// draw samples every row of the adjusted logits [S, vocab] (greedy rows
+// draw too; the caller replaces their draw by the argmax).
+func (m *model) draw(g *graph, row arr, sf []feed, params []*engine.SamplingParams) arr {
+	l := m.filter(g, row, params)
+	return g.astype(g.argmax(g.add(l, m.gumbel(g, sf, params)), -1), C.MLX_INT32)
 }
 
-// penalize divides positive logits (multiplies negative ones) of every
-// token the sequence holds by rp.
-func (m *model) penalize(g *graph, row arr, s *seqState, rp float32) arr {
-	seen := map[int32]bool{}
-	var ids []int32
-	for _, t := range s.tokens {
-		if !seen[t] && t >= 0 && int(t) < m.cfg.Vocab {
-			seen[t] = true
-			ids = append(ids, t)
-		}
-	}
-	if len(ids) == 0 {
-		return row
-	}
-	idx := g.int32s(ids, 1, len(ids))
-	vals := g.takeAlong(row, idx, -1)
-	r := g.scalar(rp)
-	pen := g.where(g.greater(vals, g.scalar(0)), g.div(vals, r), g.mul(vals, r))
-	return g.putAlong(row, idx, pen, -1)
-}
-
-// draw samples with temperature, top-k, top-p and min-p.
-func (m *model) draw(g *graph, row arr, s *seqState, p *engine.SamplingParams) arr {
-	v := m.cfg.Vocab
-	l := row
-	if p.Temperature != 1 {
-		l = g.div(row, g.scalar(p.Temperature))
-	}
-	order := g.argsort(g.neg(l), -1)
-	sl := g.takeAlong(l, order, -1)
+// filter applies each row's temperature, top-k, top-p and min-p to logits
+// [S, vocab], setting the tokens they drop to -inf. Greedy rows get
+// temperature 1 and no filters.
+func (m *model) filter(g *graph, row arr, params []*engine.SamplingParams) arr {
+	n, v := len(params), m.cfg.Vocab
 	ninf := g.scalar(float32(math.Inf(-1)))
-	if p.TopK > 0 && p.TopK < v {
-		sl = g.where(g.less(g.arange(v, C.MLX_INT32), g.scalar(float32(p.TopK))), sl, ninf)
-	}
-	if p.TopP > 0 && p.TopP < 1 {
-		before := g.cumsum(g.softmax(sl, -1), -1, false)
-		sl = g.where(g.less(before, g.scalar(p.TopP)), sl, ninf)
-	}
-	if p.MinP > 0 {
-		probs := g.softmax(sl, -1)
-		floor := g.mul(g.slice(probs, []int{0, 0}, []int{1, 1}), g.scalar(p.MinP))
-		sl = g.where(g.less(probs, floor), ninf, sl)
-	}
-	if isNull(s.key) {
-		seed := rand.Uint64()
-		if p.HasSeed {
-			seed = p.Seed
+	temp := make([]float32, n)
+	kmax := 0
+	var useP, useMin bool
+	topP, logMin, hasP := make([]float32, n), make([]float32, n), make([]bool, n)
+	for i, p := range params {
+		temp[i] = 1
+		if p.Greedy() {
+			continue
 		}
-		s.key = g.keep(g.randomKey(seed))
+		temp[i] = p.Temperature
+		if p.TopK > 0 && p.TopK < v {
+			kmax = max(kmax, p.TopK)
+		}
+		topP[i] = 1
+		if p.TopP > 0 && p.TopP < 1 {
+			topP[i], hasP[i], useP = p.TopP, true, true
+		}
+		logMin[i] = float32(math.Inf(-1))
+		if p.MinP > 0 {
+			logMin[i], useMin = float32(math.Log(float64(p.MinP))), true
+		}
 	}
-	next, use := g.split(s.key)
-	m.replace(g, &s.key, next)
-	j := g.astype(g.categorical(sl, use), C.MLX_INT32)
-	return g.astype(g.reshape(g.takeAlong(order, g.reshape(j, 1, 1), -1), 1), C.MLX_INT32)
+	l := g.div(row, g.float32s(temp, n, 1))
+	covered := useP // every top-p row has a top-k: its nucleus is among the top-k
+	for i := range params {
+		covered = covered && (!hasP[i] || params[i].TopK > 0 && params[i].TopK < v)
+	}
+	if kmax > 0 {
+		// The k-th largest logit of each row, from its kmax largest.
+		at, has := make([]int32, n), make([]bool, n)
+		for i, p := range params {
+			if !p.Greedy() && p.TopK > 0 && p.TopK < v {
+				at[i], has[i] = int32(kmax-p.TopK), true
+			}
+		}
+		top := g.topk(l, kmax, -1)
+		th := g.takeAlong(g.sort(top, -1), g.int32s(at, n, 1), -1)
+		th = g.where(g.bools(has, n, 1), th, ninf)
+		l = g.where(g.less(l, th), ninf, l)
+		if covered {
+			// top-p over each row's top-k, sorted: keep the tokens before
+			// which less than top_p is gathered.
+			desc := g.neg(g.sort(g.neg(top), -1))
+			desc = g.where(g.less(desc, th), ninf, desc)
+			before := g.cumsum(g.softmax(desc, -1), -1, false)
+			kept := g.sumKeep(g.astype(g.less(before, g.float32s(topP, n, 1)), C.MLX_INT32), -1)
+			last := g.takeAlong(desc, g.sub(kept, g.int32s([]int32{1}, 1)), -1)
+			l = g.where(g.and(g.bools(hasP, n, 1), g.less(l, last)), ninf, l)
+		}
+	}
+	if useP && !covered {
+		// Keep the tokens at least as likely as the least likely one of
+		// the smallest set whose probability reaches top_p: the largest
+		// threshold whose tokens still hold top_p, found by bisection.
+		probs := g.softmax(l, -1)
+		want := g.float32s(topP, n, 1)
+		lo := g.zeros(C.MLX_INT32, n, 1)
+		hi := g.int32s(fill(n, int32(math.Float32bits(1)+1)), n, 1)
+		one := g.int32s([]int32{1}, 1)
+		zero := g.scalar(0)
+		for range topPSteps {
+			mid := g.shr(g.add(lo, hi), one)
+			mass := g.sumKeep(g.where(g.greaterEqual(probs, g.view(mid, C.MLX_FLOAT32)), probs, zero), -1)
+			ok := g.greaterEqual(mass, want)
+			lo, hi = g.where(ok, mid, lo), g.where(ok, hi, mid)
+		}
+		drop := g.and(g.bools(hasP, n, 1), g.less(probs, g.view(lo, C.MLX_FLOAT32)))
+		l = g.where(drop, ninf, l)
+	}
+	if useMin {
+		floor := g.add(g.maxKeep(l, -1), g.float32s(logMin, n, 1))
+		l = g.where(g.less(l, floor), ninf, l)
+	}
+	return l
+}
+
+// gumbel returns Gumbel noise [S, vocab]: entry j of row i is a hash of
+// (j, the key of sequence i at its current draw), so a row's noise does
+// not depend on the rest of the batch. A sequence's seed is fixed at its
+// first draw: the request's, or a random one.
+func (m *model) gumbel(g *graph, sf []feed, params []*engine.SamplingParams) arr {
+	n, v := len(sf), m.cfg.Vocab
+	k0, k1 := make([]uint32, n), make([]uint32, n)
+	for i, f := range sf {
+		s := f.seq
+		if !s.seeded && !params[i].Greedy() {
+			s.seed, s.seeded = rand.Uint64(), true
+			if params[i].HasSeed {
+				s.seed = params[i].Seed
+			}
+		}
+		k0[i], k1[i] = drawKey(s.seed, s.drawn)
+	}
+	ids := g.astype(g.arange(v, C.MLX_INT32), C.MLX_UINT32)
+	return g.gumbelNoise(ids, g.uint32s(k0, n, 1), g.uint32s(k1, n, 1))
+}
+
+// drawKey is the noise key of a sequence's draw at position pos (tokens
+// it has sampled before): splitmix64 of the seed and the position.
+func drawKey(seed uint64, pos int) (uint32, uint32) {
+	z := seed + uint64(pos+1)*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return uint32(z), uint32(z >> 32)
+}
+
+func fill(n int, v int32) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
 }

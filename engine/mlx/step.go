@@ -3,6 +3,7 @@
 package mlx
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
@@ -111,25 +112,37 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 			}
 		}
 	}
+	// counts holds this step's tokens from here on; a failed step takes
+	// them back.
 	var toks, lps, topIDs, topLps arr
 	if len(params) > 0 {
 		toks, lps, topIDs, topLps = m.sampleAll(g, logits, feeds, params)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	// Evaluate the samples and every updated cache together, so that a
-	// prefill chunk that samples nothing still lands in the cache.
-	outs := m.cacheArrays(feeds)
-	if len(params) > 0 {
+	// Evaluate the samples and the pool together, so that a prefill chunk
+	// that samples nothing still lands in the cache.
+	outs := append(append([]arr(nil), m.pool.k...), m.pool.v...)
+	cancelled := ctx.Err()
+	if len(params) > 0 && cancelled == nil {
 		outs = append(outs, toks, lps)
 		if !isNull(topIDs) {
 			outs = append(outs, topIDs, topLps)
 		}
 	}
 	g.eval(outs...)
-	if g.err != nil {
-		return nil, g.err
+	if err := cmp.Or(g.err, cancelled); err != nil {
+		for _, f := range feeds {
+			if s := f.seq; s.sampled {
+				for _, t := range f.tokens {
+					if s.counts[t]--; s.counts[t] == 0 {
+						delete(s.counts, t)
+					}
+				}
+			}
+			if f.seq.pool != nil {
+				f.seq.pool.drop(f.seq, len(f.seq.tokens))
+			}
+		}
+		return nil, err
 	}
 	for _, f := range feeds {
 		s := f.seq
@@ -143,18 +156,10 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	for _, f := range feeds {
 		if f.sample {
 			f.seq.sampled = true
+			f.seq.drawn++
 		}
 	}
 	return m.outputs(feeds, params, toks, lps, topIDs, topLps)
-}
-
-func (m *model) cacheArrays(feeds []feed) []arr {
-	var out []arr
-	for _, f := range feeds {
-		out = append(out, f.seq.k...)
-		out = append(out, f.seq.v...)
-	}
-	return out
 }
 
 func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps, topIDs, topLps arr) ([]engine.StepOutput, error) {

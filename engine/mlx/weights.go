@@ -53,6 +53,47 @@ func (l *linear) rows(g *graph, ids arr) arr {
 type layer struct {
 	inNorm, postNorm, qNorm, kNorm arr
 	q, k, v, o, gate, up, down     linear
+	// qkv and gateUp are q, k, v and gate, up fused into one product each
+	// (outputs side by side); when set, the parts are empty.
+	qkv, gateUp linear
+}
+
+// fuse concatenates linears that read the same input into one whose
+// output is theirs side by side, and frees the parts. It returns false,
+// changing nothing, when they differ in form (float or quantized, group
+// size and bits, bias or not).
+func fuse(g *graph, parts ...*linear) (linear, bool) {
+	p0 := parts[0]
+	for _, p := range parts[1:] {
+		if (p.q == nil) != (p0.q == nil) || (p.q != nil && *p.q != *p0.q) || isNull(p.bias) != isNull(p0.bias) {
+			return linear{}, false
+		}
+	}
+	cat := func(get func(*linear) arr) arr {
+		if isNull(get(p0)) {
+			return arr{}
+		}
+		as := make([]arr, len(parts))
+		for i, p := range parts {
+			as[i] = get(p)
+		}
+		return g.keep(g.concat(0, as...))
+	}
+	f := linear{q: p0.q, w: cat(func(l *linear) arr { return l.w }), bias: cat(func(l *linear) arr { return l.bias })}
+	if f.q != nil {
+		f.scales, f.biases = cat(func(l *linear) arr { return l.scales }), cat(func(l *linear) arr { return l.biases })
+	} else {
+		f.wT = g.keep(g.transpose(f.w, 1, 0))
+	}
+	if g.err != nil {
+		f.free()
+		return linear{}, false
+	}
+	for _, p := range parts {
+		p.free()
+		*p = linear{}
+	}
+	return f, true
 }
 
 // weights are a loaded model's arrays, all kept handles.
@@ -74,7 +115,7 @@ func (w *weights) free() {
 		for _, a := range []*arr{&l.inNorm, &l.postNorm, &l.qNorm, &l.kNorm} {
 			free(a)
 		}
-		for _, m := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down} {
+		for _, m := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp} {
 			m.free()
 		}
 	}
@@ -161,9 +202,12 @@ func buildWeights(g *graph, c *modelConfig, mods []module, ts map[string]arr) (*
 			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
 			down: lin(p + "mlp.down_proj"),
 		}
+		l := &w.layers[i]
 		if c.QKNorm {
-			w.layers[i].qNorm, w.layers[i].kNorm = take(p+"self_attn.q_norm.weight"), take(p+"self_attn.k_norm.weight")
+			l.qNorm, l.kNorm = take(p+"self_attn.q_norm.weight"), take(p+"self_attn.k_norm.weight")
 		}
+		l.qkv, _ = fuse(g, &l.q, &l.k, &l.v)
+		l.gateUp, _ = fuse(g, &l.gate, &l.up)
 	}
 	for _, a := range ts { // not part of the model (e.g. rotary_emb.inv_freq)
 		free(&a)
@@ -204,7 +248,7 @@ func (w *weights) all() []arr {
 	for i := range w.layers {
 		l := &w.layers[i]
 		add(l.inNorm, l.postNorm, l.qNorm, l.kNorm)
-		addLin(&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down)
+		addLin(&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp)
 	}
 	return out
 }

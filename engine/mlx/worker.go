@@ -68,8 +68,14 @@ func (w *worker) loop(device string, errc chan<- error) {
 		errc <- errMLX("default stream", rc)
 		return
 	}
+	k, err := compileKernels(w.stream)
+	if err != nil {
+		errc <- err
+		return
+	}
+	defer k.free()
 	errc <- nil
-	g := &graph{s: w.stream}
+	g := &graph{s: w.stream, k: k}
 	for job := range w.jobs {
 		job(g)
 		g.release()
