@@ -79,10 +79,14 @@ type member struct {
 	ewma   float64 // peak-EWMA of time to first token, in ns
 	latAt  time.Time
 	routed atomic.Uint64
+
+	homeMu    sync.Mutex
+	overSince int64 // unix ns since its pending went past the move bound; 0: not past it
 }
 
 type lbCounters struct {
 	routed, failovers, refused, interrupted, resumed atomic.Uint64
+	home, spilled, moved                             atomic.Uint64 // sessions' requests: at home, spilled, moved
 }
 
 // NewLoadBalancer returns a balancer with no backends; add them with Add
@@ -254,7 +258,11 @@ func (lb *LoadBalancer) Load() Load {
 // when none serves the model. When every candidate is unhealthy or has an
 // open breaker, it picks among them anyway (panic mode, as Envoy does):
 // better a request on a doubtful backend than none at all.
-func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool) (*member, bool) {
+//
+// writeHome says whether the affinity store should name the chosen backend
+// as the session's home afterwards (a new or moved home, or the home's
+// entry refreshed); a request spilled off a busy home leaves it.
+func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool) (m *member, panicMode, writeHome bool) {
 	type entry struct {
 		m    *member
 		load Load
@@ -276,12 +284,12 @@ func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, trie
 		}
 	}
 	lb.mu.RUnlock()
-	entries, panicMode := healthy, false
+	entries := healthy
 	if len(entries) == 0 {
 		entries, panicMode = doubtful, true
 	}
 	if len(entries) == 0 {
-		return nil, false
+		return nil, false, false
 	}
 	// A stable order, so round robin and ties behave the same every time.
 	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.m.name, b.m.name) })
@@ -294,50 +302,67 @@ func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, trie
 			Latency: e.m.latency(), PrefixMatch: e.m.prefix.match(hashes),
 		}
 	}
-	if m := lb.sessionHome(ctx, r, pool, cands); m != nil {
-		return m, panicMode
+	home, decision := lb.sessionHome(ctx, r, pool, cands)
+	writeHome = decision == atHome || decision == newHome || decision == moved
+	if home != nil {
+		return home, panicMode, writeHome
 	}
 	i := lb.cfg.strategy.Pick(r, cands)
 	if i < 0 || i >= len(pool) {
 		i = 0
 	}
-	return pool[i], panicMode
+	return pool[i], panicMode, writeHome
 }
 
 // sessionHome returns the backend the shared affinity store assigns r's
-// session to, when there is one among pool and it is not overloaded.
-func (lb *LoadBalancer) sessionHome(ctx context.Context, r Route, pool []*member, cands []Candidate) *member {
+// session to when the request should go there (see AffinityBounds), and
+// what was decided.
+func (lb *LoadBalancer) sessionHome(ctx context.Context, r Route, pool []*member, cands []Candidate) (*member, homeDecision) {
 	if lb.cfg.affinity == nil || r.Session == "" {
-		return nil
+		return nil, noHome
 	}
 	ctx, cancel := context.WithTimeout(ctx, lb.cfg.affinityTimeout)
 	defer cancel()
 	name, err := lb.cfg.affinity.Get(ctx, affinityKey(r))
 	if err != nil {
 		lb.cfg.logger.Warn("affinity store unreachable; routing locally", "err", err)
-		return nil
+		return nil, noHome
 	}
 	total := 0
 	for _, c := range cands {
 		total += c.Pending()
 	}
-	bound := 1.25*float64(total)/float64(len(cands)) + 1
+	mean := float64(total) / float64(len(cands))
 	for i, m := range pool {
-		if m.name == name && float64(cands[i].Pending()) <= bound {
-			return m
+		if m.name != name {
+			continue
 		}
+		m.homeMu.Lock()
+		d := lb.cfg.affinityBounds.judgeHome(cands[i].Pending(), mean, &m.overSince, time.Now())
+		m.homeMu.Unlock()
+		switch d {
+		case atHome:
+			lb.stats.home.Add(1)
+			return m, d
+		case spilled:
+			lb.stats.spilled.Add(1)
+		case moved:
+			lb.stats.moved.Add(1)
+		}
+		return nil, d
 	}
-	return nil
+	return nil, newHome
 }
 
 func affinityKey(r Route) string { return r.Model + "\x00" + r.Session }
 
-// routed records a request placed on m: its prefix and session.
-func (lb *LoadBalancer) routed(ctx context.Context, m *member, r Route, hashes []uint64) {
+// routed records a request placed on m: its prefix, and its session's
+// home when writeHome.
+func (lb *LoadBalancer) routed(ctx context.Context, m *member, r Route, hashes []uint64, writeHome bool) {
 	m.routed.Add(1)
 	lb.stats.routed.Add(1)
 	m.prefix.add(hashes)
-	if lb.cfg.affinity != nil && r.Session != "" {
+	if lb.cfg.affinity != nil && r.Session != "" && writeHome {
 		ctx, cancel := context.WithTimeout(ctx, lb.cfg.affinityTimeout)
 		defer cancel()
 		if err := lb.cfg.affinity.Set(ctx, affinityKey(r), m.name, lb.cfg.affinityTTL); err != nil {
@@ -440,6 +465,10 @@ type LBStats struct {
 	// on another backend after tokens were sent (a stream resumed twice
 	// counts twice).
 	Routed, Failovers, Refused, Interrupted, Resumed uint64
+	// AffinityHome, AffinitySpilled and AffinityMoved count the requests
+	// of sessions with a home (see AffinityBounds): sent home, sent
+	// elsewhere once with the home kept, and moving the home.
+	AffinityHome, AffinitySpilled, AffinityMoved uint64
 }
 
 // Stats returns a snapshot, backends sorted by name.
@@ -447,6 +476,7 @@ func (lb *LoadBalancer) Stats() LBStats {
 	out := LBStats{
 		Routed: lb.stats.routed.Load(), Failovers: lb.stats.failovers.Load(),
 		Refused: lb.stats.refused.Load(), Interrupted: lb.stats.interrupted.Load(), Resumed: lb.stats.resumed.Load(),
+		AffinityHome: lb.stats.home.Load(), AffinitySpilled: lb.stats.spilled.Load(), AffinityMoved: lb.stats.moved.Load(),
 	}
 	lb.mu.RLock()
 	for _, m := range lb.members {

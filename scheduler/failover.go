@@ -133,7 +133,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 	var last error
 	attempts := 0
 	for attempts < s.lb.cfg.maxAttempts {
-		m, panicMode := s.lb.pick(ctx, s.route, s.hashes, s.tried)
+		m, panicMode, writeHome := s.lb.pick(ctx, s.route, s.hashes, s.tried)
 		if m == nil {
 			if len(s.tried) == 0 && !s.lb.anyServes(s.route.Model) {
 				// Not a backend that is down: no backend has the model, as
@@ -168,7 +168,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 			s.lb.stats.failovers.Add(1)
 			continue
 		}
-		s.lb.routed(ctx, m, s.route, s.hashes)
+		s.lb.routed(ctx, m, s.route, s.hashes, writeHome)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()

@@ -41,7 +41,9 @@ func (lb *LoadBalancer) registerMetrics() error {
 		metric.WithDescription("Peak-EWMA time to first token per backend."))
 	breaker, err5 := meter.Int64ObservableGauge("mlxserving.breaker.state",
 		metric.WithDescription("Circuit breaker state per backend: 0 closed, 1 half-open, 2 open."))
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+	affinity, err6 := meter.Int64ObservableCounter("mlxserving.lb.affinity",
+		metric.WithDescription("Requests of sessions with a home backend by decision: sent home, spilled elsewhere once (the home kept), moved the home."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return err
 	}
 	result := func(r string) metric.ObserveOption { return metric.WithAttributes(attribute.String("result", r)) }
@@ -52,6 +54,10 @@ func (lb *LoadBalancer) registerMetrics() error {
 		o.ObserveInt64(requests, int64(st.Refused), result("refused"))
 		o.ObserveInt64(requests, int64(st.Interrupted), result("interrupted"))
 		o.ObserveInt64(requests, int64(st.Resumed), result("resumed"))
+		decision := func(d string) metric.ObserveOption { return metric.WithAttributes(attribute.String("decision", d)) }
+		o.ObserveInt64(affinity, int64(st.AffinityHome), decision("home"))
+		o.ObserveInt64(affinity, int64(st.AffinitySpilled), decision("spilled"))
+		o.ObserveInt64(affinity, int64(st.AffinityMoved), decision("moved"))
 		for _, b := range st.Backends {
 			attrs := metric.WithAttributes(attribute.String("backend", b.Name))
 			o.ObserveInt64(inflight, int64(b.InFlight), attrs)
@@ -64,7 +70,7 @@ func (lb *LoadBalancer) registerMetrics() error {
 			o.ObserveInt64(breaker, int64(b.Breaker.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
 		}
 		return nil
-	}, requests, inflight, healthy, ttft, breaker)
+	}, requests, inflight, healthy, ttft, breaker, affinity)
 	lb.metricsReg = reg
 	return err
 }

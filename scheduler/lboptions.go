@@ -22,6 +22,7 @@ type lbConfig struct {
 	affinity          AffinityStore
 	affinityTTL       time.Duration
 	affinityTimeout   time.Duration
+	affinityBounds    AffinityBounds
 	prefixChunks      int
 	refusedRetryAfter time.Duration
 	logger            *slog.Logger
@@ -56,6 +57,7 @@ func defaultLBConfig() lbConfig {
 		breakerOpts:       []retry.BreakerOption{retry.WithOpenTimeout(DefaultEjection), retry.WithFailure(backendFault)},
 		affinityTTL:       DefaultAffinityTTL,
 		affinityTimeout:   100 * time.Millisecond,
+		affinityBounds:    DefaultAffinityBounds,
 		prefixChunks:      DefaultPrefixChunks,
 		refusedRetryAfter: time.Second,
 		logger:            discardLogger(),
@@ -121,6 +123,20 @@ func WithAffinityStore(store AffinityStore, ttl time.Duration) LBOption {
 		if ttl > 0 {
 			c.affinityTTL = ttl
 		}
+		return nil
+	}
+}
+
+// WithAffinityBounds sets when a session's request leaves its home (see
+// AffinityBounds; zero fields keep their defaults). Factors below 1, or a
+// move bound below the spill bound, are refused.
+func WithAffinityBounds(b AffinityBounds) LBOption {
+	return func(c *lbConfig) error {
+		b = b.withDefaults()
+		if err := b.check(); err != nil {
+			return err
+		}
+		c.affinityBounds = b
 		return nil
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 // servers starts n Servers on the simulated engine (enginetest.Sim) with
 // the test checkpoint.
-func servers(t *testing.T, n int) []*mlxserving.Server {
+func servers(t testing.TB, n int, simOpts ...enginetest.SimOption) []*mlxserving.Server {
 	dir := t.TempDir()
 	cfg := testmodel.Tiny()
 	if err := testmodel.Write(dir, cfg); err != nil {
@@ -25,7 +25,7 @@ func servers(t *testing.T, n int) []*mlxserving.Server {
 	}
 	var out []*mlxserving.Server
 	for range n {
-		sim, err := enginetest.NewSim(enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength))
+		sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength)}, simOpts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,13 +22,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // redisServer is a real redis-server on a loopback port, without
 // persistence, stopped at the end of the test.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string
 	port int
 	cmd  *exec.Cmd
 }
 
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -81,7 +81,7 @@ func (r *redisServer) stop() {
 	r.cmd = nil
 }
 
-func client(t *testing.T, r *redisServer) *redis.Client {
+func client(t testing.TB, r *redisServer) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: r.addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
