@@ -51,6 +51,8 @@ func main() {
 
 type options struct {
 	addr, natsURLs, upstreams, strategy, redisAddr, apiKeys string
+	upstreamResume                                          bool
+	bounds                                                  scheduler.AffinityBounds
 	cred                                                    natsbackend.Credentials
 	drain                                                   time.Duration
 	// Discovery over NATS: how often instances are asked for their stats
@@ -80,6 +82,12 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.upstreams, "upstream", "", "OpenAI-compatible servers to route to as well, comma-separated base URLs")
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
+	fs.BoolVar(&o.upstreamResume, "upstream-resume", false, "the -upstream servers are mlxserving: a stream cut after tokens resumes on another backend (token ids travel)")
+	fs.IntVar(&o.bounds.SpillPending, "affinity-spill", scheduler.DefaultAffinityBounds.SpillPending,
+		"a session's request goes elsewhere once (its home kept) when the home holds more pending requests than this and 1.5x the mean")
+	fs.IntVar(&o.bounds.MovePending, "affinity-move", scheduler.DefaultAffinityBounds.MovePending,
+		"a session moves when its home stays past this many pending requests and 2x the mean for -affinity-move-after")
+	fs.DurationVar(&o.bounds.MoveAfter, "affinity-move-after", scheduler.DefaultAffinityBounds.MoveAfter, "see -affinity-move")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile); default: no keys")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging (every request sent on to another backend)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for requests in flight")
@@ -191,7 +199,7 @@ func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.Load
 			closeAll()
 			return nil, nil, err
 		}
-		lbOpts = append(lbOpts, scheduler.WithAffinityStore(store, 0))
+		lbOpts = append(lbOpts, scheduler.WithAffinityStore(store, 0), scheduler.WithAffinityBounds(o.bounds))
 	}
 	lb, err := scheduler.NewLoadBalancer(lbOpts...)
 	if err != nil {
@@ -203,7 +211,11 @@ func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.Load
 		if u = strings.TrimSpace(u); u == "" {
 			continue
 		}
-		b, err := httpbackend.New(u)
+		var hopts []httpbackend.Option
+		if o.upstreamResume {
+			hopts = append(hopts, httpbackend.WithResume())
+		}
+		b, err := httpbackend.New(u, hopts...)
 		if err == nil {
 			closers = append(closers, func() { _ = b.Close() })
 			err = lb.Add(fmt.Sprintf("upstream-%d", i), b)
