@@ -10,7 +10,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // tokenizerServer serves the checkpoint in dir (its tokenizer; the weights are

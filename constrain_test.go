@@ -11,7 +11,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/grammar"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // TestJSONSchemaRequests: JSONSchema constrains Generate and Chat; the

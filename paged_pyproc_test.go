@@ -8,7 +8,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // TestFullContextRunsOneBatch: the generated test model with a real

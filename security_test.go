@@ -14,7 +14,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // setTemplate replaces the checkpoint's chat template.

@@ -16,7 +16,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // Benchmarks of prefix reuse on the Python engine's torch backend (CPU

@@ -17,8 +17,8 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

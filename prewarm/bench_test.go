@@ -14,12 +14,12 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // The benchmarks run the Python engine's torch backend on CPU with the
-// project's generated test model (internal/testmodel.Tiny) and report
+// project's generated test model (testmodel.Tiny) and report
 // latencies as custom metrics; ns/op is the whole iteration, engine start
 // included, and means little. They skip without MLXSERVING_PYTHON
 // (scripts/setup.d/30-python.sh).

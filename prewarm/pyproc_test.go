@@ -12,8 +12,8 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // pyprocServer is a Server over the Python engine's torch backend on CPU

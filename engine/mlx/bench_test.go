@@ -11,7 +11,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // benchModels are the decode benchmark's checkpoints: the tiny test model

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func writeTiny(t *testing.T, cfg testmodel.Config) string {

@@ -12,7 +12,7 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // dequantized returns a copy of m whose quantized layers are replaced by

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

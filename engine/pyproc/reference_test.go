@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // TestMatchesReference checks the runtime against testdata/reference.py, a

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func TestInfoReportsMemory(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"os"
 
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func Example() {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -21,7 +21,7 @@ var (
 	testModelErr  error
 )
 
-// testModelTokenizer is the byte-level tokenizer of internal/testmodel,
+// testModelTokenizer is the byte-level tokenizer of testmodel,
 // available without any set-up.
 func testModelTokenizer(t testing.TB) *Tokenizer {
 	t.Helper()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // hangAfter is how long a rendering may take before a test calls it a

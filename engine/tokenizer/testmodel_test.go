@@ -4,10 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
-// TestLoadTestModel loads the byte-level tokenizer internal/testmodel
+// TestLoadTestModel loads the byte-level tokenizer testmodel
 // writes into test checkpoints and checks round trips and its template.
 func TestLoadTestModel(t *testing.T) {
 	dir := t.TempDir()

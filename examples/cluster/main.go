@@ -42,11 +42,11 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/openai/vllm"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func main() {

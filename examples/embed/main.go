@@ -23,7 +23,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func main() {
@@ -45,8 +45,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *model == "" {
-		// The generated test model lives in this module's internal/testmodel;
-		// a copied program takes a checkpoint directory instead.
+		// The generated test model (the public testmodel package), so the
+		// program runs as copied; pass -model for a real checkpoint.
 		dir, err := os.MkdirTemp("", "mlxserving-embed-*")
 		if err != nil {
 			return err

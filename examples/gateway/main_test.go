@@ -14,9 +14,9 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

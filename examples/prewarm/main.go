@@ -7,7 +7,7 @@
 //	curl -s 127.0.0.1:8080/v1/models
 //
 // Without -chat and -code it writes two of the project's small random-weight
-// checkpoints (internal/testmodel) to a temporary directory. "chat"
+// checkpoints (testmodel) to a temporary directory. "chat"
 // (priority 10, pinned, warmed with a prompt) and "code" (priority 1) load
 // and warm one after another, or together with -parallel 2; the server
 // reports ready (/ready) as soon as "chat" is warm, while "code" may still
@@ -35,9 +35,9 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 func main() {

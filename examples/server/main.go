@@ -8,7 +8,7 @@
 //	     "messages":[{"role":"user","content":"Hello"}],"max_tokens":32}'
 //
 // Without -model it writes the project's small random-weight checkpoint
-// (internal/testmodel) to a temporary directory and serves it as "tiny". The
+// (testmodel) to a temporary directory and serves it as "tiny". The
 // engine is chosen by -engine: "auto" (the default) takes the Python engine
 // when python3 with torch can run, then the MLX engine when built with the
 // mlx tag, and otherwise the simulated engine (pseudo-tokens, no model),

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // file builds a safetensors file from a header's JSON and data bytes.

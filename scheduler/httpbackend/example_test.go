@@ -10,9 +10,9 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // A Backend over a remote OpenAI-compatible server: here another

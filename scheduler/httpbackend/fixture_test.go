@@ -16,9 +16,9 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // upstream is a real mlxserving Server on the simulated engine

@@ -13,9 +13,9 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // An instance serves its Server over NATS; a balancer discovers it and

@@ -14,9 +14,9 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // natsServer is an embedded nats-server on a random loopback port, which

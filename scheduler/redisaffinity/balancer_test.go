@@ -10,9 +10,9 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/scheduler/redisaffinity"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // servers starts n Servers on the simulated engine (enginetest.Sim) with

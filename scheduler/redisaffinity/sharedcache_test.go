@@ -9,9 +9,9 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/scheduler/redisaffinity"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 var _ merge.SharedCache = (*redisaffinity.ResponseCache)(nil)

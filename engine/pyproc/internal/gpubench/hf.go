@@ -13,7 +13,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // checkTiny compares greedy tokens and logprobs with transformers on a tiny

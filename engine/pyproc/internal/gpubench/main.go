@@ -34,7 +34,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
-	"github.com/mlxserving/mlxserving/internal/testmodel"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 var (
