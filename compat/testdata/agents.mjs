@@ -36,11 +36,11 @@ const r = await generateText({
 out.aisdk = { calls: r.toolCalls.map((c) => ({ name: c.toolName, args: c.input ?? c.args, id: c.toolCallId })), finish: r.finishReason };
 // zod v4 field types clients use most (formats carry zod's own patterns):
 // every path must return an object zod itself accepts.
-// Free strings carry a length bound where zod can say it (propertyNames
-// beyond "a string" is refused), as schemas for a small model should.
+// Free strings carry a length bound, record keys included (zod sends it as
+// propertyNames' maxLength), as schemas for a small model should.
 const profile = z.object({
   email: z.email().max(40), id: z.uuid(), at: z.iso.datetime(), day: z.iso.date(), d: z.iso.duration(),
-  ip: z.ipv4(), scores: z.record(z.string(), z.number()).optional(), nick: z.string().max(16).nullable(),
+  ip: z.ipv4(), scores: z.record(z.string().max(8), z.number()).optional(), nick: z.string().max(16).nullable(),
 });
 const big = new ChatOpenAI({
   model: "tiny", apiKey: "unused", configuration: { baseURL: base + "/v1" },

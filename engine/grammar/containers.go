@@ -56,7 +56,11 @@ func (w *walker) key(s *stk, out []*stk) []*stk {
 		nf.st, nf.ws = oColon, 0
 		nf.i++
 		parent := w.mk(nf, s.up)
-		kf := frame{kind: fString, n: freeString, depth: f.depth, vals: f.vals, maxChars: int32(w.g.lim.MaxStringLength)}
+		keyMax := w.g.lim.MaxStringLength
+		if n.keyMax > 0 {
+			keyMax = n.keyMax
+		}
+		kf := frame{kind: fString, n: freeString, depth: f.depth, vals: f.vals, maxChars: int32(keyMax)}
 		return append(out, w.mk(kf, parent))
 	}
 	capped := w.capped(f.depth, f.vals)

@@ -33,6 +33,7 @@ type node struct {
 	props    []prop
 	free     bool  // keys are free strings (no declared properties)
 	extra    *node // value schema of free keys (kAny when unconstrained)
+	keyMax   int   // most characters in a free key (propertyNames maxLength); 0: Limits.MaxStringLength
 	minProps int
 	maxProps int
 
@@ -310,7 +311,7 @@ func (c *compiler) compileObj(s map[string]any, path string) (*node, error) {
 	if n.minProps > 0 && len(n.props) > 0 {
 		return nil, &UnsupportedError{Keyword: "minProperties", Path: path}
 	}
-	if err := checkPropertyNames(s, path); err != nil {
+	if n.keyMax, err = checkPropertyNames(s, path); err != nil {
 		return nil, err
 	}
 	if len(n.props) == 0 {
@@ -328,20 +329,22 @@ func (c *compiler) compileObj(s map[string]any, path string) (*node, error) {
 }
 
 // checkPropertyNames accepts a propertyNames that asks only for strings
-// (zod v4's z.record(z.string(), ...) sends {"type": "string"}): property
-// names are strings anyway. Anything narrower is refused by name.
-func checkPropertyNames(s map[string]any, path string) error {
+// (zod v4's z.record(z.string(), ...) sends {"type": "string"}: property
+// names are strings anyway), with a maxLength if it likes
+// (z.record(z.string().max(12), ...)), which bounds free keys and is
+// returned (0: none). Anything narrower is refused by name.
+func checkPropertyNames(s map[string]any, path string) (int, error) {
 	pn, ok := s["propertyNames"]
 	if !ok {
-		return nil
+		return 0, nil
 	}
 	switch v := pn.(type) {
 	case bool:
 		if v {
-			return nil
+			return 0, nil
 		}
 	case map[string]any:
-		narrow := false
+		narrow, keyMax := false, 0
 		for k, x := range v {
 			if annotations[k] {
 				continue
@@ -349,13 +352,19 @@ func checkPropertyNames(s map[string]any, path string) error {
 			if t, isStr := x.(string); k == "type" && isStr && t == "string" {
 				continue
 			}
+			if k == "maxLength" {
+				if _, most, err := intRange(v, "minLength", "maxLength", path+"/propertyNames"); err == nil && most >= 1 {
+					keyMax = most
+					continue
+				}
+			}
 			narrow = true
 		}
 		if !narrow {
-			return nil
+			return keyMax, nil
 		}
 	}
-	return &UnsupportedError{Keyword: "propertyNames beyond {\"type\": \"string\"}", Path: path}
+	return 0, &UnsupportedError{Keyword: "propertyNames beyond {\"type\": \"string\", \"maxLength\": n}", Path: path}
 }
 
 // propertyOrder lists property names in the order the schema text gives

@@ -154,3 +154,23 @@ func TestIntersectionIsExact(t *testing.T) {
 		}
 	}
 }
+
+// A record whose keys carry a maxLength (zod v4's
+// z.record(z.string().max(3), z.number()) sends it as propertyNames)
+// compiles, and every key a random model writes keeps it.
+func TestPropertyNamesMaxLength(t *testing.T) {
+	schema := `{"type":"object","propertyNames":{"type":"string","maxLength":3},"additionalProperties":{"type":"number"}}`
+	g, err := byteVocab().Compile([]byte(schema), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := validator(t, schema)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 40 {
+		doc, _ := sampleDoc(t, g, rng, 4000)
+		checkDoc(t, s, schema, doc)
+	}
+	if _, err := byteVocab().Compile([]byte(`{"type":"object","propertyNames":{"type":"string","pattern":"^a"}}`), Limits{}); err == nil {
+		t.Error("propertyNames with a pattern accepted")
+	}
+}
