@@ -22,7 +22,8 @@
 // A format with a pattern (zod v4 sends both for z.email(), z.uuid() and
 // z.iso.*()) matches what both accept: the two automata run as one,
 // explored once at compile time so that no prefix is offered that cannot
-// be finished. propertyNames is accepted when it asks only for strings.
+// be finished. propertyNames is accepted when it asks only for strings,
+// optionally with a maxLength that bounds the free keys.
 //
 // Free whitespace, number length, unconstrained string length, array and
 // object sizes and the total number of values are bounded (see [Limits]),
