@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/retry"
@@ -212,4 +213,36 @@ func TestLimitsAcrossTransports(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestQueueFullAcrossTransports: a Server whose queue is full answers 429
+// queue_full with Retry-After through every transport; a balancer whose
+// only backend is full passes the refusal on rather than a 503.
+func TestQueueFullAcrossTransports(t *testing.T) {
+	f := newFixture(t, fixtureOpts{
+		sim:    []enginetest.SimOption{enginetest.WithStepTime(20*time.Millisecond, 0), enginetest.WithMaxBatch(1)},
+		server: []mlxserving.Option{mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(1))}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	long := api.Request{Model: "tiny", Prompt: "hi", Params: api.Params{MaxTokens: 400, IgnoreEOS: true}}
+	running, err := f.srv.Generate(ctx, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	if _, err := running.Recv(); err != nil { // it holds the batch's one slot
+		t.Fatal(err)
+	}
+	queued, err := f.srv.Generate(ctx, long) // and this the queue's one place
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	for _, tr := range transports(t, f) {
+		got := ask(t, tr.ts, "/v1/completions", `{"model":"tiny","prompt":"hi","max_tokens":2}`)
+		want := answer{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: true}
+		if got != want {
+			t.Errorf("%s: %+v, want %+v", tr.name, got, want)
+		}
+	}
 }

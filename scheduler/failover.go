@@ -185,6 +185,11 @@ func (s *failoverSource) open(ctx context.Context) error {
 		return err
 	}
 	s.lb.stats.refused.Add(1)
+	if errors.Is(last, ErrQueueFull) {
+		// The last backend is up but full: the caller hears that, with its
+		// Retry-After, as from a single Server (a 429, not a 503).
+		return last
+	}
 	return &NoBackendError{Model: s.route.Model, Tried: len(s.tried), RetryAfter: s.lb.retryAfter(last), Last: last}
 }
 
