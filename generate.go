@@ -184,6 +184,11 @@ func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p a
 		return s.join(ctx, m, prompt, p, stopTokens, hdr)
 	}
 	p.Session = hdr.Session
+	if len(p.Resume) == p.MaxTokens {
+		// Every token reached the caller before the stream broke: only
+		// its final chunk is left to send.
+		return api.NewStream(ctx, newFinishedSource(s, m, len(prompt), len(p.Resume)), hdr), nil
+	}
 	src, err := s.start(ctx, m, prompt, p, stopTokens)
 	if err != nil {
 		return nil, err
@@ -268,8 +273,8 @@ func validate(m *model, prompt []int32, p *api.Params) error {
 			return &engine.InvalidParamError{Param: "prompt", Reason: fmt.Sprintf("token %d at position %d is outside the vocabulary [0, %d)", id, i, vocab)}
 		}
 	}
-	if len(p.Resume) >= p.MaxTokens {
-		return &engine.InvalidParamError{Param: "resume", Reason: fmt.Sprintf("%d tokens already delivered leave none of max_tokens %d to generate", len(p.Resume), p.MaxTokens)}
+	if len(p.Resume) > p.MaxTokens {
+		return &engine.InvalidParamError{Param: "resume", Reason: fmt.Sprintf("%d tokens already delivered exceed max_tokens %d", len(p.Resume), p.MaxTokens)}
 	}
 	for i, id := range p.Resume {
 		if id < 0 || id >= vocab {

@@ -350,10 +350,10 @@ func TestResumeRequestContinues(t *testing.T) {
 	stop := req
 	stop.StopTokens, stop.Resume = full.tokens[1:2], full.tokens[:3]
 	all := req
-	all.Resume = full.tokens
+	all.Resume = append(slices.Clone(full.tokens), full.tokens[0]) // past max_tokens
 	outside := req
 	outside.Resume = []int32{int32(tok.VocabSize())}
-	for name, bad := range map[string]api.Request{"a stop token": stop, "max_tokens of them": all, "outside the vocabulary": outside} {
+	for name, bad := range map[string]api.Request{"a stop token": stop, "more than max_tokens": all, "outside the vocabulary": outside} {
 		if _, err := srv.Generate(context.Background(), bad); !errors.Is(err, engine.ErrInvalidParam) {
 			t.Errorf("resume with %s: %v, want an invalid-param error", name, err)
 		}

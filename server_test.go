@@ -327,3 +327,25 @@ func TestShutdownDrainsThenRefuses(t *testing.T) {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
+
+// TestResumeWithNothingLeft: a resume whose delivered tokens are all of
+// max_tokens (the broken stream lost only its final chunk) ends at once
+// with that chunk and the whole generation's usage; one past max_tokens
+// is refused.
+func TestResumeWithNothingLeft(t *testing.T) {
+	f := newFixture(t, nil)
+	r := req(3, 1, 2, 3, 4)
+	r.Resume = []int32{7, 8, 9}
+	st, err := f.srv.Generate(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Collect()
+	if err != nil || res.Finish != api.FinishLength || len(res.Tokens) != 0 || res.Usage.CompletionTokens != 3 || res.Usage.PromptTokens != 4 {
+		t.Fatalf("%+v, %v; want the final chunk alone, 3 completion tokens", res, err)
+	}
+	r.Resume = []int32{7, 8, 9, 10}
+	if _, err := f.srv.Generate(context.Background(), r); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("a resume past max_tokens: %v, want an invalid param", err)
+	}
+}
