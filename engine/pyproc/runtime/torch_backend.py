@@ -403,7 +403,8 @@ class TorchModel:
                 # the blocks the chunk attends over: its prefix and itself
                 nb = -(-end // bs)
                 chunks.append(["chunk", a, a + len(toks), s.row, p, len(blocks), nb])
-                blocks.extend(s.blocks[:nb])
+                if not self.model.varlen:  # the varlen plan gathers by rows instead
+                    blocks.extend(s.blocks[:nb])
             if sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
