@@ -34,14 +34,30 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiler{root: doc, lim: lim, refs: map[string]*node{}}
+	c := &compiler{root: doc, lim: lim, refs: map[string]*node{}, regexes: v.regexes}
 	root, err := c.compile(doc, "")
 	if err != nil {
 		return nil, err
 	}
+	v.warm(root)
 	g := &Grammar{v: v, root: root, lim: lim}
 	v.cache.Add(key, g)
 	return g, nil
+}
+
+// Check reports whether Compile would accept schema, without a
+// vocabulary: nil, an *UnsupportedError or a *SchemaError.
+func Check(schema []byte) error {
+	doc, err := decodeSchema(schema)
+	if err != nil {
+		return err
+	}
+	c := &compiler{root: doc, lim: Limits{}, refs: map[string]*node{}}
+	if c.lim, err = c.lim.withDefaults(); err != nil {
+		return err
+	}
+	_, err = c.compile(doc, "")
+	return err
 }
 
 // CompileValue is Compile for a schema held as a decoded JSON value.

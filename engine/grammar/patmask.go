@@ -18,29 +18,28 @@ type patInfo struct {
 	closeOK  []uint64 // bit e: closer e of the root strInfo
 }
 
-// patCache holds patInfos per DFA state of one regex and vocabulary.
+// patCache holds the patInfos of one regex's DFA states. A regex
+// compiled for a vocabulary (Vocab.regex) is used with that vocabulary
+// only, so the cache lives in the regex and goes with it.
 type patCache struct {
 	mu sync.Mutex
 	m  map[*dstate]*patInfo
 }
 
+// maxPatInfos caps the patInfos of one regex (16 KB each on a 128k
+// vocabulary); states past it are matched by the trie walk.
 const maxPatInfos = 512
 
+// patInfo returns what pattern state ds allows, computing it on first use.
 func (v *Vocab) patInfo(re *regex, ds *dstate) *patInfo {
-	v.mu.Lock()
-	pc := v.pats[re]
-	if pc == nil {
-		if v.pats == nil {
-			v.pats = map[*regex]*patCache{}
-		}
-		pc = &patCache{m: map[*dstate]*patInfo{}}
-		v.pats[re] = pc
-	}
-	v.mu.Unlock()
+	pc := &re.pats
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pi, ok := pc.m[ds]; ok {
 		return pi
+	}
+	if pc.m == nil {
+		pc.m = map[*dstate]*patInfo{}
 	}
 	if len(pc.m) >= maxPatInfos {
 		return nil

@@ -28,6 +28,10 @@ type regex struct {
 	// compileIntersect) the instructions from split on are the second's,
 	// and a string matches when both programs match it.
 	split uint32
+	// pats caches, per DFA state, the tokens it allows (patmask.go);
+	// warm fills it once (Vocab.warmRegex).
+	pats patCache
+	warm sync.Once
 }
 
 // dstate is a DFA state: the set of program counters waiting on a rune.

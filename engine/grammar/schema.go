@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 type kind uint8
@@ -70,6 +72,9 @@ type compiler struct {
 	lim   Limits
 	refs  map[string]*node
 	depth int
+	// regexes shares compiled patterns across the schemas of one
+	// vocabulary; nil compiles every pattern afresh (Check).
+	regexes *lru.Cache[string, *regex]
 }
 
 // keywords that only annotate and never constrain.
@@ -414,7 +419,7 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 			return nil, &UnsupportedError{Keyword: "format: " + name, Path: path}
 		}
 		var bound int
-		if n.re, bound, err = formatWithPattern(p, pattern, hasPattern); err != nil {
+		if n.re, bound, err = c.formatWithPattern(p, pattern, hasPattern); err != nil {
 			return nil, &UnsupportedError{Keyword: "pattern: " + err.Error(), Path: path}
 		}
 		if bound >= 0 && (n.maxLen < 0 || n.maxLen > bound) {
@@ -423,7 +428,7 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 		return n, nil
 	}
 	if hasPattern {
-		if n.re, err = compileRegex(pattern); err != nil {
+		if n.re, err = c.regex(pattern); err != nil {
 			return nil, &UnsupportedError{Keyword: "pattern: " + err.Error(), Path: path}
 		}
 	}
@@ -439,12 +444,12 @@ func (c *compiler) compileString(s map[string]any, path string) (*node, error) {
 // formats' grammars generate only values every validator of the format
 // accepts, zod's patterns included. When the intersection has too many
 // states, the pattern governs, bounded by the format's longest value.
-func formatWithPattern(format, pattern string, hasPattern bool) (*regex, int, error) {
-	f, err := compileRegex(format)
+func (c *compiler) formatWithPattern(format, pattern string, hasPattern bool) (*regex, int, error) {
+	f, err := c.regex(format)
 	if err != nil || !hasPattern {
 		return f, -1, err
 	}
-	both, err := compileIntersect(pattern, format)
+	both, err := c.intersect(pattern, format)
 	var perr *syntax.Error
 	switch {
 	case err == nil:
@@ -452,7 +457,7 @@ func formatWithPattern(format, pattern string, hasPattern bool) (*regex, int, er
 	case errors.As(err, &perr):
 		return f, -1, nil
 	case errors.Is(err, errProductTooLarge):
-		re, err := compileRegex(pattern)
+		re, err := c.regex(pattern)
 		return re, f.maxLen, err
 	default:
 		return nil, 0, err

@@ -24,10 +24,15 @@ type Vocab struct {
 	// inside it and need at most r characters of its budget.
 	insideLE [][]uint64
 	infos    sync.Map // trie node of all -> *strInfo, built on first use
+	// quoteWarm builds the infos of nodes after a quote on the first
+	// Compile (warm.go).
+	quoteWarm sync.Once
 
 	cache *lru.Cache[string, *Grammar]
-	mu    sync.Mutex
-	pats  map[*regex]*patCache
+	// regexes holds the patterns compiled against this vocabulary, by
+	// text, so that schemas sharing a format or pattern share its DFA
+	// states and their token sets (see warm.go).
+	regexes *lru.Cache[string, *regex]
 }
 
 // NewVocab prepares a vocabulary. pieces[id] are the bytes token id
@@ -66,6 +71,7 @@ func NewVocab(pieces [][]byte, eos []int32, special func(id int32) bool) *Vocab 
 	}
 	v.root.insideID, v.root.insideNeed = nil, nil
 	v.cache, _ = lru.New[string, *Grammar](256)
+	v.regexes, _ = lru.New[string, *regex](maxRegexes)
 	return v
 }
 
