@@ -13,6 +13,14 @@ import (
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
+// badParamTools holds a good tool and one whose parameters use a keyword
+// constrained decoding cannot enforce.
+var badParamTools = []map[string]any{
+	{"type": "function", "function": map[string]any{"name": "good", "parameters": map[string]any{"type": "object"}}},
+	{"type": "function", "function": map[string]any{"name": "bad", "parameters": map[string]any{"type": "object",
+		"properties": map[string]any{"when": map[string]any{"not": map[string]any{"type": "string"}}}}}},
+}
+
 func msgs(content any) []map[string]any {
 	return []map[string]any{{"role": "user", "content": content}}
 }
@@ -58,6 +66,10 @@ func TestMalformedRequests(t *testing.T) {
 		{"tools not an array", chat, chatBody(map[string]any{"tools": map[string]any{"type": "function"}}), nil, 400, "tools", "invalid tool definition"},
 		{"tool without name", chat, chatBody(map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": ""}}}}), nil, 400, "tools", "name"},
 		{"tool parameters not a schema", chat, chatBody(map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "parameters": 3}}}}), nil, 400, "tools", "parameters"},
+		{"tool parameters unsupported, auto", chat, chatBody(map[string]any{"tools": badParamTools}), nil, 400, "tools[1].function.parameters", `"not" at #/properties/when`},
+		{"tool parameters unsupported, required", chat, chatBody(map[string]any{"tools": badParamTools, "tool_choice": "required"}), nil, 400, "tools[1].function.parameters", `function "bad"`},
+		{"tool parameters unsupported, named", chat, chatBody(map[string]any{"tools": badParamTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "bad"}}}), nil, 400, "tools[1].function.parameters", `"not" at #/properties/when`},
+		{"tool parameters malformed, auto", chat, chatBody(map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{"type": "object", "required": "x"}}}}}), nil, 400, "tools[0].function.parameters", "#/required"},
 		{"tool_choice without tools", chat, chatBody(map[string]any{"tool_choice": "required"}), nil, 400, "tool_choice", "needs tools"},
 		{"tool_choice unknown function", chat, chatBody(map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f"}}}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "g"}}}), nil, 400, "tool_choice", "not among the tools"},
 		{"json schema unsupported keyword", chat, chatBody(map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "object", "patternProperties": map[string]any{}}}}}), nil, 400, "json_schema", "patternProperties"},

@@ -3,6 +3,7 @@ package openai
 import (
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -19,7 +20,11 @@ func (c *chatRequest) toolRequest(req *api.ChatRequest) (bool, error) {
 	if !isNull(c.Tools) && string(c.Tools) != "[]" {
 		var err error
 		if tools, plain, err = toolcall.ParseTools(c.Tools); err != nil {
-			return false, badRequest("tools", "invalid_value", "%s", err.Error())
+			param := "tools"
+			if pe, ok := errors.AsType[*toolcall.ParamsError](err); ok {
+				param = pe.Param()
+			}
+			return false, badRequest(param, "invalid_value", "%s", err.Error())
 		}
 	}
 	choice, name := "auto", ""

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/mlxserving/mlxserving/engine/grammar"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 )
 
@@ -62,10 +63,33 @@ type Call struct {
 // ErrBadTool means a tool definition is malformed.
 var ErrBadTool = errors.New("invalid tool definition")
 
+// ParamsError is a tool whose parameters are not a schema that
+// constrained decoding can enforce: Err is the engine/grammar error
+// (*grammar.SchemaError or *grammar.UnsupportedError), whose path is
+// inside the parameters.
+type ParamsError struct {
+	Index int    // the tool's index in the tools array
+	Name  string // the function's name
+	Err   error
+}
+
+func (e *ParamsError) Error() string {
+	return fmt.Sprintf("%v: %s: invalid schema for function %q: %v", ErrBadTool, e.Param(), e.Name, e.Err)
+}
+
+// Param is the request field at fault, as OpenAI names it:
+// tools[i].function.parameters.
+func (e *ParamsError) Param() string { return fmt.Sprintf("tools[%d].function.parameters", e.Index) }
+
+// Unwrap returns ErrBadTool and the grammar's error.
+func (e *ParamsError) Unwrap() []error { return []error{ErrBadTool, e.Err} }
+
 var namePattern = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 
 // ParseTools reads OpenAI's tools array: [{"type":"function","function":
-// {"name","description","parameters","strict"}}].
+// {"name","description","parameters","strict"}}]. Errors wrap ErrBadTool;
+// parameters that engine/grammar refuses are a *ParamsError, whether or
+// not a call is forced.
 func ParseTools(raw json.RawMessage) ([]Tool, []map[string]any, error) {
 	var defs []struct {
 		Type     string `json:"type"`
@@ -102,6 +126,11 @@ func ParseTools(raw json.RawMessage) ([]Tool, []map[string]any, error) {
 		}
 		if bytes.Equal(p, []byte("null")) {
 			p = nil
+		}
+		if p != nil {
+			if err := grammar.Check(p); err != nil {
+				return nil, nil, &ParamsError{Index: i, Name: d.Function.Name, Err: err}
+			}
 		}
 		seen[d.Function.Name] = true
 		tools = append(tools, Tool{Name: d.Function.Name, Description: d.Function.Description, Parameters: p})

@@ -55,6 +55,12 @@ func TestParseToolsRefusesMalformed(t *testing.T) {
 			t.Errorf("ParseTools(%s) = %v, want ErrBadTool", raw, err)
 		}
 	}
+	// Parameters the grammar refuses name the tool and the path inside.
+	_, _, err := ParseTools(json.RawMessage(`[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g","parameters":{"type":"object","properties":{"x":{"type":"string","format":"color"}}}}}]`))
+	var pe *ParamsError
+	if !errors.As(err, &pe) || !errors.Is(err, ErrBadTool) || !errors.Is(err, grammar.ErrUnsupported) || pe.Param() != "tools[1].function.parameters" || pe.Name != "g" {
+		t.Fatalf("ParseTools with an unsupported format: %v", err)
+	}
 	tools, plain, err := ParseTools(json.RawMessage(`[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}]`))
 	if err != nil || len(tools) != 1 || tools[0].Name != "f" || len(plain) != 1 {
 		t.Fatalf("ParseTools: %v %v %v", tools, plain, err)
