@@ -49,7 +49,8 @@ func (w *walker) key(s *stk, out []*stk) []*stk {
 	f := &s.f
 	n := f.n
 	if n.free {
-		if !w.objMoreKeys(f) {
+		// After a comma the key is due, even once the document closes.
+		if f.st != oComma && !w.objMoreKeys(f) {
 			return out
 		}
 		nf := *f
@@ -105,7 +106,7 @@ func (w *walker) objMoreKeys(f *frame) bool {
 		if int(f.i) >= limit {
 			return false
 		}
-		return int(f.i) < n.minProps || !w.capped(f.depth, f.vals)
+		return int(f.i) < n.minProps || !(w.capped(f.depth, f.vals) || w.closing)
 	}
 	capped := w.capped(f.depth, f.vals)
 	for j := int(f.i); j < len(n.props); j++ {
@@ -155,7 +156,7 @@ func (w *walker) arrMore(f *frame) bool {
 	if int(f.i) >= limit {
 		return false
 	}
-	return int(f.i) < n.minItems || !w.capped(f.depth, f.vals)
+	return int(f.i) < n.minItems || !(w.capped(f.depth, f.vals) || (w.closing && n.items.kind == kAny))
 }
 
 // advString feeds c to a string frame.
@@ -218,7 +219,7 @@ func (w *walker) advString(s *stk, c byte, out []*stk) []*stk {
 			return out
 		}
 		return append(out, w.pop(s))
-	case c < 0x20 || f.i >= f.maxChars:
+	case c < 0x20 || w.room(f) <= 0:
 		return out
 	case c == '\\':
 		if f.re != nil {

@@ -85,6 +85,7 @@ type Matcher struct {
 	bufs   [][]*stk
 	cbufs  [][]*stk
 	filter []uint64 // closers allowed by a pattern; nil: all
+	free   int      // tokens accepted inside free-form values
 }
 
 // NewMatcher starts matching a document from its first byte.
@@ -142,6 +143,11 @@ func (m *Matcher) Accept(id int32) error {
 		return fmt.Errorf("%w: token %d has no text", ErrRejected, id)
 	}
 	m.w.pooled = false
+	m.setClosing()
+	inFree := false
+	for _, s := range m.states {
+		inFree = inFree || freeForm(s)
+	}
 	cur := m.states
 	for _, c := range p {
 		var next []*stk
@@ -157,14 +163,22 @@ func (m *Matcher) Accept(id int32) error {
 		cur = next
 	}
 	m.states = cur
+	if inFree {
+		m.free++
+	}
 	return nil
 }
+
+// setClosing tells the walker whether the document spent its free-form
+// budget (Limits.MaxFreeTokens).
+func (m *Matcher) setClosing() { m.w.closing = m.free >= m.g.lim.MaxFreeTokens }
 
 // AcceptBytes advances the matcher with raw bytes, for text forced into
 // the output outside sampling. It returns ErrRejected, leaving the matcher
 // unchanged, if the bytes cannot continue the document.
 func (m *Matcher) AcceptBytes(p []byte) error {
 	m.w.pooled = false
+	m.setClosing()
 	cur := m.states
 	for _, c := range p {
 		var next []*stk

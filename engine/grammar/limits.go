@@ -30,6 +30,14 @@ type Limits struct {
 	MaxIntDigits int
 	// MaxFracDigits caps the digits after it (default 8).
 	MaxFracDigits int
+	// MaxFreeTokens caps the tokens a document spends inside free-form
+	// values, those the schema leaves open (json_object, {}, objects
+	// without declared properties, items of any type). Past it the
+	// document only closes: free strings end, free objects and arrays of
+	// free items take no more members, no free container opens, and no
+	// more whitespace is generated anywhere (default 192, so that even a
+	// model sampling at random ends a json_object within 256 tokens).
+	MaxFreeTokens int
 }
 
 // Validate refuses negative fields.
@@ -52,6 +60,7 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"MaxValues", &l.MaxValues, 256},
 		{"MaxIntDigits", &l.MaxIntDigits, 15},
 		{"MaxFracDigits", &l.MaxFracDigits, 8},
+		{"MaxFreeTokens", &l.MaxFreeTokens, 192},
 	}
 	for _, f := range fields {
 		if *f.v < 0 {

@@ -13,6 +13,7 @@ func (m *Matcher) FillMask(mask []uint64) {
 	}
 	m.w.pooled = true
 	m.w.resetArena()
+	m.setClosing()
 	defer func() { m.w.pooled = false }()
 	s := m.states[0]
 	switch {

@@ -103,6 +103,9 @@ type walker struct {
 	chunk  int
 	pos    int
 	pooled bool
+	// closing is set once the document spent Limits.MaxFreeTokens in
+	// free-form values: they only close from then on.
+	closing bool
 }
 
 const arenaChunk = 4096
@@ -147,7 +150,7 @@ func (w *walker) adv(s *stk, c byte, out []*stk) []*stk {
 	switch f.kind {
 	case fValue:
 		if isWS(c) {
-			if int(f.ws) >= w.g.lim.MaxWhitespace {
+			if int(f.ws) >= w.g.lim.MaxWhitespace || w.closing {
 				return out
 			}
 			nf := *f
@@ -189,7 +192,7 @@ func (w *walker) start(up *stk, n *node, depth uint8, vals int32, c byte, out []
 	case kAny:
 		switch {
 		case c == '{' || c == '[':
-			if w.capped(depth, vals) {
+			if w.capped(depth, vals) || w.closing {
 				return out
 			}
 			if c == '{' {
@@ -272,12 +275,32 @@ func (w *walker) lit(up *stk, l string, vals int32, out []*stk) []*stk {
 
 // ws consumes a whitespace byte in a container frame.
 func (w *walker) ws(s *stk, out []*stk) []*stk {
-	if int(s.f.ws) >= w.g.lim.MaxWhitespace {
+	if int(s.f.ws) >= w.g.lim.MaxWhitespace || w.closing {
 		return out
 	}
 	nf := s.f
 	nf.ws++
 	return append(out, w.mk(nf, s.up))
+}
+
+// room is the characters string frame f may still take: none for a
+// free-form string once the document is closing.
+func (w *walker) room(f *frame) int32 {
+	if w.closing && f.n == freeString {
+		return 0
+	}
+	return f.maxChars - f.i
+}
+
+// freeForm reports whether the top frame of s, or one below it, is a
+// free-form value (see Limits.MaxFreeTokens).
+func freeForm(s *stk) bool {
+	for ; s != nil; s = s.up {
+		if n := s.f.n; n != nil && (n.kind == kAny || n.free || n == freeString || n == anyNumber || (n.kind == kArray && n.items.kind == kAny)) {
+			return true
+		}
+	}
+	return false
 }
 
 // canEnd reports whether the document may end here.

@@ -146,7 +146,7 @@ func buildStrInfo(t *trie, pieces [][]byte, node int32, depth int) *strInfo {
 // tokens that stay inside (nil: use si's lists).
 func (m *Matcher) stringMask(si *strInfo, s *stk, mask []uint64, inside [][]uint64) {
 	f := &s.f
-	r := f.maxChars - f.i
+	r := m.w.room(f)
 	if inside != nil {
 		if r > 0 {
 			for i, w := range inside[min(int(r), len(inside)-1)] {
