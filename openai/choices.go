@@ -178,18 +178,14 @@ func (f *format) collect(st *api.Stream) (map[string]any, *api.Usage, error) {
 		}
 	}
 	if f.tools != nil {
-		content, calls := f.tools.f.Parse(text.String(), f.tools.forced)
+		content, calls, complete := f.tools.whole(text.String())
+		if complete {
+			finish = "tool_calls"
+		}
 		if len(calls) > 0 {
-			return f.toolBody(content, toolCalls(calls), tokens, "tool_calls", usage).(map[string]any), usage, nil
+			return f.toolBody(content, calls, tokens, finish, usage).(map[string]any), usage, nil
 		}
-		if f.tools.forced {
-			// A forced call cut short: not content, but the call as far as
-			// it got, as a stream delivers it.
-			if cut, ok := cutCall(text.String()); ok {
-				return f.toolBody("", []toolCall{cut}, tokens, finish, usage).(map[string]any), usage, nil
-			}
-			text.Reset()
-		}
+		return f.body(content, tokens, finish, usage).(map[string]any), usage, nil
 	}
 	return f.body(text.String(), tokens, finish, usage).(map[string]any), usage, nil
 }

@@ -119,24 +119,6 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-// cutCall is a forced call that generation cut short (max_tokens): its
-// name and its arguments as far as they got, up to the last closed object,
-// as toolStream sends them. ok is false until the name is complete.
-func cutCall(text string) (toolCall, bool) {
-	var c toolCall
-	name, at, ok := toolcall.ForcedHead(text)
-	if !ok {
-		return c, false
-	}
-	args := strings.TrimLeft(text[at:], " \t\r\n")
-	if end := strings.LastIndexByte(args, '}'); end >= 0 {
-		args = args[:end]
-	}
-	c.ID, c.Type = callID(), "function"
-	c.Function.Name, c.Function.Arguments = name, strings.TrimRight(args, " \t\r\n")
-	return c, true
-}
-
 func callID() string { return "call_" + strings.ToLower(rand.Text()[:24]) }
 
 func toolCalls(calls []toolcall.Call) []toolCall {

@@ -218,6 +218,30 @@ func (t *toolStream) finish() (string, []toolcall.Call, []toolDelta) {
 	return content, calls, nil
 }
 
+// whole reads a finished reply's text as a stream delivers it: its
+// content and calls. complete is true when the calls parsed whole (finish
+// "tool_calls"); otherwise calls are what streamed of calls that
+// generation cut short (max_tokens), complete ones before the cut
+// included, so a reply never loses them when not streamed.
+func (t *toolStream) whole(text string) (content string, calls []toolCall, complete bool) {
+	content, deltas := t.feed(text)
+	rest, parsed, tail := t.finish()
+	content += rest
+	if len(parsed) > 0 {
+		return content, toolCalls(parsed), true
+	}
+	for _, d := range append(deltas, tail...) {
+		if d.id != "" {
+			var c toolCall
+			c.ID, c.Type, c.Function.Name = d.id, "function", d.name
+			calls = append(calls, c)
+			continue
+		}
+		calls[d.index].Function.Arguments += d.args
+	}
+	return content, calls, false
+}
+
 // deltaChunk sends one toolDelta.
 func (f *format) deltaChunk(d toolDelta) ([]byte, error) {
 	idx := d.index

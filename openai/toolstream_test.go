@@ -82,3 +82,76 @@ func TestToolStream(t *testing.T) {
 		}
 	}
 }
+
+// TestToolReplyCutShort: a reply cut anywhere (max_tokens) reads the same
+// whole (non-streamed) as streamed: the same content and the same calls,
+// so a call cut short comes back as far as it got in both, and complete
+// calls before the cut are never lost.
+func TestToolReplyCutShort(t *testing.T) {
+	cases := []struct {
+		f      toolcall.Format
+		forced bool
+		text   string
+	}{
+		{toolcall.Hermes, false, "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\", \"fmt\": {\"h\": 24}}}\n</tool_call>"},
+		{toolcall.Llama3, false, `{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"tz": "CET"}}`},
+		{toolcall.Mistral, false, `[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {"tz": "CET"}}]`},
+		{toolcall.Hermes, true, `{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}`},
+		{toolcall.Mistral, true, `[{"name": "get_weather", "arguments": {"city": "Paris"}}]`},
+	}
+	rng := rand.New(rand.NewPCG(2, 2))
+	for _, c := range cases {
+		headAt := strings.Index(c.text, `"city"`) // the first call's name is complete before it
+		for cut := 1; cut <= len(c.text); cut++ {
+			text := c.text[:cut]
+			content, calls, complete := newToolStream(c.f, c.forced).whole(text)
+			// The same text streamed in random pieces.
+			ts := newToolStream(c.f, c.forced)
+			var streamed strings.Builder
+			var deltas []toolDelta
+			for rest := text; rest != ""; {
+				n := min(len(rest), 1+rng.IntN(6))
+				s, ds := ts.feed(rest[:n])
+				streamed.WriteString(s)
+				deltas = append(deltas, ds...)
+				rest = rest[n:]
+			}
+			s, parsed, tail := ts.finish()
+			streamed.WriteString(s)
+			deltas = append(deltas, tail...)
+			var sc []toolcall.Call
+			if len(parsed) > 0 {
+				sc = parsed
+			} else {
+				for _, d := range deltas {
+					if d.id != "" {
+						sc = append(sc, toolcall.Call{Name: d.name})
+					} else {
+						sc[d.index].Arguments += d.args
+					}
+				}
+			}
+			if content != streamed.String() || len(calls) != len(sc) {
+				t.Fatalf("%s cut at %d %q: whole %q %v, streamed %q %v", c.f, cut, text, content, calls, streamed.String(), sc)
+			}
+			for i := range calls {
+				if calls[i].Function.Name != sc[i].Name || calls[i].Function.Arguments != sc[i].Arguments || calls[i].ID == "" {
+					t.Fatalf("%s cut at %d %q: call %d whole %+v, streamed %+v", c.f, cut, text, i, calls[i], sc[i])
+				}
+			}
+			if cut >= headAt && len(calls) == 0 {
+				t.Fatalf("%s cut at %d %q: the call vanished (content %q)", c.f, cut, text, content)
+			}
+			if cut == len(c.text) && (!complete || len(calls) != 2-btoi(c.forced)) {
+				t.Errorf("%s %q: complete %v, calls %v", c.f, text, complete, calls)
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
