@@ -129,8 +129,9 @@ func TestNodeToolCalls(t *testing.T) {
 }
 
 // TestAgentFrameworks runs testdata/agents.mjs: LangChain JS bindTools and
-// withStructuredOutput, and the Vercel AI SDK's generateText, with a
-// required tool call. Their packages come from scripts/setup.d/41-agents.sh.
+// withStructuredOutput (both methods), and the Vercel AI SDK's
+// generateText with a required tool call and generateObject, with zod
+// schemas. Their packages come from scripts/setup.d/41-agents.sh.
 func TestAgentFrameworks(t *testing.T) {
 	node, _ := nodeClient(t)
 	modules := os.Getenv("MLXSERVING_NPM_AGENTS")
@@ -190,11 +191,14 @@ func TestAgentFrameworks(t *testing.T) {
 	if got.Aisdk.Finish != "tool-calls" {
 		t.Errorf("ai sdk finish %q", got.Aisdk.Finish)
 	}
-	// zod v4 schemas with formats, records and nullables: accepted, and
-	// every object returned passes zod's own check.
+	// zod v4 schemas with formats, records and nullables (profile), and
+	// with unions, discriminated unions, defaults and arrays of objects
+	// (order): accepted, and every object returned passes zod's own check.
 	for _, path := range []string{"jsonSchema", "functionCalling", "generateObject"} {
-		if !got.Zod[path] {
-			t.Errorf("zod schema through %s: %s", path, out)
+		for _, key := range []string{path, "order/" + path} {
+			if !got.Zod[key] {
+				t.Errorf("zod schema through %s: %s", key, out)
+			}
 		}
 	}
 }

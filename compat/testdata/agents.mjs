@@ -34,8 +34,10 @@ const r = await generateText({
   seed: 3,
 });
 out.aisdk = { calls: r.toolCalls.map((c) => ({ name: c.toolName, args: c.input ?? c.args, id: c.toolCallId })), finish: r.finishReason };
-// zod v4 field types clients use most (formats carry zod's own patterns):
-// every path must return an object zod itself accepts.
+// zod v4 field types clients use most (formats carry zod's own patterns,
+// records, unions, discriminated unions, defaults, nullable and optional
+// fields, arrays of objects): every path must return an object zod
+// itself accepts.
 // Free strings carry a length bound, record keys included (zod sends it as
 // propertyNames' maxLength), as schemas for a small model should.
 const profile = z.object({
@@ -54,4 +56,22 @@ for (const method of ["jsonSchema", "functionCalling"]) {
 const structuredProvider = createOpenAICompatible({ name: "mlxserving", baseURL: base + "/v1", apiKey: "unused", supportsStructuredOutputs: true });
 const obj = await generateObject({ model: structuredProvider("tiny"), schema: profile, prompt: "A profile", maxOutputTokens: 440, temperature: 1, seed: 5 });
 out.zod.generateObject = profile.safeParse(obj.object).success;
+// Unions, discriminated unions, defaults, optional and nullable fields and
+// arrays of objects, small enough for the test model's 512-token context.
+const order = z.object({
+  delivery: z.discriminatedUnion("type", [
+    z.object({ type: z.literal("pickup"), store: z.string().max(6) }),
+    z.object({ type: z.literal("ship"), zip: z.string().regex(/^[0-9]{5}$/) }),
+  ]),
+  qty: z.union([z.number().int().min(1).max(9), z.literal("many")]),
+  gift: z.boolean().default(false),
+  lines: z.array(z.object({ sku: z.string().max(6), n: z.number().int().min(1).max(9) })).min(1).max(2),
+  note: z.string().max(8).nullable().optional(),
+});
+for (const method of ["jsonSchema", "functionCalling"]) {
+  const got = await big.withStructuredOutput(order, { name: "order", method }).invoke("An order as JSON");
+  out.zod["order/" + method] = order.safeParse(got).success;
+}
+const ord = await generateObject({ model: structuredProvider("tiny"), schema: order, prompt: "An order", maxOutputTokens: 440, temperature: 1, seed: 7 });
+out.zod["order/generateObject"] = order.safeParse(ord.object).success;
 console.log(JSON.stringify(out));

@@ -3,7 +3,8 @@
 // Compile turns a schema (the subset OpenAI's structured outputs accept:
 // objects with required and optional properties, arrays, enum, const,
 // strings with lengths, patterns and common formats, numbers and integers
-// with bounds, booleans, null, anyOf, $ref into $defs) or "any JSON object"
+// with bounds, booleans, null, anyOf, oneOf whose alternatives cannot
+// overlap (zod v4's discriminated unions), $ref into $defs) or "any JSON object"
 // into a [Grammar] bound to one model vocabulary ([Vocab]). A [Matcher]
 // follows one generated sequence: at every step it fills the set of token
 // ids that keep the output a valid prefix of a matching document, and

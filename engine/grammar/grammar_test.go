@@ -39,12 +39,12 @@ func TestFixedSchemasByteVocab(t *testing.T) {
 func TestUnsupported(t *testing.T) {
 	v := byteVocab()
 	for schema, keyword := range map[string]string{
-		`{"type":"object","patternProperties":{"a":{}}}`:             "patternProperties",
-		`{"type":"string","format":"idn-email"}`:                     "format: idn-email",
-		`{"oneOf":[{"type":"string"}]}`:                              "oneOf",
-		`{"type":"array","items":{"type":"integer","multipleOf":3}}`: "multipleOf",
-		`{"$ref":"http://example.com/s.json"}`:                       "$ref: http://example.com/s.json",
-		`{"not":{}}`:                                                 "not",
+		`{"type":"object","patternProperties":{"a":{}}}`:                "patternProperties",
+		`{"type":"string","format":"idn-email"}`:                        "format: idn-email",
+		`{"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]}`: "oneOf whose alternatives may overlap",
+		`{"type":"array","items":{"type":"integer","multipleOf":3}}`:    "multipleOf",
+		`{"$ref":"http://example.com/s.json"}`:                          "$ref: http://example.com/s.json",
+		`{"not":{}}`:                                                    "not",
 	} {
 		_, err := v.Compile([]byte(schema), Limits{})
 		var ue *UnsupportedError

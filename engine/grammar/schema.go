@@ -143,12 +143,12 @@ func (c *compiler) compileObject(s map[string]any, path string) (*node, error) {
 		if !ok {
 			continue
 		}
-		if k == "oneOf" {
-			return nil, &UnsupportedError{Keyword: "oneOf", Path: path}
-		}
 		list, ok := v.([]any)
 		if !ok || len(list) == 0 {
 			return nil, &SchemaError{Path: path + "/" + k, Reason: k + " must be a non-empty array"}
+		}
+		if k == "oneOf" && !exclusive(list) {
+			return nil, &UnsupportedError{Keyword: "oneOf whose alternatives may overlap", Path: path}
 		}
 		u := &node{kind: kUnion}
 		for i, e := range list {

@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"net/mail"
 	"net/netip"
@@ -172,5 +173,51 @@ func TestPropertyNamesMaxLength(t *testing.T) {
 	}
 	if _, err := byteVocab().Compile([]byte(`{"type":"object","propertyNames":{"type":"string","pattern":"^a"}}`), Limits{}); err == nil {
 		t.Error("propertyNames with a pattern accepted")
+	}
+}
+
+// zodOrder is what zod v4's toJSONSchema writes for a discriminated union
+// (oneOf), a union (anyOf), a default, an optional nullable field and an
+// array of objects.
+const zodOrder = `{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{
+ "delivery":{"oneOf":[
+  {"type":"object","properties":{"type":{"type":"string","const":"pickup"},"store":{"type":"string","maxLength":6}},"required":["type","store"],"additionalProperties":false},
+  {"type":"object","properties":{"type":{"type":"string","const":"ship"},"zip":{"type":"string","pattern":"^[0-9]{5}$"}},"required":["type","zip"],"additionalProperties":false}]},
+ "qty":{"anyOf":[{"type":"integer","minimum":1,"maximum":9},{"type":"string","const":"many"}]},
+ "gift":{"default":false,"type":"boolean"},
+ "lines":{"minItems":1,"maxItems":2,"type":"array","items":{"type":"object","properties":{"sku":{"type":"string","maxLength":6},"n":{"type":"integer","minimum":1,"maximum":9}},"required":["sku","n"],"additionalProperties":false}},
+ "note":{"anyOf":[{"type":"string","maxLength":8},{"type":"null"}]}},
+ "required":["delivery","qty","gift","lines"],"additionalProperties":false}`
+
+// A discriminated union (oneOf told apart by a const) compiles, and
+// every document validates, oneOf included (exactly one alternative).
+func TestZodDiscriminatedUnion(t *testing.T) {
+	g, err := byteVocab().Compile([]byte(zodOrder), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := validator(t, zodOrder)
+	rng := rand.New(rand.NewPCG(4, 4))
+	kinds := map[string]bool{}
+	for range 60 {
+		doc, _ := sampleDoc(t, g, rng, 20000)
+		checkDoc(t, s, zodOrder, doc)
+		var v struct{ Delivery struct{ Type string } }
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		kinds[v.Delivery.Type] = true
+	}
+	if !kinds["pickup"] || !kinds["ship"] {
+		t.Errorf("alternatives generated: %v, want both", kinds)
+	}
+	for _, overlap := range []string{
+		`{"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}}}]}`, // k not required
+		`{"oneOf":[{"type":"object","properties":{"k":{"enum":["a","b"]}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}`,
+		`{"oneOf":[{"type":"integer"},{"type":"number"}]}`,
+	} {
+		if _, err := byteVocab().Compile([]byte(overlap), Limits{}); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("Compile(%s) = %v, want ErrUnsupported", overlap, err)
+		}
 	}
 }
