@@ -90,18 +90,33 @@ func BenchmarkMaskCold(b *testing.B) {
 			b.Run(name+"/"+sc.name, func(b *testing.B) {
 				shared := realVocab(b, name)
 				v := NewVocab(shared.pieces, shared.eos, nil)
-				t0 := time.Now()
-				g, err := v.Compile([]byte(sc.schema), Limits{MaxValues: 64})
-				if err != nil {
-					b.Fatal(err)
-				}
-				compile := time.Since(t0)
 				rng := rand.New(rand.NewPCG(7, 7))
 				mask := make([]uint64, v.MaskWords())
+				var times []time.Duration
+				var first, worst time.Duration
+				tokens := 0
 				b.ResetTimer()
-				times, tokens := maskDocs(b, g, rng, mask, b.N, nil)
+				for i := range b.N {
+					// Every request compiles its schema, as the server does:
+					// the first compiles, the later ones hit the cache and go
+					// on warming within the budget.
+					t0 := time.Now()
+					g, err := v.Compile([]byte(sc.schema), Limits{MaxValues: 64})
+					if err != nil {
+						b.Fatal(err)
+					}
+					d := time.Since(t0)
+					if i == 0 {
+						first = d
+					}
+					worst = max(worst, d)
+					var n int
+					times, n = maskDocs(b, g, rng, mask, 1, times)
+					tokens += n
+				}
 				b.StopTimer()
-				b.ReportMetric(float64(compile.Microseconds())/1e3, "compile-ms")
+				b.ReportMetric(float64(first.Microseconds())/1e3, "compile-ms")
+				b.ReportMetric(float64(worst.Microseconds())/1e3, "max-compile-ms")
 				reportTimes(b, times, tokens)
 			})
 		}

@@ -3,6 +3,8 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
+	"time"
 )
 
 // Grammar is a compiled schema bound to a vocabulary. It is safe for
@@ -11,6 +13,8 @@ type Grammar struct {
 	v    *Vocab
 	root *node
 	lim  Limits
+	// warm is set once every pattern under root is warm.
+	warm atomic.Bool
 }
 
 // AnyObject is the schema of OpenAI's response_format json_object: any
@@ -22,10 +26,12 @@ var AnyObject = []byte(`{"type":"object"}`)
 // an *UnsupportedError (wrapping ErrUnsupported) naming a keyword that
 // cannot be enforced, or a *SchemaError (wrapping ErrBadSchema).
 //
-// The first compile of a pattern or format on a vocabulary computes the
-// tokens each of its states allows (warm.go): milliseconds for a uuid or
-// a date, a second or two for an email or hostname on a 128k vocabulary,
-// so that no generated token waits for them.
+// Compiling a pattern or format on a vocabulary computes the tokens each
+// of its states allows (warm.go), so that generated tokens do not wait
+// for them: milliseconds for a uuid or a date, a second or two for an
+// email or hostname on a 128k vocabulary. A call spends at most 50 ms on
+// it; the calls that follow for the same schema go on where it stopped
+// until every state is warm.
 func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 	lim, err := lim.withDefaults()
 	if err != nil {
@@ -33,6 +39,9 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 	}
 	key := fmt.Sprintf("%v\x00%s", lim, schema)
 	if g, ok := v.cache.Get(key); ok {
+		if !g.warm.Load() && v.warm(g.root, time.Now().Add(compileWarmBudget)) {
+			g.warm.Store(true)
+		}
 		return g, nil
 	}
 	doc, err := decodeSchema(schema)
@@ -44,8 +53,8 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.warm(root)
 	g := &Grammar{v: v, root: root, lim: lim}
+	g.warm.Store(v.warm(root, time.Now().Add(compileWarmBudget)))
 	v.cache.Add(key, g)
 	return g, nil
 }

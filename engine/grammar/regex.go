@@ -29,9 +29,10 @@ type regex struct {
 	// and a string matches when both programs match it.
 	split uint32
 	// pats caches, per DFA state, the tokens it allows (patmask.go);
-	// warm fills it once (Vocab.warmRegex).
+	// Vocab.warmRegex fills it ahead of use, over one or more compiles.
 	pats patCache
-	warm sync.Once
+	// warmed is set once every state warmRegex visits has its tokens.
+	warmed atomic.Bool
 }
 
 // dstate is a DFA state: the set of program counters waiting on a rune.

@@ -1,14 +1,27 @@
 package grammar
 
-import "unicode/utf8"
+import (
+	"time"
+	"unicode/utf8"
+)
 
 // Warming. The first time a pattern's DFA state is met, the tokens it
 // allows are found by a walk of the vocabulary trie (patInfo): 0.1 ms for
 // a uuid or date state, up to 20 ms for a state of an email or hostname
 // part, which admit most alphanumeric tokens. Compile does those walks
 // for every pattern of the schema, so that no generated document pays
-// them. Patterns are compiled once per vocabulary (Vocab.regex), so a
-// format shared by many schemas is warmed once.
+// them, within compileWarmBudget: a compile is on a request's path, so
+// what the budget leaves is warmed by the next compiles that meet the
+// pattern, or built on first use as before. Patterns are compiled once
+// per vocabulary (Vocab.regex), so a format shared by many schemas is
+// warmed once.
+
+// compileWarmBudget bounds the pattern warming one Compile does. An email
+// or hostname format takes 0.5-2 s to warm whole (hundreds of states,
+// each a walk of the vocabulary), which would all land on the first
+// request's time to first token; a uuid or date-time takes a few
+// milliseconds and is warmed whole by its first compile.
+const compileWarmBudget = 50 * time.Millisecond
 
 // maxRegexes caps the patterns a vocabulary keeps compiled and warmed;
 // the least recently compiled goes first.
@@ -44,10 +57,12 @@ func (c *compiler) cached(key string, build func() (*regex, error)) (*regex, err
 }
 
 // warm computes the token sets of the DFA states of every pattern under
-// root and, on the vocabulary's first compile, the string classes of the
-// tokens that open a string.
-func (v *Vocab) warm(root *node) {
+// root until deadline and, on the vocabulary's first compile, the string
+// classes of the tokens that open a string. It reports whether every
+// pattern is warm.
+func (v *Vocab) warm(root *node, deadline time.Time) bool {
 	v.quoteWarm.Do(v.warmQuotes)
+	all := true
 	seen := map[*node]bool{}
 	var visit func(n *node)
 	visit = func(n *node) {
@@ -55,8 +70,8 @@ func (v *Vocab) warm(root *node) {
 			return
 		}
 		seen[n] = true
-		if n.re != nil {
-			v.warmRegex(n.re)
+		if n.re != nil && !v.warmRegex(n.re, deadline) {
+			all = false
 		}
 		for _, p := range n.props {
 			visit(p.n)
@@ -68,35 +83,44 @@ func (v *Vocab) warm(root *node) {
 		}
 	}
 	visit(root)
+	return all
 }
 
 // warmRegex visits re's states breadth first from the start, one rune of
 // each class its program tells apart (those a JSON string holds
-// unescaped), and computes each one's patInfo; once per regex.
-func (v *Vocab) warmRegex(re *regex) {
-	re.warm.Do(func() {
-		var reps []rune
-		for _, c := range re.representatives() {
-			if c >= 0x20 && c != '"' && c != '\\' && utf8.ValidRune(c) {
-				reps = append(reps, c)
+// unescaped), and computes each one's patInfo, until deadline; it reports
+// whether it got through. States warmed before are cached, so a later
+// call goes on where one stopped.
+func (v *Vocab) warmRegex(re *regex, deadline time.Time) bool {
+	if re.warmed.Load() {
+		return true
+	}
+	var reps []rune
+	for _, c := range re.representatives() {
+		if c >= 0x20 && c != '"' && c != '\\' && utf8.ValidRune(c) {
+			reps = append(reps, c)
+		}
+	}
+	seen := map[*dstate]bool{re.start: true}
+	queue := []*dstate{re.start}
+	for len(queue) > 0 && len(seen) <= maxWarmStates {
+		if !time.Now().Before(deadline) {
+			return false // the next compile that meets re goes on
+		}
+		s := queue[0]
+		queue = queue[1:]
+		if v.patInfo(re, s) == nil {
+			break // the pattern's state cache is full
+		}
+		for _, c := range reps {
+			if n := re.step(s, c); n != nil && !seen[n] {
+				seen[n] = true
+				queue = append(queue, n)
 			}
 		}
-		seen := map[*dstate]bool{re.start: true}
-		queue := []*dstate{re.start}
-		for len(queue) > 0 && len(seen) <= maxWarmStates {
-			s := queue[0]
-			queue = queue[1:]
-			if v.patInfo(re, s) == nil {
-				return
-			}
-			for _, c := range reps {
-				if n := re.step(s, c); n != nil && !seen[n] {
-					seen[n] = true
-					queue = append(queue, n)
-				}
-			}
-		}
-	})
+	}
+	re.warmed.Store(true)
+	return true
 }
 
 // warmQuotes builds the strInfo of every trie node reached by a token
