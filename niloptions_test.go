@@ -7,6 +7,9 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/httpbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -15,8 +18,6 @@ import (
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 	"github.com/mlxserving/mlxserving/session"
 )
 
@@ -47,8 +48,8 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 	}
 	checks := map[string]func() error{
 		"merge.New": func() error { _, err := merge.New(nil); return err },
-		"scheduler.NewLoadBalancer": func() error {
-			lb, err := scheduler.NewLoadBalancer(nil)
+		"balancer.New": func() error {
+			lb, err := balancer.New(nil)
 			if err == nil {
 				_ = lb.Close()
 			}
