@@ -87,7 +87,7 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 // the breakers treat a closed component alike wherever it sits.
 func TestOneClosedSentinel(t *testing.T) {
 	for name, err := range map[string]error{
-		"mlxserving": mlxserving.ErrServerClosed, "batcher": batcher.ErrClosed, "scheduler": scheduler.ErrClosed,
+		"mlxserving": mlxserving.ErrServerClosed, "batcher": batcher.ErrClosed, "scheduler": scheduler.ErrClosed, "balancer": balancer.ErrClosed,
 		"prewarm": prewarm.ErrClosed, "session": session.ErrClosed, "merge": merge.ErrClosed,
 		"httpbackend": httpbackend.ErrClosed, "natsbackend": natsbackend.ErrClosed,
 	} {
