@@ -42,15 +42,25 @@ import (
 // breaker (passive outlier detection); backends with a health check
 // ([HealthChecker]) are also checked actively.
 //
-// A Balancer is safe for concurrent use. Close stops its health
-// checks; the backends stay the caller's.
+// Routing reads an immutable snapshot of the backends' load reports,
+// rebuilt every [WithLoadRefresh] interval and when backends are added or
+// removed, so a request calls no backend and waits on no shared lock; a
+// session's home comes from a local copy of the affinity store's (see
+// [WithAffinityRefresh]).
+//
+// A Balancer is safe for concurrent use. Close stops its health checks
+// and refreshes; the backends stay the caller's.
 type Balancer struct {
 	cfg  config
 	seed maphash.Seed
 
-	mu      sync.RWMutex
+	mu      sync.RWMutex // guards members; never held on the request path
 	members map[string]*member
-	closed  bool
+	closed  atomic.Bool // written under mu
+
+	refreshMu sync.Mutex // serialises snapshot rebuilds
+	snap      atomic.Pointer[snapshot]
+	homes     *homes // nil without an affinity store
 
 	stats      counters
 	metricsReg metric.Registration // nil without a meter provider
@@ -105,10 +115,14 @@ func New(opts ...Option) (*Balancer, error) {
 		cfg: cfg, seed: maphash.MakeSeed(), members: make(map[string]*member),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	lb.snap.Store(&snapshot{built: time.Now()})
+	if cfg.affinity != nil {
+		lb.homes = newHomes(cfg.affinity, cfg.affinityRefresh, cfg.affinityTimeout, cfg.logger)
+	}
 	if err := lb.registerMetrics(); err != nil {
 		return nil, fmt.Errorf("balancer: metrics: %w", err)
 	}
-	go lb.healthLoop()
+	go lb.loop()
 	return lb, nil
 }
 
@@ -128,11 +142,13 @@ func (lb *Balancer) Add(name string, b Backend) error {
 	m := &member{name: name, backend: b, breaker: br, prefix: newPrefixIndex(lb.cfg.prefixChunks)}
 	m.healthy.Store(true)
 	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	if lb.closed {
+	if lb.closed.Load() {
+		lb.mu.Unlock()
 		return ErrClosed
 	}
 	lb.members[name] = m
+	lb.mu.Unlock()
+	lb.refresh()
 	lb.cfg.logger.Info("backend added", "backend", name)
 	return nil
 }
@@ -144,6 +160,7 @@ func (lb *Balancer) Remove(name string) {
 	delete(lb.members, name)
 	lb.mu.Unlock()
 	if ok {
+		lb.refresh()
 		lb.cfg.logger.Info("backend removed", "backend", name)
 	}
 }
@@ -172,18 +189,20 @@ func (lb *Balancer) Drain(ctx context.Context, name string) error {
 	return nil
 }
 
-// Close stops the health checks and refuses new requests. Streams already
-// returned go on. It is idempotent.
+// Close stops the health checks and refreshes and refuses new requests.
+// Streams already returned go on. It is idempotent.
 func (lb *Balancer) Close() error {
 	lb.mu.Lock()
-	if lb.closed {
+	if lb.closed.Swap(true) {
 		lb.mu.Unlock()
 		return nil
 	}
-	lb.closed = true
 	lb.mu.Unlock()
 	close(lb.stop)
 	<-lb.done
+	if lb.homes != nil {
+		lb.homes.close()
+	}
 	if lb.metricsReg != nil {
 		return lb.metricsReg.Unregister()
 	}
@@ -224,18 +243,17 @@ func chatPrefix(msgs []api.Message) string {
 	return b.String()
 }
 
-// Load sums the backends' reports: the models any of them serves, their
-// queues and running sequences, and their mean KV use.
+// Load sums the backends' reports as of the routing snapshot: the models
+// any of them serves, their queues and running sequences, and their mean
+// KV use. It calls no backend.
 func (lb *Balancer) Load() Load {
 	var l Load
-	lb.mu.RLock()
-	defer lb.mu.RUnlock()
 	n := 0
-	for _, m := range lb.members {
-		if m.draining.Load() {
+	for _, v := range lb.snap.Load().members {
+		if v.m.draining.Load() {
 			continue
 		}
-		bl := m.backend.Load()
+		bl := v.load
 		for _, id := range bl.Models {
 			if !slices.Contains(l.Models, id) {
 				l.Models = append(l.Models, id)
@@ -254,64 +272,48 @@ func (lb *Balancer) Load() Load {
 	return l
 }
 
-// pick chooses a backend for r among those not in tried. It returns nil
-// when none serves the model. When every candidate is unhealthy or has an
-// open breaker, it picks among them anyway (panic mode, as Envoy does):
-// better a request on a doubtful backend than none at all.
+// pick chooses a backend for r among those not in tried, from the routing
+// snapshot (refreshed once when it holds none and is older than since,
+// the request's start). It returns nil when none serves the model. When
+// every candidate is unhealthy or has an open breaker, it picks among
+// them anyway (panic mode, as Envoy does): better a request on a doubtful
+// backend than none at all.
 //
-// writeHome says whether the affinity store should name the chosen backend
-// as the session's home afterwards (a new or moved home, or the home's
-// entry refreshed); a request spilled off a busy home leaves it.
-func (lb *Balancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool) (m *member, panicMode, writeHome bool) {
-	type entry struct {
-		m    *member
-		load Load
+// home is what the session's home meant for the request, which says
+// whether the affinity store then names the chosen backend as the
+// session's home (a new or moved home, or the home's entry refreshed); a
+// request spilled off a busy home leaves it.
+func (lb *Balancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool, since time.Time) (m *member, panicMode bool, home homeDecision) {
+	snap := lb.snap.Load()
+	healthy, doubtful := snap.candidates(r, tried)
+	if len(healthy)+len(doubtful) == 0 && snap.built.Before(since) {
+		healthy, doubtful = lb.refreshSince(since).candidates(r, tried)
 	}
-	lb.mu.RLock()
-	var healthy, doubtful []entry
-	for _, m := range lb.members {
-		if tried[m] || m.draining.Load() {
-			continue
-		}
-		l := m.backend.Load()
-		if !l.Serves(r.Model) || l.Draining {
-			continue
-		}
-		if m.healthy.Load() && m.breaker.State() != retry.StateOpen {
-			healthy = append(healthy, entry{m, l})
-		} else {
-			doubtful = append(doubtful, entry{m, l})
-		}
+	views := healthy
+	if len(views) == 0 {
+		views, panicMode = doubtful, true
 	}
-	lb.mu.RUnlock()
-	entries := healthy
-	if len(entries) == 0 {
-		entries, panicMode = doubtful, true
+	if len(views) == 0 {
+		return nil, false, noHome
 	}
-	if len(entries) == 0 {
-		return nil, false, false
-	}
-	// A stable order, so round robin and ties behave the same every time.
-	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.m.name, b.m.name) })
-	pool := make([]*member, len(entries))
-	cands := make([]Candidate, len(entries))
-	for i, e := range entries {
-		pool[i] = e.m
+	pool := make([]*member, len(views))
+	cands := make([]Candidate, len(views))
+	for i, v := range views {
+		pool[i] = v.m
 		cands[i] = Candidate{
-			Name: e.m.name, Load: e.load, InFlight: int(e.m.inflight.Load()),
-			Latency: e.m.latency(), PrefixMatch: e.m.prefix.match(hashes),
+			Name: v.m.name, Load: v.load, InFlight: int(v.m.inflight.Load()),
+			Latency: v.m.latency(), PrefixMatch: v.m.prefix.match(hashes),
 		}
 	}
-	home, decision := lb.sessionHome(ctx, r, pool, cands)
-	writeHome = decision == atHome || decision == newHome || decision == moved
-	if home != nil {
-		return home, panicMode, writeHome
+	m, home = lb.sessionHome(ctx, r, pool, cands)
+	if m != nil {
+		return m, panicMode, home
 	}
 	i := lb.cfg.strategy.Pick(r, cands)
 	if i < 0 || i >= len(pool) {
 		i = 0
 	}
-	return pool[i], panicMode, writeHome
+	return pool[i], panicMode, home
 }
 
 // sessionHome returns the backend the shared affinity store assigns r's
@@ -321,9 +323,7 @@ func (lb *Balancer) sessionHome(ctx context.Context, r Route, pool []*member, ca
 	if lb.cfg.affinity == nil || r.Session == "" {
 		return nil, noHome
 	}
-	ctx, cancel := context.WithTimeout(ctx, lb.cfg.affinityTimeout)
-	defer cancel()
-	name, err := lb.cfg.affinity.Get(ctx, affinityKey(r))
+	name, err := lb.homes.get(ctx, affinityKey(r))
 	if err != nil {
 		lb.cfg.logger.Warn("affinity store unreachable; routing locally", "err", err)
 		return nil, noHome
@@ -357,18 +357,20 @@ func (lb *Balancer) sessionHome(ctx context.Context, r Route, pool []*member, ca
 func affinityKey(r Route) string { return r.Model + "\x00" + r.Session }
 
 // routed records a request placed on m: its prefix, and its session's
-// home when writeHome.
-func (lb *Balancer) routed(ctx context.Context, m *member, r Route, hashes []uint64, writeHome bool) {
+// home as home decided (see homes.set).
+func (lb *Balancer) routed(ctx context.Context, m *member, r Route, hashes []uint64, home homeDecision) {
 	m.routed.Add(1)
 	lb.stats.routed.Add(1)
 	m.prefix.add(hashes)
-	if lb.cfg.affinity != nil && r.Session != "" && writeHome {
-		ctx, cancel := context.WithTimeout(ctx, lb.cfg.affinityTimeout)
-		defer cancel()
-		if err := lb.cfg.affinity.Set(ctx, affinityKey(r), m.name, lb.cfg.affinityTTL); err != nil {
-			lb.cfg.logger.Warn("affinity store unreachable; session not shared", "err", err)
-		}
+	if lb.homes != nil && r.Session != "" {
+		lb.homes.set(ctx, affinityKey(r), m.name, home, lb.cfg.affinityTTL)
 	}
+}
+
+// usable reports whether m is healthy and its breaker lets requests
+// through.
+func (m *member) usable() bool {
+	return m.healthy.Load() && m.breaker.State() != retry.StateOpen
 }
 
 // latency returns m's peak-EWMA time to first token; zero before any was
@@ -396,20 +398,25 @@ func (m *member) observe(ttft time.Duration, now time.Time) {
 	m.latAt = now
 }
 
-// healthLoop runs the active health checks until Close.
-func (lb *Balancer) healthLoop() {
+// loop rebuilds the routing snapshot every refresh interval and runs the
+// active health checks until Close.
+func (lb *Balancer) loop() {
 	defer close(lb.done)
-	if lb.cfg.healthInterval <= 0 {
-		<-lb.stop
-		return
+	refresh := time.NewTicker(lb.cfg.loadRefresh)
+	defer refresh.Stop()
+	var health <-chan time.Time // nil: no health checks
+	if lb.cfg.healthInterval > 0 {
+		t := time.NewTicker(lb.cfg.healthInterval)
+		defer t.Stop()
+		health = t.C
 	}
-	tick := time.NewTicker(lb.cfg.healthInterval)
-	defer tick.Stop()
 	for {
 		select {
 		case <-lb.stop:
 			return
-		case <-tick.C:
+		case <-refresh.C:
+			lb.refresh()
+		case <-health:
 			lb.checkAll()
 		}
 	}
@@ -471,23 +478,22 @@ type Stats struct {
 	AffinityHome, AffinitySpilled, AffinityMoved uint64
 }
 
-// Stats returns a snapshot, backends sorted by name.
+// Stats returns a snapshot, backends sorted by name; their Load is the
+// report routing uses now.
 func (lb *Balancer) Stats() Stats {
 	out := Stats{
 		Routed: lb.stats.routed.Load(), Failovers: lb.stats.failovers.Load(),
 		Refused: lb.stats.refused.Load(), Interrupted: lb.stats.interrupted.Load(), Resumed: lb.stats.resumed.Load(),
 		AffinityHome: lb.stats.home.Load(), AffinitySpilled: lb.stats.spilled.Load(), AffinityMoved: lb.stats.moved.Load(),
 	}
-	lb.mu.RLock()
-	for _, m := range lb.members {
+	for _, v := range lb.snap.Load().members { // sorted by name
+		m := v.m
 		out.Backends = append(out.Backends, BackendStats{
 			Name: m.name, Healthy: m.healthy.Load(), Draining: m.draining.Load(),
 			Breaker: m.breaker.Status(), InFlight: int(m.inflight.Load()), Routed: m.routed.Load(),
-			Latency: m.latency(), Load: m.backend.Load(),
+			Latency: m.latency(), Load: v.load,
 		})
 	}
-	lb.mu.RUnlock()
-	slices.SortFunc(out.Backends, func(a, b BackendStats) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

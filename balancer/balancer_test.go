@@ -337,6 +337,7 @@ func TestBalancerOptionsValidated(t *testing.T) {
 		balancer.WithStrategy(nil), balancer.WithFailoverAttempts(0),
 		balancer.WithHealthCheck(-1, time.Second), balancer.WithAffinityStore(nil, 0),
 		balancer.WithPrefixIndexSize(0), balancer.WithLogger(nil), balancer.WithMeterProvider(nil),
+		balancer.WithLoadRefresh(0), balancer.WithAffinityRefresh(-time.Second),
 	} {
 		if _, err := balancer.New(opt); err == nil {
 			t.Error("bad option accepted")

@@ -23,13 +23,10 @@ type startFunc func(ctx context.Context, b Backend, resume []int32) (*api.Stream
 // over to another backend while no token has reached the caller, and
 // after tokens resumes on another backend (see failoverSource.resumable).
 func (lb *Balancer) serve(ctx context.Context, r Route, start startFunc) (*api.Stream, error) {
-	lb.mu.RLock()
-	closed := lb.closed
-	lb.mu.RUnlock()
-	if closed {
+	if lb.closed.Load() {
 		return nil, ErrClosed
 	}
-	src := &failoverSource{lb: lb, route: r, start: start, tried: make(map[*member]bool)}
+	src := &failoverSource{lb: lb, route: r, start: start, tried: make(map[*member]bool), since: time.Now()}
 	if r.Prefix != "" {
 		src.hashes = chunkHashes(lb.seed, r.Prefix)
 	}
@@ -88,6 +85,7 @@ type failoverSource struct {
 	route  Route
 	hashes []uint64
 	start  startFunc
+	since  time.Time // when the request came; routing looks at a snapshot at least this recent before it gives up
 
 	mu        sync.Mutex
 	cur       *api.Stream
@@ -111,17 +109,16 @@ type failoverSource struct {
 	resumeGap  time.Duration
 }
 
-// anyServes reports whether a member, draining or not, serves model, or
-// there is no member at all (backends that are gone, not a model that is
-// unknown).
+// anyServes reports whether a member of the routing snapshot, draining or
+// not, serves model, or there is no member at all (backends that are
+// gone, not a model that is unknown).
 func (lb *Balancer) anyServes(model string) bool {
-	lb.mu.RLock()
-	defer lb.mu.RUnlock()
-	if len(lb.members) == 0 {
+	members := lb.snap.Load().members
+	if len(members) == 0 {
 		return true
 	}
-	for _, m := range lb.members {
-		if m.backend.Load().Serves(model) {
+	for _, v := range members {
+		if v.load.Serves(model) {
 			return true
 		}
 	}
@@ -134,7 +131,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 	var last error
 	attempts := 0
 	for attempts < s.lb.cfg.maxAttempts {
-		m, panicMode, writeHome := s.lb.pick(ctx, s.route, s.hashes, s.tried)
+		m, panicMode, home := s.lb.pick(ctx, s.route, s.hashes, s.tried, s.since)
 		if m == nil {
 			if len(s.tried) == 0 && !s.lb.anyServes(s.route.Model) {
 				// Not a backend that is down: no backend has the model, as
@@ -169,7 +166,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 			s.lb.stats.failovers.Add(1)
 			continue
 		}
-		s.lb.routed(ctx, m, s.route, s.hashes, writeHome)
+		s.lb.routed(ctx, m, s.route, s.hashes, home)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()

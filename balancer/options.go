@@ -23,6 +23,8 @@ type config struct {
 	affinityTTL       time.Duration
 	affinityTimeout   time.Duration
 	affinityBounds    AffinityBounds
+	affinityRefresh   time.Duration
+	loadRefresh       time.Duration
 	prefixChunks      int
 	refusedRetryAfter time.Duration
 	logger            *slog.Logger
@@ -43,6 +45,9 @@ const (
 	// DefaultAffinityTTL is how long a shared session assignment lives
 	// without use.
 	DefaultAffinityTTL = 30 * time.Minute
+	// DefaultAffinityRefresh is how long a balancer uses its own copy of
+	// a session's home before it asks the affinity store again.
+	DefaultAffinityRefresh = time.Second
 	// DefaultPrefixChunks bounds each backend's approximate prefix index
 	// (llm-d's per-server LRU of 31,250 blocks).
 	DefaultPrefixChunks = 31250
@@ -58,6 +63,8 @@ func defaultConfig() config {
 		affinityTTL:       DefaultAffinityTTL,
 		affinityTimeout:   100 * time.Millisecond,
 		affinityBounds:    DefaultAffinityBounds,
+		affinityRefresh:   DefaultAffinityRefresh,
+		loadRefresh:       DefaultLoadRefresh,
 		prefixChunks:      DefaultPrefixChunks,
 		refusedRetryAfter: time.Second,
 		logger:            discardLogger(),
@@ -137,6 +144,40 @@ func WithAffinityBounds(b AffinityBounds) Option {
 			return err
 		}
 		c.affinityBounds = b
+		return nil
+	}
+}
+
+// WithAffinityRefresh sets how long the balancer routes a session by its
+// own copy of the session's home before it asks the affinity store again
+// (default 1 s). The copy keeps store round trips off the request path: a
+// session this balancer has not seen waits for one lookup (bounded by the
+// store's 100 ms timeout), a known one is routed at once while an older
+// copy is looked up again in the background, and the home's entry is
+// written back at most once per interval unless the home changes. A home
+// another replica moved is followed within about one interval. It must be
+// positive.
+func WithAffinityRefresh(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return errors.New("affinity refresh must be positive")
+		}
+		c.affinityRefresh = d
+		return nil
+	}
+}
+
+// WithLoadRefresh sets how often the routing snapshot is rebuilt from the
+// backends' load reports (default 50 ms); adding or removing a backend
+// rebuilds it at once. Routing weighs the balancer's own requests in
+// flight live, so a snapshot lags only in what other balancers sent. It
+// must be positive.
+func WithLoadRefresh(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return errors.New("load refresh must be positive")
+		}
+		c.loadRefresh = d
 		return nil
 	}
 }
