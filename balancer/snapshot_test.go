@@ -195,4 +195,3 @@ func TestSessionHomesCached(t *testing.T) {
 		time.Sleep(refresh / 4)
 	}
 }
-
