@@ -22,6 +22,15 @@ type Backend interface {
 	Load() Load
 }
 
+// LoadReporter is a backend whose load reports arrive from elsewhere (a
+// remote instance's, over the network). The balancer registers a function
+// with OnLoad and updates its routing snapshot with each report as it
+// arrives rather than at the next refresh; the backend calls it before
+// its Load returns the report, and without holding a lock its Load takes.
+type LoadReporter interface {
+	OnLoad(report func(Load))
+}
+
 // Load is a backend's load report, the signals routing strategies weigh.
 type Load struct {
 	// Models are the ids the backend serves now (loaded, or known and

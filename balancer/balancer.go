@@ -148,6 +148,9 @@ func (lb *Balancer) Add(name string, b Backend) error {
 	}
 	lb.members[name] = m
 	lb.mu.Unlock()
+	if r, ok := b.(LoadReporter); ok {
+		r.OnLoad(func(l Load) { lb.report(m, l) })
+	}
 	lb.refresh()
 	lb.cfg.logger.Info("backend added", "backend", name)
 	return nil

@@ -70,6 +70,21 @@ func (lb *Balancer) rebuild() {
 	lb.snap.Store(s)
 }
 
+// report puts a load report m's backend sent into the snapshot now (see
+// [LoadReporter]); the other backends' reports stay as they were.
+func (lb *Balancer) report(m *member, l Load) {
+	lb.refreshMu.Lock()
+	defer lb.refreshMu.Unlock()
+	old := lb.snap.Load()
+	i := slices.IndexFunc(old.members, func(v view) bool { return v.m == m })
+	if i < 0 {
+		return // removed, or replaced under its name
+	}
+	s := &snapshot{built: old.built, members: slices.Clone(old.members)}
+	s.members[i].load = l
+	lb.snap.Store(s)
+}
+
 // candidates splits the snapshot's backends that may take r (not tried,
 // not draining, serving the model) into healthy ones and doubtful ones
 // (failing their health check or with an open breaker).

@@ -34,11 +34,15 @@ type Client struct {
 	lost     chan struct{}
 	lostOnce sync.Once
 
-	mu   sync.RWMutex
-	load balancer.Load
+	mu      sync.RWMutex
+	load    balancer.Load
+	reports []func(balancer.Load) // the balancers' (OnLoad), told of each report
 }
 
-var _ balancer.Backend = (*Client)(nil)
+var (
+	_ balancer.Backend      = (*Client)(nil)
+	_ balancer.LoadReporter = (*Client)(nil)
+)
 
 type clientConfig struct {
 	window         int
@@ -89,7 +93,25 @@ func (c *Client) Load() balancer.Load {
 	return l
 }
 
+// OnLoad registers report to be called with each load report the
+// instance sends, before Load returns it (see [balancer.LoadReporter]).
+func (c *Client) OnLoad(report func(balancer.Load)) {
+	c.mu.Lock()
+	c.reports = append(c.reports, report)
+	c.mu.Unlock()
+}
+
+// setLoad records a load report, telling the balancers first, so a
+// balancer routes by it as soon as Load shows it.
 func (c *Client) setLoad(l balancer.Load) {
+	c.mu.RLock()
+	reports := c.reports
+	c.mu.RUnlock()
+	for _, report := range reports {
+		l := l
+		l.Models = append([]string(nil), l.Models...)
+		report(l)
+	}
 	c.mu.Lock()
 	c.load = l
 	c.mu.Unlock()
