@@ -19,6 +19,9 @@ type Backend interface {
 	Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error)
 	// Load reports the backend's current load and models. It must not
 	// block on the network: a remote backend returns what it last saw.
+	// A Balancer calls it when it rebuilds its routing snapshot (every
+	// refresh interval, and when backends come and go), never on a
+	// request's path.
 	Load() Load
 }
 

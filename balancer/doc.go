@@ -12,6 +12,14 @@
 // active health check, and sessions can share their home backend across
 // balancer replicas through an [AffinityStore] (balancer/redisaffinity).
 //
+// Routing never calls a backend nor waits on a lock shared with other
+// requests: strategies see an immutable snapshot of the backends' load
+// reports, rebuilt every refresh interval ([WithLoadRefresh]), when
+// backends are added or removed and, for a [LoadReporter] (a remote
+// backend), as each report arrives, beside the balancer's own live counts
+// of requests in flight; a session's home comes from a local copy of the
+// affinity store's ([WithAffinityRefresh]).
+//
 // Use:
 //
 //	lb, err := balancer.New(balancer.WithStrategy(balancer.PowerOfTwo(nil)))

@@ -89,6 +89,7 @@ func (lb *Balancer) report(m *member, l Load) {
 // not draining, serving the model) into healthy ones and doubtful ones
 // (failing their health check or with an open breaker).
 func (s *snapshot) candidates(r Route, tried map[*member]bool) (healthy, doubtful []view) {
+	healthy = make([]view, 0, len(s.members))
 	for _, v := range s.members {
 		if tried[v.m] || v.m.draining.Load() || v.load.Draining || !v.load.Serves(r.Model) {
 			continue

@@ -26,7 +26,8 @@ type Route struct {
 type Candidate struct {
 	// Name is the backend's name in the balancer.
 	Name string
-	// Load is the backend's last load report.
+	// Load is the backend's load report as of the balancer's routing
+	// snapshot (at most one refresh interval old).
 	Load Load
 	// InFlight is how many requests this balancer has open on the backend.
 	InFlight int
