@@ -195,3 +195,37 @@ func TestSessionHomesCached(t *testing.T) {
 		time.Sleep(refresh / 4)
 	}
 }
+
+// reportingBackend sends its load reports to the balancer as they come.
+type reportingBackend struct {
+	countingBackend
+	report func(balancer.Load)
+}
+
+func (r *reportingBackend) OnLoad(report func(balancer.Load)) { r.report = report }
+
+// TestReportUpdatesSnapshot: a LoadReporter's report counts for the very
+// next request, long before the next refresh.
+func TestReportUpdatesSnapshot(t *testing.T) {
+	lb := newBalancer(t, balancer.WithLoadRefresh(time.Hour), balancer.WithStrategy(balancer.RoundRobin()))
+	a := &reportingBackend{countingBackend: countingBackend{models: []string{"m"}}}
+	_ = lb.Add("a", a)
+	_ = lb.Add("b", &countingBackend{models: []string{"m"}})
+	if a.report == nil {
+		t.Fatal("Add did not register for load reports")
+	}
+	a.report(balancer.Load{Models: []string{"m"}, Draining: true})
+	for range 6 {
+		st, err := lb.Generate(context.Background(), request("m", 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Header().Backend; got != "b" {
+			t.Errorf("routed to %s after it reported draining", got)
+		}
+		st.Close()
+	}
+	if l := lb.Stats().Backends[0].Load; !l.Draining {
+		t.Errorf("Stats shows a's load as %+v, want its report", l)
+	}
+}

@@ -25,6 +25,7 @@ type Backend struct {
 
 	mu      sync.RWMutex
 	load    balancer.Load
+	reports []func(balancer.Load) // the balancers' (OnLoad), told of each poll
 	pollErr error
 	closed  bool
 
@@ -35,6 +36,7 @@ type Backend struct {
 var (
 	_ balancer.Backend       = (*Backend)(nil)
 	_ balancer.HealthChecker = (*Backend)(nil)
+	_ balancer.LoadReporter  = (*Backend)(nil)
 )
 
 // New returns a Backend for the server at baseURL (http or https, with an
@@ -176,6 +178,14 @@ func (b *Backend) Load() balancer.Load {
 	l := b.load
 	l.Models = append([]string(nil), l.Models...)
 	return l
+}
+
+// OnLoad registers report to be called with each load the poller reads,
+// before Load returns it (see [balancer.LoadReporter]).
+func (b *Backend) OnLoad(report func(balancer.Load)) {
+	b.mu.Lock()
+	b.reports = append(b.reports, report)
+	b.mu.Unlock()
 }
 
 // PollErr returns the last poll's error, nil after a successful one.

@@ -49,23 +49,32 @@ func (b *Backend) poll(ctx context.Context) error {
 		return err
 	}
 	g, merr := b.gauges(ctx) // optional: many upstreams have no /metrics
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.pollErr != nil {
-		b.cfg.logger.Info("upstream answers again", "url", b.base)
-	}
-	b.pollErr = nil
 	for _, id := range b.cfg.models {
 		if !slices.Contains(models, id) {
 			models = append(models, id)
 		}
 	}
 	slices.Sort(models)
-	b.load.Models = models
-	b.load.Updated = time.Now()
+	b.mu.RLock()
+	l, reports := b.load, b.reports
+	b.mu.RUnlock()
+	l.Models = models
+	l.Updated = time.Now()
 	if merr == nil {
-		b.load.Waiting, b.load.Running, b.load.KVUsage = g.waiting, g.running, g.kv
+		l.Waiting, l.Running, l.KVUsage = g.waiting, g.running, g.kv
 	}
+	for _, report := range reports { // the balancers first, so they route by it once Load shows it
+		r := l
+		r.Models = slices.Clone(models)
+		report(r)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pollErr != nil {
+		b.cfg.logger.Info("upstream answers again", "url", b.base)
+	}
+	b.pollErr = nil
+	b.load = l
 	return nil
 }
 

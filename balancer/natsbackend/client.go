@@ -108,9 +108,9 @@ func (c *Client) setLoad(l balancer.Load) {
 	reports := c.reports
 	c.mu.RUnlock()
 	for _, report := range reports {
-		l := l
-		l.Models = append([]string(nil), l.Models...)
-		report(l)
+		r := l // each its own copy of the models
+		r.Models = append([]string(nil), l.Models...)
+		report(r)
 	}
 	c.mu.Lock()
 	c.load = l
