@@ -36,29 +36,6 @@ type endSource struct{}
 func (endSource) Recv(context.Context) (api.Chunk, error) { return api.Chunk{}, io.EOF }
 func (endSource) Close(error)                             {}
 
-// slowStore is an AffinityStore a network round trip away (rtt per call),
-// as Redis on another machine is.
-type slowStore struct {
-	rtt   time.Duration
-	mu    sync.Mutex
-	homes map[string]string
-}
-
-func (s *slowStore) Get(_ context.Context, key string) (string, error) {
-	time.Sleep(s.rtt)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.homes[key], nil
-}
-
-func (s *slowStore) Set(_ context.Context, key, backend string, _ time.Duration) error {
-	time.Sleep(s.rtt)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.homes[key] = backend
-	return nil
-}
-
 // BenchmarkRoute is the per-request routing cost: parallel callers
 // (GOMAXPROCS of them) send 1-token requests through a balancer of n
 // backends whose load reports are real Servers' and whose streams are
@@ -76,7 +53,7 @@ func BenchmarkRoute(b *testing.B) {
 			b.Run(fmt.Sprintf("backends=%d/sessions=%v", n, sessions), func(b *testing.B) {
 				opts := []balancer.Option{}
 				if sessions {
-					opts = append(opts, balancer.WithAffinityStore(&slowStore{rtt: 200 * time.Microsecond, homes: map[string]string{}}, 0))
+					opts = append(opts, balancer.WithAffinityStore(&memStore{rtt: 200 * time.Microsecond, homes: map[string]string{}}, 0))
 				}
 				lb := newBalancer(b, opts...)
 				for i, srv := range servers {

@@ -124,21 +124,25 @@ func TestSnapshotFollowsChanges(t *testing.T) {
 	}
 }
 
-// countingStore is an in-memory AffinityStore that counts round trips.
-type countingStore struct {
+// memStore is an in-memory AffinityStore rtt away (a network round trip
+// per call, as Redis on another machine is) that counts its round trips.
+type memStore struct {
+	rtt        time.Duration
 	mu         sync.Mutex
 	homes      map[string]string
 	gets, sets int
 }
 
-func (s *countingStore) Get(_ context.Context, key string) (string, error) {
+func (s *memStore) Get(_ context.Context, key string) (string, error) {
+	time.Sleep(s.rtt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gets++
 	return s.homes[key], nil
 }
 
-func (s *countingStore) Set(_ context.Context, key, backend string, _ time.Duration) error {
+func (s *memStore) Set(_ context.Context, key, backend string, _ time.Duration) error {
+	time.Sleep(s.rtt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sets++
@@ -146,7 +150,7 @@ func (s *countingStore) Set(_ context.Context, key, backend string, _ time.Durat
 	return nil
 }
 
-func (s *countingStore) trips() (gets, sets int) {
+func (s *memStore) trips() (gets, sets int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.gets, s.sets
@@ -156,7 +160,7 @@ func (s *countingStore) trips() (gets, sets int) {
 // store only when the copy of its home is older than the refresh interval,
 // and a home another replica moved is followed once it is.
 func TestSessionHomesCached(t *testing.T) {
-	store := &countingStore{homes: map[string]string{}}
+	store := &memStore{homes: map[string]string{}}
 	const refresh = 200 * time.Millisecond
 	lb := newBalancer(t, balancer.WithStrategy(balancer.RoundRobin()),
 		balancer.WithAffinityStore(store, 0), balancer.WithAffinityRefresh(refresh))
