@@ -323,7 +323,7 @@ func (lb *Balancer) pick(ctx context.Context, r Route, hashes []uint64, tried ma
 // session to when the request should go there (see AffinityBounds), and
 // what was decided.
 func (lb *Balancer) sessionHome(ctx context.Context, r Route, pool []*member, cands []Candidate) (*member, homeDecision) {
-	if lb.cfg.affinity == nil || r.Session == "" {
+	if lb.homes == nil || r.Session == "" {
 		return nil, noHome
 	}
 	name, err := lb.homes.get(ctx, affinityKey(r))
