@@ -3,18 +3,18 @@ package mlxserving
 import (
 	"slices"
 
-	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/balancer"
 )
 
-// Server is a backend a scheduler.LoadBalancer can route to.
-var _ scheduler.Backend = (*Server)(nil)
+// Server is a backend a balancer.Balancer can route to.
+var _ balancer.Backend = (*Server)(nil)
 
 // Load reports the Server's load across its models: requests queued,
 // sequences running, the fraction of KV capacity reserved, and the models
 // it serves — those loaded and those known to its model manager, which
-// load on demand. It is what a scheduler.LoadBalancer routes on.
-func (s *Server) Load() scheduler.Load {
-	var l scheduler.Load
+// load on demand. It is what a balancer.Balancer routes on.
+func (s *Server) Load() balancer.Load {
+	var l balancer.Load
 	reserved, capacity := 0, 0
 	s.mu.RLock()
 	for id, m := range s.models {

@@ -7,6 +7,9 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/httpbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -15,8 +18,6 @@ import (
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 	"github.com/mlxserving/mlxserving/session"
 )
 
@@ -47,8 +48,8 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 	}
 	checks := map[string]func() error{
 		"merge.New": func() error { _, err := merge.New(nil); return err },
-		"scheduler.NewLoadBalancer": func() error {
-			lb, err := scheduler.NewLoadBalancer(nil)
+		"balancer.New": func() error {
+			lb, err := balancer.New(nil)
 			if err == nil {
 				_ = lb.Close()
 			}
@@ -86,7 +87,7 @@ func TestNilOptionsAreSkipped(t *testing.T) {
 // the breakers treat a closed component alike wherever it sits.
 func TestOneClosedSentinel(t *testing.T) {
 	for name, err := range map[string]error{
-		"mlxserving": mlxserving.ErrServerClosed, "batcher": batcher.ErrClosed, "scheduler": scheduler.ErrClosed,
+		"mlxserving": mlxserving.ErrServerClosed, "batcher": batcher.ErrClosed, "scheduler": scheduler.ErrClosed, "balancer": balancer.ErrClosed,
 		"prewarm": prewarm.ErrClosed, "session": session.ErrClosed, "merge": merge.ErrClosed,
 		"httpbackend": httpbackend.ErrClosed, "natsbackend": natsbackend.ErrClosed,
 	} {

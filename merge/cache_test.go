@@ -266,7 +266,7 @@ func TestSharedCacheOptionsValidated(t *testing.T) {
 
 // mapCache is a SharedCache that holds nothing; it only satisfies the
 // option's type check (the Redis-backed cache is tested in
-// scheduler/redisaffinity against a real redis-server).
+// balancer/redisaffinity against a real redis-server).
 type mapCache struct{}
 
 func (mapCache) Get(context.Context, string) ([]byte, bool, error)        { return nil, false, nil }

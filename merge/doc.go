@@ -25,7 +25,7 @@
 //     their TTL, so an expired response is never served and its bytes go
 //     back to the bound.
 //   - Shared cache ([WithSharedCache]): behind the local cache, a store
-//     several instances share (Redis: scheduler/redisaffinity's
+//     several instances share (Redis: balancer/redisaffinity's
 //     ResponseCache). A finished response is stored there too, and a
 //     local miss looks there before generating, so an answer one instance
 //     computed is a hit on every instance serving the same checkpoint. An

@@ -12,7 +12,7 @@ import (
 )
 
 // SharedCache is a response cache several instances share (Redis:
-// scheduler/redisaffinity.ResponseCache implements it). Values are opaque
+// balancer/redisaffinity.ResponseCache implements it). Values are opaque
 // bytes under string keys, each kept for a TTL. An error means the store
 // is unreachable: the Merger then serves from its own cache and
 // generations as if it had none.

@@ -7,15 +7,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/openai"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // The handler serves a load balancer as it serves a single Server: two
 // instances behind one endpoint, both used.
 func TestHandlerOverLoadBalancer(t *testing.T) {
 	a, b := newFixture(t, fixtureOpts{}), newFixture(t, fixtureOpts{})
-	lb, err := scheduler.NewLoadBalancer(scheduler.WithStrategy(scheduler.RoundRobin()))
+	lb, err := balancer.New(balancer.WithStrategy(balancer.RoundRobin()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
@@ -84,7 +85,7 @@ func toAPIError(err error) *apiError {
 		broken   *retry.InterruptedError
 		budget   *prewarm.BudgetError
 		load     *prewarm.LoadError
-		noBack   *scheduler.NoBackendError
+		noBack   *balancer.NoBackendError
 	)
 	switch {
 	case errors.As(err, &ae):

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/toolcall"
@@ -19,16 +20,16 @@ import (
 // Handler serves a Server over the OpenAI HTTP API (see the package doc for
 // the endpoints, fields and extensions). It is safe for concurrent use.
 type Handler struct {
-	srv     scheduler.Backend
+	srv     balancer.Backend
 	cfg     config
 	metrics *httpMetrics
 	created int64 // the models' "created" time
 }
 
 // New returns a Handler over srv: a *mlxserving.Server, or a
-// scheduler.LoadBalancer in front of several instances (anything that
-// implements scheduler.Backend).
-func New(srv scheduler.Backend, opts ...Option) (*Handler, error) {
+// balancer.Balancer in front of several instances (anything that
+// implements balancer.Backend).
+func New(srv balancer.Backend, opts ...Option) (*Handler, error) {
 	if srv == nil || (reflect.ValueOf(srv).Kind() == reflect.Pointer && reflect.ValueOf(srv).IsNil()) {
 		return nil, errors.New("openai: server is nil")
 	}

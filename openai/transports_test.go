@@ -13,13 +13,14 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/httpbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
 )
 
 // transport is one way to reach the same Server: the handler over the
@@ -34,8 +35,8 @@ type transport struct {
 func transports(t *testing.T, f *fixture) []transport {
 	t.Helper()
 	out := []transport{{"direct", f.ts}}
-	gateway := func(name string, add func(lb *scheduler.LoadBalancer)) {
-		lb, err := scheduler.NewLoadBalancer()
+	gateway := func(name string, add func(lb *balancer.Balancer)) {
+		lb, err := balancer.New()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +52,7 @@ func transports(t *testing.T, f *fixture) []transport {
 		})
 		out = append(out, transport{name, ts})
 	}
-	gateway("http", func(lb *scheduler.LoadBalancer) {
+	gateway("http", func(lb *balancer.Balancer) {
 		hb, err := httpbackend.New(f.ts.URL)
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +76,7 @@ func transports(t *testing.T, f *fixture) []transport {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Stop() })
-	gateway("nats", func(lb *scheduler.LoadBalancer) {
+	gateway("nats", func(lb *balancer.Balancer) {
 		d, err := natsbackend.Discover(context.Background(), conn(), lb, natsbackend.WithInterval(50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)

@@ -26,20 +26,7 @@
 // queue and Ollama's fail-fast bounded queue; it adds SLA deadlines,
 // shortest job first and aging.
 //
-// # Load balancing
-//
-// A [LoadBalancer] routes requests over [Backend]s — local Servers, remote
-// OpenAI-compatible instances (scheduler/httpbackend), instances found
-// over NATS (scheduler/natsbackend) — and is a Backend itself, so
-// balancers nest. A [Strategy] picks among the healthy backends that serve
-// the model ([RoundRobin], [LeastLoaded], [PeakEWMA], [PowerOfTwo],
-// [SessionAffinity], [PrefixAware], [Weighted]); a request refused before
-// its first token fails over to another backend, each backend has a
-// circuit breaker, and sessions can share their home backend across
-// balancer replicas through an [AffinityStore] (scheduler/redisaffinity).
-//
-//	lb, err := scheduler.NewLoadBalancer(scheduler.WithStrategy(scheduler.PowerOfTwo(nil)))
-//	_ = lb.Add("a", srvA)
-//	_ = lb.Add("b", srvB)
-//	st, err := lb.Generate(ctx, api.Request{Model: "llama", Prompt: "Hello", Params: api.Params{MaxTokens: 32}})
+// The load balancer that routes requests over several servers is package
+// balancer; it imports this package for the queue's errors, never the
+// reverse.
 package scheduler

@@ -1,7 +1,7 @@
 // Command cluster runs a small mlxserving cluster on this machine with one
 // command: an embedded NATS server, several instances (each a Server
 // serving itself over NATS with natsbackend.Serve), a
-// scheduler.LoadBalancer that finds them with natsbackend.Discover, and
+// balancer.Balancer that finds them with natsbackend.Discover, and
 // the OpenAI API over the balancer.
 //
 //	go run ./examples/cluster                 # 3 instances, simulated engine, :8080
@@ -39,13 +39,13 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/openai/vllm"
-	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
 	defer func() { _ = mp.Shutdown(context.Background()) }()
-	lb, err := scheduler.NewLoadBalancer(scheduler.WithLBLogger(log), scheduler.WithLBMeterProvider(mp))
+	lb, err := balancer.New(balancer.WithLogger(log), balancer.WithMeterProvider(mp))
 	if err != nil {
 		return err
 	}

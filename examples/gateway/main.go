@@ -1,5 +1,5 @@
 // Command gateway is the front of an mlxserving cluster: the OpenAI API
-// over a scheduler.LoadBalancer whose backends are the instances found over
+// over a balancer.Balancer whose backends are the instances found over
 // NATS (examples/server -nats ...) and/or any OpenAI-compatible servers
 // named with -upstream (mlxserving, vLLM, llama.cpp, mlx_lm.server), with
 // API keys, a routing strategy and, with -redis, session homes shared by
@@ -30,11 +30,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/httpbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
+	"github.com/mlxserving/mlxserving/balancer/redisaffinity"
 	"github.com/mlxserving/mlxserving/openai"
-	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/httpbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
-	"github.com/mlxserving/mlxserving/scheduler/redisaffinity"
 )
 
 // natsPasswordEnv holds the password for -nats-user (kept out of argv).
@@ -52,7 +52,7 @@ func main() {
 type options struct {
 	addr, natsURLs, upstreams, strategy, redisAddr, apiKeys string
 	upstreamResume                                          bool
-	bounds                                                  scheduler.AffinityBounds
+	bounds                                                  balancer.AffinityBounds
 	cred                                                    natsbackend.Credentials
 	drain                                                   time.Duration
 	// Discovery over NATS: how often instances are asked for their stats
@@ -83,11 +83,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
 	fs.BoolVar(&o.upstreamResume, "upstream-resume", false, "the -upstream servers are mlxserving: a stream cut after tokens resumes on another backend (token ids travel)")
-	fs.IntVar(&o.bounds.SpillPending, "affinity-spill", scheduler.DefaultAffinityBounds.SpillPending,
+	fs.IntVar(&o.bounds.SpillPending, "affinity-spill", balancer.DefaultAffinityBounds.SpillPending,
 		"a session's request goes elsewhere once (its home kept) when the home holds more pending requests than this and 1.5x the mean")
-	fs.IntVar(&o.bounds.MovePending, "affinity-move", scheduler.DefaultAffinityBounds.MovePending,
+	fs.IntVar(&o.bounds.MovePending, "affinity-move", balancer.DefaultAffinityBounds.MovePending,
 		"a session moves when its home stays past this many pending requests and 2x the mean for -affinity-move-after")
-	fs.DurationVar(&o.bounds.MoveAfter, "affinity-move-after", scheduler.DefaultAffinityBounds.MoveAfter, "see -affinity-move")
+	fs.DurationVar(&o.bounds.MoveAfter, "affinity-move-after", balancer.DefaultAffinityBounds.MoveAfter, "see -affinity-move")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile); default: no keys")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging (every request sent on to another backend)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long shutdown waits for requests in flight")
@@ -110,20 +110,20 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-func strategy(name string) (scheduler.Strategy, error) {
+func strategy(name string) (balancer.Strategy, error) {
 	switch name {
 	case "round-robin":
-		return scheduler.RoundRobin(), nil
+		return balancer.RoundRobin(), nil
 	case "least-loaded":
-		return scheduler.LeastLoaded(), nil
+		return balancer.LeastLoaded(), nil
 	case "peak-ewma":
-		return scheduler.PeakEWMA(), nil
+		return balancer.PeakEWMA(), nil
 	case "p2c":
-		return scheduler.PowerOfTwo(scheduler.LeastLoaded()), nil
+		return balancer.PowerOfTwo(balancer.LeastLoaded()), nil
 	case "session":
-		return scheduler.SessionAffinity(1.25, scheduler.LeastLoaded()), nil
+		return balancer.SessionAffinity(1.25, balancer.LeastLoaded()), nil
 	case "weighted":
-		return scheduler.Weighted(scheduler.DefaultWeights), nil
+		return balancer.Weighted(balancer.DefaultWeights), nil
 	}
 	return nil, fmt.Errorf("-strategy %q: want round-robin, least-loaded, peak-ewma, p2c, session or weighted", name)
 }
@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
-	lb, closeAll, err := balancer(ctx, o, log)
+	lb, closeAll, err := newBalancer(ctx, o, log)
 	if err != nil {
 		return err
 	}
@@ -180,11 +180,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	return err
 }
 
-// balancer builds the load balancer over the -upstream servers and the
+// newBalancer builds the load balancer over the -upstream servers and the
 // instances Discover finds; closeAll stops discovery and closes the rest.
-func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.LoadBalancer, func(), error) {
+func newBalancer(ctx context.Context, o options, log *slog.Logger) (*balancer.Balancer, func(), error) {
 	strat, _ := strategy(o.strategy)
-	lbOpts := []scheduler.LBOption{scheduler.WithStrategy(strat), scheduler.WithLBLogger(log)}
+	lbOpts := []balancer.Option{balancer.WithStrategy(strat), balancer.WithLogger(log)}
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -199,9 +199,9 @@ func balancer(ctx context.Context, o options, log *slog.Logger) (*scheduler.Load
 			closeAll()
 			return nil, nil, err
 		}
-		lbOpts = append(lbOpts, scheduler.WithAffinityStore(store, 0), scheduler.WithAffinityBounds(o.bounds))
+		lbOpts = append(lbOpts, balancer.WithAffinityStore(store, 0), balancer.WithAffinityBounds(o.bounds))
 	}
-	lb, err := scheduler.NewLoadBalancer(lbOpts...)
+	lb, err := balancer.New(lbOpts...)
 	if err != nil {
 		closeAll()
 		return nil, nil, err

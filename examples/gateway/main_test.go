@@ -12,10 +12,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // configuration) finds an instance (user instance) and answers the OpenAI
 // API through it.
 func TestGatewayOverNATS(t *testing.T) {
-	url := natstest.Start(t, "../../scheduler/natsbackend/testdata/nats-server.conf")
+	url := natstest.Start(t, "../../balancer/natsbackend/testdata/nats-server.conf")
 
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlxserving/mlxserving"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 )
 
 // natsPasswordEnv holds the password for -nats-user (kept out of argv).
@@ -20,7 +20,7 @@ const natsPasswordEnv = "MLXSERVING_NATS_PASSWORD"
 
 // clusterFlags say how the server joins a cluster as an instance: NATS
 // servers and the credentials of an instance user (see
-// scheduler/natsbackend/testdata/nats-server.conf for the permissions).
+// balancer/natsbackend/testdata/nats-server.conf for the permissions).
 type clusterFlags struct {
 	urls, instance            string
 	creds, nkey, user         string

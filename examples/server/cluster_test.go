@@ -10,16 +10,16 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlxserving/mlxserving/api"
-	"github.com/mlxserving/mlxserving/scheduler"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend"
-	"github.com/mlxserving/mlxserving/scheduler/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend"
+	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
 )
 
 // TestJoinsCluster: with -nats the server serves as an instance that a
 // balancer discovers and reaches (with the instance user of the tested
 // nats-server configuration); on shutdown it leaves the cluster.
 func TestJoinsCluster(t *testing.T) {
-	url := natstest.Start(t, "../../scheduler/natsbackend/testdata/nats-server.conf")
+	url := natstest.Start(t, "../../balancer/natsbackend/testdata/nats-server.conf")
 	t.Setenv(natsPasswordEnv, "instance-secret")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -42,7 +42,7 @@ func TestJoinsCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gw.Close()
-	lb, err := scheduler.NewLoadBalancer()
+	lb, err := balancer.New()
 	if err != nil {
 		t.Fatal(err)
 	}

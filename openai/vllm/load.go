@@ -9,15 +9,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mlxserving/mlxserving"
-	"github.com/mlxserving/mlxserving/scheduler"
+	"github.com/mlxserving/mlxserving/balancer"
 )
 
 // LoadSource is what LoadCollector reads: a load report, as a
-// *mlxserving.Server or a scheduler.LoadBalancer gives. A source that also
+// *mlxserving.Server or a balancer.Balancer gives. A source that also
 // has per-model stats (Stats() map[string]mlxserving.ModelStats, as a
 // Server has) is reported per model.
 type LoadSource interface {
-	Load() scheduler.Load
+	Load() balancer.Load
 }
 
 type modelStatser interface {

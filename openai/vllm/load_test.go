@@ -9,10 +9,10 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/openai/vllm"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // gather scrapes reg: value per metric name, checking every series is
@@ -66,7 +66,7 @@ func TestLoadCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.MustRegister(c)
-	lb, err := scheduler.NewLoadBalancer()
+	lb, err := balancer.New()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-# Redis for scheduler/redisaffinity's tests: they start their own
+# Redis for balancer/redisaffinity's tests: they start their own
 # redis-server on a loopback port (no persistence). Sourced by
 # scripts/test.sh; quick when present.
 if ! command -v redis-server >/dev/null 2>&1; then

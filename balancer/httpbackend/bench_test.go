@@ -1,0 +1,47 @@
+package httpbackend_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
+)
+
+// BenchmarkHop compares a request served by the Server directly with the
+// same request over the HTTP hop (httpbackend -> loopback -> openai
+// handler -> Server), on the simulated engine (enginetest.Sim) with zero
+// step time, so the figures are the serving layer's cost. "1tok" is the
+// per-request overhead; "256tok" reports tokens/s.
+func BenchmarkHop(b *testing.B) {
+	u := newUpstream(b, nil)
+	hb := newBackend(b, u.ts.URL)
+	for _, via := range []struct {
+		name string
+		g    balancer.Backend
+	}{{"direct", u.srv}, {"http", hb}} {
+		for _, n := range []int{1, 256} {
+			name := via.name + "/1tok"
+			if n > 1 {
+				name = via.name + "/256tok"
+			}
+			b.Run(name, func(b *testing.B) {
+				req := api.Request{Model: "tiny", PromptTokens: []int32{1, 2, 3, 4}, Params: api.Params{MaxTokens: n, IgnoreEOS: true}}
+				b.ReportAllocs()
+				tokens := 0
+				for b.Loop() {
+					st, err := via.g.Generate(context.Background(), req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					res, err := st.Collect()
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens += res.Usage.CompletionTokens
+				}
+				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+			})
+		}
+	}
+}

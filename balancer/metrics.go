@@ -1,0 +1,76 @@
+package balancer
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// WithMeterProvider exports the balancer's state as OpenTelemetry
+// instruments, read from Stats when the provider collects (nothing on the
+// request path): mlxserving.lb.requests by result (routed, failover,
+// refused, interrupted, resumed), and per backend mlxserving.lb.backend.in_flight,
+// mlxserving.lb.backend.healthy (1 or 0), mlxserving.lb.backend.ttft (its
+// peak-EWMA time to first token, seconds) and mlxserving.breaker.state (0
+// closed, 1 half-open, 2 open, as the Server reports its workers'). The
+// default exports nothing.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return errors.New("meter provider is nil")
+		}
+		c.meterProvider = mp
+		return nil
+	}
+}
+
+// registerMetrics registers lb's instruments with the configured provider;
+// Close unregisters them.
+func (lb *Balancer) registerMetrics() error {
+	if lb.cfg.meterProvider == nil {
+		return nil
+	}
+	meter := lb.cfg.meterProvider.Meter("github.com/mlxserving/mlxserving/balancer")
+	requests, err1 := meter.Int64ObservableCounter("mlxserving.lb.requests",
+		metric.WithDescription("Balanced requests by result: routed to a backend, failed over before the first token, refused by every backend, interrupted after tokens, resumed on another backend after tokens."))
+	inflight, err2 := meter.Int64ObservableGauge("mlxserving.lb.backend.in_flight", metric.WithDescription("Requests the balancer has open on each backend."))
+	healthy, err3 := meter.Int64ObservableGauge("mlxserving.lb.backend.healthy", metric.WithDescription("1 when a backend's last active health check passed, else 0."))
+	ttft, err4 := meter.Float64ObservableGauge("mlxserving.lb.backend.ttft", metric.WithUnit("s"),
+		metric.WithDescription("Peak-EWMA time to first token per backend."))
+	breaker, err5 := meter.Int64ObservableGauge("mlxserving.breaker.state",
+		metric.WithDescription("Circuit breaker state per backend: 0 closed, 1 half-open, 2 open."))
+	affinity, err6 := meter.Int64ObservableCounter("mlxserving.lb.affinity",
+		metric.WithDescription("Requests of sessions with a home backend by decision: sent home, spilled elsewhere once (the home kept), moved the home."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
+		return err
+	}
+	result := func(r string) metric.ObserveOption { return metric.WithAttributes(attribute.String("result", r)) }
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := lb.Stats()
+		o.ObserveInt64(requests, int64(st.Routed), result("routed"))
+		o.ObserveInt64(requests, int64(st.Failovers), result("failover"))
+		o.ObserveInt64(requests, int64(st.Refused), result("refused"))
+		o.ObserveInt64(requests, int64(st.Interrupted), result("interrupted"))
+		o.ObserveInt64(requests, int64(st.Resumed), result("resumed"))
+		decision := func(d string) metric.ObserveOption { return metric.WithAttributes(attribute.String("decision", d)) }
+		o.ObserveInt64(affinity, int64(st.AffinityHome), decision("home"))
+		o.ObserveInt64(affinity, int64(st.AffinitySpilled), decision("spilled"))
+		o.ObserveInt64(affinity, int64(st.AffinityMoved), decision("moved"))
+		for _, b := range st.Backends {
+			attrs := metric.WithAttributes(attribute.String("backend", b.Name))
+			o.ObserveInt64(inflight, int64(b.InFlight), attrs)
+			h := int64(0)
+			if b.Healthy {
+				h = 1
+			}
+			o.ObserveInt64(healthy, h, attrs)
+			o.ObserveFloat64(ttft, b.Latency.Seconds(), attrs)
+			o.ObserveInt64(breaker, int64(b.Breaker.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
+		}
+		return nil
+	}, requests, inflight, healthy, ttft, breaker, affinity)
+	lb.metricsReg = reg
+	return err
+}

@@ -1,0 +1,69 @@
+// Package natsbackend serves and reaches balancer.Backends over NATS,
+// with nats.go's micro services for discovery, stats and liveness.
+//
+// On each instance, [Serve] exposes a backend (a *mlxserving.Server) as a
+// micro service:
+//
+//	svc, err := natsbackend.Serve(nc, "gpu-7", srv)
+//	defer svc.Stop()
+//
+// To stop an instance without losing work (SIGTERM), Drain it: it is
+// advertised as draining (balancers route nothing new to it) for a notice,
+// then leaves, and returns once its streams ended with their final chunk:
+//
+//	err := svc.Drain(ctx, 2*natsbackend.DefaultInterval)
+//
+// On the balancer, [Discover] finds the instances and keeps a
+// balancer.Registry (a balancer.Balancer) in step with them:
+//
+//	d, err := natsbackend.Discover(ctx, nc, lb)
+//	defer d.Close()
+//
+// Every instance is the micro service DefaultService with endpoints
+// generate, chat and load on subjects of its own. Discovery asks all of
+// them for their stats ($SRV.STATS.<service>) every interval; each answer
+// carries the instance's load report, so one broadcast both proves an
+// instance alive and refreshes what the balancer routes on. An instance
+// that has not answered within the timeout is removed. Between broadcasts
+// each known instance is probed on its own load subject every probe
+// interval (250 ms by default): the NATS server answers "no responders" at
+// once for an instance whose connection is gone (kill -9), so it leaves
+// the registry, and its requests that have not produced a token yet fail
+// over to another instance, within about a probe interval rather than
+// three missed heartbeats.
+//
+// Security is NATS's own: Serve and Discover take the caller's *nats.Conn,
+// so credentials, NKeys and TLS are nats.go options (nats.UserCredentials,
+// nats.Nkey, nats.UserInfo, nats.ClientCert). testdata/nats-server.conf is
+// a tested server configuration under which only instance users may serve
+// (subscribe to the serving subjects and answer discovery) and only gateway
+// users may call them; any other user can do neither.
+//
+// Names are unique: Serve refuses (ErrNameTaken) a name a live instance of
+// the service answers under, and a new instance under a known name is
+// taken for a restart and replaces the old one; should the old one answer
+// again, discovery keeps the newer, logs it once, and does not swap them.
+//
+// A request is a NATS request to the instance's endpoint, answered at once
+// with a start message (or a typed error: nothing was started), after
+// which chunks stream to an inbox of the client's. The stream is
+// credit-based: the client grants a window of chunks and renews it as it
+// reads, so a slow reader never overflows its subscription. While a
+// stream is quiet the instance sends heartbeats; a stream that hears
+// nothing for the heartbeat timeout ends with ErrInstanceLost — after
+// text reached the caller as a *retry.InterruptedError. Closing the
+// stream on the client tells the instance to stop the generation.
+//
+// Chunk messages are numbered, and heartbeats say how many went out, so a
+// message lost on the way (a server of a NATS cluster went away with it)
+// is noticed: the client asks for the messages from the first it missed,
+// and the instance, which keeps a stream's last window of messages (and a
+// finished stream until its client has the final chunk), sends them
+// again. A stream that does not get them within three heartbeats ends
+// with ErrInstanceLost rather than go on without their text.
+//
+// A balancer.Balancer over these clients resumes such a stream on
+// another instance. Chunks carry their token ids, and the request travels
+// as its JSON, api.Params.Resume included: the new instance gets the
+// prompt plus the delivered ids and streams only what follows.
+package natsbackend
