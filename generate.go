@@ -224,7 +224,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
 	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
-		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
+		seq.Watch = retry.NewWatch(d, seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
 	}
 	if err := m.queue.Push(entry); err != nil {
 		seq.Watch.Stop()

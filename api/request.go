@@ -1,19 +1,13 @@
 package api
 
-import (
-	"time"
-
-	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/retry"
-)
+import "time"
 
 // Params are the generation settings shared by Request and ChatRequest.
 type Params struct {
 	// MaxTokens is the most tokens to generate. Required: at least 1.
 	MaxTokens int
 	// Sampling chooses how tokens are picked; the zero value is greedy.
-	Sampling engine.SamplingParams
+	Sampling SamplingParams
 	// Stop lists strings that end generation; the text stops before them.
 	// Needs the model's tokenizer.
 	Stop []string
@@ -53,7 +47,7 @@ type Params struct {
 	// between tokens and total time; each zero field takes the Server's
 	// default. When one fires the stream ends with a *retry.DeadlineError
 	// and the sequence's KV is freed within one engine step.
-	Deadlines retry.Deadlines
+	Deadlines Deadlines
 	// Resume continues a generation an earlier attempt of this request
 	// began (on another instance whose stream broke off): the token ids
 	// that attempt delivered, in order. The server generates as if the
@@ -87,8 +81,20 @@ type Request struct {
 	Params
 }
 
-// Message is one chat message.
-type Message = tokenizer.Message
+// Message is one chat message as chat templates see it. Empty optional
+// fields are left out of the template's message object, as a Python caller
+// that omits the key would.
+type Message struct {
+	Role    string
+	Content string
+	// Name is the optional participant name.
+	Name string
+	// ToolCalls are an assistant's tool calls, OpenAI-shaped
+	// ({"id", "type": "function", "function": {"name", "arguments"}}).
+	ToolCalls []map[string]any
+	// ToolCallID links a "tool" message to the call it answers.
+	ToolCallID string
+}
 
 // ChatRequest asks for the next assistant message of a conversation,
 // rendered with the model's chat template.
