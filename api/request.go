@@ -26,7 +26,7 @@ type Params struct {
 	// engine/grammar compiles; grammar.AnyObject for any JSON object).
 	// Generation ends when the document is complete. Needs the model's
 	// tokenizer; a schema that cannot be compiled is refused with an
-	// *engine.InvalidParamError naming the keyword.
+	// *InvalidParamError naming the keyword.
 	JSONSchema []byte
 	// Session keeps a conversation's KV cache: the engine saves the KV of
 	// this request under the session id, and the next request of the same
@@ -51,7 +51,7 @@ type Params struct {
 	// Resume continues a generation an earlier attempt of this request
 	// began (on another instance whose stream broke off): the token ids
 	// that attempt delivered, in order. The server generates as if the
-	// prompt were followed by them — engine.SamplingParams.Generated
+	// prompt were followed by them — SamplingParams.Generated
 	// counts them, and the stop strings, detokenizer and JSONSchema are
 	// fed them first — and streams only what follows, so the two streams
 	// joined are one generation: exactly the uninterrupted one for greedy
@@ -60,7 +60,7 @@ type Params struct {
 	// usage count the whole generation (Resume included; the prompt once).
 	// Tokens that would have ended generation (a stop token or string, a
 	// complete JSON document) or as many as MaxTokens are refused with an
-	// *engine.InvalidParamError. A resumed request is never merged.
+	// *InvalidParamError. A resumed request is never merged.
 	Resume []int32
 	// Cache lets a server with a response cache (see the root package's
 	// WithMerging) answer this request from a cached identical response
