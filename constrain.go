@@ -39,12 +39,7 @@ func (m *model) constraint(schema []byte, lim grammar.Limits) (*grammar.Matcher,
 		return nil, fmt.Errorf("%w: constrained output needs model %q's tokenizer", ErrNoTokenizer, m.info.ID)
 	}
 	m.vocab.once.Do(func() {
-		pieces := make([][]byte, m.info.VocabSize)
-		for id := range pieces {
-			pieces[id] = m.tok.TokenBytes(int32(id))
-		}
-		eos := slices.Concat(m.info.EOS, m.eos, m.tok.EOS())
-		m.vocab.v = grammar.NewVocab(pieces, eos, m.tok.IsSpecial)
+		m.vocab.v = grammar.VocabFromTokenizer(m.tok, m.info.VocabSize, slices.Concat(m.info.EOS, m.eos)...)
 	})
 	g, err := m.vocab.v.Compile(schema, lim)
 	if err != nil {

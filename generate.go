@@ -198,7 +198,7 @@ func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p a
 
 // start queues one sequence and returns its source, which ends the
 // sequence when ctx ends.
-func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32) (*localSource, error) {
+func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32) (*batcher.Source, error) {
 	seq := &batcher.Sequence{
 		Prompt:     prompt,
 		MaxTokens:  p.MaxTokens,
@@ -224,7 +224,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
 	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
-		seq.Watch = d.Watch(seq.Submitted, func(err *retry.DeadlineError) { expire(m, entry, err) })
+		seq.Watch = retry.NewWatch(d, seq.Submitted, func(err *retry.DeadlineError) { batcher.Expire(m.queue, entry, err) })
 	}
 	if err := m.queue.Push(entry); err != nil {
 		seq.Watch.Stop()
@@ -232,10 +232,18 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	}
 	release := sync.OnceFunc(func() { s.release(m) })
 	go releaseWhenDone(release, seq.Done())
-	src := newLocalSource(ctx, m, entry, s.metrics)
-	src.release = release // the reader seeing the end releases at once
-	src.resumed = len(p.Resume)
-	return src, nil
+	hooks := batcher.SourceHooks{
+		Gap:     func(gap time.Duration) { s.metrics.interToken(m.info.ID, gap) },
+		Resumed: len(p.Resume),
+		End: func(u *api.Usage, err error) {
+			release()                                         // the reader seeing the end releases at once
+			s.metrics.finished(m.info.ID, p.Priority, u, err) // the tier it was submitted at
+		},
+	}
+	if m.tok != nil {
+		hooks.TokenText = func(id int32) string { return string(m.tok.TokenBytes(id)) }
+	}
+	return batcher.NewSource(ctx, entry, m.queue, hooks), nil
 }
 
 // validate checks a request before it is queued, so a request that can

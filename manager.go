@@ -191,7 +191,10 @@ func (s *Server) managerErr(id string, err error) error {
 	return err
 }
 
-// serverHost is the Server as the manager's prewarm.Host.
+// serverHost is the Server as the manager's prewarm.Host. Its verbs load
+// and unload behind the manager's back (no budget, no registration), so
+// they stay off Server's exported API: callers load with LoadModel,
+// RegisterModel or Preload, which go through the manager.
 type serverHost struct{ s *Server }
 
 // Load loads spec and starts serving it.

@@ -88,41 +88,44 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
 	}
 	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
-	if cfg.merging {
-		mg, err := merge.New(cfg.mergeOpts...)
-		if err != nil {
-			return nil, fmt.Errorf("mlxserving: %w", err)
-		}
-		s.merger = mg
-	}
-	m, err := newMetrics(cfg.meterProvider, s)
-	if err != nil {
-		if s.merger != nil {
-			s.merger.Close()
-		}
-		return nil, fmt.Errorf("mlxserving: metrics: %w", err)
-	}
-	s.metrics = m
-	if s.sessions, err = s.newRegistry(); err != nil {
-		if m.registration != nil {
-			_ = m.registration.Unregister()
-		}
-		if s.merger != nil {
-			s.merger.Close()
-		}
-		return nil, fmt.Errorf("mlxserving: session options: %w", err)
-	}
-	if s.mgr, err = newManager(s, &cfg); err != nil {
-		s.sessions.Close()
-		if m.registration != nil {
-			_ = m.registration.Unregister()
-		}
-		if s.merger != nil {
-			s.merger.Close()
-		}
+	if err := s.build(&cfg); err != nil {
+		s.closeServices()
 		return nil, fmt.Errorf("mlxserving: %w", err)
 	}
 	return s, nil
+}
+
+// build builds the Server's services in order; on an error, closeServices
+// ends those already built.
+func (s *Server) build(cfg *config) (err error) {
+	if cfg.merging {
+		if s.merger, err = merge.New(cfg.mergeOpts...); err != nil {
+			return err
+		}
+	}
+	if s.metrics, err = newMetrics(cfg.meterProvider, s); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if s.sessions, err = s.newRegistry(); err != nil {
+		return fmt.Errorf("session options: %w", err)
+	}
+	s.mgr, err = newManager(s, cfg)
+	return err
+}
+
+// closeServices ends what build built, once the models are gone: the
+// session registry, the merger (its generations have ended with their
+// models) and the metrics' registration.
+func (s *Server) closeServices() {
+	if s.sessions != nil {
+		s.sessions.Close()
+	}
+	if s.merger != nil {
+		s.merger.Close()
+	}
+	if s.metrics != nil && s.metrics.registration != nil {
+		_ = s.metrics.registration.Unregister()
+	}
 }
 
 // Option configures a Server.
@@ -246,17 +249,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	_ = s.mgr.Close() // aborts loads under way first
 	models := s.closeAll()
-	if s.metrics.registration != nil {
-		defer func() { _ = s.metrics.registration.Unregister() }()
-	}
 	var errs []error
 	for _, m := range models {
 		errs = append(errs, m.shutdown(ctx))
 	}
-	s.sessions.Close()
-	if s.merger != nil {
-		s.merger.Close() // its generations have ended with their models
-	}
+	s.closeServices()
 	return errors.Join(errs...)
 }
 

@@ -2,7 +2,11 @@
 // by everything that serves requests: a single mlxserving.Server, request
 // merging, and balancer.Balancer over local and remote backends. They
 // are data, not behaviour, and live below all of those packages so each can
-// produce and consume the same [Stream].
+// produce and consume the same [Stream]. The package imports only the
+// standard library: the engine contract, the tokenizer and retry refer to
+// its [SamplingParams], [InvalidParamError], [Message] and [Deadlines]
+// under their own names (type aliases), so importing api pulls in none of
+// their dependencies.
 //
 //	st, err := srv.Chat(ctx, api.ChatRequest{
 //		Model:    "llama",

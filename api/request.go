@@ -1,19 +1,13 @@
 package api
 
-import (
-	"time"
-
-	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/engine/tokenizer"
-	"github.com/mlxserving/mlxserving/retry"
-)
+import "time"
 
 // Params are the generation settings shared by Request and ChatRequest.
 type Params struct {
 	// MaxTokens is the most tokens to generate. Required: at least 1.
 	MaxTokens int
 	// Sampling chooses how tokens are picked; the zero value is greedy.
-	Sampling engine.SamplingParams
+	Sampling SamplingParams
 	// Stop lists strings that end generation; the text stops before them.
 	// Needs the model's tokenizer.
 	Stop []string
@@ -32,7 +26,7 @@ type Params struct {
 	// engine/grammar compiles; grammar.AnyObject for any JSON object).
 	// Generation ends when the document is complete. Needs the model's
 	// tokenizer; a schema that cannot be compiled is refused with an
-	// *engine.InvalidParamError naming the keyword.
+	// *InvalidParamError naming the keyword.
 	JSONSchema []byte
 	// Session keeps a conversation's KV cache: the engine saves the KV of
 	// this request under the session id, and the next request of the same
@@ -53,11 +47,11 @@ type Params struct {
 	// between tokens and total time; each zero field takes the Server's
 	// default. When one fires the stream ends with a *retry.DeadlineError
 	// and the sequence's KV is freed within one engine step.
-	Deadlines retry.Deadlines
+	Deadlines Deadlines
 	// Resume continues a generation an earlier attempt of this request
 	// began (on another instance whose stream broke off): the token ids
 	// that attempt delivered, in order. The server generates as if the
-	// prompt were followed by them — engine.SamplingParams.Generated
+	// prompt were followed by them — SamplingParams.Generated
 	// counts them, and the stop strings, detokenizer and JSONSchema are
 	// fed them first — and streams only what follows, so the two streams
 	// joined are one generation: exactly the uninterrupted one for greedy
@@ -66,7 +60,7 @@ type Params struct {
 	// usage count the whole generation (Resume included; the prompt once).
 	// Tokens that would have ended generation (a stop token or string, a
 	// complete JSON document) or as many as MaxTokens are refused with an
-	// *engine.InvalidParamError. A resumed request is never merged.
+	// *InvalidParamError. A resumed request is never merged.
 	Resume []int32
 	// Cache lets a server with a response cache (see the root package's
 	// WithMerging) answer this request from a cached identical response
@@ -87,8 +81,20 @@ type Request struct {
 	Params
 }
 
-// Message is one chat message.
-type Message = tokenizer.Message
+// Message is one chat message as chat templates see it. Empty optional
+// fields are left out of the template's message object, as a Python caller
+// that omits the key would.
+type Message struct {
+	Role    string
+	Content string
+	// Name is the optional participant name.
+	Name string
+	// ToolCalls are an assistant's tool calls, OpenAI-shaped
+	// ({"id", "type": "function", "function": {"name", "arguments"}}).
+	ToolCalls []map[string]any
+	// ToolCallID links a "tool" message to the call it answers.
+	ToolCallID string
+}
 
 // ChatRequest asks for the next assistant message of a conversation,
 // rendered with the model's chat template.

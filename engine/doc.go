@@ -30,8 +30,8 @@
 // Resuming: a sequence whose worker was lost after it generated n tokens
 // can go on as a new sequence whose prompt is the old prompt plus those
 // n tokens. Greedy and unseeded sampling continue correctly on any
-// engine. A model that sets [Info.Resumes] also follows
-// [SamplingParams.Generated] (set to n on the new sequence): its seeded
+// engine. A model that sets [Info.Resumes] also follows the Generated
+// field of [SamplingParams] (set to n on the new sequence): its seeded
 // draws are a function of the seed and the generated position and its
 // presence and frequency penalties count those n tokens, so a seeded or
 // penalised sequence continues exactly as the uninterrupted one would

@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // Sentinel errors. Engines wrap them (fmt.Errorf("...: %w", ErrX)) or return
@@ -25,8 +27,9 @@ var (
 	// stopped answering. The sequences it held are gone; retrying them
 	// from the start is safe if nothing was delivered yet.
 	ErrWorkerLost = errors.New("engine worker lost")
-	// ErrInvalidParam means a request parameter is out of range.
-	ErrInvalidParam = errors.New("invalid parameter")
+	// ErrInvalidParam means a request parameter is out of range; it is
+	// api.ErrInvalidParam, which every *InvalidParamError wraps.
+	ErrInvalidParam = api.ErrInvalidParam
 	// ErrClosed means the engine or model was closed.
 	ErrClosed = errors.New("engine closed")
 )
@@ -80,25 +83,6 @@ func (e *CheckpointError) Error() string {
 // Unwrap returns ErrBadCheckpoint.
 func (e *CheckpointError) Unwrap() error { return ErrBadCheckpoint }
 
-// InvalidParamError names a request parameter and why it was refused.
-type InvalidParamError struct {
-	// Param is the parameter's name as an API user writes it ("top_p").
-	Param string
-	// Reason says what is wrong with it.
-	Reason string
-	// Err is the cause, when another package's error refused the value
-	// (a tokenizer's *TemplateError or *UTF8Error); nil otherwise.
-	Err error
-}
-
-func (e *InvalidParamError) Error() string {
-	return fmt.Sprintf("invalid parameter %s: %s", e.Param, e.Reason)
-}
-
-// Unwrap returns ErrInvalidParam and the cause, so errors.Is/As find both.
-func (e *InvalidParamError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrInvalidParam}
-	}
-	return []error{ErrInvalidParam, e.Err}
-}
+// InvalidParamError names a request parameter and why it was refused;
+// the type lives in api beside the parameters it checks.
+type InvalidParamError = api.InvalidParamError

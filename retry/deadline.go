@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mlxserving/mlxserving/api"
 )
 
 // ErrDeadline is wrapped by every *DeadlineError.
@@ -66,41 +68,10 @@ func (e *DeadlineError) Unwrap() error { return ErrDeadline }
 // Retryable reports false.
 func (e *DeadlineError) Retryable() bool { return false }
 
-// Deadlines bound one request. A zero field turns that deadline off; the
-// zero value enforces none.
-type Deadlines struct {
-	// FirstToken bounds submission to first token.
-	FirstToken time.Duration
-	// Stall bounds the gap between consecutive tokens.
-	Stall time.Duration
-	// Total bounds submission to the end.
-	Total time.Duration
-}
-
-// Validate refuses negative bounds.
-func (d Deadlines) Validate() error {
-	if d.FirstToken < 0 || d.Stall < 0 || d.Total < 0 {
-		return fmt.Errorf("retry: deadlines must not be negative (first token %v, stall %v, total %v)", d.FirstToken, d.Stall, d.Total)
-	}
-	return nil
-}
-
-// Zero reports whether no deadline is set.
-func (d Deadlines) Zero() bool { return d == Deadlines{} }
-
-// Or returns d with its zero fields taken from def.
-func (d Deadlines) Or(def Deadlines) Deadlines {
-	if d.FirstToken == 0 {
-		d.FirstToken = def.FirstToken
-	}
-	if d.Stall == 0 {
-		d.Stall = def.Stall
-	}
-	if d.Total == 0 {
-		d.Total = def.Total
-	}
-	return d
-}
+// Deadlines bound one request; the type lives in api so a request
+// carries it without importing retry. A zero field turns that deadline
+// off; the zero value enforces none.
+type Deadlines = api.Deadlines
 
 // Watch enforces Deadlines on one request. The producer of its tokens
 // calls Token for each one; when a deadline passes, Watch calls the expire
@@ -121,9 +92,9 @@ type Watch struct {
 	total   *time.Timer
 }
 
-// Watch starts enforcing d for a request submitted at start. expire is
+// NewWatch starts enforcing d for a request submitted at start. expire is
 // called at most once. With zero Deadlines the Watch does nothing.
-func (d Deadlines) Watch(start time.Time, expire func(*DeadlineError)) *Watch {
+func NewWatch(d Deadlines, start time.Time, expire func(*DeadlineError)) *Watch {
 	w := &Watch{d: d, expire: expire}
 	w.last.Store(start.UnixNano())
 	w.mu.Lock()

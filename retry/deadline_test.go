@@ -11,7 +11,7 @@ import (
 // watch runs a Watch and returns the error it fired, or nil after wait.
 func watch(d retry.Deadlines, tokens []time.Duration, wait time.Duration) *retry.DeadlineError {
 	fired := make(chan *retry.DeadlineError, 1)
-	w := d.Watch(time.Now(), func(e *retry.DeadlineError) { fired <- e })
+	w := retry.NewWatch(d, time.Now(), func(e *retry.DeadlineError) { fired <- e })
 	defer w.Stop()
 	start := time.Now()
 	for _, at := range tokens {
@@ -67,7 +67,7 @@ func TestWatchFiresEachDeadline(t *testing.T) {
 
 func TestWatchStopPreventsFiring(t *testing.T) {
 	fired := make(chan *retry.DeadlineError, 1)
-	w := retry.Deadlines{FirstToken: 20 * time.Millisecond, Total: 20 * time.Millisecond}.Watch(time.Now(), func(e *retry.DeadlineError) { fired <- e })
+	w := retry.NewWatch(retry.Deadlines{FirstToken: 20 * time.Millisecond, Total: 20 * time.Millisecond}, time.Now(), func(e *retry.DeadlineError) { fired <- e })
 	w.Stop()
 	w.Stop()
 	select {

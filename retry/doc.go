@@ -24,8 +24,9 @@
 //     [Watch] that cancels the request with an error naming the deadline
 //     that fired.
 //
-// The package imports nothing of the project but engine/ errors, so every
-// layer (engines, the batcher, the server, a load balancer) can use it.
+// The package imports nothing of the project but engine/ errors and api/
+// (where the Deadlines type lives), so every layer (engines, the batcher,
+// the server, a load balancer) can use it.
 //
 // Use:
 //

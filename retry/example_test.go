@@ -58,10 +58,10 @@ func ExampleBreaker() {
 }
 
 // A Watch cancels a request whose first token does not come in time.
-func ExampleDeadlines_Watch() {
+func ExampleNewWatch() {
 	fired := make(chan error, 1)
 	d := retry.Deadlines{FirstToken: 10 * time.Millisecond, Stall: time.Second}
-	w := d.Watch(time.Now(), func(e *retry.DeadlineError) { fired <- e })
+	w := retry.NewWatch(d, time.Now(), func(e *retry.DeadlineError) { fired <- e })
 	defer w.Stop()
 	err := <-fired
 	var de *retry.DeadlineError

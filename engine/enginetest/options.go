@@ -233,7 +233,7 @@ func WithMemory(weightBytes, kvTokenBytes int64) SimOption {
 }
 
 // WithoutResume makes every model behave as an engine that does not
-// follow [engine.SamplingParams.Generated]: Info.Resumes is false, a
+// follow Generated of [engine.SamplingParams]: Info.Resumes is false, a
 // seeded draw restarts at the first generated position of every Open and
 // presence and frequency penalties count only tokens fed after the first
 // sample. It lets the serving layer's handling of such engines be tested

@@ -44,9 +44,9 @@ import (
 // The Path of a ModelSpec is not read: "" or any directory loads. Each
 // Load gives an independent model; Stats add up all of them.
 //
-// Its models report [engine.Info.Resumes] and follow
-// [engine.SamplingParams.Generated]: a sampled draw mixes in the seed and
-// the generated position (samples since Open plus Generated), and a
+// Its models report [engine.Info.Resumes] and follow Generated of
+// [engine.SamplingParams]: a sampled draw mixes in the seed and the
+// generated position (samples since Open plus Generated), and a
 // sequence's first sample counts the prompt's last Generated tokens for
 // presence and frequency penalties ([WithoutResume] turns that off).
 // [WithWorkerLoss] fails random Steps as a crashed worker does.

@@ -60,7 +60,7 @@ func realVocab(t testing.TB, name string) *Vocab {
 	if err != nil {
 		t.Fatalf("load %s: %v", name, err)
 	}
-	v := VocabFromTokenizer(tok)
+	v := VocabFromTokenizer(tok, 0)
 	if realVocabs.m == nil {
 		realVocabs.m = map[string]*Vocab{}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/nikolalohinski/gonja/v2/builtins"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
@@ -14,20 +15,11 @@ import (
 	"github.com/nikolalohinski/gonja/v2/parser"
 )
 
-// Message is one chat message as chat templates see it. Empty optional
-// fields are left out of the template's message object, as a Python caller
-// that omits the key would.
-type Message struct {
-	Role    string
-	Content string
-	// Name is the optional participant name.
-	Name string
-	// ToolCalls are an assistant's tool calls, OpenAI-shaped
-	// ({"id", "type": "function", "function": {"name", "arguments"}}).
-	ToolCalls []map[string]any
-	// ToolCallID links a "tool" message to the call it answers.
-	ToolCallID string
-}
+// Message is one chat message as chat templates see it; the type lives
+// in api so a chat request carries it without importing the tokenizer.
+// Empty optional fields are left out of the template's message object, as
+// a Python caller that omits the key would.
+type Message = api.Message
 
 // ChatOptions control ApplyChatTemplate. The zero value renders the
 // default template without a generation prompt.

@@ -3,6 +3,8 @@
 // the file before anything is allocated from it, so a truncated or crafted
 // file gives an *engine.CheckpointError, never a panic or a huge
 // allocation. Engines use it before handing a file to their own loader.
+// [Fingerprint] names a checkpoint directory for caches without reading
+// all of its weights.
 //
 //	h, err := safetensors.ReadFile(path)
 //	for name, t := range h.Tensors { fmt.Println(name, t.DType, t.Shape) }
