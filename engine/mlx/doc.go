@@ -62,6 +62,10 @@
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the
 // seed and how many tokens the sequence has sampled, so it is the same
-// alone and in any batch. float32 matrix products do not use TF32 unless
+// alone and in any batch. The model reports engine.Info.Resumes: a
+// sequence opened with SamplingParams.Generated set starts its draws at
+// that position and counts the prompt's last Generated tokens for
+// presence and frequency penalties, so it goes on as the interrupted one
+// would have. float32 matrix products do not use TF32 unless
 // WithTF32 asks.
 package mlx
