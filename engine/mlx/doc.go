@@ -56,7 +56,9 @@
 // position and never grows by copying. A step writes its new keys and
 // values with one scatter per layer; the one-token (decode) inputs of a
 // step attend in one batched scaled-dot-product call per layer over their
-// gathered rows with a length mask; prompt chunks of the same length at
+// gathered rows (unmasked when they all attend as
+// many rows, so MLX can take its fused decode kernel; else padded, with a
+// length mask); prompt chunks of the same length at
 // the same position attend together, causally.
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
