@@ -58,7 +58,8 @@
 // step attend in one batched scaled-dot-product call per layer over their
 // gathered rows (unmasked when they all attend as
 // many rows, so MLX can take its fused decode kernel; else padded, with a
-// length mask); prompt chunks of the same length at
+// length mask) or, on a CUDA GPU, in one custom kernel that reads each
+// sequence's pool rows in place (pooled.go); prompt chunks of the same length at
 // the same position attend together, causally.
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are

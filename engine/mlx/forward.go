@@ -65,9 +65,12 @@ type stepPlan struct {
 	decIdx arr // [len(dec), kvHeads, T] rows of the head-split pool gathered for the decode batch (headRows)
 	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end; null when every decode feed attends T rows
 	decT   int
-	pre    []*preGroup
-	start  []int // first packed token of each feed
-	perm   arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+	// With the pool kernel (model.pooled) instead of decIdx and decMsk:
+	decRows arr // [len(dec), T] each decode feed's token rows, 0 past its end
+	decLens arr // [len(dec)] rows each decode feed attends
+	pre     []*preGroup
+	start   []int // first packed token of each feed
+	perm    arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
 }
 
 // preGroup is prefill feeds (more than one token) of the same length at
@@ -138,6 +141,10 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		}
 		p.decQ = g.int32s(q, len(q))
 	}
+	if m.pooled(g) {
+		m.planPooled(g, feeds, p)
+		return p
+	}
 	uniform := true // every decode feed attends as many rows
 	for _, i := range p.dec {
 		t := len(feeds[i].seq.rows)
@@ -170,6 +177,22 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	p.decIdx = m.headRows(g, g.int32s(idx, b*t), b, t)
 	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
 	return p
+}
+
+// planPooled lays out the decode feeds' rows for the pool kernel.
+func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
+	b := len(p.dec)
+	lens := make([]int32, b)
+	for j, i := range p.dec {
+		lens[j] = int32(len(feeds[i].seq.rows))
+		p.decT = max(p.decT, len(feeds[i].seq.rows))
+	}
+	rows := make([]int32, b*p.decT)
+	for j, i := range p.dec {
+		copy(rows[j*p.decT:], feeds[i].seq.rows)
+	}
+	p.decRows = g.int32s(rows, b, p.decT)
+	p.decLens = g.int32s(lens, b)
 }
 
 // forward runs the model over every feed's tokens in one pass: the
@@ -291,12 +314,16 @@ func (m *model) gather(g *graph, li int, rows arr) (arr, arr) {
 // attendDecode is the decode feeds' attention in layer li, one call for
 // all of them: queries [B, heads, 1, D] against each sequence's rows, as
 // they are when every feed attends p.decT rows (MLX's CUDA backend then
-// takes its fused decode kernel), else padded to p.decT and masked. It
-// returns [B, heads*D].
+// takes its fused decode kernel), else padded to p.decT and masked; on a
+// CUDA GPU the pool kernel reads the rows in place instead
+// (attendPooled). It returns [B, heads*D].
 func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 	c, b := m.cfg, len(p.dec)
 	if !isNull(p.decQ) {
 		q = g.take(q, p.decQ, 0)
+	}
+	if !isNull(p.decRows) {
+		return m.attendPooled(g, li, p, q)
 	}
 	k, v := m.gather(g, li, p.decIdx)
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
