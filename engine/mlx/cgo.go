@@ -206,7 +206,7 @@ func (g *graph) sliceUpdate(src, upd arr, start, stop []int) arr {
 	})
 }
 
-// scatterRows writes upd [N, 1, H, D] into rows idx [N] of a [rows, H, D].
+// scatterRows writes upd [N, 1, ...] into rows idx [N] of a [rows, ...].
 func (g *graph) scatterRows(a, idx, upd arr) arr {
 	return g.op("scatter", func(r *arr) C.int { return C.mlx_scatter_single(r, a, idx, upd, 0, g.s) })
 }

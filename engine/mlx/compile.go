@@ -95,10 +95,13 @@ static int mlxs_compiled(mlx_closure* res, uintptr_t* id, int which, mlx_stream 
 */
 import "C"
 
-// kernels are a worker's compiled functions, made on its thread at start.
+// kernels are a worker's compiled functions, made on its thread at start,
+// and on a CUDA GPU the pool's decode attention kernel (pooled.go).
 type kernels struct {
 	swiglu, gumbel C.mlx_closure
 	ids            [2]C.uintptr_t
+	pooled         C.mlx_fast_cuda_kernel
+	hasPooled      bool
 }
 
 func compileKernels(s C.mlx_stream) (*kernels, error) {
@@ -111,6 +114,7 @@ func compileKernels(s C.mlx_stream) (*kernels, error) {
 		k.free()
 		return nil, errMLX("compile gumbel", rc)
 	}
+	k.pooled, k.hasPooled = pooledKernel(s)
 	return k, nil
 }
 
@@ -123,6 +127,9 @@ func (k *kernels) free() {
 	}
 	C.mlx_closure_free(k.swiglu)
 	C.mlx_closure_free(k.gumbel)
+	if k.hasPooled {
+		C.mlx_fast_cuda_kernel_free(k.pooled)
+	}
 }
 
 // call applies a compiled function to args and returns its one output.

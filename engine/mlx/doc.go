@@ -56,12 +56,19 @@
 // position and never grows by copying. A step writes its new keys and
 // values with one scatter per layer; the one-token (decode) inputs of a
 // step attend in one batched scaled-dot-product call per layer over their
-// gathered rows with a length mask; prompt chunks of the same length at
+// gathered rows (unmasked when they all attend as
+// many rows, so MLX can take its fused decode kernel; else padded, with a
+// length mask) or, on a CUDA GPU, in one custom kernel that reads each
+// sequence's pool rows in place (pooled.go); prompt chunks of the same length at
 // the same position attend together, causally.
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the
 // seed and how many tokens the sequence has sampled, so it is the same
-// alone and in any batch. float32 matrix products do not use TF32 unless
+// alone and in any batch. The model reports engine.Info.Resumes: a
+// sequence opened with SamplingParams.Generated set starts its draws at
+// that position and counts the prompt's last Generated tokens for
+// presence and frequency penalties, so it goes on as the interrupted one
+// would have. float32 matrix products do not use TF32 unless
 // WithTF32 asks.
 package mlx

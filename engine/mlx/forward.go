@@ -59,15 +59,18 @@ const kvPad = 32
 // token order.
 type stepPlan struct {
 	n      int // packed tokens
-	rows   arr // [n] pool row of each token
+	rows   arr // [n*kvHeads] pool head rows of each token (headRows)
 	dec    []int
 	decQ   arr // [len(dec)] token index of each decode feed; null when all are
-	decIdx arr // [len(dec)*T] pool rows gathered for the decode batch
-	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end
+	decIdx arr // [len(dec), kvHeads, T] rows of the head-split pool gathered for the decode batch (headRows)
+	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end; null when every decode feed attends T rows
 	decT   int
-	pre    []*preGroup
-	start  []int // first packed token of each feed
-	perm   arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+	// With the pool kernel (model.pooled) instead of decIdx and decMsk:
+	decRows arr // [len(dec), T] each decode feed's token rows, 0 past its end
+	decLens arr // [len(dec)] rows each decode feed attends
+	pre     []*preGroup
+	start   []int // first packed token of each feed
+	perm    arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
 }
 
 // preGroup is prefill feeds (more than one token) of the same length at
@@ -76,7 +79,7 @@ type preGroup struct {
 	feeds  []int
 	t, all int // tokens fed, and rows attended (position + t), per feed
 	q      arr // [G*t] packed token of each query row; null for one feed
-	idx    arr // [G*all] pool rows
+	idx    arr // [G, kvHeads, all] rows of the head-split pool (headRows)
 }
 
 func (m *model) plan(g *graph, feeds []feed) *stepPlan {
@@ -98,7 +101,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 			p.pre[j].feeds = append(p.pre[j].feeds, i)
 		}
 	}
-	p.rows = g.int32s(rows, len(rows))
+	p.rows = g.reshape(m.headRows(g, g.int32s(rows, len(rows)), len(rows), 1), len(rows)*m.cfg.KVHeads)
 	order := make([]int32, 0, p.n) // token index of each output, decode first
 	for _, i := range p.dec {
 		order = append(order, int32(p.start[i]))
@@ -115,7 +118,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		if len(grp.feeds) > 1 {
 			grp.q = g.int32s(q, len(q))
 		}
-		grp.idx = g.int32s(idx, len(idx))
+		grp.idx = m.headRows(g, g.int32s(idx, len(idx)), len(grp.feeds), grp.all)
 	}
 	same := true
 	for i, t := range order {
@@ -138,11 +141,29 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		}
 		p.decQ = g.int32s(q, len(q))
 	}
+	if m.pooled(g) {
+		m.planPooled(g, feeds, p)
+		return p
+	}
+	uniform := true // every decode feed attends as many rows
 	for _, i := range p.dec {
-		p.decT = max(p.decT, len(feeds[i].seq.rows))
+		t := len(feeds[i].seq.rows)
+		uniform = uniform && (p.decT == 0 || t == p.decT)
+		p.decT = max(p.decT, t)
+	}
+	b := len(p.dec)
+	if uniform {
+		// No padding and no mask: MLX's fused decode attention takes
+		// only unmasked calls.
+		idx := make([]int32, 0, b*p.decT)
+		for _, i := range p.dec {
+			idx = append(idx, feeds[i].seq.rows...)
+		}
+		p.decIdx = m.headRows(g, g.int32s(idx, len(idx)), b, p.decT)
+		return p
 	}
 	p.decT = (p.decT + kvPad - 1) / kvPad * kvPad
-	b, t := len(p.dec), p.decT
+	t := p.decT
 	idx, msk := make([]int32, b*t), make([]float32, b*t)
 	ninf := float32(math.Inf(-1))
 	for j, i := range p.dec {
@@ -153,9 +174,25 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 			msk[j*t+x] = ninf
 		}
 	}
-	p.decIdx = g.int32s(idx, b*t)
+	p.decIdx = m.headRows(g, g.int32s(idx, b*t), b, t)
 	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
 	return p
+}
+
+// planPooled lays out the decode feeds' rows for the pool kernel.
+func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
+	b := len(p.dec)
+	lens := make([]int32, b)
+	for j, i := range p.dec {
+		lens[j] = int32(len(feeds[i].seq.rows))
+		p.decT = max(p.decT, len(feeds[i].seq.rows))
+	}
+	rows := make([]int32, b*p.decT)
+	for j, i := range p.dec {
+		copy(rows[j*p.decT:], feeds[i].seq.rows)
+	}
+	p.decRows = g.int32s(rows, b, p.decT)
+	p.decLens = g.int32s(lens, b)
 }
 
 // forward runs the model over every feed's tokens in one pass: the
@@ -257,26 +294,45 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	return g.add(x, l.down.apply(g, act))
 }
 
-// gather reads pool rows idx [B*T] of layer li as keys and values
-// [B, kvHeads, T, D].
-func (m *model) gather(g *graph, li int, idx arr, b, t int) (arr, arr) {
-	c := m.cfg
-	get := func(pool arr) arr {
-		return g.transpose(g.reshape(g.take(pool, idx, 0), b, t, c.KVHeads, c.HeadDim), 0, 2, 1, 3)
-	}
-	return get(m.pool.k[li]), get(m.pool.v[li])
+// headRows turns token rows idx [B*T] (T per sequence) into the pool's
+// head rows [B, kvHeads, T] (kvPool), so that one take gathers keys and
+// values already in attention's [B, kvHeads, T, D] layout, contiguous:
+// MLX's fused decode kernel then reads them without a copy. Computed once
+// per step and shared by every layer.
+func (m *model) headRows(g *graph, idx arr, b, t int) arr {
+	h := m.cfg.KVHeads
+	base := g.mul(g.reshape(idx, b, 1, t), g.int32s([]int32{int32(h)}, 1))
+	return g.add(base, g.reshape(g.arange(h, C.MLX_INT32), 1, h, 1))
+}
+
+// gather reads layer li's keys and values at rows [B, kvHeads, T]
+// (headRows) as [B, kvHeads, T, D].
+func (m *model) gather(g *graph, li int, rows arr) (arr, arr) {
+	return g.take(m.pool.k[li], rows, 0), g.take(m.pool.v[li], rows, 0)
 }
 
 // attendDecode is the decode feeds' attention in layer li, one call for
-// all of them: queries [B, heads, 1, D] against each sequence's rows padded
-// to p.decT and masked. It returns [B, heads*D].
+// all of them: queries [B, heads, 1, D] against each sequence's rows, as
+// they are when every feed attends p.decT rows (MLX's CUDA backend then
+// takes its fused decode kernel), else padded to p.decT and masked; on a
+// CUDA GPU the pool kernel reads the rows in place instead
+// (attendPooled). It returns [B, heads*D].
 func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 	c, b := m.cfg, len(p.dec)
 	if !isNull(p.decQ) {
 		q = g.take(q, p.decQ, 0)
 	}
-	k, v := m.gather(g, li, p.decIdx, b, p.decT)
-	o := g.sdpaMask(q, k, v, float32(1/math.Sqrt(float64(c.HeadDim))), p.decMsk)
+	if !isNull(p.decRows) {
+		return m.attendPooled(g, li, p, q)
+	}
+	k, v := m.gather(g, li, p.decIdx)
+	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
+	var o arr
+	if isNull(p.decMsk) {
+		o = g.sdpa(q, k, v, scale, false)
+	} else {
+		o = g.sdpaMask(q, k, v, scale, p.decMsk)
+	}
 	return g.reshape(o, b, c.Heads*c.HeadDim)
 }
 
@@ -294,7 +350,7 @@ func (m *model) attend(g *graph, li int, grp *preGroup, row int, q arr) arr {
 		qs = g.take(q, grp.q, 0)
 	}
 	qs = g.transpose(g.reshape(qs, b, t, c.Heads, d), 0, 2, 1, 3)
-	k, v := m.gather(g, li, grp.idx, b, grp.all)
+	k, v := m.gather(g, li, grp.idx)
 	o := g.sdpa(qs, k, v, float32(1/math.Sqrt(float64(d))), true)
 	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*d)
 }

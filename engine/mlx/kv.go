@@ -14,8 +14,9 @@ import (
 )
 
 // kvPool is a model's KV cache: one key and one value array per layer,
-// each [rows, kvHeads, headDim] in the weights' dtype, allocated once at
-// load with a row per token of Info.KVCapacity. A sequence holds a row per
+// each [rows*kvHeads, headDim] in the weights' dtype (token row r's head h
+// at r*kvHeads+h), allocated once at load with a row per token of
+// Info.KVCapacity. A sequence holds a row per
 // position (seqState.rows); a step writes its new tokens' rows with one
 // scatter per layer and attention gathers each sequence's rows, so the
 // cache never grows or concatenates. Rows are reference-counted: a saved
@@ -34,8 +35,8 @@ func newPool(g *graph, c *modelConfig, dt C.mlx_dtype, rows int) *kvPool {
 	}
 	var all []arr
 	for l := range p.k {
-		p.k[l] = g.keep(g.zeros(dt, rows, c.KVHeads, c.HeadDim))
-		p.v[l] = g.keep(g.zeros(dt, rows, c.KVHeads, c.HeadDim))
+		p.k[l] = g.keep(g.zeros(dt, rows*c.KVHeads, c.HeadDim))
+		p.v[l] = g.keep(g.zeros(dt, rows*c.KVHeads, c.HeadDim))
 		all = append(all, p.k[l], p.v[l])
 	}
 	g.eval(all...)
@@ -105,10 +106,11 @@ func (m *model) rowsFor(feeds []feed) error {
 }
 
 // writeKV stores the step's keys and values ([N, kvHeads, 1, headDim],
-// one row per token) into layer li's pool rows idx [N]. The pool's old
-// handle is dropped before evaluation, so MLX updates it in place.
+// one row per token) into layer li's pool at head rows idx [N*kvHeads]
+// (headRows of the tokens' rows). The pool's old handle is dropped
+// before evaluation, so MLX updates it in place.
 func (m *model) writeKV(g *graph, li int, idx, k, v arr, n int) {
 	c := m.cfg
-	m.replace(g, &m.pool.k[li], g.scatterRows(m.pool.k[li], idx, g.reshape(k, n, 1, c.KVHeads, c.HeadDim)))
-	m.replace(g, &m.pool.v[li], g.scatterRows(m.pool.v[li], idx, g.reshape(v, n, 1, c.KVHeads, c.HeadDim)))
+	m.replace(g, &m.pool.k[li], g.scatterRows(m.pool.k[li], idx, g.reshape(k, n*c.KVHeads, 1, c.HeadDim)))
+	m.replace(g, &m.pool.v[li], g.scatterRows(m.pool.v[li], idx, g.reshape(v, n*c.KVHeads, 1, c.HeadDim)))
 }

@@ -204,3 +204,36 @@ func TestTF32OffByDefault(t *testing.T) {
 		t.Fatalf("MLX_ENABLE_TF32=%q after New with it set, want it kept", got)
 	}
 }
+
+// TestResumeStartsAtGenerated: the model reports Info.Resumes, and a
+// sequence's first sample starts its draws at SamplingParams.Generated
+// (at most its length) and counts the prompt's last Generated tokens,
+// this step's included, only when a presence or frequency penalty asks.
+func TestResumeStartsAtGenerated(t *testing.T) {
+	if m := load(t, newEngine(t), tinyDir(t, nil)); !m.Info().Resumes {
+		t.Fatal("Info.Resumes is false")
+	}
+	pen := engine.SamplingParams{Temperature: 1, PresencePenalty: 0.5}
+	cases := []struct {
+		gen       int
+		p         engine.SamplingParams
+		drawn     int
+		generated []int32
+	}{
+		{0, pen, 0, nil},
+		{1, pen, 1, []int32{14}},
+		{3, pen, 3, []int32{12, 13, 14}},
+		{4, pen, 4, []int32{11, 12, 13, 14}},
+		{9, pen, 5, []int32{10, 11, 12, 13, 14}},
+		{3, engine.SamplingParams{Temperature: 1}, 3, nil},
+	}
+	for _, c := range cases {
+		s := &seqState{tokens: []int32{10, 11, 12}}
+		p := c.p
+		p.Generated = c.gen
+		got := s.resume([]int32{13, 14}, &p)
+		if s.drawn != c.drawn || !slices.Equal(got, c.generated) {
+			t.Errorf("Generated %d (%+v): drawn %d, counted %v; want %d, %v", c.gen, c.p, s.drawn, got, c.drawn, c.generated)
+		}
+	}
+}

@@ -102,14 +102,19 @@ func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
 // run builds, evaluates and reads one step. MLX thread only.
 func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engine.SamplingParams) ([]engine.StepOutput, error) {
 	logits := m.forward(g, feeds, len(params) > 0)
-	for _, f := range feeds {
-		if s := f.seq; s.sampled {
-			if s.counts == nil {
-				s.counts = map[int32]int{}
-			}
-			for _, t := range f.tokens {
-				s.counts[t]++
-			}
+	counted := make([][]int32, len(feeds)) // what this step adds to each feed's counts
+	i := 0
+	for j, f := range feeds {
+		s := f.seq
+		switch {
+		case s.sampled:
+			counted[j] = f.tokens
+		case f.sample:
+			counted[j] = s.resume(f.tokens, params[i])
+		}
+		s.count(counted[j], 1)
+		if f.sample {
+			i++
 		}
 	}
 	// counts holds this step's tokens from here on; a failed step takes
@@ -130,13 +135,10 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	}
 	g.eval(outs...)
 	if err := cmp.Or(g.err, cancelled); err != nil {
-		for _, f := range feeds {
-			if s := f.seq; s.sampled {
-				for _, t := range f.tokens {
-					if s.counts[t]--; s.counts[t] == 0 {
-						delete(s.counts, t)
-					}
-				}
+		for j, f := range feeds {
+			f.seq.count(counted[j], -1)
+			if !f.seq.sampled {
+				f.seq.drawn = 0
 			}
 			if f.seq.pool != nil {
 				f.seq.pool.drop(f.seq, len(f.seq.tokens))
@@ -160,6 +162,41 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 		}
 	}
 	return m.outputs(feeds, params, toks, lps, topIDs, topLps)
+}
+
+// resume starts a sequence's sampling state at its first sample, fed
+// toks this step: with p.Generated set, its draws continue at that
+// generated position and it returns the prompt's last Generated tokens
+// (this step's included), which presence and frequency penalties count
+// as generated (engine.SamplingParams.Generated).
+func (s *seqState) resume(toks []int32, p *engine.SamplingParams) []int32 {
+	all := len(s.tokens) + len(toks)
+	gen := min(p.Generated, all)
+	s.drawn = gen
+	if gen == 0 || p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
+		return nil
+	}
+	out := make([]int32, 0, gen)
+	if from := all - gen; from < len(s.tokens) {
+		out = append(out, s.tokens[from:]...)
+		return append(out, toks...)
+	}
+	return append(out, toks[all-gen-len(s.tokens):]...)
+}
+
+// count adds d to the counts of toks.
+func (s *seqState) count(toks []int32, d int) {
+	if len(toks) == 0 {
+		return
+	}
+	if s.counts == nil {
+		s.counts = map[int32]int{}
+	}
+	for _, t := range toks {
+		if s.counts[t] += d; s.counts[t] == 0 {
+			delete(s.counts, t)
+		}
+	}
 }
 
 func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps, topIDs, topLps arr) ([]engine.StepOutput, error) {

@@ -19,6 +19,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,7 @@ func main() {
 	gen := flag.Int("gen", 128, "decoded tokens per sequence")
 	device := flag.String("device", "gpu", "MLX device: gpu or cpu")
 	small := flag.Bool("small", false, "the tiny test model instead (a dry run on CPU)")
+	profile := flag.String("cpuprofile", "", "directory for a Go CPU profile of each batch size's timed decode steps (cpu-bN.pprof)")
 	flag.Parse()
 	cfg := testmodel.Llama1B()
 	if *small {
@@ -67,15 +69,27 @@ func main() {
 	fmt.Println("| batch | prefill s | decode tok/s | ms/step |")
 	fmt.Println("|---|---|---|---|")
 	for _, b := range sizes {
-		decode(ctx, m, b, *prompt, 8) // warm-up of this shape
-		pre, tps := decode(ctx, m, b, *prompt, *gen)
+		decode(ctx, m, b, *prompt, 8, "") // warm-up of this shape
+		pre, tps := decode(ctx, m, b, *prompt, *gen, profileTo(*profile, b))
 		fmt.Printf("| %d | %.3f | %.1f | %.2f |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps)
 	}
 }
 
+// profileTo is the CPU profile file of batch size b under dir; "" when
+// dir is.
+func profileTo(dir string, b int) string {
+	if dir == "" {
+		return ""
+	}
+	must(os.MkdirAll(dir, 0o755))
+	return filepath.Join(dir, fmt.Sprintf("cpu-b%d.pprof", b))
+}
+
 // decode opens b sequences, prefills them in one step and times n decode
-// steps of the whole batch; it returns the prefill time and decode tokens/s.
-func decode(ctx context.Context, m engine.Model, b, promptLen, n int) (time.Duration, float64) {
+// steps of the whole batch, writing a CPU profile of those steps to
+// profile unless it is ""; it returns the prefill time and decode
+// tokens/s.
+func decode(ctx context.Context, m engine.Model, b, promptLen, n int, profile string) (time.Duration, float64) {
 	vocab := m.Info().VocabSize
 	batch := make([]engine.StepInput, b)
 	p := &engine.SamplingParams{}
@@ -99,11 +113,20 @@ func decode(ctx context.Context, m engine.Model, b, promptLen, n int) (time.Dura
 	t0 := time.Now()
 	step()
 	pre := time.Since(t0)
+	if profile != "" {
+		f, err := os.Create(profile)
+		must(err)
+		defer f.Close()
+		must(pprof.StartCPUProfile(f))
+	}
 	t0 = time.Now()
 	for range n {
 		step()
 	}
 	el := time.Since(t0)
+	if profile != "" {
+		pprof.StopCPUProfile()
+	}
 	for i := range batch {
 		m.Free(batch[i].Seq, "")
 	}
