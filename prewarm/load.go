@@ -111,11 +111,7 @@ func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, 
 // with g.mu held.
 func (g *Manager) failLocked(e *entry, cause error) error {
 	e.failures++
-	wait := g.cfg.backoffMin
-	for i := 1; i < e.failures && wait < g.cfg.backoffMax; i++ {
-		wait *= 2
-	}
-	wait = min(wait, g.cfg.backoffMax)
+	wait := g.cfg.loadBackoff.Backoff(e.failures)
 	e.err = &LoadError{Model: e.m.ID(), Attempts: e.failures, RetryAt: time.Now().Add(wait), Err: cause}
 	e.state = StateFailed
 	return e.err

@@ -117,7 +117,7 @@ func NewManager(host Host, opts ...ManagerOption) (*Manager, error) {
 		if o == nil { // nil options are skipped, as nats.go does
 			continue
 		}
-		if err := o(&cfg); err != nil {
+		if err := o.applyManager(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}

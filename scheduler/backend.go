@@ -2,11 +2,11 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Backend is what a [LoadBalancer] routes requests to: the request API of
@@ -57,7 +57,7 @@ func (l Load) Serves(model string) bool {
 
 // ErrNoBackend is returned when no healthy backend serves a request's
 // model. It is wrapped by *NoBackendError, which carries RetryAfter.
-var ErrNoBackend = errors.New("no backend available")
+var ErrNoBackend = retry.NewError(retry.CodeNoBackend, "no backend available")
 
 // NoBackendError reports that every backend able to serve Model is down,
 // ejected, draining or has refused the request.
