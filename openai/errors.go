@@ -12,7 +12,6 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/session"
@@ -78,9 +77,6 @@ func toAPIError(err error) *apiError {
 		c = retry.Class{Kind: retry.Invalid, Code: retry.CodeInvalidValue}
 	}
 	param, msg := errorDetails(err, c)
-	if c.Kind == retry.Invalid && errors.Is(err, tokenizer.ErrTemplate) {
-		c.Code, param = "template_error", "messages"
-	}
 	e := newAPIError(c.HTTPStatus(), c.Type(), param, c.Code, msg)
 	e.retryAfter = c.RetryAfter
 	if c.Code == retry.CodeWorkerLost && e.retryAfter == 0 {
@@ -109,7 +105,7 @@ func errorDetails(err error, c retry.Class) (param, msg string) {
 		// Only the name the caller sent: which models are loaded is not
 		// for every key to see (GET /v1/models lists the key's own).
 		return "model", fmt.Sprintf("model %q not found", notFound.Model)
-	case c.Code == retry.CodeInvalidValue && errors.As(err, &invalid):
+	case c.Code == retry.CodeInvalidValue && errors.As(err, &invalid) && invalid.Param != "":
 		return invalid.Param, msg
 	case errors.Is(err, session.ErrInvalidID):
 		return "session_id", msg
@@ -124,6 +120,7 @@ func errorDetails(err error, c retry.Class) (param, msg string) {
 // codeParams names the parameter at fault for the codes that have one.
 var codeParams = map[string]string{
 	retry.CodeContextLength:     "messages",
+	retry.CodeTemplate:          "messages",
 	retry.CodeExceedsKVCapacity: "max_tokens",
 	retry.CodeModelNotFound:     "model",
 	retry.CodeUnsupportedModel:  "model",

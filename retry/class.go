@@ -62,6 +62,7 @@ const (
 	CodeInvalidValue       = "invalid_value"
 	CodeRequestTooLarge    = "request_too_large"
 	CodeUnsupportedModel   = "unsupported_model"
+	CodeTemplate           = "template_error"
 	CodeExceedsKVCapacity  = "exceeds_kv_capacity"
 	CodeModelNotFound      = "model_not_found"
 	CodeContextLength      = "context_length_exceeded"
@@ -84,7 +85,7 @@ const (
 
 // codeKinds gives the kind of every code; a code not listed is Internal.
 var codeKinds = map[string]Kind{
-	CodeInvalidValue: Invalid, CodeRequestTooLarge: Invalid, CodeUnsupportedModel: Invalid,
+	CodeInvalidValue: Invalid, CodeRequestTooLarge: Invalid, CodeUnsupportedModel: Invalid, CodeTemplate: Invalid,
 	CodeExceedsKVCapacity: Invalid, CodeModelNotFound: NotFound, CodeContextLength: ContextLength,
 	CodeQueueFull: Overloaded, CodeRateLimited: Overloaded, CodeBudgetExhausted: Overloaded,
 	CodeNoBackend: Overloaded, CodeOutOfMemory: Overloaded,
@@ -367,6 +368,11 @@ func classifyOne(err error) (Class, bool) {
 		return Class{Kind: Deadline, Code: code, lost: e.Kind == Stall}, true
 	case *http.MaxBytesError:
 		return Class{Kind: Invalid, Code: CodeRequestTooLarge}, true
+	case *engine.InvalidParamError:
+		if cause := Classify(e.Err); cause.Kind == Invalid { // a refusal that names its code
+			return Class{Kind: Invalid, Code: cause.Code}, true
+		}
+		return Class{Kind: Invalid, Code: CodeInvalidValue}, true
 	case Coder:
 		code := e.ErrorCode()
 		return Class{Kind: KindOf(code), Code: code}, true
