@@ -92,7 +92,7 @@ func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, 
 	e.state, e.err, e.failures = StateLoaded, nil, 0
 	e.loads++
 	e.loadTime = took
-	g.lru.Add(id, struct{}{})
+	g.lru.Add(id, struct{}{}, 0)
 	g.touchLocked(id, e)
 	// The engine's report may exceed the estimate: make room now, or give
 	// the model up again.
