@@ -17,7 +17,9 @@ import (
 
 // WithMeterProvider records the Server's metrics through mp: latencies
 // (time to first token, inter-token, end to end, queue wait per tier),
-// requests by outcome, token counts, prefix-cache reuse, and per model the
+// requests by outcome (retry.Class.Outcome of the request's error: ok,
+// invalid, not_found, rejected, unavailable, deadline, cancelled, error),
+// token counts, prefix-cache reuse, and per model the
 // running and waiting sequences, batch size and KV use. The default is a
 // no-op provider; the Server never touches a global registry.
 func WithMeterProvider(mp metric.MeterProvider) Option {
