@@ -195,7 +195,7 @@ func (m *metrics) refused(model string, tier api.Tier, err error) {
 // is cancelled: api imports retry, so retry cannot name it).
 func outcome(err error) string {
 	if errors.Is(err, api.ErrAbandoned) {
-		return retry.OutcomeCancelled
+		err = context.Canceled
 	}
 	return retry.Classify(err).Outcome()
 }

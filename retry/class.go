@@ -239,14 +239,14 @@ func (c Class) Type() string {
 
 // Request outcomes, the "outcome" attribute of the request metrics.
 const (
-	OutcomeOK          = "ok"
-	OutcomeInvalid     = "invalid"
-	OutcomeNotFound    = "not_found"
-	OutcomeRejected    = "rejected"
-	OutcomeUnavailable = "unavailable"
-	OutcomeDeadline    = "deadline"
-	OutcomeCancelled   = "cancelled"
-	OutcomeError       = "error"
+	outcomeOK          = "ok"
+	outcomeInvalid     = "invalid"
+	outcomeNotFound    = "not_found"
+	outcomeRejected    = "rejected"
+	outcomeUnavailable = "unavailable"
+	outcomeDeadline    = "deadline"
+	outcomeCancelled   = "cancelled"
+	outcomeError       = "error"
 )
 
 // Outcome returns the metrics outcome: "ok", "invalid" (Invalid and
@@ -255,21 +255,21 @@ const (
 func (c Class) Outcome() string {
 	switch c.Kind {
 	case OK:
-		return OutcomeOK
+		return outcomeOK
 	case Invalid, ContextLength:
-		return OutcomeInvalid
+		return outcomeInvalid
 	case NotFound:
-		return OutcomeNotFound
+		return outcomeNotFound
 	case Overloaded:
-		return OutcomeRejected
+		return outcomeRejected
 	case Unavailable:
-		return OutcomeUnavailable
+		return outcomeUnavailable
 	case Deadline:
-		return OutcomeDeadline
+		return outcomeDeadline
 	case Canceled:
-		return OutcomeCancelled
+		return outcomeCancelled
 	}
-	return OutcomeError
+	return outcomeError
 }
 
 // String returns the kind and code ("overloaded/queue_full").
