@@ -2,7 +2,6 @@ package retry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -290,46 +289,73 @@ func Classify(err error) Class {
 	if err == nil {
 		return Class{Kind: OK}
 	}
-	c, ok := find(err, classifyOne)
-	if !ok {
-		c, ok = find(err, classifyStatus)
-	}
-	if !ok {
+	var sc scan
+	sc.walk(err)
+	c := sc.class
+	switch {
+	case sc.hasClass:
+	case sc.hasStatus:
+		c = sc.status
+	default:
 		c = Class{Kind: Internal, Code: CodeInternal}
 	}
-	c.RetryAfter, _ = RetryAfter(err)
-	var m Marker
-	if errors.As(err, &m) {
-		c.verdict = -1
-		if m.Retryable() {
-			c.verdict = 1
-		}
-	}
+	c.RetryAfter, c.verdict = sc.after, sc.verdict
 	return c
 }
 
-// find walks err's chain depth first, as errors.As does, and returns the
-// first class f gives.
-func find(err error, f func(error) (Class, bool)) (Class, bool) {
+// scan gathers in one walk of a chain what Classify reads: the first
+// class, the first remote status, the first RetryAfterHinter's hint and
+// the first Marker's verdict.
+type scan struct {
+	class, status       Class
+	hasClass, hasStatus bool
+	hinted              bool
+	after               time.Duration
+	verdict             int8
+}
+
+// walk visits err's chain depth first, as errors.As does, until it has
+// found all four.
+func (sc *scan) walk(err error) bool {
 	for err != nil {
-		if c, ok := f(err); ok {
-			return c, true
+		if sc.visit(err) {
+			return true
 		}
 		switch u := err.(type) {
 		case interface{ Unwrap() error }:
 			err = u.Unwrap()
 		case interface{ Unwrap() []error }:
 			for _, e := range u.Unwrap() {
-				if c, ok := find(e, f); ok {
-					return c, true
+				if sc.walk(e) {
+					return true
 				}
 			}
-			return Class{}, false
+			return false
 		default:
-			return Class{}, false
+			return false
 		}
 	}
-	return Class{}, false
+	return false
+}
+
+// visit reads one link of a chain and reports whether the scan is done.
+func (sc *scan) visit(err error) bool {
+	if !sc.hasClass {
+		sc.class, sc.hasClass = classifyOne(err)
+	}
+	if !sc.hasStatus {
+		sc.status, sc.hasStatus = classifyStatus(err)
+	}
+	if h, ok := err.(RetryAfterHinter); ok && !sc.hinted {
+		sc.hinted, sc.after = true, max(h.RetryAfterHint(), 0)
+	}
+	if m, ok := err.(Marker); ok && sc.verdict == 0 {
+		sc.verdict = -1
+		if m.Retryable() {
+			sc.verdict = 1
+		}
+	}
+	return sc.hasClass && sc.hasStatus && sc.hinted && sc.verdict != 0
 }
 
 // sentinels are the errors Classify knows by identity.
