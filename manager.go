@@ -32,7 +32,7 @@ func WithManagerOptions(opts ...prewarm.ManagerOption) Option {
 }
 
 func newManager(s *Server, cfg *config) (*prewarm.Manager, error) {
-	opts := []prewarm.ManagerOption{prewarm.WithManagerLogger(cfg.logger)}
+	opts := []prewarm.ManagerOption{prewarm.WithLogger(cfg.logger)}
 	if cfg.meterProvider != nil {
 		opts = append(opts, prewarm.WithMeterProvider(cfg.meterProvider))
 	}

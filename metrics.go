@@ -13,12 +13,13 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // WithMeterProvider records the Server's metrics through mp: latencies
 // (time to first token, inter-token, end to end, queue wait per tier),
-// requests by outcome, token counts, prefix-cache reuse, and per model the
+// requests by outcome (retry.Class.Outcome of the request's error: ok,
+// invalid, not_found, rejected, unavailable, deadline, cancelled, error),
+// token counts, prefix-cache reuse, and per model the
 // running and waiting sequences, batch size and KV use. The default is a
 // no-op provider; the Server never touches a global registry.
 func WithMeterProvider(mp metric.MeterProvider) Option {
@@ -30,16 +31,6 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 		return nil
 	}
 }
-
-// Request outcomes, the "outcome" attribute of mlxserving.requests.
-const (
-	outcomeOK        = "ok"
-	outcomeError     = "error"
-	outcomeCancelled = "cancelled"
-	outcomeRejected  = "rejected"
-	outcomeInvalid   = "invalid"
-	outcomeDeadline  = "deadline"
-)
 
 // metrics holds the Server's instruments.
 type metrics struct {
@@ -194,14 +185,14 @@ func (m *metrics) resumeObserver(model string) func(batcher.ResumeStats) {
 	}
 }
 
-// refused records a request turned away before it was queued.
+// refused records a request turned away before it was queued, under its
+// retry.Classify outcome.
 func (m *metrics) refused(model string, tier api.Tier, err error) {
-	outcome := outcomeInvalid
-	if errors.Is(err, scheduler.ErrQueueFull) || errors.Is(err, scheduler.ErrRateLimited) || errors.Is(err, ErrServerClosed) {
-		outcome = outcomeRejected
-	}
-	m.requests.Add(context.Background(), 1, m.attr(model, tier, outcome))
+	m.requests.Add(context.Background(), 1, m.attr(model, tier, outcome(err)))
 }
+
+// outcome is err's metrics outcome, retry.Classify's.
+func outcome(err error) string { return retry.Classify(err).Outcome() }
 
 // interToken records the gap between two tokens of one stream.
 func (m *metrics) interToken(model string, gap time.Duration) {
@@ -212,16 +203,7 @@ func (m *metrics) interToken(model string, gap time.Duration) {
 // either way.
 func (m *metrics) finished(model string, tier api.Tier, u *api.Usage, err error) {
 	ctx := context.Background()
-	outcome := outcomeOK
-	switch {
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, api.ErrAbandoned):
-		outcome = outcomeCancelled
-	case errors.Is(err, retry.ErrDeadline):
-		outcome = outcomeDeadline
-	case err != nil:
-		outcome = outcomeError
-	}
-	m.requests.Add(ctx, 1, m.attr(model, tier, outcome))
+	m.requests.Add(ctx, 1, m.attr(model, tier, outcome(err)))
 	if u == nil {
 		return
 	}

@@ -34,10 +34,10 @@ var (
 	ErrModelExists = errors.New("model already loaded")
 	// ErrNoTokenizer is returned for a text prompt to a model whose
 	// checkpoint has no tokenizer.json.
-	ErrNoTokenizer = errors.New("model has no tokenizer")
+	ErrNoTokenizer = retry.NewError(retry.CodeUnsupportedModel, "model has no tokenizer")
 	// ErrModelUnloaded ends requests still queued for a model that is
 	// being unloaded.
-	ErrModelUnloaded = errors.New("model unloaded")
+	ErrModelUnloaded = retry.NewError(retry.CodeUnavailable, "model unloaded")
 )
 
 // closedError is a closed-server sentinel that unwraps to engine.ErrClosed.

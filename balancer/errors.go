@@ -1,11 +1,11 @@
 package balancer
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // ErrClosed means the balancer was closed and routes no new requests. It
@@ -14,7 +14,7 @@ var ErrClosed = fmt.Errorf("balancer: %w", engine.ErrClosed)
 
 // ErrNoBackend is returned when no healthy backend serves a request's
 // model. It is wrapped by *NoBackendError, which carries RetryAfter.
-var ErrNoBackend = errors.New("no backend available")
+var ErrNoBackend = retry.NewError(retry.CodeNoBackend, "no backend available")
 
 // NoBackendError reports that every backend able to serve Model is down,
 // ejected, draining or has refused the request.

@@ -41,22 +41,13 @@ func (lb *Balancer) serve(ctx context.Context, r Route, start startFunc) (*api.S
 // failsOver reports whether err, met before any token reached the caller,
 // sends the request on to another backend: the backend could not take or
 // keep it (down, shutting down, full, lost its worker, lost the model),
-// as opposed to the request being wrong or the caller gone.
+// as opposed to the request being wrong or the caller gone: the caller's
+// context, then retry.Classify.
 func failsOver(ctx context.Context, err error) bool {
-	var de *retry.DeadlineError
-	var ie *retry.InterruptedError
-	var se *retry.StatusError
-	switch {
-	case err == nil || ctx.Err() != nil:
+	if err == nil || ctx.Err() != nil {
 		return false
-	case errors.Is(err, engine.ErrInvalidParam), errors.Is(err, engine.ErrContextLength),
-		errors.Is(err, api.ErrUnknownTier), errors.Is(err, scheduler.ErrRateLimited),
-		errors.As(err, &de), errors.As(err, &ie):
-		return false
-	case errors.As(err, &se):
-		return se.Code >= 500 || se.Code == 429 || se.Code == 404 || se.Code == 408
 	}
-	return true
+	return retry.Classify(err).FailsOver()
 }
 
 // backendFault reports whether err is the backend's failure, counted by its
@@ -73,8 +64,7 @@ func backendFault(err error) bool {
 	if errors.As(err, &nb) {
 		return nb.Last == nil || backendFault(nb.Last)
 	}
-	return retry.CountsAsFailure(err) || errors.Is(err, engine.ErrClosed) ||
-		errors.Is(err, engine.ErrUnavailable) || errors.Is(err, ErrClosed)
+	return retry.Classify(err).CountsAsFailure()
 }
 
 // failoverSource is the api.Source of a balanced request: the stream of

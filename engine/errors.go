@@ -34,12 +34,6 @@ var (
 	ErrClosed = errors.New("engine closed")
 )
 
-// Retryable reports whether err is worth retrying from the start on
-// another attempt: the work was lost, not refused.
-func Retryable(err error) bool {
-	return errors.Is(err, ErrWorkerLost)
-}
-
 // ContextLengthError says by how much a sequence overflows the context.
 type ContextLengthError struct {
 	// Model is the model id.

@@ -1,57 +1,41 @@
 package merge
 
 import (
-	"container/list"
 	"context"
-	"fmt"
 	"io"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
-
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
-// cache holds finished responses under their keys, bounded by bytes (kept
-// here: the LRU counts entries) and by age. It starts no goroutine: expiry
-// is done by the calls themselves. Every look-up, add and stats call first
-// drops the entries past their TTL, so an expired response is never served
-// and never holds bytes that a live one needs.
+// cache holds finished responses under their keys, bounded by bytes and
+// by age in an internal/lru.LRU, which expires on use: an expired response
+// is never served and never holds bytes that a live one needs. It starts
+// no goroutine.
 type cache struct {
 	max int64
-	ttl time.Duration
-	now func() time.Time // time.Now; tests step it
 
-	mu  sync.Mutex // guards lru and byAge; simplelru is not safe for concurrent use
-	lru *simplelru.LRU[Key, *response]
-	// byAge holds the entries in insertion order, which is expiry order
-	// since every entry lives for the same TTL: expiring is popping its
-	// front while that has expired.
-	byAge *list.List // of *response
+	mu  sync.Mutex // guards lru, which is not safe for concurrent use
+	lru *lru.LRU[Key, *response]
 
-	bytes     atomic.Int64
 	hits      atomic.Uint64
 	misses    atomic.Uint64
 	evictions atomic.Uint64
 }
 
 // response is a cached generation. chunks never change once stored, so a
-// replay may read them after the entry has left the cache; the other
-// fields belong to the cache and are guarded by its mutex.
+// replay may read them after the entry has left the cache.
 type response struct {
-	chunks  []api.Chunk
-	size    int64
-	key     Key
-	expires time.Time
-	age     *list.Element // in cache.byAge
+	chunks []api.Chunk
+	size   int64
 }
 
 // newResponse holds a copy of a finished generation's chunks.
-func newResponse(k Key, chunks []api.Chunk) *response {
-	r := &response{chunks: make([]api.Chunk, len(chunks)), key: k}
+func newResponse(chunks []api.Chunk) *response {
+	r := &response{chunks: make([]api.Chunk, len(chunks))}
 	for i, ch := range chunks {
 		r.chunks[i] = ch
 		if ch.Usage != nil {
@@ -66,44 +50,17 @@ func newResponse(k Key, chunks []api.Chunk) *response {
 // chunkOverhead is what a chunk costs beyond its text, roughly.
 const chunkOverhead = 64
 
-func newCache(maxBytes int64, ttl time.Duration) (*cache, error) {
-	c := &cache{max: maxBytes, ttl: ttl, now: time.Now, byAge: list.New()}
-	// The byte bound limits the entries (each costs at least
-	// chunkOverhead), so the LRU's own count bound is left open.
-	lru, err := simplelru.NewLRU[Key, *response](math.MaxInt, c.evicted)
-	if err != nil {
-		return nil, fmt.Errorf("merge: response cache: %w", err)
-	}
-	c.lru = lru
-	return c, nil
+func newCache(maxBytes int64, ttl time.Duration) *cache {
+	c := &cache{max: maxBytes}
+	// Every way out of the cache but a replace (least recently used,
+	// expired, purged) counts as an eviction.
+	c.lru = lru.New[Key, *response](maxBytes, ttl, func(Key, *response) { c.evictions.Add(1) })
+	return c
 }
 
-// evicted is the LRU's eviction callback: every way out of the cache
-// (least recently used, expired, purged) passes here. Called with c.mu
-// held.
-func (c *cache) evicted(_ Key, r *response) {
-	c.byAge.Remove(r.age)
-	c.bytes.Add(-r.size)
-	c.evictions.Add(1)
-}
-
-// expire removes the entries whose TTL has passed at now. Amortised O(1):
-// each entry is popped once. Has to be called with c.mu held.
-func (c *cache) expire(now time.Time) {
-	for e := c.byAge.Front(); e != nil; e = c.byAge.Front() {
-		r := e.Value.(*response)
-		if now.Before(r.expires) {
-			return
-		}
-		c.lru.Remove(r.key)
-	}
-}
-
-// get returns the live response under k; one past its TTL is a miss and
-// is removed.
+// get returns the live response under k.
 func (c *cache) get(k Key) (*response, bool) {
 	c.mu.Lock()
-	c.expire(c.now())
 	r, ok := c.lru.Get(k)
 	c.mu.Unlock()
 	if ok {
@@ -114,30 +71,21 @@ func (c *cache) get(k Key) (*response, bool) {
 	return r, ok
 }
 
-// add stores a finished generation's chunks for the cache's TTL, first
-// dropping expired responses and then the least recently used until the
-// bound holds. A response larger than the whole bound is not stored.
+// add stores a finished generation's chunks for the cache's TTL, dropping
+// the least recently used responses until the bound holds. A response
+// larger than the whole bound is not stored, and one whose key holds a
+// live response does not replace it.
 func (c *cache) add(k Key, chunks []api.Chunk) {
-	r := newResponse(k, chunks)
+	r := newResponse(chunks)
 	if r.size > c.max {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.now()
-	c.expire(now)
 	if c.lru.Contains(k) {
 		return // an identical live response is already held
 	}
-	r.expires = now.Add(c.ttl)
-	r.age = c.byAge.PushBack(r)
-	c.lru.Add(k, r)
-	c.bytes.Add(r.size)
-	for c.bytes.Load() > c.max {
-		if _, _, ok := c.lru.RemoveOldest(); !ok {
-			break
-		}
-	}
+	c.lru.Add(k, r, r.size)
 }
 
 // purge empties the cache; what it held counts as evicted.
@@ -147,15 +95,12 @@ func (c *cache) purge() {
 	c.lru.Purge()
 }
 
-// stats fills st's cache fields, after dropping expired entries so the
-// bytes and entries reported are live ones.
+// stats fills st's cache fields with the live entries.
 func (c *cache) stats(st *Stats) {
 	c.mu.Lock()
-	c.expire(c.now())
-	st.CacheEntries = c.lru.Len()
+	st.CacheEntries, st.CacheBytes = c.lru.Len(), c.lru.Weight()
 	c.mu.Unlock()
 	st.CacheHits, st.CacheMisses, st.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
-	st.CacheBytes = c.bytes.Load()
 }
 
 // replay streams a cached response as a normal Source. Its usage keeps the

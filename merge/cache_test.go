@@ -17,26 +17,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func mustCache(t *testing.T, maxBytes int64, ttl time.Duration) *cache {
 	t.Helper()
-	c, err := newCache(maxBytes, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return newCache(maxBytes, ttl)
 }
 
-// checkBound fails t unless c holds at most its bound and its byte count,
-// LRU and age list agree.
+// checkBound fails t unless c holds at most its bound and its byte count
+// agrees with its entries.
 func checkBound(t *testing.T, c *cache) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var sum int64
-	for _, r := range c.lru.Values() {
+	for _, k := range c.lru.Keys() {
+		r, _ := c.lru.Get(k)
 		sum += r.size
 	}
-	if b := c.bytes.Load(); b != sum || b > c.max || c.byAge.Len() != c.lru.Len() {
-		t.Fatalf("cache counts %d bytes, holds %d (bound %d); %d entries by age, %d in the LRU",
-			b, sum, c.max, c.byAge.Len(), c.lru.Len())
+	if b := c.lru.Weight(); b != sum || b > c.max {
+		t.Fatalf("cache counts %d bytes, holds %d (bound %d)", b, sum, c.max)
 	}
 }
 
@@ -75,8 +71,8 @@ func TestCacheByteBound(t *testing.T) {
 		t.Error("an entry larger than the whole bound was stored")
 	}
 	c.purge()
-	if c.bytes.Load() != 0 {
-		t.Errorf("%d bytes after purge", c.bytes.Load())
+	if c.stats(&st); st.CacheBytes != 0 {
+		t.Errorf("%d bytes after purge", st.CacheBytes)
 	}
 }
 
@@ -114,7 +110,7 @@ func (s *stepClock) step(d time.Duration) { s.t = s.t.Add(d) }
 
 func newStepClock(c *cache) *stepClock {
 	s := &stepClock{t: time.Unix(1e9, 0)}
-	c.now = s.now
+	c.lru.SetClock(s.now)
 	return s
 }
 

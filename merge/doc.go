@@ -18,8 +18,8 @@
 //     generation runs at the most urgent tier among its subscribers: a
 //     more urgent subscriber raises it while it is still queued.
 //   - Response cache: a finished generation one of whose subscribers
-//     opted in is kept in an LRU bounded by bytes and by age (on
-//     github.com/hashicorp/golang-lru/v2/simplelru); a later request with
+//     opted in is kept in an LRU bounded by bytes and by age (the
+//     module's internal/lru); a later request with
 //     the same key replays it as a normal stream. Expiry needs no
 //     goroutine: each look-up or store first drops the responses past
 //     their TTL, so an expired response is never served and its bytes go

@@ -100,10 +100,7 @@ func New(opts ...Option) (*Merger, error) {
 	}
 	var cache *cache
 	if c.cacheBytes > 0 {
-		var err error
-		if cache, err = newCache(c.cacheBytes, c.cacheTTL); err != nil {
-			return nil, err
-		}
+		cache = newCache(c.cacheBytes, c.cacheTTL)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Merger{cache: cache, shared: c.shared, sharedTTL: c.sharedTTL, ctx: ctx, cancel: cancel, flights: make(map[Key]*flight)}, nil

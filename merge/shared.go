@@ -62,7 +62,7 @@ func (m *Merger) sharedGet(ctx context.Context, k Key) (*response, bool) {
 	}
 	m.sharedHits.Add(1)
 	m.cache.add(k, chunks)
-	return newResponse(k, chunks), true
+	return newResponse(chunks), true
 }
 
 // sharedSet stores a finished response in the shared cache.

@@ -139,7 +139,8 @@
 // # Errors
 //
 // Errors have OpenAI's shape, {"error":{"message","type","param","code"}},
-// mapped from the library's typed errors in one table: invalid JSON, wrong
+// mapped from the library's typed errors by retry.Classify, the table the
+// load balancer, the breakers and the metrics use too: invalid JSON, wrong
 // types and out-of-range values 400; unknown model 404 (also from a load
 // balancer none of whose backends has it); a prompt longer than the context
 // 400 with the numbers (the extension field "context": prompt_tokens,
@@ -150,7 +151,8 @@
 // included) 503; a model that cannot be loaded now (its load failed and
 // backs off, or the memory budget is held by pinned or busy models) 503; no
 // backend of a load balancer able to take the request 503; an engine
-// failure 500. Every 503 carries Retry-After (1 s unless the refusal says
+// failure 500; a refused or reset connection to an upstream 503
+// worker_unavailable. Every 503 carries Retry-After (1 s unless the refusal says
 // when). The same request answers the same status, code and Retry-After
 // through a load balancer that reaches this server over HTTP
 // (httpbackend) or NATS (natsbackend) as from the server itself. An error after a stream started (a

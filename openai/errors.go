@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,22 +11,18 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
-	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/session"
 )
 
-// Error types, the "type" field of an error body.
+// Error types, the "type" field of an error body, for the answers the
+// handlers write themselves (retry.Class.Type gives the library errors').
 const (
 	typeInvalidRequest = "invalid_request_error"
 	typeNotFound       = "not_found_error"
 	typeRateLimit      = "rate_limit_error"
-	typeOverloaded     = "overloaded_error"
-	typeServer         = "server_error"
 )
 
 // apiError is an error as the HTTP API reports it.
@@ -69,106 +64,66 @@ func newAPIError(status int, typ, param, code, msg string) *apiError {
 	return e
 }
 
-// toAPIError maps the library's errors to statuses: the one table the
-// package doc describes.
+// toAPIError maps the library's errors to statuses: retry.Classify gives
+// the status, type, code and Retry-After; errorDetails names the
+// parameter at fault and refines the message.
 func toAPIError(err error) *apiError {
-	var (
-		ae       *apiError
-		invalid  *engine.InvalidParamError
-		ctxLen   *engine.ContextLengthError
-		notFound *mlxserving.ModelNotFoundError
-		full     *scheduler.QueueFullError
-		limited  *scheduler.RateLimitError
-		tooBig   *http.MaxBytesError
-		capacity *scheduler.CapacityError
-		deadline *retry.DeadlineError
-		broken   *retry.InterruptedError
-		budget   *prewarm.BudgetError
-		load     *prewarm.LoadError
-		noBack   *balancer.NoBackendError
-	)
-	switch {
-	case errors.As(err, &ae):
+	var ae *apiError
+	if errors.As(err, &ae) {
 		return ae
-	case errors.As(err, &noBack):
-		// Before anything below: the last backend's error is wrapped too,
-		// but the request's fate is that no backend could take it.
-		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "no_backend_available", err.Error())
-		e.retryAfter = noBack.RetryAfter
-		return e
-	case errors.As(err, &budget):
-		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "memory_budget_exhausted", err.Error())
-		e.retryAfter = budget.RetryAfterHint()
-		return e
-	case errors.As(err, &load):
-		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "model_load_failed", err.Error())
-		e.retryAfter = load.RetryAfterHint()
-		return e
-	case errors.Is(err, prewarm.ErrAborted):
-		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "model", "unavailable", err.Error())
-	case errors.As(err, &tooBig):
-		return newAPIError(http.StatusRequestEntityTooLarge, typeInvalidRequest, "", "request_too_large",
-			fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit))
-	case errors.As(err, &ctxLen):
-		e := newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", ctxLen.Error())
+	}
+	c := retry.Classify(err)
+	param, msg := errorDetails(err, c)
+	e := newAPIError(c.HTTPStatus(), c.Type(), param, c.Code, msg)
+	e.retryAfter = c.RetryAfter
+	if c.Code == retry.CodeWorkerLost && e.retryAfter == 0 {
+		e.retryAfter = time.Second
+	}
+	var ctxLen *engine.ContextLengthError
+	if c.Kind == retry.ContextLength && errors.As(err, &ctxLen) {
 		e.Context = &contextNumbers{Prompt: ctxLen.Prompt, MaxNew: ctxLen.MaxNew, Limit: ctxLen.Limit}
-		return e
-	case errors.Is(err, engine.ErrContextLength): // an upstream's, without numbers
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "context_length_exceeded", err.Error())
-	case errors.As(err, &capacity):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "max_tokens", "exceeds_kv_capacity", capacity.Error())
-	case errors.Is(err, tokenizer.ErrTemplate):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "messages", "template_error", err.Error())
-	case errors.As(err, &invalid):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, invalid.Param, "invalid_value", invalid.Error())
-	case errors.Is(err, session.ErrInvalidID):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "session_id", "invalid_value", err.Error())
-	case errors.Is(err, api.ErrUnknownTier):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "priority", "invalid_value", err.Error())
+	}
+	return e
+}
+
+// errorDetails returns the request parameter at fault for err of class c
+// ("" for none) and the message the caller sees.
+func errorDetails(err error, c retry.Class) (param, msg string) {
+	var (
+		invalid  *engine.InvalidParamError
+		notFound *mlxserving.ModelNotFoundError
+		tooBig   *http.MaxBytesError
+	)
+	msg = err.Error()
+	switch {
+	case errors.As(err, &tooBig):
+		return "", fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit)
 	case errors.As(err, &notFound):
 		// Only the name the caller sent: which models are loaded is not
 		// for every key to see (GET /v1/models lists the key's own).
-		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found",
-			fmt.Sprintf("model %q not found", notFound.Model))
-	case errors.Is(err, engine.ErrModelNotFound):
-		return newAPIError(http.StatusNotFound, typeNotFound, "model", "model_not_found", err.Error())
-	case errors.Is(err, mlxserving.ErrNoTokenizer):
-		return newAPIError(http.StatusBadRequest, typeInvalidRequest, "model", "unsupported_model", err.Error())
-	case errors.As(err, &full):
-		e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "queue_full", err.Error())
-		e.retryAfter = full.RetryAfter
-		return e
-	case errors.As(err, &limited):
-		e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded", err.Error())
-		e.retryAfter = limited.RetryAfter
-		return e
-	case errors.Is(err, scheduler.ErrQueueFull), errors.Is(err, scheduler.ErrRateLimited):
-		return newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded", err.Error())
-	case errors.As(err, &deadline):
-		return newAPIError(http.StatusGatewayTimeout, typeServer, "", deadlineCodes[deadline.Kind], err.Error())
-	case errors.As(err, &broken):
-		return newAPIError(http.StatusBadGateway, typeServer, "", "stream_interrupted", err.Error())
-	case errors.Is(err, engine.ErrWorkerLost), errors.Is(err, retry.ErrBreakerOpen):
-		e := newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "worker_unavailable", err.Error())
-		e.retryAfter = time.Second
-		return e
-	case errors.Is(err, engine.ErrOutOfMemory):
-		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "out_of_memory", err.Error())
-	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, mlxserving.ErrModelUnloaded),
-		errors.Is(err, engine.ErrClosed): // every package's closed error wraps it
-		return newAPIError(http.StatusServiceUnavailable, typeOverloaded, "", "unavailable", err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return newAPIError(http.StatusGatewayTimeout, typeServer, "", "timeout", err.Error())
-	default:
-		return newAPIError(http.StatusInternalServerError, typeServer, "", "engine_error", err.Error())
+		return "model", fmt.Sprintf("model %q not found", notFound.Model)
+	case c.Code == retry.CodeInvalidValue && errors.As(err, &invalid) && invalid.Param != "":
+		return invalid.Param, msg
+	case errors.Is(err, session.ErrInvalidID):
+		return "session_id", msg
+	case errors.Is(err, api.ErrUnknownTier):
+		return "priority", msg
+	case errors.Is(err, prewarm.ErrAborted):
+		return "model", msg
 	}
+	return codeParams[c.Code], msg
 }
 
-// deadlineCodes are the error codes of the request deadlines.
-var deadlineCodes = map[retry.DeadlineKind]string{
-	retry.FirstToken: "time_to_first_token_exceeded",
-	retry.Stall:      "stall_timeout",
-	retry.Total:      "request_timeout",
+// codeParams names the parameter at fault for the codes that have one.
+var codeParams = map[string]string{
+	retry.CodeContextLength:     "messages",
+	retry.CodeTemplate:          "messages",
+	retry.CodeExceedsKVCapacity: "max_tokens",
+	retry.CodeModelNotFound:     "model",
+	retry.CodeUnsupportedModel:  "model",
+	retry.CodeNoBackend:         "model",
+	retry.CodeBudgetExhausted:   "model",
+	retry.CodeLoadFailed:        "model",
 }
 
 // writeError writes err as an OpenAI-shaped error body. A refusal that

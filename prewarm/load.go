@@ -92,7 +92,7 @@ func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, 
 	e.state, e.err, e.failures = StateLoaded, nil, 0
 	e.loads++
 	e.loadTime = took
-	g.lru.Add(id, struct{}{})
+	g.lru.Add(id, struct{}{}, 0)
 	g.touchLocked(id, e)
 	// The engine's report may exceed the estimate: make room now, or give
 	// the model up again.
@@ -111,11 +111,7 @@ func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, 
 // with g.mu held.
 func (g *Manager) failLocked(e *entry, cause error) error {
 	e.failures++
-	wait := g.cfg.backoffMin
-	for i := 1; i < e.failures && wait < g.cfg.backoffMax; i++ {
-		wait *= 2
-	}
-	wait = min(wait, g.cfg.backoffMax)
+	wait := g.cfg.loadBackoff.Backoff(e.failures)
 	e.err = &LoadError{Model: e.m.ID(), Attempts: e.failures, RetryAt: time.Now().Add(wait), Err: cause}
 	e.state = StateFailed
 	return e.err

@@ -9,9 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
-
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lru"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -75,8 +74,8 @@ type Manager struct {
 	mu      sync.Mutex
 	closed  bool
 	entries map[string]*entry
-	lru     *simplelru.LRU[string, struct{}] // loaded models, least recently used first
-	used    int64                            // bytes of loaded models plus reservations of loads
+	lru     *lru.LRU[string, struct{}] // loaded models, least recently used first
+	used    int64                      // bytes of loaded models plus reservations of loads
 }
 
 // entry is one known model. Its fields are guarded by Manager.mu.
@@ -117,15 +116,12 @@ func NewManager(host Host, opts ...ManagerOption) (*Manager, error) {
 		if o == nil { // nil options are skipped, as nats.go does
 			continue
 		}
-		if err := o(&cfg); err != nil {
+		if err := o.applyManager(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}
-	order, err := simplelru.NewLRU[string, struct{}](1<<30, nil)
-	if err != nil {
-		return nil, err
-	}
-	g := &Manager{host: host, cfg: cfg, kick: make(chan struct{}, 1), entries: map[string]*entry{}, lru: order}
+	g := &Manager{host: host, cfg: cfg, kick: make(chan struct{}, 1), entries: map[string]*entry{}, lru: lru.New[string, struct{}](0, 0, nil)}
+	var err error
 	if g.metrics, err = newManagerMetrics(cfg.meterProvider, g); err != nil {
 		return nil, fmt.Errorf("prewarm: metrics: %w", err)
 	}
@@ -346,7 +342,7 @@ func (g *Manager) endUnloadLocked(id string, e *entry, err error) {
 	defer close(e.unloaded)
 	if errors.Is(err, ErrBusy) {
 		e.state = StateLoaded
-		g.lru.Add(id, struct{}{})
+		g.lru.Add(id, struct{}{}, 0)
 		return
 	}
 	g.used -= e.bytes

@@ -12,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
 
@@ -47,7 +48,7 @@ func TestConcurrentFirstRequestsLoadOnce(t *testing.T) {
 
 func TestFailedLoadSharesErrorAndBacksOff(t *testing.T) {
 	sim, srv := simServer(t, []enginetest.SimOption{enginetest.WithLoadTime(20 * time.Millisecond)},
-		mlxserving.WithManagerOptions(prewarm.WithBackoff(150*time.Millisecond, 300*time.Millisecond)))
+		mlxserving.WithManagerOptions(prewarm.WithLoadBackoff(retry.MustPolicy(retry.WithBackoff(150*time.Millisecond, 300*time.Millisecond, 2)))))
 	// A negative max batch makes the engine refuse the load.
 	register(t, srv, prewarm.Model{Spec: engine.ModelSpec{ID: "bad", MaxBatch: -1}}, simModel("good"))
 	var wg sync.WaitGroup
@@ -264,8 +265,8 @@ func TestManagerRefusesBadInput(t *testing.T) {
 	if !errors.As(err, &nf) || !errors.Is(err, engine.ErrModelNotFound) {
 		t.Fatalf("unknown model: %v, want ModelNotFoundError", err)
 	}
-	for _, o := range []prewarm.ManagerOption{prewarm.WithBudget(-1), prewarm.WithKeepAlive(0), prewarm.WithBackoff(0, 1),
-		prewarm.WithBackoff(2, 1), prewarm.WithLoadTimeout(-1), prewarm.WithMaxWaiting(-1), prewarm.WithRetryAfter(0), prewarm.WithManagerLogger(nil), prewarm.WithMeterProvider(nil)} {
+	for _, o := range []prewarm.ManagerOption{prewarm.WithBudget(-1), prewarm.WithKeepAlive(0), prewarm.WithLoadBackoff(nil),
+		prewarm.WithLoadTimeout(-1), prewarm.WithMaxWaiting(-1), prewarm.WithRetryAfter(0), prewarm.WithLogger(nil), prewarm.WithMeterProvider(nil)} {
 		sim, _ := enginetest.NewSim()
 		if _, err := mlxserving.New(sim, mlxserving.WithManagerOptions(o)); err == nil {
 			t.Error("a bad manager option was accepted")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Model describes a model to pre-warm or to keep known to a [Manager].
@@ -58,17 +59,17 @@ var (
 	ErrBusy = errors.New("prewarm: model has requests in flight")
 	// ErrAborted ends the waiters of a load that an Unload or Close
 	// cancelled.
-	ErrAborted = errors.New("prewarm: load aborted")
+	ErrAborted = retry.NewError(retry.CodeUnavailable, "prewarm: load aborted")
 	// ErrLoadFailed is wrapped by every *LoadError.
-	ErrLoadFailed = errors.New("prewarm: model failed to load")
+	ErrLoadFailed = retry.NewError(retry.CodeLoadFailed, "prewarm: model failed to load")
 	// ErrOverBudget is wrapped by every *BudgetError.
-	ErrOverBudget = errors.New("prewarm: memory budget exhausted")
+	ErrOverBudget = retry.NewError(retry.CodeBudgetExhausted, "prewarm: memory budget exhausted")
 	// ErrNotReady is wrapped by the error Ready returns when its policy
 	// can no longer be met.
 	ErrNotReady = errors.New("prewarm: not ready")
 	// ErrUnknownModel is wrapped by the error for a model the Manager
 	// does not know.
-	ErrUnknownModel = errors.New("prewarm: unknown model")
+	ErrUnknownModel = retry.NewError(retry.CodeModelNotFound, "prewarm: unknown model")
 )
 
 // LoadError is a failed load. Every request that waited for the load gets

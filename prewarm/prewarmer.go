@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Target is what a PreWarmer loads and warms models into.
@@ -68,7 +69,7 @@ func New(target Target, models []Model, opts ...Option) (*PreWarmer, error) {
 		if o == nil { // nil options are skipped, as nats.go does
 			continue
 		}
-		if err := o(&cfg); err != nil {
+		if err := o.applyPreWarmer(&cfg); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}
@@ -176,15 +177,20 @@ func (p *PreWarmer) run(ctx context.Context, i int) {
 	})
 }
 
-// warm runs the target's warm-up, again after a lost worker.
+// warm runs the target's warm-up, again after a lost worker, waiting
+// as the retry policy of WithWarmRetries says.
 func (p *PreWarmer) warm(ctx context.Context, i int, m Model) error {
+	t := p.cfg.warmRetry.Start()
 	for attempt := 1; ; attempt++ {
 		rep, err := p.target.WarmModel(ctx, m.ID(), m.Prompts)
 		p.update(i, func(st *ModelProgress) { st.Attempts, st.Warm, st.Err = attempt, rep, err })
-		if err == nil || !engine.Retryable(err) || attempt > p.cfg.retries || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		p.cfg.logger.Warn("prewarm: warm-up lost its worker; retrying", "model", m.ID(), "attempt", attempt, "err", err)
+		p.cfg.logger.Warn("prewarm: warm-up failed", "model", m.ID(), "attempt", attempt, "err", err, "retryable", retry.Retryable(err))
+		if werr := t.Wait(ctx, err); werr != nil {
+			return err
+		}
 	}
 }
 

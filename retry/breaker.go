@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -185,28 +184,12 @@ func WithFailure(fn func(error) bool) BreakerOption {
 	}
 }
 
-// CountsAsFailure is the default test of an outcome: the backend failed
-// (a lost worker, a refused or reset connection, a 5xx status, a stall)
-// rather than the request (bad input) or the caller (cancellation), which
-// count as successes of the backend.
-func CountsAsFailure(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
-		return false
-	}
-	var st *StatusError
-	if errors.As(err, &st) {
-		return st.Code >= http.StatusInternalServerError
-	}
-	var d *DeadlineError
-	if errors.As(err, &d) {
-		return d.Kind == Stall
-	}
-	var ie *InterruptedError
-	if errors.As(err, &ie) {
-		return CountsAsFailure(ie.Err)
-	}
-	return Retryable(err) && !errors.Is(err, ErrBreakerOpen)
-}
+// CountsAsFailure is the default test of an outcome:
+// Classify(err).CountsAsFailure(). The backend failed (a lost worker, a
+// refused or reset connection, a 5xx, a stall, a closed backend) rather
+// than the request (bad input) or the caller (cancellation), which count
+// as successes of the backend.
+func CountsAsFailure(err error) bool { return Classify(err).CountsAsFailure() }
 
 // NewBreaker returns a closed breaker named name (the worker or backend it
 // guards, used in errors, Status and metrics).

@@ -1,60 +1,33 @@
 package retry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"syscall"
 	"time"
-
-	"github.com/mlxserving/mlxserving/engine"
 )
 
 // Marker is implemented by errors that decide for themselves whether they
-// are retryable. Retryable asks the outermost Marker in an error's chain
+// are retryable. Classify asks the outermost Marker in an error's chain
 // before anything else, so a wrapper can overrule what it wraps.
 type Marker interface {
 	Retryable() bool
 }
 
 // Retryable reports whether err is worth another attempt, from the start,
-// on the same or another worker or backend: the work was lost, not
-// refused.
+// on the same or another worker or backend: Classify(err).Retryable().
 //
 // Retryable: engine.ErrWorkerLost, ErrBreakerOpen (another backend may
 // take it), a refused or reset connection (ECONNREFUSED, ECONNRESET:
 // wrap them in an InterruptedError once a byte of the answer arrived) and
-// a *StatusError with status 429 or 503 that carries a Retry-After.
+// a refusal for load or unavailability (a full queue, a client over its
+// rate, a 429 or 503) that carries a Retry-After.
 //
 // Not retryable: nil, a caller's cancellation or deadline, a
 // *DeadlineError, an *InterruptedError (a token reached the caller),
 // invalid parameters, an exceeded context length, a bad checkpoint, an
 // unknown model, and anything else not listed above.
-func Retryable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var m Marker
-	if errors.As(err, &m) {
-		return m.Retryable()
-	}
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, ErrDeadline),
-		errors.Is(err, engine.ErrInvalidParam), errors.Is(err, engine.ErrContextLength),
-		errors.Is(err, engine.ErrBadCheckpoint), errors.Is(err, engine.ErrModelNotFound):
-		return false
-	case errors.Is(err, engine.ErrWorkerLost), errors.Is(err, ErrBreakerOpen),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
-		return true
-	}
-	var st *StatusError
-	if errors.As(err, &st) {
-		return (st.Code == http.StatusTooManyRequests || st.Code == http.StatusServiceUnavailable) && st.RetryAfter > 0
-	}
-	return false
-}
+func Retryable(err error) bool { return Classify(err).Retryable() }
 
 // RetryAfterHinter is the one way an error says how long to wait before
 // trying again: the scheduler's queue-full, rate-limit and no-backend

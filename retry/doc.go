@@ -10,12 +10,19 @@
 //     [Policy.Do] runs a function under the policy; [Policy.Start] returns
 //     a [Tracker] for loops that own their waiting (the batcher, a worker
 //     supervisor).
-//   - Classification: [Retryable] says whether an error is worth another
-//     attempt. Lost workers, refused or reset connections, 429/503 with a
-//     Retry-After and an open breaker of one backend among several are;
-//     bad input, an exceeded context, a caller's cancellation, a fired
-//     deadline and any failure after a token reached the caller
-//     ([InterruptedError]) are not.
+//   - Classification: [Classify] gives an error its one [Class] (a [Kind]
+//     and an error code), from which every layer decides: whether to try
+//     again ([Class.Retryable], [Retryable]), whether it counts against a
+//     backend's breaker ([Class.CountsAsFailure]), whether a balancer
+//     fails over ([Class.FailsOver]), the HTTP status and error code
+//     ([Class.HTTPStatus], [Class.Type]) and the metrics outcome
+//     ([Class.Outcome]). Lost workers, refused or reset connections, an
+//     open breaker of one backend among several and refusals for load
+//     that carry a Retry-After are retried; bad input, an exceeded
+//     context, a caller's cancellation, a fired deadline and any failure
+//     after a token reached the caller ([InterruptedError]) are not.
+//     Packages retry cannot import name their errors' codes with
+//     [NewError] or an ErrorCode method ([Coder]).
 //   - [Breaker]: a circuit breaker per worker or backend on
 //     github.com/sony/gobreaker, in the two-step shape streams need
 //     (success or failure is known only at the end).

@@ -140,6 +140,21 @@ func WithClassifier(fn func(error) bool) Option {
 	}
 }
 
+// Backoff returns the nominal wait after n failed attempts, before any
+// jitter: the initial wait grown by the multiplier n-1 times, at most the
+// maximum wait. It is 0 for n below 1. For callers that keep a failure
+// count of their own (a model that failed to load n times).
+func (p *Policy) Backoff(n int) time.Duration {
+	if n < 1 {
+		return 0
+	}
+	d := float64(p.initial)
+	for i := 1; i < n && d < float64(p.max); i++ {
+		d *= p.multiplier
+	}
+	return min(time.Duration(d), p.max)
+}
+
 // MaxAttempts returns the cap on attempts; 0 means none.
 func (p *Policy) MaxAttempts() int { return p.maxAttempts }
 
@@ -193,6 +208,17 @@ func (t *Tracker) Next(err error) (time.Duration, bool) {
 		return 0, false
 	}
 	return d, true
+}
+
+// Wait records a failed attempt, as Next, and waits before the next one.
+// It returns nil when the operation should be tried again, err when the
+// policy refuses another attempt, and ctx.Err() when ctx ends first.
+func (t *Tracker) Wait(ctx context.Context, err error) error {
+	d, ok := t.Next(err)
+	if !ok {
+		return err
+	}
+	return sleep(ctx, d)
 }
 
 // ExhaustedError is returned by Do when a retryable error persisted

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Sentinel errors; the typed errors below unwrap to them, so callers
@@ -14,10 +15,10 @@ import (
 var (
 	// ErrQueueFull means the queue is at its request or token bound. The
 	// *QueueFullError says when to retry.
-	ErrQueueFull = errors.New("queue full")
+	ErrQueueFull = retry.NewError(retry.CodeQueueFull, "queue full")
 	// ErrRateLimited means the client sent more than its rate allows. The
 	// *RateLimitError says when to retry.
-	ErrRateLimited = errors.New("rate limited")
+	ErrRateLimited = retry.NewError(retry.CodeRateLimited, "rate limited")
 	// ErrInvalidEntry means an entry cannot be queued as given (Cost below
 	// 1, nil, or already queued).
 	ErrInvalidEntry = errors.New("invalid queue entry")
@@ -98,6 +99,10 @@ func (e *CapacityError) Error() string {
 
 // Unwrap returns engine.ErrOutOfMemory.
 func (e *CapacityError) Unwrap() error { return engine.ErrOutOfMemory }
+
+// ErrorCode returns retry.CodeExceedsKVCapacity (see retry.Classify): a
+// request no wait helps, though a backend with more KV room may take it.
+func (e *CapacityError) ErrorCode() string { return retry.CodeExceedsKVCapacity }
 
 // CheckFits rejects, before queueing, a request that can never run: it
 // returns *engine.InvalidParamError for an empty prompt or maxNew below 1,

@@ -3,14 +3,12 @@ package session
 import (
 	"context"
 	"errors"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
-
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // CacheStats counts a PrefixCache's lookups and what it holds.
@@ -119,8 +117,9 @@ type PrefixCache struct {
 
 	mu      sync.Mutex
 	idx     *Index
-	lru     *simplelru.LRU[string, int] // key -> tokens, least recently used first
-	pending []string                    // keys dropped outside the loop, to drop in the engine
+	lru     *lru.LRU[string, struct{}] // keys weighted by tokens, bounded by the budget
+	dropped []string                   // keys the budget dropped in the last Add, to drop in the engine
+	pending []string                   // keys dropped outside the loop, to drop in the engine
 	stats   CacheStats
 
 	keys atomic.Uint64
@@ -159,11 +158,8 @@ func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
 	if cfg.budget == 0 {
 		cfg.budget = max(m.Info().KVCapacity, 1)
 	}
-	l, err := simplelru.NewLRU[string, int](math.MaxInt32, nil)
-	if err != nil {
-		return nil, err
-	}
-	c := &PrefixCache{m: m, cfg: cfg, idx: NewIndex(cfg.block), lru: l, seqs: map[engine.SeqID]*Hasher{}}
+	c := &PrefixCache{m: m, cfg: cfg, idx: NewIndex(cfg.block), seqs: map[engine.SeqID]*Hasher{}}
+	c.lru = c.newLRU()
 	c.sk, _ = m.(engine.SavedKV)
 	return c, nil
 }
@@ -258,8 +254,9 @@ func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
 	if saveKey != "" && h != nil && h.Tokens() > 0 {
 		c.mu.Lock()
 		c.idx.Insert(saveKey, h.Hashes(), h.Tokens())
-		c.lru.Add(saveKey, h.Tokens())
-		drops := c.overBudget()
+		c.lru.Add(saveKey, struct{}{}, int64(h.Tokens()))
+		drops := c.dropped
+		c.dropped = nil
 		c.mu.Unlock()
 		if c.sk != nil {
 			for _, k := range drops {
@@ -277,21 +274,15 @@ func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
 	c.collect()
 }
 
-// overBudget drops least recently used entries from the index until the
-// saved tokens fit the budget, returning their keys. Has to be called with
-// c.mu held.
-func (c *PrefixCache) overBudget() []string {
-	var out []string
-	for c.idx.Tokens() > c.cfg.budget {
-		k, _, ok := c.lru.RemoveOldest()
-		if !ok {
-			break
-		}
+// newLRU returns the cache's LRU: past the token budget the least
+// recently used entries leave the index, their keys kept in c.dropped for
+// the engine. Its callback runs with c.mu held.
+func (c *PrefixCache) newLRU() *lru.LRU[string, struct{}] {
+	return lru.New(int64(c.cfg.budget), 0, func(k string, _ struct{}) {
 		c.idx.Remove(k)
 		c.stats.Dropped++
-		out = append(out, k)
-	}
-	return out
+		c.dropped = append(c.dropped, k)
+	})
 }
 
 // Drop forgets key and has the engine drop its saved KV before the next
@@ -357,7 +348,7 @@ func (c *PrefixCache) Stats() CacheStats {
 func (c *PrefixCache) Close() error {
 	c.mu.Lock()
 	c.idx = NewIndex(c.cfg.block)
-	c.lru.Purge()
+	c.lru = c.newLRU()
 	c.pending = nil
 	c.mu.Unlock()
 	return c.m.Close()

@@ -1,12 +1,12 @@
 package session
 
 import (
-	"errors"
 	"fmt"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // MaxIDLength is the longest session id accepted, in bytes.
@@ -15,7 +15,7 @@ const MaxIDLength = 128
 // ErrInvalidID means a session id is empty, too long, not UTF-8 or holds
 // control characters. The error also matches engine.ErrInvalidParam, so
 // the HTTP layer answers 400.
-var ErrInvalidID = errors.New("invalid session id")
+var ErrInvalidID = retry.NewError(retry.CodeInvalidValue, "invalid session id")
 
 // ErrClosed is returned by a Registry after Close.
 var ErrClosed = fmt.Errorf("session registry: %w", engine.ErrClosed)

@@ -1,5 +1,7 @@
 package session
 
+import "github.com/mlxserving/mlxserving/internal/mix"
+
 // DefaultBlockSize is the number of tokens per indexed block: vLLM's
 // block size, small enough that a shared prefix is found to within 15
 // tokens (the engine then reuses the exact longest common prefix).
@@ -150,12 +152,7 @@ func hashBlock(parent uint64, block []int32) uint64 {
 		h ^= uint64(uint32(t))
 		h *= 0x100000001b3
 	}
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	h ^= h >> 31
-	return h
+	return mix.Mix64(h)
 }
 
 // Hasher hashes a growing token sequence block by block, as it is fed.

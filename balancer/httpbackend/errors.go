@@ -80,17 +80,16 @@ func (e *Error) Error() string {
 }
 
 // Retryable reports whether the request may be tried again, here or on
-// another backend: the upstream could not be reached, timed out, broke
-// its stream before any text, or answered 408, 429 or 5xx. Other 4xx
-// statuses (a bad request, an unknown model, a context too long) are not.
+// another backend: the upstream could not be reached, timed out or broke
+// its stream before any text, or its status is retryable as
+// retry.Classify decides (a 429 or 503 with a Retry-After). Other
+// statuses (a bad request, an unknown model, a context too long, a 429
+// that gives no Retry-After) are not.
 func (e *Error) Retryable() bool {
-	switch {
-	case e.Status == 0:
-		return true
-	case e.Status == http.StatusRequestTimeout, e.Status == http.StatusTooManyRequests:
+	if e.Status == 0 {
 		return true
 	}
-	return e.Status >= 500
+	return retry.Classify(&retry.StatusError{Code: e.Status, RetryAfter: e.RetryAfter}).Retryable()
 }
 
 // RetryAfterHint returns RetryAfter.

@@ -89,19 +89,16 @@ func toWire(err error) wireError {
 	case errors.Is(err, engine.ErrContextLength):
 		w.Code = codeContextLength
 	case errors.Is(err, scheduler.ErrQueueFull):
-		w.Code, w.Retryable = codeQueueFull, true
+		w.Code = codeQueueFull
 	case errors.Is(err, scheduler.ErrRateLimited):
 		w.Code = codeRateLimited
 	case errors.As(err, &ie):
 		w.Code = codeInterrupted
 	case errors.As(err, &de):
 		w.Code, w.Deadline = codeDeadline, de
-	default:
-		w.Retryable = retry.Retryable(err)
 	}
-	if d, ok := retry.RetryAfter(err); ok {
-		w.RetryAfter = d
-	}
+	c := retry.Classify(err)
+	w.Retryable, w.RetryAfter = c.Retryable(), c.RetryAfter
 	return w
 }
 

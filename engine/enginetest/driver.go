@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
 // plan is one sequence the driver runs: its prompt, how it is fed, and
@@ -148,7 +149,7 @@ func promptTokens(seed, n, vocab int) []int32 {
 	x := uint64(seed)*0x9e3779b97f4a7c15 + 1
 	p := make([]int32, n)
 	for i := range p {
-		x = mix64(x + 0x632be59bd9b4e019)
+		x = mix.Mix64(x + 0x632be59bd9b4e019)
 		p[i] = int32(x % span)
 	}
 	return p

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
 // The simulated engine's "model" is a rolling hash over a sequence's token
@@ -28,23 +29,13 @@ const (
 // a function of the seed and the position, so a sequence resumed at pos
 // (engine.SamplingParams.Generated) draws as the uninterrupted one did.
 func drawSeed(seed uint64, pos int) uint64 {
-	return mix64(seed ^ mix64(uint64(pos)+posSalt))
-}
-
-// mix64 is the splitmix64 finaliser: a cheap bijective scramble.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return mix.Mix64(seed ^ mix.Mix64(uint64(pos)+posSalt))
 }
 
 // feed mixes tokens into the rolling hash h.
 func feed(h uint64, tokens []int32) uint64 {
 	for _, t := range tokens {
-		h = mix64(h*hashPrime + uint64(uint32(t)) + 1)
+		h = mix.Mix64(h*hashPrime + uint64(uint32(t)) + 1)
 	}
 	return h
 }
@@ -59,13 +50,13 @@ type picker struct {
 // draw returns the token for history hash h, mixed with seed when the
 // sequence samples (sampled false means greedy), and its pseudo logprob.
 func (p *picker) draw(h uint64, sampled bool, seed uint64) (int32, float32) {
-	x := mix64(h ^ tokenSalt)
+	x := mix.Mix64(h ^ tokenSalt)
 	if sampled {
-		x = mix64(x ^ mix64(seed+seedSalt))
+		x = mix.Mix64(x ^ mix.Mix64(seed+seedSalt))
 	}
 	lp := -float32(x>>40) / float32(1<<24) * logprobMax
 	if len(p.eos) > 0 && p.eosProb > 0 {
-		u := float64(mix64(x^eosSalt)>>11) / unitDenom
+		u := float64(mix.Mix64(x^eosSalt)>>11) / unitDenom
 		if u < p.eosProb {
 			return p.eos[x%uint64(len(p.eos))], lp
 		}
@@ -91,7 +82,7 @@ const (
 // hash, so a mask alone costs O(vocab/64).
 func (p *picker) adjusted(h uint64, sampled bool, seed uint64, sp *engine.SamplingParams, allowed []uint64, gen map[int32]int) (int32, float32) {
 	tok, lp := p.draw(h, sampled, seed)
-	x := mix64(h ^ tokenSalt ^ mix64(seed+maskSalt))
+	x := mix.Mix64(h ^ tokenSalt ^ mix.Mix64(seed+maskSalt))
 	if !sp.Adjusts() {
 		if engine.MaskAllows(allowed, tok) {
 			return tok, lp
@@ -109,7 +100,7 @@ func (p *picker) adjusted(h uint64, sampled bool, seed uint64, sp *engine.Sampli
 		if !engine.MaskAllows(allowed, t) {
 			continue
 		}
-		score := float32(mix64(x^uint64(t)*logitSalt)>>40) / float32(1<<24) * logprobMax
+		score := float32(mix.Mix64(x^uint64(t)*logitSalt)>>40) / float32(1<<24) * logprobMax
 		if t == tok {
 			score = logprobMax
 		}
@@ -163,9 +154,9 @@ func allowedWord(allowed []uint64, i, vocab uint64) uint64 {
 func (p *picker) top(h uint64, tok int32, lp float32, n int, allowed []uint64) []engine.TokenLogprob {
 	out := make([]engine.TokenLogprob, 0, n)
 	out = append(out, engine.TokenLogprob{Token: tok, Logprob: lp})
-	x := mix64(h ^ logitSalt)
+	x := mix.Mix64(h ^ logitSalt)
 	for i := 0; len(out) < n && i < 4*n+64; i++ {
-		x = mix64(x + uint64(i))
+		x = mix.Mix64(x + uint64(i))
 		t := int32(x % p.vocab)
 		if allowed != nil {
 			t = kthAllowed(allowed, p.vocab, x)

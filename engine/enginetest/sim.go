@@ -10,6 +10,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
 // Sim is a simulated engine: no model, deterministic pseudo-tokens, a
@@ -269,9 +270,9 @@ func (s *Sim) loseStep() bool {
 	if s.cfg.lossRate == 0 {
 		return false
 	}
-	x := mix64(s.steps.Add(1)*seedSalt ^ mix64(s.cfg.lossSeed+eosSalt))
+	x := mix.Mix64(s.steps.Add(1)*seedSalt ^ mix.Mix64(s.cfg.lossSeed+eosSalt))
 	return float64(x>>11)/unitDenom < s.cfg.lossRate
 }
 
 // newSeed returns a fresh seed for a sequence that samples without one.
-func (s *Sim) newSeed() uint64 { return mix64(s.seeds.Add(1) * seedSalt) }
+func (s *Sim) newSeed() uint64 { return mix.Mix64(s.seeds.Add(1) * seedSalt) }

@@ -32,7 +32,7 @@ func Example() {
 	for range 4 {
 		out, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed, Sample: true, Params: &engine.SamplingParams{}}})
 		if err != nil {
-			log.Fatal(err) // engine.Retryable(err) after a lost worker
+			log.Fatal(err) // retry.Retryable(err) after a lost worker
 		}
 		fmt.Println(out[0].Token)
 		feed = []int32{out[0].Token}

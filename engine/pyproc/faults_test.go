@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // inject sends a fault request (PROTOCOL.md, test hook) to worker i.
@@ -76,7 +77,7 @@ func TestFaults(t *testing.T) {
 			old := tc.break_(t, e)
 			_, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: pa, Sample: true, Params: greedy}})
 			var lost *LostError
-			if !errors.Is(err, engine.ErrWorkerLost) || !errors.As(err, &lost) || !engine.Retryable(err) {
+			if !errors.Is(err, engine.ErrWorkerLost) || !errors.As(err, &lost) || !retry.Retryable(err) {
 				t.Fatalf("step on the broken worker: %v, want a *LostError", err)
 			}
 			if !strings.Contains(lost.Reason, tc.reason) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -83,7 +84,7 @@ func TestWarmAfterWorkerLoss(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !engine.Retryable(err) {
+		if !retry.Retryable(err) {
 			t.Fatalf("attempt %d: %v, want a retryable error", attempt, err)
 		}
 	}

@@ -74,6 +74,10 @@ func (e *TemplateError) Error() string {
 // Unwrap returns ErrTemplate.
 func (e *TemplateError) Unwrap() error { return ErrTemplate }
 
+// ErrorCode returns "template_error", the code the HTTP API answers a bad
+// request with (see retry.Classify).
+func (e *TemplateError) ErrorCode() string { return "template_error" }
+
 // UTF8Error reports invalid UTF-8 in text passed to Encode. Unwrap yields
 // ErrInvalidUTF8.
 type UTF8Error struct {
