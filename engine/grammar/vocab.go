@@ -28,6 +28,7 @@ type Vocab struct {
 	cache *lru.Cache[string, *Grammar]
 	mu    sync.Mutex
 	pats  map[*regex]*patCache
+	enc   Encoder // for ForcedTokens; nil: nothing is forced
 }
 
 // NewVocab prepares a vocabulary. pieces[id] are the bytes token id
