@@ -252,6 +252,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	s.id = b.nextID
 	s.feed = s.Prompt
 	s.params = s.Params
+	s.forced = 0              // a recompute feeds every generated token
 	if len(s.generated) > 0 { // recompute after preemption or a lost worker
 		s.feed = append(append(make([]int32, 0, len(s.Prompt)+len(s.generated)), s.Prompt...), s.generated...)
 		// The engine continues the draws and the penalty counts where they

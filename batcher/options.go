@@ -24,6 +24,8 @@ type config struct {
 	observer       func(StepStats)
 	onResume       func(ResumeStats)
 	logger         *slog.Logger
+	noJumpForward  bool // WithJumpForward(false)
+	jumpForward    bool // resolved: on and the model takes forced tokens
 }
 
 // Defaults.
@@ -64,6 +66,7 @@ func (c *config) resolve(info engine.Info) error {
 	if !c.tokenBudgetSet && info.StepTokens > 0 {
 		c.tokenBudget = max(info.StepTokens, c.maxBatch)
 	}
+	c.jumpForward = !c.noJumpForward && info.JumpForward
 	if c.tokenBudget < c.maxBatch {
 		return fmt.Errorf("token budget %d is below the batch limit %d: decoding sequences alone would not fit", c.tokenBudget, c.maxBatch)
 	}
@@ -93,6 +96,25 @@ func WithTokenBudget(n int) Option {
 			return fmt.Errorf("token budget %d must be at least 1", n)
 		}
 		c.tokenBudget, c.tokenBudgetSet = n, true
+		return nil
+	}
+}
+
+// WithJumpForward turns jump-forward decoding of constrained sequences
+// on or off. On (the default), where the model reports
+// engine.Info.JumpForward and a sequence's Constraint implements Forcer:
+// after each sampled token the tokens the grammar forces next (a key
+// name, '":', a closing brace, the rest of an enum value) are appended at
+// once and fed with the next step's input, instead of costing a forward
+// pass each. They count against the step's token budget, the sequence's
+// MaxTokens and its KV like sampled tokens, reach the caller as chunks
+// like sampled ones (with Logprob 0 and no Top: they were not sampled),
+// are counted in api.Usage.ForcedTokens, and stop tokens, stop strings
+// and the end of the document apply to them as to sampled ones. On a
+// model that does not report Info.JumpForward it stays off.
+func WithJumpForward(on bool) Option {
+	return func(c *config) error {
+		c.noJumpForward = !on
 		return nil
 	}
 }

@@ -82,6 +82,8 @@ type Sequence struct {
 	preemptions int
 	retries     *retry.Tracker // started at the first failed attempt
 	mask        []uint64       // the Constraint's mask for the next sample
+	forced      int            // tokens jump-forward appended after the last sampled one, fed with it
+	forcedTotal int            // tokens jump-forward appended over the sequence's life
 	maskReady   bool           // mask was filled for this step
 }
 
@@ -96,6 +98,16 @@ type Constraint interface {
 	Accept(tok int32) error
 	// Done reports that nothing but the end may follow.
 	Done() bool
+}
+
+// Forcer is implemented by constraints that know the tokens the output
+// must go on with (engine/grammar's Matcher does): jump-forward decoding
+// (see WithJumpForward) appends them without sampling.
+type Forcer interface {
+	// ForcedTokens returns up to max tokens the constraint forces next,
+	// each one it would allow at its position, without advancing past
+	// them: the batcher Accepts each one it appends.
+	ForcedTokens(max int) []int32
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is
