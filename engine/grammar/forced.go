@@ -117,6 +117,12 @@ func (m *Matcher) forcedBytes(limit int) (run []byte, done bool) {
 // onlyByte returns the one byte that continues states, free whitespace
 // aside, if there is exactly one.
 func (m *Matcher) onlyByte(states []*stk, buf *[]*stk) (byte, bool) {
+	if len(states) == 1 {
+		// Inside a literal or a declared key the next byte is known.
+		if f := &states[0].f; f.kind == fLit || (f.kind == fObject && f.st == oKey) {
+			return f.lit[f.i], true
+		}
+	}
 	var only byte
 	n := 0
 	for c := 0; c < 256; c++ {
