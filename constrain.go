@@ -45,6 +45,7 @@ func (m *model) constraint(schema []byte, lim grammar.Limits) (*grammar.Matcher,
 		}
 		eos := slices.Concat(m.info.EOS, m.eos, m.tok.EOS())
 		m.vocab.v = grammar.NewVocab(pieces, eos, m.tok.IsSpecial)
+		m.vocab.v.SetEncoder(m.tok) // jump-forward decoding tokenizes forced runs
 	})
 	g, err := m.vocab.v.Compile(schema, lim)
 	if err != nil {
