@@ -13,12 +13,13 @@ import (
 //
 // The forced bytes are tokenized with the model's tokenizer, and the
 // tokens handed out are kept to ones a free sample could also have
-// produced: the last token of the run's tokenization is never returned
-// (it might merge with the free text that follows, the re-tokenization
-// problem SGLang documents: `"name":"` then `J` is `":"` + `J` or `":` +
-// `"J`), unless the document ends with the run; every token returned is
-// allowed by the mask at its position; and their bytes are exactly a
-// prefix of the forced run.
+// produced: the last token of the run's tokenization is not returned when
+// a vocabulary token that begins with it could read on into what the
+// grammar allows next (it might merge with the free text that follows,
+// the re-tokenization problem SGLang documents: `"name":"` then `J` is
+// `":"` + `J` or `":` + `"J`), nor when the run's tokenization ends in a
+// token that does not fit; every token returned is allowed by the mask at
+// its position; and their bytes are exactly a prefix of the forced run.
 
 // MaxForcedBytes bounds the run of forced bytes ForcedTokens looks at.
 const MaxForcedBytes = 64
@@ -36,8 +37,9 @@ func (v *Vocab) SetEncoder(enc Encoder) { v.enc = enc }
 
 // ForcedTokens returns the tokens the grammar forces next, at most max
 // (0: no bound but MaxForcedBytes): the tokenization of the bytes that
-// are the only continuation from here, less its last token unless the
-// document ends with them. Free whitespace the grammar would allow
+// are the only continuation from here, less its last token when a longer
+// token could read across the end of the run (or the document ends with
+// them, when it is kept). Free whitespace the grammar would allow
 // between them is left out. Each token is one the mask would allow at its
 // position, so the result is a sequence sampling could also produce. It
 // does not advance the matcher: the caller Accepts each token it uses.
@@ -59,25 +61,46 @@ func (m *Matcher) ForcedTokens(max int) []int32 {
 	if err != nil {
 		return nil
 	}
-	if !done && len(ids) > 0 {
-		ids = ids[:len(ids)-1]
-	}
-	if max > 0 && len(ids) > max {
-		ids = ids[:max]
-	}
 	probe := Matcher{g: m.g, states: m.states, w: walker{g: m.g}}
-	off := 0
-	for i, id := range ids {
+	off, n := 0, 0
+	for _, id := range ids {
 		if id < 0 || int(id) >= v.size {
-			return ids[:i]
+			break
 		}
 		p := v.pieces[id]
 		if len(p) == 0 || !bytes.HasPrefix(run[off:], p) || !v.sampleable(id) || probe.Accept(id) != nil {
-			return ids[:i]
+			break
 		}
 		off += len(p)
+		n++
 	}
-	return ids
+	if n > 0 && (n < len(ids) || (!done && probe.extends(v.pieces[ids[n-1]]))) {
+		n-- // the last token could merge with what follows: sample it
+	}
+	if max > 0 && n > max {
+		n = max
+	}
+	return ids[:n]
+}
+
+// extends reports whether a token whose bytes begin with piece, the
+// bytes just accepted, and go on with a byte the grammar allows here
+// exists: then a free sample could have read across the end of piece.
+func (m *Matcher) extends(piece []byte) bool {
+	t := &m.g.v.all
+	node := t.find(piece)
+	if node < 0 {
+		return false
+	}
+	var buf []*stk // heap stacks: at most one is kept before returning
+	for e := t.edgeStart[node]; e < t.edgeStart[node+1]; e++ {
+		for _, s := range m.states {
+			if buf = m.w.adv(s, t.edgeByte[e], buf[:0]); len(buf) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // forcedBytes collects up to limit bytes that are each the only byte the
@@ -196,8 +219,22 @@ func validUTF8Prefix(p []byte) []byte {
 // bytes that is neither special nor EOS, found in the vocabulary's trie.
 func (v *Vocab) sampleable(id int32) bool {
 	t := &v.all
+	node := t.find(v.pieces[id])
+	if node < 0 {
+		return false
+	}
+	for k := t.tokStart[node]; k < t.tokStart[node+1]; k++ {
+		if t.toks[k] == id {
+			return true
+		}
+	}
+	return false
+}
+
+// find returns the node reached by p from the root, or -1.
+func (t *trie) find(p []byte) int32 {
 	node := int32(0)
-	for _, c := range v.pieces[id] {
+	for _, c := range p {
 		next := int32(-1)
 		for e := t.edgeStart[node]; e < t.edgeStart[node+1]; e++ {
 			if t.edgeByte[e] == c {
@@ -206,14 +243,9 @@ func (v *Vocab) sampleable(id int32) bool {
 			}
 		}
 		if next < 0 {
-			return false
+			return -1
 		}
 		node = next
 	}
-	for k := t.tokStart[node]; k < t.tokStart[node+1]; k++ {
-		if t.toks[k] == id {
-			return true
-		}
-	}
-	return false
+	return node
 }
