@@ -25,6 +25,11 @@
 // be finished. propertyNames is accepted when it asks only for strings,
 // optionally with a maxLength that bounds the free keys.
 //
+// Where the schema leaves one way to go on (a declared key, '":', a
+// closing brace, the rest of an enum value), [Matcher.ForcedTokens]
+// returns those tokens, tokenized with the vocabulary's [Encoder] and cut
+// so that sampling could have produced them, for jump-forward decoding.
+//
 // Free whitespace, number length, unconstrained string length, array and
 // object sizes and the total number of values are bounded (see [Limits]),
 // so that even a model that samples at random ends with a complete
