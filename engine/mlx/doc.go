@@ -61,7 +61,8 @@
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the
-// seed and how many tokens the sequence has sampled, so it is the same
+// seed and how many tokens the sequence has generated (sampled, or forced
+// by jump-forward decoding: engine.Info.JumpForward), so it is the same
 // alone and in any batch. float32 matrix products do not use TF32 unless
 // WithTF32 asks.
 package mlx
