@@ -108,16 +108,23 @@ func WithTokenBudget(n int) Option {
 // once and fed with the next step's input, instead of costing a forward
 // pass each. They count against the step's token budget, the sequence's
 // MaxTokens and its KV like sampled tokens, reach the caller as chunks
-// like sampled ones (with Logprob 0 and no Top: they were not sampled),
-// are counted in api.Usage.ForcedTokens, and stop tokens, stop strings
-// and the end of the document apply to them as to sampled ones. On a
-// model that does not report Info.JumpForward it stays off.
+// like sampled ones, are counted in api.Usage.ForcedTokens, and stop
+// tokens, stop strings and the end of the document apply to them as to
+// sampled ones. A sequence that asks for log-probabilities
+// (SamplingParams.Logprobs, TopLogprobs) is sampled token by token:
+// forced tokens would have none to report. A sequence resumed inside a
+// forced run gets the rest of it first (Sequence.Forced). On a model that
+// does not report Info.JumpForward it stays off.
 func WithJumpForward(on bool) Option {
 	return func(c *config) error {
 		c.noJumpForward = !on
 		return nil
 	}
 }
+
+// JumpForward reports whether the batcher appends forced tokens
+// (WithJumpForward on and the model reports engine.Info.JumpForward).
+func (b *ContinuousBatcher) JumpForward() bool { return b.cfg.jumpForward }
 
 // WithTargetStepLatency turns on adaptive batch sizing: the batch limit
 // moves between minBatch and the maximum so that the moving average of

@@ -60,6 +60,14 @@ type Sequence struct {
 	// decoding); the sequence finishes with FinishStop when it is Done,
 	// and with FinishLength when it allows no token at all.
 	Constraint Constraint
+	// Forced, on a sequence resumed from the tokens an earlier attempt
+	// delivered (its Prompt ends with them, Params.Generated counts them),
+	// holds the rest of the jump-forward run that attempt stopped inside
+	// (see WithJumpForward): they are delivered as forced tokens before the
+	// first sample, so the stream goes on as the uninterrupted one did.
+	// Each must be one Constraint allows after the previous. Ignored when
+	// jump-forward is off.
+	Forced []int32
 
 	cancelled atomic.Bool
 	out       outbox

@@ -165,8 +165,8 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 // sequence finished.
 func (b *ContinuousBatcher) jumpForward(s *Sequence, now time.Time) bool {
 	f, ok := s.Constraint.(Forcer)
-	if !ok {
-		return false
+	if !ok || s.Params.Logprobs || s.Params.TopLogprobs > 0 {
+		return false // forced tokens have no log-probabilities to report
 	}
 	room := min(s.MaxTokens-len(s.generated), b.info.ContextLength-len(s.Prompt)-len(s.generated), b.cfg.tokenBudget-1)
 	if room <= 0 {
