@@ -219,7 +219,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 		}
 		seq.Constraint = c
 	}
-	if err := resumeSequence(seq, p.Resume, m.info.EOS); err != nil {
+	if err := resumeSequence(seq, p.Resume, m.info.EOS, m.batcher.JumpForward()); err != nil {
 		return nil, err
 	}
 	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}

@@ -38,6 +38,10 @@ type Chunk struct {
 type Usage struct {
 	PromptTokens     int
 	CompletionTokens int
+	// ForcedTokens is how many of CompletionTokens were appended by
+	// jump-forward decoding (constrained output the grammar forced)
+	// instead of being sampled one forward pass each.
+	ForcedTokens int
 	// CachedTokens is the number of prompt tokens whose KV was reused
 	// from a saved prefix instead of being prefilled.
 	CachedTokens int

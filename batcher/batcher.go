@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -252,6 +253,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	s.id = b.nextID
 	s.feed = s.Prompt
 	s.params = s.Params
+	s.forced = 0              // a recompute feeds every generated token
 	if len(s.generated) > 0 { // recompute after preemption or a lost worker
 		s.feed = append(append(make([]int32, 0, len(s.Prompt)+len(s.generated)), s.Prompt...), s.generated...)
 		// The engine continues the draws and the penalty counts where they
@@ -282,7 +284,32 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	}
 	b.reserved += b.need(s)
 	b.running = append(b.running, e)
+	if len(s.Forced) > 0 {
+		b.startForced(s)
+	}
 	return true
+}
+
+// startForced delivers a resumed sequence's Forced tokens before its
+// first sample, as the jump-forward run they belong to would have, and
+// feeds them after the prompt.
+func (b *ContinuousBatcher) startForced(s *Sequence) {
+	forced := s.Forced
+	s.Forced = nil
+	if !b.cfg.jumpForward || len(s.generated) > 0 {
+		return
+	}
+	now := time.Now()
+	s.firstToken, s.lastToken = now, now
+	for _, tok := range forced {
+		s.forcedTotal++
+		if b.emit(s, api.Chunk{Token: tok, HasToken: true}, now) {
+			b.removeFinished()
+			return
+		}
+	}
+	s.feed = append(slices.Clip(s.feed), s.generated...)
+	s.params.Generated += len(s.generated)
 }
 
 // preemptFor evicts the lowest-tier, most recently admitted running

@@ -87,7 +87,7 @@ func (b *ContinuousBatcher) roomForDecodes() int {
 		need := 0
 		for _, e := range b.running {
 			if s := e.Value; s.fed == len(s.feed) {
-				need += b.grows(s, 1)
+				need += b.grows(s, 1+s.forced)
 			}
 		}
 		free := b.freeBlocks()

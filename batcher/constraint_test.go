@@ -6,6 +6,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/grammar"
 )
@@ -89,4 +90,111 @@ func TestConstraintWithNoWayOut(t *testing.T) {
 	if res.err != nil || res.finish != api.FinishLength || len(res.tokens) != 0 {
 		t.Fatalf("got %d tokens, finish %q, err %v; want none, length, nil", len(res.tokens), res.finish, res.err)
 	}
+}
+
+// forcingVocab is byteVocab without whitespace tokens, with an encoder
+// that writes each byte as its id: where the grammar forces a byte, that
+// byte's token is the only one allowed, so sampling one token at a time
+// and jump-forward decoding produce the same tokens.
+func forcingVocab(n int) *grammar.Vocab {
+	pieces := make([][]byte, n)
+	for i := 0; i < 256; i++ {
+		if c := byte(i); c != ' ' && c != '\n' && c != '\t' && c != '\r' {
+			pieces[i] = []byte{c}
+		}
+	}
+	pieces[300] = []byte("</s>")
+	v := grammar.NewVocab(pieces, []int32{300}, nil)
+	v.SetEncoder(byteEncoder{})
+	return v
+}
+
+type byteEncoder struct{}
+
+func (byteEncoder) Encode(text string, _ bool) ([]int32, error) {
+	ids := make([]int32, len(text))
+	for i := range len(text) {
+		ids[i] = int32(text[i])
+	}
+	return ids, nil
+}
+
+// TestJumpForward: constrained sequences decoded with jump-forward give
+// exactly the tokens of sampling one token per step, greedy and seeded
+// with penalties alike (forced tokens count as generated), in fewer
+// engine steps, and their Usage counts the forced tokens.
+func TestJumpForward(t *testing.T) {
+	const vocab = 512
+	v := forcingVocab(vocab)
+	schema := `{"type":"object","properties":{"status":{"enum":["active","inactive"]},"count":{"type":"integer","minimum":0,"maximum":99},"kind":{"const":"record"},"tags":{"type":"array","items":{"enum":["alpha","beta"]},"maxItems":3}},"required":["status","count","kind","tags"],"additionalProperties":false}`
+	g, err := v.Compile([]byte(schema), grammar.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := []engine.SamplingParams{
+		{},
+		{Temperature: 1, Seed: 7, HasSeed: true, PresencePenalty: 0.5, FrequencyPenalty: 0.3},
+	}
+	run := func(jump bool, p engine.SamplingParams, i int) (result, int64) {
+		r := newRig(t, []enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithEOS(300)}, nil, batcher.WithJumpForward(jump))
+		s := &batcher.Sequence{Prompt: prompt(i, 5), MaxTokens: 200, Constraint: g.NewMatcher(), Params: p}
+		r.submit(t, s)
+		res := collect(s)
+		if res.err != nil || res.finish != api.FinishStop {
+			t.Fatalf("jump-forward %v: finish %q, err %v", jump, res.finish, res.err)
+		}
+		return res, r.sim.Stats().Steps
+	}
+	for pi, p := range params {
+		for i := range 4 {
+			off, offSteps := run(false, p, i)
+			on, onSteps := run(true, p, i)
+			if string(int32Bytes(on.tokens)) != string(int32Bytes(off.tokens)) {
+				t.Fatalf("params %d prompt %d: jump-forward gave\n%s\nsampling one token a step gave\n%s", pi, i, int32Bytes(on.tokens), int32Bytes(off.tokens))
+			}
+			if off.usage.ForcedTokens != 0 || on.usage.ForcedTokens == 0 || on.usage.CompletionTokens != len(on.tokens) {
+				t.Fatalf("usage without jump-forward %+v, with %+v (%d tokens)", off.usage, on.usage, len(on.tokens))
+			}
+			if onSteps*2 > offSteps {
+				t.Errorf("params %d prompt %d: %d steps with jump-forward, %d without: want at most half", pi, i, onSteps, offSteps)
+			}
+			t.Logf("%s: %d tokens, %d forced; %d steps against %d", int32Bytes(on.tokens), len(on.tokens), on.usage.ForcedTokens, onSteps, offSteps)
+		}
+	}
+}
+
+// TestJumpForwardLimits: forced tokens count against MaxTokens (the
+// sequence ends with "length" exactly there) and stop tokens apply to
+// them.
+func TestJumpForwardLimits(t *testing.T) {
+	const vocab = 512
+	v := forcingVocab(vocab)
+	g, err := v.Compile([]byte(`{"const":{"abcdefghij":"klmnopqrst"}}`), grammar.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, []enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithEOS(300)}, nil)
+	s := &batcher.Sequence{Prompt: prompt(1, 5), MaxTokens: 6, Constraint: g.NewMatcher()}
+	r.submit(t, s)
+	res := collect(s)
+	if res.err != nil || res.finish != api.FinishLength || string(int32Bytes(res.tokens)) != `{"abcd` {
+		t.Fatalf("got %q, finish %q, err %v; want {\"abcd, length", int32Bytes(res.tokens), res.finish, res.err)
+	}
+	if res.usage.ForcedTokens != 5 {
+		t.Fatalf("usage %+v: want 5 forced tokens", res.usage)
+	}
+	s = &batcher.Sequence{Prompt: prompt(1, 5), MaxTokens: 60, Constraint: g.NewMatcher(), StopTokens: []int32{'e'}}
+	r.submit(t, s)
+	res = collect(s)
+	if res.err != nil || res.finish != api.FinishStop || string(int32Bytes(res.tokens)) != `{"abcd` {
+		t.Fatalf("got %q, finish %q, err %v; want {\"abcd ended by the stop token", int32Bytes(res.tokens), res.finish, res.err)
+	}
+}
+
+func int32Bytes(toks []int32) []byte {
+	b := make([]byte, len(toks))
+	for i, t := range toks {
+		b[i] = byte(t)
+	}
+	return b
 }

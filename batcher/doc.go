@@ -10,6 +10,10 @@
 // leave the batch at any step: when they hit their token limit, an
 // end-of-sequence or stop token, a stop string found by their [Detokenizer],
 // or when they are cancelled, and their KV is freed before the next step.
+// A constrained sequence (Sequence.Constraint) whose grammar forces its
+// next tokens — a key name, a closing brace, the rest of an enum value —
+// gets them appended without a forward pass each and fed with its next
+// decode (jump-forward decoding, [WithJumpForward]).
 //
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus

@@ -24,6 +24,8 @@ type config struct {
 	observer       func(StepStats)
 	onResume       func(ResumeStats)
 	logger         *slog.Logger
+	noJumpForward  bool // WithJumpForward(false)
+	jumpForward    bool // resolved: on and the model takes forced tokens
 }
 
 // Defaults.
@@ -64,6 +66,7 @@ func (c *config) resolve(info engine.Info) error {
 	if !c.tokenBudgetSet && info.StepTokens > 0 {
 		c.tokenBudget = max(info.StepTokens, c.maxBatch)
 	}
+	c.jumpForward = !c.noJumpForward && info.JumpForward
 	if c.tokenBudget < c.maxBatch {
 		return fmt.Errorf("token budget %d is below the batch limit %d: decoding sequences alone would not fit", c.tokenBudget, c.maxBatch)
 	}
@@ -96,6 +99,32 @@ func WithTokenBudget(n int) Option {
 		return nil
 	}
 }
+
+// WithJumpForward turns jump-forward decoding of constrained sequences
+// on or off. On (the default), where the model reports
+// engine.Info.JumpForward and a sequence's Constraint implements Forcer:
+// after each sampled token the tokens the grammar forces next (a key
+// name, '":', a closing brace, the rest of an enum value) are appended at
+// once and fed with the next step's input, instead of costing a forward
+// pass each. They count against the step's token budget, the sequence's
+// MaxTokens and its KV like sampled tokens, reach the caller as chunks
+// like sampled ones, are counted in api.Usage.ForcedTokens, and stop
+// tokens, stop strings and the end of the document apply to them as to
+// sampled ones. A sequence that asks for log-probabilities
+// (SamplingParams.Logprobs, TopLogprobs) is sampled token by token:
+// forced tokens would have none to report. A sequence resumed inside a
+// forced run gets the rest of it first (Sequence.Forced). On a model that
+// does not report Info.JumpForward it stays off.
+func WithJumpForward(on bool) Option {
+	return func(c *config) error {
+		c.noJumpForward = !on
+		return nil
+	}
+}
+
+// JumpForward reports whether the batcher appends forced tokens
+// (WithJumpForward on and the model reports engine.Info.JumpForward).
+func (b *ContinuousBatcher) JumpForward() bool { return b.cfg.jumpForward }
 
 // WithTargetStepLatency turns on adaptive batch sizing: the batch limit
 // moves between minBatch and the maximum so that the moving average of

@@ -75,14 +75,14 @@ func (b *ContinuousBatcher) resumable(p *engine.SamplingParams) bool {
 }
 
 // resumed accounts for the first token of a resumed sequence, produced
-// at now.
+// at now, before it is appended.
 func (b *ContinuousBatcher) resumed(s *Sequence, now time.Time) {
 	gap := now.Sub(s.resumedFrom)
 	s.resumeGap += gap
 	s.resumedFrom = time.Time{}
 	s.retries.Reset() // it made progress: a later loss is a new failure with the policy's full attempts
 	if b.cfg.onResume != nil {
-		b.cfg.onResume(ResumeStats{Cause: ResumeWorkerLost, Delivered: len(s.generated) - 1, Gap: gap})
+		b.cfg.onResume(ResumeStats{Cause: ResumeWorkerLost, Delivered: len(s.generated), Gap: gap})
 	}
 }
 

@@ -60,6 +60,14 @@ type Sequence struct {
 	// decoding); the sequence finishes with FinishStop when it is Done,
 	// and with FinishLength when it allows no token at all.
 	Constraint Constraint
+	// Forced, on a sequence resumed from the tokens an earlier attempt
+	// delivered (its Prompt ends with them, Params.Generated counts them),
+	// holds the rest of the jump-forward run that attempt stopped inside
+	// (see WithJumpForward): they are delivered as forced tokens before the
+	// first sample, so the stream goes on as the uninterrupted one did.
+	// Each must be one Constraint allows after the previous. Ignored when
+	// jump-forward is off.
+	Forced []int32
 
 	cancelled atomic.Bool
 	out       outbox
@@ -82,6 +90,8 @@ type Sequence struct {
 	preemptions int
 	retries     *retry.Tracker // started at the first failed attempt
 	mask        []uint64       // the Constraint's mask for the next sample
+	forced      int            // tokens jump-forward appended after the last sampled one, fed with it
+	forcedTotal int            // tokens jump-forward appended over the sequence's life
 	maskReady   bool           // mask was filled for this step
 }
 
@@ -96,6 +106,16 @@ type Constraint interface {
 	Accept(tok int32) error
 	// Done reports that nothing but the end may follow.
 	Done() bool
+}
+
+// Forcer is implemented by constraints that know the tokens the output
+// must go on with (engine/grammar's Matcher does): jump-forward decoding
+// (see WithJumpForward) appends them without sampling.
+type Forcer interface {
+	// ForcedTokens returns up to max tokens the constraint forces next,
+	// each one it would allow at its position, without advancing past
+	// them: the batcher Accepts each one it appends.
+	ForcedTokens(max int) []int32
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

@@ -35,9 +35,11 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				dead = true
 				continue
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1:], Sample: true, Params: &s.params, Allowed: allowed})
+			// The last sampled token, and the tokens jump-forward
+			// appended after it.
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1-s.forced:], Sample: true, Params: &s.params, Allowed: allowed})
 			seqs = append(seqs, s)
-			budget--
+			budget -= 1 + s.forced
 			decode++
 		}
 	}
@@ -118,6 +120,7 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 		if !in[i].Sample {
 			continue
 		}
+		s.forced = 0            // fed
 		if s.cancelled.Load() { // cancelled during the step: reaped next
 			j++
 			continue
@@ -136,9 +139,6 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 // accept appends one sampled token, emits it, and finishes the sequence
 // when a stop condition holds. It reports whether the sequence finished.
 func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.Time) bool {
-	tok := out.Token
-	s.generated = append(s.generated, tok)
-	s.Watch.Token()
 	if s.firstToken.IsZero() {
 		s.firstToken = now
 	}
@@ -146,6 +146,49 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		b.resumed(s, now)
 	}
 	s.lastToken = now
+	c := api.Chunk{Token: out.Token, HasToken: true, Logprob: out.Logprob}
+	if len(out.Top) > 0 {
+		c.Top = make([]api.TopLogprob, len(out.Top))
+		for i, e := range out.Top {
+			c.Top[i] = api.TopLogprob{Token: e.Token, Logprob: e.Logprob}
+		}
+	}
+	if b.emit(s, c, now) {
+		return true
+	}
+	return b.cfg.jumpForward && b.jumpForward(s, now)
+}
+
+// jumpForward appends the tokens s's constraint forces after the token
+// just accepted, within the sequence's max tokens, its context and the
+// step budget; they are fed with the next step. It reports whether the
+// sequence finished.
+func (b *ContinuousBatcher) jumpForward(s *Sequence, now time.Time) bool {
+	f, ok := s.Constraint.(Forcer)
+	if !ok || s.Params.Logprobs || s.Params.TopLogprobs > 0 {
+		return false // forced tokens have no log-probabilities to report
+	}
+	room := min(s.MaxTokens-len(s.generated), b.info.ContextLength-len(s.Prompt)-len(s.generated), b.cfg.tokenBudget-1)
+	if room <= 0 {
+		return false
+	}
+	for _, tok := range f.ForcedTokens(room) {
+		s.forced++
+		s.forcedTotal++
+		if b.emit(s, api.Chunk{Token: tok, HasToken: true}, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// emit appends one token to s, sampled or forced, hands its chunk c to
+// the reader, and finishes the sequence when a stop condition holds. It
+// reports whether the sequence finished.
+func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
+	tok := c.Token
+	s.generated = append(s.generated, tok)
+	s.Watch.Token()
 	if b.isStopToken(s, tok) {
 		b.finish(s, api.FinishStop, "", now)
 		return true
@@ -155,13 +198,6 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 			b.free(s, "")
 			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
 			return true
-		}
-	}
-	c := api.Chunk{Token: tok, HasToken: true, Logprob: out.Logprob}
-	if len(out.Top) > 0 {
-		c.Top = make([]api.TopLogprob, len(out.Top))
-		for i, e := range out.Top {
-			c.Top[i] = api.TopLogprob{Token: e.Token, Logprob: e.Logprob}
 		}
 	}
 	if s.Text != nil {
@@ -211,6 +247,7 @@ func (s *Sequence) usage(now time.Time) *api.Usage {
 	u := &api.Usage{
 		PromptTokens:     len(s.Prompt),
 		CompletionTokens: len(s.generated),
+		ForcedTokens:     s.forcedTotal,
 		CachedTokens:     s.cached,
 		QueueWait:        s.admitted.Sub(s.Submitted),
 		Duration:         now.Sub(s.Submitted),

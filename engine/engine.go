@@ -222,6 +222,18 @@ type Info struct {
 	// lost only on a model that reports it (greedy and unseeded ones
 	// resume on any model); false fails such a sequence instead.
 	Resumes bool
+	// JumpForward reports that the model takes forced tokens after a
+	// sampled one (jump-forward decoding of constrained output): once a
+	// sequence has sampled, a StepInput whose Tokens hold more than one
+	// token is the last sampled token followed by tokens the caller
+	// appended without sampling, and the model counts every one of them
+	// as generated — presence and frequency penalties count them, and a
+	// run of k forced tokens advances the generated position of seeded
+	// draws by k, so the draw after them is the one a sequence that had
+	// sampled those same tokens would take. The batcher appends forced
+	// tokens only on a model that reports it; false keeps one token per
+	// decode step.
+	JumpForward bool
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).

@@ -83,6 +83,7 @@ func addUsage(total *api.Usage, u *api.Usage) {
 		total.PromptTokens, total.CachedTokens = u.PromptTokens, u.CachedTokens
 	}
 	total.CompletionTokens += u.CompletionTokens
+	total.ForcedTokens += u.ForcedTokens
 }
 
 type indexed struct {

@@ -205,6 +205,13 @@ type usageBody struct {
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// CompletionTokensDetails is set when jump-forward decoding appended
+	// some of the completion tokens (api.Usage.ForcedTokens).
+	CompletionTokensDetails *completionDetails `json:"completion_tokens_details,omitempty"`
+}
+
+type completionDetails struct {
+	ForcedTokens int `json:"forced_tokens"`
 }
 
 func usageOf(u *api.Usage) usageBody {
@@ -215,6 +222,9 @@ func usageOf(u *api.Usage) usageBody {
 	b.PromptTokens, b.CompletionTokens = u.PromptTokens, u.CompletionTokens
 	b.TotalTokens = u.PromptTokens + u.CompletionTokens
 	b.PromptTokensDetails.CachedTokens = u.CachedTokens
+	if u.ForcedTokens > 0 {
+		b.CompletionTokensDetails = &completionDetails{ForcedTokens: u.ForcedTokens}
+	}
 	return b
 }
 

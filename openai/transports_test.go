@@ -3,6 +3,7 @@ package openai_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -244,6 +245,54 @@ func TestQueueFullAcrossTransports(t *testing.T) {
 		want := answer{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: true}
 		if got != want {
 			t.Errorf("%s: %+v, want %+v", tr.name, got, want)
+		}
+	}
+}
+
+// TestForcedTokensAcrossTransports: a structured-output request decoded
+// with jump-forward reports its forced tokens in
+// usage.completion_tokens_details, the same through every transport, and
+// the document is the schema's.
+func TestForcedTokensAcrossTransports(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	body := `{"model":"tiny","max_tokens":200,"seed":3,"messages":[{"role":"user","content":"hi"}],
+		"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{
+		"kind":{"const":"record"},"state":{"enum":["enabled","disabled"]}},"required":["kind","state"],"additionalProperties":false}}}}`
+	var want string
+	for _, tr := range transports(t, f) {
+		status, _, b := (&fixture{ts: tr.ts}).post(t, "/v1/chat/completions", body)
+		if status != http.StatusOK {
+			t.Fatalf("%s: %d %s", tr.name, status, b)
+		}
+		var res struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+				Details          *struct {
+					ForcedTokens int `json:"forced_tokens"`
+				} `json:"completion_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(b, &res); err != nil || len(res.Choices) != 1 {
+			t.Fatalf("%s: %s: %v", tr.name, b, err)
+		}
+		var doc struct{ Kind, State string }
+		if err := json.Unmarshal([]byte(res.Choices[0].Message.Content), &doc); err != nil || doc.Kind != "record" {
+			t.Fatalf("%s: content %q: %v", tr.name, res.Choices[0].Message.Content, err)
+		}
+		u := res.Usage
+		if u.Details == nil || u.Details.ForcedTokens == 0 || u.Details.ForcedTokens >= u.CompletionTokens {
+			t.Fatalf("%s: usage %s: want some but not all completion tokens forced", tr.name, b)
+		}
+		got := fmt.Sprintf("%s %d/%d", res.Choices[0].Message.Content, u.Details.ForcedTokens, u.CompletionTokens)
+		if want == "" {
+			want = got
+		} else if got != want {
+			t.Errorf("%s: %s; direct gave %s", tr.name, got, want)
 		}
 	}
 }

@@ -35,6 +35,9 @@ type usage struct {
 	PromptTokensDetails *struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails *struct {
+		ForcedTokens int `json:"forced_tokens"`
+	} `json:"completion_tokens_details"`
 }
 
 // source reads one upstream response's server-sent events as an
@@ -284,6 +287,9 @@ func (u *usage) toAPI() *api.Usage {
 	out := &api.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
 	if u.PromptTokensDetails != nil {
 		out.CachedTokens = u.PromptTokensDetails.CachedTokens
+	}
+	if u.CompletionTokensDetails != nil {
+		out.ForcedTokens = u.CompletionTokensDetails.ForcedTokens
 	}
 	return out
 }

@@ -28,7 +28,8 @@ const (
 // MaxBatch, KVCapacity and ContextLength — failing at once if either load
 // fails, and checks, each in a named subtest that -run can pick: load, greedy_determinism, batch_invariance, join_leave,
 // chunked_prefill, free_reuse, prefix_reuse, partial_prefix_reuse,
-// seeded_sampling, resume (models reporting engine.Info.Resumes), constraints (allowed-token masks, logit bias, top
+// seeded_sampling, resume (models reporting engine.Info.Resumes), jump_forward
+// (models reporting engine.Info.JumpForward), constraints (allowed-token masks, logit bias, top
 // log-probabilities and their refusals), capacity, max_batch,
 // cancellation, warm (models
 // implementing engine.Warmer) and close. Prompts are token ids below
@@ -61,6 +62,7 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		{"partial_prefix_reuse", checkPartialPrefixReuse},
 		{"seeded_sampling", checkSeededSampling},
 		{"resume", checkResume},
+		{"jump_forward", checkJumpForward},
 		{"constraints", checkConstraints},
 		{"capacity", checkCapacity},
 		{"max_batch", checkMaxBatch},

@@ -55,7 +55,8 @@ type simSeq struct {
 	sampled bool
 	gen     map[int32]int
 	// draws is the generated position of the next sample: the count of
-	// samples since Open, plus SamplingParams.Generated.
+	// samples since Open, plus the tokens fed with them after the first
+	// (forced by jump-forward decoding), plus SamplingParams.Generated.
 	draws int
 	// lost is set when a simulated worker loss took the sequence.
 	lost bool

@@ -39,6 +39,7 @@ type simConfig struct {
 	kvTokenBytes            int64
 	blockSize               int
 	noResume                bool
+	noJumpForward           bool
 	lossRate                float64
 	lossSeed                uint64
 }
@@ -241,6 +242,17 @@ func WithMemory(weightBytes, kvTokenBytes int64) SimOption {
 func WithoutResume() SimOption {
 	return func(c *simConfig) error {
 		c.noResume = true
+		return nil
+	}
+}
+
+// WithoutJumpForward makes every model behave as an engine that does not
+// take forced tokens: Info.JumpForward is false, and a run of tokens fed
+// with a sample after the first does not advance the generated position
+// of seeded draws beyond one. Default: models report Info.JumpForward.
+func WithoutJumpForward() SimOption {
+	return func(c *simConfig) error {
+		c.noJumpForward = true
 		return nil
 	}
 }

@@ -47,9 +47,12 @@ import (
 //
 // Its models report [engine.Info.Resumes] and follow Generated of
 // [engine.SamplingParams]: a sampled draw mixes in the seed and the
-// generated position (samples since Open plus Generated), and a
-// sequence's first sample counts the prompt's last Generated tokens for
-// presence and frequency penalties ([WithoutResume] turns that off).
+// generated position (samples and forced tokens since Open plus
+// Generated), and a sequence's first sample counts the prompt's last
+// Generated tokens for presence and frequency penalties ([WithoutResume]
+// turns that off). They report [engine.Info.JumpForward]: tokens fed with
+// a sample after the sequence's first count as generated, each advancing
+// the generated position ([WithoutJumpForward] turns that off).
 // [WithWorkerLoss] fails random Steps as a crashed worker does.
 //
 // Its models implement [engine.Warmer]: with [WithCompileTime] the first
@@ -194,6 +197,7 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 		info.ContextLength = min(info.ContextLength, info.KVCapacity) // one sequence cannot outgrow the pool
 	}
 	info.Resumes = !s.cfg.noResume
+	info.JumpForward = !s.cfg.noJumpForward
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil

@@ -155,6 +155,8 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 		p := in.Params
 		if !seq.sampled {
 			m.resume(seq, p)
+		} else if !m.sim.cfg.noJumpForward {
+			seq.draws += len(in.Tokens) - 1 // forced tokens after the sampled one
 		}
 		seed := seq.seed
 		if p.HasSeed {

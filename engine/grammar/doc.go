@@ -26,6 +26,11 @@
 // be finished. propertyNames is accepted when it asks only for strings,
 // optionally with a maxLength that bounds the free keys.
 //
+// Where the schema leaves one way to go on (a declared key, '":', a
+// closing brace, the rest of an enum value), [Matcher.ForcedTokens]
+// returns those tokens, tokenized with the vocabulary's [Encoder] and cut
+// so that sampling could have produced them, for jump-forward decoding.
+//
 // Free whitespace, number length, unconstrained string length, array and
 // object sizes, the total number of values and the tokens spent in
 // free-form values (json_object, {}) are bounded (see [Limits]), so that

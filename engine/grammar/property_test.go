@@ -86,7 +86,8 @@ func randSchema(rng *rand.Rand, depth int, defs map[string]any) map[string]any {
 
 // TestPropertyRandomSchemas: for random schemas and uniformly random
 // choices among allowed tokens (a model with random weights), every
-// document finishes within the token cap, is JSON and validates.
+// document finishes within the token cap, is JSON and validates, with
+// jump-forward decoding (Matcher.ForcedTokens) as without.
 func TestPropertyRandomSchemas(t *testing.T) {
 	vocabs := map[string]func(testing.TB) *Vocab{
 		"bytes":  func(testing.TB) *Vocab { return byteVocab() },
@@ -119,6 +120,13 @@ func TestPropertyRandomSchemas(t *testing.T) {
 				t.Logf("schema %s", raw)
 				for j := 0; j < 4; j++ {
 					doc, _ := sampleDoc(t, g, rng, 1500)
+					checkDoc(t, val, string(raw), doc)
+					docs++
+				}
+				// Jump-forward decoding (on the vocabularies with a
+				// tokenizer): forced runs appended after each sample.
+				for j := 0; j < 2; j++ {
+					doc, _, _ := jumpDoc(t, g, rng, 1500)
 					checkDoc(t, val, string(raw), doc)
 					docs++
 				}

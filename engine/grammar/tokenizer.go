@@ -7,10 +7,11 @@ import (
 )
 
 // VocabFromTokenizer prepares tok's vocabulary: every id's decoded bytes,
-// special tokens excluded, tok's EOS tokens and eos as the end. size is
-// the model's vocabulary size when it differs from the tokenizer's (an
-// embedding padded past the last token: the extra ids decode to no bytes
-// and are never allowed); 0 takes tok.VocabSize().
+// special tokens excluded, tok's EOS tokens and eos as the end, tok as
+// the Encoder of Matcher.ForcedTokens. size is the model's vocabulary
+// size when it differs from the tokenizer's (an embedding padded past the
+// last token: the extra ids decode to no bytes and are never allowed); 0
+// takes tok.VocabSize().
 func VocabFromTokenizer(tok *tokenizer.Tokenizer, size int, eos ...int32) *Vocab {
 	if size <= 0 {
 		size = tok.VocabSize()
@@ -19,5 +20,7 @@ func VocabFromTokenizer(tok *tokenizer.Tokenizer, size int, eos ...int32) *Vocab
 	for id := range pieces {
 		pieces[id] = tok.TokenBytes(int32(id))
 	}
-	return NewVocab(pieces, slices.Concat(tok.EOS(), eos), tok.IsSpecial)
+	v := NewVocab(pieces, slices.Concat(tok.EOS(), eos), tok.IsSpecial)
+	v.SetEncoder(tok)
+	return v
 }

@@ -33,6 +33,7 @@ type Vocab struct {
 	// text, so that schemas sharing a format or pattern share its DFA
 	// states and their token sets (see warm.go).
 	regexes *lru.Cache[string, *regex]
+	enc     Encoder // for ForcedTokens; nil: nothing is forced
 }
 
 // NewVocab prepares a vocabulary. pieces[id] are the bytes token id

@@ -64,7 +64,8 @@
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the
-// seed and how many tokens the sequence has sampled, so it is the same
+// seed and how many tokens the sequence has generated (sampled, or forced
+// by jump-forward decoding: engine.Info.JumpForward), so it is the same
 // alone and in any batch. The model reports engine.Info.Resumes: a
 // sequence opened with SamplingParams.Generated set starts its draws at
 // that position and counts the prompt's last Generated tokens for

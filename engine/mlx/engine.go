@@ -213,7 +213,7 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	}
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
 		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,
-		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true}
+		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true}
 	return nil
 }
 

@@ -22,7 +22,8 @@ type seqState struct {
 	pool     *kvPool // the pool rows come from; nil before the first
 	reserved int     // KV tokens reserved at Open
 	// seed keys the sequence's draws (set at its first draw); drawn is
-	// how many tokens it has sampled, the position of its next draw.
+	// how many tokens it has generated (sampled, or forced after a sampled
+	// one), the position of its next draw.
 	seed   uint64
 	seeded bool
 	drawn  int

@@ -27,7 +27,8 @@ const topPSteps = 31
 // K sorted (or, when a top-p row has no top-k, bisects the probabilities
 // for it: 31 masked sums, no vocabulary sort), min-p is a threshold on the logits, and the draw adds Gumbel
 // noise that depends only on the sequence's seed and how many tokens it
-// has sampled, so a sequence draws the same tokens alone or in any batch.
+// has generated (sampled or forced), so a sequence draws the same tokens
+// alone or in any batch.
 // It returns int32 tokens [S] and float32 log-probabilities [S] (zero
 // where not asked for) and, when any feed asks for top log-probabilities,
 // the K most likely ids [S, K] and their log-probabilities (K the largest
@@ -278,7 +279,11 @@ func (m *model) gumbel(g *graph, sf []feed, params []*engine.SamplingParams) arr
 				s.seed = params[i].Seed
 			}
 		}
-		k0[i], k1[i] = drawKey(s.seed, s.drawn)
+		pos := s.drawn
+		if s.sampled { // tokens fed after the last sampled one were forced: generated positions
+			pos += len(f.tokens) - 1
+		}
+		k0[i], k1[i] = drawKey(s.seed, pos)
 	}
 	ids := g.astype(g.arange(v, C.MLX_INT32), C.MLX_UINT32)
 	return g.gumbelNoise(ids, g.uint32s(k0, n, 1), g.uint32s(k1, n, 1))

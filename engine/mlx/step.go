@@ -157,6 +157,9 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	}
 	for _, f := range feeds {
 		if f.sample {
+			if f.seq.sampled { // forced tokens (engine.Info.JumpForward) are generated positions
+				f.seq.drawn += len(f.tokens) - 1
+			}
 			f.seq.sampled = true
 			f.seq.drawn++
 		}

@@ -112,7 +112,8 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		m.blocksPer = append(m.blocksPer, w.KVBlocks)
 	}
 	m.k = lookaheadFor(e.cfg.lookahead, infos[0].Device, m.hellos())
-	m.info.Resumes = resumesFor(m.hellos())
+	m.info.Resumes = capable(m.hellos(), "resume")
+	m.info.JumpForward = capable(m.hellos(), "jump_forward")
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -146,13 +147,15 @@ func (m *Model) loadRequest() builder {
 	})
 }
 
-// resumesFor reports whether workers whose handshakes are hellos follow
-// engine.SamplingParams.Generated (the "resume" capability, PROTOCOL.md).
-// A replacement worker runs the same runtime and backend, so the answer
+// capable reports whether every worker whose handshake is among hellos
+// lists capability name as true: "resume" (it follows
+// engine.SamplingParams.Generated) or "jump_forward" (it counts forced
+// tokens as generated, engine.Info.JumpForward); see PROTOCOL.md. A
+// replacement worker runs the same runtime and backend, so the answer
 // holds for the model's life.
-func resumesFor(hellos []reply) bool {
+func capable(hellos []reply, name string) bool {
 	for _, h := range hellos {
-		if on, _ := h.Caps["resume"].(bool); !on {
+		if on, _ := h.Caps[name].(bool); !on {
 			return false
 		}
 	}

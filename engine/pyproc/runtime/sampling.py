@@ -82,6 +82,16 @@ def note_fed(seq, toks):
             counts[t] = counts.get(t, 0) + 1
 
 
+def note_forced(seq, toks, sample):
+    """Jump-forward decoding (the "jump_forward" capability): a sampling
+    input of a sequence that has sampled holds the token it sampled last,
+    then tokens the caller appended without sampling. Each of those is a
+    generated position, so the draw after them is the one a sequence that
+    had sampled them takes. (note_fed counts them for the penalties.)"""
+    if sample and len(toks) > 1 and getattr(seq, "sampled", False) and seq.gen is not None:
+        seq.gen.pos += len(toks) - 1
+
+
 def _resume(seq, params):
     """At a sequence's first sample: the prompt's last "g" tokens were
     generated before it was resumed, so presence and frequency penalties

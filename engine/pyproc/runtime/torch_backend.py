@@ -7,7 +7,7 @@ import torch
 
 from llama import Config, Llama
 from errors import CheckpointError, ProtocolError
-from sampling import note_fed, sample_rows
+from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 from paged import OutOfBlocks, PagedKV
 from upload import to_device
@@ -23,6 +23,7 @@ STEP_TOKENS_CUDA = 4096
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
+                "jump_forward": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
                              "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
                              "generated"]}
@@ -247,6 +248,7 @@ class TorchModel:
         for b, s in zip(batch, seqs):
             self.kv.grow(s, len(s.tokens) + len(b[1]))
             note_fed(s, b[1])
+            note_forced(s, b[1], b[2])
             if not s.sampled:
                 fresh.append(s)
         want = lookahead.plan(self, batch, seqs)
