@@ -97,7 +97,14 @@ func TestLoadCollector(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, got := range []map[string]float64{gather(t, reg, "tiny"), gather(t, lbReg, "tiny")} {
+	// The balancer reports the load snapshot it routes from, refreshed
+	// every balancer.DefaultLoadRefresh: wait for it to take the requests in.
+	viaLB := gather(t, lbReg, "tiny")
+	for deadline := time.Now().Add(5 * time.Second); viaLB["vllm:num_requests_running"] != 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		viaLB = gather(t, lbReg, "tiny")
+	}
+	for _, got := range []map[string]float64{gather(t, reg, "tiny"), viaLB} {
 		if got["vllm:num_requests_running"] != 2 || got["vllm:num_requests_waiting"] != 1 {
 			t.Errorf("busy: %v, want 2 running and 1 waiting", got)
 		}
