@@ -256,7 +256,7 @@ func (s *PriorityScheduler[T]) Requeue(e *Entry[T]) {
 	if r := e.Tier.Rank(); r >= 0 {
 		e.rank = int8(r)
 	} else if e.owner == nil {
-		e.rank = rankNormal
+		e.rank = int8(api.Normal.Rank())
 	}
 	if e.Enqueued.IsZero() {
 		e.Enqueued = now
