@@ -89,11 +89,7 @@ func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 		s.bounds[r] = [2]int{cfg.tierBound(cfg.maxQueued, r), cfg.tierBound(cfg.maxTokens, r)}
 	}
 	if cfg.rate > 0 {
-		l, err := newLimiter(cfg.rate, cfg.burst, cfg.clients)
-		if err != nil {
-			return nil, err
-		}
-		s.limiter = l
+		s.limiter = newLimiter(cfg.rate, cfg.burst, cfg.clients)
 	}
 	return s, nil
 }
