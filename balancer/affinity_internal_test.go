@@ -55,3 +55,20 @@ func TestAffinityBounds(t *testing.T) {
 		t.Errorf("zero fields not defaulted: %+v", got)
 	}
 }
+
+// rendezvous scores are pinned (FNV-1a, then SplitMix64's finaliser), so
+// balancers of different builds send a session to the same home.
+func TestRendezvousPinned(t *testing.T) {
+	for _, c := range []struct {
+		key, backend string
+		want         uint64
+	}{
+		{"s1", "a", 0x121cff50b1ccf8c6},
+		{"s1", "b", 0x654e4ffc7cb79b65},
+		{"user-42", "gpu-7", 0x4bb312a6c066ac01},
+	} {
+		if got := rendezvous(c.key, c.backend); got != c.want {
+			t.Errorf("rendezvous(%q, %q) = %#x, want %#x", c.key, c.backend, got, c.want)
+		}
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
+
+	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
 // Route is what a routing strategy knows of a request.
@@ -163,20 +165,14 @@ func SessionAffinity(loadFactor float64, fallback Strategy) Strategy {
 }
 
 // rendezvous is the highest-random-weight score of key on backend. It is
-// a fixed function (FNV-1a, then a 64-bit finaliser), so every balancer
+// a fixed function (FNV-1a, then [mix.Mix64]), so every balancer
 // replica, in every process, sends a session to the same home.
 func rendezvous(key, backend string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))
 	h.Write([]byte{0})
 	h.Write([]byte(backend))
-	x := h.Sum64()
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
+	return mix.Mix64(h.Sum64())
 }
 
 // PrefixAware sends a request to the candidate expected to hold the

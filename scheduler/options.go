@@ -150,7 +150,8 @@ func (c *config) tierBound(bound, r int) int {
 	if bound == 0 {
 		return 0
 	}
-	cut := int(float64(bound) * c.headroom * float64(rankCritical-r) / float64(rankCritical))
+	top := api.Critical.Rank()
+	cut := int(float64(bound) * c.headroom * float64(top-r) / float64(top))
 	return max(1, bound-cut)
 }
 

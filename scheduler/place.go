@@ -60,14 +60,15 @@ func (s *PriorityScheduler[T]) place(e *Entry[T], now time.Time) placement {
 	b := int(e.rank)
 	lvl, reached := b, e.Enqueued // effective tier and when it got there
 	var next time.Time
-	if a := s.cfg.aging; a > 0 && b < rankHigh {
+	high := api.High.Rank()
+	if a := s.cfg.aging; a > 0 && b < high {
 		steps := int64(0)
 		if w := now.Sub(e.Enqueued); w > 0 {
 			steps = int64(w / a)
 		}
-		lvl = b + int(min(steps, int64(rankHigh-b)))
+		lvl = b + int(min(steps, int64(high-b)))
 		reached = e.Enqueued.Add(time.Duration(lvl-b) * a)
-		if lvl < rankHigh {
+		if lvl < high {
 			next = reached.Add(a)
 		}
 	}
@@ -103,7 +104,7 @@ func (s *PriorityScheduler[T]) promotionTime(e *Entry[T], lvl int, reached time.
 		return e.Deadline.Add(-time.Duration(float64(sla) * frac))
 	case lvl != int(e.rank) && sla > 0 && frac > 0:
 		return reached.Add(sla - time.Duration(float64(sla)*frac))
-	case lvl == rankHigh && s.cfg.aging > 0 && (lvl != int(e.rank) || sla == 0 || frac == 0):
+	case lvl == api.High.Rank() && s.cfg.aging > 0 && (lvl != int(e.rank) || sla == 0 || frac == 0):
 		return reached.Add(s.cfg.aging)
 	}
 	return time.Time{}

@@ -4,7 +4,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // limiter keeps a token bucket per client in a bounded LRU table, so a
@@ -12,9 +12,9 @@ import (
 // A nil limiter allows everything. It is not safe for concurrent use; the
 // scheduler's lock guards it.
 type limiter struct {
-	rate    float64 // tokens added per second
-	burst   float64 // bucket size
-	buckets *simplelru.LRU[string, *bucket]
+	rate    float64                   // tokens added per second
+	burst   float64                   // bucket size
+	buckets *lru.LRU[string, *bucket] // each of weight 1; no TTL
 }
 
 // bucket is one client's tokens as of last.
@@ -23,12 +23,10 @@ type bucket struct {
 	last   time.Time
 }
 
-func newLimiter(rate float64, burst, clients int) (*limiter, error) {
-	table, err := simplelru.NewLRU[string, *bucket](clients, nil)
-	if err != nil {
-		return nil, invalidOption("rate-limit table of %d clients: %v", clients, err)
-	}
-	return &limiter{rate: rate, burst: float64(burst), buckets: table}, nil
+// newLimiter keeps the buckets of the clients most recently seen;
+// clients is at least 1 (WithRateLimitClients checks it).
+func newLimiter(rate float64, burst, clients int) *limiter {
+	return &limiter{rate: rate, burst: float64(burst), buckets: lru.New[string, *bucket](int64(clients), 0, nil)}
 }
 
 // take spends one of client's tokens, or returns a *RateLimitError saying
@@ -40,7 +38,7 @@ func (l *limiter) take(client string, now time.Time) error {
 	b, ok := l.buckets.Get(client)
 	if !ok {
 		b = &bucket{tokens: l.burst, last: now}
-		l.buckets.Add(client, b)
+		l.buckets.Add(client, b, 1)
 	} else if elapsed := now.Sub(b.last); elapsed > 0 {
 		b.tokens = math.Min(l.burst, b.tokens+elapsed.Seconds()*l.rate)
 		b.last = now

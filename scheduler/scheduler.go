@@ -89,11 +89,7 @@ func New[T any](opts ...Option) (*PriorityScheduler[T], error) {
 		s.bounds[r] = [2]int{cfg.tierBound(cfg.maxQueued, r), cfg.tierBound(cfg.maxTokens, r)}
 	}
 	if cfg.rate > 0 {
-		l, err := newLimiter(cfg.rate, cfg.burst, cfg.clients)
-		if err != nil {
-			return nil, err
-		}
-		s.limiter = l
+		s.limiter = newLimiter(cfg.rate, cfg.burst, cfg.clients)
 	}
 	return s, nil
 }
@@ -256,7 +252,7 @@ func (s *PriorityScheduler[T]) Requeue(e *Entry[T]) {
 	if r := e.Tier.Rank(); r >= 0 {
 		e.rank = int8(r)
 	} else if e.owner == nil {
-		e.rank = rankNormal
+		e.rank = int8(api.Normal.Rank())
 	}
 	if e.Enqueued.IsZero() {
 		e.Enqueued = now

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/grammar"
 )
 
@@ -100,7 +101,7 @@ func TestForcedCallsParse(t *testing.T) {
 					m.FillMask(mask)
 					var ids []int32
 					for id := int32(0); id < 300; id++ {
-						if grammar.Allowed(mask, id) {
+						if engine.MaskAllows(mask, id) {
 							ids = append(ids, id)
 						}
 					}

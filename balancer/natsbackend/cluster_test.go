@@ -44,7 +44,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := natsbackend.Discover(context.Background(), connect("balancer", 0), lb, natsbackend.WithInterval(50*time.Millisecond),
-		natsbackend.WithTimeout(500*time.Millisecond), natsbackend.WithClientHeartbeat(testHeartbeat), natsbackend.WithStartTimeout(2*time.Second))
+		natsbackend.WithTimeout(500*time.Millisecond), natsbackend.WithHeartbeat(testHeartbeat), natsbackend.WithStartTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

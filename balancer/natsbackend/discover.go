@@ -24,9 +24,9 @@ const (
 	// DefaultTimeout is how long an instance may stay silent before it is
 	// removed unless WithTimeout says otherwise.
 	DefaultTimeout = 3 * time.Second
-	// DefaultWindow is the credit, in chunks, a client grants a stream
-	// unless WithWindow says otherwise.
-	DefaultWindow = 256
+	// DefaultCreditWindow is the credit, in chunks, a client grants a
+	// stream unless WithCreditWindow says otherwise.
+	DefaultCreditWindow = 256
 	// DefaultStartTimeout bounds the wait for an instance to accept or
 	// refuse a request unless WithStartTimeout says otherwise.
 	DefaultStartTimeout = 10 * time.Second
@@ -37,9 +37,6 @@ const (
 	// NATS connection unless WithReconnectGrace says otherwise.
 	DefaultReconnectGrace = 500 * time.Millisecond
 )
-
-// DiscoverOption configures Discover.
-type DiscoverOption func(*discoverConfig) error
 
 type discoverConfig struct {
 	service  string
@@ -58,29 +55,17 @@ func positive(what string, d time.Duration, dst *time.Duration) error {
 	return nil
 }
 
-// WithDiscoverService looks for instances of service instead of
-// DefaultService.
-func WithDiscoverService(service string) DiscoverOption {
-	return func(c *discoverConfig) error {
-		if !nameRe.MatchString(service) {
-			return fmt.Errorf("service name %q: want letters, digits, '-' or '_'", service)
-		}
-		c.service = service
-		return nil
-	}
-}
-
 // WithInterval sets how often the instances are asked for their stats
 // (which refreshes their load reports). Default DefaultInterval.
 func WithInterval(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error { return positive("interval", d, &c.interval) }
+	return discoverOption(func(c *discoverConfig) error { return positive("interval", d, &c.interval) })
 }
 
 // WithTimeout sets how long an instance may stay silent before it is
 // removed from the registry; it must exceed the interval. Default
 // DefaultTimeout.
 func WithTimeout(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error { return positive("timeout", d, &c.timeout) }
+	return discoverOption(func(c *discoverConfig) error { return positive("timeout", d, &c.timeout) })
 }
 
 // WithProbeInterval sets how often each known instance is probed: a
@@ -91,7 +76,7 @@ func WithTimeout(d time.Duration) DiscoverOption {
 // have not yet produced a token fail over, within about one probe
 // interval instead of the timeout. Default DefaultProbeInterval.
 func WithProbeInterval(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error { return positive("probe interval", d, &c.probe) }
+	return discoverOption(func(c *discoverConfig) error { return positive("probe interval", d, &c.probe) })
 }
 
 // WithReconnectGrace sets how long a request waits for the NATS
@@ -99,50 +84,32 @@ func WithProbeInterval(d time.Duration) DiscoverOption {
 // and the client moves to another) before it fails with ErrNotConnected.
 // 0 fails at once. Default DefaultReconnectGrace.
 func WithReconnectGrace(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error {
+	return discoverOption(func(c *discoverConfig) error {
 		if d < 0 {
 			return fmt.Errorf("reconnect grace %v: must be 0 or more", d)
 		}
 		c.client.reconnectGrace = d
 		return nil
-	}
+	})
 }
 
-// WithWindow sets the credit, in chunks, clients grant each stream. It
-// must be at least 2; default DefaultWindow.
-func WithWindow(n int) DiscoverOption {
-	return func(c *discoverConfig) error {
+// WithCreditWindow sets the credit, in chunks, clients grant each
+// stream (how many chunks an instance may send ahead of the reader). It
+// must be at least 2; default DefaultCreditWindow.
+func WithCreditWindow(n int) DiscoverOption {
+	return discoverOption(func(c *discoverConfig) error {
 		if n < 2 {
-			return fmt.Errorf("window %d: must be at least 2", n)
+			return fmt.Errorf("credit window %d: must be at least 2", n)
 		}
 		c.client.window = n
 		return nil
-	}
-}
-
-// WithClientHeartbeat sets the instances' heartbeat interval (their
-// WithHeartbeat); a stream silent for three of them ends with
-// ErrInstanceLost. Default DefaultHeartbeat.
-func WithClientHeartbeat(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error { return positive("heartbeat", d, &c.client.heartbeat) }
+	})
 }
 
 // WithStartTimeout bounds the wait for an instance to accept or refuse a
 // request. Default DefaultStartTimeout.
 func WithStartTimeout(d time.Duration) DiscoverOption {
-	return func(c *discoverConfig) error { return positive("start timeout", d, &c.client.startTimeout) }
-}
-
-// WithDiscoverLogger logs instances found and lost, and NATS trouble.
-// The default discards.
-func WithDiscoverLogger(l *slog.Logger) DiscoverOption {
-	return func(c *discoverConfig) error {
-		if l == nil {
-			return errors.New("logger is nil")
-		}
-		c.logger = l
-		return nil
-	}
+	return discoverOption(func(c *discoverConfig) error { return positive("start timeout", d, &c.client.startTimeout) })
 }
 
 // Discovery keeps a registry in step with the instances on NATS. Close
@@ -191,14 +158,14 @@ func Discover(ctx context.Context, nc *nats.Conn, reg balancer.Registry, opts ..
 		return nil, errors.New("natsbackend: discover: connection and registry are required")
 	}
 	cfg := discoverConfig{service: DefaultService, interval: DefaultInterval, timeout: DefaultTimeout, probe: DefaultProbeInterval,
-		client: clientConfig{window: DefaultWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout,
+		client: clientConfig{window: DefaultCreditWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout,
 			reconnectGrace: DefaultReconnectGrace},
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, o := range opts {
 		if o == nil { // nil options are skipped, as nats.go does
 			continue
 		}
-		if err := o(&cfg); err != nil {
+		if err := o.applyDiscover(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: discover: %w", err)
 		}
 	}

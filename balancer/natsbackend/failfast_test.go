@@ -20,7 +20,7 @@ import (
 func TestDeadInstanceFailsOverFast(t *testing.T) {
 	n := startNATS(t)
 	a := startInstance(t, n, "a", enginetest.WithStepTime(5*time.Millisecond, 0), enginetest.WithMaxBatch(1))
-	lb, d := newBalancer(t, n, natsbackend.WithTimeout(10*time.Second), natsbackend.WithClientHeartbeat(2*time.Second),
+	lb, d := newBalancer(t, n, natsbackend.WithTimeout(10*time.Second), natsbackend.WithHeartbeat(2*time.Second),
 		natsbackend.WithProbeInterval(100*time.Millisecond))
 	waitInstances(t, d, "a")
 	running, err := lb.Generate(context.Background(), genReq(400))

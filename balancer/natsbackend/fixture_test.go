@@ -130,7 +130,7 @@ func newBalancer(t testing.TB, n *natsServer, opts ...natsbackend.DiscoverOption
 	}
 	nc := n.connect(t, "balancer")
 	opts = append([]natsbackend.DiscoverOption{natsbackend.WithInterval(50 * time.Millisecond), natsbackend.WithTimeout(500 * time.Millisecond),
-		natsbackend.WithClientHeartbeat(testHeartbeat)}, opts...)
+		natsbackend.WithHeartbeat(testHeartbeat)}, opts...)
 	d, err := natsbackend.Discover(context.Background(), nc, lb, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 )
 
@@ -98,4 +99,40 @@ func TestNoRespondersRemovesAtOnce(t *testing.T) {
 	if _, err := st.Collect(); err != nil || st.Header().Backend != "b" {
 		t.Fatalf("after the removal: %v on %q", err, st.Header().Backend)
 	}
+}
+
+// TestSharedOptionsCheckedOnBothSides: an Option is one value for Serve
+// and Discover, and each refuses its bad values; nil options are skipped.
+func TestSharedOptionsCheckedOnBothSides(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a")
+	nc := n.connect(t, "options")
+	lb, err := balancer.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	for name, o := range map[string]natsbackend.Option{
+		"heartbeat 0":  natsbackend.WithHeartbeat(0),
+		"service a.b":  natsbackend.WithService("a.b"),
+		"logger nil":   natsbackend.WithLogger(nil),
+		"heartbeat -1": natsbackend.WithHeartbeat(-time.Second),
+	} {
+		if svc, err := natsbackend.Serve(nc, "b", a.srv, o); err == nil {
+			svc.Stop()
+			t.Errorf("Serve with %s: no error", name)
+		}
+		if d, err := natsbackend.Discover(context.Background(), nc, lb, o); err == nil {
+			d.Close()
+			t.Errorf("Discover with %s: no error", name)
+		}
+	}
+	if _, err := natsbackend.Discover(context.Background(), nc, lb, natsbackend.WithCreditWindow(1)); err == nil {
+		t.Error("Discover with a credit window of 1: no error")
+	}
+	d, err := natsbackend.Discover(context.Background(), nc, lb, nil, natsbackend.Option{}, natsbackend.WithHeartbeat(time.Second))
+	if err != nil {
+		t.Fatalf("Discover with nil and zero options: %v", err)
+	}
+	d.Close()
 }

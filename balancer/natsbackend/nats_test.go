@@ -154,7 +154,7 @@ func TestCancelStopsGeneration(t *testing.T) {
 func TestFlowControl(t *testing.T) {
 	n := startNATS(t)
 	a := startInstance(t, n, "a")
-	_, d := newBalancer(t, n, natsbackend.WithWindow(4))
+	_, d := newBalancer(t, n, natsbackend.WithCreditWindow(4))
 	waitInstances(t, d, "a")
 	want, err := mustCollect(a.srv.Generate(context.Background(), genReq(200)))
 	if err != nil {
@@ -247,7 +247,7 @@ func TestNATSRestart(t *testing.T) {
 	n := startNATS(t)
 	startInstance(t, n, "a")
 	var logs syncBuffer
-	lb, d := newBalancer(t, n, natsbackend.WithDiscoverLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	lb, d := newBalancer(t, n, natsbackend.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	waitInstances(t, d, "a")
 	c := client(t, d, "a")
 	n.stop()

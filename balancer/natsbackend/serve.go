@@ -36,9 +36,6 @@ const (
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
-// ServeOption configures Serve.
-type ServeOption func(*serveConfig) error
-
 type serveConfig struct {
 	service   string
 	heartbeat time.Duration
@@ -46,53 +43,17 @@ type serveConfig struct {
 	logger    *slog.Logger
 }
 
-// WithService registers the instance under service instead of
-// DefaultService (letters, digits, '-' and '_').
-func WithService(service string) ServeOption {
-	return func(c *serveConfig) error {
-		if !nameRe.MatchString(service) {
-			return fmt.Errorf("service name %q: want letters, digits, '-' or '_'", service)
-		}
-		c.service = service
-		return nil
-	}
-}
-
-// WithHeartbeat sets how often a quiet stream sends a heartbeat. It must
-// be positive; the default is DefaultHeartbeat. Clients must use the same
-// interval (WithClientHeartbeat).
-func WithHeartbeat(d time.Duration) ServeOption {
-	return func(c *serveConfig) error {
-		if d <= 0 {
-			return fmt.Errorf("heartbeat %v: must be positive", d)
-		}
-		c.heartbeat = d
-		return nil
-	}
-}
-
 // WithStallTimeout sets how long a stream waits for credit before the
 // generation is stopped. It must be positive; the default is
 // DefaultStallTimeout.
 func WithStallTimeout(d time.Duration) ServeOption {
-	return func(c *serveConfig) error {
+	return serveOption(func(c *serveConfig) error {
 		if d <= 0 {
 			return fmt.Errorf("stall timeout %v: must be positive", d)
 		}
 		c.stall = d
 		return nil
-	}
-}
-
-// WithServeLogger logs failed streams. The default discards.
-func WithServeLogger(l *slog.Logger) ServeOption {
-	return func(c *serveConfig) error {
-		if l == nil {
-			return errors.New("logger is nil")
-		}
-		c.logger = l
-		return nil
-	}
+	})
 }
 
 // Service is a backend served over NATS. Stop ends it.
@@ -136,7 +97,7 @@ func Serve(nc *nats.Conn, name string, b balancer.Backend, opts ...ServeOption) 
 		if o == nil { // nil options are skipped, as nats.go does
 			continue
 		}
-		if err := o(&cfg); err != nil {
+		if err := o.applyServe(&cfg); err != nil {
 			return nil, fmt.Errorf("natsbackend: serve: %w", err)
 		}
 	}

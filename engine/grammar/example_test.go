@@ -3,6 +3,7 @@ package grammar_test
 import (
 	"fmt"
 
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/grammar"
 )
 
@@ -24,7 +25,7 @@ func ExampleVocab_Compile() {
 	for !m.Done() {
 		m.FillMask(mask)
 		id := int32(0)
-		for !grammar.Allowed(mask, id) {
+		for !engine.MaskAllows(mask, id) {
 			id++
 		}
 		if err := m.Accept(id); err != nil {

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 // objectSchema has five required keys, an enum and a const: most of its
@@ -105,7 +107,7 @@ func checkForced(t testing.TB, v *Vocab, m *Matcher, ids []int32, mask []uint64)
 	var text []byte
 	for _, id := range ids {
 		probe.FillMask(mask)
-		if !Allowed(mask, id) {
+		if !engine.MaskAllows(mask, id) {
 			t.Fatalf("forced token %d (%q) after %q is not allowed by the mask", id, v.pieces[id], text)
 		}
 		if err := probe.Accept(id); err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 var fixedSchemas = []string{
@@ -107,8 +109,8 @@ func TestAcceptRejects(t *testing.T) {
 	mask := make([]uint64, v.MaskWords())
 	m.FillMask(mask)
 	for i := int32(0); i < int32(v.Size()); i++ {
-		if Allowed(mask, i) != (i == 0) {
-			t.Fatalf("after the document, token %d allowed=%v", i, Allowed(mask, i))
+		if engine.MaskAllows(mask, i) != (i == 0) {
+			t.Fatalf("after the document, token %d allowed=%v", i, engine.MaskAllows(mask, i))
 		}
 	}
 }

@@ -3,7 +3,8 @@ package grammar
 // FillMask sets bit id of mask (mask[id/64] & (1 << (id%64))) for every
 // token that may come next, and clears the others. mask must hold at least
 // Vocab().MaskWords() words. EOS tokens are set only when the document
-// may end here. After Dead, no bit is set.
+// may end here. After Dead, no bit is set. Test a bit with
+// [github.com/mlxserving/mlxserving/engine.MaskAllows].
 func (m *Matcher) FillMask(mask []uint64) {
 	v := m.g.v
 	mask = mask[:v.words]
@@ -68,9 +69,4 @@ func (m *Matcher) walk(t *trie, node int32, states []*stk, depth int, mask []uin
 		}
 		m.walk(t, child, next, depth+1, mask)
 	}
-}
-
-// Allowed reports whether bit id of mask is set.
-func Allowed(mask []uint64, id int32) bool {
-	return id >= 0 && int(id>>6) < len(mask) && mask[id>>6]&(1<<(id&63)) != 0
 }

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
 // topPSteps is the number of bisection steps that find a row's top-p
@@ -292,10 +293,7 @@ func (m *model) gumbel(g *graph, sf []feed, params []*engine.SamplingParams) arr
 // drawKey is the noise key of a sequence's draw at position pos (tokens
 // it has sampled before): splitmix64 of the seed and the position.
 func drawKey(seed uint64, pos int) (uint32, uint32) {
-	z := seed + uint64(pos+1)*0x9e3779b97f4a7c15
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
+	z := mix.Mix64(seed + uint64(pos+1)*0x9e3779b97f4a7c15)
 	return uint32(z), uint32(z >> 32)
 }
 

@@ -237,3 +237,21 @@ func TestResumeStartsAtGenerated(t *testing.T) {
 		}
 	}
 }
+
+// drawKey's keys are pinned, so a seeded request draws the same tokens
+// across releases.
+func TestDrawKeyPinned(t *testing.T) {
+	for _, c := range []struct {
+		seed   uint64
+		pos    int
+		k0, k1 uint32
+	}{
+		{0, 0, 0x7b1dcdaf, 0xe220a839},
+		{42, 7, 0x9e9e2fa4, 0xccf635ee},
+		{1<<63 + 5, 1000, 0x29fb52b2, 0x7af616cb},
+	} {
+		if k0, k1 := drawKey(c.seed, c.pos); k0 != c.k0 || k1 != c.k1 {
+			t.Errorf("drawKey(%d, %d) = %#x, %#x; want %#x, %#x", c.seed, c.pos, k0, k1, c.k0, c.k1)
+		}
+	}
+}

@@ -150,7 +150,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer bnc.Close()
-	d, err := natsbackend.Discover(ctx, bnc, lb, natsbackend.WithDiscoverLogger(log))
+	d, err := natsbackend.Discover(ctx, bnc, lb, natsbackend.WithLogger(log))
 	if err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func startInstance(ctx context.Context, o options, name, dir, natsURL string, lo
 		return nil, err
 	}
 	closers = append(closers, nc.Close)
-	svc, err := natsbackend.Serve(nc, name, srv, natsbackend.WithServeLogger(log))
+	svc, err := natsbackend.Serve(nc, name, srv, natsbackend.WithLogger(log))
 	if err != nil {
 		stop()
 		return nil, err

@@ -238,8 +238,8 @@ func newBalancer(ctx context.Context, o options, log *slog.Logger) (*balancer.Ba
 			return nil, nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
 		}
 		closers = append(closers, nc.Close)
-		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithDiscoverLogger(log), natsbackend.WithInterval(o.interval),
-			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithClientHeartbeat(o.heartbeat))
+		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithLogger(log), natsbackend.WithInterval(o.interval),
+			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithHeartbeat(o.heartbeat))
 		if err != nil {
 			closeAll()
 			return nil, nil, err

@@ -85,7 +85,7 @@ func joinCluster(c clusterFlags, srv *mlxserving.Server, log *slog.Logger) (leav
 	if err != nil {
 		return nil, fmt.Errorf("-nats %s: %w", c.urls, err)
 	}
-	svc, err := natsbackend.Serve(nc, c.instance, srv, natsbackend.WithServeLogger(log), natsbackend.WithHeartbeat(c.heartbeat))
+	svc, err := natsbackend.Serve(nc, c.instance, srv, natsbackend.WithLogger(log), natsbackend.WithHeartbeat(c.heartbeat))
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -1,7 +1,8 @@
 // Package lru is a least-recently-used map bounded by the total weight of
 // its entries (bytes, tokens, or nothing), with an optional time to live
 // enforced on use: the response cache of merge/, the saved-KV budget of
-// session/ and the loaded models of prewarm/ keep their entries in one.
+// session/, the loaded models of prewarm/ and the rate-limit buckets of
+// scheduler/ keep their entries in one.
 //
 // An LRU starts no goroutine: every Add, Get, Len, Weight and Keys first
 // drops the entries past their TTL, so an expired entry is never returned
@@ -49,7 +50,8 @@ func New[K comparable, V any](maxWeight int64, ttl time.Duration, onEvict func(K
 		items: map[K]*list.Element{}, recent: list.New(), byAge: list.New()}
 }
 
-// SetClock replaces time.Now, for tests that step time.
+// SetClock replaces time.Now, for tests that step time. An LRU without a
+// TTL never reads its clock.
 func (l *LRU[K, V]) SetClock(now func() time.Time) { l.now = now }
 
 // Add stores v under k with the given weight as the most recently used
@@ -57,8 +59,11 @@ func (l *LRU[K, V]) SetClock(now func() time.Time) { l.now = now }
 // TTL, then drops the least recently used entries until the weight bound
 // holds: k itself last, when its weight alone exceeds the bound.
 func (l *LRU[K, V]) Add(k K, v V, weight int64) {
-	now := l.now()
-	l.expire(now)
+	var now time.Time
+	if l.ttl > 0 {
+		now = l.now()
+		l.expire(now)
+	}
 	if el, ok := l.items[k]; ok {
 		l.unlink(el)
 	}
@@ -76,7 +81,7 @@ func (l *LRU[K, V]) Add(k K, v V, weight int64) {
 
 // Get returns the live value under k and marks it most recently used.
 func (l *LRU[K, V]) Get(k K) (V, bool) {
-	l.expire(l.now())
+	l.expireNow()
 	el, ok := l.items[k]
 	if !ok {
 		var zero V
@@ -105,7 +110,7 @@ func (l *LRU[K, V]) Remove(k K) (V, bool) {
 
 // Keys returns the live keys, least recently used first.
 func (l *LRU[K, V]) Keys() []K {
-	l.expire(l.now())
+	l.expireNow()
 	keys := make([]K, 0, len(l.items))
 	for el := l.recent.Front(); el != nil; el = el.Next() {
 		keys = append(keys, el.Value.(*entry[K, V]).key)
@@ -115,13 +120,13 @@ func (l *LRU[K, V]) Keys() []K {
 
 // Len returns the number of live entries.
 func (l *LRU[K, V]) Len() int {
-	l.expire(l.now())
+	l.expireNow()
 	return len(l.items)
 }
 
 // Weight returns the total weight of the live entries.
 func (l *LRU[K, V]) Weight() int64 {
-	l.expire(l.now())
+	l.expireNow()
 	return l.weight
 }
 
@@ -129,6 +134,14 @@ func (l *LRU[K, V]) Weight() int64 {
 func (l *LRU[K, V]) Purge() {
 	for el := l.recent.Front(); el != nil; el = l.recent.Front() {
 		l.evict(el)
+	}
+}
+
+// expireNow is expire at the clock's time; while no entry has a TTL it
+// reads no clock.
+func (l *LRU[K, V]) expireNow() {
+	if l.byAge.Len() > 0 {
+		l.expire(l.now())
 	}
 }
 

@@ -73,3 +73,25 @@ func TestExpiryOnUse(t *testing.T) {
 		t.Fatalf("len %d, evicted %v", l.Len(), evicted)
 	}
 }
+
+// Without a TTL the LRU reads no clock: Add, Get, Keys, Len and Weight
+// work with one that fails the test.
+func TestNoTTLReadsNoClock(t *testing.T) {
+	l := New[string, int](2, 0, nil)
+	l.SetClock(func() time.Time {
+		t.Fatal("clock read by an LRU without a TTL")
+		return time.Time{}
+	})
+	l.Add("a", 1, 1)
+	l.Add("b", 2, 1)
+	if _, ok := l.Get("a"); !ok {
+		t.Fatal("a missing")
+	}
+	l.Add("c", 3, 1)
+	if got := l.Keys(); len(got) != 2 || got[0] != "a" || got[1] != "c" {
+		t.Fatalf("Keys = %v, want [a c]", got)
+	}
+	if l.Len() != 2 || l.Weight() != 2 {
+		t.Fatalf("Len %d, Weight %d; want 2, 2", l.Len(), l.Weight())
+	}
+}
