@@ -81,8 +81,9 @@ func BenchmarkMask(b *testing.B) {
 }
 
 // BenchmarkMaskCold is BenchmarkMask for the first b.N documents after
-// the vocabulary is prepared and the schema compiled, with no warm-up:
-// what a server's first requests meet. compile-ms is the compile,
+// the vocabulary is prepared, with no warm-up: what a server's first
+// requests meet. Each document compiles its schema first, as each request
+// does; compile-ms is the first compile and max-compile-ms the slowest,
 // warming included.
 func BenchmarkMaskCold(b *testing.B) {
 	for _, name := range []string{"llama3", "qwen3"} {
