@@ -9,6 +9,7 @@
 #
 #   sh engine/mlx/internal/mlxbench/device.sh build MLXSRC      # starts the CUDA build (about 8 minutes), returns
 #   sh engine/mlx/internal/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
+#   sh engine/mlx/internal/mlxbench/device.sh profile BIN OUTDIR BATCH  # the kernels of 4 decode steps at BATCH (ncu)
 #
 # mlxbench finds the CUDA build's libmlxc.so through LD_LIBRARY_PATH (it
 # takes precedence over the RUNPATH of the prefix it was linked against;
@@ -26,4 +27,12 @@ bench)
 	tail -3 /tmp/mlx-cuda-build.log | tee "$out/mlx-build.txt"
 	LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx.txt"
 	"$bin/gpubench" -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/torch.txt" ;;
+profile)
+	bin=$2 out=$3 b=${4:-64}
+	mkdir -p "$out"
+	while ! grep -q '^rc=' /tmp/mlx-cuda-build.log 2>/dev/null; do sleep 5; done
+	ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+	LD_LIBRARY_PATH=$prefix/lib "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+		"$bin/mlxbench" -dir /tmp/llama1b -batches "$b" -gen 4 -gpuprofile > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.err"
+	python3 "$(dirname "$0")/ncusum.py" "$out/ncu-b$b.csv" 4 | tee "$out/ncu-b$b.txt" ;;
 esac

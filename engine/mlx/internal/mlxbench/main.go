@@ -37,6 +37,7 @@ func main() {
 	device := flag.String("device", "gpu", "MLX device: gpu or cpu")
 	small := flag.Bool("small", false, "the tiny test model instead (a dry run on CPU)")
 	profile := flag.String("cpuprofile", "", "directory for a Go CPU profile of each batch size's timed decode steps (cpu-bN.pprof)")
+	gpuProfile := flag.Bool("gpuprofile", false, "bracket each batch size's timed decode steps with cuProfilerStart/Stop, for ncu --profile-from-start off")
 	flag.Parse()
 	cfg := testmodel.Llama1B()
 	if *small {
@@ -69,8 +70,8 @@ func main() {
 	fmt.Println("| batch | prefill s | decode tok/s | ms/step |")
 	fmt.Println("|---|---|---|---|")
 	for _, b := range sizes {
-		decode(ctx, m, b, *prompt, 8, "") // warm-up of this shape
-		pre, tps := decode(ctx, m, b, *prompt, *gen, profileTo(*profile, b))
+		decode(ctx, m, b, *prompt, 8, "", false) // warm-up of this shape
+		pre, tps := decode(ctx, m, b, *prompt, *gen, profileTo(*profile, b), gpuProfiler(*gpuProfile))
 		fmt.Printf("| %d | %.3f | %.1f | %.2f |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps)
 	}
 }
@@ -87,9 +88,9 @@ func profileTo(dir string, b int) string {
 
 // decode opens b sequences, prefills them in one step and times n decode
 // steps of the whole batch, writing a CPU profile of those steps to
-// profile unless it is ""; it returns the prefill time and decode
-// tokens/s.
-func decode(ctx context.Context, m engine.Model, b, promptLen, n int, profile string) (time.Duration, float64) {
+// profile unless it is "" and bracketing them for gpu; it returns the
+// prefill time and decode tokens/s.
+func decode(ctx context.Context, m engine.Model, b, promptLen, n int, profile string, gpu gpuProfiler) (time.Duration, float64) {
 	vocab := m.Info().VocabSize
 	batch := make([]engine.StepInput, b)
 	p := &engine.SamplingParams{}
@@ -119,11 +120,13 @@ func decode(ctx context.Context, m engine.Model, b, promptLen, n int, profile st
 		defer f.Close()
 		must(pprof.StartCPUProfile(f))
 	}
+	gpu.start()
 	t0 = time.Now()
 	for range n {
 		step()
 	}
 	el := time.Since(t0)
+	gpu.stop()
 	if profile != "" {
 		pprof.StopCPUProfile()
 	}
