@@ -144,8 +144,8 @@ func (b *batchPeak) mean() float64 { return float64(b.inputs.Load()) / float64(m
 
 // TestPagedContextDoesNotCapTheBatch: the tiny checkpoint with a real
 // model's default context of 131,072 tokens, a pool of two whole contexts
-// (what the default sizing gives Llama-3.2-1B in bfloat16 under a 20 GB
-// MLX memory limit), and 32 requests that may each run to the end of the
+// (about what the default sizing gives Llama-3.2-1B in bfloat16 under a
+// 20 GB MLX memory limit), and 32 requests that may each run to the end of the
 // context (max tokens fitted to it, as the server does when a request
 // names none) and stop after 8 tokens. Admitted by blocks, the 32 run as
 // one batch; reserving every sequence's whole length, as the batcher did
