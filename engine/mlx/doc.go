@@ -53,7 +53,19 @@
 //
 // The KV cache is a pool of Info.KVCapacity token rows per layer,
 // allocated at load in the weights' dtype; a sequence holds one row per
-// position and never grows by copying. A step writes its new keys and
+// position, taken as it is fed, and never grows by copying. The pool is
+// paged with blocks of one row (Info.BlockSize 1, Info.KVBlocks =
+// KVCapacity; the model implements engine.BlockPool), so the batcher
+// admits sequences by the rows their prompts take rather than reserving
+// each one's whole possible length, and preempts when the pool runs out:
+// Open takes no row for a new prompt and shares the rows of a reused
+// saved prefix (refcounted, never copied), each fed token takes a row,
+// Free returns the rows no other sequence shares, and rows held only by
+// saved prefixes count as free and are evicted least recently used first
+// when a step needs them. A step that needs more rows than FreeBlocks
+// fails with engine.ErrOutOfMemory before it takes or evicts anything.
+// Info.ContextLength is capped at the pool, so one sequence always fits
+// alone. A step writes its new keys and
 // values with one scatter per layer; the one-token (decode) inputs of a
 // step attend in one batched scaled-dot-product call per layer over their
 // gathered rows (unmasked when they all attend as

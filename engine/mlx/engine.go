@@ -211,8 +211,10 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
 			spec.ID, kv, uint64(kv)*perToken, limit-wbytes, engine.ErrOutOfMemory)
 	}
-	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: ctxLen, VocabSize: c.Vocab,
-		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch,
+	// The pool pages by single rows (kvPool): BlockSize 1, a block per
+	// token, and one sequence never outgrows it.
+	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: min(ctxLen, kv), VocabSize: c.Vocab,
+		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch, BlockSize: 1, KVBlocks: kv,
 		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true}
 	return nil
 }

@@ -102,6 +102,9 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestKVCapacity: the pool holds KVCapacity tokens; Open reserves none of
+// them, a step that would feed past what is free fails with
+// ErrOutOfMemory, and runs once another sequence is freed.
 func TestKVCapacity(t *testing.T) {
 	e := newEngine(t)
 	mm, err := e.Load(context.Background(), engine.ModelSpec{ID: "small", Path: tinyDir(t, nil), KVCapacity: 600, MaxBatch: 2})
@@ -113,11 +116,17 @@ func TestKVCapacity(t *testing.T) {
 	if _, err := m.Open(ctx, 1, make([]int32, 400), ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Open(ctx, 2, make([]int32, 300), ""); !errors.Is(err, engine.ErrOutOfMemory) {
-		t.Fatalf("over capacity: %v", err)
+	if _, err := m.Open(ctx, 2, make([]int32, 300), ""); err != nil {
+		t.Fatalf("Open takes no KV, yet: %v", err)
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: make([]int32, 400)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: make([]int32, 300)}}); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("feeding 300 tokens with 200 free: %v", err)
 	}
 	m.Free(1, "")
-	if _, err := m.Open(ctx, 2, make([]int32, 300), ""); err != nil {
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: make([]int32, 300)}}); err != nil {
 		t.Fatalf("after Free: %v", err)
 	}
 	m.Free(2, "")

@@ -17,10 +17,9 @@ import (
 // seqState is one open sequence: the tokens fed so far and the KV pool
 // row of each (rows[i] holds position i).
 type seqState struct {
-	tokens   []int32
-	rows     []int32
-	pool     *kvPool // the pool rows come from; nil before the first
-	reserved int     // KV tokens reserved at Open
+	tokens []int32
+	rows   []int32
+	pool   *kvPool // the pool rows come from; nil before the first
 	// seed keys the sequence's draws (set at its first draw); drawn is
 	// how many tokens it has generated (sampled, or forced after a sampled
 	// one), the position of its next draw.

@@ -24,19 +24,27 @@ type model struct {
 	seqs    map[engine.SeqID]*seqState
 	saved   []*savedKV // least recently used first
 	evicted []string   // saved keys evicted since the last EvictedSaved
-	used    int        // KV tokens held by open sequences
 	closed  atomic.Bool
 }
 
 var (
-	_ engine.Model   = (*model)(nil)
-	_ engine.SavedKV = (*model)(nil)
+	_ engine.Model     = (*model)(nil)
+	_ engine.SavedKV   = (*model)(nil)
+	_ engine.BlockPool = (*model)(nil)
 )
 
-// savedKV is a freed sequence's cache kept for prefix reuse.
+// savedKV is a freed sequence's cache kept for prefix reuse. Its rows
+// count as free (kvPool.park) until it is evicted.
 type savedKV struct {
 	key string
 	seq *seqState
+}
+
+// free returns the saved rows no sequence shares to the pool.
+func (e *savedKV) free() {
+	if e.seq.pool != nil {
+		e.seq.pool.dropSaved(e.seq)
+	}
 }
 
 // Info describes the model.
@@ -77,17 +85,12 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 		if _, dup := m.seqs[id]; dup {
 			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 		}
-		if m.used+len(prompt) > m.info.KVCapacity {
-			return fmt.Errorf("mlx: %s: KV cache holds %d of %d tokens; %d more do not fit now: %w",
-				m.info.ID, m.used, m.info.KVCapacity, len(prompt), engine.ErrOutOfMemory)
-		}
 		m.relieve()
-		s := &seqState{reserved: len(prompt)}
+		s := &seqState{}
 		if prefixKey != "" {
 			reused = m.attach(s, prompt, prefixKey)
 		}
 		m.seqs[id] = s
-		m.used += s.reserved
 		return g.err
 	})
 	return reused, err
@@ -96,7 +99,9 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 // attach gives s the KV saved under key truncated to the longest common
 // prefix of its tokens and prompt, and returns that length (always fewer
 // than the prompt). s shares the saved entry's pool rows for those
-// positions; rows are written once, so the saved entry stays whole.
+// positions; rows are written once, so the saved entry stays whole. The
+// shared rows are s's blocks (engine.BlockPool): FreeBlocks stops
+// counting those no other sequence held.
 func (m *model) attach(s *seqState, prompt []int32, key string) int {
 	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key })
 	if i < 0 {
@@ -128,7 +133,7 @@ func commonPrefix(a, b []int32) int {
 func (m *model) DropSaved(key string) {
 	_ = m.call(func(*graph) error {
 		if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
-			m.saved[i].seq.free()
+			m.saved[i].free()
 			m.saved = slices.Delete(m.saved, i, i+1)
 		}
 		return nil
@@ -149,7 +154,7 @@ func (m *model) EvictedSaved() []string {
 // evictOldest frees the least recently used saved entry and records its
 // key for EvictedSaved.
 func (m *model) evictOldest() {
-	m.saved[0].seq.free()
+	m.saved[0].free()
 	m.evicted = append(m.evicted, m.saved[0].key)
 	m.saved = m.saved[1:]
 }
@@ -162,7 +167,6 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 			return nil
 		}
 		delete(m.seqs, id)
-		m.used -= max(s.reserved, len(s.tokens))
 		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 {
 			s.free()
 			if saveKey != "" { // asked to save and did not: say so, as for an eviction
@@ -175,10 +179,15 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 	})
 }
 
+// save keeps the freed sequence s under key, replacing what was saved
+// under it; its rows count as free from now on.
 func (m *model) save(key string, s *seqState) {
 	if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
-		m.saved[i].seq.free()
+		m.saved[i].free()
 		m.saved = slices.Delete(m.saved, i, i+1)
+	}
+	if s.pool != nil {
+		s.pool.park(s)
 	}
 	m.saved = append(m.saved, &savedKV{key: key, seq: s})
 	for len(m.saved) > m.eng.opts.prefixSlots {
@@ -226,9 +235,9 @@ func (m *model) unload() {
 		s.free()
 	}
 	for _, e := range m.saved {
-		e.seq.free()
+		e.free()
 	}
-	m.seqs, m.saved, m.evicted, m.used = nil, nil, nil, 0
+	m.seqs, m.saved, m.evicted = nil, nil, nil
 	m.pool.release()
 	m.w.free()
 }

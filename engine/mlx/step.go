@@ -147,10 +147,7 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 		return nil, err
 	}
 	for _, f := range feeds {
-		s := f.seq
-		before := max(s.reserved, len(s.tokens))
-		s.tokens = append(s.tokens, f.tokens...)
-		m.used += max(s.reserved, len(s.tokens)) - before
+		f.seq.tokens = append(f.seq.tokens, f.tokens...)
 	}
 	if len(params) == 0 {
 		return nil, nil

@@ -41,11 +41,10 @@ func warmSizes(maxBatch int) []int {
 }
 
 // warmBatch steps b scratch sequences twice (a one-token prompt, then the
-// token it sampled). The scratch sequences are not in m.seqs; what run
-// adds to m.used for them is taken back. MLX thread only.
+// token it sampled). The scratch sequences are not in m.seqs: they take
+// only free pool rows, evict no saved prefix, and give their rows back
+// before the job ends. MLX thread only.
 func (m *model) warmBatch(ctx context.Context, g *graph, b int) error {
-	used := m.used
-	defer func() { m.used = used }()
 	greedy := &engine.SamplingParams{}
 	feeds := make([]feed, b)
 	params := make([]*engine.SamplingParams, b)
