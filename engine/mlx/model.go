@@ -26,6 +26,8 @@ type model struct {
 	evicted []string   // saved keys evicted since the last EvictedSaved
 	used    int        // KV tokens held by open sequences
 	closed  atomic.Bool
+
+	prims PrimitiveCount // of the last step
 }
 
 var (
