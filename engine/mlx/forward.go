@@ -236,8 +236,9 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	m.prims.Of = len(w.layers)
 	if m.decodeOnly(p) {
 		x = w.embed.rows(g, g.int32s(ids, len(ids)))
+		h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
 		at := g.prims
-		x = m.decodeLayers(g, x, positions, p)
+		x = m.decodeLayers(g, x, h, positions, p)
 		m.prims.Layers = g.prims - at
 		if !sampling {
 			return arr{}

@@ -131,18 +131,17 @@ func (m *model) decodeOnly(p *stepPlan) bool {
 }
 
 // decodeLayers runs every layer over a decode-only step's tokens x [N,
-// hidden] (one per feed, in feed order) at positions [N], and returns
-// them after the final norm. A layer is ten primitives with the CUDA
+// hidden] (one per feed, in feed order; h is x after the first layer's
+// input norm) at positions [N], and returns them after the final norm. A layer is ten primitives with the CUDA
 // kernels: the q/k/v product, the rotated keys and the values in one
 // kernel (ropeKV), one scatter into the pool, attention that rotates the
 // queries itself, the output product, the residual add and the next norm
 // in one kernel (addNorm, twice), the gate/up product, the gated
 // activation (gluRows) and the down product. Elsewhere each of these
 // kernels is the MLX ops that compute the same.
-func (m *model) decodeLayers(g *graph, x, positions arr, p *stepPlan) arr {
+func (m *model) decodeLayers(g *graph, x, h, positions arr, p *stepPlan) arr {
 	c, w := m.cfg, m.w
 	f := &fusedStep{n: p.n, kern: g.k.fused && !isNull(p.decRows), eps: g.float32s([]float32{c.NormEps}, 1), at: positions}
-	h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
 	for li := range w.layers {
 		l := &w.layers[li]
 		qkv := l.qkv.apply(g, h)
