@@ -262,7 +262,10 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	if c.Tied {
 		head = &w.embed
 	}
-	logits := g.reshape(head.apply(g, x), len(last), c.Vocab)
+	logits := head.apply(g, x)
+	if !m.decodeOnly(p) { // decodeLayers' rows are [S, hidden] already
+		logits = g.reshape(logits, len(last), c.Vocab)
+	}
 	if m.w.dtype == C.MLX_FLOAT32 {
 		return logits
 	}
