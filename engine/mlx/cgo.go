@@ -57,6 +57,10 @@ type graph struct {
 	k   *kernels
 	tmp []arr
 	err error
+	// prims counts the MLX primitives (operations, not host data) the
+	// graph has made since it was created: MLX pays a host-side cost per
+	// primitive at every evaluation, so this is the step's launch budget.
+	prims int
 }
 
 func (g *graph) op(what string, f func(*arr) C.int) arr {
@@ -72,6 +76,9 @@ func (g *graph) op(what string, f func(*arr) C.int) arr {
 		return C.mlxs_null()
 	}
 	g.tmp = append(g.tmp, r)
+	if what != "array" && what != "scalar" {
+		g.prims++
+	}
 	return r
 }
 

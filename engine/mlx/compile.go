@@ -96,12 +96,18 @@ static int mlxs_compiled(mlx_closure* res, uintptr_t* id, int which, mlx_stream 
 import "C"
 
 // kernels are a worker's compiled functions, made on its thread at start,
-// and on a CUDA GPU the pool's decode attention kernel (pooled.go).
+// and on a CUDA GPU the custom kernels of the decode step: the pool's
+// decode attention (pooled.go) and, unless MLXSERVING_MLX_FUSED=0 turns
+// them off, the fused decode-layer kernels (fused.go).
 type kernels struct {
 	swiglu, gumbel C.mlx_closure
 	ids            [2]C.uintptr_t
+	cuda           bool // the stream runs on a CUDA GPU: pooled is set
+	fused          bool // addNorm, ropeKV and gluRows are set
 	pooled         C.mlx_fast_cuda_kernel
-	hasPooled      bool
+	addNorm        C.mlx_fast_cuda_kernel
+	ropeKV         C.mlx_fast_cuda_kernel
+	gluRows        C.mlx_fast_cuda_kernel
 }
 
 func compileKernels(s C.mlx_stream) (*kernels, error) {
@@ -114,11 +120,17 @@ func compileKernels(s C.mlx_stream) (*kernels, error) {
 		k.free()
 		return nil, errMLX("compile gumbel", rc)
 	}
-	k.pooled, k.hasPooled = pooledKernel(s)
+	if k.cuda = cudaStream(s); k.cuda {
+		k.pooled = newPooledKernel()
+		if k.fused = fusedKernelsOn(); k.fused {
+			k.addNorm, k.ropeKV, k.gluRows = newFusedKernels()
+		}
+	}
 	return k, nil
 }
 
-// free releases the closures and MLX's traces of them. MLX thread only.
+// free releases the closures, MLX's traces of them and the CUDA kernels.
+// MLX thread only.
 func (k *kernels) free() {
 	for _, id := range k.ids { // before the closures free the payloads the ids are
 		if id != 0 {
@@ -127,8 +139,13 @@ func (k *kernels) free() {
 	}
 	C.mlx_closure_free(k.swiglu)
 	C.mlx_closure_free(k.gumbel)
-	if k.hasPooled {
+	if k.cuda {
 		C.mlx_fast_cuda_kernel_free(k.pooled)
+	}
+	if k.fused {
+		C.mlx_fast_cuda_kernel_free(k.addNorm)
+		C.mlx_fast_cuda_kernel_free(k.ropeKV)
+		C.mlx_fast_cuda_kernel_free(k.gluRows)
 	}
 }
 

@@ -72,7 +72,11 @@
 // many rows, so MLX can take its fused decode kernel; else padded, with a
 // length mask) or, on a CUDA GPU, in one custom kernel that reads each
 // sequence's pool rows in place (pooled.go); prompt chunks of the same length at
-// the same position attend together, causally.
+// the same position attend together, causally. On a CUDA GPU a step of
+// decode inputs only runs ten MLX primitives a layer (fused.go: custom
+// kernels for residual add + norm, RoPE + KV rows and the gated MLP,
+// attention rotating its own queries); MLXSERVING_MLX_FUSED=0 turns those
+// kernels off, and Primitives reports a step's count (PrimitiveCount).
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the

@@ -59,15 +59,17 @@ const kvPad = 32
 // token order.
 type stepPlan struct {
 	n      int // packed tokens
-	rows   arr // [n*kvHeads] pool head rows of each token (headRows)
+	rows   arr // [2*n*kvHeads] pool rows of each token's key heads, then of its value heads (kvRows)
 	dec    []int
-	decQ   arr // [len(dec)] token index of each decode feed; null when all are
-	decIdx arr // [len(dec), kvHeads, T] rows of the head-split pool gathered for the decode batch (headRows)
-	decMsk arr // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end; null when every decode feed attends T rows
+	decQ   arr   // [len(dec)] token index of each decode feed; null when all are
+	decIdx kvIdx // rows of the pool gathered for the decode batch (headRows)
+	decMsk arr   // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end; null when every decode feed attends T rows
 	decT   int
 	// With the pool kernel (model.pooled) instead of decIdx and decMsk:
 	decRows arr // [len(dec), T] each decode feed's token rows, 0 past its end
 	decLens arr // [len(dec)] rows each decode feed attends
+	posf    arr // [len(dec)] float32 position of each decode feed's token times the RoPE scale
+	invf    arr // [D/2] float32 RoPE inverse frequencies
 	pre     []*preGroup
 	start   []int // first packed token of each feed
 	perm    arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
@@ -77,10 +79,14 @@ type stepPlan struct {
 // the same position, which attend in one causal call.
 type preGroup struct {
 	feeds  []int
-	t, all int // tokens fed, and rows attended (position + t), per feed
-	q      arr // [G*t] packed token of each query row; null for one feed
-	idx    arr // [G, kvHeads, all] rows of the head-split pool (headRows)
+	t, all int   // tokens fed, and rows attended (position + t), per feed
+	q      arr   // [G*t] packed token of each query row; null for one feed
+	idx    kvIdx // rows of the pool (headRows)
 }
+
+// kvIdx is where attention gathers keys and values: [B, kvHeads, T] rows
+// of the pool each (headRows).
+type kvIdx struct{ k, v arr }
 
 func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	p := &stepPlan{start: make([]int, len(feeds))}
@@ -101,7 +107,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 			p.pre[j].feeds = append(p.pre[j].feeds, i)
 		}
 	}
-	p.rows = g.reshape(m.headRows(g, g.int32s(rows, len(rows)), len(rows), 1), len(rows)*m.cfg.KVHeads)
+	p.rows = m.kvRows(g, rows)
 	order := make([]int32, 0, p.n) // token index of each output, decode first
 	for _, i := range p.dec {
 		order = append(order, int32(p.start[i]))
@@ -118,7 +124,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		if len(grp.feeds) > 1 {
 			grp.q = g.int32s(q, len(q))
 		}
-		grp.idx = m.headRows(g, g.int32s(idx, len(idx)), len(grp.feeds), grp.all)
+		grp.idx = m.headRows(g, idx, len(grp.feeds), grp.all)
 	}
 	same := true
 	for i, t := range order {
@@ -159,7 +165,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		for _, i := range p.dec {
 			idx = append(idx, feeds[i].seq.rows...)
 		}
-		p.decIdx = m.headRows(g, g.int32s(idx, len(idx)), b, p.decT)
+		p.decIdx = m.headRows(g, idx, b, p.decT)
 		return p
 	}
 	p.decT = (p.decT + kvPad - 1) / kvPad * kvPad
@@ -174,7 +180,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 			msk[j*t+x] = ninf
 		}
 	}
-	p.decIdx = m.headRows(g, g.int32s(idx, b*t), b, t)
+	p.decIdx = m.headRows(g, idx, b, t)
 	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
 	return p
 }
@@ -182,11 +188,13 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 // planPooled lays out the decode feeds' rows for the pool kernel.
 func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
 	b := len(p.dec)
-	lens := make([]int32, b)
+	lens, pos := make([]int32, b), make([]float32, b)
 	for j, i := range p.dec {
 		lens[j] = int32(len(feeds[i].seq.rows))
+		pos[j] = float32(len(feeds[i].seq.tokens)) * m.ropeScale()
 		p.decT = max(p.decT, len(feeds[i].seq.rows))
 	}
+	p.posf, p.invf = g.float32s(pos, b), g.float32s(m.w.invf, len(m.w.invf))
 	rows := make([]int32, b*p.decT)
 	for j, i := range p.dec {
 		copy(rows[j*p.decT:], feeds[i].seq.rows)
@@ -223,21 +231,44 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	}
 	p := m.plan(g, feeds)
 	positions := g.int32s(pos, len(pos))
-	x := g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
-	for li := range w.layers {
-		x = m.block(g, li, x, feeds, positions, p)
+	var x arr
+	m.prims.Of = len(w.layers)
+	if m.decodeOnly(p) {
+		x = w.embed.rows(g, g.int32s(ids, len(ids)))
+		h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
+		at := g.prims
+		x = m.decodeLayers(g, x, h, positions, p)
+		m.prims.Layers = g.prims - at
+		if !sampling {
+			return arr{}
+		}
+		if len(last) < len(ids) {
+			x = g.take(x, g.int32s(last, len(last)), 0)
+		}
+	} else {
+		x = g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
+		at := g.prims
+		for li := range w.layers {
+			x = m.block(g, li, x, feeds, positions, p)
+		}
+		m.prims.Layers = g.prims - at
+		if !sampling {
+			return arr{}
+		}
+		x = g.rmsNorm(g.take(x, g.int32s(last, len(last)), 1), w.norm, c.NormEps)
 	}
-	if !sampling {
-		return arr{}
-	}
-	x = g.take(x, g.int32s(last, len(last)), 1)
-	x = g.rmsNorm(x, w.norm, c.NormEps)
 	head := &w.head
 	if c.Tied {
 		head = &w.embed
 	}
 	logits := head.apply(g, x)
-	return g.astype(g.reshape(logits, len(last), c.Vocab), C.MLX_FLOAT32)
+	if !m.decodeOnly(p) { // decodeLayers' rows are [S, hidden] already
+		logits = g.reshape(logits, len(last), c.Vocab)
+	}
+	if m.w.dtype == C.MLX_FLOAT32 {
+		return logits
+	}
+	return g.astype(logits, C.MLX_FLOAT32)
 }
 
 // block is one decoder layer. Projections, RoPE and the MLP run over all
@@ -262,13 +293,11 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 		q = g.reshape(g.rmsNorm(g.reshape(q, 1, n, c.Heads, c.HeadDim), l.qNorm, c.NormEps), 1, n, c.Heads*c.HeadDim)
 		k = g.reshape(g.rmsNorm(g.reshape(k, 1, n, c.KVHeads, c.HeadDim), l.kNorm, c.NormEps), 1, n, c.KVHeads*c.HeadDim)
 	}
-	scale := float32(1)
-	if c.Rope.Type == "linear" {
-		scale = float32(1 / c.Rope.Factor)
-	}
+	scale := m.ropeScale()
 	q = g.ropeAt(tokens(q, c.Heads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
 	k = g.ropeAt(tokens(k, c.KVHeads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
-	m.writeKV(g, li, p.rows, k, tokens(v, c.KVHeads), n)
+	kd := []int{n * c.KVHeads, 1, c.HeadDim}
+	m.writeKV(g, li, p.rows, g.concat(0, g.reshape(k, kd...), g.reshape(tokens(v, c.KVHeads), kd...)))
 	var outs []arr
 	if len(p.dec) > 0 {
 		outs = append(outs, m.attendDecode(g, li, p, q))
@@ -294,21 +323,44 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	return g.add(x, l.down.apply(g, act))
 }
 
-// headRows turns token rows idx [B*T] (T per sequence) into the pool's
-// head rows [B, kvHeads, T] (kvPool), so that one take gathers keys and
-// values already in attention's [B, kvHeads, T, D] layout, contiguous:
-// MLX's fused decode kernel then reads them without a copy. Computed once
-// per step and shared by every layer.
-func (m *model) headRows(g *graph, idx arr, b, t int) arr {
-	h := m.cfg.KVHeads
-	base := g.mul(g.reshape(idx, b, 1, t), g.int32s([]int32{int32(h)}, 1))
-	return g.add(base, g.reshape(g.arange(h, C.MLX_INT32), 1, h, 1))
+// kvRows is the pool rows [2*N*kvHeads] that a step writes for tokens
+// at token rows: each token's key heads, then each token's value heads,
+// in writeKV's order. Built on the host once per step.
+func (m *model) kvRows(g *graph, rows []int32) arr {
+	h, n := int32(m.cfg.KVHeads), len(rows)
+	out := make([]int32, 2*n*int(h))
+	for i, r := range rows {
+		for j := range h {
+			at := i*int(h) + int(j)
+			out[at] = r*h + j
+			out[n*int(h)+at] = m.pool.vOff + r*h + j
+		}
+	}
+	return g.int32s(out, len(out))
 }
 
-// gather reads layer li's keys and values at rows [B, kvHeads, T]
-// (headRows) as [B, kvHeads, T, D].
-func (m *model) gather(g *graph, li int, rows arr) (arr, arr) {
-	return g.take(m.pool.k[li], rows, 0), g.take(m.pool.v[li], rows, 0)
+// headRows turns token rows [B*T] (T per sequence) into the pool's head
+// rows [B, kvHeads, T] of keys and of values, so that one take each
+// gathers them already in attention's [B, kvHeads, T, D] layout,
+// contiguous: MLX's fused decode kernel then reads them without a copy.
+// Built on the host once per step and shared by every layer.
+func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
+	h := m.cfg.KVHeads
+	k, v := make([]int32, b*h*t), make([]int32, b*h*t)
+	for i := range b {
+		for j := range h {
+			for x := range t {
+				r := rows[i*t+x]*int32(h) + int32(j)
+				k[(i*h+j)*t+x], v[(i*h+j)*t+x] = r, r+m.pool.vOff
+			}
+		}
+	}
+	return kvIdx{g.int32s(k, b, h, t), g.int32s(v, b, h, t)}
+}
+
+// gather reads layer li's keys and values at idx as [B, kvHeads, T, D].
+func (m *model) gather(g *graph, li int, idx kvIdx) (arr, arr) {
+	return g.take(m.pool.kv[li], idx.k, 0), g.take(m.pool.kv[li], idx.v, 0)
 }
 
 // attendDecode is the decode feeds' attention in layer li, one call for
@@ -323,7 +375,7 @@ func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 		q = g.take(q, p.decQ, 0)
 	}
 	if !isNull(p.decRows) {
-		return m.attendPooled(g, li, p, q)
+		return m.attendPooled(g, li, p, q, false)
 	}
 	k, v := m.gather(g, li, p.decIdx)
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))

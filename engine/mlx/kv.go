@@ -13,21 +13,23 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 )
 
-// kvPool is a model's KV cache: one key and one value array per layer,
-// each [rows*kvHeads, headDim] in the weights' dtype (token row r's head h
-// at r*kvHeads+h), allocated once at load with a row per token of
-// Info.KVCapacity. A sequence holds a row per position (seqState.rows),
-// taken as it is fed; a step writes its new tokens' rows with one scatter
-// per layer and attention gathers each sequence's rows, so the cache never
-// grows or concatenates. Rows are reference-counted: a saved prefix and
-// the sequences that reuse it share their rows.
+// kvPool is a model's KV cache: one array per layer, [2*rows*kvHeads,
+// headDim] in the weights' dtype, keys first (token row r's head h at
+// r*kvHeads+h) and values after them (at vOff+r*kvHeads+h), allocated once
+// at load with a row per token of Info.KVCapacity. A sequence holds a row
+// per position (seqState.rows), taken as it is fed; a step writes its new
+// tokens' keys and values with one scatter per layer and attention gathers
+// each sequence's rows, so the cache never grows or concatenates. Rows are
+// reference-counted: a saved prefix and the sequences that reuse it share
+// their rows.
 //
 // The pool is the model's engine.BlockPool with blocks of one row
 // (Info.BlockSize 1): a row is held while a live sequence references it;
 // rows referenced only by saved prefixes count as free and go back to the
 // free list when their last saved prefix is evicted.
 type kvPool struct {
-	k, v []arr
+	kv   []arr
+	vOff int32   // first value row: rows*kvHeads
 	free []int32 // rows nobody holds, taken from the end
 	refs []int32 // holders of each row: sequences and saved prefixes
 	live []int32 // holders of each row that are sequences, not saved prefixes
@@ -36,25 +38,21 @@ type kvPool struct {
 
 // newPool allocates and zeroes the pool for rows tokens. MLX thread only.
 func newPool(g *graph, c *modelConfig, dt C.mlx_dtype, rows int) *kvPool {
-	p := &kvPool{k: make([]arr, c.Layers), v: make([]arr, c.Layers),
+	p := &kvPool{kv: make([]arr, c.Layers), vOff: int32(rows * c.KVHeads),
 		free: make([]int32, rows), refs: make([]int32, rows), live: make([]int32, rows)}
 	for i := range p.free {
 		p.free[i] = int32(rows - 1 - i) // row 0 first
 	}
-	var all []arr
-	for l := range p.k {
-		p.k[l] = g.keep(g.zeros(dt, rows*c.KVHeads, c.HeadDim))
-		p.v[l] = g.keep(g.zeros(dt, rows*c.KVHeads, c.HeadDim))
-		all = append(all, p.k[l], p.v[l])
+	for l := range p.kv {
+		p.kv[l] = g.keep(g.zeros(dt, 2*rows*c.KVHeads, c.HeadDim))
 	}
-	g.eval(all...)
+	g.eval(p.kv...)
 	return p
 }
 
 func (p *kvPool) release() {
-	for l := range p.k {
-		free(&p.k[l])
-		free(&p.v[l])
+	for l := range p.kv {
+		free(&p.kv[l])
 	}
 }
 
@@ -175,12 +173,10 @@ func (m *model) rowsFor(feeds []feed) error {
 	return nil
 }
 
-// writeKV stores the step's keys and values ([N, kvHeads, 1, headDim],
-// one row per token) into layer li's pool at head rows idx [N*kvHeads]
-// (headRows of the tokens' rows). The pool's old handle is dropped
-// before evaluation, so MLX updates it in place.
-func (m *model) writeKV(g *graph, li int, idx, k, v arr, n int) {
-	c := m.cfg
-	m.replace(g, &m.pool.k[li], g.scatterRows(m.pool.k[li], idx, g.reshape(k, n*c.KVHeads, 1, c.HeadDim)))
-	m.replace(g, &m.pool.v[li], g.scatterRows(m.pool.v[li], idx, g.reshape(v, n*c.KVHeads, 1, c.HeadDim)))
+// writeKV stores the step's keys and values, upd [2*N*kvHeads, 1,
+// headDim] (every token's key heads, then every token's value heads),
+// into layer li's pool at rows idx (kvRows). The pool's old handle is
+// dropped before evaluation, so MLX updates it in place.
+func (m *model) writeKV(g *graph, li int, idx, upd arr) {
+	m.replace(g, &m.pool.kv[li], g.scatterRows(m.pool.kv[li], idx, upd))
 }

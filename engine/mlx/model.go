@@ -25,6 +25,8 @@ type model struct {
 	saved   []*savedKV // least recently used first
 	evicted []string   // saved keys evicted since the last EvictedSaved
 	closed  atomic.Bool
+
+	prims PrimitiveCount // of the last step
 }
 
 var (

@@ -28,6 +28,21 @@ func ropeFreqs(c *modelConfig) []float32 {
 	return out
 }
 
+// invFreqs returns RoPE's inverse frequencies [d/2] as MLX's fast.rope
+// uses them: 1/freqs with ropeFreqs, else base**(-2i/d).
+func invFreqs(c *modelConfig) []float32 {
+	f := ropeFreqs(c)
+	out := make([]float32, c.HeadDim/2)
+	for i := range out {
+		if f != nil {
+			out[i] = 1 / f[i]
+		} else {
+			out[i] = float32(math.Pow(float64(c.RopeTheta), -float64(2*i)/float64(c.HeadDim)))
+		}
+	}
+	return out
+}
+
 func itoa(i int) string {
 	if i == 0 {
 		return "0"

@@ -30,7 +30,8 @@ const topPSteps = 31
 // noise that depends only on the sequence's seed and how many tokens it
 // has generated (sampled or forced), so a sequence draws the same tokens
 // alone or in any batch.
-// It returns int32 tokens [S] and float32 log-probabilities [S] (zero
+// It returns int32 tokens [S] (uint32 for all-greedy feeds without
+// log-probabilities, which skip the cast) and float32 log-probabilities [S] (zero
 // where not asked for) and, when any feed asks for top log-probabilities,
 // the K most likely ids [S, K] and their log-probabilities (K the largest
 // TopLogprobs asked; null arrays otherwise).
@@ -49,8 +50,8 @@ func (m *model) sampleAll(g *graph, logits arr, feeds []feed, params []*engine.S
 		}
 		k = max(k, p.TopLogprobs)
 	}
-	if simple {
-		return g.astype(g.argmax(logits, -1), C.MLX_INT32), g.zeros(C.MLX_FLOAT32, n), topIDs, topLps
+	if simple { // argmax's uint32 tokens and host zeros: one primitive
+		return g.argmax(logits, -1), g.float32s(make([]float32, n), n), topIDs, topLps
 	}
 	row := m.adjust(g, logits, sf, params)
 	greedyTok := g.astype(g.argmax(row, -1), C.MLX_INT32)

@@ -101,6 +101,7 @@ func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
 
 // run builds, evaluates and reads one step. MLX thread only.
 func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engine.SamplingParams) ([]engine.StepOutput, error) {
+	at := g.prims
 	logits := m.forward(g, feeds, len(params) > 0)
 	counted := make([][]int32, len(feeds)) // what this step adds to each feed's counts
 	i := 0
@@ -123,9 +124,10 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	if len(params) > 0 {
 		toks, lps, topIDs, topLps = m.sampleAll(g, logits, feeds, params)
 	}
+	m.prims.Step = g.prims - at
 	// Evaluate the samples and the pool together, so that a prefill chunk
 	// that samples nothing still lands in the cache.
-	outs := append(append([]arr(nil), m.pool.k...), m.pool.v...)
+	outs := append([]arr(nil), m.pool.kv...)
 	cancelled := ctx.Err()
 	if len(params) > 0 && cancelled == nil {
 		outs = append(outs, toks, lps)

@@ -101,7 +101,8 @@ type weights struct {
 	embed, head linear // head is unused when tied
 	norm        arr
 	layers      []layer
-	freqs       arr // custom RoPE frequencies (llama3 scaling) or null
+	freqs       arr       // custom RoPE frequencies (llama3 scaling) or null
+	invf        []float32 // RoPE's inverse frequencies, for the fused decode kernels
 	dtype       C.mlx_dtype
 }
 
@@ -221,6 +222,7 @@ func buildWeights(g *graph, c *modelConfig, mods []module, ts map[string]arr) (*
 	if f := ropeFreqs(c); f != nil {
 		w.freqs = g.keep(g.float32s(f, len(f)))
 	}
+	w.invf = invFreqs(c)
 	g.eval(w.all()...)
 	if g.err != nil {
 		w.free()

@@ -9,6 +9,7 @@
 #
 #   sh engine/mlx/internal/mlxbench/device.sh build MLXSRC      # starts the CUDA build (about 8 minutes), returns
 #   sh engine/mlx/internal/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
+#                                                                # (the MLX engine with and without its fused kernels)
 #   sh engine/mlx/internal/mlxbench/device.sh profile BIN OUTDIR BATCH  # the kernels of 4 decode steps at BATCH (ncu)
 #
 # mlxbench finds the CUDA build's libmlxc.so through LD_LIBRARY_PATH (it
@@ -26,6 +27,8 @@ bench)
 	while ! grep -q '^rc=' /tmp/mlx-cuda-build.log 2>/dev/null; do sleep 5; done
 	tail -3 /tmp/mlx-cuda-build.log | tee "$out/mlx-build.txt"
 	LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx.txt"
+	# the same binary without the fused decode kernels (MLX ops instead)
+	LD_LIBRARY_PATH=$prefix/lib MLXSERVING_MLX_FUSED=0 "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx-unfused.txt"
 	"$bin/gpubench" -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/torch.txt" ;;
 profile)
 	bin=$2 out=$3 b=${4:-64}

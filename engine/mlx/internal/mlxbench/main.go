@@ -4,7 +4,11 @@
 // same workload as gpubench (engine/pyproc/internal/gpubench), so the two
 // engines' rows compare: a Llama-3.2-1B-shaped bf16 checkpoint with random
 // weights, a 128-token prompt per sequence prefilled in one step, then 128
-// greedy decode steps for the whole batch, at each batch size.
+// greedy decode steps for the whole batch, at each batch size. Beside
+// tokens/s it prints the MLX primitives a decode step builds, whole and
+// per decoder layer (mlx.PrimitiveCount). MLXSERVING_MLX_FUSED=0 turns
+// the engine's fused decode kernels off on a CUDA GPU, so one binary
+// measures both.
 //
 //	go build -tags mlx -o bin/mlxbench ./engine/mlx/internal/mlxbench
 //	bin/mlxbench -dir /tmp/llama1b -batches 1,8,32,64 -device gpu
@@ -67,13 +71,25 @@ func main() {
 		fmt.Printf("warmed batch sizes %v in %v\n", bs, time.Since(t0).Round(time.Millisecond))
 	}
 	fmt.Printf("\nMLX engine decode (%s): prompt %d, %d new tokens, greedy, %s\n", *device, *prompt, *gen, cfg.DType)
-	fmt.Println("| batch | prefill s | decode tok/s | ms/step |")
-	fmt.Println("|---|---|---|---|")
+	fmt.Println("| batch | prefill s | decode tok/s | ms/step | primitives/step | per layer |")
+	fmt.Println("|---|---|---|---|---|---|")
 	for _, b := range sizes {
 		decode(ctx, m, b, *prompt, 8, "", false) // warm-up of this shape
 		pre, tps := decode(ctx, m, b, *prompt, *gen, profileTo(*profile, b), gpuProfiler(*gpuProfile))
-		fmt.Printf("| %d | %.3f | %.1f | %.2f |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps)
+		step, layer := primitives(m)
+		fmt.Printf("| %d | %.3f | %.1f | %.2f | %s | %s |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps, step, layer)
 	}
+}
+
+// primitives is the MLX primitives of m's last step (a decode step after
+// decode), whole and per decoder layer; "?" when m does not count them.
+func primitives(m engine.Model) (step, layer string) {
+	pc, ok := m.(interface{ Primitives() mlx.PrimitiveCount })
+	if !ok {
+		return "?", "?"
+	}
+	c := pc.Primitives()
+	return strconv.Itoa(c.Step), strconv.FormatFloat(c.PerLayer(), 'f', 1, 64)
 }
 
 // profileTo is the CPU profile file of batch size b under dir; "" when
