@@ -15,6 +15,7 @@ type Grammar struct {
 	lim  Limits
 	// warm is set once every pattern under root is warm.
 	warm atomic.Bool
+	nums numCache // digit tokens of the states of numbers with bounds
 }
 
 // AnyObject is the schema of OpenAI's response_format json_object: any
@@ -100,6 +101,7 @@ type Matcher struct {
 	cbufs  [][]*stk
 	filter []uint64 // closers allowed by a pattern; nil: all
 	free   int      // tokens accepted inside free-form values
+	numBuf []frame  // digitMask's scratch
 }
 
 // NewMatcher starts matching a document from its first byte.
