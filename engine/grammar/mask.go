@@ -5,7 +5,11 @@ package grammar
 // Vocab().MaskWords() words. EOS tokens are set only when the document
 // may end here. After Dead, no bit is set. Test a bit with
 // [github.com/mlxserving/mlxserving/engine.MaskAllows].
-func (m *Matcher) FillMask(mask []uint64) {
+func (m *Matcher) FillMask(mask []uint64) { m.fillMask(mask, true) }
+
+// fillMask is FillMask; without fast, by the trie walk alone, the
+// reference that the string, pattern and digit shortcuts must equal.
+func (m *Matcher) fillMask(mask []uint64, fast bool) {
 	v := m.g.v
 	mask = mask[:v.words]
 	clear(mask)
@@ -18,6 +22,8 @@ func (m *Matcher) FillMask(mask []uint64) {
 	defer func() { m.w.pooled = false }()
 	s := m.states[0]
 	switch {
+	case !fast:
+		m.walk(&v.all, 0, m.states, 0, mask, false)
 	case len(m.states) == 1 && plainStringBody(&s.f):
 		m.stringMask(v.root, s, mask, v.insideLE)
 	case len(m.states) == 1 && s.f.kind == fString && s.f.st == sBody && s.f.u8need == 0 && m.patternMask(s, mask):

@@ -253,9 +253,11 @@ type numCache struct {
 	m  map[numKey][]uint64
 }
 
-// maxNumStates caps the number states a grammar caches (about 150 bytes
-// each on Llama 3); past it the walk reads their digits.
-const maxNumStates = 4096
+// maxNumStates caps the number states a grammar caches (about 200 bytes
+// each on Llama 3: 200 KB at most); past it the walk reads their digits.
+// Only states whose completions straddle a bound are cached: an integer
+// in 1..100 has about 110, a number with a minimum a dozen.
+const maxNumStates = 1024
 
 // digits adds to mask the digit tokens number frame f takes, from the
 // cache or, on first use, by walking the digit paths of the trie.

@@ -8,27 +8,6 @@ import (
 	"testing"
 )
 
-// walkMask is FillMask by the trie walk alone: no string, pattern or
-// digit lists.
-func walkMask(m *Matcher, mask []uint64) {
-	v := m.g.v
-	mask = mask[:v.words]
-	clear(mask)
-	if len(m.states) == 0 {
-		return
-	}
-	m.w.pooled = true
-	m.w.resetArena()
-	m.setClosing()
-	m.walk(&v.all, 0, m.states, 0, mask, false)
-	m.w.pooled = false
-	if m.CanEnd() {
-		for _, e := range v.eos {
-			mask[e>>6] |= 1 << (e & 63)
-		}
-	}
-}
-
 // randBound is a bound for a random number schema: integers, halves,
 // values with several fraction digits, either sign.
 func randBound(rng *rand.Rand) float64 {
@@ -100,17 +79,11 @@ func numberDocSchema(rng *rand.Rand) map[string]any {
 // and caches, sets exactly the tokens the trie walk alone sets, at
 // every step.
 func TestDigitMaskEquivalence(t *testing.T) {
-	vocabs := map[string]func(testing.TB) *Vocab{
-		"bytes":  func(testing.TB) *Vocab { return byteVocab() },
-		"llama3": func(t testing.TB) *Vocab { return realVocab(t, "llama3") },
-		"qwen3":  func(t testing.TB) *Vocab { return realVocab(t, "qwen3") },
-		"llama2": func(t testing.TB) *Vocab { return realVocab(t, "llama2") },
-	}
 	schemas := 40
 	if testing.Short() {
 		schemas = 10
 	}
-	for name, mk := range vocabs {
+	for name, mk := range testVocabs {
 		t.Run(name, func(t *testing.T) {
 			v := mk(t)
 			rng := rand.New(rand.NewPCG(23, uint64(len(name))))
@@ -139,7 +112,7 @@ func TestDigitMaskEquivalence(t *testing.T) {
 					var out []byte
 					for n := 0; n < 1500 && !m.Done(); n++ {
 						m.FillMask(fast)
-						walkMask(m, ref)
+						m.fillMask(ref, false)
 						if !slices.Equal(fast, ref) {
 							t.Fatalf("schema %s after %q: FillMask and the walk differ: %s", raw, out, maskDiff(v, fast, ref))
 						}
