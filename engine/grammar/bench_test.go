@@ -124,6 +124,43 @@ func BenchmarkMaskCold(b *testing.B) {
 	}
 }
 
+// BenchmarkMaskNumber measures FillMask at the number positions of order
+// documents (a number about to begin or going on), after the grammar has
+// seen them once: the steps the digit lists serve.
+func BenchmarkMaskNumber(b *testing.B) {
+	for _, name := range []string{"llama3", "qwen3"} {
+		b.Run(name, func(b *testing.B) {
+			v := realVocab(b, name)
+			g, err := v.Compile([]byte(realisticSchema), Limits{MaxValues: 64})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(7, 7))
+			mask := make([]uint64, v.MaskWords())
+			var at [][]*stk
+			for range 30 {
+				m := g.NewMatcher()
+				for !m.Done() {
+					if f := &m.states[0].f; f.kind == fNumber || f.kind == fValue && (f.n.kind == kNumber || f.n.kind == kInteger) {
+						at = append(at, m.states)
+					}
+					m.FillMask(mask)
+					id, _ := pick(mask, rng)
+					if err := m.Accept(id); err != nil || isEOS(v.eos, id) {
+						break
+					}
+				}
+			}
+			m := g.NewMatcher()
+			b.ResetTimer()
+			for i := range b.N {
+				m.states = at[i%len(at)]
+				m.FillMask(mask)
+			}
+		})
+	}
+}
+
 // maskDocs generates docs documents, appending the time of every
 // FillMask to times; it returns them and the tokens generated.
 func maskDocs(b *testing.B, g *Grammar, rng *rand.Rand, mask []uint64, docs int, times []time.Duration) ([]time.Duration, int) {
