@@ -161,6 +161,39 @@ func BenchmarkMaskNumber(b *testing.B) {
 	}
 }
 
+// BenchmarkFirstNumberMask measures compiling a schema with one integer
+// in 1..100 (the cache bypassed by varying the limits) and the new
+// grammar's first mask at the integer, with the matcher's arena in place:
+// what the first document of a schema pays at its first number.
+func BenchmarkFirstNumberMask(b *testing.B) {
+	v := realVocab(b, "llama3")
+	const schema = `{"type":"object","properties":{"q":{"type":"integer","minimum":1,"maximum":100}},"required":["q"]}`
+	mask := make([]uint64, v.MaskWords())
+	var compiles, masks []time.Duration
+	for i := range b.N {
+		t0 := time.Now()
+		g, err := v.Compile([]byte(schema), Limits{MaxValues: 1000 + i})
+		if err != nil {
+			b.Fatal(err)
+		}
+		compiles = append(compiles, time.Since(t0))
+		m := g.NewMatcher()
+		m.w.arena = [][]stk{make([]stk, arenaChunk)}
+		if err := m.AcceptBytes([]byte(`{"q":`)); err != nil {
+			b.Fatal(err)
+		}
+		t0 = time.Now()
+		m.FillMask(mask)
+		masks = append(masks, time.Since(t0))
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(median(compiles), "compile-µs")
+	b.ReportMetric(median(masks), "first-mask-µs")
+}
+
 // maskDocs generates docs documents, appending the time of every
 // FillMask to times; it returns them and the tokens generated.
 func maskDocs(b *testing.B, g *Grammar, rng *rand.Rand, mask []uint64, docs int, times []time.Duration) ([]time.Duration, int) {

@@ -44,7 +44,8 @@
 //
 // Compile warms what the first documents would otherwise compute: the
 // token sets of every state of the schema's patterns and formats (an
-// email or hostname state costs up to 20 ms the first time). Patterns are
+// email or hostname state costs up to 20 ms the first time), and the
+// digit tokens that may start each number with bounds. Patterns are
 // compiled once per vocabulary, so schemas sharing a format share that
 // work.
 //
