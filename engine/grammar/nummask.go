@@ -29,6 +29,8 @@ type digitToks struct {
 	// mixed holds the trie nodes on a path of digits from the root below
 	// which some token is not digits only: the walk visits those alone.
 	mixed map[int32]bool
+	// bit numbers those tokens, nz then z, for the sets of numCache.
+	bit map[int32]int
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -79,6 +81,10 @@ func buildDigitToks(t *trie, pieces [][]byte) digitToks {
 	}
 	d.nz, d.nzLE = flat(nz)
 	d.z, d.zLE = flat(z)
+	d.bit = map[int32]int{}
+	for k, id := range append(d.nz[:len(d.nz):len(d.nz)], d.z...) {
+		d.bit[id] = k
+	}
 	return d
 }
 
@@ -176,26 +182,33 @@ func numberStarts(n *node, nums []frame) ([]frame, bool) {
 // A digit the number cannot take ends it, and nothing that holds a
 // number takes a digit after it: such tokens are not allowed.
 func (m *Matcher) numberDigits(f *frame, mask []uint64) {
-	lim := &m.g.lim
 	if f.n.bounded() && !m.g.numSettled(f) {
 		m.g.nums.digits(m, f, mask)
 		return
 	}
-	d := &m.g.v.digs
+	r, start := m.g.lim.digitRoom(f)
+	m.g.v.digs.set(r, start, mask)
+}
+
+// digitRoom returns how many more digits the part of the number that f
+// is reading takes, and whether the number has no digit yet (a leading 0
+// then ends its integer part).
+func (lim *Limits) digitRoom(f *frame) (r int, start bool) {
 	switch f.st {
 	case nStart, nSign:
-		d.set(lim.MaxIntDigits, true, mask)
+		return lim.MaxIntDigits, true
 	case nInt:
-		d.set(lim.MaxIntDigits-int(f.i), false, mask)
+		return lim.MaxIntDigits - int(f.i), false
 	case nDot:
-		d.set(lim.MaxFracDigits, false, mask)
+		return lim.MaxFracDigits, false
 	case nFrac:
-		d.set(lim.MaxFracDigits-int(f.j), false, mask)
+		return lim.MaxFracDigits - int(f.j), false
 	case nExp, nExpSign:
-		d.set(2, false, mask)
+		return 2, false
 	case nExpD:
-		d.set(2-int(f.j), false, mask)
+		return 2 - int(f.j), false
 	}
+	return 0, false
 }
 
 // numSettled reports whether every completion of the number with
@@ -304,11 +317,9 @@ func (c *numCache) digits(m *Matcher, f *frame, mask []uint64) {
 // first costs about 0.2 ms on Llama 3, which the first document would
 // otherwise pay at its first number.
 func (g *Grammar) warmNumbers() {
-	m := g.NewMatcher()
-	m.w.pooled = true
+	m := g.NewMatcher() // stacks on the heap: no arena for a few walks
 	eachNode(g.root, func(n *node) {
 		if (n.kind == kNumber || n.kind == kInteger) && n.bounded() {
-			m.w.resetArena()
 			g.nums.get(m, &frame{kind: fNumber, n: n})
 			g.nums.get(m, &frame{kind: fNumber, n: n, st: nSign, lit: "-"})
 		}
@@ -317,42 +328,50 @@ func (g *Grammar) warmNumbers() {
 
 // walkNumberDigits reads every digit token from number frame f, with the
 // walker's byte steps, and returns those that keep it alive as bits
-// over digitToks.
+// over digitToks. Below a digit after which the number is settled, the
+// tokens are taken by length instead.
 func (m *Matcher) walkNumberDigits(f *frame) []uint64 {
 	v := m.g.v
 	d := &v.digs
-	root := &stk{f: frame{kind: fRoot}}
-	s := m.w.mk(*f, root)
-	scratch := make([]uint64, v.words)
-	var visit func(node int32, states []*stk)
 	t := &v.all
-	visit = func(node int32, states []*stk) {
+	set := make([]uint64, (len(d.nz)+len(d.z)+63)/64)
+	setNode := func(n int32) {
+		for k := t.tokStart[n]; k < t.tokStart[n+1]; k++ {
+			b := d.bit[t.toks[k]]
+			set[b>>6] |= 1 << (b & 63)
+		}
+	}
+	// below sets the digit tokens under node with at most r more digits.
+	var below func(node int32, r int)
+	below = func(node int32, r int) {
+		for e := t.edgeStart[node]; r > 0 && e < t.edgeStart[node+1]; e++ {
+			if isDigit(t.edgeByte[e]) {
+				setNode(t.edgeNode[e])
+				below(t.edgeNode[e], r-1)
+			}
+		}
+	}
+	var visit func(node int32, s *stk)
+	visit = func(node int32, s *stk) {
 		for e := t.edgeStart[node]; e < t.edgeStart[node+1]; e++ {
 			c := t.edgeByte[e]
 			if !isDigit(c) {
 				continue
 			}
-			var next []*stk
-			for _, s := range states {
-				next = m.w.adv(s, c, next)
-			}
+			next := m.w.adv(s, c, nil)
 			if len(next) == 0 {
 				continue
 			}
 			child := t.edgeNode[e]
-			for k := t.tokStart[child]; k < t.tokStart[child+1]; k++ {
-				id := t.toks[k]
-				scratch[id>>6] |= 1 << (id & 63)
+			setNode(child)
+			if nf := &next[0].f; nf.kind == fNumber && m.g.numSettled(nf) {
+				r, _ := m.g.lim.digitRoom(nf)
+				below(child, r)
+				continue
 			}
-			visit(child, next)
+			visit(child, next[0])
 		}
 	}
-	visit(0, []*stk{s})
-	set := make([]uint64, (len(d.nz)+len(d.z)+63)/64)
-	for k, id := range append(d.nz[:len(d.nz):len(d.nz)], d.z...) {
-		if scratch[id>>6]&(1<<(id&63)) != 0 {
-			set[k>>6] |= 1 << (k & 63)
-		}
-	}
+	visit(0, m.w.mk(*f, &stk{f: frame{kind: fRoot}}))
 	return set
 }
