@@ -124,6 +124,76 @@ func BenchmarkMaskCold(b *testing.B) {
 	}
 }
 
+// BenchmarkMaskNumber measures FillMask at the number positions of order
+// documents (a number about to begin or going on), after the grammar has
+// seen them once: the steps the digit lists serve.
+func BenchmarkMaskNumber(b *testing.B) {
+	for _, name := range []string{"llama3", "qwen3"} {
+		b.Run(name, func(b *testing.B) {
+			v := realVocab(b, name)
+			g, err := v.Compile([]byte(realisticSchema), Limits{MaxValues: 64})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(7, 7))
+			mask := make([]uint64, v.MaskWords())
+			var at [][]*stk
+			for range 30 {
+				m := g.NewMatcher()
+				for !m.Done() {
+					if f := &m.states[0].f; f.kind == fNumber || f.kind == fValue && (f.n.kind == kNumber || f.n.kind == kInteger) {
+						at = append(at, m.states)
+					}
+					m.FillMask(mask)
+					id, _ := pick(mask, rng)
+					if err := m.Accept(id); err != nil || isEOS(v.eos, id) {
+						break
+					}
+				}
+			}
+			m := g.NewMatcher()
+			b.ResetTimer()
+			for i := range b.N {
+				m.states = at[i%len(at)]
+				m.FillMask(mask)
+			}
+		})
+	}
+}
+
+// BenchmarkFirstNumberMask measures compiling a schema with one integer
+// in 1..100 (the cache bypassed by varying the limits) and the new
+// grammar's first mask at the integer, with the matcher's arena in place:
+// what the first document of a schema pays at its first number.
+func BenchmarkFirstNumberMask(b *testing.B) {
+	v := realVocab(b, "llama3")
+	const schema = `{"type":"object","properties":{"q":{"type":"integer","minimum":1,"maximum":100}},"required":["q"]}`
+	mask := make([]uint64, v.MaskWords())
+	var compiles, masks []time.Duration
+	for i := range b.N {
+		t0 := time.Now()
+		g, err := v.Compile([]byte(schema), Limits{MaxValues: 1000 + i})
+		if err != nil {
+			b.Fatal(err)
+		}
+		compiles = append(compiles, time.Since(t0))
+		m := g.NewMatcher()
+		m.w.arena = [][]stk{make([]stk, arenaChunk)}
+		if err := m.AcceptBytes([]byte(`{"q":`)); err != nil {
+			b.Fatal(err)
+		}
+		t0 = time.Now()
+		m.FillMask(mask)
+		masks = append(masks, time.Since(t0))
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(median(compiles), "compile-µs")
+	b.ReportMetric(median(masks), "first-mask-µs")
+}
+
 // maskDocs generates docs documents, appending the time of every
 // FillMask to times; it returns them and the tokens generated.
 func maskDocs(b *testing.B, g *Grammar, rng *rand.Rand, mask []uint64, docs int, times []time.Duration) ([]time.Duration, int) {

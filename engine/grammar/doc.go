@@ -16,7 +16,10 @@
 // (multi-character tokens, byte-level BPE pieces and SentencePiece byte
 // fallbacks alike). The vocabulary is kept as a byte trie walked with
 // pruning; inside free strings, where nearly every token is allowed, a
-// precomputed set of "string-safe" tokens by length replaces the walk.
+// precomputed set of "string-safe" tokens by length replaces the walk,
+// and at number positions the tokens made of digits alone come from
+// lists by length (and, for numbers with bounds, a cache of the
+// grammar) instead of being walked digit by digit.
 //
 // Formats (date-time, date, time, duration, email, hostname, ipv4, ipv6,
 // uuid) have grammars that generate only values their validators accept.
@@ -29,7 +32,9 @@
 // Where the schema leaves one way to go on (a declared key, '":', a
 // closing brace, the rest of an enum value), [Matcher.ForcedTokens]
 // returns those tokens, tokenized with the vocabulary's [Encoder] and cut
-// so that sampling could have produced them, for jump-forward decoding.
+// so that sampling could have produced them, for jump-forward decoding
+// (SentencePiece tokenizers, which put a space in front of what they
+// encode, included).
 //
 // Free whitespace, number length, unconstrained string length, array and
 // object sizes, the total number of values and the tokens spent in
@@ -39,7 +44,8 @@
 //
 // Compile warms what the first documents would otherwise compute: the
 // token sets of every state of the schema's patterns and formats (an
-// email or hostname state costs up to 20 ms the first time). Patterns are
+// email or hostname state costs up to 20 ms the first time), and the
+// digit tokens that may start each number with bounds. Patterns are
 // compiled once per vocabulary, so schemas sharing a format share that
 // work.
 //

@@ -57,14 +57,11 @@ func (m *Matcher) ForcedTokens(max int) []int32 {
 	if len(run) == 0 {
 		return nil
 	}
-	ids, err := v.enc.Encode(string(run), false)
-	if err != nil {
-		return nil
-	}
+	ids := v.encodeRun(run)
 	probe := Matcher{g: m.g, states: m.states, w: walker{g: m.g}}
 	off, n := 0, 0
 	for _, id := range ids {
-		if id < 0 || int(id) >= v.size {
+		if !v.valid(id) {
 			break
 		}
 		p := v.pieces[id]
@@ -82,6 +79,44 @@ func (m *Matcher) ForcedTokens(max int) []int32 {
 	}
 	return ids[:n]
 }
+
+// encodeRun tokenizes run, text that follows other text. A SentencePiece
+// tokenizer (Llama 2, Mistral) puts a space in front of the text it
+// encodes (`{"` becomes `▁{"`), which the run does not have: then the run
+// is encoded after a newline, which such tokenizers keep apart (a byte
+// token), and the tokens of that space and newline are dropped.
+func (v *Vocab) encodeRun(run []byte) []int32 {
+	ids, err := v.enc.Encode(string(run), false)
+	if err != nil || len(ids) == 0 || v.valid(ids[0]) && bytes.HasPrefix(run, v.pieces[ids[0]]) {
+		return ids
+	}
+	anchored, err := v.enc.Encode("\n"+string(run), false)
+	if err != nil {
+		return ids
+	}
+	var text []byte
+	for _, id := range anchored {
+		if !v.valid(id) {
+			return ids
+		}
+		text = append(text, v.pieces[id]...)
+	}
+	if !bytes.HasSuffix(text, run) {
+		return ids
+	}
+	skip, n := len(text)-len(run), 0
+	for k, id := range anchored {
+		if n == skip {
+			return anchored[k:]
+		}
+		if n += len(v.pieces[id]); n > skip {
+			break // a token spans the newline and the run
+		}
+	}
+	return ids
+}
+
+func (v *Vocab) valid(id int32) bool { return id >= 0 && int(id) < v.size }
 
 // extends reports whether a token whose bytes begin with piece, the
 // bytes just accepted, and go on with a byte the grammar allows here

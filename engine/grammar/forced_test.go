@@ -22,8 +22,10 @@ const objectSchema = `{"type":"object","properties":{
 
 // TestForcedTokensObject follows a document of objectSchema: after '{'
 // the key "name" is forced; after the enum's first letters its rest.
+// Llama 2's tokenizer puts a space in front of what it encodes, which
+// the forced run must not take.
 func TestForcedTokensObject(t *testing.T) {
-	for _, name := range []string{"llama3", "qwen3"} {
+	for _, name := range []string{"llama3", "qwen3", "llama2"} {
 		t.Run(name, func(t *testing.T) {
 			v := realVocab(t, name)
 			g, err := v.Compile([]byte(objectSchema), Limits{})
@@ -164,7 +166,7 @@ func jumpDoc(t testing.TB, g *Grammar, rng *rand.Rand, maxTokens int) (doc strin
 // TestJumpForwardObject: documents of objectSchema made with jump-forward
 // validate and take far fewer samples than tokens.
 func TestJumpForwardObject(t *testing.T) {
-	for _, name := range []string{"llama3", "qwen3"} {
+	for _, name := range []string{"llama3", "qwen3", "llama2"} {
 		t.Run(name, func(t *testing.T) {
 			v := realVocab(t, name)
 			g, err := v.Compile([]byte(objectSchema), Limits{})

@@ -15,6 +15,7 @@ type Grammar struct {
 	lim  Limits
 	// warm is set once every pattern under root is warm.
 	warm atomic.Bool
+	nums numCache // digit tokens of the states of numbers with bounds
 }
 
 // AnyObject is the schema of OpenAI's response_format json_object: any
@@ -31,7 +32,8 @@ var AnyObject = []byte(`{"type":"object"}`)
 // for them: milliseconds for a uuid or a date, a second or two for an
 // email or hostname on a 128k vocabulary. A call spends at most 50 ms on
 // it; the calls that follow for the same schema go on where it stopped
-// until every state is warm.
+// until every state is warm. It also finds the digit tokens that may
+// start each number with bounds (up to about 0.2 ms each on Llama 3).
 func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 	lim, err := lim.withDefaults()
 	if err != nil {
@@ -54,6 +56,7 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 		return nil, err
 	}
 	g := &Grammar{v: v, root: root, lim: lim}
+	g.warmNumbers()
 	g.warm.Store(v.warm(root, time.Now().Add(compileWarmBudget)))
 	v.cache.Add(key, g)
 	return g, nil
@@ -100,6 +103,7 @@ type Matcher struct {
 	cbufs  [][]*stk
 	filter []uint64 // closers allowed by a pattern; nil: all
 	free   int      // tokens accepted inside free-form values
+	numBuf []frame  // digitMask's scratch
 }
 
 // NewMatcher starts matching a document from its first byte.

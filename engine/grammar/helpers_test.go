@@ -35,6 +35,15 @@ func byteVocab() *Vocab {
 	return NewVocab(pieces, []int32{0}, func(id int32) bool { return false })
 }
 
+// testVocabs are the vocabularies the property tests run on: byteVocab
+// and the installed tokenizers.
+var testVocabs = map[string]func(testing.TB) *Vocab{
+	"bytes":  func(testing.TB) *Vocab { return byteVocab() },
+	"llama3": func(t testing.TB) *Vocab { return realVocab(t, "llama3") },
+	"qwen3":  func(t testing.TB) *Vocab { return realVocab(t, "qwen3") },
+	"llama2": func(t testing.TB) *Vocab { return realVocab(t, "llama2") },
+}
+
 var realVocabs struct {
 	sync.Mutex
 	m map[string]*Vocab

@@ -5,7 +5,11 @@ package grammar
 // Vocab().MaskWords() words. EOS tokens are set only when the document
 // may end here. After Dead, no bit is set. Test a bit with
 // [github.com/mlxserving/mlxserving/engine.MaskAllows].
-func (m *Matcher) FillMask(mask []uint64) {
+func (m *Matcher) FillMask(mask []uint64) { m.fillMask(mask, true) }
+
+// fillMask is FillMask; without fast, by the trie walk alone, the
+// reference that the string, pattern and digit shortcuts must equal.
+func (m *Matcher) fillMask(mask []uint64, fast bool) {
 	v := m.g.v
 	mask = mask[:v.words]
 	clear(mask)
@@ -18,11 +22,13 @@ func (m *Matcher) FillMask(mask []uint64) {
 	defer func() { m.w.pooled = false }()
 	s := m.states[0]
 	switch {
+	case !fast:
+		m.walk(&v.all, 0, m.states, 0, mask, false)
 	case len(m.states) == 1 && plainStringBody(&s.f):
 		m.stringMask(v.root, s, mask, v.insideLE)
 	case len(m.states) == 1 && s.f.kind == fString && s.f.st == sBody && s.f.u8need == 0 && m.patternMask(s, mask):
 	default:
-		m.walk(&v.all, 0, m.states, 0, mask)
+		m.walk(&v.all, 0, m.states, 0, mask, m.digitMask(mask))
 	}
 	if m.CanEnd() {
 		for _, e := range v.eos {
@@ -36,13 +42,20 @@ func plainStringBody(f *frame) bool {
 }
 
 // walk visits the trie below node with the stacks that read its path,
-// setting the tokens whose bytes all keep some stack alive.
-func (m *Matcher) walk(t *trie, node int32, states []*stk, depth int, mask []uint64) {
+// setting the tokens whose bytes all keep some stack alive. With digits,
+// node's path is digits only and the tokens made of digits alone are set
+// already (digitMask): the walk leaves them out.
+func (m *Matcher) walk(t *trie, node int32, states []*stk, depth int, mask []uint64, digits bool) {
 	if depth == len(m.bufs) {
 		m.bufs = append(m.bufs, make([]*stk, 0, 8))
 	}
 	for e := t.edgeStart[node]; e < t.edgeStart[node+1]; e++ {
 		c := t.edgeByte[e]
+		child := t.edgeNode[e]
+		onDigits := digits && isDigit(c)
+		if onDigits && !m.g.v.digs.mixed[child] {
+			continue
+		}
 		next := m.bufs[depth][:0]
 		for _, s := range states {
 			next = m.w.adv(s, c, next)
@@ -54,10 +67,11 @@ func (m *Matcher) walk(t *trie, node int32, states []*stk, depth int, mask []uin
 		if len(next) > maxStacks {
 			next = next[:maxStacks]
 		}
-		child := t.edgeNode[e]
-		for k := t.tokStart[child]; k < t.tokStart[child+1]; k++ {
-			id := t.toks[k]
-			mask[id>>6] |= 1 << (id & 63)
+		if !onDigits {
+			for k := t.tokStart[child]; k < t.tokStart[child+1]; k++ {
+				id := t.toks[k]
+				mask[id>>6] |= 1 << (id & 63)
+			}
 		}
 		if t.edgeStart[child] == t.edgeStart[child+1] {
 			continue
@@ -67,6 +81,6 @@ func (m *Matcher) walk(t *trie, node int32, states []*stk, depth int, mask []uin
 			m.stringMask(m.g.v.info(child, depth+1), next[0], mask, nil)
 			continue
 		}
-		m.walk(t, child, next, depth+1, mask)
+		m.walk(t, child, next, depth+1, mask, onDigits)
 	}
 }

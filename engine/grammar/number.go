@@ -92,11 +92,22 @@ func (w *walker) advNumber(s *stk, c byte, out []*stk) []*stk {
 	return append(out, w.mk(nf, s.up))
 }
 
+// endNumber ends the number on top of s, if complete, and feeds c to
+// what holds it. A mask walk ends the same number at every byte that
+// cannot continue it, so the last one ended is kept (stacks are
+// immutable: the popped stack serves every byte), unless it came from
+// the arena and the walker now builds stacks that outlive it.
 func (w *walker) endNumber(s *stk, c byte, out []*stk) []*stk {
-	if !numFinal(&s.f) {
+	if s != w.ended || w.endedPooled && !w.pooled {
+		w.ended, w.endedUp, w.endedPooled = s, nil, w.pooled
+		if numFinal(&s.f) {
+			w.endedUp = w.pop(s)
+		}
+	}
+	if w.endedUp == nil {
 		return out
 	}
-	return w.adv(w.pop(s), c, out)
+	return w.adv(w.endedUp, c, out)
 }
 
 // numFinal reports whether the number read so far is complete and within

@@ -89,17 +89,11 @@ func randSchema(rng *rand.Rand, depth int, defs map[string]any) map[string]any {
 // document finishes within the token cap, is JSON and validates, with
 // jump-forward decoding (Matcher.ForcedTokens) as without.
 func TestPropertyRandomSchemas(t *testing.T) {
-	vocabs := map[string]func(testing.TB) *Vocab{
-		"bytes":  func(testing.TB) *Vocab { return byteVocab() },
-		"llama3": func(t testing.TB) *Vocab { return realVocab(t, "llama3") },
-		"qwen3":  func(t testing.TB) *Vocab { return realVocab(t, "qwen3") },
-		"llama2": func(t testing.TB) *Vocab { return realVocab(t, "llama2") },
-	}
 	schemas := 60
 	if testing.Short() {
 		schemas = 15
 	}
-	for name, mk := range vocabs {
+	for name, mk := range testVocabs {
 		t.Run(name, func(t *testing.T) {
 			v := mk(t)
 			rng := rand.New(rand.NewPCG(11, uint64(len(name))))

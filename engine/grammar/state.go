@@ -106,6 +106,11 @@ type walker struct {
 	// closing is set once the document spent Limits.MaxFreeTokens in
 	// free-form values: they only close from then on.
 	closing bool
+	// ended is the number stack endNumber ended last and endedUp what
+	// holds it after (nil: the number was not complete), from the arena
+	// when endedPooled.
+	ended, endedUp *stk
+	endedPooled    bool
 }
 
 const arenaChunk = 4096
@@ -127,7 +132,7 @@ func (w *walker) mk(f frame, up *stk) *stk {
 	return s
 }
 
-func (w *walker) resetArena() { w.chunk, w.pos = 0, 0 }
+func (w *walker) resetArena() { w.chunk, w.pos, w.ended, w.endedUp = 0, 0, nil, nil }
 
 // pop ends the top frame, carrying its value count to the parent.
 func (w *walker) pop(s *stk) *stk {

@@ -19,6 +19,7 @@ type Vocab struct {
 	pieces [][]byte
 	eos    []int32
 	all    trie // every token that produces bytes and is not special
+	digs   digitToks
 	root   *strInfo
 	// insideLE[r] holds the tokens that, read inside a string, stay
 	// inside it and need at most r characters of its budget.
@@ -56,6 +57,7 @@ func NewVocab(pieces [][]byte, eos []int32, special func(id int32) bool) *Vocab 
 	}
 	v.all = buildTrie(pieces, allIDs)
 	v.root = buildStrInfo(&v.all, pieces, 0, 0)
+	v.digs = buildDigitToks(&v.all, pieces)
 	maxNeed := 0
 	if n := len(v.root.insideNeed); n > 0 {
 		maxNeed = int(v.root.insideNeed[n-1])

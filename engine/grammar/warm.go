@@ -63,6 +63,16 @@ func (c *compiler) cached(key string, build func() (*regex, error)) (*regex, err
 func (v *Vocab) warm(root *node, deadline time.Time) bool {
 	v.quoteWarm.Do(v.warmQuotes)
 	all := true
+	eachNode(root, func(n *node) {
+		if n.re != nil && !v.warmRegex(n.re, deadline) {
+			all = false
+		}
+	})
+	return all
+}
+
+// eachNode calls fn once for every node reachable from root.
+func eachNode(root *node, fn func(*node)) {
 	seen := map[*node]bool{}
 	var visit func(n *node)
 	visit = func(n *node) {
@@ -70,9 +80,7 @@ func (v *Vocab) warm(root *node, deadline time.Time) bool {
 			return
 		}
 		seen[n] = true
-		if n.re != nil && !v.warmRegex(n.re, deadline) {
-			all = false
-		}
+		fn(n)
 		for _, p := range n.props {
 			visit(p.n)
 		}
@@ -83,7 +91,6 @@ func (v *Vocab) warm(root *node, deadline time.Time) bool {
 		}
 	}
 	visit(root)
-	return all
 }
 
 // warmRegex visits re's states breadth first from the start, one rune of
