@@ -8,13 +8,23 @@ package main
 #include <stdlib.h>
 
 // profilerCall calls CUDA's driver entry point name (cuProfilerStart or
-// cuProfilerStop) when libcuda is loaded in this process; it returns -1
-// where it is not (the CPU build), else the driver's result.
+// cuProfilerStop) when libcuda is loaded in this process, with device 0's
+// primary context current on the calling thread (MLX's own thread holds
+// it, not this one); it returns -1 where libcuda is not loaded (the CPU
+// build), else the driver's result.
 static int profilerCall(const char *name) {
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 	if (!h) return -1;
+	int (*retain)(void **, int) = (int (*)(void **, int))dlsym(h, "cuDevicePrimaryCtxRetain");
+	int (*push)(void *) = (int (*)(void *))dlsym(h, "cuCtxPushCurrent_v2");
+	int (*pop)(void **) = (int (*)(void **))dlsym(h, "cuCtxPopCurrent_v2");
 	int (*f)(void) = (int (*)(void))dlsym(h, name);
-	int rc = f ? f() : -1;
+	void *ctx = 0, *old = 0;
+	int rc = -1;
+	if (retain && push && pop && f && retain(&ctx, 0) == 0 && push(ctx) == 0) {
+		rc = f();
+		pop(&old);
+	}
 	dlclose(h);
 	return rc;
 }
