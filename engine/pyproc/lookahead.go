@@ -40,6 +40,39 @@ const maxLookahead = 64
 // sequence decodes fastest with it.
 const lookaheadMaxBatch = 32
 
+// loopAdapt sets how far constrained inputs decode ahead from how far
+// that got before: a step is answered from the buffers only when every
+// input has a token there, and among several constrained sequences one
+// usually leaves its loop within a token or two, after which the tokens
+// decoded ahead cost forward passes and save no round trip.
+type loopAdapt struct {
+	run    float64 // running mean of the steps answered wholly from buffers after a round that decoded constrained inputs ahead
+	served int     // such steps since the last round
+	asked  bool    // the last round decoded constrained inputs ahead
+	rounds int     // rounds since run fell under one step
+}
+
+// limit is called once per round to the worker: it folds in how the
+// previous round went and returns how many tokens a constrained input
+// may ask for in this one (at most k). Under a step per round it asks
+// for one only, except that every 8th round tries 2 to see whether the
+// batch's loops got longer.
+func (l *loopAdapt) limit(k int) int {
+	if l.asked {
+		l.run = 0.5*l.run + 0.5*float64(l.served)
+	}
+	l.asked, l.served = false, 0
+	n := min(k, 1+int(1.5*l.run+0.5))
+	if n > 1 {
+		l.rounds = 0
+		return n
+	}
+	if l.rounds++; l.rounds%8 == 0 {
+		return min(k, 2)
+	}
+	return 1
+}
+
 // ahead is one sequence's lookahead state.
 type ahead struct {
 	last int32               // the token Step returned last
@@ -97,10 +130,11 @@ func plainParams(p *engine.SamplingParams) bool {
 }
 
 // aheadFor is the number of tokens a one-token sampling input asks the
-// worker for with lookahead k: k, or fewer for a loop of fewer steps.
-func aheadFor(in *engine.StepInput, k int) int {
+// worker for with lookahead k: k, or for a constrained input at most
+// masked (loopAdapt.limit) and its loop's steps and one.
+func aheadFor(in *engine.StepInput, k, masked int) int {
 	if in.Allowed != nil {
-		return min(k, in.LoopSteps+1)
+		return min(k, masked, in.LoopSteps+1)
 	}
 	return k
 }
@@ -134,6 +168,9 @@ func (m *Model) fromBuffers(batch []engine.StepInput) []engine.StepOutput {
 		st := m.look[batch[i].Seq]
 		outs[i] = st.pop()
 	}
+	if m.loops.asked {
+		m.loops.served++
+	}
 	return outs
 }
 
@@ -154,6 +191,10 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 	k := m.k
 	if len(batch) > lookaheadMaxBatch {
 		k = 1 // buffered tokens are still served
+	}
+	masked := 0
+	if k > 1 {
+		masked = m.loops.limit(k)
 	}
 	for i := range batch {
 		in := &batch[i]
@@ -178,7 +219,8 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			// never delays time to first token; decoding ahead starts
 			// with the next step.
 			if k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
-				p.n = aheadFor(in, k)
+				p.n = aheadFor(in, k, masked)
+				m.loops.asked = m.loops.asked || (in.Allowed != nil && p.n > 1)
 			}
 		}
 		plan = append(plan, p)

@@ -34,7 +34,7 @@ func newLoopCaller(vocab int, seed uint64) *loopCaller {
 		for id := 0; id < vocab; id++ {
 			if rng.IntN(2) == 0 {
 				mask[id>>6] |= 1 << (id & 63)
-				if rng.IntN(3) > 0 {
+				if rng.IntN(16) > 0 {
 					loop[id>>6] |= 1 << (id & 63)
 				}
 			}

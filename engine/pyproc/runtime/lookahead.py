@@ -47,17 +47,18 @@ def in_loop(bits, tok):
     return bits is None or (int(bits[tok >> 3]) >> (tok & 7)) & 1 == 1
 
 
-def kept(bits, first, toks):
+def exit_at(bits, first, toks):
     """How many of toks (sampled after first, when first is not None) an
-    input keeps: up to and including the first token outside its loop."""
+    input keeps when it leaves its loop: up to and including the first
+    token outside it; None when it stays in the loop."""
     if bits is None:
-        return len(toks)
+        return None
     if first is not None and not in_loop(bits, first):
         return 0
     for q, t in enumerate(toks):
         if not in_loop(bits, t):
             return q + 1
-    return len(toks)
+    return None
 
 
 def remember(items, device, rows=None):
@@ -153,14 +154,18 @@ def run(model, items, first, want):
 def _run_host(model, items, first, want, steps):
     """One ordinary decode step per extra token, through TorchModel's
     own forward and sampling: any device, any parameters allowed above.
-    A constrained input stops after the first token outside its loop; its
-    mask is decoded once for all the steps."""
+    A constrained input stops after the first token outside its loop, and
+    the step's other inputs with it (lockstep: the supervisor answers a
+    step from its buffers only when every input has a token there, so
+    tokens past one input's exit would wait for round trips anyway and
+    split the batch). Masks are decoded once for all the steps."""
     more = [[] for _ in items]
     lps = [[] for _ in items]
     last = list(first)
     width = model.cfg.vocab
     lb = loops(items, width)
-    want = [w if in_loop(b, t) else 1 for w, b, t in zip(want, lb, first)]
+    if not all(in_loop(b, t) for b, t in zip(lb, first)):
+        return more, None
     masks = device_masks(items, width, model.device)
     for j in range(1, steps + 1):
         act = [i for i in range(len(items)) if want[i] > j]
@@ -177,8 +182,8 @@ def _run_host(model, items, first, want, steps):
             more[i].append(t)
             lps[i].append(l)
             last[i] = t
-            if not in_loop(lb[i], t):
-                want[i] = j + 1
+        if not all(in_loop(lb[i], t) for i, t in zip(act, toks)):
+            want = [min(w, j + 1) for w in want]
     return more, (lps if any(p.get("l") for p, _ in items) else None)
 
 
@@ -283,11 +288,16 @@ def _finish(ch):
 
 
 def _cut(ch, res):
-    """Drops, per constrained input, the tokens the chain decoded after the
-    first one outside its loop (they were sampled under a mask that no
-    longer held), and takes back their draws."""
+    """Drops the tokens the chain decoded after the first one outside a
+    constrained input's loop: that input's (sampled under a mask that no
+    longer held) and, in lockstep, every other input's (see _run_host),
+    taking back their draws."""
+    exits = [exit_at(b, f if ch.done else None, r) for b, f, r in zip(ch.loops, ch.feed, res)]
+    cut = min((e for e in exits if e is not None), default=None)
+    if cut is None:
+        return
     for i, (p, s) in enumerate(ch.items):
-        k = kept(ch.loops[i], ch.feed[i] if ch.done else None, res[i])
+        k = min(cut, len(res[i]))
         drop = len(res[i]) - k
         if drop == 0:
             continue
