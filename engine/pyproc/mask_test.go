@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -58,6 +59,21 @@ func TestMaskEncodings(t *testing.T) {
 			feed = []int32{out[0].Token}
 		}
 		m.Free(id, "")
+	}
+}
+
+// TestMasksRandom runs testdata/masks_test.py: random token sets in every
+// form decode on the worker to the tokens PROTOCOL.md says, the batched
+// masks sample as a per-row fill does, and a device chain keeps exactly
+// the tokens up to the first exit from a loop (the CUDA path's host side,
+// which the CPU tests do not reach otherwise).
+func TestMasksRandom(t *testing.T) {
+	out, err := exec.Command(python(t), "testdata/masks_test.py", "runtime", "300", "1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("masks_test.py: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), " passed, 0 failed") {
+		t.Fatalf("masks_test.py did not report its checks:\n%s", out)
 	}
 }
 
