@@ -55,6 +55,8 @@ func benchModel(b *testing.B) string {
 const constrainedSchema = `{"type":"object","properties":{"name":{"type":"string"},"bio":{"type":"string"},` +
 	`"notes":{"type":"array","items":{"type":"string"},"maxItems":3}},"required":["name","bio","notes"],"additionalProperties":false}`
 
+var docParams = api.Params{MaxTokens: 200, JSONSchema: []byte(constrainedSchema)}
+
 // BenchmarkConstrained generates documents of constrainedSchema through
 // the whole stack (server, batcher with the grammar, pyproc), greedy, 1
 // or 16 at once, with lookahead off and at 8 (the CUDA default): tokens/s,
@@ -77,11 +79,11 @@ func BenchmarkConstrained(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				generateDocs(b, srv, batch) // warm-up: compiles the grammar, captures graphs
+				serveAll(b, srv, "m", batch, docParams, true) // warm-up: compiles the grammar, captures graphs
 				tokens, trips := 0, uint64(0)
 				for b.Loop() {
 					before := p.nextID.Load()
-					tokens += generateDocs(b, srv, batch)
+					tokens += serveAll(b, srv, "m", batch, docParams, true)
 					trips += p.nextID.Load() - before
 				}
 				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
@@ -90,32 +92,6 @@ func BenchmarkConstrained(b *testing.B) {
 			})
 		}
 	}
-}
-
-// generateDocs generates n documents at once and returns their tokens.
-func generateDocs(b *testing.B, srv *mlxserving.Server, n int) int {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	total := 0
-	for i := range n {
-		wg.Go(func() {
-			st, err := srv.Generate(context.Background(), api.Request{Model: "m", PromptTokens: prompt(i, 16),
-				Params: api.Params{MaxTokens: 200, JSONSchema: []byte(constrainedSchema)}})
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			res, err := st.Collect()
-			if err != nil {
-				b.Error(err)
-			}
-			mu.Lock()
-			total += len(res.Tokens)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return total
 }
 
 // BenchmarkMaskStep measures what a mask adds to a decode step, lookahead

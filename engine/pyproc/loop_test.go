@@ -2,16 +2,11 @@ package pyproc
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
 	"github.com/mlxserving/mlxserving"
-	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -231,20 +226,7 @@ func TestLoopThroughServer(t *testing.T) {
 				if seed == 0 {
 					sp = engine.SamplingParams{}
 				}
-				p := api.Params{MaxTokens: 300, JSONSchema: []byte(schema), Sampling: sp}
-				st, err := srv.Generate(ctx, api.Request{Model: "tiny", Prompt: fmt.Sprintf("Give me JSON %d:", i), Params: p})
-				if err != nil {
-					t.Fatal(err)
-				}
-				res, err := st.Collect()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if res.Finish != api.FinishStop {
-					t.Fatalf("schema %d seed %d: finish %q: %q", i, seed, res.Finish, res.Text)
-				}
-				validate(t, schema, res.Text)
-				docs = append(docs, res.Text)
+				docs = append(docs, structuredDoc(t, srv, schema, i, sp))
 			}
 		}
 		return docs, p.nextID.Load() - before
@@ -257,28 +239,5 @@ func TestLoopThroughServer(t *testing.T) {
 	t.Logf("worker requests: %d without lookahead, %d with it", offTrips, onTrips)
 	if onTrips >= offTrips*3/4 {
 		t.Fatalf("%d worker requests with lookahead against %d without: loops barely ran", onTrips, offTrips)
-	}
-}
-
-func validate(t *testing.T, schema, text string) {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("s.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	val, err := c.Compile("s.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("%q is not JSON: %v", text, err)
-	}
-	if err := val.Validate(v); err != nil {
-		t.Fatalf("%q does not validate against %s: %v", text, schema, err)
 	}
 }

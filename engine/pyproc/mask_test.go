@@ -68,12 +68,19 @@ func TestMaskEncodings(t *testing.T) {
 // the tokens up to the first exit from a loop (the CUDA path's host side,
 // which the CPU tests do not reach otherwise).
 func TestMasksRandom(t *testing.T) {
-	out, err := exec.Command(python(t), "testdata/masks_test.py", "runtime", "300", "1").CombinedOutput()
+	runPyCheck(t, "testdata/masks_test.py", "runtime", "300", "1")
+}
+
+// runPyCheck runs a Python check script of testdata with the test
+// interpreter and fails unless it reports " passed, 0 failed".
+func runPyCheck(t *testing.T, script string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(python(t), append([]string{script}, args...)...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("masks_test.py: %v\n%s", err, out)
+		t.Fatalf("%s: %v\n%s", script, err, out)
 	}
 	if !strings.Contains(string(out), " passed, 0 failed") {
-		t.Fatalf("masks_test.py did not report its checks:\n%s", out)
+		t.Fatalf("%s did not report its checks:\n%s", script, out)
 	}
 }
 
