@@ -7,7 +7,13 @@ p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob,
 n top log-probabilities, pp presence and fp frequency penalty, lb logit
 bias ([[id, bias], ...]), x this step's allowed-token mask ({"a": ids},
 {"d": ids} or {"b": base64 bitset}), g how many of the prompt's last
-tokens were generated before the sequence was resumed.
+tokens were generated before the sequence was resumed, and lp and ls a
+constrained input's loop for lookahead (lookahead.py).
+
+The masks of a step's rows are decoded on the host into one packed
+bitset ([rows, ceil(vocab / 8)] uint8), copied to the device at once,
+unpacked there with shifts and applied with one batched masked_fill (on
+the CPU they are written straight into one bool tensor instead).
 """
 import base64
 import random
@@ -109,12 +115,20 @@ def _penalise(row, seq, r):
     return row
 
 
+def _ids(ids, limit):
+    """The ids below limit as a tensor, each once (the supervisor sends
+    them sorted and distinct; anything else is sorted here)."""
+    t = torch.tensor(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)
+    if t.numel() > 1 and not bool((t[1:] > t[:-1]).all()):
+        t = t.unique()
+    return t[(t >= 0) & (t < limit)]
+
+
 def _id_bits(ids, nbytes):
     """The bitset (bit id % 8 of byte id / 8) of the ids below nbytes * 8,
     as a uint8 tensor: distinct ids set distinct bits of a byte, so their
     sum per byte is their union."""
-    t = torch.tensor(ids, dtype=torch.int64).unique() if ids else torch.empty(0, dtype=torch.int64)
-    t = t[(t >= 0) & (t < nbytes * 8)]
+    t = _ids(ids, nbytes * 8)
     return torch.bincount(t >> 3, weights=(1 << (t & 7)).to(torch.float64), minlength=nbytes).to(torch.uint8)
 
 
@@ -163,13 +177,39 @@ def unpack_rows(packed, width):
     return ((packed.unsqueeze(-1) >> sh) & 1).flatten(1)[:, :width].bool()
 
 
-def device_masks(items, width, device):
-    """The allowed masks of items' rows ("x"), unpacked on the device from
-    one bitset upload, as bool [rows, width] (True everywhere for a row
-    without a mask); None when no row has one."""
+def host_masks(sets, width):
+    """The token sets of several rows as one bool host tensor [rows,
+    width], written straight from the ids where a set is a list of them
+    (None stands for every token)."""
+    out = torch.ones(len(sets), width, dtype=torch.bool)
+    for r, x in enumerate(sets):
+        if x is None:
+            continue
+        row = out[r]
+        if "a" in x:
+            row.fill_(False)
+            row[_ids(x["a"], width)] = True
+        elif "d" in x:
+            row[_ids(x["d"], width)] = False
+            row[min(int(x.get("v", width)), width):] = False
+        else:
+            row.copy_(unpack_rows(packed_set(x, width).unsqueeze(0), width)[0])
+    return out
+
+
+def device_masks(items, width, device, packed=None):
+    """The allowed masks of items' rows ("x") as bool [rows, width] on the
+    device (True everywhere for a row without a mask); None when no row
+    has one. Off the CPU (packed None or True) they go up as one packed
+    bitset and are unpacked on the device; on the CPU, where nothing goes
+    up, they are written straight into one bool tensor."""
     xs = [p.get("x") for p, _ in items]
     if not any(x is not None for x in xs):
         return None
+    if packed is None:
+        packed = torch.device(device).type != "cpu"
+    if not packed:
+        return host_masks(xs, width).to(device)
     return unpack_rows(to_device(packed_rows(xs, width), device), width)
 
 

@@ -3,8 +3,10 @@ sampling.py) and of how a device chain cuts constrained inputs at the
 first token outside their loop (runtime/lookahead.py):
 
 - every form of token set ("a", "d" with and without "v", "b"), with
-  duplicate and out-of-range ids and widths that are not a multiple of 8,
-  decodes to the same tokens as a direct reading of the protocol;
+  duplicate, unsorted and out-of-range ids and widths that are not a
+  multiple of 8, decodes to the same tokens as a direct reading of the
+  protocol, through the packed bitset (the GPU's path) and straight into
+  bool rows (the CPU's);
 - sample_rows with the batched masks samples what a per-row masked_fill
   samples (greedy and seeded temperature), with the same logprobs;
 - _finish of a chain with loops keeps every input's tokens up to the first
@@ -56,12 +58,17 @@ def random_set(rng, width):
 def check_sets(rng):
     width = rng.randrange(1, 300)
     xs = [random_set(rng, width) if rng.random() < 0.8 else None for _ in range(rng.randrange(1, 6))]
-    got = sampling.unpack_rows(sampling.packed_rows(xs, width), width)
-    assert got.shape == (len(xs), width), got.shape
-    for r, x in enumerate(xs):
-        want = set(range(width)) if x is None else reference(x, width)
-        have = set(got[r].nonzero().flatten().tolist())
-        assert have == want, (x, width, sorted(have ^ want)[:10])
+    items = [({"x": x} if x is not None else {}, None) for x in xs]
+    if all(x is None for x in xs):
+        items.append(({"x": {"a": [0]}}, None))
+        xs.append({"a": [0]})
+    for packed in (True, False):
+        got = sampling.device_masks(items, width, "cpu", packed=packed)
+        assert got.shape == (len(xs), width), got.shape
+        for r, x in enumerate(xs):
+            want = set(range(width)) if x is None else reference(x, width)
+            have = set(got[r].nonzero().flatten().tolist())
+            assert have == want, (packed, x, width, sorted(have ^ want)[:10])
 
 
 def check_sampling(rng):
