@@ -22,6 +22,11 @@ import torch
 
 from upload import to_device
 
+try:
+    import numpy as _np
+except ImportError:  # torch runs without numpy; unpacking then uses torch ops
+    _np = None
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -171,6 +176,8 @@ _SHIFTS = {}
 def unpack_rows(packed, width):
     """Bits of a [rows, bytes] uint8 bitset tensor as bool [rows, width],
     on the tensor's device."""
+    if packed.device.type == "cpu" and _np is not None:
+        return torch.from_numpy(_np.unpackbits(packed.numpy(), axis=-1, bitorder="little")[:, :width].view(_np.bool_))
     sh = _SHIFTS.get(packed.device)
     if sh is None:
         sh = _SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)

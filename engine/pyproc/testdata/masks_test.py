@@ -62,8 +62,13 @@ def check_sets(rng):
     if all(x is None for x in xs):
         items.append(({"x": {"a": [0]}}, None))
         xs.append({"a": [0]})
-    for packed in (True, False):
-        got = sampling.device_masks(items, width, "cpu", packed=packed)
+    np = sampling._np
+    for packed, numpy in ((True, True), (True, False), (False, True)):
+        sampling._np = np if numpy else None  # without numpy: the shifts the GPU runs
+        try:
+            got = sampling.device_masks(items, width, "cpu", packed=packed)
+        finally:
+            sampling._np = np
         assert got.shape == (len(xs), width), got.shape
         for r, x in enumerate(xs):
             want = set(range(width)) if x is None else reference(x, width)
