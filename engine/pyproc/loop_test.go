@@ -2,6 +2,7 @@ package pyproc
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -239,5 +240,52 @@ func TestLoopThroughServer(t *testing.T) {
 	t.Logf("worker requests: %d without lookahead, %d with it", offTrips, onTrips)
 	if onTrips >= offTrips*3/4 {
 		t.Fatalf("%d worker requests with lookahead against %d without: loops barely ran", onTrips, offTrips)
+	}
+}
+
+// TestLoopBadFields: a negative LoopSteps or a loop shorter than the
+// vocabulary's mask is refused with engine.ErrInvalidParam.
+func TestLoopBadFields(t *testing.T) {
+	m := load(t, newEngine(t, WithLookahead(4)), tiny(t))
+	v := m.Info().VocabSize
+	all := make([]uint64, engine.MaskWords(v))
+	for i := range all {
+		all[i] = ^uint64(0)
+	}
+	feed := openFeed(t, m, 1, prompt(1, 5))
+	defer m.Free(1, "")
+	for _, in := range []engine.StepInput{
+		{Seq: 1, Tokens: feed, Sample: true, Params: greedy, Allowed: all, Loop: all, LoopSteps: -1},
+		{Seq: 1, Tokens: feed, Sample: true, Params: greedy, Allowed: all, Loop: all[:1], LoopSteps: 3},
+	} {
+		if _, err := m.Step(context.Background(), []engine.StepInput{in}); !errors.Is(err, engine.ErrInvalidParam) {
+			t.Errorf("LoopSteps %d, loop of %d words: %v, want engine.ErrInvalidParam", in.LoopSteps, len(in.Loop), err)
+		}
+	}
+}
+
+// TestLoopAdaptLimit: constrained inputs ask for as many tokens as
+// earlier rounds were served, and after rounds that served nothing ask
+// for one, with a probe of 2 every 8th round.
+func TestLoopAdaptLimit(t *testing.T) {
+	l := loopAdapt{run: 8}
+	if n := l.limit(8); n != 8 {
+		t.Fatalf("first round: %d, want 8", n)
+	}
+	var got []int
+	for range 16 { // rounds that ask and are never served
+		l.asked = true
+		got = append(got, l.limit(8))
+	}
+	want := []int{7, 4, 3, 2, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1}
+	if !slices.Equal(got, want) {
+		t.Fatalf("limits %v, want %v", got, want)
+	}
+	for range 6 { // rounds whose tokens all serve
+		l.asked, l.served = true, 7
+		l.limit(8)
+	}
+	if n := l.limit(8); n != 8 {
+		t.Fatalf("after served rounds: %d, want 8", n)
 	}
 }
