@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -66,16 +65,8 @@ func BenchmarkConstrained(b *testing.B) {
 		for _, k := range []int{1, 8} {
 			b.Run(fmt.Sprintf("batch=%d/lookahead=%d", batch, k), func(b *testing.B) {
 				e := newEngine(b, WithLookahead(k))
-				srv, err := mlxserving.New(e)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer srv.Close()
-				ctx := context.Background()
-				if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "m", Path: benchModel(b), MaxBatch: 32}); err != nil {
-					b.Fatal(err)
-				}
-				p, err := e.slots[0].current(ctx, e.closing)
+				srv := newServer(b, e, engine.ModelSpec{ID: "m", Path: benchModel(b), MaxBatch: 32})
+				p, err := e.slots[0].current(context.Background(), e.closing)
 				if err != nil {
 					b.Fatal(err)
 				}

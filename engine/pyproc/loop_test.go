@@ -7,7 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -206,16 +205,8 @@ func TestLoopThroughServer(t *testing.T) {
 	}
 	run := func(k int) ([]string, uint64) {
 		e := newEngine(t, WithLookahead(k))
-		srv, err := mlxserving.New(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		ctx := context.Background()
-		if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)}); err != nil {
-			t.Fatal(err)
-		}
-		p, err := e.slots[0].current(ctx, e.closing)
+		srv := newServer(t, e, engine.ModelSpec{ID: "tiny", Path: tiny(t)})
+		p, err := e.slots[0].current(context.Background(), e.closing)
 		if err != nil {
 			t.Fatal(err)
 		}

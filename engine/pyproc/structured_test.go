@@ -18,16 +18,7 @@ import (
 // logits deciding among allowed tokens) end with complete documents that
 // validate.
 func TestStructuredThroughServer(t *testing.T) {
-	e := newEngine(t)
-	srv, err := mlxserving.New(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx := context.Background()
-	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)}); err != nil {
-		t.Fatal(err)
-	}
+	srv := newServer(t, newEngine(t), engine.ModelSpec{ID: "tiny", Path: tiny(t)})
 	schemas := []string{
 		`{"type":"object","properties":{"name":{"type":"string","maxLength":10},"age":{"type":"integer","minimum":0,"maximum":99}},"required":["name","age"],"additionalProperties":false}`,
 		`{"type":"array","items":{"enum":["red","green","blue"]},"minItems":1,"maxItems":4}`,
@@ -40,6 +31,21 @@ func TestStructuredThroughServer(t *testing.T) {
 			structuredDoc(t, srv, schema, i, engine.SamplingParams{Temperature: 1, Seed: seed, HasSeed: true})
 		}
 	}
+}
+
+// newServer serves spec on e for a test or benchmark and closes the
+// server at its end.
+func newServer(t testing.TB, e *Engine, spec engine.ModelSpec) *mlxserving.Server {
+	t.Helper()
+	srv, err := mlxserving.New(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := srv.LoadModel(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	return srv
 }
 
 // structuredDoc generates a document of schema through srv (model
