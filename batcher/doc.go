@@ -13,7 +13,11 @@
 // A constrained sequence (Sequence.Constraint) whose grammar forces its
 // next tokens — a key name, a closing brace, the rest of an enum value —
 // gets them appended without a forward pass each and fed with its next
-// decode (jump-forward decoding, [WithJumpForward]).
+// decode (jump-forward decoding, [WithJumpForward]). One whose grammar
+// loops (a [Looper]: inside a free string) passes the loop to the engine
+// (engine.StepInput.Loop), which may decode ahead under the same mask,
+// and keeps its mask after a token in the loop instead of computing it
+// again.
 //
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus

@@ -93,6 +93,11 @@ type Sequence struct {
 	forced      int            // tokens jump-forward appended after the last sampled one, fed with it
 	forcedTotal int            // tokens jump-forward appended over the sequence's life
 	maskReady   bool           // mask was filled for this step
+	// loop and loopLeft: the Constraint's loop at mask (Looper), steps
+	// left; a token accepted in it leaves mask as it is (maskKept).
+	loop     []uint64
+	loopLeft int
+	maskKept bool
 }
 
 // Constraint restricts which tokens a sequence may sample, one step at a
@@ -106,6 +111,17 @@ type Constraint interface {
 	Accept(tok int32) error
 	// Done reports that nothing but the end may follow.
 	Done() bool
+}
+
+// Looper is implemented by constraints that know when their mask stays
+// the same (engine/grammar's Matcher does): the batcher passes the loop to
+// the engine (engine.StepInput.Loop), which may then decode several
+// tokens ahead of a constrained sequence, and reuses the mask after a
+// token in the loop instead of computing it again.
+type Looper interface {
+	// Loop fills loop with the tokens after any of which the mask stays
+	// the same, for up to steps tokens in a row; 0 means no loop.
+	Loop(loop []uint64) (steps int)
 }
 
 // Forcer is implemented by constraints that know the tokens the output

@@ -38,6 +38,9 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 			// The last sampled token, and the tokens jump-forward
 			// appended after it.
 			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1-s.forced:], Sample: true, Params: &s.params, Allowed: allowed})
+			if allowed != nil && s.loopLeft > 0 {
+				in[len(in)-1].Loop, in[len(in)-1].LoopSteps = s.loop, s.loopLeft
+			}
 			seqs = append(seqs, s)
 			budget -= 1 + s.forced
 			decode++
@@ -194,6 +197,13 @@ func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
 		return true
 	}
 	if s.Constraint != nil {
+		// The mask stays while the tokens accepted are in the loop.
+		s.maskKept = s.loopLeft > 0 && engine.MaskAllows(s.loop, tok)
+		if s.maskKept {
+			s.loopLeft--
+		} else {
+			s.loopLeft = 0
+		}
 		if err := s.Constraint.Accept(tok); err != nil {
 			b.free(s, "")
 			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
@@ -369,10 +379,25 @@ func (b *ContinuousBatcher) fillMasks() {
 	clear(todo)
 }
 
+// fillMask computes s's mask and loop for its next sample, or keeps the
+// mask when the tokens accepted since it was computed stayed in its loop
+// (with steps of the loop left to pass on).
 func (b *ContinuousBatcher) fillMask(s *Sequence) {
+	s.maskReady = true
+	if s.mask != nil && s.maskKept && s.loopLeft > 0 {
+		s.maskKept = false
+		return
+	}
+	s.maskKept = false
 	if s.mask == nil {
 		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
 	}
 	s.Constraint.FillMask(s.mask)
-	s.maskReady = true
+	s.loopLeft = 0
+	if l, ok := s.Constraint.(Looper); ok {
+		if s.loop == nil {
+			s.loop = make([]uint64, engine.MaskWords(b.info.VocabSize))
+		}
+		s.loopLeft = l.Loop(s.loop)
+	}
 }

@@ -143,6 +143,19 @@ type StepInput struct {
 	// minus infinity before log-probabilities and sampling. Read when
 	// Sample is set; the engine does not keep it past Step.
 	Allowed []uint64
+	// Loop and LoopSteps, when LoopSteps > 0, say that Allowed stays the
+	// same for the next LoopSteps steps as long as each token sampled is
+	// in Loop (same bit layout as Allowed; constrained decoding fills them
+	// from grammar.Matcher.Loop). An engine may then decode up to
+	// LoopSteps tokens ahead under Allowed, stopping after the first
+	// token outside Loop (still valid: it was sampled under Allowed), and
+	// serve them to the next steps without a round trip — but only to a
+	// step whose Allowed equals, word for word, the mask they were decoded
+	// under; it checks that and otherwise drops them and samples anew.
+	// Read when Sample and Allowed are set; the engine does not keep them
+	// past Step. Zero LoopSteps: no loop.
+	Loop      []uint64
+	LoopSteps int
 }
 
 // StepOutput is the token sampled for one StepInput with Sample set.

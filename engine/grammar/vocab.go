@@ -35,6 +35,11 @@ type Vocab struct {
 	// states and their token sets (see warm.go).
 	regexes *lru.Cache[string, *regex]
 	enc     Encoder // for ForcedTokens; nil: nothing is forced
+	// loops is built on the first Matcher.Loop (loop.go).
+	loops struct {
+		once sync.Once
+		set  *loopSet
+	}
 }
 
 // NewVocab prepares a vocabulary. pieces[id] are the bytes token id

@@ -98,21 +98,22 @@ func BenchmarkServe(b *testing.B) {
 			}
 			tokens := 0
 			for b.Loop() {
-				tokens += serveAll(b, srv, 16, 32, bc.concurrent)
+				tokens += serveAll(b, srv, "tiny", 16, api.Params{MaxTokens: 32, IgnoreEOS: true}, bc.concurrent)
 			}
 			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
 		})
 	}
 }
 
-func serveAll(b *testing.B, srv *mlxserving.Server, n, maxTokens int, concurrent bool) int {
+// serveAll generates n requests with params p on model (prompts of 16
+// tokens), at once or one after another, and returns their tokens.
+func serveAll(b *testing.B, srv *mlxserving.Server, model string, n int, p api.Params, concurrent bool) int {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	total := 0
 	one := func(i int) {
 		defer wg.Done()
-		st, err := srv.Generate(context.Background(), api.Request{Model: "tiny", PromptTokens: prompt(i, 16),
-			Params: api.Params{MaxTokens: maxTokens, IgnoreEOS: true}})
+		st, err := srv.Generate(context.Background(), api.Request{Model: model, PromptTokens: prompt(i, 16), Params: p})
 		if err != nil {
 			b.Error(err)
 			return

@@ -3,9 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -187,11 +185,5 @@ func TestCancelledStepFreesBlocks(t *testing.T) {
 // exact reference counts) and against the KV each sequence reads back
 // through its block table.
 func TestPagedRandom(t *testing.T) {
-	out, err := exec.Command(python(t), "testdata/paged_test.py", "runtime", "3000", "1").CombinedOutput()
-	if err != nil {
-		t.Fatalf("paged_test.py: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), " passed, 0 failed") {
-		t.Fatalf("paged_test.py did not report its checks:\n%s", out)
-	}
+	runPyCheck(t, "testdata/paged_test.py", "runtime", "3000", "1")
 }

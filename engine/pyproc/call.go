@@ -144,7 +144,15 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		b = append(b, "],"...)
 		b = strconv.AppendBool(b, in.Sample)
 		b = append(b, ',')
+		var loop []uint64
+		steps := 0
+		if n > 1 && in.Allowed != nil {
+			loop, steps = in.Loop, n-1
+		}
 		b = appendParams(b, in.Params, in.Sample, in.Allowed, vocab)
+		if loop != nil {
+			b = appendLoop(b[:len(b)-1], loop, steps, vocab)
+		}
 		if n > 1 || back > 0 {
 			b = append(b, ',')
 			b = strconv.AppendInt(b, int64(n), 10)
@@ -159,8 +167,11 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 // appendParams writes the compact sampling object PROTOCOL.md describes;
 // zero fields are left out.
 func appendParams(b []byte, p *engine.SamplingParams, sample bool, allowed []uint64, vocab int) []byte {
-	if p == nil || !sample {
+	if !sample {
 		return append(b, "{}"...)
+	}
+	if p == nil {
+		p = &engine.SamplingParams{} // greedy; the mask still applies
 	}
 	b = append(b, '{')
 	first := true
@@ -243,10 +254,27 @@ func appendBias(b []byte, bias map[int32]float32) []byte {
 	return append(b, ']')
 }
 
+// appendLoop ends a params object that holds a mask with the loop of a
+// constrained input decoded ahead (PROTOCOL.md, "Lookahead"): "lp" its
+// tokens in a mask's form and "ls" how many tokens ahead it holds for.
+func appendLoop(b []byte, loop []uint64, steps, vocab int) []byte {
+	b = append(b, ',')
+	b = appendTokenSet(b, `"lp":`, loop, vocab)
+	b = append(b, `,"ls":`...)
+	b = strconv.AppendInt(b, int64(steps), 10)
+	return append(b, '}')
+}
+
 // appendMask writes the step's allowed-token mask as "x", in the smallest
 // of three forms (PROTOCOL.md): the allowed ids ("a"), the disallowed ids
 // ("d", with "v" the vocabulary size), or the bitset in base64 ("b").
 func appendMask(b []byte, mask []uint64, vocab int) []byte {
+	return appendTokenSet(b, `"x":`, mask, vocab)
+}
+
+// appendTokenSet writes key (with its quotes and colon) and the token set
+// in mask in the smallest of appendMask's forms.
+func appendTokenSet(b []byte, key string, mask []uint64, vocab int) []byte {
 	words := engine.MaskWords(vocab)
 	allowed := 0
 	for i, w := range mask[:words] {
@@ -259,9 +287,11 @@ func appendMask(b []byte, mask []uint64, vocab int) []byte {
 	bitset := (vocab/8 + 2) * 4 / 3
 	switch {
 	case allowed*idBytes <= bitset:
-		return append(appendIDs(append(b, `"x":{"a":[`...), mask, vocab, true), '}')
+		b = append(append(b, key...), `{"a":[`...)
+		return append(appendIDs(b, mask, vocab, true), '}')
 	case (vocab-allowed)*idBytes <= bitset:
-		b = appendIDs(append(b, `"x":{"d":[`...), mask, vocab, false)
+		b = append(append(b, key...), `{"d":[`...)
+		b = appendIDs(b, mask, vocab, false)
 		b = append(b, `,"v":`...)
 		return append(strconv.AppendInt(b, int64(vocab), 10), '}')
 	}
@@ -273,7 +303,7 @@ func appendMask(b []byte, mask []uint64, vocab int) []byte {
 	if vocab%8 != 0 {
 		raw[len(raw)-1] &= 1<<(vocab%8) - 1
 	}
-	b = append(b, `"x":{"b":"`...)
+	b = append(append(b, key...), `{"b":"`...)
 	b = base64.StdEncoding.AppendEncode(b, raw)
 	return append(b, `"}`...)
 }

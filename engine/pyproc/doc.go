@@ -31,7 +31,10 @@
 // embedding and the fused norms, and Step hands them out without a round
 // trip per token; stop conditions stay the caller's, at the cost of at
 // most 7 wasted tokens per finished sequence. On the CPU (and for the
-// repetition penalty) every token is one round trip.
+// repetition penalty) every token is one round trip. A constrained input
+// (StepInput.Allowed) decodes ahead only with a loop (StepInput.Loop:
+// inside a free string), under the same mask, and its tokens are served
+// only to steps that pass that mask again.
 //
 // Use:
 //

@@ -2,6 +2,7 @@ package pyproc
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -16,6 +17,12 @@ import (
 // sequence back first: the worker drops the tokens it fed ahead. Stop
 // conditions stay the caller's: a sequence freed early wastes at most k-1
 // decoded tokens.
+//
+// A constrained input (Allowed set) decodes ahead only when it carries a
+// loop (StepInput.Loop): the worker samples the next tokens under the
+// same mask while each token it samples is in the loop, and stops after
+// the first one outside it. The buffered tokens remember that mask and
+// are served only to a step whose Allowed equals it.
 
 // defaultLookaheadCUDA is the lookahead used on CUDA when WithLookahead
 // leaves the choice to the engine. On the CPU it is 1 (off): there a
@@ -33,11 +40,47 @@ const maxLookahead = 64
 // sequence decodes fastest with it.
 const lookaheadMaxBatch = 32
 
+// loopAdapt sets how far constrained inputs decode ahead from how far
+// that got before: a step is answered from the buffers only when every
+// input has a token there, and among several constrained sequences one
+// usually leaves its loop within a token or two, after which the tokens
+// decoded ahead cost forward passes and save no round trip.
+type loopAdapt struct {
+	run    float64 // running mean of the steps answered wholly from buffers after a round that decoded constrained inputs ahead
+	served int     // such steps since the last round
+	asked  bool    // the last round decoded constrained inputs ahead
+	rounds int     // rounds since run fell under one step
+}
+
+// limit is called once per round to the worker: it folds in how the
+// previous round went and returns how many tokens a constrained input
+// may ask for in this one (at most k). Under a step per round it asks
+// for one only, except that every 8th round tries 2 to see whether the
+// batch's loops got longer.
+func (l *loopAdapt) limit(k int) int {
+	if l.asked {
+		l.run = 0.5*l.run + 0.5*float64(l.served)
+	}
+	l.asked, l.served = false, 0
+	n := min(k, 1+int(1.5*l.run+0.5))
+	if n > 1 {
+		l.rounds = 0
+		return n
+	}
+	if l.rounds++; l.rounds%8 == 0 {
+		return min(k, 2)
+	}
+	return 1
+}
+
 // ahead is one sequence's lookahead state.
 type ahead struct {
 	last int32               // the token Step returned last
 	has  bool                // last is set
 	buf  []engine.StepOutput // tokens decoded ahead, not yet returned
+	// mask is the allowed mask buf was decoded under, when masked.
+	mask   []uint64
+	masked bool
 }
 
 // inPlan says how one input of a Step goes to the worker.
@@ -70,22 +113,46 @@ func lookaheadFor(configured int, device string, hellos []reply) int {
 }
 
 // canLookahead reports whether a sampling input's tokens may be decoded
-// ahead: not with a per-step allowed-token mask (the caller computes the
-// next one from the token it is given), nor with parameters applied on
-// the host from the sequence's tokens or returned per token beside it
-// (penalties, logit bias, top log-probabilities). The worker applies the
-// same rule (lookahead.allowed).
+// ahead: not with a per-step allowed-token mask unless it carries a loop
+// (otherwise the caller computes the next mask from the token it is
+// given), nor with parameters applied on the host from the sequence's
+// tokens or returned per token beside it (penalties, logit bias, top
+// log-probabilities). The worker applies the same rule
+// (lookahead.allowed).
 func canLookahead(in *engine.StepInput) bool {
-	p := in.Params
-	return in.Allowed == nil && (p == nil || ((p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
-		!p.Adjusts() && p.TopLogprobs == 0))
+	return (in.Allowed == nil || in.LoopSteps > 0) && plainParams(in.Params)
+}
+
+// plainParams reports whether sampling with p depends on nothing the
+// caller does between tokens.
+func plainParams(p *engine.SamplingParams) bool {
+	return p == nil || ((p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) && !p.Adjusts() && p.TopLogprobs == 0)
+}
+
+// aheadFor is the number of tokens a one-token sampling input asks the
+// worker for with lookahead k: k, or for a constrained input at most
+// masked (loopAdapt.limit) and its loop's steps and one.
+func aheadFor(in *engine.StepInput, k, masked int) int {
+	if in.Allowed != nil {
+		return min(k, masked, in.LoopSteps+1)
+	}
+	return k
 }
 
 // servable reports whether input in can take its output from the
-// sequence's lookahead buffer.
+// sequence's lookahead buffer: it feeds the token it was given last, and
+// its mask is the one the buffer was decoded under (both nil, or equal
+// word for word: a caller may refill the same slice, so its address
+// proves nothing).
 func servable(in *engine.StepInput, st *ahead) bool {
-	return st != nil && len(st.buf) > 0 && st.has && in.Sample && len(in.Tokens) == 1 &&
-		in.Tokens[0] == st.last && canLookahead(in)
+	if st == nil || len(st.buf) == 0 || !st.has || !in.Sample || len(in.Tokens) != 1 ||
+		in.Tokens[0] != st.last || !plainParams(in.Params) {
+		return false
+	}
+	if in.Allowed == nil || !st.masked {
+		return in.Allowed == nil && !st.masked
+	}
+	return slices.Equal(in.Allowed[:len(st.mask)], st.mask)
 }
 
 // fromBuffers answers the whole step from the lookahead buffers, or
@@ -100,6 +167,9 @@ func (m *Model) fromBuffers(batch []engine.StepInput) []engine.StepOutput {
 	for i := range batch {
 		st := m.look[batch[i].Seq]
 		outs[i] = st.pop()
+	}
+	if m.loops.asked {
+		m.loops.served++
 	}
 	return outs
 }
@@ -122,6 +192,10 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 	if len(batch) > lookaheadMaxBatch {
 		k = 1 // buffered tokens are still served
 	}
+	masked := 0
+	if k > 1 {
+		masked = m.loops.limit(k)
+	}
 	for i := range batch {
 		in := &batch[i]
 		st := m.look[in.Seq]
@@ -129,7 +203,9 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 		switch {
 		case m.k > 1 && servable(in, st):
 			p.served = true
-			if n := k - len(st.buf); n >= 1 {
+			// A masked buffer is not topped up: whether the mask holds
+			// after its last token is the caller's to say.
+			if n := k - len(st.buf); n >= 1 && !st.masked {
 				p.send, p.n = []int32{st.buf[len(st.buf)-1].Token}, n
 			}
 		default:
@@ -143,7 +219,8 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			// never delays time to first token; decoding ahead starts
 			// with the next step.
 			if k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
-				p.n = k
+				p.n = aheadFor(in, k, masked)
+				m.loops.asked = m.loops.asked || (in.Allowed != nil && p.n > 1)
 			}
 		}
 		plan = append(plan, p)
@@ -198,5 +275,9 @@ func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine
 		return o, nil
 	}
 	st.buf = append(st.buf[:0], got...)
+	st.masked = in.Allowed != nil
+	if st.masked {
+		st.mask = append(st.mask[:0], in.Allowed[:engine.MaskWords(m.info.VocabSize)]...)
+	}
 	return st.pop(), nil
 }

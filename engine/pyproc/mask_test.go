@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -58,6 +59,28 @@ func TestMaskEncodings(t *testing.T) {
 			feed = []int32{out[0].Token}
 		}
 		m.Free(id, "")
+	}
+}
+
+// TestMasksRandom runs testdata/masks_test.py: random token sets in every
+// form decode on the worker to the tokens PROTOCOL.md says, the batched
+// masks sample as a per-row fill does, and a device chain keeps exactly
+// the tokens up to the first exit from a loop (the CUDA path's host side,
+// which the CPU tests do not reach otherwise).
+func TestMasksRandom(t *testing.T) {
+	runPyCheck(t, "testdata/masks_test.py", "runtime", "300", "1")
+}
+
+// runPyCheck runs a Python check script of testdata with the test
+// interpreter and fails unless it reports " passed, 0 failed".
+func runPyCheck(t *testing.T, script string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(python(t), append([]string{script}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", script, err, out)
+	}
+	if !strings.Contains(string(out), " passed, 0 failed") {
+		t.Fatalf("%s did not report its checks:\n%s", script, out)
 	}
 }
 

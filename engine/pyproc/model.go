@@ -35,8 +35,9 @@ type Model struct {
 	affinityHits, affinityMissed int64
 	// Lookahead (lookahead.go): tokens per worker round trip, 1 when off,
 	// and the tokens decoded ahead per sequence.
-	k    int
-	look map[engine.SeqID]*ahead
+	k     int
+	look  map[engine.SeqID]*ahead
+	loops loopAdapt // how far constrained inputs decode ahead
 
 	// Paged KV (blocks.go): each worker's pool as its replies report it,
 	// and each worker's pool size by slot index.
@@ -112,6 +113,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		m.blocksPer = append(m.blocksPer, w.KVBlocks)
 	}
 	m.k = lookaheadFor(e.cfg.lookahead, infos[0].Device, m.hellos())
+	m.loops.run = float64(m.k) // optimistic until rounds tell otherwise
 	m.info.Resumes = capable(m.hellos(), "resume")
 	m.info.JumpForward = capable(m.hellos(), "jump_forward")
 	e.mu.Lock()

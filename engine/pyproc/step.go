@@ -100,12 +100,27 @@ func (m *Model) checkBatch(batch []engine.StepInput) error {
 			if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
 				return err
 			}
+			if err := checkLoop(in, m.info.VocabSize); err != nil {
+				return err
+			}
 		}
 		for j := 0; j < i; j++ {
 			if batch[j].Seq == in.Seq {
 				return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in one batch", in.Seq)}
 			}
 		}
+	}
+	return nil
+}
+
+// checkLoop refuses a negative LoopSteps and a loop too short for the
+// vocabulary.
+func checkLoop(in *engine.StepInput, vocab int) error {
+	switch {
+	case in.LoopSteps < 0:
+		return &engine.InvalidParamError{Param: "loop", Reason: fmt.Sprintf("sequence %d: LoopSteps %d is negative", in.Seq, in.LoopSteps)}
+	case in.LoopSteps > 0 && len(in.Loop) < engine.MaskWords(vocab):
+		return &engine.InvalidParamError{Param: "loop", Reason: fmt.Sprintf("sequence %d: loop of %d words; a vocabulary of %d needs %d", in.Seq, len(in.Loop), vocab, engine.MaskWords(vocab))}
 	}
 	return nil
 }

@@ -18,16 +18,7 @@ import (
 // logits deciding among allowed tokens) end with complete documents that
 // validate.
 func TestStructuredThroughServer(t *testing.T) {
-	e := newEngine(t)
-	srv, err := mlxserving.New(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx := context.Background()
-	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)}); err != nil {
-		t.Fatal(err)
-	}
+	srv := newServer(t, newEngine(t), engine.ModelSpec{ID: "tiny", Path: tiny(t)})
 	schemas := []string{
 		`{"type":"object","properties":{"name":{"type":"string","maxLength":10},"age":{"type":"integer","minimum":0,"maximum":99}},"required":["name","age"],"additionalProperties":false}`,
 		`{"type":"array","items":{"enum":["red","green","blue"]},"minItems":1,"maxItems":4}`,
@@ -36,39 +27,66 @@ func TestStructuredThroughServer(t *testing.T) {
 		`{"$defs":{"p":{"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}},"required":["x","y"],"additionalProperties":false}},"type":"array","items":{"$ref":"#/$defs/p"},"maxItems":2}`,
 	}
 	for i, schema := range schemas {
-		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := jsonschema.NewCompiler()
-		if err := c.AddResource("s.json", doc); err != nil {
-			t.Fatal(err)
-		}
-		val, err := c.Compile("s.json")
-		if err != nil {
-			t.Fatal(err)
-		}
 		for seed := uint64(0); seed < 3; seed++ {
-			p := api.Params{MaxTokens: 300, JSONSchema: []byte(schema),
-				Sampling: engine.SamplingParams{Temperature: 1, Seed: seed, HasSeed: true}}
-			st, err := srv.Generate(ctx, api.Request{Model: "tiny", Prompt: fmt.Sprintf("Give me JSON %d:", i), Params: p})
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, err := st.Collect()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Finish != api.FinishStop {
-				t.Fatalf("schema %d seed %d: finish %q after %d tokens: %q", i, seed, res.Finish, len(res.Tokens), res.Text)
-			}
-			v, err := jsonschema.UnmarshalJSON(strings.NewReader(res.Text))
-			if err != nil {
-				t.Fatalf("schema %d seed %d: %q is not JSON: %v", i, seed, res.Text, err)
-			}
-			if err := val.Validate(v); err != nil {
-				t.Fatalf("schema %d seed %d: %q does not validate: %v", i, seed, res.Text, err)
-			}
+			structuredDoc(t, srv, schema, i, engine.SamplingParams{Temperature: 1, Seed: seed, HasSeed: true})
 		}
+	}
+}
+
+// newServer serves spec on e for a test or benchmark and closes the
+// server at its end.
+func newServer(t testing.TB, e *Engine, spec engine.ModelSpec) *mlxserving.Server {
+	t.Helper()
+	srv, err := mlxserving.New(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := srv.LoadModel(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// structuredDoc generates a document of schema through srv (model
+// "tiny", prompt i) and checks that it ends with "stop" and validates.
+func structuredDoc(t *testing.T, srv *mlxserving.Server, schema string, i int, sp engine.SamplingParams) string {
+	t.Helper()
+	p := api.Params{MaxTokens: 300, JSONSchema: []byte(schema), Sampling: sp}
+	st, err := srv.Generate(context.Background(), api.Request{Model: "tiny", Prompt: fmt.Sprintf("Give me JSON %d:", i), Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Finish != api.FinishStop {
+		t.Fatalf("schema %d %+v: finish %q after %d tokens: %q", i, sp, res.Finish, len(res.Tokens), res.Text)
+	}
+	validate(t, schema, res.Text)
+	return res.Text
+}
+
+func validate(t *testing.T, schema, text string) {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("s.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	val, err := c.Compile("s.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("%q is not JSON: %v", text, err)
+	}
+	if err := val.Validate(v); err != nil {
+		t.Fatalf("%q does not validate against %s: %v", text, schema, err)
 	}
 }

@@ -9,21 +9,56 @@ sequence the caller feeds something else is rolled back ("back").
 On CUDA with the Triton kernels the extra steps run from device tensors:
 the sampled tokens feed the next step's graph without a host round trip,
 and the host reads all the tokens once at the end.
+
+A constrained input (mask "x") runs ahead only with a loop: "lp" the
+tokens after which its mask stays the same and "ls" for how many steps.
+Its extra tokens are sampled under the same mask, and it stops after the
+first token outside the loop (on the device chain the later tokens are
+decoded anyway and dropped, their draws taken back).
 """
 import torch
 
 from upload import to_device
-from sampling import _filter, _generator, draw, note_fed, sample_rows
+from sampling import _filter, _generator, apply_masks, device_masks, draw, note_fed, packed_set, sample_rows
 
 MAX_AHEAD = 64
 _PLAIN = {"t", "k", "p", "m", "s", "l", "g"}
+_LOOP = {"x", "lp", "ls"}
 
 
 def allowed(params):
     """Whether a sequence with these sampling parameters may run ahead:
     only parameters that do not depend on what the caller does between
-    tokens (not the repetition penalty, not anything newer)."""
+    tokens (not the repetition penalty, not anything newer), and a mask
+    only with its loop."""
+    if "x" in params:
+        return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in _PLAIN or k in _LOOP for k in params)
     return all(k in _PLAIN for k in params)
+
+
+def loops(items, width):
+    """Per input, the host bitset of its loop's tokens, or None when it
+    has no mask (nothing stops it early)."""
+    return [packed_set(p["lp"], width) if "x" in p and "lp" in p else None for p, _ in items]
+
+
+def in_loop(bits, tok):
+    """Whether tok continues a loop (bits from loops)."""
+    return bits is None or (int(bits[tok >> 3]) >> (tok & 7)) & 1 == 1
+
+
+def exit_at(bits, first, toks):
+    """How many of toks (sampled after first, when first is not None) an
+    input keeps when it leaves its loop: up to and including the first
+    token outside it; None when it stays in the loop."""
+    if bits is None:
+        return None
+    if first is not None and not in_loop(bits, first):
+        return 0
+    for q, t in enumerate(toks):
+        if not in_loop(bits, t):
+            return q + 1
+    return None
 
 
 def remember(items, device, rows=None):
@@ -59,6 +94,8 @@ def plan(model, batch, seqs):
         n = int(b[4]) if len(b) > 4 and b[4] else 1
         if n > 1 and not allowed(b[3]):
             n = 1
+        if n > 1 and "x" in b[3]:
+            n = min(n, int(b[3]["ls"]) + 1)
         n = max(1, min(n, MAX_AHEAD))
         # This step feeds len(b[1]) tokens; each extra token feeds one more.
         fed = len(s.tokens) + len(b[1])
@@ -116,22 +153,37 @@ def run(model, items, first, want):
 
 def _run_host(model, items, first, want, steps):
     """One ordinary decode step per extra token, through TorchModel's
-    own forward and sampling: any device, any parameters allowed above."""
+    own forward and sampling: any device, any parameters allowed above.
+    A constrained input stops after the first token outside its loop, and
+    the step's other inputs with it (lockstep: the supervisor answers a
+    step from its buffers only when every input has a token there, so
+    tokens past one input's exit would wait for round trips anyway and
+    split the batch). Masks are decoded once for all the steps."""
     more = [[] for _ in items]
     lps = [[] for _ in items]
     last = list(first)
+    width = model.cfg.vocab
+    lb = loops(items, width)
+    if not all(in_loop(b, t) for b, t in zip(lb, first)):
+        return more, None
+    masks = device_masks(items, width, model.device)
     for j in range(1, steps + 1):
         act = [i for i in range(len(items)) if want[i] > j]
+        if not act:
+            break
         sub = [[None, [last[i]], True, items[i][0]] for i in act]
         seqs = [items[i][1] for i in act]
         rows = model._forward(sub, seqs)
         remember(items, model.device, act)
-        toks, lp, _ = sample_rows(rows, [items[i] for i in act], model.device)
+        m = masks[to_device(act, masks.device)] if masks is not None else None
+        toks, lp, _ = sample_rows(rows, [items[i] for i in act], model.device, masks=m)
         for i, t, l in zip(act, toks, lp):
             note_fed(items[i][1], [last[i]])
             more[i].append(t)
             lps[i].append(l)
             last[i] = t
+        if not all(in_loop(lb[i], t) for i, t in zip(act, toks)):
+            want = [min(w, j + 1) for w in want]
     return more, (lps if any(p.get("l") for p, _ in items) else None)
 
 
@@ -140,11 +192,13 @@ def _upload(rows, dev):
     return to_device(rows, dev)
 
 
-def _sample(model, items, logits, active, step):
+def _sample(model, items, logits, active, step, masks):
     """Greedy for every row (the Triton argmax), then the temperature rows
     that are active at this step drawn from their own generators; their
-    logprobs when any input asked."""
+    logprobs when any input asked. masks: the rows' allowed masks
+    (device_masks), applied first."""
     dev = model.device
+    apply_masks(logits, masks)
     nxt = model.model.kern.argmax(logits)
     for i, (p, s) in enumerate(items):
         if active[i] > step and float(p.get("t") or 0) > 0:
@@ -158,7 +212,7 @@ def _sample(model, items, logits, active, step):
 
 
 class _Chain:
-    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event")
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event", "loops")
 
 
 def _launch(model, items, feed, want, done, pre):
@@ -183,13 +237,15 @@ def _launch(model, items, feed, want, done, pre):
                         [rows[i] if run[i] > j else 0 for i in range(S)]] for j in range(ch.steps)], dev)
     outs, outl = [], []
     tok = None
+    masks = device_masks(items, model.cfg.vocab, dev)
+    ch.loops = loops(items, model.cfg.vocab) if masks is not None else None
     for j in range(ch.steps):
         if j == 0 and pre is not None:
             nxt, lp = pre
         else:
             if tok is None:
                 tok = _upload(feed, dev)
-            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j]), run, j)
+            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j]), run, j, masks)
         outs.append(nxt)
         if lp is not None:
             outl.append(lp)
@@ -216,8 +272,10 @@ def _finish(ch):
     toks = ch.host.tolist()
     items, run = ch.items, ch.run
     res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
+    if ch.loops is not None:
+        _cut(ch, res)
     for i, (_, s) in enumerate(items):
-        if run[i] > 0:  # fed: feed[i], then every sampled token but the last
+        if res[i]:  # fed: feed[i], then every sampled token but the last
             s.tokens.append(ch.feed[i])
             s.tokens.extend(res[i][:-1])
             # The step's own tokens were counted when it arrived (done 0).
@@ -226,7 +284,27 @@ def _finish(ch):
     if ch.hostl is None:
         return res, None
     lpv = ch.hostl.tolist()
-    return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(run[i])] for i in range(len(items))]
+    return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(len(res[i]))] for i in range(len(items))]
+
+
+def _cut(ch, res):
+    """Drops the tokens the chain decoded after the first one outside a
+    constrained input's loop: that input's (sampled under a mask that no
+    longer held) and, in lockstep, every other input's (see _run_host),
+    taking back their draws."""
+    exits = [exit_at(b, f if ch.done else None, r) for b, f, r in zip(ch.loops, ch.feed, res)]
+    cut = min((e for e in exits if e is not None), default=None)
+    if cut is None:
+        return
+    for i, (p, s) in enumerate(ch.items):
+        k = min(cut, len(res[i]))
+        drop = len(res[i]) - k
+        if drop == 0:
+            continue
+        del res[i][k:]
+        if float(p.get("t") or 0) > 0 and s.hist and s.gen is not None and len(s.hist) >= drop:
+            s.gen.set_state(s.hist[-drop])
+            del s.hist[-drop:]
 
 
 class Spec:
@@ -244,8 +322,8 @@ class Spec:
         """Speculates the round after chain ch, or returns None when the
         next round cannot be such a step."""
         run = ch.run
-        if ch.steps < 1 or min(run) != ch.steps:
-            return None
+        if ch.steps < 1 or min(run) != ch.steps or ch.loops is not None:
+            return None  # a constrained round's next mask is the caller's
         bs = model.kv.bs
         # The step writes at position len + run: its block must be there.
         if any(len(s.tokens) + 1 + r >= min(model.cfg.context, len(s.blocks) * bs) for (_, s), r in zip(items, run)):
@@ -257,7 +335,7 @@ class Spec:
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
         sp.chain = ch  # its last step's tokens are what the next round feeds
         logits = model.graphs.run_device(ch.last, plan)
-        sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0)
+        sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
         return sp
 
     def take(self, items, tokens):

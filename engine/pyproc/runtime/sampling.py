@@ -7,18 +7,25 @@ p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob,
 n top log-probabilities, pp presence and fp frequency penalty, lb logit
 bias ([[id, bias], ...]), x this step's allowed-token mask ({"a": ids},
 {"d": ids} or {"b": base64 bitset}), g how many of the prompt's last
-tokens were generated before the sequence was resumed.
+tokens were generated before the sequence was resumed, and lp and ls a
+constrained input's loop for lookahead (lookahead.py).
+
+The masks of a step's rows are decoded on the host into one packed
+bitset ([rows, ceil(vocab / 8)] uint8), copied to the device at once,
+unpacked there with shifts and applied with one batched masked_fill (on
+the CPU they are written straight into one bool tensor instead).
 """
 import base64
 import random
 
 import torch
 
+from upload import to_device
+
 try:
     import numpy as _np
-except ImportError:  # torch runs without numpy; the bitset path then uses torch ops
+except ImportError:  # torch runs without numpy; unpacking then uses torch ops
     _np = None
-
 
 _MASK64 = (1 << 64) - 1
 
@@ -113,39 +120,117 @@ def _penalise(row, seq, r):
     return row
 
 
-def allowed_mask(x, width, device):
-    """Decodes the protocol's mask into a bool tensor of width entries;
-    ids past the mask are disallowed."""
+def _ids(ids, limit):
+    """The ids below limit as a tensor, each once (the supervisor sends
+    them sorted and distinct; anything else is sorted here)."""
+    t = torch.tensor(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)
+    if t.numel() > 1 and not bool((t[1:] > t[:-1]).all()):
+        t = t.unique()
+    return t[(t >= 0) & (t < limit)]
+
+
+def _id_bits(ids, nbytes):
+    """The bitset (bit id % 8 of byte id / 8) of the ids below nbytes * 8,
+    as a uint8 tensor: distinct ids set distinct bits of a byte, so their
+    sum per byte is their union."""
+    t = _ids(ids, nbytes * 8)
+    return torch.bincount(t >> 3, weights=(1 << (t & 7)).to(torch.float64), minlength=nbytes).to(torch.uint8)
+
+
+def packed_set(x, width):
+    """Decodes one of the protocol's token sets ({"a": ids}, {"d": ids,
+    "v": vocab} or {"b": base64}) into a uint8 bitset of ceil(width / 8)
+    bytes, on the host; ids at or past width are cleared."""
+    nbytes = (width + 7) // 8
     if "a" in x:
-        m = torch.zeros(width, dtype=torch.bool)
-        ids = [i for i in x["a"] if 0 <= i < width]
-        if ids:
-            m[torch.tensor(ids)] = True
+        row = _id_bits(x["a"], nbytes)
     elif "d" in x:
-        m = torch.ones(width, dtype=torch.bool)
-        ids = [i for i in x["d"] if 0 <= i < width]
-        if ids:
-            m[torch.tensor(ids)] = False
-        if "v" in x and x["v"] < width:
-            m[int(x["v"]):] = False
+        row = 255 - _id_bits(x["d"], nbytes)
+        v = min(int(x.get("v", width)), width)
+        if v < nbytes * 8:
+            row[v >> 3] &= (1 << (v & 7)) - 1
+            row[(v >> 3) + 1:] = 0
     else:
-        m = torch.zeros(width, dtype=torch.bool)
-        bits = _unpack(base64.b64decode(x["b"]))
-        n = min(width, bits.shape[0])
-        m[:n] = bits[:n]
-    return m.to(device)
+        raw = base64.b64decode(x["b"])[:nbytes]
+        row = torch.zeros(nbytes, dtype=torch.uint8)
+        if raw:
+            row[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if width % 8:
+        row[-1] &= (1 << (width % 8)) - 1
+    return row
 
 
-def _unpack(raw):
-    """Bits of raw, least significant first, as a bool tensor."""
-    if _np is not None:
-        return torch.from_numpy(_np.unpackbits(_np.frombuffer(raw, dtype=_np.uint8), bitorder="little").view(_np.bool_))
-    b = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
+def packed_rows(sets, width):
+    """The token sets of several rows as one uint8 host tensor [rows,
+    ceil(width / 8)]; None stands for every token."""
+    rows = [packed_set(x, width) if x is not None else None for x in sets]
+    full = torch.full(((width + 7) // 8,), 255, dtype=torch.uint8)
+    if width % 8:
+        full[-1] = (1 << (width % 8)) - 1
+    return torch.stack([r if r is not None else full for r in rows])
+
+
+_SHIFTS = {}
+
+
+def unpack_rows(packed, width):
+    """Bits of a [rows, bytes] uint8 bitset tensor as bool [rows, width],
+    on the tensor's device."""
+    if packed.device.type == "cpu" and _np is not None:
+        return torch.from_numpy(_np.unpackbits(packed.numpy(), axis=-1, bitorder="little")[:, :width].view(_np.bool_))
+    sh = _SHIFTS.get(packed.device)
+    if sh is None:
+        sh = _SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(-1) >> sh) & 1).flatten(1)[:, :width].bool()
+
+
+def host_masks(sets, width):
+    """The token sets of several rows as one bool host tensor [rows,
+    width], written straight from the ids where a set is a list of them
+    (None stands for every token)."""
+    out = torch.ones(len(sets), width, dtype=torch.bool)
+    for r, x in enumerate(sets):
+        if x is None:
+            continue
+        row = out[r]
+        if "a" in x:
+            row.fill_(False)
+            row[_ids(x["a"], width)] = True
+        elif "d" in x:
+            row[_ids(x["d"], width)] = False
+            row[min(int(x.get("v", width)), width):] = False
+        else:
+            row.copy_(unpack_rows(packed_set(x, width).unsqueeze(0), width)[0])
+    return out
+
+
+def device_masks(items, width, device, packed=None):
+    """The allowed masks of items' rows ("x") as bool [rows, width] on the
+    device (True everywhere for a row without a mask); None when no row
+    has one. Off the CPU (packed None or True) they go up as one packed
+    bitset and are unpacked on the device; on the CPU, where nothing goes
+    up, they are written straight into one bool tensor."""
+    xs = [p.get("x") for p, _ in items]
+    if not any(x is not None for x in xs):
+        return None
+    if packed is None:
+        packed = torch.device(device).type != "cpu"
+    if not packed:
+        return host_masks(xs, width).to(device)
+    return unpack_rows(to_device(packed_rows(xs, width), device), width)
+
+
+def apply_masks(logits, masks):
+    """Sets the logits of disallowed tokens to minus infinity, in place,
+    in one batched operation."""
+    if masks is not None:
+        logits.masked_fill_(~masks[:, :logits.shape[-1]], float("-inf"))
+    return logits
 
 
 def _adjust(row, seq, params):
-    """Penalties, logit bias and the allowed mask, in the engine's order."""
+    """Penalties and logit bias, in the engine's order (the allowed mask
+    follows, for all rows at once: apply_masks)."""
     pp, fp = float(params.get("pp") or 0), float(params.get("fp") or 0)
     counts = getattr(seq, "counts", None)
     if (pp or fp) and counts:
@@ -157,9 +242,6 @@ def _adjust(row, seq, params):
     if lb:
         idx = torch.tensor([int(i) for i, _ in lb], device=row.device)
         row[idx] += torch.tensor([float(b) for _, b in lb], device=row.device, dtype=row.dtype)
-    x = params.get("x")
-    if x:
-        row.masked_fill_(~allowed_mask(x, row.shape[-1], row.device), float("-inf"))
     return row
 
 
@@ -184,10 +266,12 @@ def _filter(row, params):
     return probs
 
 
-def sample_rows(logits, items, device):
-    """logits [S, vocab] float32; items: (params, seq) per row. Returns the
-    sampled token ids, their logprobs (0.0 where not asked) and the top
-    log-probabilities ([] where not asked) as [[id, logprob], ...]."""
+def sample_rows(logits, items, device, masks=False):
+    """logits [S, vocab] float32; items: (params, seq) per row; masks: the
+    rows' allowed masks from device_masks (False: decode them here).
+    Returns the sampled token ids, their logprobs (0.0 where not asked)
+    and the top log-probabilities ([] where not asked) as [[id, logprob],
+    ...]."""
     S = logits.shape[0]
     if S == 0:
         return [], [], []
@@ -196,14 +280,17 @@ def sample_rows(logits, items, device):
             _resume(seq, params)
     pen = [(i, float(p.get("r") or 0), s) for i, (p, s) in enumerate(items)]
     pen = [(i, r, s) for i, r, s in pen if r > 0 and r != 1]
-    adj = [i for i, (p, _) in enumerate(items) if p.get("x") or p.get("lb") or p.get("pp") or p.get("fp")]
-    if pen or adj:
+    adj = [i for i, (p, _) in enumerate(items) if p.get("lb") or p.get("pp") or p.get("fp")]
+    if masks is False:
+        masks = device_masks(items, logits.shape[-1], logits.device)
+    if pen or adj or masks is not None:
         logits = logits.clone()
         for i, r, s in pen:
             logits[i] = _penalise(logits[i], s, r)
         for i in adj:
             params, seq = items[i]
             logits[i] = _adjust(logits[i], seq, params)
+        apply_masks(logits, masks)
     out = torch.argmax(logits, dim=-1)
     for i, (params, seq) in enumerate(items):
         if float(params.get("t") or 0) > 0:
