@@ -49,14 +49,27 @@ type loopAdapt struct {
 	run    float64 // running mean of the steps answered wholly from buffers after a round that decoded constrained inputs ahead
 	served int     // such steps since the last round
 	asked  bool    // the last round decoded constrained inputs ahead
-	rounds int     // rounds since run fell under one step
+	rounds int     // rounds since the last probe, while run is under one step
+	gap    int     // rounds between probes: firstProbeGap, doubled after each probe that did not pay
 }
+
+// firstProbeGap and maxProbeGap bound the rounds between probes of 2
+// tokens while constrained inputs' loops do not pay. A probe that does
+// not pay costs a forward pass nobody uses; on an H100 (1B shape,
+// documents whose strings end at once) a probe every 8th round cost a
+// tenth of a lone sequence's throughput, so the gap doubles after each
+// failed probe.
+const (
+	firstProbeGap = 8
+	maxProbeGap   = 256
+)
 
 // limit is called once per round to the worker: it folds in how the
 // previous round went and returns how many tokens a constrained input
 // may ask for in this one (at most k). Under a step per round it asks
-// for one only, except that every 8th round tries 2 to see whether the
-// batch's loops got longer.
+// for one only, except for a probe of 2 after firstProbeGap rounds, then
+// twice as many after each probe that did not pay (up to maxProbeGap), to
+// see whether the batch's loops got longer.
 func (l *loopAdapt) limit(k int) int {
 	if l.asked {
 		l.run = 0.5*l.run + 0.5*float64(l.served)
@@ -64,10 +77,12 @@ func (l *loopAdapt) limit(k int) int {
 	l.asked, l.served = false, 0
 	n := min(k, 1+int(1.5*l.run+0.5))
 	if n > 1 {
-		l.rounds = 0
+		l.rounds, l.gap = 0, firstProbeGap
 		return n
 	}
-	if l.rounds++; l.rounds%8 == 0 {
+	l.gap = max(l.gap, firstProbeGap)
+	if l.rounds++; l.rounds >= l.gap {
+		l.rounds, l.gap = 0, min(2*l.gap, maxProbeGap)
 		return min(k, 2)
 	}
 	return 1
