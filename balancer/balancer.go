@@ -60,7 +60,11 @@ type Balancer struct {
 
 	refreshMu sync.Mutex // serialises snapshot rebuilds
 	snap      atomic.Pointer[snapshot]
-	homes     *homes // nil without an affinity store
+
+	addedMu sync.Mutex    // guards added and adds
+	added   chan struct{} // closed, and replaced, when a backend is added (awaitBackend)
+	adds    uint64        // backends added so far
+	homes   *homes        // nil without an affinity store
 
 	stats      counters
 	metricsReg metric.Registration // nil without a meter provider
@@ -113,7 +117,7 @@ func New(opts ...Option) (*Balancer, error) {
 	}
 	lb := &Balancer{
 		cfg: cfg, seed: maphash.MakeSeed(), members: make(map[string]*member),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), added: make(chan struct{}),
 	}
 	lb.snap.Store(&snapshot{built: time.Now()})
 	if cfg.affinity != nil {
@@ -152,8 +156,45 @@ func (lb *Balancer) Add(name string, b Backend) error {
 		r.OnLoad(func(l Load) { lb.report(m, l) })
 	}
 	lb.refresh()
+	lb.addedMu.Lock()
+	lb.adds++
+	close(lb.added)
+	lb.added = make(chan struct{})
+	lb.addedMu.Unlock()
 	lb.cfg.logger.Info("backend added", "backend", name)
 	return nil
+}
+
+// addsSoFar returns how many backends were added so far and a channel
+// closed at the next Add.
+func (lb *Balancer) addsSoFar() (uint64, <-chan struct{}) {
+	lb.addedMu.Lock()
+	defer lb.addedMu.Unlock()
+	return lb.adds, lb.added
+}
+
+// awaitBackend waits until a backend is added after the adds-th, until
+// by, or until ctx ends or the balancer closes; it reports whether one
+// was added (its routing snapshot is already built).
+func (lb *Balancer) awaitBackend(ctx context.Context, adds uint64, by time.Time) bool {
+	now, sig := lb.addsSoFar()
+	if now != adds {
+		return true
+	}
+	d := time.Until(by)
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-sig:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	case <-lb.stop:
+	}
+	return false
 }
 
 // Remove stops routing new requests to name; requests in flight finish.

@@ -201,10 +201,63 @@ func TestBalancerAllDownIsNoBackend(t *testing.T) {
 		_ = lb.Add(fmt.Sprintf("b%d", i), in.srv)
 		_ = in.srv.Close()
 	}
-	_, err := lb.Generate(context.Background(), request("m", 2))
+	// Backends that are there and refuse do not make a request wait for
+	// another to be added (WithBackendWait): it is refused well inside
+	// this deadline, half the default wait.
+	ctx, cancel := context.WithTimeout(context.Background(), balancer.DefaultBackendWait/2)
+	defer cancel()
+	_, err := lb.Generate(ctx, request("m", 2))
 	var nb *balancer.NoBackendError
 	if !errors.As(err, &nb) || nb.Tried == 0 {
 		t.Fatalf("got %v, want *NoBackendError", err)
+	}
+}
+
+// TestBalancerWaitsForABackend: a request that finds no backend for its
+// model — none added yet, or every one removed, as a NATS discovery does
+// for a moment while an instance's connection moves to another node —
+// waits for one to be added and is served by it; with WithBackendWait(0)
+// it is refused at once.
+func TestBalancerWaitsForABackend(t *testing.T) {
+	lb := newBalancer(t)
+	gone := newInstance(t, 0)
+	if err := lb.Add("gone", gone.srv); err != nil {
+		t.Fatal(err)
+	}
+	lb.Remove("gone")
+	late := newInstance(t, 0)
+	added := make(chan error, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		added <- lb.Add("late", late.srv)
+	}()
+	st, err := lb.Generate(context.Background(), request("m", 3))
+	if err != nil {
+		t.Fatalf("a request while no backend was there: %v", err)
+	}
+	if res, err := st.Collect(); err != nil || len(res.Tokens) != 3 {
+		t.Fatalf("result %+v, %v", res, err)
+	}
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	if b := lb.Stats().Backends; len(b) != 1 || b[0].Name != "late" || b[0].Routed != 1 {
+		t.Errorf("backends %+v, want the late one to have served the request", b)
+	}
+
+	now := newBalancer(t, balancer.WithBackendWait(0))
+	_, err = now.Generate(context.Background(), request("m", 3))
+	var nb *balancer.NoBackendError
+	if !errors.As(err, &nb) {
+		t.Fatalf("without a wait: %v, want *NoBackendError", err)
+	}
+
+	// A request whose context ends while it waits gets its context's
+	// error, not a refusal.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	if _, err := newBalancer(t).Generate(ctx, request("m", 3)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while waiting: %v, want context.Canceled", err)
 	}
 }
 
@@ -337,7 +390,7 @@ func TestBalancerOptionsValidated(t *testing.T) {
 		balancer.WithStrategy(nil), balancer.WithFailoverAttempts(0),
 		balancer.WithHealthCheck(-1, time.Second), balancer.WithAffinityStore(nil, 0),
 		balancer.WithPrefixIndexSize(0), balancer.WithLogger(nil), balancer.WithMeterProvider(nil),
-		balancer.WithLoadRefresh(0), balancer.WithAffinityRefresh(-time.Second),
+		balancer.WithLoadRefresh(0), balancer.WithAffinityRefresh(-time.Second), balancer.WithBackendWait(-time.Second),
 	} {
 		if _, err := balancer.New(opt); err == nil {
 			t.Error("bad option accepted")

@@ -11,6 +11,11 @@
 // resumes on another, each backend has a circuit breaker and an optional
 // active health check, and sessions can share their home backend across
 // balancer replicas through an [AffinityStore] (balancer/redisaffinity).
+// A request that finds no backend for its model because every one that
+// served it has left waits a moment for one to be added
+// ([WithBackendWait], 2 s) instead of failing: a NATS discovery drops an
+// instance whose connection moves to another node and adds it back at its
+// next answer.
 //
 // Routing never calls a backend nor waits on a lock shared with other
 // requests: strategies see an immutable snapshot of the backends' load

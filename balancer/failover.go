@@ -115,12 +115,25 @@ func (lb *Balancer) anyServes(model string) bool {
 	return false
 }
 
+// liveServes reports whether a backend of the routing snapshot that is
+// not draining serves model.
+func (lb *Balancer) liveServes(model string) bool {
+	for _, v := range lb.snap.Load().members {
+		if !v.m.draining.Load() && !v.load.Draining && v.load.Serves(model) {
+			return true
+		}
+	}
+	return false
+}
+
 // open places the request on the next backend, trying others while they
 // refuse it. It returns a *NoBackendError when none takes it.
 func (s *failoverSource) open(ctx context.Context) error {
 	var last error
 	attempts := 0
+	var waitBy time.Time // when waiting for a backend to be added ends
 	for attempts < s.lb.cfg.maxAttempts {
+		adds, _ := s.lb.addsSoFar()
 		m, panicMode, home := s.lb.pick(ctx, s.route, s.hashes, s.tried, s.since)
 		if m == nil {
 			if len(s.tried) == 0 && !s.lb.anyServes(s.route.Model) {
@@ -129,7 +142,17 @@ func (s *failoverSource) open(ctx context.Context) error {
 				s.lb.stats.refused.Add(1)
 				return fmt.Errorf("balancer: model %q not found on any backend: %w", s.route.Model, engine.ErrModelNotFound)
 			}
-			break
+			if s.lb.cfg.backendWait == 0 || s.lb.liveServes(s.route.Model) {
+				break // refused by backends that are there: no wait
+			}
+			if waitBy.IsZero() {
+				waitBy = time.Now().Add(s.lb.cfg.backendWait)
+				s.lb.cfg.logger.Debug("no backend for the model; waiting for one", "model", s.route.Model, "wait", s.lb.cfg.backendWait)
+			}
+			if !s.lb.awaitBackend(ctx, adds, waitBy) {
+				break
+			}
+			continue
 		}
 		s.tried[m] = true
 		done := func(error) {}

@@ -27,6 +27,7 @@ type config struct {
 	loadRefresh       time.Duration
 	prefixChunks      int
 	refusedRetryAfter time.Duration
+	backendWait       time.Duration
 	logger            *slog.Logger
 	meterProvider     metric.MeterProvider
 }
@@ -51,6 +52,9 @@ const (
 	// DefaultPrefixChunks bounds each backend's approximate prefix index
 	// (llm-d's per-server LRU of 31,250 blocks).
 	DefaultPrefixChunks = 31250
+	// DefaultBackendWait is how long a request that finds no backend for
+	// its model waits for one to be added before it is refused.
+	DefaultBackendWait = 2 * time.Second
 )
 
 func defaultConfig() config {
@@ -67,6 +71,7 @@ func defaultConfig() config {
 		loadRefresh:       DefaultLoadRefresh,
 		prefixChunks:      DefaultPrefixChunks,
 		refusedRetryAfter: time.Second,
+		backendWait:       DefaultBackendWait,
 		logger:            discardLogger(),
 	}
 }
@@ -91,6 +96,24 @@ func WithFailoverAttempts(n int) Option {
 			return errors.New("failover attempts must be at least 1")
 		}
 		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithBackendWait sets how long a request that finds no backend serving
+// its model — every one that did has left — waits for one to be added
+// before it is refused with a *NoBackendError (default 2 s; never past
+// the request's context; 0 refuses at once). Backends leave for moments:
+// a NATS discovery drops an instance whose connection is moving to
+// another node of the cluster and adds it again at its next answer, a
+// restarted instance comes back under its name. Requests refused by
+// backends that are there (full queues, open breakers) do not wait.
+func WithBackendWait(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return errors.New("backend wait must be ≥ 0")
+		}
+		c.backendWait = d
 		return nil
 	}
 }
