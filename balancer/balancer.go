@@ -61,9 +61,9 @@ type Balancer struct {
 	refreshMu sync.Mutex // serialises snapshot rebuilds
 	snap      atomic.Pointer[snapshot]
 
-	addedMu sync.Mutex    // guards added and adds
+	addedMu sync.Mutex    // guards added; adds changes under it
 	added   chan struct{} // closed, and replaced, when a backend is added (awaitBackend)
-	adds    uint64        // backends added so far
+	adds    atomic.Uint64 // backends added so far: read without the lock on the request path
 	homes   *homes        // nil without an affinity store
 
 	stats      counters
@@ -157,7 +157,7 @@ func (lb *Balancer) Add(name string, b Backend) error {
 	}
 	lb.refresh()
 	lb.addedMu.Lock()
-	lb.adds++
+	lb.adds.Add(1)
 	close(lb.added)
 	lb.added = make(chan struct{})
 	lb.addedMu.Unlock()
@@ -165,19 +165,13 @@ func (lb *Balancer) Add(name string, b Backend) error {
 	return nil
 }
 
-// addsSoFar returns how many backends were added so far and a channel
-// closed at the next Add.
-func (lb *Balancer) addsSoFar() (uint64, <-chan struct{}) {
-	lb.addedMu.Lock()
-	defer lb.addedMu.Unlock()
-	return lb.adds, lb.added
-}
-
 // awaitBackend waits until a backend is added after the adds-th, until
 // by, or until ctx ends or the balancer closes; it reports whether one
 // was added (its routing snapshot is already built).
 func (lb *Balancer) awaitBackend(ctx context.Context, adds uint64, by time.Time) bool {
-	now, sig := lb.addsSoFar()
+	lb.addedMu.Lock()
+	sig, now := lb.added, lb.adds.Load()
+	lb.addedMu.Unlock()
 	if now != adds {
 		return true
 	}

@@ -133,7 +133,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 	attempts := 0
 	var waitBy time.Time // when waiting for a backend to be added ends
 	for attempts < s.lb.cfg.maxAttempts {
-		adds, _ := s.lb.addsSoFar()
+		adds := s.lb.adds.Load() // before the pick: an Add after it ends a wait at once
 		m, panicMode, home := s.lb.pick(ctx, s.route, s.hashes, s.tried, s.since)
 		if m == nil {
 			if len(s.tried) == 0 && !s.lb.anyServes(s.route.Model) {

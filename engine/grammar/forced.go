@@ -87,7 +87,10 @@ func (m *Matcher) ForcedTokens(max int) []int32 {
 // token), and the tokens of that space and newline are dropped.
 func (v *Vocab) encodeRun(run []byte) []int32 {
 	ids, err := v.enc.Encode(string(run), false)
-	if err != nil || len(ids) == 0 || v.valid(ids[0]) && bytes.HasPrefix(run, v.pieces[ids[0]]) {
+	if err != nil {
+		return nil
+	}
+	if len(ids) == 0 || v.valid(ids[0]) && bytes.HasPrefix(run, v.pieces[ids[0]]) {
 		return ids
 	}
 	anchored, err := v.enc.Encode("\n"+string(run), false)

@@ -145,7 +145,7 @@ func (m *Matcher) Dead() bool { return len(m.states) == 0 }
 // is accepted when CanEnd.
 func (m *Matcher) Accept(id int32) error {
 	v := m.g.v
-	if id < 0 || int(id) >= v.size {
+	if !v.valid(id) {
 		return fmt.Errorf("%w: id %d outside the vocabulary", ErrRejected, id)
 	}
 	if isEOS(v.eos, id) {

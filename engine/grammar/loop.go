@@ -116,7 +116,11 @@ func buildLoopSet(v *Vocab) *loopSet {
 func (m *Matcher) Loop(loop []uint64) (steps int) {
 	v := m.g.v
 	loop = loop[:v.words]
-	clear(loop)
+	defer func() {
+		if steps == 0 {
+			clear(loop) // a loop found is copied whole below
+		}
+	}()
 	if len(m.states) != 1 || !plainStringBody(&m.states[0].f) {
 		return 0
 	}

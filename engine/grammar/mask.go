@@ -7,8 +7,9 @@ package grammar
 // [github.com/mlxserving/mlxserving/engine.MaskAllows].
 func (m *Matcher) FillMask(mask []uint64) { m.fillMask(mask, true) }
 
-// fillMask is FillMask; without fast, by the trie walk alone, the
-// reference that the string, pattern and digit shortcuts must equal.
+// fillMask is FillMask; without fast, by the trie walk without the root
+// string, pattern and digit shortcuts: the reference those shortcuts
+// must equal.
 func (m *Matcher) fillMask(mask []uint64, fast bool) {
 	v := m.g.v
 	mask = mask[:v.words]

@@ -3,6 +3,7 @@ package grammar
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,7 @@ func buildDigitToks(t *trie, pieces [][]byte) digitToks {
 	d.nz, d.nzLE = flat(nz)
 	d.z, d.zLE = flat(z)
 	d.bit = map[int32]int{}
-	for k, id := range append(d.nz[:len(d.nz):len(d.nz)], d.z...) {
+	for k, id := range slices.Concat(d.nz, d.z) {
 		d.bit[id] = k
 	}
 	return d
@@ -115,6 +116,7 @@ func (m *Matcher) digitMask(mask []uint64) bool {
 	for _, s := range m.states {
 		var ok bool
 		if nums, ok = m.digitNumbers(s, nums); !ok {
+			m.numBuf = nums // keep what it grew to: this runs every mask
 			return false
 		}
 	}
@@ -242,11 +244,7 @@ func (g *Grammar) numSettled(f *frame) bool {
 	if len(body) < len(f.lit) {
 		lo, hi = -hi, -lo
 	}
-	n := f.n
-	if n.hasMin && (lo < n.min || n.exMin && lo <= n.min) {
-		return false
-	}
-	return !n.hasMax || hi < n.max || !n.exMax && hi == n.max
+	return inBounds(f.n, lo) && inBounds(f.n, hi)
 }
 
 // numKey is the state of a number with bounds, as far as the digits it

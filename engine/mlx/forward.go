@@ -232,8 +232,8 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	p := m.plan(g, feeds)
 	positions := g.int32s(pos, len(pos))
 	var x arr
-	m.prims.Of = len(w.layers)
-	if m.decodeOnly(p) {
+	dec := m.decodeOnly(p)
+	if dec {
 		x = w.embed.rows(g, g.int32s(ids, len(ids)))
 		h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
 		at := g.prims
@@ -262,7 +262,7 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		head = &w.embed
 	}
 	logits := head.apply(g, x)
-	if !m.decodeOnly(p) { // decodeLayers' rows are [S, hidden] already
+	if !dec { // decodeLayers' rows are [S, hidden] already
 		logits = g.reshape(logits, len(last), c.Vocab)
 	}
 	if m.w.dtype == C.MLX_FLOAT32 {

@@ -16,8 +16,11 @@ package mlx
 // and inverse frequencies invf [D/2]); the pool kv [2*rows*KVH, D], keys
 // then values (kvPool); rows [B, T] (token rows, T the longest) and lens
 // [B] (rows each sequence attends). Output [B, H*D].
+#define MLXS_POOLED_WARPS 16 // pooledWarps
+#define MLXS_STR_(x) #x
+#define MLXS_STR(x) MLXS_STR_(x)
 static const char* mlxs_pooled_src =
-	"constexpr int S = 16;\n" // warps per (sequence, head): pooledWarps
+	"constexpr int S = " MLXS_STR(MLXS_POOLED_WARPS) ";\n"
 	"const int lane = threadIdx.x, w = threadIdx.y;\n"
 	"const int bh = blockIdx.y;\n"
 	"if (bh >= rows_shape[0] * H) return;\n"
@@ -197,11 +200,12 @@ func (g *graph) kernel(what string, k C.mlx_fast_cuda_kernel, c kernelCall) []ar
 }
 
 // pooledWarps is the warps the pool kernel gives each (sequence, query
-// head): S in its source. Each walks every pooledWarps-th row with its own
-// online softmax and the block merges them, so a decode step's attention
+// head): S in its source, both from MLXS_POOLED_WARPS. Each walks every
+// pooledWarps-th row with its own online softmax and the block merges
+// them, so a decode step's attention
 // is not one warp's walk of the whole context: on an H200 at batch 1 the
 // single-warp walk took 135 µs a layer, 58% of the step's device time.
-const pooledWarps = 16
+const pooledWarps = C.MLXS_POOLED_WARPS
 
 // newPooledKernel makes the decode attention kernel; CUDA only.
 func newPooledKernel() C.mlx_fast_cuda_kernel { return C.mlxs_pooled_new() }

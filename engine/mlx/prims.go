@@ -31,5 +31,6 @@ func (p PrimitiveCount) PerLayer() float64 {
 func (m *model) Primitives() PrimitiveCount {
 	var out PrimitiveCount
 	_ = m.call(func(*graph) error { out = m.prims; return nil })
+	out.Of = m.cfg.Layers
 	return out
 }

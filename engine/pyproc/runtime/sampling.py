@@ -13,7 +13,8 @@ constrained input's loop for lookahead (lookahead.py).
 The masks of a step's rows are decoded on the host into one packed
 bitset ([rows, ceil(vocab / 8)] uint8), copied to the device at once,
 unpacked there with shifts and applied with one batched masked_fill (on
-the CPU they are written straight into one bool tensor instead).
+the CPU, and for a lone row whose mask is a list of ids, they are written
+straight into one bool tensor instead: device_masks).
 """
 import base64
 import random
