@@ -6,19 +6,13 @@ import (
 	"os"
 )
 
-var archNames = map[string][2]string{
-	"llama":   {"LlamaForCausalLM", "llama"},
-	"mistral": {"MistralForCausalLM", "mistral"},
-	"qwen2":   {"Qwen2ForCausalLM", "qwen2"},
-}
-
 // modelConfigJSON is config.json as transformers writes it for the
 // architecture.
 func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
-	names := archNames[c.Arch]
+	fam := families[c.Arch]
 	m := map[string]any{
-		"architectures":           []string{names[0]},
-		"model_type":              names[1],
+		"architectures":           []string{fam.class},
+		"model_type":              fam.modelType,
 		"hidden_size":             c.Hidden,
 		"intermediate_size":       c.Intermediate,
 		"num_hidden_layers":       c.Layers,
@@ -38,20 +32,9 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 		"eos_token_id":            tok.eos,
 		"use_cache":               true,
 	}
-	switch c.Arch {
-	case "llama":
-		m["attention_bias"] = false
-		m["mlp_bias"] = false
-		m["attention_dropout"] = 0.0
-	case "mistral":
-		m["sliding_window"] = nil
-	case "qwen2":
-		m["rms_norm_eps"] = 1e-6
-		m["use_sliding_window"] = false
-		m["sliding_window"] = nil
-		m["max_window_layers"] = c.Layers
-	}
-	if s := c.RopeScaling; s != nil {
+	fam.config(c, m)
+	switch s := c.RopeScaling; {
+	case s != nil:
 		m["rope_scaling"] = map[string]any{
 			"rope_type":                        "llama3",
 			"factor":                           s.Factor,
@@ -59,8 +42,44 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 			"high_freq_factor":                 s.HighFreqFactor,
 			"original_max_position_embeddings": s.OriginalMaxPositionEmbeddings,
 		}
+	case c.RopeLinear > 0:
+		m["rope_scaling"] = map[string]any{"rope_type": "linear", "factor": c.RopeLinear}
+	case c.LongRoPE:
+		m["rope_scaling"] = longRoPE(c)
+		m["original_max_position_embeddings"] = max(1, c.ContextLength/4)
 	}
-	return m
+	if c.Arch != "gemma3" {
+		return m
+	}
+	// The multimodal checkpoint: the text model's config nested, its
+	// special ids and a vision tower's at the top.
+	return map[string]any{
+		"architectures":       []string{fam.class},
+		"model_type":          "gemma3",
+		"text_config":         m,
+		"vision_config":       map[string]any{"model_type": "siglip_vision_model", "hidden_size": 16, "image_size": 28, "patch_size": 14, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32},
+		"mm_tokens_per_image": 4,
+		"boi_token_index":     tok.bos,
+		"eoi_token_index":     tok.eos,
+		"image_token_index":   c.Vocab - 1,
+		"bos_token_id":        tok.bos,
+		"eos_token_id":        tok.eos,
+		"torch_dtype":         c.DType,
+		"tie_word_embeddings": c.TieEmbeddings,
+	}
+}
+
+// longRoPE is Phi-3's rope_scaling: a divisor per rotary frequency for
+// contexts within the original length (short) and beyond it (long).
+func longRoPE(c Config) map[string]any {
+	n := c.rotaryDim() / 2
+	short, long := make([]float64, n), make([]float64, n)
+	for i := range n {
+		f := float64(i) / float64(max(1, n-1))
+		short[i] = 1 + 0.5*f
+		long[i] = 1 + 7*f*f
+	}
+	return map[string]any{"type": "longrope", "short_factor": short, "long_factor": long}
 }
 
 func generationConfigJSON(tok *tokenizer) map[string]any {

@@ -29,45 +29,29 @@ func (t tensorSpec) numel() int {
 	return n
 }
 
-// tensors lists the checkpoint's weights in Hugging Face naming. Linear
-// weights are scaled by 1/sqrt(fan-in) so every layer mixes its inputs
-// visibly; norms sit around 1; embeddings are unit normal. That keeps the
-// logits spread, so greedy decoding depends on the whole context.
+// tensors lists the checkpoint's weights in Hugging Face naming, in the
+// family's layout (families.go). Embeddings are unit normal, which keeps
+// the logits spread, so greedy decoding depends on the whole context.
 func tensors(c Config) []tensorSpec {
-	h, hd := c.Hidden, c.HeadDim()
-	lin := func(name string, out, in int) tensorSpec {
-		return tensorSpec{name: name, shape: []int{out, in}, std: 1 / math.Sqrt(float64(in))}
-	}
-	norm := func(name string) tensorSpec {
-		return tensorSpec{name: name, shape: []int{h}, std: 0.1, mean: 1}
-	}
-	ts := []tensorSpec{{name: "model.embed_tokens.weight", shape: []int{c.Vocab, h}, std: 1}}
+	fam := families[c.Arch]
+	p := fam.prefix
+	ts := []tensorSpec{{name: p + "embed_tokens.weight", shape: []int{c.Vocab, c.Hidden}, std: 1}}
 	for i := 0; i < c.Layers; i++ {
-		p := fmt.Sprintf("model.layers.%d.", i)
-		ts = append(ts,
-			norm(p+"input_layernorm.weight"),
-			lin(p+"self_attn.q_proj.weight", c.Heads*hd, h),
-			lin(p+"self_attn.k_proj.weight", c.KVHeads*hd, h),
-			lin(p+"self_attn.v_proj.weight", c.KVHeads*hd, h),
-		)
-		if c.Arch == "qwen2" {
-			ts = append(ts,
-				tensorSpec{name: p + "self_attn.q_proj.bias", shape: []int{c.Heads * hd}, std: 0.1},
-				tensorSpec{name: p + "self_attn.k_proj.bias", shape: []int{c.KVHeads * hd}, std: 0.1},
-				tensorSpec{name: p + "self_attn.v_proj.bias", shape: []int{c.KVHeads * hd}, std: 0.1},
-			)
-		}
-		ts = append(ts,
-			lin(p+"self_attn.o_proj.weight", h, c.Heads*hd),
-			norm(p+"post_attention_layernorm.weight"),
-			lin(p+"mlp.gate_proj.weight", c.Intermediate, h),
-			lin(p+"mlp.up_proj.weight", c.Intermediate, h),
-			lin(p+"mlp.down_proj.weight", h, c.Intermediate),
-		)
+		ts = fam.layer(c, i, fmt.Sprintf("%slayers.%d.", p, i), ts)
 	}
-	ts = append(ts, norm("model.norm.weight"))
+	ts = append(ts, norm(c, p+"norm.weight", c.Hidden))
 	if !c.TieEmbeddings {
-		ts = append(ts, lin("lm_head.weight", c.Vocab, h))
+		head := "lm_head.weight"
+		if c.Arch == "gemma3" {
+			head = "language_model.lm_head.weight"
+		}
+		ts = append(ts, lin(head, c.Vocab, c.Hidden))
+	}
+	if c.Arch == "gemma3" { // a token of the vision tower, which text engines skip
+		ts = append(ts,
+			tensorSpec{name: "multi_modal_projector.mm_soft_emb_norm.weight", shape: []int{16}, std: 0.1},
+			lin("vision_tower.vision_model.post_layernorm.weight", 1, 16),
+		)
 	}
 	return ts
 }

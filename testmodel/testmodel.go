@@ -30,8 +30,12 @@ var ErrInvalidConfig = errors.New("testmodel: invalid config")
 // Tiny(), except Arch ("llama"), DType ("float32"), RopeScaling (none),
 // TieEmbeddings (false) and Seed (0, a valid seed).
 type Config struct {
-	// Arch is "llama" (the default), "mistral" or "qwen2" (adds q, k and v
-	// biases).
+	// Arch is the model_type to write: "llama" (the default), "mistral",
+	// "qwen2" (q, k and v biases), "qwen3" (per-head QK norm), "qwen3_moe"
+	// and "mixtral" (mixtures of experts), "gemma2", "gemma3_text",
+	// "gemma3" (the multimodal checkpoint: text_config and
+	// language_model.model. weights), "phi3" (fused projections, partial
+	// rotary) or "olmo2" (post-norms, whole-width QK norm). Archs lists them.
 	Arch string
 	// Layers is the number of decoder layers.
 	Layers int
@@ -61,6 +65,43 @@ type Config struct {
 	DType string
 	// Seed selects the random weights.
 	Seed int64
+
+	// HeadSize is head_dim when it is not Hidden/Heads (Gemma, Qwen3);
+	// zero means Hidden/Heads.
+	HeadSize int
+	// SlidingWindow is sliding_window: the number of positions a sliding
+	// layer attends to (Mistral: every layer; Gemma 2: even layers; Gemma
+	// 3: all but every SlidingPattern-th). Zero writes null (Gemma: 4096
+	// for gemma2, 512 for gemma3).
+	SlidingWindow int
+	// SlidingPattern is Gemma 3's sliding_window_pattern: every
+	// SlidingPattern-th layer is global. Zero means 6.
+	SlidingPattern int
+	// RopeLinear, when positive, writes linear rope scaling of that factor
+	// (Gemma 3 4B and up: global layers only).
+	RopeLinear float64
+	// LongRoPE writes Phi-3's longrope scaling: short and long factors per
+	// rotary frequency, original_max_position_embeddings a quarter of
+	// ContextLength.
+	LongRoPE bool
+	// PartialRotary is Phi-3's partial_rotary_factor: the fraction of
+	// each head that is rotated. Zero means 1 (phi3 only).
+	PartialRotary float64
+
+	// Experts is the number of experts (qwen3_moe, mixtral; zero: 4).
+	Experts int
+	// ExpertsPerToken is top-k of the router (zero: 2).
+	ExpertsPerToken int
+	// ExpertIntermediate is qwen3_moe's moe_intermediate_size (zero:
+	// Intermediate/2). Mixtral's experts use Intermediate.
+	ExpertIntermediate int
+	// KeepRouterScale writes norm_topk_prob false (qwen3_moe): the top-k
+	// router weights are not renormalised.
+	KeepRouterScale bool
+	// SparseStep is qwen3_moe's decoder_sparse_step (zero: 1, every layer).
+	SparseStep int
+	// DenseLayers is qwen3_moe's mlp_only_layers.
+	DenseLayers []int
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.
@@ -124,10 +165,79 @@ func Llama8B() Config {
 	return c
 }
 
+// Gemma3_12B is shaped like Gemma-3-12B's language model (gemma3_text):
+// 48 layers, hidden size 3840, 16 heads of 256 over 8 KV heads, MLP width
+// 15360, a 262,208-token vocabulary, a 131,072-token context, five sliding
+// layers (window 1024) to one global, linear rope scaling 8 on the global
+// layers, tied embeddings, bfloat16 (about 24 GB).
+func Gemma3_12B() Config {
+	return Config{
+		Arch: "gemma3_text", Layers: 48, Hidden: 3840, Heads: 16, KVHeads: 8, HeadSize: 256,
+		Intermediate: 15360, Vocab: 262208, ContextLength: 131072, RopeTheta: 1e6, RopeLinear: 8,
+		SlidingWindow: 1024, SlidingPattern: 6, TieEmbeddings: true, DType: "bfloat16",
+	}
+}
+
+// Qwen3_30B_A3B is shaped like Qwen3-30B-A3B: 48 layers, hidden size 2048,
+// 32 heads of 128 over 4 KV heads, 128 experts of width 768 with 8 active
+// a token, a 151,936-token vocabulary, a 40,960-token context, bfloat16
+// (about 61 GB; 3.3B parameters active a token).
+func Qwen3_30B_A3B() Config {
+	return Config{
+		Arch: "qwen3_moe", Layers: 48, Hidden: 2048, Heads: 32, KVHeads: 4, HeadSize: 128,
+		Intermediate: 6144, ExpertIntermediate: 768, Experts: 128, ExpertsPerToken: 8,
+		Vocab: 151936, ContextLength: 40960, RopeTheta: 1e6, DType: "bfloat16",
+	}
+}
+
+// Phi4Mini is shaped like Phi-4-mini: 32 layers, hidden size 3072, 24
+// heads of 128 over 8 KV heads, three quarters of each head rotated,
+// longrope scaling, MLP width 8192, a 200,064-token vocabulary, a
+// 131,072-token context, tied embeddings, bfloat16 (about 7.7 GB).
+func Phi4Mini() Config {
+	return Config{
+		Arch: "phi3", Layers: 32, Hidden: 3072, Heads: 24, KVHeads: 8, Intermediate: 8192,
+		Vocab: 200064, ContextLength: 131072, PartialRotary: 0.75, LongRoPE: true,
+		TieEmbeddings: true, DType: "bfloat16",
+	}
+}
+
 // Shapes names the real-model shapes this package can write, for benchmark
-// flags: "llama1b" (Llama1B) and "llama8b" (Llama8B).
+// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini".
 func Shapes() map[string]func() Config {
-	return map[string]func() Config{"llama1b": Llama1B, "llama8b": Llama8B}
+	return map[string]func() Config{
+		"llama1b": Llama1B, "llama8b": Llama8B, "gemma3-12b": Gemma3_12B,
+		"qwen3-30b-a3b": Qwen3_30B_A3B, "phi4-mini": Phi4Mini,
+	}
+}
+
+// TinyFamily is Tiny in the layout of arch, sized so a CPU test reaches
+// the family's own paths: sliding windows of 16 positions (every other
+// layer global for Gemma 3), 4 experts with 2 active, heads of 32 for the
+// families whose head_dim is not Hidden/Heads, half of each head rotated
+// and longrope for phi3. Seed differs per family.
+func TinyFamily(arch string) Config {
+	c := Tiny()
+	c.Arch = arch
+	c.Seed = int64(len(arch))
+	switch arch {
+	case "mistral":
+		c.SlidingWindow = 16
+	case "qwen3":
+		c.HeadSize = 32
+	case "qwen3_moe":
+		c.HeadSize, c.Layers, c.SparseStep, c.DenseLayers = 32, 3, 1, []int{1}
+	case "mixtral":
+		c.SlidingWindow = 16
+	case "gemma2":
+		c.HeadSize, c.SlidingWindow, c.TieEmbeddings = 32, 16, true
+	case "gemma3", "gemma3_text":
+		c.HeadSize, c.SlidingWindow, c.SlidingPattern, c.Layers, c.TieEmbeddings = 32, 16, 2, 4, true
+		c.RopeTheta, c.RopeLinear = 1e6, 8
+	case "phi3":
+		c.PartialRotary, c.LongRoPE = 0.5, true
+	}
+	return c
 }
 
 // withDefaults fills zero fields from Tiny and checks the result.
@@ -151,6 +261,7 @@ func (c Config) withDefaults() (Config, error) {
 			*f.v = *f.d
 		}
 	}
+	c.fillFamilyDefaults()
 	return c, c.check()
 }
 
@@ -159,19 +270,25 @@ func (c Config) check() error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case c.Arch != "llama" && c.Arch != "mistral" && c.Arch != "qwen2":
-		return bad("arch %q: want llama, mistral or qwen2", c.Arch)
+	case families[c.Arch].class == "":
+		return bad("arch %q: want one of %v", c.Arch, Archs())
 	case dtypeSize(c.DType) == 0:
 		return bad("dtype %q: want float32, bfloat16 or float16", c.DType)
 	case c.Layers < 0 || c.Hidden < 0 || c.Heads < 0 || c.KVHeads < 0 ||
 		c.Intermediate < 0 || c.Vocab < 0 || c.ContextLength < 0:
 		return bad("sizes must not be negative")
-	case c.Hidden%c.Heads != 0:
+	case c.HeadSize == 0 && c.Hidden%c.Heads != 0:
 		return bad("hidden %d is not a multiple of heads %d", c.Hidden, c.Heads)
+	case c.HeadSize < 0 || c.SlidingWindow < 0 || c.SlidingPattern < 0 || c.RopeLinear < 0 || c.SparseStep < 0:
+		return bad("sizes must not be negative")
+	case c.isMoE() && (c.Experts <= 0 || c.ExpertsPerToken <= 0 || c.ExpertsPerToken > c.Experts):
+		return bad("experts %d, per token %d: want 0 < per token <= experts", c.Experts, c.ExpertsPerToken)
+	case c.PartialRotary < 0 || c.PartialRotary > 1:
+		return bad("partial rotary factor %v: want 0 < f <= 1", c.PartialRotary)
 	case c.Heads%c.KVHeads != 0:
 		return bad("heads %d is not a multiple of kv heads %d", c.Heads, c.KVHeads)
-	case (c.Hidden/c.Heads)%2 != 0:
-		return bad("head size %d must be even for RoPE", c.Hidden/c.Heads)
+	case c.HeadDim()%2 != 0 || c.rotaryDim()%2 != 0:
+		return bad("head size %d (rotated %d) must be even for RoPE", c.HeadDim(), c.rotaryDim())
 	case c.Vocab < minVocab:
 		return bad("vocab %d: want at least %d (256 bytes + %d special tokens)", c.Vocab, minVocab, len(specialTokens))
 	case c.RopeTheta < 0:
@@ -186,7 +303,51 @@ func (c Config) check() error {
 }
 
 // HeadDim is the size of one attention head.
-func (c Config) HeadDim() int { return c.Hidden / c.Heads }
+func (c Config) HeadDim() int {
+	if c.HeadSize > 0 {
+		return c.HeadSize
+	}
+	return c.Hidden / c.Heads
+}
+
+// rotaryDim is the part of a head RoPE rotates.
+func (c Config) rotaryDim() int {
+	if c.PartialRotary > 0 {
+		return int(float64(c.HeadDim()) * c.PartialRotary)
+	}
+	return c.HeadDim()
+}
+
+func (c Config) isMoE() bool { return c.Arch == "qwen3_moe" || c.Arch == "mixtral" }
+
+// fillFamilyDefaults sets the zero fields a family needs.
+func (c *Config) fillFamilyDefaults() {
+	if c.isMoE() {
+		if c.Experts == 0 {
+			c.Experts = 4
+		}
+		if c.ExpertsPerToken == 0 {
+			c.ExpertsPerToken = 2
+		}
+		if c.ExpertIntermediate == 0 {
+			c.ExpertIntermediate = max(1, c.Intermediate/2)
+		}
+	}
+	switch c.Arch {
+	case "gemma2":
+		if c.SlidingWindow == 0 {
+			c.SlidingWindow = 4096
+		}
+	case "gemma3", "gemma3_text":
+		if c.SlidingWindow == 0 {
+			c.SlidingWindow = 512
+		}
+	case "phi3":
+		if c.PartialRotary == 0 {
+			c.PartialRotary = 1
+		}
+	}
+}
 
 // Write writes the checkpoint described by cfg into dir, creating dir if
 // needed. The weights are streamed to disk, so a real-sized model costs

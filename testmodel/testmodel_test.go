@@ -311,3 +311,64 @@ func BenchmarkWriteTiny(b *testing.B) {
 		}
 	}
 }
+
+// TestFamilies writes every family's tiny checkpoint and checks the parts
+// its engines rely on: the model_type (nested for gemma3), the weights'
+// prefix and the family's own tensors.
+func TestFamilies(t *testing.T) {
+	own := map[string][]string{
+		"llama":       {"model.layers.0.mlp.gate_proj.weight"},
+		"mistral":     {"model.layers.0.mlp.gate_proj.weight"},
+		"qwen2":       {"model.layers.0.self_attn.q_proj.bias"},
+		"qwen3":       {"model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight"},
+		"qwen3_moe":   {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.3.down_proj.weight", "model.layers.1.mlp.gate_proj.weight"},
+		"mixtral":     {"model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.0.w2.weight"},
+		"gemma2":      {"model.layers.0.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight"},
+		"gemma3_text": {"model.layers.0.self_attn.q_norm.weight", "model.layers.3.post_feedforward_layernorm.weight"},
+		"gemma3":      {"language_model.model.embed_tokens.weight", "language_model.model.layers.0.self_attn.k_norm.weight"},
+		"phi3":        {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"},
+		"olmo2":       {"model.layers.0.post_feedforward_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"},
+	}
+	if len(own) != len(Archs()) {
+		t.Fatalf("test covers %d families, Archs lists %v", len(own), Archs())
+	}
+	for _, arch := range Archs() {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			c := TinyFamily(arch)
+			if err := Write(dir, c); err != nil {
+				t.Fatal(err)
+			}
+			var cfg map[string]any
+			readJSON(t, filepath.Join(dir, "config.json"), &cfg)
+			text := cfg
+			if arch == "gemma3" {
+				text, _ = cfg["text_config"].(map[string]any)
+				if cfg["model_type"] != "gemma3" || text == nil || text["model_type"] != "gemma3_text" {
+					t.Fatalf("gemma3 config: model_type %v, text_config %v", cfg["model_type"], text)
+				}
+			} else if cfg["model_type"] != arch {
+				t.Fatalf("model_type %v", cfg["model_type"])
+			}
+			if hd := text["head_dim"]; hd != float64(c.HeadDim()) {
+				t.Errorf("head_dim %v, want %d", hd, c.HeadDim())
+			}
+			hdr, _ := readSafetensors(t, filepath.Join(dir, "model.safetensors"))
+			for _, name := range own[arch] {
+				if _, ok := hdr[name]; !ok {
+					t.Errorf("no tensor %s", name)
+				}
+			}
+		})
+	}
+	for _, c := range []Config{
+		{Arch: "qwen3_moe", Experts: 2, ExpertsPerToken: 3},
+		{Arch: "gemma3", HeadSize: -2},
+		{Arch: "phi3", PartialRotary: 1.5},
+		{Arch: "gpt2"},
+	} {
+		if err := Write(t.TempDir(), c); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v: got %v, want ErrInvalidConfig", c, err)
+		}
+	}
+}
