@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 )
 
@@ -35,7 +36,15 @@ func (t tensorSpec) numel() int {
 func tensors(c Config) []tensorSpec {
 	fam := families[c.Arch]
 	p := fam.prefix
-	ts := []tensorSpec{{name: p + "embed_tokens.weight", shape: []int{c.Vocab, c.Hidden}, std: 1}}
+	embed := tensorSpec{name: p + "embed_tokens.weight", shape: []int{c.Vocab, c.Hidden}, std: 1}
+	if strings.HasPrefix(c.Arch, "gemma") {
+		// Gemma scales the embedding by sqrt(hidden): rows of norm about
+		// 1, as in the published weights, keep it level with what the
+		// layers add instead of drowning it (greedy output then repeats
+		// the last prompt token).
+		embed.std = 1 / math.Sqrt(float64(c.Hidden))
+	}
+	ts := []tensorSpec{embed}
 	for i := 0; i < c.Layers; i++ {
 		ts = fam.layer(c, i, fmt.Sprintf("%slayers.%d.", p, i), ts)
 	}

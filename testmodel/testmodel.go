@@ -215,7 +215,9 @@ func Shapes() map[string]func() Config {
 // the family's own paths: sliding windows of 16 positions (every other
 // layer global for Gemma 3), 4 experts with 2 active, heads of 32 for the
 // families whose head_dim is not Hidden/Heads, half of each head rotated
-// and longrope for phi3. Seed differs per family.
+// and longrope for phi3. Seed differs per family. The Gemma families keep
+// an untied head: with random weights a tied one mostly repeats the last
+// token, and greedy tokens would then prove little.
 func TinyFamily(arch string) Config {
 	c := Tiny()
 	c.Arch = arch
@@ -230,9 +232,9 @@ func TinyFamily(arch string) Config {
 	case "mixtral":
 		c.SlidingWindow = 16
 	case "gemma2":
-		c.HeadSize, c.SlidingWindow, c.TieEmbeddings = 32, 16, true
+		c.HeadSize, c.SlidingWindow = 32, 16
 	case "gemma3", "gemma3_text":
-		c.HeadSize, c.SlidingWindow, c.SlidingPattern, c.Layers, c.TieEmbeddings = 32, 16, 2, 4, true
+		c.HeadSize, c.SlidingWindow, c.SlidingPattern, c.Layers = 32, 16, 2, 4
 		c.RopeTheta, c.RopeLinear = 1e6, 8
 	case "phi3":
 		c.PartialRotary, c.LongRoPE = 0.5, true

@@ -1,14 +1,19 @@
-"""A plain Llama-family forward pass, written apart from the runtime: no KV
-cache, no packing, the whole sequence recomputed for every token. Reads a
-checkpoint directory and prompts (JSON on stdin: {"prompts": [[ids]], "n": k})
-and prints, per prompt, the greedy continuation and each chosen token's
-log-probability."""
+"""A plain forward pass of every supported family, written apart from the
+engines: no KV cache, no packing, the whole sequence recomputed for every
+token, float64 throughout, each family's rules spelled out as transformers'
+modeling code has them. Reads a checkpoint directory and prompts (JSON on
+stdin: {"prompts": [[ids]], "n": k}) and prints, per prompt, the greedy
+continuation, each chosen token's log-probability and the gap between the
+top two log-probabilities."""
 import json
 import math
 import struct
 import sys
 
 import torch
+
+GEMMA = ("gemma2", "gemma3_text")
+QK_NORM = ("qwen3", "qwen3_moe", "gemma3_text")  # per head, before RoPE
 
 
 def load(path):
@@ -31,12 +36,29 @@ def load(path):
     return out
 
 
-def inv_freq(c):
-    d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    inv = [1.0 / (c["rope_theta"] ** (2 * i / d)) for i in range(d // 2)]
-    rs = c.get("rope_scaling")
-    if rs:
-        f, lo, hi, old = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+def text_weights(w):
+    """The language model's weights under model.-relative names (a gemma3
+    checkpoint keeps them under language_model.model. or, from newer
+    transformers, model.language_model.), and its output head."""
+    for prefix in ("language_model.model.", "model.language_model.", "model."):
+        if prefix + "embed_tokens.weight" in w:
+            break
+    tw = {"model." + k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
+    head = w.get("lm_head.weight", w.get("language_model.lm_head.weight"))
+    tw["lm_head.weight"] = head if head is not None else tw["model.embed_tokens.weight"]
+    return tw
+
+
+def inv_freq(c, theta, scaling, d, T):
+    """Rotary frequencies of a d-wide rotation, and the factor cos and sin
+    are scaled by (longrope's attention factor, else 1)."""
+    inv = [1.0 / (theta ** (2 * i / d)) for i in range(d // 2)]
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind == "linear":
+        inv = [x / scaling["factor"] for x in inv]
+    elif kind == "llama3":
+        f, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
         res = []
         for x in inv:
             wl = 2 * math.pi / x
@@ -48,56 +70,162 @@ def inv_freq(c):
                 s = (old / wl - lo) / (hi - lo)
                 res.append((1 - s) * x / f + s * x)
         inv = res
-    return torch.tensor(inv, dtype=torch.float64)
+    elif kind == "longrope":
+        # transformers: the long factors once the sequence is longer than
+        # the original context (here the whole sequence, recomputed).
+        old = c.get("original_max_position_embeddings") or scaling["original_max_position_embeddings"]
+        factors = scaling["long_factor"] if T > old else scaling["short_factor"]
+        inv = [x / f for x, f in zip(inv, factors)]
+        grow = c["max_position_embeddings"] / old
+        att = scaling.get("attention_factor") or (1.0 if grow <= 1 else math.sqrt(1 + math.log(grow) / math.log(old)))
+        return torch.tensor(inv, dtype=torch.float64), att
+    elif kind != "default":
+        raise SystemExit("reference: rope scaling %r" % kind)
+    return torch.tensor(inv, dtype=torch.float64), 1.0
+
+
+def sliding_layers(c, arch):
+    """The set of layers that attend through a sliding window."""
+    n, W = c["num_hidden_layers"], c.get("sliding_window")
+    if not W:
+        return set()
+    if c.get("layer_types"):
+        return {i for i, t in enumerate(c["layer_types"]) if t == "sliding_attention"}
+    if arch == "gemma3_text":
+        return {i for i in range(n) if (i + 1) % c.get("sliding_window_pattern", 6)}
+    if arch == "gemma2":
+        return {i for i in range(n) if i % 2 == 0}
+    if arch in ("qwen2", "qwen3", "qwen3_moe"):
+        return set(range(c.get("max_window_layers", n), n)) if c.get("use_sliding_window") else set()
+    return set(range(n))
 
 
 def forward(w, c, ids):
+    arch = c["model_type"]
     H, K = c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or c["hidden_size"] // H
+    rd = int(d * c.get("partial_rotary_factor", 1.0))
     eps = c["rms_norm_eps"]
     T = len(ids)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(c))
-    cos, sin = ang.cos(), ang.sin()
+    gemma = arch in GEMMA
+    slide = sliding_layers(c, arch)
 
-    def rope(x):  # x [heads, T, d]; pairs (i, i + d/2)
-        a, b = x[..., : d // 2], x[..., d // 2 :]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    def rotary(theta, scaling):
+        inv, att = inv_freq(c, theta, scaling, rd, T)
+        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        return ang.cos() * att, ang.sin() * att
+
+    rot_global = rotary(c["rope_theta"], c.get("rope_scaling"))
+    rot_local = rotary(c.get("rope_local_base_freq", 10000.0), None) if arch == "gemma3_text" else rot_global
+
+    def rope(x, cs):  # x [heads, T, d]; pairs (i, i + rd/2) of the first rd dims
+        cos, sin = cs
+        a, b, rest = x[..., : rd // 2], x[..., rd // 2 : rd], x[..., rd:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
 
     def norm(x, g):
-        return g * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+        y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+        return y * (1 + g) if gemma else g * y
 
-    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    for i in range(c["num_hidden_layers"]):
-        p = "model.layers.%d." % i
-        h = norm(x, w[p + "input_layernorm.weight"])
-        proj = {}
-        for n in "qkv":
-            y = h @ w[p + "self_attn.%s_proj.weight" % n].T
-            if p + "self_attn.%s_proj.bias" % n in w:
-                y = y + w[p + "self_attn.%s_proj.bias" % n]
-            proj[n] = y.reshape(T, -1, d).transpose(0, 1)
-        q, k, v = rope(proj["q"]), rope(proj["k"]), proj["v"]
+    def act(g):
+        if gemma:  # gelu, tanh approximation
+            return 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+        return g * torch.sigmoid(g)
+
+    def dense(h, p):
+        if p + "gate_up_proj.weight" in w:
+            g, u = (h @ w[p + "gate_up_proj.weight"].T).chunk(2, dim=-1)
+        else:
+            g, u = h @ w[p + "gate_proj.weight"].T, h @ w[p + "up_proj.weight"].T
+        return (act(g) * u) @ w[p + "down_proj.weight"].T
+
+    def experts(h, p, names, renorm):
+        probs = torch.softmax(h @ w[p + "gate.weight"].T, -1)
+        top, idx = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
+        if renorm:
+            top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for s in range(top.shape[1]):
+                e = "%sexperts.%d." % (p, int(idx[t, s]))
+                g = h[t] @ w[e + names[0]].T
+                u = h[t] @ w[e + names[1]].T
+                out[t] += top[t, s] * ((g * torch.sigmoid(g) * u) @ w[e + names[2]].T)
+        return out
+
+    def mlp(h, p, i):
+        if arch == "mixtral":
+            return experts(h, p + "block_sparse_moe.", ("w1.weight", "w3.weight", "w2.weight"), True)
+        if arch == "qwen3_moe" and i not in c.get("mlp_only_layers", []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0:
+            names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+            return experts(h, p + "mlp.", names, c.get("norm_topk_prob", False))
+        return dense(h, p + "mlp.")
+
+    def attention(h, p, i):
+        a = p + "self_attn."
+        if a + "qkv_proj.weight" in w:
+            qkv = h @ w[a + "qkv_proj.weight"].T
+            proj = dict(zip("qkv", torch.split(qkv, [H * d, K * d, K * d], dim=-1)))
+        else:
+            proj = {}
+            for n in "qkv":
+                y = h @ w[a + "%s_proj.weight" % n].T
+                if a + "%s_proj.bias" % n in w:
+                    y = y + w[a + "%s_proj.bias" % n]
+                proj[n] = y
+        if arch == "olmo2":  # over the whole projection, before the heads
+            proj["q"] = norm(proj["q"], w[a + "q_norm.weight"])
+            proj["k"] = norm(proj["k"], w[a + "k_norm.weight"])
+        q, k, v = (proj[n].reshape(T, -1, d).transpose(0, 1) for n in "qkv")
+        if arch in QK_NORM:
+            q, k = norm(q, w[a + "q_norm.weight"]), norm(k, w[a + "k_norm.weight"])
+        cs = rot_local if i in slide else rot_global
+        q, k = rope(q, cs), rope(k, cs)
+        scale = c["query_pre_attn_scalar"] ** -0.5 if gemma else 1 / math.sqrt(d)
+        qi = torch.arange(T).unsqueeze(1)
+        kj = torch.arange(T).unsqueeze(0)
+        allowed = kj <= qi
+        if i in slide:
+            allowed = allowed & (kj > qi - c["sliding_window"])
+        cap = c.get("attn_logit_softcapping")
         heads = []
         for hq in range(H):
             hk = hq // (H // K)
-            s = q[hq] @ k[hk].T / math.sqrt(d)
-            s = s + torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+            s = q[hq] @ k[hk].T * scale
+            if cap:
+                s = torch.tanh(s / cap) * cap
+            s = s.masked_fill(~allowed, float("-inf"))
             heads.append(torch.softmax(s, -1) @ v[hk])
-        x = x + torch.cat(heads, -1) @ w[p + "self_attn.o_proj.weight"].T
-        h = norm(x, w[p + "post_attention_layernorm.weight"])
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (g * torch.sigmoid(g) * u) @ w[p + "mlp.down_proj.weight"].T
-    x = norm(x[-1], w["model.norm.weight"])
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return x @ head.T
+        return torch.cat(heads, -1) @ w[a + "o_proj.weight"].T
+
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    if gemma:
+        x = x * math.sqrt(c["hidden_size"])
+    for i in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        if gemma:
+            x = x + norm(attention(norm(x, w[p + "input_layernorm.weight"]), p, i), w[p + "post_attention_layernorm.weight"])
+            x = x + norm(mlp(norm(x, w[p + "pre_feedforward_layernorm.weight"]), p, i), w[p + "post_feedforward_layernorm.weight"])
+        elif arch == "olmo2":
+            x = x + norm(attention(x, p, i), w[p + "post_attention_layernorm.weight"])
+            x = x + norm(mlp(x, p, i), w[p + "post_feedforward_layernorm.weight"])
+        else:
+            x = x + attention(norm(x, w[p + "input_layernorm.weight"]), p, i)
+            x = x + mlp(norm(x, w[p + "post_attention_layernorm.weight"]), p, i)
+    x = norm(x[-1:], w["model.norm.weight"])[0]
+    logits = x @ w["lm_head.weight"].T
+    cap = c.get("final_logit_softcapping")
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def main():
     path = sys.argv[1]
     with open(path + "/config.json") as f:
         c = json.load(f)
-    w = load(path)
+    c = c.get("text_config") or c
+    w = text_weights(load(path))
     req = json.load(sys.stdin)
     out = []
     for ids in req["prompts"]:
