@@ -1,6 +1,7 @@
 """A compact Llama-family transformer in plain torch.
 
-Covers Llama 2/3 (llama3 rope scaling), Mistral and Qwen2 (q/k/v biases):
+Covers Llama 2/3 (llama3 rope scaling), Mistral, Qwen2 (q/k/v biases) and
+Qwen3 (per-head q/k RMSNorm before the rotary embedding):
 RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, tied
 embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
 projections and the MLP; attention runs per group: all one-token sequences
@@ -23,7 +24,7 @@ except ImportError:
 from st import Checkpoint, CheckpointError
 from stcheck import read_json
 
-ARCHS = {"llama", "mistral", "qwen2"}
+ARCHS = {"llama", "mistral", "qwen2", "qwen3"}
 log = logging.getLogger("llama")
 
 # Upper bounds far above any real model, so a crafted config.json cannot ask
@@ -58,6 +59,7 @@ class Config:
             self.tie = bool(c.get("tie_word_embeddings", False))
             self.bias = arch == "qwen2" or bool(c.get("attention_bias", False))
             self.dtype = c.get("torch_dtype") or "float32"
+            self.qk_norm = arch == "qwen3"
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError("config.json", "missing or bad field: %s" % e)
         if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab, self.head_dim, self.context) <= 0 or self.heads % self.kv_heads:
@@ -142,6 +144,9 @@ class Llama:
             k = get(p + "self_attn.k_proj.weight", (cfg.kv_heads * hd, h))
             v = get(p + "self_attn.v_proj.weight", (cfg.kv_heads * hd, h))
             L["qkv"] = torch.cat([q, k, v])
+            if cfg.qk_norm:  # Qwen3: an RMSNorm over each head of q and k, before the rotary embedding
+                L["q_norm"] = get(p + "self_attn.q_norm.weight", (hd,))
+                L["k_norm"] = get(p + "self_attn.k_norm.weight", (hd,))
             if cfg.bias:
                 L["qkv_b"] = torch.cat([
                     get(p + "self_attn.q_proj.bias", (cfg.heads * hd,)),
@@ -186,6 +191,17 @@ class Llama:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
         return w * xf.to(x.dtype)
 
+    def qk_norm(self, qkv, L):
+        """qkv with each head of q and k RMS-normalised (the layer's
+        q_norm and k_norm), when the family has them; the kernels then
+        rotate and cache the normalised rows."""
+        if "q_norm" not in L:
+            return qkv
+        H, K, hd = self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim
+        q = self.rms(qkv[:, : H * hd].reshape(-1, H, hd), L["q_norm"])
+        k = self.rms(qkv[:, H * hd : (H + K) * hd].reshape(-1, K, hd), L["k_norm"])
+        return torch.cat([q.flatten(1), k.flatten(1), qkv[:, (H + K) * hd :]], 1)
+
     def rope(self, x, cos, sin):
         # x [N, heads, hd]; cos, sin [N, 1, hd]
         half = x.shape[-1] // 2
@@ -207,7 +223,7 @@ class Llama:
         for li, L in enumerate(self.layers):
             kc, vc = kv.kc[li], kv.vc[li]
             x, h = self.add_norm(x, h, L["ln1"])
-            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
             if self.kern is not None:  # rotary embedding and KV write in one kernel
                 qk = self.kern.rope_kv(qkv, kc, vc, kvrow, pos, self.cos, self.sin, H, K)
             else:
@@ -249,7 +265,7 @@ class Llama:
         h = None
         for li, L in enumerate(self.layers):
             x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
-            qkv = F.linear(h, L["qkv"], L.get("qkv_b"))
+            qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
             a = kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table, rows, pos, self.cos, self.sin,
                                       cfg.heads, cfg.kv_heads, cfg.context)
             x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
