@@ -48,6 +48,9 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 		m["rope_scaling"] = longRoPE(c)
 		m["original_max_position_embeddings"] = max(1, c.ContextLength/4)
 	}
+	if c.TransformersV5 {
+		toV5(c, m)
+	}
 	if c.Arch != "gemma3" {
 		return m
 	}
@@ -66,6 +69,41 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 		"eos_token_id":        tok.eos,
 		"torch_dtype":         c.DType,
 		"tie_word_embeddings": c.TieEmbeddings,
+	}
+}
+
+// toV5 rewrites m in transformers 5's names.
+func toV5(c Config, m map[string]any) {
+	rope := map[string]any{"rope_theta": m["rope_theta"], "rope_type": "default"}
+	if s, ok := m["rope_scaling"].(map[string]any); ok {
+		for k, v := range s {
+			rope[k] = v
+		}
+		if t, ok := s["type"]; ok {
+			delete(rope, "type")
+			rope["rope_type"] = t
+		}
+	}
+	if c.Arch == "phi3" {
+		rope["partial_rotary_factor"] = m["partial_rotary_factor"]
+		delete(m, "partial_rotary_factor")
+	}
+	if local, ok := m["rope_local_base_freq"]; ok {
+		m["rope_parameters"] = map[string]any{
+			"full_attention":    rope,
+			"sliding_attention": map[string]any{"rope_theta": local, "rope_type": "default"},
+		}
+		delete(m, "rope_local_base_freq")
+	} else {
+		m["rope_parameters"] = rope
+	}
+	delete(m, "rope_theta")
+	delete(m, "rope_scaling")
+	m["dtype"] = m["torch_dtype"]
+	delete(m, "torch_dtype")
+	if n, ok := m["num_experts"]; ok {
+		m["num_local_experts"] = n
+		delete(m, "num_experts")
 	}
 }
 

@@ -102,6 +102,13 @@ type Config struct {
 	SparseStep int
 	// DenseLayers is qwen3_moe's mlp_only_layers.
 	DenseLayers []int
+
+	// TransformersV5 writes config.json as transformers 5 saves it, not
+	// as the published checkpoints have it: rope_parameters (keyed by
+	// layer type for Gemma 3, with Phi-3's partial_rotary_factor) in
+	// place of rope_theta and rope_scaling, dtype for torch_dtype, and
+	// num_local_experts for qwen3_moe's num_experts.
+	TransformersV5 bool
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.

@@ -372,3 +372,29 @@ func TestFamilies(t *testing.T) {
 		}
 	}
 }
+
+// TestTransformersV5 checks the transformers 5 names replace the published ones.
+func TestTransformersV5(t *testing.T) {
+	for _, arch := range []string{"gemma3_text", "qwen3_moe", "phi3", "llama"} {
+		c := TinyFamily(arch)
+		c.TransformersV5 = true
+		dir := t.TempDir()
+		if err := Write(dir, c); err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		readJSON(t, filepath.Join(dir, "config.json"), &cfg)
+		for _, gone := range []string{"rope_theta", "rope_scaling", "torch_dtype", "num_experts", "rope_local_base_freq", "partial_rotary_factor"} {
+			if _, ok := cfg[gone]; ok {
+				t.Errorf("%s: %s still written", arch, gone)
+			}
+		}
+		rope, _ := cfg["rope_parameters"].(map[string]any)
+		if arch == "gemma3_text" {
+			rope, _ = rope["full_attention"].(map[string]any)
+		}
+		if rope["rope_theta"] != c.RopeTheta || cfg["dtype"] != "float32" {
+			t.Errorf("%s: rope_parameters %v, dtype %v", arch, cfg["rope_parameters"], cfg["dtype"])
+		}
+	}
+}
