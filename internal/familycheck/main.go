@@ -1,0 +1,146 @@
+// Command familycheck runs greedy generation on one engine for a list of
+// token-id prompts and prints each prompt's tokens and their
+// log-probabilities as JSON, for hf_families.py to compare with
+// transformers. The prompts run as one batch, as a server runs them:
+// prompt chunks of -chunk tokens beside the other sequences' decode steps.
+//
+//	familycheck -engine pyproc -dir CKPT -in prompts.json -n 32 -dtype float32 > out.json
+//
+// Built without the mlx tag it serves only -engine pyproc; with it (and
+// MLX's libraries on the loader's path) also -engine mlx.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/mlx"
+	"github.com/mlxserving/mlxserving/engine/pyproc"
+)
+
+type result struct {
+	Tokens   []int32   `json:"tokens"`
+	Logprobs []float32 `json:"logprobs"`
+}
+
+func main() {
+	var (
+		engName = flag.String("engine", "pyproc", "pyproc or mlx")
+		dir     = flag.String("dir", "", "checkpoint directory")
+		in      = flag.String("in", "", "prompts: a JSON list of token-id lists")
+		n       = flag.Int("n", 32, "tokens to generate a prompt")
+		chunk   = flag.Int("chunk", 256, "prompt tokens a sequence feeds a step")
+		dtype   = flag.String("dtype", "", "pyproc: weights' dtype (float32, bfloat16; empty: the engine's default)")
+		device  = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
+		python  = flag.String("python", "", "pyproc: Python interpreter")
+	)
+	flag.Parse()
+	if err := run(*engName, *dir, *in, *n, *chunk, *dtype, *device, *python); err != nil {
+		fmt.Fprintln(os.Stderr, "familycheck:", err)
+		os.Exit(1)
+	}
+}
+
+func run(engName, dir, in string, n, chunk int, dtype, device, python string) error {
+	raw, err := os.ReadFile(in)
+	if err != nil {
+		return err
+	}
+	var prompts [][]int32
+	if err := json.Unmarshal(raw, &prompts); err != nil {
+		return fmt.Errorf("%s: %w", in, err)
+	}
+	if len(prompts) == 0 || n <= 0 || chunk <= 0 {
+		return errors.New("want prompts, -n > 0 and -chunk > 0")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	eng, err := newEngine(ctx, engName, dtype, device, python)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	total := 0
+	for _, p := range prompts {
+		total += len(p) + n
+	}
+	m, err := eng.Load(ctx, engine.ModelSpec{ID: "check", Path: dir, MaxBatch: len(prompts), KVCapacity: total + 64*len(prompts)})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	out, err := generate(ctx, m, prompts, n, chunk)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+func newEngine(ctx context.Context, name, dtype, device, python string) (engine.Engine, error) {
+	switch name {
+	case "pyproc":
+		var opts []pyproc.Option
+		if dtype != "" {
+			opts = append(opts, pyproc.WithDType(dtype))
+		}
+		if device != "" {
+			opts = append(opts, pyproc.WithDevice(device))
+		}
+		if python != "" {
+			opts = append(opts, pyproc.WithPython(python))
+		}
+		return pyproc.New(ctx, opts...)
+	case "mlx":
+		return mlx.New()
+	}
+	return nil, fmt.Errorf("unknown engine %q", name)
+}
+
+// generate runs every prompt to n greedy tokens in one batch: each step
+// carries a chunk of every prompt still prefilling and one token of every
+// sequence decoding.
+func generate(ctx context.Context, m engine.Model, prompts [][]int32, n, chunk int) ([]result, error) {
+	params := &engine.SamplingParams{Logprobs: true}
+	out := make([]result, len(prompts))
+	fed := make([]int, len(prompts))
+	for i, p := range prompts {
+		if _, err := m.Open(ctx, engine.SeqID(i), p, ""); err != nil {
+			return nil, fmt.Errorf("open prompt %d (%d tokens): %w", i, len(p), err)
+		}
+		defer m.Free(engine.SeqID(i), "")
+	}
+	for {
+		var batch []engine.StepInput
+		for i, p := range prompts {
+			switch {
+			case fed[i] < len(p):
+				end := min(len(p), fed[i]+chunk)
+				batch = append(batch, engine.StepInput{Seq: engine.SeqID(i), Tokens: p[fed[i]:end], Sample: end == len(p), Params: params})
+				fed[i] = end
+			case len(out[i].Tokens) < n:
+				last := out[i].Tokens[len(out[i].Tokens)-1]
+				batch = append(batch, engine.StepInput{Seq: engine.SeqID(i), Tokens: []int32{last}, Sample: true, Params: params})
+			}
+		}
+		if len(batch) == 0 {
+			return out, nil
+		}
+		got, err := m.Step(ctx, batch)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range got {
+			r := &out[o.Seq]
+			if len(r.Tokens) < n {
+				r.Tokens = append(r.Tokens, o.Token)
+				r.Logprobs = append(r.Logprobs, o.Logprob)
+			}
+		}
+	}
+}
