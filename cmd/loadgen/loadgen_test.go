@@ -61,6 +61,29 @@ func TestSummaryDefinitions(t *testing.T) {
 	}
 }
 
+// TestTextlessStream: a stream whose tokens decode to nothing gets its end
+// as TTFT, never zero, and no TPOT; the summary counts it.
+func TestTextlessStream(t *testing.T) {
+	body := strings.Join([]string{
+		`data: {"choices":[{"delta":{"role":"assistant","content":""}}]}`,
+		`data: {"choices":[{"delta":{"content":""},"finish_reason":"length"}]}`,
+		`data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":8}}`,
+		`data: [DONE]`, ``,
+	}, "\n")
+	r := &result{start: time.Now().Add(-time.Millisecond)}
+	if err := readStream(strings.NewReader(body), r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.textless || r.ttft < time.Millisecond || r.outputTokens != 8 {
+		t.Fatalf("textless %v, ttft %v, tokens %d", r.textless, r.ttft, r.outputTokens)
+	}
+	r.e2e = r.ttft
+	s := summarize([]*result{r}, time.Second, slo{}, []float64{50})
+	if s.Textless != 1 || s.TPOT.N != 0 || s.TTFT.Values[0] == 0 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
 func TestRefusesNonLoopback(t *testing.T) {
 	for _, target := range []string{"http://10.0.0.1:8080", "http://example.com", "ftp://127.0.0.1", "http://0.0.0.0:80"} {
 		if _, _, _, _, err := parseFlags([]string{"-url", target}); err == nil {

@@ -188,8 +188,9 @@ func send(ctx context.Context, client *http.Client, cfg config, body []byte) *re
 // chunk is the part of a response (or stream chunk) the generator reads.
 type chunk struct {
 	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
+		Text         string `json:"text"`
+		FinishReason string `json:"finish_reason"`
+		Delta        struct {
 			Content string `json:"content"`
 		} `json:"delta"`
 	} `json:"choices"`
@@ -242,6 +243,12 @@ func readStream(body io.Reader, r *result) error {
 			r.promptTokens, r.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
 		}
 		if len(c.Choices) == 0 || c.Choices[0].Text+c.Choices[0].Delta.Content == "" {
+			if last.IsZero() && len(c.Choices) > 0 && c.Choices[0].FinishReason != "" {
+				// A stream whose tokens all decoded to nothing (random
+				// weights, special tokens): its first output is its end,
+				// an upper bound of TTFT rather than a zero.
+				r.ttft, r.textless = time.Since(r.start), true
+			}
 			continue
 		}
 		now := time.Now()

@@ -13,7 +13,8 @@ import (
 type result struct {
 	err          error
 	start        time.Time
-	ttft         time.Duration // send to first content chunk
+	ttft         time.Duration // send to first content chunk (to the end when none carried text)
+	textless     bool          // no chunk carried text: ttft is the time to the finish chunk
 	e2e          time.Duration // send to the end of the response
 	itl          []time.Duration
 	promptTokens int
@@ -23,7 +24,7 @@ type result struct {
 // tpot is the mean time per output token after the first, as vLLM defines
 // it: (e2e - ttft) / (output tokens - 1). ok is false for one-token outputs.
 func (r *result) tpot() (time.Duration, bool) {
-	if r.outputTokens < 2 {
+	if r.outputTokens < 2 || r.textless {
 		return 0, false
 	}
 	return (r.e2e - r.ttft) / time.Duration(r.outputTokens-1), true
@@ -63,6 +64,10 @@ type summary struct {
 	OfferedRate          float64
 	TTFT, TPOT, ITL, E2E dist
 	FirstError           string
+	// Textless counts completed streams none of whose chunks carried text
+	// (every token decoded to nothing): their TTFT is their end, and they
+	// have no TPOT.
+	Textless int
 }
 
 // dist is a latency distribution: mean, median and chosen percentiles.
@@ -122,6 +127,9 @@ func summarize(results []*result, elapsed time.Duration, goal slo, pcts []float6
 			continue
 		}
 		s.Completed++
+		if r.textless {
+			s.Textless++
+		}
 		s.PromptTokens += r.promptTokens
 		s.OutputToks += r.outputTokens
 		ttft, e2e = append(ttft, r.ttft), append(e2e, r.e2e)
@@ -148,6 +156,9 @@ func (s summary) print(w io.Writer, goal slo) {
 	fmt.Fprintf(w, "Failed requests:                %d\n", s.Failed)
 	if s.FirstError != "" {
 		fmt.Fprintf(w, "First error:                    %s\n", s.FirstError)
+	}
+	if s.Textless > 0 {
+		fmt.Fprintf(w, "Streams without text:           %d (TTFT counted to their end, no TPOT)\n", s.Textless)
 	}
 	fmt.Fprintf(w, "Benchmark duration (s):         %.2f\n", s.Duration.Seconds())
 	fmt.Fprintf(w, "Total input tokens:             %d\n", s.PromptTokens)
