@@ -97,6 +97,21 @@ func TestBadCheckpoints(t *testing.T) {
 	generate(t, m, 1, prompt(1, 5), 3)
 }
 
+// TestUnsupportedArchitecture checks the refusal names the families the
+// runtime serves.
+func TestUnsupportedArchitecture(t *testing.T) {
+	e := newEngine(t)
+	_, err := e.Load(context.Background(), engine.ModelSpec{ID: "bad", Path: badCheckpoint(t, func(d string) { editConfig(t, d, "model_type", "gpt_neox") })})
+	if err == nil {
+		t.Fatal("gpt_neox loaded")
+	}
+	for _, arch := range testmodel.Archs() {
+		if !strings.Contains(err.Error(), arch) {
+			t.Errorf("%v: does not list %s", err, arch)
+		}
+	}
+}
+
 func TestLoadCancelled(t *testing.T) {
 	e := newEngine(t)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,9 +3,12 @@ package pyproc
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"math"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -33,6 +36,9 @@ func TestMatchesReference(t *testing.T) {
 			cases[arch] = testmodel.TinyFamily(arch)
 		}
 	}
+	// gemma3 as transformers 4.52 and later write it: the language model
+	// under model.language_model.
+	cases["gemma3-newer"] = testmodel.TinyFamily("gemma3")
 	e := newEngine(t)
 	const n = 6
 	for name, cfg := range cases {
@@ -48,14 +54,26 @@ func TestMatchesReference(t *testing.T) {
 			if err := testmodel.Write(dir, cfg); err != nil {
 				t.Fatal(err)
 			}
+			if name == "gemma3-newer" {
+				renameTensors(t, dir, "language_model.model.", "model.language_model.")
+			}
 			ref := runReference(t, py, dir, prompts, n)
 			m, err := e.Load(context.Background(), engine.ModelSpec{ID: name, Path: dir})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			for i, p := range prompts {
-				toks, lps := generateLogprobs(t, m.(*Model), engine.SeqID(i), p, n)
+			// The 70-token prompt a second time in chunks of 24: chunks
+			// after the first attend over their cached prefix (and slide
+			// past it).
+			runs := append([][]int32(nil), prompts...)
+			runs = append(runs, prompts[1])
+			for i, p := range runs {
+				chunk := 0
+				if i == len(prompts) {
+					i, chunk = 1, 24
+				}
+				toks, lps := generateChunked(t, m.(*Model), engine.SeqID(i+100*chunk), p, n, chunk)
 				for k := range toks {
 					if toks[k] != ref[i].Tokens[k] {
 						if ref[i].Gaps[k] < 1e-3 {
@@ -73,7 +91,26 @@ func TestMatchesReference(t *testing.T) {
 }
 
 // referenceArchs are the families TestMatchesReference runs.
-var referenceArchs = map[string]bool{"llama": true, "qwen2": true, "qwen3": true}
+var referenceArchs = map[string]bool{"llama": true, "mistral": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "phi3": true, "olmo2": true}
+
+// renameTensors replaces old with new (of the same length) in the names of
+// dir's model.safetensors, leaving the offsets as they are.
+func renameTensors(t *testing.T, dir, old, new string) {
+	t.Helper()
+	path := filepath.Join(dir, "model.safetensors")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(old) != len(new) {
+		t.Fatalf("renameTensors: %q and %q differ in length", old, new)
+	}
+	n := 8 + int(binary.LittleEndian.Uint64(raw))
+	copy(raw[8:n], bytes.ReplaceAll(raw[8:n], []byte(old), []byte(new)))
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
 
 type referenceRun struct {
 	Tokens   []int32
@@ -101,12 +138,20 @@ func runReference(t *testing.T, py, dir string, prompts [][]int32, n int) []refe
 	return ref
 }
 
-func generateLogprobs(t *testing.T, m *Model, seq engine.SeqID, prompt []int32, n int) ([]int32, []float32) {
+// generateChunked runs n greedy steps with logprobs after prompt, fed in
+// steps of chunk tokens (0: all at once).
+func generateChunked(t *testing.T, m *Model, seq engine.SeqID, prompt []int32, n, chunk int) ([]int32, []float32) {
 	t.Helper()
 	ctx := context.Background()
 	feed := openFeed(t, m, seq, prompt)
 	defer m.Free(seq, "")
 	params := &engine.SamplingParams{Logprobs: true}
+	for chunk > 0 && len(feed) > chunk {
+		if _, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: feed[:chunk]}}); err != nil {
+			t.Fatal(err)
+		}
+		feed = feed[chunk:]
+	}
 	var toks []int32
 	var lps []float32
 	for len(toks) < n {

@@ -52,7 +52,7 @@ func TestRuntimeTampered(t *testing.T) {
 			os.WriteFile(filepath.Join(dir, "torch.py"), []byte("raise SystemExit"), 0o600)
 		}, "not part of the runtime"},
 		{"bytecode cache", func(t *testing.T, dir string) { os.Mkdir(filepath.Join(dir, "__pycache__"), 0o700) }, "not part of the runtime"},
-		{"group-writable file", func(t *testing.T, dir string) { os.Chmod(filepath.Join(dir, "llama.py"), 0o620) }, "writable by other users"},
+		{"group-writable file", func(t *testing.T, dir string) { os.Chmod(filepath.Join(dir, "decoder.py"), 0o620) }, "writable by other users"},
 		{"opened directory", func(t *testing.T, dir string) { os.Chmod(dir, 0o755) }, "want 0700"},
 		{"missing file", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "sampling.py")) }, "no such file"},
 		{"foreign-owned directory", func(t *testing.T, dir string) {

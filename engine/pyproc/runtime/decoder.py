@@ -1,14 +1,23 @@
-"""A compact Llama-family transformer in plain torch.
+"""The decoder every family runs, in plain torch.
 
-Covers Llama 2/3 (llama3 rope scaling), Mistral, Qwen2 (q/k/v biases) and
-Qwen3 (per-head q/k RMSNorm before the rotary embedding):
-RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP, tied
-embeddings. Tokens of a step are packed into one [N, hidden] matrix for the
-projections and the MLP; attention runs per group: all one-token sequences
-together, each multi-token chunk on its own, reading KV through block
-tables (paged.py).
+config.py describes the model (the architecture table); this module runs
+any description: RMSNorm in its three kinds (Llama, OLMo 2, Gemma's 1 + w),
+the norms where the family puts them (before, around or after attention
+and the MLP), rotary embeddings (full or partial, one table per layer
+kind: Gemma 3's local and global bases, Phi-3's longrope), QK norm per head
+or over the whole projection, grouped-query attention with sliding
+windows, Gemma's scale and soft-capping, SwiGLU or GELU-tanh MLPs and
+mixtures of experts (moe.py). Tokens of a step are packed into one
+[N, hidden] matrix for the projections and the MLP; attention runs per
+group: all one-token sequences together, each multi-token chunk on its
+own, reading KV through block tables (paged.py).
+
+On CUDA the Triton kernels (kernels.py) add the residual and norm, rotate
+and cache q and k, and run decode attention (sliding windows bound the
+keys they walk), and prompt chunks attend in one varlen flash call
+(window_size_left for sliding layers). What they cannot do falls back to
+the plain torch attention, said where it happens.
 """
-import json
 import logging
 import math
 import os
@@ -21,257 +30,262 @@ try:  # torch 2.3+: causal masks aligned to the end of the keys, run by the flas
 except ImportError:
     causal_lower_right = None
 
+import gemma
+import moe
+import phi3
+import rope
+from config import Config  # noqa: F401  (the backend's entry point)
 from st import Checkpoint, CheckpointError
-from stcheck import read_json
 
-ARCHS = {"llama", "mistral", "qwen2", "qwen3"}
-log = logging.getLogger("llama")
+log = logging.getLogger("decoder")
 
-# Upper bounds far above any real model, so a crafted config.json cannot ask
-# for absurd KV memory before the weights' shapes are compared with it.
-LIMITS = {"hidden": 1 << 17, "layers": 1 << 10, "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 17,
-          "intermediate": 1 << 19, "vocab": 1 << 22, "context": 1 << 24}
-
-
-class Config:
-    """The fields of config.json the forward pass needs."""
-
-    def __init__(self, directory):
-        c = read_json(os.path.join(directory, "config.json"), "config.json")
-        arch = c.get("model_type", "")
-        if arch not in ARCHS:
-            raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(sorted(ARCHS))))
-        try:
-            self.arch = arch
-            self.hidden = int(c["hidden_size"])
-            self.layers = int(c["num_hidden_layers"])
-            self.heads = int(c["num_attention_heads"])
-            self.kv_heads = int(c.get("num_key_value_heads") or self.heads)
-            self.head_dim = int(c.get("head_dim") or self.hidden // self.heads)
-            self.intermediate = int(c["intermediate_size"])
-            self.vocab = int(c["vocab_size"])
-            self.context = int(c.get("max_position_embeddings") or 2048)
-            self.eps = float(c.get("rms_norm_eps") or 1e-5)
-            self.theta = float(c.get("rope_theta") or 10000.0)
-            self.rope_scaling = c.get("rope_scaling")
-            if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-                raise ValueError("rope_scaling is not an object")
-            self.tie = bool(c.get("tie_word_embeddings", False))
-            self.bias = arch == "qwen2" or bool(c.get("attention_bias", False))
-            self.dtype = c.get("torch_dtype") or "float32"
-            self.qk_norm = arch == "qwen3"
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError("config.json", "missing or bad field: %s" % e)
-        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab, self.head_dim, self.context) <= 0 or self.heads % self.kv_heads:
-            raise CheckpointError("config.json", "inconsistent sizes")
-        for field, limit in LIMITS.items():
-            if getattr(self, field) > limit:
-                raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
-        self.bos, self.eos = _special_ids(directory, c)
+# Where the language model's weights are: model. (CausalLM checkpoints),
+# language_model.model. (gemma3 written by transformers < 4.52 and Google's
+# files) or model.language_model. (newer transformers).
+PREFIXES = ("model.", "language_model.model.", "model.language_model.")
+# The norms of a layer by layout: (before attention, after attention,
+# before the MLP, after the MLP); None where the layout has none.
+NORMS = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),
+    "sandwich": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
+}
+NORM_KEYS = ("ln_in", "attn_post", "ln_ffn", "mlp_post")
 
 
-def _special_ids(directory, c):
-    bos, eos, src = c.get("bos_token_id"), c.get("eos_token_id"), "config.json"
-    path = os.path.join(directory, "generation_config.json")
-    if os.path.exists(path):
-        g = read_json(path, "generation_config.json")
-        bos = g.get("bos_token_id", bos)
-        if "eos_token_id" in g:
-            eos, src = g["eos_token_id"], "generation_config.json"
-    if _is_id(eos):
-        eos = [eos]
-    if eos is not None and not (isinstance(eos, list) and all(_is_id(e) for e in eos)):
-        raise CheckpointError(src, "eos_token_id: want an integer or a list of integers")
-    return (bos if _is_id(bos) else -1), list(eos or [])
-
-
-def _is_id(v):
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 31)
-
-
-def rope_inv_freq(cfg):
-    dim = cfg.head_dim
-    inv = 1.0 / (cfg.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    rs = cfg.rope_scaling
-    if not rs:
-        return inv
-    kind = rs.get("rope_type") or rs.get("type")
-    if kind == "default":
-        return inv
-    try:
-        if kind == "linear":
-            factor = float(rs["factor"])
-            if not factor > 0:
-                raise ValueError("factor must be positive")
-            return inv / factor
-        if kind != "llama3":
-            raise CheckpointError("config.json", "unsupported rope_scaling %r" % (kind,))
-        factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-        old = float(rs["original_max_position_embeddings"])
-        if not (factor > 0 and low > 0 and high > low and old > 0):
-            raise ValueError("bad parameters")
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError("config.json", "rope_scaling %s: %s" % (kind, e))
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old / low, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old / high) & (wavelen <= old / low)
-    return torch.where(medium, smoothed, scaled)
-
-
-class Llama:
+class Decoder:
     """Weights and the forward pass. The KV cache is owned by the caller
     (paged.PagedKV): kc[l] and vc[l] are [blocks, block_size, kv_heads,
     head_dim], read through the block table."""
 
     def __init__(self, directory, cfg, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
+        fam = cfg.family
         ck = Checkpoint(directory)
-        h, hd = cfg.hidden, cfg.head_dim
+        h = cfg.hidden
         get = lambda n, s: ck.get(n, s, device, dtype)
-        self.embed = get("model.embed_tokens.weight", (cfg.vocab, h))
-        self.layers = []
-        for i in range(cfg.layers):
-            p = "model.layers.%d." % i
-            L = {
-                "ln1": get(p + "input_layernorm.weight", (h,)),
-                "ln2": get(p + "post_attention_layernorm.weight", (h,)),
-                "o": get(p + "self_attn.o_proj.weight", (h, cfg.heads * hd)),
-                "down": get(p + "mlp.down_proj.weight", (h, cfg.intermediate)),
-            }
-            q = get(p + "self_attn.q_proj.weight", (cfg.heads * hd, h))
-            k = get(p + "self_attn.k_proj.weight", (cfg.kv_heads * hd, h))
-            v = get(p + "self_attn.v_proj.weight", (cfg.kv_heads * hd, h))
-            L["qkv"] = torch.cat([q, k, v])
-            if cfg.qk_norm:  # Qwen3: an RMSNorm over each head of q and k, before the rotary embedding
-                L["q_norm"] = get(p + "self_attn.q_norm.weight", (hd,))
-                L["k_norm"] = get(p + "self_attn.k_norm.weight", (hd,))
-            if cfg.bias:
-                L["qkv_b"] = torch.cat([
-                    get(p + "self_attn.q_proj.bias", (cfg.heads * hd,)),
-                    get(p + "self_attn.k_proj.bias", (cfg.kv_heads * hd,)),
-                    get(p + "self_attn.v_proj.bias", (cfg.kv_heads * hd,)),
-                ])
-            gate = get(p + "mlp.gate_proj.weight", (cfg.intermediate, h))
-            up = get(p + "mlp.up_proj.weight", (cfg.intermediate, h))
-            L["gate_up"] = torch.cat([gate, up])
-            self.layers.append(L)
-        self.norm = get("model.norm.weight", (h,))
-        if cfg.tie or not ck.has("lm_head.weight"):
-            self.lm_head = self.embed
-        else:
-            self.lm_head = get("lm_head.weight", (cfg.vocab, h))
-        inv = rope_inv_freq(cfg)
-        t = torch.arange(cfg.context, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        prefix = next((p for p in PREFIXES if ck.has(p + "embed_tokens.weight")), PREFIXES[0])
+        self.embed = get(prefix + "embed_tokens.weight", (cfg.vocab, h))
+        self.embed_scale = gemma.embed_scale(cfg, device, dtype)
+        self.layers = [self.load_layer(get, prefix + "layers.%d." % i, i) for i in range(cfg.layers)]
+        self.norm = get(prefix + "norm.weight", (h,))
+        heads = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if ck.has(n)]
+        self.lm_head = self.embed if cfg.tie or not heads else get(heads[0], (cfg.vocab, h))
+        # Rotary tables: one per layer kind (Gemma 3's sliding layers
+        # rotate with their own base and no scaling).
+        self.rope_ctx = cfg.context
+        kinds = [(cfg.theta, cfg.rope_scaling)]
+        if cfg.local_theta is not None:
+            kinds.append((cfg.local_theta, None))
+        self.tabs, self.longrope = [], False
+        for theta, rs in kinds:
+            (cos, sin), lr = rope.tables(cfg, theta, rs)
+            self.longrope = self.longrope or lr
+            self.tabs.append((cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)))
+        self.rope_old = min(rope.longrope(cfg)[3], cfg.context) if self.longrope else 0
+        self.tab_of = [1 if cfg.local_theta is not None and w else 0 for w in cfg.windows]
+        self.cos, self.sin = self.tabs[0]
+        self.norm_kind = fam.norm
         fast = device.type == "cuda"
-        self.sdpa = fast and _sdpa_gqa()
+        # Soft-capped attention scores (Gemma 2) are beyond SDPA, flash and
+        # the Triton decode kernel: such a model attends with the plain
+        # torch code throughout.
+        capped = cfg.attn_softcap > 0
+        self.sdpa = fast and not capped and _sdpa_gqa()
         if self.sdpa and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
             # cuDNN's attention builds an execution plan for every new query
             # length (about 100 ms each); prompt chunks come in every length,
             # so a server met a new one almost every step. The flash kernel
             # needs no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        self.fused_rms = fast and hasattr(F, "rms_norm")
-        self.kern = _kernels(cfg, device, dtype) if fast else None
+        self.fused_rms = fast and hasattr(F, "rms_norm") and fam.norm == "llama"
+        self.kern = _kernels(cfg, device, dtype) if fast and not capped else None
         # Every prompt chunk of a step in one flash call per layer (varlen,
         # each chunk over its prefix and itself), instead of a handful of
         # calls and copies per chunk: steps under load carry several
         # chunks and were bound by launching them.
-        self.varlen = self.sdpa and _varlen_ok(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
+        self.varlen = self.sdpa and _varlen_ok(device, dtype, cfg)
+        self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul) if cfg.experts else None
+        # CUDA graphs need a step without host syncs: the experts' loop
+        # fallback counts tokens on the host.
+        self.graphable = self.moe is None or self.moe.grouped
+
+    def load_layer(self, get, p, i):
+        cfg, fam = self.cfg, self.cfg.family
+        h, hd, H, K = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
+        L = {}
+        for key, name in zip(NORM_KEYS, NORMS[fam.layout]):
+            if name is not None:
+                L[key] = get(p + name + ".weight", (h,))
+        a = p + "self_attn."
+        if fam.attn == "fused":
+            L["qkv"] = phi3.qkv(get, cfg, a)
+        else:
+            L["qkv"] = torch.cat([get(a + "q_proj.weight", (H * hd, h)), get(a + "k_proj.weight", (K * hd, h)),
+                                  get(a + "v_proj.weight", (K * hd, h))])
+            if cfg.bias:
+                L["qkv_b"] = torch.cat([get(a + "q_proj.bias", (H * hd,)), get(a + "k_proj.bias", (K * hd,)),
+                                        get(a + "v_proj.bias", (K * hd,))])
+        L["o"] = get(a + "o_proj.weight", (h, H * hd))
+        if fam.qk_norm == "head":  # each head of q and k, before the rotary embedding
+            L["q_norm"] = get(a + "q_norm.weight", (hd,))
+            L["k_norm"] = get(a + "k_norm.weight", (hd,))
+        elif fam.qk_norm == "whole":  # OLMo 2: the whole projections, before the head split
+            L["q_norm"] = get(a + "q_norm.weight", (H * hd,))
+            L["k_norm"] = get(a + "k_norm.weight", (K * hd,))
+        if cfg.experts and cfg.sparse[i]:
+            L.update(moe.load(get, cfg, p))
+        elif fam.mlp == "fused":
+            L["gate_up"] = phi3.gate_up(get, cfg, p + "mlp.")
+            L["down"] = get(p + "mlp.down_proj.weight", (h, cfg.intermediate))
+        else:
+            m = p + "mlp."
+            L["gate_up"] = torch.cat([get(m + "gate_proj.weight", (cfg.intermediate, h)), get(m + "up_proj.weight", (cfg.intermediate, h))])
+            L["down"] = get(m + "down_proj.weight", (h, cfg.intermediate))
+        return L
 
     def rms(self, x, w):
+        """The family's RMSNorm of x by w; w None returns x."""
+        if w is None:
+            return x
         if self.fused_rms:
             return F.rms_norm(x, (x.shape[-1],), w, self.cfg.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        if self.norm_kind == "gemma":  # (1 + w), in float32, one rounding
+            return (xf * (1.0 + w.float())).to(x.dtype)
+        if self.norm_kind == "olmo2":  # w times the float32 rows, one rounding
+            return (w.float() * xf).to(x.dtype)
         return w * xf.to(x.dtype)
 
     def qk_norm(self, qkv, L):
-        """qkv with each head of q and k RMS-normalised (the layer's
-        q_norm and k_norm), when the family has them; the kernels then
-        rotate and cache the normalised rows."""
+        """qkv with q and k RMS-normalised (the layer's q_norm and k_norm:
+        per head, or over the whole projection), when the family has them;
+        the kernels then rotate and cache the normalised rows."""
         if "q_norm" not in L:
             return qkv
         H, K, hd = self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim
-        q = self.rms(qkv[:, : H * hd].reshape(-1, H, hd), L["q_norm"])
-        k = self.rms(qkv[:, H * hd : (H + K) * hd].reshape(-1, K, hd), L["k_norm"])
-        return torch.cat([q.flatten(1), k.flatten(1), qkv[:, (H + K) * hd :]], 1)
+        n = qkv.shape[0]
+        per = self.cfg.family.qk_norm == "head"
+        q = self.rms(qkv[:, : H * hd].reshape(n * H, hd) if per else qkv[:, : H * hd], L["q_norm"])
+        k = self.rms(qkv[:, H * hd : (H + K) * hd].reshape(n * K, hd) if per else qkv[:, H * hd : (H + K) * hd], L["k_norm"])
+        return torch.cat([q.reshape(n, H * hd), k.reshape(n, K * hd), qkv[:, (H + K) * hd :]], 1)
 
     def rope(self, x, cos, sin):
-        # x [N, heads, hd]; cos, sin [N, 1, hd]
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        """x [N, heads, hd]; cos, sin [N, 1, hd]: pairs (i, i + rot/2) of
+        the first rot dims rotate; the tables hold 1 and 0 past them."""
+        r = self.cfg.rot_dim
+        half = r // 2
+        rot = torch.cat([-x[..., half:r], x[..., :half], x[..., r:]], dim=-1)
         return x * cos + rot * sin
 
-    def forward(self, tokens, pos, kvrow, groups, kv, last):
+    def rope_rows(self, p, end):
+        """The rotary table rows of positions p .. end - 1, fed in one step
+        by one sequence: the positions, except under longrope, where the
+        long factors rotate every token of a step that reaches past the
+        original context (transformers switches on the sequence length
+        it is called with: a prompt longer than the original context is
+        rotated with the long factors throughout, and each token from the
+        original context on with the long ones). Rows past the context
+        hold the long rotation of positions below the original context.
+        Keys already cached keep the rotation they were written with, as
+        in transformers' cache; a one-token step's row is its position."""
+        old = self.rope_old
+        if not self.longrope or end <= old:
+            return range(p, end)
+        return [j + self.rope_ctx if j < old else j for j in range(p, end)]
+
+    def add_norm(self, x, d, w):
+        """(x + d, norm(x + d) by w); d is skipped when None (the first
+        layer: x is the embedding), the norm when w is None (OLMo 2).
+        Returns the new residual and the normalised rows."""
+        if w is None:
+            x = x if d is None else x + d
+            return x, x
+        if self.kern is not None:
+            return self.kern.add_rms(x, d, w, self.cfg.eps, self.norm_kind)
+        if d is not None:
+            x = x + d
+        return x, self.rms(x, w)
+
+    def embed_rows(self, tokens):
+        x = self.embed[tokens]
+        if self.embed_scale is not None:  # Gemma: sqrt(hidden) in the weights' dtype
+            x = x * self.embed_scale
+        return x
+
+    def mlp(self, h, L):
+        if "router" in L:
+            return self.moe.forward(h, L, self.act_mul)
+        return F.linear(self.act_mul(F.linear(h, L["gate_up"])), L["down"])
+
+    def act_mul(self, gu):
+        """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
+        if self.cfg.family.act == "gelu_tanh":
+            g, u = gu.chunk(2, dim=-1)
+            return F.gelu(g, approximate="tanh") * u
+        if self.kern is not None:
+            return self.kern.silu_mul(gu.contiguous())
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def logits(self, x):
+        out = F.linear(x, self.lm_head).float()
+        if self.cfg.final_softcap:  # Gemma 2
+            out = gemma.softcap(out, self.cfg.final_softcap)
+        return out
+
+    def forward(self, tokens, pos, kvrow, groups, kv, last, rpos=None):
         """tokens, pos, kvrow: [N] packed over the batch; kvrow is each
         token's row in the flattened KV blocks (block * block_size +
-        offset). groups: the attention plan (see attend); kv: paged.PagedKV.
+        offset). groups: the attention plan (see attend); kv: paged.PagedKV;
+        rpos: each token's rotary table row (rope_rows; None: pos).
         Returns logits [len(last), vocab] for the packed rows in last."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
-        x = self.embed[tokens]
-        cos = sin = None
+        rp = pos if rpos is None else rpos
+        x = self.embed_rows(tokens)
+        rows = None
         if self.kern is None:
-            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        h = None
+            rows = [(c[rp].unsqueeze(1), s[rp].unsqueeze(1)) for c, s in self.tabs]
+        d = None
         for li, L in enumerate(self.layers):
             kc, vc = kv.kc[li], kv.vc[li]
-            x, h = self.add_norm(x, h, L["ln1"])
+            x, h = self.add_norm(x, d, L.get("ln_in"))
             qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
+            t = self.tab_of[li]
             if self.kern is not None:  # rotary embedding and KV write in one kernel
-                qk = self.kern.rope_kv(qkv, kc, vc, kvrow, pos, self.cos, self.sin, H, K)
+                qk = self.kern.rope_kv(qkv, kc, vc, kvrow, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
             else:
-                qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), cos, sin)
+                qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), *rows[t])
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
             if self.kern is None:
                 kc.view(-1, K, hd)[kvrow] = k
                 vc.view(-1, K, hd)[kvrow] = v
-            a = self.attend(q, k, v, qkv, kc, vc, kv, groups)
-            x, h = self.add_norm(x, F.linear(a, L["o"]), L["ln2"])
-            h = F.linear(self.swiglu(F.linear(h, L["gate_up"])), L["down"])
-        x = self.rms(x[last] + h[last], self.norm)
-        return F.linear(x, self.lm_head).float()
-
-    def add_norm(self, x, d, w):
-        """(x + d, rms(x + d) * w); d is skipped when None (the first
-        layer: x is the embedding). Returns the new residual and the
-        normalised rows."""
-        if self.kern is not None:
-            return self.kern.add_rms(x, d, w, self.cfg.eps)
-        if d is not None:
-            x = x + d
-        return x, self.rms(x, w)
-
-    def swiglu(self, gu):
-        if self.kern is not None:
-            return self.kern.silu_mul(gu)
-        g, u = gu.chunk(2, dim=-1)
-        return F.silu(g) * u
+            a = self.rms(F.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
+            x, h = self.add_norm(x, a, L.get("ln_ffn"))
+            d = self.rms(self.mlp(h, L), L.get("mlp_post"))
+        return self.logits(self.rms(x[last] + d[last], self.norm))
 
     def forward_decode(self, tokens, pos, rows, kv):
         """One token per sequence, all on the device: tokens, pos and rows
         (the sequences' block-table rows) [B] (int64). Needs the CUDA
         kernels (self.kern). Returns logits [B, vocab] (float32)."""
         cfg = self.cfg
-        kern = self.kern
-        x = self.embed[tokens]
-        h = None
+        x = self.embed_rows(tokens)
+        d = None
         for li, L in enumerate(self.layers):
-            x, h = kern.add_rms(x, h, L["ln1"], cfg.eps)
+            x, h = self.add_norm(x, d, L.get("ln_in"))
             qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
-            a = kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table, rows, pos, self.cos, self.sin,
-                                      cfg.heads, cfg.kv_heads, cfg.context)
-            x, h = kern.add_rms(x, F.linear(a, L["o"]), L["ln2"], cfg.eps)
-            h = F.linear(kern.silu_mul(F.linear(h, L["gate_up"])), L["down"])
-        _, x = kern.add_rms(x, h, self.norm, cfg.eps)
-        return F.linear(x, self.lm_head).float()
+            cos, sin = self.tabs[self.tab_of[li]]
+            a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table, rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
+                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
+            a = self.rms(F.linear(a, L["o"]), L.get("attn_post"))
+            x, h = self.add_norm(x, a, L.get("ln_ffn"))
+            d = self.rms(self.mlp(h, L), L.get("mlp_post"))
+        _, x = self.add_norm(x, d, self.norm)
+        return self.logits(x)
 
     def gather(self, kc, table, rows, n):
         """The first n positions of the sequences in block-table rows
@@ -288,40 +302,54 @@ class Llama:
         ids in order) as [kv_heads, n, head_dim]."""
         return kc[blocks].flatten(0, 1)[:n].transpose(0, 1)
 
-    def decode_mask(self, lens, width, dtype):
-        """[B, 1, 1, 1, width]: 0 where a position is within the length,
-        minus infinity past it."""
+    def decode_mask(self, lens, width, dtype, window=0):
+        """[B, 1, 1, 1, width]: 0 where a position is within the length
+        (and the window: after lens - 1 - window), minus infinity
+        elsewhere."""
         ar = torch.arange(width, device=lens.device).unsqueeze(0)
         m = torch.zeros(lens.shape[0], width, device=lens.device, dtype=dtype)
-        return m.masked_fill(ar >= lens.unsqueeze(1), float("-inf")).view(-1, 1, 1, 1, width)
+        out = ar >= lens.unsqueeze(1)
+        if window:
+            out = out | (ar < lens.unsqueeze(1) - window)
+        return m.masked_fill(out, float("-inf")).view(-1, 1, 1, 1, width)
 
-    def attend(self, q, k, v, qkv, kc, vc, kv, groups):
+    def scores(self, q, k):
+        """q . k scaled, soft-capped where the family caps (Gemma 2), in
+        q's dtype."""
+        s = torch.matmul(q, k) * self.cfg.scale
+        if self.cfg.attn_softcap:
+            s = gemma.softcap(s, self.cfg.attn_softcap)
+        return s
+
+    def attend(self, q, k, v, qkv, kc, vc, kv, groups, li):
         """groups: ("decode", rows, trows, maxlen, lens) for the one-token
         sequences (packed rows, block-table rows, the longest length and
         each length, the new token included), ("chunk", start, end, trow,
         p, blocks) for a chunk of end-start tokens at positions p.. of one
         sequence whose first blocks (a device tensor, enough for p +
-        end - start positions) hold its prefix and the chunk. k and v are the step's own keys and values (already in
-        the cache); qkv the projections before the rotary embedding."""
+        end - start positions) hold its prefix and the chunk. k and v are
+        the step's own keys and values (already in the cache); qkv the
+        projections before the rotary embedding; li the layer (its
+        sliding window)."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        W = cfg.windows[li]
         rep = H // K
         if self.sdpa:
-            return self.attend_sdpa(q, k, v, qkv, kc, vc, kv, groups)
+            return self.attend_sdpa(q, k, v, qkv, kc, vc, kv, groups, li)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
-        scale = 1.0 / math.sqrt(hd)
         for g in groups:
             if g[0] == "decode":
                 _, rows, trows, maxlen, lens = g
                 if self.kern is not None:
-                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g)
+                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
                 kk = self.gather(kc, kv.table, trows, maxlen)
                 vv = self.gather(vc, kv.table, trows, maxlen)
-                mask = self.decode_mask(lens, kk.shape[2], q.dtype)
+                mask = self.decode_mask(lens, kk.shape[2], q.dtype, W)
                 qd = q[rows].view(B, K, rep, 1, hd)
-                s = torch.matmul(qd, kk.unsqueeze(2).transpose(-1, -2)) * scale + mask
+                s = self.scores(qd, kk.unsqueeze(2).transpose(-1, -2)) + mask
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv.unsqueeze(2))
                 out[rows] = o.reshape(B, H * hd)
             else:
@@ -330,22 +358,22 @@ class Llama:
                 qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
                 kk = self.chunk_kv(kc, blocks, L).unsqueeze(1)  # [K, 1, L, hd]
                 vv = self.chunk_kv(vc, blocks, L).unsqueeze(1)
-                s = torch.matmul(qc, kk.transpose(-1, -2)) * scale
-                i = torch.arange(T, device=q.device).unsqueeze(1) + p
-                j = torch.arange(L, device=q.device).unsqueeze(0)
-                s = s.masked_fill(j > i, float("-inf"))
+                s = self.scores(qc, kk.transpose(-1, -2))
+                s = s.masked_fill(~_allowed(T, L, p, W, q.device), float("-inf"))
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
 
-    def attend_decode_kern(self, qkv, kc, vc, kv, g):
+    def attend_decode_kern(self, qkv, kc, vc, kv, g, li):
         """A decode group through the Triton kernel: rotary embedding,
         KV write (again, same values) and attention over the blocks."""
         _, rows, trows, _, lens = g
-        return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table, trows, lens - 1, self.cos, self.sin,
-                                          self.cfg.heads, self.cfg.kv_heads, self.cfg.context)
+        cfg = self.cfg
+        cos, sin = self.tabs[self.tab_of[li]]
+        return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table, trows, lens - 1, cos, sin,
+                                          cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
 
-    def attend_varlen(self, q, kc, vc, g, out):
+    def attend_varlen(self, q, kc, vc, g, out, li):
         """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
         max_k) for every prompt chunk of the step: the chunks' packed rows
         (None: all rows, in order), the rows of the flattened KV cache
@@ -356,23 +384,33 @@ class Llama:
         qq = q if qrows is None else q[qrows]
         kk = kc.view(-1, K, hd)[krows]
         vv = vc.view(-1, K, hd)[krows]
-        o = _flash_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k)
+        o = _flash_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k, self.custom_scale(), self.cfg.windows[li])
         o = o.reshape(o.shape[0], -1)
         if qrows is None:
             return o
         out[qrows] = o
         return None
 
-    def attend_sdpa(self, q, k, v, qkv, kc, vc, kv, groups):
+    def custom_scale(self):
+        """The attention scale when it is not 1/sqrt(head_dim) (Gemma's
+        query_pre_attn_scalar), else None: the kernels' default."""
+        return None if self.cfg.scale == self.cfg.head_dim ** -0.5 else self.cfg.scale
+
+    def attend_sdpa(self, q, k, v, qkv, kc, vc, kv, groups, li):
         """attend with F.scaled_dot_product_attention (torch 2.5+, CUDA).
         Chunks that start a sequence (position 0) need no cache: those of
         one length run as one causal batch on the step's own k and v.
-        One-token sequences use the Triton decode kernel when it runs."""
+        One-token sequences use the Triton decode kernel when it runs. A
+        sliding layer whose window a chunk outgrows passes an explicit
+        mask (SDPA's causal flags know no window)."""
         H, hd = self.cfg.heads, self.cfg.head_dim
+        W = self.cfg.windows[li]
+        sc = self.custom_scale()
+        kw = {} if sc is None else {"scale": sc}
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         for g in groups:
             if g[0] == "varlen":
-                whole = self.attend_varlen(q, kc, vc, g, out)
+                whole = self.attend_varlen(q, kc, vc, g, out, li)
                 if whole is not None:
                     return whole
         fresh = {}
@@ -392,7 +430,10 @@ class Llama:
             K = kk.shape[1]
             if H > K:
                 kk, vv = (t.unsqueeze(2).expand(n, K, H // K, T, hd).reshape(n, H, T, hd) for t in (kk, vv))
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+            if W and T > W:
+                o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=_allowed(T, T, 0, W, q.device), **kw)
+            else:
+                o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, **kw)
             o = o.transpose(1, 2).reshape(n * T, H * hd)
             if adjacent and n * T == q.shape[0]:
                 return o  # the whole step is this one group
@@ -407,14 +448,15 @@ class Llama:
             if g[0] == "decode":
                 _, rows, trows, maxlen, lens = g
                 if self.kern is not None:
-                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g)
+                    out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
                 kk = self.gather(kc, kv.table, trows, maxlen)
                 vv = self.gather(vc, kv.table, trows, maxlen)
-                W = kk.shape[2]
-                mask = self.decode_mask(lens, W, q.dtype)
-                o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, W), enable_gqa=True)
+                width = kk.shape[2]
+                mask = self.decode_mask(lens, width, q.dtype, W)
+                o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, width),
+                                                   enable_gqa=True, **kw)
                 out[rows] = o.reshape(B, H * hd)
             else:
                 _, a, b, trow, p, blocks = g
@@ -422,7 +464,7 @@ class Llama:
                 kk = self.chunk_kv(kc, blocks, L).unsqueeze(0)  # [1, K, L, hd]
                 vv = self.chunk_kv(vc, blocks, L).unsqueeze(0)
                 qq = q[a:b].transpose(0, 1).unsqueeze(0)
-                if causal_lower_right is not None:
+                if causal_lower_right is not None and not (W and L > W):
                     # A chunk after its sequence's first: queries are the last
                     # T of L positions. The lower-right causal bias keeps the
                     # flash kernel (an explicit mask with GQA falls back to
@@ -430,25 +472,37 @@ class Llama:
                     # as for fresh chunks.
                     K = kk.shape[1]
                     kk, vv = (t.unsqueeze(2).expand(1, K, H // K, L, hd).reshape(1, H, L, hd) for t in (kk, vv))
-                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=causal_lower_right(T, L))
+                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=causal_lower_right(T, L), **kw)
                 else:
-                    i = torch.arange(T, device=q.device).unsqueeze(1) + p
-                    allowed = torch.arange(L, device=q.device).unsqueeze(0) <= i
-                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=allowed, enable_gqa=True)
+                    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=_allowed(T, L, p, W, q.device), enable_gqa=True, **kw)
                 out[a:b] = o[0].transpose(0, 1).reshape(T, H * hd)
         return out
 
 
+def _allowed(T, L, p, W, device):
+    """[T, L] bool: query i (position p + i) sees key j iff j <= p + i and,
+    in a sliding layer of window W, j > p + i - W."""
+    i = torch.arange(T, device=device).unsqueeze(1) + p
+    j = torch.arange(L, device=device).unsqueeze(0)
+    ok = j <= i
+    if W:
+        ok = ok & (j > i - W)
+    return ok
+
+
 def _kernels(cfg, device, dtype):
     """The Triton kernels module when it runs here and agrees with the
-    plain torch code on a small case; None otherwise (the torch code runs)."""
+    plain torch code on a small case of the model's own attention (scale,
+    rotated dims, a window where it slides, its norm); None otherwise (the
+    torch code runs)."""
     if os.environ.get("MLXSERVING_TORCH_KERNELS", "1") == "0":
         return None
     try:
         import kernels
         if not kernels.usable(cfg, dtype):
             return None
-        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim)
+        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
+                                 window=max(cfg.windows), norm=cfg.family.norm)
     except Exception as e:  # no Triton, or it cannot compile for this device
         log.warning("Triton kernels unavailable, using plain torch: %s", e)
         return None
@@ -458,19 +512,30 @@ def _kernels(cfg, device, dtype):
     return kernels
 
 
-def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k):
+def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
     """Causal flash attention over packed variable-length sequences:
     q [Tq, H, hd], k and v [Tk, K, hd] (K divides H), cu_q and cu_k the
     int32 cumulative lengths. A sequence's queries are the last of its
-    keys (the causal mask aligned bottom-right, as flash aligns it)."""
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False)[0]
+    keys (the causal mask aligned bottom-right, as flash aligns it).
+    scale: of q.k (None: 1/sqrt(hd)); window: a sliding window (query at
+    position i sees keys i - window < j <= i; 0: every key)."""
+    if scale is None and not window:
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False)[0]
+    kw = {"scale": scale}
+    if window:
+        kw.update(window_size_left=window - 1, window_size_right=0)
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, **kw)[0]
 
 
-def _varlen_ok(device, dtype, H, K, hd):
+def _varlen_ok(device, dtype, cfg):
     """Whether the varlen flash call runs here and agrees with SDPA on
-    a fresh chunk and on one continuing its prefix (bf16/fp16 only)."""
+    a fresh chunk and on one continuing its prefix (bf16/fp16 only), with
+    the model's scale, and with a window of 4 when the model has sliding
+    layers."""
     if dtype not in (torch.bfloat16, torch.float16) or os.environ.get("MLXSERVING_VARLEN", "1") == "0":
         return False
+    H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    scale = None if cfg.scale == hd ** -0.5 else cfg.scale
     try:
         from torch.nn.attention.bias import causal_lower_right
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -480,18 +545,20 @@ def _varlen_ok(device, dtype, H, K, hd):
         vs = [torch.randn(n, K, hd, generator=g) for _, n in lens]
         cu = lambda xs: torch.tensor([0] + [sum(xs[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
         dv = lambda xs: torch.cat(xs).to(device=device, dtype=dtype)
-        got = _flash_varlen(dv(qs), dv(ks), dv(vs), cu([t for t, _ in lens]), cu([n for _, n in lens]),
-                            max(t for t, _ in lens), max(n for _, n in lens)).float().cpu()
-        at = 0
-        for (t, n), qq, kk, vv in zip(lens, qs, ks, vs):
-            rep = H // K
-            kk, vv = (x.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0) for x in (kk, vv))
-            want = F.scaled_dot_product_attention(qq.transpose(0, 1).unsqueeze(0), kk, vv,
-                                                  attn_mask=causal_lower_right(t, n))[0].transpose(0, 1)
-            if (got[at : at + t] - want).abs().max().item() > 0.05:
-                log.warning("varlen flash attention disagrees with SDPA; chunks attend one by one")
-                return False
-            at += t
+        for window in sorted({0, 4 if any(cfg.windows) else 0}):
+            got = _flash_varlen(dv(qs), dv(ks), dv(vs), cu([t for t, _ in lens]), cu([n for _, n in lens]),
+                                max(t for t, _ in lens), max(n for _, n in lens), scale, window).float().cpu()
+            at = 0
+            for (t, n), qq, kk, vv in zip(lens, qs, ks, vs):
+                rep = H // K
+                kk, vv = (x.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0) for x in (kk, vv))
+                mask = causal_lower_right(t, n) if not window else _allowed(t, n, n - t, window, "cpu")
+                want = F.scaled_dot_product_attention(qq.transpose(0, 1).unsqueeze(0), kk, vv, attn_mask=mask,
+                                                      scale=scale)[0].transpose(0, 1)
+                if (got[at : at + t] - want).abs().max().item() > 0.05:
+                    log.warning("varlen flash attention disagrees with SDPA (window %d); chunks attend one by one", window)
+                    return False
+                at += t
         return True
     except (RuntimeError, TypeError, AttributeError, ImportError) as e:
         log.warning("varlen flash attention unavailable (%s); chunks attend one by one", e)

@@ -9,7 +9,7 @@ blocks a sequence takes between steps need no new graph. Rows past the
 real batch use the scratch table row, whose blocks are all the scratch
 block, so padding never touches a sequence's cache.
 
-With the Triton kernels (llama.Llama.kern) the attention reads each
+With the Triton kernels (decoder.Decoder.kern) the attention reads each
 sequence's own length from the device, so one graph per batch bucket
 covers every length, and a step's inputs can come from device tensors:
 run_device chains steps without the host waiting for the GPU.

@@ -25,7 +25,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr,
+                    ROUND: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < n
@@ -36,20 +37,30 @@ def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.conste
         tl.store(xo_ptr + row * n + offs, x, mask=m)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
-    y = (xf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    if OFFSET:  # Gemma: (1 + w)
+        w = w + 1.0
+    if ROUND:  # Llama: the normalised rows rounded to x's dtype before w
+        y = (xf * rstd).to(x.dtype).to(tl.float32) * w
+    else:  # OLMo 2, Gemma: one rounding at the end
+        y = xf * rstd * w
     tl.store(y_ptr + row * n + offs, y.to(x.dtype), mask=m)
 
 
-def add_rms(x, d, w, eps):
+# The RMSNorm kinds (decoder.Decoder.rms): (round before w, 1 + w).
+NORMS = {"llama": (True, False), "olmo2": (False, False), "gemma": (False, True)}
+
+
+def add_rms(x, d, w, eps, norm="llama"):
     """Returns (x + d, rms_norm(x + d) * w); with d None, (x, rms_norm(x) * w).
-    x, d: contiguous [N, hidden]."""
+    x, d: contiguous [N, hidden]; norm: the kind (NORMS)."""
+    rnd, off = NORMS[norm]
     n = x.shape[-1]
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if d is not None else x
     if x.shape[0]:
         _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, n, eps,
-                                       HAS_D=d is not None, BLOCK=triton.next_power_of_2(n), num_warps=8)
+                                       HAS_D=d is not None, BLOCK=triton.next_power_of_2(n), ROUND=rnd, OFFSET=off, num_warps=8)
     return xo, y
 
 
@@ -76,9 +87,18 @@ def silu_mul(gu):
 
 
 @triton.jit
+def _partner(HD: tl.constexpr, ROT: tl.constexpr):
+    # The dimension each one rotates with: (d + ROT/2) % ROT within the
+    # first ROT, itself past them (the tables hold cos 1 and sin 0 there).
+    d = tl.arange(0, HD)
+    return tl.where(d < ROT, (d + ROT // 2) % ROT, d)
+
+
+@triton.jit
 def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
     # x * cos + rotate_half(x) * sin, rounded like torch: each product and
-    # the sum in x's dtype. xr is x loaded at (d + HALF) % HD.
+    # the sum in x's dtype. xr is x loaded at _partner(HD, 2 * HALF); HALF
+    # is half the rotated dims.
     d = tl.arange(0, HD)
     sign = tl.where(d < HALF, -1.0, 1.0)
     a = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
@@ -91,14 +111,14 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
                         qkv_stride, bt_stride, s_blk, s_pos, s_head, scale,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
     bt = bt_ptr + tl.load(row_ptr + b).to(tl.int64) * bt_stride  # the sequence's block table
     p = tl.load(pos_ptr + b)
     d = tl.arange(0, HD)
-    dr = (d + HD // 2) % HD
+    dr = _partner(HD, ROT)
     r = tl.arange(0, RB)
     rm = r < REP
     row = qkv_ptr + b * qkv_stride
@@ -107,10 +127,10 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     qh = (kh * REP + r)[:, None] * HD
     q = tl.load(row + qh + d[None, :], mask=rm[:, None], other=0.0)
     qr = tl.load(row + qh + dr[None, :], mask=rm[:, None], other=0.0)
-    q = _rope(q, qr, cos[None, :], sin[None, :], HD // 2, HD)
+    q = _rope(q, qr, cos[None, :], sin[None, :], ROT // 2, HD)
     k = tl.load(row + (H + kh) * HD + d)
     kr = tl.load(row + (H + kh) * HD + dr)
-    k = _rope(k, kr, cos, sin, HD // 2, HD)
+    k = _rope(k, kr, cos, sin, ROT // 2, HD)
     v = tl.load(row + (H + K + kh) * HD + d)
     if sp == 0:
         at = tl.load(bt + p // BS).to(tl.int64) * s_blk + (p % BS) * s_pos + kh * s_head
@@ -124,9 +144,13 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
         m_i = tl.full([RB], float("-inf"), tl.float32)
         l_i = tl.zeros([RB], tl.float32)
         acc = tl.zeros([RB, HD], tl.float32)
-    # This program's share of the cached positions [0, p).
-    chunk = tl.cdiv(tl.cdiv(p, SPLIT), BLOCK) * BLOCK
-    lo = sp * chunk
+    # This program's share of the cached positions [first, p): first is 0,
+    # or p - WINDOW + 1 in a sliding layer (keys p - WINDOW < j <= p).
+    first = p * 0
+    if WINDOW > 0:
+        first = tl.maximum(p - (WINDOW - 1), p * 0)
+    chunk = tl.cdiv(tl.cdiv(p - first, SPLIT), BLOCK) * BLOCK
+    lo = first + sp * chunk
     hi = tl.minimum(p, lo + chunk)
     j = tl.arange(0, BLOCK)
     nxt = tl.load(bt + (lo + j) // BS, mask=lo + j < hi, other=0)
@@ -194,20 +218,20 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr, sin_ptr,
                     qkv_stride, s_pos, s_head,
-                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr):
+                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr):
     row = tl.program_id(0)
     kvrow = tl.load(kvrow_ptr + row)
     p = tl.load(pos_ptr + row)
     h = tl.arange(0, NB)  # q heads, then k heads, then v heads
     d = tl.arange(0, HD)
-    dr = (d + HD // 2) % HD
+    dr = _partner(HD, ROT)
     hm = h < H + 2 * K
     src = qkv_ptr + row * qkv_stride + h[:, None] * HD
     x = tl.load(src + d[None, :], mask=hm[:, None], other=0.0)
     xr = tl.load(src + dr[None, :], mask=hm[:, None], other=0.0)
     cos = tl.load(cos_ptr + p * HD + d)
     sin = tl.load(sin_ptr + p * HD + d)
-    r = _rope(x, xr, cos[None, :], sin[None, :], HD // 2, HD)
+    r = _rope(x, xr, cos[None, :], sin[None, :], ROT // 2, HD)
     isqk = h < H + K
     tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
     at = kvrow.to(tl.int64) * s_pos + d[None, :]
@@ -215,19 +239,22 @@ def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr
     tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, x, mask=((h >= H + K) & hm)[:, None])
 
 
-def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads):
+def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
     """Any number of tokens: qkv [N, (H + 2K) * hd], kvrow and pos [N]
     (int64) per token: its row in the flattened blocks (block *
-    block_size + offset) and its position. kc, vc: [blocks, block_size, K,
-    hd]. Writes the rotated k and v into the blocks and returns the rotated
-    q and k, [N, H + K, hd]."""
+    block_size + offset) and its row of the cos and sin tables (its
+    position, or decoder.rope_rows' row). kc, vc: [blocks, block_size, K,
+    hd]. rot: the rotated dims of a head (None: all). Writes the rotated k
+    and v into the blocks and returns the rotated q and k, [N, H + K, hd]."""
     N = qkv.shape[0]
     hd = kc.shape[-1]
+    rot = rot or hd
     qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
     if N:
         _rope_kv_kernel[(N,)](qkv, qk, kc, vc, kvrow, pos, cos, sin,
                               qkv.stride(0), kc.stride(1), kc.stride(2),
-                              H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, num_warps=4)
+                              H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, ROT=rot,
+                              num_warps=4)
     return qk
 
 
@@ -256,15 +283,23 @@ def _attn_config(batch):
     return (32, 1, 3) if batch >= 32 else (64, 4, 3)
 
 
-def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context):
+def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
     sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
     hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
     pos [B] (int64): the sequence's table row and the token's position;
-    context: the longest a sequence gets (how the cache is split). Writes k
-    and v at pos and returns attention over positions 0..pos, [B, H * hd]."""
+    context: the longest a sequence gets (how the cache is split); scale:
+    of q.k (None: 1/sqrt(hd)); window: a sliding window (0: none); rot:
+    the rotated dims of a head (None: all). Writes k and v at pos and
+    returns attention over positions 0..pos (pos - window < j <= pos in a
+    sliding layer), [B, H * hd]."""
     B = qkv.shape[0]
     hd = kc.shape[-1]
+    rot = rot or hd
+    if scale is None:
+        scale = 1.0 / math.sqrt(hd)
+    if window:
+        context = min(context, window)  # the keys a token sees
     bs = kc.shape[1]
     rep = heads // kv_heads
     rb = max(16, triton.next_power_of_2(rep))
@@ -277,9 +312,9 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
     _decode_attn_kernel[(B, kv_heads, sp)](
         qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
-        qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), 1.0 / math.sqrt(hd),
+        qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale,
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
-        IEEE=qkv.dtype == torch.float32, PREFETCH=ATTN_PREFETCH, num_warps=warps, num_stages=stages)
+        IEEE=qkv.dtype == torch.float32, PREFETCH=ATTN_PREFETCH, ROT=rot, WINDOW=window, num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
     return out
@@ -325,17 +360,20 @@ def usable(cfg, dtype):
     return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
 
 
-def self_check(device, dtype, heads, kv_heads, hd):
-    """Runs each kernel once on random data against plain torch; returns
-    None when they agree, else what differs."""
+def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama"):
+    """Runs each kernel once on random data against plain torch, with the
+    model's rotated dims, attention scale, a sliding window (0: none) and
+    RMSNorm kind; returns None when they agree, else what differs."""
     g = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
     tol = 2e-2 if dtype != torch.float32 else 1e-4
     B, ctx = 3, 4100  # long enough to split the cache
     x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
-    xo, y = add_rms(x, d, w, 1e-5)
+    xo, y = add_rms(x, d, w, 1e-5, norm)
     s = (x + d).float()
-    ref = w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)
+    rnd, off = NORMS[norm]
+    ref = w * s.to(dtype) if rnd else (s * (w.float() + off)).to(dtype)
     if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
         return "add_rms"
     gu = rnd(B, 2 * 300)
@@ -344,9 +382,10 @@ def self_check(device, dtype, heads, kv_heads, hd):
         return "silu_mul"
     H, K = heads, kv_heads
     for bs in (16, 32):
-        err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd)
-        if err is not None:
-            return err
+        for win in sorted({0, window, 7 if window else 0}):  # none, the model's, one that bites
+            err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot or hd, scale or hd ** -0.5, win)
+            if err is not None:
+                return err
     x = torch.randn(3, 50000, generator=g).to(device)
     x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
     if not torch.equal(argmax(x), torch.argmax(x, -1)):
@@ -354,9 +393,10 @@ def self_check(device, dtype, heads, kv_heads, hd):
     return None
 
 
-def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd):
+def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window):
     """decode_attention (split and not) and rope_kv against plain torch on
-    blocks of bs tokens scattered through the pool."""
+    blocks of bs tokens scattered through the pool, rot of each head's dims
+    rotated, q.k scaled by scale, a sliding window (0: none)."""
     nb = -(-ctx // bs)
     blocks = B * nb
     kc, vc = rnd(blocks + 1, bs, K, hd), rnd(blocks + 1, bs, K, hd)
@@ -366,14 +406,16 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd):
     qkv = rnd(B, (H + 2 * K) * hd)
     rows = torch.tensor([2, 1, 3], device=device)
     pos = torch.tensor([0, 37, 4099], device=device)
-    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    inv = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
     emb = torch.cat([f, f], -1)
-    cos, sin = emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+    cos, sin = torch.ones(ctx, hd), torch.zeros(ctx, hd)
+    cos[:, :rot], sin[:, :rot] = emb.cos(), emb.sin()
+    cos, sin = cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
     def rope(t, p):
-        half = hd // 2
-        return t * cos[p] + torch.cat([-t[..., half:], t[..., :half]], -1) * sin[p]
+        half = rot // 2
+        return t * cos[p] + torch.cat([-t[..., half:rot], t[..., :half], t[..., rot:]], -1) * sin[p]
 
     def where(b):  # (block, offset) of row b's new token
         p, r = int(pos[b]), int(rows[b])
@@ -390,13 +432,14 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd):
         vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
     for context in (ctx, 1024):
         k2, v2 = kc.clone(), vc.clone()
-        out = decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context)
+        out = decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot)
         for b in range(B):
             p = int(pos[b])
             q = rope(qkv[b, : H * hd].view(H, hd), p)
-            kk = seq(kref, b, p + 1).float().repeat_interleave(H // K, 0)
-            vv = seq(vref, b, p + 1).float().repeat_interleave(H // K, 0)
-            att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) / math.sqrt(hd), -1)
+            first = max(0, p - window + 1) if window else 0
+            kk = seq(kref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
+            vv = seq(vref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
+            att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) * scale, -1)
             o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
             if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
                 return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
@@ -404,7 +447,7 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd):
             return "decode_attention's KV write (block %d)" % bs
     k2, v2 = kc.clone(), vc.clone()
     kvrow = torch.tensor([where(b)[0] * bs + where(b)[1] for b in range(B)], device=device)
-    qk = rope_kv(qkv, k2, v2, kvrow, pos, cos, sin, H, K)
+    qk = rope_kv(qkv, k2, v2, kvrow, pos, cos, sin, H, K, rot)
     for b in range(B):
         p = int(pos[b])
         blk, off = where(b)

@@ -5,7 +5,8 @@ import os
 
 import torch
 
-from llama import Config, Llama
+from config import Config
+from decoder import Decoder
 from errors import CheckpointError, ProtocolError
 from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
@@ -80,7 +81,7 @@ class TorchModel:
         self.dtype = pick_dtype(opts.get("dtype", "auto"), self.device, cfg)
         self.cfg = cfg
         with torch.no_grad():
-            self.model = Llama(path, cfg, self.device, self.dtype)
+            self.model = Decoder(path, cfg, self.device, self.dtype)
         bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError("invalid", "block size %d is out of range" % bs)
@@ -96,7 +97,7 @@ class TorchModel:
         # Steps that mix prompt chunks with decodes: decodes on their graph
         # and the chunks in a second pass (True), or all in one pass.
         self.split_steps = os.environ.get("MLXSERVING_SPLIT_STEPS", "1") != "0"
-        if self.device.type == "cuda" and opts.get("cuda_graphs", True):
+        if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
         self.seqs = {}
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
@@ -355,7 +356,7 @@ class TorchModel:
 
     def _varlen_group(self, seqs, chunks, n):
         """The attention plan of every chunk in one varlen call (see
-        Llama.attend_varlen): chunk c attends over the KV rows of its
+        Decoder.attend_varlen): chunk c attends over the KV rows of its
         positions 0 .. p + len - 1, its own just written."""
         bs = self.kv.bs
         by_row = {s.row: s for s in seqs}
@@ -386,7 +387,8 @@ class TorchModel:
         (a copy from pageable memory would wait for the decode graph a
         split step just launched)."""
         bs = self.kv.bs
-        tokens, pos, kvrow, last = [], [], [], []
+        tokens, pos, kvrow, last, rpos = [], [], [], [], []
+        longrope = self.model.longrope
         dec_rows, dec_trows, dec_len, chunks, blocks = [], [], [], [], []
         for b, s in zip(batch, seqs):
             toks, sample = b[1], b[2]
@@ -394,6 +396,8 @@ class TorchModel:
             tokens.extend(toks)
             if len(toks) == 1:
                 pos.append(p)
+                if longrope:
+                    rpos.append(p)
                 kvrow.append(s.blocks[p // bs] * bs + p % bs)
                 dec_rows.append(a)
                 dec_trows.append(s.row)
@@ -401,6 +405,8 @@ class TorchModel:
             else:
                 end = p + len(toks)
                 pos.extend(range(p, end))
+                if longrope:
+                    rpos.extend(self.model.rope_rows(p, end))
                 kvrow.extend(s.blocks[j // bs] * bs + j % bs for j in range(p, end))
                 # the blocks the chunk attends over: its prefix and itself
                 nb = -(-end // bs)
@@ -410,13 +416,13 @@ class TorchModel:
             if sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        parts = [tokens, pos, kvrow, last, dec_rows, dec_trows, dec_len, blocks]
+        parts = [tokens, pos, kvrow, last, dec_rows, dec_trows, dec_len, blocks, rpos]
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
-        tok, posd, kvrowd, lastd, rowsd, trowsd, lensd, blocksd = views
+        tok, posd, kvrowd, lastd, rowsd, trowsd, lensd, blocksd, rposd = views
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))
@@ -425,4 +431,4 @@ class TorchModel:
                 groups.append(tuple(c[:5]) + (blocksd[c[5] : c[5] + c[6]],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
-        return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd)
+        return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None)

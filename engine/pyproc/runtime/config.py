@@ -1,0 +1,203 @@
+"""config.json to a model description: the one place that knows each
+family (ARCHS), and the fields the forward pass needs (Config).
+
+A family is data: how its layer places its norms, which weights it has and
+under which names, its activation, QK norm, attention scale, soft-capping,
+sliding layers and rotary variants. The decoder (decoder.py) runs any
+description; a family that needs code of its own keeps it in its own file
+(gemma.py, moe.py, phi3.py) and is named here.
+"""
+import os
+
+from st import CheckpointError
+from stcheck import read_json
+
+
+class Family:
+    """How one model_type is built. Fields:
+
+    norm: "llama" (w * round(x / rms)), "olmo2" (w * x / rms, one rounding)
+      or "gemma" ((1 + w) * x / rms, one rounding).
+    layout: "pre" (Llama: norm, attend, add; norm, MLP, add), "sandwich"
+      (Gemma: a norm before and after attention and before and after the
+      MLP) or "post" (OLMo 2: a norm after attention and after the MLP only).
+    qk_norm: None, "head" (each head of q and k, before RoPE) or "whole"
+      (the whole q and k projections, before the head split).
+    attn: "split" (q_proj, k_proj, v_proj) or "fused" (qkv_proj).
+    mlp: "split" (gate_proj, up_proj), "fused" (gate_up_proj), or a mixture
+      of experts: "qwen3_moe" or "mixtral" (moe.py).
+    act: "silu" or "gelu_tanh".
+    bias: q, k and v biases always (Qwen2); else attention_bias decides.
+    sliding: which layers slide when sliding_window is set and the config
+      has no layer_types: "all", "gemma2" (even layers), "gemma3"
+      (sliding_window_pattern), "qwen" (use_sliding_window and
+      max_window_layers) or None.
+    defaults: config fields the published config.json may leave out
+      (transformers' defaults for the family).
+    """
+
+    def __init__(self, norm="llama", layout="pre", qk_norm=None, attn="split", mlp="split", act="silu", bias=False,
+                 sliding=None, gemma=False, defaults=None):
+        self.norm, self.layout, self.qk_norm, self.attn, self.mlp, self.act = norm, layout, qk_norm, attn, mlp, act
+        self.bias, self.sliding, self.gemma, self.defaults = bias, sliding, gemma, defaults or {}
+
+
+# Gemma3TextConfig's defaults: Google's gemma3 configs give only a few
+# fields of text_config.
+GEMMA3_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6, "tie_word_embeddings": True,
+}
+
+ARCHS = {
+    "llama": Family(),
+    "mistral": Family(sliding="all"),
+    "qwen2": Family(bias=True, sliding="qwen"),
+    "qwen3": Family(qk_norm="head", sliding="qwen"),
+    "qwen3_moe": Family(qk_norm="head", mlp="qwen3_moe", sliding="qwen"),
+    "mixtral": Family(mlp="mixtral", sliding="all"),
+    "gemma2": Family(norm="gemma", layout="sandwich", act="gelu_tanh", sliding="gemma2", gemma=True),
+    "gemma3_text": Family(norm="gemma", layout="sandwich", qk_norm="head", act="gelu_tanh", sliding="gemma3",
+                          gemma=True, defaults=GEMMA3_DEFAULTS),
+    "phi3": Family(attn="fused", mlp="fused", sliding="all"),
+    "olmo2": Family(norm="olmo2", layout="post", qk_norm="whole"),
+}
+# Checkpoints that wrap a text model: model_type -> the text model's type.
+# gemma3 (Gemma3ForConditionalGeneration) keeps its language model's
+# config under text_config and ignores its vision tower here.
+WRAPPED = {"gemma3": "gemma3_text"}
+
+# Upper bounds far above any real model, so a crafted config.json cannot ask
+# for absurd KV memory before the weights' shapes are compared with it.
+LIMITS = {"hidden": 1 << 17, "layers": 1 << 10, "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 17,
+          "intermediate": 1 << 19, "vocab": 1 << 22, "context": 1 << 24, "experts": 1 << 12}
+
+
+def supported():
+    return sorted(set(ARCHS) | set(WRAPPED))
+
+
+class Config:
+    """The fields of config.json the forward pass needs."""
+
+    def __init__(self, directory):
+        top = read_json(os.path.join(directory, "config.json"), "config.json")
+        arch = top.get("model_type", "")
+        wrapped = arch in WRAPPED
+        if wrapped:
+            c = top.get("text_config")
+            if not isinstance(c, dict):
+                raise CheckpointError("config.json", "%s: text_config is not an object" % arch)
+            arch = WRAPPED[arch]
+        else:
+            c = top
+        if arch not in ARCHS:
+            raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(supported())))
+        fam = ARCHS[arch]
+        c = dict(fam.defaults, **c)
+        self.arch, self.family, self.wrapped = arch, fam, wrapped
+        try:
+            self._read(c, top, fam)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError("config.json", "missing or bad field: %s" % e)
+        if (min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab, self.head_dim, self.context) <= 0
+                or self.heads % self.kv_heads or not 0 < self.rot_dim <= self.head_dim or self.rot_dim % 2):
+            raise CheckpointError("config.json", "inconsistent sizes")
+        for field, limit in LIMITS.items():
+            if getattr(self, field) > limit:
+                raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
+        self.bos, self.eos = _special_ids(directory, top if wrapped else c)
+
+    def _read(self, c, top, fam):
+        self.hidden = int(c["hidden_size"])
+        self.layers = int(c["num_hidden_layers"])
+        self.heads = int(c["num_attention_heads"])
+        self.kv_heads = int(c.get("num_key_value_heads") or self.heads)
+        self.head_dim = int(c.get("head_dim") or self.hidden // self.heads)
+        self.intermediate = int(c["intermediate_size"])
+        self.vocab = int(c["vocab_size"])
+        self.context = int(c.get("max_position_embeddings") or 2048)
+        self.max_position = self.context  # before a serving limit lowers context (longrope's scale)
+        self.eps = float(c.get("rms_norm_eps") or 1e-5)
+        self.theta = float(c.get("rope_theta") or 10000.0)
+        self.rope_scaling = c.get("rope_scaling")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError("rope_scaling is not an object")
+        self.original_context = c.get("original_max_position_embeddings")
+        self.rot_dim = int(self.head_dim * float(c.get("partial_rotary_factor") or 1.0))
+        self.tie = bool(c.get("tie_word_embeddings", top.get("tie_word_embeddings", False)))
+        self.bias = fam.bias or bool(c.get("attention_bias", False))
+        self.dtype = c.get("torch_dtype") or top.get("torch_dtype") or "float32"
+        # Attention: the scale of q.k, soft-capping of the scores and of
+        # the final logits (Gemma 2; null in Gemma 3), and the local
+        # layers' RoPE base (Gemma 3: no scaling on those).
+        self.scale = float(c["query_pre_attn_scalar"]) ** -0.5 if fam.gemma else self.head_dim ** -0.5
+        self.attn_softcap = float(c.get("attn_logit_softcapping") or 0) if fam.gemma else 0.0
+        self.final_softcap = float(c.get("final_logit_softcapping") or 0) if fam.gemma else 0.0
+        self.local_theta = float(c.get("rope_local_base_freq") or 10000.0) if self.arch == "gemma3_text" else None
+        # windows[i]: layer i's sliding window (keys i - W < j <= i), 0 for full attention.
+        self.windows = sliding_windows(c, fam, self.layers)
+        # Mixtures of experts (moe.py).
+        self.experts = 0
+        if fam.mlp == "qwen3_moe":
+            self.experts = int(c["num_experts"])
+            self.moe_intermediate = int(c["moe_intermediate_size"])
+            self.norm_topk = bool(c.get("norm_topk_prob", False))
+            step = int(c.get("decoder_sparse_step") or 1)
+            dense = set(int(i) for i in c.get("mlp_only_layers") or [])
+            self.sparse = [i not in dense and (i + 1) % step == 0 for i in range(self.layers)]
+        elif fam.mlp == "mixtral":
+            self.experts = int(c["num_local_experts"])
+            self.moe_intermediate = self.intermediate
+            self.norm_topk = True
+            self.sparse = [True] * self.layers
+        if self.experts:
+            self.top_k = int(c["num_experts_per_tok"])
+            if not 0 < self.top_k <= self.experts or self.moe_intermediate <= 0:
+                raise ValueError("num_experts_per_tok %d of %d experts" % (self.top_k, self.experts))
+
+
+def sliding_windows(c, fam, n):
+    """Each layer's sliding window (0: the layer sees every earlier key):
+    layer_types when the config lists them, else the family's rule."""
+    W = int(c.get("sliding_window") or 0)
+    if W <= 0:
+        return [0] * n
+    types = c.get("layer_types")
+    if types:
+        if len(types) != n:
+            raise ValueError("layer_types lists %d layers, not %d" % (len(types), n))
+        return [W if t == "sliding_attention" else 0 for t in types]
+    rule = fam.sliding
+    if rule == "all":
+        return [W] * n
+    if rule == "gemma2":  # even layers slide
+        return [W if i % 2 == 0 else 0 for i in range(n)]
+    if rule == "gemma3":  # every pattern-th layer is global
+        pattern = int(c.get("sliding_window_pattern") or 6)
+        return [W if (i + 1) % pattern else 0 for i in range(n)]
+    if rule == "qwen" and c.get("use_sliding_window"):
+        start = int(c.get("max_window_layers") or 0)
+        return [W if i >= start else 0 for i in range(n)]
+    return [0] * n
+
+
+def _special_ids(directory, c):
+    bos, eos, src = c.get("bos_token_id"), c.get("eos_token_id"), "config.json"
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.exists(path):
+        g = read_json(path, "generation_config.json")
+        bos = g.get("bos_token_id", bos)
+        if "eos_token_id" in g:
+            eos, src = g["eos_token_id"], "generation_config.json"
+    if _is_id(eos):
+        eos = [eos]
+    if eos is not None and not (isinstance(eos, list) and all(_is_id(e) for e in eos)):
+        raise CheckpointError(src, "eos_token_id: want an integer or a list of integers")
+    return (bos if _is_id(bos) else -1), list(eos or [])
+
+
+def _is_id(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 31)
