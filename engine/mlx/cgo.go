@@ -429,3 +429,42 @@ func readFloat32s(a arr) ([]float32, error) {
 	}
 	return append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(p)), n)...), nil
 }
+
+func (g *graph) tanh(a arr) arr {
+	return g.op("tanh", func(r *arr) C.int { return C.mlx_tanh(r, a, g.s) })
+}
+func (g *graph) floorDiv(a, b arr) arr {
+	return g.op("floor_divide", func(r *arr) C.int { return C.mlx_floor_divide(r, a, b, g.s) })
+}
+
+// scalarOf is v as a 0-d array of dtype dt, so that it does not promote
+// the array it scales.
+func (g *graph) scalarOf(v float32, dt C.mlx_dtype) arr {
+	s := g.scalar(v)
+	if dt == C.MLX_FLOAT32 {
+		return s
+	}
+	return g.astype(s, dt)
+}
+
+// dtype is a's element type.
+func dtype(a arr) C.mlx_dtype { return C.mlx_array_dtype(a) }
+
+// gatherMM is x @ b[idx]: x [..., M, K] against the matrices b [E, K, N]
+// picked by rhs indices idx (broadcast against x's batch), as mlx-lm's
+// SwitchLinear runs it; sorted says idx is in increasing order.
+func (g *graph) gatherMM(x, b, idx arr, sorted bool) arr {
+	return g.op("gather_mm", func(r *arr) C.int { return C.mlx_gather_mm(r, x, b, C.mlxs_null(), idx, C.bool(sorted), g.s) })
+}
+
+// gatherQMM is gatherMM over MLX affine-quantized matrices w [E, N,
+// K*bits/32] (transposed, as linear layers store them).
+func (g *graph) gatherQMM(x, w, scales, biases, idx arr, groupSize, bits int, sorted bool) arr {
+	return g.op("gather_qmm", func(r *arr) C.int {
+		return C.mlx_gather_qmm(r, x, w, scales, biases, C.mlxs_null(), idx, true, C.mlxs_some_int(C.int(groupSize)), C.mlxs_some_int(C.int(bits)), affine, C.bool(sorted), g.s)
+	})
+}
+
+func (g *graph) expandDims(a arr, axis int) arr {
+	return g.op("expand_dims", func(r *arr) C.int { return C.mlx_expand_dims(r, a, C.int(axis), g.s) })
+}

@@ -219,3 +219,86 @@ func TestOptionsRejectBadValues(t *testing.T) {
 		t.Errorf("a nil option is skipped: %v, max batch %d", err, o.maxBatch)
 	}
 }
+
+// TestPlanFamilies reads every family testmodel writes into its model
+// description.
+func TestPlanFamilies(t *testing.T) {
+	for _, arch := range testmodel.Archs() {
+		c, _, err := plan(writeTiny(t, testmodel.TinyFamily(arch)))
+		if err != nil {
+			t.Fatalf("%s: %v", arch, err)
+		}
+		var want []bool
+		switch arch {
+		case "mistral", "mixtral":
+			want = []bool{true, true}
+		case "gemma2":
+			want = []bool{true, false}
+		case "gemma3", "gemma3_text":
+			want = []bool{true, false, true, false}
+		}
+		if !slices.Equal(c.Sliding, want) || (want != nil && c.Window != 16) {
+			t.Errorf("%s: sliding layers %v of window %d, want %v of 16", arch, c.Sliding, c.Window, want)
+		}
+		if (c.MoE != nil) != (arch == "qwen3_moe" || arch == "mixtral") {
+			t.Errorf("%s: experts %+v", arch, c.MoE)
+		}
+	}
+	c, _, _ := plan(writeTiny(t, testmodel.TinyFamily("qwen3_moe")))
+	if !slices.Equal(c.MoE.Sparse, []bool{true, false, true}) || !c.MoE.NormTopK || c.MoE.Inter != 64 {
+		t.Errorf("qwen3_moe: %+v", c.MoE)
+	}
+	c, _, _ = plan(writeTiny(t, testmodel.TinyFamily("phi3")))
+	if c.RotaryDim != 8 || c.Rope.Type != "longrope" || c.Rope.OriginalMax != 128 || c.Rope.AttnFactor <= 1 {
+		t.Errorf("phi3: rotary %d, rope %+v", c.RotaryDim, c.Rope)
+	}
+	c, _, _ = plan(writeTiny(t, testmodel.TinyFamily("gemma3")))
+	if c.Arch != "gemma3_text" || c.Prefix != "language_model.model." || c.LocalRopeTheta != 10000 || c.Rope.Type != "linear" {
+		t.Errorf("gemma3: %+v", c)
+	}
+}
+
+// TestGemma3NewLayout loads a multimodal Gemma 3 checkpoint in newer
+// transformers' names (model.language_model., lm_head).
+func TestGemma3NewLayout(t *testing.T) {
+	dir := writeTiny(t, testmodel.TinyFamily("gemma3"))
+	path := filepath.Join(dir, "model.safetensors")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(b)
+	var h map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &h); err != nil {
+		t.Fatal(err)
+	}
+	renamed := map[string]json.RawMessage{}
+	for k, v := range h {
+		k = strings.Replace(k, "language_model.model.", "model.language_model.", 1)
+		k = strings.Replace(k, "language_model.lm_head.", "lm_head.", 1)
+		renamed[k] = v
+	}
+	hdr, _ := json.Marshal(renamed)
+	out := append(binary.LittleEndian.AppendUint64(nil, uint64(len(hdr))), hdr...)
+	if err := os.WriteFile(path, append(out, b[8+n:]...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, mods, err := plan(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Prefix != "model.language_model." || c.Head != "lm_head" || mods[0].Name != "model.language_model.embed_tokens" {
+		t.Errorf("prefix %q, head %q, first module %q", c.Prefix, c.Head, mods[0].Name)
+	}
+}
+
+func TestUnsupportedListsFamilies(t *testing.T) {
+	dir := writeTiny(t, testmodel.Tiny())
+	editConfig(t, dir, func(m map[string]any) { m["model_type"] = "gpt2" })
+	_, _, err := plan(dir)
+	for _, want := range []string{"gemma3", "gemma3_text", "mixtral", "olmo2", "phi3", "qwen3_moe"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err %v does not list %s", err, want)
+		}
+	}
+}

@@ -13,9 +13,11 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 )
 
-// modelConfig is what the forward pass needs from config.json.
+// modelConfig is what the forward pass needs from config.json: the sizes
+// every family has, and the architecture description the family's entry
+// in the table of arch.go fills in.
 type modelConfig struct {
-	Arch          string // llama, mistral, qwen2, qwen3
+	Arch          string // model_type of the language model (a table key of arch.go)
 	Layers        int
 	Hidden        int
 	Heads         int
@@ -33,6 +35,7 @@ type modelConfig struct {
 	BOS           int32
 	EOS           []int32
 	Quant         *quantConfig
+	arch
 }
 
 // ropeScaling is the rope_scaling entry; Type "" means none.
@@ -42,6 +45,11 @@ type ropeScaling struct {
 	LowFreqFactor  float64
 	HighFreqFactor float64
 	OriginalMax    int
+	// longrope (Phi-3): divisors of each rotary frequency within
+	// OriginalMax positions (short) and beyond (long), and the factor on
+	// the rotated part of queries and keys (AttnFactor, 1 for none).
+	ShortFactor, LongFactor []float64
+	AttnFactor              float64
 }
 
 // quantConfig is MLX's "quantization" entry: defaults plus per-module
@@ -91,6 +99,27 @@ type rawConfig struct {
 	Quantization  map[string]any   `json:"quantization"`
 	QuantConfig   map[string]any   `json:"quantization_config"`
 	TextConfig    *json.RawMessage `json:"text_config"`
+
+	// Families' own fields (arch.go and the family files).
+	HiddenActivation   string          `json:"hidden_activation"`
+	QueryPreAttnScalar float64         `json:"query_pre_attn_scalar"`
+	AttnSoftcap        json.RawMessage `json:"attn_logit_softcapping"`
+	FinalSoftcap       json.RawMessage `json:"final_logit_softcapping"`
+	SlidingWindow      *int            `json:"sliding_window"`
+	UseSlidingWindow   bool            `json:"use_sliding_window"`
+	MaxWindowLayers    int             `json:"max_window_layers"`
+	LayerTypes         []string        `json:"layer_types"`
+	SlidingPattern     int             `json:"sliding_window_pattern"`
+	RopeLocalBase      float64         `json:"rope_local_base_freq"`
+	PartialRotary      float64         `json:"partial_rotary_factor"`
+	OriginalMaxPos     int             `json:"original_max_position_embeddings"`
+	NumExperts         int             `json:"num_experts"`
+	NumLocalExperts    int             `json:"num_local_experts"`
+	ExpertsPerToken    int             `json:"num_experts_per_tok"`
+	MoEIntermediate    int             `json:"moe_intermediate_size"`
+	NormTopKProb       *bool           `json:"norm_topk_prob"`
+	SparseStep         int             `json:"decoder_sparse_step"`
+	MLPOnlyLayers      []int           `json:"mlp_only_layers"`
 }
 
 // readConfig reads and checks dir/config.json.
@@ -103,9 +132,9 @@ func readConfig(dir string) (*modelConfig, error) {
 		}
 		return nil, &engine.CheckpointError{Path: path, Reason: err.Error()}
 	}
-	var r rawConfig
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, &engine.CheckpointError{Path: path, Reason: "invalid JSON: " + err.Error()}
+	r, reason := parseRaw(b)
+	if reason != "" {
+		return nil, &engine.CheckpointError{Path: path, Reason: reason}
 	}
 	c, reason := r.convert()
 	if reason != "" {
@@ -146,22 +175,58 @@ func (c *modelConfig) addGenerationEOS(dir string) error {
 	return nil
 }
 
-var archByType = map[string]string{"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+// parseRaw decodes config.json; a multimodal checkpoint's language model
+// (gemma3: text_config) comes back as the whole config, with the outer
+// fields it leaves out.
+func parseRaw(b []byte) (*rawConfig, string) {
+	var r rawConfig
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, "invalid JSON: " + err.Error()
+	}
+	text, ok := wrappers[r.ModelType]
+	if !ok || r.TextConfig == nil {
+		return &r, ""
+	}
+	var in rawConfig
+	if err := json.Unmarshal(*r.TextConfig, &in); err != nil {
+		return nil, "text_config: invalid JSON: " + err.Error()
+	}
+	in.ModelType, in.Architectures = text, r.Architectures
+	if in.Tied == nil {
+		in.Tied = r.Tied
+	}
+	if len(in.BOS) == 0 {
+		in.BOS = r.BOS
+	}
+	if len(in.EOS) == 0 {
+		in.EOS = r.EOS
+	}
+	if in.Quantization == nil && in.QuantConfig == nil {
+		in.Quantization, in.QuantConfig = r.Quantization, r.QuantConfig
+	}
+	return &in, ""
+}
 
 func (r *rawConfig) convert() (*modelConfig, string) {
-	arch, ok := archByType[r.ModelType]
+	fam, ok := families[r.ModelType]
 	if !ok {
-		return nil, fmt.Sprintf("unsupported architecture: model_type %q %v (want llama, mistral, qwen2 or qwen3)", r.ModelType, r.Architectures)
+		return nil, fmt.Sprintf("unsupported architecture: model_type %q %v (want one of %s)", r.ModelType, r.Architectures, supported())
 	}
 	c := &modelConfig{
-		Arch: arch, Layers: r.Layers, Hidden: r.Hidden, Heads: r.Heads, KVHeads: r.KVHeads,
+		Arch: r.ModelType, Layers: r.Layers, Hidden: r.Hidden, Heads: r.Heads, KVHeads: r.KVHeads,
 		HeadDim: r.HeadDim, Intermediate: r.Intermediate, Vocab: r.Vocab, ContextLength: r.MaxPos,
 		NormEps: float32(r.NormEps), RopeTheta: float32(r.RopeTheta),
-		QKVBias: arch == "qwen2" || r.AttnBias, QKNorm: arch == "qwen3",
-		Tied: r.Tied != nil && *r.Tied, BOS: -1,
+		QKVBias: r.AttnBias, Tied: r.Tied != nil && *r.Tied, BOS: -1,
+	}
+	c.Act = "silu"
+	if r.HiddenAct != "" {
+		c.Act = r.HiddenAct
+	}
+	if fam.fill != nil {
+		fam.fill(r, c)
 	}
 	if r.Tied == nil {
-		c.Tied = arch == "qwen3" // transformers' default for Qwen3 is tied; others untied
+		c.Tied = fam.tied // transformers' default: tied for Qwen3 and Gemma
 	}
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
@@ -180,6 +245,9 @@ func (r *rawConfig) convert() (*modelConfig, string) {
 	}
 	var reason string
 	if c.Rope, reason = parseRopeScaling(r.RopeScaling); reason != "" {
+		return nil, reason
+	}
+	if reason := c.describe(r); reason != "" {
 		return nil, reason
 	}
 	if c.BOS, reason = parseBOS(r.BOS); reason != "" {
@@ -245,8 +313,8 @@ func (c *modelConfig) checkSizes(r *rawConfig) string {
 		return fmt.Sprintf("head_dim %d must be positive and even", c.HeadDim)
 	case c.ContextLength <= 0:
 		return "max_position_embeddings must be positive"
-	case r.HiddenAct != "" && r.HiddenAct != "silu":
-		return fmt.Sprintf("unsupported hidden_act %q (want silu)", r.HiddenAct)
+	case c.Act != "silu" && c.Act != "gelu_pytorch_tanh":
+		return fmt.Sprintf("unsupported activation %q (want silu or gelu_pytorch_tanh)", c.Act)
 	case r.MLPBias:
 		return "unsupported mlp_bias: true"
 	case r.TextConfig != nil:
@@ -277,10 +345,34 @@ func parseRopeScaling(m map[string]any) (ropeScaling, string) {
 		if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMax <= 0 {
 			return s, fmt.Sprintf("rope_scaling llama3: bad parameters %v", m)
 		}
+	case "longrope", "su":
+		s.Type = "longrope"
+		s.ShortFactor, s.LongFactor = floats(m["short_factor"]), floats(m["long_factor"])
+		s.AttnFactor = num("attention_factor")
+		if s.ShortFactor == nil || s.LongFactor == nil {
+			return s, fmt.Sprintf("rope_scaling longrope: want short_factor and long_factor lists, got %v", m)
+		}
 	default:
-		return s, fmt.Sprintf("unsupported rope_scaling type %q (want linear or llama3)", typ)
+		return s, fmt.Sprintf("unsupported rope_scaling type %q (want linear, llama3 or longrope)", typ)
 	}
 	return s, ""
+}
+
+// floats reads a JSON list of numbers, or nil.
+func floats(v any) []float64 {
+	l, ok := v.([]any)
+	if !ok || len(l) == 0 {
+		return nil
+	}
+	out := make([]float64, len(l))
+	for i, x := range l {
+		f, ok := x.(float64)
+		if !ok {
+			return nil
+		}
+		out[i] = f
+	}
+	return out
 }
 
 func parseBOS(raw json.RawMessage) (int32, string) {

@@ -1,15 +1,23 @@
-// Package mlx is the engine that runs Llama-family checkpoints in-process on
-// MLX (github.com/ml-explore/mlx) through its C API, mlx-c. It loads
-// Hugging Face-layout checkpoints (Llama 2/3 with llama3 or linear RoPE
-// scaling, Mistral, Qwen2 with q/k/v biases, Qwen3 with q/k norms; GQA;
-// tied embeddings; sharded through model.safetensors.index.json) in
-// float32, float16 or bfloat16 and MLX affine 2- to 8-bit quantized form,
-// runs the forward pass as MLX ops (fast RMSNorm, RoPE, scaled-dot-product
-// attention), keeps every sequence's KV in one preallocated pool, decodes
-// a whole batch of sequences of different lengths in one forward pass and
-// samples the whole batch on the device. Sliding-window attention
-// (Mistral's sliding_window) is not applied: contexts beyond the window
-// attend to every token.
+// Package mlx is the engine that runs decoder-only language models
+// in-process on MLX (github.com/ml-explore/mlx) through its C API, mlx-c.
+// It loads Hugging Face-layout checkpoints of the families in its
+// architecture table (arch.go), from config.json and tensor names as
+// transformers writes them: llama (llama3 or linear RoPE scaling),
+// mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (soft-capped
+// attention and output logits), gemma3_text and the language model of
+// gemma3 checkpoints (text_config; weights under language_model.model.
+// or model.language_model.), qwen3_moe and mixtral (mixtures of experts
+// through gather_mm, gather_qmm when quantized), phi3 (fused projections,
+// partial rotary, longrope) and olmo2; GQA; tied embeddings; sharded
+// through model.safetensors.index.json; in float32, float16 or bfloat16
+// and MLX affine 2- to 8-bit quantized form. It runs the forward pass as
+// MLX ops (fast RMSNorm, RoPE, scaled-dot-product attention), keeps every
+// sequence's KV in one preallocated pool, decodes a whole batch of
+// sequences of different lengths in one forward pass and samples the
+// whole batch on the device. Sliding-window attention (Mistral's and
+// Mixtral's sliding_window, Gemma's interleaved sliding layers) is
+// applied in every attention path; the pool still keeps the rows that
+// left a window.
 // [Engine.Quantize] writes MLX affine checkpoints from float ones.
 //
 // Use:

@@ -138,7 +138,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, err
 	}
 	m := &model{eng: e, cfg: cfg, seqs: map[engine.SeqID]*seqState{}}
-	if err := m.size(spec, weightBytes(man), kvElemBytes(man)); err != nil {
+	if err := m.size(spec, weightBytes(man), kvElemBytes(man, cfg.Prefix)); err != nil {
 		return nil, err
 	}
 	want := map[string]bool{}
@@ -222,10 +222,10 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 // kvElemBytes is the size of one KV value: the KV cache takes the dtype of
 // the embedding (its scales when quantized; see buildWeights), 2 bytes for
 // bf16/fp16 checkpoints, 4 for float32 ones.
-func kvElemBytes(man map[string]tensorInfo) uint64 {
-	t, ok := man["model.embed_tokens.scales"]
+func kvElemBytes(man map[string]tensorInfo, prefix string) uint64 {
+	t, ok := man[prefix+"embed_tokens.scales"]
 	if !ok {
-		t = man["model.embed_tokens.weight"]
+		t = man[prefix+"embed_tokens.weight"]
 	}
 	switch t.DType {
 	case "BF16", "F16":

@@ -58,18 +58,25 @@ const kvPad = 32
 // each) gathered as one batch, and how attention outputs map back to
 // token order.
 type stepPlan struct {
-	n      int // packed tokens
-	rows   arr // [2*n*kvHeads] pool rows of each token's key heads, then of its value heads (kvRows)
-	dec    []int
-	decQ   arr   // [len(dec)] token index of each decode feed; null when all are
-	decIdx kvIdx // rows of the pool gathered for the decode batch (headRows)
-	decMsk arr   // [len(dec), 1, 1, T] additive: 0 where a position is attended, -inf past a sequence's end; null when every decode feed attends T rows
+	n    int // packed tokens
+	rows arr // [2*n*kvHeads] pool rows of each token's key heads, then of its value heads (kvRows)
+	dec  []int
+	decQ arr // [len(dec)] token index of each decode feed; null when all are
+	// decAll is where the decode batch attends on full-attention layers,
+	// decWin on sliding ones (nil when no feed has left the window).
+	decAll decAttn
+	decWin *decAttn
 	decT   int
-	// With the pool kernel (model.pooled) instead of decIdx and decMsk:
+	// longrope: the tokens whose sequence has passed the original
+	// context (longAll: every token; longMask [N, 1, 1, 1] when some).
+	longAll  bool
+	longMask arr
+	// With the pool kernel (model.pooled) instead of decAll and decWin:
 	decRows arr // [len(dec), T] each decode feed's token rows, 0 past its end
 	decLens arr // [len(dec)] rows each decode feed attends
 	posf    arr // [len(dec)] float32 position of each decode feed's token times the RoPE scale
 	invf    arr // [D/2] float32 RoPE inverse frequencies
+	qscale  arr // [1] float32 the queries' scale
 	pre     []*preGroup
 	start   []int // first packed token of each feed
 	perm    arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
@@ -82,6 +89,28 @@ type preGroup struct {
 	t, all int   // tokens fed, and rows attended (position + t), per feed
 	q      arr   // [G*t] packed token of each query row; null for one feed
 	idx    kvIdx // rows of the pool (headRows)
+	// mask is the causal mask [t, all] (true: attend), made only for
+	// soft-capped attention; win is the sliding layers' rows and mask,
+	// nil while no query has left the window.
+	mask arr
+	win  *winRows
+}
+
+// winRows is a prefill group's keys on sliding layers: the last rows
+// its first query still sees, and the band mask [t, T] over them.
+type winRows struct {
+	idx  kvIdx
+	mask arr
+}
+
+// decAttn is where a decode batch attends: rows of the pool [B,
+// kvHeads, T] (headRows) and, unless every feed attends T rows, an
+// additive mask [B, 1, 1, T] (0 where a position is attended, -inf past
+// a sequence's end).
+type decAttn struct {
+	idx kvIdx
+	msk arr
+	t   int
 }
 
 // kvIdx is where attention gathers keys and values: [B, kvHeads, T] rows
@@ -125,7 +154,9 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 			grp.q = g.int32s(q, len(q))
 		}
 		grp.idx = m.headRows(g, idx, len(grp.feeds), grp.all)
+		m.planWindow(g, feeds, grp)
 	}
+	m.planLongRoPE(g, feeds, p)
 	same := true
 	for i, t := range order {
 		same = same && int(t) == i
@@ -151,38 +182,57 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		m.planPooled(g, feeds, p)
 		return p
 	}
-	uniform := true // every decode feed attends as many rows
-	for _, i := range p.dec {
-		t := len(feeds[i].seq.rows)
-		uniform = uniform && (p.decT == 0 || t == p.decT)
-		p.decT = max(p.decT, t)
+	dr := make([][]int32, len(p.dec))
+	win, slid := m.cfg.Window, false
+	for j, i := range p.dec {
+		dr[j] = feeds[i].seq.rows
+		slid = slid || (win > 0 && len(dr[j]) > win)
 	}
-	b := len(p.dec)
-	if uniform {
-		// No padding and no mask: MLX's fused decode attention takes
-		// only unmasked calls.
-		idx := make([]int32, 0, b*p.decT)
-		for _, i := range p.dec {
-			idx = append(idx, feeds[i].seq.rows...)
+	p.decAll = m.planDecode(g, dr)
+	if slid {
+		for j, r := range dr {
+			dr[j] = r[max(0, len(r)-win):]
 		}
-		p.decIdx = m.headRows(g, idx, b, p.decT)
-		return p
+		d := m.planDecode(g, dr)
+		p.decWin = &d
 	}
-	p.decT = (p.decT + kvPad - 1) / kvPad * kvPad
-	t := p.decT
+	return p
+}
+
+// planDecode lays out decode attention over rows [B][T_b]: unpadded
+// and unmasked when every feed attends as many rows (MLX's fused decode
+// attention takes only unmasked calls), else padded to a multiple of
+// kvPad with a mask.
+func (m *model) planDecode(g *graph, rows [][]int32) decAttn {
+	var d decAttn
+	uniform := true // every decode feed attends as many rows
+	for _, r := range rows {
+		uniform = uniform && (d.t == 0 || len(r) == d.t)
+		d.t = max(d.t, len(r))
+	}
+	b := len(rows)
+	if uniform {
+		idx := make([]int32, 0, b*d.t)
+		for _, r := range rows {
+			idx = append(idx, r...)
+		}
+		d.idx = m.headRows(g, idx, b, d.t)
+		return d
+	}
+	d.t = (d.t + kvPad - 1) / kvPad * kvPad
+	t := d.t
 	idx, msk := make([]int32, b*t), make([]float32, b*t)
 	ninf := float32(math.Inf(-1))
-	for j, i := range p.dec {
-		r := feeds[i].seq.rows
+	for j, r := range rows {
 		copy(idx[j*t:], r)
 		for x := len(r); x < t; x++ {
 			idx[j*t+x] = r[0] // masked; any row of the sequence's own
 			msk[j*t+x] = ninf
 		}
 	}
-	p.decIdx = m.headRows(g, idx, b, t)
-	p.decMsk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
-	return p
+	d.idx = m.headRows(g, idx, b, t)
+	d.msk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
+	return d
 }
 
 // planPooled lays out the decode feeds' rows for the pool kernel.
@@ -195,6 +245,7 @@ func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
 		p.decT = max(p.decT, len(feeds[i].seq.rows))
 	}
 	p.posf, p.invf = g.float32s(pos, b), g.float32s(m.w.invf, len(m.w.invf))
+	p.qscale = g.float32s([]float32{m.cfg.attnScale()}, 1)
 	rows := make([]int32, b*p.decT)
 	for j, i := range p.dec {
 		copy(rows[j*p.decT:], feeds[i].seq.rows)
@@ -234,7 +285,7 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	var x arr
 	dec := m.decodeOnly(p)
 	if dec {
-		x = w.embed.rows(g, g.int32s(ids, len(ids)))
+		x = w.embed.rows(g, g.int32s(ids, len(ids))) // plain families only: no embedding scale
 		h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
 		at := g.prims
 		x = m.decodeLayers(g, x, h, positions, p)
@@ -247,6 +298,9 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		}
 	} else {
 		x = g.reshape(w.embed.rows(g, g.int32s(ids, len(ids))), 1, len(ids), c.Hidden)
+		if !isNull(w.embedScale) {
+			x = g.mul(x, w.embedScale)
+		}
 		at := g.prims
 		for li := range w.layers {
 			x = m.block(g, li, x, feeds, positions, p)
@@ -265,18 +319,50 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	if !dec { // decodeLayers' rows are [S, hidden] already
 		logits = g.reshape(logits, len(last), c.Vocab)
 	}
+	if c.FinalCap != 0 { // tanh(logits / cap) * cap
+		cp := g.scalarOf(c.FinalCap, m.w.dtype)
+		logits = g.mul(g.tanh(g.div(logits, cp)), cp)
+	}
 	if m.w.dtype == C.MLX_FLOAT32 {
 		return logits
 	}
 	return g.astype(logits, C.MLX_FLOAT32)
 }
 
-// block is one decoder layer. Projections, RoPE and the MLP run over all
-// packed tokens at once; each token is its own RoPE batch row at its own
-// position, so sequences at different offsets rotate in one op.
+// block is one decoder layer: attention and MLP with the norms where
+// the architecture puts them (arch.Block). Projections, RoPE and the MLP
+// run over all packed tokens at once.
 func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *stepPlan) arr {
 	c, l, n := m.cfg, &m.w.layers[li], p.n
-	h := g.rmsNorm(x, l.inNorm, c.NormEps)
+	h := x
+	if c.Block != postNorm {
+		h = g.rmsNorm(x, l.inNorm, c.NormEps)
+	}
+	a := m.attention(g, li, h, positions, p)
+	if c.Block != preNorm {
+		a = g.rmsNorm(a, l.postNorm, c.NormEps)
+	}
+	x = g.add(x, a)
+	switch c.Block {
+	case preNorm:
+		h = g.rmsNorm(x, l.postNorm, c.NormEps)
+	case sandwich:
+		h = g.rmsNorm(x, l.preFF, c.NormEps)
+	default:
+		h = x
+	}
+	f := m.mlp(g, l, h, n)
+	if c.Block != preNorm {
+		f = g.rmsNorm(f, l.postFF, c.NormEps)
+	}
+	return g.add(x, f)
+}
+
+// attention is layer li's attention over h [1, N, hidden], through the
+// output projection. Each token is its own RoPE batch row at its own
+// position, so sequences at different offsets rotate in one op.
+func (m *model) attention(g *graph, li int, h, positions arr, p *stepPlan) arr {
+	c, l, n := m.cfg, &m.w.layers[li], p.n
 	tokens := func(a arr, heads int) arr { // [1, N, heads*D] -> [N, heads, 1, D]
 		return g.transpose(g.reshape(a, n, 1, heads, c.HeadDim), 0, 2, 1, 3)
 	}
@@ -289,13 +375,15 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	} else {
 		q, k, v = l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
 	}
-	if c.QKNorm {
+	switch {
+	case c.QKNorm && c.QKNormWhole:
+		q, k = g.rmsNorm(q, l.qNorm, c.NormEps), g.rmsNorm(k, l.kNorm, c.NormEps)
+	case c.QKNorm:
 		q = g.reshape(g.rmsNorm(g.reshape(q, 1, n, c.Heads, c.HeadDim), l.qNorm, c.NormEps), 1, n, c.Heads*c.HeadDim)
 		k = g.reshape(g.rmsNorm(g.reshape(k, 1, n, c.KVHeads, c.HeadDim), l.kNorm, c.NormEps), 1, n, c.KVHeads*c.HeadDim)
 	}
-	scale := m.ropeScale()
-	q = g.ropeAt(tokens(q, c.Heads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
-	k = g.ropeAt(tokens(k, c.KVHeads), c.HeadDim, c.RopeTheta, scale, positions, m.w.freqs)
+	q = m.rotate(g, li, tokens(q, c.Heads), positions, p)
+	k = m.rotate(g, li, tokens(k, c.KVHeads), positions, p)
 	kd := []int{n * c.KVHeads, 1, c.HeadDim}
 	m.writeKV(g, li, p.rows, g.concat(0, g.reshape(k, kd...), g.reshape(tokens(v, c.KVHeads), kd...)))
 	var outs []arr
@@ -309,8 +397,35 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	if !isNull(p.perm) {
 		o = g.take(o, p.perm, 0)
 	}
-	x = g.add(x, l.o.apply(g, g.reshape(o, 1, n, c.Heads*c.HeadDim)))
-	h = g.rmsNorm(x, l.postNorm, c.NormEps)
+	return l.o.apply(g, g.reshape(o, 1, n, c.Heads*c.HeadDim))
+}
+
+// rotate applies layer li's RoPE to x [N, heads, 1, D] at positions [N].
+// With longrope a token rotates with the long frequencies once its
+// sequence passes original_max_position_embeddings (planLongRoPE).
+func (m *model) rotate(g *graph, li int, x, positions arr, p *stepPlan) arr {
+	r := &m.w.ropes[m.w.layers[li].rope]
+	if !isNull(r.mscale) {
+		x = g.mul(x, r.mscale)
+	}
+	short := func() arr { return g.ropeAt(x, r.dims, r.theta, r.scale, positions, r.freqs) }
+	long := func() arr { return g.ropeAt(x, r.dims, r.theta, r.scale, positions, r.long) }
+	switch {
+	case isNull(r.long) || (!p.longAll && isNull(p.longMask)):
+		return short()
+	case p.longAll:
+		return long()
+	}
+	return g.where(p.longMask, long(), short())
+}
+
+// mlp is layer l's feed-forward over h [1, N, hidden]: dense (silu or
+// GELU-tanh gated) or a mixture of experts.
+func (m *model) mlp(g *graph, l *layer, h arr, n int) arr {
+	c := m.cfg
+	if l.moe != nil {
+		return g.reshape(m.mixture(g, l.moe, h, n), 1, n, c.Hidden)
+	}
 	var gate, up arr
 	if !isNull(l.gateUp.w) {
 		y := l.gateUp.apply(g, h)
@@ -319,8 +434,10 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	} else {
 		gate, up = l.gate.apply(g, h), l.up.apply(g, h)
 	}
-	act := g.swiglu(gate, up)
-	return g.add(x, l.down.apply(g, act))
+	if c.Act == "silu" {
+		return l.down.apply(g, g.swiglu(gate, up))
+	}
+	return l.down.apply(g, g.mul(geluTanh(g, gate), up))
 }
 
 // kvRows is the pool rows [2*N*kvHeads] that a step writes for tokens
@@ -361,50 +478,6 @@ func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
 // gather reads layer li's keys and values at idx as [B, kvHeads, T, D].
 func (m *model) gather(g *graph, li int, idx kvIdx) (arr, arr) {
 	return g.take(m.pool.kv[li], idx.k, 0), g.take(m.pool.kv[li], idx.v, 0)
-}
-
-// attendDecode is the decode feeds' attention in layer li, one call for
-// all of them: queries [B, heads, 1, D] against each sequence's rows, as
-// they are when every feed attends p.decT rows (MLX's CUDA backend then
-// takes its fused decode kernel), else padded to p.decT and masked; on a
-// CUDA GPU the pool kernel reads the rows in place instead
-// (attendPooled). It returns [B, heads*D].
-func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
-	c, b := m.cfg, len(p.dec)
-	if !isNull(p.decQ) {
-		q = g.take(q, p.decQ, 0)
-	}
-	if !isNull(p.decRows) {
-		return m.attendPooled(g, li, p, q, false)
-	}
-	k, v := m.gather(g, li, p.decIdx)
-	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
-	var o arr
-	if isNull(p.decMsk) {
-		o = g.sdpa(q, k, v, scale, false)
-	} else {
-		o = g.sdpaMask(q, k, v, scale, p.decMsk)
-	}
-	return g.reshape(o, b, c.Heads*c.HeadDim)
-}
-
-// attend is the causal attention in layer li of a group of prefill
-// feeds, one call for the group: their rows of the rotated q ([N, heads,
-// 1, D]; a single feed's start at packed token row) against their pool
-// rows (this step's included). It returns [G*t, heads*D], feed by feed.
-func (m *model) attend(g *graph, li int, grp *preGroup, row int, q arr) arr {
-	c := m.cfg
-	b, t, d := len(grp.feeds), grp.t, c.HeadDim
-	var qs arr
-	if isNull(grp.q) {
-		qs = g.slice(q, []int{row, 0, 0, 0}, []int{row + t, c.Heads, 1, d})
-	} else {
-		qs = g.take(q, grp.q, 0)
-	}
-	qs = g.transpose(g.reshape(qs, b, t, c.Heads, d), 0, 2, 1, 3)
-	k, v := m.gather(g, li, grp.idx)
-	o := g.sdpa(qs, k, v, float32(1/math.Sqrt(float64(d))), true)
-	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*d)
 }
 
 // replace swaps a kept handle for a new one. The old buffer is then held

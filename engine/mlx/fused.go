@@ -127,7 +127,7 @@ func newFusedKernels() (addNorm, ropeKV, gluRows C.mlx_fast_cuda_kernel) {
 // q/k norm.
 func (m *model) decodeOnly(p *stepPlan) bool {
 	l := &m.w.layers[0]
-	return len(p.pre) == 0 && len(p.dec) == p.n && !m.cfg.QKNorm && !isNull(l.qkv.w) && !isNull(l.gateUp.w)
+	return len(p.pre) == 0 && len(p.dec) == p.n && m.cfg.plainDecode() && !isNull(l.qkv.w) && !isNull(l.gateUp.w)
 }
 
 // decodeLayers runs every layer over a decode-only step's tokens x [N,
@@ -202,7 +202,7 @@ func (m *model) ropeKV(g *graph, p *stepPlan, f *fusedStep, qkv arr) arr {
 	n, qd, kd := f.n, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	if !f.kern {
 		k := g.reshape(g.slice(qkv, []int{0, qd}, []int{n, qd + kd}), n, c.KVHeads, 1, c.HeadDim)
-		k = g.ropeAt(k, c.HeadDim, c.RopeTheta, m.ropeScale(), f.at, m.w.freqs)
+		k = g.ropeAt(k, c.HeadDim, c.RopeTheta, m.ropeScale(), f.at, m.w.ropes[0].freqs)
 		v := g.slice(qkv, []int{0, qd + kd}, []int{n, qd + 2*kd})
 		rows := []int{n * c.KVHeads, 1, c.HeadDim}
 		return g.concat(0, g.reshape(k, rows...), g.reshape(v, rows...))
@@ -225,7 +225,7 @@ func (m *model) attendFused(g *graph, li int, p *stepPlan, f *fusedStep, qkv arr
 	}
 	c, n := m.cfg, f.n
 	q := g.reshape(g.slice(qkv, []int{0, 0}, []int{n, c.Heads * c.HeadDim}), n, c.Heads, 1, c.HeadDim)
-	return m.attendDecode(g, li, p, g.ropeAt(q, c.HeadDim, c.RopeTheta, m.ropeScale(), f.at, m.w.freqs))
+	return m.attendDecode(g, li, p, g.ropeAt(q, c.HeadDim, c.RopeTheta, m.ropeScale(), f.at, m.w.ropes[0].freqs))
 }
 
 // gluRows is silu(gate) * up from the gate/up product y [N, 2*inter].

@@ -18,43 +18,110 @@ type module struct {
 	Quant *quantParams // nil when stored in float
 }
 
-// layerModules lists layer i's modules in Hugging Face naming.
+// layerModules lists layer i's modules in Hugging Face naming, under the
+// checkpoint's prefix (c.Prefix).
 func layerModules(c *modelConfig, i int) []module {
-	p := fmt.Sprintf("model.layers.%d.", i)
+	p := c.Prefix + "layers." + itoa(i) + "."
 	q, kv := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	ms := []module{
-		{Name: p + "input_layernorm", Out: c.Hidden},
-		{Name: p + "self_attn.q_proj", Out: q, In: c.Hidden, Bias: c.QKVBias},
-		{Name: p + "self_attn.k_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias},
-		{Name: p + "self_attn.v_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias},
-		{Name: p + "self_attn.o_proj", Out: c.Hidden, In: q},
-		{Name: p + "post_attention_layernorm", Out: c.Hidden},
+	norm := func(name string) module { return module{Name: p + name, Out: c.Hidden} }
+	var ms []module
+	if c.Block != postNorm {
+		ms = append(ms, norm("input_layernorm"))
+	}
+	ms = append(ms, norm("post_attention_layernorm"))
+	switch c.Block {
+	case sandwich:
+		ms = append(ms, norm("pre_feedforward_layernorm"), norm("post_feedforward_layernorm"))
+	case postNorm:
+		ms = append(ms, norm("post_feedforward_layernorm"))
+	}
+	if c.FusedQKV {
+		ms = append(ms, module{Name: p + "self_attn.qkv_proj", Out: q + 2*kv, In: c.Hidden, Bias: c.QKVBias})
+	} else {
+		ms = append(ms,
+			module{Name: p + "self_attn.q_proj", Out: q, In: c.Hidden, Bias: c.QKVBias},
+			module{Name: p + "self_attn.k_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias},
+			module{Name: p + "self_attn.v_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias})
+	}
+	ms = append(ms, module{Name: p + "self_attn.o_proj", Out: c.Hidden, In: q})
+	switch {
+	case c.QKNorm && c.QKNormWhole:
+		ms = append(ms, module{Name: p + "self_attn.q_norm", Out: q}, module{Name: p + "self_attn.k_norm", Out: kv})
+	case c.QKNorm:
+		ms = append(ms, module{Name: p + "self_attn.q_norm", Out: c.HeadDim}, module{Name: p + "self_attn.k_norm", Out: c.HeadDim})
+	}
+	return append(ms, mlpModules(c, i, p)...)
+}
+
+// mlpModules lists layer i's MLP: dense, fused (gate_up_proj) or a
+// router and its experts.
+func mlpModules(c *modelConfig, i int, p string) []module {
+	if c.sparse(i) {
+		m := c.MoE
+		ms := []module{{Name: p + m.Router, Out: m.Experts, In: c.Hidden}}
+		for j := range m.Experts {
+			e := p + fmt.Sprintf(m.Expert, j)
+			ms = append(ms,
+				module{Name: e + m.Gate, Out: m.Inter, In: c.Hidden},
+				module{Name: e + m.Up, Out: m.Inter, In: c.Hidden},
+				module{Name: e + m.Down, Out: c.Hidden, In: m.Inter})
+		}
+		return ms
+	}
+	if c.FusedGateUp {
+		return []module{
+			{Name: p + "mlp.gate_up_proj", Out: 2 * c.Intermediate, In: c.Hidden},
+			{Name: p + "mlp.down_proj", Out: c.Hidden, In: c.Intermediate},
+		}
+	}
+	return []module{
 		{Name: p + "mlp.gate_proj", Out: c.Intermediate, In: c.Hidden},
 		{Name: p + "mlp.up_proj", Out: c.Intermediate, In: c.Hidden},
 		{Name: p + "mlp.down_proj", Out: c.Hidden, In: c.Intermediate},
 	}
-	if c.QKNorm {
-		ms = append(ms, module{Name: p + "self_attn.q_norm", Out: c.HeadDim}, module{Name: p + "self_attn.k_norm", Out: c.HeadDim})
-	}
-	return ms
 }
 
 // topModules lists the embedding, final norm and output head.
 func topModules(c *modelConfig) []module {
 	ms := []module{
-		{Name: "model.embed_tokens", Out: c.Vocab, In: c.Hidden},
-		{Name: "model.norm", Out: c.Hidden},
+		{Name: c.Prefix + "embed_tokens", Out: c.Vocab, In: c.Hidden},
+		{Name: c.Prefix + "norm", Out: c.Hidden},
 	}
 	if !c.Tied {
-		ms = append(ms, module{Name: "lm_head", Out: c.Vocab, In: c.Hidden})
+		ms = append(ms, module{Name: c.Head, Out: c.Vocab, In: c.Hidden})
 	}
 	return ms
+}
+
+// layouts are where checkpoints keep the language model: transformers'
+// causal LMs, and multimodal ones (Gemma 3) as Google published them
+// (transformers before 4.52) and as newer transformers writes them. The
+// tensors of other towers (vision_tower, multi_modal_projector) are
+// never read.
+var layouts = []struct{ prefix, head string }{
+	{"model.", "lm_head"},
+	{"language_model.model.", "language_model.lm_head"},
+	{"model.language_model.", "lm_head"},
+}
+
+// locate sets c.Prefix and c.Head from the checkpoint's tensor names:
+// the first layout whose embedding is there (the first layout when none
+// is, so that the error names the tensor a causal LM would have).
+func locate(c *modelConfig, man map[string]tensorInfo) {
+	c.Prefix, c.Head = layouts[0].prefix, layouts[0].head
+	for _, l := range layouts {
+		if _, ok := man[l.prefix+"embed_tokens.weight"]; ok {
+			c.Prefix, c.Head = l.prefix, l.head
+			return
+		}
+	}
 }
 
 // planModules checks every module against the checkpoint's tensors and
 // decides which are quantized (those stored with .scales, as MLX writes
 // them). It returns the modules in load order.
 func planModules(c *modelConfig, man map[string]tensorInfo) ([]module, error) {
+	locate(c, man)
 	ms := topModules(c)
 	for i := 0; i < c.Layers; i++ {
 		ms = append(ms, layerModules(c, i)...)

@@ -15,7 +15,9 @@ package mlx
 // whose queries the kernel rotates itself at positions pos [B] (scaled)
 // and inverse frequencies invf [D/2]); the pool kv [2*rows*KVH, D], keys
 // then values (kvPool); rows [B, T] (token rows, T the longest) and lens
-// [B] (rows each sequence attends). Output [B, H*D].
+// [B] (rows each sequence attends); sc [1] the queries' scale. With a
+// sliding window WIN > 0 a sequence attends only its last WIN rows (the
+// query at position n-1 sees keys j > n-1-WIN). Output [B, H*D].
 #define MLXS_POOLED_WARPS 16 // pooledWarps
 #define MLXS_STR_(x) #x
 #define MLXS_STR(x) MLXS_STR_(x)
@@ -30,7 +32,7 @@ static const char* mlxs_pooled_src =
 	"const size_t qb = (size_t)b * QS + (size_t)hq * D;\n"
 	"constexpr int E = (D + 31) / 32;\n"
 	"constexpr int HALF = D / 2;\n"
-	"const float scale = rsqrtf((float)D);\n"
+	"const float scale = sc[0];\n"
 	"float qv[E], acc[E];\n"
 	"for (int e = 0; e < E; e++) {\n"
 	"  const int d = lane + 32 * e;\n"
@@ -47,7 +49,8 @@ static const char* mlxs_pooled_src =
 	"  acc[e] = 0.f;\n"
 	"}\n"
 	"float m = -INFINITY, l = 0.f;\n"
-	"for (int t = w; t < n; t += S) {\n"
+	"const int lo = (WIN > 0 && n > WIN) ? n - WIN : 0;\n"
+	"for (int t = lo + w; t < n; t += S) {\n"
 	"  const size_t at = ((size_t)rows[(size_t)b * T + t] * KVH + kh) * D;\n"
 	"  float s = 0.f;\n"
 	"  for (int e = 0; e < E; e++) { const int d = lane + 32 * e; if (d < D) s += qv[e] * static_cast<float>(kv[at + d]); }\n"
@@ -106,9 +109,9 @@ static int mlxs_kernel_apply(mlx_vector_array* res, mlx_fast_cuda_kernel kern, c
 }
 
 static mlx_fast_cuda_kernel mlxs_pooled_new(void) {
-	const char* in[6] = {"q", "kv", "rows", "lens", "pos", "invf"};
+	const char* in[7] = {"q", "kv", "rows", "lens", "pos", "invf", "sc"};
 	const char* out[1] = {"out"};
-	return mlxs_kernel_new("mlxs_pooled_attention", in, 6, out, 1, mlxs_pooled_src);
+	return mlxs_kernel_new("mlxs_pooled_attention", in, 7, out, 1, mlxs_pooled_src);
 }
 */
 import "C"
@@ -145,7 +148,7 @@ type kernelCall struct {
 // names, made once and never freed.
 var templateNames = func() map[string]*C.char {
 	out := map[string]*C.char{}
-	for _, n := range []string{"H", "KVH", "D", "QS", "ROPE", "HD", "QD", "INTER"} {
+	for _, n := range []string{"H", "KVH", "D", "QS", "ROPE", "HD", "QD", "INTER", "WIN"} {
 		out[n] = C.CString(n)
 	}
 	return out
@@ -211,9 +214,12 @@ const pooledWarps = C.MLXS_POOLED_WARPS
 func newPooledKernel() C.mlx_fast_cuda_kernel { return C.mlxs_pooled_new() }
 
 // pooled reports whether decode attention runs in the pool kernel: on a
-// CUDA GPU.
+// CUDA GPU, for every architecture but those that soft-cap attention
+// logits (Gemma 2), whose decode steps take the generic path
+// (attendDecode: gathered rows, softcapAttention). Sliding layers run
+// in the kernel with their window (WIN), any query scale through sc.
 func (m *model) pooled(g *graph) bool {
-	return g.k.cuda && m.cfg.Heads%m.cfg.KVHeads == 0
+	return g.k.cuda && m.cfg.Heads%m.cfg.KVHeads == 0 && m.cfg.AttnCap == 0
 }
 
 // attendPooled is the decode feeds' attention in layer li through the
@@ -227,13 +233,17 @@ func (m *model) attendPooled(g *graph, li int, p *stepPlan, q arr, rope bool) ar
 	if rope {
 		qs, r = (c.Heads+2*c.KVHeads)*c.HeadDim, 1
 	}
+	win := 0
+	if c.slides(li) {
+		win = c.Window
+	}
 	return g.kernel("pooled_attention", g.k.pooled, kernelCall{
-		in:      []arr{q, m.pool.kv[li], p.decRows, p.decLens, p.posf, p.invf},
+		in:      []arr{q, m.pool.kv[li], p.decRows, p.decLens, p.posf, p.invf, p.qscale},
 		outs:    [][]int{{b, c.Heads * c.HeadDim}},
 		dt:      m.w.dtype,
 		grid:    [2]int{32, b * c.Heads * pooledWarps},
 		block:   [2]int{32, pooledWarps},
-		targs:   []string{"H", "KVH", "D", "QS", "ROPE"},
-		targVal: []int{c.Heads, c.KVHeads, c.HeadDim, qs, r},
+		targs:   []string{"H", "KVH", "D", "QS", "ROPE", "WIN"},
+		targVal: []int{c.Heads, c.KVHeads, c.HeadDim, qs, r, win},
 	})[0]
 }

@@ -36,7 +36,13 @@ func dequantized(t *testing.T, m *model) *model {
 				return
 			}
 			f := g.dequantize(l.w, l.scales, l.biases, l.q.GroupSize, l.q.Bits)
-			*l = linear{w: g.keep(f), wT: g.keep(g.transpose(f, 1, 0)), bias: l.bias}
+			var tr arr
+			if len(shapeOf(l.w)) == 3 { // stacked experts
+				tr = g.transpose(f, 0, 2, 1)
+			} else {
+				tr = g.transpose(f, 1, 0)
+			}
+			*l = linear{w: g.keep(f), wT: g.keep(tr), bias: l.bias}
 			made = append(made, l.w, l.wT)
 		}
 		deq(&w.embed)
@@ -44,7 +50,11 @@ func dequantized(t *testing.T, m *model) *model {
 		w.layers = slices.Clone(m.w.layers)
 		for i := range w.layers {
 			l := &w.layers[i]
-			for _, lin := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp} {
+			if l.moe != nil {
+				e := *l.moe
+				l.moe = &e
+			}
+			for _, lin := range l.linears() {
 				deq(lin)
 			}
 		}
@@ -86,6 +96,44 @@ func TestQuantizedMatchesDequantized(t *testing.T) {
 }
 
 func first(a, _ float64) float64 { return a }
+
+// TestQuantizedExperts quantizes the mixture-of-experts families: their
+// stacked experts run through gather_qmm, and must give what gather_mm
+// gives over the dequantized weights, for a prompt long enough that the
+// tokens are sorted by expert (sortAt) and for one-token decode.
+func TestQuantizedExperts(t *testing.T) {
+	e := newEngine(t)
+	long := make([]int32, 50)
+	for i := range long {
+		long[i] = int32(1 + i*7%300)
+	}
+	for _, arch := range []string{"qwen3_moe", "mixtral"} {
+		src := t.TempDir()
+		if err := testmodel.Write(src, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		dst := t.TempDir()
+		if err := e.Quantize(context.Background(), src, dst, 8, 32); err != nil {
+			t.Fatal(err)
+		}
+		q := load(t, e, dst)
+		if l := q.w.layers[0]; l.moe == nil || l.moe.gate.q == nil {
+			t.Fatalf("%s: experts loaded unquantized", arch)
+		}
+		for _, p := range [][]int32{long, {1, 42}} {
+			got := lastLogits(t, q, p)
+			want := lastLogits(t, dequantized(t, q), p)
+			diff, scale := maxDiff(got, want)
+			if diff > 1e-3*scale {
+				t.Errorf("%s, %d tokens: gather_qmm and gather_mm logits differ by %v (scale %v)", arch, len(p), diff, scale)
+			}
+		}
+		f32 := lastLogits(t, load(t, e, src), long)
+		if d, scale := maxDiff(lastLogits(t, q, long), f32); d > 0.05*scale {
+			t.Errorf("%s: 8-bit logits differ from float32 by %v (scale %v)", arch, d, scale)
+		}
+	}
+}
 
 func TestHalfPrecisionAndTied(t *testing.T) {
 	e := newEngine(t)

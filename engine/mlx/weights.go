@@ -51,11 +51,19 @@ func (l *linear) rows(g *graph, ids arr) arr {
 }
 
 type layer struct {
-	inNorm, postNorm, qNorm, kNorm arr
-	q, k, v, o, gate, up, down     linear
+	// inNorm is input_layernorm, postNorm post_attention_layernorm;
+	// preFF and postFF are the feed-forward norms of sandwich and
+	// post-norm layers (arch.Block).
+	inNorm, postNorm, preFF, postFF, qNorm, kNorm arr
+	q, k, v, o, gate, up, down                    linear
 	// qkv and gateUp are q, k, v and gate, up fused into one product each
 	// (outputs side by side); when set, the parts are empty.
 	qkv, gateUp linear
+	// moe holds a sparse layer's router and stacked experts (switch.go);
+	// gate, up and down are then empty.
+	moe *experts
+	// rope indexes weights.ropes: how this layer rotates.
+	rope int
 }
 
 // fuse concatenates linears that read the same input into one whose
@@ -101,25 +109,53 @@ type weights struct {
 	embed, head linear // head is unused when tied
 	norm        arr
 	layers      []layer
-	freqs       arr       // custom RoPE frequencies (llama3 scaling) or null
+	ropes       []ropeSet // [0] global; [1] Gemma 3's sliding layers
 	invf        []float32 // RoPE's inverse frequencies, for the fused decode kernels
+	embedScale  arr       // scalar of the weights' dtype (Gemma) or null
 	dtype       C.mlx_dtype
+}
+
+// ropeSet is how a layer rotates queries and keys: MLX fast rope of the
+// first dims of each head with base theta and position scale, or custom
+// frequencies; longrope adds its long frequencies and the factor on the
+// rotated dims.
+type ropeSet struct {
+	dims         int
+	theta, scale float32
+	freqs        arr // custom frequencies (llama3; longrope's short) or null
+	long         arr // longrope's long frequencies, or null
+	mscale       arr // [D] longrope's attention factor on the rotated dims, 1 elsewhere; or null
 }
 
 func (w *weights) free() {
 	w.embed.free()
 	w.head.free()
 	free(&w.norm)
-	free(&w.freqs)
+	free(&w.embedScale)
+	for i := range w.ropes {
+		r := &w.ropes[i]
+		free(&r.freqs)
+		free(&r.long)
+		free(&r.mscale)
+	}
 	for i := range w.layers {
 		l := &w.layers[i]
-		for _, a := range []*arr{&l.inNorm, &l.postNorm, &l.qNorm, &l.kNorm} {
+		for _, a := range []*arr{&l.inNorm, &l.postNorm, &l.preFF, &l.postFF, &l.qNorm, &l.kNorm} {
 			free(a)
 		}
-		for _, m := range []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp} {
+		for _, m := range l.linears() {
 			m.free()
 		}
 	}
+}
+
+// linears lists the layer's linear layers, the experts' included.
+func (l *layer) linears() []*linear {
+	ls := []*linear{&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp}
+	if l.moe != nil {
+		ls = append(ls, &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down)
+	}
+	return ls
 }
 
 // loadTensors reads the named tensors of every file through
@@ -176,59 +212,144 @@ func loadFile(g *graph, file string, want map[string]bool, out map[string]arr) e
 // buildWeights assembles the model from loaded tensors (taking ownership of
 // them) and evaluates everything, so that loading is done when it returns.
 func buildWeights(g *graph, c *modelConfig, mods []module, ts map[string]arr) (*weights, error) {
-	byName := map[string]module{}
+	b := &builder{g: g, c: c, ts: ts, mods: map[string]module{}}
 	for _, m := range mods {
-		byName[m.Name] = m
+		b.mods[m.Name] = m
 	}
-	take := func(name string) arr { a := ts[name]; delete(ts, name); return a }
-	lin := func(name string) linear {
-		m := byName[name]
-		l := linear{w: take(name + ".weight"), bias: take(name + ".bias"), q: m.Quant}
-		if m.Quant != nil {
-			l.scales, l.biases = take(name+".scales"), take(name+".biases")
-		} else if m.In != 0 {
-			l.wT = g.keep(g.transpose(l.w, 1, 0))
-		}
-		return l
-	}
-	w := &weights{embed: lin("model.embed_tokens"), norm: take("model.norm.weight"), layers: make([]layer, c.Layers)}
+	w := &weights{embed: b.lin(c.Prefix + "embed_tokens"), norm: b.norm(c.Prefix + "norm"), layers: make([]layer, c.Layers)}
 	if !c.Tied {
-		w.head = lin("lm_head")
+		w.head = b.lin(c.Head)
 	}
 	for i := range w.layers {
-		p := "model.layers." + itoa(i) + "."
-		w.layers[i] = layer{
-			inNorm: take(p + "input_layernorm.weight"), postNorm: take(p + "post_attention_layernorm.weight"),
-			q: lin(p + "self_attn.q_proj"), k: lin(p + "self_attn.k_proj"), v: lin(p + "self_attn.v_proj"),
-			o: lin(p + "self_attn.o_proj"), gate: lin(p + "mlp.gate_proj"), up: lin(p + "mlp.up_proj"),
-			down: lin(p + "mlp.down_proj"),
-		}
-		l := &w.layers[i]
-		if c.QKNorm {
-			l.qNorm, l.kNorm = take(p+"self_attn.q_norm.weight"), take(p+"self_attn.k_norm.weight")
-		}
-		l.qkv, _ = fuse(g, &l.q, &l.k, &l.v)
-		l.gateUp, _ = fuse(g, &l.gate, &l.up)
+		w.layers[i] = b.layer(i)
 	}
 	for _, a := range ts { // not part of the model (e.g. rotary_emb.inv_freq)
 		free(&a)
 	}
-	w.dtype = C.mlx_array_dtype(w.norm)
 	if w.embed.q != nil {
 		w.dtype = C.mlx_array_dtype(w.embed.scales)
 	} else {
 		w.dtype = C.mlx_array_dtype(w.embed.w)
 	}
-	if f := ropeFreqs(c); f != nil {
-		w.freqs = g.keep(g.float32s(f, len(f)))
+	if c.EmbedScale != 0 {
+		w.embedScale = g.keep(g.scalarOf(c.EmbedScale, w.dtype))
 	}
+	w.ropes = ropeSets(g, c, w.dtype)
 	w.invf = invFreqs(c)
 	g.eval(w.all()...)
+	if b.err != nil && g.err == nil {
+		g.err = b.err
+	}
 	if g.err != nil {
 		w.free()
 		return nil, g.err
 	}
 	return w, nil
+}
+
+// builder takes a checkpoint's tensors into a model's arrays.
+type builder struct {
+	g    *graph
+	c    *modelConfig
+	ts   map[string]arr
+	mods map[string]module
+	err  error // a checkpoint the config check let through but the arrays cannot hold
+}
+
+func (b *builder) take(name string) arr { a := b.ts[name]; delete(b.ts, name); return a }
+
+func (b *builder) lin(name string) linear {
+	m := b.mods[name]
+	l := linear{w: b.take(name + ".weight"), bias: b.take(name + ".bias"), q: m.Quant}
+	if m.Quant != nil {
+		l.scales, l.biases = b.take(name+".scales"), b.take(name+".biases")
+	} else if m.In != 0 {
+		l.wT = b.g.keep(b.g.transpose(l.w, 1, 0))
+	}
+	return l
+}
+
+// norm takes an RMSNorm weight: as stored, or 1 + weight (computed in
+// float32, then cast back) for Gemma's norms.
+func (b *builder) norm(name string) arr {
+	w := b.take(name + ".weight")
+	if !b.c.NormPlusOne || isNull(w) {
+		return w
+	}
+	g := b.g
+	one := g.add(g.astype(w, C.MLX_FLOAT32), g.scalar(1))
+	out := g.keep(g.astype(one, C.mlx_array_dtype(w)))
+	free(&w)
+	return out
+}
+
+func (b *builder) layer(i int) layer {
+	c, g := b.c, b.g
+	p := c.Prefix + "layers." + itoa(i) + "."
+	l := layer{postNorm: b.norm(p + "post_attention_layernorm"), o: b.lin(p + "self_attn.o_proj")}
+	if c.Block != postNorm {
+		l.inNorm = b.norm(p + "input_layernorm")
+	}
+	if c.Block != preNorm {
+		l.postFF = b.norm(p + "post_feedforward_layernorm")
+	}
+	if c.Block == sandwich {
+		l.preFF = b.norm(p + "pre_feedforward_layernorm")
+	}
+	if c.QKNorm {
+		l.qNorm, l.kNorm = b.norm(p+"self_attn.q_norm"), b.norm(p+"self_attn.k_norm")
+	}
+	if c.FusedQKV {
+		l.qkv = b.lin(p + "self_attn.qkv_proj")
+	} else {
+		l.q, l.k, l.v = b.lin(p+"self_attn.q_proj"), b.lin(p+"self_attn.k_proj"), b.lin(p+"self_attn.v_proj")
+		l.qkv, _ = fuse(g, &l.q, &l.k, &l.v)
+	}
+	switch {
+	case c.sparse(i):
+		l.moe = b.experts(p)
+	case c.FusedGateUp:
+		l.gateUp, l.down = b.lin(p+"mlp.gate_up_proj"), b.lin(p+"mlp.down_proj")
+	default:
+		l.gate, l.up, l.down = b.lin(p+"mlp.gate_proj"), b.lin(p+"mlp.up_proj"), b.lin(p+"mlp.down_proj")
+		l.gateUp, _ = fuse(g, &l.gate, &l.up)
+	}
+	if c.LocalRopeTheta != 0 && c.slides(i) {
+		l.rope = 1
+	}
+	return l
+}
+
+// ropeSets makes the rotations of the model's layers: [0] with rope_theta
+// and rope_scaling; [1] Gemma 3's sliding layers, rope_local_base_freq
+// unscaled.
+func ropeSets(g *graph, c *modelConfig, dt C.mlx_dtype) []ropeSet {
+	r := ropeSet{dims: c.RotaryDim, theta: c.RopeTheta, scale: 1}
+	if c.Rope.Type == "linear" {
+		r.scale = float32(1 / c.Rope.Factor)
+	}
+	if f := ropeFreqs(c); f != nil {
+		r.freqs = g.keep(g.float32s(f, len(f)))
+	}
+	if c.Rope.Type == "longrope" {
+		short, long := longFreqs(c, false), longFreqs(c, true)
+		r.freqs, r.long = g.keep(g.float32s(short, len(short))), g.keep(g.float32s(long, len(long)))
+		if s := c.Rope.AttnFactor; s != 1 {
+			m := make([]float32, c.HeadDim)
+			for i := range m {
+				m[i] = 1
+				if i < c.RotaryDim {
+					m[i] = float32(s)
+				}
+			}
+			r.mscale = g.keep(g.astype(g.float32s(m, len(m)), dt))
+		}
+	}
+	out := []ropeSet{r}
+	if c.LocalRopeTheta != 0 {
+		out = append(out, ropeSet{dims: c.RotaryDim, theta: c.LocalRopeTheta, scale: 1})
+	}
+	return out
 }
 
 func (w *weights) all() []arr {
@@ -246,11 +367,14 @@ func (w *weights) all() []arr {
 		}
 	}
 	addLin(&w.embed, &w.head)
-	add(w.norm, w.freqs)
+	add(w.norm, w.embedScale)
+	for _, r := range w.ropes {
+		add(r.freqs, r.long, r.mscale)
+	}
 	for i := range w.layers {
 		l := &w.layers[i]
-		add(l.inNorm, l.postNorm, l.qNorm, l.kNorm)
-		addLin(&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gateUp)
+		add(l.inNorm, l.postNorm, l.preFF, l.postFF, l.qNorm, l.kNorm)
+		addLin(l.linears()...)
 	}
 	return out
 }
