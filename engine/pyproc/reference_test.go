@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -85,6 +87,40 @@ func TestMatchesReference(t *testing.T) {
 						t.Errorf("prompt %d token %d: logprob %v, reference %v", i, k, lps[k], ref[i].Logprobs[k])
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestTransformersV5Config checks a checkpoint whose config.json has
+// transformers 5's names (rope_parameters, dtype, num_local_experts) runs
+// as the published names do: the same weights give the same tokens and
+// log-probabilities.
+func TestTransformersV5Config(t *testing.T) {
+	python(t)
+	e := newEngine(t)
+	for _, arch := range []string{"gemma3_text", "gemma3", "qwen3_moe", "phi3", "llama"} {
+		t.Run(arch, func(t *testing.T) {
+			var got [2][]float32
+			for i, v5 := range []bool{false, true} {
+				cfg := testmodel.TinyFamily(arch)
+				cfg.TransformersV5 = v5
+				dir := t.TempDir()
+				if err := testmodel.Write(dir, cfg); err != nil {
+					t.Fatal(err)
+				}
+				m, err := e.Load(context.Background(), engine.ModelSpec{ID: fmt.Sprintf("%s-%d", arch, i), Path: dir})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, p := range [][]int32{prompt(2, 70), prompt(4, 150)} {
+					_, lps := generateChunked(t, m.(*Model), engine.SeqID(j), p, 4, 0)
+					got[i] = append(got[i], lps...)
+				}
+				m.Close()
+			}
+			if !slices.Equal(got[0], got[1]) {
+				t.Fatalf("logprobs %v with the published names, %v with transformers 5's", got[0], got[1])
 			}
 		})
 	}

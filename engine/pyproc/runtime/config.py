@@ -96,7 +96,7 @@ class Config:
         if arch not in ARCHS:
             raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(supported())))
         fam = ARCHS[arch]
-        c = dict(fam.defaults, **c)
+        c = dict(fam.defaults, **v4_names(c))
         self.arch, self.family, self.wrapped = arch, fam, wrapped
         try:
             self._read(c, top, fam)
@@ -129,7 +129,7 @@ class Config:
         self.rot_dim = int(self.head_dim * float(c.get("partial_rotary_factor") or 1.0))
         self.tie = bool(c.get("tie_word_embeddings", top.get("tie_word_embeddings", False)))
         self.bias = fam.bias or bool(c.get("attention_bias", False))
-        self.dtype = c.get("torch_dtype") or top.get("torch_dtype") or "float32"
+        self.dtype = c.get("torch_dtype") or top.get("torch_dtype") or top.get("dtype") or "float32"
         # Attention: the scale of q.k, soft-capping of the scores and of
         # the final logits (Gemma 2; null in Gemma 3), and the local
         # layers' RoPE base (Gemma 3: no scaling on those).
@@ -157,6 +157,37 @@ class Config:
             self.top_k = int(c["num_experts_per_tok"])
             if not 0 < self.top_k <= self.experts or self.moe_intermediate <= 0:
                 raise ValueError("num_experts_per_tok %d of %d experts" % (self.top_k, self.experts))
+
+
+def v4_names(c):
+    """c with transformers 5's names mapped to the published ones:
+    rope_parameters (keyed by layer type for Gemma 3, holding Phi-3's
+    partial_rotary_factor) to rope_theta, rope_scaling,
+    rope_local_base_freq and partial_rotary_factor; dtype to torch_dtype;
+    num_local_experts to num_experts where the family says num_experts."""
+    c = dict(c)
+
+    def put(k, v):
+        if c.get(k) is None:
+            c[k] = v
+
+    rp = c.pop("rope_parameters", None)
+    if isinstance(rp, dict):
+        full, local = rp, None
+        if isinstance(rp.get("full_attention"), dict):
+            full, local = rp["full_attention"], rp.get("sliding_attention")
+        full = dict(full)
+        put("rope_theta", full.pop("rope_theta", None))
+        if "partial_rotary_factor" in full:
+            put("partial_rotary_factor", full.pop("partial_rotary_factor"))
+        if (full.get("rope_type") or full.get("type") or "default") != "default":
+            put("rope_scaling", full)
+        if isinstance(local, dict):
+            put("rope_local_base_freq", local.get("rope_theta"))
+    put("torch_dtype", c.get("dtype"))
+    if c.get("model_type") == "qwen3_moe":
+        put("num_experts", c.get("num_local_experts"))
+    return c
 
 
 def sliding_windows(c, fam, n):
