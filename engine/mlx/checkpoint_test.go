@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -299,6 +300,27 @@ func TestUnsupportedListsFamilies(t *testing.T) {
 	for _, want := range []string{"gemma3", "gemma3_text", "mixtral", "olmo2", "phi3", "qwen3_moe"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("err %v does not list %s", err, want)
+		}
+	}
+}
+
+// TestPlanTransformersV5: config.json as transformers 5 saves it
+// (rope_parameters, dtype, num_local_experts) plans the same model as the
+// published names.
+func TestPlanTransformersV5(t *testing.T) {
+	for _, arch := range testmodel.Archs() {
+		c := testmodel.TinyFamily(arch)
+		want, _, err := plan(writeTiny(t, c))
+		if err != nil {
+			t.Fatalf("%s: %v", arch, err)
+		}
+		c.TransformersV5 = true
+		got, _, err := plan(writeTiny(t, c))
+		if err != nil {
+			t.Fatalf("%s (v5): %v", arch, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: v5 config plans\n%+v\nwant\n%+v", arch, got, want)
 		}
 	}
 }

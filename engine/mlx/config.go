@@ -77,28 +77,31 @@ func (q *quantConfig) params(module string) (quantParams, bool) {
 }
 
 type rawConfig struct {
-	Architectures []string         `json:"architectures"`
-	ModelType     string           `json:"model_type"`
-	Hidden        int              `json:"hidden_size"`
-	Intermediate  int              `json:"intermediate_size"`
-	Layers        int              `json:"num_hidden_layers"`
-	Heads         int              `json:"num_attention_heads"`
-	KVHeads       int              `json:"num_key_value_heads"`
-	HeadDim       int              `json:"head_dim"`
-	Vocab         int              `json:"vocab_size"`
-	MaxPos        int              `json:"max_position_embeddings"`
-	NormEps       float64          `json:"rms_norm_eps"`
-	RopeTheta     float64          `json:"rope_theta"`
-	RopeScaling   map[string]any   `json:"rope_scaling"`
-	Tied          *bool            `json:"tie_word_embeddings"`
-	AttnBias      bool             `json:"attention_bias"`
-	MLPBias       bool             `json:"mlp_bias"`
-	HiddenAct     string           `json:"hidden_act"`
-	BOS           json.RawMessage  `json:"bos_token_id"`
-	EOS           json.RawMessage  `json:"eos_token_id"`
-	Quantization  map[string]any   `json:"quantization"`
-	QuantConfig   map[string]any   `json:"quantization_config"`
-	TextConfig    *json.RawMessage `json:"text_config"`
+	Architectures []string       `json:"architectures"`
+	ModelType     string         `json:"model_type"`
+	Hidden        int            `json:"hidden_size"`
+	Intermediate  int            `json:"intermediate_size"`
+	Layers        int            `json:"num_hidden_layers"`
+	Heads         int            `json:"num_attention_heads"`
+	KVHeads       int            `json:"num_key_value_heads"`
+	HeadDim       int            `json:"head_dim"`
+	Vocab         int            `json:"vocab_size"`
+	MaxPos        int            `json:"max_position_embeddings"`
+	NormEps       float64        `json:"rms_norm_eps"`
+	RopeTheta     float64        `json:"rope_theta"`
+	RopeScaling   map[string]any `json:"rope_scaling"`
+	// RopeParameters is how transformers 5 writes rope_theta and
+	// rope_scaling (fromV5 maps it back).
+	RopeParameters map[string]any   `json:"rope_parameters"`
+	Tied           *bool            `json:"tie_word_embeddings"`
+	AttnBias       bool             `json:"attention_bias"`
+	MLPBias        bool             `json:"mlp_bias"`
+	HiddenAct      string           `json:"hidden_act"`
+	BOS            json.RawMessage  `json:"bos_token_id"`
+	EOS            json.RawMessage  `json:"eos_token_id"`
+	Quantization   map[string]any   `json:"quantization"`
+	QuantConfig    map[string]any   `json:"quantization_config"`
+	TextConfig     *json.RawMessage `json:"text_config"`
 
 	// Families' own fields (arch.go and the family files).
 	HiddenActivation   string          `json:"hidden_activation"`
@@ -183,6 +186,7 @@ func parseRaw(b []byte) (*rawConfig, string) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, "invalid JSON: " + err.Error()
 	}
+	r.fromV5()
 	text, ok := wrappers[r.ModelType]
 	if !ok || r.TextConfig == nil {
 		return &r, ""
@@ -191,6 +195,7 @@ func parseRaw(b []byte) (*rawConfig, string) {
 	if err := json.Unmarshal(*r.TextConfig, &in); err != nil {
 		return nil, "text_config: invalid JSON: " + err.Error()
 	}
+	in.fromV5()
 	in.ModelType, in.Architectures = text, r.Architectures
 	if in.Tied == nil {
 		in.Tied = r.Tied
@@ -443,4 +448,44 @@ func quantSizes(m map[string]any) (groupSize, bits int, reason string) {
 		return 0, 0, fmt.Sprintf("unsupported quantization bits %v (want 2, 3, 4, 6 or 8)", m["bits"])
 	}
 	return int(gs), int(b), ""
+}
+
+// fromV5 reads transformers 5's rope_parameters into the published
+// fields it replaces, where the config does not also have those: a flat
+// entry is rope_theta, rope_scaling (when its rope_type is not "default")
+// and Phi-3's partial_rotary_factor; an entry keyed by layer type (Gemma
+// 3) gives full_attention's as those and sliding_attention's base as
+// rope_local_base_freq. num_local_experts stands for qwen3_moe's
+// num_experts.
+func (r *rawConfig) fromV5() {
+	if r.NumExperts == 0 { // transformers 5 names every family's experts so
+		r.NumExperts = r.NumLocalExperts
+	}
+	p := r.RopeParameters
+	if p == nil {
+		return
+	}
+	full, keyed := p["full_attention"].(map[string]any)
+	if !keyed {
+		full = p
+	}
+	if theta, ok := full["rope_theta"].(float64); ok && r.RopeTheta == 0 {
+		r.RopeTheta = theta
+	}
+	if f, ok := full["partial_rotary_factor"].(float64); ok && r.PartialRotary == 0 {
+		r.PartialRotary = f
+	}
+	if t, _ := full["rope_type"].(string); t != "" && t != "default" && r.RopeScaling == nil {
+		r.RopeScaling = map[string]any{}
+		for k, v := range full {
+			if k != "rope_theta" && k != "partial_rotary_factor" {
+				r.RopeScaling[k] = v
+			}
+		}
+	}
+	if sliding, ok := p["sliding_attention"].(map[string]any); ok && r.RopeLocalBase == 0 {
+		if theta, ok := sliding["rope_theta"].(float64); ok {
+			r.RopeLocalBase = theta
+		}
+	}
 }
