@@ -2,7 +2,6 @@ package toolcall
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -23,13 +22,7 @@ import (
 // nine-character call ids it insists on), tokenized with its Tekken
 // tokenizer.
 func TestAutoCallsRealTemplates(t *testing.T) {
-	root := os.Getenv("MLXSERVING_TOKENIZERS")
-	if root == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("MLXSERVING_TOKENIZERS is not set: source scripts/setup.d/20-tokenizers.sh")
-		}
-		t.Skip("MLXSERVING_TOKENIZERS is not set: source scripts/setup.d/20-tokenizers.sh")
-	}
+	root := tokenizersDir(t)
 	tools := []map[string]any{
 		{"type": "function", "function": map[string]any{"name": "get_weather", "description": "Weather in a city",
 			"parameters": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}, "required": []any{"city"}}}},

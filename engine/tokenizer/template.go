@@ -166,6 +166,30 @@ func (t *Tokenizer) TemplateNames() []string {
 	return sortedKeys(t.templates.sources)
 }
 
+// ChatTemplate returns the source of the chat template named name ("" for
+// the default one, as ChatOptions.TemplateName), or ErrNoChatTemplate.
+func (t *Tokenizer) ChatTemplate(name string) (string, error) {
+	name, err := t.templateName(name)
+	if err != nil {
+		return "", err
+	}
+	return t.templates.sources[name], nil
+}
+
+// IsTemplateVariable reports whether name is one of the variables
+// ApplyChatTemplate itself passes to every template (messages, tools,
+// add_generation_prompt, bos_token, eos_token, raise_exception,
+// strftime_now, range and the Jinja2 globals), which ChatOptions.Extra would
+// override.
+func IsTemplateVariable(name string) bool {
+	switch name {
+	case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "strftime_now",
+		"raise_exception", "range", "namespace", "dict", "cycler", "joiner":
+		return true
+	}
+	return false
+}
+
 // ApplyChatTemplate renders messages with the chat template as Hugging
 // Face's transformers does (Jinja2 with trim_blocks and lstrip_blocks).
 // The template sees messages, add_generation_prompt, bos_token, eos_token,
