@@ -87,7 +87,7 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	if m.tok == nil || !m.tok.HasChatTemplate() {
 		return nil, fmt.Errorf("%w: model %q has no chat template", ErrNoTokenizer, req.Model)
 	}
-	text, err := m.tok.ApplyChatTemplate(req.Messages, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools})
+	text, err := m.tok.ApplyChatTemplate(req.Messages, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools, Extra: req.ChatTemplateKwargs})
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
@@ -103,7 +103,11 @@ func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*ap
 	if err != nil {
 		return nil, &engine.InvalidParamError{Param: "messages", Reason: err.Error(), Err: err}
 	}
-	st, err := s.submitHeader(ctx, m, prompt, p, api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""})
+	hdr := api.Header{ToolFormat: string(format), ToolForced: req.ForceTool != ""}
+	if req.ForceTool == "" && len(p.JSONSchema) == 0 && toolcall.DetectReasoning(m.tok) {
+		hdr.Reasoning, hdr.ReasoningOpen = true, toolcall.ReasoningOpen(text)
+	}
+	st, err := s.submitHeader(ctx, m, prompt, p, hdr)
 	if err != nil && req.ForceTool != "" {
 		err = s.blameTool(m, req, err)
 	}

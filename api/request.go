@@ -115,6 +115,12 @@ type ChatRequest struct {
 	// ForceTools are the functions a forced call may name, with their
 	// parameter schemas (toolcall.Tool).
 	ForceTools []ToolSpec
+	// ChatTemplateKwargs are further variables for the chat template
+	// (vLLM's chat_template_kwargs), such as {"enable_thinking": false}
+	// for Qwen3. Keys that name a variable the template always gets
+	// (messages, tools, bos_token, ...) override it; the HTTP layer
+	// refuses them. Nil adds none.
+	ChatTemplateKwargs map[string]any
 	Params
 }
 

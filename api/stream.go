@@ -47,6 +47,15 @@ type Header struct {
 	// ToolForced is set when the request forced a tool call: the text is
 	// the call's JSON, after the family's opening syntax.
 	ToolForced bool
+	// Reasoning is set for a chat reply that may begin with reasoning in a
+	// <think>…</think> block (toolcall.ReasoningParser splits it off): the
+	// model's chat template writes such blocks and the reply is not
+	// constrained (no forced tool call, no JSON schema).
+	Reasoning bool
+	// ReasoningOpen is set with Reasoning when the prompt itself opened
+	// the block (DeepSeek-R1's template does), so the reply begins inside
+	// it.
+	ReasoningOpen bool
 }
 
 // ErrAbandoned ends the generation behind a Stream that was dropped

@@ -3,7 +3,6 @@ package openai_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -274,21 +273,7 @@ func TestShutdownIs503(t *testing.T) {
 // TestTemplateErrorIs400: a chat template that fails for a request (here
 // it raises on a tool message) is a 400 for that request only.
 func TestTemplateErrorIs400(t *testing.T) {
-	dir := checkpoint(t)
-	path := filepath.Join(dir, "tokenizer_config.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	cfg["chat_template"] = `{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool messages are not supported') }}{% endif %}{{ m.content }}{% endfor %}`
-	b, _ = json.Marshal(cfg)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := templateCheckpoint(t, `{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool messages are not supported') }}{% endif %}{{ m.content }}{% endfor %}`)
 	f := newFixture(t, fixtureOpts{dir: dir})
 	status, _, body := f.post(t, "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"x","tool_call_id":"1"}],"max_tokens":2}`)
 	if status != 400 || errCode(t, body) != "template_error" || !strings.Contains(string(body), "tool messages are not supported") {

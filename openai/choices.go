@@ -178,15 +178,24 @@ func (f *format) collect(st *api.Stream) (map[string]any, *api.Usage, error) {
 			f.usage = c.Usage
 		}
 	}
+	reasoning, content := f.splitReasoning(text.String())
+	var body map[string]any
 	if f.tools != nil {
-		content, calls, complete := f.tools.whole(text.String())
+		var (
+			calls    []toolCall
+			complete bool
+		)
+		content, calls, complete = f.tools.whole(content)
 		if complete {
 			finish = "tool_calls"
 		}
 		if len(calls) > 0 {
-			return f.toolBody(content, calls, tokens, finish, usage).(map[string]any), usage, nil
+			body = f.toolBody(content, calls, tokens, finish, usage).(map[string]any)
 		}
-		return f.body(content, tokens, finish, usage).(map[string]any), usage, nil
 	}
-	return f.body(text.String(), tokens, finish, usage).(map[string]any), usage, nil
+	if body == nil {
+		body = f.body(content, tokens, finish, usage).(map[string]any)
+	}
+	withReasoning(body, reasoning)
+	return body, usage, nil
 }

@@ -158,9 +158,12 @@ func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	for i, st := range sts {
 		fs[i] = newFormat(true, id, created, cr.Model, req.Logprobs, req.includeUsage())
 		fs[i].index, fs[i].tokenIDs = i, req.ReturnTokenIDs
+		hd := st.Header()
 		if req.tools {
-			hd := st.Header()
 			fs[i].tools = newToolStream(toolcall.Format(hd.ToolFormat), hd.ToolForced)
+		}
+		if hd.Reasoning && req.separateReasoning() {
+			fs[i].reasoning = toolcall.NewReasoningParser(hd.ReasoningOpen)
 		}
 	}
 	defer charge(fs)

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,28 @@ type fixtureOpts struct {
 func checkpoint(t testing.TB) string {
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// templateCheckpoint writes the test checkpoint with its chat template
+// replaced.
+func templateCheckpoint(t testing.TB, template string) string {
+	t.Helper()
+	dir := checkpoint(t)
+	path := filepath.Join(dir, "tokenizer_config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"] = template
+	b, _ = json.Marshal(cfg)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -1,13 +1,16 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine/grammar"
+	"github.com/mlxserving/mlxserving/engine/tokenizer"
 )
 
 // commonFields are the fields chat and text completions share.
@@ -60,6 +63,12 @@ type chatRequest struct {
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	ResponseFormat      *responseFormat `json:"response_format"`
+	// ChatTemplateKwargs is vLLM's chat_template_kwargs: more variables
+	// for the chat template, e.g. {"enable_thinking": false}.
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
+	// SeparateReasoning is SGLang's separate_reasoning: false returns a
+	// reasoning model's <think> block inside content, as generated.
+	SeparateReasoning *bool `json:"separate_reasoning"`
 
 	tools bool // replies are parsed for tool calls
 }
@@ -233,6 +242,9 @@ func (c *chatRequest) chat(r *http.Request, def int) (api.ChatRequest, error) {
 		return req, err
 	}
 	req.Model, req.Params = c.Model, p
+	if req.ChatTemplateKwargs, err = templateKwargs(c.ChatTemplateKwargs); err != nil {
+		return req, err
+	}
 	if c.tools, err = c.toolRequest(&req); err != nil {
 		return req, err
 	}
@@ -243,6 +255,56 @@ func (c *chatRequest) chat(r *http.Request, def int) (api.ChatRequest, error) {
 		}
 	}
 	return req, nil
+}
+
+// templateKwargs reads chat_template_kwargs: a JSON object whose keys do
+// not replace the variables the template always gets.
+func templateKwargs(raw json.RawMessage) (map[string]any, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var kw map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if raw[0] != '{' || dec.Decode(&kw) != nil {
+		return nil, badRequest("chat_template_kwargs", "invalid_type", "chat_template_kwargs must be a JSON object")
+	}
+	for k, v := range kw {
+		if tokenizer.IsTemplateVariable(k) {
+			return nil, badRequest("chat_template_kwargs."+k, "invalid_value", "chat_template_kwargs cannot set %q: the request sets it", k)
+		}
+		kw[k] = pyNumbers(v)
+	}
+	return kw, nil
+}
+
+// pyNumbers turns JSON numbers into ints where Python's json.loads gives
+// an int (no fraction, no exponent), floats otherwise, so a template
+// prints 3 as "3", not "3.0".
+func pyNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := x.Int64(); err == nil && !strings.ContainsAny(string(x), ".eE") {
+			return int(i)
+		}
+		f, _ := x.Float64()
+		return f
+	case []any:
+		for i, e := range x {
+			x[i] = pyNumbers(e)
+		}
+	case map[string]any:
+		for k, e := range x {
+			x[k] = pyNumbers(e)
+		}
+	}
+	return v
+}
+
+// separateReasoning reports whether a reasoning model's <think> block
+// goes to reasoning_content (the default) rather than content.
+func (c *chatRequest) separateReasoning() bool {
+	return c.SeparateReasoning == nil || *c.SeparateReasoning
 }
 
 func (c *chatRequest) unsupportedChat() error {

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/toolcall"
 )
 
 // format writes one request's responses: a chat or text completion, as
@@ -26,6 +27,9 @@ type format struct {
 	usage        *api.Usage  // the final chunk's usage, once received
 	generated    int         // tokens received so far, for a stream cut short
 	tokenIDs     bool        // return_token_ids: every token's id in its streamed chunk
+	// reasoning splits a reasoning model's <think> block off the content;
+	// nil when the reply has none to split.
+	reasoning *toolcall.ReasoningParser
 }
 
 // openChoice appends `{"index":N` for the format's choice.
@@ -59,13 +63,14 @@ func (f *format) roleChunk(b []byte) []byte {
 }
 
 // tokenChunk is one piece of generated text (with the token's logprob
-// when asked for).
-func (f *format) tokenChunk(b []byte, c api.Chunk) []byte {
+// when asked for); for a chat reply, reasoning is the piece's reasoning
+// text, c.Text its content.
+func (f *format) tokenChunk(b []byte, c api.Chunk, reasoning string) []byte {
 	b = append(b, f.prefix...)
 	if f.chat {
-		b = append(f.openChoice(b), `,"delta":{"content":`...)
-		b = appendString(b, c.Text)
-		b = append(b, `},"logprobs":`...)
+		b = append(f.openChoice(b), `,"delta":`...)
+		b = appendDelta(b, reasoning, c.Text)
+		b = append(b, `,"logprobs":`...)
 	} else {
 		b = append(f.openChoice(b), `,"text":`...)
 		b = appendString(b, c.Text)

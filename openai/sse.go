@@ -117,16 +117,7 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 			}
 		}
 	}
-	var deltas []toolDelta
-	if f.tools != nil {
-		c.Text, deltas = f.tools.feed(c.Text)
-	}
-	if c.Text != "" || ((f.logprobs || f.tokenIDs) && c.HasToken) {
-		if err := s.send(f.tokenChunk(s.buf[:0], c)); err != nil {
-			return err
-		}
-	}
-	if err := s.deltas(f, deltas); err != nil {
+	if err := s.text(f, c, false); err != nil {
 		return err
 	}
 	if c.Finish == "" {
@@ -134,10 +125,16 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 	}
 	f.usage = c.Usage
 	finish := c.Finish
+	if f.reasoning != nil {
+		// What the reasoning parser held back: a partial tag or a truncated block.
+		if err := s.text(f, api.Chunk{}, true); err != nil {
+			return err
+		}
+	}
 	if f.tools != nil {
 		rest, calls, tail := f.tools.finish()
 		if rest != "" {
-			if err := s.send(f.tokenChunk(s.buf[:0], api.Chunk{Text: rest})); err != nil {
+			if err := s.send(f.tokenChunk(s.buf[:0], api.Chunk{Text: rest}, "")); err != nil {
 				return err
 			}
 		}
@@ -160,6 +157,29 @@ func (s *sseWriter) chunk(f *format, c api.Chunk) error {
 		return s.send(f.usageChunk(s.buf[:0], c.Usage))
 	}
 	return nil
+}
+
+// text sends a chunk's text: its reasoning and content (the content
+// through the tool-call parser), and the tool-call deltas it completes.
+// flush sends what the reasoning parser held back instead of c's text.
+func (s *sseWriter) text(f *format, c api.Chunk, flush bool) error {
+	var reasoning string
+	switch {
+	case flush:
+		reasoning, c.Text = f.reasoning.Flush()
+	case f.reasoning != nil:
+		reasoning, c.Text = f.reasoning.Feed(c.Text)
+	}
+	var deltas []toolDelta
+	if f.tools != nil {
+		c.Text, deltas = f.tools.feed(c.Text)
+	}
+	if c.Text != "" || reasoning != "" || ((f.logprobs || f.tokenIDs) && c.HasToken) {
+		if err := s.send(f.tokenChunk(s.buf[:0], c, reasoning)); err != nil {
+			return err
+		}
+	}
+	return s.deltas(f, deltas)
 }
 
 // fail reports err: as an error response before the stream started, as an
