@@ -29,10 +29,17 @@ func startServer(t *testing.T, opts ...openai.Option) string {
 func startServerWith(t *testing.T, simOpts []enginetest.SimOption, srvOpts []mlxserving.Option, opts ...openai.Option) string {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := testmodel.Tiny()
-	if err := testmodel.Write(dir, cfg); err != nil {
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
 		t.Fatal(err)
 	}
+	return startServerAt(t, dir, simOpts, srvOpts, opts...)
+}
+
+// startServerAt is startServerWith serving the checkpoint in dir, the
+// test model's shape with its files changed.
+func startServerAt(t *testing.T, dir string, simOpts []enginetest.SimOption, srvOpts []mlxserving.Option, opts ...openai.Option) string {
+	t.Helper()
+	cfg := testmodel.Tiny()
 	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength)}, simOpts...)...)
 	if err != nil {
 		t.Fatal(err)
