@@ -89,6 +89,15 @@
 // follows them, and its usage counts the whole generation. A load
 // balancer (httpbackend.WithResume) uses both.
 //
+// Reasoning, as vLLM and SGLang return it: for a model whose chat
+// template writes <think>, a chat reply's reasoning block is
+// message.reasoning_content (delta.reasoning_content when streamed) and
+// tool calls are parsed from the rest; "separate_reasoning": false
+// (SGLang's name) keeps the block in content. "chat_template_kwargs"
+// (vLLM's name) passes an object's keys to the chat template, e.g.
+// {"enable_thinking": false}; a non-object, or a key the request itself
+// sets (messages, tools, bos_token, ...), is a 400 naming it.
+//
 // Keep-alive, as Ollama names it: "keep_alive" is how long the model stays
 // loaded after this request — a duration ("5m") or seconds (300); 0
 // unloads it once idle, negative keeps it loaded. A request for a model
