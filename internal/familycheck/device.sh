@@ -47,6 +47,7 @@ run)
 	for f in $fams; do
 		for dt in float32 bfloat16; do
 			[ -d $data/$f/$dt ] || continue
+			[ -s $data/$f/$eng-$dt.json ] && continue # done by an earlier call
 			start=$(date +%s)
 			$bin -engine "$eng" -dir $data/$f/$dt -in $data/$f/prompts.json -n 32 -dtype $dt -python "$py" \
 				> $data/$f/$eng-$dt.json 2> "$out/$f-$eng-$dt.err"
