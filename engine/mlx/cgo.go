@@ -306,8 +306,62 @@ func (g *graph) arange(n int, dt C.mlx_dtype) arr {
 	return g.op("arange", func(r *arr) C.int { return C.mlx_arange(r, 0, C.double(n), 1, dt, g.s) })
 }
 
+// rmsNorm is x's RMS norm over its last axis, times w: MLX's fast
+// rms_norm, except where MLX's CUDA kernel for it is wrong
+// (rmsNormMixesRows), where it is the same written out.
 func (g *graph) rmsNorm(x, w arr, eps float32) arr {
+	if g.err == nil && g.k != nil && g.k.cuda {
+		if sh := shapeOf(x); len(sh) > 0 && rmsNormMixesRows(sh[len(sh)-1], int(C.mlx_dtype_size(dtype(x)))) {
+			return g.rmsNormOps(x, w, eps)
+		}
+	}
+	return g.fastRMSNorm(x, w, eps)
+}
+
+// fastRMSNorm is MLX's fast rms_norm as it is.
+func (g *graph) fastRMSNorm(x, w arr, eps float32) arr {
 	return g.op("rms_norm", func(r *arr) C.int { return C.mlx_fast_rms_norm(r, x, w, C.float(eps), g.s) })
+}
+
+// rmsNormMixesRows reports whether MLX 0.31's CUDA rms_norm gives wrong
+// results for rows of n values of size bytes each (float32: 4; bfloat16,
+// float16: 2). For n in (32*r, 64*r], r = 16/size the values a thread
+// reads, it packs two rows into a block of two warps per row but reduces
+// the squares block-wide, so each row is normalized by the sum of its
+// pair's squares (and its shared array is overrun). Gemma 3's per-head
+// q/k norms at head_dim 256 in float32 fall in that band: on an H200 its
+// float32 log-probabilities were up to 0.99 from transformers' with
+// every other family within 1.2e-05. Fixed upstream by
+// ml-explore/mlx#3792 (one row per block); the CPU and Metal paths are
+// not affected.
+func rmsNormMixesRows(n, size int) bool {
+	if size != 2 && size != 4 {
+		return false
+	}
+	r := 16 / size
+	return n > 32*r && n <= 64*r
+}
+
+// rmsNormOps is MLX's own rms_norm fallback written out: in float32,
+// x * rsqrt(mean(x²) + eps), cast back to x's dtype, times w.
+func (g *graph) rmsNormOps(x, w arr, eps float32) arr {
+	dt := dtype(x)
+	f := x
+	if dt != C.MLX_FLOAT32 {
+		f = g.astype(x, C.MLX_FLOAT32)
+	}
+	sq := g.op("square", func(r *arr) C.int { return C.mlx_square(r, f, g.s) })
+	ms := g.op("mean", func(r *arr) C.int { return C.mlx_mean_axis(r, sq, -1, true, g.s) })
+	ms = g.add(ms, g.scalar(eps))
+	inv := g.op("rsqrt", func(r *arr) C.int { return C.mlx_rsqrt(r, ms, g.s) })
+	y := g.mul(f, inv)
+	if dt != C.MLX_FLOAT32 {
+		y = g.astype(y, dt)
+	}
+	if isNull(w) {
+		return y
+	}
+	return g.mul(y, w)
 }
 
 // rope rotates x [B, H, T, D] for positions offset.. with base theta or,
