@@ -372,8 +372,8 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
     xo, y = add_rms(x, d, w, 1e-5, norm)
     s = (x + d).float()
     s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)
-    rnd, off = NORMS[norm]
-    ref = w * s.to(dtype) if rnd else (s * (w.float() + off)).to(dtype)
+    rounds, off = NORMS[norm]
+    ref = w * s.to(dtype) if rounds else (s * (w.float() + off)).to(dtype)
     if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
         return "add_rms"
     gu = rnd(B, 2 * 300)
