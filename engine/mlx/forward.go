@@ -199,7 +199,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	return p
 }
 
-// planDecode lays out decode attention over rows [B][T_b]: unpadded
+// planDecode lays out decode attention over rows (B lists of T_b rows each): unpadded
 // and unmasked when every feed attends as many rows (MLX's fused decode
 // attention takes only unmasked calls), else padded to a multiple of
 // kvPad with a mask.
