@@ -3,19 +3,17 @@
 package mlx
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
+	"github.com/mlxserving/mlxserving/internal/reference"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -97,7 +95,7 @@ func TestGreedyMatchesTorch(t *testing.T) {
 
 // TestMatchesReference runs every family testmodel writes (TinyFamily:
 // sliding windows of 16, experts, longrope, Gemma's norms and caps)
-// against ../pyproc/testdata/reference.py, a float64 forward pass without
+// against internal/reference/reference.py, a float64 forward pass without
 // caches written apart from the engines: greedy tokens must agree
 // wherever the reference's top two are not a near tie, log-probabilities
 // within 1e-4. The 70-token prompt runs whole and in chunks of 9, so
@@ -162,7 +160,7 @@ func matchReference(t *testing.T, py string, e *Engine, cfg testmodel.Config) {
 	}
 }
 
-func checkReference(t *testing.T, what string, toks []int32, lps []float32, ref referenceRun) {
+func checkReference(t *testing.T, what string, toks []int32, lps []float32, ref reference.Run) {
 	t.Helper()
 	for k := range toks {
 		if toks[k] != ref.Tokens[k] {
@@ -189,28 +187,13 @@ func refPrompt(seed, n int) []int32 {
 	return p
 }
 
-type referenceRun struct {
-	Tokens   []int32
-	Logprobs []float64
-	Gaps     []float64
-}
-
-// runReference runs reference.py on the checkpoint in dir: n greedy
-// tokens after each prompt.
-func runReference(t *testing.T, py, dir string, prompts [][]int32, n int) []referenceRun {
+// runReference runs the reference (internal/reference) on the checkpoint
+// in dir: n greedy tokens after each prompt.
+func runReference(t *testing.T, py, dir string, prompts [][]int32, n int) []reference.Run {
 	t.Helper()
-	in, _ := json.Marshal(map[string]any{"prompts": prompts, "n": n})
-	cmd := exec.Command(py, "../pyproc/testdata/reference.py", dir)
-	cmd.Stdin = bytes.NewReader(in)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	raw, err := cmd.Output()
+	runs, err := reference.Greedy(context.Background(), py, dir, prompts, n)
 	if err != nil {
-		t.Fatalf("reference: %v\n%s", err, stderr.String())
-	}
-	var ref []referenceRun
-	if err := json.Unmarshal(raw, &ref); err != nil {
 		t.Fatal(err)
 	}
-	return ref
+	return runs
 }

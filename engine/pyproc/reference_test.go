@@ -4,20 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/reference"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
-// TestMatchesReference checks the runtime against testdata/reference.py, a
+// TestMatchesReference checks the runtime against internal/reference/reference.py, a
 // plain float64 forward pass without caches, on each architecture the
 // runtime supports (testmodel.TinyFamily of every family, whose sliding
 // windows of 16 the 70-token prompt crosses, and llama with llama3 rope
@@ -148,30 +147,15 @@ func renameTensors(t *testing.T, dir, old, new string) {
 	}
 }
 
-type referenceRun struct {
-	Tokens   []int32
-	Logprobs []float64
-	Gaps     []float64
-}
-
-// runReference runs testdata/reference.py on the checkpoint in dir: n
-// greedy tokens after each prompt.
-func runReference(t *testing.T, py, dir string, prompts [][]int32, n int) []referenceRun {
+// runReference runs the reference (internal/reference) on the checkpoint
+// in dir: n greedy tokens after each prompt.
+func runReference(t *testing.T, py, dir string, prompts [][]int32, n int) []reference.Run {
 	t.Helper()
-	in, _ := json.Marshal(map[string]any{"prompts": prompts, "n": n})
-	cmd := exec.Command(py, "testdata/reference.py", dir)
-	cmd.Stdin = bytes.NewReader(in)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	raw, err := cmd.Output()
+	runs, err := reference.Greedy(context.Background(), py, dir, prompts, n)
 	if err != nil {
-		t.Fatalf("reference: %v\n%s", err, stderr.String())
-	}
-	var ref []referenceRun
-	if err := json.Unmarshal(raw, &ref); err != nil {
 		t.Fatal(err)
 	}
-	return ref
+	return runs
 }
 
 // generateChunked runs n greedy steps with logprobs after prompt, fed in
