@@ -79,7 +79,12 @@ class Experts:
                     ys[at : at + c] = F.linear(act_mul(F.linear(x, L["experts_gu"][e])), L["experts_down"][e])
                 at += c
         ys = ys * w.reshape(-1)[order].unsqueeze(1)
-        return torch.zeros_like(h).index_add_(0, tok, ys)
+        # Back to (token, choice) order and a sum over the k choices: the
+        # same additions in the same order every run (index_add_ adds with
+        # atomics on CUDA, in whatever order they land), and no host sync.
+        back = torch.empty_like(ys)
+        back[order] = ys
+        return back.view(h.shape[0], self.k, -1).sum(dim=1)
 
     def _check(self, L, hidden, device, dtype, act_mul):
         """Whether the grouped GEMM runs here and agrees with the loop on
