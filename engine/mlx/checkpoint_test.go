@@ -324,3 +324,17 @@ func TestPlanTransformersV5(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightBytesSkipsVision: the memory check counts the language model
+// of a multimodal Gemma 3 checkpoint, not its vision tower.
+func TestWeightBytesSkipsVision(t *testing.T) {
+	man := map[string]tensorInfo{
+		"language_model.model.embed_tokens.weight":        {DType: "F32", Shape: []int{10, 4}},
+		"vision_tower.vision_model.post_layernorm.weight": {DType: "F32", Shape: []int{1000}},
+		"multi_modal_projector.mm_soft_emb_norm.weight":   {DType: "F32", Shape: []int{1000}},
+		"model.vision_tower.encoder.layers.0.fc1.weight":  {DType: "F32", Shape: []int{1000}},
+	}
+	if got := weightBytes(man); got != 160 {
+		t.Errorf("weightBytes = %d, want 160 (the embedding alone)", got)
+	}
+}

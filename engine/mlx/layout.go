@@ -3,6 +3,7 @@ package mlx
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/internal/safetensors"
@@ -219,7 +220,10 @@ func checkQuantized(c *modelConfig, m *module, man map[string]tensorInfo) error 
 // weightBytes is the size of the checkpoint's weights.
 func weightBytes(man map[string]tensorInfo) uint64 {
 	var n uint64
-	for _, t := range man {
+	for name, t := range man {
+		if isVisionTensor(name) {
+			continue // never loaded: the engine serves the language model
+		}
 		size, _ := safetensors.DTypeSize(t.DType)
 		b := uint64(size)
 		for _, d := range t.Shape {
@@ -228,4 +232,16 @@ func weightBytes(man map[string]tensorInfo) uint64 {
 		n += b
 	}
 	return n
+}
+
+// isVisionTensor reports whether a multimodal checkpoint's tensor belongs
+// to its vision tower or projector (Gemma 3), which the engine leaves on
+// disk.
+func isVisionTensor(name string) bool {
+	for _, p := range []string{"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
