@@ -26,8 +26,10 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,19 +66,48 @@ var (
 	sloTTFT    = flag.Duration("slo-ttft", 500*time.Millisecond, "serving mode: goodput SLO on time to first token")
 	sloTPOT    = flag.Duration("slo-tpot", 20*time.Millisecond, "serving mode: goodput SLO on time per output token")
 	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
+	bwFlag     = flag.Float64("bandwidth", 0, "memory bandwidth for the decode bound, bytes/s (0: the GPU's nominal figure)")
 )
 
-// Bounds on the H100 as measured on the device machine: a device-to-device
-// copy moves about 3.0 TB/s; a large bf16 matrix product runs at about
-// 790 TFLOP/s.
-const bandwidth, bf16Rate = 3.0e12, 790e12
+// bf16Rate is a large bf16 matrix product's rate on the H100 as measured
+// on the device machine (the H200 has the same compute).
+const bf16Rate = 790e12
+
+// nominalBandwidths are the vendors' memory bandwidths (bytes/s) by a
+// part of the device name, most specific first.
+var nominalBandwidths = []struct {
+	name string
+	bps  float64
+}{
+	{"H200", 4.8e12}, {"H100 NVL", 3.9e12}, {"H100 PCIe", 2.0e12}, {"H100", 3.35e12},
+	{"A100-SXM4-80GB", 2.039e12}, {"A100 80GB PCIe", 1.935e12}, {"A100", 1.555e12},
+	{"L40S", 0.864e12}, {"L4", 0.3e12},
+}
+
+// fallbackBandwidth is a device-to-device copy on the H100 as measured on
+// the device machine, for a GPU the table does not name.
+const fallbackBandwidth = 3.0e12
+
+// bandwidthFor is the decode bound's bandwidth for the device named in
+// info: -bandwidth when set, else the nominal figure of the GPU.
+func bandwidthFor(info string, flagBPS float64) (float64, string) {
+	if flagBPS > 0 {
+		return flagBPS, "-bandwidth"
+	}
+	for _, b := range nominalBandwidths {
+		if strings.Contains(info, b.name) {
+			return b.bps, "nominal " + b.name
+		}
+	}
+	return fallbackBandwidth, "an H100's measured copy rate (device not in the table)"
+}
 
 func main() {
 	flag.Parse()
 	ctx := context.Background()
 	mk, ok := testmodel.Shapes()[*shape]
 	if !ok {
-		log.Fatalf("-shape %q: want llama1b or llama8b", *shape)
+		log.Fatalf("-shape %q: want one of %v", *shape, slices.Sorted(maps.Keys(testmodel.Shapes())))
 	}
 	cfg := mk()
 	if *small {
@@ -94,7 +125,9 @@ func main() {
 	if !*kernels {
 		must(os.Setenv("MLXSERVING_TORCH_KERNELS", "0"))
 	}
-	fmt.Printf("device: %s\n", strings.TrimSpace(string(run(nil, *python, *script, "info"))))
+	info := strings.TrimSpace(string(run(nil, *python, *script, "info")))
+	bandwidth, bwFrom := bandwidthFor(info, *bwFlag)
+	fmt.Printf("device: %s\n", info)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if *hf {
 		checkTiny(ctx, logger)
@@ -136,8 +169,8 @@ func main() {
 		hfStat = runJSON(*python, *script, "static", *dir, *batches)
 	}
 	weights := weightBytes(cfg)
-	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, bf16; bound = batch x %.0f GB/s / %.2f GB of weights\n",
-		*prompt, *gen, bandwidth/1e9, weights/1e9)
+	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, bf16; bound = batch x %.0f GB/s (%s) / %.2f GB of weights\n",
+		*prompt, *gen, bandwidth/1e9, bwFrom, weights/1e9)
 	fmt.Println("| batch | engine tok/s | Server tok/s | HF static+compile tok/s | HF generate tok/s | bound tok/s | engine/bound | Server/bound | engine/HF static |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, b := range sizes {

@@ -49,3 +49,21 @@ mlxserving_queue_wait_seconds_count 3
 		t.Errorf("queue wait with nothing observed = %v, want 0", got)
 	}
 }
+
+func TestBandwidthFor(t *testing.T) {
+	for _, c := range []struct {
+		info string
+		flag float64
+		want float64
+	}{
+		{"NVIDIA H200 cuda 13.0 torch 2.11", 0, 4.8e12},
+		{"NVIDIA H100 80GB HBM3", 0, 3.35e12},
+		{"NVIDIA H100 PCIe", 0, 2.0e12},
+		{"NVIDIA H200", 2e12, 2e12},
+		{"Some Future GPU", 0, fallbackBandwidth},
+	} {
+		if got, _ := bandwidthFor(c.info, c.flag); got != c.want {
+			t.Errorf("bandwidthFor(%q, %v) = %v, want %v", c.info, c.flag, got, c.want)
+		}
+	}
+}
