@@ -50,32 +50,39 @@ func python(t testing.TB) string {
 
 // TestGreedyMatchesTorch compares greedy tokens and their log-probabilities
 // with the Python engine's torch backend on the same float32 checkpoints:
-// the tiny Llama, GQA Qwen2 with biases, tied Mistral, and llama3 rope
-// scaling.
+// every family testmodel writes (TinyFamily), tied Mistral and llama3 rope
+// scaling, prompts within and past the sliding windows.
 func TestGreedyMatchesTorch(t *testing.T) {
 	py := torchEngine(t)
 	e := newEngine(t)
-	cfgs := map[string]func(*testmodel.Config){
-		"llama": nil,
-		"qwen2": func(c *testmodel.Config) { c.Arch = "qwen2" },
-		"mistral-tied": func(c *testmodel.Config) {
-			c.Arch, c.TieEmbeddings = "mistral", true
-		},
-		"llama3-rope": func(c *testmodel.Config) {
-			c.RopeScaling = &testmodel.RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 32}
-		},
+	cfgs := map[string]testmodel.Config{}
+	for _, arch := range testmodel.Archs() { // every family, sliding windows of 16
+		cfgs[arch] = testmodel.TinyFamily(arch)
+	}
+	tied := testmodel.TinyFamily("mistral")
+	tied.TieEmbeddings = true
+	cfgs["mistral-tied"] = tied
+	scaled := testmodel.Tiny()
+	scaled.RopeScaling = &testmodel.RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 32}
+	cfgs["llama3-rope"] = scaled
+	long := make([]int32, 40) // past the windows: sliding layers drop keys
+	for i := range long {
+		long[i] = int32(1 + (i*53)%300)
 	}
 	ctx := context.Background()
 	params := &engine.SamplingParams{Logprobs: true}
-	for name, edit := range cfgs {
-		dir := tinyDir(t, edit)
+	for name, cfg := range cfgs {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
 		mine := load(t, e, dir)
 		ref, err := py.Load(ctx, engine.ModelSpec{ID: name, Path: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var worst float64
-		for i, p := range prompts() {
+		for i, p := range append(prompts(), long) {
 			want, wantLP := generate(t, ref, engine.SeqID(i), p, 16, 100, params)
 			got, gotLP := generate(t, mine, engine.SeqID(i), p, 16, 100, params)
 			if !slices.Equal(got, want) {
@@ -85,11 +92,12 @@ func TestGreedyMatchesTorch(t *testing.T) {
 				worst = math.Max(worst, math.Abs(float64(gotLP[j]-wantLP[j])))
 			}
 		}
-		t.Logf("%s: 4 prompts x 16 greedy tokens equal; max |logprob difference| %.2e", name, worst)
+		t.Logf("%s: 5 prompts x 16 greedy tokens equal; max |logprob difference| %.2e", name, worst)
 		if worst > 1e-3 {
 			t.Errorf("%s: log-probabilities differ by up to %v", name, worst)
 		}
 		ref.Close()
+		mine.Close()
 	}
 }
 
