@@ -1,6 +1,7 @@
 package mlx
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -117,7 +118,19 @@ func (c *modelConfig) describe(r *rawConfig) string {
 		}
 		c.Sliding = make([]bool, c.Layers)
 		for i, t := range r.LayerTypes {
+			if t != "sliding_attention" && t != "full_attention" {
+				return fmt.Sprintf("layer_types[%d] %q: want sliding_attention or full_attention", i, t)
+			}
 			c.Sliding[i] = t == "sliding_attention"
+		}
+	}
+	if r.QueryPreAttnScalar < 0 {
+		return fmt.Sprintf("query_pre_attn_scalar %v must be positive", r.QueryPreAttnScalar)
+	}
+	for name, raw := range map[string]json.RawMessage{"attn_logit_softcapping": r.AttnSoftcap, "final_logit_softcapping": r.FinalSoftcap} {
+		var v *float64
+		if len(raw) > 0 && json.Unmarshal(raw, &v) != nil {
+			return fmt.Sprintf("%s %s: want a number or null", name, raw)
 		}
 	}
 	if c.Window < 0 {

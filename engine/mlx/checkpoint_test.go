@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -336,5 +337,19 @@ func TestWeightBytesSkipsVision(t *testing.T) {
 	}
 	if got := weightBytes(man); got != 160 {
 		t.Errorf("weightBytes = %d, want 160 (the embedding alone)", got)
+	}
+}
+
+// TestHostileFamilyConfigs: every edit of enginetest.HostileConfigs is
+// refused as a CheckpointError when the model is planned.
+func TestHostileFamilyConfigs(t *testing.T) {
+	for _, h := range enginetest.HostileConfigs() {
+		dir := t.TempDir()
+		if err := h.Write(dir); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := plan(dir); !errors.Is(err, engine.ErrBadCheckpoint) {
+			t.Errorf("%s (%s): %v, want a CheckpointError", h.Name, h.Arch, err)
+		}
 	}
 }

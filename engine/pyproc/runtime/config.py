@@ -133,6 +133,8 @@ class Config:
         # Attention: the scale of q.k, soft-capping of the scores and of
         # the final logits (Gemma 2; null in Gemma 3), and the local
         # layers' RoPE base (Gemma 3: no scaling on those).
+        if fam.gemma and not float(c["query_pre_attn_scalar"]) > 0:
+            raise ValueError("query_pre_attn_scalar must be positive")
         self.scale = float(c["query_pre_attn_scalar"]) ** -0.5 if fam.gemma else self.head_dim ** -0.5
         self.attn_softcap = float(c.get("attn_logit_softcapping") or 0) if fam.gemma else 0.0
         self.final_softcap = float(c.get("final_logit_softcapping") or 0) if fam.gemma else 0.0
@@ -194,12 +196,18 @@ def sliding_windows(c, fam, n):
     """Each layer's sliding window (0: the layer sees every earlier key):
     layer_types when the config lists them, else the family's rule."""
     W = int(c.get("sliding_window") or 0)
-    if W <= 0:
-        return [0] * n
+    if W < 0:
+        raise ValueError("sliding_window %d is negative" % W)
     types = c.get("layer_types")
     if types:
-        if len(types) != n:
-            raise ValueError("layer_types lists %d layers, not %d" % (len(types), n))
+        if not isinstance(types, list) or len(types) != n:
+            raise ValueError("layer_types lists %s layers, not %d" % (len(types) if isinstance(types, list) else "no", n))
+        unknown = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise ValueError("layer_types: unsupported %s (want sliding_attention or full_attention)" % ", ".join(unknown))
+    if W == 0:
+        return [0] * n
+    if types:
         return [W if t == "sliding_attention" else 0 for t in types]
     rule = fam.sliding
     if rule == "all":
@@ -208,6 +216,8 @@ def sliding_windows(c, fam, n):
         return [W if i % 2 == 0 else 0 for i in range(n)]
     if rule == "gemma3":  # every pattern-th layer is global
         pattern = int(c.get("sliding_window_pattern") or 6)
+        if pattern < 1:
+            raise ValueError("sliding_window_pattern %d must be at least 1" % pattern)
         return [W if (i + 1) % pattern else 0 for i in range(n)]
     if rule == "qwen" and c.get("use_sliding_window"):
         start = int(c.get("max_window_layers") or 0)

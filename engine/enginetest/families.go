@@ -1,0 +1,65 @@
+package enginetest
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	"github.com/mlxserving/mlxserving/testmodel"
+)
+
+// HostileConfig is an edit of one family's own config.json fields that no
+// real model has. An engine must refuse the checkpoint with a
+// *engine.CheckpointError before reading weights, and go on serving.
+type HostileConfig struct {
+	Name  string // what is wrong
+	Arch  string // the testmodel family it edits
+	Key   string // the config.json field (of text_config for a wrapped family)
+	Value any    // its new value; nil removes the field
+}
+
+// HostileConfigs lists the edits every engine's tests feed it.
+func HostileConfigs() []HostileConfig {
+	return []HostileConfig{
+		{"more experts a token than experts", "qwen3_moe", "num_experts_per_tok", 9},
+		{"a million experts", "qwen3_moe", "num_experts", 1 << 20},
+		{"negative window", "gemma3_text", "sliding_window", -5},
+		{"layer_types too short", "gemma3_text", "layer_types", []string{"full_attention"}},
+		{"unknown layer type", "gemma3_text", "layer_types", []string{"x", "x", "x", "x"}},
+		{"rotary factor above 1", "phi3", "partial_rotary_factor", 2.0},
+		{"longrope factors of the wrong length", "phi3", "rope_scaling",
+			map[string]any{"type": "longrope", "short_factor": []float64{1}, "long_factor": []float64{1}}},
+		{"text_config not an object", "gemma3", "text_config", "gemma"},
+		{"soft-cap not a number", "gemma2", "attn_logit_softcapping", "x"},
+		{"query scalar not positive", "gemma2", "query_pre_attn_scalar", -1},
+	}
+}
+
+// Write writes testmodel.TinyFamily(h.Arch) into dir with the edit made.
+func (h HostileConfig) Write(dir string) error {
+	if err := testmodel.Write(dir, testmodel.TinyFamily(h.Arch)); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var c map[string]any
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return err
+	}
+	target := c
+	if text, ok := c["text_config"].(map[string]any); ok && h.Key != "text_config" {
+		target = text
+	}
+	if h.Value == nil {
+		delete(target, h.Key)
+	} else {
+		target[h.Key] = h.Value
+	}
+	if raw, err = json.Marshal(c); err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
+}
