@@ -29,8 +29,9 @@ type Client struct {
 	// gone, when set (Discover sets it), is told that the instance's
 	// subject has no responders: the instance is gone, not slow.
 	gone func(id string)
-	// lost is closed once discovery knows the instance is gone; streams
-	// that have produced no token yet then fail over at once.
+	// lost is closed once discovery knows the instance is gone; its open
+	// streams then end at once with ErrInstanceLost (the balancer fails
+	// them over, or resumes those that delivered tokens).
 	lost     chan struct{}
 	lostOnce sync.Once
 
@@ -230,27 +231,23 @@ func (s *clientStream) Recv(ctx context.Context) (api.Chunk, error) {
 	}
 	for {
 		s.timer.Reset(3 * s.c.cfg.heartbeat)
-		// Once the instance is known gone, a stream that has produced no
-		// token fails over now instead of after three missed heartbeats;
-		// one that has keeps waiting (its instance may only be moving to
-		// another NATS server, and its text cannot be taken back anyway).
-		var lost <-chan struct{}
-		if s.delivered == 0 {
-			lost = s.c.lost
-		}
+		// Once the instance is known gone (a probe found no responders,
+		// discovery removed it), the stream ends now instead of after three
+		// missed heartbeats, with the error the balancer fails over on
+		// before the first token and resumes on after it.
 		select {
 		case m := <-s.ch:
 			if c, more, err := s.message(m); !more || err != nil {
 				return c, err
 			}
-		case <-lost:
+		case <-s.c.lost:
 			select {
 			case m := <-s.ch: // what it sent before it went comes first
 				if c, more, err := s.message(m); !more || err != nil {
 					return c, err
 				}
 			default:
-				return api.Chunk{}, s.fail(ErrInstanceLost)
+				return api.Chunk{}, s.lostInstance()
 			}
 		case <-s.timer.C:
 			return api.Chunk{}, s.fail(ErrInstanceLost)
@@ -363,6 +360,15 @@ func (s *clientStream) pop() (api.Chunk, error) {
 		s.consumed = 0
 	}
 	return c, nil
+}
+
+// lostInstance ends the stream of an instance discovery found gone. The
+// instance is told to stop, should it be alive after all (its connection
+// only moving to another server of a NATS cluster): the balancer goes on
+// elsewhere.
+func (s *clientStream) lostInstance() error {
+	_ = s.c.nc.Publish(s.control, []byte{ctlCancel})
+	return s.fail(ErrInstanceLost)
 }
 
 // fail ends the stream with err: an *Error (retry-safe) while nothing

@@ -31,8 +31,10 @@ const (
 	// refuse a request unless WithStartTimeout says otherwise.
 	DefaultStartTimeout = 10 * time.Second
 	// DefaultProbeInterval is how often each known instance is probed
-	// unless WithProbeInterval says otherwise.
-	DefaultProbeInterval = 250 * time.Millisecond
+	// unless WithProbeInterval says otherwise: a dead instance's streams
+	// resume elsewhere about this long after it died (one small
+	// request-reply per instance and interval).
+	DefaultProbeInterval = 100 * time.Millisecond
 	// DefaultReconnectGrace is how long a request waits for a reconnecting
 	// NATS connection unless WithReconnectGrace says otherwise.
 	DefaultReconnectGrace = 500 * time.Millisecond
@@ -72,9 +74,9 @@ func WithTimeout(d time.Duration) DiscoverOption {
 // request to its own load subject, which refreshes its load report, and
 // which the NATS server answers "no responders" at once when the
 // instance's connection is gone (a process killed, a machine whose kernel
-// closed its sockets). Such an instance is removed, and its requests that
-// have not yet produced a token fail over, within about one probe
-// interval instead of the timeout. Default DefaultProbeInterval.
+// closed its sockets). Such an instance is removed, and its open streams
+// end (a balancer fails them over, or resumes those that delivered
+// tokens), within about one probe interval instead of the timeout. Default DefaultProbeInterval.
 func WithProbeInterval(d time.Duration) DiscoverOption {
 	return discoverOption(func(c *discoverConfig) error { return positive("probe interval", d, &c.probe) })
 }
@@ -382,7 +384,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 // forget removes the instance with micro id at once: a request or probe
 // to it found no responders (its process died, or it left), so waiting for
 // the discovery timeout would only send more requests to nobody, and its
-// streams that have not produced a token yet fail over. Should it be alive
+// open streams end at once (see Client). Should it be alive
 // after all (its connection moving to another server of a NATS cluster),
 // its next stats answer adds it again.
 func (d *Discovery) forget(id string) {

@@ -26,11 +26,13 @@
 // instance alive and refreshes what the balancer routes on. An instance
 // that has not answered within the timeout is removed. Between broadcasts
 // each known instance is probed on its own load subject every probe
-// interval (250 ms by default): the NATS server answers "no responders" at
+// interval (100 ms by default): the NATS server answers "no responders" at
 // once for an instance whose connection is gone (kill -9), so it leaves
-// the registry, and its requests that have not produced a token yet fail
-// over to another instance, within about a probe interval rather than
-// three missed heartbeats.
+// the registry, and every open stream of it ends with ErrInstanceLost,
+// within about a probe interval rather than three missed heartbeats: a
+// balancer fails over those that produced no token yet and resumes the
+// others on another instance. An instance that leaves discovery because
+// it is draining keeps its streams.
 //
 // Security is NATS's own: Serve and Discover take the caller's *nats.Conn,
 // so credentials, NKeys and TLS are nats.go options (nats.UserCredentials,

@@ -102,3 +102,54 @@ func TestReconnectGrace(t *testing.T) {
 		t.Fatalf("with a 50ms context: %v after %v", err, time.Since(began))
 	}
 }
+
+// TestDeadInstanceResumesFast: a stream whose instance dies after tokens
+// reached the caller ends as soon as discovery finds the instance gone
+// (a probe answered "no responders"), not after three missed heartbeats
+// (6 s here), and the balancer resumes it on another instance: the
+// caller's longest wait between two chunks stays far below the heartbeat
+// timeout. The bound is loose (a loaded machine); BENCHMARKS.md has the
+// figures.
+func TestDeadInstanceResumesFast(t *testing.T) {
+	n := startNATS(t)
+	a := startInstance(t, n, "a", enginetest.WithStepTime(5*time.Millisecond, 0))
+	lb, d := newBalancer(t, n, natsbackend.WithTimeout(10*time.Second), natsbackend.WithHeartbeat(2*time.Second),
+		natsbackend.WithProbeInterval(100*time.Millisecond))
+	waitInstances(t, d, "a")
+	st, err := lb.Generate(context.Background(), genReq(200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	startInstance(t, n, "b", enginetest.WithStepTime(5*time.Millisecond, 0))
+	waitInstances(t, d, "a", "b")
+
+	var tokens int
+	var longest time.Duration
+	var usage api.Usage
+	last := time.Now()
+	for c, err := range st.Chunks() {
+		if err != nil {
+			t.Fatalf("after %d tokens: %v", tokens, err)
+		}
+		if gap := time.Since(last); gap > longest && tokens > 0 {
+			longest = gap
+		}
+		last = time.Now()
+		if c.HasToken {
+			if tokens++; tokens == 10 {
+				a.nc.Close() // no goodbye, as a kill -9 leaves it
+			}
+		}
+		if c.Usage != nil {
+			usage = *c.Usage
+		}
+	}
+	if tokens != 200 || usage.Resumes != 1 || usage.Backend != "b" {
+		t.Fatalf("%d tokens, usage %+v; want 200, resumed once on b", tokens, usage)
+	}
+	if longest > 2*time.Second || usage.ResumeGap > 2*time.Second {
+		t.Errorf("the caller waited %v between chunks (resume gap %v); want well under the 6 s heartbeat timeout", longest, usage.ResumeGap)
+	}
+	t.Logf("longest wait between chunks %v, resume gap %v", longest, usage.ResumeGap)
+}

@@ -18,8 +18,10 @@ import (
 // fails before its first token in any phase; no stream is interrupted in
 // any phase (the gateway resumes the streams a kill -9 cuts on another
 // instance, from the tokens they delivered; one that had delivered every
-// token gets its final chunk there); the killed instance leaves the
-// gateway's rotation within 1 s. BENCHMARKS.md has its figures.
+// token gets its final chunk there), and those streams wait well under
+// the heartbeat timeout for it (loosely: p99 1.5 s; the target is 500 ms);
+// the killed instance leaves the gateway's rotation within 1 s.
+// BENCHMARKS.md has its figures.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs processes")
@@ -64,8 +66,10 @@ func TestChaos(t *testing.T) {
 	} else {
 		t.Errorf("the gateway did not drop i1 within 10 s of its kill -9:\n%s", c.gw.output())
 	}
-	// The streams the kill cut end after three missed heartbeats (3 s by
-	// default): the phase lasts until they have, so they count in it.
+	// The streams the kill cut resume on the other instances once the
+	// gateway finds i1 gone (a probe, 250 ms); the phase lasts long enough
+	// for them to end in it even were they to wait for three missed
+	// heartbeats (3 s by default).
 	time.Sleep(time.Until(killed.Add(phaseTime + 2*time.Second)))
 
 	// The killed instance comes back under its name.
@@ -98,15 +102,19 @@ func TestChaos(t *testing.T) {
 	phases[len(phases)-1].to = time.Now()
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| phase | requests | completed | failed before 1st token | interrupted | refused | failed over | left rotation after | TTFT p50 | TTFT p99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| phase | requests | completed | failed before 1st token | interrupted | refused | failed over | resumed | resume gap p50 / p99 / max | left rotation after | TTFT p50 | TTFT p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	for _, p := range phases {
 		s := p.summary()
-		left := "-"
+		left, gap := "-", "-"
 		if p.leftAfter > 0 {
-			left = p.leftAfter.Round(time.Millisecond).String()
+			left = ms(p.leftAfter).String()
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %v | %v |\n", p.name, s.requests, s.completed, s.failedEarly+s.refused,
-			s.interrupted, s.refused, c.gw.count(p.from, p.to, "failing over"), left, s.p50.Round(time.Millisecond), s.p99.Round(time.Millisecond))
+		if s.resumed > 0 {
+			gap = fmt.Sprintf("%v / %v / %v", ms(s.gapP50), ms(s.gapP99), ms(s.gapMax))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %s | %s | %v | %v |\n", p.name, s.requests, s.completed, s.failedEarly+s.refused,
+			s.interrupted, s.refused, c.gw.count(p.from, p.to, "failing over"), s.resumed, gap, left, ms(s.p50), ms(s.p99))
 	}
 	t.Log(b.String())
 
@@ -127,6 +135,15 @@ func TestChaos(t *testing.T) {
 	}
 	if s := phases[4].summary(); s.interrupted > 0 {
 		t.Errorf("the NATS node's loss interrupted %d streams, want 0 (lost chunk messages are sent again)", s.interrupted)
+	}
+	// The resume gap as the clients saw it (their longest wait between
+	// two chunks of a resumed stream): about a probe interval to find i1
+	// gone, plus a place on a busy instance. The target is p99 500 ms
+	// (BENCHMARKS.md has the runs); asserted loosely, as this machine's
+	// load adds to it, yet well below the three missed heartbeats (3 s)
+	// such streams waited before the probe ended them.
+	if s := phases[1].summary(); s.resumed > 0 && s.gapP99 > 1500*time.Millisecond {
+		t.Errorf("kill -9: %d resumed streams waited p50 %v, p99 %v between chunks; want p99 under 1.5 s (target 500 ms)", s.resumed, s.gapP50, s.gapP99)
 	}
 	if left := phases[1].leftAfter; left > time.Second {
 		t.Errorf("the killed instance left the rotation after %v, want within 1 s", left)

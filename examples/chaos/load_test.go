@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,12 @@ type result struct {
 	// finish reason.
 	chunks   int
 	finished bool
+	// resumes is how many times the gateway resumed the stream on another
+	// instance (its ": finished … resumes=N" comment); wait is the
+	// longest the client waited between two chunks, which for a resumed
+	// stream is the resume gap as the client saw it.
+	resumes int
+	wait    time.Duration
 }
 
 func (p *phase) add(r result) {
@@ -58,15 +65,23 @@ type summary struct {
 	requests, completed, refused, failedEarly, interrupted int
 	tokens                                                 int
 	p50, p99                                               time.Duration
+	// resumed counts the streams resumed on another instance; gapP50,
+	// gapP99 and gapMax are their longest waits between two chunks.
+	resumed                int
+	gapP50, gapP99, gapMax time.Duration
 }
 
 func (p *phase) summary() summary {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := summary{requests: len(p.results)}
-	var ttfts []time.Duration
+	var ttfts, gaps []time.Duration
 	for _, r := range p.results {
 		s.tokens += r.tokens
+		if r.resumes > 0 {
+			s.resumed++
+			gaps = append(gaps, r.wait)
+		}
 		switch r.outcome {
 		case completed:
 			s.completed++
@@ -81,11 +96,20 @@ func (p *phase) summary() summary {
 			ttfts = append(ttfts, r.ttft)
 		}
 	}
-	slices.Sort(ttfts)
-	if n := len(ttfts); n > 0 {
-		s.p50, s.p99 = ttfts[n/2], ttfts[min(n-1, n*99/100)]
-	}
+	s.p50, s.p99, _ = percentiles(ttfts)
+	s.gapP50, s.gapP99, s.gapMax = percentiles(gaps)
 	return s
+}
+
+// percentiles sorts ds and returns its p50, p99 and maximum (zeros when
+// empty).
+func percentiles(ds []time.Duration) (p50, p99, top time.Duration) {
+	slices.Sort(ds)
+	n := len(ds)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	return ds[n/2], ds[min(n-1, n*99/100)], ds[n-1]
 }
 
 // load is streaming clients sending completions through the gateway one
@@ -147,9 +171,14 @@ func (l *load) request() result {
 		return result{outcome: refused}
 	}
 	var r result
+	var last time.Time
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		text := sc.Text()
+		if v := field(text, "resumes"); strings.HasPrefix(text, ": finished") && v != "" {
+			r.resumes, _ = strconv.Atoi(v)
+		}
+		data, ok := strings.CutPrefix(text, "data: ")
 		switch {
 		case !ok:
 		case data == "[DONE]":
@@ -169,9 +198,13 @@ func (l *load) request() result {
 			}
 			return r.cut()
 		case strings.Contains(data, `"choices"`):
+			now := time.Now()
 			if r.chunks == 0 {
-				r.ttft = time.Since(began)
+				r.ttft = now.Sub(began)
+			} else {
+				r.wait = max(r.wait, now.Sub(last))
 			}
+			last = now
 			r.chunks++
 			if strings.Contains(data, `"text":"`) && !strings.Contains(data, `"text":""`) {
 				r.tokens++
