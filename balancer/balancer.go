@@ -68,6 +68,7 @@ type Balancer struct {
 
 	stats      counters
 	metricsReg metric.Registration // nil without a meter provider
+	hist       *histograms         // nil without a meter provider
 	stop       chan struct{}
 	done       chan struct{}
 }
@@ -93,6 +94,9 @@ type member struct {
 	ewma   float64 // peak-EWMA of time to first token, in ns
 	latAt  time.Time
 	routed atomic.Uint64
+	// failovers and resumes count the requests that left this backend for
+	// another: before their first token, and after tokens.
+	failovers, resumes atomic.Uint64
 
 	homeMu    sync.Mutex
 	overSince int64 // unix ns since its pending went past the move bound; 0: not past it

@@ -33,6 +33,9 @@ func (lb *Balancer) serve(ctx context.Context, r Route, start startFunc) (*api.S
 	if err := src.open(ctx); err != nil {
 		return nil, err
 	}
+	if lb.hist != nil {
+		lb.hist.route.Record(ctx, time.Since(src.since).Seconds())
+	}
 	h := src.cur.Header()
 	h.Backend = src.m.name
 	return api.NewStream(ctx, src, h), nil
@@ -177,6 +180,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 			s.lb.cfg.logger.Debug("backend refused; failing over", "backend", m.name, "err", err)
 			last = err
 			s.lb.stats.failovers.Add(1)
+			m.failovers.Add(1)
 			continue
 		}
 		s.lb.routed(ctx, m, s.route, s.hashes, home)
@@ -234,6 +238,7 @@ func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
 		s.mu.Unlock()
 		if delivered == 0 && !closed && failsOver(ctx, err) {
 			s.lb.stats.failovers.Add(1)
+			s.m.failovers.Add(1)
 			s.lb.cfg.logger.Warn("backend failed before the first token; failing over", "backend", s.m.name, "err", err)
 			if oerr := s.open(ctx); oerr != nil {
 				return api.Chunk{}, oerr
@@ -241,10 +246,11 @@ func (s *failoverSource) Recv(ctx context.Context) (api.Chunk, error) {
 			continue
 		}
 		if delivered > 0 && !closed && s.resumable(ctx, err) {
-			from := s.m.name
+			from := s.m
 			if oerr := s.open(ctx); oerr == nil {
 				s.lb.stats.resumed.Add(1)
-				s.lb.cfg.logger.Warn("backend failed after tokens; resumed on another", "backend", from, "to", s.m.name, "delivered", delivered, "err", err)
+				from.resumes.Add(1)
+				s.lb.cfg.logger.Warn("backend failed after tokens; resumed on another", "backend", from.name, "to", s.m.name, "delivered", delivered, "err", err)
 				continue
 			}
 		}
@@ -276,13 +282,15 @@ func (s *failoverSource) observe(c api.Chunk) api.Chunk {
 		return c
 	}
 	now := time.Now()
+	var gap time.Duration // a resume's, ended by this token
 	s.mu.Lock()
 	first := s.delivered == 0
 	s.delivered++
 	if c.HasToken {
 		s.tokens = append(s.tokens, c.Token)
 		if !s.resumeFrom.IsZero() {
-			s.resumeGap += now.Sub(s.resumeFrom)
+			gap = now.Sub(s.resumeFrom)
+			s.resumeGap += gap
 			s.resumeFrom = time.Time{}
 		}
 		s.lastToken = now
@@ -293,6 +301,9 @@ func (s *failoverSource) observe(c api.Chunk) api.Chunk {
 	s.mu.Unlock()
 	if first {
 		m.observe(now.Sub(began), now)
+	}
+	if gap > 0 && s.lb.hist != nil {
+		s.lb.hist.resumeGap.Record(context.Background(), gap.Seconds())
 	}
 	return c
 }

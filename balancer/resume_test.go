@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
@@ -35,7 +37,10 @@ func TestBalancerResumesOnAnotherBackend(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			lb := newBalancer(t, balancer.WithStrategy(balancer.RoundRobin()))
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			defer mp.Shutdown(context.Background())
+			lb := newBalancer(t, balancer.WithStrategy(balancer.RoundRobin()), balancer.WithMeterProvider(mp))
 			backends := map[string]*instance{"a": newInstance(t, 2*time.Millisecond), "b": newInstance(t, 2*time.Millisecond)}
 			for n, in := range backends {
 				if err := lb.Add(n, in.srv); err != nil {
@@ -79,6 +84,12 @@ func TestBalancerResumesOnAnotherBackend(t *testing.T) {
 			}
 			if s := lb.Stats(); s.Resumed != 1 || s.Interrupted != 0 {
 				t.Errorf("stats: resumed %d, interrupted %d; want 1, 0", s.Resumed, s.Interrupted)
+			}
+			m := collect(t, reader)
+			from := st.Header().Backend
+			if m["mlxserving.lb.resume.gap/count"] != 1 || m["mlxserving.lb.resume.gap/sum"] != usage.ResumeGap.Seconds() ||
+				m["mlxserving.lb.backend.requests/backend="+from+",result=resumed"] != 1 {
+				t.Errorf("metrics: %v; want one resume gap of %v, one resume from %s", m, usage.ResumeGap, from)
 			}
 		})
 	}

@@ -14,6 +14,9 @@ type BackendStats struct {
 	Breaker  retry.Status
 	InFlight int
 	Routed   uint64
+	// Failovers and Resumes count the requests that left this backend
+	// for another: before their first token, and after tokens.
+	Failovers, Resumes uint64
 	// Latency is the peak-EWMA time to first token.
 	Latency time.Duration
 	Load    Load
@@ -48,6 +51,7 @@ func (lb *Balancer) Stats() Stats {
 		out.Backends = append(out.Backends, BackendStats{
 			Name: m.name, Healthy: m.healthy.Load(), Draining: m.draining.Load(),
 			Breaker: m.breaker.Status(), InFlight: int(m.inflight.Load()), Routed: m.routed.Load(),
+			Failovers: m.failovers.Load(), Resumes: m.resumes.Load(),
 			Latency: m.latency(), Load: v.load,
 		})
 	}

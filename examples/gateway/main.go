@@ -1,15 +1,3 @@
-// Command gateway is the front of an mlxserving cluster: the OpenAI API
-// over a balancer.Balancer whose backends are the instances found over
-// NATS (examples/server -nats ...) and/or any OpenAI-compatible servers
-// named with -upstream (mlxserving, vLLM, llama.cpp, mlx_lm.server), with
-// API keys, a routing strategy and, with -redis, session homes shared by
-// gateway replicas.
-//
-//	MLXSERVING_NATS_PASSWORD=... go run ./examples/gateway -nats nats://nats.internal:4222 -nats-user gateway \
-//	  -api-keys keys.json -strategy weighted -redis 10.0.0.5:6379
-//	go run ./examples/gateway -upstream http://10.0.0.7:8000,http://10.0.0.8:8000   # no NATS: a static list
-//
-// SIGTERM or SIGINT stop it after the requests in flight.
 package main
 
 import (
@@ -29,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/httpbackend"
@@ -140,28 +129,36 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
-	lb, closeAll, err := newBalancer(ctx, o, log)
+	mp, metricsHandler, err := newMetrics()
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	hopts := []openai.Option{openai.WithLogger(log)}
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	gw, err := newGateway(ctx, o, log, mp)
+	if err != nil {
+		return err
+	}
+	defer gw.close()
+	hopts := []openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp), openai.WithMetricsHandler(metricsHandler)}
+	var keys []openai.Key
 	if o.apiKeys != "" {
-		keys, err := openai.LoadKeyFile(o.apiKeys)
-		if err != nil {
+		if keys, err = openai.LoadKeyFile(o.apiKeys); err != nil {
 			return err
 		}
 		hopts = append(hopts, openai.WithAPIKeys(keys...))
 	}
-	h, err := openai.New(lb, hopts...)
+	h, err := openai.New(gw.lb, hopts...)
 	if err != nil {
 		return err
 	}
+	mux := http.NewServeMux()
+	mux.Handle(statsPath, adminOnly(keys, statsHandler(gw.lb, gw.nc, gw.instances)))
+	mux.Handle("/", h)
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("gateway listening", "addr", ln.Addr().String(), "strategy", o.strategy)
@@ -180,33 +177,58 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	return err
 }
 
-// newBalancer builds the load balancer over the -upstream servers and the
-// instances Discover finds; closeAll stops discovery and closes the rest.
-func newBalancer(ctx context.Context, o options, log *slog.Logger) (*balancer.Balancer, func(), error) {
-	strat, _ := strategy(o.strategy)
-	lbOpts := []balancer.Option{balancer.WithStrategy(strat), balancer.WithLogger(log)}
-	var closers []func()
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
+// gateway is the load balancer over the -upstream servers and the
+// instances Discover finds, with what it needs closed.
+type gateway struct {
+	lb      *balancer.Balancer
+	nc      *nats.Conn             // nil without -nats
+	disc    *natsbackend.Discovery // nil without -nats
+	closers []func()
+}
+
+// close stops discovery and closes the rest, last opened first.
+func (g *gateway) close() {
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		g.closers[i]()
 	}
+}
+
+// instances names the instances discovery knows now.
+func (g *gateway) instances() []string {
+	if g.disc == nil {
+		return nil
+	}
+	return g.disc.Instances()
+}
+
+// newGateway builds the load balancer, its metrics exported through mp.
+func newGateway(ctx context.Context, o options, log *slog.Logger, mp metric.MeterProvider) (*gateway, error) {
+	g := &gateway{}
+	gw, err := g.build(ctx, o, log, mp)
+	if err != nil {
+		g.close()
+	}
+	return gw, err
+}
+
+func (g *gateway) build(ctx context.Context, o options, log *slog.Logger, mp metric.MeterProvider) (*gateway, error) {
+	strat, _ := strategy(o.strategy)
+	lbOpts := []balancer.Option{balancer.WithStrategy(strat), balancer.WithLogger(log), balancer.WithMeterProvider(mp)}
 	if o.redisAddr != "" {
 		rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr})
-		closers = append(closers, func() { _ = rdb.Close() })
+		g.closers = append(g.closers, func() { _ = rdb.Close() })
 		store, err := redisaffinity.New(rdb)
 		if err != nil {
-			closeAll()
-			return nil, nil, err
+			return nil, err
 		}
 		lbOpts = append(lbOpts, balancer.WithAffinityStore(store, 0), balancer.WithAffinityBounds(o.bounds))
 	}
 	lb, err := balancer.New(lbOpts...)
 	if err != nil {
-		closeAll()
-		return nil, nil, err
+		return nil, err
 	}
-	closers = append(closers, func() { _ = lb.Close() })
+	g.lb = lb
+	g.closers = append(g.closers, func() { _ = lb.Close() })
 	for i, u := range strings.Split(o.upstreams, ",") {
 		if u = strings.TrimSpace(u); u == "" {
 			continue
@@ -217,34 +239,36 @@ func newBalancer(ctx context.Context, o options, log *slog.Logger) (*balancer.Ba
 		}
 		b, err := httpbackend.New(u, hopts...)
 		if err == nil {
-			closers = append(closers, func() { _ = b.Close() })
+			g.closers = append(g.closers, func() { _ = b.Close() })
 			err = lb.Add(fmt.Sprintf("upstream-%d", i), b)
 		}
 		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("-upstream %s: %w", u, err)
+			return nil, fmt.Errorf("-upstream %s: %w", u, err)
 		}
 	}
 	if o.natsURLs != "" {
 		o.cred.Password = os.Getenv(natsPasswordEnv)
 		nopts, err := o.cred.Options()
 		if err != nil {
-			closeAll()
-			return nil, nil, err
+			return nil, err
 		}
 		nc, err := nats.Connect(o.natsURLs, append(nopts, nats.Name("mlxserving gateway"), nats.MaxReconnects(-1))...)
 		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
+			return nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
 		}
-		closers = append(closers, nc.Close)
+		g.closers = append(g.closers, nc.Close)
 		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithLogger(log), natsbackend.WithInterval(o.interval),
 			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithHeartbeat(o.heartbeat))
 		if err != nil {
-			closeAll()
-			return nil, nil, err
+			return nil, err
 		}
-		closers = append(closers, func() { _ = d.Close() })
+		g.closers = append(g.closers, func() { _ = d.Close() })
+		g.nc, g.disc = nc, d
+		reg, err := registerNATSMetrics(mp, nc, g.instances)
+		if err != nil {
+			return nil, err
+		}
+		g.closers = append(g.closers, func() { _ = reg.Unregister() })
 	}
-	return lb, closeAll, nil
+	return g, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,8 +62,13 @@ func TestGatewayOverNATS(t *testing.T) {
 	defer cancel()
 	listening := make(chan string, 1)
 	done := make(chan error, 1)
+	keys := filepath.Join(t.TempDir(), "keys.json")
+	if err := os.WriteFile(keys, []byte(`{"keys": [{"name": "ops", "key": "ops-secret", "admin": true}, {"name": "app", "key": "app-secret"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-nats", url, "-nats-user", "gateway", "-strategy", "least-loaded"}, io.Discard, listening)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-nats", url, "-nats-user", "gateway", "-strategy", "least-loaded", "-api-keys", keys},
+			io.Discard, listening)
 	}()
 	var addr string
 	select {
@@ -74,20 +81,17 @@ func TestGatewayOverNATS(t *testing.T) {
 	body := `{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 	var got string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		got = string(b)
-		if resp.StatusCode == 200 { // once discovery found the instance
+		code, b := call(t, client, http.MethodPost, "http://"+addr+"/v1/chat/completions", "app-secret", body)
+		got = b
+		if code == 200 { // once discovery found the instance
 			break
 		}
 	}
 	if !strings.Contains(got, `"completion_tokens":4`) {
 		t.Fatalf("through the gateway: %s", got)
 	}
+	checkMetrics(t, client, "http://"+addr)
+	checkStats(t, client, "http://"+addr)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
