@@ -11,6 +11,12 @@
 //
 // SIGTERM or SIGINT stop it after the requests in flight.
 //
+// While its NATS connection is down the gateway waits up to
+// -nats-reconnect-grace (500 ms) for it to come back (moving to another
+// server of a NATS cluster takes milliseconds); once it has been down
+// longer, and no -upstream server could take a request instead, requests
+// are refused at once with 503 and Retry-After rather than left waiting.
+//
 // # Watching it
 //
 // GET /metrics serves Prometheus's text format (an OpenTelemetry

@@ -48,7 +48,10 @@ type options struct {
 	// and probed, how long one may stay silent, and the instances'
 	// heartbeat.
 	interval, timeout, probe, heartbeat time.Duration
-	verbose                             bool
+	// grace is how long a request waits for a reconnecting NATS
+	// connection; past it requests are refused at once (503).
+	grace   time.Duration
+	verbose bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -68,6 +71,8 @@ func parseFlags(args []string) (options, error) {
 		"with -nats: how often each instance is probed (a dead one is dropped, and its requests fail over, within about this)")
 	fs.DurationVar(&o.heartbeat, "nats-heartbeat", natsbackend.DefaultHeartbeat,
 		"with -nats: the instances' -nats-heartbeat; a stream silent for three of them has lost its instance")
+	fs.DurationVar(&o.grace, "nats-reconnect-grace", natsbackend.DefaultReconnectGrace,
+		"with -nats: how long a request waits for the NATS connection while it reconnects; once it has been down longer, requests are refused at once (503, Retry-After) unless -upstream servers can take them")
 	fs.StringVar(&o.upstreams, "upstream", "", "OpenAI-compatible servers to route to as well, comma-separated base URLs")
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
@@ -91,6 +96,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := strategy(o.strategy); err != nil {
 		return o, err
+	}
+	if o.grace < 0 {
+		return o, fmt.Errorf("-nats-reconnect-grace %v: want 0 or more", o.grace)
 	}
 	if o.interval <= 0 || o.probe <= 0 || o.heartbeat <= 0 || o.timeout <= o.interval {
 		return o, fmt.Errorf("-discovery-interval %v, -probe-interval %v, -nats-heartbeat %v: want positive durations; -discovery-timeout %v: want more than the interval",
@@ -147,7 +155,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		}
 		hopts = append(hopts, openai.WithAPIKeys(keys...))
 	}
-	h, err := openai.New(gw.lb, hopts...)
+	h, err := openai.New(gw.backend(o), hopts...)
 	if err != nil {
 		return err
 	}
@@ -183,6 +191,7 @@ type gateway struct {
 	lb      *balancer.Balancer
 	nc      *nats.Conn             // nil without -nats
 	disc    *natsbackend.Discovery // nil without -nats
+	state   *natsState             // nil without -nats
 	closers []func()
 }
 
@@ -191,6 +200,15 @@ func (g *gateway) close() {
 	for i := len(g.closers) - 1; i >= 0; i-- {
 		g.closers[i]()
 	}
+}
+
+// backend is what the OpenAI handler serves: the balancer, behind a
+// natsGuard when NATS is the only way to instances.
+func (g *gateway) backend(o options) balancer.Backend {
+	if g.nc == nil || o.upstreams != "" {
+		return g.lb
+	}
+	return &natsGuard{Balancer: g.lb, nc: g.nc, state: g.state, grace: o.grace}
 }
 
 // instances names the instances discovery knows now.
@@ -252,13 +270,16 @@ func (g *gateway) build(ctx context.Context, o options, log *slog.Logger, mp met
 		if err != nil {
 			return nil, err
 		}
+		g.state = &natsState{}
+		nopts = append(nopts, g.state.options()...)
 		nc, err := nats.Connect(o.natsURLs, append(nopts, nats.Name("mlxserving gateway"), nats.MaxReconnects(-1))...)
 		if err != nil {
 			return nil, fmt.Errorf("-nats %s: %w", o.natsURLs, err)
 		}
 		g.closers = append(g.closers, nc.Close)
 		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithLogger(log), natsbackend.WithInterval(o.interval),
-			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithHeartbeat(o.heartbeat))
+			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithHeartbeat(o.heartbeat),
+			natsbackend.WithReconnectGrace(o.grace))
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,53 +30,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestGatewayOverNATS(t *testing.T) {
 	url := natstest.Start(t, "../../balancer/natsbackend/testdata/nats-server.conf")
 
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
-		t.Fatal(err)
-	}
-	sim, err := enginetest.NewSim(enginetest.WithVocabSize(testmodel.Tiny().Vocab))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
-	srv, err := mlxserving.New(sim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
-		t.Fatal(err)
-	}
 	inc, err := nats.Connect(url, nats.UserInfo("instance", "instance-secret"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer inc.Close()
-	svc, err := natsbackend.Serve(inc, "node-1", srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = svc.Stop() }()
+	t.Cleanup(inc.Close)
+	serveInstance(t, inc, "node-1")
 
 	t.Setenv(natsPasswordEnv, "gateway-secret")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	listening := make(chan string, 1)
-	done := make(chan error, 1)
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	if err := os.WriteFile(keys, []byte(`{"keys": [{"name": "ops", "key": "ops-secret", "admin": true}, {"name": "app", "key": "app-secret"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-nats", url, "-nats-user", "gateway", "-strategy", "least-loaded", "-api-keys", keys},
-			io.Discard, listening)
-	}()
-	var addr string
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("gateway exited: %v", err)
-	}
+	addr, stop := startGateway(t, "-nats", url, "-nats-user", "gateway", "-strategy", "least-loaded", "-api-keys", keys)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 	body := `{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
@@ -92,15 +59,69 @@ func TestGatewayOverNATS(t *testing.T) {
 	}
 	checkMetrics(t, client, "http://"+addr)
 	checkStats(t, client, "http://"+addr)
-	cancel()
-	if err := <-done; err != nil {
+	stop()
+}
+
+// startGateway runs the gateway with args on a port of its choosing and
+// returns its address and the function that stops it (and fails the test
+// if it exited with an error).
+func startGateway(t *testing.T, args ...string) (addr string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	listening := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, listening) }()
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		cancel()
+		t.Fatalf("gateway exited: %v", err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return addr, stop
+}
+
+// serveInstance serves a Server on the simulated engine with the tiny
+// test model as instance name on nc, until the test ends.
+func serveInstance(t *testing.T, nc *nats.Conn, name string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
 		t.Fatal(err)
 	}
+	sim, err := enginetest.NewSim(enginetest.WithVocabSize(testmodel.Tiny().Vocab))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	srv, err := mlxserving.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := natsbackend.Serve(nc, name, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
 }
 
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{}, {"-strategy", "nope", "-upstream", "http://127.0.0.1:1"}, {"extra"},
 		{"-nats", "nats://127.0.0.1:4222", "-probe-interval", "0s"}, {"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "-1s"},
+		{"-nats", "nats://127.0.0.1:4222", "-nats-reconnect-grace", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-discovery-interval", "2s", "-discovery-timeout", "1s"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
