@@ -82,6 +82,40 @@ func (c *Client) connected(ctx context.Context) bool {
 	return c.nc.Status() == nats.CONNECTED
 }
 
+// request sends msg and waits, up to the start timeout, for the
+// instance's answer — or until discovery finds the instance gone: one
+// that stopped without closing its connection would otherwise hold the
+// request the whole start timeout.
+func (c *Client) request(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.startTimeout)
+	defer cancel()
+	if c.lost != nil {
+		if c.isLost() {
+			return nil, context.Canceled
+		}
+		answered := make(chan struct{})
+		defer close(answered)
+		go func() {
+			select {
+			case <-c.lost:
+				cancel()
+			case <-answered:
+			}
+		}()
+	}
+	return c.nc.RequestMsgWithContext(rctx, msg)
+}
+
+// isLost reports whether discovery found the instance gone.
+func (c *Client) isLost() bool {
+	select {
+	case <-c.lost:
+		return true
+	default:
+		return false
+	}
+}
+
 // Instance returns the instance's name.
 func (c *Client) Instance() string { return c.instance }
 
@@ -155,9 +189,7 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 	msg.Data = data
 	msg.Header.Set(hdrStream, inbox)
 	msg.Header.Set(hdrWindow, strconv.Itoa(c.cfg.window))
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.startTimeout)
-	reply, err := c.nc.RequestMsgWithContext(rctx, msg)
-	cancel()
+	reply, err := c.request(ctx, msg)
 	if err != nil {
 		_ = sub.Unsubscribe()
 		if ctx.Err() != nil {
@@ -166,7 +198,7 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 		if errors.Is(err, nats.ErrNoResponders) && c.gone != nil {
 			c.gone(c.id)
 		}
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || c.isLost() {
 			err = fmt.Errorf("%w: %w", ErrInstanceLost, err)
 		}
 		return nil, transportError(c.instance, err)

@@ -35,6 +35,10 @@ const (
 	// resume elsewhere about this long after it died (one small
 	// request-reply per instance and interval).
 	DefaultProbeInterval = 100 * time.Millisecond
+	// DefaultProbeTimeout is how long an instance may leave its probes
+	// unanswered before it is taken for gone unless WithProbeTimeout says
+	// otherwise.
+	DefaultProbeTimeout = 500 * time.Millisecond
 	// DefaultReconnectGrace is how long a request waits for a reconnecting
 	// NATS connection unless WithReconnectGrace says otherwise.
 	DefaultReconnectGrace = 500 * time.Millisecond
@@ -45,8 +49,12 @@ type discoverConfig struct {
 	interval time.Duration
 	timeout  time.Duration
 	probe    time.Duration
-	client   clientConfig
-	logger   *slog.Logger
+	// probeTimeout: an instance whose probes go unanswered this long is
+	// gone (a stopped process, a machine cut off without closing its
+	// connection).
+	probeTimeout time.Duration
+	client       clientConfig
+	logger       *slog.Logger
 }
 
 func positive(what string, d time.Duration, dst *time.Duration) error {
@@ -79,6 +87,18 @@ func WithTimeout(d time.Duration) DiscoverOption {
 // tokens), within about one probe interval instead of the timeout. Default DefaultProbeInterval.
 func WithProbeInterval(d time.Duration) DiscoverOption {
 	return discoverOption(func(c *discoverConfig) error { return positive("probe interval", d, &c.probe) })
+}
+
+// WithProbeTimeout sets how long an instance may leave its probes
+// unanswered before it is taken for gone: removed, its open streams ended
+// (a balancer fails them over or resumes them) and told to stop. This is
+// how an instance that stops without closing its connection (a stopped
+// process, a machine cut off the network) is found within about this
+// time rather than the discovery timeout; a live instance answers a probe
+// in milliseconds. Should it answer again, its next stats answer adds it
+// back. Default DefaultProbeTimeout.
+func WithProbeTimeout(d time.Duration) DiscoverOption {
+	return discoverOption(func(c *discoverConfig) error { return positive("probe timeout", d, &c.probeTimeout) })
 }
 
 // WithReconnectGrace sets how long a request waits for the NATS
@@ -148,6 +168,9 @@ type known struct {
 	client *Client
 	seen   time.Time
 	load   string // the instance's load subject, probed
+	// unanswered is when the oldest probe it has not answered went out;
+	// zero once it answered.
+	unanswered time.Time
 }
 
 // Discover finds the instances of the service on nc, adds a Client per
@@ -160,6 +183,7 @@ func Discover(ctx context.Context, nc *nats.Conn, reg balancer.Registry, opts ..
 		return nil, errors.New("natsbackend: discover: connection and registry are required")
 	}
 	cfg := discoverConfig{service: DefaultService, interval: DefaultInterval, timeout: DefaultTimeout, probe: DefaultProbeInterval,
+		probeTimeout: DefaultProbeTimeout,
 		client: clientConfig{window: DefaultCreditWindow, heartbeat: DefaultHeartbeat, startTimeout: DefaultStartTimeout,
 			reconnectGrace: DefaultReconnectGrace},
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -255,21 +279,40 @@ func (d *Discovery) query(subject, inbox string) {
 
 // probe asks every known instance for its load on the instance's own
 // subject. A live one answers (probeAnswer refreshes it); for one whose
-// connection is gone the NATS server answers "no responders" at once.
+// connection is gone the NATS server answers "no responders" at once; one
+// that leaves its probes unanswered for the probe timeout is gone too.
 func (d *Discovery) probe() {
-	if d.nc.Status() != nats.CONNECTED {
-		return // a NATS outage says nothing of the instances; expire judges
-	}
+	now := time.Now()
 	d.mu.Lock()
+	if d.nc.Status() != nats.CONNECTED {
+		// A NATS outage says nothing of the instances (expire judges), and
+		// the probes sent before it may be lost: count from the next.
+		for _, k := range d.instances {
+			k.unanswered = time.Time{}
+		}
+		d.mu.Unlock()
+		return
+	}
 	subjects := make(map[string]string, len(d.instances))
+	var silent []string
 	for id, k := range d.instances {
+		if k.load == "" {
+			continue
+		}
+		if k.unanswered.IsZero() {
+			k.unanswered = now
+		} else if now.Sub(k.unanswered) > d.cfg.probeTimeout {
+			silent = append(silent, id)
+			continue
+		}
 		subjects[id] = k.load
 	}
 	d.mu.Unlock()
+	for _, id := range silent {
+		d.remove(id, "discovery: instance answers no probes; removed")
+	}
 	for id, subj := range subjects {
-		if subj != "" {
-			_ = d.nc.PublishRequest(subj, d.probeP+id, nil)
-		}
+		_ = d.nc.PublishRequest(subj, d.probeP+id, nil)
 	}
 }
 
@@ -289,7 +332,7 @@ func (d *Discovery) probeAnswer(m *nats.Msg) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if k, ok := d.instances[id]; ok {
-		k.seen = load.Updated
+		k.seen, k.unanswered = load.Updated, time.Time{}
 		k.client.setLoad(load)
 	}
 }
@@ -337,7 +380,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 		d.cfg.logger.Info("discovery: NATS reachable again")
 	}
 	if k, ok := d.instances[st.ID]; ok {
-		k.seen = time.Now()
+		k.seen, k.unanswered = time.Now(), time.Time{}
 		k.client.setLoad(load)
 		return
 	}
@@ -388,6 +431,12 @@ func (d *Discovery) answer(m *nats.Msg) {
 // after all (its connection moving to another server of a NATS cluster),
 // its next stats answer adds it again.
 func (d *Discovery) forget(id string) {
+	d.remove(id, "discovery: instance has no responders; removed")
+}
+
+// remove removes the instance with micro id at once, ending its streams,
+// and logs why.
+func (d *Discovery) remove(id, why string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k, ok := d.instances[id]
@@ -397,7 +446,7 @@ func (d *Discovery) forget(id string) {
 	delete(d.instances, id)
 	d.reg.Remove(k.name)
 	k.client.markLost()
-	d.cfg.logger.Warn("discovery: instance has no responders; removed", "instance", k.name, "id", id)
+	d.cfg.logger.Warn(why, "instance", k.name, "id", id)
 }
 
 // expire removes instances silent for the timeout.

@@ -31,7 +31,11 @@
 // the registry, and every open stream of it ends with ErrInstanceLost,
 // within about a probe interval rather than three missed heartbeats: a
 // balancer fails over those that produced no token yet and resumes the
-// others on another instance. An instance that leaves discovery because
+// others on another instance. An instance that stops answering without
+// closing its connection (a stopped process, a machine cut off the
+// network, which the NATS server notices only at its own ping timeout)
+// leaves its probes unanswered: after the probe timeout (500 ms by
+// default) it is removed the same way. An instance that leaves discovery because
 // it is draining keeps its streams.
 //
 // Security is NATS's own: Serve and Discover take the caller's *nats.Conn,

@@ -124,6 +124,21 @@ func TestDeadInstanceResumesFast(t *testing.T) {
 	startInstance(t, n, "b", enginetest.WithStepTime(5*time.Millisecond, 0))
 	waitInstances(t, d, "a", "b")
 
+	longest, usage := readResumed(t, st, 200, "b", func() {
+		a.nc.Close() // no goodbye, as a kill -9 leaves it
+	})
+	if longest > 2*time.Second || usage.ResumeGap > 2*time.Second {
+		t.Errorf("the caller waited %v between chunks (resume gap %v); want well under the 6 s heartbeat timeout", longest, usage.ResumeGap)
+	}
+	t.Logf("longest wait between chunks %v, resume gap %v", longest, usage.ResumeGap)
+}
+
+// readResumed reads st to its end, calling fault after its 10th token,
+// and checks that it delivered want tokens, resumed once on backend to.
+// It returns the longest the caller waited between two chunks and the
+// final usage.
+func readResumed(t *testing.T, st *api.Stream, want int, to string, fault func()) (time.Duration, api.Usage) {
+	t.Helper()
 	var tokens int
 	var longest time.Duration
 	var usage api.Usage
@@ -138,18 +153,15 @@ func TestDeadInstanceResumesFast(t *testing.T) {
 		last = time.Now()
 		if c.HasToken {
 			if tokens++; tokens == 10 {
-				a.nc.Close() // no goodbye, as a kill -9 leaves it
+				fault()
 			}
 		}
 		if c.Usage != nil {
 			usage = *c.Usage
 		}
 	}
-	if tokens != 200 || usage.Resumes != 1 || usage.Backend != "b" {
-		t.Fatalf("%d tokens, usage %+v; want 200, resumed once on b", tokens, usage)
+	if tokens != want || usage.Resumes != 1 || usage.Backend != to {
+		t.Fatalf("%d tokens, usage %+v; want %d, resumed once on %s", tokens, usage, want, to)
 	}
-	if longest > 2*time.Second || usage.ResumeGap > 2*time.Second {
-		t.Errorf("the caller waited %v between chunks (resume gap %v); want well under the 6 s heartbeat timeout", longest, usage.ResumeGap)
-	}
-	t.Logf("longest wait between chunks %v, resume gap %v", longest, usage.ResumeGap)
+	return longest, usage
 }

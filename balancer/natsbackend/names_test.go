@@ -65,12 +65,13 @@ func TestDiscoveryKeepsOneOfTwoSameNamedInstances(t *testing.T) {
 
 // TestNoRespondersRemovesAtOnce: once a request finds no responders on an
 // instance (its process died), discovery has dropped it - not after its
-// timeout (10 s here) - and the balancer routes to the rest.
+// timeout (10 s here) - and the balancer routes to the rest. Probes are
+// off, so the request is what finds it gone.
 func TestNoRespondersRemovesAtOnce(t *testing.T) {
 	n := startNATS(t)
 	a := startInstance(t, n, "a")
 	startInstance(t, n, "b")
-	lb, d := newBalancer(t, n, natsbackend.WithTimeout(10*time.Second))
+	lb, d := newBalancer(t, n, natsbackend.WithTimeout(10*time.Second), natsbackend.WithProbeInterval(time.Hour))
 	waitInstances(t, d, "a", "b")
 	c := d.Client("a")
 	a.nc.Close() // as kill -9 leaves it: no goodbye

@@ -48,6 +48,9 @@ type options struct {
 	// and probed, how long one may stay silent, and the instances'
 	// heartbeat.
 	interval, timeout, probe, heartbeat time.Duration
+	// probeTimeout: an instance that leaves its probes unanswered this
+	// long is dropped.
+	probeTimeout time.Duration
 	// grace is how long a request waits for a reconnecting NATS
 	// connection; past it requests are refused at once (503).
 	grace   time.Duration
@@ -69,6 +72,8 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.timeout, "discovery-timeout", natsbackend.DefaultTimeout, "with -nats: how long an instance may stay silent before it is dropped")
 	fs.DurationVar(&o.probe, "probe-interval", natsbackend.DefaultProbeInterval,
 		"with -nats: how often each instance is probed (a dead one is dropped, and its requests fail over, within about this)")
+	fs.DurationVar(&o.probeTimeout, "probe-timeout", natsbackend.DefaultProbeTimeout,
+		"with -nats: an instance that answers no probe for this long (stopped, or cut off without closing its connection) is dropped and its streams go on elsewhere")
 	fs.DurationVar(&o.heartbeat, "nats-heartbeat", natsbackend.DefaultHeartbeat,
 		"with -nats: the instances' -nats-heartbeat; a stream silent for three of them has lost its instance")
 	fs.DurationVar(&o.grace, "nats-reconnect-grace", natsbackend.DefaultReconnectGrace,
@@ -100,9 +105,9 @@ func parseFlags(args []string) (options, error) {
 	if o.grace < 0 {
 		return o, fmt.Errorf("-nats-reconnect-grace %v: want 0 or more", o.grace)
 	}
-	if o.interval <= 0 || o.probe <= 0 || o.heartbeat <= 0 || o.timeout <= o.interval {
-		return o, fmt.Errorf("-discovery-interval %v, -probe-interval %v, -nats-heartbeat %v: want positive durations; -discovery-timeout %v: want more than the interval",
-			o.interval, o.probe, o.heartbeat, o.timeout)
+	if o.interval <= 0 || o.probe <= 0 || o.probeTimeout <= 0 || o.heartbeat <= 0 || o.timeout <= o.interval {
+		return o, fmt.Errorf("-discovery-interval %v, -probe-interval %v, -probe-timeout %v, -nats-heartbeat %v: want positive durations; -discovery-timeout %v: want more than the interval",
+			o.interval, o.probe, o.probeTimeout, o.heartbeat, o.timeout)
 	}
 	return o, nil
 }
@@ -278,7 +283,7 @@ func (g *gateway) build(ctx context.Context, o options, log *slog.Logger, mp met
 		}
 		g.closers = append(g.closers, nc.Close)
 		d, err := natsbackend.Discover(ctx, nc, lb, natsbackend.WithLogger(log), natsbackend.WithInterval(o.interval),
-			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithHeartbeat(o.heartbeat),
+			natsbackend.WithTimeout(o.timeout), natsbackend.WithProbeInterval(o.probe), natsbackend.WithProbeTimeout(o.probeTimeout), natsbackend.WithHeartbeat(o.heartbeat),
 			natsbackend.WithReconnectGrace(o.grace))
 		if err != nil {
 			return nil, err

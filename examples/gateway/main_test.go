@@ -122,6 +122,7 @@ func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{}, {"-strategy", "nope", "-upstream", "http://127.0.0.1:1"}, {"extra"},
 		{"-nats", "nats://127.0.0.1:4222", "-probe-interval", "0s"}, {"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-nats-reconnect-grace", "-1s"},
+		{"-nats", "nats://127.0.0.1:4222", "-probe-timeout", "0s"},
 		{"-nats", "nats://127.0.0.1:4222", "-discovery-interval", "2s", "-discovery-timeout", "1s"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
