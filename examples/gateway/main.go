@@ -40,6 +40,7 @@ func main() {
 
 type options struct {
 	addr, natsURLs, upstreams, strategy, redisAddr, apiKeys string
+	redisPrefix                                             string
 	upstreamResume                                          bool
 	bounds                                                  balancer.AffinityBounds
 	cred                                                    natsbackend.Credentials
@@ -81,6 +82,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.upstreams, "upstream", "", "OpenAI-compatible servers to route to as well, comma-separated base URLs")
 	fs.StringVar(&o.strategy, "strategy", "weighted", "round-robin, least-loaded, peak-ewma, p2c, session or weighted")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis address: session homes shared by gateway replicas")
+	fs.StringVar(&o.redisPrefix, "redis-prefix", redisaffinity.DefaultPrefix,
+		"with -redis: the prefix of every key, so several clusters share one Redis (their gateways each with its own)")
 	fs.BoolVar(&o.upstreamResume, "upstream-resume", false, "the -upstream servers are mlxserving: a stream cut after tokens resumes on another backend (token ids travel)")
 	fs.IntVar(&o.bounds.SpillPending, "affinity-spill", balancer.DefaultAffinityBounds.SpillPending,
 		"a session's request goes elsewhere once (its home kept) when the home holds more pending requests than this and 1.5x the mean")
@@ -101,6 +104,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if _, err := strategy(o.strategy); err != nil {
 		return o, err
+	}
+	if o.redisAddr != "" && o.redisPrefix == "" {
+		return o, errors.New("-redis-prefix is empty")
 	}
 	if o.grace < 0 {
 		return o, fmt.Errorf("-nats-reconnect-grace %v: want 0 or more", o.grace)
@@ -240,7 +246,7 @@ func (g *gateway) build(ctx context.Context, o options, log *slog.Logger, mp met
 	if o.redisAddr != "" {
 		rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr})
 		g.closers = append(g.closers, func() { _ = rdb.Close() })
-		store, err := redisaffinity.New(rdb)
+		store, err := redisaffinity.New(rdb, redisaffinity.WithPrefix(o.redisPrefix))
 		if err != nil {
 			return nil, err
 		}

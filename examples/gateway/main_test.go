@@ -28,16 +28,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // configuration) finds an instance (user instance) and answers the OpenAI
 // API through it.
 func TestGatewayOverNATS(t *testing.T) {
-	url := natstest.Start(t, "../../balancer/natsbackend/testdata/nats-server.conf")
-
-	inc, err := nats.Connect(url, nats.UserInfo("instance", "instance-secret"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(inc.Close)
-	serveInstance(t, inc, "node-1")
-
-	t.Setenv(natsPasswordEnv, "gateway-secret")
+	url := withInstance(t)
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	if err := os.WriteFile(keys, []byte(`{"keys": [{"name": "ops", "key": "ops-secret", "admin": true}, {"name": "app", "key": "app-secret"}]}`), 0o600); err != nil {
 		t.Fatal(err)
@@ -90,6 +81,22 @@ func startGateway(t *testing.T, args ...string) (addr string, stop func()) {
 	return addr, stop
 }
 
+// withInstance starts a nats-server with the tested configuration and
+// instance node-1 on it, sets the gateway user's password for the
+// gateway, and returns the server's URL.
+func withInstance(t *testing.T) string {
+	t.Helper()
+	url := natstest.Start(t, "../../balancer/natsbackend/testdata/nats-server.conf")
+	inc, err := nats.Connect(url, nats.UserInfo("instance", "instance-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inc.Close)
+	serveInstance(t, inc, "node-1")
+	t.Setenv(natsPasswordEnv, "gateway-secret")
+	return url
+}
+
 // serveInstance serves a Server on the simulated engine with the tiny
 // test model as instance name on nc, until the test ends.
 func serveInstance(t *testing.T, nc *nats.Conn, name string) {
@@ -123,6 +130,7 @@ func TestFlags(t *testing.T) {
 		{"-nats", "nats://127.0.0.1:4222", "-probe-interval", "0s"}, {"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-nats-reconnect-grace", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-probe-timeout", "0s"},
+		{"-nats", "nats://127.0.0.1:4222", "-redis", "127.0.0.1:6379", "-redis-prefix", ""},
 		{"-nats", "nats://127.0.0.1:4222", "-discovery-interval", "2s", "-discovery-timeout", "1s"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
