@@ -198,8 +198,11 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 		if errors.Is(err, nats.ErrNoResponders) && c.gone != nil {
 			c.gone(c.id)
 		}
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || c.isLost() {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
 			err = fmt.Errorf("%w: %w", ErrInstanceLost, err)
+		case c.isLost(): // not the caller's cancellation: the balancer fails over
+			err = fmt.Errorf("%w: found gone before it answered", ErrInstanceLost)
 		}
 		return nil, transportError(c.instance, err)
 	}
