@@ -101,8 +101,7 @@ func (b *ContinuousBatcher) roomForDecodes() int {
 // chunkForBlocks caps a prompt chunk of n tokens for s at what left
 // blocks hold.
 func (b *ContinuousBatcher) chunkForBlocks(s *Sequence, n, left int) int {
-	room := (b.info.BlocksFor(s.kv)+left)*b.info.BlockSize - s.kv
-	return min(n, max(room, 0))
+	return min(n, max(b.info.TokensFor(s.kv, left), 0))
 }
 
 // preemptForBlocks preempts the lowest-tier, most recently admitted

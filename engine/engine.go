@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 )
 
 // Engine loads checkpoints into models. An Engine may hold several models
@@ -218,6 +219,19 @@ type Info struct {
 	BlockSize int
 	// KVBlocks is the number of blocks in the pool; zero when BlockSize is.
 	KVBlocks int
+	// FullGroups and SlidingGroups split a model with sliding-window
+	// layers into groups of layers of one kind, each with its own blocks
+	// (vLLM's hybrid allocator): a block holds one group's layers for
+	// BlockSize tokens, a sequence of n tokens holds ceil(n/BlockSize)
+	// blocks in each full group and at most WindowBlocks in each sliding
+	// group, whose blocks that left the Window return to the pool. Zero
+	// SlidingGroups is one group of every layer, as before; KVCapacity
+	// is then KVBlocks*BlockSize/(FullGroups+SlidingGroups).
+	FullGroups, SlidingGroups int
+	// Window is the sliding layers' window in tokens (informational).
+	Window int
+	// WindowBlocks is the most blocks a sequence holds in a sliding group.
+	WindowBlocks int
 	// StepTokens is the token budget per Step (decodes plus prompt
 	// chunks) the engine runs best at, as measured on its device: too
 	// small and prompts are cut into chunks that each pay a step's fixed
@@ -252,13 +266,56 @@ type Info struct {
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).
 func (i Info) Paged() bool { return i.BlockSize > 0 && i.KVBlocks > 0 }
 
-// BlocksFor is the number of blocks n tokens take: ceil(n/BlockSize).
-// Zero for a model that does not page.
+// Groups is the number of block groups (FullGroups+SlidingGroups), one
+// when the model has no sliding groups.
+func (i Info) Groups() int {
+	if i.SlidingGroups <= 0 {
+		return 1
+	}
+	return i.FullGroups + i.SlidingGroups
+}
+
+// BlocksFor is the number of blocks a sequence of n tokens holds:
+// ceil(n/BlockSize), or with sliding groups FullGroups*ceil(n/BlockSize)
+// + SlidingGroups*min(ceil(n/BlockSize), WindowBlocks). Zero for a model
+// that does not page.
 func (i Info) BlocksFor(n int) int {
 	if !i.Paged() || n <= 0 {
 		return 0
 	}
-	return (n + i.BlockSize - 1) / i.BlockSize
+	nb := (n + i.BlockSize - 1) / i.BlockSize
+	if i.SlidingGroups <= 0 {
+		return nb
+	}
+	return i.FullGroups*nb + i.SlidingGroups*min(nb, i.WindowBlocks)
+}
+
+// TokensFor is the most tokens a sequence of held tokens can be fed
+// while it takes at most blocks more blocks: the inverse of BlocksFor's
+// growth. math.MaxInt when feeding takes no more (every group slides
+// and the windows are full).
+func (i Info) TokensFor(held, blocks int) int {
+	if !i.Paged() || blocks < 0 {
+		return 0
+	}
+	bs := i.BlockSize
+	nb := (held + bs - 1) / bs
+	room := nb*bs - held // the last block's free rows
+	if i.SlidingGroups <= 0 {
+		return room + blocks*bs
+	}
+	if grow := i.FullGroups + i.SlidingGroups; nb < i.WindowBlocks {
+		k := min(blocks/grow, i.WindowBlocks-nb)
+		room += k * bs
+		blocks -= k * grow
+		if nb+k < i.WindowBlocks {
+			return room
+		}
+	}
+	if i.FullGroups == 0 {
+		return math.MaxInt
+	}
+	return room + blocks/i.FullGroups*bs
 }
 
 // BlockPool is implemented by paged models (Info.BlockSize > 0). It lets
@@ -268,8 +325,11 @@ func (i Info) BlocksFor(n int) int {
 // The accounting the caller relies on: after Open returns reused, the
 // sequence holds BlocksFor(reused) blocks (full shared prefix blocks are
 // referenced, not copied; a partly used last block is the sequence's own,
-// copied when it was shared). Feeding n more tokens to a sequence that holds
-// f tokens takes BlocksFor(f+n) - BlocksFor(f) blocks from the pool. Free
+// copied when it was shared; with sliding groups, at most that many: the
+// saved prefix may have given back blocks of the window's span that its
+// window no longer read). Feeding n more tokens to a sequence that holds
+// f tokens takes BlocksFor(f+n) - BlocksFor(f) blocks from the pool (at
+// most that, after such an Open). Free
 // returns a sequence's blocks except those still referenced by another
 // sequence or kept for a saved prefix.
 //

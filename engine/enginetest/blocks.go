@@ -21,9 +21,9 @@ func checkBlocks(tb testing.TB, s *suite) {
 	switch {
 	case !ok:
 		tb.Fatalf("Info.BlockSize %d, but the model does not implement engine.BlockPool", info.BlockSize)
-	case info.KVCapacity != info.KVBlocks*info.BlockSize:
-		tb.Errorf("KVCapacity %d, want KVBlocks*BlockSize = %d", info.KVCapacity, info.KVBlocks*info.BlockSize)
-	case info.ContextLength > info.KVCapacity:
+	case info.KVCapacity != info.KVBlocks/info.Groups()*info.BlockSize:
+		tb.Errorf("KVCapacity %d, want KVBlocks/Groups*BlockSize = %d", info.KVCapacity, info.KVBlocks/info.Groups()*info.BlockSize)
+	case info.BlocksFor(info.ContextLength) > info.KVBlocks:
 		tb.Errorf("ContextLength %d exceeds the pool's %d tokens: a sequence could outgrow the pool alone", info.ContextLength, info.KVCapacity)
 	}
 	if info.KVBlocks < 3 || info.ContextLength < info.BlockSize+2 {
@@ -81,13 +81,17 @@ func checkBlocks(tb testing.TB, s *suite) {
 	}
 	// B takes what is left but one block (at least one).
 	rest := pool.FreeBlocks()
-	b, pb := openFresh(7102, min(info.ContextLength, max(1, rest-1)*bs))
+	b, pb := openFresh(7102, max(1, min(info.ContextLength, info.TokensFor(0, rest-1))))
 	if !feed(b, 0, pb) {
 		return
 	}
 	// C needs more than is free.
 	left := pool.FreeBlocks()
-	c, pc := openFresh(7103, min(info.ContextLength, (left+1)*bs))
+	if info.TokensFor(0, left) >= info.ContextLength {
+		tb.Logf("a sequence of the whole context takes %d blocks, %d are free: no step to refuse", info.BlocksFor(info.ContextLength), left)
+		return
+	}
+	c, pc := openFresh(7103, info.TokensFor(0, left)+1)
 	greedy := &engine.SamplingParams{}
 	_, err := s.small.Step(s.ctx, []engine.StepInput{{Seq: c, Tokens: pc, Sample: true, Params: greedy}})
 	if !errors.Is(err, engine.ErrOutOfMemory) {

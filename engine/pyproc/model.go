@@ -190,7 +190,8 @@ func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
 	w := infos[0]
 	info := engine.Info{ID: m.spec.ID, Engine: "pyproc", ContextLength: w.ContextLength,
 		VocabSize: w.VocabSize, BOS: w.BOS, EOS: w.EOS, MaxBatch: w.MaxBatch, BlockSize: w.BlockSize,
-		StepTokens: w.StepTokens}
+		StepTokens: w.StepTokens, FullGroups: w.FullGroups, SlidingGroups: w.SlidingGroups, Window: w.Window,
+		WindowBlocks: w.WindowBlocks}
 	for _, x := range infos {
 		info.KVCapacity += x.KVCapacity
 		info.WeightBytes += x.WeightBytes

@@ -66,6 +66,10 @@ type wireInfo struct {
 	BlockSize     int     `json:"block_size"`
 	KVBlocks      int     `json:"kv_blocks"`
 	StepTokens    int     `json:"step_tokens"`
+	FullGroups    int     `json:"full_groups"`
+	SlidingGroups int     `json:"sliding_groups"`
+	Window        int     `json:"window"`
+	WindowBlocks  int     `json:"window_blocks"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

@@ -56,7 +56,8 @@ NORM_KEYS = ("ln_in", "attn_post", "ln_ffn", "mlp_post")
 class Decoder:
     """Weights and the forward pass. The KV cache is owned by the caller
     (paged.PagedKV): kc[l] and vc[l] are [blocks, block_size, kv_heads,
-    head_dim], read through the block table."""
+    head_dim], read through layer l's group's block table
+    (kv.table_of(l)); positions' rows and blocks come per group."""
 
     def __init__(self, directory, cfg, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
@@ -236,9 +237,9 @@ class Decoder:
         return out
 
     def forward(self, tokens, pos, kvrow, groups, kv, last, rpos=None):
-        """tokens, pos, kvrow: [N] packed over the batch; kvrow is each
-        token's row in the flattened KV blocks (block * block_size +
-        offset). groups: the attention plan (see attend); kv: paged.PagedKV;
+        """tokens, pos: [N] packed over the batch; kvrow: per block group
+        (paged.Layout), each token's row in the flattened KV blocks (block *
+        block_size + offset), [N]. groups: the attention plan (see attend); kv: paged.PagedKV;
         rpos: each token's rotary table row (rope_rows; None: pos).
         Returns logits [len(last), vocab] for the packed rows in last."""
         cfg = self.cfg
@@ -250,19 +251,19 @@ class Decoder:
             rows = [(c[rp].unsqueeze(1), s[rp].unsqueeze(1)) for c, s in self.tabs]
         d = None
         for li, L in enumerate(self.layers):
-            kc, vc = kv.kc[li], kv.vc[li]
+            kc, vc, kr = kv.kc[li], kv.vc[li], kvrow[kv.group_of[li]]
             x, h = self.add_norm(x, d, L.get("ln_in"))
             qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
             t = self.tab_of[li]
             if self.kern is not None:  # rotary embedding and KV write in one kernel
-                qk = self.kern.rope_kv(qkv, kc, vc, kvrow, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
+                qk = self.kern.rope_kv(qkv, kc, vc, kr, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
             else:
                 qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), *rows[t])
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
             if self.kern is None:
-                kc.view(-1, K, hd)[kvrow] = k
-                vc.view(-1, K, hd)[kvrow] = v
+                kc.view(-1, K, hd)[kr] = k
+                vc.view(-1, K, hd)[kr] = v
             a = self.rms(F.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L), L.get("mlp_post"))
@@ -279,7 +280,7 @@ class Decoder:
             x, h = self.add_norm(x, d, L.get("ln_in"))
             qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
             cos, sin = self.tabs[self.tab_of[li]]
-            a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table, rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
+            a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
             a = self.rms(F.linear(a, L["o"]), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
@@ -326,8 +327,10 @@ class Decoder:
         sequences (packed rows, block-table rows, the longest length and
         each length, the new token included), ("chunk", start, end, trow,
         p, blocks) for a chunk of end-start tokens at positions p.. of one
-        sequence whose first blocks (a device tensor, enough for p +
-        end - start positions) hold its prefix and the chunk. k and v are
+        sequence whose first blocks (per block group a device tensor,
+        enough for p + end - start positions) hold its prefix and the
+        chunk; a sliding group's blocks out of the window are the scratch
+        block, which the window's mask hides (it holds finite values). k and v are
         the step's own keys and values (already in the cache); qkv the
         projections before the rotary embedding; li the layer (its
         sliding window)."""
@@ -345,8 +348,8 @@ class Decoder:
                     out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
-                kk = self.gather(kc, kv.table, trows, maxlen)
-                vv = self.gather(vc, kv.table, trows, maxlen)
+                kk = self.gather(kc, kv.table_of(li), trows, maxlen)
+                vv = self.gather(vc, kv.table_of(li), trows, maxlen)
                 mask = self.decode_mask(lens, kk.shape[2], q.dtype, W)
                 qd = q[rows].view(B, K, rep, 1, hd)
                 s = self.scores(qd, kk.unsqueeze(2).transpose(-1, -2)) + mask
@@ -354,6 +357,7 @@ class Decoder:
                 out[rows] = o.reshape(B, H * hd)
             else:
                 _, a, b, trow, p, blocks = g
+                blocks = blocks[kv.group_of[li]]
                 T, L = b - a, p + b - a
                 qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
                 kk = self.chunk_kv(kc, blocks, L).unsqueeze(1)  # [K, 1, L, hd]
@@ -370,16 +374,19 @@ class Decoder:
         _, rows, trows, _, lens = g
         cfg = self.cfg
         cos, sin = self.tabs[self.tab_of[li]]
-        return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table, trows, lens - 1, cos, sin,
+        return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table_of(li), trows, lens - 1, cos, sin,
                                           cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
 
-    def attend_varlen(self, q, kc, vc, g, out, li):
+    def attend_varlen(self, q, kc, vc, g, out, li, group):
         """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
         max_k) for every prompt chunk of the step: the chunks' packed rows
-        (None: all rows, in order), the rows of the flattened KV cache
-        holding each chunk's prefix and itself, and their cumulative
-        lengths (int32). Returns the output when it is the whole step."""
+        (None: all rows, in order), per block group the rows of the
+        flattened KV cache holding each chunk's prefix and itself (out of
+        a sliding window: the scratch block's, outside the flash window),
+        and their cumulative lengths (int32). Returns the output when it
+        is the whole step."""
         _, qrows, krows, cu_q, cu_k, max_q, max_k = g
+        krows = krows[group]
         K, hd = self.cfg.kv_heads, self.cfg.head_dim
         qq = q if qrows is None else q[qrows]
         kk = kc.view(-1, K, hd)[krows]
@@ -410,7 +417,7 @@ class Decoder:
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         for g in groups:
             if g[0] == "varlen":
-                whole = self.attend_varlen(q, kc, vc, g, out, li)
+                whole = self.attend_varlen(q, kc, vc, g, out, li, kv.group_of[li])
                 if whole is not None:
                     return whole
         fresh = {}
@@ -451,8 +458,8 @@ class Decoder:
                     out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
-                kk = self.gather(kc, kv.table, trows, maxlen)
-                vv = self.gather(vc, kv.table, trows, maxlen)
+                kk = self.gather(kc, kv.table_of(li), trows, maxlen)
+                vv = self.gather(vc, kv.table_of(li), trows, maxlen)
                 width = kk.shape[2]
                 mask = self.decode_mask(lens, width, q.dtype, W)
                 o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, width),
@@ -460,6 +467,7 @@ class Decoder:
                 out[rows] = o.reshape(B, H * hd)
             else:
                 _, a, b, trow, p, blocks = g
+                blocks = blocks[kv.group_of[li]]
                 T, L = b - a, p + b - a
                 kk = self.chunk_kv(kc, blocks, L).unsqueeze(0)  # [1, K, L, hd]
                 vv = self.chunk_kv(vc, blocks, L).unsqueeze(0)

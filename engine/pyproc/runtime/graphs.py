@@ -4,8 +4,9 @@ A decode step (every input one token) replays a graph captured for its
 batch-size bucket (and, on the plain torch path, its context-length
 bucket); the Python and kernel-launch cost of the whole forward pass
 becomes one launch. The graph's inputs are the tokens, positions and
-block-table rows; the block table itself (paged.py) is read in place, so
-blocks a sequence takes between steps need no new graph. Rows past the
+block-table rows; the block table itself (paged.py: every block group's
+table, side by side in one tensor) is read in place, so blocks a
+sequence takes or gives back between steps need no new graph. Rows past the
 real batch use the scratch table row, whose blocks are all the scratch
 block, so padding never touches a sequence's cache.
 
@@ -85,7 +86,7 @@ class DecodeGraphs:
             if self.fast:
                 return self.model.forward_decode(tok, pos, trows, kv)
             bs = kv.bs
-            kvrow = kv.table[trows, pos // bs].long() * bs + pos % bs
+            kvrow = [t[trows, pos // bs].long() * bs + pos % bs for t in kv.tables]
             groups = [("decode", rows, trows, lb, pos + 1)]
             return self.model.forward(tok, pos, kvrow, groups, kv, rows)
 

@@ -1,14 +1,33 @@
-"""Sequences on paged KV memory: the KV tensors, the block table the
+"""Sequences on paged KV memory: the KV tensors, the block tables the
 kernels read, saved prefixes and automatic prefix reuse (blocks.py keeps
 the pool and the cache).
 
-Layout: k[layer] and v[layer] are [blocks + 1, block_size, kv_heads,
-head_dim]; the last block is scratch (padding rows of a CUDA graph write
-there). Row r of the table [rows, max_blocks] (int32, on the device)
-lists the blocks of the sequence in table row r; row 0 is scratch, every
-entry the scratch block.
+Layout (Layout below): the layers fall in groups of G layers of one kind,
+full attention or sliding window (G the gcd of the two kinds' counts; a
+model without sliding layers is one group of every layer). A block (a
+page of the pool) holds one group's G layers for block_size tokens:
+k[slot] and v[slot] are [blocks + 1, block_size, kv_heads, head_dim],
+slot a layer's place in its group, so layer l reads kc[l] (the tensor of
+its slot) through its group's table. The last block is scratch: padding
+rows of a CUDA graph write there, and a sliding group's table points
+there for the blocks that left its window (the kernels and masks never
+read them). The table [rows, groups * max_blocks] (int32, on the device)
+holds each group's table side by side; row r lists the blocks of the
+sequence in table row r; row 0 is scratch, every entry the scratch block.
+
+Sliding windows (vLLM's hybrid allocator, SGLang's SWA pool): a sequence
+of n tokens holds ceil(n/bs) blocks in each full group, and in each
+sliding group only its last window_blocks of them (engine.Info.BlocksFor
+counts the same); the blocks before return to the pool as it grows.
+window_blocks covers the window of a step of up to Layout.step tokens and
+a take-back of up to MARGIN tokens (lookahead), so such a step never
+needs a block it gave back. A longer prompt chunk keeps the blocks its
+first token's window reads until the step ends (settle gives them back):
+for a moment it holds more than BlocksFor, and when the pool lacks them,
+TorchModel feeds it in pieces of Layout.step instead.
 """
 import collections
+import math
 import os
 
 import torch
@@ -17,6 +36,55 @@ from blocks import OutOfBlocks, Pool
 from upload import to_device
 
 MAX_SAVED = 8192  # saved prefixes kept at most; beyond, the oldest is evicted (reported)
+MARGIN = 64  # tokens of lookahead growth or take-back a sliding group's blocks allow (lookahead.MAX_AHEAD)
+
+
+class Layout:
+    """How the layers share blocks: groups (lists of layers), each group's
+    window (0: full attention), and for sliding groups window_blocks, the
+    most blocks of a sequence they hold, and step, the most tokens one
+    sequence is fed at once within them. windows: each layer's window;
+    step: None takes 64 tokens, at least a block (MLXSERVING_WINDOW_STEP
+    overrides it)."""
+
+    def __init__(self, windows, bs, context, step=None):
+        layers = len(windows)
+        W = max(windows) if windows else 0
+        if step is None:
+            step = int(os.environ.get("MLXSERVING_WINDOW_STEP") or max(bs, 64))
+        step = max(1, step)
+        wb = -(-(W + step + MARGIN - 2) // bs) + 1 if W else 0
+        if not W or wb >= -(-context // bs):  # no window, or none that frees a block: one group, as dense
+            self.groups, self.windows, self.window, self.window_blocks, self.step = [list(range(layers))], [0], 0, 0, 0
+        else:
+            full = [i for i in range(layers) if not windows[i]]
+            sliding = [i for i in range(layers) if windows[i]]
+            g = math.gcd(len(full), len(sliding))
+            self.groups = [full[i : i + g] for i in range(0, len(full), g)] + [sliding[i : i + g] for i in range(0, len(sliding), g)]
+            # Sliding layers of several windows free by the widest.
+            self.windows = [0] * (len(full) // g) + [W] * (len(sliding) // g)
+            self.window, self.window_blocks, self.step = W, wb, step
+        self.group_of, self.slot_of = [0] * layers, [0] * layers
+        for gi, ls in enumerate(self.groups):
+            for j, li in enumerate(ls):
+                self.group_of[li], self.slot_of[li] = gi, j
+        self.size = len(self.groups[0])  # layers per block
+        self.full_groups = sum(1 for w in self.windows if not w)
+        self.sliding_groups = len(self.windows) - self.full_groups
+
+    def blocks_for(self, bs, tokens):
+        """Blocks a sequence of tokens tokens holds (engine.Info.BlocksFor)."""
+        nb = -(-tokens // bs)
+        if not self.sliding_groups:
+            return nb * len(self.groups)
+        return self.full_groups * nb + self.sliding_groups * min(nb, self.window_blocks)
+
+    def low(self, bs, tokens, fed):
+        """The first block a sliding group keeps of a sequence that holds
+        tokens tokens, fed already of them: the last window_blocks, and
+        never one the window of the token after the fed ones reads."""
+        nb = -(-tokens // bs)
+        return max(0, min(nb - self.window_blocks, (fed - self.window + 1) // bs))
 
 
 def common_prefix(a, b):
@@ -35,48 +103,81 @@ def common_prefix(a, b):
 
 
 class Seq:
-    """An open sequence: its tokens, blocks and table row; sampling state."""
-    __slots__ = ("row", "blocks", "reg", "node", "tokens", "gen", "sampled", "counts", "hist")
+    """An open sequence: its tokens, blocks and table row; sampling state.
+    pages[g] lists the blocks of group g by position (a sliding group's
+    blocks out of its window: None); blocks is the first group's."""
+    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist")
 
-    def __init__(self, row, tokens, blocks):
-        self.row, self.tokens, self.blocks = row, tokens, blocks
+    def __init__(self, row, tokens, pages):
+        self.row, self.tokens, self.pages = row, tokens, pages
         self.reg, self.node = 0, 0  # leading blocks in the prefix cache, the last one's node
         self.gen, self.sampled, self.counts = None, False, {}
         self.hist = None  # generator states before recent draws (lookahead.rewind)
 
+    @property
+    def blocks(self):
+        return self.pages[0]
+
+    def held(self):
+        return [b for p in self.pages for b in p if b is not None]
+
 
 class Saved:
-    __slots__ = ("tokens", "blocks")
+    __slots__ = ("tokens", "pages")
 
-    def __init__(self, tokens, blocks):
-        self.tokens, self.blocks = tokens, blocks
+    def __init__(self, tokens, pages):
+        self.tokens, self.pages = tokens, pages
+
+    def held(self):
+        return [b for p in self.pages for b in p if b is not None]
 
 
 class PagedKV:
-    def __init__(self, cfg, device, dtype, blocks, block_size, rows):
+    def __init__(self, cfg, device, dtype, blocks, block_size, rows, layout=None):
         self.device, self.bs = device, block_size
+        self.max_blocks = -(-cfg.context // block_size)
+        windows = getattr(cfg, "windows", None) or [0] * cfg.layers
+        lay = self.layout = layout or Layout(windows, block_size, cfg.context)
+        self.ngroups = len(lay.groups)
+        self.group_of = lay.group_of
         self.pool = Pool(blocks, block_size, reclaim=self._reclaim)
         self.scratch = blocks
-        self.max_blocks = -(-cfg.context // block_size)
-        shape = (cfg.layers, blocks + 1, block_size, cfg.kv_heads, cfg.head_dim)
+        shape = (lay.size, blocks + 1, block_size, cfg.kv_heads, cfg.head_dim)
         # Zeroed once, up front (one pass over the pool at load, ~20 ms for
         # 65 GB on an H100): the masked tail of a block must never hold
         # NaN from uninitialised memory. Zeroing each block when first
         # taken cost two kernels per block in the serving path.
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.kc, self.vc = list(self.k.unbind(0)), list(self.v.unbind(0))
-        self.table = torch.full((rows + 1, self.max_blocks), blocks, dtype=torch.int32, device=device)
+        ks, vs = self.k.unbind(0), self.v.unbind(0)
+        self.kc = [ks[lay.slot_of[li]] for li in range(cfg.layers)]  # layer -> its slot's blocks
+        self.vc = [vs[lay.slot_of[li]] for li in range(cfg.layers)]
+        self._set_table(torch.full((rows + 1, self.ngroups * self.max_blocks), blocks, dtype=torch.int32, device=device))
         self.free_rows = list(range(rows, 0, -1))
-        self.pending = ([], [], [])  # table writes (row, index, block) not yet on the device
+        self.pending = ([], [], [])  # table writes (row, column, block) not yet on the device
         self.saved = collections.OrderedDict()  # key -> Saved, least recently used first
         self.evicted = []  # saved keys given up, reported on the next reply
         self.table_grown = False  # the table was reallocated: captured graphs read the old one
-        # Reuse of cached full blocks by Opens without a key (the prefix cache).
-        self.auto_prefix = os.environ.get("MLXSERVING_PREFIX_CACHE", "1") != "0"
+        # Reuse of cached full blocks by Opens without a key (the prefix
+        # cache). Not with sliding groups: their blocks of a prefix's
+        # start are gone once the sequence moves on.
+        self.auto_prefix = os.environ.get("MLXSERVING_PREFIX_CACHE", "1") != "0" and not lay.sliding_groups
+
+    def _set_table(self, t):
+        self.table = t
+        mb = self.max_blocks
+        self.tables = [t[:, g * mb : (g + 1) * mb] for g in range(self.ngroups)]
+
+    def table_of(self, li):
+        """Layer li's block table: its group's [rows, max_blocks] view."""
+        return self.tables[self.group_of[li]]
 
     def bytes(self):
         return 2 * self.k.numel() * self.k.element_size()
+
+    def blocks_for(self, tokens):
+        """Blocks a sequence of tokens tokens holds (engine.Info.BlocksFor)."""
+        return self.layout.blocks_for(self.bs, tokens)
 
     # Blocks.
 
@@ -84,15 +185,16 @@ class PagedKV:
         b = self.pool.take_free() if free_only else self.pool.take()
         return b
 
-    def _set(self, s, i, b):
-        if i < len(s.blocks):
-            s.blocks[i] = b
+    def _set(self, s, i, b, g=0):
+        p = s.pages[g]
+        if i < len(p):
+            p[i] = b
         else:
-            s.blocks.append(b)
+            p.append(b)
         r, x, y = self.pending
         r.append(s.row)
-        x.append(i)
-        y.append(b)
+        x.append(g * self.max_blocks + i)
+        y.append(self.scratch if b is None else b)
 
     def flush(self):
         """Writes the pending block-table entries to the device table."""
@@ -113,33 +215,88 @@ class PagedKV:
         self.table[t[0], t[1]] = t[2].to(torch.int32)
         self.pending = ([], [], [])
 
-    def need(self, s, tokens):
-        """Blocks s takes to hold tokens tokens."""
-        return max(0, self.pool.blocks_for(tokens) - len(s.blocks))
+    def _sliding(self):
+        return [g for g, w in enumerate(self.layout.windows) if w]
+
+    def _gone(self, s, tokens, fed=None):
+        """The blocks of s its sliding groups give back when it grows to
+        hold tokens tokens, fed of them already (None: its tokens):
+        [(group, index)]."""
+        if not self.layout.sliding_groups:
+            return []
+        lo = self.layout.low(self.bs, tokens, len(s.tokens) if fed is None else fed)
+        return [(g, i) for g in self._sliding() for i in range(min(lo, len(s.pages[g]))) if s.pages[g][i] is not None]
+
+    def _wanted(self, s, tokens, fed=None):
+        """The blocks s takes to hold tokens tokens: per new position
+        index, the groups that take one."""
+        nb = -(-tokens // self.bs)
+        lo = self.layout.low(self.bs, tokens, len(s.tokens) if fed is None else fed) if self.layout.sliding_groups else 0
+        win = self.layout.windows
+        return [(i, [g for g in range(self.ngroups) if not win[g] or i >= lo]) for i in range(len(s.pages[0]), nb)]
+
+    def need(self, s, tokens, pieces=False):
+        """Blocks s takes from the free ones to hold tokens tokens (those
+        its sliding groups give back counted off): fed at once, or with
+        pieces, fed in pieces of layout.step tokens (what BlocksFor's
+        growth counts)."""
+        fed = tokens if pieces else None
+        back = sum(1 for g, i in self._gone(s, tokens, fed) if self.pool.seq_refs[s.pages[g][i]] == 1)
+        return max(0, sum(len(gs) for _, gs in self._wanted(s, tokens, fed)) - back)
+
+    def _slide(self, s, tokens):
+        for g, i in self._gone(s, tokens):
+            self.pool.release(s.pages[g][i])
+            self._set(s, i, None, g)
+
+    def settle(self, s):
+        """Gives back the blocks of s its sliding groups' windows no
+        longer read (after a step: BlocksFor(tokens) held again)."""
+        self._slide(s, len(s.tokens))
 
     def grow(self, s, tokens, free_only=False):
-        """Gives s the blocks to hold tokens tokens; with free_only, only
-        while free blocks last (lookahead). Returns the tokens s can hold."""
-        while len(s.blocks) * self.bs < tokens:
-            b = self._take(free_only)
-            if b is None:
-                break
-            self._set(s, len(s.blocks), b)
-        return min(tokens, len(s.blocks) * self.bs)
+        """Gives s the blocks to hold tokens tokens, its sliding groups
+        giving back first those out of the window of its next token; with
+        free_only, only while free blocks last, giving back none
+        (lookahead: the tokens may be taken back). Returns the tokens s
+        can hold."""
+        if not free_only:
+            self._slide(s, tokens)
+        for i, gs in self._wanted(s, tokens):
+            if free_only and self.pool.spare() < len(gs):
+                break  # every group's block of a position, or none
+            for g in range(self.ngroups):
+                self._set(s, i, self._take(free_only) if g in gs else None, g)
+        return min(tokens, len(s.pages[0]) * self.bs)
 
     def truncate(self, s, tokens):
         """Releases the blocks of s past those holding tokens tokens."""
-        keep = self.pool.blocks_for(tokens)
-        while len(s.blocks) > keep:
-            self.pool.release(s.blocks.pop())
+        keep = -(-tokens // self.bs)
+        for p in s.pages:
+            while len(p) > keep:
+                b = p.pop()
+                if b is not None:
+                    self.pool.release(b)
         if s.reg > tokens // self.bs:  # never while running: only prompt blocks are cached then
             s.reg = tokens // self.bs
             s.node = self.pool.node[s.blocks[s.reg - 1]] if s.reg else 0
 
+    def window_held(self, pages, tokens):
+        """Whether pages (per group) hold every block the window of the
+        token after the first tokens reads."""
+        if not self.layout.sliding_groups or tokens <= 0:
+            return True
+        first = max(0, tokens - self.layout.window + 1) // self.bs
+        nb = -(-tokens // self.bs)
+        return all(i < len(pages[g]) and pages[g][i] is not None for g in self._sliding() for i in range(first, nb))
+
     def register(self, s, upto):
         """Puts the full blocks of s within its first upto tokens in the
         prefix cache; a block whose tokens are cached already is replaced
-        by the cached one (shared, its own copy released)."""
+        by the cached one (shared, its own copy released). Only with one
+        group of full attention (see auto_prefix)."""
+        if self.layout.sliding_groups:
+            return
         pool, bs = self.pool, self.bs
         while s.reg < min(upto, len(s.tokens)) // bs and s.reg < len(s.blocks):
             i = s.reg
@@ -158,23 +315,24 @@ class PagedKV:
         if not self.free_rows:
             old = self.table
             n = old.shape[0]
-            self.table = torch.full((2 * n, self.max_blocks), self.scratch, dtype=torch.int32, device=self.device)
+            self._set_table(torch.full((2 * n, old.shape[1]), self.scratch, dtype=torch.int32, device=self.device))
             self.table[:n] = old
             self.free_rows = list(range(2 * n - 1, n - 1, -1))
             self.table_grown = True
         return self.free_rows.pop()
 
     def _match(self, prompt, key):
-        """(blocks, tokens) of the reusable prefix: with a key, the longest
+        """(pages, tokens) of the reusable prefix: with a key, the longest
         common prefix with what is saved under it; without, the cached
         full blocks that start the prompt."""
         if key:
             e = self.saved.get(key)
             if e is None:
-                return [], 0
+                return [[] for _ in range(self.ngroups)], 0
             self.saved.move_to_end(key)
             n = common_prefix(e.tokens, prompt)
-            return e.blocks[: self.pool.blocks_for(n)], n
+            nb = -(-n // self.bs)
+            return [p[:nb] for p in e.pages], n
         pool, bs, node, out = self.pool, self.bs, 0, []
         for i in range(len(prompt) // bs if self.auto_prefix else 0):
             b = pool.lookup(node, tuple(prompt[i * bs : (i + 1) * bs]))
@@ -182,42 +340,60 @@ class PagedKV:
                 break
             out.append(b)
             node = pool.node[b]
-        return out, len(out) * bs
+        return [out] + [[] for _ in range(self.ngroups - 1)], len(out) * bs
 
     def open(self, prompt, key):
         """A new sequence for prompt, starting with the KV of its reusable
-        prefix (never the whole prompt). Raises OutOfBlocks, changing
-        nothing, when the pool cannot hold the reused blocks."""
+        prefix (never the whole prompt; with sliding groups, none unless
+        they still hold the blocks its window reads). Raises OutOfBlocks,
+        changing nothing, when the pool cannot hold the reused blocks."""
         src, n = self._match(prompt, key)
         reused = min(n, len(prompt) - 1)
+        if not self.window_held(src, reused):
+            reused = 0
         full = reused // self.bs
         part = reused % self.bs != 0
         pool = self.pool
-        if sum(1 for b in src[:full] if pool.seq_refs[b] == 0) + part > pool.free():
+        lo = self.layout.low(self.bs, reused, reused) if self.layout.sliding_groups else 0
+        win = self.layout.windows
+        use = [[b if not win[g] or i >= lo else None for i, b in enumerate(src[g][: full + part])] for g in range(self.ngroups)]
+        shared = [b for g in range(self.ngroups) for b in use[g][:full] if b is not None]
+        parts = [use[g][full] for g in range(self.ngroups) if part and use[g][full] is not None]
+        if sum(1 for b in shared if pool.seq_refs[b] == 0) + len(parts) > pool.free():
             raise OutOfBlocks()
-        s = Seq(self._row(), list(prompt[:reused]), [])
-        for i, b in enumerate(src[:full]):
-            pool.share(b)
-            self._set(s, i, b)
-        if part and pool.refs[src[full]] == 0:
-            # Cached and referenced by nobody: the sequence takes the block
-            # over instead of copying it (it may be the only one to spare).
-            pool.adopt(src[full])
-            self._set(s, full, src[full])
-        elif part:
-            old = src[full]
-            pool.keep(old)  # taking a block may evict the prefix being copied
-            try:
-                new = self._take()
-            except OutOfBlocks:  # the only block to spare was the one copied from
-                pool.unkeep(old)
-                self.free(s, "")
-                raise
-            self.k[:, new] = self.k[:, old]
-            self.v[:, new] = self.v[:, old]
-            pool.unkeep(old)
-            self._set(s, full, new)
-        while s.reg < full and pool.key[s.blocks[s.reg]] is not None:
+        s = Seq(self._row(), list(prompt[:reused]), [[] for _ in range(self.ngroups)])
+        for g in range(self.ngroups):
+            for i, b in enumerate(use[g][:full]):
+                if b is not None:
+                    pool.share(b)
+                self._set(s, i, b, g)
+        olds = [use[g][full] for g in range(self.ngroups)] if part else []
+        copied = [b for b in olds if b is not None and pool.refs[b] > 0]
+        for b in copied:
+            pool.keep(b)  # taking a block may evict the prefix being copied
+        try:
+            for g, old in enumerate(olds):
+                if old is None:
+                    self._set(s, full, None, g)
+                elif old not in copied:
+                    # Cached and referenced by nobody: the sequence takes the
+                    # block over instead of copying it (it may be the only one
+                    # to spare).
+                    pool.adopt(old)
+                    self._set(s, full, old, g)
+                else:
+                    try:
+                        new = self._take()
+                    except OutOfBlocks:  # the only block to spare was the one copied from
+                        self.free(s, "")
+                        raise
+                    self.k[:, new] = self.k[:, old]
+                    self.v[:, new] = self.v[:, old]
+                    self._set(s, full, new, g)
+        finally:
+            for b in copied:
+                pool.unkeep(b)
+        while s.reg < full and not self.layout.sliding_groups and pool.key[s.blocks[s.reg]] is not None:
             s.node = pool.node[s.blocks[s.reg]]
             s.reg += 1
         return s, reused
@@ -228,23 +404,24 @@ class PagedKV:
         self.register(s, len(s.tokens))
         if key and s.tokens:
             old = self.saved.pop(key, None)
-            n = self.pool.blocks_for(len(s.tokens))
-            for b in s.blocks[:n]:
+            n = -(-len(s.tokens) // self.bs)
+            e = Saved(s.tokens, [p[:n] for p in s.pages])
+            for b in e.held():
                 self.pool.keep(b)
-            self.saved[key] = Saved(s.tokens, s.blocks[:n])
+            self.saved[key] = e
             if old is not None:
                 self._unsave(old)
             while len(self.saved) > MAX_SAVED:
                 k, e = self.saved.popitem(last=False)
                 self._unsave(e)
                 self.evicted.append(k)
-        for b in s.blocks:
+        for b in s.held():
             self.pool.release(b)
-        s.blocks = []
+        s.pages = [[] for _ in range(self.ngroups)]
         self.free_rows.append(s.row)
 
     def _unsave(self, e):
-        for b in e.blocks:
+        for b in e.held():
             self.pool.unkeep(b)
 
     def drop(self, key):
@@ -266,22 +443,29 @@ class PagedKV:
 
     def check(self, seqs):
         """The pool's invariants against the open sequences (tests)."""
-        owners = [(s.blocks, True) for s in seqs] + [(e.blocks, False) for e in self.saved.values()]
+        owners = [(s.held(), True) for s in seqs] + [(e.held(), False) for e in self.saved.values()]
         self.pool.check(owners)
         for s in seqs:
+            assert all(len(p) == len(s.blocks) for p in s.pages), "groups hold different lengths"
             assert len(s.blocks) >= self.pool.blocks_for(len(s.tokens)), "a sequence holds fewer blocks than tokens"
+            assert self.window_held(s.pages, len(s.tokens)), "a sliding group gave back a block its window reads"
         self.flush()
         for s in seqs:
-            assert self.table[s.row, : len(s.blocks)].tolist() == s.blocks, "table row differs from the blocks"
+            for g, p in enumerate(s.pages):
+                want = [self.scratch if b is None else b for b in p]
+                assert self.tables[g][s.row, : len(p)].tolist() == want, "table row differs from the blocks"
 
     def stats(self, seqs):
-        held = sum(len(s.blocks) for s in seqs)
+        held = sum(len(s.held()) for s in seqs)
         toks = sum(len(s.tokens) for s in seqs)
+        # Token slots of the held blocks that hold no token yet.
+        used = sum(max(0, min(self.bs, len(s.tokens) - i * self.bs)) for s in seqs for p in s.pages
+                   for i, b in enumerate(p) if b is not None)
         return {"blocks": self.pool.n, "block_size": self.bs, "free_blocks": self.pool.free(),
                 "cached_blocks": len(self.pool.cache), "saved": len(self.saved),
                 "saved_tokens": sum(len(e.tokens) for e in self.saved.values()),
                 "seq_blocks": held, "seq_tokens": toks,
-                "waste": (1 - toks / (held * self.bs)) if held else 0.0}
+                "waste": (1 - used / (held * self.bs)) if held else 0.0}
 
 
 __all__ = ["OutOfBlocks", "PagedKV", "Seq", "common_prefix"]

@@ -10,7 +10,7 @@ from decoder import Decoder
 from errors import CheckpointError, ProtocolError
 from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
-from paged import OutOfBlocks, PagedKV
+from paged import Layout, OutOfBlocks, PagedKV
 from upload import to_device
 import lookahead
 
@@ -62,11 +62,21 @@ def pick_dtype(name, device, cfg):
     return torch.float32
 
 
+def _kv_rows(blocks, bs, null, start, end):
+    """The rows of positions start .. end - 1 in the flattened KV blocks
+    (block * bs + offset), a block given back (None) read as null."""
+    if None in blocks[start // bs : -(-end // bs)]:
+        return [(null if blocks[j // bs] is None else blocks[j // bs]) * bs + j % bs for j in range(start, end)]
+    return [blocks[j // bs] * bs + j % bs for j in range(start, end)]
+
+
 class TorchModel:
     """One loaded checkpoint. Sequences keep their KV in blocks of a pool
     (paged.py), taken as they grow; freed sequences may keep their blocks
     under a key for prefix reuse, and full prompt blocks are shared by
-    every sequence whose prompt starts with the same tokens."""
+    every sequence whose prompt starts with the same tokens. With sliding
+    windows the blocks are per group of layers (paged.Layout) and the
+    sliding groups give back what left their window."""
 
     def __init__(self, path, opts):
         if not os.path.isdir(path):
@@ -85,11 +95,12 @@ class TorchModel:
         bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError("invalid", "block size %d is out of range" % bs)
+        self.layout = Layout(cfg.windows, bs, cfg.context)
         blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs, int(opts.get("max_batch") or 0))
-        self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks * bs))
-        cfg.context = min(cfg.context, blocks * bs)  # one sequence cannot hold more than the pool
+        self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks // len(self.layout.groups) * bs))
+        cfg.context = self._context_held(blocks, bs)  # one sequence cannot hold more than the pool
         try:
-            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch)
+            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout)
         except RuntimeError as e:
             raise ProtocolError("oom", "KV pool of %d blocks: %s" % (blocks, e))
         self.step_tokens = STEP_TOKENS_CUDA if self.device.type == "cuda" else 0
@@ -109,20 +120,35 @@ class TorchModel:
         of the device's free memory (CUDA) or of a fixed budget (CPU), at
         most what twice max_batch sequences of the whole context take (room
         for as many saved prefixes), so a model with a short context leaves
-        the device to others."""
-        cfg = self.cfg
+        the device to others. A block holds one group of layers (paged.Layout):
+        kv_capacity tokens of every layer are that many blocks per group,
+        and the pool is a whole number of such rows."""
+        cfg, lay = self.cfg, self.layout
+        G = len(lay.groups)
         if kv_capacity:
-            return max(1, -(-kv_capacity // bs))
+            return G * max(1, -(-kv_capacity // bs))
         if not max_batch:
             max_batch = MAX_BATCH_CUDA if self.device.type == "cuda" else MAX_BATCH_CPU
-        most = -(-2 * max_batch * cfg.context // bs)
-        per_block = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * bs * torch.tensor([], dtype=self.dtype).element_size()
+        most = 2 * max_batch * lay.blocks_for(bs, cfg.context)
+        per_block = 2 * lay.size * cfg.kv_heads * cfg.head_dim * bs * torch.tensor([], dtype=self.dtype).element_size()
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * float(os.environ.get("MLXSERVING_KV_FRACTION") or 0.8))
         else:
             budget = 1 << 30
-        return max(1, min(most, budget // per_block))
+        return G * max(1, min(most, budget // per_block) // G)
+
+    def _context_held(self, blocks, bs):
+        """The model's context, capped at the most tokens one sequence
+        holds in a pool of blocks blocks."""
+        lay, ctx = self.layout, self.cfg.context
+        if lay.blocks_for(bs, ctx) <= blocks:
+            return ctx
+        lo, hi = 0, ctx  # blocks_for(lo) <= blocks < blocks_for(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if lay.blocks_for(bs, mid) <= blocks else (lo, mid)
+        return lo
 
     def _default_batch(self, tokens):
         """The default max_batch: as many sequences as the pool holds at
@@ -132,7 +158,8 @@ class TorchModel:
 
     @property
     def capacity(self):
-        return self.kv.pool.n * self.kv.bs
+        """Tokens of every layer the pool holds (engine.Info.KVCapacity)."""
+        return self.kv.pool.n // len(self.layout.groups) * self.kv.bs
 
     def info(self):
         c = self.cfg
@@ -142,6 +169,9 @@ class TorchModel:
             "block_size": self.kv.bs, "kv_blocks": self.kv.pool.n, "step_tokens": self.step_tokens,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
             "weight_bytes": weight_bytes(self.model), "kv_bytes": self.kv.bytes(),
+            "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
+            "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
+            "window_blocks": self.layout.window_blocks,
         }
 
     def free_blocks(self):
@@ -175,7 +205,7 @@ class TorchModel:
         dev = self.device
         t = lambda v: torch.tensor(v, device=dev, dtype=torch.long)
         rows, zero = t(list(range(b))), t([0] * b)
-        scratch = t([self.kv.scratch * self.kv.bs] * b)
+        scratch = [t([self.kv.scratch * self.kv.bs] * b)] * self.kv.ngroups
         self.model.forward(zero, zero, scratch, [("decode", rows, zero, 1, zero + 1)], self.kv, rows)
 
     def open(self, seq, prompt, prefix_key):
@@ -240,11 +270,13 @@ class TorchModel:
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         lookahead.settle(self, batch)
-        seqs, backs = self._check(batch)
+        seqs, backs, split = self._check(batch)
         for s, back in zip(seqs, backs):
             if back:
                 lookahead.rewind(s, back)
                 self.kv.truncate(s, len(s.tokens))
+        if split:
+            batch = self._feed_ahead(batch, seqs)
         fresh = []  # sequences still in their prompt: their full blocks go in the prefix cache
         for b, s in zip(batch, seqs):
             self.kv.grow(s, len(s.tokens) + len(b[1]))
@@ -260,6 +292,9 @@ class TorchModel:
                 return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
+            if self.layout.sliding_groups:
+                for s in seqs:
+                    self.kv.settle(s)
             for s in fresh:
                 self.kv.register(s, len(s.tokens))
             if self.lookahead_used:
@@ -270,11 +305,33 @@ class TorchModel:
             more, more_lps = lookahead.run(self, items, toks, want)
             return toks, lps, tops, more, more_lps
 
+    def _feed_ahead(self, batch, seqs):
+        """Feeds the prompt chunks longer than the layout's step (paged.Layout)
+        in passes of step tokens but the last, which stays in the
+        returned batch: within a step of that size, sliding groups never
+        hold more than BlocksFor. For a step whose chunks' windows the
+        pool cannot hold at once."""
+        S = self.layout.step
+        lookahead.cancel(self)
+        out = []
+        for b, s in zip(batch, seqs):
+            toks = b[1]
+            while len(toks) > S and not s.sampled:
+                part, toks = toks[:S], toks[S:]
+                self.kv.grow(s, len(s.tokens) + S)
+                self.kv.flush()
+                with torch.no_grad():
+                    self._forward_packed([[b[0], part, False, b[3]]], [s])
+                self.kv.settle(s)
+            out.append([b[0], toks] + list(b[2:]))
+        return out
+
     def _check(self, batch):
         """Validates the step without changing anything; returns the
-        sequences and their take-backs. Raises oom when the pool lacks the
-        blocks the step needs."""
-        seqs, backs, need = [], [], 0
+        sequences, their take-backs and whether long chunks must be fed in
+        pieces (_feed_ahead). Raises oom when the pool lacks the blocks
+        the step needs (fed in pieces: what BlocksFor counts)."""
+        seqs, backs, need, peak = [], [], 0, 0
         for b in batch:
             seq, toks = b[0], b[1]
             s = self.seqs.get(seq)
@@ -292,15 +349,19 @@ class TorchModel:
             bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
             if bad:
                 raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+            if back and not self.kv.window_held(s.pages, len(s.tokens) - back):
+                raise ProtocolError("invalid", "sequence %d: cannot take back %d tokens, past the sliding window's KV"
+                                    % (seq, back))
             seqs.append(s)
             backs.append(back)
-            need += self.kv.need(s, n)
+            need += self.kv.need(s, n, pieces=True)
+            peak += self.kv.need(s, n)
         if len(set(map(id, seqs))) != len(seqs):
             raise ProtocolError("invalid", "a sequence appears twice in one step")
         if need > self.kv.pool.free():
             raise ProtocolError("oom", "the step needs %d more KV blocks; %d of %d are free"
                                 % (need, self.kv.pool.free(), self.kv.pool.n))
-        return seqs, backs
+        return seqs, backs, peak > self.kv.pool.free()
 
     def _forward(self, batch, seqs):
         self.kv.flush()
@@ -357,22 +418,26 @@ class TorchModel:
     def _varlen_group(self, seqs, chunks, n):
         """The attention plan of every chunk in one varlen call (see
         Decoder.attend_varlen): chunk c attends over the KV rows of its
-        positions 0 .. p + len - 1, its own just written."""
-        bs = self.kv.bs
+        positions 0 .. p + len - 1, its own just written. Rows come per
+        block group; a sliding group's blocks out of the window read the
+        scratch block, outside the flash window."""
+        bs, G, null = self.kv.bs, self.kv.ngroups, self.kv.scratch
         by_row = {s.row: s for s in seqs}
-        qrows, krows, cu_q, cu_k = [], [], [0], [0]
+        qrows, krows, cu_q, cu_k = [], [[] for _ in range(G)], [0], [0]
         for _, a, b, trow, p, _, _ in chunks:
-            blocks = by_row[trow].blocks
+            pages = by_row[trow].pages
             qrows.extend(range(a, b))
-            krows.extend(blocks[j // bs] * bs + j % bs for j in range(p + b - a))
+            for g in range(G):
+                krows[g].extend(_kv_rows(pages[g], bs, null, 0, p + b - a))
             cu_q.append(cu_q[-1] + b - a)
             cu_k.append(cu_k[-1] + p + b - a)
         whole = qrows == list(range(n))
-        flat = to_device(([] if whole else qrows) + krows + cu_q + cu_k, self.device)
+        nk = len(krows[0])
+        flat = to_device(([] if whole else qrows) + [r for k in krows for r in k] + cu_q + cu_k, self.device)
         at = 0 if whole else len(qrows)
         qd = None if whole else flat[:at]
-        kd = flat[at : at + len(krows)]
-        at += len(krows)
+        kd = [flat[at + g * nk : at + (g + 1) * nk] for g in range(G)]
+        at += G * nk
         cq = flat[at : at + len(cu_q)].to(torch.int32)
         ck = flat[at + len(cu_q) :].to(torch.int32)
         max_q = max(b - a for _, a, b, _, _, _, _ in chunks)
@@ -386,10 +451,12 @@ class TorchModel:
         goes to the device in one copy, so nothing waits for the GPU here
         (a copy from pageable memory would wait for the decode graph a
         split step just launched)."""
-        bs = self.kv.bs
-        tokens, pos, kvrow, last, rpos = [], [], [], [], []
+        bs, G, null = self.kv.bs, self.kv.ngroups, self.kv.scratch
+        tokens, pos, last, rpos = [], [], [], []
+        kvrow = [[] for _ in range(G)]  # per block group
         longrope = self.model.longrope
-        dec_rows, dec_trows, dec_len, chunks, blocks = [], [], [], [], []
+        dec_rows, dec_trows, dec_len, chunks = [], [], [], []
+        blocks = [[] for _ in range(G)]
         for b, s in zip(batch, seqs):
             toks, sample = b[1], b[2]
             p, a = len(s.tokens), len(tokens)
@@ -398,7 +465,8 @@ class TorchModel:
                 pos.append(p)
                 if longrope:
                     rpos.append(p)
-                kvrow.append(s.blocks[p // bs] * bs + p % bs)
+                for g in range(G):
+                    kvrow[g].append(_kv_rows(s.pages[g], bs, null, p, p + 1)[0])
                 dec_rows.append(a)
                 dec_trows.append(s.row)
                 dec_len.append(p + 1)
@@ -407,28 +475,31 @@ class TorchModel:
                 pos.extend(range(p, end))
                 if longrope:
                     rpos.extend(self.model.rope_rows(p, end))
-                kvrow.extend(s.blocks[j // bs] * bs + j % bs for j in range(p, end))
+                for g in range(G):
+                    kvrow[g].extend(_kv_rows(s.pages[g], bs, null, p, end))
                 # the blocks the chunk attends over: its prefix and itself
                 nb = -(-end // bs)
-                chunks.append(["chunk", a, a + len(toks), s.row, p, len(blocks), nb])
+                chunks.append(["chunk", a, a + len(toks), s.row, p, len(blocks[0]), nb])
                 if not self.model.varlen:  # the varlen plan gathers by rows instead
-                    blocks.extend(s.blocks[:nb])
+                    for g in range(G):
+                        blocks[g].extend(null if b is None else b for b in s.pages[g][:nb])
             if sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        parts = [tokens, pos, kvrow, last, dec_rows, dec_trows, dec_len, blocks, rpos]
+        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos] + kvrow + blocks
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
-        tok, posd, kvrowd, lastd, rowsd, trowsd, lensd, blocksd, rposd = views
+        tok, posd, lastd, rowsd, trowsd, lensd, rposd = views[:7]
+        kvrowd, blocksd = views[7 : 7 + G], views[7 + G :]
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))
         else:
             for c in chunks:
-                groups.append(tuple(c[:5]) + (blocksd[c[5] : c[5] + c[6]],))
+                groups.append(tuple(c[:5]) + ([bd[c[5] : c[5] + c[6]] for bd in blocksd],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
         return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None)

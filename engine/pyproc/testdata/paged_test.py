@@ -39,24 +39,42 @@ class Cfg:
     layers, kv_heads, head_dim, context = 1, 1, 2, 300
 
 
+class Windowed:
+    """A full layer and three sliding ones of window 9: a full group and
+    three sliding groups of one layer each."""
+    layers, kv_heads, head_dim, context = 4, 1, 2, 300
+    windows = [0, 9, 9, 9]
+
+
 def write(kv, s, start):
     """Stores each token id as its key at its position (the forward pass
-    would store its key vector)."""
+    would store its key vector), in every group that holds it."""
     for p in range(start, len(s.tokens)):
-        kv.k[0, s.blocks[p // kv.bs], p % kv.bs, 0, 0] = float(s.tokens[p])
+        for pages in s.pages:
+            if pages[p // kv.bs] is not None:
+                kv.k[0, pages[p // kv.bs], p % kv.bs, 0, 0] = float(s.tokens[p])
 
 
-def read(kv, s):
+def read(kv, s, g=0):
+    """The tokens group g's table row gives; a sliding group's only from
+    the first its window reads."""
     kv.flush()
     n = len(s.tokens)
-    idx = kv.table[s.row, : kv.pool.blocks_for(n)].long()
-    return [int(x) for x in kv.k[0][idx].reshape(-1, 2)[:n, 0].tolist()]
+    idx = kv.tables[g][s.row, : -(-n // kv.bs)].long()
+    got = [int(x) for x in kv.k[0][idx].reshape(-1, 2)[:n, 0].tolist()]
+    w = kv.layout.windows[g]
+    return got[max(0, n - w + 1) if w else 0 :]
 
 
-def run(ops, seed):
+def read_all(kv, s):
+    return all(read(kv, s, g) == s.tokens[len(s.tokens) - len(read(kv, s, g)) :] for g in range(kv.ngroups))
+
+
+def run(ops, seed, cfg=Cfg):
     rnd = random.Random(seed)
     bs = rnd.choice([1, 4, 16])
-    kv = PagedKV(Cfg, torch.device("cpu"), torch.float32, rnd.choice([8, 40, 120]), bs, 2)
+    lay = paged.Layout(getattr(cfg, "windows", [0] * cfg.layers), bs, cfg.context, step=8)
+    kv = PagedKV(cfg, torch.device("cpu"), torch.float32, len(lay.groups) * rnd.choice([8, 40, 120]), bs, 2, lay)
     seqs, prompt_len, keys = {}, {}, ["a", "b", "c"]
     alphabet = [rnd.randrange(1000) for _ in range(3)]
     n_open = n_oom = n_reused = 0
@@ -73,8 +91,9 @@ def run(ops, seed):
                 assert kv.pool.free() == before, "a refused open changed the pool"
                 continue
             assert 0 <= reused < len(base) and s.tokens == base[:reused]
-            assert len(s.blocks) == kv.pool.blocks_for(reused), "open holds BlocksFor(reused) blocks"
-            assert read(kv, s) == base[:reused], "reused KV differs from the prompt"
+            assert len(s.held()) <= kv.blocks_for(reused), "open holds at most BlocksFor(reused) blocks"
+            assert lay.sliding_groups or len(s.held()) == kv.blocks_for(reused), "open holds BlocksFor(reused) blocks"
+            assert read_all(kv, s), "reused KV differs from the prompt"
             sid = rnd.randrange(1 << 30)
             seqs[sid] = (s, base)
             prompt_len[sid] = len(base)
@@ -86,24 +105,34 @@ def run(ops, seed):
             fed = len(s.tokens)
             more = base[fed:] if fed < len(base) else [rnd.randrange(1000) for _ in range(rnd.randrange(1, 6))]
             more = more[: rnd.randrange(1, len(more) + 1)]
-            if fed + len(more) > Cfg.context:
+            if fed + len(more) > cfg.context:
                 continue
-            need = kv.need(s, fed + len(more))
-            assert need == kv.pool.blocks_for(fed + len(more)) - kv.pool.blocks_for(fed)
+            need = kv.need(s, fed + len(more), pieces=True)
+            exact = len(s.held()) == kv.blocks_for(fed)
+            assert need == kv.blocks_for(fed + len(more)) - kv.blocks_for(fed) or not exact
+            assert need <= kv.blocks_for(fed + len(more)) - len(s.held())
             if need > kv.pool.free():
                 n_oom += 1
                 continue
             before = kv.pool.free()
-            kv.grow(s, fed + len(more))
+            # As TorchModel: at once while the pool holds the window of the
+            # chunk's first token, else in pieces of the layout's step.
+            step = len(more) if kv.need(s, fed + len(more)) <= kv.pool.free() else lay.step
+            for at in range(0, len(more), step):
+                n = len(s.tokens)
+                kv.grow(s, n + len(more[at : at + step]))
+                s.tokens.extend(more[at : at + step])
+                write(kv, s, n)
+                assert read_all(kv, s), "a step reads other tokens than it was fed"
+                kv.settle(s)
             assert kv.pool.free() == before - need, "feeding took other than BlocksFor(f+n)-BlocksFor(f)"
-            s.tokens.extend(more)
-            write(kv, s, fed)
+            assert len(s.held()) == kv.blocks_for(fed + len(more)) or not exact, "a sequence holds other than BlocksFor(n)"
             if len(s.tokens) <= prompt_len[sid]:
                 kv.register(s, len(s.tokens))
         elif op < 0.7:
             sid = rnd.choice(list(seqs))
             s, _ = seqs[sid]
-            back = rnd.randrange(0, max(1, len(s.tokens) - prompt_len[sid]) + 1)
+            back = rnd.randrange(0, min(paged.MARGIN, max(1, len(s.tokens) - prompt_len[sid])) + 1)
             if back and len(s.tokens) - back >= prompt_len[sid]:
                 del s.tokens[len(s.tokens) - back:]
                 kv.truncate(s, len(s.tokens))
@@ -116,7 +145,7 @@ def run(ops, seed):
         kv.take_evicted()
         kv.check([s for s, _ in seqs.values()])
         for s, _ in seqs.values():
-            assert read(kv, s) == s.tokens, "a sequence reads other tokens than it was fed"
+            assert read_all(kv, s), "a sequence reads other tokens than it was fed"
     for s, _ in seqs.values():
         kv.free(s, "")
     for k in keys:
@@ -131,8 +160,8 @@ def main():
     ops = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     passed = 0
-    for i in range(6):
-        o, m, r = run(ops // 6, seed * 100 + i)
+    for i in range(8):
+        o, m, r = run(ops // 8, seed * 100 + i, Windowed if i % 2 else Cfg)
         print("seed %d: %d opens (%d reused a prefix), %d refused for blocks" % (seed * 100 + i, o, r, m))
         passed += 1
     print("%d passed, 0 failed" % passed)
