@@ -80,6 +80,44 @@ func BenchmarkMask(b *testing.B) {
 	}
 }
 
+// BenchmarkMaskWithin is BenchmarkMask with FillMaskWithin: "far" under
+// a budget no document reaches (the cost of knowing the closing distance
+// at every step), "tight" under MinTokens+24 tokens a document, so that
+// every document is closed by its budget (the steps near the end check
+// every token the mask allows).
+func BenchmarkMaskWithin(b *testing.B) {
+	for _, name := range []string{"llama3", "qwen3"} {
+		for _, sc := range benchSchemas {
+			for _, mode := range []string{"far", "tight"} {
+				b.Run(name+"/"+sc.name+"/"+mode, func(b *testing.B) {
+					v := realVocab(b, name)
+					maxValues := 64 // far shares BenchmarkMask's grammar
+					if mode == "tight" {
+						maxValues = 65 // a grammar of its own (the cache keys on limits)
+					}
+					g, err := v.Compile([]byte(sc.schema), Limits{MaxValues: maxValues})
+					if err != nil {
+						b.Fatal(err)
+					}
+					lo := g.MinTokens()
+					budget := 1 << 20
+					if mode == "tight" {
+						budget = lo + 24
+					}
+					rng := rand.New(rand.NewPCG(7, 7))
+					mask := make([]uint64, v.MaskWords())
+					times, _ := budgetDocs(b, g, rng, mask, 20, nil, budget)
+					b.ResetTimer()
+					times, tokens := budgetDocs(b, g, rng, mask, b.N, times[:0], budget)
+					b.StopTimer()
+					b.ReportMetric(float64(lo), "min-tokens")
+					reportTimes(b, times, tokens)
+				})
+			}
+		}
+	}
+}
+
 // BenchmarkMaskCold is BenchmarkMask for the first b.N documents after
 // the vocabulary is prepared, with no warm-up: what a server's first
 // requests meet. Each document compiles its schema first, as each request
@@ -197,12 +235,22 @@ func BenchmarkFirstNumberMask(b *testing.B) {
 // maskDocs generates docs documents, appending the time of every
 // FillMask to times; it returns them and the tokens generated.
 func maskDocs(b *testing.B, g *Grammar, rng *rand.Rand, mask []uint64, docs int, times []time.Duration) ([]time.Duration, int) {
+	return budgetDocs(b, g, rng, mask, docs, times, 0)
+}
+
+// budgetDocs is maskDocs with FillMaskWithin under a budget of budget
+// tokens a document, or FillMask for budget 0.
+func budgetDocs(b *testing.B, g *Grammar, rng *rand.Rand, mask []uint64, docs int, times []time.Duration, budget int) ([]time.Duration, int) {
 	tokens := 0
 	for range docs {
 		m := g.NewMatcher()
-		for !m.Done() {
+		for n := 0; !m.Done() && (budget == 0 || n < budget); n++ {
 			t0 := time.Now()
-			m.FillMask(mask)
+			if budget == 0 {
+				m.FillMask(mask)
+			} else {
+				m.FillMaskWithin(mask, budget-n)
+			}
 			times = append(times, time.Since(t0))
 			id, ok := pick(mask, rng)
 			if !ok {
@@ -229,6 +277,30 @@ func reportTimes(b *testing.B, times []time.Duration, tokens int) {
 	b.ReportMetric(q(0.99), "p99-µs/token")
 	b.ReportMetric(q(1), "max-µs/token")
 	b.ReportMetric(float64(tokens)/float64(b.N), "tokens/doc")
+}
+
+// BenchmarkMinTokens measures the first MinTokens of a fresh grammar of
+// the realistic schema (the cache is bypassed by varying the limits): the
+// closing runs of its start and of every schema node (FillMaskWithin's
+// margin), what the first budget-checked request computes.
+func BenchmarkMinTokens(b *testing.B) {
+	for _, name := range []string{"llama3", "qwen3"} {
+		b.Run(name, func(b *testing.B) {
+			v := realVocab(b, name)
+			var d time.Duration
+			for i := 0; i < b.N; i++ {
+				g, err := v.Compile([]byte(realisticSchema), Limits{MaxValues: 2000 + i})
+				if err != nil {
+					b.Fatal(err)
+				}
+				t0 := time.Now()
+				g.MinTokens()
+				g.openMargin()
+				d += time.Since(t0)
+			}
+			b.ReportMetric(float64(d.Microseconds())/1e3/float64(b.N), "close-ms")
+		})
+	}
 }
 
 // BenchmarkCompile measures compiling the realistic schema (the cache is

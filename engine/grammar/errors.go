@@ -52,3 +52,32 @@ func pathOrRoot(p string) string {
 	}
 	return "#" + p
 }
+
+// ErrBudget means a token budget is smaller than the shortest document of
+// a grammar. A *BudgetError says by how much.
+var ErrBudget = errors.New("token budget too small for the schema's shortest document")
+
+// BudgetError refuses a budget below a grammar's MinTokens.
+type BudgetError struct {
+	// MinTokens is the fewest tokens a document of the schema takes.
+	MinTokens int
+	// Budget is the budget refused.
+	Budget int
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("the schema's shortest document takes %d tokens, more than the %d allowed", e.MinTokens, e.Budget)
+}
+
+// Unwrap returns ErrBudget.
+func (e *BudgetError) Unwrap() error { return ErrBudget }
+
+// CheckBudget returns a *BudgetError when the grammar's shortest document
+// takes more than budget tokens, and nil otherwise (or when MinTokens is
+// unknown).
+func (g *Grammar) CheckBudget(budget int) error {
+	if lo := g.MinTokens(); lo > budget {
+		return &BudgetError{MinTokens: lo, Budget: budget}
+	}
+	return nil
+}

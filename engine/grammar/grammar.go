@@ -3,8 +3,11 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // Grammar is a compiled schema bound to a vocabulary. It is safe for
@@ -16,6 +19,12 @@ type Grammar struct {
 	// warm is set once every pattern under root is warm.
 	warm atomic.Bool
 	nums numCache // digit tokens of the states of numbers with bounds
+	// closes caches closing runs by state (close.go); open is the
+	// margin FillMaskWithin keeps (budget.go).
+	closes *lru.Cache[string, closeRun]
+	texts  *lru.Cache[string, closeText]
+	open   openMargin
+	reNext sync.Map // *dstate -> the ASCII byte (int) that takes it closest to a match; -1: none
 }
 
 // AnyObject is the schema of OpenAI's response_format json_object: any
@@ -56,6 +65,8 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 		return nil, err
 	}
 	g := &Grammar{v: v, root: root, lim: lim}
+	g.closes, _ = lru.New[string, closeRun](closeCacheSize)
+	g.texts, _ = lru.New[string, closeText](closeCacheSize)
 	g.warmNumbers()
 	g.warm.Store(v.warm(root, time.Now().Add(compileWarmBudget)))
 	v.cache.Add(key, g)
@@ -86,6 +97,9 @@ func (v *Vocab) CompileValue(schema any, lim Limits) (*Grammar, error) {
 	return v.Compile(b, lim)
 }
 
+// Grammar returns the grammar the matcher follows.
+func (m *Matcher) Grammar() *Grammar { return m.g }
+
 // Vocab returns the vocabulary the grammar was compiled against.
 func (g *Grammar) Vocab() *Vocab { return g.v }
 
@@ -104,6 +118,17 @@ type Matcher struct {
 	filter []uint64 // closers allowed by a pattern; nil: all
 	free   int      // tokens accepted inside free-form values
 	numBuf []frame  // digitMask's scratch
+	// plan is the closing run of the current state when planSet
+	// (budget.go); keyBuf is scratch for its cache keys.
+	plan    closeRun
+	planSet bool
+	keyBuf  []byte
+	// est is the closing distance last looked up and the tokens accepted
+	// since (FillMaskWithin).
+	est struct {
+		set      bool
+		d, since int
+	}
 }
 
 // NewMatcher starts matching a document from its first byte.
@@ -154,6 +179,7 @@ func (m *Matcher) Accept(id int32) error {
 		}
 		m.states = m.states[:1]
 		m.states[0] = &stk{f: frame{kind: fRoot}}
+		m.planSet = false
 		return nil
 	}
 	p := v.pieces[id]
@@ -184,6 +210,8 @@ func (m *Matcher) Accept(id int32) error {
 	if inFree {
 		m.free++
 	}
+	m.est.since++
+	m.followPlan(id)
 	return nil
 }
 
@@ -209,5 +237,7 @@ func (m *Matcher) AcceptBytes(p []byte) error {
 		cur = next
 	}
 	m.states = cur
+	m.planSet = false
+	m.est.since += len(p)
 	return nil
 }

@@ -40,6 +40,11 @@ type Vocab struct {
 		once sync.Once
 		set  *loopSet
 	}
+	// plain is built on the first budget-restricted mask (budget.go).
+	plain struct {
+		once sync.Once
+		set  []uint64
+	}
 }
 
 // NewVocab prepares a vocabulary. pieces[id] are the bytes token id
