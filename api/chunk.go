@@ -42,6 +42,12 @@ type Usage struct {
 	// jump-forward decoding (constrained output the grammar forced)
 	// instead of being sampled one forward pass each.
 	ForcedTokens int
+	// ClosingTokens is how many of CompletionTokens were generated after
+	// the budget (MaxTokens, or the context left) first made constrained
+	// output close: from then on only tokens that keep the document
+	// closable within the budget were sampled (see Params.KeepCut). Zero
+	// when the budget never restricted it.
+	ClosingTokens int
 	// CachedTokens is the number of prompt tokens whose KV was reused
 	// from a saved prefix instead of being prefilled.
 	CachedTokens int

@@ -28,6 +28,17 @@ type Params struct {
 	// tokenizer; a schema that cannot be compiled is refused with an
 	// *InvalidParamError naming the keyword.
 	JSONSchema []byte
+	// KeepCut turns off closing constrained output within MaxTokens. By
+	// default, once the tokens left (of MaxTokens and of the context) come
+	// within reach of what closing the document takes, only tokens that
+	// keep it closable are sampled, so that a reply the budget ends is
+	// still a complete document that matches the schema: it finishes with
+	// FinishLength and Usage.ClosingTokens counts the tokens generated
+	// from then on; a schema whose shortest document takes more than
+	// MaxTokens is refused with an *InvalidParamError naming max_tokens
+	// (its Err a grammar.BudgetError with the minimum). With KeepCut the
+	// output is cut where the budget ends, as other servers do.
+	KeepCut bool
 	// Session keeps a conversation's KV cache: the engine saves the KV of
 	// this request under the session id, and the next request of the same
 	// session reuses the longest prefix its prompt shares with it,

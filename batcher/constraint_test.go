@@ -174,7 +174,7 @@ func TestJumpForwardLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRig(t, []enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithEOS(300)}, nil)
-	s := &batcher.Sequence{Prompt: prompt(1, 5), MaxTokens: 6, Constraint: g.NewMatcher()}
+	s := &batcher.Sequence{Prompt: prompt(1, 5), MaxTokens: 6, Constraint: g.NewMatcher(), KeepCut: true}
 	r.submit(t, s)
 	res := collect(s)
 	if res.err != nil || res.finish != api.FinishLength || string(int32Bytes(res.tokens)) != `{"abcd` {
@@ -197,4 +197,46 @@ func int32Bytes(toks []int32) []byte {
 		b[i] = byte(t)
 	}
 	return b
+}
+
+// TestCloseWithinBudget: a constrained sequence whose schema could go on
+// far longer than its MaxTokens (an array of strings without maxItems, as
+// the AI SDK's output: 'array' sends) ends with "length" on a complete
+// document that parses, for every MaxTokens from the schema's minimum up,
+// with jump-forward on and off, sampled and greedy; Usage counts the
+// closing tokens. With KeepCut the output is cut as before.
+func TestCloseWithinBudget(t *testing.T) {
+	const vocab = 512
+	v := forcingVocab(vocab)
+	schema := `{"type":"object","properties":{"elements":{"type":"array","items":{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer"}},"required":["name","n"],"additionalProperties":false}}},"required":["elements"],"additionalProperties":false}`
+	g, err := v.Compile([]byte(schema), grammar.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo := g.MinTokens()
+	if lo <= 0 {
+		t.Fatalf("MinTokens %d", lo)
+	}
+	for _, jump := range []bool{false, true} {
+		r := newRig(t, []enginetest.SimOption{enginetest.WithVocabSize(vocab), enginetest.WithEOS(300)}, nil, batcher.WithJumpForward(jump))
+		for i, max := range []int{lo, lo + 1, lo + 3, lo + 10, lo + 40, 120} {
+			p := engine.SamplingParams{Temperature: 1, Seed: uint64(i), HasSeed: true}
+			s := &batcher.Sequence{Prompt: prompt(i, 5), MaxTokens: max, Constraint: g.NewMatcher(), Params: p}
+			r.submit(t, s)
+			res := collect(s)
+			out := int32Bytes(res.tokens)
+			if res.err != nil || !json.Valid(out) || len(res.tokens) > max {
+				t.Fatalf("jump %v, max_tokens %d: %q (%d tokens), err %v: want a complete document", jump, max, out, len(res.tokens), res.err)
+			}
+			if res.finish == api.FinishLength && res.usage.ClosingTokens == 0 {
+				t.Errorf("jump %v, max_tokens %d: finished for length without closing tokens: %+v", jump, max, res.usage)
+			}
+			t.Logf("jump %v, max %d: %s (%s, %d closing)", jump, max, out, res.finish, res.usage.ClosingTokens)
+		}
+		s := &batcher.Sequence{Prompt: prompt(9, 5), MaxTokens: lo - 1, Constraint: g.NewMatcher(), KeepCut: true}
+		r.submit(t, s)
+		if res := collect(s); res.finish != api.FinishLength || json.Valid(int32Bytes(res.tokens)) {
+			t.Fatalf("KeepCut: %q, %s: want a cut document", int32Bytes(res.tokens), res.finish)
+		}
+	}
 }

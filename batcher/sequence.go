@@ -58,8 +58,14 @@ type Sequence struct {
 	Watch *retry.Watch
 	// Constraint, when set, restricts every sampled token (constrained
 	// decoding); the sequence finishes with FinishStop when it is Done,
-	// and with FinishLength when it allows no token at all.
+	// and with FinishLength when it allows no token at all. A Constraint
+	// that is a Closer is closed within the sequence's budget (MaxTokens
+	// and the context left): it finishes with FinishLength when the budget
+	// made it close, its last token completing the output.
 	Constraint Constraint
+	// KeepCut turns closing within the budget off: a Closer is then used
+	// like any Constraint and the budget cuts its output where it ends.
+	KeepCut bool
 	// Forced, on a sequence resumed from the tokens an earlier attempt
 	// delivered (its Prompt ends with them, Params.Generated counts them),
 	// holds the rest of the jump-forward run that attempt stopped inside
@@ -93,6 +99,7 @@ type Sequence struct {
 	forced      int            // tokens jump-forward appended after the last sampled one, fed with it
 	forcedTotal int            // tokens jump-forward appended over the sequence's life
 	maskReady   bool           // mask was filled for this step
+	closingAt   int            // 1 + the tokens generated when the budget first restricted the mask; 0: never
 	// loop and loopLeft: the Constraint's loop at mask (Looper), steps
 	// left; a token accepted in it leaves mask as it is (maskKept).
 	loop     []uint64
@@ -132,6 +139,22 @@ type Forcer interface {
 	// each one it would allow at its position, without advancing past
 	// them: the batcher Accepts each one it appends.
 	ForcedTokens(max int) []int32
+}
+
+// Closer is implemented by constraints that can close their output within
+// a token budget (engine/grammar's Matcher does): the batcher passes each
+// constrained sequence's budget, the tokens it may still generate, so that
+// the output is complete when the budget runs out.
+type Closer interface {
+	// FillMaskWithin is FillMask for a sequence with budget tokens left:
+	// near the budget it allows only tokens after which the output can
+	// still be closed within what is left. slack is how many tokens may
+	// pass before the mask can differ from FillMask's (engine lookahead is
+	// kept within it); cut reports that this mask left tokens out.
+	FillMaskWithin(mask []uint64, budget int) (slack int, cut bool)
+	// ForcedTokensWithin is Forcer's ForcedTokens, returning no more
+	// tokens than leave the output closable within budget.
+	ForcedTokensWithin(max, budget int) []int32
 }
 
 // Cancel asks the batcher to stop the sequence. A running sequence is

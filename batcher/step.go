@@ -175,7 +175,11 @@ func (b *ContinuousBatcher) jumpForward(s *Sequence, now time.Time) bool {
 	if room <= 0 {
 		return false
 	}
-	for _, tok := range f.ForcedTokens(room) {
+	forced := f.ForcedTokens
+	if c, ok := s.Constraint.(Closer); ok && !s.KeepCut {
+		forced = func(max int) []int32 { return c.ForcedTokensWithin(max, b.budget(s)) }
+	}
+	for _, tok := range forced(room) {
 		s.forced++
 		s.forcedTotal++
 		if b.emit(s, api.Chunk{Token: tok, HasToken: true}, now) {
@@ -225,7 +229,11 @@ func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
 		if s.Text != nil {
 			tail = s.Text.Flush()
 		}
-		b.finish(s, api.FinishStop, tail, now)
+		reason := api.FinishStop
+		if s.closingAt > 0 {
+			reason = api.FinishLength // the budget closed the output
+		}
+		b.finish(s, reason, tail, now)
 		return true
 	}
 	if len(s.generated) >= s.MaxTokens || len(s.Prompt)+len(s.generated) >= b.info.ContextLength {
@@ -258,6 +266,7 @@ func (s *Sequence) usage(now time.Time) *api.Usage {
 		PromptTokens:     len(s.Prompt),
 		CompletionTokens: len(s.generated),
 		ForcedTokens:     s.forcedTotal,
+		ClosingTokens:    s.closingTokens(),
 		CachedTokens:     s.cached,
 		QueueWait:        s.admitted.Sub(s.Submitted),
 		Duration:         now.Sub(s.Submitted),
@@ -392,12 +401,40 @@ func (b *ContinuousBatcher) fillMask(s *Sequence) {
 	if s.mask == nil {
 		s.mask = make([]uint64, engine.MaskWords(b.info.VocabSize))
 	}
-	s.Constraint.FillMask(s.mask)
+	slack := -1 // no limit on the loop
+	if c, ok := s.Constraint.(Closer); ok && !s.KeepCut {
+		var cut bool
+		slack, cut = c.FillMaskWithin(s.mask, b.budget(s))
+		if cut && s.closingAt == 0 {
+			s.closingAt = 1 + len(s.generated)
+		}
+	} else {
+		s.Constraint.FillMask(s.mask)
+	}
 	s.loopLeft = 0
-	if l, ok := s.Constraint.(Looper); ok {
+	if l, ok := s.Constraint.(Looper); ok && slack != 0 {
 		if s.loop == nil {
 			s.loop = make([]uint64, engine.MaskWords(b.info.VocabSize))
 		}
 		s.loopLeft = l.Loop(s.loop)
+		if slack > 0 {
+			// Tokens decoded ahead stay where the mask cannot change.
+			s.loopLeft = min(s.loopLeft, slack)
+		}
 	}
+}
+
+// budget is how many more tokens s may generate: what is left of its
+// MaxTokens and of the model's context.
+func (b *ContinuousBatcher) budget(s *Sequence) int {
+	return min(s.MaxTokens-len(s.generated), b.info.ContextLength-len(s.Prompt)-len(s.generated))
+}
+
+// closingTokens is how many tokens s generated from the first mask its
+// budget restricted on (Closer).
+func (s *Sequence) closingTokens() int {
+	if s.closingAt == 0 {
+		return 0
+	}
+	return len(s.generated) + 1 - s.closingAt
 }
