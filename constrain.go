@@ -47,3 +47,19 @@ func (m *model) constraint(schema []byte, lim grammar.Limits) (*grammar.Matcher,
 	}
 	return g.NewMatcher(), nil
 }
+
+// fitBudget refuses constrained output whose shortest document takes more
+// than maxTokens: an *engine.InvalidParamError naming max_tokens that
+// wraps a *grammar.BudgetError with the minimum.
+func fitBudget(c *grammar.Matcher, maxTokens int) error {
+	err := c.Grammar().CheckBudget(maxTokens)
+	if err == nil {
+		return nil
+	}
+	be := err.(*grammar.BudgetError)
+	return &engine.InvalidParamError{
+		Param:  "max_tokens",
+		Reason: fmt.Sprintf("%d is too small for the response's schema: its shortest document takes %d tokens", maxTokens, be.MinTokens),
+		Err:    be,
+	}
+}

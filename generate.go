@@ -222,6 +222,12 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 			return nil, err
 		}
 		seq.Constraint = c
+		seq.KeepCut = p.KeepCut
+		if !p.KeepCut {
+			if err := fitBudget(c, p.MaxTokens); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := resumeSequence(seq, p.Resume, m.info.EOS, m.batcher.JumpForward()); err != nil {
 		return nil, err

@@ -134,6 +134,9 @@ func randomRequest(r *rand.Rand) (api.Request, bool) {
 	case 1:
 		p.JSONSchema = []byte(`{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"}},"required":["ok","n"],"additionalProperties":false}`)
 	}
+	// Resuming is tested on outputs the budget cuts (max_tokens down to
+	// 1, below the schema's shortest document), not closes.
+	p.KeepCut = p.JSONSchema != nil
 	return api.Request{Model: "tiny", PromptTokens: prompt, Params: p}, deterministic
 }
 

@@ -130,7 +130,7 @@ func (p *replay) Recv(ctx context.Context) (api.Chunk, error) {
 	if c.Usage != nil {
 		d := time.Since(p.start)
 		c.Usage = &api.Usage{PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens,
-			ForcedTokens: c.Usage.ForcedTokens, CachedTokens: c.Usage.PromptTokens, TimeToFirstToken: d, Duration: d}
+			ForcedTokens: c.Usage.ForcedTokens, ClosingTokens: c.Usage.ClosingTokens, CachedTokens: c.Usage.PromptTokens, TimeToFirstToken: d, Duration: d}
 	}
 	return c, nil
 }

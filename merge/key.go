@@ -40,6 +40,9 @@ type Request struct {
 	// JSONSchema is the request's output constraint (constrained
 	// decoding), nil for none.
 	JSONSchema []byte
+	// KeepCut is api.Params.KeepCut: a constrained output cut where its
+	// budget ends instead of closed within it.
+	KeepCut bool
 }
 
 // Deterministic reports whether p's output is a function of the request:
@@ -109,6 +112,9 @@ func KeyOf(r Request) Key {
 	ids(r.StopTokens)
 	flag(r.IgnoreEOS)
 	str(string(r.JSONSchema))
+	if r.KeepCut {
+		flag(true) // keys without it keep their value
+	}
 	var k Key
 	h.Sum(k[:0])
 	return k
