@@ -84,6 +84,7 @@ func addUsage(total *api.Usage, u *api.Usage) {
 	}
 	total.CompletionTokens += u.CompletionTokens
 	total.ForcedTokens += u.ForcedTokens
+	total.ClosingTokens += u.ClosingTokens
 }
 
 type indexed struct {

@@ -42,8 +42,18 @@
 // json_schema (the structured-outputs subset of JSON schema, see
 // engine/grammar) constrain decoding token by token, so the reply is valid
 // JSON that matches; it ends with finish_reason "stop" when the document
-// is complete, or "length" with a valid prefix when max_tokens runs out. A
-// schema keyword the grammar cannot enforce is a 400 naming it.
+// is complete. A schema keyword the grammar cannot enforce is a 400 naming
+// it. A structured reply is closed within max_tokens (and the context
+// left): once the tokens left come within reach of what closing the
+// document takes, only tokens that keep it closable are sampled, so a
+// reply that runs out of tokens is still a complete document that
+// validates, shortened; it ends with finish_reason "length", and
+// usage.completion_tokens_details.closing_tokens (an extension) counts the
+// tokens generated from the first budget-restricted token on. A schema
+// whose shortest document takes more than max_tokens is a 400 on
+// max_tokens naming the minimum. The extension "close_within_max_tokens":
+// false turns this off: the reply is cut where max_tokens ends, a valid
+// prefix with finish_reason "length", as OpenAI's API and vLLM return it.
 //
 // Tools: tools (function tools) are rendered through the model's chat
 // template; tool_choice "auto" (the default with tools) parses the reply

@@ -37,6 +37,9 @@ type commonFields struct {
 	RepetitionPenalty *float32 `json:"repetition_penalty"`
 	IgnoreEOS         bool     `json:"ignore_eos"`
 	Cache             bool     `json:"cache"`
+	// CloseWithinMaxTokens false is api.Params.KeepCut: a structured reply
+	// is cut where max_tokens ends instead of closed within it.
+	CloseWithinMaxTokens *bool `json:"close_within_max_tokens"`
 	// Resume is api.Params.Resume: the token ids an earlier attempt of
 	// this request delivered. ReturnTokenIDs (vLLM's return_token_ids)
 	// adds each streamed token's id to its chunk, so a balancer can resume.
@@ -162,6 +165,7 @@ func (c *commonFields) params(r *http.Request, maxTokens *int, maxParam string, 
 		return p, err
 	}
 	p.Cache = c.Cache
+	p.KeepCut = c.CloseWithinMaxTokens != nil && !*c.CloseWithinMaxTokens
 	p.Resume = c.Resume
 	p.Session = c.SessionID
 	// The session headers clients already send: ours, llm-d's and

@@ -211,12 +211,14 @@ type usageBody struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
 	// CompletionTokensDetails is set when jump-forward decoding appended
-	// some of the completion tokens (api.Usage.ForcedTokens).
+	// some of the completion tokens (api.Usage.ForcedTokens) or the
+	// budget closed a structured reply (api.Usage.ClosingTokens).
 	CompletionTokensDetails *completionDetails `json:"completion_tokens_details,omitempty"`
 }
 
 type completionDetails struct {
-	ForcedTokens int `json:"forced_tokens"`
+	ForcedTokens  int `json:"forced_tokens"`
+	ClosingTokens int `json:"closing_tokens,omitempty"`
 }
 
 func usageOf(u *api.Usage) usageBody {
@@ -227,8 +229,8 @@ func usageOf(u *api.Usage) usageBody {
 	b.PromptTokens, b.CompletionTokens = u.PromptTokens, u.CompletionTokens
 	b.TotalTokens = u.PromptTokens + u.CompletionTokens
 	b.PromptTokensDetails.CachedTokens = u.CachedTokens
-	if u.ForcedTokens > 0 {
-		b.CompletionTokensDetails = &completionDetails{ForcedTokens: u.ForcedTokens}
+	if u.ForcedTokens > 0 || u.ClosingTokens > 0 {
+		b.CompletionTokensDetails = &completionDetails{ForcedTokens: u.ForcedTokens, ClosingTokens: u.ClosingTokens}
 	}
 	return b
 }
