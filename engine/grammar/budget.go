@@ -114,6 +114,10 @@ func (m *Matcher) restrict(mask []uint64, budget int, run closeRun) (cut bool) {
 			plain = v.plainChars()
 		}
 	}
+	// The readings after each token live in the walker's arena until the
+	// next token: only their closing text is kept.
+	m.w.pooled = true
+	defer func() { m.w.pooled = false }()
 	for wi, word := range mask {
 		for w := word; w != 0; w &= w - 1 {
 			b := bits.TrailingZeros64(w)
@@ -140,14 +144,19 @@ func (m *Matcher) restrict(mask []uint64, budget int, run closeRun) (cut bool) {
 // when none is known.
 func (m *Matcher) distAfter(p []byte) int {
 	const unknown = 1 << 30
+	m.w.resetArena()
 	cur := m.states
-	for _, c := range p {
-		var next []*stk
+	for len(m.cbufs) < 2 {
+		m.cbufs = append(m.cbufs, nil)
+	}
+	for k, c := range p {
+		next := m.cbufs[k&1][:0]
 		for _, s := range cur {
 			if next = m.w.adv(s, c, next); len(next) > maxStacks {
 				next = next[:maxStacks]
 			}
 		}
+		m.cbufs[k&1] = next
 		if len(next) == 0 {
 			return unknown
 		}
