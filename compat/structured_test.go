@@ -297,18 +297,19 @@ func TestGoSDKChoices(t *testing.T) {
 	}
 }
 
-// TestGoSDKToolCallCutShort: a forced call cut by max_tokens comes back
-// with finish_reason length and the call as far as it got, whole as
-// streamed, never as an empty reply.
+// TestGoSDKToolCallCutShort: a forced call cut by max_tokens (with
+// close_within_max_tokens false) comes back with finish_reason length and
+// the call as far as it got, whole as streamed, never as an empty reply.
 func TestGoSDKToolCallCutShort(t *testing.T) {
 	client := newClient(startServer(t))
+	cut := option.WithJSONSet("close_within_max_tokens", false)
 	ctx := context.Background()
 	p := chatParams()
 	p.MaxTokens = oai.Int(30) // the call takes about 60 (jump-forward appends its keys)
 	p.Seed = oai.Int(3)
 	p.Tools = []oai.ChatCompletionToolUnionParam{weatherTool()}
 	p.ToolChoice = oai.ToolChoiceOptionFunctionToolChoice(oai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_weather"})
-	resp, err := client.Chat.Completions.New(ctx, p)
+	resp, err := client.Chat.Completions.New(ctx, p, cut)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +319,7 @@ func TestGoSDKToolCallCutShort(t *testing.T) {
 		t.Fatalf("non-streamed call cut short: %s", resp.RawJSON())
 	}
 	whole := c.Message.ToolCalls[0].Function.Arguments
-	stream := client.Chat.Completions.NewStreaming(ctx, p)
+	stream := client.Chat.Completions.NewStreaming(ctx, p, cut)
 	var acc oai.ChatCompletionAccumulator
 	for stream.Next() {
 		acc.AddChunk(stream.Current())
@@ -330,5 +331,45 @@ func TestGoSDKToolCallCutShort(t *testing.T) {
 	sc := acc.Choices[0]
 	if sc.FinishReason != "length" || len(sc.Message.ToolCalls) != 1 || sc.Message.ToolCalls[0].Function.Arguments != whole {
 		t.Fatalf("streamed: finish %q, calls %+v; non-streamed arguments %q", sc.FinishReason, sc.Message.ToolCalls, whole)
+	}
+}
+
+// TestGoSDKToolCallClosed: a forced call whose budget ends before the
+// model would finish it comes back closed: finish_reason length, and
+// arguments that parse and validate, for max_tokens from the call's
+// minimum up; below it, a 400 on max_tokens.
+func TestGoSDKToolCallClosed(t *testing.T) {
+	client := newClient(startServer(t))
+	ctx := context.Background()
+	val := compileSchema(t, weatherParams)
+	p := chatParams()
+	p.Tools = []oai.ChatCompletionToolUnionParam{weatherTool()}
+	p.ToolChoice = oai.ToolChoiceOptionFunctionToolChoice(oai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_weather"})
+	p.MaxTokens = oai.Int(3)
+	var apiErr *oai.Error
+	if _, err := client.Chat.Completions.New(ctx, p); !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "max_tokens" {
+		t.Fatalf("max_tokens 3: %v, want a 400 on max_tokens", err)
+	}
+	calls := 0
+	for max := int64(24); max <= 64; max += 8 {
+		p.MaxTokens = oai.Int(max)
+		p.Seed = oai.Int(max)
+		resp, err := client.Chat.Completions.New(ctx, p)
+		if err != nil {
+			if errors.As(err, &apiErr) && apiErr.Param == "max_tokens" {
+				continue // below the call's minimum
+			}
+			t.Fatalf("max_tokens %d: %v", max, err)
+		}
+		c := resp.Choices[0]
+		if len(c.Message.ToolCalls) != 1 {
+			t.Fatalf("max_tokens %d: %s", max, resp.RawJSON())
+		}
+		validate(t, val, c.Message.ToolCalls[0].Function.Arguments)
+		calls++
+		t.Logf("max_tokens %d: %s %s", max, c.FinishReason, c.Message.ToolCalls[0].Function.Arguments)
+	}
+	if calls == 0 {
+		t.Fatal("every max_tokens was below the call's minimum")
 	}
 }
