@@ -8,8 +8,9 @@ import (
 )
 
 // openMargin is computed once per grammar: the largest closing run of a
-// single value of any schema node under the root, the most one token can
-// usually add to the closing distance by opening values.
+// single value of any schema node under the root, or of a property's key,
+// colon and value, the most one token can usually add to the closing
+// distance by opening values or picking a property inside its key.
 type openMargin struct {
 	once sync.Once
 	n    int
@@ -219,6 +220,15 @@ func (g *Grammar) openMargin() int {
 			st := []*stk{{f: frame{kind: fValue, n: n}, up: root}}
 			if r := g.closeRunOf(st, false, closeKey(nil, st, false)); r.ok {
 				largest = max(largest, len(r.toks))
+			}
+			// A token inside a key may pick a property: the rest of
+			// its key (at most a token a byte), the colon and its
+			// value at once.
+			for _, p := range n.props {
+				pst := []*stk{{f: frame{kind: fValue, n: p.n}, up: root}}
+				if r := g.closeRunOf(pst, false, closeKey(nil, pst, false)); r.ok {
+					largest = max(largest, len(p.key)+1+len(r.toks))
+				}
 			}
 		})
 		g.open.n = largest + closeMargin

@@ -122,3 +122,45 @@ func TestMinTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestFillMaskWithinKeyCommit: a token inside a key that picks an
+// optional property (here "0" after `"p`, choosing p0_optional_and_long
+// and its const object over the required p2_é) adds the rest of the key
+// and the property's whole value to the closing distance at once;
+// FillMaskWithin must not allow it when that leaves the document
+// unclosable within the budget (it did, through a margin that counted
+// the value alone).
+func TestFillMaskWithinKeyCommit(t *testing.T) {
+	schema := `{"type":"array","minItems":1,"items":{"type":"object","additionalProperties":false,"required":["p2_é"],"properties":{` +
+		`"p0_optional_and_long":{"const":{"k":[1,"é"]}},"p1_x y":{"const":{"k":[1,"é"]}},"p2_é":{"type":"string","minLength":3,"maxLength":4}}}}`
+	v := byteVocab()
+	g, err := v.Compile([]byte(schema), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := []byte(`[{"p`)
+	at := func() *Matcher {
+		m := g.NewMatcher()
+		if err := m.AcceptBytes(prefix); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	d := at().ClosingDistance()
+	mask := make([]uint64, v.MaskWords())
+	for budget := d; budget <= d+60; budget++ {
+		at().FillMaskWithin(mask, budget)
+		for id := range int32(len(v.pieces)) {
+			if mask[id>>6]&(1<<(id&63)) == 0 || isEOS(v.eos, id) {
+				continue
+			}
+			m := at()
+			if err := m.Accept(id); err != nil {
+				t.Fatalf("budget %d: allowed %q rejected: %v", budget, v.pieces[id], err)
+			}
+			if after := m.ClosingDistance(); after < 0 || after > budget-1 {
+				t.Errorf("budget %d after %q (distance %d): %q allowed, after which the distance is %d", budget, prefix, d, v.pieces[id], after)
+			}
+		}
+	}
+}
