@@ -123,11 +123,16 @@ type closeCase struct {
 // restricted its mask (Usage.ClosingTokens) ends with "length", one that
 // the budget did not touch with "stop".
 func TestPyprocCloseWithinMaxTokens(t *testing.T) {
+	testCloseWithinMaxTokens(t, pythonEngine(t, 1))
+}
+
+// testCloseWithinMaxTokens is TestPyprocCloseWithinMaxTokens on engine e
+// (close_mlx_test.go runs it on the MLX engine).
+func testCloseWithinMaxTokens(t *testing.T, e engine.Engine) {
 	schemas := 48
 	if testing.Short() {
 		schemas = 12
 	}
-	e := pythonEngine(t, 1)
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,9 @@ if [ "${MLXSERVING_MLX:-0}" = 1 ]; then
   echo "== MLX engine (-tags mlx)"
   go vet -tags mlx ./engine/mlx ./internal/metal
   go test -race -tags mlx -count=1 -timeout 20m ./engine/mlx ./internal/metal
+  # the serving stack's structured-output property test on the MLX engine
+  go vet -tags mlx .
+  go test -race -tags mlx -count=1 -timeout 10m -run 'TestMLX' .
 elif [ -n "${CI:-}" ]; then
   echo "MLX is not available: the mlx-tagged tests cannot run under CI" >&2; exit 1
 fi
