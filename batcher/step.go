@@ -171,7 +171,7 @@ func (b *ContinuousBatcher) jumpForward(s *Sequence, now time.Time) bool {
 	if !ok || s.Params.Logprobs || s.Params.TopLogprobs > 0 {
 		return false // forced tokens have no log-probabilities to report
 	}
-	room := min(s.MaxTokens-len(s.generated), b.info.ContextLength-len(s.Prompt)-len(s.generated), b.cfg.tokenBudget-1)
+	room := min(b.budget(s), b.cfg.tokenBudget-1)
 	if room <= 0 {
 		return false
 	}
@@ -236,7 +236,7 @@ func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
 		b.finish(s, reason, tail, now)
 		return true
 	}
-	if len(s.generated) >= s.MaxTokens || len(s.Prompt)+len(s.generated) >= b.info.ContextLength {
+	if b.budget(s) <= 0 {
 		tail := ""
 		if s.Text != nil {
 			tail = s.Text.Flush()

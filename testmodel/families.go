@@ -178,7 +178,7 @@ func lin(name string, out, in int) tensorSpec {
 // norm is an RMSNorm weight of size n: around 1, or around 0 for
 // families that scale by (1 + w).
 func norm(c Config, name string, n int) tensorSpec {
-	if strings.HasPrefix(c.Arch, "gemma") { // RMSNorm scales by (1 + w)
+	if isGemma(c.Arch) { // RMSNorm scales by (1 + w)
 		return tensorSpec{name: name, shape: []int{n}, std: 0.1}
 	}
 	return tensorSpec{name: name, shape: []int{n}, std: 0.1, mean: 1}
@@ -298,3 +298,7 @@ func olmo2Layer(c Config, i int, p string, ts []tensorSpec) []tensorSpec {
 	)
 	return mlp(c, p+"mlp.", c.Intermediate, ts)
 }
+
+// isGemma reports whether arch is a Gemma family: norms scale by (1 + w)
+// and the embedding by sqrt(hidden).
+func isGemma(arch string) bool { return strings.HasPrefix(arch, "gemma") }

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 )
 
@@ -37,7 +36,7 @@ func tensors(c Config) []tensorSpec {
 	fam := families[c.Arch]
 	p := fam.prefix
 	embed := tensorSpec{name: p + "embed_tokens.weight", shape: []int{c.Vocab, c.Hidden}, std: 1}
-	if strings.HasPrefix(c.Arch, "gemma") {
+	if isGemma(c.Arch) {
 		// Gemma scales the embedding by sqrt(hidden): rows of norm about
 		// 1, as in the published weights, keep it level with what the
 		// layers add instead of drowning it (greedy output then repeats
