@@ -171,6 +171,10 @@ type StepOutput struct {
 	// Top holds the Params.TopLogprobs most likely tokens, most likely
 	// first, under the same distribution as Logprob; nil when not asked.
 	Top []TokenLogprob
+	// Embedding is the pooled vector (Info.EmbedDim values, as pooled:
+	// not normalized) of an embedding sequence (see Embedder) whose
+	// input ended with this step; Token is then -1. Nil otherwise.
+	Embedding []float32
 }
 
 // TokenLogprob is a token and its log-probability.
@@ -261,6 +265,29 @@ type Info struct {
 	// tokens only on a model that reports it; false keeps one token per
 	// decode step.
 	JumpForward bool
+	// EmbedDim is the length of the vectors the model pools (its hidden
+	// size) when it implements Embedder; zero when it does not embed.
+	EmbedDim int
+	// Pooling and Normalize are how the checkpoint's vectors are made:
+	// its sentence-transformers configuration, or its family's default
+	// (see ReadPooling). The engine pools as asked (OpenPooled); the
+	// caller normalizes.
+	Pooling   Pooling
+	Normalize bool
+	// Encoder reports a bidirectional model (the BERT family): every token
+	// attends to every other, so an input is fed in one Step, never in
+	// chunks, and the model cannot generate: it only embeds (Open fails
+	// with an *InvalidParamError). ContextLength is the most tokens one
+	// input may hold.
+	Encoder bool
+	// Matryoshka reports that the checkpoint says its vectors keep their
+	// meaning when truncated to their first dimensions (config.json's
+	// is_matryoshka or matryoshka_dimensions), so a request may ask for
+	// fewer dimensions.
+	Matryoshka bool
+	// MatryoshkaDims lists the dimensions the checkpoint was trained for,
+	// when it lists them (matryoshka_dimensions); nil allows any.
+	MatryoshkaDims []int
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).
