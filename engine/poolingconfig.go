@@ -21,15 +21,15 @@ type stModule struct {
 // stPooling is a Pooling module's config.json (sentence-transformers 2
 // and later write every flag; older files miss some, read as false).
 type stPooling struct {
-	Dimension          int    `json:"word_embedding_dimension"`
-	CLS                bool   `json:"pooling_mode_cls_token"`
-	Mean               bool   `json:"pooling_mode_mean_tokens"`
-	Max                bool   `json:"pooling_mode_max_tokens"`
-	MeanSqrtLen        bool   `json:"pooling_mode_mean_sqrt_len_tokens"`
-	WeightedMean       bool   `json:"pooling_mode_weightedmean_tokens"`
-	LastToken          bool   `json:"pooling_mode_lasttoken"`
-	IncludePrompt      *bool  `json:"include_prompt"`
-	Mode               string `json:"pooling_mode"` // newer files may name the mode
+	Dimension     int    `json:"word_embedding_dimension"`
+	CLS           bool   `json:"pooling_mode_cls_token"`
+	Mean          bool   `json:"pooling_mode_mean_tokens"`
+	Max           bool   `json:"pooling_mode_max_tokens"`
+	MeanSqrtLen   bool   `json:"pooling_mode_mean_sqrt_len_tokens"`
+	WeightedMean  bool   `json:"pooling_mode_weightedmean_tokens"`
+	LastToken     bool   `json:"pooling_mode_lasttoken"`
+	IncludePrompt *bool  `json:"include_prompt"`
+	Mode          string `json:"pooling_mode"` // newer files may name the mode
 }
 
 func readPooling(dir string, encoder bool) (PoolingConfig, error) {
