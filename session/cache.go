@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -242,6 +243,17 @@ func (c *PrefixCache) Step(ctx context.Context, batch []engine.StepInput) ([]eng
 		}
 	}
 	return out, nil
+}
+
+// OpenPooled opens an embedding sequence on the wrapped model (see
+// engine.Embedder); it reuses and saves no prefix, so the index does not
+// see it.
+func (c *PrefixCache) OpenPooled(ctx context.Context, id engine.SeqID, input []int32, pool engine.Pooling) error {
+	e, ok := c.m.(engine.Embedder)
+	if !ok {
+		return &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q does not embed", c.m.Info().ID)}
+	}
+	return e.OpenPooled(ctx, id, input, pool)
 }
 
 // Free releases sequence id; with saveKey the engine keeps its KV and the
