@@ -148,10 +148,19 @@ func TestEmbedOverMaxPayload(t *testing.T) {
 		t.Errorf("a part of %d bytes, over the max_payload", biggest.Load())
 	}
 
+	// A refusal names the input as the caller counts them, whichever
+	// request of the several it was in.
+	bad := embedReq(embedInputs(300, 200))
+	bad.Inputs[250] = api.EmbedInput{}
+	_, err = client(t, d, "a").Embed(context.Background(), bad)
+	var ip *api.InvalidParamError
+	if !errors.As(err, &ip) || ip.Param != "input[250]" || !strings.Contains(err.Error(), "input[250]") {
+		t.Fatalf("an empty input 250: %v, want an *api.InvalidParamError for input[250]", err)
+	}
+
 	// One input too big for any message is refused, as bad input.
 	huge := embedReq([]api.EmbedInput{{Text: strings.Repeat("x", maxPayload)}})
 	_, err = client(t, d, "a").Embed(context.Background(), huge)
-	var ip *api.InvalidParamError
 	if !errors.As(err, &ip) || ip.Param != "input" || retry.Classify(err).Retryable() {
 		t.Fatalf("an input over the max_payload: %v, want a not retryable *api.InvalidParamError", err)
 	}

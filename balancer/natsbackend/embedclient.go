@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,10 +58,11 @@ func (c *Client) Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddin
 	return c.embedGroups(ctx, groups)
 }
 
-// embedGroup is one NATS request of an Embed call: n inputs, encoded.
+// embedGroup is one NATS request of an Embed call: n inputs from input
+// from on, encoded.
 type embedGroup struct {
-	n    int
-	data []byte
+	from, n int
+	data    []byte
 }
 
 // splitEmbed encodes req as one request, or, when that is over budget
@@ -106,7 +109,7 @@ func splitEmbed(req api.EmbedRequest, budget int) ([]embedGroup, error) {
 		if err != nil {
 			return nil, fmt.Errorf("natsbackend: encode request: %w", err)
 		}
-		groups = append(groups, embedGroup{n: to - from, data: data})
+		groups = append(groups, embedGroup{from: from, n: to - from, data: data})
 		from = to
 	}
 	return groups, nil
@@ -126,6 +129,7 @@ func (c *Client) embedGroups(ctx context.Context, groups []embedGroup) (*api.Emb
 			defer wg.Done()
 			results[i], errs[i] = c.embedOnce(gctx, g)
 			if errs[i] != nil {
+				errs[i] = inputIndex(errs[i], g.from)
 				cancel()
 			}
 		}()
@@ -271,4 +275,25 @@ func (a *embedAssembly) add(m *nats.Msg) error {
 		return nil
 	}
 	return transportError(a.instance, fmt.Errorf("%w: message kind %q", ErrProtocol, m.Data[0]))
+}
+
+// inputIndex renames "input[k]" in an instance's refusal of a group of
+// inputs from input from on to the index the caller knows.
+func inputIndex(err error, from int) error {
+	var e *Error
+	if from == 0 || !errors.As(err, &e) {
+		return err
+	}
+	k, ok := strings.CutPrefix(e.Param, "input[")
+	if !ok {
+		return err
+	}
+	k, ok = strings.CutSuffix(k, "]")
+	i, perr := strconv.Atoi(k)
+	if !ok || perr != nil {
+		return err
+	}
+	e.Param = "input[" + strconv.Itoa(from+i) + "]"
+	e.Message = strings.Replace(e.Message, "input["+k+"]", e.Param, 1)
+	return err
 }
