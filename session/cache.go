@@ -142,6 +142,22 @@ func (c *PrefixCache) FreeBlocks() int {
 	return 0
 }
 
+// CheckCacheOptions applies opts to a default configuration and returns
+// the first option's error, so a program that builds prefix caches later
+// (at each model load) can refuse bad options up front.
+func CheckCacheOptions(opts ...CacheOption) error {
+	cfg := cacheConfig{block: DefaultBlockSize}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // NewPrefixCache wraps m. Close closes m.
 func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
 	if m == nil {
