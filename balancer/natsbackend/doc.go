@@ -70,9 +70,9 @@
 //
 // Embeddings (Client.Embed) travel the same way: the request, answered at
 // once with a start message or a typed refusal, heartbeats while the
-// instance embeds, then the vectors as little-endian float32 (base64 in
-// JSON: exact, about half the size of decimals) in as many messages as the
-// NATS max_payload needs — 2048 inputs of 1024 values are 8 MiB, the
+// instance embeds, then the vectors as raw little-endian float32 after a
+// short JSON header (exact, and no JSON scan of megabytes) in as many
+// messages as the NATS max_payload needs — 2048 inputs of 1024 values are 8 MiB, the
 // default max_payload 1 MiB. A request whose own JSON is over the
 // max_payload (long texts, token ids) is sent as several requests of
 // consecutive inputs to the same instance, concurrently, and their vectors

@@ -2,7 +2,6 @@ package natsbackend
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -26,15 +25,18 @@ import (
 // travels as the time left (hdrTimeout), so the instance stops on its
 // own should the cancel be lost.
 
-// wireEmbeddings is a part of an api.Embeddings on the wire: the vectors
-// of inputs From to From+len(Vectors)-1, each the little-endian bytes of
-// its float32 values (base64 in the JSON: exact, and about half the size
-// of decimal text), with the totals every part repeats.
+// wireEmbeddings heads a part of an api.Embeddings on the wire: the
+// vectors of inputs From to From+Count-1, each of Width values, with the
+// totals every part repeats. The message is msgEmbed, this JSON, a
+// newline, and the vectors' values as little-endian float32, Count*Width
+// of them: exact, a third smaller than base64 and a half smaller than
+// decimals, and read without a JSON scan of megabytes.
 type wireEmbeddings struct {
 	Model        string        `json:"m"`
 	Inputs       int           `json:"n"` // vectors in all parts together
 	From         int           `json:"i"`
-	Vectors      [][]byte      `json:"v"`
+	Count        int           `json:"k"`
+	Width        int           `json:"w"`
 	PromptTokens int           `json:"p,omitempty"`
 	Cached       int           `json:"c,omitempty"`
 	Duration     time.Duration `json:"d,omitempty"`
@@ -122,69 +124,45 @@ func (s *Service) serveEmbed(r micro.Request) {
 }
 
 // embedParts encodes res as stream messages of at most limit bytes each
-// (the NATS max_payload), consecutive vectors per message.
+// (the NATS max_payload), consecutive vectors of one width per message.
 func embedParts(res *api.Embeddings, limit int) ([][]byte, error) {
 	if limit <= 0 {
 		limit = defaultMaxPayload
 	}
-	head := wireEmbeddings{Model: res.Model, Inputs: len(res.Vectors), From: len(res.Vectors), PromptTokens: res.PromptTokens,
-		Cached: res.Cached, Duration: res.Duration}
-	hb, err := json.Marshal(head)
-	if err != nil {
-		return nil, fmt.Errorf("natsbackend: encode embeddings: %w", err)
-	}
-	// The kind byte and the fields; "v":null is longer than the brackets
-	// that replace it, and From has no more digits than Inputs.
-	overhead := 1 + len(hb)
+	n := len(res.Vectors)
+	head := wireEmbeddings{Model: res.Model, Inputs: n, PromptTokens: res.PromptTokens, Cached: res.Cached, Duration: res.Duration}
 	var parts [][]byte
-	for from := 0; from < len(res.Vectors) || parts == nil; {
-		to, size := from, overhead
-		for to < len(res.Vectors) {
-			n := base64.StdEncoding.EncodedLen(4*len(res.Vectors[to])) + 3 // quotes and comma
-			if size+n > limit {
-				break
-			}
-			size += n
-			to++
+	for from := 0; from < n || parts == nil; {
+		h := head
+		if from < n {
+			h.Width = len(res.Vectors[from])
 		}
-		if to == from && from < len(res.Vectors) {
-			return nil, fmt.Errorf("natsbackend: a vector of %d values does not fit the NATS max_payload of %d bytes", len(res.Vectors[from]), limit)
-		}
-		p := head
-		p.From, p.Vectors = from, make([][]byte, 0, to-from)
-		for _, v := range res.Vectors[from:to] {
-			p.Vectors = append(p.Vectors, packFloats(v))
-		}
-		b, err := json.Marshal(p)
+		h.From, h.Count = n, n // as many digits as the header can take
+		hb, err := json.Marshal(h)
 		if err != nil {
 			return nil, fmt.Errorf("natsbackend: encode embeddings: %w", err)
 		}
-		if len(b)+1 > limit {
-			return nil, fmt.Errorf("natsbackend: embeddings part of %d bytes over the NATS max_payload of %d", len(b)+1, limit)
+		to, size := from, 1+len(hb)+1
+		for to < n && len(res.Vectors[to]) == h.Width && size+4*h.Width <= limit {
+			size += 4 * h.Width
+			to++
 		}
-		parts = append(parts, append([]byte{msgEmbed}, b...))
+		if to == from && from < n {
+			return nil, fmt.Errorf("natsbackend: a vector of %d values does not fit the NATS max_payload of %d bytes", h.Width, limit)
+		}
+		h.From, h.Count = from, to-from
+		if hb, err = json.Marshal(h); err != nil {
+			return nil, fmt.Errorf("natsbackend: encode embeddings: %w", err)
+		}
+		msg := make([]byte, 0, 1+len(hb)+1+4*h.Width*h.Count)
+		msg = append(append(append(msg, msgEmbed), hb...), '\n')
+		for _, v := range res.Vectors[from:to] {
+			for _, x := range v {
+				msg = binary.LittleEndian.AppendUint32(msg, math.Float32bits(x))
+			}
+		}
+		parts = append(parts, msg)
 		from = to
 	}
 	return parts, nil
-}
-
-// packFloats is v's values as little-endian float32 bytes.
-func packFloats(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
-
-// unpackFloats reverses packFloats.
-func unpackFloats(b []byte) ([]float32, error) {
-	if len(b) == 0 || len(b)%4 != 0 {
-		return nil, fmt.Errorf("%w: a vector of %d bytes, want a positive multiple of 4", ErrProtocol, len(b))
-	}
-	v := make([]float32, len(b)/4)
-	for i := range v {
-		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return v, nil
 }

@@ -37,7 +37,7 @@ func TestEmbedParts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%+v: %v", tc, err)
 		}
-		if want := (tc.inputs*(tc.dim*4*4/3) + tc.limit - 1) / tc.limit; len(parts) < want {
+		if want := (tc.inputs*tc.dim*4 + tc.limit - 1) / tc.limit; len(parts) < want {
 			t.Errorf("%+v: %d parts, want at least %d", tc, len(parts), want)
 		}
 		a := &embedAssembly{instance: "i", res: &api.Embeddings{Vectors: make([][]float32, tc.inputs)}, left: tc.inputs}
@@ -64,6 +64,27 @@ func TestEmbedParts(t *testing.T) {
 			if err := a.add(&nats.Msg{Data: parts[0]}); !errors.Is(err, ErrProtocol) {
 				t.Errorf("a part twice: %v", err)
 			}
+		}
+	}
+	// Vectors of another width start another part; a part cut short is
+	// refused.
+	mixed := &api.Embeddings{Vectors: [][]float32{{1, 2}, {3, 4}, {5, 6, 7}, {8, 9}}}
+	parts, err := embedParts(mixed, 1<<20)
+	if err != nil || len(parts) != 3 {
+		t.Fatalf("widths 2, 2, 3, 2: %d parts, %v", len(parts), err)
+	}
+	a := &embedAssembly{instance: "i", res: &api.Embeddings{Vectors: make([][]float32, 4)}, left: 4}
+	if err := a.add(&nats.Msg{Data: parts[0][:len(parts[0])-1]}); !errors.Is(err, ErrProtocol) {
+		t.Errorf("a part cut short: %v", err)
+	}
+	for _, p := range parts {
+		if err := a.add(&nats.Msg{Data: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, v := range mixed.Vectors {
+		if !a.complete() || !slices.Equal(a.res.Vectors[i], v) {
+			t.Fatalf("widths 2, 2, 3, 2 put together: %v", a.res.Vectors)
 		}
 	}
 	if _, err := embedParts(&api.Embeddings{Vectors: [][]float32{make([]float32, 1000)}}, 1000); err == nil {

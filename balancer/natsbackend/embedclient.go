@@ -1,10 +1,13 @@
 package natsbackend
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,26 +253,29 @@ func (a *embedAssembly) add(m *nats.Msg) error {
 		}
 		return fromWire(a.instance, w)
 	case msgEmbed:
+		head, data, ok := bytes.Cut(m.Data[1:], []byte{'\n'})
 		var p wireEmbeddings
-		if err := json.Unmarshal(m.Data[1:], &p); err != nil {
-			return transportError(a.instance, fmt.Errorf("%w: embeddings: %v", ErrProtocol, err))
+		if !ok || json.Unmarshal(head, &p) != nil {
+			return transportError(a.instance, fmt.Errorf("%w: embeddings part without its header", ErrProtocol))
 		}
 		vs := a.res.Vectors
-		if p.Inputs != len(vs) || p.From < 0 || p.From+len(p.Vectors) > len(vs) {
-			return transportError(a.instance, fmt.Errorf("%w: vectors %d to %d of %d, for %d inputs", ErrProtocol,
-				p.From, p.From+len(p.Vectors), p.Inputs, len(vs)))
+		if p.Inputs != len(vs) || p.From < 0 || p.Count < 0 || p.From+p.Count > len(vs) || (p.Count > 0 && p.Width < 1) ||
+			len(data) != 4*p.Count*p.Width {
+			return transportError(a.instance, fmt.Errorf("%w: %d vectors of %d values from %d of %d in %d bytes, for %d inputs", ErrProtocol,
+				p.Count, p.Width, p.From, p.Inputs, len(data), len(vs)))
 		}
-		for i, b := range p.Vectors {
+		for i := range p.Count {
 			if vs[p.From+i] != nil {
 				return transportError(a.instance, fmt.Errorf("%w: vector %d twice", ErrProtocol, p.From+i))
 			}
-			v, err := unpackFloats(b)
-			if err != nil {
-				return transportError(a.instance, err)
+			v := make([]float32, p.Width)
+			for j := range v {
+				v[j] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*j:]))
 			}
+			data = data[4*p.Width:]
 			vs[p.From+i] = v
 		}
-		a.left -= len(p.Vectors)
+		a.left -= p.Count
 		a.parts = true
 		a.res.Model, a.res.PromptTokens, a.res.Cached, a.res.Duration = p.Model, p.PromptTokens, p.Cached, p.Duration
 		return nil
