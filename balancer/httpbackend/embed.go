@@ -245,24 +245,34 @@ func decodeEmbeddings(raw []byte, n int) (*api.Embeddings, error) {
 // decodeVector reads a base64 string of little-endian float32 values, or
 // an array of numbers.
 func decodeVector(raw json.RawMessage) ([]float32, error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil {
-			return nil, err
-		}
-		if len(b) == 0 || len(b)%4 != 0 {
-			return nil, fmt.Errorf("%d bytes of base64 floats, want a positive multiple of 4", len(b))
-		}
-		v := make([]float32, len(b)/4)
-		for i := range v {
-			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	if len(raw) == 0 || raw[0] != '"' {
+		var v []float32
+		if err := json.Unmarshal(raw, &v); err != nil || len(v) == 0 {
+			return nil, errors.New("neither a base64 string nor an array of numbers")
 		}
 		return v, nil
 	}
-	var v []float32
-	if err := json.Unmarshal(raw, &v); err != nil || len(v) == 0 {
-		return nil, errors.New("neither a base64 string nor an array of numbers")
+	// A base64 string holds no escapes but for "\/" from some encoders:
+	// it is read in place unless it has any.
+	src := raw[1 : len(raw)-1]
+	if bytes.IndexByte(src, '\\') >= 0 {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, err
+		}
+		src = []byte(s)
+	}
+	b := make([]byte, base64.StdEncoding.DecodedLen(len(src)))
+	n, err := base64.StdEncoding.Decode(b, src)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n%4 != 0 {
+		return nil, fmt.Errorf("%d bytes of base64 floats, want a positive multiple of 4", n)
+	}
+	v := make([]float32, n/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	return v, nil
 }

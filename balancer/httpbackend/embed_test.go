@@ -311,3 +311,33 @@ func TestEmbedBadUpstream(t *testing.T) {
 		t.Errorf("a 429: %v, want a retryable *scheduler.RateLimitError after 3s", err)
 	}
 }
+
+// TestEmbedEscapedBase64: a base64 vector with its slashes escaped ("\/",
+// as some JSON encoders write them) reads as the same vector.
+func TestEmbedEscapedBase64(t *testing.T) {
+	v := []float32{-1.5e-7, 3.25, float32(math.Inf(1)), 0.1}
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	enc := base64.StdEncoding.EncodeToString(b)
+	if !strings.Contains(enc, "/") {
+		t.Fatalf("%q has no slash to escape: pick other values", enc)
+	}
+	for _, s := range []string{enc, strings.ReplaceAll(enc, "/", `\/`)} {
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprintf(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":"%s"}],"model":"m"}`, s)
+		}))
+		res, err := newBackend(t, ts.URL).Embed(context.Background(), api.EmbedRequest{Model: "m", Inputs: texts(1)})
+		ts.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, x := range v {
+			if math.Float32bits(res.Vectors[0][i]) != math.Float32bits(x) {
+				t.Fatalf("%s: %v, want %v", s, res.Vectors[0], v)
+			}
+		}
+	}
+}
