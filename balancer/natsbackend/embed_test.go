@@ -11,9 +11,11 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -360,4 +362,83 @@ func TestEmbedDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInstances(t, d)
+}
+
+// TestEmbedBadRequests: malformed embed requests get a typed error reply
+// and the instance keeps serving.
+func TestEmbedBadRequests(t *testing.T) {
+	n := startNATS(t)
+	startInstance(t, n, "a")
+	nc := n.connect(t, "raw")
+	subj := endpoint(t, nc, "embed")
+	for _, tc := range []struct{ name, data, timeout string }{
+		{"no stream header", `{"Model":"tiny","Inputs":[{"Text":"x"}]}`, "-"},
+		{"not json", `{{{`, ""},
+		{"wrong types", `{"Model":5}`, ""},
+		{"a bad timeout", `{"Model":"tiny","Inputs":[{"Text":"x"}]}`, "soon"},
+	} {
+		msg := nats.NewMsg(subj)
+		msg.Data = []byte(tc.data)
+		if tc.timeout != "-" {
+			msg.Header.Set("Mlx-Stream", nc.NewInbox())
+		}
+		if tc.timeout != "" && tc.timeout != "-" {
+			msg.Header.Set("Mlx-Timeout", tc.timeout)
+		}
+		reply, err := nc.RequestMsg(msg, 2*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if reply.Header.Get("Mlx-Kind") != "error" || !strings.Contains(string(reply.Data), `"code":"bad_request"`) {
+			t.Errorf("%s: reply %v %s", tc.name, reply.Header, reply.Data)
+		}
+	}
+	_, d := newBalancer(t, n)
+	waitInstances(t, d, "a")
+	if res, err := client(t, d, "a").Embed(t.Context(), embedReq(embedInputs(2, 10))); err != nil || len(res.Vectors) != 2 {
+		t.Fatalf("after bad requests: %+v %v", res, err)
+	}
+}
+
+// TestEmbedOlderInstance: an instance of a version without the embed
+// endpoint refuses embeddings with a retryable error wrapping
+// errors.ErrUnsupported, and a balancer takes them to an instance that
+// embeds.
+func TestEmbedOlderInstance(t *testing.T) {
+	n := startNATS(t)
+	startInstance(t, n, "a")
+	old := n.connect(t, "old")
+	svc, err := micro.AddService(old, micro.Config{Name: natsbackend.DefaultService, Version: "0.9.0",
+		Metadata: map[string]string{"instance": "old"},
+		StatsHandler: func(e *micro.Endpoint) any {
+			if e.Name != "load" {
+				return nil
+			}
+			return balancer.Load{Models: []string{"tiny"}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop()
+	g := svc.AddGroup("mlxserving."+svc.Info().ID, micro.WithGroupQueueGroupDisabled())
+	refuse := micro.HandlerFunc(func(r micro.Request) { _ = r.Error("500", "not in this test", nil) })
+	for _, e := range []string{"generate", "chat", "load"} {
+		if err := g.AddEndpoint(e, refuse); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lb, d := newBalancer(t, n)
+	waitInstances(t, d, "a", "old")
+	_, err = client(t, d, "old").Embed(t.Context(), embedReq(embedInputs(1, 5)))
+	if !errors.Is(err, errors.ErrUnsupported) || !retry.Classify(err).Retryable() {
+		t.Fatalf("embed on an older instance: %v, want a retryable error wrapping errors.ErrUnsupported", err)
+	}
+	for range 4 {
+		if res, err := lb.Embed(t.Context(), embedReq(embedInputs(2, 5))); err != nil || len(res.Vectors) != 2 {
+			t.Fatalf("through the balancer beside an older instance: %+v, %v", res, err)
+		}
+	}
+	if s := lb.Stats(); s.Failovers == 0 {
+		t.Errorf("no request tried the older instance first: %+v", s)
+	}
 }
