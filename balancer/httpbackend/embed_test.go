@@ -341,3 +341,24 @@ func TestEmbedEscapedBase64(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbedCancel: a caller's deadline ends the request on the upstream
+// too (its sequences are cancelled); an upstream that answers nothing
+// within the header timeout fails with a retryable ErrHeaderTimeout.
+func TestEmbedCancel(t *testing.T) {
+	u := newUpstream(t, []enginetest.SimOption{enginetest.WithStepTime(5*time.Millisecond, 0), enginetest.WithMaxBatch(1)})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := newBackend(t, u.ts.URL).Embed(ctx, api.EmbedRequest{Model: "tiny", Inputs: texts(400)})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("past the deadline: %v", err)
+	}
+	waitFor(t, "the sequences cancelled", func() bool { return u.sim.Stats().OpenSequences == 0 && u.srv.Load().Waiting == 0 })
+
+	_, err = newBackend(t, u.ts.URL, httpbackend.WithHeaderTimeout(50*time.Millisecond)).Embed(context.Background(),
+		api.EmbedRequest{Model: "tiny", Inputs: texts(400)})
+	if !errors.Is(err, httpbackend.ErrHeaderTimeout) || !retry.Classify(err).Retryable() {
+		t.Fatalf("an upstream slower than the header timeout: %v", err)
+	}
+	waitFor(t, "the sequences cancelled", func() bool { return u.sim.Stats().OpenSequences == 0 && u.srv.Load().Waiting == 0 })
+}
