@@ -188,8 +188,19 @@ func editTensor(t *testing.T, dir, name string, edit func([]byte)) {
 
 // TestQuantRuntime runs testdata/quant_test.py: FP8 rounding against every
 // e4m3 value and tie, int4 packing, the concatenation of quantized
-// projections, and on CUDA the Triton GEMMs against the dequantized
-// product.
+// projections, every layout's projections in the form the CUDA path keeps
+// them (dequantizing to what the CPU path loads), and on CUDA the Triton
+// GEMMs against the dequantized product.
 func TestQuantRuntime(t *testing.T) {
-	runPyCheck(t, "testdata/quant_test.py", "runtime")
+	args := []string{"runtime"}
+	for _, q := range testmodel.Quants() {
+		cfg := testmodel.TinyQuant()
+		cfg.Quant = q
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, dir)
+	}
+	runPyCheck(t, "testdata/quant_test.py", args...)
 }

@@ -5,7 +5,12 @@ quantized projections (the CUDA path's q/k/v and gate/up), and, where CUDA
 runs, the Triton GEMMs against the dequantized product on shapes and row
 counts the decoder meets (odd rows, split K, partial blocks).
 
-  python3 quant_test.py RUNTIME_DIR
+  python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
+
+With checkpoints (testmodel's quantized TinyQuant), each projection as the
+CUDA path keeps it (quant.Loader with keep on: AWQ repacked to GPTQ's
+packing, zeros unpacked; q/k/v and gate/up concatenated) dequantizes to
+exactly what the CPU path loads.
 
 Prints "N passed, 0 failed" or raises. Run by TestQuantRuntime (and on a
 GPU by internal/familycheck/quant.sh).
@@ -82,6 +87,30 @@ for parts in ([fp8_part(256, 384, (128, 128)), fp8_part(128, 384, (128, 128))],
     check(torch.equal(got, want), "cat of %s parts" % parts[0].kind)
     check(isinstance(c, quant.QWeight) == (parts[0].n % 128 == 0 or parts[0].kind != "fp8" or parts[0].t["block"][0] == 1),
           "cat keeps the parts quantized where blocks allow")
+
+# The CUDA path's form of real checkpoints, checked through dequant.
+for d in sys.argv[2:]:
+    from config import Config
+    from st import Checkpoint
+    cfg = Config(d)
+    if cfg.quant.kind == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        continue  # the kept form views the bytes as float8
+    ck = Checkpoint(d)
+    flat = quant.Loader(ck, cfg.quant, torch.device("cpu"), torch.float32)
+    kept = quant.Loader(ck, cfg.quant, torch.device("cpu"), torch.float32)
+    kept.keep = True
+    h, H, K, hd = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+    for i in range(cfg.layers):
+        a, m = "model.layers.%d.self_attn." % i, "model.layers.%d.mlp." % i
+        groups = [[(a + "q_proj.weight", (H * hd, h)), (a + "k_proj.weight", (K * hd, h)), (a + "v_proj.weight", (K * hd, h))],
+                  [(a + "o_proj.weight", (h, H * hd))],
+                  [(m + "gate_proj.weight", (cfg.intermediate, h)), (m + "up_proj.weight", (cfg.intermediate, h))],
+                  [(m + "down_proj.weight", (h, cfg.intermediate))]]
+        for grp in groups:
+            want = torch.cat([flat.linear(n, s) for n, s in grp])
+            got = quant.cat([kept.linear(n, s) for n, s in grp], torch.float32)
+            check(isinstance(got, quant.QWeight), "%s: %s kept quantized" % (d, grp[0][0]))
+            check(torch.equal(got.dequant(torch.float32), want), "%s: %s as the CUDA path keeps it" % (d, grp[0][0]))
 
 # The Triton GEMMs, where CUDA runs.
 if torch.cuda.is_available():
