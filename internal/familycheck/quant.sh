@@ -7,7 +7,7 @@
 #   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -o bin/pyproc.test ./engine/pyproc   # optional
 #
 #   sh internal/familycheck/quant.sh check OUT   # kernels, then each layout against the references
-#   sh internal/familycheck/quant.sh bench OUT [llama1b llama8b]   # decode tok/s, bf16 vs FP8 vs int4
+#   sh internal/familycheck/quant.sh bench OUT [llama1b llama8b]   # decode and prefill tok/s, bf16 vs FP8 vs int4
 #
 # check: the Triton GEMMs against the dequantized product
 # (engine/pyproc/testdata/quant_test.py), the package's quantized tests on
@@ -16,7 +16,8 @@
 # bfloat16 (quantized kernels) and float32 (dequantized at load) against
 # reference.py's dequantized float64 forward and transformers
 # (quant_check.py); the table goes to OUT/quant-table.md.
-# bench: gpubench -quant per layout at batch 1 and 64 (OUT/bench-SHAPE-Q.txt),
+# bench: gpubench -quant per layout, decode at batch 1 and 64 and prefill
+# (OUT/bench-SHAPE-Q.txt),
 # each checkpoint written, measured and removed in turn (llama8b's bf16
 # file is 16 GB).
 set -u
@@ -61,7 +62,7 @@ bench)
 		for q in bf16 fp8 fp8-channel awq gptq quantize-fp8; do
 			dir=$data/$s-$q flag="-quant $q"
 			case $q in bf16) flag="" ;; quantize-fp8) dir=$data/$s-bf16 ;; esac
-			bin/gpubench -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 -prefill "" \
+			bin/gpubench -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 -prefill 1x2048,16x512 \
 				-hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q.txt" | grep -E '^\| [0-9]|loaded'
 			case $q in bf16 | quantize-fp8) ;; *) rm -rf "$dir" ;; esac
 		done

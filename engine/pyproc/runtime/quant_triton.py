@@ -96,7 +96,7 @@ def _plan(M, N, K, unit, device):
     return bm, bn, split, k_per
 
 
-def _run(kernel, x, N, K, unit, bk, args, consts):
+def _run(kernel, x, N, K, unit, bk, args, consts, stages=3):
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -106,7 +106,7 @@ def _run(kernel, x, N, K, unit, bk, args, consts):
     part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
     grid = (-(-M // bm) * -(-N // bn), split)
     kernel[grid](x2, *args, part, M, N, K, k_per, x2.stride(0), *consts[0], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                 num_warps=4, num_stages=3, **consts[1])
+                 num_warps=4, num_stages=stages, **consts[1])
     y = part[0] if split == 1 else part.sum(0)
     return y.to(x.dtype).reshape(*shape, N)
 
@@ -129,7 +129,9 @@ def int4_linear(x, qw, scales, zeros, g):
     """x [..., K] @ dequant(qw).T with qw int32 [K/8, N], scales and zeros
     [K/g, N]."""
     K, N = qw.shape[0] * 8, qw.shape[1]
-    return _run(_int4_kernel, x, N, K, g, min(g, 128), (qw, scales, zeros), ((), {"G": g}))
+    # The packed tile is loaded as one int32 per weight (each word eight
+    # times): K tiles of 64 and two stages keep it within shared memory.
+    return _run(_int4_kernel, x, N, K, g, min(g, 64), (qw, scales, zeros), ((), {"G": g}), stages=2)
 
 
 def self_check(device, dtype):
