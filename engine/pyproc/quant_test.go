@@ -156,6 +156,16 @@ func TestHostileQuantConfigs(t *testing.T) {
 	}
 	renameTensors(t, dir, `"shape":[4,2]`, `"shape":[2,4]`) // up_proj [512, 256]: 4 x 2 blocks
 	refused("a scale of the wrong shape", dir, "weight_scale_inv")
+	for _, q := range []string{testmodel.QuantAWQ, testmodel.QuantGPTQ} {
+		cfg.Quant = q
+		dir = t.TempDir()
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		const scales = "model.layers.0.mlp.down_proj.scales"
+		editTensor(t, dir, scales, func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 0xFC00) }) // -inf in float16
+		refused(q+": an infinite scale", dir, scales)
+	}
 	m := load(t, e, tiny(t))
 	generate(t, m, 1, prompt(1, 5), 3)
 }
