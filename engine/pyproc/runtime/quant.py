@@ -228,11 +228,61 @@ class QWeight:
 
     def forward(self, x, bias=None):
         import quant_triton
-        if self.kind == "fp8":
+        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and _scaled_mm_ok(x.device, x.dtype):
+            y = scaled_mm(x, self.t["w"], self.t["scale"])
+        elif self.kind == "fp8":
             y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
         else:
             y = quant_triton.int4_linear(x, self.t["qw"], self.t["scales"], self.t["zeros"], self.t["group"])
         return y if bias is None else y + bias
+
+
+# Steps of at least this many rows (prompt chunks, large decode batches)
+# run per-channel FP8 weights as W8A8 through torch._scaled_mm (FP8 tensor
+# cores, each row's activations quantized with its own scale, as vLLM's
+# dynamic FP8) when MLXSERVING_FP8_SCALED_MM=1 and its check at load
+# passed; smaller steps keep the weight-only GEMM. Off by default: a
+# sequence's numbers then depend on the size of the step it ran in, and it
+# is not yet measured against the weight-only GEMM.
+SCALED_MM_ROWS = 128
+
+
+def scaled_mm(x, w8, scale):
+    """x [M, K] @ (w8 * scale).T with x's rows quantized to fp8 by their
+    max / 448 (w8 float8_e4m3fn [N, K], scale float32 [N, 1])."""
+    sa = (x.abs().amax(-1, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
+    xq = (x.float() / sa).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=scale.t(), out_dtype=x.dtype)
+
+
+_scaled = {}
+
+
+def _scaled_mm_ok(device, dtype):
+    """Whether the W8A8 path is on and agrees with the dequantized product
+    here (checked once per device and dtype, at load: Loader calls it
+    before any CUDA graph is captured)."""
+    import os
+    if os.environ.get("MLXSERVING_FP8_SCALED_MM", "0") != "1":
+        return False
+    key = (str(device), dtype)
+    if key not in _scaled:
+        try:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            w = torch.randn(256, 512, generator=g)
+            s = w.abs().amax(1, keepdim=True) / E4M3_MAX
+            w8 = (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(device)
+            x = torch.randn(SCALED_MM_ROWS + 3, 512, generator=g).to(device=device, dtype=dtype)
+            want = x.float() @ (w8.float() * s.to(device)).t()
+            got = scaled_mm(x, w8, s.to(device)).float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            _scaled[key] = err < 0.05
+            if not _scaled[key]:
+                log.warning("torch._scaled_mm disagrees with the dequantized product (relative %.3g): not used", err)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            log.warning("torch._scaled_mm unavailable (%s): FP8 prompt chunks use the weight-only GEMM", e)
+            _scaled[key] = False
+    return _scaled[key]
 
 
 def linear(x, w, bias=None):
@@ -283,6 +333,7 @@ class Loader:
         self.keep = False
         if device.type == "cuda" and (sch is not None or quantize) and dtype in (torch.bfloat16, torch.float16):
             self.keep = _kernels_ok(device, dtype)
+            _scaled_mm_ok(device, dtype)
 
     def get(self, name, shape):
         w = self._quantized(name, shape)

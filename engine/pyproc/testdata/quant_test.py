@@ -137,4 +137,19 @@ if torch.cuda.is_available():
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
 
+    # The opt-in W8A8 path (MLXSERVING_FP8_SCALED_MM=1), where this torch
+    # and device have rowwise-scaled _scaled_mm.
+    x = torch.randn(300, 2048, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(1024, 2048, device=dev) / 2048 ** 0.5
+    s = w.abs().amax(1, keepdim=True) / 448
+    w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    try:
+        got = quant.scaled_mm(x, w8, s).float()
+    except RuntimeError as e:
+        print("scaled_mm not run here: %s" % str(e).splitlines()[0])
+    else:
+        want = x.float() @ (w8.float() * s).t()
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        check(err < 0.05, "scaled_mm: relative error %.3g" % err)
+
 print("%d passed, 0 failed" % passed)
