@@ -109,6 +109,14 @@ type Config struct {
 	// place of rope_theta and rope_scaling, dtype for torch_dtype, and
 	// num_local_experts for qwen3_moe's num_experts.
 	TransformersV5 bool
+
+	// Quant, when set, writes the decoder layers' linear weights in a
+	// published quantized layout (QuantFP8Block, QuantFP8Channel,
+	// QuantAWQ, QuantGPTQ; see Quants) with config.json's
+	// quantization_config, quantized from the weights the same Config
+	// without Quant writes. The 4-bit layouts need every linear input a
+	// multiple of 128 and every output a multiple of 8 (TinyQuant).
+	Quant string
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.
@@ -271,7 +279,10 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	c.fillFamilyDefaults()
-	return c, c.check()
+	if err := c.check(); err != nil {
+		return c, err
+	}
+	return c, c.checkQuant(tensors(c))
 }
 
 func (c Config) check() error {

@@ -145,6 +145,7 @@ func (m *Model) loadRequest() builder {
 			"device":         m.e.cfg.device,
 			"dtype":          m.e.cfg.dtype,
 			"cuda_graphs":    !m.e.cfg.noGraphs,
+			"quantize":       m.e.cfg.quantize,
 		},
 	})
 }

@@ -2,6 +2,9 @@
 // every model family the engines serve (no KV cache, no packing, each
 // family's rules spelled out as transformers has them), so the engines'
 // tests can compare their greedy tokens and log-probabilities with it.
+// Quantized checkpoints (FP8 with block or per-channel scales, AWQ, GPTQ;
+// see testmodel.Quants) are dequantized from the file's bytes first, so
+// the reference is the float model the quantized file stands for.
 //
 //	runs, err := reference.Greedy(ctx, "/usr/bin/python3", dir, prompts, 6)
 package reference
@@ -29,12 +32,42 @@ type Run struct {
 	Gaps []float64
 }
 
+// Weights returns the named weights (model.-relative names, as
+// "model.layers.0.mlp.down_proj.weight") flattened, as the reference's
+// forward pass uses them: dequantized to float64 when the checkpoint in
+// dir is quantized.
+func Weights(ctx context.Context, python, dir string, names []string) (map[string][]float64, error) {
+	var out map[string][]float64
+	if err := call(ctx, python, dir, map[string]any{"weights": names}, &out); err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("reference.py: no weight %s", n)
+		}
+	}
+	return out, nil
+}
+
 // Greedy runs the reference with python (an interpreter with torch) on
 // the checkpoint in dir: n greedy tokens after each prompt.
 func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) ([]Run, error) {
-	in, err := json.Marshal(map[string]any{"prompts": prompts, "n": n})
-	if err != nil {
+	var runs []Run
+	if err := call(ctx, python, dir, map[string]any{"prompts": prompts, "n": n}, &runs); err != nil {
 		return nil, err
+	}
+	if len(runs) != len(prompts) {
+		return nil, fmt.Errorf("reference.py: %d runs for %d prompts", len(runs), len(prompts))
+	}
+	return runs, nil
+}
+
+// call runs reference.py on dir with req on stdin and decodes its output
+// into out.
+func call(ctx context.Context, python, dir string, req, out any) error {
+	in, err := json.Marshal(req)
+	if err != nil {
+		return err
 	}
 	cmd := exec.CommandContext(ctx, python, "-c", script, dir)
 	cmd.Stdin = bytes.NewReader(in)
@@ -42,14 +75,10 @@ func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) (
 	cmd.Stderr = &stderr
 	raw, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("reference.py: %w\n%s", err, stderr.String())
+		return fmt.Errorf("reference.py: %w\n%s", err, stderr.String())
 	}
-	var runs []Run
-	if err := json.Unmarshal(raw, &runs); err != nil {
-		return nil, fmt.Errorf("reference.py output: %w", err)
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("reference.py output: %w", err)
 	}
-	if len(runs) != len(prompts) {
-		return nil, fmt.Errorf("reference.py: %d runs for %d prompts", len(runs), len(prompts))
-	}
-	return runs, nil
+	return nil
 }
