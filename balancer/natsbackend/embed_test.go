@@ -231,7 +231,6 @@ func TestEmbedTypedErrors(t *testing.T) {
 // TestEmbedRateLimited: a client over its rate gets the instance's
 // *scheduler.RateLimitError, with its retry-after.
 func TestEmbedRateLimited(t *testing.T) {
-	t.Skip("Server.Embed panics on a refused queue push (a typed nil *batcher.Source closed in runEmbedJobs); unskip once fixed")
 	n := startNATS(t)
 	startServerOn(t, "a", n.connect(t, "a"), []mlxserving.Option{mlxserving.WithSchedulerOptions(scheduler.WithRateLimit(0.01, 1))},
 		enginetest.WithEmbedding(32, engine.PoolLast, true, false))
