@@ -15,10 +15,43 @@ type decodePlan struct {
 	replaces     [][2]string
 	byteFallback bool // <0xXX> tokens become that byte
 	stripStart   int  // leading spaces removed from the whole output
+	wordPiece    *wordPieceDecoder
+}
+
+// wordPieceDecoder is the WordPiece decoder: each token after the first
+// loses its continuing-subword prefix or gets a space before it, then,
+// with cleanup, loses the space again before punctuation.
+type wordPieceDecoder struct {
+	prefix  string
+	cleanup bool
+}
+
+// piece is a token's text anywhere but at the start of the output.
+func (w *wordPieceDecoder) piece(tok string) string {
+	if rest, ok := strings.CutPrefix(tok, w.prefix); ok {
+		tok = rest
+	} else {
+		tok = " " + tok
+	}
+	if w.cleanup {
+		tok = wordPieceCleanup(tok)
+	}
+	return tok
+}
+
+// first is a token's text at the start of the output.
+func (w *wordPieceDecoder) first(tok string) string {
+	if w.cleanup {
+		return wordPieceCleanup(tok)
+	}
+	return tok
 }
 
 // tokenBytes turns one token's text into its output bytes.
 func (p *decodePlan) tokenBytes(tok string, bl *byteLevelTable) []byte {
+	if p.wordPiece != nil {
+		return []byte(p.wordPiece.piece(tok))
+	}
 	if p.byteFallback {
 		if b, ok := parseByteToken(tok); ok {
 			return []byte{b}
@@ -57,6 +90,14 @@ func parseDecoder(raw json.RawMessage, field string) (*decodePlan, error) {
 	c, err := parseComponent(raw, field)
 	if err != nil {
 		return nil, err
+	}
+	if c.Type == "WordPiece" {
+		p.wordPiece = &wordPieceDecoder{prefix: "##", cleanup: boolOr(c.Cleanup, true)}
+		if c.Prefix != nil {
+			p.wordPiece.prefix = *c.Prefix
+		}
+		p.stripStart = 1 // the first token gets no space; see firstPieces for the rest
+		return p, nil
 	}
 	steps := []*componentSpec{c}
 	if c.Type == "Sequence" {

@@ -162,7 +162,11 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 	if err := t.buildAdded(spec.AddedTokens); err != nil {
 		return nil, err
 	}
-	for _, id := range append(append([]int32(nil), t.post.prefix...), t.post.suffix...) {
+	postIDs := append(append([]int32(nil), t.post.prefix...), t.post.suffix...)
+	for _, it := range t.post.pair {
+		postIDs = append(postIDs, it.ids...)
+	}
+	for _, id := range postIDs {
 		if id < 0 || int(id) >= t.vocabSize {
 			return nil, specErr("post_processor", ErrMalformed, "special token id %d is outside the vocabulary", id)
 		}
@@ -178,12 +182,16 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 		return specErr("model", ErrMalformed, "%v", err)
 	}
 	switch {
+	case ms.Type == "WordPiece" && !byteLevel:
+		return t.buildWordPiece(raw)
+	case ms.Type == "WordPiece":
+		return specErr("model.type", ErrUnsupported, "WordPiece model with a ByteLevel pre-tokenizer")
 	case ms.Type == "":
 		if ms.Merges == nil {
 			return specErr("model.type", ErrMalformed, "missing")
 		}
 	case ms.Type != "BPE":
-		return specErr("model.type", ErrUnsupported, "model type %q (only BPE is implemented)", ms.Type)
+		return specErr("model.type", ErrUnsupported, "model type %q (BPE and WordPiece are implemented)", ms.Type)
 	}
 	if ms.Vocab == nil {
 		return specErr("model.vocab", ErrMalformed, "missing")
@@ -224,6 +232,7 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 		return err
 	}
 	t.model = m
+	t.words = m
 	return nil
 }
 
@@ -354,7 +363,7 @@ func (t *Tokenizer) buildAdded(added []addedToken) error {
 // the rune after a different character.
 func (t *Tokenizer) safeSpaceSplit() string {
 	const sep = "\u2581"
-	if t.pre != nil || t.model.byteLevel {
+	if t.pre != nil || t.model == nil || t.model.byteLevel {
 		return ""
 	}
 	for tok := range t.model.vocab {
@@ -376,5 +385,23 @@ func (t *Tokenizer) buildPieces() {
 	for id, a := range t.addedByID {
 		t.pieces[id] = t.dec.tokenBytes(a.Content, t.bl)
 		t.special[id] = a.Special
+	}
+	if w := t.dec.wordPiece; w != nil {
+		t.firstPieces = map[int32][]byte{}
+		note := func(tok string, id int32) {
+			// appendPiece strips one leading space from a first piece;
+			// keep only the tokens for which that is not the right text.
+			if first := w.first(tok); first != strings.TrimPrefix(w.piece(tok), " ") {
+				t.firstPieces[id] = []byte(first)
+			}
+		}
+		for tok, id := range t.tokens {
+			if _, added := t.addedByID[id]; !added {
+				note(tok, id)
+			}
+		}
+		for id, a := range t.addedByID {
+			note(a.Content, id)
+		}
 	}
 }

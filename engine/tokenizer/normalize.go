@@ -36,6 +36,9 @@ type componentSpec struct {
 	PrependScheme    string `json:"prepend_scheme"`
 	Split            *bool  `json:"split"`
 	IndividualDigits bool   `json:"individual_digits"`
+	// WordPiece decoder.
+	Prefix  *string `json:"prefix"`
+	Cleanup *bool   `json:"cleanup"`
 }
 
 type patternSpec struct {
@@ -104,6 +107,12 @@ func parseNormalizers(raw json.RawMessage, field string) ([]normalizer, error) {
 		return []normalizer{norm.NFKC.String}, nil
 	case "NFKD":
 		return []normalizer{norm.NFKD.String}, nil
+	case "BertNormalizer":
+		var b bertNormalizerSpec
+		if err := json.Unmarshal(raw, &b); err != nil {
+			return nil, specErr(field, ErrMalformed, "%v", err)
+		}
+		return []normalizer{newBertNormalizer(b)}, nil
 	case "Lowercase":
 		return []normalizer{strings.ToLower}, nil
 	case "Prepend":
