@@ -31,14 +31,22 @@ func BenchmarkEncode(b *testing.B) {
 	text := benchCorpus(b)
 	for _, name := range realTokenizers {
 		b.Run(name, func(b *testing.B) {
-			tok := realTokenizer(b, name)
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				if _, err := tok.Encode(text, false); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchEncode(b, realTokenizer(b, name), text)
 		})
+	}
+	// WordPiece: the BERT-style tokenizer of testdata/wordpiece (uncased:
+	// clean text, CJK spacing, accent stripping, lowercasing).
+	b.Run("wordpiece", func(b *testing.B) {
+		benchEncode(b, wordPieceTokenizer(b, "bert_uncased"), text)
+	})
+}
+
+func benchEncode(b *testing.B, tok *Tokenizer, text string) {
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := tok.Encode(text, false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

@@ -85,11 +85,10 @@ func bertIsWhitespace(r rune) bool {
 // bertIsControl is Hugging Face's is_control: categories Cc, Cf and Co
 // except tab, newline and carriage return.
 func bertIsControl(r rune) bool {
-	switch r {
-	case '\t', '\n', '\r':
-		return false
+	if r < utf8.RuneSelf {
+		return (r < ' ' && r != '\t' && r != '\n' && r != '\r') || r == 0x7f
 	}
-	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co)
+	return (r >= 0x80 && r <= 0x9f) || unicode.In(r, unicode.Cf, unicode.Co)
 }
 
 // isChineseChar reports whether r is in a CJK ideograph block, the

@@ -25,6 +25,7 @@ type wordPieceModel struct {
 	unk      int32
 	maxChars int
 	maxLen   int // longest key of start or cont in bytes: no longer match exists
+	cache    *wordCache
 }
 
 type wordPieceSpec struct {
@@ -46,7 +47,7 @@ func (t *Tokenizer) buildWordPiece(raw json.RawMessage) error {
 	if ms.ContinuingSubwordPrefix != nil {
 		prefix = *ms.ContinuingSubwordPrefix
 	}
-	m := &wordPieceModel{start: ms.Vocab, maxChars: defaultMaxInputCharsPerWord}
+	m := &wordPieceModel{start: ms.Vocab, maxChars: defaultMaxInputCharsPerWord, cache: newWordCache()}
 	if ms.MaxInputCharsPerWord != nil {
 		if *ms.MaxInputCharsPerWord < 0 {
 			return specErr("model.max_input_chars_per_word", ErrMalformed, "%d is negative", *ms.MaxInputCharsPerWord)
@@ -93,6 +94,20 @@ func (m *wordPieceModel) encodeWord(dst []int32, word string) []int32 {
 	if utf8.RuneCountInString(word) > m.maxChars {
 		return append(dst, m.unk)
 	}
+	if len(word) > maxCachedWord {
+		return m.match(dst, word)
+	}
+	if ids, ok := m.cache.get(word); ok {
+		return append(dst, ids...)
+	}
+	n := len(dst)
+	dst = m.match(dst, word)
+	m.cache.put(word, append([]int32(nil), dst[n:]...))
+	return dst
+}
+
+// match is the greedy longest-match loop.
+func (m *wordPieceModel) match(dst []int32, word string) []int32 {
 	n := len(dst)
 	vocab := m.start
 	for start := 0; start < len(word); {

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // wordPieceVariants are the BERT-style tokenizers of testdata/wordpiece
@@ -329,4 +331,57 @@ func TestWordPieceBadFiles(t *testing.T) {
 			t.Errorf("%s: got %v; want field %q wrapping %v", c.name, err, c.field, c.sentinel)
 		}
 	}
+}
+
+// naiveWordPiece is Hugging Face's WordPiece::tokenize written out
+// directly: every candidate substring, prefixed with "##" after the first
+// piece, looked up in the whole vocabulary.
+func naiveWordPiece(vocab map[string]int32, unk int32, maxChars int, word string) []int32 {
+	if utf8.RuneCountInString(word) > maxChars {
+		return []int32{unk}
+	}
+	var out []int32
+	for start := 0; start < len(word); {
+		end := len(word)
+		found := false
+		for start < end {
+			sub := word[start:end]
+			if start > 0 {
+				sub = "##" + sub
+			}
+			if id, ok := vocab[sub]; ok {
+				out = append(out, id)
+				found = true
+				break
+			}
+			_, size := utf8.DecodeLastRuneInString(word[start:end])
+			end -= size
+		}
+		if !found {
+			return []int32{unk}
+		}
+		start = end
+	}
+	return out
+}
+
+// FuzzWordPieceModel: the model's lookups (continuing tokens keyed
+// without their prefix, candidates bounded by the longest token, the word
+// cache) give exactly the ids of the direct algorithm.
+func FuzzWordPieceModel(f *testing.F) {
+	for _, s := range []string{"tokenization", "unaffable", "##ing", "a", "中文", "x" + strings.Repeat("y", 120), "naïve", "\u0301e", "ab##cd"} {
+		f.Add(s)
+	}
+	tok := wordPieceTokenizer(f, "bert_strip")
+	m := tok.words.(*wordPieceModel)
+	f.Fuzz(func(t *testing.T, word string) {
+		if !utf8.ValidString(word) {
+			return
+		}
+		for range 2 { // the second time from the cache
+			if got, want := m.encodeWord(nil, word), naiveWordPiece(m.start, m.unk, m.maxChars, word); !slices.Equal(got, want) && word != "" {
+				t.Fatalf("encodeWord(%q) = %v, want %v", word, got, want)
+			}
+		}
+	})
 }
