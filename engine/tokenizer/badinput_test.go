@@ -111,7 +111,8 @@ func TestMalformedFiles(t *testing.T) {
 	}{
 		{"not json", []byte(`{"model": `), nil, "tokenizer.json", "", ErrMalformed},
 		{"no model", edit(func(m map[string]any) { delete(m, "model") }), nil, "tokenizer.json", "model", ErrMalformed},
-		{"unigram", edit(func(m map[string]any) { model(m)["type"] = "Unigram" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"wordlevel", edit(func(m map[string]any) { model(m)["type"] = "WordLevel" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"unigram byte level", edit(func(m map[string]any) { model(m)["type"] = "Unigram" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
 		{"wordpiece", edit(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
 		{"no vocab", edit(func(m map[string]any) { delete(model(m), "vocab") }), nil, "tokenizer.json", "model.vocab", ErrMalformed},
 		{"no merges", edit(func(m map[string]any) { delete(model(m), "merges") }), nil, "tokenizer.json", "model.merges", ErrMalformed},
@@ -155,7 +156,7 @@ func TestLoadErrorsNameFile(t *testing.T) {
 	if !errors.As(err, &fe) || !errors.Is(err, os.ErrNotExist) || fe.File != filepath.Join(dir, "tokenizer.json") {
 		t.Errorf("missing file: %v", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "Unigram"}}`), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "WordLevel"}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, err = Load(dir)

@@ -39,6 +39,10 @@ func BenchmarkEncode(b *testing.B) {
 	b.Run("wordpiece", func(b *testing.B) {
 		benchEncode(b, wordPieceTokenizer(b, "bert_uncased"), text)
 	})
+	// Unigram: the XLM-RoBERTa-shaped tokenizer of testdata/unigram.
+	b.Run("unigram", func(b *testing.B) {
+		benchEncode(b, unigramTokenizer(b), text)
+	})
 }
 
 func benchEncode(b *testing.B, tok *Tokenizer, text string) {

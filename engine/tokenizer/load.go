@@ -177,6 +177,20 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 }
 
 func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
+	var kind struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(raw, &kind); err != nil {
+		return specErr("model", ErrMalformed, "%v", err)
+	}
+	switch {
+	case kind.Type == "Unigram" && !byteLevel:
+		return t.buildUnigram(raw)
+	case kind.Type == "WordPiece" && !byteLevel:
+		return t.buildWordPiece(raw)
+	case kind.Type == "WordPiece" || kind.Type == "Unigram":
+		return specErr("model.type", ErrUnsupported, "%s model with a ByteLevel pre-tokenizer", kind.Type)
+	}
 	var ms modelSpec
 	if err := json.Unmarshal(raw, &ms); err != nil {
 		return specErr("model", ErrMalformed, "%v", err)
@@ -184,14 +198,16 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 	switch {
 	case ms.Type == "WordPiece" && !byteLevel:
 		return t.buildWordPiece(raw)
-	case ms.Type == "WordPiece":
-		return specErr("model.type", ErrUnsupported, "WordPiece model with a ByteLevel pre-tokenizer")
+	case ms.Type == "Unigram" && !byteLevel:
+		return t.buildUnigram(raw)
+	case ms.Type == "WordPiece" || ms.Type == "Unigram":
+		return specErr("model.type", ErrUnsupported, "%s model with a ByteLevel pre-tokenizer", ms.Type)
 	case ms.Type == "":
 		if ms.Merges == nil {
 			return specErr("model.type", ErrMalformed, "missing")
 		}
 	case ms.Type != "BPE":
-		return specErr("model.type", ErrUnsupported, "model type %q (BPE and WordPiece are implemented)", ms.Type)
+		return specErr("model.type", ErrUnsupported, "model type %q (BPE, WordPiece and Unigram are implemented)", ms.Type)
 	}
 	if ms.Vocab == nil {
 		return specErr("model.vocab", ErrMalformed, "missing")
