@@ -26,7 +26,7 @@ type unigramModel struct {
 	unkScore     float64
 	byteFallback bool
 	byteTokens   [256]int32 // <0xXX> ids; -1 missing
-	maxLen       int        // longest piece in bytes
+	trie         *byteTrie
 	cache        *wordCache
 }
 
@@ -68,8 +68,8 @@ func (t *Tokenizer) buildUnigram(raw json.RawMessage) error {
 		t.tokens[piece] = int32(i)
 		m.scores[i] = score
 		minScore = min(minScore, score)
-		m.maxLen = max(m.maxLen, len(piece))
 	}
+	m.trie = newByteTrie(m.ids)
 	m.unkScore = minScore - unkPenalty
 	for b := range m.byteTokens {
 		m.byteTokens[b] = -1
@@ -116,17 +116,17 @@ func (m *unigramModel) viterbi(dst []int32, word string) []int32 {
 		_, mblen := utf8.DecodeRuneInString(word[start:])
 		till := best[start].score
 		single := false
-		// Pieces starting here, shortest first, on character boundaries.
-		for end := start + mblen; end <= len(word) && end-start <= m.maxLen; {
-			if id, ok := m.ids[word[start:end]]; ok {
+		// Pieces starting here, shortest first. Pieces are valid UTF-8,
+		// so every match ends on a character boundary.
+		for n, end := int32(0), start; end < len(word); {
+			if n = m.trie.step(n, word[end]); n < 0 {
+				break
+			}
+			end++
+			if id := m.trie.val[n]; id >= 0 {
 				m.relax(best, start, end, id, m.scores[id]+till)
 				single = single || end-start == mblen
 			}
-			if end == len(word) {
-				break
-			}
-			_, size := utf8.DecodeRuneInString(word[end:])
-			end += size
 		}
 		if !single {
 			m.relax(best, start, start+mblen, m.unk, m.unkScore+till)

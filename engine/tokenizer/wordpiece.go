@@ -20,11 +20,10 @@ const defaultMaxInputCharsPerWord = 100
 // with any position that matches nothing, or longer than maxChars
 // characters, becomes the single unknown token.
 type wordPieceModel struct {
-	start    map[string]int32 // tokens that may begin a word (the whole vocabulary)
-	cont     map[string]int32 // continuing tokens, keyed without the prefix
+	start    *byteTrie // tokens that may begin a word (the whole vocabulary)
+	cont     *byteTrie // continuing tokens, keyed without the prefix
 	unk      int32
 	maxChars int
-	maxLen   int // longest key of start or cont in bytes: no longer match exists
 	cache    *wordCache
 }
 
@@ -47,7 +46,7 @@ func (t *Tokenizer) buildWordPiece(raw json.RawMessage) error {
 	if ms.ContinuingSubwordPrefix != nil {
 		prefix = *ms.ContinuingSubwordPrefix
 	}
-	m := &wordPieceModel{start: ms.Vocab, maxChars: defaultMaxInputCharsPerWord, cache: newWordCache()}
+	m := &wordPieceModel{maxChars: defaultMaxInputCharsPerWord, cache: newWordCache()}
 	if ms.MaxInputCharsPerWord != nil {
 		if *ms.MaxInputCharsPerWord < 0 {
 			return specErr("model.max_input_chars_per_word", ErrMalformed, "%d is negative", *ms.MaxInputCharsPerWord)
@@ -65,20 +64,20 @@ func (t *Tokenizer) buildWordPiece(raw json.RawMessage) error {
 		return specErr("model.unk_token", ErrMalformed, "%q is not in the vocabulary", unk)
 	}
 	m.unk = id
-	m.cont = ms.Vocab
+	cont := ms.Vocab
 	if prefix != "" {
-		m.cont = make(map[string]int32)
+		cont = make(map[string]int32)
 	}
 	for tok, id := range ms.Vocab {
 		if id < 0 || id >= maxTokenID {
 			return specErr("model.vocab", ErrMalformed, "token %q has id %d outside [0, %d)", tok, id, maxTokenID)
 		}
 		t.noteID(id)
-		m.maxLen = max(m.maxLen, len(tok))
 		if rest, ok := strings.CutPrefix(tok, prefix); ok && prefix != "" {
-			m.cont[rest] = id
+			cont[rest] = id
 		}
 	}
+	m.start, m.cont = newByteTrie(ms.Vocab), newByteTrie(cont)
 	t.tokens = ms.Vocab
 	t.words = m
 	return nil
@@ -106,38 +105,30 @@ func (m *wordPieceModel) encodeWord(dst []int32, word string) []int32 {
 	return dst
 }
 
-// match is the greedy longest-match loop.
+// match is the greedy longest-match loop: from each position, the
+// longest vocabulary token (a continuing one after the first) that the
+// word goes on with. Tokens are valid UTF-8, so matches end on character
+// boundaries, as Hugging Face's character-by-character shortening does.
 func (m *wordPieceModel) match(dst []int32, word string) []int32 {
 	n := len(dst)
-	vocab := m.start
+	trie := m.start
 	for start := 0; start < len(word); {
-		end := min(len(word), start+m.maxLen)
-		for end > start && !utf8.RuneStart(wordByte(word, end)) {
-			end--
-		}
-		found := false
-		for end > start {
-			if id, ok := vocab[word[start:end]]; ok {
-				dst = append(dst, id)
-				found = true
+		id, end := int32(-1), start
+		for node, i := int32(0), start; i < len(word); {
+			if node = trie.step(node, word[i]); node < 0 {
 				break
 			}
-			_, size := utf8.DecodeLastRuneInString(word[start:end])
-			end -= size
+			i++
+			if v := trie.val[node]; v >= 0 {
+				id, end = v, i
+			}
 		}
-		if !found {
+		if id < 0 {
 			return append(dst[:n], m.unk)
 		}
+		dst = append(dst, id)
 		start = end
-		vocab = m.cont
+		trie = m.cont
 	}
 	return dst
-}
-
-// wordByte is word[i], or a rune-start byte at the end of the word.
-func wordByte(word string, i int) byte {
-	if i >= len(word) {
-		return 0
-	}
-	return word[i]
 }
