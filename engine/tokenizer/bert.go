@@ -26,7 +26,7 @@ func newBertNormalizer(s bertNormalizerSpec) normalizer {
 	chinese := boolOr(s.HandleChineseChars, true)
 	lower := boolOr(s.Lowercase, true)
 	strip := boolOr(s.StripAccents, lower)
-	return func(text string) string {
+	steps := func(text string) string {
 		if clean {
 			text = bertCleanText(text)
 		}
@@ -41,6 +41,45 @@ func newBertNormalizer(s bertNormalizerSpec) normalizer {
 		}
 		return text
 	}
+	return func(text string) string {
+		// Every step works character by character, except NFD's
+		// reordering of combining marks, which never crosses a space
+		// (a starter): the text is normalized a space-ended chunk at a
+		// time, ASCII chunks in one pass.
+		b := make([]byte, 0, len(text)+len(text)/8)
+		for text != "" {
+			chunk := text
+			if i := strings.IndexByte(text, ' '); i >= 0 {
+				chunk = text[:i+1]
+			}
+			text = text[len(chunk):]
+			if isASCII(chunk) {
+				b = appendBertASCII(b, chunk, clean, lower)
+			} else {
+				b = append(b, steps(chunk)...)
+			}
+		}
+		return string(b)
+	}
+}
+
+// appendBertASCII is the BertNormalizer on ASCII text: controls dropped
+// and tab, newline and carriage return made spaces (clean), letters
+// lowercased (lower); nothing else applies to ASCII.
+func appendBertASCII(b []byte, s string, clean, lower bool) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case clean && (c == '\t' || c == '\n' || c == '\r'):
+			c = ' '
+		case clean && (c < ' ' || c == 0x7f):
+			continue
+		case lower && 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
 }
 
 // bertCleanText drops NUL, U+FFFD and control characters (categories Cc,

@@ -385,3 +385,37 @@ func FuzzWordPieceModel(f *testing.F) {
 		}
 	})
 }
+
+// FuzzBertNormalizer: normalizing a space-ended chunk at a time, ASCII
+// chunks in one pass, gives the text the four steps give on the whole
+// input, for every combination of the options.
+func FuzzBertNormalizer(f *testing.F) {
+	for _, s := range []string{"Héllo  Wörld\t\x00x", "a\u0301 b\u0301\u0327", " \u0301", "中文 ΣΟΣ İ\r\n", "ABC def", "e \u0308\u0308 x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		for mask := range 16 {
+			clean, chinese, strip, lower := mask&1 != 0, mask&2 != 0, mask&4 != 0, mask&8 != 0
+			want := s
+			if clean {
+				want = bertCleanText(want)
+			}
+			if chinese {
+				want = bertSpaceChinese(want)
+			}
+			if strip {
+				want = bertStripAccents(want)
+			}
+			if lower {
+				want = bertLowercase(want)
+			}
+			n := newBertNormalizer(bertNormalizerSpec{CleanText: &clean, HandleChineseChars: &chinese, StripAccents: &strip, Lowercase: &lower})
+			if got := n(s); got != want {
+				t.Fatalf("options %04b: normalize(%q) = %q, want %q", mask, s, got, want)
+			}
+		}
+	})
+}
