@@ -49,6 +49,11 @@
 //
 // EncodePair joins two texts by the post-processor's pair form and
 // returns token type ids, for cross-encoders and sentence-pair models.
+// EncodeTruncated cuts a text's ids to a limit before adding the special
+// tokens, as Hugging Face's right truncation (sentence-transformers'
+// max_seq_length) does. The truncation and padding settings a
+// tokenizer.json may carry are not applied by Encode (transformers turns
+// them off unless a call asks for them).
 //
 // Decode returns text exactly as the tokens spell it; transformers'
 // clean_up_tokenization_spaces is not applied (the WordPiece decoder's own

@@ -46,3 +46,27 @@ func (t *Tokenizer) EncodePair(a, b string, addSpecial bool) (ids, typeIDs []int
 	}
 	return ids, typeIDs, nil
 }
+
+// EncodeTruncated is Encode with the post-processor's (or BOS/EOS)
+// special tokens, keeping at most maxTokens ids in all: when the text is
+// longer, its own ids are cut at the end before the special tokens are
+// added, as Hugging Face's right truncation does (so a BERT input still
+// ends with [SEP]). truncated reports a cut. A maxTokens that leaves no
+// room beside the special tokens gives an error wrapping ErrTooShort.
+func (t *Tokenizer) EncodeTruncated(text string, maxTokens int) (ids []int32, truncated bool, err error) {
+	prefix, suffix := t.specialPrefix(), t.specialSuffix()
+	room := maxTokens - len(prefix) - len(suffix)
+	if room < 1 {
+		return nil, false, fmt.Errorf("tokenizer: %d tokens leave no room beside %d special tokens: %w", maxTokens, len(prefix)+len(suffix), ErrTooShort)
+	}
+	body, err := t.Encode(text, false)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(body) > room {
+		body, truncated = body[:room], true
+	}
+	ids = make([]int32, 0, len(prefix)+len(body)+len(suffix))
+	ids = append(append(append(ids, prefix...), body...), suffix...)
+	return ids, truncated, nil
+}

@@ -419,3 +419,26 @@ func FuzzBertNormalizer(f *testing.F) {
 		}
 	})
 }
+
+// TestEncodeTruncated: right truncation keeps the special tokens, as
+// sentence-transformers' max_seq_length cut does.
+func TestEncodeTruncated(t *testing.T) {
+	tok := wordPieceTokenizer(t, "bert_uncased")
+	full, _ := tok.Encode("the quick brown fox jumps over the lazy dog", true)
+	for _, max := range []int{3, 5, len(full) - 1, len(full), len(full) + 10} {
+		got, truncated, err := tok.EncodeTruncated("the quick brown fox jumps over the lazy dog", max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := full
+		if max < len(full) {
+			want = append(append([]int32(nil), full[:max-1]...), full[len(full)-1])
+		}
+		if !slices.Equal(got, want) || truncated != (max < len(full)) {
+			t.Errorf("max %d: %v (truncated %v), want %v", max, got, truncated, want)
+		}
+	}
+	if _, _, err := tok.EncodeTruncated("x", 2); !errors.Is(err, ErrTooShort) {
+		t.Errorf("max 2 with [CLS] and [SEP]: err = %v, want ErrTooShort", err)
+	}
+}
