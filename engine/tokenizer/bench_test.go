@@ -58,15 +58,24 @@ func BenchmarkDecode(b *testing.B) {
 	text := benchCorpus(b)
 	for _, name := range realTokenizers {
 		b.Run(name, func(b *testing.B) {
-			tok := realTokenizer(b, name)
-			ids, _ := tok.Encode(text, false)
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				if _, err := tok.Decode(ids, false); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchDecode(b, realTokenizer(b, name), text)
 		})
+	}
+	b.Run("wordpiece", func(b *testing.B) {
+		benchDecode(b, wordPieceTokenizer(b, "bert_uncased"), text)
+	})
+	b.Run("unigram", func(b *testing.B) {
+		benchDecode(b, unigramTokenizer(b), text)
+	})
+}
+
+func benchDecode(b *testing.B, tok *Tokenizer, text string) {
+	ids, _ := tok.Encode(text, false)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := tok.Decode(ids, false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
