@@ -196,6 +196,12 @@ func TestWordPieceRustRules(t *testing.T) {
 			t.Errorf("Encode(%q) = %v, %v; want %v %v", c.text, got, err, c.tokens, want)
 		}
 	}
+	// Whitespace is Unicode's White_Space (Rust's char::is_whitespace):
+	// U+0085 splits, U+FEFF does not (JavaScript's \s says the opposite);
+	// it matters only without clean_text, which removes both as controls.
+	if got := (bertPre{}).split(nil, "a\u0085b\ufeffc", true); !slices.Equal(got, []string{"a", "b\ufeffc"}) {
+		t.Errorf("BertPreTokenizer split = %q", got)
+	}
 	cased := wordPieceTokenizer(t, "bert_cased")
 	if got, want := bertLowercase("ΣΟΣ İ"), "σοσ i\u0307"; got != want {
 		t.Errorf("bertLowercase = %q, want %q", got, want)
