@@ -16,6 +16,24 @@ type decodePlan struct {
 	byteFallback bool // <0xXX> tokens become that byte
 	stripStart   int  // leading spaces removed from the whole output
 	wordPiece    *wordPieceDecoder
+	// dropFirst is the Metaspace replacement rune when the decoder starts
+	// with a Metaspace step that prepends: Hugging Face's Metaspace decoder
+	// removes every one of them from the first token (not only a leading
+	// one) and turns them into spaces in the others.
+	dropFirst string
+}
+
+// firstBytes returns a token's bytes when it starts the output, for
+// decoders that treat the first token differently (WordPiece, Metaspace);
+// ok is false for the others.
+func (p *decodePlan) firstBytes(tok string, bl *byteLevelTable) (b []byte, ok bool) {
+	switch {
+	case p.wordPiece != nil:
+		return []byte(p.wordPiece.first(tok)), true
+	case p.dropFirst != "":
+		return p.tokenBytes(strings.ReplaceAll(tok, p.dropFirst, ""), bl), true
+	}
+	return nil, false
 }
 
 // wordPieceDecoder is the WordPiece decoder: each token after the first
@@ -118,6 +136,11 @@ func parseDecoder(raw json.RawMessage, field string) (*decodePlan, error) {
 		}
 		if err := p.addStep(st, f, &fused); err != nil {
 			return nil, err
+		}
+		if i == 0 && st.Type == "Metaspace" && p.stripStart == 1 {
+			// Later steps see the first token as Metaspace left it only
+			// while no step merges tokens, which holds when it comes first.
+			p.dropFirst = p.replaces[0][0]
 		}
 	}
 	return p, nil

@@ -43,6 +43,13 @@
 // unknown runs, byte_fallback). Their usual Precompiled normalizer (a
 // serialized SentencePiece character map) is not implemented, so real
 // XLM-RoBERTa and multilingual-e5 files are refused at that normalizer.
+// A Metaspace decoder removes every "▁" of the first token, as Hugging
+// Face's does (not only a leading one).
+//
+// The WordPiece and Unigram tests compare with two references: the
+// JavaScript port (@huggingface/tokenizers) on a few hundred texts, and
+// Hugging Face's Rust tokenizers 0.22.2 (through a Node binding) on the
+// same texts plus those where the port departs from Rust.
 //
 // Other model types (WordLevel) and components are refused with
 // ErrUnsupported, naming the field.

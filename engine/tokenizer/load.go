@@ -402,13 +402,14 @@ func (t *Tokenizer) buildPieces() {
 		t.pieces[id] = t.dec.tokenBytes(a.Content, t.bl)
 		t.special[id] = a.Special
 	}
-	if w := t.dec.wordPiece; w != nil {
+	if _, ok := t.dec.firstBytes("", t.bl); ok {
 		t.firstPieces = map[int32][]byte{}
 		note := func(tok string, id int32) {
 			// appendPiece strips one leading space from a first piece;
 			// keep only the tokens for which that is not the right text.
-			if first := w.first(tok); first != strings.TrimPrefix(w.piece(tok), " ") {
-				t.firstPieces[id] = []byte(first)
+			first, _ := t.dec.firstBytes(tok, t.bl)
+			if !bytes.Equal(first, bytes.TrimPrefix(t.pieces[id], []byte(" "))) {
+				t.firstPieces[id] = first
 			}
 		}
 		for tok, id := range t.tokens {

@@ -5,9 +5,8 @@
 //       ("▁word" becomes "word", "iece" becomes "##iece") plus every
 //       character of the test texts in both forms;
 //   testdata/golden/encode_bert_*.json  reference encodings and decodings
-//       by @huggingface/tokenizers of three variants of it (see variants
-//       below; wordpiece_test.go applies the same rewrites) on
-//       testdata/corpus.json and testdata/wordpiece/texts.json (the
+//       by @huggingface/tokenizers of three variants of it (variants.mjs)
+//       on testdata/corpus.json and testdata/wordpiece/texts.json (the
 //       BERT-specific texts below and 200 seeded random texts, written
 //       here too).
 //
@@ -18,6 +17,7 @@ import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createRequire } from "node:module";
+import { variant, variants } from "./variants.mjs";
 
 const modules = process.env.MLXSERVING_TOKENIZERS;
 if (!modules) throw new Error("MLXSERVING_TOKENIZERS is not set: source scripts/setup.d/20-tokenizers.sh");
@@ -146,26 +146,6 @@ mkdirSync(join(testdata, "wordpiece"), { recursive: true });
 writeFileSync(join(testdata, "wordpiece", "tokenizer.json"), JSON.stringify(base) + "\n");
 console.log(`wordpiece/tokenizer.json: ${Object.keys(vocab).length} tokens`);
 
-// Variants: bert_uncased is the file as written (bert-base-uncased's
-// settings); bert_cased is bert-base-cased's (no lowercasing, so no accent
-// stripping, BertProcessing); bert_strip strips accents without
-// lowercasing, leaves CJK alone, has a 12-character word limit and a
-// decoder without cleanup.
-function variant(name, tj) {
-  tj = structuredClone(tj);
-  if (name === "bert_cased") {
-    tj.normalizer.lowercase = false;
-    tj.post_processor = { type: "BertProcessing", sep: ["[SEP]", vocab["[SEP]"]], cls: ["[CLS]", vocab["[CLS]"]] };
-  } else if (name === "bert_strip") {
-    tj.normalizer.lowercase = false;
-    tj.normalizer.strip_accents = true;
-    tj.normalizer.handle_chinese_chars = false;
-    tj.model.max_input_chars_per_word = 12;
-    tj.decoder.cleanup = false;
-  }
-  return tj;
-}
-
 const decodeOnly = [
   ["##ing", "he", "##ll", "."],
   ["###", "#", "##."],
@@ -174,7 +154,7 @@ const decodeOnly = [
 ];
 
 mkdirSync(join(testdata, "golden"), { recursive: true });
-for (const name of ["bert_uncased", "bert_cased", "bert_strip"]) {
+for (const name of variants) {
   const tok = new Tokenizer(variant(name, base), {});
   const cases = {};
   const keys = Object.keys(texts).sort();
