@@ -109,7 +109,7 @@ func TestWordPieceGolden(t *testing.T) {
 				// (Hugging Face encodes it as an empty sequence: TestEncodePair).
 				pairText := texts[keys[(i+1)%len(keys)]]
 				ids, types, err := tok.EncodePair(text, pairText, true)
-				if pairText != "" && (err != nil || !slices.Equal(ids, want.IDsPair) || !slices.Equal(types, want.TypeIDsPair)) {
+				if want.IDsPair != nil && pairText != "" && (err != nil || !slices.Equal(ids, want.IDsPair) || !slices.Equal(types, want.TypeIDsPair)) {
 					t.Errorf("%s: EncodePair(%q, %q)\n got %v %v, %v\nwant %v %v", key, text, pairText, ids, types, err, want.IDsPair, want.TypeIDsPair)
 				}
 				if dec, err := tok.Decode(want.IDs, false); err != nil || dec != want.Decoded {
