@@ -196,12 +196,6 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 		return specErr("model", ErrMalformed, "%v", err)
 	}
 	switch {
-	case ms.Type == "WordPiece" && !byteLevel:
-		return t.buildWordPiece(raw)
-	case ms.Type == "Unigram" && !byteLevel:
-		return t.buildUnigram(raw)
-	case ms.Type == "WordPiece" || ms.Type == "Unigram":
-		return specErr("model.type", ErrUnsupported, "%s model with a ByteLevel pre-tokenizer", ms.Type)
 	case ms.Type == "":
 		if ms.Merges == nil {
 			return specErr("model.type", ErrMalformed, "missing")

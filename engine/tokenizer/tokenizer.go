@@ -15,7 +15,7 @@ type Tokenizer struct {
 	pre            preTokenizer // nil: the whole segment is one word
 	spaceSplit     string       // see encodeSpaceWords; "" when unsafe
 	model          *bpeModel    // nil unless the model is BPE
-	words          wordModel    // the model: model, or WordPiece
+	words          wordModel    // the model: BPE (model), WordPiece or Unigram
 	added          *addedMatcher
 	addedByID      map[int32]*addedToken
 	addedByContent map[string]int32
@@ -24,7 +24,7 @@ type Tokenizer struct {
 	tokens         map[string]int32 // vocabulary in tokenizer.json's spelling
 	vocabSize      int
 	pieces         [][]byte         // decoded bytes of each id
-	firstPieces    map[int32][]byte // bytes of an id that starts the output, where they differ (WordPiece)
+	firstPieces    map[int32][]byte // bytes of an id that starts the output, where they differ (WordPiece, Metaspace)
 	special        []bool           // id is a special added token
 
 	bos              int32
@@ -178,7 +178,9 @@ func (t *Tokenizer) piece(id int32, skipSpecial bool) ([]byte, bool, error) {
 
 // firstPiece returns the bytes of the token that starts the output: the
 // WordPiece decoder writes that token as it is spelled (a leading "##"
-// stays), every later one with the prefix cut or a space before it.
+// stays), every later one with the prefix cut or a space before it; the
+// Metaspace decoder drops every "▁" of that token, later ones become
+// spaces.
 func (t *Tokenizer) firstPiece(id int32, piece []byte, strip int, first bool) ([]byte, int) {
 	if first && t.firstPieces != nil {
 		if p, ok := t.firstPieces[id]; ok {
