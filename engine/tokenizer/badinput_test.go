@@ -124,7 +124,14 @@ func TestMalformedFiles(t *testing.T) {
 		{"bad regex", edit(func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(unclosed"}, "behavior": "Isolated"}
 		}), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
-		{"normalizer", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Precompiled"} }), nil, "tokenizer.json", "normalizer", ErrUnsupported},
+		{"normalizer", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Nmt"} }), nil, "tokenizer.json", "normalizer", ErrUnsupported},
+		{"precompiled missing", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Precompiled"} }), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"precompiled base64", edit(func(m map[string]any) {
+			m["normalizer"] = map[string]any{"type": "Precompiled", "precompiled_charsmap": "%%"}
+		}), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"precompiled size", edit(func(m map[string]any) {
+			m["normalizer"] = map[string]any{"type": "Precompiled", "precompiled_charsmap": "/////w=="}
+		}), nil, "tokenizer.json", "normalizer", ErrMalformed},
 		{"bert normalizer field", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer", "lowercase": "yes"} }), nil, "tokenizer.json", "normalizer", ErrMalformed},
 		{"decoder", edit(func(m map[string]any) { m["decoder"] = map[string]any{"type": "CTC"} }), nil, "tokenizer.json", "decoder", ErrUnsupported},
 		{"wordpiece in sequence", edit(func(m map[string]any) {

