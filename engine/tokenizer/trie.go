@@ -13,45 +13,40 @@ type byteTrie struct {
 	val    []int32 // per node, the id of the token ending there, or -1
 }
 
-// newByteTrie builds the trie of keys (key -> id).
+// newByteTrie builds the trie of keys (key -> id): the keys are sorted,
+// then nodes are laid out breadth first, each node's children (the
+// distinct next bytes of its range of keys) appended together.
 func newByteTrie(keys map[string]int32) *byteTrie {
-	type node struct {
-		kids map[byte]int32
-		val  int32
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
 	}
-	nodes := []node{{val: -1}}
-	for k, id := range keys {
-		n := int32(0)
-		for i := 0; i < len(k); i++ {
-			c, ok := nodes[n].kids[k[i]]
-			if !ok {
-				c = int32(len(nodes))
-				nodes = append(nodes, node{val: -1})
-				if nodes[n].kids == nil {
-					nodes[n].kids = map[byte]int32{}
-				}
-				nodes[n].kids[k[i]] = c
+	sort.Strings(sorted)
+	type span struct{ lo, hi, depth int32 } // keys [lo, hi) share a prefix of depth bytes
+	queue := []span{{0, int32(len(sorted)), 0}}
+	t := &byteTrie{}
+	for n := 0; n < len(queue); n++ {
+		sp := queue[n]
+		lo, depth := sp.lo, int(sp.depth)
+		t.val = append(t.val, -1)
+		if lo < sp.hi && len(sorted[lo]) == depth {
+			t.val[n] = keys[sorted[lo]]
+			lo++
+		}
+		t.first = append(t.first, int32(len(t.labels)))
+		for lo < sp.hi {
+			b := sorted[lo][depth]
+			hi := lo + 1
+			for hi < sp.hi && sorted[hi][depth] == b {
+				hi++
 			}
-			n = c
-		}
-		nodes[n].val = id
-	}
-	t := &byteTrie{first: make([]int32, len(nodes)+1), val: make([]int32, len(nodes))}
-	var order []byte
-	for i, nd := range nodes {
-		t.first[i] = int32(len(t.labels))
-		t.val[i] = nd.val
-		order = order[:0]
-		for b := range nd.kids {
-			order = append(order, b)
-		}
-		sort.Slice(order, func(a, b int) bool { return order[a] < order[b] })
-		for _, b := range order {
 			t.labels = append(t.labels, b)
-			t.child = append(t.child, nd.kids[b])
+			t.child = append(t.child, int32(len(queue)))
+			queue = append(queue, span{lo, hi, sp.depth + 1})
+			lo = hi
 		}
 	}
-	t.first[len(nodes)] = int32(len(t.labels))
+	t.first = append(t.first, int32(len(t.labels)))
 	return t
 }
 
