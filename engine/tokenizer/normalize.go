@@ -116,7 +116,9 @@ func parseNormalizers(raw json.RawMessage, field string) ([]normalizer, error) {
 		}
 		return []normalizer{newBertNormalizer(b)}, nil
 	case "Lowercase":
-		return []normalizer{strings.ToLower}, nil
+		// Per character with the full mapping (İ becomes i + U+0307), as
+		// Rust's char::to_lowercase; strings.ToLower maps İ to a plain i.
+		return []normalizer{bertLowercase}, nil
 	case "Prepend":
 		p := c.Prepend
 		return []normalizer{func(s string) string {

@@ -206,6 +206,10 @@ func TestWordPieceRustRules(t *testing.T) {
 	if got, want := bertLowercase("ΣΟΣ İ"), "σοσ i\u0307"; got != want {
 		t.Errorf("bertLowercase = %q, want %q", got, want)
 	}
+	lower, err := parseNormalizers(json.RawMessage(`{"type": "Lowercase"}`), "normalizer")
+	if err != nil || len(lower) != 1 || lower[0]("İA") != "i\u0307a" {
+		t.Errorf("Lowercase normalizer: %v", err)
+	}
 	if got, _ := cased.Encode("ÉCOLE", false); slices.Contains(got, tokenIDs(t, cased, "E")[0]) {
 		t.Errorf("cased tokenizer stripped the accent of É: %v", got)
 	}
