@@ -6,7 +6,8 @@ import (
 	"unicode/utf8"
 )
 
-// wordModel turns one pre-tokenized word into ids: BPE or WordPiece.
+// wordModel turns one pre-tokenized word into ids: BPE, WordPiece or
+// Unigram.
 type wordModel interface {
 	encodeWord(dst []int32, word string) []int32
 }
