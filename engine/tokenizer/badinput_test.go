@@ -111,20 +111,35 @@ func TestMalformedFiles(t *testing.T) {
 	}{
 		{"not json", []byte(`{"model": `), nil, "tokenizer.json", "", ErrMalformed},
 		{"no model", edit(func(m map[string]any) { delete(m, "model") }), nil, "tokenizer.json", "model", ErrMalformed},
-		{"unigram", edit(func(m map[string]any) { model(m)["type"] = "Unigram" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"wordlevel", edit(func(m map[string]any) { model(m)["type"] = "WordLevel" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
+		{"unigram byte level", edit(func(m map[string]any) { model(m)["type"] = "Unigram" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
 		{"wordpiece", edit(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "tokenizer.json", "model.type", ErrUnsupported},
 		{"no vocab", edit(func(m map[string]any) { delete(model(m), "vocab") }), nil, "tokenizer.json", "model.vocab", ErrMalformed},
 		{"no merges", edit(func(m map[string]any) { delete(model(m), "merges") }), nil, "tokenizer.json", "model.merges", ErrMalformed},
 		{"bad merge", edit(func(m map[string]any) { model(m)["merges"] = []any{"Ġ zz"} }), nil, "tokenizer.json", "model.merges[0]", ErrMalformed},
 		{"merge shape", edit(func(m map[string]any) { model(m)["merges"] = []any{42} }), nil, "tokenizer.json", "model.merges[0]", ErrMalformed},
 		{"unk missing", edit(func(m map[string]any) { model(m)["unk_token"] = "<nope>" }), nil, "tokenizer.json", "model.unk_token", ErrMalformed},
-		{"pre type", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "BertPreTokenizer"} }), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
+		{"pre type", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "Whitespace"} }), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
 		{"pre no type", edit(func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"kind": "x"} }), nil, "tokenizer.json", "pre_tokenizer", ErrMalformed},
 		{"bad regex", edit(func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(unclosed"}, "behavior": "Isolated"}
 		}), nil, "tokenizer.json", "pre_tokenizer", ErrUnsupported},
-		{"normalizer", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer"} }), nil, "tokenizer.json", "normalizer", ErrUnsupported},
-		{"decoder", edit(func(m map[string]any) { m["decoder"] = map[string]any{"type": "WordPiece"} }), nil, "tokenizer.json", "decoder", ErrUnsupported},
+		{"normalizer", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Nmt"} }), nil, "tokenizer.json", "normalizer", ErrUnsupported},
+		{"precompiled missing", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Precompiled"} }), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"precompiled base64", edit(func(m map[string]any) {
+			m["normalizer"] = map[string]any{"type": "Precompiled", "precompiled_charsmap": "%%"}
+		}), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"precompiled size", edit(func(m map[string]any) {
+			m["normalizer"] = map[string]any{"type": "Precompiled", "precompiled_charsmap": "/////w=="}
+		}), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"bert normalizer field", edit(func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer", "lowercase": "yes"} }), nil, "tokenizer.json", "normalizer", ErrMalformed},
+		{"decoder", edit(func(m map[string]any) { m["decoder"] = map[string]any{"type": "CTC"} }), nil, "tokenizer.json", "decoder", ErrUnsupported},
+		{"wordpiece in sequence", edit(func(m map[string]any) {
+			m["decoder"] = map[string]any{"type": "Sequence", "decoders": []any{map[string]any{"type": "WordPiece"}}}
+		}), nil, "tokenizer.json", "decoder.decoders[0]", ErrUnsupported},
+		{"pair sequence", edit(func(m map[string]any) {
+			m["post_processor"] = map[string]any{"type": "TemplateProcessing", "single": []any{}, "pair": []any{map[string]any{"Sequence": map[string]any{"id": "C"}}}}
+		}), nil, "tokenizer.json", "post_processor.pair[0]", ErrMalformed},
 		{"post", edit(func(m map[string]any) { m["post_processor"] = map[string]any{"type": "Fancy"} }), nil, "tokenizer.json", "post_processor", ErrUnsupported},
 		{"added empty", edit(func(m map[string]any) { m["added_tokens"] = []any{map[string]any{"id": 5, "content": ""}} }), nil, "tokenizer.json", "added_tokens[0]", ErrMalformed},
 		{"config json", mustJSON(t, tinySpec()), []byte(`{`), "tokenizer_config.json", "", ErrMalformed},
@@ -148,7 +163,7 @@ func TestLoadErrorsNameFile(t *testing.T) {
 	if !errors.As(err, &fe) || !errors.Is(err, os.ErrNotExist) || fe.File != filepath.Join(dir, "tokenizer.json") {
 		t.Errorf("missing file: %v", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "Unigram"}}`), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "WordLevel"}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, err = Load(dir)

@@ -31,14 +31,30 @@ func BenchmarkEncode(b *testing.B) {
 	text := benchCorpus(b)
 	for _, name := range realTokenizers {
 		b.Run(name, func(b *testing.B) {
-			tok := realTokenizer(b, name)
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				if _, err := tok.Encode(text, false); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchEncode(b, realTokenizer(b, name), text)
 		})
+	}
+	// WordPiece: the BERT-style tokenizer of testdata/wordpiece (uncased:
+	// clean text, CJK spacing, accent stripping, lowercasing).
+	b.Run("wordpiece", func(b *testing.B) {
+		benchEncode(b, wordPieceTokenizer(b, "bert_uncased"), text)
+	})
+	// Unigram: the XLM-RoBERTa-shaped tokenizer of testdata/unigram, and
+	// testdata/xlmr with its Precompiled normalizer.
+	b.Run("unigram", func(b *testing.B) {
+		benchEncode(b, unigramTokenizer(b), text)
+	})
+	b.Run("xlmr", func(b *testing.B) {
+		benchEncode(b, xlmrTokenizer(b), text)
+	})
+}
+
+func benchEncode(b *testing.B, tok *Tokenizer, text string) {
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := tok.Encode(text, false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -46,15 +62,27 @@ func BenchmarkDecode(b *testing.B) {
 	text := benchCorpus(b)
 	for _, name := range realTokenizers {
 		b.Run(name, func(b *testing.B) {
-			tok := realTokenizer(b, name)
-			ids, _ := tok.Encode(text, false)
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				if _, err := tok.Decode(ids, false); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchDecode(b, realTokenizer(b, name), text)
 		})
+	}
+	b.Run("wordpiece", func(b *testing.B) {
+		benchDecode(b, wordPieceTokenizer(b, "bert_uncased"), text)
+	})
+	b.Run("unigram", func(b *testing.B) {
+		benchDecode(b, unigramTokenizer(b), text)
+	})
+	b.Run("xlmr", func(b *testing.B) {
+		benchDecode(b, xlmrTokenizer(b), text)
+	})
+}
+
+func benchDecode(b *testing.B, tok *Tokenizer, text string) {
+	ids, _ := tok.Encode(text, false)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := tok.Decode(ids, false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

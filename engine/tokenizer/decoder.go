@@ -15,10 +15,61 @@ type decodePlan struct {
 	replaces     [][2]string
 	byteFallback bool // <0xXX> tokens become that byte
 	stripStart   int  // leading spaces removed from the whole output
+	wordPiece    *wordPieceDecoder
+	// dropFirst is the Metaspace replacement rune when the decoder starts
+	// with a Metaspace step that prepends: Hugging Face's Metaspace decoder
+	// removes every one of them from the first token (not only a leading
+	// one) and turns them into spaces in the others.
+	dropFirst string
+}
+
+// firstBytes returns a token's bytes when it starts the output, for
+// decoders that treat the first token differently (WordPiece, Metaspace);
+// ok is false for the others.
+func (p *decodePlan) firstBytes(tok string, bl *byteLevelTable) (b []byte, ok bool) {
+	switch {
+	case p.wordPiece != nil:
+		return []byte(p.wordPiece.first(tok)), true
+	case p.dropFirst != "":
+		return p.tokenBytes(strings.ReplaceAll(tok, p.dropFirst, ""), bl), true
+	}
+	return nil, false
+}
+
+// wordPieceDecoder is the WordPiece decoder: each token after the first
+// loses its continuing-subword prefix or gets a space before it, then,
+// with cleanup, loses the space again before punctuation.
+type wordPieceDecoder struct {
+	prefix  string
+	cleanup bool
+}
+
+// piece is a token's text anywhere but at the start of the output.
+func (w *wordPieceDecoder) piece(tok string) string {
+	if rest, ok := strings.CutPrefix(tok, w.prefix); ok {
+		tok = rest
+	} else {
+		tok = " " + tok
+	}
+	if w.cleanup {
+		tok = wordPieceCleanup(tok)
+	}
+	return tok
+}
+
+// first is a token's text at the start of the output.
+func (w *wordPieceDecoder) first(tok string) string {
+	if w.cleanup {
+		return wordPieceCleanup(tok)
+	}
+	return tok
 }
 
 // tokenBytes turns one token's text into its output bytes.
 func (p *decodePlan) tokenBytes(tok string, bl *byteLevelTable) []byte {
+	if p.wordPiece != nil {
+		return []byte(p.wordPiece.piece(tok))
+	}
 	if p.byteFallback {
 		if b, ok := parseByteToken(tok); ok {
 			return []byte{b}
@@ -58,6 +109,14 @@ func parseDecoder(raw json.RawMessage, field string) (*decodePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Type == "WordPiece" {
+		p.wordPiece = &wordPieceDecoder{prefix: "##", cleanup: boolOr(c.Cleanup, true)}
+		if c.Prefix != nil {
+			p.wordPiece.prefix = *c.Prefix
+		}
+		p.stripStart = 1 // the first token gets no space; see firstPieces for the rest
+		return p, nil
+	}
 	steps := []*componentSpec{c}
 	if c.Type == "Sequence" {
 		steps = steps[:0]
@@ -77,6 +136,11 @@ func parseDecoder(raw json.RawMessage, field string) (*decodePlan, error) {
 		}
 		if err := p.addStep(st, f, &fused); err != nil {
 			return nil, err
+		}
+		if i == 0 && st.Type == "Metaspace" && p.stripStart == 1 {
+			// Later steps see the first token as Metaspace left it only
+			// while no step merges tokens, which holds when it comes first.
+			p.dropFirst = p.replaces[0][0]
 		}
 	}
 	return p, nil

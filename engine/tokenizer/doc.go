@@ -20,12 +20,58 @@
 // written in the text are matched before anything else. Pre-tokenizer
 // regular expressions run on github.com/dlclark/regexp2 (look-ahead, \s
 // matching NBSP as Oniguruma does); the GPT-2, Llama 3 and Qwen2 patterns
-// have hand-written matchers that give the same splits much faster. Other
-// model types (WordPiece, Unigram) and components are refused with
+// have hand-written matchers that give the same splits much faster.
+//
+// The BERT family's WordPiece tokenizers (bert, MiniLM, bge, e5, gte) load
+// as Hugging Face's tokenizers runs them: the BertNormalizer (clean_text,
+// CJK spacing, strip_accents null/true/false, lowercase), the
+// BertPreTokenizer (whitespace, then every ASCII or Unicode punctuation
+// character on its own), greedy longest-match WordPiece with its
+// continuing-subword prefix, unknown token and max_input_chars_per_word,
+// BertProcessing or TemplateProcessing, and the WordPiece decoder (the
+// first token written as spelled, later ones joined by their "##" or a
+// space, cleanup). Where the JavaScript port of tokenizers departs from
+// the Rust one, this package follows Rust: CJK ideographs outside the BMP
+// are spaced out, and lowercasing is per character (no final-sigma rule).
+// Character classes come from Go's Unicode tables, which are newer than
+// the Unicode 9 tables Rust's BertNormalizer and BertPreTokenizer use for
+// punctuation, control and nonspacing-mark categories: a character
+// assigned to such a category after Unicode 9 may be treated differently.
+//
+// Unigram models (SentencePiece unigram: XLM-RoBERTa, multilingual-e5,
+// bge-m3, T5) run Hugging Face's Viterbi (the best-scoring segmentation,
+// first-found ties, fused unknown runs, byte_fallback), with their
+// Precompiled normalizer (the serialized SentencePiece character map,
+// applied as Hugging Face's spm_precompiled does: a grapheme cluster
+// shorter than 6 bytes is replaced whole when a prefix of it is in the
+// map, anything else character by character) and Replace normalizers
+// with a regular expression (XLM-RoBERTa's " {2,}"). The grapheme
+// clusters follow UAX #29 except the emoji ZWJ and Indic conjunct rules,
+// which only make clusters long enough to be mapped per character anyway.
+// A Metaspace decoder removes every "▁" of the first token, as Hugging
+// Face's does (not only a leading one).
+//
+// The WordPiece and Unigram tests compare with two references: the
+// JavaScript port (@huggingface/tokenizers) on a few hundred texts, and
+// Hugging Face's Rust tokenizers 0.22.2 (through a Node binding) on the
+// same texts plus those where the port departs from Rust, and for the
+// Precompiled normalizer on SentencePiece's own nmt_nfkc map (the one
+// XLM-RoBERTa carries) with 300 random grapheme-heavy texts.
+//
+// Other model types (WordLevel) and components are refused with
 // ErrUnsupported, naming the field.
 //
+// EncodePair joins two texts by the post-processor's pair form and
+// returns token type ids, for cross-encoders and sentence-pair models.
+// EncodeTruncated cuts a text's ids to a limit before adding the special
+// tokens, as Hugging Face's right truncation (sentence-transformers'
+// max_seq_length) does. The truncation and padding settings a
+// tokenizer.json may carry are not applied by Encode (transformers turns
+// them off unless a call asks for them).
+//
 // Decode returns text exactly as the tokens spell it; transformers'
-// clean_up_tokenization_spaces is not applied.
+// clean_up_tokenization_spaces is not applied (the WordPiece decoder's own
+// cleanup is).
 //
 // # Chat templates
 //

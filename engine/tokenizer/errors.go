@@ -23,6 +23,9 @@ var (
 	// ErrNoChatTemplate means the tokenizer has no chat template (or no
 	// template of the requested name).
 	ErrNoChatTemplate = errors.New("no chat template")
+	// ErrTooShort means a token limit given to EncodeTruncated leaves no
+	// room for any text beside the special tokens.
+	ErrTooShort = errors.New("token limit too small")
 	// ErrTemplate means a chat template failed to parse or render: a
 	// syntax error, raise_exception, or an undefined value used in a way
 	// that needs a value.

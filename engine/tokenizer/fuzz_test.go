@@ -42,11 +42,13 @@ func testModelTokenizer(t testing.TB) *Tokenizer {
 	return testModelTok
 }
 
-// fuzzTokenizers returns the testmodel tokenizer plus, when the set-up has
+// fuzzTokenizers returns the testmodel tokenizer, the BERT-style
+// WordPiece tokenizer of testdata/wordpiece, the Unigram ones of
+// testdata/unigram and testdata/xlmr plus, when the set-up has
 // installed them, a byte-level and two SentencePiece-style real tokenizers
 // (llama2's Prepend/Replace normalizers, Gemma 3's Replace and Split).
 func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
-	out := map[string]*Tokenizer{"testmodel": testModelTokenizer(t)}
+	out := map[string]*Tokenizer{"testmodel": testModelTokenizer(t), "bert_uncased": wordPieceTokenizer(t, "bert_uncased"), "unigram": unigramTokenizer(t), "xlmr": xlmrTokenizer(t)}
 	if os.Getenv("MLXSERVING_TOKENIZERS") != "" || os.Getenv("CI") != "" {
 		out["qwen3"] = realTokenizer(t, "qwen3")
 		out["llama2"] = realTokenizer(t, "llama2")

@@ -162,7 +162,11 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 	if err := t.buildAdded(spec.AddedTokens); err != nil {
 		return nil, err
 	}
-	for _, id := range append(append([]int32(nil), t.post.prefix...), t.post.suffix...) {
+	postIDs := append(append([]int32(nil), t.post.prefix...), t.post.suffix...)
+	for _, it := range t.post.pair {
+		postIDs = append(postIDs, it.ids...)
+	}
+	for _, id := range postIDs {
 		if id < 0 || int(id) >= t.vocabSize {
 			return nil, specErr("post_processor", ErrMalformed, "special token id %d is outside the vocabulary", id)
 		}
@@ -173,6 +177,20 @@ func parseTokenizer(data []byte) (*Tokenizer, error) {
 }
 
 func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
+	var kind struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(raw, &kind); err != nil {
+		return specErr("model", ErrMalformed, "%v", err)
+	}
+	switch {
+	case kind.Type == "Unigram" && !byteLevel:
+		return t.buildUnigram(raw)
+	case kind.Type == "WordPiece" && !byteLevel:
+		return t.buildWordPiece(raw)
+	case kind.Type == "WordPiece" || kind.Type == "Unigram":
+		return specErr("model.type", ErrUnsupported, "%s model with a ByteLevel pre-tokenizer", kind.Type)
+	}
 	var ms modelSpec
 	if err := json.Unmarshal(raw, &ms); err != nil {
 		return specErr("model", ErrMalformed, "%v", err)
@@ -183,7 +201,7 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 			return specErr("model.type", ErrMalformed, "missing")
 		}
 	case ms.Type != "BPE":
-		return specErr("model.type", ErrUnsupported, "model type %q (only BPE is implemented)", ms.Type)
+		return specErr("model.type", ErrUnsupported, "model type %q (BPE, WordPiece and Unigram are implemented)", ms.Type)
 	}
 	if ms.Vocab == nil {
 		return specErr("model.vocab", ErrMalformed, "missing")
@@ -224,6 +242,7 @@ func (t *Tokenizer) buildModel(raw json.RawMessage, byteLevel bool) error {
 		return err
 	}
 	t.model = m
+	t.words = m
 	return nil
 }
 
@@ -354,7 +373,7 @@ func (t *Tokenizer) buildAdded(added []addedToken) error {
 // the rune after a different character.
 func (t *Tokenizer) safeSpaceSplit() string {
 	const sep = "\u2581"
-	if t.pre != nil || t.model.byteLevel {
+	if t.pre != nil || t.model == nil || t.model.byteLevel {
 		return ""
 	}
 	for tok := range t.model.vocab {
@@ -376,5 +395,24 @@ func (t *Tokenizer) buildPieces() {
 	for id, a := range t.addedByID {
 		t.pieces[id] = t.dec.tokenBytes(a.Content, t.bl)
 		t.special[id] = a.Special
+	}
+	if _, ok := t.dec.firstBytes("", t.bl); ok {
+		t.firstPieces = map[int32][]byte{}
+		note := func(tok string, id int32) {
+			// appendPiece strips one leading space from a first piece;
+			// keep only the tokens for which that is not the right text.
+			first, _ := t.dec.firstBytes(tok, t.bl)
+			if !bytes.Equal(first, bytes.TrimPrefix(t.pieces[id], []byte(" "))) {
+				t.firstPieces[id] = first
+			}
+		}
+		for tok, id := range t.tokens {
+			if _, added := t.addedByID[id]; !added {
+				note(tok, id)
+			}
+		}
+		for id, a := range t.addedByID {
+			note(a.Content, id)
+		}
 	}
 }

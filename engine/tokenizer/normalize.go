@@ -36,6 +36,11 @@ type componentSpec struct {
 	PrependScheme    string `json:"prepend_scheme"`
 	Split            *bool  `json:"split"`
 	IndividualDigits bool   `json:"individual_digits"`
+	// WordPiece decoder.
+	Prefix  *string `json:"prefix"`
+	Cleanup *bool   `json:"cleanup"`
+	// Precompiled normalizer.
+	PrecompiledCharsmap *string `json:"precompiled_charsmap"`
 }
 
 type patternSpec struct {
@@ -104,8 +109,16 @@ func parseNormalizers(raw json.RawMessage, field string) ([]normalizer, error) {
 		return []normalizer{norm.NFKC.String}, nil
 	case "NFKD":
 		return []normalizer{norm.NFKD.String}, nil
+	case "BertNormalizer":
+		var b bertNormalizerSpec
+		if err := json.Unmarshal(raw, &b); err != nil {
+			return nil, specErr(field, ErrMalformed, "%v", err)
+		}
+		return []normalizer{newBertNormalizer(b)}, nil
 	case "Lowercase":
-		return []normalizer{strings.ToLower}, nil
+		// Per character with the full mapping (İ becomes i + U+0307), as
+		// Rust's char::to_lowercase; strings.ToLower maps İ to a plain i.
+		return []normalizer{bertLowercase}, nil
 	case "Prepend":
 		p := c.Prepend
 		return []normalizer{func(s string) string {
@@ -114,13 +127,29 @@ func parseNormalizers(raw json.RawMessage, field string) ([]normalizer, error) {
 			}
 			return p + s
 		}}, nil
+	case "Precompiled":
+		if c.PrecompiledCharsmap == nil {
+			return nil, specErr(field, ErrMalformed, "Precompiled normalizer without precompiled_charsmap")
+		}
+		p, err := newPrecompiled(*c.PrecompiledCharsmap, field)
+		if err != nil {
+			return nil, err
+		}
+		return []normalizer{p.normalize}, nil
 	case "Replace":
-		if c.Pattern == nil || c.Pattern.String == nil {
-			return nil, specErr(field, ErrUnsupported, "Replace normalizer needs a String pattern (Regex patterns are not supported)")
+		if c.Pattern == nil || (c.Pattern.String == nil && c.Pattern.Regex == nil) {
+			return nil, specErr(field, ErrMalformed, "Replace normalizer without a pattern")
 		}
 		content, err := c.contentString(field)
 		if err != nil {
 			return nil, err
+		}
+		if c.Pattern.String == nil {
+			n, err := newRegexReplace(*c.Pattern.Regex, content, field)
+			if err != nil {
+				return nil, err
+			}
+			return []normalizer{n}, nil
 		}
 		old := *c.Pattern.String
 		return []normalizer{func(s string) string { return strings.ReplaceAll(s, old, content) }}, nil

@@ -287,6 +287,8 @@ func parsePreTokenizer(c *componentSpec, field string) (p preTokenizer, byteLeve
 		return digitsPre{individual: c.IndividualDigits}, false, nil
 	case "WhitespaceSplit":
 		return whitespaceSplitPre{}, false, nil
+	case "BertPreTokenizer":
+		return bertPre{}, false, nil
 	}
 	return nil, false, specErr(field, ErrUnsupported, "pre-tokenizer type %q", c.Type)
 }

