@@ -127,7 +127,6 @@ func (s *Server) embedInputs(m *model, req api.EmbedRequest) ([][]int32, error) 
 	for i, in := range req.Inputs {
 		param := fmt.Sprintf("input[%d]", i)
 		toks := in.Tokens
-		special := false // toks ends with a special token the tokenizer appended
 		if len(toks) == 0 {
 			if in.Text == "" {
 				return nil, &api.InvalidParamError{Param: param, Reason: "the input is empty"}
@@ -136,13 +135,19 @@ func (s *Server) embedInputs(m *model, req api.EmbedRequest) ([][]int32, error) 
 				return nil, fmt.Errorf("%w: model %q takes token ids", ErrNoTokenizer, m.info.ID)
 			}
 			var err error
-			if toks, err = m.tok.Encode(in.Text, true); err != nil {
+			if req.Truncate {
+				// The text's own tokens are cut, then the special tokens
+				// added: a BERT input still ends with [SEP].
+				toks, _, err = m.tok.EncodeTruncated(in.Text, limit)
+			} else {
+				toks, err = m.tok.Encode(in.Text, true)
+			}
+			if err != nil {
 				return nil, &api.InvalidParamError{Param: param, Reason: err.Error(), Err: err}
 			}
 			if len(toks) == 0 {
 				return nil, &api.InvalidParamError{Param: param, Reason: "the input has no tokens"}
 			}
-			special = m.tok.IsSpecial(toks[len(toks)-1])
 		}
 		for _, t := range toks {
 			if t < 0 || int(t) >= m.info.VocabSize {
@@ -153,20 +158,11 @@ func (s *Server) embedInputs(m *model, req api.EmbedRequest) ([][]int32, error) 
 			if !req.Truncate {
 				return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: len(toks), Limit: limit}
 			}
-			toks = truncateInput(toks, limit, special)
+			toks = toks[:limit:limit] // token ids are used as given
 		}
 		out[i] = toks
 	}
 	return out, nil
-}
-
-// truncateInput keeps the first limit tokens of toks, its final special
-// token (an end or separator token the tokenizer appended) among them.
-func truncateInput(toks []int32, limit int, special bool) []int32 {
-	if !special || limit < 2 {
-		return toks[:limit:limit]
-	}
-	return append(slices.Clone(toks[:limit-1]), toks[len(toks)-1])
 }
 
 // tokenKey is a map key of a token sequence.
