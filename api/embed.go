@@ -21,9 +21,11 @@ type EmbedRequest struct {
 	// the model normalizes. Only for a model that says its vectors may be
 	// truncated (engine.Info.Matryoshka); zero keeps every dimension.
 	Dimensions int
-	// Truncate cuts an input longer than the model takes to its first
-	// tokens (keeping a final special token the tokenizer appends)
-	// instead of refusing the request with a context-length error.
+	// Truncate cuts an input longer than the model takes instead of
+	// refusing the request with a context-length error: a text's own
+	// tokens are cut and the tokenizer's special tokens still added
+	// (a BERT input keeps its [CLS] and [SEP]); token ids keep their
+	// first tokens.
 	Truncate bool
 	// Priority is the request's tier. The zero value is Normal.
 	Priority Tier
