@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
@@ -160,6 +161,10 @@ func TestEmbedBadInput(t *testing.T) {
 	// cache, and a model without embed_dim refuses OpenPooled.
 	dec := load(t, e, tiny(t))
 	defer dec.Close()
+	whole := dec.FreeBlocks()
+	if whole == 0 {
+		t.Fatal("the decoder does not page")
+	}
 	long := prompt(5, 40)
 	base := embedOne(t, dec, 1, long, engine.PoolLast)
 	if r, err := dec.Open(ctx, 2, long, ""); err != nil || r != 0 {
@@ -171,6 +176,15 @@ func TestEmbedBadInput(t *testing.T) {
 	dec.Free(2, "key") // saved, and its full blocks cached
 	if d := maxAbs(embedOne(t, dec, 3, long, engine.PoolLast), widen(base)); d > 1e-6 {
 		t.Errorf("with the prompt's KV cached and saved the vector moved by %g", d)
+	}
+	// Every block a pooled sequence took is back once it is freed (the
+	// saved prefix's count as free).
+	deadline := time.Now().Add(5 * time.Second)
+	for dec.FreeBlocks() != whole && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := dec.FreeBlocks(); got != whole {
+		t.Errorf("%d blocks free after the sequences were freed, %d before", got, whole)
 	}
 	dec.info.EmbedDim = 0
 	if err := dec.OpenPooled(ctx, 4, long, engine.PoolLast); !errors.As(err, &ip) {
