@@ -348,8 +348,11 @@ class TorchModel:
             else:
                 for k, r in enumerate(res):
                     r.append((-1, 0.0, [], [], [])[k])
-                emb.append(s.pool.vec.cpu())
-        self.embeddings = emb
+                emb.append(s.pool.vec)
+        vecs = [v for v in emb if v is not None]
+        if vecs:
+            host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
+            self.embeddings = [None if v is None else next(host) for v in emb]
         if len(out) > 4 and out[4] is None:
             res[4] = None
         return tuple(res)
