@@ -79,3 +79,29 @@ func writeSentenceTransformers(dir string, c Config) error {
 	}
 	return nil
 }
+
+// BGEBase is shaped like BAAI/bge-base-en-v1.5: a BertModel of 12
+// layers, hidden size 768, 12 heads, MLP width 3072, a 30,522-token
+// WordPiece vocabulary, 512 positions, float32, CLS pooling then
+// normalization (about 440 MB).
+func BGEBase() Config {
+	return Config{
+		Arch: "bert", Layers: 12, Hidden: 768, Heads: 12, KVHeads: 12, Intermediate: 3072,
+		Vocab: 30522, ContextLength: 512, DType: "float32",
+		Embedding: &Embedding{Pooling: "cls", Normalize: true, MaxSeqLength: 512},
+	}
+}
+
+// Qwen3Embedding06B is shaped like Qwen/Qwen3-Embedding-0.6B: qwen3 with
+// 28 layers, hidden size 1024, 16 heads of 128 over 8 KV heads, MLP width
+// 3072, a 151,669-token vocabulary, a 32,768-token context, tied
+// embeddings, the bare Qwen3Model's weights (no "model." prefix, no
+// head), bfloat16, last-token pooling then normalization (about 1.2 GB).
+func Qwen3Embedding06B() Config {
+	return Config{
+		Arch: "qwen3", Layers: 28, Hidden: 1024, Heads: 16, KVHeads: 8, HeadSize: 128,
+		Intermediate: 3072, Vocab: 151669, ContextLength: 32768, RopeTheta: 1e6,
+		TieEmbeddings: true, BaseModel: true, DType: "bfloat16",
+		Embedding: &Embedding{Pooling: "lasttoken", Normalize: true, MaxSeqLength: 32768},
+	}
+}

@@ -46,6 +46,36 @@ class Pooled:
             self.vec = finish(self.mode, self.sum, self.first, h[-1].float() if h.shape[0] else None, fed)
 
 
+def with_pooled(batch, seqs, out):
+    """A step's result for its generating inputs (out: tokens, logprobs,
+    tops[, more, more_logprobs]) with the pooled sampling inputs put in
+    their places (token -1, no log-probability, no tokens ahead), and the
+    vectors per sampling input (None for a generating one; all None when
+    none ended), on the host."""
+    gen = iter(range(len(out[0])))
+    res = [[] for _ in out]
+    emb = []
+    for b, s in zip(batch, seqs):
+        if not b[2]:
+            continue
+        if s.pool is None:
+            i = next(gen)
+            for r, o in zip(res, out):
+                r.append(None if o is None else o[i])
+            emb.append(None)
+        else:
+            for k, r in enumerate(res):
+                r.append((-1, 0.0, [], [], [])[k])
+            emb.append(s.pool.vec)
+    if len(out) > 4 and out[4] is None:
+        res[4] = None
+    vecs = [v for v in emb if v is not None]
+    if not vecs:
+        return tuple(res), None
+    host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
+    return tuple(res), [None if v is None else next(host) for v in emb]
+
+
 def finish(mode, total, first, last, n):
     """The vector of mode from the float32 sum of n rows, the first row
     and the last."""

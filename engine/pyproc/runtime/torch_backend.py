@@ -13,7 +13,7 @@ from errors import CheckpointError, ProtocolError
 from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 from paged import Layout, OutOfBlocks, PagedKV
-from pooling import Pooled
+from pooling import Pooled, with_pooled
 from upload import to_device
 import lookahead
 
@@ -328,34 +328,10 @@ class TorchModel:
             out = (toks, lps, tops)
             if max(want, default=1) > 1:
                 out += lookahead.run(self, items, toks, want)
-            return self._with_pooled(batch, seqs, out) if pooled else out
-
-    def _with_pooled(self, batch, seqs, out):
-        """out (step's result for the generating inputs) with the pooled
-        sampling inputs put in their places: token -1, no log-probability,
-        no tokens ahead; their vectors go to take_embeddings."""
-        gen = iter(range(len(out[0])))
-        res = [[] for _ in out]
-        emb = []
-        for b, s in zip(batch, seqs):
-            if not b[2]:
-                continue
-            if s.pool is None:
-                i = next(gen)
-                for r, o in zip(res, out):
-                    r.append(None if o is None else o[i])
-                emb.append(None)
-            else:
-                for k, r in enumerate(res):
-                    r.append((-1, 0.0, [], [], [])[k])
-                emb.append(s.pool.vec)
-        vecs = [v for v in emb if v is not None]
-        if vecs:
-            host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
-            self.embeddings = [None if v is None else next(host) for v in emb]
-        if len(out) > 4 and out[4] is None:
-            res[4] = None
-        return tuple(res)
+            if not pooled:
+                return out
+            out, self.embeddings = with_pooled(batch, seqs, out)
+            return out
 
     def take_embeddings(self):
         """The pooled vectors of the last step, per sampling input (None
