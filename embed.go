@@ -244,7 +244,11 @@ func (j *embedJob) receive(ctx context.Context) error {
 // is on.
 func (s *Server) startEmbed(ctx context.Context, m *model, req api.EmbedRequest, j *embedJob, client string, submitted time.Time) (api.Source, error) {
 	start := func(fctx context.Context, tier api.Tier) (api.Source, error) {
-		return s.queueEmbed(fctx, m, req.Deadlines, j.tokens, tier, client, submitted)
+		src, err := s.queueEmbed(fctx, m, req.Deadlines, j.tokens, tier, client, submitted)
+		if err != nil {
+			return nil, err // not a nil *batcher.Source in a non-nil api.Source
+		}
+		return src, nil
 	}
 	if s.merger == nil || !req.Deadlines.Zero() {
 		return start(ctx, req.Priority)

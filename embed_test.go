@@ -10,9 +10,11 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/merge"
+	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 func tokensInput(toks ...int32) api.EmbedInput { return api.EmbedInput{Tokens: toks} }
@@ -208,4 +210,23 @@ func TestEmbedCancelled(t *testing.T) {
 		t.Fatalf("a cancelled embedding: %v", err)
 	}
 	waitFor(t, "every sequence freed", func() bool { return f.sim.Stats().OpenSequences == 0 })
+}
+
+// TestEmbedRefusedByScheduler: a full queue refuses the request with the
+// scheduler's typed error, and the server keeps serving.
+func TestEmbedRefusedByScheduler(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(50*time.Millisecond, 0)},
+		mlxserving.WithSchedulerOptions(scheduler.WithMaxQueued(1)), mlxserving.WithBatcherOptions(batcher.WithMaxBatch(1)))
+	var inputs []api.EmbedInput
+	for i := range 8 {
+		inputs = append(inputs, tokensInput(int32(i+1), 2, 3))
+	}
+	_, err := f.srv.Embed(context.Background(), api.EmbedRequest{Model: "sim", Inputs: inputs})
+	if !errors.Is(err, scheduler.ErrQueueFull) {
+		t.Fatalf("eight inputs on a queue of one: %v, want the queue-full error", err)
+	}
+	waitFor(t, "every sequence freed", func() bool { return f.sim.Stats().OpenSequences == 0 })
+	if _, err := f.srv.Embed(context.Background(), api.EmbedRequest{Model: "sim", Inputs: inputs[:1]}); err != nil {
+		t.Fatalf("after the refusal: %v", err)
+	}
 }

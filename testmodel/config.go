@@ -51,12 +51,16 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 	if c.TransformersV5 {
 		toV5(c, m)
 	}
+	q := quantizationConfig(c)
 	if c.Arch != "gemma3" {
+		if q != nil {
+			m["quantization_config"] = q
+		}
 		return m
 	}
 	// The multimodal checkpoint: the text model's config nested, its
-	// special ids and a vision tower's at the top.
-	return map[string]any{
+	// special ids, a vision tower's and quantization_config at the top.
+	top := map[string]any{
 		"architectures":       []string{fam.class},
 		"model_type":          "gemma3",
 		"text_config":         m,
@@ -70,6 +74,10 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 		"torch_dtype":         c.DType,
 		"tie_word_embeddings": c.TieEmbeddings,
 	}
+	if q != nil {
+		top["quantization_config"] = q
+	}
+	return top
 }
 
 // toV5 rewrites m in transformers 5's names.

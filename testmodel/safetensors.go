@@ -84,12 +84,12 @@ func dtypeSize(dtype string) int {
 
 // safetensorsHeader is the JSON header and its length prefix, padded with
 // spaces to a multiple of 8 bytes.
-func safetensorsHeader(ts []tensorSpec, dtype string) []byte {
+func safetensorsHeader(fts []fileTensor) []byte {
 	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
-	off, size := 0, dtypeSize(dtype)
-	for _, t := range ts {
-		end := off + t.numel()*size
-		hdr[t.name] = map[string]any{"dtype": dtypeNames[dtype], "shape": t.shape, "data_offsets": []int{off, end}}
+	off := 0
+	for _, t := range fts {
+		end := off + t.bytes()
+		hdr[t.name] = map[string]any{"dtype": t.dtype, "shape": t.shape, "data_offsets": []int{off, end}}
 		off = end
 	}
 	js, _ := json.Marshal(hdr) // maps of strings and ints always marshal
@@ -106,9 +106,12 @@ func safetensorsHeader(ts []tensorSpec, dtype string) []byte {
 // still does not depend on the number of CPUs.
 const chunkElems = 1 << 20
 
+// A chunk is a job: values index*chunkElems.. of t, or (whole) all of a
+// weight the layout quantizes, which needs every value at once.
 type chunk struct {
 	t     tensorSpec
 	index int
+	whole bool
 	out   chan []byte
 }
 
@@ -127,7 +130,11 @@ func writeWeights(path string, c Config) (err error) {
 	}()
 	w := bufio.NewWriterSize(f, 1<<20)
 	ts := tensors(c)
-	if _, err := w.Write(safetensorsHeader(ts, c.DType)); err != nil {
+	var fts []fileTensor
+	for _, t := range ts {
+		fts = append(fts, c.fileTensors(t)...)
+	}
+	if _, err := w.Write(safetensorsHeader(fts)); err != nil {
 		return err
 	}
 	workers := runtime.GOMAXPROCS(0)
@@ -139,7 +146,11 @@ func writeWeights(path string, c Config) (err error) {
 		go func() {
 			defer wg.Done()
 			for ch := range jobs {
-				ch.out <- drawChunk(ch.t, ch.index, c)
+				if ch.whole {
+					ch.out <- c.quantize(ch.t, drawWhole(ch.t, c))
+				} else {
+					ch.out <- encode(drawChunk(ch.t, ch.index, c), c.DType)
+				}
 			}
 		}()
 	}
@@ -148,8 +159,9 @@ func writeWeights(path string, c Config) (err error) {
 		defer close(order)
 		defer close(jobs)
 		for _, t := range ts {
-			for i := 0; i*chunkElems < t.numel(); i++ {
-				ch := chunk{t: t, index: i, out: make(chan []byte, 1)}
+			whole := c.quantized(t)
+			for i := 0; i*chunkElems < t.numel() && (i == 0 || !whole); i++ {
+				ch := chunk{t: t, index: i, whole: whole, out: make(chan []byte, 1)}
 				select {
 				case order <- ch:
 				case <-stop:
@@ -178,14 +190,34 @@ func writeWeights(path string, c Config) (err error) {
 	return w.Flush()
 }
 
-func drawChunk(t tensorSpec, index int, c Config) []byte {
+// drawChunk draws values index*chunkElems.. of t, rounded to DType: the
+// values the file holds.
+func drawChunk(t tensorSpec, index int, c Config) []float32 {
 	h := fnv.New64a()
 	h.Write([]byte(t.name))
 	rng := rand.New(rand.NewPCG(uint64(c.Seed), h.Sum64()+uint64(index)))
 	n := min(chunkElems, t.numel()-index*chunkElems)
-	b := make([]byte, 0, n*dtypeSize(c.DType))
-	for range n {
-		b = appendValue(b, float32(t.mean+t.std*rng.NormFloat64()), c.DType)
+	vs := make([]float32, n)
+	for i := range vs {
+		vs[i] = roundTo(float32(t.mean+t.std*rng.NormFloat64()), c.DType)
+	}
+	return vs
+}
+
+// drawWhole draws all of t, chunk by chunk: the same values the float
+// model's file holds.
+func drawWhole(t tensorSpec, c Config) []float32 {
+	vs := make([]float32, 0, t.numel())
+	for i := 0; i*chunkElems < t.numel(); i++ {
+		vs = append(vs, drawChunk(t, i, c)...)
+	}
+	return vs
+}
+
+func encode(vs []float32, dtype string) []byte {
+	b := make([]byte, 0, len(vs)*dtypeSize(dtype))
+	for _, v := range vs {
+		b = appendValue(b, v, dtype)
 	}
 	return b
 }

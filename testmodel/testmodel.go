@@ -138,6 +138,13 @@ type Config struct {
 	// Embedding, when set, writes sentence-transformers' files (see
 	// Embedding).
 	Embedding *Embedding
+	// Quant, when set, writes the decoder layers' linear weights in a
+	// published quantized layout (QuantFP8Block, QuantFP8Channel,
+	// QuantAWQ, QuantGPTQ; see Quants) with config.json's
+	// quantization_config, quantized from the weights the same Config
+	// without Quant writes. The 4-bit layouts need every linear input a
+	// multiple of 128 and every output a multiple of 8 (TinyQuant).
+	Quant string
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.
@@ -308,7 +315,10 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	c.fillFamilyDefaults()
-	return c, c.check()
+	if err := c.check(); err != nil {
+		return c, err
+	}
+	return c, c.checkQuant(tensors(c))
 }
 
 func (c Config) check() error {
@@ -324,6 +334,8 @@ func (c Config) check() error {
 		return bad("vocab %d: bert wants at least %d", c.Vocab, minWordPieceVocab)
 	case c.BaseModel && (IsEncoder(c.Arch) || c.Arch == "gemma3"):
 		return bad("BaseModel is for the text decoders, not %s", c.Arch)
+	case c.Quant != "" && IsEncoder(c.Arch):
+		return bad("quantized layouts are for the decoders, not %s", c.Arch)
 	case c.MaskedLM && !IsEncoder(c.Arch):
 		return bad("MaskedLM is for the encoders, not %s", c.Arch)
 	case dtypeSize(c.DType) == 0:

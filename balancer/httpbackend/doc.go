@@ -16,6 +16,14 @@
 // that ignores stream:true and answers one JSON completion is read as one
 // chunk of text and the final chunk.
 //
+// Embed posts to /v1/embeddings with encoding_format "base64" (the
+// vectors exact, as little-endian float32) and reads vectors in either
+// encoding, items in any order by their index. Texts go as an array of
+// strings and token ids as an array of arrays; a request mixing the two,
+// which one OpenAI body cannot carry, goes as two requests whose vectors
+// are put back in input order. The priority travels in X-Priority, and
+// mlxserving's "truncate" and "cache" only when set.
+//
 // Failures are typed. A request the upstream did not take (connection
 // refused or reset, no response headers in time, an HTTP error status)
 // returns an [*Error] before any chunk: nothing was streamed, and

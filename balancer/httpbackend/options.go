@@ -31,7 +31,8 @@ const (
 	DefaultPollInterval = 2 * time.Second
 	// DefaultHeaderTimeout bounds the wait for the response headers unless
 	// WithHeaderTimeout says otherwise. mlxserving sends its headers with
-	// the first token, so for it this is a time-to-first-token bound.
+	// the first token, so for it this is a time-to-first-token bound; an
+	// embeddings answer comes whole, so for Embed it bounds the request.
 	DefaultHeaderTimeout = 60 * time.Second
 	// DefaultMaxLine is the longest server-sent event line accepted unless
 	// WithMaxLineBytes says otherwise.

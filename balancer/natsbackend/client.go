@@ -25,6 +25,7 @@ type Client struct {
 	id       string
 	generate string
 	chat     string
+	embed    string // "" for an instance of a version without embeddings
 	cfg      clientConfig
 	// gone, when set (Discover sets it), is told that the instance's
 	// subject has no responders: the instance is gone, not slow.
@@ -161,12 +162,6 @@ func (c *Client) Generate(ctx context.Context, req api.Request) (*api.Stream, er
 	return c.start(ctx, c.generate, b)
 }
 
-// Embed is not carried over NATS yet: it returns an error wrapping
-// errors.ErrUnsupported.
-func (c *Client) Embed(context.Context, api.EmbedRequest) (*api.Embeddings, error) {
-	return nil, fmt.Errorf("natsbackend: embeddings: %w", errors.ErrUnsupported)
-}
-
 // Chat sends a chat request to the instance.
 func (c *Client) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	b, err := json.Marshal(req)
@@ -195,9 +190,30 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 	msg.Data = data
 	msg.Header.Set(hdrStream, inbox)
 	msg.Header.Set(hdrWindow, strconv.Itoa(c.cfg.window))
-	reply, err := c.request(ctx, msg)
+	reply, err := c.call(ctx, msg)
 	if err != nil {
 		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	var h api.Header
+	if err := json.Unmarshal(reply.Data, &h); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, transportError(c.instance, fmt.Errorf("%w: start reply: %v", ErrProtocol, err))
+	}
+	h.Backend = c.instance
+	src := &clientStream{c: c, sub: sub, ch: ch, control: reply.Header.Get(hdrControl), closed: make(chan struct{}),
+		timer: time.NewTimer(3 * c.cfg.heartbeat)}
+	return api.NewStream(ctx, src, h), nil
+}
+
+// call sends a request and returns the instance's start reply; a
+// refusal comes back as the instance's typed error, no answer (no
+// responders, the start timeout, the instance found gone meanwhile) as an
+// ErrInstanceLost transport error the balancer fails over on, and the
+// caller's cancellation as ctx's error.
+func (c *Client) call(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+	reply, err := c.request(ctx, msg)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -214,26 +230,16 @@ func (c *Client) start(ctx context.Context, subject string, data []byte) (*api.S
 	}
 	switch reply.Header.Get(hdrKind) {
 	case "start":
+		return reply, nil
 	case "error":
-		_ = sub.Unsubscribe()
 		var w wireError
 		if err := json.Unmarshal(reply.Data, &w); err != nil {
 			return nil, transportError(c.instance, fmt.Errorf("%w: error reply: %v", ErrProtocol, err))
 		}
 		return nil, fromWire(c.instance, w)
 	default:
-		_ = sub.Unsubscribe()
 		return nil, transportError(c.instance, fmt.Errorf("%w: reply of kind %q", ErrProtocol, reply.Header.Get(hdrKind)))
 	}
-	var h api.Header
-	if err := json.Unmarshal(reply.Data, &h); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, transportError(c.instance, fmt.Errorf("%w: start reply: %v", ErrProtocol, err))
-	}
-	h.Backend = c.instance
-	src := &clientStream{c: c, sub: sub, ch: ch, control: reply.Header.Get(hdrControl), closed: make(chan struct{}),
-		timer: time.NewTimer(3 * c.cfg.heartbeat)}
-	return api.NewStream(ctx, src, h), nil
 }
 
 // clientStream is a stream from an instance, read from the client's inbox.

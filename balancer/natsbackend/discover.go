@@ -348,7 +348,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 		d.cfg.logger.Warn("discovery: bad stats answer", "err", err)
 		return
 	}
-	var gen, chat, loadSubj string
+	var gen, chat, embed, loadSubj string
 	var load balancer.Load
 	for _, e := range st.Endpoints {
 		switch e.Name {
@@ -356,6 +356,8 @@ func (d *Discovery) answer(m *nats.Msg) {
 			gen = e.Subject
 		case "chat":
 			chat = e.Subject
+		case "embed": // absent on an instance of a version without embeddings
+			embed = e.Subject
 		case "load":
 			loadSubj = e.Subject
 			if len(e.Data) > 0 {
@@ -413,7 +415,7 @@ func (d *Discovery) answer(m *nats.Msg) {
 			break
 		}
 	}
-	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, cfg: d.cfg.client, gone: d.forget,
+	c := &Client{nc: d.nc, instance: name, id: st.ID, generate: gen, chat: chat, embed: embed, cfg: d.cfg.client, gone: d.forget,
 		lost: make(chan struct{})}
 	c.setLoad(load)
 	if err := d.reg.Add(name, c); err != nil {

@@ -20,7 +20,7 @@
 //	defer d.Close()
 //
 // Every instance is the micro service DefaultService with endpoints
-// generate, chat and load on subjects of its own. Discovery asks all of
+// generate, chat, embed and load on subjects of its own. Discovery asks all of
 // them for their stats ($SRV.STATS.<service>) every interval; each answer
 // carries the instance's load report, so one broadcast both proves an
 // instance alive and refreshes what the balancer routes on. An instance
@@ -67,6 +67,22 @@
 // finished stream until its client has the final chunk), sends them
 // again. A stream that does not get them within three heartbeats ends
 // with ErrInstanceLost rather than go on without their text.
+//
+// Embeddings (Client.Embed) travel the same way: the request, answered at
+// once with a start message or a typed refusal, heartbeats while the
+// instance embeds, then the vectors as raw little-endian float32 after a
+// short JSON header (exact, and no JSON scan of megabytes) in as many
+// messages as the NATS max_payload needs — 2048 inputs of 1024 values are 8 MiB, the
+// default max_payload 1 MiB. A request whose own JSON is over the
+// max_payload (long texts, token ids) is sent as several requests of
+// consecutive inputs to the same instance, concurrently, and their vectors
+// are put back in order: each is a plain request-reply, no server setting
+// has to change, and the instance batches them together anyway. Refusals
+// arrive as the instance's typed errors (*api.InvalidParamError,
+// *engine.ContextLengthError, *scheduler.RateLimitError); an instance lost
+// before it answered ends the call with ErrInstanceLost, and a
+// balancer sends the request to another instance. A caller's deadline
+// travels with the request, so the instance stops on its own too.
 //
 // A balancer.Balancer over these clients resumes such a stream on
 // another instance. Chunks carry their token ids, and the request travels

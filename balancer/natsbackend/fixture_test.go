@@ -25,11 +25,18 @@ type natsServer struct {
 	t    testing.TB
 	port int
 	ns   *server.Server
+	opts func(*server.Options) // nil: the defaults
 }
 
 func startNATS(t testing.TB) *natsServer {
 	t.Helper()
-	n := &natsServer{t: t, port: -1}
+	return startNATSWith(t, nil)
+}
+
+// startNATSWith is startNATS with the server's options changed by opts.
+func startNATSWith(t testing.TB, opts func(*server.Options)) *natsServer {
+	t.Helper()
+	n := &natsServer{t: t, port: -1, opts: opts}
 	n.start()
 	t.Cleanup(n.stop)
 	return n
@@ -37,7 +44,11 @@ func startNATS(t testing.TB) *natsServer {
 
 func (n *natsServer) start() {
 	n.t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, NoLog: true, NoSigs: true})
+	o := &server.Options{Host: "127.0.0.1", Port: n.port, NoLog: true, NoSigs: true}
+	if n.opts != nil {
+		n.opts(o)
+	}
+	ns, err := server.NewServer(o)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -88,6 +99,12 @@ func startInstance(t testing.TB, n *natsServer, name string, simOpts ...enginete
 // startInstanceOn is startInstance on a connection of the caller's.
 func startInstanceOn(t testing.TB, name string, nc *nats.Conn, simOpts ...enginetest.SimOption) *instance {
 	t.Helper()
+	return startServerOn(t, name, nc, nil, simOpts...)
+}
+
+// startServerOn is startInstanceOn with the Server's options.
+func startServerOn(t testing.TB, name string, nc *nats.Conn, srvOpts []mlxserving.Option, simOpts ...enginetest.SimOption) *instance {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := testmodel.Tiny()
 	if err := testmodel.Write(dir, cfg); err != nil {
@@ -97,7 +114,7 @@ func startInstanceOn(t testing.TB, name string, nc *nats.Conn, simOpts ...engine
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mlxserving.New(sim)
+	srv, err := mlxserving.New(sim, srvOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,8 @@ type Service struct {
 
 // Serve exposes b on nc as an instance named name (letters, digits, '-'
 // and '_'; unique among the service's instances): a micro service with
-// endpoints generate, chat and load, whose stats carry b's load report.
+// endpoints generate, chat, embed and load, whose stats carry b's load
+// report.
 func Serve(nc *nats.Conn, name string, b balancer.Backend, opts ...ServeOption) (*Service, error) {
 	if nc == nil || b == nil {
 		return nil, errors.New("natsbackend: serve: connection and backend are required")
@@ -127,6 +128,7 @@ func Serve(nc *nats.Conn, name string, b balancer.Backend, opts ...ServeOption) 
 	err = errors.Join(
 		g.AddEndpoint("generate", micro.HandlerFunc(func(r micro.Request) { s.handle(r, false) })),
 		g.AddEndpoint("chat", micro.HandlerFunc(func(r micro.Request) { s.handle(r, true) })),
+		g.AddEndpoint("embed", micro.HandlerFunc(s.handleEmbed)),
 		g.AddEndpoint("load", micro.HandlerFunc(func(r micro.Request) { _ = r.RespondJSON(s.load()) })),
 	)
 	if err == nil {
@@ -289,21 +291,28 @@ func (s *Service) serve(r micro.Request, chat bool) {
 	}
 	defer st.Close()
 	ss := newServerStream(cancel)
-	s.mu.Lock()
-	s.next++
-	id := strconv.FormatUint(s.next, 36)
-	s.streams[id] = ss
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.streams, id)
-		s.mu.Unlock()
-	}()
+	id, untrack := s.track(ss)
+	defer untrack()
 	hb, _ := json.Marshal(st.Header())
 	if err := r.Respond(hb, micro.WithHeaders(micro.Headers{hdrKind: {"start"}, hdrControl: {s.ctlP + id}})); err != nil {
 		return
 	}
 	s.pump(ctx, st, ss, inbox, window)
+}
+
+// track registers ss under a new id, so the control subject of that id
+// reaches it, until untrack.
+func (s *Service) track(ss *serverStream) (id string, untrack func()) {
+	s.mu.Lock()
+	s.next++
+	id = strconv.FormatUint(s.next, 36)
+	s.streams[id] = ss
+	s.mu.Unlock()
+	return id, func() {
+		s.mu.Lock()
+		delete(s.streams, id)
+		s.mu.Unlock()
+	}
 }
 
 func (s *Service) start(ctx context.Context, data []byte, chat bool) (*api.Stream, error) {

@@ -17,6 +17,7 @@ const (
 	hdrWindow  = "Mlx-Window"  // request: the initial credit, in chunks
 	hdrKind    = "Mlx-Kind"    // reply: "start" or "error"
 	hdrControl = "Mlx-Control" // reply: where the client sends credit and cancel
+	hdrTimeout = "Mlx-Timeout" // embed request: the time the caller has left, a Go duration
 )
 
 // Stream message kinds, the first byte of each message on the inbox.
@@ -24,6 +25,7 @@ const (
 	msgChunk     = 'c'
 	msgError     = 'e'
 	msgHeartbeat = 'h'
+	msgEmbed     = 'v' // a part of an embed request's vectors
 )
 
 // Control message kinds, the first byte of each message on the control

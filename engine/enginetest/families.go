@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -58,6 +59,63 @@ func (h HostileConfig) Write(dir string) error {
 	} else {
 		target[h.Key] = h.Value
 	}
+	if raw, err = json.Marshal(c); err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
+}
+
+// HostileQuant is an edit of a quantized checkpoint's quantization_config
+// that asks for a layout no engine here runs (or no real checkpoint has).
+// An engine must refuse it with a *engine.CheckpointError whose message
+// names Key, and go on serving.
+type HostileQuant struct {
+	Name  string // what is wrong
+	Quant string // the testmodel layout it edits (testmodel.Quants)
+	Key   string // the quantization_config field
+	Value any    // its new value
+}
+
+// HostileQuantConfigs lists the quantization_config edits engines that
+// load quantized checkpoints are fed.
+func HostileQuantConfigs() []HostileQuant {
+	return []HostileQuant{
+		{"an unknown method", testmodel.QuantFP8Block, "quant_method", "bitsandbytes"},
+		{"fp8 of another format", testmodel.QuantFP8Block, "fmt", "e5m2"},
+		{"blocks not a multiple of 16", testmodel.QuantFP8Block, "weight_block_size", []int{100, 128}},
+		{"compressed-tensors int4 packing", testmodel.QuantFP8Channel, "format", "pack-quantized"},
+		{"8-bit AWQ", testmodel.QuantAWQ, "bits", 8},
+		{"AWQ GEMV packing", testmodel.QuantAWQ, "version", "gemv"},
+		{"AWQ without zero points", testmodel.QuantAWQ, "zero_point", false},
+		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true},
+		{"GPTQ groups of 96", testmodel.QuantGPTQ, "group_size", 96},
+		{"GPTQ per-column", testmodel.QuantGPTQ, "group_size", -1},
+		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2"},
+	}
+}
+
+// Write writes testmodel.TinyQuant in h.Quant's layout into dir with the
+// edit made.
+func (h HostileQuant) Write(dir string) error {
+	cfg := testmodel.TinyQuant()
+	cfg.Quant = h.Quant
+	if err := testmodel.Write(dir, cfg); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var c map[string]any
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return err
+	}
+	q, ok := c["quantization_config"].(map[string]any)
+	if !ok {
+		return fmt.Errorf("enginetest: %s: no quantization_config", h.Quant)
+	}
+	q[h.Key] = h.Value
 	if raw, err = json.Marshal(c); err != nil {
 		return err
 	}

@@ -35,6 +35,11 @@ type modelConfig struct {
 	BOS           int32
 	EOS           []int32
 	Quant         *quantConfig
+	// HF is a transformers quantized layout (AWQ, GPTQ, FP8) that the
+	// engine converts at load (hfquant.go); nil for float and MLX
+	// checkpoints. With AWQ and GPTQ, Quant is the MLX affine form they
+	// are converted to.
+	HF *hfQuant
 	arch
 }
 
@@ -265,7 +270,15 @@ func (r *rawConfig) convert() (*modelConfig, string) {
 	if q == nil {
 		q = r.QuantConfig
 	}
-	if q != nil {
+	switch {
+	case q != nil && hfMethod(q):
+		if c.HF, reason = parseHFQuant(q); reason != "" {
+			return nil, reason
+		}
+		if c.HF.Method != "fp8" {
+			c.Quant = &quantConfig{GroupSize: c.HF.Group, Bits: 4, Mode: "affine", Override: map[string]quantParams{}, Skip: map[string]bool{}}
+		}
+	case q != nil:
 		if c.Quant, reason = parseQuant(q); reason != "" {
 			return nil, reason
 		}

@@ -133,6 +133,21 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if err != nil {
 		return nil, err
 	}
+	// A transformers-quantized checkpoint (AWQ, GPTQ, FP8): its quantized
+	// tensors are read by Go and converted (hfquant.go); the manifest
+	// then lists what they become.
+	var conv map[string]func() (hfTensor, error)
+	var floatDType string
+	if cfg.HF != nil {
+		locate(cfg, man)
+		floatDType = man[cfg.Prefix+"embed_tokens.weight"].DType
+		if checkFloat(cfg.Prefix+"embed_tokens.weight", man[cfg.Prefix+"embed_tokens.weight"]) != nil {
+			floatDType = "F32"
+		}
+		if man, conv, err = convertHF(cfg.HF, man, floatDType); err != nil {
+			return nil, err
+		}
+	}
 	mods, err := planModules(cfg, man)
 	if err != nil {
 		return nil, err
@@ -141,16 +156,24 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if err := m.size(spec, weightBytes(man), kvElemBytes(man, cfg.Prefix)); err != nil {
 		return nil, err
 	}
-	want := map[string]bool{}
+	want, fromFile := map[string]bool{}, map[string]bool{}
 	for _, md := range mods {
 		for _, s := range []string{".weight", ".bias", ".scales", ".biases"} {
 			want[md.Name+s] = true
+			fromFile[md.Name+s] = conv[md.Name+s] == nil
 		}
 	}
 	var lerr error
 	err = e.run(func(g *graph) {
-		ts, err := loadTensors(ctx, g, files, want)
+		ts, err := loadTensors(ctx, g, files, fromFile)
 		if err != nil {
+			lerr = err
+			return
+		}
+		if err := loadHF(g, conv, want, ts, floatDType); err != nil {
+			for _, a := range ts {
+				free(&a)
+			}
 			lerr = err
 			return
 		}

@@ -153,6 +153,7 @@ func (m *Model) loadRequest() builder {
 			"device":         m.e.cfg.device,
 			"dtype":          m.e.cfg.dtype,
 			"cuda_graphs":    !m.e.cfg.noGraphs,
+			"quantize":       m.e.cfg.quantize,
 		},
 	})
 }

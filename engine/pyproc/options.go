@@ -28,6 +28,7 @@ type config struct {
 	threads      int
 	noGraphs     bool
 	lookahead    int
+	quantize     string
 	faults       bool // test hook: lets the worker obey "fault" requests
 	restart      *retry.Policy
 	breakerOpts  []retry.BreakerOption
@@ -236,6 +237,25 @@ func WithCUDAGraphs(on bool) Option {
 	return func(c *config) error {
 		c.noGraphs = !on
 		return nil
+	}
+}
+
+// WithQuantize quantizes float checkpoints at load: "fp8" stores the
+// decoder's projections (q, k, v, o, gate, up, down) as float8 e4m3 with
+// one scale per output channel (max|row| / 448), as vLLM's
+// --quantization fp8; "" (the default) loads weights as they are. On
+// CUDA (torch backend) the projections then run as FP8, halving their
+// memory; on CPU they are rounded to the FP8 grid and kept in float, so
+// the CPU serves the numbers the GPU does. A checkpoint that is already
+// quantized is refused with it. See PROTOCOL.md's load.
+func WithQuantize(method string) Option {
+	return func(c *config) error {
+		switch method {
+		case "", "fp8":
+			c.quantize = method
+			return nil
+		}
+		return fmt.Errorf("pyproc: WithQuantize(%q): want \"\" or fp8", method)
 	}
 }
 

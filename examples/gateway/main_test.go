@@ -98,8 +98,9 @@ func withInstance(t *testing.T) string {
 }
 
 // serveInstance serves a Server on the simulated engine with the tiny
-// test model as instance name on nc, until the test ends.
-func serveInstance(t *testing.T, nc *nats.Conn, name string) {
+// test model as instance name on nc, until the test ends, and returns
+// the Server.
+func serveInstance(t *testing.T, nc *nats.Conn, name string) *mlxserving.Server {
 	t.Helper()
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
@@ -123,6 +124,7 @@ func serveInstance(t *testing.T, nc *nats.Conn, name string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Stop() })
+	return srv
 }
 
 func TestFlags(t *testing.T) {

@@ -71,6 +71,9 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	if o.lookahead > 0 {
 		opts = append(opts, pyproc.WithLookahead(o.lookahead))
 	}
+	if o.quantize != "" {
+		opts = append(opts, pyproc.WithQuantize(o.quantize))
+	}
 	return pyproc.New(ctx, opts...)
 }
 

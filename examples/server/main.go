@@ -81,8 +81,9 @@ type options struct {
 	cluster      clusterFlags
 	// Batching: 0 keeps the defaults (the engine's max batch; its step size, else batcher.DefaultTokenBudget).
 	maxBatch, tokenBudget int
-	lookahead             int  // pyproc: tokens a decode step asks for (0: the engine's default)
-	noJumpForward         bool // constrained output sampled one token a step (batcher.WithJumpForward)
+	lookahead             int    // pyproc: tokens a decode step asks for (0: the engine's default)
+	quantize              string // pyproc: quantize float checkpoints at load ("fp8"; "": as they are)
+	noJumpForward         bool   // constrained output sampled one token a step (batcher.WithJumpForward)
 }
 
 func parseFlags(args []string) (options, error) {
@@ -99,6 +100,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "most sequences in one engine step (default: what the engine reports)")
 	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d)", batcher.DefaultTokenBudget))
 	fs.IntVar(&o.lookahead, "lookahead", 0, "python engine: tokens each decode step asks the worker for (1: off; default 8 on CUDA, 1 elsewhere)")
+	fs.StringVar(&o.quantize, "quantize", "", "python engine: fp8 quantizes a float checkpoint's projections at load, per output channel (served as FP8 on CUDA)")
 	fs.BoolVar(&o.noJumpForward, "no-jump-forward", false, "sample every token of structured output, even where the schema allows only one continuation (default: forced runs are appended without a forward pass each)")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")

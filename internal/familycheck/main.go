@@ -15,6 +15,14 @@
 //
 // Built without the mlx tag it serves only -engine pyproc; with it (and
 // MLX's libraries on the loader's path) also -engine mlx.
+//
+// For the quantized checkpoints (quant.sh), -write LAYOUT writes
+// testmodel's checkpoint of -shape in that layout (testmodel.Quants, or
+// "float") into -dir and exits, and -quantize fp8 loads with
+// pyproc.WithQuantize:
+//
+//	familycheck -write awq -shape quant -dir /tmp/q/awq
+//	familycheck -engine pyproc -dir /tmp/q/float -quantize fp8 -in prompts.json -n 16 -dtype bfloat16 > out.json
 package main
 
 import (
@@ -24,11 +32,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/mlx"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 type result struct {
@@ -38,20 +48,31 @@ type result struct {
 
 func main() {
 	var (
-		engName = flag.String("engine", "pyproc", "pyproc or mlx")
-		dir     = flag.String("dir", "", "checkpoint directory")
-		in      = flag.String("in", "", "prompts: a JSON list of token-id lists")
-		n       = flag.Int("n", 32, "tokens to generate a prompt")
-		chunk   = flag.Int("chunk", 256, "prompt tokens a sequence feeds a step")
-		dtype   = flag.String("dtype", "", "pyproc: weights' dtype (float32, bfloat16; empty: the engine's default)")
-		device  = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
-		python  = flag.String("python", "", "pyproc: Python interpreter")
-		embed   = flag.Bool("embed", false, "embed the inputs with each pooling instead of generating")
-		bench   = flag.Int("bench", 0, "time embedding batches of this many inputs (no -in)")
-		benchN  = flag.Int("bench-tokens", 128, "tokens an input with -bench")
-		benchS  = flag.Float64("bench-seconds", 20, "how long -bench runs")
+		engName  = flag.String("engine", "pyproc", "pyproc or mlx")
+		dir      = flag.String("dir", "", "checkpoint directory")
+		in       = flag.String("in", "", "prompts: a JSON list of token-id lists")
+		n        = flag.Int("n", 32, "tokens to generate a prompt")
+		chunk    = flag.Int("chunk", 256, "prompt tokens a sequence feeds a step")
+		dtype    = flag.String("dtype", "", "pyproc: weights' dtype (float32, bfloat16; empty: the engine's default)")
+		device   = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
+		python   = flag.String("python", "", "pyproc: Python interpreter")
+		quantize = flag.String("quantize", "", "pyproc: fp8 quantizes a float checkpoint at load (pyproc.WithQuantize)")
+		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.Quants(), ", ")+") into -dir and exit")
+		shape    = flag.String("shape", "quant", "-write: quant (testmodel.TinyQuant, bfloat16, 4 layers) or a testmodel shape (llama1b, llama8b, ...)")
+		embed    = flag.Bool("embed", false, "embed the inputs with each pooling instead of generating")
+		bench    = flag.Int("bench", 0, "time embedding batches of this many inputs (no -in)")
+		benchN   = flag.Int("bench-tokens", 128, "tokens an input with -bench")
+		benchS   = flag.Float64("bench-seconds", 20, "how long -bench runs")
 	)
 	flag.Parse()
+	if *write != "" {
+		if err := writeCheckpoint(*dir, *write, *shape); err != nil {
+			fmt.Fprintln(os.Stderr, "familycheck:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	quantizeOpt = *quantize
 	var err error
 	switch {
 	case *bench > 0:
@@ -147,6 +168,29 @@ func runBench(engName, dir, dtype, device, python string, batch, n int, seconds 
 	return embedBench(ctx, m, batch, n, seconds)
 }
 
+// quantizeOpt is -quantize.
+var quantizeOpt string
+
+// writeCheckpoint writes testmodel's checkpoint of shape in layout into
+// dir: "quant" is TinyQuant with 4 layers in bfloat16 (every width a
+// multiple of 128, small enough for the float64 reference), else a real
+// shape (testmodel.Shapes).
+func writeCheckpoint(dir, layout, shape string) error {
+	cfg := testmodel.TinyQuant()
+	cfg.Layers, cfg.DType = 4, "bfloat16"
+	if shape != "quant" {
+		mk, ok := testmodel.Shapes()[shape]
+		if !ok {
+			return fmt.Errorf("-shape %q: want quant or a testmodel shape", shape)
+		}
+		cfg = mk()
+	}
+	if layout != "float" {
+		cfg.Quant = layout
+	}
+	return testmodel.Write(dir, cfg)
+}
+
 func newEngine(ctx context.Context, name, dtype, device, python string) (engine.Engine, error) {
 	switch name {
 	case "pyproc":
@@ -159,6 +203,9 @@ func newEngine(ctx context.Context, name, dtype, device, python string) (engine.
 		}
 		if python != "" {
 			opts = append(opts, pyproc.WithPython(python))
+		}
+		if quantizeOpt != "" {
+			opts = append(opts, pyproc.WithQuantize(quantizeOpt))
 		}
 		return pyproc.New(ctx, opts...)
 	case "mlx":

@@ -2,6 +2,9 @@
 // every model family the engines serve (no KV cache, no packing, each
 // family's rules spelled out as transformers has them), so the engines'
 // tests can compare their greedy tokens and log-probabilities with it.
+// Quantized checkpoints (FP8 with block or per-channel scales, AWQ, GPTQ;
+// see testmodel.Quants) are dequantized from the file's bytes first, so
+// the reference is the float model the quantized file stands for.
 //
 //	runs, err := reference.Greedy(ctx, "/usr/bin/python3", dir, prompts, 6)
 //	vecs, err := reference.Embed(ctx, "/usr/bin/python3", dir, inputs, engine.PoolMean)
@@ -32,11 +35,28 @@ type Run struct {
 	Gaps []float64
 }
 
+// Weights returns the named weights (model.-relative names, as
+// "model.layers.0.mlp.down_proj.weight") flattened, as the reference's
+// forward pass uses them: dequantized to float64 when the checkpoint in
+// dir is quantized.
+func Weights(ctx context.Context, python, dir string, names []string) (map[string][]float64, error) {
+	var out map[string][]float64
+	if err := call(ctx, python, dir, map[string]any{"weights": names}, &out); err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("reference.py: no weight %s", n)
+		}
+	}
+	return out, nil
+}
+
 // Greedy runs the reference with python (an interpreter with torch) on
 // the checkpoint in dir: n greedy tokens after each prompt.
 func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) ([]Run, error) {
 	var runs []Run
-	if err := run(ctx, python, dir, map[string]any{"prompts": prompts, "n": n}, &runs); err != nil {
+	if err := call(ctx, python, dir, map[string]any{"prompts": prompts, "n": n}, &runs); err != nil {
 		return nil, err
 	}
 	if len(runs) != len(prompts) {
@@ -56,7 +76,7 @@ func Embed(ctx context.Context, python, dir string, inputs [][]int32, pool engin
 		return nil, fmt.Errorf("reference: pooling %v", pool)
 	}
 	var vecs [][]float64
-	if err := run(ctx, python, dir, map[string]any{"embed": inputs, "pool": pool.String()}, &vecs); err != nil {
+	if err := call(ctx, python, dir, map[string]any{"embed": inputs, "pool": pool.String()}, &vecs); err != nil {
 		return nil, err
 	}
 	if len(vecs) != len(inputs) {
@@ -65,8 +85,9 @@ func Embed(ctx context.Context, python, dir string, inputs [][]int32, pool engin
 	return vecs, nil
 }
 
-// run feeds req to reference.py and decodes its reply into out.
-func run(ctx context.Context, python, dir string, req, out any) error {
+// call runs reference.py on dir with req on stdin and decodes its output
+// into out.
+func call(ctx context.Context, python, dir string, req, out any) error {
 	in, err := json.Marshal(req)
 	if err != nil {
 		return err

@@ -4,7 +4,8 @@ token, float64 throughout, each family's rules spelled out as transformers'
 modeling code has them. Reads a checkpoint directory and prompts (JSON on
 stdin: {"prompts": [[ids]], "n": k}) and prints, per prompt, the greedy
 continuation, each chosen token's log-probability and the gap between the
-top two log-probabilities.
+top two log-probabilities. With {"weights": [names]} it prints those
+weights instead, dequantized where the checkpoint is quantized.
 
 With {"embed": [[ids]], "pool": "mean" | "cls" | "lasttoken"} it prints
 each input's pooled vector instead: the last hidden state (after the final
@@ -21,6 +22,17 @@ GEMMA = ("gemma2", "gemma3_text")
 QK_NORM = ("qwen3", "qwen3_moe", "gemma3_text")  # per head, before RoPE
 
 
+def e4m3_table():
+    """The value of every float8 e4m3fn byte (bias 7, no infinities, 0x7f
+    and 0xff NaN)."""
+    out = []
+    for b in range(256):
+        e, m = (b >> 3) & 15, b & 7
+        v = float("nan") if b & 0x7F == 0x7F else (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+        out.append(-v if b & 0x80 else v)
+    return torch.tensor(out, dtype=torch.float64)
+
+
 def load(path):
     with open(path + "/model.safetensors", "rb") as f:
         raw = f.read()
@@ -33,11 +45,61 @@ def load(path):
         chunk = bytearray(raw[8 + n + b : 8 + n + end])
         if e["dtype"] == "F32":
             t = torch.frombuffer(chunk, dtype=torch.float32)
+        elif e["dtype"] == "F8_E4M3":
+            t = e4m3_table()[torch.frombuffer(chunk, dtype=torch.uint8).long()]
+        elif e["dtype"] == "I32":
+            out[name] = torch.frombuffer(chunk, dtype=torch.int32).reshape(e["shape"]).long() & 0xFFFFFFFF
+            continue
         elif e["dtype"] == "BF16":
             t = torch.frombuffer(chunk, dtype=torch.int16).view(torch.bfloat16)
         else:
             t = torch.frombuffer(chunk, dtype=torch.float16)
         out[name] = t.reshape(e["shape"]).double()
+    return out
+
+
+def nibbles(packed, order):
+    """[..., n] 32-bit words to [..., 8n] 4-bit values: value 8c + j of a
+    row is nibble order[j] of word c."""
+    shifts = torch.tensor([4 * i for i in order], dtype=torch.long)
+    return ((packed.unsqueeze(-1) >> shifts) & 15).flatten(-2)
+
+
+def dequantize(w, q):
+    """w with every quantized linear weight replaced by its float value
+    (name.weight), from the layout's tensors: fp8 with weight_scale_inv
+    blocks (quant_method fp8), fp8 with weight_scale per channel or per
+    tensor (compressed-tensors), AWQ's GEMM packing or GPTQ's (v1 zeros:
+    stored zero + 1)."""
+    method = (q or {}).get("quant_method")
+    out = {}
+    for name, t in w.items():
+        if name.endswith(".weight_scale_inv"):
+            base = name[: -len("_scale_inv")]
+            bo, bi = q["weight_block_size"]
+            wt = w[base]
+            s = t.repeat_interleave(bo, 0)[: wt.shape[0]].repeat_interleave(bi, 1)[:, : wt.shape[1]]
+            out[base] = wt * s
+        elif name.endswith(".weight_scale"):
+            base = name[: -len("_scale")]
+            out[base] = w[base] * (t.reshape(-1, 1) if t.numel() > 1 else t.reshape(()))
+        elif name.endswith(".qweight"):
+            base = name[: -len("qweight")]
+            scales, g = w[base + "scales"], q["group_size"]
+            if method == "awq":
+                iw = nibbles(t, [0, 4, 1, 5, 2, 6, 3, 7])  # [in, out]
+                z = nibbles(w[base + "qzeros"], [0, 4, 1, 5, 2, 6, 3, 7])
+            else:
+                iw = nibbles(t.transpose(0, 1), range(8)).transpose(0, 1)  # [in, out]
+                z = nibbles(w[base + "qzeros"], range(8)) + 1
+            grp = torch.arange(iw.shape[0]) // g
+            if base + "g_idx" in w:  # each input's group (GPTQ)
+                grp = w[base + "g_idx"]
+            out[base + "weight"] = ((iw - z[grp]) * scales[grp]).transpose(0, 1).contiguous()
+        elif name.endswith((".qzeros", ".scales", ".g_idx")) or name in out:
+            continue
+        elif name not in out:
+            out[name] = t
     return out
 
 
@@ -341,10 +403,12 @@ def main():
     path = sys.argv[1]
     with open(path + "/config.json") as f:
         c = json.load(f)
+    q = c.get("quantization_config")
     c = c.get("text_config") or c
+    raw = dequantize(load(path), q)
     req = json.load(sys.stdin)
     if "embed" in req:
-        arch, raw = c["model_type"], load(path)
+        arch = c["model_type"]
         if arch == "bert":
             states = lambda ids: bert_hidden(raw, c, ids)
         elif arch == "modernbert":
@@ -354,7 +418,10 @@ def main():
             states = lambda ids: hidden(w, c, ids)
         json.dump([pool(states(list(ids)), req["pool"]).tolist() for ids in req["embed"]], sys.stdout)
         return
-    w = text_weights(load(path))
+    w = text_weights(raw)
+    if "weights" in req:  # the named weights as the forward sees them, flattened
+        json.dump({n: w[n].flatten().tolist() for n in req["weights"]}, sys.stdout)
+        return
     out = []
     for ids in req["prompts"]:
         ids, toks, lps, gaps = list(ids), [], [], []

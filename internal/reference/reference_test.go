@@ -100,3 +100,86 @@ func maxDiff(a, b []float64) float64 {
 	}
 	return m
 }
+
+// TestQuantized runs the reference on testmodel.TinyQuant in every
+// quantized layout, which it dequantizes: the first step's largest
+// log-probability (continuous in the logits, unlike the greedy token of a
+// random model's near-flat distribution) is near the float model's, within
+// what the quantization moves it here (a tenth), and not equal to it.
+func TestQuantized(t *testing.T) {
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		t.Skip("MLXSERVING_PYTHON is not set")
+	}
+	prompts := [][]int32{{1, 2, 3}, {7, 100, 42, 9}, {300}}
+	run := func(q string) []Run {
+		cfg := testmodel.TinyQuant()
+		cfg.Quant = q
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		runs, err := Greedy(context.Background(), py, dir, prompts, 1)
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return runs
+	}
+	want := run("")
+	for _, q := range testmodel.Quants() {
+		for i, r := range run(q) {
+			d := math.Abs(r.Logprobs[0] - want[i].Logprobs[0])
+			if d == 0 || d > 0.3 {
+				t.Errorf("%s: prompt %d: largest log-probability %.4f, float model %.4f", q, i, r.Logprobs[0], want[i].Logprobs[0])
+			}
+		}
+	}
+}
+
+// TestDequantizedWeights: the weights the reference runs on a quantized
+// checkpoint are the float model's within the layout's rounding (at most
+// 7% of the largest magnitude in each 128-wide group of a row; see
+// testmodel's TestQuantLayouts) and not equal to them.
+func TestDequantizedWeights(t *testing.T) {
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		t.Skip("MLXSERVING_PYTHON is not set")
+	}
+	names := []string{"model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"}
+	weights := func(q string) map[string][]float64 {
+		cfg := testmodel.TinyQuant()
+		cfg.Quant = q
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		w, err := Weights(context.Background(), py, dir, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	want := weights("")
+	in := map[string]int{names[0]: 256, names[1]: 512, names[2]: 256}
+	for _, q := range testmodel.Quants() {
+		got := weights(q)
+		for _, n := range names {
+			g, w := got[n], want[n]
+			if len(g) != len(w) {
+				t.Fatalf("%s %s: %d values, want %d", q, n, len(g), len(w))
+			}
+			worst := 0.0
+			for i := range g {
+				lo := i / 128 * 128
+				amax := 0.0
+				for _, v := range w[lo : lo+min(128, in[n])] {
+					amax = math.Max(amax, math.Abs(v))
+				}
+				worst = math.Max(worst, math.Abs(g[i]-w[i])/amax)
+			}
+			if quantized := n != names[2]; worst > 0.07 || (worst == 0) == quantized {
+				t.Errorf("%s %s: worst error %.4f of the group's largest magnitude", q, n, worst)
+			}
+		}
+	}
+}

@@ -9,6 +9,7 @@ description; a family that needs code of its own keeps it in its own file
 """
 import os
 
+import quant
 from st import CheckpointError
 from stcheck import read_json
 
@@ -115,6 +116,7 @@ class Config:
             if getattr(self, field) > limit:
                 raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
         self.bos, self.eos = _special_ids(directory, top if wrapped else c)
+        self.quant = quant.scheme(top)  # None for a float checkpoint
 
     def _read(self, c, top, fam):
         self.hidden = int(c["hidden_size"])

@@ -33,6 +33,7 @@ except ImportError:
 import gemma
 import moe
 import phi3
+import quant
 import rope
 from config import Config  # noqa: F401  (the backend's entry point)
 from st import Checkpoint, CheckpointError
@@ -60,12 +61,15 @@ class Decoder:
     head_dim], read through layer l's group's block table
     (kv.table_of(l)); positions' rows and blocks come per group."""
 
-    def __init__(self, directory, cfg, device, dtype):
+    def __init__(self, directory, cfg, device, dtype, quantize=None):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         fam = cfg.family
         ck = Checkpoint(directory)
         h = cfg.hidden
-        get = lambda n, s: ck.get(n, s, device, dtype)
+        # Quantized checkpoints (quant.py): get dequantizes, self.lin keeps
+        # the projections quantized where kernels run them.
+        qz = quant.Loader(ck, cfg.quant, device, dtype, quantize)
+        get, self.lin = qz.get, qz.linear
         prefix = next((p for p in PREFIXES if ck.has(p + "embed_tokens.weight")), PREFIXES[0])
         self.embed = get(prefix + "embed_tokens.weight", (cfg.vocab, h))
         self.embed_scale = gemma.embed_scale(cfg, device, dtype)
@@ -123,12 +127,13 @@ class Decoder:
         if fam.attn == "fused":
             L["qkv"] = phi3.qkv(get, cfg, a)
         else:
-            L["qkv"] = torch.cat([get(a + "q_proj.weight", (H * hd, h)), get(a + "k_proj.weight", (K * hd, h)),
-                                  get(a + "v_proj.weight", (K * hd, h))])
+            lin = self.lin
+            L["qkv"] = quant.cat([lin(a + "q_proj.weight", (H * hd, h)), lin(a + "k_proj.weight", (K * hd, h)),
+                                  lin(a + "v_proj.weight", (K * hd, h))], self.dtype)
             if cfg.bias:
                 L["qkv_b"] = torch.cat([get(a + "q_proj.bias", (H * hd,)), get(a + "k_proj.bias", (K * hd,)),
                                         get(a + "v_proj.bias", (K * hd,))])
-        L["o"] = get(a + "o_proj.weight", (h, H * hd))
+        L["o"] = self.lin(a + "o_proj.weight", (h, H * hd))
         if fam.qk_norm == "head":  # each head of q and k, before the rotary embedding
             L["q_norm"] = get(a + "q_norm.weight", (hd,))
             L["k_norm"] = get(a + "k_norm.weight", (hd,))
@@ -142,8 +147,9 @@ class Decoder:
             L["down"] = get(p + "mlp.down_proj.weight", (h, cfg.intermediate))
         else:
             m = p + "mlp."
-            L["gate_up"] = torch.cat([get(m + "gate_proj.weight", (cfg.intermediate, h)), get(m + "up_proj.weight", (cfg.intermediate, h))])
-            L["down"] = get(m + "down_proj.weight", (h, cfg.intermediate))
+            L["gate_up"] = quant.cat([self.lin(m + "gate_proj.weight", (cfg.intermediate, h)),
+                                      self.lin(m + "up_proj.weight", (cfg.intermediate, h))], self.dtype)
+            L["down"] = self.lin(m + "down_proj.weight", (h, cfg.intermediate))
         return L
 
     def rms(self, x, w):
@@ -219,7 +225,7 @@ class Decoder:
     def mlp(self, h, L):
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul)
-        return F.linear(self.act_mul(F.linear(h, L["gate_up"])), L["down"])
+        return quant.linear(self.act_mul(quant.linear(h, L["gate_up"])), L["down"])
 
     def act_mul(self, gu):
         """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
@@ -256,7 +262,7 @@ class Decoder:
         for li, L in enumerate(self.layers):
             kc, vc, kr = kv.kc[li], kv.vc[li], kvrow[kv.group_of[li]]
             x, h = self.add_norm(x, d, L.get("ln_in"))
-            qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
+            qkv = self.qk_norm(quant.linear(h, L["qkv"], L.get("qkv_b")), L)
             t = self.tab_of[li]
             if self.kern is not None:  # rotary embedding and KV write in one kernel
                 qk = self.kern.rope_kv(qkv, kc, vc, kr, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
@@ -267,7 +273,7 @@ class Decoder:
             if self.kern is None:
                 kc.view(-1, K, hd)[kr] = k
                 vc.view(-1, K, hd)[kr] = v
-            a = self.rms(F.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
+            a = self.rms(quant.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L), L.get("mlp_post"))
         out = self.logits(self.rms(x[last] + d[last], self.norm))
@@ -284,11 +290,11 @@ class Decoder:
         d = None
         for li, L in enumerate(self.layers):
             x, h = self.add_norm(x, d, L.get("ln_in"))
-            qkv = self.qk_norm(F.linear(h, L["qkv"], L.get("qkv_b")), L)
+            qkv = self.qk_norm(quant.linear(h, L["qkv"], L.get("qkv_b")), L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
-            a = self.rms(F.linear(a, L["o"]), L.get("attn_post"))
+            a = self.rms(quant.linear(a, L["o"]), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L), L.get("mlp_post"))
         _, x = self.add_norm(x, d, self.norm)

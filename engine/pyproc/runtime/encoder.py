@@ -55,6 +55,8 @@ class EncoderConfig:
             if getattr(self, field) > limit:
                 raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
         self.dtype = c.get("torch_dtype") or c.get("dtype") or "float32"
+        if c.get("quantization_config") is not None:
+            raise CheckpointError("config.json", "quantization_config: quantized encoders are not supported")
 
     def _read(self, c):
         self.hidden = _int(c, "hidden_size")

@@ -24,6 +24,8 @@ class EncoderModel:
         if not os.path.isdir(path):
             raise CheckpointError(path, "not a directory")
         cfg = EncoderConfig(path)
+        if opts.get("quantize"):
+            raise ProtocolError("invalid", "quantize %r: an encoder loads its weights as they are" % opts["quantize"])
         if opts.get("context_length"):
             cfg.context = min(cfg.context, int(opts["context_length"]))
         self.cfg, self.device = cfg, device

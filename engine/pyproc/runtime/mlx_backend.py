@@ -96,6 +96,8 @@ def _adjust(logits, s, p):
 
 class MlxModel:
     def __init__(self, path, opts):
+        if opts.get("quantize"):
+            raise ProtocolError("invalid", "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")

@@ -21,6 +21,9 @@ DTYPES = {
     "F64": (torch.float64, torch.float64, 8),
     "I64": (torch.int64, torch.int64, 8),
     "I32": (torch.int32, torch.int32, 4),
+    # Float8 e4m3fn read as bytes: torch 1.13 has no float8 dtype, and the
+    # quantized layouts (quant.py) convert them themselves.
+    "F8_E4M3": (torch.uint8, torch.uint8, 1),
 }
 
 
@@ -84,6 +87,24 @@ class Checkpoint:
 
     def has(self, tname):
         return tname in self.where
+
+    def stored_dtype(self, tname):
+        """The tensor's safetensors dtype name (F32, F8_E4M3, ...)."""
+        return self.where[tname].header[tname]["dtype"]
+
+    def file_of(self, tname):
+        st = self.where.get(tname)
+        return st.name if st is not None else "model.safetensors"
+
+    def raw(self, tname, shape, device):
+        """The tensor as stored (F8_E4M3 as uint8), copied to device;
+        shape None takes any shape."""
+        st = self.where.get(tname)
+        if st is None:
+            raise CheckpointError("model.safetensors", "missing tensor", tname)
+        if shape is not None and st.shape(tname) != list(shape):
+            raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (st.shape(tname), list(shape)), tname)
+        return st.tensor(tname).to(device=device, copy=True)
 
     def get(self, tname, shape, device, dtype):
         st = self.where.get(tname)

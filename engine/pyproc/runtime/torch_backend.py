@@ -5,6 +5,7 @@ import os
 
 import torch
 
+import quant
 from config import Config
 from decoder import Decoder
 from encoder import is_encoder
@@ -48,10 +49,11 @@ log = logging.getLogger("torch_backend")
 
 
 def weight_bytes(model):
-    """Bytes of the model's weight tensors, each shared tensor once."""
+    """Bytes of the model's weights, each shared tensor once; quantized
+    projections at their quantized size."""
     ts = [model.embed, model.norm, model.lm_head] + [t for layer in model.layers for t in layer.values()]
     unique = {id(t): t for t in ts}
-    return sum(t.numel() * t.element_size() for t in unique.values())
+    return sum(quant.nbytes(t) for t in unique.values())
 
 
 def pick_device(name):
@@ -99,8 +101,9 @@ class TorchModel:
         self.device = pick_device(opts.get("device", "auto"))
         self.dtype = pick_dtype(opts.get("dtype", "auto"), self.device, cfg)
         self.cfg = cfg
+        quantize = quant.parse_quantize(opts.get("quantize"), cfg.quant)
         with torch.no_grad():
-            self.model = Decoder(path, cfg, self.device, self.dtype)
+            self.model = Decoder(path, cfg, self.device, self.dtype, quantize)
         bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError("invalid", "block size %d is out of range" % bs)

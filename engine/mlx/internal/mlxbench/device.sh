@@ -11,6 +11,8 @@
 #   sh engine/mlx/internal/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
 #                                                                # (the MLX engine with and without its fused kernels)
 #   sh engine/mlx/internal/mlxbench/device.sh profile BIN OUTDIR BATCH  # the kernels of 4 decode steps at BATCH (ncu)
+#   sh engine/mlx/internal/mlxbench/device.sh quant BIN OUTDIR [SHAPE ...]  # bf16 vs MLX 4/8-bit vs AWQ vs FP8 decode
+#                                                                # (llama1b, llama8b by default)
 #
 # mlxbench finds the CUDA build's libmlxc.so through LD_LIBRARY_PATH (it
 # takes precedence over the RUNPATH of the prefix it was linked against;
@@ -30,6 +32,19 @@ bench)
 	# the same binary without the fused decode kernels (MLX ops instead)
 	LD_LIBRARY_PATH=$prefix/lib MLXSERVING_MLX_FUSED=0 "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx-unfused.txt"
 	"$bin/gpubench" -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/torch.txt" ;;
+quant)
+	bin=$2 out=$3
+	shift 3
+	mkdir -p "$out"
+	while ! grep -q '^rc=' /tmp/mlx-cuda-build.log 2>/dev/null; do sleep 5; done
+	for s in ${*:-llama1b llama8b}; do
+		for q in bf16 mlx4 mlx8 awq fp8; do
+			flag="-quant $q"
+			[ $q = bf16 ] && flag=""
+			LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -shape $s $flag -dir /tmp/mlxq-$s-$q -batches 1,8,64 2>&1 | tee "$out/mlx-$s-$q.txt"
+			rm -rf /tmp/mlxq-$s-$q
+		done
+	done ;;
 profile)
 	bin=$2 out=$3 b=${4:-64}
 	mkdir -p "$out"

@@ -13,6 +13,14 @@
 //	go build -tags mlx -o bin/mlxbench ./engine/mlx/internal/mlxbench
 //	bin/mlxbench -dir /tmp/llama1b -batches 1,8,32,64 -device gpu
 //
+// -quant measures a quantized checkpoint of -shape instead: mlx4 or mlx8
+// (MLX's own affine format, written from the bf16 checkpoint by
+// Engine.Quantize, group 64 as mlx-community's), or a transformers layout
+// testmodel writes (awq, gptq: requantized to MLX 4-bit at load; fp8,
+// fp8-channel: dequantized at load), into -dir:
+//
+//	bin/mlxbench -shape llama8b -quant mlx4 -dir /tmp/llama8b-mlx4 -batches 1,64
+//
 // engine/mlx/internal/mlxbench/device.sh runs it on a CUDA machine.
 package main
 
@@ -42,13 +50,22 @@ func main() {
 	small := flag.Bool("small", false, "the tiny test model instead (a dry run on CPU)")
 	profile := flag.String("cpuprofile", "", "directory for a Go CPU profile of each batch size's timed decode steps (cpu-bN.pprof)")
 	gpuProfile := flag.Bool("gpuprofile", false, "bracket each batch size's timed decode steps with cuProfilerStart/Stop, for ncu --profile-from-start off")
+	shape := flag.String("shape", "llama1b", "checkpoint shape (testmodel.Shapes)")
+	quant := flag.String("quant", "", "mlx4, mlx8, or a testmodel layout (awq, gptq, fp8, fp8-channel); empty: bf16")
 	flag.Parse()
-	cfg := testmodel.Llama1B()
+	mk, ok := testmodel.Shapes()[*shape]
+	if !ok {
+		log.Fatalf("-shape %q: not a testmodel shape", *shape)
+	}
+	cfg := mk()
 	if *small {
 		cfg = testmodel.Tiny()
+		if *quant != "" {
+			cfg = testmodel.TinyQuant() // widths in groups of 128
+		}
 	}
 	if _, err := os.Stat(filepath.Join(*dir, "config.json")); err != nil {
-		must(testmodel.Write(*dir, cfg))
+		must(writeCheckpoint(*dir, cfg, *quant))
 	}
 	sizes := ints(*batches)
 	maxB := 0
@@ -70,7 +87,7 @@ func main() {
 		must(err)
 		fmt.Printf("warmed batch sizes %v in %v\n", bs, time.Since(t0).Round(time.Millisecond))
 	}
-	fmt.Printf("\nMLX engine decode (%s): prompt %d, %d new tokens, greedy, %s\n", *device, *prompt, *gen, cfg.DType)
+	fmt.Printf("\nMLX engine decode (%s): prompt %d, %d new tokens, greedy, %s, weights %q\n", *device, *prompt, *gen, cfg.DType, *quant)
 	fmt.Println("| batch | prefill s | decode tok/s | ms/step | primitives/step | per layer |")
 	fmt.Println("|---|---|---|---|---|---|")
 	for _, b := range sizes {
@@ -79,6 +96,26 @@ func main() {
 		step, layer := primitives(m)
 		fmt.Printf("| %d | %.3f | %.1f | %.2f | %s | %s |\n", b, pre.Seconds(), tps, 1000*float64(b)/tps, step, layer)
 	}
+}
+
+// writeCheckpoint writes cfg into dir in the layout quant names.
+func writeCheckpoint(dir string, cfg testmodel.Config, quant string) error {
+	bits := map[string]int{"mlx4": 4, "mlx8": 8}[quant]
+	if bits == 0 {
+		cfg.Quant = quant
+		return testmodel.Write(dir, cfg)
+	}
+	src := dir + "-bf16"
+	if err := testmodel.Write(src, cfg); err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	e, err := mlx.New()
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	return e.Quantize(context.Background(), src, dir, bits, 64)
 }
 
 // primitives is the MLX primitives of m's last step (a decode step after

@@ -18,9 +18,17 @@
 // and the server's mean running batch and queue wait from its /metrics:
 //
 //	gpubench -serving -shape llama8b -dir /tmp/llama8b -server bin/server -loadgen bin/loadgen
+//
+// With -quant it measures a quantized checkpoint of the shape instead
+// (testmodel's layouts: fp8, fp8-channel, awq, gptq, written into -dir; or
+// quantize-fp8: the bf16 checkpoint loaded with pyproc.WithQuantize), the
+// decode bound taken from the engine's reported weight bytes:
+//
+//	gpubench -shape llama8b -quant awq -dir /tmp/llama8b-awq -batches 1,64 -prefill "" -hf=false -hfstatic=false -stack=false
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -66,6 +74,7 @@ var (
 	sloTTFT    = flag.Duration("slo-ttft", 500*time.Millisecond, "serving mode: goodput SLO on time to first token")
 	sloTPOT    = flag.Duration("slo-tpot", 20*time.Millisecond, "serving mode: goodput SLO on time per output token")
 	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
+	quantFlag  = flag.String("quant", "", "a quantized checkpoint: fp8, fp8-channel, awq, gptq (testmodel layouts) or quantize-fp8 (-quantize fp8 on the bf16 one)")
 	bwFlag     = flag.Float64("bandwidth", 0, "memory bandwidth for the decode bound, bytes/s (0: the GPU's nominal figure)")
 )
 
@@ -113,6 +122,19 @@ func main() {
 	if *small {
 		cfg = testmodel.Tiny()
 	}
+	var quantize []pyproc.Option
+	switch q := *quantFlag; {
+	case q == "quantize-fp8":
+		quantize = append(quantize, pyproc.WithQuantize("fp8"))
+	case q != "":
+		if !slices.Contains(testmodel.Quants(), q) {
+			log.Fatalf("-quant %q: want quantize-fp8 or one of %v", q, testmodel.Quants())
+		}
+		cfg.Quant = q
+	}
+	if *quantFlag != "" { // transformers' figures are the bf16 run's
+		*hf, *hfStatic = false, false
+	}
 	if _, err := os.Stat(filepath.Join(*dir, "config.json")); err != nil {
 		t0 := time.Now()
 		must(testmodel.Write(*dir, cfg))
@@ -134,14 +156,23 @@ func main() {
 	}
 	sizes := ints(*batches)
 	cases := parseCases(*prefills)
-	e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead))
+	e, err := pyproc.New(ctx, append([]pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
+		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead)}, quantize...)...)
 	must(err)
 	t0 := time.Now()
 	mi, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: 64})
 	must(err)
 	m := mi.(*pyproc.Model)
 	fmt.Printf("loaded in %v: %+v\n", time.Since(t0).Round(time.Millisecond), m.Info())
+	weights := weightBytes(cfg)
+	if *quantFlag != "" && m.Info().WeightBytes > 0 {
+		// What the engine holds (the quantized bytes), less an untied
+		// embedding, of which a step reads a row a sequence.
+		weights = float64(m.Info().WeightBytes)
+		if !cfg.TieEmbeddings {
+			weights -= 2 * float64(cfg.Vocab*cfg.Hidden)
+		}
+	}
 	ours := map[int]float64{}
 	for _, b := range sizes {
 		decode(ctx, m, b, *gen) // warm-up: captures the graphs the timed run uses
@@ -168,9 +199,8 @@ func main() {
 	if *hfStatic {
 		hfStat = runJSON(*python, *script, "static", *dir, *batches)
 	}
-	weights := weightBytes(cfg)
-	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, bf16; bound = batch x %.0f GB/s (%s) / %.2f GB of weights\n",
-		*prompt, *gen, bandwidth/1e9, bwFrom, weights/1e9)
+	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, bf16 activations, weights %q; bound = batch x %.0f GB/s (%s) / %.2f GB of weights\n",
+		*prompt, *gen, cmp.Or(*quantFlag, "bf16"), bandwidth/1e9, bwFrom, weights/1e9)
 	fmt.Println("| batch | engine tok/s | Server tok/s | HF static+compile tok/s | HF generate tok/s | bound tok/s | engine/bound | Server/bound | engine/HF static |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, b := range sizes {

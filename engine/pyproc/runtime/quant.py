@@ -1,0 +1,443 @@
+"""Quantized checkpoints as they are published, and -quantize fp8.
+
+Layouts (config.json's quantization_config; scheme() parses it and
+refuses what the engine cannot run, naming the field):
+
+- quant_method "fp8" with weight_block_size [bn, bk] (Qwen3-*-FP8,
+  DeepSeek-V3): weight F8_E4M3 [out, in], weight_scale_inv F32
+  [ceil(out/bn), ceil(in/bk)]; w = fp8 * scale_inv per block. Without
+  weight_block_size: weight_scale per tensor or per output channel.
+- "compressed-tensors", format "float-quantized" (RedHatAI FP8 and
+  FP8-dynamic): weight F8_E4M3, weight_scale per tensor ([1] or []),
+  channel ([out, 1]) or block; activation scales are not used (see below).
+- "awq" (AutoAWQ, version "gemm", 4 bits, zero_point): qweight I32 [in,
+  out/8] and qzeros I32 [in/g, out/8] packed in AWQ's order (nibble i of
+  word c holds column 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]), scales F16
+  [in/g, out]; w = (q - z) * s.
+- "gptq" (auto-gptq's format, desc_act false, 4 bits): qweight I32
+  [in/8, out] (nibble j of row r is input 8r + j), qzeros I32 [in/g,
+  out/8] holding zero - 1 (the "v1" format auto-gptq and most published
+  checkpoints use; the zero is the stored value plus one), scales F16
+  [in/g, out], g_idx I32 [in] (k // g).
+
+Where a layout leaves a weight unquantized (embeddings, norms, lm_head,
+MoE routers, anything in ignore or modules_to_not_convert) the file holds
+it in float and it loads as any float weight: what is quantized is read
+from the file (a weight with a scale beside it, or a qweight), not from
+the config's lists.
+
+On CPU (and where the CUDA kernels are missing or disagree with the plain
+product on a check at load) every weight is dequantized at load from the
+raw bytes (a 256-entry table for e4m3, shifts for int4) to the serving
+dtype. On CUDA the decoder's projections (q, k, v, o, gate, up, down) stay
+quantized (QWeight) and run through quant_triton: the FP8 weights through
+a GEMM that converts each tile to the activations' dtype in registers and
+scales it per block or channel (weight-only: activations stay bf16, so
+dynamic or static activation scales in the config change nothing), the
+int4 weights through a GEMM that unpacks and dequantizes each tile in
+registers. Mixture-of-experts experts and fused (Phi-3) projections load
+dequantized.
+
+-quantize fp8 (load opts "quantize": "fp8") quantizes a float checkpoint's
+projections at load per output channel (scale max|row| / 448, round to
+nearest even, saturating), as vLLM's --quantization fp8: on CUDA they are
+then served as FP8; on CPU they are rounded to the fp8 grid and back, so
+the CPU serves the numbers the GPU does.
+"""
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from errors import CheckpointError, ProtocolError
+
+log = logging.getLogger("quant")
+
+E4M3_MAX = 448.0
+AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word is nibble AWQ_REVERSE[j]
+GROUPS = (32, 64, 128)
+
+
+class Scheme:
+    """A parsed quantization_config. kind: "fp8" or "int4"; method: the
+    quant_method; block: FP8 (bn, bk) or None (scales per tensor or
+    channel); group: int4 group size; zero_offset: added to GPTQ's stored
+    zeros."""
+
+    def __init__(self, kind, method, block=None, group=0, zero_offset=0):
+        self.kind, self.method, self.block, self.group, self.zero_offset = kind, method, block, group, zero_offset
+
+
+def scheme(top):
+    """The Scheme of config.json (top: the whole file), None when it has no
+    quantization_config. Refuses with a CheckpointError naming the field
+    what the engine cannot run."""
+    q = top.get("quantization_config")
+    if q is None:
+        tc = top.get("text_config")
+        q = tc.get("quantization_config") if isinstance(tc, dict) else None
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise _bad("quantization_config", q, "an object")
+    method = q.get("quant_method")
+    if method == "fp8":
+        if q.get("fmt", "e4m3") != "e4m3":
+            raise _bad("fmt", q.get("fmt"), "e4m3")
+        return Scheme("fp8", method, block=_block(q.get("weight_block_size"), "weight_block_size"))
+    if method == "compressed-tensors":
+        return _compressed(q)
+    if method in ("awq", "gptq"):
+        if q.get("bits") != 4:
+            raise _bad("bits", q.get("bits"), "4")
+        g = q.get("group_size", 128 if method == "awq" else None)
+        if g not in GROUPS:
+            raise _bad("group_size", g, " or ".join(map(str, GROUPS)))
+        if method == "awq":
+            if str(q.get("version", "gemm")).lower() != "gemm":
+                raise _bad("version", q.get("version"), "gemm (AutoAWQ's GEMM packing)")
+            if q.get("zero_point", True) is not True:
+                raise _bad("zero_point", q.get("zero_point"), "true")
+            return Scheme("int4", method, group=g)
+        if q.get("desc_act", False) is not False:
+            raise _bad("desc_act", q.get("desc_act"), "false (act-order checkpoints are not supported)")
+        if q.get("checkpoint_format", "gptq") != "gptq" or q.get("is_marlin_format", False):
+            raise _bad("checkpoint_format", q.get("checkpoint_format"), "gptq (auto-gptq's v1 zeros)")
+        return Scheme("int4", method, group=g, zero_offset=1)
+    raise _bad("quant_method", method, "fp8, compressed-tensors, awq or gptq")
+
+
+def _bad(field, got, want):
+    return CheckpointError("config.json", "quantization_config.%s %r: unsupported (want %s)" % (field, got, want))
+
+
+def _block(b, field):
+    if b is None:
+        return None
+    if not (isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 and x % 16 == 0 for x in b)):
+        raise _bad(field, b, "two positive multiples of 16")
+    return tuple(b)
+
+
+def _compressed(q):
+    if q.get("format") != "float-quantized":
+        raise _bad("format", q.get("format"), "float-quantized (FP8)")
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise _bad("config_groups", groups, "an object of quantization groups")
+    block = None
+    for name, g in groups.items():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict):
+            raise _bad("config_groups.%s.weights" % name, w, "an object")
+        for field, want in (("num_bits", 8), ("type", "float"), ("symmetric", True)):
+            if w.get(field) != want:
+                raise _bad("config_groups.%s.weights.%s" % (name, field), w.get(field), repr(want))
+        if w.get("dynamic", False):
+            raise _bad("config_groups.%s.weights.dynamic" % name, w.get("dynamic"), "false")
+        strategy = w.get("strategy")
+        if strategy == "block":
+            block = _block(w.get("block_structure"), "config_groups.%s.weights.block_structure" % name)
+        elif strategy not in ("tensor", "channel"):
+            raise _bad("config_groups.%s.weights.strategy" % name, strategy, "tensor, channel or block")
+    return Scheme("fp8", "compressed-tensors", block=block)
+
+
+def parse_quantize(opt, sch):
+    """The load option "quantize": None or "fp8"."""
+    if opt in (None, "", "none"):
+        return None
+    if opt != "fp8":
+        raise ProtocolError("invalid", "quantize %r: want fp8" % (opt,))
+    if sch is not None:
+        raise ProtocolError("invalid", "quantize fp8: the checkpoint is already quantized (%s)" % sch.method)
+    return opt
+
+
+# -- numbers ---------------------------------------------------------------
+
+def e4m3_values():
+    """The 256 float8 e4m3fn values by byte (bias 7, no infinities, 0x7f
+    and 0xff NaN), float32."""
+    b = torch.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).float()
+    v = torch.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * torch.pow(2.0, (e - 7).float()))
+    v = torch.where(b & 0x7F == 0x7F, torch.full_like(v, float("nan")), v)
+    return torch.where(b & 0x80 != 0, -v, v)
+
+
+def e4m3_round(x):
+    """x (float32) rounded to the nearest e4m3 value, ties to the even
+    code, saturating at ±448: what converting to fp8 and back gives."""
+    vals = e4m3_values()[:0x7F].to(x.device)  # 0, the subnormals, ..., 448; increasing
+    a = x.abs().clamp(max=E4M3_MAX)
+    i = torch.bucketize(a, vals).clamp(1, vals.numel() - 1)  # vals[i - 1] < a <= vals[i]
+    lo, hi = vals[i - 1], vals[i]
+    up = (hi - a < a - lo) | ((hi - a == a - lo) & (i % 2 == 0))
+    r = torch.where(a <= 0, torch.zeros_like(a), torch.where(up, hi, lo))
+    return torch.where(x < 0, -r, r)
+
+
+def unpack4(words, order=range(8)):
+    """int32 words [..., n] to 4-bit values [..., 8n] (int32): value 8c +
+    j is nibble order[j] of word c."""
+    shifts = torch.tensor([4 * i for i in order], dtype=torch.int32, device=words.device)
+    return ((words.unsqueeze(-1) >> shifts) & 15).flatten(-2)
+
+
+def pack4(vals):
+    """4-bit values [8r + j, n] to int32 words [r, n], value 8r + j in
+    nibble j (GPTQ's packing along the input)."""
+    v = vals.to(torch.int32).reshape(-1, 8, vals.shape[-1])
+    out = torch.zeros(v.shape[0], v.shape[2], dtype=torch.int32, device=vals.device)
+    for j in range(8):
+        out |= v[:, j] << (4 * j)
+    return out
+
+
+def _expand(s, shape, block):
+    """Scales [ceil(n/bn), ceil(k/bk)] to one per weight [n, k]."""
+    n, k = shape
+    return s.repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
+
+
+class QWeight:
+    """A projection weight kept quantized (CUDA), or a float tensor to be.
+    fp8: w (float8_e4m3fn [N, K]), scale (float32 [ceil(N/bn),
+    ceil(K/bk)]), block (bn, bk). int4: qw (int32 [K/8, N], input 8r + j in
+    nibble j of row r), scales and zeros ([K/g, N], float16; the zero as a
+    value, not as stored), group g."""
+
+    def __init__(self, kind, n, k, **t):
+        self.kind, self.n, self.k, self.t = kind, n, k, t
+
+    def nbytes(self):
+        return sum(v.numel() * v.element_size() for v in self.t.values() if isinstance(v, torch.Tensor))
+
+    def dequant(self, dtype):
+        """The float weight [N, K]."""
+        t = self.t
+        if self.kind == "fp8":
+            w = t["w"].view(torch.uint8) if t["w"].dtype != torch.uint8 else t["w"]
+            table = e4m3_values().to(w.device)
+            return (table[w.long()] * _expand(t["scale"], (self.n, self.k), t["block"])).to(dtype)
+        g = t["group"]
+        q = unpack4(t["qw"].t()).t().float()  # [K, N]
+        grp = torch.arange(self.k, device=q.device) // g
+        return ((q - t["zeros"].float()[grp]) * t["scales"].float()[grp]).t().contiguous().to(dtype)
+
+    def forward(self, x, bias=None):
+        import quant_triton
+        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and _scaled_mm_ok(x.device, x.dtype):
+            y = scaled_mm(x, self.t["w"], self.t["scale"])
+        elif self.kind == "fp8":
+            y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
+        else:
+            y = quant_triton.int4_linear(x, self.t["qw"], self.t["scales"], self.t["zeros"], self.t["group"])
+        return y if bias is None else y + bias
+
+
+# Steps of at least this many rows (prompt chunks, large decode batches)
+# run per-channel FP8 weights as W8A8 through torch._scaled_mm (FP8 tensor
+# cores, each row's activations quantized with its own scale, as vLLM's
+# dynamic FP8) when MLXSERVING_FP8_SCALED_MM=1 and its check at load
+# passed; smaller steps keep the weight-only GEMM. Off by default: a
+# sequence's numbers then depend on the size of the step it ran in, and it
+# is not yet measured against the weight-only GEMM.
+SCALED_MM_ROWS = 128
+
+
+def scaled_mm(x, w8, scale):
+    """x [M, K] @ (w8 * scale).T with x's rows quantized to fp8 by their
+    max / 448 (w8 float8_e4m3fn [N, K], scale float32 [N, 1])."""
+    sa = (x.abs().amax(-1, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
+    xq = (x.float() / sa).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=scale.t(), out_dtype=x.dtype)
+
+
+_scaled = {}
+
+
+def _scaled_mm_ok(device, dtype):
+    """Whether the W8A8 path is on and agrees with the dequantized product
+    here (checked once per device and dtype, at load: Loader calls it
+    before any CUDA graph is captured)."""
+    import os
+    if os.environ.get("MLXSERVING_FP8_SCALED_MM", "0") != "1":
+        return False
+    key = (str(device), dtype)
+    if key not in _scaled:
+        try:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            w = torch.randn(256, 512, generator=g)
+            s = w.abs().amax(1, keepdim=True) / E4M3_MAX
+            w8 = (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(device)
+            x = torch.randn(SCALED_MM_ROWS + 3, 512, generator=g).to(device=device, dtype=dtype)
+            want = x.float() @ (w8.float() * s.to(device)).t()
+            got = scaled_mm(x, w8, s.to(device)).float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            _scaled[key] = err < 0.05
+            if not _scaled[key]:
+                log.warning("torch._scaled_mm disagrees with the dequantized product (relative %.3g): not used", err)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            log.warning("torch._scaled_mm unavailable (%s): FP8 prompt chunks use the weight-only GEMM", e)
+            _scaled[key] = False
+    return _scaled[key]
+
+
+def linear(x, w, bias=None):
+    """x @ w.T + bias for a float weight or a QWeight: the one entry point
+    of the decoder's projections."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, bias)
+    return w.forward(x, bias)
+
+
+def nbytes(w):
+    """Bytes a weight (tensor or QWeight) holds."""
+    return w.nbytes() if isinstance(w, QWeight) else w.numel() * w.element_size()
+
+
+def cat(parts, dtype):
+    """The weights of parts stacked along the outputs (q, k, v; gate, up).
+    QWeights concatenate when they share a layout that allows it (FP8
+    blocks: every part a whole number of blocks); otherwise each is
+    dequantized."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts)
+    a = parts[0]
+    same = all(isinstance(p, QWeight) and p.kind == a.kind and p.k == a.k for p in parts)
+    if same and a.kind == "fp8":
+        same = all(p.t["block"] == a.t["block"] for p in parts) and (a.t["block"][0] == 1 or all(p.n % a.t["block"][0] == 0 for p in parts))
+        if same:
+            return QWeight("fp8", sum(p.n for p in parts), a.k, w=torch.cat([p.t["w"] for p in parts]),
+                           scale=torch.cat([p.t["scale"] for p in parts]), block=a.t["block"])
+    elif same and all(p.t["group"] == a.t["group"] for p in parts):
+        return QWeight("int4", sum(p.n for p in parts), a.k, group=a.t["group"],
+                       **{f: torch.cat([p.t[f] for p in parts], 1) for f in ("qw", "scales", "zeros")})
+    log.warning("quantized projections that do not concatenate (different layouts, or blocks cut by a projection's edge): dequantized at load")
+    return torch.cat([p if isinstance(p, torch.Tensor) else p.dequant(dtype) for p in parts])
+
+
+# -- loading ---------------------------------------------------------------
+
+class Loader:
+    """Reads a checkpoint's weights (st.Checkpoint) under its Scheme (None:
+    float). get returns float tensors, dequantizing quantized weights;
+    linear returns the decoder's projections, kept quantized (QWeight)
+    where kernels run them (CUDA, bf16/fp16 and quant_triton's check at
+    load passed), else float."""
+
+    def __init__(self, ck, sch, device, dtype, quantize=None):
+        self.ck, self.sch, self.device, self.dtype, self.quantize = ck, sch, device, dtype, quantize
+        self.keep = False
+        if device.type == "cuda" and (sch is not None or quantize) and dtype in (torch.bfloat16, torch.float16):
+            self.keep = _kernels_ok(device, dtype)
+            _scaled_mm_ok(device, dtype)
+
+    def get(self, name, shape):
+        w = self._quantized(name, shape)
+        return self.ck.get(name, shape, self.device, self.dtype) if w is None else w.dequant(self.dtype)
+
+    def linear(self, name, shape):
+        w = self._quantized(name, shape)
+        if w is None and self.quantize == "fp8":
+            w = self._fp8_channel(self.ck.get(name, shape, self.device, torch.float32))
+            if not self.keep:  # the fp8 grid, back in float: what the GPU serves
+                return w
+        if w is None:
+            return self.ck.get(name, shape, self.device, self.dtype)
+        return w if self.keep else w.dequant(self.dtype)
+
+    def _fp8_channel(self, w):
+        """-quantize fp8: w per output channel, scale max|row| / 448."""
+        s = w.abs().amax(1, keepdim=True) / E4M3_MAX
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        q = w / s
+        if not self.keep:
+            return (e4m3_round(q) * s).to(self.dtype)
+        q8 = q.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # rounds to nearest even
+        return QWeight("fp8", w.shape[0], w.shape[1], w=q8, scale=s.contiguous(), block=(1, w.shape[1]))
+
+    def _quantized(self, name, shape):
+        """The QWeight of weight name (its float shape [N, K]) when the file
+        stores it quantized, else None."""
+        if self.sch is None or len(shape) != 2:
+            return None
+        ck, (n, k) = self.ck, shape
+        if self.sch.kind == "int4":
+            p = name[: -len("weight")] if name.endswith(".weight") else name + "."
+            if not ck.has(p + "qweight"):
+                return None
+            return self._int4(p, n, k)
+        scale = next((name + s for s in ("_scale_inv", "_scale") if ck.has(name + s)), None)
+        if scale is None:
+            if ck.has(name) and ck.stored_dtype(name) == "F8_E4M3":
+                raise CheckpointError(ck.file_of(name), "F8_E4M3 weight without weight_scale_inv or weight_scale", name)
+            return None
+        w = ck.raw(name, shape, self.device)
+        if w.dtype != torch.uint8:
+            raise CheckpointError(ck.file_of(name), "has a scale but is %s, not F8_E4M3" % ck.stored_dtype(name), name)
+        if bool(((w & 0x7F) == 0x7F).any()):
+            raise CheckpointError(ck.file_of(name), "F8_E4M3 weight holds NaN", name)
+        s = ck.raw(scale, None, self.device).float()
+        bn, bk = self.sch.block or (0, 0)
+        if self.sch.block and list(s.shape) == [-(-n // bn), -(-k // bk)]:
+            block = (bn, bk)
+        elif not self.sch.block and list(s.shape) in ([n, 1], [n]):
+            s, block = s.reshape(n, 1), (1, k)
+        elif not self.sch.block and s.numel() == 1:  # per tensor: as a channel scale, so q, k and v concatenate
+            s, block = s.reshape(1, 1).expand(n, 1).contiguous(), (1, k)
+        else:
+            raise CheckpointError(ck.file_of(scale), "scale shape %r does not fit weight [%d, %d]%s" % (
+                list(s.shape), n, k, " in blocks %r" % (self.sch.block,) if self.sch.block else ""), scale)
+        _finite(ck, scale, s)
+        if self.keep:
+            w = w.view(torch.float8_e4m3fn)
+        return QWeight("fp8", n, k, w=w, scale=s, block=block)
+
+    def _int4(self, p, n, k):
+        ck, g = self.ck, self.sch.group
+        if k % g or n % 8:
+            raise CheckpointError(ck.file_of(p + "qweight"), "[%d, %d] is not in groups of %d inputs and 8 outputs" % (n, k, g), p + "qweight")
+        awq = self.sch.method == "awq"
+        qw = ck.raw(p + "qweight", (k, n // 8) if awq else (k // 8, n), self.device)
+        qz = ck.raw(p + "qzeros", (k // g, n // 8), self.device)
+        scales = ck.raw(p + "scales", (k // g, n), self.device)
+        if qw.dtype != torch.int32 or qz.dtype != torch.int32 or scales.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise CheckpointError(ck.file_of(p + "qweight"), "qweight and qzeros must be I32 and scales float", p + "qweight")
+        _finite(ck, p + "scales", scales)
+        if awq:
+            qw = pack4(unpack4(qw, AWQ_REVERSE))
+            zeros = unpack4(qz, AWQ_REVERSE)
+        else:
+            zeros = unpack4(qz) + self.sch.zero_offset
+            if ck.has(p + "g_idx"):
+                gi = ck.raw(p + "g_idx", (k,), self.device)
+                if not torch.equal(gi.long(), torch.arange(k, device=gi.device) // g):
+                    raise CheckpointError(ck.file_of(p + "g_idx"), "g_idx is not input // group_size (act order)", p + "g_idx")
+        return QWeight("int4", n, k, qw=qw.contiguous(), scales=scales, zeros=zeros.half(), group=g)
+
+
+def _finite(ck, name, s):
+    if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+        raise CheckpointError(ck.file_of(name), "scale holds NaN, infinite or negative values", name)
+
+
+_checked = {}
+
+
+def _kernels_ok(device, dtype):
+    """Whether quant_triton runs here and agrees with the dequantized
+    product (once per device and dtype)."""
+    key = (str(device), dtype)
+    if key not in _checked:
+        try:
+            import quant_triton
+            err = quant_triton.self_check(device, dtype)
+        except Exception as e:  # no Triton, no float8 dtype, or it cannot compile here
+            err = str(e)
+        if err is not None:
+            log.warning("quantized kernels unavailable (%s): quantized weights are dequantized at load", err)
+        _checked[key] = err is None
+    return _checked[key]

@@ -1,0 +1,155 @@
+"""Checks of the quantized-weight code (runtime/quant.py, quant_triton.py)
+the CPU tests do not reach through a served model: FP8 rounding against
+every e4m3 value and tie, int4 packing round trips, the concatenation of
+quantized projections (the CUDA path's q/k/v and gate/up), and, where CUDA
+runs, the Triton GEMMs against the dequantized product on shapes and row
+counts the decoder meets (odd rows, split K, partial blocks).
+
+  python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
+
+With checkpoints (testmodel's quantized TinyQuant), each projection as the
+CUDA path keeps it (quant.Loader with keep on: AWQ repacked to GPTQ's
+packing, zeros unpacked; q/k/v and gate/up concatenated) dequantizes to
+exactly what the CPU path loads.
+
+Prints "N passed, 0 failed" or raises. Run by TestQuantRuntime (and on a
+GPU by internal/familycheck/quant.sh).
+"""
+import sys
+
+sys.path.insert(0, sys.argv[1])
+
+import torch  # noqa: E402
+
+import quant  # noqa: E402
+
+passed = 0
+
+
+def check(cond, what):
+    global passed
+    if not cond:
+        raise AssertionError(what)
+    passed += 1
+
+
+# e4m3: every finite value rounds to itself; midpoints to the even code.
+vals = quant.e4m3_values()
+fin = vals[:0x7F]
+check(torch.equal(quant.e4m3_round(fin), fin), "finite e4m3 values round to themselves")
+check(torch.equal(quant.e4m3_round(-fin[1:]), -fin[1:]), "negative values too")
+mid = (fin[:-1] + fin[1:]) / 2
+even = torch.where(torch.arange(mid.numel()) % 2 == 0, fin[:-1], fin[1:])
+check(torch.equal(quant.e4m3_round(mid), even), "midpoints round to the even code")
+check(quant.e4m3_round(torch.tensor([1e6, -1e6])).tolist() == [448.0, -448.0], "saturates at 448")
+check(bool(torch.isnan(vals[0x7F])) and bool(torch.isnan(vals[0xFF])), "0x7f and 0xff are NaN")
+if hasattr(torch, "float8_e4m3fn"):  # torch's own conversion agrees (torch 2.1+)
+    x = torch.randn(100000) * 100
+    x = x.clamp(-448, 448)
+    check(torch.equal(quant.e4m3_round(x), x.to(torch.float8_e4m3fn).float()), "agrees with torch's float8 conversion")
+    check(torch.equal(vals[:0x7F], torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()),
+          "the table is torch's float8_e4m3fn")
+
+# int4 packing.
+g = torch.Generator().manual_seed(1)
+v = torch.randint(0, 16, (256, 24), generator=g, dtype=torch.int32)
+check(torch.equal(quant.unpack4(quant.pack4(v).t()).t(), v), "pack4 then unpack4 along the input")
+words = torch.randint(-(2 ** 31), 2 ** 31 - 1, (5, 3), generator=g, dtype=torch.int32)
+un = quant.unpack4(words, quant.AWQ_REVERSE)
+for c in range(3):
+    for j in range(8):
+        nib = (words[:, c] >> (4 * quant.AWQ_REVERSE[j])) & 15
+        check(torch.equal(un[:, 8 * c + j], nib), "AWQ column %d of word %d" % (j, c))
+
+# Concatenated QWeights dequantize to the concatenated weights.
+
+
+def fp8_part(n, k, block):
+    w = torch.randint(0, 0x7F, (n, k), generator=g, dtype=torch.uint8) | (torch.randint(0, 2, (n, k), generator=g, dtype=torch.uint8) << 7)
+    bn, bk = block
+    s = torch.rand(-(-n // bn), -(-k // bk), generator=g) + 0.01
+    return quant.QWeight("fp8", n, k, w=w, scale=s, block=block)
+
+
+def int4_part(n, k, grp):
+    q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    return quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=torch.rand(k // grp, n, generator=g).half(),
+                         zeros=torch.randint(0, 17, (k // grp, n), generator=g).half(), group=grp)
+
+
+for parts in ([fp8_part(256, 384, (128, 128)), fp8_part(128, 384, (128, 128))],
+              [fp8_part(64, 200, (1, 200)), fp8_part(32, 200, (1, 200))],
+              [int4_part(64, 256, 128), int4_part(40, 256, 128)],
+              [fp8_part(64, 256, (128, 128)), fp8_part(64, 256, (128, 128))]):  # partial blocks: dequantized
+    c = quant.cat(parts, torch.float32)
+    got = c if isinstance(c, torch.Tensor) else c.dequant(torch.float32)
+    want = torch.cat([p.dequant(torch.float32) for p in parts])
+    check(torch.equal(got, want), "cat of %s parts" % parts[0].kind)
+    check(isinstance(c, quant.QWeight) == (parts[0].n % 128 == 0 or parts[0].kind != "fp8" or parts[0].t["block"][0] == 1),
+          "cat keeps the parts quantized where blocks allow")
+
+# The CUDA path's form of real checkpoints, checked through dequant.
+for d in sys.argv[2:]:
+    from config import Config
+    from st import Checkpoint
+    cfg = Config(d)
+    if cfg.quant.kind == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        continue  # the kept form views the bytes as float8
+    ck = Checkpoint(d)
+    flat = quant.Loader(ck, cfg.quant, torch.device("cpu"), torch.float32)
+    kept = quant.Loader(ck, cfg.quant, torch.device("cpu"), torch.float32)
+    kept.keep = True
+    h, H, K, hd = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+    for i in range(cfg.layers):
+        a, m = "model.layers.%d.self_attn." % i, "model.layers.%d.mlp." % i
+        groups = [[(a + "q_proj.weight", (H * hd, h)), (a + "k_proj.weight", (K * hd, h)), (a + "v_proj.weight", (K * hd, h))],
+                  [(a + "o_proj.weight", (h, H * hd))],
+                  [(m + "gate_proj.weight", (cfg.intermediate, h)), (m + "up_proj.weight", (cfg.intermediate, h))],
+                  [(m + "down_proj.weight", (h, cfg.intermediate))]]
+        for grp in groups:
+            want = torch.cat([flat.linear(n, s) for n, s in grp])
+            got = quant.cat([kept.linear(n, s) for n, s in grp], torch.float32)
+            check(isinstance(got, quant.QWeight), "%s: %s kept quantized" % (d, grp[0][0]))
+            check(torch.equal(got.dequant(torch.float32), want), "%s: %s as the CUDA path keeps it" % (d, grp[0][0]))
+
+# The Triton GEMMs, where CUDA runs.
+if torch.cuda.is_available():
+    import quant_triton
+    dev = torch.device("cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        check(quant_triton.self_check(dev, dtype) is None, "self_check %s" % dtype)
+        for n, k, M in ((2048, 2048, 1), (512, 8192, 3), (3072, 2048, 64), (1000, 384, 17), (4096, 14336, 256)):
+            x = torch.randn(M, k, device=dev, dtype=dtype)
+            w = torch.randn(n, k, device=dev) / k ** 0.5
+            cases = []
+            s = w.abs().amax(1, keepdim=True) / 448
+            w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+            cases.append(quant.QWeight("fp8", n, k, w=w8, scale=s, block=(1, k)))
+            sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
+            cases.append(quant.QWeight("fp8", n, k, w=w8, scale=sb, block=(128, 128)))
+            if k % 128 == 0:
+                q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+                cases.append(quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01).half(),
+                                           zeros=torch.randint(0, 16, (k // 128, n), device=dev).half(), group=128))
+            for c in cases:
+                want = x.float() @ c.dequant(torch.float32).t()
+                got = quant.linear(x, c).float()
+                err = ((got - want).abs().max() / want.abs().max()).item()
+                check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
+
+    # The opt-in W8A8 path (MLXSERVING_FP8_SCALED_MM=1), where this torch
+    # and device have rowwise-scaled _scaled_mm.
+    x = torch.randn(300, 2048, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(1024, 2048, device=dev) / 2048 ** 0.5
+    s = w.abs().amax(1, keepdim=True) / 448
+    w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    try:
+        got = quant.scaled_mm(x, w8, s).float()
+    except RuntimeError as e:
+        print("scaled_mm not run here: %s" % str(e).splitlines()[0])
+    else:
+        want = x.float() @ (w8.float() * s).t()
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        check(err < 0.05, "scaled_mm: relative error %.3g" % err)
+
+print("%d passed, 0 failed" % passed)
