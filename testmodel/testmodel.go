@@ -1,6 +1,11 @@
 // Package testmodel writes Hugging Face-layout checkpoints with random
 // weights: config.json, model.safetensors, tokenizer.json,
 // tokenizer_config.json (with a chat template) and generation_config.json.
+// The encoders (EncoderArchs: bert with a WordPiece tokenizer and
+// vocab.txt, modernbert) are written as BertModel and ModernBertModel
+// save them, and Config.Embedding adds sentence-transformers' files
+// (modules.json, 1_Pooling/config.json, sentence_bert_config.json) to any
+// checkpoint.
 //
 // The checkpoints take the same code path as real models in every engine,
 // are small enough for CPU tests by default, and are reproducible: the same
@@ -36,6 +41,11 @@ type Config struct {
 	// "gemma3" (the multimodal checkpoint: text_config and
 	// language_model.model. weights), "phi3" (fused projections, partial
 	// rotary) or "olmo2" (post-norms, whole-width QK norm). Archs lists them.
+	// The encoders (EncoderArchs) are "bert" (BertModel: post-norm,
+	// absolute positions, a WordPiece tokenizer) and "modernbert"
+	// (ModernBertModel: pre-norm, rotary, alternating global and local
+	// attention, a BPE tokenizer adding [CLS] and [SEP]); they take
+	// KVHeads equal to Heads.
 	Arch string
 	// Layers is the number of decoder layers.
 	Layers int
@@ -72,10 +82,15 @@ type Config struct {
 	// SlidingWindow is sliding_window: the number of positions a sliding
 	// layer attends to (Mistral: every layer; Gemma 2: even layers; Gemma
 	// 3: all but every SlidingPattern-th). Zero writes null (Gemma: 4096
-	// for gemma2, 512 for gemma3).
+	// for gemma2, 512 for gemma3). For modernbert it is local_attention:
+	// a local layer's token sees SlidingWindow/2 positions either side
+	// (zero: 128).
 	SlidingWindow int
 	// SlidingPattern is Gemma 3's sliding_window_pattern: every
-	// SlidingPattern-th layer is global. Zero means 6.
+	// SlidingPattern-th layer is global. Zero means 6. For modernbert it
+	// is global_attn_every_n_layers: layer i is global when
+	// i % SlidingPattern is 0 (zero: 3). RopeTheta is then
+	// global_rope_theta; local_rope_theta is 10000.
 	SlidingPattern int
 	// RopeLinear, when positive, writes linear rope scaling of that factor
 	// (Gemma 3 4B and up: global layers only).
@@ -110,6 +125,19 @@ type Config struct {
 	// num_local_experts for qwen3_moe's num_experts.
 	TransformersV5 bool
 
+	// BaseModel writes a decoder's weights as its bare model class saves
+	// them (Qwen3Model): no "model." prefix and no lm_head, as embedding
+	// checkpoints publish them (Qwen3-Embedding). Not for gemma3.
+	BaseModel bool
+	// MaskedLM writes an encoder as its masked-language-model checkpoint
+	// (BertForMaskedLM: weights under "bert." and a "cls." head;
+	// ModernBertForMaskedLM: "model." and a "head." head). Without it an
+	// encoder is written as the bare model (BertModel, ModernBertModel),
+	// as sentence-transformers checkpoints publish them.
+	MaskedLM bool
+	// Embedding, when set, writes sentence-transformers' files (see
+	// Embedding).
+	Embedding *Embedding
 	// Quant, when set, writes the decoder layers' linear weights in a
 	// published quantized layout (QuantFP8Block, QuantFP8Channel,
 	// QuantAWQ, QuantGPTQ; see Quants) with config.json's
@@ -218,11 +246,13 @@ func Phi4Mini() Config {
 }
 
 // Shapes names the real-model shapes this package can write, for benchmark
-// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini".
+// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini",
+// and the embedding models "bge-base" and "qwen3-embedding-0.6b".
 func Shapes() map[string]func() Config {
 	return map[string]func() Config{
 		"llama1b": Llama1B, "llama8b": Llama8B, "gemma3-12b": Gemma3_12B,
 		"qwen3-30b-a3b": Qwen3_30B_A3B, "phi4-mini": Phi4Mini,
+		"bge-base": BGEBase, "qwen3-embedding-0.6b": Qwen3Embedding06B,
 	}
 }
 
@@ -232,7 +262,9 @@ func Shapes() map[string]func() Config {
 // families whose head_dim is not Hidden/Heads, half of each head rotated
 // and longrope for phi3. Seed differs per family. The Gemma families keep
 // an untied head: with random weights a tied one mostly repeats the last
-// token, and greedy tokens would then prove little.
+// token, and greedy tokens would then prove little. The encoders have
+// KVHeads equal to Heads; modernbert has 3 layers, global ones at 0 and
+// 2, and a local window of 16 (8 positions either side).
 func TinyFamily(arch string) Config {
 	c := Tiny()
 	c.Arch = arch
@@ -253,6 +285,10 @@ func TinyFamily(arch string) Config {
 		c.RopeTheta, c.RopeLinear = 1e6, 8
 	case "phi3":
 		c.PartialRotary, c.LongRoPE = 0.5, true
+	case "bert":
+		c.KVHeads = c.Heads
+	case "modernbert":
+		c.KVHeads, c.Layers, c.SlidingWindow, c.SlidingPattern, c.RopeTheta = c.Heads, 3, 16, 2, 160000
 	}
 	return c
 }
@@ -290,8 +326,18 @@ func (c Config) check() error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case families[c.Arch].class == "":
-		return bad("arch %q: want one of %v", c.Arch, Archs())
+	case families[c.Arch].class == "" && !IsEncoder(c.Arch):
+		return bad("arch %q: want one of %v or %v", c.Arch, Archs(), EncoderArchs())
+	case IsEncoder(c.Arch) && c.KVHeads != c.Heads:
+		return bad("%s: kv heads %d, want heads (%d)", c.Arch, c.KVHeads, c.Heads)
+	case c.Arch == "bert" && c.Vocab < minWordPieceVocab:
+		return bad("vocab %d: bert wants at least %d", c.Vocab, minWordPieceVocab)
+	case c.BaseModel && (IsEncoder(c.Arch) || c.Arch == "gemma3"):
+		return bad("BaseModel is for the text decoders, not %s", c.Arch)
+	case c.Quant != "" && IsEncoder(c.Arch):
+		return bad("quantized layouts are for the decoders, not %s", c.Arch)
+	case c.MaskedLM && !IsEncoder(c.Arch):
+		return bad("MaskedLM is for the encoders, not %s", c.Arch)
 	case dtypeSize(c.DType) == 0:
 		return bad("dtype %q: want float32, bfloat16 or float16", c.DType)
 	case c.Layers < 0 || c.Hidden < 0 || c.Heads < 0 || c.KVHeads < 0 ||
@@ -366,6 +412,13 @@ func (c *Config) fillFamilyDefaults() {
 		if c.PartialRotary == 0 {
 			c.PartialRotary = 1
 		}
+	case "modernbert":
+		if c.SlidingWindow == 0 {
+			c.SlidingWindow = 128
+		}
+		if c.SlidingPattern == 0 {
+			c.SlidingPattern = 3
+		}
 	}
 }
 
@@ -381,18 +434,51 @@ func Write(dir string, cfg Config) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tok := buildTokenizer(cfg.Vocab)
-	files := []struct {
+	var files []struct {
 		name string
 		v    any
-	}{
-		{"config.json", modelConfigJSON(cfg, tok)},
-		{"generation_config.json", generationConfigJSON(tok)},
-		{"tokenizer.json", tok.json()},
-		{"tokenizer_config.json", tok.configJSON(cfg.ContextLength)},
+	}
+	add := func(name string, v any) {
+		files = append(files, struct {
+			name string
+			v    any
+		}{name, v})
+	}
+	switch cfg.Arch {
+	case "bert":
+		tok := buildWordPiece(cfg.Vocab)
+		add("config.json", encoderConfigJSON(cfg, tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+		if err := os.WriteFile(filepath.Join(dir, "vocab.txt"), tok.vocabTxt(), 0o644); err != nil {
+			return err
+		}
+	case "modernbert":
+		tok := buildTokenizer(cfg.Vocab, encoderSpecials)
+		add("config.json", encoderConfigJSON(cfg, tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+	default:
+		tok := buildTokenizer(cfg.Vocab, specialTokens)
+		add("config.json", modelConfigJSON(cfg, tok))
+		add("generation_config.json", generationConfigJSON(tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+	}
+	if e := cfg.Embedding; e != nil && len(e.MatryoshkaDims) > 0 {
+		m := files[0].v.(map[string]any)
+		if text, ok := m["text_config"].(map[string]any); ok {
+			m = text
+		}
+		m["matryoshka_dimensions"] = e.MatryoshkaDims
 	}
 	for _, f := range files {
 		if err := writeJSON(filepath.Join(dir, f.name), f.v); err != nil {
+			return err
+		}
+	}
+	if cfg.Embedding != nil {
+		if err := writeSentenceTransformers(dir, cfg); err != nil {
 			return err
 		}
 	}

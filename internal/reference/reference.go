@@ -7,6 +7,7 @@
 // the reference is the float model the quantized file stands for.
 //
 //	runs, err := reference.Greedy(ctx, "/usr/bin/python3", dir, prompts, 6)
+//	vecs, err := reference.Embed(ctx, "/usr/bin/python3", dir, inputs, engine.PoolMean)
 package reference
 
 import (
@@ -16,6 +17,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 //go:embed reference.py
@@ -60,6 +63,26 @@ func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) (
 		return nil, fmt.Errorf("reference.py: %d runs for %d prompts", len(runs), len(prompts))
 	}
 	return runs, nil
+}
+
+// Embed runs the reference on the checkpoint in dir (a decoder or an
+// encoder, bert or modernbert): each input's pooled vector, the model's
+// last hidden state after its final norm pooled with pool, not
+// normalized — what engine.StepOutput.Embedding holds.
+func Embed(ctx context.Context, python, dir string, inputs [][]int32, pool engine.Pooling) ([][]float64, error) {
+	switch pool {
+	case engine.PoolMean, engine.PoolCLS, engine.PoolLast:
+	default:
+		return nil, fmt.Errorf("reference: pooling %v", pool)
+	}
+	var vecs [][]float64
+	if err := call(ctx, python, dir, map[string]any{"embed": inputs, "pool": pool.String()}, &vecs); err != nil {
+		return nil, err
+	}
+	if len(vecs) != len(inputs) {
+		return nil, fmt.Errorf("reference.py: %d vectors for %d inputs", len(vecs), len(inputs))
+	}
+	return vecs, nil
 }
 
 // call runs reference.py on dir with req on stdin and decodes its output

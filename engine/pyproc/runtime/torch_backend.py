@@ -8,10 +8,13 @@ import torch
 import quant
 from config import Config
 from decoder import Decoder
+from encoder import is_encoder
+from stcheck import read_json
 from errors import CheckpointError, ProtocolError
 from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 from paged import Layout, OutOfBlocks, PagedKV
+from pooling import Pooled, with_pooled
 from upload import to_device
 import lookahead
 
@@ -32,7 +35,13 @@ CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahea
 
 
 def load(path, opts):
-    """Loads the checkpoint at path; opts as in PROTOCOL.md's load."""
+    """Loads the checkpoint at path; opts as in PROTOCOL.md's load. An
+    encoder (encoder.py) loads as an encserve.EncoderModel."""
+    cfg = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.exists(cfg) and is_encoder(read_json(cfg, "config.json").get("model_type")):
+        import encserve
+        device = pick_device(opts.get("device", "auto"))
+        return encserve.EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None))
     return TorchModel(path, opts)
 
 
@@ -174,7 +183,7 @@ class TorchModel:
             "weight_bytes": weight_bytes(self.model), "kv_bytes": self.kv.bytes(),
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
-            "window_blocks": self.layout.window_blocks,
+            "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,
         }
 
     def free_blocks(self):
@@ -211,7 +220,10 @@ class TorchModel:
         scratch = [t([self.kv.scratch * self.kv.bs] * b)] * self.kv.ngroups
         self.model.forward(zero, zero, scratch, [("decode", rows, zero, 1, zero + 1)], self.kv, rows)
 
-    def open(self, seq, prompt, prefix_key):
+    def open(self, seq, prompt, prefix_key, pool=None):
+        """Opens seq for prompt, reusing saved or cached KV; pool (a
+        pooling.POOLS mode) opens a pooled sequence instead, which reuses
+        nothing. Returns the tokens reused."""
         if seq in self.seqs:
             raise ProtocolError("invalid", "sequence %d is already open" % seq)
         if not prompt:
@@ -219,6 +231,12 @@ class TorchModel:
         if len(prompt) > self.cfg.context:
             raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
+        if pool is not None:
+            state = Pooled(pool)
+            s = self.kv.open_fresh()
+            s.pool = state
+            self.seqs[seq] = s
+            return 0
         try:
             s, reused = self.kv.open(prompt, prefix_key)
         except OutOfBlocks:
@@ -268,6 +286,7 @@ class TorchModel:
         then (more, more_logprobs) when inputs asked for lookahead: the
         tokens decoded after them (lookahead.py). Fails with oom, changing
         nothing, when the blocks the inputs need are not free."""
+        self.embeddings = None
         if not batch:
             return [], [], []
         if len(batch) > self.max_batch:
@@ -278,20 +297,26 @@ class TorchModel:
             if back:
                 lookahead.rewind(s, back)
                 self.kv.truncate(s, len(s.tokens))
+        pooled = any(s.pool is not None for s in seqs)
+        if pooled:
+            lookahead.cancel(self)
         if split:
             batch = self._feed_ahead(batch, seqs)
         fresh = []  # sequences still in their prompt: their full blocks go in the prefix cache
         for b, s in zip(batch, seqs):
             self.kv.grow(s, len(s.tokens) + len(b[1]))
+            if s.pool is not None:
+                continue
             note_fed(s, b[1])
             note_forced(s, b[1], b[2])
             if not s.sampled:
                 fresh.append(s)
-        want = lookahead.plan(self, batch, seqs)
-        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
+        gen = [(b, s) for b, s in zip(batch, seqs) if s.pool is None]
+        want = lookahead.plan(self, [b for b, _ in gen], [s for _, s in gen])
+        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b, _ in gen)
         with torch.no_grad():
-            items = [(b[3], s) for b, s in zip(batch, seqs) if b[2]]
-            if lookahead.chainable(self, batch, items, want):
+            items = [(b[3], s) for b, s in gen if b[2]]
+            if not pooled and lookahead.chainable(self, batch, items, want):
                 return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
@@ -303,10 +328,19 @@ class TorchModel:
             if self.lookahead_used:
                 lookahead.remember(items, self.device)
             toks, lps, tops = sample_rows(rows, items, self.device)
-            if max(want, default=1) <= 1:
-                return toks, lps, tops
-            more, more_lps = lookahead.run(self, items, toks, want)
-            return toks, lps, tops, more, more_lps
+            out = (toks, lps, tops)
+            if max(want, default=1) > 1:
+                out += lookahead.run(self, items, toks, want)
+            if not pooled:
+                return out
+            out, self.embeddings = with_pooled(batch, seqs, out)
+            return out
+
+    def take_embeddings(self):
+        """The pooled vectors of the last step, per sampling input (None
+        for a generating one), or None when it pooled nothing."""
+        out, self.embeddings = getattr(self, "embeddings", None), None
+        return out
 
     def _feed_ahead(self, batch, seqs):
         """Feeds the prompt chunks longer than the layout's step (paged.Layout)
@@ -345,6 +379,8 @@ class TorchModel:
                 raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
             if not toks:
                 raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+            if s.pool is not None and s.pool.vec is not None:
+                raise ProtocolError("invalid", "sequence %d: its pooled input has ended; free it" % seq)
             n = len(s.tokens) - back + len(toks)
             if n > self.cfg.context:
                 raise ProtocolError("context_length", "sequence %d would hold %d tokens" % (seq, n),
@@ -368,6 +404,8 @@ class TorchModel:
 
     def _forward(self, batch, seqs):
         self.kv.flush()
+        if any(s.pool is not None for s in seqs):  # pooling reads rows the decode paths never form
+            return self._forward_packed(batch, seqs)
         decode = all(len(b[1]) == 1 and b[2] for b in batch)
         if decode and self.graphs is not None and self.graphs.usable(len(batch)):
             try:
@@ -459,6 +497,9 @@ class TorchModel:
         kvrow = [[] for _ in range(G)]  # per block group
         longrope = self.model.longrope
         dec_rows, dec_trows, dec_len, chunks = [], [], [], []
+        # Pooled sequences: the packed rows whose final-norm hidden state
+        # their pooling reads, and per input (seq, position, ends, start, count).
+        hid, pooled = [], []
         blocks = [[] for _ in range(G)]
         for b, s in zip(batch, seqs):
             toks, sample = b[1], b[2]
@@ -486,17 +527,21 @@ class TorchModel:
                 if not self.model.varlen:  # the varlen plan gathers by rows instead
                     for g in range(G):
                         blocks[g].extend(null if b is None else b for b in s.pages[g][:nb])
-            if sample:
+            if s.pool is not None:
+                first, n = s.pool.rows(p, len(toks), sample)
+                pooled.append((s, p, sample, len(hid), n))
+                hid.extend(range(a + first, a + first + n))
+            elif sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos] + kvrow + blocks
+        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid] + kvrow + blocks
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
-        tok, posd, lastd, rowsd, trowsd, lensd, rposd = views[:7]
-        kvrowd, blocksd = views[7 : 7 + G], views[7 + G :]
+        tok, posd, lastd, rowsd, trowsd, lensd, rposd, hidd = views[:8]
+        kvrowd, blocksd = views[8 : 8 + G], views[8 + G :]
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))
@@ -505,4 +550,11 @@ class TorchModel:
                 groups.append(tuple(c[:5]) + ([bd[c[5] : c[5] + c[6]] for bd in blocksd],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
-        return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None)
+        out = self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None,
+                                 hidden=hidd if pooled else None)
+        if not pooled:
+            return out
+        logits, h = out
+        for s, p, ends, at, n in pooled:
+            s.pool.add(h[at : at + n], p, ends, len(s.tokens))
+        return logits
