@@ -35,6 +35,9 @@ type modelConfig struct {
 	BOS           int32
 	EOS           []int32
 	Quant         *quantConfig
+	// Enc is set for an encoder (bert.go): the model only embeds, and
+	// the decoder description (arch) is unused.
+	Enc *encoderConfig
 	arch
 }
 
@@ -134,6 +137,13 @@ func readConfig(dir string) (*modelConfig, error) {
 			return nil, &engine.CheckpointError{Path: path, Reason: "config.json is missing"}
 		}
 		return nil, &engine.CheckpointError{Path: path, Reason: err.Error()}
+	}
+	if isEncoder(b) {
+		c, reason := parseEncoder(b)
+		if reason != "" {
+			return nil, &engine.CheckpointError{Path: path, Reason: reason}
+		}
+		return c, nil
 	}
 	r, reason := parseRaw(b)
 	if reason != "" {

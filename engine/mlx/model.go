@@ -169,6 +169,10 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 			return nil
 		}
 		delete(m.seqs, id)
+		if s.embed != nil { // embedding sequences are never saved (engine.Embedder)
+			s.free()
+			return nil
+		}
 		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 {
 			s.free()
 			if saveKey != "" { // asked to save and did not: say so, as for an eviction
