@@ -33,8 +33,14 @@ func (t tensorSpec) numel() int {
 // family's layout (families.go). Embeddings are unit normal, which keeps
 // the logits spread, so greedy decoding depends on the whole context.
 func tensors(c Config) []tensorSpec {
+	if IsEncoder(c.Arch) {
+		return encoderTensors(c)
+	}
 	fam := families[c.Arch]
 	p := fam.prefix
+	if c.BaseModel {
+		p = ""
+	}
 	embed := tensorSpec{name: p + "embed_tokens.weight", shape: []int{c.Vocab, c.Hidden}, std: 1}
 	if isGemma(c.Arch) {
 		// Gemma scales the embedding by sqrt(hidden): rows of norm about
@@ -48,7 +54,7 @@ func tensors(c Config) []tensorSpec {
 		ts = fam.layer(c, i, fmt.Sprintf("%slayers.%d.", p, i), ts)
 	}
 	ts = append(ts, norm(c, p+"norm.weight", c.Hidden))
-	if !c.TieEmbeddings {
+	if !c.TieEmbeddings && !c.BaseModel {
 		head := "lm_head.weight"
 		if c.Arch == "gemma3" {
 			head = "language_model.lm_head.weight"

@@ -36,6 +36,11 @@ type Config struct {
 	// "gemma3" (the multimodal checkpoint: text_config and
 	// language_model.model. weights), "phi3" (fused projections, partial
 	// rotary) or "olmo2" (post-norms, whole-width QK norm). Archs lists them.
+	// The encoders (EncoderArchs) are "bert" (BertModel: post-norm,
+	// absolute positions, a WordPiece tokenizer) and "modernbert"
+	// (ModernBertModel: pre-norm, rotary, alternating global and local
+	// attention, a BPE tokenizer adding [CLS] and [SEP]); they take
+	// KVHeads equal to Heads.
 	Arch string
 	// Layers is the number of decoder layers.
 	Layers int
@@ -72,10 +77,15 @@ type Config struct {
 	// SlidingWindow is sliding_window: the number of positions a sliding
 	// layer attends to (Mistral: every layer; Gemma 2: even layers; Gemma
 	// 3: all but every SlidingPattern-th). Zero writes null (Gemma: 4096
-	// for gemma2, 512 for gemma3).
+	// for gemma2, 512 for gemma3). For modernbert it is local_attention:
+	// a local layer's token sees SlidingWindow/2 positions either side
+	// (zero: 128).
 	SlidingWindow int
 	// SlidingPattern is Gemma 3's sliding_window_pattern: every
-	// SlidingPattern-th layer is global. Zero means 6.
+	// SlidingPattern-th layer is global. Zero means 6. For modernbert it
+	// is global_attn_every_n_layers: layer i is global when
+	// i % SlidingPattern is 0 (zero: 3). RopeTheta is then
+	// global_rope_theta; local_rope_theta is 10000.
 	SlidingPattern int
 	// RopeLinear, when positive, writes linear rope scaling of that factor
 	// (Gemma 3 4B and up: global layers only).
@@ -109,6 +119,20 @@ type Config struct {
 	// place of rope_theta and rope_scaling, dtype for torch_dtype, and
 	// num_local_experts for qwen3_moe's num_experts.
 	TransformersV5 bool
+
+	// BaseModel writes a decoder's weights as its bare model class saves
+	// them (Qwen3Model): no "model." prefix and no lm_head, as embedding
+	// checkpoints publish them (Qwen3-Embedding). Not for gemma3.
+	BaseModel bool
+	// MaskedLM writes an encoder as its masked-language-model checkpoint
+	// (BertForMaskedLM: weights under "bert." and a "cls." head;
+	// ModernBertForMaskedLM: "model." and a "head." head). Without it an
+	// encoder is written as the bare model (BertModel, ModernBertModel),
+	// as sentence-transformers checkpoints publish them.
+	MaskedLM bool
+	// Embedding, when set, writes sentence-transformers' files (see
+	// Embedding).
+	Embedding *Embedding
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.
@@ -209,12 +233,40 @@ func Phi4Mini() Config {
 	}
 }
 
+// BGEBase is shaped like BAAI/bge-base-en-v1.5: a BertModel of 12
+// layers, hidden size 768, 12 heads, MLP width 3072, a 30,522-token
+// WordPiece vocabulary, 512 positions, float32, CLS pooling then
+// normalization (about 440 MB).
+func BGEBase() Config {
+	return Config{
+		Arch: "bert", Layers: 12, Hidden: 768, Heads: 12, KVHeads: 12, Intermediate: 3072,
+		Vocab: 30522, ContextLength: 512, DType: "float32",
+		Embedding: &Embedding{Pooling: "cls", Normalize: true, MaxSeqLength: 512},
+	}
+}
+
+// Qwen3Embedding06B is shaped like Qwen/Qwen3-Embedding-0.6B: qwen3 with
+// 28 layers, hidden size 1024, 16 heads of 128 over 8 KV heads, MLP width
+// 3072, a 151,669-token vocabulary, a 32,768-token context, tied
+// embeddings, the bare Qwen3Model's weights (no "model." prefix, no
+// head), bfloat16, last-token pooling then normalization (about 1.2 GB).
+func Qwen3Embedding06B() Config {
+	return Config{
+		Arch: "qwen3", Layers: 28, Hidden: 1024, Heads: 16, KVHeads: 8, HeadSize: 128,
+		Intermediate: 3072, Vocab: 151669, ContextLength: 32768, RopeTheta: 1e6,
+		TieEmbeddings: true, BaseModel: true, DType: "bfloat16",
+		Embedding: &Embedding{Pooling: "lasttoken", Normalize: true, MaxSeqLength: 32768},
+	}
+}
+
 // Shapes names the real-model shapes this package can write, for benchmark
-// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini".
+// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini",
+// and the embedding models "bge-base" and "qwen3-embedding-0.6b".
 func Shapes() map[string]func() Config {
 	return map[string]func() Config{
 		"llama1b": Llama1B, "llama8b": Llama8B, "gemma3-12b": Gemma3_12B,
 		"qwen3-30b-a3b": Qwen3_30B_A3B, "phi4-mini": Phi4Mini,
+		"bge-base": BGEBase, "qwen3-embedding-0.6b": Qwen3Embedding06B,
 	}
 }
 
@@ -224,7 +276,9 @@ func Shapes() map[string]func() Config {
 // families whose head_dim is not Hidden/Heads, half of each head rotated
 // and longrope for phi3. Seed differs per family. The Gemma families keep
 // an untied head: with random weights a tied one mostly repeats the last
-// token, and greedy tokens would then prove little.
+// token, and greedy tokens would then prove little. The encoders have
+// KVHeads equal to Heads; modernbert has 3 layers, global ones at 0 and
+// 2, and a local window of 16 (8 positions either side).
 func TinyFamily(arch string) Config {
 	c := Tiny()
 	c.Arch = arch
@@ -245,6 +299,10 @@ func TinyFamily(arch string) Config {
 		c.RopeTheta, c.RopeLinear = 1e6, 8
 	case "phi3":
 		c.PartialRotary, c.LongRoPE = 0.5, true
+	case "bert":
+		c.KVHeads = c.Heads
+	case "modernbert":
+		c.KVHeads, c.Layers, c.SlidingWindow, c.SlidingPattern, c.RopeTheta = c.Heads, 3, 16, 2, 160000
 	}
 	return c
 }
@@ -279,8 +337,16 @@ func (c Config) check() error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case families[c.Arch].class == "":
-		return bad("arch %q: want one of %v", c.Arch, Archs())
+	case families[c.Arch].class == "" && !IsEncoder(c.Arch):
+		return bad("arch %q: want one of %v or %v", c.Arch, Archs(), EncoderArchs())
+	case IsEncoder(c.Arch) && c.KVHeads != c.Heads:
+		return bad("%s: kv heads %d, want heads (%d)", c.Arch, c.KVHeads, c.Heads)
+	case c.Arch == "bert" && c.Vocab < minWordPieceVocab:
+		return bad("vocab %d: bert wants at least %d", c.Vocab, minWordPieceVocab)
+	case c.BaseModel && (IsEncoder(c.Arch) || c.Arch == "gemma3"):
+		return bad("BaseModel is for the text decoders, not %s", c.Arch)
+	case c.MaskedLM && !IsEncoder(c.Arch):
+		return bad("MaskedLM is for the encoders, not %s", c.Arch)
 	case dtypeSize(c.DType) == 0:
 		return bad("dtype %q: want float32, bfloat16 or float16", c.DType)
 	case c.Layers < 0 || c.Hidden < 0 || c.Heads < 0 || c.KVHeads < 0 ||
@@ -355,6 +421,13 @@ func (c *Config) fillFamilyDefaults() {
 		if c.PartialRotary == 0 {
 			c.PartialRotary = 1
 		}
+	case "modernbert":
+		if c.SlidingWindow == 0 {
+			c.SlidingWindow = 128
+		}
+		if c.SlidingPattern == 0 {
+			c.SlidingPattern = 3
+		}
 	}
 }
 
@@ -370,18 +443,51 @@ func Write(dir string, cfg Config) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tok := buildTokenizer(cfg.Vocab)
-	files := []struct {
+	var files []struct {
 		name string
 		v    any
-	}{
-		{"config.json", modelConfigJSON(cfg, tok)},
-		{"generation_config.json", generationConfigJSON(tok)},
-		{"tokenizer.json", tok.json()},
-		{"tokenizer_config.json", tok.configJSON(cfg.ContextLength)},
+	}
+	add := func(name string, v any) {
+		files = append(files, struct {
+			name string
+			v    any
+		}{name, v})
+	}
+	switch cfg.Arch {
+	case "bert":
+		tok := buildWordPiece(cfg.Vocab)
+		add("config.json", encoderConfigJSON(cfg, tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+		if err := os.WriteFile(filepath.Join(dir, "vocab.txt"), tok.vocabTxt(), 0o644); err != nil {
+			return err
+		}
+	case "modernbert":
+		tok := buildTokenizer(cfg.Vocab, encoderSpecials)
+		add("config.json", encoderConfigJSON(cfg, tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+	default:
+		tok := buildTokenizer(cfg.Vocab, specialTokens)
+		add("config.json", modelConfigJSON(cfg, tok))
+		add("generation_config.json", generationConfigJSON(tok))
+		add("tokenizer.json", tok.json())
+		add("tokenizer_config.json", tok.configJSON(cfg.ContextLength))
+	}
+	if e := cfg.Embedding; e != nil && len(e.MatryoshkaDims) > 0 {
+		m := files[0].v.(map[string]any)
+		if text, ok := m["text_config"].(map[string]any); ok {
+			m = text
+		}
+		m["matryoshka_dimensions"] = e.MatryoshkaDims
 	}
 	for _, f := range files {
 		if err := writeJSON(filepath.Join(dir, f.name), f.v); err != nil {
+			return err
+		}
+	}
+	if cfg.Embedding != nil {
+		if err := writeSentenceTransformers(dir, cfg); err != nil {
 			return err
 		}
 	}

@@ -49,20 +49,31 @@ letters by the fire while the dog slept at his feet. This is the end of the
 story, and the beginning of another one. Write a short poem about the moon.
 The moon is bright tonight; the stars are out; the night is long and quiet.`
 
-// tokenizer is a byte-level BPE tokenizer in Hugging Face's format.
+// tokenizer is a byte-level BPE tokenizer (or, with wordPiece set, BERT's
+// WordPiece: see wordpiece.go) in Hugging Face's format.
 type tokenizer struct {
 	vocab   []string // id -> token, bytes and merges
 	merges  []string // "left right", by rank
-	special []int    // ids of specialTokens
+	names   []string // the special tokens: specialTokens or encoderSpecials
+	special []int    // ids of names
 	bos     int
 	eos     []int
+	// An encoder's tokenizer wraps every input in [CLS] ... [SEP] and pads
+	// with [PAD]; zero for the decoders'.
+	cls, sep, pad int
+	wordPiece     bool
 }
+
+// encoderSpecials are ModernBERT's special tokens, in id order after the
+// byte tokens and merges.
+var encoderSpecials = []string{"[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"}
 
 // buildTokenizer trains merges on the corpus until the vocabulary (bytes,
 // merges, special tokens) would exceed vocabSize or the corpus has no
-// repeated pair left.
-func buildTokenizer(vocabSize int) *tokenizer {
-	t := &tokenizer{}
+// repeated pair left. names are the special tokens after them:
+// specialTokens, or encoderSpecials for ModernBERT.
+func buildTokenizer(vocabSize int, names []string) *tokenizer {
+	t := &tokenizer{names: names}
 	enc := byteEncoder()
 	ids := map[string]int{}
 	for b := 0; b < 256; b++ {
@@ -70,7 +81,7 @@ func buildTokenizer(vocabSize int) *tokenizer {
 		ids[s] = len(t.vocab)
 		t.vocab = append(t.vocab, s)
 	}
-	budget := min(vocabSize-256-len(specialTokens), maxMerges)
+	budget := min(vocabSize-256-len(names), maxMerges)
 	for _, m := range trainMerges(enc, budget) {
 		t.merges = append(t.merges, m[0]+" "+m[1])
 		if _, ok := ids[m[0]+m[1]]; !ok {
@@ -78,8 +89,13 @@ func buildTokenizer(vocabSize int) *tokenizer {
 			t.vocab = append(t.vocab, m[0]+m[1])
 		}
 	}
-	for i := range specialTokens {
+	for i := range names {
 		t.special = append(t.special, len(t.vocab)+i)
+	}
+	if len(names) == len(encoderSpecials) && names[0] == encoderSpecials[0] {
+		t.cls, t.sep, t.pad = t.special[1], t.special[2], t.special[3]
+		t.bos, t.eos = t.cls, []int{t.sep}
+		return t
 	}
 	t.bos = t.special[0]
 	t.eos = []int{t.special[1], t.special[4]}
@@ -168,15 +184,13 @@ func mergePair(syms []string, p [2]string) []string {
 
 // json is tokenizer.json.
 func (t *tokenizer) json() any {
-	added := make([]map[string]any, len(specialTokens))
-	for i, s := range specialTokens {
-		added[i] = map[string]any{
-			"id": t.special[i], "content": s, "single_word": false, "lstrip": false,
-			"rstrip": false, "normalized": false, "special": true,
-		}
+	if t.wordPiece {
+		return t.wordPieceJSON()
 	}
-	byteLevel := func(prefix bool) map[string]any {
-		return map[string]any{"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": true, "use_regex": true}
+	added := t.addedTokens()
+	post := any(byteLevel(false))
+	if t.cls != 0 {
+		post = t.clsTemplate()
 	}
 	return map[string]any{
 		"version":        "1.0",
@@ -185,13 +199,49 @@ func (t *tokenizer) json() any {
 		"added_tokens":   added,
 		"normalizer":     nil,
 		"pre_tokenizer":  byteLevel(false),
-		"post_processor": byteLevel(false),
+		"post_processor": post,
 		"decoder":        byteLevel(true),
 		"model": map[string]any{
 			"type": "BPE", "dropout": nil, "unk_token": nil,
 			"continuing_subword_prefix": nil, "end_of_word_suffix": nil,
 			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
 			"vocab": orderedVocab(t.vocab), "merges": t.merges,
+		},
+	}
+}
+
+func byteLevel(prefix bool) map[string]any {
+	return map[string]any{"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": true, "use_regex": true}
+}
+
+// addedTokens is tokenizer.json's added_tokens: the special tokens.
+func (t *tokenizer) addedTokens() []map[string]any {
+	added := make([]map[string]any, len(t.names))
+	for i, s := range t.names {
+		added[i] = map[string]any{
+			"id": t.special[i], "content": s, "single_word": false, "lstrip": false,
+			"rstrip": false, "normalized": false, "special": true,
+		}
+	}
+	return added
+}
+
+// clsTemplate is the TemplateProcessing post-processor of BERT and
+// ModernBERT: [CLS] A [SEP], and [CLS] A [SEP] B [SEP] for a pair.
+func (t *tokenizer) clsTemplate() map[string]any {
+	special := func(s string, typ int) map[string]any {
+		return map[string]any{"SpecialToken": map[string]any{"id": s, "type_id": typ}}
+	}
+	seq := func(s string, typ int) map[string]any {
+		return map[string]any{"Sequence": map[string]any{"id": s, "type_id": typ}}
+	}
+	return map[string]any{
+		"type":   "TemplateProcessing",
+		"single": []any{special("[CLS]", 0), seq("A", 0), special("[SEP]", 0)},
+		"pair":   []any{special("[CLS]", 0), seq("A", 0), special("[SEP]", 0), seq("B", 1), special("[SEP]", 1)},
+		"special_tokens": map[string]any{
+			"[CLS]": map[string]any{"id": "[CLS]", "ids": []int{t.cls}, "tokens": []string{"[CLS]"}},
+			"[SEP]": map[string]any{"id": "[SEP]", "ids": []int{t.sep}, "tokens": []string{"[SEP]"}},
 		},
 	}
 }
@@ -217,11 +267,14 @@ func orderedVocab(vocab []string) json.RawMessage {
 // configJSON is tokenizer_config.json.
 func (t *tokenizer) configJSON(contextLength int) any {
 	decoder := map[string]any{}
-	for i, s := range specialTokens {
+	for i, s := range t.names {
 		decoder[strconv.Itoa(t.special[i])] = map[string]any{
 			"content": s, "single_word": false, "lstrip": false,
 			"rstrip": false, "normalized": false, "special": true,
 		}
+	}
+	if t.cls != 0 {
+		return t.encoderConfigJSON(decoder, contextLength)
 	}
 	return map[string]any{
 		"added_tokens_decoder":         decoder,

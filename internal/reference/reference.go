@@ -4,6 +4,7 @@
 // tests can compare their greedy tokens and log-probabilities with it.
 //
 //	runs, err := reference.Greedy(ctx, "/usr/bin/python3", dir, prompts, 6)
+//	vecs, err := reference.Embed(ctx, "/usr/bin/python3", dir, inputs, engine.PoolMean)
 package reference
 
 import (
@@ -13,6 +14,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 //go:embed reference.py
@@ -32,9 +35,41 @@ type Run struct {
 // Greedy runs the reference with python (an interpreter with torch) on
 // the checkpoint in dir: n greedy tokens after each prompt.
 func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) ([]Run, error) {
-	in, err := json.Marshal(map[string]any{"prompts": prompts, "n": n})
-	if err != nil {
+	var runs []Run
+	if err := run(ctx, python, dir, map[string]any{"prompts": prompts, "n": n}, &runs); err != nil {
 		return nil, err
+	}
+	if len(runs) != len(prompts) {
+		return nil, fmt.Errorf("reference.py: %d runs for %d prompts", len(runs), len(prompts))
+	}
+	return runs, nil
+}
+
+// Embed runs the reference on the checkpoint in dir (a decoder or an
+// encoder, bert or modernbert): each input's pooled vector, the model's
+// last hidden state after its final norm pooled with pool, not
+// normalized — what engine.StepOutput.Embedding holds.
+func Embed(ctx context.Context, python, dir string, inputs [][]int32, pool engine.Pooling) ([][]float64, error) {
+	switch pool {
+	case engine.PoolMean, engine.PoolCLS, engine.PoolLast:
+	default:
+		return nil, fmt.Errorf("reference: pooling %v", pool)
+	}
+	var vecs [][]float64
+	if err := run(ctx, python, dir, map[string]any{"embed": inputs, "pool": pool.String()}, &vecs); err != nil {
+		return nil, err
+	}
+	if len(vecs) != len(inputs) {
+		return nil, fmt.Errorf("reference.py: %d vectors for %d inputs", len(vecs), len(inputs))
+	}
+	return vecs, nil
+}
+
+// run feeds req to reference.py and decodes its reply into out.
+func run(ctx context.Context, python, dir string, req, out any) error {
+	in, err := json.Marshal(req)
+	if err != nil {
+		return err
 	}
 	cmd := exec.CommandContext(ctx, python, "-c", script, dir)
 	cmd.Stdin = bytes.NewReader(in)
@@ -42,14 +77,10 @@ func Greedy(ctx context.Context, python, dir string, prompts [][]int32, n int) (
 	cmd.Stderr = &stderr
 	raw, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("reference.py: %w\n%s", err, stderr.String())
+		return fmt.Errorf("reference.py: %w\n%s", err, stderr.String())
 	}
-	var runs []Run
-	if err := json.Unmarshal(raw, &runs); err != nil {
-		return nil, fmt.Errorf("reference.py output: %w", err)
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("reference.py output: %w", err)
 	}
-	if len(runs) != len(prompts) {
-		return nil, fmt.Errorf("reference.py: %d runs for %d prompts", len(runs), len(prompts))
-	}
-	return runs, nil
+	return nil
 }

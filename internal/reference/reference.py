@@ -4,7 +4,12 @@ token, float64 throughout, each family's rules spelled out as transformers'
 modeling code has them. Reads a checkpoint directory and prompts (JSON on
 stdin: {"prompts": [[ids]], "n": k}) and prints, per prompt, the greedy
 continuation, each chosen token's log-probability and the gap between the
-top two log-probabilities."""
+top two log-probabilities.
+
+With {"embed": [[ids]], "pool": "mean" | "cls" | "lasttoken"} it prints
+each input's pooled vector instead: the last hidden state (after the final
+norm, as transformers' last_hidden_state) averaged over the input, or its
+first or last row. Encoders (bert, modernbert) attend both ways."""
 import json
 import math
 import struct
@@ -40,7 +45,7 @@ def text_weights(w):
     """The language model's weights under model.-relative names (a gemma3
     checkpoint keeps them under language_model.model. or, from newer
     transformers, model.language_model.), and its output head."""
-    for prefix in ("language_model.model.", "model.language_model.", "model."):
+    for prefix in ("language_model.model.", "model.language_model.", "model.", ""):
         if prefix + "embed_tokens.weight" in w:
             break
     tw = {"model." + k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
@@ -100,7 +105,8 @@ def sliding_layers(c, arch):
     return set(range(n))
 
 
-def forward(w, c, ids):
+def hidden(w, c, ids):
+    """The decoder's last hidden state, [T, hidden], after the final norm."""
     arch = c["model_type"]
     H, K = c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or c["hidden_size"] // H
@@ -212,7 +218,11 @@ def forward(w, c, ids):
         else:
             x = x + attention(norm(x, w[p + "input_layernorm.weight"]), p, i)
             x = x + mlp(norm(x, w[p + "post_attention_layernorm.weight"]), p, i)
-    x = norm(x[-1:], w["model.norm.weight"])[0]
+    return norm(x, w["model.norm.weight"])
+
+
+def forward(w, c, ids):
+    x = hidden(w, c, ids)[-1]
     logits = x @ w["lm_head.weight"].T
     cap = c.get("final_logit_softcapping")
     if cap:
@@ -220,13 +230,131 @@ def forward(w, c, ids):
     return logits
 
 
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    y = (x - mu) / torch.sqrt(var + eps) * w
+    return y + b if b is not None else y
+
+
+def gelu(x):  # exact, erf
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def bidirectional(q, k, v, allowed):
+    """Attention of every head over every allowed position; q, k, v are
+    [heads, T, d], allowed a [T, T] bool mask."""
+    s = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(s, -1) @ v).transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def encoder_weights(w, prefix):
+    """An encoder's weights under bare names (BertModel, ModernBertModel),
+    from those or from a masked-LM checkpoint's prefixed ones."""
+    if any(k.startswith(prefix) for k in w):
+        return {k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
+    return w
+
+
+def bert_hidden(w, c, ids):
+    """BertModel's last_hidden_state: embeddings (token type 0) and
+    post-norm layers."""
+    w = encoder_weights(w, "bert.")
+    T, H, eps = len(ids), c["num_attention_heads"], c["layer_norm_eps"]
+
+    def ln(x, n):
+        return layer_norm(x, w[n + ".weight"], w[n + ".bias"], eps)
+
+    def lin(x, n):
+        return x @ w[n + ".weight"].T + w[n + ".bias"]
+
+    e = "embeddings."
+    x = w[e + "word_embeddings.weight"][torch.tensor(ids)] + w[e + "position_embeddings.weight"][:T] + w[e + "token_type_embeddings.weight"][0]
+    x = ln(x, e + "LayerNorm")
+    everywhere = torch.ones(T, T, dtype=torch.bool)
+    for i in range(c["num_hidden_layers"]):
+        p = "encoder.layer.%d." % i
+        q, k, v = (lin(x, p + "attention.self." + n).reshape(T, H, -1).transpose(0, 1) for n in ("query", "key", "value"))
+        a = lin(bidirectional(q, k, v, everywhere), p + "attention.output.dense")
+        x = ln(a + x, p + "attention.output.LayerNorm")
+        m = lin(gelu(lin(x, p + "intermediate.dense")), p + "output.dense")
+        x = ln(m + x, p + "output.LayerNorm")
+    return x
+
+
+def modernbert_hidden(w, c, ids):
+    """ModernBertModel's last_hidden_state: a normed token embedding,
+    pre-norm layers (none before layer 0's attention) with rotary
+    attention, global on layers i % global_attn_every_n_layers == 0 and
+    within local_attention/2 positions either side elsewhere, a GeGLU MLP,
+    the final norm."""
+    w = encoder_weights(w, "model.")
+    T, H, h = len(ids), c["num_attention_heads"], c["hidden_size"]
+    d, eps = h // H, c["norm_eps"]
+    types = c.get("layer_types") or [
+        "full_attention" if i % c["global_attn_every_n_layers"] == 0 else "sliding_attention" for i in range(c["num_hidden_layers"])
+    ]
+    rp = c.get("rope_parameters") or {}
+    theta = {
+        "full_attention": (rp.get("full_attention") or {}).get("rope_theta", c.get("global_rope_theta")),
+        "sliding_attention": (rp.get("sliding_attention") or {}).get("rope_theta", c.get("local_rope_theta")),
+    }
+
+    def ln(x, n):
+        return layer_norm(x, w[n + ".weight"], w.get(n + ".bias"), eps)
+
+    def rope(x, base):  # rotate_half over the whole head
+        inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+        rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+        return x * cos + rot * sin
+
+    qi, kj = torch.arange(T).unsqueeze(1), torch.arange(T).unsqueeze(0)
+    x = ln(w["embeddings.tok_embeddings.weight"][torch.tensor(ids)], "embeddings.norm")
+    for i, kind in enumerate(types):
+        p = "layers.%d." % i
+        y = ln(x, p + "attn_norm") if i > 0 else x
+        q, k, v = (y @ w[p + "attn.Wqkv.weight"].T).reshape(T, 3, H, d).permute(1, 2, 0, 3)
+        q, k = rope(q, theta[kind]), rope(k, theta[kind])
+        allowed = torch.ones(T, T, dtype=torch.bool)
+        if kind == "sliding_attention":
+            allowed = (qi - kj).abs() <= c["local_attention"] // 2
+        x = x + bidirectional(q, k, v, allowed) @ w[p + "attn.Wo.weight"].T
+        inp, gate = (ln(x, p + "mlp_norm") @ w[p + "mlp.Wi.weight"].T).chunk(2, dim=-1)
+        x = x + (gelu(inp) * gate) @ w[p + "mlp.Wo.weight"].T
+    return ln(x, "final_norm")
+
+
+def pool(x, mode):
+    if mode == "mean":
+        return x.mean(0)
+    if mode == "cls":
+        return x[0]
+    if mode == "lasttoken":
+        return x[-1]
+    raise SystemExit("reference: pooling %r" % mode)
+
+
 def main():
     path = sys.argv[1]
     with open(path + "/config.json") as f:
         c = json.load(f)
     c = c.get("text_config") or c
-    w = text_weights(load(path))
     req = json.load(sys.stdin)
+    if "embed" in req:
+        arch, raw = c["model_type"], load(path)
+        if arch == "bert":
+            states = lambda ids: bert_hidden(raw, c, ids)
+        elif arch == "modernbert":
+            states = lambda ids: modernbert_hidden(raw, c, ids)
+        else:
+            w = text_weights(raw)
+            states = lambda ids: hidden(w, c, ids)
+        json.dump([pool(states(list(ids)), req["pool"]).tolist() for ids in req["embed"]], sys.stdout)
+        return
+    w = text_weights(load(path))
     out = []
     for ids in req["prompts"]:
         ids, toks, lps, gaps = list(ids), [], [], []

@@ -2,9 +2,11 @@ package reference
 
 import (
 	"context"
+	"math"
 	"os"
 	"testing"
 
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -42,4 +44,59 @@ func TestGreedy(t *testing.T) {
 	if _, err := Greedy(context.Background(), py, t.TempDir(), [][]int32{{1}}, 1); err == nil {
 		t.Error("a directory without a checkpoint: no error")
 	}
+}
+
+// TestEmbed runs the reference's pooled vectors on both encoders and a
+// decoder: a vector of the hidden size per input; an encoder's first
+// token reads the tokens after it (bidirectional), a decoder's does not
+// (causal); mean, cls and lasttoken differ.
+func TestEmbed(t *testing.T) {
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		t.Skip("MLXSERVING_PYTHON is not set")
+	}
+	ctx := context.Background()
+	long := make([]int32, 40)
+	for i := range long {
+		long[i] = int32(7 + 5*i)
+	}
+	for _, arch := range []string{"bert", "modernbert", "qwen3"} {
+		dir := t.TempDir()
+		c := testmodel.TinyFamily(arch)
+		if err := testmodel.Write(dir, c); err != nil {
+			t.Fatal(err)
+		}
+		inputs := [][]int32{long[:3], long}
+		got := map[engine.Pooling][][]float64{}
+		for _, pool := range []engine.Pooling{engine.PoolMean, engine.PoolCLS, engine.PoolLast} {
+			vecs, err := Embed(ctx, py, dir, inputs, pool)
+			if err != nil {
+				t.Fatalf("%s %v: %v", arch, pool, err)
+			}
+			for _, v := range vecs {
+				if len(v) != c.Hidden {
+					t.Fatalf("%s: vector of %d, want %d", arch, len(v), c.Hidden)
+				}
+			}
+			got[pool] = vecs
+		}
+		firstMoved := maxDiff(got[engine.PoolCLS][0], got[engine.PoolCLS][1])
+		if encoder := testmodel.IsEncoder(arch); encoder != (firstMoved > 1e-6) {
+			t.Errorf("%s: the first token's state moved by %g when tokens followed it (encoder %v)", arch, firstMoved, encoder)
+		}
+		if maxDiff(got[engine.PoolMean][1], got[engine.PoolCLS][1]) < 1e-3 || maxDiff(got[engine.PoolLast][1], got[engine.PoolCLS][1]) < 1e-3 {
+			t.Errorf("%s: poolings agree", arch)
+		}
+	}
+	if _, err := Embed(ctx, py, t.TempDir(), [][]int32{{1}}, engine.PoolNone); err == nil {
+		t.Error("PoolNone: no error")
+	}
+}
+
+func maxDiff(a, b []float64) float64 {
+	m := 0.0
+	for i := range a {
+		m = max(m, math.Abs(a[i]-b[i]))
+	}
+	return m
 }
