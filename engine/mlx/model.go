@@ -82,6 +82,9 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if len(prompt) > m.info.ContextLength {
 		return 0, &engine.ContextLengthError{Model: m.info.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
 	}
+	if m.cfg.headless() {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("%s has no output head (a bare %s model): it only embeds", m.info.ID, m.cfg.Arch)}
+	}
 	reused := 0
 	err := m.call(func(g *graph) error {
 		if _, dup := m.seqs[id]; dup {
