@@ -130,8 +130,8 @@ func embedInputs() [][]int32 {
 
 // TestEmbedMatchesReference compares pooled vectors (mean, cls,
 // lasttoken) with internal/reference's float64 last hidden state, within
-// 1e-4: both encoders (bare, masked-LM and transformers-5 checkpoints),
-// and qwen3, llama and gemma3 decoders (qwen3 also as the bare
+// 1e-4: both encoders (bare, masked-LM and transformers-5 checkpoints;
+// BERT also with hidden size 256), and qwen3, llama and gemma3 decoders (qwen3 also as the bare
 // Qwen3Model an embedding checkpoint publishes). A decoder's input runs
 // whole, in chunks of 7, and in chunks of 1 (llama's then run the fused
 // decode-only layers), and the chunked vectors equal the whole one's
@@ -154,6 +154,12 @@ func TestEmbedMatchesReference(t *testing.T) {
 	c = testmodel.TinyFamily("qwen3")
 	c.BaseModel = true
 	cases["qwen3-bare"] = c
+	// LayerNorm rows of 256 float32 values: the band where MLX 0.31's
+	// CUDA rms_norm mixes rows (rmsNormMixesRows); its layer_norm is
+	// checked on the same shape.
+	c = testmodel.TinyFamily("bert")
+	c.Hidden, c.Intermediate = 256, 512
+	cases["bert-hidden256"] = c
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) { matchEmbeddings(t, py, e, cfg) })
 	}
@@ -368,7 +374,7 @@ func TestEncoderConfigRefused(t *testing.T) {
 		{"bert", map[string]any{"num_hidden_layers": 1 << 20}},
 		{"bert", map[string]any{"hidden_size": 0}},
 		{"bert", map[string]any{"max_position_embeddings": 1024}}, // past the position table
-		{"bert", map[string]any{"type_vocab_size": 3}},           // contradicts the token type table
+		{"bert", map[string]any{"type_vocab_size": 3}},            // contradicts the token type table
 		{"bert", map[string]any{"vocab_size": 100}},
 		{"bert", map[string]any{"quantization": map[string]any{"group_size": 64, "bits": 4}}},
 		{"modernbert", map[string]any{"hidden_activation": "silu"}},
@@ -403,6 +409,66 @@ func TestEncoderConfigRefused(t *testing.T) {
 				t.Fatalf("%v: %v (%T), want *engine.CheckpointError", tc.set, err, err)
 			}
 			t.Logf("%v: %v", tc.set, err)
+		})
+	}
+}
+
+// TestEmbedMatchesTorch compares pooled vectors with the Python engine's
+// torch backend on the same float32 checkpoints (both encoders, qwen3
+// and llama), within 1e-4, and checks that both report the same Info
+// for embeddings. It skips while the torch engine does not embed: its
+// model of the tiny llama does not implement engine.Embedder or reports
+// EmbedDim 0.
+func TestEmbedMatchesTorch(t *testing.T) {
+	py := torchEngine(t)
+	e := newEngine(t)
+	ctx := context.Background()
+	probe, err := py.Load(ctx, engine.ModelSpec{ID: "probe", Path: tinyDir(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, embeds := probe.(engine.Embedder)
+	embeds = embeds && probe.Info().EmbedDim > 0
+	probe.Close()
+	if !embeds {
+		t.Skip("the torch engine does not embed yet")
+	}
+	for _, arch := range []string{"bert", "modernbert", "qwen3", "llama"} {
+		t.Run(arch, func(t *testing.T) {
+			cfg := testmodel.TinyFamily(arch)
+			cfg.Embedding = &testmodel.Embedding{Pooling: "mean", Normalize: true, MaxSeqLength: 100}
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, cfg); err != nil {
+				t.Fatal(err)
+			}
+			ref, err := py.Load(ctx, engine.ModelSpec{ID: arch, Path: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			mine, err := e.Load(ctx, engine.ModelSpec{ID: arch, Path: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mine.Close()
+			ri, mi := ref.Info(), mine.Info()
+			if ri.EmbedDim != mi.EmbedDim || ri.Pooling != mi.Pooling || ri.Normalize != mi.Normalize || ri.Encoder != mi.Encoder {
+				t.Errorf("Info: torch dim %d pooling %v normalize %v encoder %v; mlx %d %v %v %v",
+					ri.EmbedDim, ri.Pooling, ri.Normalize, ri.Encoder, mi.EmbedDim, mi.Pooling, mi.Normalize, mi.Encoder)
+			}
+			var worst float64
+			for _, pool := range pools {
+				for i, in := range embedInputs() {
+					want := embedOne(t, ref, engine.SeqID(i), in, pool, len(in))
+					got := embedOne(t, mine, engine.SeqID(i), in, pool, len(in))
+					d := maxAbs(got, want)
+					worst = math.Max(worst, d)
+					if d > 1e-4 {
+						t.Errorf("%v input %d: max |difference| from torch %.3g", pool, i, d)
+					}
+				}
+			}
+			t.Logf("max |difference| from torch %.2e", worst)
 		})
 	}
 }
