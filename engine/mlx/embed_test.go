@@ -472,3 +472,80 @@ func TestEmbedMatchesTorch(t *testing.T) {
 		})
 	}
 }
+
+// TestEmbedEveryFamily embeds on every decoder family testmodel writes
+// (TinyFamily: sliding windows of 16, experts, longrope, Gemma's norms
+// and caps), mean-pooled so that every token's hidden state counts, in
+// chunks of 9 (past the windows), against the reference within 1e-4.
+func TestEmbedEveryFamily(t *testing.T) {
+	py := python(t)
+	e := newEngine(t)
+	inputs := [][]int32{refPrompt(7, 37), refPrompt(8, 3)}
+	for _, arch := range testmodel.Archs() {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+				t.Fatal(err)
+			}
+			ref, err := reference.Embed(context.Background(), py, dir, inputs, engine.PoolMean)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := e.Load(context.Background(), engine.ModelSpec{ID: arch, Path: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			var worst float64
+			for i, in := range inputs {
+				d := maxAbs(embedOne(t, m, engine.SeqID(i), in, engine.PoolMean, 9), ref[i])
+				worst = math.Max(worst, d)
+				if d > 1e-4 {
+					t.Errorf("input %d (%d tokens): max |difference| from the reference %.3g", i, len(in), d)
+				}
+			}
+			t.Logf("max |difference| from the reference %.2e", worst)
+		})
+	}
+}
+
+// TestEmbedBFloat16 embeds on bfloat16 checkpoints (as Qwen3-Embedding
+// publishes them; a BERT and a ModernBERT likewise): the hidden states
+// are pooled in float32 from bfloat16 rows, within bfloat16's precision
+// (3% of the largest value) of the float64 reference.
+func TestEmbedBFloat16(t *testing.T) {
+	py := python(t)
+	e := newEngine(t)
+	inputs := [][]int32{refPrompt(9, 30)}
+	for _, arch := range []string{"qwen3", "bert", "modernbert"} {
+		t.Run(arch, func(t *testing.T) {
+			cfg := testmodel.TinyFamily(arch)
+			cfg.DType = "bfloat16"
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, cfg); err != nil {
+				t.Fatal(err)
+			}
+			m, err := e.Load(context.Background(), engine.ModelSpec{ID: arch, Path: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			for _, pool := range pools {
+				ref, err := reference.Embed(context.Background(), py, dir, inputs, pool)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := embedOne(t, m, 1, inputs[0], pool, len(inputs[0]))
+				var scale float64
+				for _, v := range ref[0] {
+					scale = math.Max(scale, math.Abs(v))
+				}
+				d := maxAbs(got, ref[0])
+				if d > 0.03*scale {
+					t.Errorf("%v: max |difference| %.3g, largest value %.3g", pool, d, scale)
+				}
+				t.Logf("%v: max |difference| %.2e of largest value %.2e", pool, d, scale)
+			}
+		})
+	}
+}
