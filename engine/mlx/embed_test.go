@@ -4,6 +4,7 @@ package mlx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -254,6 +255,31 @@ func TestEmbedErrors(t *testing.T) {
 	}
 	_, err := enc.Open(ctx, 1, in, "")
 	invalid("Open on an encoder", err)
+	small := testmodel.TinyFamily("bert")
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, small); err != nil {
+		t.Fatal(err)
+	}
+	capped, err := e.Load(ctx, engine.ModelSpec{ID: "capped", Path: dir, KVCapacity: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer capped.Close()
+	var over []engine.StepInput
+	for i := range 3 {
+		long := refPrompt(i, 200)
+		if err := capped.(engine.Embedder).OpenPooled(ctx, engine.SeqID(10+i), long, engine.PoolCLS); err != nil {
+			t.Fatal(err)
+		}
+		defer capped.Free(engine.SeqID(10+i), "")
+		over = append(over, engine.StepInput{Seq: engine.SeqID(10 + i), Tokens: long, Sample: true})
+	}
+	if _, err := capped.Step(ctx, over); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Errorf("a step past an encoder's KVCapacity: %v, want engine.ErrOutOfMemory", err)
+	}
+	if out, err := capped.Step(ctx, over[:2]); err != nil || len(out) != 2 {
+		t.Errorf("a step within KVCapacity: %v, %v", out, err)
+	}
 	_, err = headless.Open(ctx, 1, in, "")
 	invalid("Open on a bare model without a head", err)
 	for _, m := range []engine.Model{enc, dec} {

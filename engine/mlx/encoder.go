@@ -125,6 +125,14 @@ func (m *encModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 	if len(batch) > m.info.MaxBatch {
 		return nil, &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs; the model takes at most %d", len(batch), m.info.MaxBatch)}
 	}
+	total := 0
+	for _, in := range batch {
+		total += len(in.Tokens)
+	}
+	if total > m.info.KVCapacity { // what one step's activations were sized for
+		return nil, fmt.Errorf("mlx: %s: a step of %d tokens; the encoder takes at most %d (Info.KVCapacity): %w",
+			m.info.ID, total, m.info.KVCapacity, engine.ErrOutOfMemory)
+	}
 	var out []engine.StepOutput
 	err := m.call(func(g *graph) error {
 		feeds := make([]feed, len(batch))
