@@ -232,7 +232,9 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 	if err := resumeSequence(seq, p.Resume, m.info.EOS, m.batcher.JumpForward()); err != nil {
 		return nil, err
 	}
-	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens}
+	// A resumed request's caller is waiting mid-stream: it goes ahead of
+	// the rest of its tier.
+	entry := &batcher.Entry{Value: seq, Tier: p.Priority, Client: p.Client, Cost: len(prompt) + p.MaxTokens, Urgent: len(p.Resume) > 0}
 	if d := p.Deadlines.Or(s.requestDeadlines(ctx)); !d.Zero() {
 		seq.Watch = retry.NewWatch(d, seq.Submitted, func(err *retry.DeadlineError) { batcher.Expire(m.queue, entry, err) })
 	}

@@ -48,6 +48,9 @@ type metrics struct {
 	batchSize    metric.Int64Histogram
 	stepLatency  metric.Float64Histogram
 	resumeGap    metric.Float64Histogram
+	embedInputs  metric.Int64Counter
+	embedTok     metric.Int64Counter
+	embedTime    metric.Float64Histogram
 	registration metric.Registration
 
 	mu    sync.Mutex
@@ -94,6 +97,9 @@ func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
 	m.cachedTok = counter("mlxserving.prefix_cache.tokens", "Prompt tokens served from a saved KV prefix instead of prefill.", "{token}")
 	m.prefixQuery = counter("mlxserving.prefix_cache.queries", "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", "{token}")
 	m.prefixHit = counter("mlxserving.prefix_cache.hits", "Prompt tokens found in the prefix cache (vLLM's prefix_cache_hits).", "{token}")
+	m.embedInputs = counter("mlxserving.embeddings.inputs", "Inputs embedded, by model; cached ones included.", "{input}")
+	m.embedTok = counter("mlxserving.embeddings.tokens", "Input tokens embedded, by model.", "{token}")
+	m.embedTime = hist("mlxserving.embeddings.duration", "Time from an embedding request's submission to its last vector.")
 	m.preemptions = counter("mlxserving.preemptions", "Sequences evicted and recomputed (preemption or a lost worker).", "{preemption}")
 	bs, err := meter.Int64Histogram("mlxserving.batch.size", metric.WithDescription("Sequences per engine step."),
 		metric.WithUnit("{sequence}"), metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -193,6 +199,20 @@ func (m *metrics) refused(model string, tier api.Tier, err error) {
 
 // outcome is err's metrics outcome, retry.Classify's.
 func outcome(err error) string { return retry.Classify(err).Outcome() }
+
+// embedded records an embedding request: under mlxserving.requests with
+// its outcome, and when it succeeded its inputs, tokens and duration.
+func (m *metrics) embedded(model string, tier api.Tier, res *api.Embeddings, err error) {
+	ctx := context.Background()
+	m.requests.Add(ctx, 1, m.attr(model, tier, outcome(err)))
+	if res == nil {
+		return
+	}
+	byModel := m.attr(model, 0, "")
+	m.embedInputs.Add(ctx, int64(len(res.Vectors)), byModel)
+	m.embedTok.Add(ctx, int64(res.PromptTokens), byModel)
+	m.embedTime.Record(ctx, res.Duration.Seconds(), m.attr(model, tier, ""))
+}
 
 // interToken records the gap between two tokens of one stream.
 func (m *metrics) interToken(model string, gap time.Duration) {

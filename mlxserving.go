@@ -82,10 +82,16 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 			return nil, fmt.Errorf("mlxserving: %w", err)
 		}
 	}
-	// Build one scheduler and drop it, so option errors surface here and
-	// not at the first LoadModel.
+	// Options used at each model load are checked here, so their errors
+	// surface at New and not at the first LoadModel.
 	if _, err := scheduler.New[*batcher.Sequence](cfg.schedulerOpts...); err != nil {
 		return nil, fmt.Errorf("mlxserving: scheduler options: %w", err)
+	}
+	if err := batcher.CheckOptions(cfg.batcherOpts...); err != nil {
+		return nil, fmt.Errorf("mlxserving: batcher options: %w", err)
+	}
+	if err := session.CheckCacheOptions(cfg.cacheOpts...); err != nil {
+		return nil, fmt.Errorf("mlxserving: prefix cache options: %w", err)
 	}
 	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
 	if err := s.build(&cfg); err != nil {

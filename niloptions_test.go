@@ -96,3 +96,22 @@ func TestOneClosedSentinel(t *testing.T) {
 		}
 	}
 }
+
+// TestBadOptionsRefusedAtNew: options the Server uses only at each model
+// load (the batcher's, the prefix cache's) are checked by New.
+func TestBadOptionsRefusedAtNew(t *testing.T) {
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	for name, opt := range map[string]mlxserving.Option{
+		"batcher":      mlxserving.WithBatcherOptions(batcher.WithTokenBudget(0)),
+		"prefix cache": mlxserving.WithPrefixCacheOptions(session.WithBlockSize(-1)),
+	} {
+		if srv, err := mlxserving.New(sim, opt); err == nil {
+			_ = srv.Close()
+			t.Errorf("%s: a bad option was accepted by New", name)
+		}
+	}
+}

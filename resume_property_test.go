@@ -401,3 +401,46 @@ func TestMergedStreamsFollowTheResume(t *testing.T) {
 		t.Error("the generation never resumed")
 	}
 }
+
+// TestResumedRequestsGoFirst: a resumed request (its caller waiting
+// mid-stream) is admitted ahead of requests of its tier that queued
+// before it.
+func TestResumedRequestsGoFirst(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0), enginetest.WithEOS()},
+		mlxserving.WithBatcherOptions(batcher.WithMaxBatch(1)))
+	ctx := context.Background()
+	busy, err := f.srv.Generate(ctx, req(30, 1, 2, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if _, err := busy.Recv(); err != nil { // running: the next two queue
+		t.Fatal(err)
+	}
+	queued, err := f.srv.Generate(ctx, req(2, 4, 5, 6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	resumed := req(3, 7, 8, 9)
+	resumed.Resume = []int32{10}
+	rs, err := f.srv.Generate(ctx, resumed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	first := make(chan string, 2)
+	for name, st := range map[string]*api.Stream{"queued": queued, "resumed": rs} {
+		go func() {
+			if _, err := st.Recv(); err == nil {
+				first <- name
+			} else {
+				first <- name + ": " + err.Error()
+			}
+		}()
+	}
+	if got := <-first; got != "resumed" {
+		t.Errorf("first token went to %q; the resumed request should run first", got)
+	}
+	<-first
+}

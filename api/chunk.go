@@ -28,6 +28,9 @@ type Chunk struct {
 	// Top lists the most likely tokens and their log-probabilities, most
 	// likely first, when Sampling.TopLogprobs asked for them.
 	Top []TopLogprob
+	// Embedding is an embedding sequence's vector, on its last chunk
+	// (the only one it has); nil for generated output.
+	Embedding []float32
 	// Finish is set on the last chunk only.
 	Finish FinishReason
 	// Usage is set on the last chunk only.

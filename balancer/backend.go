@@ -13,10 +13,14 @@ import (
 // over NATS) and the Balancer itself, so balancers nest.
 //
 // Generate and Chat validate and queue the request before they return,
-// as a Server does: an error means nothing was started.
+// as a Server does: an error means nothing was started. Embed is one
+// call: it returns the vectors or why there are none.
 type Backend interface {
 	Generate(ctx context.Context, req api.Request) (*api.Stream, error)
 	Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error)
+	// Embed returns one vector per input of req, in order. Like Generate
+	// it refuses bad input before anything runs.
+	Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddings, error)
 	// Load reports the backend's current load and models. It must not
 	// block on the network: a remote backend returns what it last saw.
 	// A Balancer calls it when it rebuilds its routing snapshot (every

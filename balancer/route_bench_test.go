@@ -30,6 +30,10 @@ func (r routeOnly) Chat(ctx context.Context, _ api.ChatRequest) (*api.Stream, er
 	return api.NewStream(ctx, endSource{}, api.Header{}), nil
 }
 
+func (r routeOnly) Embed(_ context.Context, req api.EmbedRequest) (*api.Embeddings, error) {
+	return &api.Embeddings{Model: req.Model, Vectors: make([][]float32, len(req.Inputs))}, nil
+}
+
 // endSource is a stream with nothing in it.
 type endSource struct{}
 

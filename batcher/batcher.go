@@ -260,7 +260,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		// stopped (engine.SamplingParams.Generated).
 		s.params.Generated += len(s.generated)
 	}
-	reused, err := b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
+	reused, err := b.open(ctx, s)
 	switch {
 	case err == nil:
 	case errors.Is(err, engine.ErrOutOfMemory) && len(b.running) > 0:
@@ -288,6 +288,22 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		b.startForced(s)
 	}
 	return true
+}
+
+// open opens s in the engine: OpenPooled for an embedding sequence, Open
+// for a generating one.
+func (b *ContinuousBatcher) open(ctx context.Context, s *Sequence) (reused int, err error) {
+	if s.Pool == engine.PoolNone {
+		if b.info.Encoder {
+			return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an embedding encoder: it does not generate", b.info.ID)}
+		}
+		return b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
+	}
+	e, ok := b.model.(engine.Embedder)
+	if !ok || b.info.EmbedDim == 0 {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q does not embed", b.info.ID)}
+	}
+	return 0, e.OpenPooled(ctx, s.id, s.feed, s.Pool)
 }
 
 // startForced delivers a resumed sequence's Forced tokens before its

@@ -55,6 +55,24 @@ func defaultConfig() config {
 	}
 }
 
+// CheckOptions applies opts to a default configuration and returns the
+// first option's error, so a program that builds batchers later (the
+// root Server, at each model load) can refuse bad options up front.
+// Limits that depend on the model (the batch limit against the token
+// budget) are checked by New.
+func CheckOptions(opts ...Option) error {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // resolve fills limits that depend on the model and checks consistency.
 func (c *config) resolve(info engine.Info) error {
 	if c.maxBatch == 0 || c.maxBatch > info.MaxBatch {

@@ -52,6 +52,13 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 			continue
 		}
 		n := min(budget, len(s.feed)-s.fed)
+		if s.Pool != engine.PoolNone && b.info.Encoder {
+			// An encoder reads its input whole; alone in a step it
+			// may exceed the budget.
+			if n = len(s.feed) - s.fed; n > budget && len(in) > 0 {
+				continue
+			}
+		}
 		if b.pool != nil && len(b.running) > 1 {
 			if n = b.chunkForBlocks(s, n, blocks); n == 0 {
 				continue // waits for blocks; decodes free them
@@ -106,6 +113,9 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 			if j >= len(outs) || outs[j].Seq != in[i].Seq {
 				return fmt.Errorf("engine returned outputs that do not match the batch's sampling inputs (%d outputs)", len(outs))
 			}
+			if seqs[i].Pool != engine.PoolNone && len(outs[j].Embedding) != b.info.EmbedDim {
+				return fmt.Errorf("engine returned %d values for sequence %d's embedding; the model's EmbedDim is %d", len(outs[j].Embedding), in[i].Seq, b.info.EmbedDim)
+			}
 			j++
 		}
 	}
@@ -128,7 +138,10 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 			j++
 			continue
 		}
-		if b.accept(s, outs[j], now) {
+		if s.Pool != engine.PoolNone {
+			b.pooled(s, outs[j], now)
+			finished = true
+		} else if b.accept(s, outs[j], now) {
 			finished = true
 		}
 		j++
@@ -160,6 +173,15 @@ func (b *ContinuousBatcher) accept(s *Sequence, out engine.StepOutput, now time.
 		return true
 	}
 	return b.cfg.jumpForward && b.jumpForward(s, now)
+}
+
+// pooled finishes embedding sequence s with its vector.
+func (b *ContinuousBatcher) pooled(s *Sequence, out engine.StepOutput, now time.Time) {
+	s.firstToken, s.lastToken = now, now
+	s.Watch.Token()
+	b.free(s, "")
+	u := s.usage(now)
+	s.out.finish(api.Chunk{Embedding: out.Embedding, Finish: api.FinishStop, Usage: u}, nil)
 }
 
 // jumpForward appends the tokens s's constraint forces after the token

@@ -39,6 +39,25 @@ func startServerWith(t *testing.T, simOpts []enginetest.SimOption, srvOpts []mlx
 // test model's shape with its files changed.
 func startServerAt(t *testing.T, dir string, simOpts []enginetest.SimOption, srvOpts []mlxserving.Option, opts ...openai.Option) string {
 	t.Helper()
+	base, _ := serveAt(t, dir, simOpts, srvOpts, opts...)
+	return base
+}
+
+// startServerEmbed is startServer that also returns the Server, to
+// compare what clients get with what it answers in process.
+func startServerEmbed(t *testing.T) (string, *mlxserving.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	return serveAt(t, dir, nil, nil)
+}
+
+// serveAt serves the checkpoint in dir and returns the base URL and the
+// Server.
+func serveAt(t *testing.T, dir string, simOpts []enginetest.SimOption, srvOpts []mlxserving.Option, opts ...openai.Option) (string, *mlxserving.Server) {
+	t.Helper()
 	cfg := testmodel.Tiny()
 	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(cfg.Vocab), enginetest.WithContextLength(cfg.ContextLength)}, simOpts...)...)
 	if err != nil {
@@ -61,5 +80,5 @@ func startServerAt(t *testing.T, dir string, simOpts []enginetest.SimOption, srv
 		_ = srv.Close()
 		_ = sim.Close()
 	})
-	return ts.URL
+	return ts.URL, srv
 }

@@ -43,6 +43,9 @@ type Request struct {
 	// KeepCut is api.Params.KeepCut: a constrained output cut where its
 	// budget ends instead of closed within it.
 	KeepCut bool
+	// Pooling, when set, names an embedding of Prompt (pooled this way)
+	// rather than a generation.
+	Pooling engine.Pooling
 }
 
 // Deterministic reports whether p's output is a function of the request:
@@ -114,6 +117,9 @@ func KeyOf(r Request) Key {
 	str(string(r.JSONSchema))
 	if r.KeepCut {
 		flag(true) // keys without it keep their value
+	}
+	if r.Pooling != engine.PoolNone {
+		str("pool:" + r.Pooling.String()) // as KeepCut: other keys keep their value
 	}
 	var k Key
 	h.Sum(k[:0])

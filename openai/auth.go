@@ -97,32 +97,9 @@ func mayUseModel(ctx context.Context, model string) bool {
 // the prompt once and every choice's generated tokens (as usage reports
 // them, or as many as arrived before a choice was cut short).
 func authorize(ctx context.Context, model string, p *api.Params, namedTier bool) (charge func([]*format), err error) {
-	g := grantOf(ctx)
-	if g == nil {
-		return func([]*format) {}, nil
-	}
-	if g.models != nil && !g.models[model] {
-		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
-			fmt.Sprintf("key %q may not use model %q", g.name, model))
-	}
-	if p.KeepAlive != nil && !g.admin {
-		// keep_alive decides how long a model holds memory for everyone.
-		return nil, newAPIError(http.StatusForbidden, typePermission, "keep_alive", "admin_required",
-			fmt.Sprintf("key %q may not set keep_alive: it needs an admin key", g.name))
-	}
-	if !namedTier && p.Priority.Outranks(g.maxTier) {
-		p.Priority = g.maxTier
-	}
-	if p.Priority.Outranks(g.maxTier) {
-		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",
-			fmt.Sprintf("key %q may use tiers up to %s, not %s", g.name, g.maxTier, p.Priority))
-	}
-	now := time.Now()
-	if wait := g.tokens.waitPositive(now); wait > 0 {
-		return nil, overLimit(g.name, "tokens", wait)
-	}
-	if wait := g.requests.take(now); wait > 0 {
-		return nil, overLimit(g.name, "requests", wait)
+	g, err := admit(ctx, model, &p.Priority, p.KeepAlive != nil, namedTier)
+	if g == nil || err != nil {
+		return func([]*format) {}, err
 	}
 	p.Client = g.name
 	return func(fs []*format) {
@@ -137,6 +114,42 @@ func authorize(ctx context.Context, model string, p *api.Params, namedTier bool)
 		}
 		g.tokens.charge(float64(prompt+generated), time.Now())
 	}, nil
+}
+
+// admit applies the request's key to a request for model at *tier: the
+// models it may use, keep_alive (admin keys only), the highest tier (a
+// tier the request did not name is lowered to it) and the per-minute
+// limits, taking one request. It returns the key's grant, nil when the
+// handler has no keys.
+func admit(ctx context.Context, model string, tier *api.Tier, keepAlive, namedTier bool) (*grant, error) {
+	g := grantOf(ctx)
+	if g == nil {
+		return nil, nil
+	}
+	if g.models != nil && !g.models[model] {
+		return nil, newAPIError(http.StatusForbidden, typePermission, "model", "model_not_allowed",
+			fmt.Sprintf("key %q may not use model %q", g.name, model))
+	}
+	if keepAlive && !g.admin {
+		// keep_alive decides how long a model holds memory for everyone.
+		return nil, newAPIError(http.StatusForbidden, typePermission, "keep_alive", "admin_required",
+			fmt.Sprintf("key %q may not set keep_alive: it needs an admin key", g.name))
+	}
+	if !namedTier && tier.Outranks(g.maxTier) {
+		*tier = g.maxTier
+	}
+	if tier.Outranks(g.maxTier) {
+		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",
+			fmt.Sprintf("key %q may use tiers up to %s, not %s", g.name, g.maxTier, *tier))
+	}
+	now := time.Now()
+	if wait := g.tokens.waitPositive(now); wait > 0 {
+		return nil, overLimit(g.name, "tokens", wait)
+	}
+	if wait := g.requests.take(now); wait > 0 {
+		return nil, overLimit(g.name, "requests", wait)
+	}
+	return g, nil
 }
 
 func overLimit(name, what string, wait time.Duration) *apiError {

@@ -15,13 +15,13 @@ import (
 // is UTF-8.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
+		return nil, &bodyTooLargeError{limit: limit}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, tooBig
+			return nil, &bodyTooLargeError{limit: tooBig.Limit}
 		}
 		return nil, badRequest("", "invalid_body", "cannot read request body: %v", err)
 	}

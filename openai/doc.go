@@ -14,6 +14,7 @@
 //
 //	POST /v1/chat/completions   chat, streaming (SSE) or not
 //	POST /v1/completions        text completion, streaming (SSE) or not
+//	POST /v1/embeddings         vectors of texts or token ids (models that embed)
 //	GET  /v1/models             the known models (loaded or not); GET /v1/models/{id} one of them
 //	GET  /health                liveness: 200 while the process serves HTTP
 //	GET  /ready                 readiness: 200 once models are loaded (and warm,
@@ -33,6 +34,17 @@
 // the client key for per-client rate limits). When max_tokens is absent the
 // request generates up to the default (WithDefaultMaxTokens), or up to what
 // is left of the model's context if that is less.
+//
+// /v1/embeddings takes input (a string, an array of strings, an array of
+// token ids or an array of such arrays; up to 2048 inputs, none empty),
+// encoding_format (float, the default, or base64: each vector's
+// little-endian float32 bytes), dimensions (models whose config.json
+// says they are Matryoshka: the first dimensions, normalized again when
+// the model normalizes) and user, and the extensions priority, cache and
+// truncate (cut inputs over the model's limit to fit, keeping the final
+// special token, instead of a 400 context_length_exceeded). Vectors are
+// pooled and normalized as the checkpoint's sentence-transformers files
+// say; usage counts the input tokens.
 //
 // n (up to 8) runs one generation per choice; a seeded request gives
 // choice i the seed plus i. Usage counts the prompt once and the tokens of

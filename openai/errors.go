@@ -74,7 +74,8 @@ func toAPIError(err error) *apiError {
 	}
 	c := retry.Classify(err)
 	param, msg := errorDetails(err, c)
-	e := newAPIError(c.HTTPStatus(), c.Type(), param, c.Code, msg)
+	status := Status(c)
+	e := newAPIError(status, errorType(status), param, c.Code, msg)
 	e.retryAfter = c.RetryAfter
 	if c.Code == retry.CodeWorkerLost && e.retryAfter == 0 {
 		e.retryAfter = time.Second
@@ -92,12 +93,12 @@ func errorDetails(err error, c retry.Class) (param, msg string) {
 	var (
 		invalid  *engine.InvalidParamError
 		notFound *mlxserving.ModelNotFoundError
-		tooBig   *http.MaxBytesError
+		tooBig   *bodyTooLargeError
 	)
 	msg = err.Error()
 	switch {
 	case errors.As(err, &tooBig):
-		return "", fmt.Sprintf("request body is larger than the %d-byte limit", tooBig.Limit)
+		return "", tooBig.Error()
 	case errors.As(err, &notFound):
 		// Only the name the caller sent: which models are loaded is not
 		// for every key to see (GET /v1/models lists the key's own).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -36,7 +35,7 @@ func TestErrorTable(t *testing.T) {
 		{&api.UnknownTierError{Value: "x"}, 400, "invalid_value", ""},
 		{&mlxserving.ModelNotFoundError{Model: "x"}, 404, "model_not_found", ""},
 		{fmt.Errorf("chat: %w", mlxserving.ErrNoTokenizer), 400, "unsupported_model", ""},
-		{&http.MaxBytesError{Limit: 10}, 413, "request_too_large", ""},
+		{&bodyTooLargeError{limit: 10}, 413, "request_too_large", ""},
 		{&scheduler.QueueFullError{Queued: 5, MaxQueued: 5, RetryAfter: 1500 * time.Millisecond}, 429, "queue_full", "2"},
 		{&scheduler.RateLimitError{Client: "c", RetryAfter: 3 * time.Second}, 429, "rate_limit_exceeded", "3"},
 		{fmt.Errorf("open: %w", engine.ErrOutOfMemory), 503, "out_of_memory", "1"},

@@ -65,6 +65,7 @@ var routes = map[string]route{
 	"/v1/chat/completions": {"chat_completions", http.MethodPost, (*Handler).chatCompletions, accessKey},
 	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions, accessKey},
 	"/v1/models":           {"models", http.MethodGet, (*Handler).models, accessKey},
+	"/v1/embeddings":       {"embeddings", http.MethodPost, (*Handler).embeddings, accessKey},
 	"/health":              {"health", http.MethodGet, (*Handler).health, accessOpen},
 	"/ready":               {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
 	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},

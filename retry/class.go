@@ -3,7 +3,6 @@ package retry
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"reflect"
 	"syscall"
 	"time"
@@ -123,7 +122,8 @@ func (e *codedError) ErrorCode() string { return e.code }
 // Class is what the serving stack makes of an error, decided once by
 // [Classify]: whether to try again, whether it counts against a
 // backend's breaker, whether a balancer sends the request elsewhere, the
-// HTTP status and error code the API answers and the metrics outcome.
+// error code the API answers (the HTTP layer maps the class to a status:
+// openai.Status) and the metrics outcome.
 type Class struct {
 	// Kind is the broad class.
 	Kind Kind
@@ -191,52 +191,6 @@ func (c Class) FailsOver() bool {
 	return false
 }
 
-// HTTPStatus returns the status the HTTP API answers with.
-func (c Class) HTTPStatus() int {
-	switch c.Kind {
-	case OK:
-		return http.StatusOK
-	case Invalid:
-		if c.Code == CodeRequestTooLarge {
-			return http.StatusRequestEntityTooLarge
-		}
-		return http.StatusBadRequest
-	case ContextLength:
-		return http.StatusBadRequest
-	case NotFound:
-		return http.StatusNotFound
-	case Overloaded:
-		if c.Code == CodeQueueFull || c.Code == CodeRateLimited {
-			return http.StatusTooManyRequests
-		}
-		return http.StatusServiceUnavailable
-	case Unavailable:
-		return http.StatusServiceUnavailable
-	case Deadline:
-		return http.StatusGatewayTimeout
-	case Canceled:
-		return 499 // client closed request (nginx); nobody reads it
-	case Interrupted:
-		return http.StatusBadGateway
-	}
-	return http.StatusInternalServerError
-}
-
-// Type returns the OpenAI error type of the HTTP API's error body.
-func (c Class) Type() string {
-	switch c.HTTPStatus() {
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
-		return "invalid_request_error"
-	case http.StatusNotFound:
-		return "not_found_error"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case http.StatusServiceUnavailable:
-		return "overloaded_error"
-	}
-	return "server_error"
-}
-
 // Request outcomes, the "outcome" attribute of the request metrics.
 const (
 	outcomeOK          = "ok"
@@ -283,7 +237,7 @@ func (c Class) String() string {
 // Classify returns err's class. The outermost error in the chain that
 // names a class decides it: an *InterruptedError, a *DeadlineError, a
 // Coder, an engine sentinel, the caller's cancellation or deadline, a
-// refused or reset connection, an *http.MaxBytesError. A *StatusError (a
+// refused or reset connection. A *StatusError (a
 // remote backend's status) decides only when nothing else in the chain
 // does, since transports unwrap to both. Anything else is Internal.
 func Classify(err error) Class {
@@ -395,8 +349,6 @@ func classifyOne(err error) (Class, bool) {
 			code = CodeTotalDeadline
 		}
 		return Class{Kind: Deadline, Code: code, lost: e.Kind == Stall}, true
-	case *http.MaxBytesError:
-		return Class{Kind: Invalid, Code: CodeRequestTooLarge}, true
 	case *engine.InvalidParamError:
 		if cause := Classify(e.Err); cause.Kind == Invalid { // a refusal that names its code
 			return Class{Kind: Invalid, Code: cause.Code}, true
@@ -424,15 +376,15 @@ func classifyStatus(err error) (Class, bool) {
 		return Class{}, false
 	}
 	switch code := st.Code; {
-	case code == http.StatusNotFound:
+	case code == 404:
 		return Class{Kind: NotFound, Code: CodeModelNotFound}, true
-	case code == http.StatusRequestEntityTooLarge:
+	case code == 413:
 		return Class{Kind: Invalid, Code: CodeRequestTooLarge}, true
-	case code == http.StatusRequestTimeout:
+	case code == 408:
 		return Class{Kind: Deadline, Code: CodeTimeout}, true
-	case code == http.StatusTooManyRequests: // a full upstream: try another
+	case code == 429: // a full upstream: try another
 		return Class{Kind: Overloaded, Code: CodeQueueFull}, true
-	case code == http.StatusServiceUnavailable:
+	case code == 503:
 		return Class{Kind: Unavailable, Code: CodeUnavailable}, true
 	case code >= 500:
 		return Class{Kind: Internal, Code: CodeInternal, lost: true}, true

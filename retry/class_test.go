@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/engine/tokenizer"
 	"github.com/mlxserving/mlxserving/merge"
+	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -81,7 +81,6 @@ func TestClassifyEveryError(t *testing.T) {
 		{"timeout", fmt.Errorf("x: %w", context.DeadlineExceeded), retry.Deadline, "timeout", O, 504, "deadline"},
 		{"refused", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), retry.Unavailable, "worker_unavailable", R | F | O, 503, "unavailable"},
 		{"reset", fmt.Errorf("read: %w", syscall.ECONNRESET), retry.Unavailable, "worker_unavailable", R | F | O, 503, "unavailable"},
-		{"too large", &http.MaxBytesError{Limit: 10}, retry.Invalid, "request_too_large", 0, 413, "invalid"},
 		{"plain", errors.New("boom"), retry.Internal, "engine_error", O, 500, "error"},
 		// scheduler
 		{"queue full hint", &scheduler.QueueFullError{RetryAfter: time.Second}, retry.Overloaded, "queue_full", R | O, 429, "rejected"},
@@ -127,9 +126,9 @@ func TestClassifyEveryError(t *testing.T) {
 		if c.FailsOver() {
 			flags |= O
 		}
-		if c.Kind != tc.kind || c.Code != tc.code || flags != tc.flags || c.HTTPStatus() != tc.status || c.Outcome() != tc.outcome {
+		if c.Kind != tc.kind || c.Code != tc.code || flags != tc.flags || openai.Status(c) != tc.status || c.Outcome() != tc.outcome {
 			t.Errorf("%s: %v: retryable %v, fault %v, fails over %v, status %d, outcome %s; want %v/%s, flags %03b, %d, %s",
-				tc.name, c, flags&R != 0, flags&F != 0, flags&O != 0, c.HTTPStatus(), c.Outcome(),
+				tc.name, c, flags&R != 0, flags&F != 0, flags&O != 0, openai.Status(c), c.Outcome(),
 				tc.kind, tc.code, tc.flags, tc.status, tc.outcome)
 		}
 		if retry.Retryable(tc.err) != c.Retryable() || retry.CountsAsFailure(tc.err) != c.CountsAsFailure() {

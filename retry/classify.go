@@ -3,7 +3,6 @@ package retry
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 )
 
@@ -51,7 +50,8 @@ func RetryAfter(err error) (time.Duration, bool) {
 	return 0, false
 }
 
-// StatusError is a refusal from a remote backend: its HTTP status and the
+// StatusError is a refusal from a remote backend: its HTTP status (a
+// number, so that classifying one needs no HTTP package) and the
 // Retry-After it sent, if any.
 type StatusError struct {
 	// Code is the HTTP status.
@@ -63,7 +63,7 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	msg := fmt.Sprintf("backend answered %d %s", e.Code, http.StatusText(e.Code))
+	msg := fmt.Sprintf("backend answered status %d", e.Code)
 	if e.Message != "" {
 		msg += ": " + e.Message
 	}

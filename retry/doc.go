@@ -14,9 +14,9 @@
 //     and an error code), from which every layer decides: whether to try
 //     again ([Class.Retryable], [Retryable]), whether it counts against a
 //     backend's breaker ([Class.CountsAsFailure]), whether a balancer
-//     fails over ([Class.FailsOver]), the HTTP status and error code
-//     ([Class.HTTPStatus], [Class.Type]) and the metrics outcome
-//     ([Class.Outcome]). Lost workers, refused or reset connections, an
+//     fails over ([Class.FailsOver]), the error code the API and the
+//     transports send ([Class.Code]; the HTTP layer maps the class to a
+//     status: openai.Status) and the metrics outcome ([Class.Outcome]). Lost workers, refused or reset connections, an
 //     open breaker of one backend among several and refusals for load
 //     that carry a Retry-After are retried; bad input, an exceeded
 //     context, a caller's cancellation, a fired deadline and any failure
@@ -32,8 +32,9 @@
 //     that fired.
 //
 // The package imports nothing of the project but engine/ errors and api/
-// (where the Deadlines type lives), so every layer (engines, the batcher,
-// the server, a load balancer) can use it.
+// (where the Deadlines type lives), and no HTTP, so every layer (engines,
+// the batcher, the server, a load balancer) can use it without linking
+// net/http (TestNoHTTP checks that for the layers below the HTTP API).
 //
 // Use:
 //

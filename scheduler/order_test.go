@@ -161,3 +161,24 @@ func TestBlockedIsStrict(t *testing.T) {
 		t.Fatalf("Pop on empty = %v, %v", next, blocked)
 	}
 }
+
+// TestUrgentRunsFirstInItsTier: an urgent entry (a stream resumed here)
+// runs before the rest of its tier whatever its cost, earliest urgent
+// first, and never ahead of a higher tier.
+func TestUrgentRunsFirstInItsTier(t *testing.T) {
+	clk := newClock()
+	s := newSched(t, clk, scheduler.WithAging(0), scheduler.WithPromotion(0))
+	mustPush(t, s, newEntry("small", api.Normal, 1))
+	clk.Advance(time.Millisecond)
+	big := newEntry("resumed-big", api.Normal, 9000)
+	big.Urgent = true
+	mustPush(t, s, big)
+	clk.Advance(time.Millisecond)
+	later := newEntry("resumed-later", api.Normal, 5)
+	later.Urgent = true
+	mustPush(t, s, later)
+	mustPush(t, s, newEntry("high", api.High, 100))
+	if got, want := popAll(t, s), []string{"high", "resumed-big", "resumed-later", "small"}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}

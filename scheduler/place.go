@@ -58,6 +58,9 @@ type placement struct {
 // aging interval. It reads only e's bookkeeping set by Push.
 func (s *PriorityScheduler[T]) place(e *Entry[T], now time.Time) placement {
 	b := int(e.rank)
+	if e.Urgent {
+		return placement{band: band(b, ownUrgent), promotedAt: e.Enqueued}
+	}
 	lvl, reached := b, e.Enqueued // effective tier and when it got there
 	var next time.Time
 	high := api.High.Rank()

@@ -22,6 +22,11 @@ type Entry[T any] struct {
 	// shortest-job-first key, and what counts against the queued-token
 	// bound. It must be at least 1.
 	Cost int
+	// Urgent runs the entry ahead of the rest of its tier, as if its SLA
+	// were about to be missed (the promoted band, earliest enqueued
+	// first): work whose caller is already waiting mid-stream, such as a
+	// generation resumed here after another server lost it.
+	Urgent bool
 	// Enqueued is set by Push and kept across Requeue.
 	Enqueued time.Time
 	// Deadline is Enqueued plus the tier's SLA, set by Push; zero when the

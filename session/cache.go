@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -141,6 +142,22 @@ func (c *PrefixCache) FreeBlocks() int {
 	return 0
 }
 
+// CheckCacheOptions applies opts to a default configuration and returns
+// the first option's error, so a program that builds prefix caches later
+// (at each model load) can refuse bad options up front.
+func CheckCacheOptions(opts ...CacheOption) error {
+	cfg := cacheConfig{block: DefaultBlockSize}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // NewPrefixCache wraps m. Close closes m.
 func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
 	if m == nil {
@@ -242,6 +259,17 @@ func (c *PrefixCache) Step(ctx context.Context, batch []engine.StepInput) ([]eng
 		}
 	}
 	return out, nil
+}
+
+// OpenPooled opens an embedding sequence on the wrapped model (see
+// engine.Embedder); it reuses and saves no prefix, so the index does not
+// see it.
+func (c *PrefixCache) OpenPooled(ctx context.Context, id engine.SeqID, input []int32, pool engine.Pooling) error {
+	e, ok := c.m.(engine.Embedder)
+	if !ok {
+		return &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q does not embed", c.m.Info().ID)}
+	}
+	return e.OpenPooled(ctx, id, input, pool)
 }
 
 // Free releases sequence id; with saveKey the engine keeps its KV and the

@@ -1,6 +1,11 @@
 // Package testmodel writes Hugging Face-layout checkpoints with random
 // weights: config.json, model.safetensors, tokenizer.json,
 // tokenizer_config.json (with a chat template) and generation_config.json.
+// The encoders (EncoderArchs: bert with a WordPiece tokenizer and
+// vocab.txt, modernbert) are written as BertModel and ModernBertModel
+// save them, and Config.Embedding adds sentence-transformers' files
+// (modules.json, 1_Pooling/config.json, sentence_bert_config.json) to any
+// checkpoint.
 //
 // The checkpoints take the same code path as real models in every engine,
 // are small enough for CPU tests by default, and are reproducible: the same

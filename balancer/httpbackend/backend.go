@@ -86,6 +86,12 @@ func (b *Backend) Generate(ctx context.Context, req api.Request) (*api.Stream, e
 	return b.start(ctx, "/v1/completions", req.Model, req.Params, body)
 }
 
+// Embed is not carried over HTTP yet: it returns an error wrapping
+// errors.ErrUnsupported.
+func (b *Backend) Embed(context.Context, api.EmbedRequest) (*api.Embeddings, error) {
+	return nil, fmt.Errorf("httpbackend: embeddings: %w", errors.ErrUnsupported)
+}
+
 // Chat streams a chat completion from the upstream's /v1/chat/completions.
 func (b *Backend) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	if len(req.Resume) > 0 && !b.cfg.resume {

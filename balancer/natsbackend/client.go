@@ -161,6 +161,12 @@ func (c *Client) Generate(ctx context.Context, req api.Request) (*api.Stream, er
 	return c.start(ctx, c.generate, b)
 }
 
+// Embed is not carried over NATS yet: it returns an error wrapping
+// errors.ErrUnsupported.
+func (c *Client) Embed(context.Context, api.EmbedRequest) (*api.Embeddings, error) {
+	return nil, fmt.Errorf("natsbackend: embeddings: %w", errors.ErrUnsupported)
+}
+
 // Chat sends a chat request to the instance.
 func (c *Client) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	b, err := json.Marshal(req)

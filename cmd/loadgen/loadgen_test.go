@@ -96,7 +96,7 @@ func TestRefusesNonLoopback(t *testing.T) {
 			t.Errorf("%s refused: %v", target, err)
 		}
 	}
-	for _, args := range [][]string{{"-requests", "0"}, {"-duration", "2h"}, {"-concurrency", "0"}, {"-rate", "-1"}, {"-endpoint", "x"}, {"-percentiles", "120"}} {
+	for _, args := range [][]string{{"-requests", "0"}, {"-duration", "2h"}, {"-concurrency", "0"}, {"-rate", "-1"}, {"-endpoint", "x"}, {"-percentiles", "120"}, {"-inputs", "0"}} {
 		if _, _, _, _, err := parseFlags(args); err == nil {
 			t.Errorf("%q accepted", args)
 		}
@@ -135,6 +135,7 @@ func TestAgainstServer(t *testing.T) {
 		{"-requests", "20", "-concurrency", "4", "-max-tokens", "8", "-slo-ttft", "10s"},
 		{"-requests", "10", "-rate", "200", "-endpoint", "completions", "-max-tokens", "5"},
 		{"-requests", "5", "-stream=false", "-max-tokens", "4"},
+		{"-requests", "12", "-concurrency", "4", "-endpoint", "embeddings", "-inputs", "3"},
 	} {
 		var out bytes.Buffer
 		if err := mainErr(context.Background(), append([]string{"-url", ts.URL}, args...), &out); err != nil {
@@ -145,6 +146,9 @@ func TestAgainstServer(t *testing.T) {
 			if !strings.Contains(report, want) {
 				t.Errorf("%q: report lacks %q:\n%s", args, want, report)
 			}
+		}
+		if args[len(args)-1] == "3" && !strings.Contains(report, "Embedding throughput (inputs/s)") {
+			t.Errorf("embeddings: no throughput in\n%s", report)
 		}
 		if strings.Contains(args[len(args)-1], "10s") && !strings.Contains(report, "(20 of 20 requests met") {
 			t.Errorf("goodput:\n%s", report)

@@ -7,6 +7,11 @@
 //	go run ./examples/server &
 //	go run ./cmd/loadgen -requests 200 -concurrency 16 -max-tokens 64
 //	go run ./cmd/loadgen -requests 500 -rate 20 -slo-ttft 200ms -slo-tpot 20ms
+//	go run ./cmd/loadgen -endpoint embeddings -inputs 8 -input-words 96 -concurrency 64
+//
+// With -endpoint embeddings each request embeds -inputs texts of
+// -input-words words; its time to first token is its whole latency and
+// the summary adds inputs embedded per second.
 //
 // Every run is bounded: at most -requests requests and -duration of time.
 // Only loopback targets are accepted.
@@ -51,6 +56,9 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 	}
 	results, elapsed, sending := run(ctx, client, cfg)
 	s := summarize(results, elapsed, goal, pcts)
+	if cfg.endpoint == "embeddings" {
+		s.InputThroughput = s.RequestThroughput * float64(cfg.inputs)
+	}
 	if cfg.rate > 0 && sending > 0 && len(results) > 1 {
 		s.OfferedRate = float64(len(results)-1) / sending.Seconds()
 	}
@@ -68,7 +76,8 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON bool, err error) {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	target := fs.String("url", "http://127.0.0.1:8080", "server base URL (loopback only)")
-	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat or completions")
+	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat, completions or embeddings")
+	fs.IntVar(&cfg.inputs, "inputs", 1, "inputs per embeddings request (-endpoint embeddings)")
 	fs.StringVar(&cfg.model, "model", "", "model id (default: the first of /v1/models)")
 	fs.IntVar(&cfg.requests, "requests", 100, "number of requests to send (1 to 1000000)")
 	fs.DurationVar(&cfg.duration, "duration", time.Minute, "time limit for the whole run (at most 1h)")
@@ -107,8 +116,10 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 
 func (c config) validate() error {
 	switch {
-	case c.endpoint != "chat" && c.endpoint != "completions":
-		return fmt.Errorf("-endpoint %q: want chat or completions", c.endpoint)
+	case c.endpoint != "chat" && c.endpoint != "completions" && c.endpoint != "embeddings":
+		return fmt.Errorf("-endpoint %q: want chat, completions or embeddings", c.endpoint)
+	case c.inputs < 1 || c.inputs > 2048:
+		return fmt.Errorf("-inputs %d: want 1 to 2048", c.inputs)
 	case c.requests < 1 || c.requests > 1_000_000:
 		return fmt.Errorf("-requests %d: want 1 to 1000000", c.requests)
 	case c.duration <= 0 || c.duration > time.Hour:

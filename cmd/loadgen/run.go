@@ -20,7 +20,8 @@ import (
 // config is one run's workload.
 type config struct {
 	target      *url.URL
-	endpoint    string // "chat" or "completions"
+	endpoint    string // "chat", "completions" or "embeddings"
+	inputs      int    // texts per embeddings request
 	model       string
 	requests    int
 	duration    time.Duration
@@ -122,11 +123,26 @@ func requestBody(cfg config, i int) []byte {
 		i %= cfg.prompts
 	}
 	rng := rand.New(rand.NewPCG(cfg.seed, uint64(i)))
-	words := make([]string, cfg.inputWords)
-	for w := range words {
-		words[w] = vocabulary[rng.IntN(len(vocabulary))]
+	text := func() string {
+		words := make([]string, cfg.inputWords)
+		for w := range words {
+			words[w] = vocabulary[rng.IntN(len(vocabulary))]
+		}
+		return strings.Join(words, " ")
 	}
-	prompt := strings.Join(words, " ")
+	if cfg.endpoint == "embeddings" {
+		texts := make([]string, cfg.inputs)
+		for j := range texts {
+			texts[j] = text()
+		}
+		req := map[string]any{"model": cfg.model, "input": texts}
+		if cfg.priority != "" {
+			req["priority"] = cfg.priority
+		}
+		b, _ := json.Marshal(req)
+		return b
+	}
+	prompt := text()
 	req := map[string]any{
 		"model": cfg.model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
 		"temperature": 0, "stream": cfg.stream,
@@ -150,8 +166,11 @@ var vocabulary = strings.Fields("the quick brown fox jumps over a lazy dog while
 	"quiet rivers carry old stories toward distant hills where patient farmers plant golden wheat")
 
 func (c config) path() string {
-	if c.endpoint == "chat" {
+	switch c.endpoint {
+	case "chat":
 		return "/v1/chat/completions"
+	case "embeddings":
+		return "/v1/embeddings"
 	}
 	return "/v1/completions"
 }
@@ -176,7 +195,7 @@ func send(ctx context.Context, client *http.Client, cfg config, body []byte) *re
 		r.err = fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
 		return r
 	}
-	if cfg.stream {
+	if cfg.stream && cfg.endpoint != "embeddings" {
 		r.err = readStream(resp.Body, r)
 	} else {
 		r.err = readWhole(resp.Body, r)

@@ -56,6 +56,7 @@ type summary struct {
 	RequestThroughput        float64 // completed requests per second
 	OutputThroughput         float64 // output tokens per second
 	TotalThroughput          float64 // prompt + output tokens per second
+	InputThroughput          float64 // inputs embedded per second (-endpoint embeddings)
 	Goodput                  float64 // requests per second meeting every SLO
 	GoodRequests             int
 	// OfferedRate is the arrival rate the run realised with -rate: the
@@ -167,6 +168,9 @@ func (s summary) print(w io.Writer, goal slo) {
 		fmt.Fprintf(w, "Offered request rate (req/s):   %.2f\n", s.OfferedRate)
 	}
 	fmt.Fprintf(w, "Request throughput (req/s):     %.2f\n", s.RequestThroughput)
+	if s.InputThroughput > 0 {
+		fmt.Fprintf(w, "Embedding throughput (inputs/s): %.2f\n", s.InputThroughput)
+	}
 	fmt.Fprintf(w, "Output token throughput (tok/s): %.2f\n", s.OutputThroughput)
 	fmt.Fprintf(w, "Total token throughput (tok/s): %.2f\n", s.TotalThroughput)
 	if goal != (slo{}) {

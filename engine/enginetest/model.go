@@ -60,6 +60,12 @@ type simSeq struct {
 	draws int
 	// lost is set when a simulated worker loss took the sequence.
 	lost bool
+	// pool is set for an embedding sequence (OpenPooled): sum holds its
+	// pooled hidden states so far (their sum for PoolMean), pooled counts
+	// the tokens it pooled.
+	pool   engine.Pooling
+	sum    []float64
+	pooled int
 }
 
 // Info describes the model. It is safe for concurrent use.
@@ -72,6 +78,14 @@ func (m *simModel) Info() engine.Info {
 // Open starts sequence id for prompt, reserving len(prompt) KV tokens and
 // reusing the tokens saved under prefixKey when they start the prompt.
 func (m *simModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
+	if m.info.Encoder {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an encoder: it embeds and does not generate", m.info.ID)}
+	}
+	return m.open(ctx, id, prompt, prefixKey)
+}
+
+// open is Open for generating and embedding sequences alike.
+func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -192,7 +206,7 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 	m.blocks -= m.info.BlocksFor(seq.held)
 	m.sim.stats.kv.Add(-int64(seq.held))
 	m.sim.stats.open.Add(-1)
-	if saveKey != "" && len(seq.tokens) > 0 {
+	if saveKey != "" && len(seq.tokens) > 0 && seq.pool == engine.PoolNone {
 		m.saves.Add(saveKey, seq.tokens)
 	}
 }

@@ -18,6 +18,7 @@ const (
 	DefaultVocabSize     = 32000
 	DefaultEOS           = int32(2)
 	DefaultPrefixEntries = 256
+	DefaultEmbedDim      = 32
 )
 
 // SimOption configures a [Sim]. Options with bad values make [NewSim]
@@ -42,6 +43,11 @@ type simConfig struct {
 	noJumpForward           bool
 	lossRate                float64
 	lossSeed                uint64
+	embedDim                int
+	pooling                 engine.Pooling
+	normalize               bool
+	encoder                 bool
+	matryoshka              bool
 }
 
 func defaultConfig() simConfig {
@@ -52,6 +58,9 @@ func defaultConfig() simConfig {
 		vocabSize:     DefaultVocabSize,
 		eos:           []int32{DefaultEOS},
 		prefixEntries: DefaultPrefixEntries,
+		embedDim:      DefaultEmbedDim,
+		pooling:       engine.PoolLast,
+		normalize:     true,
 	}
 }
 
@@ -186,8 +195,39 @@ func WithBlockSize(n int) SimOption {
 	}
 }
 
+// WithEmbedding sets what the models embed (engine.Embedder): vectors of
+// dim values pooled with pooling, normalized or not, and whether they may
+// be truncated (engine.Info.Matryoshka). Dim 0 makes models that do not
+// embed. Without it models embed DefaultEmbedDim values, last-token
+// pooled and normalized, not Matryoshka.
+func WithEmbedding(dim int, pooling engine.Pooling, normalize, matryoshka bool) SimOption {
+	return func(c *simConfig) error {
+		if dim < 0 {
+			return badOption("embed dim", dim, "0 (no embedding) or more")
+		}
+		if dim > 0 && (pooling < engine.PoolMean || pooling > engine.PoolLast) {
+			return badOption("pooling", pooling, "mean, cls or lasttoken")
+		}
+		c.embedDim, c.pooling, c.normalize, c.matryoshka = dim, pooling, normalize, matryoshka
+		return nil
+	}
+}
+
+// WithEncoder makes the models encoders (engine.Info.Encoder): they only
+// embed, their inputs come whole in one step, and a token's hidden state
+// depends on the whole input.
+func WithEncoder() SimOption {
+	return func(c *simConfig) error {
+		c.encoder = true
+		return nil
+	}
+}
+
 // validate checks what single options cannot: how they combine.
 func (c *simConfig) validate() error {
+	if c.encoder && c.embedDim == 0 {
+		return badOption("embed dim", 0, "more than 0 for an encoder")
+	}
 	if c.eosProb > 0 && len(c.eos) == 0 {
 		return badOption("eos probability", c.eosProb, "0 when there are no EOS ids")
 	}

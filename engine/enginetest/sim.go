@@ -198,6 +198,8 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 	}
 	info.Resumes = !s.cfg.noResume
 	info.JumpForward = !s.cfg.noJumpForward
+	info.EmbedDim, info.Pooling, info.Normalize = s.cfg.embedDim, s.cfg.pooling, s.cfg.normalize
+	info.Encoder, info.Matryoshka = s.cfg.encoder, s.cfg.matryoshka
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil

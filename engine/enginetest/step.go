@@ -103,11 +103,16 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in one batch", in.Seq)}
 	case len(in.Tokens) == 0:
 		return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d feeds no tokens", in.Seq)}
-	case in.Sample && in.Params == nil:
+	case in.Sample && in.Params == nil && seq.pool == engine.PoolNone:
 		return nil, &engine.InvalidParamError{Param: "params", Reason: fmt.Sprintf("sequence %d samples without parameters", in.Seq)}
 	}
 	if seq.lost {
 		return nil, m.lostError()
+	}
+	if seq.pool != engine.PoolNone {
+		if err := m.checkPooled(seq, in); err != nil {
+			return nil, err
+		}
 	}
 	seq.stamp = m.stamp
 	if n := len(seq.tokens) + len(in.Tokens); n > m.info.ContextLength {
@@ -116,7 +121,7 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 	if err := m.checkTokens(in.Tokens); err != nil {
 		return nil, err
 	}
-	if in.Sample {
+	if in.Sample && seq.pool == engine.PoolNone {
 		if err := in.Params.Validate(); err != nil {
 			return nil, err
 		}
@@ -136,6 +141,10 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 	out := make([]engine.StepOutput, 0, samples)
 	for i := range batch {
 		in, seq := &batch[i], m.scratch[i]
+		var vec []float32
+		if seq.pool != engine.PoolNone {
+			vec = m.pool(seq, in.Tokens, in.Sample)
+		}
 		seq.hash = feed(seq.hash, in.Tokens)
 		if seq.sampled && in.Params != nil && (in.Params.PresencePenalty != 0 || in.Params.FrequencyPenalty != 0) {
 			for _, t := range in.Tokens {
@@ -150,6 +159,10 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 		seq.held = max(seq.held, len(seq.tokens))
 		m.blocks += m.info.BlocksFor(seq.held)
 		if !in.Sample {
+			continue
+		}
+		if vec != nil {
+			out = append(out, engine.StepOutput{Seq: in.Seq, Token: -1, Embedding: vec})
 			continue
 		}
 		p := in.Params

@@ -149,7 +149,11 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		if n > 1 && in.Allowed != nil {
 			loop, steps = in.Loop, n-1
 		}
-		b = appendParams(b, in.Params, in.Sample, in.Allowed, vocab)
+		if plan != nil && plan[i].pooled { // pooling takes no sampling parameters
+			b = append(b, "{}"...)
+		} else {
+			b = appendParams(b, in.Params, in.Sample, in.Allowed, vocab)
+		}
 		if loop != nil {
 			b = appendLoop(b[:len(b)-1], loop, steps, vocab)
 		}

@@ -36,6 +36,18 @@
 // inside a free string), under the same mask, and its tokens are served
 // only to steps that pass that mask again.
 //
+// Models of the torch backend embed (engine.Embedder): OpenPooled opens
+// a sequence whose input is pooled (mean, CLS or last token) over the
+// last hidden state instead of generating, on every decoder family, in
+// chunks and in the same steps as generating sequences; it reuses and
+// saves no KV. Encoders (BERT, ModernBERT: Info.Encoder) only embed: Open
+// fails with an *engine.InvalidParamError, and each input is fed whole in
+// one Step that samples, within the tokens one step carries (a Step
+// breaking that rule fails with an *engine.InvalidParamError). Load reads
+// the checkpoint's sentence-transformers files (engine.ReadPooling) into
+// Info and refuses a pipeline it cannot reproduce; an encoder's
+// ContextLength is capped at their max_seq_length.
+//
 // Use:
 //
 //	eng, err := pyproc.New(ctx, pyproc.WithPython("/usr/bin/python3"), pyproc.WithWorkers(2))

@@ -104,6 +104,7 @@ type inPlan struct {
 	n      int     // tokens the worker decodes for it (1: just this step)
 	back   int     // tokens the worker drops before feeding send
 	served bool    // the output comes from the lookahead buffer
+	pooled bool    // an embedding sequence's input: never decoded ahead
 }
 
 // lookaheadFor resolves the configured lookahead for a model loaded on
@@ -223,6 +224,8 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			if n := k - len(st.buf); n >= 1 && !st.masked {
 				p.send, p.n = []int32{st.buf[len(st.buf)-1].Token}, n
 			}
+		case m.pooled[in.Seq] != nil:
+			p.send, p.n, p.pooled = in.Tokens, 1, true
 		default:
 			p.send, p.n = in.Tokens, 1
 			if st != nil {

@@ -25,6 +25,10 @@ type Model struct {
 	closed atomic.Bool
 
 	seqs map[engine.SeqID]seqRef
+	// pooled holds the open embedding sequences (embed.go); stepCap is
+	// the tokens one encoder step may carry to a worker.
+	pooled  map[engine.SeqID]*pooledSeq
+	stepCap int
 
 	// Saved KV: which worker holds each key, the keys workers reported
 	// evicted and not yet collected by EvictedSaved, routing counters.
@@ -80,7 +84,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if e.isClosed() {
 		return nil, engine.ErrClosed
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
 		pools:  map[*proc]*workerPool{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
@@ -109,6 +113,10 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, firstError(errs)
 	}
 	m.info = m.infoFrom(infos)
+	if err := m.embedInfo(infos[0]); err != nil {
+		m.unload()
+		return nil, err
+	}
 	for _, w := range infos {
 		m.blocksPer = append(m.blocksPer, w.KVBlocks)
 	}
@@ -240,10 +248,21 @@ func (m *Model) usable() error {
 // whose breaker admits it (see WithBreaker), and reserves its KV there. A
 // worker being restarted is waited for (within ctx) when no other can
 // take it.
+//
+// An encoder (Info.Encoder) only embeds: Open fails with an
+// *engine.InvalidParamError; use OpenPooled.
 func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
 	}
+	if m.info.Encoder {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an encoder: it embeds (OpenPooled) and does not generate", m.spec.ID)}
+	}
+	return m.open(ctx, id, prompt, prefixKey, engine.PoolNone)
+}
+
+// open opens a generating sequence (pool PoolNone) or a pooled one.
+func (m *Model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, pool engine.Pooling) (int, error) {
 	if len(prompt) == 0 {
 		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
 	}
@@ -261,14 +280,20 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 			rid uint64
 			ch  chan *reply
 		)
-		if rid, ch, err = p.send(request("open", map[string]any{
-			"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}), true); err == nil {
+		fields := map[string]any{"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}
+		if pool != engine.PoolNone {
+			fields["pool"] = pool.String()
+		}
+		if rid, ch, err = p.send(request("open", fields), true); err == nil {
 			r, err = p.wait(ctx, m.spec.ID, rid, ch)
 		}
 		m.readFrees(p) // answered before this open
 		if err == nil {
 			m.noteReply(p, rid, r)
 			m.seqs[id] = seqRef{slot: s, proc: p, done: done}
+			if pool != engine.PoolNone {
+				m.pooled[id] = &pooledSeq{pool: pool}
+			}
 			s.open.Add(1)
 			return r.Reused, nil
 		}
@@ -310,13 +335,18 @@ func (m *Model) pickSlot() (*slot, func(error)) {
 }
 
 // Free releases the sequence. The request is sent without waiting for its
-// reply; the worker handles it before anything sent later.
+// reply; the worker handles it before anything sent later. A pooled
+// sequence is never saved: saveKey is ignored.
 func (m *Model) Free(id engine.SeqID, saveKey string) {
 	ref, ok := m.seqs[id]
 	if !ok {
 		return
 	}
 	delete(m.seqs, id)
+	if m.pooled[id] != nil {
+		delete(m.pooled, id)
+		saveKey = ""
+	}
 	if ref.done != nil {
 		if ref.proc.alive() {
 			ref.done(nil)
@@ -360,6 +390,6 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools = nil, nil, nil, nil, nil, nil
+	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled = nil, nil, nil, nil, nil, nil, nil
 	return nil
 }

@@ -43,6 +43,9 @@ type reply struct {
 	// Lookahead: per sampling input, the tokens decoded after Tokens.
 	More         [][]int32   `json:"more"`
 	MoreLogprobs [][]float32 `json:"more_logprobs"`
+	// Embeddings: per sampling input, a pooled sequence's vector (base64
+	// of little-endian float32), null for a generating input.
+	Embeddings []*string `json:"embeddings"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`
@@ -70,6 +73,8 @@ type wireInfo struct {
 	SlidingGroups int     `json:"sliding_groups"`
 	Window        int     `json:"window"`
 	WindowBlocks  int     `json:"window_blocks"`
+	EmbedDim      int     `json:"embed_dim"`
+	Encoder       bool    `json:"encoder"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

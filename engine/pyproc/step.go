@@ -19,6 +19,9 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	if err := m.checkBatch(batch); err != nil {
 		return nil, err
 	}
+	if err := m.checkPooled(batch); err != nil {
+		return nil, err
+	}
 	if m.k > 1 {
 		if outs := m.fromBuffers(batch); outs != nil {
 			return outs, nil
@@ -155,6 +158,14 @@ func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) 
 		var r *reply
 		if plan[i].send != nil {
 			r = m.groups[m.seqs[in.Seq].proc].reply
+		}
+		if plan[i].pooled {
+			o, err := m.pooledOutput(in, r, at[i])
+			if err != nil {
+				return nil, err
+			}
+			outs = append(outs, o)
+			continue
 		}
 		o, err := m.absorb(in, &plan[i], r, at[i])
 		if err != nil {

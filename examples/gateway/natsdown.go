@@ -72,6 +72,14 @@ func (g *natsGuard) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream,
 	return g.Balancer.Chat(ctx, req)
 }
 
+// Embed refuses the request while NATS is down, else balances it.
+func (g *natsGuard) Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddings, error) {
+	if err := g.down(req.Model); err != nil {
+		return nil, err
+	}
+	return g.Balancer.Embed(ctx, req)
+}
+
 // down returns the refusal while NATS has been down past the grace.
 func (g *natsGuard) down(model string) error {
 	d := g.state.downFor()

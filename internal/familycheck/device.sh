@@ -10,6 +10,14 @@
 #   sh internal/familycheck/device.sh build OUT [family ...]     # checkpoints and transformers' references
 #   sh internal/familycheck/device.sh run OUT ENGINE [family ...] # ENGINE pyproc or mlx, both dtypes
 #   sh internal/familycheck/device.sh compare OUT
+#
+# Embeddings (the pyproc engine's pooled vectors against transformers'
+# last_hidden_state pooled in hf_embed.py; bin/tok as above):
+#
+#   sh internal/familycheck/device.sh embed-build OUT [shape ...]   # bge-base, qwen3-embedding-0.6b, modernbert-base
+#   sh internal/familycheck/device.sh embed-run OUT [shape ...]     # float32 and bfloat16
+#   sh internal/familycheck/device.sh embed-compare OUT             # max abs diff and cosine per pooling
+#   sh internal/familycheck/device.sh embed-bench OUT [shape ...]   # embeddings/s: batches of 64 inputs of 128 tokens, bfloat16
 set -u
 here=$(dirname "$0")
 py=${PYTHON:-python3}
@@ -57,4 +65,34 @@ run)
 	done ;;
 compare)
 	$py "$here/hf_families.py" compare $data | tee "$1/table.md" ;;
+embed-build)
+	out=$1
+	shift
+	mkdir -p "$out"
+	$py "$here/hf_embed.py" build $data-embed "$@" 2>&1 | grep -v Warning | tee -a "$out/embed-build.txt"
+	for d in $data-embed/*/float32 $data-embed/*/bfloat16; do cp bin/tok/tokenizer.json bin/tok/tokenizer_config.json "$d"/; done ;;
+embed-run)
+	out=$1
+	shift
+	for s in ${*:-$(ls $data-embed)}; do
+		for dt in float32 bfloat16; do
+			[ -d $data-embed/$s/$dt ] || continue
+			start=$(date +%s)
+			bin/familycheck -embed -dir $data-embed/$s/$dt -in $data-embed/$s/inputs.json -dtype $dt -python "$py" \
+				> $data-embed/$s/pyproc-$dt.json 2> "$out/embed-$s-$dt.err"
+			echo "$s embed $dt rc=$? $(($(date +%s) - start))s" | tee -a "$out/embed-runs.txt"
+			tail -3 "$out/embed-$s-$dt.err"
+		done
+	done ;;
+embed-compare)
+	$py "$here/hf_embed.py" compare $data-embed | tee "$1/embed-table.md" ;;
+embed-bench)
+	out=$1
+	shift
+	for s in ${*:-$(ls $data-embed)}; do
+		[ -d $data-embed/$s/bfloat16 ] || continue
+		printf '%s ' "$s" | tee -a "$out/embed-bench.txt"
+		bin/familycheck -bench 64 -bench-tokens 128 -bench-seconds 20 -dir $data-embed/$s/bfloat16 -dtype bfloat16 -python "$py" \
+			2> "$out/embed-bench-$s.err" | tee -a "$out/embed-bench.txt"
+	done ;;
 esac

@@ -6,6 +6,13 @@
 //
 //	familycheck -engine pyproc -dir CKPT -in prompts.json -n 32 -dtype float32 > out.json
 //
+// With -embed it embeds the inputs instead, with every pooling (see
+// hf_embed.py), and with -bench B it times embedding batches of B inputs
+// of -bench-tokens tokens:
+//
+//	familycheck -embed -dir CKPT -in inputs.json -dtype bfloat16 > out.json
+//	familycheck -bench 64 -bench-tokens 128 -dir CKPT -dtype bfloat16
+//
 // Built without the mlx tag it serves only -engine pyproc; with it (and
 // MLX's libraries on the loader's path) also -engine mlx.
 package main
@@ -39,9 +46,22 @@ func main() {
 		dtype   = flag.String("dtype", "", "pyproc: weights' dtype (float32, bfloat16; empty: the engine's default)")
 		device  = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
 		python  = flag.String("python", "", "pyproc: Python interpreter")
+		embed   = flag.Bool("embed", false, "embed the inputs with each pooling instead of generating")
+		bench   = flag.Int("bench", 0, "time embedding batches of this many inputs (no -in)")
+		benchN  = flag.Int("bench-tokens", 128, "tokens an input with -bench")
+		benchS  = flag.Float64("bench-seconds", 20, "how long -bench runs")
 	)
 	flag.Parse()
-	if err := run(*engName, *dir, *in, *n, *chunk, *dtype, *device, *python); err != nil {
+	var err error
+	switch {
+	case *bench > 0:
+		err = runBench(*engName, *dir, *dtype, *device, *python, *bench, *benchN, *benchS)
+	case *embed:
+		err = runEmbed(*engName, *dir, *in, *chunk, *dtype, *device, *python)
+	default:
+		err = run(*engName, *dir, *in, *n, *chunk, *dtype, *device, *python)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "familycheck:", err)
 		os.Exit(1)
 	}
@@ -80,6 +100,51 @@ func run(engName, dir, in string, n, chunk int, dtype, device, python string) er
 		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// runEmbed loads the checkpoint and embeds the inputs (embedRun).
+func runEmbed(engName, dir, in string, chunk int, dtype, device, python string) error {
+	raw, err := os.ReadFile(in)
+	if err != nil {
+		return err
+	}
+	var inputs [][]int32
+	if err := json.Unmarshal(raw, &inputs); err != nil {
+		return fmt.Errorf("%s: %w", in, err)
+	}
+	if len(inputs) == 0 || chunk <= 0 {
+		return errors.New("want inputs and -chunk > 0")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	eng, err := newEngine(ctx, engName, dtype, device, python)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	m, err := eng.Load(ctx, engine.ModelSpec{ID: "check", Path: dir, MaxBatch: len(inputs)})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return embedRun(ctx, m, inputs, chunk)
+}
+
+// runBench loads the checkpoint and times embedding batches (embedBench).
+func runBench(engName, dir, dtype, device, python string, batch, n int, seconds float64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	eng, err := newEngine(ctx, engName, dtype, device, python)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	m, err := eng.Load(ctx, engine.ModelSpec{ID: "bench", Path: dir, MaxBatch: batch})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return embedBench(ctx, m, batch, n, seconds)
 }
 
 func newEngine(ctx context.Context, name, dtype, device, python string) (engine.Engine, error) {

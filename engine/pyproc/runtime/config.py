@@ -64,6 +64,10 @@ ARCHS = {
     "phi3": Family(attn="fused", mlp="fused", sliding="all"),
     "olmo2": Family(norm="olmo2", layout="post", qk_norm="whole"),
 }
+# Bidirectional encoders (the BERT family): they only embed, and have
+# their own config reading and forward pass (encoder.py, served by
+# encserve.py).
+ENCODERS = ("bert", "modernbert")
 # Checkpoints that wrap a text model: model_type -> the text model's type.
 # gemma3 (Gemma3ForConditionalGeneration) keeps its language model's
 # config under text_config and ignores its vision tower here.
@@ -76,7 +80,7 @@ LIMITS = {"hidden": 1 << 17, "layers": 1 << 10, "heads": 1 << 10, "kv_heads": 1 
 
 
 def supported():
-    return sorted(set(ARCHS) | set(WRAPPED))
+    return sorted(set(ARCHS) | set(WRAPPED) | set(ENCODERS))
 
 
 class Config:
@@ -93,6 +97,8 @@ class Config:
             arch = WRAPPED[arch]
         else:
             c = top
+        if arch in ENCODERS:
+            raise CheckpointError("config.json", "%s is an encoder: it embeds (encoder.py) and does not generate" % arch)
         if arch not in ARCHS:
             raise CheckpointError("config.json", "unsupported architecture %r (want one of %s)" % (arch, ", ".join(supported())))
         fam = ARCHS[arch]

@@ -42,7 +42,8 @@ log = logging.getLogger("decoder")
 # Where the language model's weights are: model. (CausalLM checkpoints),
 # language_model.model. (gemma3 written by transformers < 4.52 and Google's
 # files) or model.language_model. (newer transformers).
-PREFIXES = ("model.", "language_model.model.", "model.language_model.")
+# The bare model's save_pretrained (Qwen3Model: Qwen3-Embedding) has none.
+PREFIXES = ("model.", "language_model.model.", "model.language_model.", "")
 # The norms of a layer by layout: (before attention, after attention,
 # before the MLP, after the MLP); None where the layout has none.
 NORMS = {
@@ -236,12 +237,14 @@ class Decoder:
             out = gemma.softcap(out, self.cfg.final_softcap)
         return out
 
-    def forward(self, tokens, pos, kvrow, groups, kv, last, rpos=None):
+    def forward(self, tokens, pos, kvrow, groups, kv, last, rpos=None, hidden=None):
         """tokens, pos: [N] packed over the batch; kvrow: per block group
         (paged.Layout), each token's row in the flattened KV blocks (block *
         block_size + offset), [N]. groups: the attention plan (see attend); kv: paged.PagedKV;
         rpos: each token's rotary table row (rope_rows; None: pos).
-        Returns logits [len(last), vocab] for the packed rows in last."""
+        Returns logits [len(last), vocab] for the packed rows in last;
+        with hidden (packed rows of pooled sequences), also those rows'
+        last hidden state after the final norm, [len(hidden), hidden_size]."""
         cfg = self.cfg
         H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         rp = pos if rpos is None else rpos
@@ -267,7 +270,10 @@ class Decoder:
             a = self.rms(F.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L), L.get("mlp_post"))
-        return self.logits(self.rms(x[last] + d[last], self.norm))
+        out = self.logits(self.rms(x[last] + d[last], self.norm))
+        if hidden is None:
+            return out
+        return out, self.rms(x[hidden] + d[hidden], self.norm)
 
     def forward_decode(self, tokens, pos, rows, kv):
         """One token per sequence, all on the device: tokens, pos and rows

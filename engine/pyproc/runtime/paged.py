@@ -105,14 +105,16 @@ def common_prefix(a, b):
 class Seq:
     """An open sequence: its tokens, blocks and table row; sampling state.
     pages[g] lists the blocks of group g by position (a sliding group's
-    blocks out of its window: None); blocks is the first group's."""
-    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist")
+    blocks out of its window: None); blocks is the first group's. pool: a
+    pooled sequence's state (pooling.Pooled), None for a generating one."""
+    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist", "pool")
 
     def __init__(self, row, tokens, pages):
         self.row, self.tokens, self.pages = row, tokens, pages
         self.reg, self.node = 0, 0  # leading blocks in the prefix cache, the last one's node
         self.gen, self.sampled, self.counts = None, False, {}
         self.hist = None  # generator states before recent draws (lookahead.rewind)
+        self.pool = None
 
     @property
     def blocks(self):
@@ -295,7 +297,7 @@ class PagedKV:
         prefix cache; a block whose tokens are cached already is replaced
         by the cached one (shared, its own copy released). Only with one
         group of full attention (see auto_prefix)."""
-        if self.layout.sliding_groups:
+        if self.layout.sliding_groups or s.pool is not None:  # a pooled sequence's blocks stay its own
             return
         pool, bs = self.pool, self.bs
         while s.reg < min(upto, len(s.tokens)) // bs and s.reg < len(s.blocks):
@@ -398,11 +400,17 @@ class PagedKV:
             s.reg += 1
         return s, reused
 
+    def open_fresh(self):
+        """A new sequence reusing no KV (a pooled one: pooling reads every
+        token's hidden state)."""
+        return Seq(self._row(), [], [[] for _ in range(self.ngroups)])
+
     def free(self, s, key):
         """Releases s; with a key, its blocks stay referenced by a saved
-        prefix under key (replacing what was there), no copy."""
+        prefix under key (replacing what was there), no copy. A pooled
+        sequence is never saved."""
         self.register(s, len(s.tokens))
-        if key and s.tokens:
+        if key and s.tokens and s.pool is None:
             old = self.saved.pop(key, None)
             n = -(-len(s.tokens) // self.bs)
             e = Saved(s.tokens, [p[:n] for p in s.pages])

@@ -7,10 +7,13 @@ import torch
 
 from config import Config
 from decoder import Decoder
+from encoder import is_encoder
+from stcheck import read_json
 from errors import CheckpointError, ProtocolError
 from sampling import note_fed, note_forced, sample_rows
 from graphs import BATCH_BUCKETS, DecodeGraphs
 from paged import Layout, OutOfBlocks, PagedKV
+from pooling import Pooled
 from upload import to_device
 import lookahead
 
@@ -31,7 +34,13 @@ CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahea
 
 
 def load(path, opts):
-    """Loads the checkpoint at path; opts as in PROTOCOL.md's load."""
+    """Loads the checkpoint at path; opts as in PROTOCOL.md's load. An
+    encoder (encoder.py) loads as an encserve.EncoderModel."""
+    cfg = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.exists(cfg) and is_encoder(read_json(cfg, "config.json").get("model_type")):
+        import encserve
+        device = pick_device(opts.get("device", "auto"))
+        return encserve.EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None))
     return TorchModel(path, opts)
 
 
@@ -171,7 +180,7 @@ class TorchModel:
             "weight_bytes": weight_bytes(self.model), "kv_bytes": self.kv.bytes(),
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
-            "window_blocks": self.layout.window_blocks,
+            "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,
         }
 
     def free_blocks(self):
@@ -208,7 +217,10 @@ class TorchModel:
         scratch = [t([self.kv.scratch * self.kv.bs] * b)] * self.kv.ngroups
         self.model.forward(zero, zero, scratch, [("decode", rows, zero, 1, zero + 1)], self.kv, rows)
 
-    def open(self, seq, prompt, prefix_key):
+    def open(self, seq, prompt, prefix_key, pool=None):
+        """Opens seq for prompt, reusing saved or cached KV; pool (a
+        pooling.POOLS mode) opens a pooled sequence instead, which reuses
+        nothing. Returns the tokens reused."""
         if seq in self.seqs:
             raise ProtocolError("invalid", "sequence %d is already open" % seq)
         if not prompt:
@@ -216,6 +228,12 @@ class TorchModel:
         if len(prompt) > self.cfg.context:
             raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
+        if pool is not None:
+            state = Pooled(pool)
+            s = self.kv.open_fresh()
+            s.pool = state
+            self.seqs[seq] = s
+            return 0
         try:
             s, reused = self.kv.open(prompt, prefix_key)
         except OutOfBlocks:
@@ -265,6 +283,7 @@ class TorchModel:
         then (more, more_logprobs) when inputs asked for lookahead: the
         tokens decoded after them (lookahead.py). Fails with oom, changing
         nothing, when the blocks the inputs need are not free."""
+        self.embeddings = None
         if not batch:
             return [], [], []
         if len(batch) > self.max_batch:
@@ -275,20 +294,26 @@ class TorchModel:
             if back:
                 lookahead.rewind(s, back)
                 self.kv.truncate(s, len(s.tokens))
+        pooled = any(s.pool is not None for s in seqs)
+        if pooled:
+            lookahead.cancel(self)
         if split:
             batch = self._feed_ahead(batch, seqs)
         fresh = []  # sequences still in their prompt: their full blocks go in the prefix cache
         for b, s in zip(batch, seqs):
             self.kv.grow(s, len(s.tokens) + len(b[1]))
+            if s.pool is not None:
+                continue
             note_fed(s, b[1])
             note_forced(s, b[1], b[2])
             if not s.sampled:
                 fresh.append(s)
-        want = lookahead.plan(self, batch, seqs)
-        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in batch)
+        gen = [(b, s) for b, s in zip(batch, seqs) if s.pool is None]
+        want = lookahead.plan(self, [b for b, _ in gen], [s for _, s in gen])
+        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b, _ in gen)
         with torch.no_grad():
-            items = [(b[3], s) for b, s in zip(batch, seqs) if b[2]]
-            if lookahead.chainable(self, batch, items, want):
+            items = [(b[3], s) for b, s in gen if b[2]]
+            if not pooled and lookahead.chainable(self, batch, items, want):
                 return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
@@ -300,10 +325,43 @@ class TorchModel:
             if self.lookahead_used:
                 lookahead.remember(items, self.device)
             toks, lps, tops = sample_rows(rows, items, self.device)
-            if max(want, default=1) <= 1:
-                return toks, lps, tops
-            more, more_lps = lookahead.run(self, items, toks, want)
-            return toks, lps, tops, more, more_lps
+            out = (toks, lps, tops)
+            if max(want, default=1) > 1:
+                out += lookahead.run(self, items, toks, want)
+            return self._with_pooled(batch, seqs, out) if pooled else out
+
+    def _with_pooled(self, batch, seqs, out):
+        """out (step's result for the generating inputs) with the pooled
+        sampling inputs put in their places: token -1, no log-probability,
+        no tokens ahead; their vectors go to take_embeddings."""
+        gen = iter(range(len(out[0])))
+        res = [[] for _ in out]
+        emb = []
+        for b, s in zip(batch, seqs):
+            if not b[2]:
+                continue
+            if s.pool is None:
+                i = next(gen)
+                for r, o in zip(res, out):
+                    r.append(None if o is None else o[i])
+                emb.append(None)
+            else:
+                for k, r in enumerate(res):
+                    r.append((-1, 0.0, [], [], [])[k])
+                emb.append(s.pool.vec)
+        vecs = [v for v in emb if v is not None]
+        if vecs:
+            host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
+            self.embeddings = [None if v is None else next(host) for v in emb]
+        if len(out) > 4 and out[4] is None:
+            res[4] = None
+        return tuple(res)
+
+    def take_embeddings(self):
+        """The pooled vectors of the last step, per sampling input (None
+        for a generating one), or None when it pooled nothing."""
+        out, self.embeddings = getattr(self, "embeddings", None), None
+        return out
 
     def _feed_ahead(self, batch, seqs):
         """Feeds the prompt chunks longer than the layout's step (paged.Layout)
@@ -342,6 +400,8 @@ class TorchModel:
                 raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
             if not toks:
                 raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+            if s.pool is not None and s.pool.vec is not None:
+                raise ProtocolError("invalid", "sequence %d: its pooled input has ended; free it" % seq)
             n = len(s.tokens) - back + len(toks)
             if n > self.cfg.context:
                 raise ProtocolError("context_length", "sequence %d would hold %d tokens" % (seq, n),
@@ -365,6 +425,8 @@ class TorchModel:
 
     def _forward(self, batch, seqs):
         self.kv.flush()
+        if any(s.pool is not None for s in seqs):  # pooling reads rows the decode paths never form
+            return self._forward_packed(batch, seqs)
         decode = all(len(b[1]) == 1 and b[2] for b in batch)
         if decode and self.graphs is not None and self.graphs.usable(len(batch)):
             try:
@@ -456,6 +518,9 @@ class TorchModel:
         kvrow = [[] for _ in range(G)]  # per block group
         longrope = self.model.longrope
         dec_rows, dec_trows, dec_len, chunks = [], [], [], []
+        # Pooled sequences: the packed rows whose final-norm hidden state
+        # their pooling reads, and per input (seq, position, ends, start, count).
+        hid, pooled = [], []
         blocks = [[] for _ in range(G)]
         for b, s in zip(batch, seqs):
             toks, sample = b[1], b[2]
@@ -483,17 +548,21 @@ class TorchModel:
                 if not self.model.varlen:  # the varlen plan gathers by rows instead
                     for g in range(G):
                         blocks[g].extend(null if b is None else b for b in s.pages[g][:nb])
-            if sample:
+            if s.pool is not None:
+                first, n = s.pool.rows(p, len(toks), sample)
+                pooled.append((s, p, sample, len(hid), n))
+                hid.extend(range(a + first, a + first + n))
+            elif sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos] + kvrow + blocks
+        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid] + kvrow + blocks
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
-        tok, posd, lastd, rowsd, trowsd, lensd, rposd = views[:7]
-        kvrowd, blocksd = views[7 : 7 + G], views[7 + G :]
+        tok, posd, lastd, rowsd, trowsd, lensd, rposd, hidd = views[:8]
+        kvrowd, blocksd = views[8 : 8 + G], views[8 + G :]
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))
@@ -502,4 +571,11 @@ class TorchModel:
                 groups.append(tuple(c[:5]) + ([bd[c[5] : c[5] + c[6]] for bd in blocksd],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
-        return self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None)
+        out = self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None,
+                                 hidden=hidd if pooled else None)
+        if not pooled:
+            return out
+        logits, h = out
+        for s, p, ends, at, n in pooled:
+            s.pool.add(h[at : at + n], p, ends, len(s.tokens))
+        return logits

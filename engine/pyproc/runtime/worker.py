@@ -112,10 +112,20 @@ class Worker:
                 r["more"] = res[3]
                 if res[4] is not None:
                     r["more_logprobs"] = res[4]
-            return self.pool(self.model(req), r)
+            m = self.model(req)
+            emb = m.take_embeddings() if hasattr(m, "take_embeddings") else None
+            if emb and any(e is not None for e in emb):
+                from pooling import encode  # torch's: only a torch model pools
+                r["embeddings"] = [None if e is None else encode(e) for e in emb]
+            return self.pool(m, r)
         if op == "open":
             m = self.model(req)
-            return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))})
+            pool = req.get("pool")
+            if pool is None:
+                return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))})
+            if not hasattr(m, "take_embeddings"):
+                raise ProtocolError("invalid", "this model does not embed (pooled sequences need the torch backend)")
+            return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], "", pool)})
         if op == "drop":
             m = self.models.get(req.get("model"))
             if m is not None and hasattr(m, "drop"):

@@ -1,0 +1,127 @@
+"""A loaded encoder (encoder.py) behind the worker's model interface:
+open, step, free, info. It only embeds: a sequence is opened pooled, its
+whole input comes in one step input that samples, and the reply carries
+its pooled vector (PROTOCOL.md, Embeddings). Nothing is kept between
+steps, so there is no KV pool: info reports kv_capacity as the tokens one
+step may carry."""
+import os
+
+import torch
+
+from encoder import Encoder, EncoderConfig
+from errors import CheckpointError, ProtocolError
+from pooling import POOLS, finish
+from upload import to_device
+
+# Tokens one step may carry by default: the packed activations of a step
+# ([tokens, intermediate] at most) must fit beside the weights.
+STEP_TOKENS_CUDA, STEP_TOKENS_CPU = 65536, 8192
+MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64
+
+
+class EncoderModel:
+    def __init__(self, path, opts, device, dtype_of):
+        if not os.path.isdir(path):
+            raise CheckpointError(path, "not a directory")
+        cfg = EncoderConfig(path)
+        if opts.get("context_length"):
+            cfg.context = min(cfg.context, int(opts["context_length"]))
+        self.cfg, self.device = cfg, device
+        self.dtype = dtype_of(device)
+        cuda = device.type == "cuda"
+        with torch.no_grad():
+            self.model = Encoder(path, cfg, device, self.dtype)
+        self.max_batch = int(opts.get("max_batch") or (MAX_BATCH_CUDA if cuda else MAX_BATCH_CPU))
+        # kv_capacity asks how many tokens the model holds at once: for an
+        # encoder, those of one step; at least one whole input.
+        cap = int(opts.get("kv_capacity") or 0) or (STEP_TOKENS_CUDA if cuda else STEP_TOKENS_CPU)
+        self.step_tokens = max(cap, cfg.context)
+        self.seqs = {}  # seq -> pooling, until its input is fed
+
+    def info(self):
+        c = self.cfg
+        return {
+            "context_length": c.context, "vocab_size": c.vocab, "bos": c.bos, "eos": c.eos,
+            "kv_capacity": self.step_tokens, "max_batch": self.max_batch, "step_tokens": self.step_tokens,
+            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "weight_bytes": sum(t.numel() * t.element_size() for t in {id(t): t for t in self.model.tensors()}.values()),
+            "kv_bytes": 0, "embed_dim": c.hidden, "encoder": True,
+        }
+
+    def open(self, seq, prompt, prefix_key, pool=None):
+        if seq in self.seqs:
+            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+        if pool is None:
+            raise ProtocolError("invalid", "an encoder only embeds: open sequence %d with a pooling" % seq)
+        if pool not in POOLS:
+            raise ProtocolError("invalid", "pooling %r (want one of %s)" % (pool, ", ".join(POOLS)))
+        if not prompt:
+            raise ProtocolError("invalid", "sequence %d: empty input" % seq)
+        if len(prompt) > self.cfg.context:
+            raise ProtocolError("context_length", "input of %d tokens exceeds the context" % len(prompt),
+                                prompt=len(prompt), limit=self.cfg.context)
+        self.seqs[seq] = pool
+        return 0
+
+    def free(self, seq, save_key, back=0):
+        self.seqs.pop(seq, None)
+
+    def close(self):
+        self.model = None
+        self.seqs.clear()
+
+    def stats(self):
+        return {"open": len(self.seqs)}
+
+    def step(self, batch):
+        """batch: [seq, tokens, sample, params, ...] per input, each a
+        pooled sequence's whole input with sample true. Returns (tokens,
+        logprobs, tops) with -1 per input; take_embeddings has the
+        vectors."""
+        self.embeddings = None
+        if not batch:
+            return [], [], []
+        if len(batch) > self.max_batch:
+            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        seen, total = set(), 0
+        for b in batch:
+            seq, toks = b[0], b[1]
+            if seq not in self.seqs:
+                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+            if self.seqs[seq] is None:
+                raise ProtocolError("invalid", "sequence %d: its input was embedded already; an encoder's input comes whole" % seq)
+            if seq in seen:
+                raise ProtocolError("invalid", "a sequence appears twice in one step")
+            seen.add(seq)
+            if not b[2]:
+                raise ProtocolError("invalid", "sequence %d: an encoder's input comes whole, in one input that samples" % seq)
+            if not toks:
+                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+            if len(toks) > self.cfg.context:
+                raise ProtocolError("context_length", "sequence %d: input of %d tokens exceeds the context" % (seq, len(toks)),
+                                    prompt=len(toks), limit=self.cfg.context)
+            bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
+            if bad:
+                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+            total += len(toks)
+        if total > self.step_tokens:
+            raise ProtocolError("invalid", "a step of %d tokens exceeds the %d one step carries" % (total, self.step_tokens))
+        lens = [len(b[1]) for b in batch]
+        flat = to_device([t for b in batch for t in b[1]] + [j for n in lens for j in range(n)], self.device)
+        N = sum(lens)
+        with torch.no_grad():
+            x = self.model.forward(flat[:N], flat[N:], lens)
+            vecs, at = [], 0
+            for b, n in zip(batch, lens):
+                pool = self.seqs[b[0]]
+                rows = x[at : at + n]
+                vecs.append(finish(pool, rows.float().sum(0), rows[0].float(), rows[-1].float(), n))
+                at += n
+            self.embeddings = [v.cpu() for v in torch.stack(vecs).unbind(0)]
+        for b in batch:  # fed: a second input would be a second embedding
+            self.seqs[b[0]] = None
+        return [-1] * len(batch), [0.0] * len(batch), [[] for _ in batch]
+
+    def take_embeddings(self):
+        out, self.embeddings = getattr(self, "embeddings", None), None
+        return out
