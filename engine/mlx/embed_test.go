@@ -478,9 +478,10 @@ func TestEmbedMatchesTorch(t *testing.T) {
 			}
 			defer mine.Close()
 			ri, mi := ref.Info(), mine.Info()
-			if ri.EmbedDim != mi.EmbedDim || ri.Pooling != mi.Pooling || ri.Normalize != mi.Normalize || ri.Encoder != mi.Encoder {
-				t.Errorf("Info: torch dim %d pooling %v normalize %v encoder %v; mlx %d %v %v %v",
-					ri.EmbedDim, ri.Pooling, ri.Normalize, ri.Encoder, mi.EmbedDim, mi.Pooling, mi.Normalize, mi.Encoder)
+			if ri.EmbedDim != mi.EmbedDim || ri.Pooling != mi.Pooling || ri.Normalize != mi.Normalize || ri.Encoder != mi.Encoder ||
+				ri.ContextLength != mi.ContextLength {
+				t.Errorf("Info: torch dim %d pooling %v normalize %v encoder %v context %d; mlx %d %v %v %v %d",
+					ri.EmbedDim, ri.Pooling, ri.Normalize, ri.Encoder, ri.ContextLength, mi.EmbedDim, mi.Pooling, mi.Normalize, mi.Encoder, mi.ContextLength)
 			}
 			var worst float64
 			for _, pool := range pools {
