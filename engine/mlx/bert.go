@@ -280,9 +280,9 @@ func encoderEmbedding(arch string) string {
 }
 
 // encoderModules lists an encoder's weight-bearing modules, with the
-// shapes config.json implies, after locating its prefix; LayerNorms are
-// norms (In 0) whose bias, when the family has one, is a module of its
-// own named NAME.bias's owner with Bias set (checkEncoder).
+// shapes config.json implies, after locating its prefix. LayerNorms are
+// norms (In 0) with Bias set when they have a bias (planEncoder checks
+// it).
 func encoderModules(c *modelConfig, man map[string]tensorInfo) []module {
 	e := c.Enc
 	e.Prefix = ""

@@ -35,9 +35,7 @@ type modelConfig struct {
 	BOS           int32
 	EOS           []int32
 	Quant         *quantConfig
-	// Enc is set for an encoder (bert.go): the model only embeds, and
-	// the decoder description (arch) is unused.
-	Enc *encoderConfig
+	Enc           *encoderConfig // an encoder's (bert.go), which only embeds; arch is then unused
 	arch
 }
 
