@@ -48,6 +48,7 @@ func supported() string {
 	for k := range wrappers {
 		out = append(out, k)
 	}
+	out = append(out, archBERT, archModernBERT)
 	slices.Sort(out)
 	return strings.Join(out, ", ")
 }

@@ -170,3 +170,71 @@ func BenchmarkDecode(b *testing.B) {
 		pm.Close()
 	}
 }
+
+// BenchmarkEmbed measures embedding throughput: steps of 16 inputs of
+// 128 tokens each, every input whole in the step (mean pooling), on the
+// tiny encoders and decoder and the bge-base and Qwen3-Embedding-0.6B
+// shapes (random weights; minutes a step on a CPU). It reports
+// vectors/s.
+func BenchmarkEmbed(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		cfg  testmodel.Config
+	}{
+		{"bert-tiny", testmodel.TinyFamily("bert")},
+		{"modernbert-tiny", testmodel.TinyFamily("modernbert")},
+		{"qwen3-tiny", testmodel.TinyFamily("qwen3")},
+		{"bge-base", testmodel.BGEBase()},
+		{"qwen3-embedding-0.6b", testmodel.Qwen3Embedding06B()},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			dir := benchDir(b, c.cfg)
+			m, err := newEngine(b).Load(context.Background(), engine.ModelSpec{ID: c.name, Path: dir, MaxBatch: 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			benchEmbed(b, m, 16, 128)
+		})
+	}
+}
+
+// benchEmbed embeds batch inputs of n tokens per step, after one
+// untimed step.
+func benchEmbed(b *testing.B, m engine.Model, batch, n int) {
+	ctx := context.Background()
+	em := m.(engine.Embedder)
+	vocab := int32(m.Info().VocabSize)
+	in := make([]engine.StepInput, batch)
+	var id engine.SeqID
+	round := func() {
+		for i := range in {
+			id++
+			toks := make([]int32, n)
+			for j := range toks {
+				toks[j] = (int32(id)*131 + int32(j)*37 + 11) % vocab
+			}
+			if err := em.OpenPooled(ctx, id, toks, engine.PoolMean); err != nil {
+				b.Fatal(err)
+			}
+			in[i] = engine.StepInput{Seq: id, Tokens: toks, Sample: true}
+		}
+		out, err := m.Step(ctx, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(out) != batch {
+			b.Fatalf("%d vectors for %d inputs", len(out), batch)
+		}
+		for i := range in {
+			m.Free(in[i].Seq, "")
+		}
+	}
+	round() // MLX builds its kernels for the shapes first
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		round()
+	}
+	b.ReportMetric(float64(b.N*batch)/time.Since(start).Seconds(), "vectors/s")
+}

@@ -40,6 +40,9 @@ type modelConfig struct {
 	// checkpoints. With AWQ and GPTQ, Quant is the MLX affine form they
 	// are converted to.
 	HF *hfQuant
+	// Enc is an encoder's configuration (bert.go), which only embeds;
+	// arch is then unused.
+	Enc *encoderConfig
 	arch
 }
 
@@ -139,6 +142,13 @@ func readConfig(dir string) (*modelConfig, error) {
 			return nil, &engine.CheckpointError{Path: path, Reason: "config.json is missing"}
 		}
 		return nil, &engine.CheckpointError{Path: path, Reason: err.Error()}
+	}
+	if isEncoder(b) {
+		c, reason := parseEncoder(b)
+		if reason != "" {
+			return nil, &engine.CheckpointError{Path: path, Reason: reason}
+		}
+		return c, nil
 	}
 	r, reason := parseRaw(b)
 	if reason != "" {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // TestConformance runs the engine conformance suite on the tiny float32
@@ -21,4 +22,19 @@ func TestConformance(t *testing.T) {
 		}
 		enginetest.Run(t, e, q)
 	})
+}
+
+// TestEmbeddingConformance runs enginetest.RunEmbedding on both encoders
+// and on decoders of three families.
+func TestEmbeddingConformance(t *testing.T) {
+	e := newEngine(t)
+	for _, arch := range []string{"bert", "modernbert", "qwen3", "llama", "gemma3"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+				t.Fatal(err)
+			}
+			enginetest.RunEmbedding(t, e, dir)
+		})
+	}
 }

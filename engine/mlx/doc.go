@@ -1,8 +1,9 @@
-// Package mlx is the engine that runs decoder-only language models
-// in-process on MLX (github.com/ml-explore/mlx) through its C API, mlx-c.
-// It loads Hugging Face-layout checkpoints of the families in its
-// architecture table (arch.go), from config.json and tensor names as
-// transformers writes them: llama (llama3 or linear RoPE scaling),
+// Package mlx is the engine that runs decoder-only language models,
+// and BERT-family encoders that embed (see Embeddings), in-process on
+// MLX (github.com/ml-explore/mlx) through its C API, mlx-c. It loads
+// Hugging Face-layout checkpoints of the families in its architecture
+// table (arch.go), from config.json and tensor names as transformers
+// writes them: llama (llama3 or linear RoPE scaling),
 // mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (soft-capped
 // attention and output logits), gemma3_text and the language model of
 // gemma3 checkpoints (text_config; weights under language_model.model.
@@ -24,6 +25,29 @@
 // applied in every attention path; the pool still keeps the rows that
 // left a window.
 // [Engine.Quantize] writes MLX affine checkpoints from float ones.
+//
+// # Embeddings
+//
+// Every model implements engine.Embedder: an embedding sequence
+// (OpenPooled) is fed like a prompt and its last input returns, instead of
+// a token, the mean, CLS (first token) or last-token pool of the model's
+// last hidden state after its final norm, summed in float32 across
+// chunks; it reuses no saved prefix and is never saved. Info reports the
+// checkpoint's sentence-transformers pooling (engine.ReadPooling) and
+// refuses a pipeline it cannot reproduce. Decoder checkpoints of every
+// family above embed, bare ones as embedding models publish them
+// (Qwen3Model: no "model." prefix; without an lm_head and untied they
+// only embed). Two encoder families only embed (engine.Info.Encoder):
+// bert (BertModel: absolute positions, token type 0, post-LayerNorm
+// layers, exact GELU) and modernbert (ModernBertModel: no-bias
+// LayerNorms, fused Wqkv, GeGLU, RoPE with separate global and local
+// bases, local layers attending within local_attention/2 positions
+// either side, final_norm), bare or under a masked-LM head, in float32,
+// float16 or bfloat16 (not quantized). An encoder input attends over
+// itself both ways and comes whole in one step; inputs of one length
+// attend in one call; no KV outlives the step, and Info.KVCapacity is
+// the tokens one step may carry. An encoder's ContextLength is capped at
+// the checkpoint's max_seq_length.
 //
 // Use:
 //

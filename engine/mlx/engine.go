@@ -24,8 +24,12 @@ type Engine struct {
 	w      *worker
 	mu     sync.RWMutex // guards closed and models; held (read) while a job runs
 	closed bool
-	models map[*model]struct{}
+	models map[unloader]struct{}
 }
+
+// unloader is a loaded model (a decoder's *model or an encoder's
+// *encModel): Close unloads each on the MLX thread.
+type unloader interface{ unload() }
 
 var _ engine.Engine = (*Engine)(nil)
 
@@ -59,7 +63,7 @@ func New(opts ...Option) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mlx: start: %w", err)
 	}
-	return &Engine{opts: o, w: w, models: map[*model]struct{}{}}, nil
+	return &Engine{opts: o, w: w, models: map[unloader]struct{}{}}, nil
 }
 
 func applyLimits(o *options) error {
@@ -133,6 +137,13 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if err != nil {
 		return nil, err
 	}
+	pc, err := engine.ReadPooling(spec.Path, cfg.Enc != nil)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Enc != nil {
+		return e.loadEncoder(ctx, spec, cfg, pc, man, files)
+	}
 	// A transformers-quantized checkpoint (AWQ, GPTQ, FP8): its quantized
 	// tensors are read by Go and converted (hfquant.go); the manifest
 	// then lists what they become.
@@ -156,6 +167,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if err := m.size(spec, weightBytes(man), kvElemBytes(man, cfg.Prefix)); err != nil {
 		return nil, err
 	}
+	setPooling(&m.info, cfg.Hidden, pc)
 	want, fromFile := map[string]bool{}, map[string]bool{}
 	for _, md := range mods {
 		for _, s := range []string{".weight", ".bias", ".scales", ".biases"} {

@@ -30,6 +30,8 @@ type seqState struct {
 	// generated and counts holds them for presence/frequency penalties.
 	sampled bool
 	counts  map[int32]int
+	// embed is set on an embedding sequence (OpenPooled).
+	embed *embedState
 }
 
 // free returns the sequence's rows to the pool.
@@ -44,7 +46,8 @@ type feed struct {
 	id      engine.SeqID
 	seq     *seqState
 	tokens  []int32
-	sample  bool
+	sample  bool     // samples a token
+	ends    bool     // ends an embedding sequence's input: its vector is returned
 	allowed []uint64 // the step's allowed-token mask; nil: all
 }
 
@@ -262,13 +265,21 @@ func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
 // returns float32 logits [S, vocab] for the feeds that sample, in order,
 // or a null array when none samples.
 func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
+	logits, _, _ := m.forwardAll(g, feeds, sampling)
+	return logits
+}
+
+// forwardAll is forward that also pools the embedding feeds' last hidden
+// states (after the final norm): pooled [len(pp.who), hidden] float32
+// sums of the rows planPool picks, null with pp when no feed pools.
+func (m *model) forwardAll(g *graph, feeds []feed, sampling bool) (logits, pooled arr, pp *poolPlan) {
 	c, w := m.cfg, m.w
 	if g.err != nil {
-		return arr{}
+		return arr{}, arr{}, nil
 	}
 	if err := m.rowsFor(feeds); err != nil {
 		g.err = err
-		return arr{}
+		return arr{}, arr{}, nil
 	}
 	var ids, pos, last []int32
 	for _, f := range feeds {
@@ -281,6 +292,7 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		}
 	}
 	p := m.plan(g, feeds)
+	pp = planPool(feeds, p.start)
 	positions := g.int32s(pos, len(pos))
 	var x arr
 	dec := m.decodeOnly(p)
@@ -288,10 +300,13 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		x = w.embed.rows(g, g.int32s(ids, len(ids))) // plain families only: no embedding scale
 		h := g.rmsNorm(x, w.layers[0].inNorm, c.NormEps)
 		at := g.prims
-		x = m.decodeLayers(g, x, h, positions, p)
+		x = m.decodeLayers(g, x, h, positions, p) // after the final norm
 		m.prims.Layers = g.prims - at
+		if pp != nil {
+			pooled = pp.pool(g, g.take(x, g.int32s(pp.idx, len(pp.idx)), 0), c.Hidden)
+		}
 		if !sampling {
-			return arr{}
+			return arr{}, pooled, pp
 		}
 		if len(last) < len(ids) {
 			x = g.take(x, g.int32s(last, len(last)), 0)
@@ -306,8 +321,12 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 			x = m.block(g, li, x, feeds, positions, p)
 		}
 		m.prims.Layers = g.prims - at
+		if pp != nil {
+			rows := g.rmsNorm(g.take(x, g.int32s(pp.idx, len(pp.idx)), 1), w.norm, c.NormEps)
+			pooled = pp.pool(g, rows, c.Hidden)
+		}
 		if !sampling {
-			return arr{}
+			return arr{}, pooled, pp
 		}
 		x = g.rmsNorm(g.take(x, g.int32s(last, len(last)), 1), w.norm, c.NormEps)
 	}
@@ -315,7 +334,7 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 	if c.Tied {
 		head = &w.embed
 	}
-	logits := head.apply(g, x)
+	logits = head.apply(g, x)
 	if !dec { // decodeLayers' rows are [S, hidden] already
 		logits = g.reshape(logits, len(last), c.Vocab)
 	}
@@ -323,10 +342,10 @@ func (m *model) forward(g *graph, feeds []feed, sampling bool) arr {
 		cp := g.scalarOf(c.FinalCap, m.w.dtype)
 		logits = g.mul(g.tanh(g.div(logits, cp)), cp)
 	}
-	if m.w.dtype == C.MLX_FLOAT32 {
-		return logits
+	if m.w.dtype != C.MLX_FLOAT32 {
+		logits = g.astype(logits, C.MLX_FLOAT32)
 	}
-	return g.astype(logits, C.MLX_FLOAT32)
+	return logits, pooled, pp
 }
 
 // block is one decoder layer: attention and MLP with the norms where
@@ -438,55 +457,4 @@ func (m *model) mlp(g *graph, l *layer, h arr, n int) arr {
 		return l.down.apply(g, g.swiglu(gate, up))
 	}
 	return l.down.apply(g, g.mul(geluTanh(g, gate), up))
-}
-
-// kvRows is the pool rows [2*N*kvHeads] that a step writes for tokens
-// at token rows: each token's key heads, then each token's value heads,
-// in writeKV's order. Built on the host once per step.
-func (m *model) kvRows(g *graph, rows []int32) arr {
-	h, n := int32(m.cfg.KVHeads), len(rows)
-	out := make([]int32, 2*n*int(h))
-	for i, r := range rows {
-		for j := range h {
-			at := i*int(h) + int(j)
-			out[at] = r*h + j
-			out[n*int(h)+at] = m.pool.vOff + r*h + j
-		}
-	}
-	return g.int32s(out, len(out))
-}
-
-// headRows turns token rows [B*T] (T per sequence) into the pool's head
-// rows [B, kvHeads, T] of keys and of values, so that one take each
-// gathers them already in attention's [B, kvHeads, T, D] layout,
-// contiguous: MLX's fused decode kernel then reads them without a copy.
-// Built on the host once per step and shared by every layer.
-func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
-	h := m.cfg.KVHeads
-	k, v := make([]int32, b*h*t), make([]int32, b*h*t)
-	for i := range b {
-		for j := range h {
-			for x := range t {
-				r := rows[i*t+x]*int32(h) + int32(j)
-				k[(i*h+j)*t+x], v[(i*h+j)*t+x] = r, r+m.pool.vOff
-			}
-		}
-	}
-	return kvIdx{g.int32s(k, b, h, t), g.int32s(v, b, h, t)}
-}
-
-// gather reads layer li's keys and values at idx as [B, kvHeads, T, D].
-func (m *model) gather(g *graph, li int, idx kvIdx) (arr, arr) {
-	return g.take(m.pool.kv[li], idx.k, 0), g.take(m.pool.kv[li], idx.v, 0)
-}
-
-// replace swaps a kept handle for a new one. The old buffer is then held
-// only by the graph, so MLX can update the pool in place. After a failed
-// call it keeps the old handle.
-func (m *model) replace(g *graph, h *arr, a arr) {
-	if g.err != nil {
-		return
-	}
-	free(h)
-	*h = g.keep(a)
 }

@@ -180,3 +180,54 @@ func (m *model) rowsFor(feeds []feed) error {
 func (m *model) writeKV(g *graph, li int, idx, upd arr) {
 	m.replace(g, &m.pool.kv[li], g.scatterRows(m.pool.kv[li], idx, upd))
 }
+
+// kvRows is the pool rows [2*N*kvHeads] that a step writes for tokens
+// at token rows: each token's key heads, then each token's value heads,
+// in writeKV's order. Built on the host once per step.
+func (m *model) kvRows(g *graph, rows []int32) arr {
+	h, n := int32(m.cfg.KVHeads), len(rows)
+	out := make([]int32, 2*n*int(h))
+	for i, r := range rows {
+		for j := range h {
+			at := i*int(h) + int(j)
+			out[at] = r*h + j
+			out[n*int(h)+at] = m.pool.vOff + r*h + j
+		}
+	}
+	return g.int32s(out, len(out))
+}
+
+// headRows turns token rows [B*T] (T per sequence) into the pool's head
+// rows [B, kvHeads, T] of keys and of values, so that one take each
+// gathers them already in attention's [B, kvHeads, T, D] layout,
+// contiguous: MLX's fused decode kernel then reads them without a copy.
+// Built on the host once per step and shared by every layer.
+func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
+	h := m.cfg.KVHeads
+	k, v := make([]int32, b*h*t), make([]int32, b*h*t)
+	for i := range b {
+		for j := range h {
+			for x := range t {
+				r := rows[i*t+x]*int32(h) + int32(j)
+				k[(i*h+j)*t+x], v[(i*h+j)*t+x] = r, r+m.pool.vOff
+			}
+		}
+	}
+	return kvIdx{g.int32s(k, b, h, t), g.int32s(v, b, h, t)}
+}
+
+// gather reads layer li's keys and values at idx as [B, kvHeads, T, D].
+func (m *model) gather(g *graph, li int, idx kvIdx) (arr, arr) {
+	return g.take(m.pool.kv[li], idx.k, 0), g.take(m.pool.kv[li], idx.v, 0)
+}
+
+// replace swaps a kept handle for a new one. The old buffer is then held
+// only by the graph, so MLX can update the pool in place. After a failed
+// call it keeps the old handle.
+func (m *model) replace(g *graph, h *arr, a arr) {
+	if g.err != nil {
+		return
+	}
+	free(h)
+	*h = g.keep(a)
+}

@@ -101,7 +101,7 @@ func TestGroupedPrefill(t *testing.T) {
 		batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true}
 	}
 	_ = m.call(func(g *graph) error {
-		fs, _ := m.feeds(batch)
+		fs, _, _ := m.feeds(batch, make([]*engine.SamplingParams, len(batch)))
 		if err := m.rowsFor(fs); err != nil {
 			return err
 		}

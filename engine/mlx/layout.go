@@ -88,22 +88,28 @@ func topModules(c *modelConfig) []module {
 		{Name: c.Prefix + "embed_tokens", Out: c.Vocab, In: c.Hidden},
 		{Name: c.Prefix + "norm", Out: c.Hidden},
 	}
-	if !c.Tied {
+	if !c.Tied && c.Head != "" {
 		ms = append(ms, module{Name: c.Head, Out: c.Vocab, In: c.Hidden})
 	}
 	return ms
 }
 
 // layouts are where checkpoints keep the language model: transformers'
-// causal LMs, and multimodal ones (Gemma 3) as Google published them
-// (transformers before 4.52) and as newer transformers writes them. The
-// tensors of other towers (vision_tower, multi_modal_projector) are
-// never read.
+// causal LMs, multimodal ones (Gemma 3) as Google published them
+// (transformers before 4.52) and as newer transformers writes them, and
+// the bare model (Qwen3Model) as embedding checkpoints publish it, with
+// no output head: untied, it only embeds (headless). The tensors of
+// other towers (vision_tower, multi_modal_projector) are never read.
 var layouts = []struct{ prefix, head string }{
 	{"model.", "lm_head"},
 	{"language_model.model.", "language_model.lm_head"},
 	{"model.language_model.", "lm_head"},
+	{"", ""},
 }
+
+// headless reports a bare model without an output head (untied, no
+// lm_head): it embeds and cannot generate.
+func (c *modelConfig) headless() bool { return !c.Tied && c.Head == "" }
 
 // locate sets c.Prefix and c.Head from the checkpoint's tensor names:
 // the first layout whose embedding is there (the first layout when none

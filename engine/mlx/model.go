@@ -82,6 +82,9 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if len(prompt) > m.info.ContextLength {
 		return 0, &engine.ContextLengthError{Model: m.info.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
 	}
+	if m.cfg.headless() {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("%s has no output head (a bare %s model): it only embeds", m.info.ID, m.cfg.Arch)}
+	}
 	reused := 0
 	err := m.call(func(g *graph) error {
 		if _, dup := m.seqs[id]; dup {
@@ -169,6 +172,10 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 			return nil
 		}
 		delete(m.seqs, id)
+		if s.embed != nil { // embedding sequences are never saved (engine.Embedder)
+			s.free()
+			return nil
+		}
 		if saveKey == "" || m.eng.opts.prefixSlots == 0 || len(s.tokens) == 0 {
 			s.free()
 			if saveKey != "" { // asked to save and did not: say so, as for an eviction

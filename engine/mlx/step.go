@@ -27,11 +27,11 @@ func (m *model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	}
 	var out []engine.StepOutput
 	err = m.call(func(g *graph) error {
-		feeds, err := m.feeds(batch)
+		feeds, ps, err := m.feeds(batch, params)
 		if err != nil {
 			return err
 		}
-		out, err = m.run(ctx, g, feeds, params)
+		out, err = m.run(ctx, g, feeds, ps)
 		return err
 	})
 	if err != nil {
@@ -43,12 +43,12 @@ func (m *model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 	return out, nil
 }
 
-// checkParams validates tokens and sampling parameters; it returns the
-// parameters of the sampling inputs in order.
+// checkParams validates tokens and sampling parameters; it returns each
+// input's parameters, nil for those that do not sample.
 func (m *model) checkParams(batch []engine.StepInput) ([]*engine.SamplingParams, error) {
-	var params []*engine.SamplingParams
+	params := make([]*engine.SamplingParams, len(batch))
 	greedy := &engine.SamplingParams{}
-	for _, in := range batch {
+	for i, in := range batch {
 		if len(in.Tokens) == 0 {
 			return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d feeds no tokens", in.Seq)}
 		}
@@ -73,36 +73,47 @@ func (m *model) checkParams(batch []engine.StepInput) ([]*engine.SamplingParams,
 		if err := engine.CheckMask(in.Allowed, m.info.VocabSize); err != nil {
 			return nil, err
 		}
-		params = append(params, p)
+		params[i] = p
 	}
 	return params, nil
 }
 
-// feeds resolves the batch's sequences. MLX thread only.
-func (m *model) feeds(batch []engine.StepInput) ([]feed, error) {
+// feeds resolves the batch's sequences and returns them with the
+// parameters of the feeds that sample a token, in order (an embedding
+// sequence's last input samples none: it ends the input). MLX thread
+// only.
+func (m *model) feeds(batch []engine.StepInput, params []*engine.SamplingParams) ([]feed, []*engine.SamplingParams, error) {
 	feeds := make([]feed, len(batch))
+	var ps []*engine.SamplingParams
 	seen := make(map[engine.SeqID]bool, len(batch))
 	for i, in := range batch {
 		s, ok := m.seqs[in.Seq]
 		if !ok {
-			return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
+			return nil, nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
 		}
 		if seen[in.Seq] {
-			return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in the batch", in.Seq)}
+			return nil, nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in the batch", in.Seq)}
 		}
 		seen[in.Seq] = true
 		if n := len(s.tokens) + len(in.Tokens); n > m.info.ContextLength {
-			return nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
+			return nil, nil, &engine.ContextLengthError{Model: m.info.ID, Prompt: n, Limit: m.info.ContextLength}
 		}
 		feeds[i] = feed{id: in.Seq, seq: s, tokens: in.Tokens, sample: in.Sample, allowed: in.Allowed}
+		if s.embed != nil {
+			if err := embedFeed(&feeds[i], false); err != nil {
+				return nil, nil, err
+			}
+		} else if in.Sample {
+			ps = append(ps, params[i])
+		}
 	}
-	return feeds, nil
+	return feeds, ps, nil
 }
 
 // run builds, evaluates and reads one step. MLX thread only.
 func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engine.SamplingParams) ([]engine.StepOutput, error) {
 	at := g.prims
-	logits := m.forward(g, feeds, len(params) > 0)
+	logits, pooled, pp := m.forwardAll(g, feeds, len(params) > 0)
 	counted := make([][]int32, len(feeds)) // what this step adds to each feed's counts
 	i := 0
 	for j, f := range feeds {
@@ -135,6 +146,9 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 			outs = append(outs, topIDs, topLps)
 		}
 	}
+	if pp != nil && cancelled == nil {
+		outs = append(outs, pooled)
+	}
 	g.eval(outs...)
 	if err := cmp.Or(g.err, cancelled); err != nil {
 		for j, f := range feeds {
@@ -151,8 +165,14 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	for _, f := range feeds {
 		f.seq.tokens = append(f.seq.tokens, f.tokens...)
 	}
-	if len(params) == 0 {
-		return nil, nil
+	if pp != nil {
+		vals, err := readFloat32s(pooled)
+		if err == nil {
+			err = pp.addPooled(feeds, vals, m.cfg.Hidden)
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	for _, f := range feeds {
 		if f.sample {
@@ -201,7 +221,12 @@ func (s *seqState) count(toks []int32, d int) {
 	}
 }
 
+// outputs reads the step's samples and returns one output per feed that
+// samples a token or ends an embedding input, in feed order.
 func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps, topIDs, topLps arr) ([]engine.StepOutput, error) {
+	if len(params) == 0 {
+		return stepOutputs(feeds, nil), nil
+	}
 	ts, err := readInt32s(toks)
 	if err != nil {
 		return nil, err
@@ -210,8 +235,8 @@ func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps
 	if err != nil {
 		return nil, err
 	}
-	if len(ts) != len(ls) {
-		return nil, fmt.Errorf("mlx: sampled %d tokens and %d log-probabilities", len(ts), len(ls))
+	if len(ts) != len(ls) || len(ts) != len(params) {
+		return nil, fmt.Errorf("mlx: sampled %d tokens and %d log-probabilities for %d sampling inputs", len(ts), len(ls), len(params))
 	}
 	var tids []int32
 	var tlps []float32
@@ -227,16 +252,11 @@ func (m *model) outputs(feeds []feed, params []*engine.SamplingParams, toks, lps
 	if len(ts) > 0 {
 		k = len(tids) / len(ts)
 	}
-	out := make([]engine.StepOutput, 0, len(ts))
-	for _, f := range feeds {
-		if f.sample {
-			i := len(out)
-			o := engine.StepOutput{Seq: f.id, Token: ts[i], Logprob: ls[i]}
-			for j := 0; j < min(params[i].TopLogprobs, k); j++ {
-				o.Top = append(o.Top, engine.TokenLogprob{Token: tids[i*k+j], Logprob: tlps[i*k+j]})
-			}
-			out = append(out, o)
+	return stepOutputs(feeds, func(i int) engine.StepOutput {
+		o := engine.StepOutput{Token: ts[i], Logprob: ls[i]}
+		for j := 0; j < min(params[i].TopLogprobs, k); j++ {
+			o.Top = append(o.Top, engine.TokenLogprob{Token: tids[i*k+j], Logprob: tlps[i*k+j]})
 		}
-	}
-	return out, nil
+		return o
+	}), nil
 }

@@ -19,6 +19,9 @@ var _ engine.Warmer = (*model)(nil)
 // sequences, KV accounting or saved prefixes; see engine.Warmer.
 func (m *model) Warm(ctx context.Context) ([]int, error) {
 	var warmed []int
+	if m.cfg.headless() { // nothing samples on it
+		return warmed, nil
+	}
 	for _, b := range warmSizes(m.info.MaxBatch) {
 		if err := ctx.Err(); err != nil {
 			return warmed, err
