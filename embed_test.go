@@ -230,3 +230,18 @@ func TestEmbedRefusedByScheduler(t *testing.T) {
 		t.Fatalf("after the refusal: %v", err)
 	}
 }
+
+// TestWarmEncoder: an encoder, which cannot generate, warms up with an
+// embedding through the whole stack (a server pre-warming it becomes
+// ready).
+func TestWarmEncoder(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithEncoder(), enginetest.WithEmbedding(8, engine.PoolCLS, true, false)})
+	steps := f.sim.Stats().Steps
+	rep, err := f.srv.WarmModel(context.Background(), "sim", nil)
+	if err != nil {
+		t.Fatalf("warming an encoder: %v", err)
+	}
+	if rep.Generations != 1 || rep.Tokens != 3 || f.sim.Stats().Steps == steps {
+		t.Errorf("report %+v after %d steps; want one 3-token embedding run", rep, f.sim.Stats().Steps-steps)
+	}
+}

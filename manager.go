@@ -114,6 +114,11 @@ func (s *Server) WarmModel(ctx context.Context, id string, prompts []string) (pr
 		reqs = append(reqs, api.Request{Model: id, PromptTokens: []int32{1, 2, 3}})
 	}
 	ctx = context.WithValue(ctx, warmUpKey{}, true)
+	if m.info.Encoder {
+		// An encoder only embeds: its warm-up is an embedding of each
+		// prompt through the whole stack.
+		return rep, s.warmEmbed(ctx, id, reqs, &rep)
+	}
 	for _, r := range reqs {
 		r.Params = api.Params{MaxTokens: warmTokens, IgnoreEOS: true, Priority: api.Background}
 		st, err := s.Generate(ctx, r)
@@ -128,6 +133,20 @@ func (s *Server) WarmModel(ctx context.Context, id string, prompts []string) (pr
 		rep.Tokens += len(res.Tokens)
 	}
 	return rep, nil
+}
+
+// warmEmbed embeds each warm-up prompt at background priority.
+func (s *Server) warmEmbed(ctx context.Context, id string, reqs []api.Request, rep *prewarm.WarmReport) error {
+	for _, r := range reqs {
+		in := api.EmbedInput{Text: r.Prompt, Tokens: r.PromptTokens}
+		res, err := s.Embed(ctx, api.EmbedRequest{Model: id, Inputs: []api.EmbedInput{in}, Priority: api.Background, Truncate: true})
+		if err != nil {
+			return fmt.Errorf("warm model %q: %w", id, err)
+		}
+		rep.Generations++
+		rep.Tokens += res.PromptTokens
+	}
+	return nil
 }
 
 // acquire returns the loaded model id, loading it first when it is only
