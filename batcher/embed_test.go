@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/api"
@@ -148,5 +149,90 @@ func TestEmbeddingOnModelThatDoesNotEmbed(t *testing.T) {
 	r.submit(t, gen)
 	if res := collect(gen); res.err != nil || len(res.tokens) != 3 {
 		t.Errorf("generation after the refusal: %v %v", res.tokens, res.err)
+	}
+}
+
+// stepRecorder records, for every Step, the tokens fed to embedding
+// sequences and whether a generating sequence was in it.
+type stepRecorder struct {
+	engine.Model
+	mu     sync.Mutex
+	pooled map[engine.SeqID]bool
+	steps  []recordedStep
+}
+
+type recordedStep struct {
+	pooledTokens int
+	generating   bool
+}
+
+func (r *stepRecorder) OpenPooled(ctx context.Context, id engine.SeqID, input []int32, pool engine.Pooling) error {
+	r.mu.Lock()
+	r.pooled[id] = true
+	r.mu.Unlock()
+	return r.Model.(engine.Embedder).OpenPooled(ctx, id, input, pool)
+}
+
+func (r *stepRecorder) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
+	r.mu.Lock()
+	var st recordedStep
+	for _, in := range batch {
+		if r.pooled[in.Seq] {
+			st.pooledTokens += len(in.Tokens)
+		} else {
+			st.generating = true
+		}
+	}
+	r.steps = append(r.steps, st)
+	r.mu.Unlock()
+	return r.Model.Step(ctx, batch)
+}
+
+// TestEmbeddingsYieldToGeneration: while generating sequences run,
+// embedding inputs take at most their share of each step's token budget,
+// and a generating sequence's prompt goes before them.
+func TestEmbeddingsYieldToGeneration(t *testing.T) {
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &stepRecorder{Model: m, pooled: map[engine.SeqID]bool{}}
+	r := newRigModel(t, sim, rec, nil, batcher.WithTokenBudget(64), batcher.WithMaxBatch(32), batcher.WithEmbedShare(0.25))
+	gen := &batcher.Sequence{Prompt: prompt(1, 40), MaxTokens: 30}
+	r.submit(t, gen)
+	var embeds []*batcher.Sequence
+	for i := range 12 {
+		s := &batcher.Sequence{Prompt: prompt(10+i, 50), Pool: engine.PoolMean}
+		embeds = append(embeds, s)
+		r.submit(t, s)
+	}
+	late := &batcher.Sequence{Prompt: prompt(2, 30), MaxTokens: 4}
+	r.submit(t, late)
+	for _, s := range embeds {
+		embedResult(t, s)
+	}
+	if res := collect(gen); res.err != nil {
+		t.Fatal(res.err)
+	}
+	if res := collect(late); res.err != nil || len(res.tokens) != 4 {
+		t.Fatalf("the late generation: %v %v", res.tokens, res.err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	alone := 0
+	for i, st := range rec.steps {
+		if st.generating && st.pooledTokens > 16 {
+			t.Errorf("step %d: %d embedding tokens beside generation; the share allows 16", i, st.pooledTokens)
+		}
+		if !st.generating && st.pooledTokens > 16 {
+			alone++
+		}
+	}
+	if alone == 0 {
+		t.Errorf("no step gave embeddings more than their share once generation had finished")
 	}
 }

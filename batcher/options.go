@@ -26,6 +26,7 @@ type config struct {
 	logger         *slog.Logger
 	noJumpForward  bool // WithJumpForward(false)
 	jumpForward    bool // resolved: on and the model takes forced tokens
+	embedShare     float64
 }
 
 // Defaults.
@@ -33,6 +34,9 @@ const (
 	// DefaultTokenBudget is the most tokens (decode tokens plus prompt
 	// chunk tokens) one step carries.
 	DefaultTokenBudget = 2048
+	// DefaultEmbedShare is the share of a step's token budget embedding
+	// inputs take at most while generating sequences run.
+	DefaultEmbedShare = 0.25
 	// DefaultRecoveries is how often a sequence whose engine worker was
 	// lost before its first token is started again before its stream
 	// fails.
@@ -51,6 +55,7 @@ func defaultConfig() config {
 		tokenBudget: DefaultTokenBudget,
 		retry:       defaultRetry(DefaultRecoveries),
 		minBatch:    1,
+		embedShare:  DefaultEmbedShare,
 		logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
@@ -114,6 +119,23 @@ func WithTokenBudget(n int) Option {
 			return fmt.Errorf("token budget %d must be at least 1", n)
 		}
 		c.tokenBudget, c.tokenBudgetSet = n, true
+		return nil
+	}
+}
+
+// WithEmbedShare sets the share of a step's token budget that embedding
+// inputs (Sequence.Pool) take at most while generating sequences run,
+// from 0 (exclusive) to 1: prompt chunks of generating sequences go
+// first, embeddings fill what is left up to this share, so embedding
+// traffic costs chat a bounded slowdown of its decode steps and its time
+// to first token. Without generating sequences embeddings take the whole
+// budget. Default DefaultEmbedShare.
+func WithEmbedShare(f float64) Option {
+	return func(c *config) error {
+		if !(f > 0 && f <= 1) {
+			return fmt.Errorf("embed share %v: want more than 0, at most 1", f)
+		}
+		c.embedShare = f
 		return nil
 	}
 }

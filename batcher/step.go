@@ -46,38 +46,53 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 			decode++
 		}
 	}
+	// Prompt chunks: generating sequences' first, as their time to first
+	// token waits on them; then embedding inputs, which take at most their
+	// share of the budget while generating sequences run (a flood of
+	// embeddings would otherwise fill every step and slow each decode).
+	generating := false
 	for _, e := range b.running {
-		s := e.Value
-		if s.fed == len(s.feed) || budget <= 0 {
-			continue
+		generating = generating || e.Value.Pool == engine.PoolNone
+	}
+	for _, pooled := range []bool{false, true} {
+		room := budget
+		if pooled && generating {
+			room = min(budget, b.embedRoom())
 		}
-		n := min(budget, len(s.feed)-s.fed)
-		if s.Pool != engine.PoolNone && b.info.Encoder {
-			// An encoder reads its input whole; alone in a step it
-			// may exceed the budget.
-			if n = len(s.feed) - s.fed; n > budget && len(in) > 0 {
+		for _, e := range b.running {
+			s := e.Value
+			if (s.Pool != engine.PoolNone) != pooled || s.fed == len(s.feed) || room <= 0 {
 				continue
 			}
-		}
-		if b.pool != nil && len(b.running) > 1 {
-			if n = b.chunkForBlocks(s, n, blocks); n == 0 {
-				continue // waits for blocks; decodes free them
+			n := min(room, len(s.feed)-s.fed)
+			if pooled && b.info.Encoder {
+				// An encoder reads its input whole; alone in a step it
+				// may exceed the budget.
+				if n = len(s.feed) - s.fed; n > room && len(in) > 0 {
+					continue
+				}
 			}
-			blocks -= b.grows(s, n)
-		}
-		end := s.fed + n
-		var allowed []uint64
-		if end == len(s.feed) {
-			var ok bool
-			if allowed, ok = b.allowed(s); !ok {
-				dead = true
-				continue
+			if b.pool != nil && len(b.running) > 1 {
+				if n = b.chunkForBlocks(s, n, blocks); n == 0 {
+					continue // waits for blocks; decodes free them
+				}
+				blocks -= b.grows(s, n)
 			}
+			end := s.fed + n
+			var allowed []uint64
+			if end == len(s.feed) {
+				var ok bool
+				if allowed, ok = b.allowed(s); !ok {
+					dead = true
+					continue
+				}
+			}
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
+			seqs = append(seqs, s)
+			budget -= n
+			room -= n
+			prefill += n
 		}
-		in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
-		seqs = append(seqs, s)
-		budget -= n
-		prefill += n
 	}
 	b.inputs, b.stepSeqs = in, seqs
 	if dead {
@@ -444,6 +459,12 @@ func (b *ContinuousBatcher) fillMask(s *Sequence) {
 			s.loopLeft = min(s.loopLeft, slack)
 		}
 	}
+}
+
+// embedRoom is the most tokens embedding inputs take in a step while
+// generating sequences run (WithEmbedShare), at least one.
+func (b *ContinuousBatcher) embedRoom() int {
+	return max(1, int(float64(b.cfg.tokenBudget)*b.cfg.embedShare))
 }
 
 // budget is how many more tokens s may generate: what is left of its
