@@ -66,6 +66,9 @@ type ContinuousBatcher struct {
 	limit    int // current adaptive batch limit
 	inputs   []engine.StepInput
 	stepSeqs []*Sequence // stepSeqs[i] is the sequence of inputs[i]
+	// embedded is set when the last step carried embedding inputs: while
+	// sequences decode, embeddings join every other step only.
+	embedded bool
 	maskSeqs []*Sequence // constrained sequences whose masks a step fills
 	admitFn  func(*Sequence) bool
 	emaStep  time.Duration

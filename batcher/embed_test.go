@@ -189,8 +189,9 @@ func (r *stepRecorder) Step(ctx context.Context, batch []engine.StepInput) ([]en
 }
 
 // TestEmbeddingsYieldToGeneration: while generating sequences run,
-// embedding inputs take at most their share of each step's token budget,
-// and a generating sequence's prompt goes before them.
+// embedding inputs take at most their share of each step's token budget
+// and join every other step only, and a generating sequence's prompt
+// goes before them.
 func TestEmbeddingsYieldToGeneration(t *testing.T) {
 	sim, err := enginetest.NewSim()
 	if err != nil {
@@ -227,6 +228,9 @@ func TestEmbeddingsYieldToGeneration(t *testing.T) {
 	for i, st := range rec.steps {
 		if st.generating && st.pooledTokens > 16 {
 			t.Errorf("step %d: %d embedding tokens beside generation; the share allows 16", i, st.pooledTokens)
+		}
+		if i > 0 && st.generating && st.pooledTokens > 0 && rec.steps[i-1].generating && rec.steps[i-1].pooledTokens > 0 {
+			t.Errorf("steps %d and %d both carry embeddings beside generation; they join every other step", i-1, i)
 		}
 		if !st.generating && st.pooledTokens > 16 {
 			alone++

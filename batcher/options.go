@@ -126,9 +126,10 @@ func WithTokenBudget(n int) Option {
 // WithEmbedShare sets the share of a step's token budget that embedding
 // inputs (Sequence.Pool) take at most while generating sequences run,
 // from 0 (exclusive) to 1: prompt chunks of generating sequences go
-// first, embeddings fill what is left up to this share, so embedding
-// traffic costs chat a bounded slowdown of its decode steps and its time
-// to first token. Without generating sequences embeddings take the whole
+// first, embeddings fill what is left up to this share, and while
+// sequences decode they join every other step only, so embedding traffic
+// costs chat a bounded slowdown of its decode steps and its time to first
+// token. Without generating sequences embeddings take every step's whole
 // budget. Default DefaultEmbedShare.
 func WithEmbedShare(f float64) Option {
 	return func(c *config) error {

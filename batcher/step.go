@@ -48,16 +48,22 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	}
 	// Prompt chunks: generating sequences' first, as their time to first
 	// token waits on them; then embedding inputs, which take at most their
-	// share of the budget while generating sequences run (a flood of
-	// embeddings would otherwise fill every step and slow each decode).
+	// share of the budget while generating sequences run, and while
+	// sequences decode join every other step only (a flood of embeddings
+	// would otherwise fill every step and make each decode pay a prefill
+	// step's time).
 	generating := false
 	for _, e := range b.running {
 		generating = generating || e.Value.Pool == engine.PoolNone
 	}
+	embedded := false
 	for _, pooled := range []bool{false, true} {
 		room := budget
 		if pooled && generating {
 			room = min(budget, b.embedRoom())
+		}
+		if pooled && decode > 0 && b.embedded {
+			room = 0
 		}
 		for _, e := range b.running {
 			s := e.Value
@@ -92,8 +98,10 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 			budget -= n
 			room -= n
 			prefill += n
+			embedded = embedded || pooled
 		}
 	}
+	b.embedded = embedded
 	b.inputs, b.stepSeqs = in, seqs
 	if dead {
 		b.removeFinished()
