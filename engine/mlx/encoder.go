@@ -40,23 +40,7 @@ var (
 func (m *encModel) Info() engine.Info { return m.info }
 
 // call runs job on the MLX thread, or returns ErrClosed.
-func (m *encModel) call(job func(*graph) error) error {
-	if m.closed.Load() {
-		return engine.ErrClosed
-	}
-	var jerr error
-	err := m.eng.run(func(g *graph) {
-		if m.closed.Load() {
-			jerr = engine.ErrClosed
-			return
-		}
-		jerr = job(g)
-	})
-	if err != nil {
-		return err
-	}
-	return jerr
-}
+func (m *encModel) call(job func(*graph) error) error { return m.eng.runOpen(&m.closed, job) }
 
 // Open refuses: an encoder cannot generate (engine.Info.Encoder).
 func (m *encModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/internal/metal"
@@ -88,6 +89,27 @@ func applyLimits(o *options) error {
 
 // Name returns "mlx".
 func (e *Engine) Name() string { return "mlx" }
+
+// runOpen runs job on the MLX thread unless closed is set, before it is
+// queued or when it would start (a model closed meanwhile), returning
+// engine.ErrClosed then.
+func (e *Engine) runOpen(closed *atomic.Bool, job func(*graph) error) error {
+	if closed.Load() {
+		return engine.ErrClosed
+	}
+	var jerr error
+	err := e.run(func(g *graph) {
+		if closed.Load() {
+			jerr = engine.ErrClosed
+			return
+		}
+		jerr = job(g)
+	})
+	if err != nil {
+		return err
+	}
+	return jerr
+}
 
 // run runs job on the MLX thread unless the engine is closed.
 func (e *Engine) run(job func(*graph)) error {
