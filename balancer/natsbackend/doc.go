@@ -34,7 +34,7 @@
 // others on another instance. An instance that stops answering without
 // closing its connection (a stopped process, a machine cut off the
 // network, which the NATS server notices only at its own ping timeout)
-// leaves its probes unanswered: after the probe timeout (500 ms by
+// leaves its probes unanswered: after the probe timeout (200 ms by
 // default) it is removed the same way. An instance that leaves discovery because
 // it is draining keeps its streams.
 //

@@ -98,7 +98,7 @@ func (f *freezer) close() {
 // TestSilentInstanceResumesFast: an instance whose connection goes silent
 // without closing (no "no responders" for its probes, no end to its TCP
 // connection) is removed once it has left its probes unanswered for the
-// probe timeout (500 ms), not after the discovery timeout (10 s here) or
+// probe timeout (200 ms by default), not after the discovery timeout (10 s here) or
 // three missed heartbeats (6 s), and its stream that had delivered tokens
 // resumes on another instance; a request sent to it meanwhile fails as
 // soon as it is found gone (the balancer fails it over).

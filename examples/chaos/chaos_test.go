@@ -171,7 +171,7 @@ func TestChaos(t *testing.T) {
 	if s := killPhase.summary(); s.resumed > 0 && s.gapP99 > 1500*time.Millisecond {
 		t.Errorf("kill -9: %d resumed streams waited p50 %v, p99 %v between chunks; want p99 under 1.5 s (target 500 ms)", s.resumed, s.gapP50, s.gapP99)
 	}
-	// The same after SIGSTOP, plus the probe timeout (500 ms).
+	// The same after SIGSTOP, plus the probe timeout (200 ms).
 	if s := stopPhase.summary(); s.resumed > 0 && s.gapP99 > 2*time.Second {
 		t.Errorf("SIGSTOP: %d resumed streams waited p50 %v, p99 %v between chunks; want p99 under 2 s", s.resumed, s.gapP50, s.gapP99)
 	}
