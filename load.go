@@ -6,13 +6,13 @@ import (
 	"github.com/mlxserving/mlxserving/balancer"
 )
 
-// Server is a backend a balancer.Balancer can route to.
+// Server is a backend a balancer.LoadBalancer can route to.
 var _ balancer.Backend = (*Server)(nil)
 
 // Load reports the Server's load across its models: requests queued,
 // sequences running, the fraction of KV capacity reserved, and the models
 // it serves — those loaded and those known to its model manager, which
-// load on demand. It is what a balancer.Balancer routes on.
+// load on demand. It is what a balancer.LoadBalancer routes on.
 func (s *Server) Load() balancer.Load {
 	var l balancer.Load
 	reserved, capacity := 0, 0

@@ -1,6 +1,6 @@
 // Package api holds the types a request and its output are made of, shared
 // by everything that serves requests: a single mlxserving.Server, request
-// merging, and balancer.Balancer over local and remote backends. They
+// merging, and balancer.LoadBalancer over local and remote backends. They
 // are data, not behaviour, and live below all of those packages so each can
 // produce and consume the same [Stream]. The package imports only the
 // standard library: the engine contract, the tokenizer and retry refer to

@@ -7,10 +7,10 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 )
 
-// Backend is what a [Balancer] routes requests to: the request API of
+// Backend is what a [LoadBalancer] routes requests to: the request API of
 // one serving instance. A local *mlxserving.Server implements it, so do the
 // remote backends (an OpenAI-compatible HTTP upstream, an instance reached
-// over NATS) and the Balancer itself, so balancers nest.
+// over NATS) and the LoadBalancer itself, so balancers nest.
 //
 // Generate and Chat validate and queue the request before they return,
 // as a Server does: an error means nothing was started. Embed is one
@@ -23,7 +23,7 @@ type Backend interface {
 	Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddings, error)
 	// Load reports the backend's current load and models. It must not
 	// block on the network: a remote backend returns what it last saw.
-	// A Balancer calls it when it rebuilds its routing snapshot (every
+	// A LoadBalancer calls it when it rebuilds its routing snapshot (every
 	// refresh interval, and when backends come and go), never on a
 	// request's path.
 	Load() Load

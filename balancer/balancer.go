@@ -20,7 +20,7 @@ import (
 	"github.com/mlxserving/mlxserving/retry"
 )
 
-// Balancer routes requests across backends — local Servers, remote
+// LoadBalancer routes requests across backends — local Servers, remote
 // OpenAI-compatible instances, instances found over NATS — and is itself a
 // [Backend], so balancers nest and a host program can swap a Server for a
 // balancer without changing its code.
@@ -49,9 +49,9 @@ import (
 // session's home comes from a local copy of the affinity store's (see
 // [WithAffinityRefresh]).
 //
-// A Balancer is safe for concurrent use. Close stops its health checks
+// A LoadBalancer is safe for concurrent use. Close stops its health checks
 // and refreshes; the backends stay the caller's.
-type Balancer struct {
+type LoadBalancer struct {
 	cfg  config
 	seed maphash.Seed
 
@@ -73,6 +73,11 @@ type Balancer struct {
 	stop       chan struct{}
 	done       chan struct{}
 }
+
+// Balancer is the LoadBalancer's earlier name.
+//
+// Deprecated: use LoadBalancer.
+type Balancer = LoadBalancer
 
 // HealthChecker is a backend with an active health check, run every
 // health-check interval (remote backends implement it; a local Server
@@ -110,7 +115,7 @@ type counters struct {
 
 // New returns a balancer with no backends; add them with Add
 // (or let discovery add them through the [Registry] interface).
-func New(opts ...Option) (*Balancer, error) {
+func New(opts ...Option) (*LoadBalancer, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		if o == nil { // nil options are skipped, as nats.go does
@@ -120,7 +125,7 @@ func New(opts ...Option) (*Balancer, error) {
 			return nil, fmt.Errorf("balancer: %w", err)
 		}
 	}
-	lb := &Balancer{
+	lb := &LoadBalancer{
 		cfg: cfg, seed: maphash.MakeSeed(), members: make(map[string]*member),
 		stop: make(chan struct{}), done: make(chan struct{}), added: make(chan struct{}),
 	}
@@ -135,12 +140,12 @@ func New(opts ...Option) (*Balancer, error) {
 	return lb, nil
 }
 
-var _ Backend = (*Balancer)(nil)
-var _ Registry = (*Balancer)(nil)
+var _ Backend = (*LoadBalancer)(nil)
+var _ Registry = (*LoadBalancer)(nil)
 
 // Add starts routing to b under name. Adding a name again replaces its
 // backend (requests in flight on the old one finish).
-func (lb *Balancer) Add(name string, b Backend) error {
+func (lb *LoadBalancer) Add(name string, b Backend) error {
 	if name == "" || b == nil {
 		return errors.New("balancer: backend needs a name and a value")
 	}
@@ -173,7 +178,7 @@ func (lb *Balancer) Add(name string, b Backend) error {
 // awaitBackend waits until a backend is added after the adds-th, until
 // by, or until ctx ends or the balancer closes; it reports whether one
 // was added (its routing snapshot is already built).
-func (lb *Balancer) awaitBackend(ctx context.Context, adds uint64, by time.Time) bool {
+func (lb *LoadBalancer) awaitBackend(ctx context.Context, adds uint64, by time.Time) bool {
 	lb.addedMu.Lock()
 	sig, now := lb.added, lb.adds.Load()
 	lb.addedMu.Unlock()
@@ -197,7 +202,7 @@ func (lb *Balancer) awaitBackend(ctx context.Context, adds uint64, by time.Time)
 }
 
 // Remove stops routing new requests to name; requests in flight finish.
-func (lb *Balancer) Remove(name string) {
+func (lb *LoadBalancer) Remove(name string) {
 	lb.mu.Lock()
 	_, ok := lb.members[name]
 	delete(lb.members, name)
@@ -211,7 +216,7 @@ func (lb *Balancer) Remove(name string) {
 // Drain stops routing new requests to name, waits until its requests in
 // flight have finished (or ctx ends), and removes it. It is how a backend
 // is taken out for shutdown without failing anyone.
-func (lb *Balancer) Drain(ctx context.Context, name string) error {
+func (lb *LoadBalancer) Drain(ctx context.Context, name string) error {
 	lb.mu.RLock()
 	m, ok := lb.members[name]
 	lb.mu.RUnlock()
@@ -234,7 +239,7 @@ func (lb *Balancer) Drain(ctx context.Context, name string) error {
 
 // Close stops the health checks and refreshes and refuses new requests.
 // Streams already returned go on. It is idempotent.
-func (lb *Balancer) Close() error {
+func (lb *LoadBalancer) Close() error {
 	lb.mu.Lock()
 	if lb.closed.Swap(true) {
 		lb.mu.Unlock()
@@ -252,8 +257,8 @@ func (lb *Balancer) Close() error {
 	return nil
 }
 
-// Generate routes a completion request; see [Balancer].
-func (lb *Balancer) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
+// Generate routes a completion request; see [LoadBalancer].
+func (lb *LoadBalancer) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
 	r := Route{Model: req.Model, Session: req.Session, Prefix: req.Prompt}
 	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
 		req := req
@@ -262,8 +267,8 @@ func (lb *Balancer) Generate(ctx context.Context, req api.Request) (*api.Stream,
 	})
 }
 
-// Chat routes a chat request; see [Balancer].
-func (lb *Balancer) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
+// Chat routes a chat request; see [LoadBalancer].
+func (lb *LoadBalancer) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
 	r := Route{Model: req.Model, Session: req.Session, Prefix: chatPrefix(req.Messages)}
 	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
 		req := req
@@ -274,8 +279,8 @@ func (lb *Balancer) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream,
 
 // Embed routes an embedding request to a backend that serves the model,
 // failing over to another while backends refuse it or fail, as a stream
-// that has delivered nothing does; see [Balancer].
-func (lb *Balancer) Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddings, error) {
+// that has delivered nothing does; see [LoadBalancer].
+func (lb *LoadBalancer) Embed(ctx context.Context, req api.EmbedRequest) (*api.Embeddings, error) {
 	var mu sync.Mutex
 	var res *api.Embeddings
 	st, err := lb.serve(ctx, Route{Model: req.Model}, func(ctx context.Context, b Backend, _ []int32) (*api.Stream, error) {
@@ -324,7 +329,7 @@ func chatPrefix(msgs []api.Message) string {
 // Load sums the backends' reports as of the routing snapshot: the models
 // any of them serves, their queues and running sequences, and their mean
 // KV use. It calls no backend.
-func (lb *Balancer) Load() Load {
+func (lb *LoadBalancer) Load() Load {
 	var l Load
 	n := 0
 	for _, v := range lb.snap.Load().members {
@@ -361,7 +366,7 @@ func (lb *Balancer) Load() Load {
 // whether the affinity store then names the chosen backend as the
 // session's home (a new or moved home, or the home's entry refreshed); a
 // request spilled off a busy home leaves it.
-func (lb *Balancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool, since time.Time) (m *member, panicMode bool, home homeDecision) {
+func (lb *LoadBalancer) pick(ctx context.Context, r Route, hashes []uint64, tried map[*member]bool, since time.Time) (m *member, panicMode bool, home homeDecision) {
 	snap := lb.snap.Load()
 	healthy, doubtful := snap.candidates(r, tried)
 	if len(healthy)+len(doubtful) == 0 && snap.built.Before(since) {
@@ -397,7 +402,7 @@ func (lb *Balancer) pick(ctx context.Context, r Route, hashes []uint64, tried ma
 // sessionHome returns the backend the shared affinity store assigns r's
 // session to when the request should go there (see AffinityBounds), and
 // what was decided.
-func (lb *Balancer) sessionHome(ctx context.Context, r Route, pool []*member, cands []Candidate) (*member, homeDecision) {
+func (lb *LoadBalancer) sessionHome(ctx context.Context, r Route, pool []*member, cands []Candidate) (*member, homeDecision) {
 	if lb.homes == nil || r.Session == "" {
 		return nil, noHome
 	}
@@ -436,7 +441,7 @@ func affinityKey(r Route) string { return r.Model + "\x00" + r.Session }
 
 // routed records a request placed on m: its prefix, and its session's
 // home as home decided (see homes.set).
-func (lb *Balancer) routed(ctx context.Context, m *member, r Route, hashes []uint64, home homeDecision) {
+func (lb *LoadBalancer) routed(ctx context.Context, m *member, r Route, hashes []uint64, home homeDecision) {
 	m.routed.Add(1)
 	lb.stats.routed.Add(1)
 	m.prefix.add(hashes)
@@ -478,7 +483,7 @@ func (m *member) observe(ttft time.Duration, now time.Time) {
 
 // loop rebuilds the routing snapshot every refresh interval and runs the
 // active health checks until Close.
-func (lb *Balancer) loop() {
+func (lb *LoadBalancer) loop() {
 	defer close(lb.done)
 	refresh := time.NewTicker(lb.cfg.loadRefresh)
 	defer refresh.Stop()
@@ -500,7 +505,7 @@ func (lb *Balancer) loop() {
 	}
 }
 
-func (lb *Balancer) checkAll() {
+func (lb *LoadBalancer) checkAll() {
 	lb.mu.RLock()
 	ms := make([]*member, 0, len(lb.members))
 	for _, m := range lb.members {

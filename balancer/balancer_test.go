@@ -46,7 +46,7 @@ func newInstance(t testing.TB, step time.Duration, models ...string) *instance {
 	return in
 }
 
-func newBalancer(t testing.TB, opts ...balancer.Option) *balancer.Balancer {
+func newBalancer(t testing.TB, opts ...balancer.Option) *balancer.LoadBalancer {
 	t.Helper()
 	lb, err := balancer.New(opts...)
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package balancer routes LLM requests over several serving instances:
 // local Servers, remote OpenAI-compatible instances (balancer/httpbackend)
-// and instances found over NATS (balancer/natsbackend). A [Balancer] is a
+// and instances found over NATS (balancer/natsbackend). A [LoadBalancer] is a
 // [Backend] itself, so balancers nest and a program can swap a Server for
 // a balancer without changing its code.
 //

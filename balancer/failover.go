@@ -22,7 +22,7 @@ type startFunc func(ctx context.Context, b Backend, resume []int32) (*api.Stream
 // serve places the request on a backend and returns a stream that fails
 // over to another backend while no token has reached the caller, and
 // after tokens resumes on another backend (see failoverSource.resumable).
-func (lb *Balancer) serve(ctx context.Context, r Route, start startFunc) (*api.Stream, error) {
+func (lb *LoadBalancer) serve(ctx context.Context, r Route, start startFunc) (*api.Stream, error) {
 	if lb.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -74,7 +74,7 @@ func backendFault(err error) bool {
 // the backend it runs on, replaced by another backend's if the first
 // fails before a token reached the caller.
 type failoverSource struct {
-	lb     *Balancer
+	lb     *LoadBalancer
 	route  Route
 	hashes []uint64
 	start  startFunc
@@ -105,7 +105,7 @@ type failoverSource struct {
 // anyServes reports whether a member of the routing snapshot, draining or
 // not, serves model, or there is no member at all (backends that are
 // gone, not a model that is unknown).
-func (lb *Balancer) anyServes(model string) bool {
+func (lb *LoadBalancer) anyServes(model string) bool {
 	members := lb.snap.Load().members
 	if len(members) == 0 {
 		return true
@@ -120,7 +120,7 @@ func (lb *Balancer) anyServes(model string) bool {
 
 // liveServes reports whether a backend of the routing snapshot that is
 // not draining serves model.
-func (lb *Balancer) liveServes(model string) bool {
+func (lb *LoadBalancer) liveServes(model string) bool {
 	for _, v := range lb.snap.Load().members {
 		if !v.m.draining.Load() && !v.load.Draining && v.load.Serves(model) {
 			return true
@@ -210,7 +210,7 @@ func (s *failoverSource) open(ctx context.Context) error {
 
 // retryAfter is the wait a caller refused by every backend is told: the
 // last backend's own Retry-After, or the breakers' open time.
-func (lb *Balancer) retryAfter(last error) time.Duration {
+func (lb *LoadBalancer) retryAfter(last error) time.Duration {
 	if d, ok := retry.RetryAfter(last); ok {
 		return d
 	}

@@ -35,7 +35,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 
 // registerMetrics registers lb's instruments with the configured provider;
 // Close unregisters them.
-func (lb *Balancer) registerMetrics() error {
+func (lb *LoadBalancer) registerMetrics() error {
 	if lb.cfg.meterProvider == nil {
 		return nil
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/mlxserving/mlxserving/retry"
 )
 
-// Option configures a Balancer.
+// Option configures a LoadBalancer.
 type Option func(*config) error
 
 type config struct {
@@ -32,7 +32,7 @@ type config struct {
 	meterProvider     metric.MeterProvider
 }
 
-// Defaults of a Balancer.
+// Defaults of a LoadBalancer.
 const (
 	// DefaultAttempts is how many backends one request may be tried on
 	// before its first token.

@@ -30,7 +30,7 @@ type view struct {
 }
 
 // refresh rebuilds the snapshot from the members' load reports.
-func (lb *Balancer) refresh() {
+func (lb *LoadBalancer) refresh() {
 	lb.refreshMu.Lock()
 	defer lb.refreshMu.Unlock()
 	lb.rebuild()
@@ -41,7 +41,7 @@ func (lb *Balancer) refresh() {
 // model looks once more this way, in case one appeared (or loaded the
 // model) since the last refresh; requests that miss together share one
 // rebuild.
-func (lb *Balancer) refreshSince(t time.Time) *snapshot {
+func (lb *LoadBalancer) refreshSince(t time.Time) *snapshot {
 	lb.refreshMu.Lock()
 	defer lb.refreshMu.Unlock()
 	if s := lb.snap.Load(); !s.built.Before(t) {
@@ -54,7 +54,7 @@ func (lb *Balancer) refreshSince(t time.Time) *snapshot {
 // rebuild reads the members under lb.mu, then their load reports outside
 // it, and stores the new snapshot. Has to be called with refreshMu, so an
 // older view never replaces a newer one.
-func (lb *Balancer) rebuild() {
+func (lb *LoadBalancer) rebuild() {
 	s := &snapshot{built: time.Now()}
 	lb.mu.RLock()
 	s.members = make([]view, 0, len(lb.members))
@@ -72,7 +72,7 @@ func (lb *Balancer) rebuild() {
 
 // report puts a load report m's backend sent into the snapshot now (see
 // [LoadReporter]); the other backends' reports stay as they were.
-func (lb *Balancer) report(m *member, l Load) {
+func (lb *LoadBalancer) report(m *member, l Load) {
 	lb.refreshMu.Lock()
 	defer lb.refreshMu.Unlock()
 	old := lb.snap.Load()

@@ -40,7 +40,7 @@ type Stats struct {
 
 // Stats returns a snapshot, backends sorted by name; their Load is the
 // report routing uses now.
-func (lb *Balancer) Stats() Stats {
+func (lb *LoadBalancer) Stats() Stats {
 	out := Stats{
 		Routed: lb.stats.routed.Load(), Failovers: lb.stats.failovers.Load(),
 		Refused: lb.stats.refused.Load(), Interrupted: lb.stats.interrupted.Load(), Resumed: lb.stats.resumed.Load(),

@@ -1,7 +1,7 @@
 // Package openai serves an [mlxserving.Server] over the OpenAI HTTP API, so
 // the official OpenAI clients (and anything built on them) work against a
 // Go program that embeds its own models. It serves a
-// balancer.Balancer in front of several instances the same way: New
+// balancer.LoadBalancer in front of several instances the same way: New
 // takes any balancer.Backend.
 //
 //	srv, _ := mlxserving.New(eng)

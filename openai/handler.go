@@ -27,7 +27,7 @@ type Handler struct {
 }
 
 // New returns a Handler over srv: a *mlxserving.Server, or a
-// balancer.Balancer in front of several instances (anything that
+// balancer.LoadBalancer in front of several instances (anything that
 // implements balancer.Backend).
 func New(srv balancer.Backend, opts ...Option) (*Handler, error) {
 	if srv == nil || (reflect.ValueOf(srv).Kind() == reflect.Pointer && reflect.ValueOf(srv).IsNil()) {

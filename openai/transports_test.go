@@ -36,7 +36,7 @@ type transport struct {
 func transports(t *testing.T, f *fixture) []transport {
 	t.Helper()
 	out := []transport{{"direct", f.ts}}
-	gateway := func(name string, add func(lb *balancer.Balancer)) {
+	gateway := func(name string, add func(lb *balancer.LoadBalancer)) {
 		lb, err := balancer.New()
 		if err != nil {
 			t.Fatal(err)
@@ -53,7 +53,7 @@ func transports(t *testing.T, f *fixture) []transport {
 		})
 		out = append(out, transport{name, ts})
 	}
-	gateway("http", func(lb *balancer.Balancer) {
+	gateway("http", func(lb *balancer.LoadBalancer) {
 		hb, err := httpbackend.New(f.ts.URL)
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +77,7 @@ func transports(t *testing.T, f *fixture) []transport {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Stop() })
-	gateway("nats", func(lb *balancer.Balancer) {
+	gateway("nats", func(lb *balancer.LoadBalancer) {
 		d, err := natsbackend.Discover(context.Background(), conn(), lb, natsbackend.WithInterval(50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,7 @@
 //	b, err := httpbackend.New("http://10.0.0.7:8000", httpbackend.WithAPIKey(key))
 //	if err != nil { ... }
 //	defer b.Close()
-//	lb.Add("gpu-7", b) // a balancer.Balancer routes to it
+//	lb.Add("gpu-7", b) // a balancer.LoadBalancer routes to it
 //
 // Generate posts to /v1/completions and Chat to /v1/chat/completions,
 // always streaming (stream: true with stream_options.include_usage), and
@@ -35,7 +35,7 @@
 // safe to retry.
 //
 // An mlxserving upstream added WithResume streams every token's id
-// (return_token_ids), so a balancer.Balancer resumes a stream it
+// (return_token_ids), so a balancer.LoadBalancer resumes a stream it
 // breaks off on another backend, and receives a resumed request's
 // delivered ids as "resume" (api.Params.Resume). A foreign upstream's ids
 // are unknown: its broken stream ends with the InterruptedError, and it

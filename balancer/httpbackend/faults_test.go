@@ -234,7 +234,7 @@ func TestHeaderTimeout(t *testing.T) {
 	}
 }
 
-// TestBalancerFailsOver: behind a balancer.Balancer, a refusing
+// TestBalancerFailsOver: behind a balancer.LoadBalancer, a refusing
 // upstream is skipped and the request served by a live one.
 func TestBalancerFailsOver(t *testing.T) {
 	u := newUpstream(t, nil)

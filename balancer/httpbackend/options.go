@@ -128,7 +128,7 @@ func WithModels(ids ...string) Option {
 
 // WithResume marks the upstream as an mlxserving instance, which can
 // resume streams: requests ask it for every streamed token's id
-// ("return_token_ids"), so a balancer.Balancer can resume a stream
+// ("return_token_ids"), so a balancer.LoadBalancer can resume a stream
 // this upstream breaks off on another backend, and a request carrying
 // api.Params.Resume sends it as "resume". Without it (the default: a
 // foreign OpenAI-compatible upstream, whose ids are unknown) streams carry

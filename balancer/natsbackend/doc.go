@@ -14,7 +14,7 @@
 //	err := svc.Drain(ctx, 2*natsbackend.DefaultInterval)
 //
 // On the balancer, [Discover] finds the instances and keeps a
-// balancer.Registry (a balancer.Balancer) in step with them:
+// balancer.Registry (a balancer.LoadBalancer) in step with them:
 //
 //	d, err := natsbackend.Discover(ctx, nc, lb)
 //	defer d.Close()
@@ -84,7 +84,7 @@
 // balancer sends the request to another instance. A caller's deadline
 // travels with the request, so the instance stops on its own too.
 //
-// A balancer.Balancer over these clients resumes such a stream on
+// A balancer.LoadBalancer over these clients resumes such a stream on
 // another instance. Chunks carry their token ids, and the request travels
 // as its JSON, api.Params.Resume included: the new instance gets the
 // prompt plus the delivered ids and streams only what follows.

@@ -138,8 +138,8 @@ func startServerOn(t testing.TB, name string, nc *nats.Conn, srvOpts []mlxservin
 	return in
 }
 
-// newBalancer is a Balancer kept in step with the instances by Discover.
-func newBalancer(t testing.TB, n *natsServer, opts ...natsbackend.DiscoverOption) (*balancer.Balancer, *natsbackend.Discovery) {
+// newBalancer is a LoadBalancer kept in step with the instances by Discover.
+func newBalancer(t testing.TB, n *natsServer, opts ...natsbackend.DiscoverOption) (*balancer.LoadBalancer, *natsbackend.Discovery) {
 	t.Helper()
 	lb, err := balancer.New(balancer.WithStrategy(balancer.RoundRobin()))
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 
 // BenchmarkClusterInstanceKill: 48 streaming clients (64-token requests,
 // half greedy, half seeded with penalties, back to back) through a
-// balancer.Balancer over NATS to 3 instances on the simulated engine (5 ms
+// balancer.LoadBalancer over NATS to 3 instances on the simulated engine (5 ms
 // steps); 1 s into a 3 s run one instance's connection drops, as a killed
 // process's does. Its streams resume on the other instances: it reports
 // the requests completed, resumed, interrupted (*retry.InterruptedError)

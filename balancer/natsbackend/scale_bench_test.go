@@ -11,7 +11,7 @@ import (
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 )
 
-// BenchmarkClusterScaling measures throughput through a balancer.Balancer over
+// BenchmarkClusterScaling measures throughput through a balancer.LoadBalancer over
 // NATS with 1 and with 3 instances, each on the simulated engine
 // (enginetest.Sim) with a fixed 5 ms step and at most 4 sequences per
 // batch, under 24 concurrent 32-token requests: the instances are the

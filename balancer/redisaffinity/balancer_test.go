@@ -58,7 +58,7 @@ func TestReplicasShareSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	srvs := servers(t, 3)
-	var lbs []*balancer.Balancer
+	var lbs []*balancer.LoadBalancer
 	for range 2 {
 		lb, err := balancer.New(balancer.WithStrategy(balancer.RoundRobin()), balancer.WithAffinityStore(store, time.Minute))
 		if err != nil {
@@ -72,7 +72,7 @@ func TestReplicasShareSessions(t *testing.T) {
 		}
 		lbs = append(lbs, lb)
 	}
-	turn := func(lb *balancer.Balancer, session string) (string, error) {
+	turn := func(lb *balancer.LoadBalancer, session string) (string, error) {
 		st, err := lb.Generate(context.Background(), api.Request{Model: "tiny", Prompt: "hello " + session,
 			Params: api.Params{MaxTokens: 2, IgnoreEOS: true, Session: session}})
 		if err != nil {

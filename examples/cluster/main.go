@@ -1,7 +1,7 @@
 // Command cluster runs a small mlxserving cluster on this machine with one
 // command: an embedded NATS server, several instances (each a Server
 // serving itself over NATS with natsbackend.Serve), a
-// balancer.Balancer that finds them with natsbackend.Discover, and
+// balancer.LoadBalancer that finds them with natsbackend.Discover, and
 // the OpenAI API over the balancer.
 //
 //	go run ./examples/cluster                 # 3 instances, simulated engine, :8080

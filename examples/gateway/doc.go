@@ -1,5 +1,5 @@
 // Command gateway is the front of an mlxserving cluster: the OpenAI API
-// (completions, chat and embeddings) over a balancer.Balancer whose backends are the instances found over
+// (completions, chat and embeddings) over a balancer.LoadBalancer whose backends are the instances found over
 // NATS (examples/server -nats ...) and/or any OpenAI-compatible servers
 // named with -upstream (mlxserving, vLLM, llama.cpp, mlx_lm.server), with
 // API keys, a routing strategy and, with -redis, session homes shared by

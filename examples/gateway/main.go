@@ -199,7 +199,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 // gateway is the load balancer over the -upstream servers and the
 // instances Discover finds, with what it needs closed.
 type gateway struct {
-	lb      *balancer.Balancer
+	lb      *balancer.LoadBalancer
 	nc      *nats.Conn             // nil without -nats
 	disc    *natsbackend.Discovery // nil without -nats
 	state   *natsState             // nil without -nats
@@ -219,7 +219,7 @@ func (g *gateway) backend(o options) balancer.Backend {
 	if g.nc == nil || o.upstreams != "" {
 		return g.lb
 	}
-	return &natsGuard{Balancer: g.lb, nc: g.nc, state: g.state, grace: o.grace}
+	return &natsGuard{LoadBalancer: g.lb, nc: g.nc, state: g.state, grace: o.grace}
 }
 
 // instances names the instances discovery knows now.

@@ -50,7 +50,7 @@ func (s *natsState) downFor() time.Duration {
 // on as usual (moving to another server of a NATS cluster takes
 // milliseconds).
 type natsGuard struct {
-	*balancer.Balancer
+	*balancer.LoadBalancer
 	nc    *nats.Conn
 	state *natsState
 	grace time.Duration
@@ -61,7 +61,7 @@ func (g *natsGuard) Generate(ctx context.Context, req api.Request) (*api.Stream,
 	if err := g.down(req.Model); err != nil {
 		return nil, err
 	}
-	return g.Balancer.Generate(ctx, req)
+	return g.LoadBalancer.Generate(ctx, req)
 }
 
 // Chat refuses the request while NATS is down, else balances it.
@@ -69,7 +69,7 @@ func (g *natsGuard) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream,
 	if err := g.down(req.Model); err != nil {
 		return nil, err
 	}
-	return g.Balancer.Chat(ctx, req)
+	return g.LoadBalancer.Chat(ctx, req)
 }
 
 // Embed refuses the request while NATS is down, else balances it.
@@ -77,7 +77,7 @@ func (g *natsGuard) Embed(ctx context.Context, req api.EmbedRequest) (*api.Embed
 	if err := g.down(req.Model); err != nil {
 		return nil, err
 	}
-	return g.Balancer.Embed(ctx, req)
+	return g.LoadBalancer.Embed(ctx, req)
 }
 
 // down returns the refusal while NATS has been down past the grace.

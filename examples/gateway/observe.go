@@ -124,7 +124,7 @@ type loadStats struct {
 	Updated  *time.Time `json:"updated,omitempty"` // absent for a live local report
 }
 
-func statsOf(lb *balancer.Balancer, nc *nats.Conn, instances func() []string) stats {
+func statsOf(lb *balancer.LoadBalancer, nc *nats.Conn, instances func() []string) stats {
 	st := lb.Stats()
 	out := stats{
 		Requests: requestStats{Routed: st.Routed, Failovers: st.Failovers, Refused: st.Refused, Interrupted: st.Interrupted, Resumed: st.Resumed},
@@ -195,7 +195,7 @@ func adminOnly(keys []openai.Key, next http.Handler) http.Handler {
 }
 
 // statsHandler answers GET statsPath with the balancer's stats as JSON.
-func statsHandler(lb *balancer.Balancer, nc *nats.Conn, instances func() []string) http.Handler {
+func statsHandler(lb *balancer.LoadBalancer, nc *nats.Conn, instances func() []string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", http.MethodGet)

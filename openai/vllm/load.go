@@ -13,7 +13,7 @@ import (
 )
 
 // LoadSource is what LoadCollector reads: a load report, as a
-// *mlxserving.Server or a balancer.Balancer gives. A source that also
+// *mlxserving.Server or a balancer.LoadBalancer gives. A source that also
 // has per-model stats (Stats() map[string]mlxserving.ModelStats, as a
 // Server has) is reported per model.
 type LoadSource interface {
