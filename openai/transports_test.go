@@ -17,7 +17,7 @@ import (
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/httpbackend"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/retry"

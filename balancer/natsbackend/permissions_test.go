@@ -9,7 +9,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 )
 
 // TestPermissions runs testdata/nats-server.conf: instances and gateways

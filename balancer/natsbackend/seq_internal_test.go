@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/retry"
 )
 

@@ -24,7 +24,7 @@ func buildBinaries(tb testing.TB) string {
 	}
 	dir := tb.TempDir()
 	cmd := exec.Command(goBin, "build", "-o", dir+string(filepath.Separator),
-		"./examples/server", "./examples/gateway", "./balancer/natsbackend/natstest/natsnode")
+		"./examples/server", "./examples/gateway", "./internal/natstest/natsnode")
 	cmd.Dir = "../.."
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("go build: %v\n%s", err, out)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/testmodel"

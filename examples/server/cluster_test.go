@@ -12,7 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/balancer/natsbackend/natstest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 )
 
 // TestJoinsCluster: with -nats the server serves as an instance that a
