@@ -3,7 +3,7 @@
 # here, then carry bin/:
 #
 #   CGO_ENABLED=0 go build -o bin/familycheck ./internal/familycheck
-#   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o bin/gpubench ./engine/pyproc/internal/gpubench
+#   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o bin/gpubench ./cmd/gpubench
 #   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -o bin/pyproc.test ./engine/pyproc   # optional
 #
 #   sh internal/familycheck/quant.sh check OUT   # kernels, then each layout against the references

@@ -269,7 +269,7 @@ def splits(batch, kv_heads, context):
 
 
 # Launch parameters of _decode_attn_kernel, (block, warps, stages), chosen
-# by batch size from internal/gpubench/attn_tune.py on an H100; ATTN_CONFIG
+# by batch size from cmd/gpubench/attn_tune.py on an H100; ATTN_CONFIG
 # set overrides them (the tuning script does).
 ATTN_CONFIG = None
 # Whether each tile of the attention loop loads the next tile's block ids

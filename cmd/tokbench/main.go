@@ -7,7 +7,7 @@
 // Run from the repository root after sourcing the test set-up:
 //
 //	MLXSERVING_ROOT=$PWD; source scripts/setup.d/20-tokenizers.sh
-//	go run ./engine/tokenizer/internal/tokbench
+//	go run ./cmd/tokbench
 package main
 
 import (

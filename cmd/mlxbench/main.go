@@ -1,7 +1,7 @@
 //go:build mlx
 
 // Command mlxbench measures the MLX engine's decode throughput with the
-// same workload as gpubench (engine/pyproc/internal/gpubench), so the two
+// same workload as gpubench (cmd/gpubench), so the two
 // engines' rows compare: a Llama-3.2-1B-shaped bf16 checkpoint with random
 // weights, a 128-token prompt per sequence prefilled in one step, then 128
 // greedy decode steps for the whole batch, at each batch size. Beside
@@ -10,7 +10,7 @@
 // the engine's fused decode kernels off on a CUDA GPU, so one binary
 // measures both.
 //
-//	go build -tags mlx -o bin/mlxbench ./engine/mlx/internal/mlxbench
+//	go build -tags mlx -o bin/mlxbench ./cmd/mlxbench
 //	bin/mlxbench -dir /tmp/llama1b -batches 1,8,32,64 -device gpu
 //
 // -quant measures a quantized checkpoint of -shape instead: mlx4 or mlx8
@@ -21,7 +21,7 @@
 //
 //	bin/mlxbench -shape llama8b -quant mlx4 -dir /tmp/llama8b-mlx4 -batches 1,64
 //
-// engine/mlx/internal/mlxbench/device.sh runs it on a CUDA machine.
+// cmd/mlxbench/device.sh runs it on a CUDA machine.
 package main
 
 import (

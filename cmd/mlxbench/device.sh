@@ -2,16 +2,16 @@
 # The MLX engine on a CUDA machine, beside the torch engine, in two calls
 # to the same machine (Go is not needed there). Build here:
 #
-#   CGO_ENABLED=0 go build -o BIN/gpubench ./engine/pyproc/internal/gpubench
-#   go build -tags mlx -o BIN/mlxbench ./engine/mlx/internal/mlxbench   # against any MLX prefix's headers
+#   CGO_ENABLED=0 go build -o BIN/gpubench ./cmd/gpubench
+#   go build -tags mlx -o BIN/mlxbench ./cmd/mlxbench   # against any MLX prefix's headers
 #
 # and carry BIN and a copy of the MLX source bundle (../shared/mlx) as MLXSRC.
 #
-#   sh engine/mlx/internal/mlxbench/device.sh build MLXSRC      # starts the CUDA build (about 8 minutes), returns
-#   sh engine/mlx/internal/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
+#   sh cmd/mlxbench/device.sh build MLXSRC      # starts the CUDA build (about 8 minutes), returns
+#   sh cmd/mlxbench/device.sh bench BIN OUTDIR  # waits for it, then both engines' decode table
 #                                                                # (the MLX engine with and without its fused kernels)
-#   sh engine/mlx/internal/mlxbench/device.sh profile BIN OUTDIR BATCH  # the kernels of 4 decode steps at BATCH (ncu)
-#   sh engine/mlx/internal/mlxbench/device.sh quant BIN OUTDIR [SHAPE ...]  # bf16 vs MLX 4/8-bit vs AWQ vs FP8 decode
+#   sh cmd/mlxbench/device.sh profile BIN OUTDIR BATCH  # the kernels of 4 decode steps at BATCH (ncu)
+#   sh cmd/mlxbench/device.sh quant BIN OUTDIR [SHAPE ...]  # bf16 vs MLX 4/8-bit vs AWQ vs FP8 decode
 #                                                                # (llama1b, llama8b by default)
 #
 # mlxbench finds the CUDA build's libmlxc.so through LD_LIBRARY_PATH (it

@@ -4,9 +4,9 @@
 # each shape given (default llama1b), plus the decode microbenchmark at
 # batch 1 and 64 on the 1B shape. Go is not needed on the device; build here:
 #
-#   for p in gpubench:./engine/pyproc/internal/gpubench server:./examples/server loadgen:./cmd/loadgen; do
+#   for p in gpubench:./cmd/gpubench server:./examples/server loadgen:./cmd/loadgen; do
 #     CGO_ENABLED=0 go build -ldflags='-s -w' -o bin/${p%%:*} ${p#*:}; done
-#   sh engine/pyproc/internal/gpubench/serving.sh OUTDIR [SHAPE...]
+#   sh cmd/gpubench/serving.sh OUTDIR [SHAPE...]
 #
 # LOADS overrides the loads (gpubench -loads); MICRO=0 skips the
 # microbenchmark; SERVER_ARGS are passed to examples/server; BIN names the
