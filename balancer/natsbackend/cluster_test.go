@@ -14,8 +14,8 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/retry"
 )
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
-	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/natstest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
