@@ -17,6 +17,15 @@
 //		Params:   api.Params{MaxTokens: 64}})
 //	for c, err := range st.Chunks() { ... c.Text ... }
 //
+// A model that embeds (an encoder such as BERT, or a decoder embedding
+// model such as Qwen3-Embedding) answers [Server.Embed]: its inputs run as
+// prefill-only sequences in the same batches as generation, pooled and
+// normalized as the checkpoint's sentence-transformers files say.
+//
+//	res, _ := srv.Embed(ctx, api.EmbedRequest{Model: "bge",
+//		Inputs: []api.EmbedInput{{Text: "what is paging?"}}})
+//	// res.Vectors[0]
+//
 // A model manager (package prewarm) sits behind the models: LoadModel
 // loads and pins a model; [Server.RegisterModel] makes one known and loads
 // it on its first request (concurrent requests share one load), unloading
