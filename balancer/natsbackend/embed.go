@@ -46,21 +46,8 @@ type wireEmbeddings struct {
 // connection that has not learnt the server's.
 const defaultMaxPayload = 1 << 20
 
-// handleEmbed runs an embedding request in its own goroutine: micro calls
-// handlers one at a time per endpoint.
-func (s *Service) handleEmbed(r micro.Request) {
-	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
-		return
-	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		s.serveEmbed(r)
-	}()
-}
+// handleEmbed runs an embedding request in its own goroutine.
+func (s *Service) handleEmbed(r micro.Request) { s.spawn(func() { s.serveEmbed(r) }) }
 
 func (s *Service) serveEmbed(r micro.Request) {
 	inbox := r.Headers().Get(hdrStream)

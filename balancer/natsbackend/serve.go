@@ -259,9 +259,13 @@ func (s *Service) Stop() error {
 	return err
 }
 
-// handle starts a request in its own goroutine: micro calls handlers one
-// at a time per endpoint.
-func (s *Service) handle(r micro.Request, chat bool) {
+// handle starts a request in its own goroutine.
+func (s *Service) handle(r micro.Request, chat bool) { s.spawn(func() { s.serve(r, chat) }) }
+
+// spawn runs fn in a goroutine the service waits for when it stops, unless
+// it has stopped: micro calls handlers one at a time per endpoint, so each
+// request gets its own.
+func (s *Service) spawn(fn func()) {
 	s.mu.Lock()
 	if s.stopped {
 		s.mu.Unlock()
@@ -271,7 +275,7 @@ func (s *Service) handle(r micro.Request, chat bool) {
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
-		s.serve(r, chat)
+		fn()
 	}()
 }
 
