@@ -26,7 +26,7 @@
 // instance alive and refreshes what the balancer routes on. An instance
 // that has not answered within the timeout is removed. Between broadcasts
 // each known instance is probed on its own load subject every probe
-// interval (100 ms by default): the NATS server answers "no responders" at
+// interval (50 ms by default): the NATS server answers "no responders" at
 // once for an instance whose connection is gone (kill -9), so it leaves
 // the registry, and every open stream of it ends with ErrInstanceLost,
 // within about a probe interval rather than three missed heartbeats: a
