@@ -211,10 +211,7 @@ func (s *Server) runEmbedJobs(ctx context.Context, m *model, req api.EmbedReques
 			return e
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	return nil
+	return errors.Join(errs...) // the callers' cancellations
 }
 
 // receive reads the job's vector from its source.

@@ -27,8 +27,10 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		blocks = b.roomForDecodes()
 	}
 	b.fillMasks()
+	generating := false // a generating (not embedding) sequence runs
 	for _, e := range b.running {
 		s := e.Value
+		generating = generating || s.Pool == engine.PoolNone
 		if s.fed == len(s.feed) {
 			allowed, ok := b.allowed(s)
 			if !ok {
@@ -52,10 +54,6 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	// sequences decode join every other step only (a flood of embeddings
 	// would otherwise fill every step and make each decode pay a prefill
 	// step's time).
-	generating := false
-	for _, e := range b.running {
-		generating = generating || e.Value.Pool == engine.PoolNone
-	}
 	embedded := false
 	for _, pooled := range []bool{false, true} {
 		room := budget

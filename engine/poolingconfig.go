@@ -21,7 +21,6 @@ type stModule struct {
 // stPooling is a Pooling module's config.json (sentence-transformers 2
 // and later write every flag; older files miss some, read as false).
 type stPooling struct {
-	Dimension     int    `json:"word_embedding_dimension"`
 	CLS           bool   `json:"pooling_mode_cls_token"`
 	Mean          bool   `json:"pooling_mode_mean_tokens"`
 	Max           bool   `json:"pooling_mode_max_tokens"`

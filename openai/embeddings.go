@@ -57,7 +57,7 @@ func (h *Handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	g, err := admit(r.Context(), er.Model, &er.Priority, false, req.Priority != "" || r.Header.Get("X-Priority") != "")
+	g, err := admit(r.Context(), er.Model, &er.Priority, false, req.tierFields().namesTier(r))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -103,12 +103,16 @@ func (e *embeddingRequest) embed(r *http.Request) (api.EmbedRequest, error) {
 		req.Dimensions = *e.Dimensions
 	}
 	var err error
-	if req.Priority, err = (&commonFields{Priority: e.Priority}).tier(r); err != nil {
+	if req.Priority, err = e.tierFields().tier(r); err != nil {
 		return req, err
 	}
 	req.Inputs, err = parseEmbedInput(e.Input)
 	return req, err
 }
+
+// tierFields are the body's fields that name a tier, as completions
+// read them (the priority field, else the X-Priority header).
+func (e *embeddingRequest) tierFields() *commonFields { return &commonFields{Priority: e.Priority} }
 
 // parseEmbedInput reads "input": a string, an array of strings, an array
 // of token ids, or an array of arrays of token ids.
