@@ -155,3 +155,15 @@ func TestAgainstServer(t *testing.T) {
 		}
 	}
 }
+
+// Requests take a comma-separated -model list in turn (adapters and their
+// base), whatever -prompts repeats.
+func TestModelsInTurn(t *testing.T) {
+	cfg := config{model: "base,a,b", endpoint: "chat", inputWords: 3, maxTokens: 2, prompts: 1, seed: 1}
+	for i, want := range []string{"base", "a", "b", "base"} {
+		var req struct{ Model string }
+		if err := json.Unmarshal(requestBody(cfg, i), &req); err != nil || req.Model != want {
+			t.Fatalf("request %d: model %q (%v); want %q", i, req.Model, err, want)
+		}
+	}
+}
