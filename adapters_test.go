@@ -10,6 +10,7 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/prewarm"
@@ -166,5 +167,42 @@ func TestAdapterRestoredAfterReload(t *testing.T) {
 	}
 	if st := f.sim.Stats(); st.AdapterLoads < 2 {
 		t.Fatalf("adapter loads %d; the reloaded base should load it again", st.AdapterLoads)
+	}
+}
+
+// A load balancer over two instances routes an adapter's requests to the
+// instance that serves it, named as the model or as a parameter.
+func TestAdapterRoutedToItsInstance(t *testing.T) {
+	a, b := newFixture(t, nil), newFixture(t, nil)
+	dirs := writeAdapters(t, 1)
+	if _, err := b.srv.LoadAdapter(context.Background(), mlxserving.AdapterSpec{Name: "tuned", Path: dirs[0]}); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := balancer.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	for name, f := range map[string]*fixture{"a": a, "b": b} {
+		if err := lb.Add(name, f.srv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		r := req(4, int32(i), 2, 3)
+		r.Model = "tuned"
+		if i%2 == 1 {
+			r.Model, r.Adapter = "sim", "tuned"
+		}
+		st, err := lb.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if res, err := st.Collect(); err != nil || len(res.Tokens) != 4 {
+			t.Fatalf("request %d: %v %v", i, res, err)
+		}
+	}
+	if sa, sb := a.sim.Stats(), b.sim.Stats(); sa.Steps != 0 || sb.AdapterLoads == 0 {
+		t.Fatalf("instance without the adapter ran %d steps; the one with it loaded it %d times", sa.Steps, sb.AdapterLoads)
 	}
 }
