@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -92,12 +93,13 @@ func generateAdapter(t testing.TB, m *model, id engine.SeqID, prompt []int32, n,
 
 // TestAdapterMatchesMerged: an adapter's greedy tokens are those of the
 // checkpoint with it merged, for llama (q/k/v and gate/up fused at load),
-// qwen2 (q/k/v biases) and phi3 (fused in the checkpoint), in PEFT's and
+// qwen2 (q/k/v biases), phi3 (fused in the checkpoint) and qwen3_moe
+// (attention only: the experts are not adapted), in PEFT's and
 // mlx-lm's layouts, prefilled whole and in chunks; and they differ from
 // the base's, so the adapter is applied at all.
 func TestAdapterMatchesMerged(t *testing.T) {
 	e := newEngine(t)
-	for _, arch := range []string{"llama", "qwen2", "phi3"} {
+	for _, arch := range []string{"llama", "qwen2", "phi3", "qwen3_moe"} {
 		for _, mlxLayout := range []bool{false, true} {
 			cfg := testmodel.TinyFamily(arch)
 			a := testmodel.Adapter{Rank: 4, Alpha: 8, MLX: mlxLayout, Seed: 11}
@@ -372,5 +374,50 @@ func TestAdapterErrors(t *testing.T) {
 	}
 	if got := generateAdapter(t, m, 5, p, 6, len(p), ""); len(got) != 6 {
 		t.Errorf("base after refusals: %v", got)
+	}
+}
+
+// TestAdapterRegistryConcurrent: AddAdapter, RemoveAdapter and Adapters
+// run while sequences of an adapter step (go test -race).
+func TestAdapterRegistryConcurrent(t *testing.T) {
+	e := newEngine(t)
+	cfg := testmodel.Tiny()
+	c := writeAdapterCase(t, cfg, testmodel.Adapter{Rank: 4, Seed: 9})
+	m := loadSpec(t, e, engine.ModelSpec{Path: c.base})
+	addAdapter(t, m, "x", c.adapter)
+	p := prompts()[2]
+	want := generateAdapter(t, m, 1, p, 6, len(p), "x")
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := string(rune('a' + i))
+			for range 5 {
+				if _, err := m.AddAdapter(context.Background(), engine.AdapterSpec{Name: name, Path: c.adapter}); err != nil {
+					errs <- err
+					return
+				}
+				_ = m.Adapters()
+				if err := m.RemoveAdapter(name); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for i := range 3 {
+		if got := generateAdapter(t, m, engine.SeqID(10+i), p, 6, 2, "x"); !slices.Equal(got, want) {
+			t.Errorf("while the registry changes: %v, want %v", got, want)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := m.Adapters(); len(got) != 1 || got[0].Name != "x" {
+		t.Errorf("adapters %+v, want x only", got)
 	}
 }
