@@ -55,10 +55,10 @@ type adapterSlot struct {
 // newAdapters sets up a decoder model's adapter state for slots slots of
 // rank up to maxRank; no device memory is taken until an adapter is
 // opened.
-func newAdapters(m *model, dir string, slots, maxRank int) *adapters {
+func newAdapters(m *model, g *graph, dir string, slots, maxRank int) *adapters {
 	a := &adapters{maxRank: maxRank, reg: map[string]*adapterEntry{}, slots: make([]adapterSlot, slots)}
 	a.base, a.baseErr = lora.ReadBase(dir)
-	a.stack = newLoRAStack(m, slots)
+	a.stack = newLoRAStack(m, slots, g.k.cpu)
 	return a
 }
 

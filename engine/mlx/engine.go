@@ -215,7 +215,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		if m.w, lerr = buildWeights(g, cfg, mods, ts); lerr != nil {
 			return
 		}
-		m.adapters = newAdapters(m, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
+		m.adapters = newAdapters(m, g, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
 		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
 			m.pool.release()
 			m.w.free()

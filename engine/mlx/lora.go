@@ -35,13 +35,15 @@ const (
 // module of every layer (a loraPart: q_proj, down_proj, phi3's qkv_proj
 // ...) has two stacks over the slots, made when the first resident
 // adapter targets it: A^T [slots, in, R] and scale·B^T [slots, R, out] in
-// the model's dtype, R the highest rank made resident so far (lower ranks
+// the model's dtype (float32 on the CPU, whose gather_mm takes only
+// float32: the step's rows are cast to it and back), R the highest rank made resident so far (lower ranks
 // are zero-padded, which adds nothing), a slot's rows zero when its
 // adapter does not target the module. A projection that packs modules
 // (the fused q/k/v product) adds their deltas side by side, in its
 // output's order. MLX thread only.
 type loraStack struct {
-	dt     C.mlx_dtype
+	dt     C.mlx_dtype // the stacks'
+	model  C.mlx_dtype // the model's
 	slots  int
 	rank   int
 	layers [][nProj]*loraProj
@@ -66,9 +68,12 @@ type loraPart struct {
 
 // newLoRAStack lays out the adaptable modules of m's layers; it takes no
 // device memory.
-func newLoRAStack(m *model, slots int) *loraStack {
+func newLoRAStack(m *model, slots int, cpu bool) *loraStack {
 	c := m.cfg
-	st := &loraStack{dt: m.w.dtype, slots: slots, layers: make([][nProj]*loraProj, len(m.w.layers)), parts: map[partKey]*loraPart{}}
+	st := &loraStack{dt: m.w.dtype, model: m.w.dtype, slots: slots, layers: make([][nProj]*loraProj, len(m.w.layers)), parts: map[partKey]*loraPart{}}
+	if cpu {
+		st.dt = C.MLX_FLOAT32
+	}
 	h, qd, kd, inter := c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.Intermediate
 	for li := range m.w.layers {
 		l, ps := &m.w.layers[li], &st.layers[li]
@@ -305,6 +310,9 @@ func (m *model) proj(g *graph, li int, k projKind, l *linear, x arr, p *stepPlan
 			if !isNull(lp.idx) {
 				xs = g.take(xs, lp.idx, 0)
 			}
+			if st.dt != st.model {
+				xs = g.astype(xs, st.dt)
+			}
 		}
 		u := g.gatherMM(xs, part.a, lp.slots, true)     // [M, 1, R]
 		outs[i] = g.gatherMM(u, part.b, lp.slots, true) // [M, 1, out]
@@ -314,9 +322,12 @@ func (m *model) proj(g *graph, li int, k projKind, l *linear, x arr, p *stepPlan
 		return y
 	}
 	d := g.concat(2, outs...)
+	if st.dt != st.model {
+		d = g.astype(d, st.model)
+	}
 	if !isNull(lp.back) {
 		if lp.m < p.n {
-			d = g.concat(0, d, g.zeros(st.dt, 1, 1, width))
+			d = g.concat(0, d, g.zeros(st.model, 1, 1, width))
 		}
 		d = g.take(d, lp.back, 0)
 	}
