@@ -161,15 +161,17 @@ func (m *model) resident(g *graph, e *adapterEntry) (int, error) {
 		ad.slots[i].used = ad.clock
 		return i, nil
 	}
+	// A slot no sequence uses ranks by what it holds: nothing or an
+	// adapter no longer served first, then the least recently opened.
+	rank := func(s adapterSlot) uint64 {
+		if s.e == nil || s.e.gone.Load() {
+			return 0
+		}
+		return s.used
+	}
 	pick := -1
 	for i, s := range ad.slots {
-		switch {
-		case s.refs > 0:
-		case s.e == nil || s.e.gone.Load():
-			if pick < 0 || ad.slots[pick].e != nil && !ad.slots[pick].e.gone.Load() {
-				pick = i
-			}
-		case pick < 0 || (ad.slots[pick].e != nil && !ad.slots[pick].e.gone.Load() && s.used < ad.slots[pick].used):
+		if s.refs == 0 && (pick < 0 || rank(s) < rank(ad.slots[pick])) {
 			pick = i
 		}
 	}
@@ -196,12 +198,14 @@ func (m *model) release(s *seqState) {
 	}
 }
 
-// dropGoneSaved discards saved KV of adapters removed or replaced: no
-// sequence can reuse it. MLX thread only.
+// dropGoneSaved discards saved KV of adapters removed or replaced, which
+// no sequence can reuse, and reports their keys as evicted
+// (EvictedSaved). MLX thread only.
 func (m *model) dropGoneSaved() {
 	m.saved = slices.DeleteFunc(m.saved, func(e *savedKV) bool {
 		if e.seq.lora != nil && e.seq.lora.gone.Load() {
 			e.free()
+			m.evicted = append(m.evicted, e.key)
 			return true
 		}
 		return false

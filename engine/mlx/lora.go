@@ -207,12 +207,12 @@ func (st *loraStack) grow(g *graph, r int) {
 
 // loraPlan is where a step's adapted tokens are: the packed tokens of
 // sequences with an adapter, grouped by slot in increasing order, so
-// each slot's rows are contiguous for the sorted gather_mm.
+// each slot's rows are contiguous for the sorted gather_mm; the deltas
+// are added back to those rows with one scatter_add.
 type loraPlan struct {
 	m     int    // adapted tokens
 	idx   arr    // [M] packed token of each, by slot; null: every token, in order
 	slots arr    // [M] uint32 slot of each, increasing
-	back  arr    // [N] row of each token in [adapted rows..., a zero row]; null with idx
 	used  []bool // slots of the step
 }
 
@@ -256,14 +256,7 @@ func (m *model) planLoRA(g *graph, feeds []feed, p *stepPlan) *loraPlan {
 	if inOrder {
 		return lp
 	}
-	back := make([]int32, p.n)
-	for i := range back {
-		back[i] = int32(lp.m) // the zero row
-	}
-	for i, t := range idx {
-		back[t] = int32(i)
-	}
-	lp.idx, lp.back = g.int32s(idx, lp.m), g.int32s(back, p.n)
+	lp.idx = g.int32s(idx, lp.m)
 	return lp
 }
 
@@ -283,8 +276,8 @@ func (lp *loraPlan) uses(part *loraPart) bool {
 // proj is layer li's linear l (of kind k) over x, plus the LoRA deltas
 // of the step's adapted tokens: for each module packed in it,
 // (x A^T) (scale·B^T) through two sorted gather_mm over the tokens
-// grouped by slot, the modules' deltas side by side, and zero for the
-// base's tokens.
+// grouped by slot, the modules' deltas side by side, added to the
+// adapted tokens' rows only.
 func (m *model) proj(g *graph, li int, k projKind, l *linear, x arr, p *stepPlan) arr {
 	y := l.apply(g, x)
 	lp := p.lora
@@ -325,13 +318,11 @@ func (m *model) proj(g *graph, li int, k projKind, l *linear, x arr, p *stepPlan
 	if st.dt != st.model {
 		d = g.astype(d, st.model)
 	}
-	if !isNull(lp.back) {
-		if lp.m < p.n {
-			d = g.concat(0, d, g.zeros(st.model, 1, 1, width))
-		}
-		d = g.take(d, lp.back, 0)
+	if isNull(lp.idx) {
+		return g.add(y, g.reshape(d, shapeOf(y)...))
 	}
-	return g.add(y, g.reshape(d, shapeOf(y)...))
+	shape := shapeOf(y)
+	return g.reshape(g.scatterAdd(g.reshape(y, p.n, width), lp.idx, d), shape...) // idx's rows are distinct
 }
 
 // dtypeSize is the bytes of one value of the float dtype dt.
