@@ -254,8 +254,12 @@ func TestAdapterPrefixKVNotShared(t *testing.T) {
 	m.Free(9, "")
 
 	// The name added again is another adapter: its KV starts afresh.
+	m.EvictedSaved()
 	addAdapter(t, m, "x", c2.adapter)
 	reuse(10, "x", "k", 0)
+	if ev := m.EvictedSaved(); !slices.Contains(ev, "k") {
+		t.Errorf("KV of the replaced adapter dropped but not reported: evicted %v", ev)
+	}
 }
 
 // TestAdapterSlotEviction: with one slot, two adapters one after the
@@ -297,6 +301,26 @@ func TestAdapterSlotEviction(t *testing.T) {
 	m.Free(6, "")
 	if got := generateAdapter(t, m, 7, p, 8, len(p), "y"); !slices.Equal(got, wantY) {
 		t.Errorf("after the slot was freed: y %v, merged %v", got, wantY)
+	}
+
+	// A removed adapter's open sequence runs on, holding the slot until
+	// it is freed.
+	if _, err := m.OpenAdapter(ctx, 8, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveAdapter("x"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := m.Step(ctx, []engine.StepInput{{Seq: 8, Tokens: p, Sample: true}})
+	if err != nil || out[0].Token != wantX[0] {
+		t.Errorf("removed adapter's open sequence: %v, %v; want %d", out, err, wantX[0])
+	}
+	if _, err := m.OpenAdapter(ctx, 9, p, "", "y"); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Errorf("slot of a removed adapter's open sequence taken: %v", err)
+	}
+	m.Free(8, "")
+	if got := generateAdapter(t, m, 10, p, 8, len(p), "y"); !slices.Equal(got, wantY) {
+		t.Errorf("after the removed adapter's sequence: y %v, merged %v", got, wantY)
 	}
 }
 
