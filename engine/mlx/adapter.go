@@ -94,7 +94,7 @@ func (m *model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 	if err := a.CheckFinite(); err != nil {
 		return engine.AdapterInfo{}, err
 	}
-	e := &adapterEntry{a: a, info: a.Info(spec.Name, dtypeSize(m.w.dtype))}
+	e := &adapterEntry{a: a, info: a.Info(spec.Name, dtypeSize(ad.stack.dt))}
 	ad.mu.Lock()
 	defer ad.mu.Unlock()
 	if m.closed.Load() {

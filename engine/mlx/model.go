@@ -102,12 +102,13 @@ func (m *model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	return reused, err
 }
 
-// attach gives s the KV saved under key by a sequence of s's adapter, truncated to the longest common
-// prefix of its tokens and prompt, and returns that length (always fewer
-// than the prompt). s shares the saved entry's pool rows for those
-// positions; rows are written once, so the saved entry stays whole. The
-// shared rows are s's blocks (engine.BlockPool): FreeBlocks stops
-// counting those no other sequence held.
+// attach gives s the KV saved under key by a sequence of s's adapter
+// (never another's: KV is not shared between adapters), truncated to the
+// longest common prefix of its tokens and prompt, and returns that length
+// (always fewer than the prompt). s shares the saved entry's pool rows
+// for those positions; rows are written once, so the saved entry stays
+// whole. The shared rows are s's blocks (engine.BlockPool): FreeBlocks
+// stops counting those no other sequence held.
 func (m *model) attach(s *seqState, prompt []int32, key string) int {
 	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key && e.seq.lora == s.lora })
 	if i < 0 {
