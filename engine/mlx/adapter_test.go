@@ -274,6 +274,9 @@ func TestAdapterSlotEviction(t *testing.T) {
 	if m.Info().AdapterSlots != 1 || m.Info().MaxAdapterRank != engine.DefaultMaxAdapterRank {
 		t.Fatalf("info %+v", m.Info())
 	}
+	if _, err := e.Load(context.Background(), engine.ModelSpec{ID: "many", Path: cx.base, AdapterSlots: maxAdapterSlots + 1}); err == nil {
+		t.Error("more adapter slots than gather_mm takes were accepted")
+	}
 	rx, ry := loadSpec(t, e, engine.ModelSpec{Path: cx.merged, ID: "mx"}), loadSpec(t, e, engine.ModelSpec{Path: cy.merged, ID: "my"})
 	addAdapter(t, m, "x", cx.adapter)
 	addAdapter(t, m, "y", cy.adapter)

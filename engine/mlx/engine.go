@@ -149,6 +149,9 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if spec.MaxBatch < 0 || spec.KVCapacity < 0 || spec.ContextLength < 0 || spec.AdapterSlots < 0 || spec.MaxAdapterRank < 0 {
 		return nil, &engine.InvalidParamError{Param: "model spec", Reason: "sizes must not be negative"}
 	}
+	if spec.AdapterSlots > maxAdapterSlots {
+		return nil, &engine.InvalidParamError{Param: "model spec", Reason: fmt.Sprintf("AdapterSlots %d: at most %d", spec.AdapterSlots, maxAdapterSlots)}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -13,6 +13,10 @@ import (
 	"github.com/mlxserving/mlxserving/internal/lora"
 )
 
+// maxAdapterSlots bounds ModelSpec.AdapterSlots: MLX's CUDA gather_mm
+// takes at most 1024 matrices (the slots) in its sorted one-row path.
+const maxAdapterSlots = 1024
+
 // projKind names a layer's linear layers as the engine holds them: q, k
 // and v fused into qkv, gate and up into gateUp, when fuse could (or the
 // checkpoint stores them so: phi3), else apart.
