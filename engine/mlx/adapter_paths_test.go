@@ -150,3 +150,44 @@ func TestAdapterLowPrecision(t *testing.T) {
 		}
 	}
 }
+
+// TestAdapterPrimitives: a step of base sequences builds the primitives
+// it builds on a model serving no adapter, even with adapters resident
+// (the LoRA path is skipped whole); steps with adapted tokens add the
+// gathered products.
+func TestAdapterPrimitives(t *testing.T) {
+	e := newEngine(t)
+	c := writeAdapterCase(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 23})
+	m := loadSpec(t, e, engine.ModelSpec{Path: c.base})
+	plain := loadSpec(t, e, engine.ModelSpec{Path: c.base, ID: "plain"})
+	addAdapter(t, m, "x", c.adapter)
+	p := prompts()[0]
+	generateAdapter(t, m, 1, p, 3, len(p), "x") // resident
+	generateAdapter(t, plain, 1, p, 3, len(p), "")
+	want := plain.Primitives()
+	generateAdapter(t, m, 2, p, 3, len(p), "")
+	if got := m.Primitives(); got != want {
+		t.Errorf("base decode step with an adapter resident: %+v primitives, %+v without adapters", got, want)
+	}
+	generateAdapter(t, m, 3, p, 3, len(p), "x")
+	adapted := m.Primitives()
+	ctx := context.Background()
+	for i, a := range []string{"", "x"} {
+		id := engine.SeqID(10 + i)
+		if _, err := m.OpenAdapter(ctx, id, p, "", a); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Free(id, "")
+		if _, err := m.Step(ctx, []engine.StepInput{{Seq: id, Tokens: p, Sample: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 10, Tokens: p[:1], Sample: true}, {Seq: 11, Tokens: p[:1], Sample: true}}); err != nil {
+		t.Fatal(err)
+	}
+	mixed := m.Primitives()
+	t.Logf("decode step primitives per layer: base %.0f, all adapted %.0f, half adapted %.0f", want.PerLayer(), adapted.PerLayer(), mixed.PerLayer())
+	if adapted.Layers <= want.Layers || mixed.Layers <= adapted.Layers {
+		t.Errorf("layer primitives: base %d, adapted %d, mixed %d; want them increasing", want.Layers, adapted.Layers, mixed.Layers)
+	}
+}
