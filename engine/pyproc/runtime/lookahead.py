@@ -114,7 +114,13 @@ def chainable(model, batch, items, want):
     parameters that run ahead, on a graph-captured batch size."""
     g = model.graphs
     return (max(want, default=1) > 1 and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
-            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items))
+            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items) and not adapted(items))
+
+
+def adapted(items):
+    """Whether a sequence of items runs a LoRA adapter: its steps run on
+    the host path (lora.py), not the graphs the chain replays."""
+    return any(s.lora for _, s in items)
 
 
 def run_chain(model, items, tokens, want):
@@ -146,7 +152,7 @@ def run(model, items, first, want):
     after first, and their logprobs (None when nobody asked)."""
     steps = max(want) - 1
     g = model.graphs
-    if g is not None and g.fast and g.usable(len(items)):
+    if g is not None and g.fast and g.usable(len(items)) and not adapted(items):
         return _finish(_launch(model, items, first, want, 1, None))
     return _run_host(model, items, first, want, steps)
 

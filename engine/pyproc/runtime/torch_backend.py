@@ -17,6 +17,7 @@ from paged import Layout, OutOfBlocks, PagedKV
 from pooling import Pooled, with_pooled
 from upload import to_device
 import lookahead
+import lora
 
 BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
@@ -28,7 +29,7 @@ STEP_TOKENS_CUDA = 4096
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
-                "jump_forward": True,
+                "jump_forward": True, "adapters": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
                              "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
                              "generated"]}
@@ -123,6 +124,10 @@ class TorchModel:
         if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
         self.seqs = {}
+        # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
+        slots = int(opts.get("adapter_slots") or 0)
+        self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
+                                   int(opts.get("max_adapter_rank") or 64)) if slots > 0 else None
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
@@ -184,6 +189,8 @@ class TorchModel:
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
             "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,
+            **({"adapter_slots": self.adapters.n, "max_adapter_rank": self.adapters.R, "adapter_bytes": self.adapters.bytes(),
+                "adapter_slot_bytes": self.adapters.slot_bytes} if self.adapters is not None else {}),
         }
 
     def free_blocks(self):
@@ -220,10 +227,12 @@ class TorchModel:
         scratch = [t([self.kv.scratch * self.kv.bs] * b)] * self.kv.ngroups
         self.model.forward(zero, zero, scratch, [("decode", rows, zero, 1, zero + 1)], self.kv, rows)
 
-    def open(self, seq, prompt, prefix_key, pool=None):
+    def open(self, seq, prompt, prefix_key, pool=None, adapter=None):
         """Opens seq for prompt, reusing saved or cached KV; pool (a
         pooling.POOLS mode) opens a pooled sequence instead, which reuses
-        nothing. Returns the tokens reused."""
+        nothing; adapter (the open request's "adapter" object) runs it
+        with a LoRA adapter, loaded into its slot first when the request
+        says so. Returns the tokens reused."""
         if seq in self.seqs:
             raise ProtocolError("invalid", "sequence %d is already open" % seq)
         if not prompt:
@@ -237,11 +246,17 @@ class TorchModel:
             s.pool = state
             self.seqs[seq] = s
             return 0
+        slot = 0
+        if adapter is not None:
+            if self.adapters is None:
+                raise ProtocolError("invalid", "this model was loaded without adapter slots")
+            slot = self.adapters.ensure(adapter)
         try:
-            s, reused = self.kv.open(prompt, prefix_key)
+            s, reused = self.kv.open(prompt, prefix_key, adapter["name"] if slot else "")
         except OutOfBlocks:
             raise ProtocolError("oom", "sequence %d: its reused prefix needs more blocks than the %d free"
                                 % (seq, self.kv.pool.free()))
+        s.lora = slot
         self.seqs[seq] = s
         return reused
 
@@ -358,7 +373,7 @@ class TorchModel:
                 self.kv.grow(s, len(s.tokens) + S)
                 self.kv.flush()
                 with torch.no_grad():
-                    self._forward_packed([[b[0], part, False, b[3]]], [s])
+                    self._forward([[b[0], part, False, b[3]]], [s])
                 self.kv.settle(s)
             out.append([b[0], toks] + list(b[2:]))
         return out
@@ -404,6 +419,8 @@ class TorchModel:
 
     def _forward(self, batch, seqs):
         self.kv.flush()
+        if self.adapters is not None and any(s.lora for s in seqs):
+            return self._forward_lora(batch, seqs)
         if any(s.pool is not None for s in seqs):  # pooling reads rows the decode paths never form
             return self._forward_packed(batch, seqs)
         decode = all(len(b[1]) == 1 and b[2] for b in batch)
@@ -426,6 +443,21 @@ class TorchModel:
                 s.tokens.append(b[1][0])
             return self.model.forward_decode(t[0], t[1], t[2], self.kv)
         return self._forward_packed(batch, seqs)
+
+    def _forward_lora(self, batch, seqs):
+        """A step some of whose rows run adapters: eager passes (the decode
+        graphs hold no delta) with the step's plan on the decoder
+        (lora.py)."""
+        self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
+        try:
+            if self.model.kern is not None and all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs)):
+                t = to_device([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], self.device)
+                for b, s in zip(batch, seqs):
+                    s.tokens.append(b[1][0])
+                return self.model.forward_decode(t[0], t[1], t[2], self.kv)
+            return self._forward_packed(batch, seqs)
+        finally:
+            self.model.lora = None
 
     def _forward_split(self, batch, seqs):
         """A step of prompt chunks and one-token inputs as two passes: the

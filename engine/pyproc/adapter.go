@@ -1,0 +1,268 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lora"
+)
+
+var _ engine.AdapterModel = (*Model)(nil)
+
+// served is an adapter in the registry: what AddAdapter read and checked,
+// and its key on the workers (its name and the generation it was added
+// in, so a name added again is another adapter to the slots and the
+// prefix caches).
+type served struct {
+	info engine.AdapterInfo
+	key  string
+	load map[string]any // the open request's "load" object (PROTOCOL.md, "LoRA adapters")
+}
+
+// slotState is one device slot of one worker as the supervisor assigned
+// it: the adapter key it holds ("" when none or unknown), the open
+// sequences that run it, and when it was last opened (for LRU eviction).
+type slotState struct {
+	key   string
+	users int
+	used  uint64
+}
+
+// AddAdapter reads and checks the adapter at spec.Path against the model
+// (internal/lora: every file problem is a *engine.CheckpointError, the
+// weights are checked finite here, once) and serves it under spec.Name.
+// Nothing goes to the workers until a sequence opens with it. See
+// engine.AdapterModel.
+func (m *Model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine.AdapterInfo, error) {
+	if spec.Name == "" || spec.Path == "" {
+		return engine.AdapterInfo{}, &engine.InvalidParamError{Param: "adapter", Reason: "AdapterSpec needs a Name and a Path"}
+	}
+	if err := m.usable(); err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	a, err := lora.Read(spec.Path)
+	if err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	base, err := lora.ReadBase(m.spec.Path)
+	if err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	if err := a.Check(base, m.maxRank()); err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	if err := a.CheckFinite(); err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	if m.info.AdapterSlots == 0 {
+		return engine.AdapterInfo{}, &engine.InvalidParamError{Param: "adapter",
+			Reason: fmt.Sprintf("model %q serves no adapters here (the torch backend serves them on decoders)", m.spec.ID)}
+	}
+	info := a.Info(spec.Name, 2)
+	info.Bytes = m.slotBytes // resident, an adapter takes a whole slot of the highest rank
+	pairs := make([][]any, len(a.Pairs))
+	for i, p := range a.Pairs {
+		pairs[i] = []any{p.Layer, p.Module, p.A, p.B, p.Transposed}
+	}
+	file := "adapter_model.safetensors"
+	if a.Format == lora.FormatMLX {
+		file = "adapters.safetensors"
+	}
+	abs, err := filepath.Abs(filepath.Join(spec.Path, file))
+	if err != nil {
+		return engine.AdapterInfo{}, &engine.CheckpointError{Path: spec.Path, Reason: err.Error()}
+	}
+	m.amu.Lock()
+	defer m.amu.Unlock()
+	m.agen++
+	m.adapters[spec.Name] = &served{info: info, key: spec.Name + "#" + strconv.FormatUint(m.agen, 10),
+		load: map[string]any{"file": abs, "rank": a.Rank, "scale": a.Scale, "pairs": pairs}}
+	return info, nil
+}
+
+// RemoveAdapter stops serving name; see engine.AdapterModel. Its slots
+// on the workers become the first to reuse once its sequences are freed.
+func (m *Model) RemoveAdapter(name string) error {
+	m.amu.Lock()
+	defer m.amu.Unlock()
+	if _, ok := m.adapters[name]; !ok {
+		return fmt.Errorf("%w: adapter %q is not served by model %q", engine.ErrModelNotFound, name, m.spec.ID)
+	}
+	delete(m.adapters, name)
+	return nil
+}
+
+// Adapters lists the adapters served, by name.
+func (m *Model) Adapters() []engine.AdapterInfo {
+	m.amu.RLock()
+	defer m.amu.RUnlock()
+	out := make([]engine.AdapterInfo, 0, len(m.adapters))
+	for _, s := range m.adapters {
+		out = append(out, s.info)
+	}
+	slices.SortFunc(out, func(a, b engine.AdapterInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// OpenAdapter opens a sequence that runs with adapter (empty: Open). The
+// worker the sequence is routed to (as Open routes) gets the adapter in
+// one of its slots: the slot that holds it already, else an empty one,
+// else the least recently opened one no open sequence uses, the open
+// request carrying what to load. Each worker has its own slots; a
+// replacement worker starts with none. See engine.AdapterModel.
+func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey, adapter string) (int, error) {
+	if adapter == "" {
+		return m.Open(ctx, id, prompt, prefixKey)
+	}
+	if err := m.usable(); err != nil {
+		return 0, err
+	}
+	m.amu.RLock()
+	a := m.adapters[adapter]
+	m.amu.RUnlock()
+	if a == nil {
+		return 0, fmt.Errorf("%w: adapter %q is not served by model %q", engine.ErrModelNotFound, adapter, m.spec.ID)
+	}
+	if m.info.Encoder {
+		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an encoder: it embeds (OpenPooled) and does not generate", m.spec.ID)}
+	}
+	return m.openWith(ctx, id, prompt, prefixKey, engine.PoolNone, a)
+}
+
+// errSlotsBusy is OpenAdapter's error when every slot of the worker holds
+// an adapter open sequences run.
+var errSlotsBusy = errors.New("every adapter slot holds an adapter open sequences run")
+
+// claim picks p's slot for adapter a: its own, an empty one, one whose
+// adapter was removed or replaced, else the least recently opened unused
+// one. load says the worker must load it there. It changes nothing until
+// the open succeeds (hold).
+func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
+	st := m.slotsOf(p)
+	best := -1
+	for i, s := range st {
+		if s.key == a.key {
+			return i, false, nil
+		}
+		if s.users > 0 {
+			continue
+		}
+		if best < 0 || m.evictBefore(s, st[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0, false, fmt.Errorf("%w: %w (%d on worker %d; retry after some finish)", engine.ErrOutOfMemory, errSlotsBusy, len(st), p.slot)
+	}
+	return best, true, nil
+}
+
+// evictBefore orders unused slots for eviction: empty ones, then those
+// whose adapter is no longer served, then the least recently opened.
+func (m *Model) evictBefore(a, b slotState) bool {
+	ra, rb := m.evictRank(a), m.evictRank(b)
+	if ra != rb {
+		return ra < rb
+	}
+	return a.used < b.used
+}
+
+func (m *Model) evictRank(s slotState) int {
+	if s.key == "" {
+		return 0
+	}
+	m.amu.RLock()
+	defer m.amu.RUnlock()
+	name := s.key[:strings.LastIndexByte(s.key, '#')]
+	if cur := m.adapters[name]; cur == nil || cur.key != s.key {
+		return 1
+	}
+	return 2
+}
+
+// slotsOf is p's slot table, made empty for a worker seen the first time
+// (a replacement holds no adapter); tables of dead workers are dropped.
+func (m *Model) slotsOf(p *proc) []slotState {
+	st, ok := m.resident[p]
+	if !ok {
+		for q := range m.resident {
+			if !q.alive() {
+				delete(m.resident, q)
+			}
+		}
+		st = make([]slotState, m.info.AdapterSlots)
+		m.resident[p] = st
+	}
+	return st
+}
+
+// adapterField is the open request's "adapter" object for a in slot.
+func adapterField(a *served, slot int, load bool) map[string]any {
+	f := map[string]any{"name": a.key, "slot": slot}
+	if load {
+		f["load"] = a.load
+	}
+	return f
+}
+
+// hold records the outcome of an open with a in p's slot: on success the
+// slot holds it and counts the sequence; after a failed load nobody knows
+// what the slot holds.
+func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
+	st := m.slotsOf(p)
+	if err != nil {
+		if load {
+			st[slot] = slotState{}
+		}
+		return
+	}
+	m.atick++
+	st[slot] = slotState{key: a.key, users: st[slot].users + 1, used: m.atick}
+}
+
+// release drops a freed sequence from its adapter slot.
+func (m *Model) release(ref seqRef) {
+	if ref.adapter == 0 {
+		return
+	}
+	if st, ok := m.resident[ref.proc]; ok && st[ref.adapter-1].users > 0 {
+		st[ref.adapter-1].users--
+	}
+}
+
+// maxRank is the highest adapter rank the model takes.
+func (m *Model) maxRank() int {
+	if m.spec.MaxAdapterRank > 0 {
+		return m.spec.MaxAdapterRank
+	}
+	return engine.DefaultMaxAdapterRank
+}
+
+// adapterSlots is the slot count the model asks the workers for.
+func (m *Model) adapterSlots() int {
+	if m.spec.AdapterSlots > 0 {
+		return m.spec.AdapterSlots
+	}
+	return engine.DefaultAdapterSlots
+}
+
+// adapterInfo fills the model's adapter fields from the workers' load
+// replies: slots only when every worker serves adapters.
+func (m *Model) adapterInfo(infos []*wireInfo) {
+	for _, w := range infos {
+		if w.AdapterSlots == 0 {
+			return
+		}
+	}
+	m.info.AdapterSlots, m.info.MaxAdapterRank = infos[0].AdapterSlots, infos[0].MaxAdapterRank
+	m.slotBytes = infos[0].AdapterSlotBytes
+}

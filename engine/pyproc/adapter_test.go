@@ -1,0 +1,432 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/testmodel"
+)
+
+// loraCase is a base checkpoint, an adapter over it and the checkpoint
+// with the adapter merged in (testmodel's reference).
+type loraCase struct {
+	base, adapter, merged string
+}
+
+// writeLoRA writes base, the adapter ad over it and the merged checkpoint
+// into fresh directories.
+func writeLoRA(t testing.TB, base testmodel.Config, ad testmodel.Adapter) loraCase {
+	t.Helper()
+	root := t.TempDir()
+	c := loraCase{base: filepath.Join(root, "base"), adapter: filepath.Join(root, "adapter"), merged: filepath.Join(root, "merged")}
+	merged := base
+	merged.Merge = &ad
+	for _, err := range []error{testmodel.Write(c.base, base), testmodel.WriteAdapter(c.adapter, base, ad), testmodel.Write(c.merged, merged)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func loadSpec(t testing.TB, e *Engine, spec engine.ModelSpec) *Model {
+	t.Helper()
+	m, err := e.Load(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m.(*Model)
+}
+
+func addAdapter(t testing.TB, m *Model, name, dir string) engine.AdapterInfo {
+	t.Helper()
+	info, err := m.AddAdapter(context.Background(), engine.AdapterSpec{Name: name, Path: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// generateWith is generate for a sequence opened with adapter.
+func generateWith(t testing.TB, m *Model, seq engine.SeqID, p []int32, n int, adapter string) []int32 {
+	t.Helper()
+	ctx := context.Background()
+	r, err := m.OpenAdapter(ctx, seq, p, "", adapter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free(seq, "")
+	feed := p[r:]
+	var out []int32
+	for len(out) < n {
+		o, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: feed, Sample: true, Params: greedy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, o[0].Token)
+		feed = []int32{o[0].Token}
+	}
+	return out
+}
+
+// TestAdapterEqualsMerged: a sequence run with an adapter decodes the
+// greedy tokens of the checkpoint with the adapter merged into its
+// weights, for split and fused projections, biases, PEFT's and mlx-lm's
+// layouts, rsLoRA, a subset of modules and layers; the base's tokens
+// differ (the adapter does something).
+func TestAdapterEqualsMerged(t *testing.T) {
+	e := newEngine(t)
+	qwen := testmodel.TinyFamily("qwen2")
+	cases := []struct {
+		name string
+		base testmodel.Config
+		ad   testmodel.Adapter
+	}{
+		{"llama peft", testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 1}},
+		{"llama mlx rslora", testmodel.Tiny(), testmodel.Adapter{Rank: 4, RSLoRA: true, MLX: true, Seed: 2}},
+		{"llama bf16 partial", testmodel.Tiny(), testmodel.Adapter{Rank: 16, DType: "bfloat16", Seed: 3, Layers: []int{1},
+			Targets: []string{"self_attn.k_proj", "self_attn.o_proj", "mlp.up_proj"}}},
+		{"qwen2 biases", qwen, testmodel.Adapter{Rank: 8, Seed: 4}},
+		{"phi3 fused", testmodel.TinyFamily("phi3"), testmodel.Adapter{Rank: 8, Seed: 5, MLX: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := writeLoRA(t, tc.base, tc.ad)
+			m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base})
+			ref := loadSpec(t, e, engine.ModelSpec{ID: "merged", Path: c.merged})
+			if info := m.Info(); info.AdapterSlots != engine.DefaultAdapterSlots || info.MaxAdapterRank != engine.DefaultMaxAdapterRank {
+				t.Fatalf("info: %d slots, max rank %d", info.AdapterSlots, info.MaxAdapterRank)
+			}
+			info := addAdapter(t, m, "ft", c.adapter)
+			if info.Rank != tc.ad.Rank || info.Bytes <= 0 || info.Layers == 0 {
+				t.Fatalf("adapter info %+v", info)
+			}
+			p := prompt(7, 21)
+			want := generate(t, ref, 1, p, 12)
+			got := generateWith(t, m, 2, p, 12, "ft")
+			if !slices.Equal(got, want) {
+				t.Fatalf("adapter: %v\nmerged:  %v", got, want)
+			}
+			if base := generate(t, m, 3, p, 12); slices.Equal(base, want) {
+				t.Fatalf("the base decodes the merged tokens too (%v): the adapter changes nothing", base)
+			}
+			if got := generateWith(t, m, 4, p, 12, "ft"); !slices.Equal(got, want) { // resident now: no load
+				t.Fatalf("again: %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestAdapterBatchMix runs the base and two adapters in the same steps
+// (two sequences of one adapter, prompts of different lengths fed in
+// chunks beside decodes): each sequence gets exactly what it gets alone.
+func TestAdapterBatchMix(t *testing.T) {
+	e := newEngine(t)
+	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 11})
+	ay := filepath.Join(t.TempDir(), "y")
+	if err := testmodel.WriteAdapter(ay, testmodel.Tiny(), testmodel.Adapter{Rank: 4, Seed: 12, MLX: true}); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base})
+	addAdapter(t, m, "x", cx.adapter)
+	addAdapter(t, m, "y", ay)
+	const n = 8
+	prompts := [][]int32{prompt(1, 19), prompt(2, 5), prompt(3, 33), prompt(4, 12), prompt(5, 26)}
+	adapters := []string{"x", "", "y", "x", ""}
+	want := make([][]int32, len(prompts))
+	for i, p := range prompts {
+		want[i] = generateWith(t, m, engine.SeqID(100+i), p, n, adapters[i])
+	}
+	if slices.Equal(want[0], generate(t, m, 200, prompts[0], n)) {
+		t.Fatal("adapter x decodes the base's tokens")
+	}
+	ctx := context.Background()
+	got := make([][]int32, len(prompts))
+	fed := make([]int, len(prompts))
+	for i, p := range prompts {
+		r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", adapters[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		fed[i] = r
+		defer m.Free(engine.SeqID(i), "")
+	}
+	for step := 0; ; step++ {
+		var batch []engine.StepInput
+		for i, p := range prompts {
+			if len(got[i]) == n || i > step {
+				continue
+			}
+			in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
+			if fed[i] < len(p) {
+				end := min(fed[i]+6, len(p))
+				in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
+				fed[i] = end
+			} else {
+				in.Tokens, in.Sample = got[i][len(got[i])-1:], true
+			}
+			batch = append(batch, in)
+		}
+		if len(batch) == 0 {
+			break
+		}
+		outs, err := m.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, in := range batch {
+			if in.Sample {
+				got[in.Seq] = append(got[in.Seq], outs[k].Token)
+				k++
+			}
+		}
+	}
+	for i := range prompts {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("seq %d (adapter %q): batched %v, alone %v", i, adapters[i], got[i], want[i])
+		}
+	}
+}
+
+// TestAdapterPrefixIsolation: KV saved under a key, or cached, by a
+// sequence of one adapter is reused by that adapter only.
+func TestAdapterPrefixIsolation(t *testing.T) {
+	e := newEngine(t)
+	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 21})
+	ay := filepath.Join(t.TempDir(), "y")
+	if err := testmodel.WriteAdapter(ay, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 22}); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base})
+	addAdapter(t, m, "x", cx.adapter)
+	addAdapter(t, m, "y", ay)
+	ctx := context.Background()
+	p := prompt(9, 50)
+	r, err := m.OpenAdapter(ctx, 1, p, "conv", "x")
+	if err != nil || r != 0 {
+		t.Fatalf("first open: reused %d, %v", r, err)
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: p, Sample: true, Params: greedy}}); err != nil {
+		t.Fatal(err)
+	}
+	m.Free(1, "conv")
+	next := append(slices.Clone(p), prompt(10, 8)...)
+	reuse := func(seq engine.SeqID, key, adapter string) int {
+		t.Helper()
+		r, err := m.OpenAdapter(ctx, seq, next, key, adapter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Free(seq, "")
+		return r
+	}
+	for _, tc := range []struct {
+		key, adapter string
+		reused       bool
+	}{
+		{"conv", "y", false}, {"conv", "", false}, {"conv", "x", true},
+		{"", "y", false}, {"", "", false}, {"", "x", true}, // the prefix cache: x's prompt blocks
+	} {
+		if r := reuse(10, tc.key, tc.adapter); (r > 0) != tc.reused {
+			t.Errorf("key %q, adapter %q: reused %d, want reuse %v", tc.key, tc.adapter, r, tc.reused)
+		}
+	}
+}
+
+// TestAdapterSlots: with one slot, two adapters used in turn evict and
+// reload each other and decode their merged checkpoints' tokens; while a
+// sequence of one is open, the other's open is ErrOutOfMemory and the
+// base still opens.
+func TestAdapterSlots(t *testing.T) {
+	e := newEngine(t)
+	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 31})
+	ay := testmodel.Adapter{Rank: 4, Seed: 32, MLX: true}
+	merged := testmodel.Tiny()
+	merged.Merge = &ay
+	dy, my := filepath.Join(t.TempDir(), "y"), filepath.Join(t.TempDir(), "my")
+	if err := testmodel.WriteAdapter(dy, testmodel.Tiny(), ay); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.Write(my, merged); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base, AdapterSlots: 1, MaxAdapterRank: 8})
+	if info := m.Info(); info.AdapterSlots != 1 || info.MaxAdapterRank != 8 {
+		t.Fatalf("info: %d slots, rank %d", info.AdapterSlots, info.MaxAdapterRank)
+	}
+	addAdapter(t, m, "x", cx.adapter)
+	addAdapter(t, m, "y", dy)
+	p := prompt(4, 14)
+	wantX := generate(t, loadSpec(t, e, engine.ModelSpec{ID: "mx", Path: cx.merged}), 1, p, 10)
+	wantY := generate(t, loadSpec(t, e, engine.ModelSpec{ID: "my", Path: my}), 1, p, 10)
+	for i, name := range []string{"x", "y", "x", "y"} {
+		want := map[string][]int32{"x": wantX, "y": wantY}[name]
+		if got := generateWith(t, m, engine.SeqID(10+i), p, 10, name); !slices.Equal(got, want) {
+			t.Fatalf("round %d, adapter %s: %v, want %v", i, name, got, want)
+		}
+	}
+	ctx := context.Background()
+	if _, err := m.OpenAdapter(ctx, 20, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.OpenAdapter(ctx, 21, p, "", "y"); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("y while x's sequence holds the only slot: %v, want ErrOutOfMemory", err)
+	}
+	if _, err := m.OpenAdapter(ctx, 22, p, "", "x"); err != nil { // the same adapter shares the slot
+		t.Fatal(err)
+	}
+	if got := generate(t, m, 23, p, 3); len(got) != 3 {
+		t.Fatal("the base did not decode")
+	}
+	m.Free(20, "")
+	if _, err := m.OpenAdapter(ctx, 21, p, "", "y"); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("y while a sequence of x is still open: %v", err)
+	}
+	m.Free(22, "")
+	if got := generateWith(t, m, 21, p, 10, "y"); !slices.Equal(got, wantY) {
+		t.Fatalf("y after x's sequences were freed: %v, want %v", got, wantY)
+	}
+}
+
+// TestAdapterErrors: adapters that do not fit the model are refused with
+// a *engine.CheckpointError and the model keeps serving; a removed
+// adapter is not found.
+func TestAdapterErrors(t *testing.T) {
+	e := newEngine(t)
+	c := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 41})
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base, MaxAdapterRank: 16})
+	want := generate(t, m, 1, prompt(1, 9), 6)
+	dir := t.TempDir()
+	write := func(name string, base testmodel.Config, ad testmodel.Adapter) string {
+		t.Helper()
+		d := filepath.Join(dir, name)
+		if err := testmodel.WriteAdapter(d, base, ad); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	wider := testmodel.Tiny()
+	wider.Intermediate = 96
+	shapes := write("shapes", wider, testmodel.Adapter{Rank: 8})
+	rank := write("rank", testmodel.Tiny(), testmodel.Adapter{Rank: 32})
+	nan := write("nan", testmodel.Tiny(), testmodel.Adapter{Rank: 8})
+	patch(t, filepath.Join(nan, "adapter_model.safetensors"), func(b []byte, data int) {
+		copy(b[data+4*5:], []byte{0x00, 0x00, 0xc0, 0x7f}) // the sixth float32 of the first tensor: NaN
+	})
+	module := write("module", testmodel.Tiny(), testmodel.Adapter{Rank: 8, Targets: []string{"self_attn.q_proj"}})
+	patch(t, filepath.Join(module, "adapter_model.safetensors"), func(b []byte, data int) {
+		replaceAll(b[:data], "q_proj", "x_proj")
+	})
+	bert := filepath.Join(dir, "bert")
+	if err := testmodel.Write(bert, testmodel.TinyFamily("bert")); err != nil {
+		t.Fatal(err)
+	}
+	enc := loadSpec(t, e, engine.ModelSpec{ID: "bert", Path: bert})
+	for _, tc := range []struct {
+		name string
+		m    *Model
+		dir  string
+	}{
+		{"shapes", m, shapes}, {"rank", m, rank}, {"nan", m, nan}, {"module", m, module},
+		{"missing", m, filepath.Join(dir, "none")}, {"encoder base", enc, c.adapter},
+	} {
+		_, err := tc.m.AddAdapter(context.Background(), engine.AdapterSpec{Name: tc.name, Path: tc.dir})
+		var ce *engine.CheckpointError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: %v, want a *engine.CheckpointError", tc.name, err)
+		} else {
+			t.Logf("%s: %v", tc.name, err)
+		}
+	}
+	if len(m.Adapters()) != 0 {
+		t.Fatalf("refused adapters are served: %+v", m.Adapters())
+	}
+	var ipe *engine.InvalidParamError
+	if _, err := m.AddAdapter(context.Background(), engine.AdapterSpec{Path: c.adapter}); !errors.As(err, &ipe) {
+		t.Errorf("no name: %v", err)
+	}
+	if got := generate(t, m, 2, prompt(1, 9), 6); !slices.Equal(got, want) {
+		t.Fatalf("after refused adapters: %v, want %v", got, want)
+	}
+	addAdapter(t, m, "ok", c.adapter)
+	if names := m.Adapters(); len(names) != 1 || names[0].Name != "ok" || names[0].Path != c.adapter {
+		t.Fatalf("adapters %+v", names)
+	}
+	if err := m.RemoveAdapter("ok"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.OpenAdapter(context.Background(), 3, prompt(1, 9), "", "ok"); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("open with a removed adapter: %v", err)
+	}
+	if err := m.RemoveAdapter("ok"); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("removing it again: %v", err)
+	}
+}
+
+// patch rewrites a safetensors file in place; f gets its bytes and where
+// the data starts.
+func patch(t *testing.T, path string, f func(b []byte, data int)) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i := 7; i >= 0; i-- {
+		n = n<<8 | int(b[i])
+	}
+	f(b, 8+n)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func replaceAll(b []byte, old, new string) {
+	for i := 0; i+len(old) <= len(b); i++ {
+		if string(b[i:i+len(old)]) == old {
+			copy(b[i:], new)
+		}
+	}
+}
+
+// TestAdapterWorkerLost kills the worker while adapter sequences step:
+// the step fails as lost, and the adapter, reloaded on demand on the
+// replacement worker, decodes its tokens again.
+func TestAdapterWorkerLost(t *testing.T) {
+	e := newEngine(t, withFaults())
+	c := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 51})
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base})
+	addAdapter(t, m, "x", c.adapter)
+	p := prompt(2, 11)
+	want := generateWith(t, m, 1, p, 8, "x")
+	ctx := context.Background()
+	for _, seq := range []engine.SeqID{2, 3} {
+		if _, err := m.OpenAdapter(ctx, seq, p, "", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch := []engine.StepInput{{Seq: 2, Tokens: p, Sample: true, Params: greedy}, {Seq: 3, Tokens: p, Sample: true, Params: greedy}}
+	if _, err := m.Step(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	old := inject(t, e, 0, map[string]any{"kind": "exit"})
+	<-old.dead
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: want[:1], Sample: true, Params: greedy}}); !errors.Is(err, engine.ErrWorkerLost) {
+		t.Fatalf("step on the lost worker: %v", err)
+	}
+	m.Free(2, "")
+	m.Free(3, "")
+	if got := generateWith(t, m, 4, p, 8, "x"); !slices.Equal(got, want) {
+		t.Fatalf("on the replacement worker: %v, want %v", got, want)
+	}
+	if w := e.Workers()[0]; w.Restarts != 1 {
+		t.Fatalf("workers %+v", w)
+	}
+}

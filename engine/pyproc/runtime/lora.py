@@ -1,0 +1,204 @@
+"""LoRA adapters served over a loaded decoder: a pool of device slots and
+the batched delta of a step whose rows run with different adapters.
+
+Slots: each packed projection of each layer (decoder.py: "qkv" = q, k, v
+concatenated, "o", "gate_up" = gate then up, "down") has two stacked
+tensors, A [slots + 1, m * R, in] and B [slots + 1, out, R]: R the
+highest rank served (every adapter zero-padded to it), m the modules
+packed in the projection (3 for split q/k/v, 2 for gate/up, 1 for the
+rest and for Phi-3's fused qkv_proj and gate_up_proj), module j's A in
+rows j*R .. j*R + r and its B in the projection's output rows of that
+module, the adapter's scale folded in. A module an adapter does not
+target stays zero, so its part of the packed delta is zero. Slot 0 is
+all zeros: the base model's rows. The tensors are allocated when the
+first adapter is loaded (a model that never serves one takes nothing).
+
+A step: each packed token row has a slot (0 for the base). The delta of
+projection P for the rows of slot s is (x A_s^T) split per module, each
+part times its B_s^T, concatenated: one pair of GEMMs per module per
+distinct adapter of the step (the rows of a sequence are contiguous, so
+an adapter run by one sequence reads a slice, no gather). A step where no
+row has an adapter never reaches this module (TorchModel checks first).
+Steps with adapters run eagerly: not on the CUDA decode graphs nor the
+lookahead device chains, which are captured without the delta.
+"""
+import logging
+
+import torch
+
+from errors import CheckpointError, ProtocolError
+from st import SafetensorsFile
+from upload import to_device
+
+log = logging.getLogger("lora")
+
+
+def projections(cfg, layer):
+    """The adaptable packed projections of a decoder layer (its weights L
+    as decoder.Decoder.load_layer built them): {name: (in, [(module,
+    out), ...])}, modules in packing order."""
+    fam = cfg.family
+    h, hd, H, K = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
+    out = {}
+    if fam.attn == "fused":
+        out["qkv"] = (h, [("self_attn.qkv_proj", (H + 2 * K) * hd)])
+    else:
+        out["qkv"] = (h, [("self_attn.q_proj", H * hd), ("self_attn.k_proj", K * hd), ("self_attn.v_proj", K * hd)])
+    out["o"] = (H * hd, [("self_attn.o_proj", h)])
+    if "gate_up" in layer:  # a mixture-of-experts layer's experts are not adapted
+        if fam.mlp == "fused":
+            out["gate_up"] = (h, [("mlp.gate_up_proj", 2 * cfg.intermediate)])
+        else:
+            out["gate_up"] = (h, [("mlp.gate_proj", cfg.intermediate), ("mlp.up_proj", cfg.intermediate)])
+        out["down"] = (cfg.intermediate, [("mlp.down_proj", h)])
+    return out
+
+
+class Slots:
+    """The adapter slots of one model (see the module comment)."""
+
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank):
+        if slots < 1 or max_rank < 1:
+            raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
+        self.device, self.dtype, self.n, self.R = device, dtype, slots, max_rank
+        self.proj = [projections(cfg, L) for L in layers]
+        self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
+        self.A = self.B = None  # per layer {projection: tensor}, allocated by the first load
+        self.where = {}  # module -> (projection, index in the packing, output offset)
+        for P, (_, mods) in self.proj[0].items():
+            off = 0
+            for j, (mod, out) in enumerate(mods):
+                self.where[mod] = (P, j, off)
+                off += out
+        elem = torch.tensor([], dtype=dtype).element_size()
+        self.slot_bytes = sum(len(mods) * max_rank * i + sum(o for _, o in mods) * max_rank
+                              for pr in self.proj for i, mods in pr.values()) * elem
+
+    def bytes(self):
+        """The device memory of the pool once allocated: every slot and the zero slot."""
+        return (self.n + 1) * self.slot_bytes
+
+    def _allocate(self):
+        S, R = self.n + 1, self.R
+        try:
+            self.A = [{P: torch.zeros(S, len(mods) * R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
+                      for pr in self.proj]
+            self.B = [{P: torch.zeros(S, sum(o for _, o in mods), R, device=self.device, dtype=self.dtype)
+                       for P, (i, mods) in pr.items()} for pr in self.proj]
+        except RuntimeError as e:
+            self.A = self.B = None
+            raise ProtocolError("oom", "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
+
+    def ensure(self, spec):
+        """Makes the adapter the open request names resident: spec is its
+        "adapter" object ({"name", "slot", "load"?}). Returns the device
+        slot index (1 + the supervisor's slot)."""
+        slot = int(spec["slot"])
+        if not 0 <= slot < self.n:
+            raise ProtocolError("invalid", "adapter slot %d outside 0..%d" % (slot, self.n - 1))
+        name = spec["name"]
+        if spec.get("load") is not None:
+            self.names[slot] = None  # a failed load leaves the slot empty, never half-written under a name
+            self.load(slot, spec["load"])
+            self.names[slot] = name
+        elif self.names[slot] != name:
+            raise ProtocolError("invalid", "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
+        return slot + 1
+
+    def load(self, slot, d):
+        """Reads the adapter d describes ("file", "rank", "scale", "pairs":
+        [layer, module, A name, B name, transposed]) into slot. The
+        supervisor checked it (internal/lora); shapes are checked again
+        against the slot, as the file may have changed since."""
+        if self.A is None:
+            self._allocate()
+        r, scale, R = int(d["rank"]), float(d["scale"]), self.R
+        if not 1 <= r <= R:
+            raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, R))
+        f = SafetensorsFile(d["file"])
+        i = slot + 1
+        with torch.no_grad():
+            for pr in self.A:
+                for t in pr.values():
+                    t[i].zero_()
+            for pr in self.B:
+                for t in pr.values():
+                    t[i].zero_()
+            for layer, mod, an, bn, tr in d["pairs"]:
+                if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
+                    raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
+                P, j, off = self.where[mod]
+                width, mods = self.proj[layer][P]
+                out = mods[j][1]
+                a, b = self._tensor(f, an, (width, r) if tr else (r, width)), self._tensor(f, bn, (r, out) if tr else (out, r))
+                if tr:
+                    a, b = a.t(), b.t()
+                self.A[layer][P][i, j * R : j * R + r] = a.to(self.dtype)
+                self.B[layer][P][i, off : off + out, :r] = (b * scale).to(self.dtype)
+
+    def _tensor(self, f, name, shape):
+        if name not in f.header:
+            raise CheckpointError(f.name, "missing tensor", name)
+        if f.shape(name) != list(shape):
+            raise CheckpointError(f.name, "shape %r, want %r" % (f.shape(name), list(shape)), name)
+        t = f.tensor(name).float()
+        if not torch.isfinite(t).all():
+            raise CheckpointError(f.name, "holds values that are not finite", name)
+        return t.to(self.device)
+
+    def plan(self, slots, counts):
+        """The step's delta plan for inputs of counts packed rows each, with
+        device slot slots[i] (0: base): a Plan, or None when no row has an
+        adapter."""
+        if not any(slots) or self.A is None:
+            return None
+        ranges, at = {}, 0
+        for s, c in zip(slots, counts):
+            if s:
+                ranges.setdefault(s, []).append((at, at + c))
+            at += c
+        groups, flat, where = [], [], []
+        for s, rs in ranges.items():
+            if len(rs) == 1:
+                groups.append((s, slice(*rs[0])))
+                continue
+            where.append((len(groups), len(flat)))
+            groups.append((s, None))
+            for a, b in rs:
+                flat.extend(range(a, b))
+            where[-1] += (len(flat),)
+        if flat:  # one copy for every gathered slot's rows
+            dev = to_device(flat, self.device)
+            for g, a, b in where:
+                groups[g] = (groups[g][0], dev[a:b])
+        return Plan(self, groups)
+
+
+class Plan:
+    """One step's adapters: per distinct slot its rows (a slice, or a
+    device index tensor when several sequences share the adapter).
+    decoder.Decoder.proj calls add for every adapted projection."""
+
+    def __init__(self, slots, groups):
+        self.s, self.groups = slots, groups
+
+    def add(self, y, x, li, P):
+        """y (the projection P of layer li of rows x) plus each row's
+        adapter's delta."""
+        A = self.s.A[li].get(P)
+        if A is None:
+            return y
+        B, R = self.s.B[li][P], self.s.R
+        mods = self.s.proj[li][P][1]
+        for s, rows in self.groups:
+            u = x[rows] @ A[s].t()
+            if len(mods) == 1:
+                d = u @ B[s].t()
+            else:
+                parts, off = [], 0
+                for j, (_, out) in enumerate(mods):
+                    parts.append(u[:, j * R : (j + 1) * R] @ B[s, off : off + out].t())
+                    off += out
+                d = torch.cat(parts, dim=1)
+            y[rows] += d.to(y.dtype)
+        return y
