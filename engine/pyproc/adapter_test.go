@@ -125,8 +125,20 @@ func TestAdapterEqualsMerged(t *testing.T) {
 
 // TestAdapterBatchMix runs the base and two adapters in the same steps
 // (two sequences of one adapter, prompts of different lengths fed in
-// chunks beside decodes): each sequence gets exactly what it gets alone.
-func TestAdapterBatchMix(t *testing.T) {
+// chunks beside decodes): each sequence gets exactly what it gets alone,
+// and an adapter alone what its merged checkpoint gets.
+func TestAdapterBatchMix(t *testing.T) { batchMix(t) }
+
+// TestAdapterBatchMixDevicePlan is TestAdapterBatchMix with every step's
+// delta computed as the CUDA graphs compute it (lora.DevicePlan: rows
+// sorted by slot, grouped GEMMs on offsets, put back in order), through
+// the reference grouped GEMM where torch has none.
+func TestAdapterBatchMixDevicePlan(t *testing.T) {
+	t.Setenv("MLXSERVING_LORA_PLAN", "device")
+	batchMix(t)
+}
+
+func batchMix(t *testing.T) {
 	e := newEngine(t)
 	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 11})
 	ay := filepath.Join(t.TempDir(), "y")
@@ -145,6 +157,9 @@ func TestAdapterBatchMix(t *testing.T) {
 	}
 	if slices.Equal(want[0], generate(t, m, 200, prompts[0], n)) {
 		t.Fatal("adapter x decodes the base's tokens")
+	}
+	if merged := generate(t, loadSpec(t, e, engine.ModelSpec{ID: "merged", Path: cx.merged}), 1, prompts[0], n); !slices.Equal(want[0], merged) {
+		t.Fatalf("adapter x: %v, merged %v", want[0], merged)
 	}
 	ctx := context.Background()
 	got := make([][]int32, len(prompts))

@@ -2,27 +2,37 @@
 the batched delta of a step whose rows run with different adapters.
 
 Slots: each packed projection of each layer (decoder.py: "qkv" = q, k, v
-concatenated, "o", "gate_up" = gate then up, "down") has two stacked
-tensors, A [slots + 1, m * R, in] and B [slots + 1, out, R]: R the
-highest rank served (every adapter zero-padded to it), m the modules
-packed in the projection (3 for split q/k/v, 2 for gate/up, 1 for the
-rest and for Phi-3's fused qkv_proj and gate_up_proj), module j's A in
-rows j*R .. j*R + r and its B in the projection's output rows of that
-module, the adapter's scale folded in. A module an adapter does not
-target stays zero, so its part of the packed delta is zero. Slot 0 is
-all zeros: the base model's rows. The tensors are allocated when the
-first adapter is loaded (a model that never serves one takes nothing).
+concatenated, "o", "gate_up" = gate then up, "down") has a stacked A
+[slots + 1, m * R, in] and, per packed module j, a stacked B_j
+[slots + 1, out_j, R]: R the highest rank served (every adapter
+zero-padded to it), m the modules packed in the projection (3 for split
+q/k/v, 2 for gate/up, 1 for the rest and for Phi-3's fused qkv_proj and
+gate_up_proj), module j's A in rows j*R .. j*R + r, the adapter's scale
+folded into B. A module an adapter does not target stays zero, so its
+part of the packed delta is zero. Slot 0 is all zeros: the base model's
+rows. The tensors are allocated when the first adapter is loaded (a
+model that never serves one takes nothing).
 
 A step: each packed token row has a slot (0 for the base). The delta of
 projection P for the rows of slot s is (x A_s^T) split per module, each
-part times its B_s^T, concatenated: one pair of GEMMs per module per
-distinct adapter of the step (the rows of a sequence are contiguous, so
-an adapter run by one sequence reads a slice, no gather). A step where no
-row has an adapter never reaches this module (TorchModel checks first).
-Steps with adapters run eagerly: not on the CUDA decode graphs nor the
-lookahead device chains, which are captured without the delta.
+part times its B_s^T, concatenated. Two plans compute it:
+
+- Plan (host): one GEMM pair per module per distinct adapter of the step
+  (the rows of a sequence are contiguous, so an adapter run by one
+  sequence reads a slice, no gather). Prompt chunks and eager steps.
+- DevicePlan: from the rows' slots as a device tensor alone, no host
+  sync: rows sorted by slot, one grouped GEMM (torch._grouped_mm, offsets
+  per slot, as moe.py runs experts) for A and one per module for B, the
+  result put back in row order. The CUDA decode graphs capture it with
+  the slots as an input (graphs.py), so adapter rows decode at graph
+  speed; it runs only where it agrees with Plan at the first load
+  (check), else adapter steps run eagerly.
+
+A step where no row has an adapter never reaches this module
+(TorchModel checks first): the base alone pays nothing.
 """
 import logging
+import os
 
 import torch
 
@@ -63,7 +73,8 @@ class Slots:
         self.device, self.dtype, self.n, self.R = device, dtype, slots, max_rank
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
-        self.A = self.B = None  # per layer {projection: tensor}, allocated by the first load
+        self.A = self.B = None  # per layer {projection: A} and {projection: [B_j]}, allocated by the first load
+        self.grouped = False  # DevicePlan runs here (check), known from the first load
         self.where = {}  # module -> (projection, index in the packing, output offset)
         for P, (_, mods) in self.proj[0].items():
             off = 0
@@ -83,11 +94,12 @@ class Slots:
         try:
             self.A = [{P: torch.zeros(S, len(mods) * R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
                       for pr in self.proj]
-            self.B = [{P: torch.zeros(S, sum(o for _, o in mods), R, device=self.device, dtype=self.dtype)
+            self.B = [{P: [torch.zeros(S, o, R, device=self.device, dtype=self.dtype) for _, o in mods]
                        for P, (i, mods) in pr.items()} for pr in self.proj]
         except RuntimeError as e:
             self.A = self.B = None
             raise ProtocolError("oom", "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
+        self.grouped = _grouped_mm() is not None and self.check()
 
     def ensure(self, spec):
         """Makes the adapter the open request names resident: spec is its
@@ -122,19 +134,20 @@ class Slots:
                 for t in pr.values():
                     t[i].zero_()
             for pr in self.B:
-                for t in pr.values():
-                    t[i].zero_()
+                for ts in pr.values():
+                    for t in ts:
+                        t[i].zero_()
             for layer, mod, an, bn, tr in d["pairs"]:
                 if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
                     raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
-                P, j, off = self.where[mod]
+                P, j, _ = self.where[mod]
                 width, mods = self.proj[layer][P]
                 out = mods[j][1]
                 a, b = self._tensor(f, an, (width, r) if tr else (r, width)), self._tensor(f, bn, (r, out) if tr else (out, r))
                 if tr:
                     a, b = a.t(), b.t()
                 self.A[layer][P][i, j * R : j * R + r] = a.to(self.dtype)
-                self.B[layer][P][i, off : off + out, :r] = (b * scale).to(self.dtype)
+                self.B[layer][P][j][i, :, :r] = (b * scale).to(self.dtype)
 
     def _tensor(self, f, name, shape):
         if name not in f.header:
@@ -171,7 +184,50 @@ class Slots:
             dev = to_device(flat, self.device)
             for g, a, b in where:
                 groups[g] = (groups[g][0], dev[a:b])
+        if os.environ.get("MLXSERVING_LORA_PLAN") == "device":  # tests: DevicePlan on every step, any device
+            return DevicePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         return Plan(self, groups)
+
+    def device_plan(self, idx):
+        """The DevicePlan of rows whose device slots are idx ([N] int64 on
+        the device), or None when it does not run here."""
+        return DevicePlan(self, idx) if self.grouped else None
+
+    def check(self):
+        """Whether DevicePlan agrees with Plan here: random weights in two
+        slots (zeroed again after), rows of both and of the base
+        interleaved, through layer 0's projections."""
+        if self.A is None:
+            return False
+        hi = min(2, self.n)  # the slots filled: 1 .. hi
+        try:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            idx = [min(v, hi) for v in [1, 0, 2, 2, 1, 0, 1, 2, 0, 0, 1] * 3]
+            tol = 1e-4 if self.dtype == torch.float32 else 3e-2
+            ok = True
+            with torch.no_grad():
+                for t in list(self.A[0].values()) + [b for bs in self.B[0].values() for b in bs]:
+                    t[1 : hi + 1] = (torch.randn(t[1 : hi + 1].shape, generator=g) * 0.1).to(t)
+                dp = DevicePlan(self, to_device(idx, self.device))
+                hp = Plan(self, [(s, to_device([i for i, v in enumerate(idx) if v == s], self.device)) for s in range(1, hi + 1)])
+                for P, (width, mods) in self.proj[0].items():
+                    x = torch.randn(len(idx), width, generator=g).to(device=self.device, dtype=self.dtype)
+                    y0 = torch.zeros(len(idx), sum(o for _, o in mods), device=self.device, dtype=self.dtype)
+                    got = dp.add(y0.clone(), x, 0, P).float()
+                    want = hp.add(y0.clone(), x, 0, P).float()
+                    if not torch.allclose(got, want, atol=tol, rtol=tol):
+                        log.warning("grouped LoRA GEMM disagrees with the per-adapter one on %s (max diff %.3g); "
+                                    "adapter steps run eagerly", P, (got - want).abs().max().item())
+                        ok = False
+                        break
+        except (RuntimeError, TypeError, ValueError) as e:
+            log.warning("grouped LoRA GEMM unavailable (%s); adapter steps run eagerly", e)
+            ok = False
+        finally:
+            with torch.no_grad():
+                for t in list(self.A[0].values()) + [b for bs in self.B[0].values() for b in bs]:
+                    t[1 : hi + 1].zero_()
+        return ok
 
 
 class Plan:
@@ -188,17 +244,61 @@ class Plan:
         A = self.s.A[li].get(P)
         if A is None:
             return y
-        B, R = self.s.B[li][P], self.s.R
-        mods = self.s.proj[li][P][1]
+        Bs, R = self.s.B[li][P], self.s.R
         for s, rows in self.groups:
             u = x[rows] @ A[s].t()
-            if len(mods) == 1:
-                d = u @ B[s].t()
+            if len(Bs) == 1:
+                d = u @ Bs[0][s].t()
             else:
-                parts, off = [], 0
-                for j, (_, out) in enumerate(mods):
-                    parts.append(u[:, j * R : (j + 1) * R] @ B[s, off : off + out].t())
-                    off += out
-                d = torch.cat(parts, dim=1)
+                d = torch.cat([u[:, j * R : (j + 1) * R] @ B[s].t() for j, B in enumerate(Bs)], dim=1)
             y[rows] += d.to(y.dtype)
         return y
+
+
+class DevicePlan:
+    """The delta from the rows' slots on the device alone (see the module
+    comment): graph-capturable, no host sync."""
+
+    def __init__(self, slots, idx):
+        self.s = slots
+        self.mm = _grouped_mm() or _grouped_ref
+        self.order = torch.argsort(idx)
+        counts = torch.zeros(slots.n + 1, dtype=torch.int32, device=idx.device)
+        counts.scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
+        self.offs = counts.cumsum(0, dtype=torch.int32)
+
+    def add(self, y, x, li, P):
+        A = self.s.A[li].get(P)
+        if A is None:
+            return y
+        Bs, R = self.s.B[li][P], self.s.R
+        u = self.mm(x[self.order], A.transpose(1, 2), self.offs)
+        if len(Bs) == 1:
+            d = self.mm(u, Bs[0].transpose(1, 2), self.offs)
+        else:
+            d = torch.cat([self.mm(u[:, j * R : (j + 1) * R].contiguous(), B.transpose(1, 2), self.offs)
+                           for j, B in enumerate(Bs)], dim=1)
+        back = torch.empty_like(d)
+        back[self.order] = d
+        return y + back.to(y.dtype)
+
+
+def _grouped_mm():
+    """torch._grouped_mm as (x [N, k], w [G, k, n], offs) -> [N, n], or
+    None where this torch has none."""
+    f = getattr(torch, "_grouped_mm", None)
+    if f is None:
+        return None
+    return lambda x, w, offs: f(x, w, offs=offs)
+
+
+def _grouped_ref(x, w, offs):
+    """What torch._grouped_mm computes, group by group on the host's
+    offsets (tests on a torch without it: MLXSERVING_LORA_PLAN=device)."""
+    out = x.new_zeros(x.shape[0], w.shape[2])
+    at = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > at:
+            out[at:end] = x[at:end] @ w[g]
+        at = end
+    return out

@@ -128,6 +128,8 @@ class TorchModel:
         slots = int(opts.get("adapter_slots") or 0)
         self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
                                    int(opts.get("max_adapter_rank") or 64)) if slots > 0 else None
+        if self.graphs is not None:
+            self.graphs.lora = self.adapters
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
@@ -278,13 +280,13 @@ class TorchModel:
             lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
         self.kv.free(s, save_key)
 
-    def _graph_decode(self, batch, seqs):
+    def _graph_decode(self, batch, seqs, slots=None):
         tokens = [b[1][0] for b in batch]
         pos = [len(s.tokens) for s in seqs]
         rows = [s.row for s in seqs]
         for s, t in zip(seqs, tokens):
             s.tokens.append(t)
-        return self.graphs.run(tokens, pos, rows)
+        return self.graphs.run(tokens, pos, rows, slots)
 
     def close(self):
         self.kv = self.model = self.graphs = self.spec = None
@@ -445,12 +447,22 @@ class TorchModel:
         return self._forward_packed(batch, seqs)
 
     def _forward_lora(self, batch, seqs):
-        """A step some of whose rows run adapters: eager passes (the decode
-        graphs hold no delta) with the step's plan on the decoder
-        (lora.py)."""
+        """A step some of whose rows run adapters: a decode step on its
+        graph captured with the delta where that runs (graphs.py), else
+        eager passes with the step's plan on the decoder (lora.py)."""
+        decode = all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs))
+        g = self.graphs
+        if decode and g is not None and g.lora_usable(len(batch), max(len(s.tokens) for s in seqs) + 1):
+            try:
+                return self._graph_decode(batch, seqs, [s.lora for s in seqs])
+            except RuntimeError as e:  # as in _forward: adapter steps run eagerly from now on
+                log.warning("CUDA graph decode with LoRA failed, running eagerly: %s", e, exc_info=True)
+                g.lora_broken = True
+                for s in seqs:
+                    del s.tokens[-1]
         self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
         try:
-            if self.model.kern is not None and all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs)):
+            if self.model.kern is not None and decode:
                 t = to_device([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], self.device)
                 for b, s in zip(batch, seqs):
                     s.tokens.append(b[1][0])
