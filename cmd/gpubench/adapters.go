@@ -140,11 +140,14 @@ func decodeWith(ctx context.Context, m *pyproc.Model, b, n int, pick func(int) s
 	return float64(b*n) / el.Seconds()
 }
 
-// checkMerged decodes -adapter-check greedy tokens with adapter a0 and
-// with the checkpoint that has it merged (written beside -dir when
-// missing), both in the engine's dtype, and prints where they first
-// differ (bf16 roundings differ between W x + B A x and (W + B A) x, so
-// a late divergence is expected; an early one is a bug).
+// checkMerged decodes -adapter-check greedy tokens with adapter a0 (on
+// the decode graphs captured with the delta, where they run), with the
+// checkpoint that has it merged (written beside -dir when missing), and
+// with a0 on an engine without CUDA graphs (the eager per-adapter path),
+// all in the engine's dtype, and prints where they first differ (bf16
+// roundings differ between W x + B A x and (W + B A) x, and between the
+// grouped and the per-adapter GEMMs, so a late divergence is expected;
+// one in the first few tokens is a bug).
 func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg testmodel.Config, rank int) {
 	md := *dir + "-lora/merged-r" + strconv.Itoa(rank) + "-0"
 	if _, err := os.Stat(filepath.Join(md, "config.json")); err != nil {
@@ -155,16 +158,32 @@ func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg tes
 		must(testmodel.Write(md, mc))
 		fmt.Printf("wrote %s in %v\n", md, time.Since(t0).Round(time.Millisecond))
 	}
+	lens := []int{7, 300}
+	var got, base, want, eager [][]int32
+	for _, pl := range lens {
+		toks := promptFor(3, pl, m.Info().VocabSize)
+		got = append(got, greedyOf(ctx, m, toks, *adapterTok, "a0"))
+		base = append(base, greedyOf(ctx, m, toks, *adapterTok, ""))
+	}
 	ref, err := e.Load(ctx, engine.ModelSpec{ID: "merged", Path: md, ContextLength: 1024, MaxBatch: 8})
 	must(err)
-	defer ref.Close()
-	for _, pl := range []int{7, 300} {
-		toks := promptFor(3, pl, m.Info().VocabSize)
-		got := greedyOf(ctx, m, toks, *adapterTok, "a0")
-		want := greedyOf(ctx, ref.(*pyproc.Model), toks, *adapterTok, "")
-		base := greedyOf(ctx, m, toks, *adapterTok, "")
-		fmt.Printf("adapter vs merged, prompt %d: first difference at %d of %d (base vs merged: %d)\n",
-			pl, firstDiff(got, want), len(want), firstDiff(base, want))
+	for _, pl := range lens {
+		want = append(want, greedyOf(ctx, ref.(*pyproc.Model), promptFor(3, pl, m.Info().VocabSize), *adapterTok, ""))
+	}
+	must(ref.Close())
+	ee, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithCUDAGraphs(false),
+		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1))
+	must(err)
+	defer ee.Close()
+	em, err := ee.Load(ctx, engine.ModelSpec{ID: "eager", Path: *dir, ContextLength: 1024, MaxBatch: 8, MaxAdapterRank: m.Info().MaxAdapterRank})
+	must(err)
+	defer em.Close()
+	_, err = em.(*pyproc.Model).AddAdapter(ctx, engine.AdapterSpec{Name: "a0", Path: *dir + "-lora/r" + strconv.Itoa(rank) + "-0"})
+	must(err)
+	for i, pl := range lens {
+		eager = append(eager, greedyOf(ctx, em.(*pyproc.Model), promptFor(3, pl, m.Info().VocabSize), *adapterTok, "a0"))
+		fmt.Printf("prompt %d, %d tokens: first difference adapter/merged %d, adapter eager/merged %d, adapter/adapter eager %d, base/merged %d\n",
+			pl, len(want[i]), firstDiff(got[i], want[i]), firstDiff(eager[i], want[i]), firstDiff(got[i], eager[i]), firstDiff(base[i], want[i]))
 	}
 }
 

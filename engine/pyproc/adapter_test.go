@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -89,11 +91,16 @@ func TestAdapterEqualsMerged(t *testing.T) {
 		ad   testmodel.Adapter
 	}{
 		{"llama peft", testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 1}},
-		{"llama mlx rslora", testmodel.Tiny(), testmodel.Adapter{Rank: 4, RSLoRA: true, MLX: true, Seed: 2}},
+		{"llama peft rslora", testmodel.Tiny(), testmodel.Adapter{Rank: 4, RSLoRA: true, Alpha: 3, Seed: 2}},
+		{"llama mlx", testmodel.Tiny(), testmodel.Adapter{Rank: 8, MLX: true, Seed: 6}},
 		{"llama bf16 partial", testmodel.Tiny(), testmodel.Adapter{Rank: 16, DType: "bfloat16", Seed: 3, Layers: []int{1},
 			Targets: []string{"self_attn.k_proj", "self_attn.o_proj", "mlp.up_proj"}}},
 		{"qwen2 biases", qwen, testmodel.Adapter{Rank: 8, Seed: 4}},
 		{"phi3 fused", testmodel.TinyFamily("phi3"), testmodel.Adapter{Rank: 8, Seed: 5, MLX: true}},
+		{"qwen3", testmodel.TinyFamily("qwen3"), testmodel.Adapter{Rank: 8, Seed: 7}},
+		// Experts are not adapted: attention everywhere, the MLP of the dense layer 1.
+		{"qwen3_moe dense mlp", testmodel.TinyFamily("qwen3_moe"), testmodel.Adapter{Rank: 8, Seed: 8, Layers: []int{1},
+			Targets: []string{"self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.down_proj"}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,6 +169,34 @@ func batchMix(t *testing.T) {
 		t.Fatalf("adapter x: %v, merged %v", want[0], merged)
 	}
 	ctx := context.Background()
+	// The registry is safe beside steps: an adapter added, listed and
+	// removed all along.
+	stop, churned := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				churned <- nil
+				return
+			default:
+			}
+			if _, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "z", Path: ay}); err != nil {
+				churned <- err
+				return
+			}
+			_ = m.Adapters()
+			if err := m.RemoveAdapter("z"); err != nil {
+				churned <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		if err := <-churned; err != nil {
+			t.Error(err)
+		}
+	}()
 	got := make([][]int32, len(prompts))
 	fed := make([]int, len(prompts))
 	for i, p := range prompts {
@@ -253,6 +288,17 @@ func TestAdapterPrefixIsolation(t *testing.T) {
 			t.Errorf("key %q, adapter %q: reused %d, want reuse %v", tc.key, tc.adapter, r, tc.reused)
 		}
 	}
+	// x added again (other weights): another adapter to the caches.
+	addAdapter(t, m, "x", ay)
+	if r := reuse(11, "conv", "x"); r != 0 {
+		t.Errorf("x added again reuses %d tokens of the old x's saved KV", r)
+	}
+	if r := reuse(12, "", "x"); r != 0 {
+		t.Errorf("x added again reuses %d tokens of the old x's cached blocks", r)
+	}
+	if got, want := generateWith(t, m, 13, p, 6, "x"), generateWith(t, m, 14, p, 6, "y"); !slices.Equal(got, want) {
+		t.Errorf("x added again with y's weights: %v, y %v", got, want)
+	}
 }
 
 // TestAdapterSlots: with one slot, two adapters used in turn evict and
@@ -307,6 +353,54 @@ func TestAdapterSlots(t *testing.T) {
 	m.Free(22, "")
 	if got := generateWith(t, m, 21, p, 10, "y"); !slices.Equal(got, wantY) {
 		t.Fatalf("y after x's sequences were freed: %v, want %v", got, wantY)
+	}
+}
+
+// TestAdapterWorkersAndLookahead: each of two workers keeps its own slot
+// (one each: two adapters' sequences open at once, one per worker), and
+// with lookahead the tokens decoded ahead are the adapter's.
+func TestAdapterWorkersAndLookahead(t *testing.T) {
+	e := newEngine(t, WithWorkers(2), WithLookahead(4))
+	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 61})
+	ay := filepath.Join(t.TempDir(), "y")
+	if err := testmodel.WriteAdapter(ay, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 62}); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base, AdapterSlots: 1})
+	addAdapter(t, m, "x", cx.adapter)
+	addAdapter(t, m, "y", ay)
+	p := prompt(6, 13)
+	want := generate(t, loadSpec(t, e, engine.ModelSpec{ID: "merged", Path: cx.merged}), 1, p, 12)
+	ctx := context.Background()
+	if _, err := m.OpenAdapter(ctx, 1, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.OpenAdapter(ctx, 2, p, "", "y"); err != nil { // the other worker's slot
+		t.Fatal(err)
+	}
+	if m.seqs[1].proc == m.seqs[2].proc {
+		t.Fatal("both sequences on one worker")
+	}
+	feed := [][]int32{p, p}
+	var got [2][]int32
+	for range 12 {
+		outs, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed[0], Sample: true, Params: greedy},
+			{Seq: 2, Tokens: feed[1], Sample: true, Params: greedy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range outs {
+			got[i] = append(got[i], o.Token)
+			feed[i] = []int32{o.Token}
+		}
+	}
+	m.Free(1, "")
+	m.Free(2, "")
+	if !slices.Equal(got[0], want) {
+		t.Fatalf("x with lookahead: %v, merged %v", got[0], want)
+	}
+	if slices.Equal(got[1], want) {
+		t.Fatal("y decodes x's tokens")
 	}
 }
 
@@ -431,10 +525,14 @@ func TestAdapterWorkerLost(t *testing.T) {
 	if _, err := m.Step(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
-	old := inject(t, e, 0, map[string]any{"kind": "exit"})
-	<-old.dead
-	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: want[:1], Sample: true, Params: greedy}}); !errors.Is(err, engine.ErrWorkerLost) {
-		t.Fatalf("step on the lost worker: %v", err)
+	old := inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 2})
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = syscall.Kill(old.pid(), syscall.SIGKILL)
+	}()
+	batch = []engine.StepInput{{Seq: 2, Tokens: want[:1], Sample: true, Params: greedy}, {Seq: 3, Tokens: want[:1], Sample: true, Params: greedy}}
+	if _, err := m.Step(ctx, batch); !errors.Is(err, engine.ErrWorkerLost) {
+		t.Fatalf("step on the killed worker: %v", err)
 	}
 	m.Free(2, "")
 	m.Free(3, "")

@@ -75,12 +75,11 @@ class Slots:
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
         self.A = self.B = None  # per layer {projection: A} and {projection: [B_j]}, allocated by the first load
         self.grouped = False  # DevicePlan runs here (check), known from the first load
-        self.where = {}  # module -> (projection, index in the packing, output offset)
-        for P, (_, mods) in self.proj[0].items():
-            off = 0
-            for j, (mod, out) in enumerate(mods):
-                self.where[mod] = (P, j, off)
-                off += out
+        self.where = {}  # module -> (projection, its index in the packing), over every layer (MoE: dense ones)
+        for pr in self.proj:
+            for P, (_, mods) in pr.items():
+                for j, (mod, _) in enumerate(mods):
+                    self.where[mod] = (P, j)
         elem = torch.tensor([], dtype=dtype).element_size()
         self.slot_bytes = sum(len(mods) * max_rank * i + sum(o for _, o in mods) * max_rank
                               for pr in self.proj for i, mods in pr.values()) * elem
@@ -140,7 +139,7 @@ class Slots:
             for layer, mod, an, bn, tr in d["pairs"]:
                 if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
                     raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
-                P, j, _ = self.where[mod]
+                P, j = self.where[mod]
                 width, mods = self.proj[layer][P]
                 out = mods[j][1]
                 a, b = self._tensor(f, an, (width, r) if tr else (r, width)), self._tensor(f, bn, (r, out) if tr else (out, r))
@@ -185,13 +184,14 @@ class Slots:
             for g, a, b in where:
                 groups[g] = (groups[g][0], dev[a:b])
         if os.environ.get("MLXSERVING_LORA_PLAN") == "device":  # tests: DevicePlan on every step, any device
-            return DevicePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
+            idx = to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device)
+            return DevicePlan(self, idx, _grouped_mm() if self.grouped else _grouped_ref)
         return Plan(self, groups)
 
     def device_plan(self, idx):
         """The DevicePlan of rows whose device slots are idx ([N] int64 on
         the device), or None when it does not run here."""
-        return DevicePlan(self, idx) if self.grouped else None
+        return DevicePlan(self, idx, _grouped_mm()) if self.grouped else None
 
     def check(self):
         """Whether DevicePlan agrees with Plan here: random weights in two
@@ -208,7 +208,7 @@ class Slots:
             with torch.no_grad():
                 for t in list(self.A[0].values()) + [b for bs in self.B[0].values() for b in bs]:
                     t[1 : hi + 1] = (torch.randn(t[1 : hi + 1].shape, generator=g) * 0.1).to(t)
-                dp = DevicePlan(self, to_device(idx, self.device))
+                dp = DevicePlan(self, to_device(idx, self.device), _grouped_mm())
                 hp = Plan(self, [(s, to_device([i for i, v in enumerate(idx) if v == s], self.device)) for s in range(1, hi + 1)])
                 for P, (width, mods) in self.proj[0].items():
                     x = torch.randn(len(idx), width, generator=g).to(device=self.device, dtype=self.dtype)
@@ -257,11 +257,11 @@ class Plan:
 
 class DevicePlan:
     """The delta from the rows' slots on the device alone (see the module
-    comment): graph-capturable, no host sync."""
+    comment): graph-capturable, no host sync. mm is the grouped GEMM
+    (_grouped_mm's, or _grouped_ref)."""
 
-    def __init__(self, slots, idx):
-        self.s = slots
-        self.mm = _grouped_mm() or _grouped_ref
+    def __init__(self, slots, idx, mm):
+        self.s, self.mm = slots, mm
         self.order = torch.argsort(idx)
         counts = torch.zeros(slots.n + 1, dtype=torch.int32, device=idx.device)
         counts.scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
