@@ -4,11 +4,11 @@ the batched delta of a step whose rows run with different adapters.
 Slots: each packed projection of each layer (decoder.py: "qkv" = q, k, v
 concatenated, "o", "gate_up" = gate then up, "down") has a stacked A
 [slots + 1, m * R, in] and, per packed module j, a stacked B_j
-[slots + 1, out_j, R]: R the highest rank served (every adapter
-zero-padded to it), m the modules packed in the projection (3 for split
-q/k/v, 2 for gate/up, 1 for the rest and for Phi-3's fused qkv_proj and
-gate_up_proj), module j's A in rows j*R .. j*R + r, the adapter's scale
-folded into B. A module an adapter does not target stays zero, so its
+[slots + 1, out_j, R]: R the highest rank served, rounded up to a
+multiple of 8 (every adapter zero-padded to it), m the modules packed in
+the projection (3 for split q/k/v, 2 for gate/up, 1 for the rest and for
+Phi-3's fused qkv_proj and gate_up_proj), module j's A in rows j*R ..
+j*R + r, the adapter's scale folded into B. A module an adapter does not target stays zero, so its
 part of the packed delta is zero. Slot 0 is all zeros: the base model's
 rows. The tensors are allocated when the first adapter is loaded (a
 model that never serves one takes nothing).
@@ -70,7 +70,9 @@ class Slots:
     def __init__(self, cfg, layers, device, dtype, slots, max_rank):
         if slots < 1 or max_rank < 1:
             raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
-        self.device, self.dtype, self.n, self.R = device, dtype, slots, max_rank
+        # R: the slots' rank, max_rank rounded up to a multiple of 8 (the
+        # grouped GEMM wants 16-byte rows of half-precision values).
+        self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
         self.A = self.B = None  # per layer {projection: A} and {projection: [B_j]}, allocated by the first load
@@ -124,8 +126,8 @@ class Slots:
         if self.A is None:
             self._allocate()
         r, scale, R = int(d["rank"]), float(d["scale"]), self.R
-        if not 1 <= r <= R:
-            raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, R))
+        if not 1 <= r <= self.rank:
+            raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, self.rank))
         f = SafetensorsFile(d["file"])
         i = slot + 1
         with torch.no_grad():

@@ -191,7 +191,7 @@ class TorchModel:
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
             "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,
-            **({"adapter_slots": self.adapters.n, "max_adapter_rank": self.adapters.R, "adapter_bytes": self.adapters.bytes(),
+            **({"adapter_slots": self.adapters.n, "max_adapter_rank": self.adapters.rank, "adapter_bytes": self.adapters.bytes(),
                 "adapter_slot_bytes": self.adapters.slot_bytes} if self.adapters is not None else {}),
         }
 
