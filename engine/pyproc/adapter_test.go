@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -336,6 +337,9 @@ func TestAdapterSlots(t *testing.T) {
 	ctx := context.Background()
 	if _, err := m.OpenAdapter(ctx, 20, p, "", "x"); err != nil {
 		t.Fatal(err)
+	}
+	if st := workerStats(t, e, m); fmt.Sprint(st["adapters"]) != "[x#1]" || st["lora_graphs"] != 0.0 {
+		t.Errorf("worker stats: adapters %v (want x's key alone), lora graphs %v on the CPU", st["adapters"], st["lora_graphs"])
 	}
 	if _, err := m.OpenAdapter(ctx, 21, p, "", "y"); !errors.Is(err, engine.ErrOutOfMemory) {
 		t.Fatalf("y while x's sequence holds the only slot: %v, want ErrOutOfMemory", err)

@@ -295,6 +295,9 @@ class TorchModel:
     def stats(self):
         st = self.kv.stats(self.seqs.values())
         st["open"] = len(self.seqs)
+        if self.adapters is not None:  # LoRA: resident adapters, graphs captured with the delta (lora.py)
+            st["adapters"] = [n for n in self.adapters.names if n is not None]
+            st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
         return st
 
     def step(self, batch):
