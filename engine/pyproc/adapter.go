@@ -1,6 +1,7 @@
 package pyproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,11 +115,13 @@ func (m *Model) Adapters() []engine.AdapterInfo {
 }
 
 // OpenAdapter opens a sequence that runs with adapter (empty: Open). The
-// worker the sequence is routed to (as Open routes) gets the adapter in
-// one of its slots: the slot that holds it already, else an empty one,
-// else the least recently opened one no open sequence uses, the open
-// request carrying what to load. Each worker has its own slots; a
-// replacement worker starts with none. See engine.AdapterModel.
+// worker the sequence is routed to (as Open routes; when all its slots
+// hold adapters open sequences run, the least loaded worker with one to
+// spare) gets the adapter in one of its slots: the slot that holds it
+// already, else an empty one, else the least recently opened one no open
+// sequence uses, the open request carrying what to load. Each worker has
+// its own slots; a replacement worker starts with none. ErrOutOfMemory
+// means every worker's slots are in use. See engine.AdapterModel.
 func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey, adapter string) (int, error) {
 	if adapter == "" {
 		return m.Open(ctx, id, prompt, prefixKey)
@@ -164,6 +167,29 @@ func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 		return 0, false, fmt.Errorf("%w: %w (%d on worker %d; retry after some finish)", engine.ErrOutOfMemory, errSlotsBusy, len(st), p.slot)
 	}
 	return best, true, nil
+}
+
+// slotFor is another live worker than busy with a slot for adapter a,
+// the least loaded whose breaker admits a sequence, with the admission's
+// done func; nil when every worker's slots are in use.
+func (m *Model) slotFor(busy *proc, a *served) (*slot, *proc, func(error)) {
+	order := slices.Clone(m.e.slots)
+	slices.SortStableFunc(order, func(x, y *slot) int { return cmp.Compare(x.open.Load(), y.open.Load()) })
+	for _, s := range order {
+		s.mu.Lock()
+		p := s.cur
+		s.mu.Unlock()
+		if p == nil || p == busy || !p.alive() {
+			continue
+		}
+		if _, _, err := m.claim(p, a); err != nil {
+			continue
+		}
+		if done, err := s.breaker.Allow(); err == nil {
+			return s, p, done
+		}
+	}
+	return nil, nil, nil
 }
 
 // evictBefore orders unused slots for eviction: empty ones, then those

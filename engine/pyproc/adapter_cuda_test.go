@@ -33,28 +33,48 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 		addAdapter(t, m, "x", c.adapter)
 		addAdapter(t, m, "y", dy)
 		ctx := context.Background()
-		feed := make([][]int32, len(adapters))
+		prompts := make([][]int32, len(adapters))
+		fed := make([]int, len(adapters))
 		for i, a := range adapters {
-			p := prompt(20+i, 9+5*i)
-			r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", a)
+			prompts[i] = prompt(20+i, 9+5*i)
+			r, err := m.OpenAdapter(ctx, engine.SeqID(i), prompts[i], "", a)
 			if err != nil {
 				t.Fatal(err)
 			}
-			feed[i] = p[r:]
+			fed[i] = r
 		}
+		// Staggered starts, prompts in chunks of 4: steps mix chunks with
+		// decodes (split steps: decodes on a graph, chunks packed).
 		out := make([][]int32, len(adapters))
-		for range n {
+		for step := 0; ; step++ {
 			var batch []engine.StepInput
-			for i := range adapters {
-				batch = append(batch, engine.StepInput{Seq: engine.SeqID(i), Tokens: feed[i], Sample: true, Params: greedy})
+			for i, p := range prompts {
+				if len(out[i]) == n || i > step {
+					continue
+				}
+				in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
+				if fed[i] < len(p) {
+					end := min(fed[i]+4, len(p))
+					in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
+					fed[i] = end
+				} else {
+					in.Tokens, in.Sample = out[i][len(out[i])-1:], true
+				}
+				batch = append(batch, in)
+			}
+			if len(batch) == 0 {
+				break
 			}
 			outs, err := m.Step(ctx, batch)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i, o := range outs {
-				out[i] = append(out[i], o.Token)
-				feed[i] = []int32{o.Token}
+			k := 0
+			for _, in := range batch {
+				if in.Sample {
+					out[in.Seq] = append(out[in.Seq], outs[k].Token)
+					k++
+				}
 			}
 		}
 		st := workerStats(t, e, m)

@@ -406,6 +406,28 @@ func TestAdapterWorkersAndLookahead(t *testing.T) {
 	if slices.Equal(got[1], want) {
 		t.Fatal("y decodes x's tokens")
 	}
+	// x's sequence on one worker, the base's on the other: y, routed to
+	// the first (equal loads), goes where a slot is free; a third adapter
+	// finds none anywhere.
+	if _, err := m.OpenAdapter(ctx, 3, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(ctx, 4, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.OpenAdapter(ctx, 5, p, "", "y"); err != nil {
+		t.Fatalf("y with a slot free on one worker: %v", err)
+	}
+	if m.seqs[3].proc == m.seqs[5].proc {
+		t.Fatal("x and y share a worker of one slot")
+	}
+	addAdapter(t, m, "z", ay)
+	if _, err := m.OpenAdapter(ctx, 6, p, "", "z"); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("z with every slot in use: %v", err)
+	}
+	for _, s := range []engine.SeqID{3, 4, 5} {
+		m.Free(s, "")
+	}
 }
 
 // TestAdapterErrors: adapters that do not fit the model are refused with

@@ -312,7 +312,10 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 				if done != nil {
 					done(context.Canceled) // the worker was not asked: not counted either way
 				}
-				return 0, err
+				if s, p, done = m.slotFor(p, a); s == nil {
+					return 0, err
+				}
+				aslot, load, _ = m.claim(p, a)
 			}
 			fields["adapter"] = adapterField(a, aslot, load)
 		}

@@ -451,7 +451,8 @@ class TorchModel:
 
     def _forward_lora(self, batch, seqs):
         """A step some of whose rows run adapters: a decode step on its
-        graph captured with the delta where that runs (graphs.py), else
+        graph captured with the delta where that runs (graphs.py), its
+        one-token inputs there beside prompt chunks (split steps), else
         eager passes with the step's plan on the decoder (lora.py)."""
         decode = all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs))
         g = self.graphs
@@ -463,6 +464,14 @@ class TorchModel:
                 g.lora_broken = True
                 for s in seqs:
                     del s.tokens[-1]
+        if not decode and self.split_steps and g is not None and all(s.pool is None for s in seqs):
+            split = self._forward_split(batch, seqs, lora=True)
+            if split is not None:
+                return split
+        return self._eager_lora(batch, seqs, decode)
+
+    def _eager_lora(self, batch, seqs, decode=False):
+        """batch run eagerly with its adapters' plan on the decoder."""
         self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
         try:
             if self.model.kern is not None and decode:
@@ -474,24 +483,32 @@ class TorchModel:
         finally:
             self.model.lora = None
 
-    def _forward_split(self, batch, seqs):
+    def _forward_split(self, batch, seqs, lora=False):
         """A step of prompt chunks and one-token inputs as two passes: the
         one-token inputs on their CUDA graph, the chunks packed. Returns
         the logits of the sampling inputs in order, or None when the step
-        has no graph-sized decode part."""
+        has no graph-sized decode part. lora: the step has adapter rows
+        (_forward_lora): the one-token inputs' graph is the one with the
+        delta when they have some, the chunks run with their plan."""
         dec = [i for i, b in enumerate(batch) if len(b[1]) == 1 and b[2]]
         if not dec or len(dec) == len(batch) or not self.graphs.usable(len(dec)):
             return None
+        slots = [seqs[i].lora for i in dec] if lora and any(seqs[i].lora for i in dec) else None
+        if slots is not None and not self.graphs.lora_usable(len(dec), max(len(seqs[i].tokens) for i in dec) + 1):
+            return None
         rest = [i for i in range(len(batch)) if i not in set(dec)]
         try:
-            ld = self._graph_decode([batch[i] for i in dec], [seqs[i] for i in dec])
+            ld = self._graph_decode([batch[i] for i in dec], [seqs[i] for i in dec], slots)
         except RuntimeError as e:
             log.warning("CUDA graph decode failed, running eagerly: %s", e, exc_info=True)
-            self.graphs.broken = True
+            if slots is None:
+                self.graphs.broken = True
+            else:
+                self.graphs.lora_broken = True
             for i in dec:
                 del seqs[i].tokens[-1]
             return None
-        lr = self._forward_packed([batch[i] for i in rest], [seqs[i] for i in rest])
+        lr = (self._eager_lora if lora else self._forward_packed)([batch[i] for i in rest], [seqs[i] for i in rest])
         # Sampling rows in batch order: each part's rows are in its order.
         order = [i for i, b in enumerate(batch) if b[2]]
         at = {i: k for k, i in enumerate(order)}
