@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -114,14 +115,16 @@ func (m *Model) Adapters() []engine.AdapterInfo {
 	return out
 }
 
-// OpenAdapter opens a sequence that runs with adapter (empty: Open). The
-// worker the sequence is routed to (as Open routes; when all its slots
-// hold adapters open sequences run, the least loaded worker with one to
-// spare) gets the adapter in one of its slots: the slot that holds it
-// already, else an empty one, else the least recently opened one no open
-// sequence uses, the open request carrying what to load. Each worker has
-// its own slots; a replacement worker starts with none. ErrOutOfMemory
-// means every worker's slots are in use. See engine.AdapterModel.
+// OpenAdapter opens a sequence that runs with adapter (empty: Open). It
+// is routed as Open routes it, except that without saved KV to follow it
+// prefers a worker holding the adapter (within Open's load bound), and
+// that when every slot of the chosen worker holds an adapter open
+// sequences run, it goes to the least loaded worker with one to spare.
+// There the adapter takes a slot: the one that holds it already, else an
+// empty one, else the least recently opened one no open sequence uses,
+// the open request carrying what to load. Each worker has its own slots;
+// a replacement worker starts with none. ErrOutOfMemory means every
+// worker's slots are in use. See engine.AdapterModel.
 func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey, adapter string) (int, error) {
 	if adapter == "" {
 		return m.Open(ctx, id, prompt, prefixKey)
@@ -167,6 +170,36 @@ func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 		return 0, false, fmt.Errorf("%w: %w (%d on worker %d; retry after some finish)", engine.ErrOutOfMemory, errSlotsBusy, len(st), p.slot)
 	}
 	return best, true, nil
+}
+
+// route is the worker a new sequence goes to, as pickFor picks it; a
+// sequence of adapter a without saved KV to follow goes, within the
+// bound of affinityLoad, to the least loaded worker that holds a
+// resident (no load, and no other worker's slot taken).
+func (m *Model) route(key string, a *served) (*slot, func(error)) {
+	if _, saved := m.saved[key]; a == nil || (key != "" && saved) {
+		return m.pickFor(key)
+	}
+	total := int64(1)
+	var best *slot
+	for _, s := range m.e.slots {
+		total += s.open.Load()
+		s.mu.Lock()
+		p := s.cur
+		s.mu.Unlock()
+		if p == nil || !p.alive() || !slices.ContainsFunc(m.resident[p], func(x slotState) bool { return x.key == a.key }) {
+			continue
+		}
+		if best == nil || s.open.Load() < best.open.Load() {
+			best = s
+		}
+	}
+	if best != nil && best.open.Load()+1 <= int64(math.Ceil(affinityLoad*float64(total)/float64(len(m.e.slots)))) {
+		if done, err := best.breaker.Allow(); err == nil {
+			return best, done
+		}
+	}
+	return m.pickSlot()
 }
 
 // slotFor is another live worker than busy with a slot for adapter a,

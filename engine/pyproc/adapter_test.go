@@ -425,7 +425,19 @@ func TestAdapterWorkersAndLookahead(t *testing.T) {
 	if _, err := m.OpenAdapter(ctx, 6, p, "", "z"); !errors.Is(err, engine.ErrOutOfMemory) {
 		t.Fatalf("z with every slot in use: %v", err)
 	}
-	for _, s := range []engine.SeqID{3, 4, 5} {
+	// x's worker carries one sequence, the other none, within the load
+	// bound: a new sequence of x goes where x is resident (the least
+	// loaded worker would evict y for it).
+	holder := m.seqs[3].proc
+	m.Free(4, "")
+	m.Free(5, "")
+	if _, err := m.OpenAdapter(ctx, 7, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if m.seqs[7].proc != holder {
+		t.Error("a sequence of x went to the worker that does not hold x")
+	}
+	for _, s := range []engine.SeqID{3, 7} {
 		m.Free(s, "")
 	}
 }

@@ -294,7 +294,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 	if _, ok := m.seqs[id]; ok {
 		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 	}
-	s, done := m.pickFor(prefixKey)
+	s, done := m.route(prefixKey, a)
 	p, err := s.current(ctx, m.e.closing)
 	if err == nil {
 		var (
