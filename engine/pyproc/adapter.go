@@ -71,6 +71,20 @@ func (m *Model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 	}
 	info := a.Info(spec.Name, 2)
 	info.Bytes = m.slotBytes // resident, an adapter takes a whole slot of the highest rank
+	load, err := loadObject(a)
+	if err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	m.amu.Lock()
+	defer m.amu.Unlock()
+	m.agen++
+	m.adapters[spec.Name] = &served{info: info, key: spec.Name + "#" + strconv.FormatUint(m.agen, 10), load: load}
+	return info, nil
+}
+
+// loadObject is the open request's "load" object for adapter a: its
+// file, rank, scale and pairs (PROTOCOL.md, "LoRA adapters").
+func loadObject(a *lora.Adapter) (map[string]any, error) {
 	pairs := make([][]any, len(a.Pairs))
 	for i, p := range a.Pairs {
 		pairs[i] = []any{p.Layer, p.Module, p.A, p.B, p.Transposed}
@@ -79,16 +93,11 @@ func (m *Model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 	if a.Format == lora.FormatMLX {
 		file = "adapters.safetensors"
 	}
-	abs, err := filepath.Abs(filepath.Join(spec.Path, file))
+	abs, err := filepath.Abs(filepath.Join(a.Dir, file))
 	if err != nil {
-		return engine.AdapterInfo{}, &engine.CheckpointError{Path: spec.Path, Reason: err.Error()}
+		return nil, &engine.CheckpointError{Path: a.Dir, Reason: err.Error()}
 	}
-	m.amu.Lock()
-	defer m.amu.Unlock()
-	m.agen++
-	m.adapters[spec.Name] = &served{info: info, key: spec.Name + "#" + strconv.FormatUint(m.agen, 10),
-		load: map[string]any{"file": abs, "rank": a.Rank, "scale": a.Scale, "pairs": pairs}}
-	return info, nil
+	return map[string]any{"file": abs, "rank": a.Rank, "scale": a.Scale, "pairs": pairs}, nil
 }
 
 // RemoveAdapter stops serving name; see engine.AdapterModel. Its slots

@@ -2,10 +2,14 @@ package pyproc
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lora"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -129,4 +133,42 @@ func firstDiffAt(a, b []int32) int {
 		}
 	}
 	return len(a)
+}
+
+// TestAdapterGraphsEmulated runs testdata/lora_graphs_test.py: the LoRA
+// decode-graph paths (the graphs captured with the delta, split steps,
+// the grouped delta) on the CPU, each capture's step run again at every
+// replay and a reference grouped GEMM for torch._grouped_mm, against
+// the eager path.
+func TestAdapterGraphsEmulated(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base")
+	if err := testmodel.Write(base, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	var ads []map[string]any
+	for i, ad := range []testmodel.Adapter{{Rank: 8, Seed: 81}, {Rank: 4, Seed: 82, MLX: true}} {
+		d := filepath.Join(dir, fmt.Sprint("a", i))
+		if err := testmodel.WriteAdapter(d, testmodel.Tiny(), ad); err != nil {
+			t.Fatal(err)
+		}
+		a, err := lora.Read(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load, err := loadObject(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ads = append(ads, map[string]any{"name": fmt.Sprint("a", i, "#1"), "load": load})
+	}
+	js, err := json.Marshal(ads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(dir, "adapters.json")
+	if err := os.WriteFile(spec, js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPyCheck(t, "testdata/lora_graphs_test.py", "runtime", base, spec)
 }
