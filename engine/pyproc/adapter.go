@@ -78,6 +78,9 @@ func (m *Model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 	m.amu.Lock()
 	defer m.amu.Unlock()
 	m.agen++
+	if _, ok := m.adapters[spec.Name]; ok {
+		m.gone.Add(1) // the old one's saved KV: EvictedSaved drops it
+	}
 	m.adapters[spec.Name] = &served{info: info, key: spec.Name + "#" + strconv.FormatUint(m.agen, 10), load: load}
 	return info, nil
 }
@@ -109,7 +112,34 @@ func (m *Model) RemoveAdapter(name string) error {
 		return fmt.Errorf("%w: adapter %q is not served by model %q", engine.ErrModelNotFound, name, m.spec.ID)
 	}
 	delete(m.adapters, name)
+	m.gone.Add(1)
 	return nil
+}
+
+// dropGoneSaved drops the KV saved by sequences of adapters removed or
+// replaced (nothing can reuse it) and reports the keys as evicted. It
+// looks only when an adapter went since it last looked. Serialised with
+// Open, Step and Free.
+func (m *Model) dropGoneSaved() {
+	g := m.gone.Load()
+	if m.swept.Load() == g {
+		return
+	}
+	m.swept.Store(g)
+	for key, akey := range m.savedBy {
+		if !m.isServed(akey) {
+			m.DropSaved(key)
+			m.evicted = append(m.evicted, key)
+		}
+	}
+}
+
+// isServed reports whether akey is the key of an adapter served now.
+func (m *Model) isServed(akey string) bool {
+	m.amu.RLock()
+	defer m.amu.RUnlock()
+	cur := m.adapters[akey[:strings.LastIndexByte(akey, '#')]]
+	return cur != nil && cur.key == akey
 }
 
 // Adapters lists the adapters served, by name.
@@ -245,13 +275,10 @@ func (m *Model) evictBefore(a, b slotState) bool {
 }
 
 func (m *Model) evictRank(s slotState) int {
-	if s.key == "" {
+	switch {
+	case s.key == "":
 		return 0
-	}
-	m.amu.RLock()
-	defer m.amu.RUnlock()
-	name := s.key[:strings.LastIndexByte(s.key, '#')]
-	if cur := m.adapters[name]; cur == nil || cur.key != s.key {
+	case !m.isServed(s.key):
 		return 1
 	}
 	return 2

@@ -286,8 +286,18 @@ func TestAdapterPrefixIsolation(t *testing.T) {
 			t.Errorf("key %q, adapter %q: reused %d, want reuse %v", tc.key, tc.adapter, r, tc.reused)
 		}
 	}
-	// x added again (other weights): another adapter to the caches.
+	// x added again (other weights): another adapter to the caches; the
+	// KV the old x saved is dropped and reported.
+	if ev := m.EvictedSaved(); len(ev) != 0 {
+		t.Fatalf("evicted before any adapter went: %v", ev)
+	}
 	addAdapter(t, m, "x", ay)
+	if ev := m.EvictedSaved(); !slices.Equal(ev, []string{"conv"}) {
+		t.Errorf("EvictedSaved after x was replaced: %v, want [conv]", ev)
+	}
+	if m.SavedWorker("conv") != -1 {
+		t.Error("the old x's saved KV is still routed to")
+	}
 	if r := reuse(11, "conv", "x"); r != 0 {
 		t.Errorf("x added again reuses %d tokens of the old x's saved KV", r)
 	}

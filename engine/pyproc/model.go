@@ -57,6 +57,11 @@ type Model struct {
 	resident  map[*proc][]slotState
 	atick     uint64
 	slotBytes int64
+	// savedBy names the adapter key of each key saved by an adapter's
+	// sequence; gone counts adapters removed or replaced, swept the
+	// count of them EvictedSaved has dropped the saved KV of.
+	savedBy     map[string]string
+	gone, swept atomic.Uint64
 
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
@@ -70,8 +75,10 @@ type seqRef struct {
 	slot *slot
 	proc *proc
 	done func(error) // reports the outcome to the slot's breaker; nil if it refused
-	// adapter is 1 + the worker's adapter slot the sequence runs; 0: the base.
+	// adapter is 1 + the worker's adapter slot the sequence runs; 0: the
+	// base. akey is the adapter's key on the workers.
 	adapter int
+	akey    string
 }
 
 type stepGroup struct {
@@ -97,7 +104,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, engine.ErrClosed
 	}
 	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
-		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{},
+		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{}, savedBy: map[string]string{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -328,7 +335,11 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 		}
 		if err == nil {
 			m.noteReply(p, rid, r)
-			m.seqs[id] = seqRef{slot: s, proc: p, done: done, adapter: aslot + 1}
+			ref := seqRef{slot: s, proc: p, done: done, adapter: aslot + 1}
+			if a != nil {
+				ref.akey = a.key
+			}
+			m.seqs[id] = ref
 			if pool != engine.PoolNone {
 				m.pooled[id] = &pooledSeq{pool: pool}
 			}
@@ -409,6 +420,11 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		}
 		if err == nil && saveKey != "" {
 			m.noteSaved(saveKey, ref.proc, rid)
+			if ref.akey != "" {
+				m.savedBy[saveKey] = ref.akey
+			} else {
+				delete(m.savedBy, saveKey)
+			}
 		}
 	}
 }
