@@ -42,6 +42,10 @@ from upload import to_device
 
 log = logging.getLogger("lora")
 
+# Tests: every step's delta through DevicePlan, on any device (the
+# reference grouped GEMM where torch has none).
+FORCE_DEVICE_PLAN = os.environ.get("MLXSERVING_LORA_PLAN") == "device"
+
 
 def projections(cfg, layer):
     """The adaptable packed projections of a decoder layer (its weights L
@@ -83,7 +87,7 @@ class Slots:
                 for j, (mod, _) in enumerate(mods):
                     self.where[mod] = (P, j)
         elem = torch.tensor([], dtype=dtype).element_size()
-        self.slot_bytes = sum(len(mods) * max_rank * i + sum(o for _, o in mods) * max_rank
+        self.slot_bytes = sum(len(mods) * self.R * i + sum(o for _, o in mods) * self.R
                               for pr in self.proj for i, mods in pr.values()) * elem
 
     def bytes(self):
@@ -185,7 +189,7 @@ class Slots:
             dev = to_device(flat, self.device)
             for g, a, b in where:
                 groups[g] = (groups[g][0], dev[a:b])
-        if os.environ.get("MLXSERVING_LORA_PLAN") == "device":  # tests: DevicePlan on every step, any device
+        if FORCE_DEVICE_PLAN:
             idx = to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device)
             return DevicePlan(self, idx, _grouped_mm() if self.grouped else _grouped_ref)
         return Plan(self, groups)
