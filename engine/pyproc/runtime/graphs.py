@@ -88,6 +88,7 @@ class DecodeGraphs:
         pad = g["io"].shape[1] - b
         ins = [tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad] + ([slots + [0] * pad] if slots is not None else [])
         g["io"].copy_(to_device(ins, g["io"].device))
+        g["live"] = b
         g["graph"].replay()
         return g["out"][:b]
 
@@ -99,6 +100,11 @@ class DecodeGraphs:
         b = tokens.shape[0]
         g = self._graph(b, 1, slots is not None)
         io = g["io"]
+        if g["live"] > b:
+            # Rows a larger batch left: back to the scratch row, or the
+            # replay writes KV into the blocks of sequences freed since.
+            io[:, b : g["live"]].zero_()
+        g["live"] = b
         io[0, :b].copy_(tokens)
         io[1:3, :b].copy_(pos_rows)
         if slots is not None:
@@ -142,6 +148,7 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             out = step()
         # Tensors the graph reads must outlive it: rows too, not just io.
-        g = {"graph": graph, "io": io, "rows": rows, "out": out}
+        # live: the rows of io the last replay was given (those past it are zero).
+        g = {"graph": graph, "io": io, "rows": rows, "out": out, "live": 0}
         self.graphs[(bb, lb) + (("lora",) if lora else ())] = g
         return g

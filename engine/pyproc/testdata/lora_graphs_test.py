@@ -53,7 +53,7 @@ def capture(self, bb, lb, with_lora=None):
             self.model.lora = None
 
     out = step()
-    g = {"graph": Replay(step, out), "io": io, "rows": rows, "out": out}
+    g = {"graph": Replay(step, out), "io": io, "rows": rows, "out": out, "live": 0}
     self.graphs[(bb, lb) + (("lora",) if with_lora else ())] = g
     return g
 
