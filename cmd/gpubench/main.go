@@ -25,6 +25,15 @@
 // decode bound taken from the engine's reported weight bytes:
 //
 //	gpubench -shape llama8b -quant awq -dir /tmp/llama8b-awq -batches 1,64 -prefill "" -hf=false -hfstatic=false -stack=false
+//
+// With -adapters N it measures LoRA serving instead (adapters.go): N
+// random rank -adapter-rank adapters written beside -dir, decode tokens/s
+// per batch size for the base alone, every sequence on one adapter, and
+// the batch spread over the N; the time an open takes to load an adapter
+// into a slot; and the greedy tokens of an adapter against the
+// checkpoint with it merged (bf16: the first position they differ):
+//
+//	gpubench -dir /tmp/llama1b -adapters 8 -adapter-rank 16 -batches 1,16,64
 package main
 
 import (
@@ -146,6 +155,10 @@ func main() {
 	}
 	if !*kernels {
 		must(os.Setenv("MLXSERVING_TORCH_KERNELS", "0"))
+	}
+	if *adapters > 0 { // LoRA mode: the engine alone (no transformers)
+		adapterMode(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		return
 	}
 	info := strings.TrimSpace(string(run(nil, *python, *script, "info")))
 	bandwidth, bwFrom := bandwidthFor(info, *bwFlag)

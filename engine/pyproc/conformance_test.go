@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // TestConformance runs the shared engine conformance suite against a real
@@ -11,4 +12,19 @@ import (
 func TestConformance(t *testing.T) {
 	e := newEngine(t, WithWorkers(2))
 	enginetest.Run(t, e, tiny(t))
+}
+
+// TestAdapterConformance runs enginetest.RunAdapters on the tiny llama,
+// qwen2 (biases) and phi3 (fused projections) checkpoints: tokens equal
+// the merged checkpoints'. One worker: the suite's one-slot model must
+// refuse a second adapter, and each worker has Info().AdapterSlots slots
+// of its own (TestAdapterWorkersAndLookahead covers two).
+func TestAdapterConformance(t *testing.T) {
+	e := newEngine(t)
+	for _, arch := range []string{"llama", "qwen2", "phi3"} {
+		t.Run(arch, func(t *testing.T) {
+			dir, cases, bad := enginetest.WriteAdapterFixture(t, testmodel.TinyFamily(arch))
+			enginetest.RunAdapters(t, e, dir, cases, bad)
+		})
+	}
 }

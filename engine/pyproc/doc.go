@@ -48,6 +48,17 @@
 // Info and refuses a pipeline it cannot reproduce; an encoder's
 // ContextLength is capped at their max_seq_length.
 //
+// Models of the torch backend serve LoRA adapters (engine.AdapterModel):
+// AddAdapter reads and checks a PEFT or mlx-lm adapter once, in Go
+// (internal/lora), and OpenAdapter opens a sequence that runs one; each
+// worker keeps ModelSpec.AdapterSlots of them resident (Info.AdapterSlots
+// is per worker: loaded by the open that first needs one there, least
+// recently opened unused one evicted, a sequence of an adapter preferring
+// a worker that holds it), sequences of any adapters and of the base
+// share a Step, and KV saved or cached under one adapter is reused by
+// that adapter only (saved KV of an adapter removed or replaced is
+// dropped and reported by EvictedSaved).
+//
 // Use:
 //
 //	eng, err := pyproc.New(ctx, pyproc.WithPython("/usr/bin/python3"), pyproc.WithWorkers(2))

@@ -48,6 +48,21 @@ type Model struct {
 	pools     map[*proc]*workerPool
 	blocksPer []int
 
+	// LoRA adapters (adapter.go): the registry (amu: AddAdapter and the
+	// like run concurrently with everything), each worker's slots as
+	// assigned (serialised like Open), the bytes one slot takes.
+	amu       sync.RWMutex
+	adapters  map[string]*served
+	agen      uint64
+	resident  map[*proc][]slotState
+	atick     uint64
+	slotBytes int64
+	// savedBy names the adapter key of each key saved by an adapter's
+	// sequence; gone counts adapters removed or replaced, swept the
+	// count of them EvictedSaved has dropped the saved KV of.
+	savedBy     map[string]string
+	gone, swept atomic.Uint64
+
 	// Step scratch, reused between steps (Step is serialised).
 	groups map[*proc]*stepGroup
 	outAt  []int
@@ -60,6 +75,10 @@ type seqRef struct {
 	slot *slot
 	proc *proc
 	done func(error) // reports the outcome to the slot's breaker; nil if it refused
+	// adapter is 1 + the worker's adapter slot the sequence runs; 0: the
+	// base. akey is the adapter's key on the workers.
+	adapter int
+	akey    string
 }
 
 type stepGroup struct {
@@ -85,7 +104,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, engine.ErrClosed
 	}
 	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
-		pools:  map[*proc]*workerPool{},
+		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{}, savedBy: map[string]string{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
 	errs := make([]error, len(e.slots))
@@ -113,6 +132,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, firstError(errs)
 	}
 	m.info = m.infoFrom(infos)
+	m.adapterInfo(infos)
 	if err := m.embedInfo(infos[0]); err != nil {
 		m.unload()
 		return nil, err
@@ -154,6 +174,9 @@ func (m *Model) loadRequest() builder {
 			"dtype":          m.e.cfg.dtype,
 			"cuda_graphs":    !m.e.cfg.noGraphs,
 			"quantize":       m.e.cfg.quantize,
+			// LoRA slots (adapter.go); a backend without adapters ignores them.
+			"adapter_slots":    m.adapterSlots(),
+			"max_adapter_rank": m.maxRank(),
 		},
 	})
 }
@@ -264,6 +287,11 @@ func (m *Model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 
 // open opens a generating sequence (pool PoolNone) or a pooled one.
 func (m *Model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, pool engine.Pooling) (int, error) {
+	return m.openWith(ctx, id, prompt, prefixKey, pool, nil)
+}
+
+// openWith is open for a sequence that runs adapter a (nil: the base).
+func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, pool engine.Pooling, a *served) (int, error) {
 	if len(prompt) == 0 {
 		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
 	}
@@ -273,7 +301,7 @@ func (m *Model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	if _, ok := m.seqs[id]; ok {
 		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 	}
-	s, done := m.pickFor(prefixKey)
+	s, done := m.route(prefixKey, a)
 	p, err := s.current(ctx, m.e.closing)
 	if err == nil {
 		var (
@@ -285,13 +313,33 @@ func (m *Model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 		if pool != engine.PoolNone {
 			fields["pool"] = pool.String()
 		}
+		aslot, load := -1, false
+		if a != nil {
+			if aslot, load, err = m.claim(p, a); err != nil {
+				if done != nil {
+					done(context.Canceled) // the worker was not asked: not counted either way
+				}
+				if s, p, done = m.slotFor(p, a); s == nil {
+					return 0, err
+				}
+				aslot, load, _ = m.claim(p, a)
+			}
+			fields["adapter"] = adapterField(a, aslot, load)
+		}
 		if rid, ch, err = p.send(request("open", fields), true); err == nil {
 			r, err = p.wait(ctx, m.spec.ID, rid, ch)
 		}
 		m.readFrees(p) // answered before this open
+		if a != nil {
+			m.hold(p, a, aslot, load, err)
+		}
 		if err == nil {
 			m.noteReply(p, rid, r)
-			m.seqs[id] = seqRef{slot: s, proc: p, done: done}
+			ref := seqRef{slot: s, proc: p, done: done, adapter: aslot + 1}
+			if a != nil {
+				ref.akey = a.key
+			}
+			m.seqs[id] = ref
 			if pool != engine.PoolNone {
 				m.pooled[id] = &pooledSeq{pool: pool}
 			}
@@ -344,6 +392,7 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	m.release(ref)
 	if m.pooled[id] != nil {
 		delete(m.pooled, id)
 		saveKey = ""
@@ -371,6 +420,11 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		}
 		if err == nil && saveKey != "" {
 			m.noteSaved(saveKey, ref.proc, rid)
+			if ref.akey != "" {
+				m.savedBy[saveKey] = ref.akey
+			} else {
+				delete(m.savedBy, saveKey)
+			}
 		}
 	}
 }
@@ -391,6 +445,6 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled = nil, nil, nil, nil, nil, nil, nil
+	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled, m.resident = nil, nil, nil, nil, nil, nil, nil, nil
 	return nil
 }

@@ -75,6 +75,11 @@ type wireInfo struct {
 	WindowBlocks  int     `json:"window_blocks"`
 	EmbedDim      int     `json:"embed_dim"`
 	Encoder       bool    `json:"encoder"`
+	// LoRA slots (absent: the backend serves no adapters).
+	AdapterSlots     int   `json:"adapter_slots"`
+	MaxAdapterRank   int   `json:"max_adapter_rank"`
+	AdapterBytes     int64 `json:"adapter_bytes"`
+	AdapterSlotBytes int64 `json:"adapter_slot_bytes"`
 }
 
 var heartbeatLine = []byte(`{"type":"hb"}`)

@@ -82,6 +82,7 @@ func (m *Model) unnote(key string) {
 	delete(m.saved, key)
 	delete(m.savedAt, key)
 	delete(m.byProc[p], key)
+	delete(m.savedBy, key)
 }
 
 // DropSaved discards the KV saved under key on the worker that holds it;
@@ -98,9 +99,12 @@ func (m *Model) DropSaved(key string) {
 }
 
 // EvictedSaved returns the keys the workers evicted for memory since the
-// last call, and every key saved on a worker that has died since; see
+// last call, every key saved on a worker that has died since, and the
+// keys saved by sequences of an adapter removed or replaced since (no
+// sequence can reuse that KV: it is dropped on its worker); see
 // engine.SavedKV.
 func (m *Model) EvictedSaved() []string {
+	m.dropGoneSaved()
 	for p := range m.pools {
 		m.readFrees(p)
 	}

@@ -115,6 +115,9 @@ class Decoder:
         # CUDA graphs need a step without host syncs: the experts' loop
         # fallback counts tokens on the host.
         self.graphable = self.moe is None or self.moe.grouped
+        # The step's LoRA adapters (lora.Plan), set by the backend around a
+        # forward pass whose rows run adapters; None: the base alone.
+        self.lora = None
 
     def load_layer(self, get, p, i):
         cfg, fam = self.cfg, self.cfg.family
@@ -222,10 +225,16 @@ class Decoder:
             x = x * self.embed_scale
         return x
 
-    def mlp(self, h, L):
+    def mlp(self, h, L, li=0):
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul)
-        return quant.linear(self.act_mul(quant.linear(h, L["gate_up"])), L["down"])
+        return self.proj(self.act_mul(self.proj(h, L, "gate_up", li)), L, "down", li)
+
+    def proj(self, x, L, name, li):
+        """Layer li's packed projection name of rows x (its bias where it
+        has one), plus the step's adapters' deltas (lora.py)."""
+        y = quant.linear(x, L[name], L.get(name + "_b"))
+        return y if self.lora is None else self.lora.add(y, x, li, name)
 
     def act_mul(self, gu):
         """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
@@ -262,7 +271,7 @@ class Decoder:
         for li, L in enumerate(self.layers):
             kc, vc, kr = kv.kc[li], kv.vc[li], kvrow[kv.group_of[li]]
             x, h = self.add_norm(x, d, L.get("ln_in"))
-            qkv = self.qk_norm(quant.linear(h, L["qkv"], L.get("qkv_b")), L)
+            qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             t = self.tab_of[li]
             if self.kern is not None:  # rotary embedding and KV write in one kernel
                 qk = self.kern.rope_kv(qkv, kc, vc, kr, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
@@ -273,9 +282,9 @@ class Decoder:
             if self.kern is None:
                 kc.view(-1, K, hd)[kr] = k
                 vc.view(-1, K, hd)[kr] = v
-            a = self.rms(quant.linear(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L["o"]), L.get("attn_post"))
+            a = self.rms(self.proj(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L, "o", li), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
-            d = self.rms(self.mlp(h, L), L.get("mlp_post"))
+            d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         out = self.logits(self.rms(x[last] + d[last], self.norm))
         if hidden is None:
             return out
@@ -290,13 +299,13 @@ class Decoder:
         d = None
         for li, L in enumerate(self.layers):
             x, h = self.add_norm(x, d, L.get("ln_in"))
-            qkv = self.qk_norm(quant.linear(h, L["qkv"], L.get("qkv_b")), L)
+            qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
-            a = self.rms(quant.linear(a, L["o"]), L.get("attn_post"))
+            a = self.rms(self.proj(a, L, "o", li), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
-            d = self.rms(self.mlp(h, L), L.get("mlp_post"))
+            d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         _, x = self.add_norm(x, d, self.norm)
         return self.logits(x)
 

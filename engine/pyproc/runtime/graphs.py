@@ -14,10 +14,19 @@ With the Triton kernels (decoder.Decoder.kern) the attention reads each
 sequence's own length from the device, so one graph per batch bucket
 covers every length, and a step's inputs can come from device tensors:
 run_device chains steps without the host waiting for the GPU.
+
+LoRA adapters (lora.py): a step with adapter rows replays a graph of its
+own, captured with the delta (lora.DevicePlan) and a fourth input row,
+each row's adapter slot (0: the base; padding rows too). Base-only steps
+keep the graphs without it.
 """
+import logging
+
 import torch
 
 from upload import to_device
+
+log = logging.getLogger("graphs")
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 LEN_STEP = 256
@@ -31,6 +40,8 @@ class DecodeGraphs:
         self.graphs = {}
         self.pool = None
         self.broken = False
+        self.lora = None  # lora.Slots when the model serves adapters
+        self.lora_broken = False  # capture with the delta failed: adapter steps run eagerly
 
     def bucket(self, b, maxlen):
         bb = next(x for x in BATCH_BUCKETS if x >= b)
@@ -42,46 +53,81 @@ class DecodeGraphs:
     def usable(self, b):
         return not self.broken and b <= self.max_batch
 
-    def _graph(self, b, maxlen):
+    def _graph(self, b, maxlen, lora=False):
         if self.kv.table_grown:  # captured graphs read the old table
             self.graphs.clear()
             self.kv.table_grown = False
-        bb, lb = self.bucket(b, maxlen)
-        g = self.graphs.get((bb, lb))
+        key = self.bucket(b, maxlen) + (("lora",) if lora else ())
+        g = self.graphs.get(key)
         if g is None:
-            g = self.capture(bb, lb)
+            g = self.capture(*key)
         return g
 
-    def run(self, tokens, pos, rows):
+    def lora_usable(self, b, maxlen=1):
+        """Whether a step of b rows with adapters can replay a graph: the
+        delta runs on the device here (lora.Slots.grouped) and the
+        bucket's graph is captured (now, if it was not; a failed capture
+        sends adapter steps to the eager path from then on)."""
+        if self.lora is None or not self.lora.grouped or self.lora_broken or not self.usable(b):
+            return False
+        try:
+            self._graph(b, maxlen, lora=True)
+            return True
+        except RuntimeError as e:
+            log.warning("CUDA graph capture with LoRA failed; adapter steps run eagerly: %s", e, exc_info=True)
+            self.lora_broken = True
+            return False
+
+    def run(self, tokens, pos, rows, slots=None):
         """tokens, pos, rows (block-table rows): python lists of one entry
-        per sequence. Returns logits [len(tokens), vocab] (float32)."""
+        per sequence; slots (lora.py: each row's device slot), None for a
+        step without adapters. Returns logits [len(tokens), vocab]
+        (float32)."""
         b = len(tokens)
-        g = self._graph(b, max(pos) + 1)
+        g = self._graph(b, max(pos) + 1, slots is not None)
         pad = g["io"].shape[1] - b
-        g["io"].copy_(to_device([tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad], g["io"].device))
+        ins = [tokens + [0] * pad, pos + [0] * pad, rows + [0] * pad] + ([slots + [0] * pad] if slots is not None else [])
+        g["io"].copy_(to_device(ins, g["io"].device))
+        g["live"] = b
         g["graph"].replay()
         return g["out"][:b]
 
-    def run_device(self, tokens, pos_rows):
+    def run_device(self, tokens, pos_rows, slots=None):
         """Like run, with every input already on the device: tokens [b],
-        pos_rows [2, b] (int64). Nothing waits for the GPU. Needs the
-        Triton path (self.fast). The returned logits live in the graph's
-        buffer until its next replay."""
+        pos_rows [2, b], slots [b] or None (int64). Nothing waits for the
+        GPU. Needs the Triton path (self.fast). The returned logits live
+        in the graph's buffer until its next replay."""
         b = tokens.shape[0]
-        g = self._graph(b, 1)
+        g = self._graph(b, 1, slots is not None)
         io = g["io"]
+        if g["live"] > b:
+            # Rows a larger batch left: back to the scratch row, or the
+            # replay writes KV into the blocks of sequences freed since.
+            io[:, b : g["live"]].zero_()
+        g["live"] = b
         io[0, :b].copy_(tokens)
-        io[1:, :b].copy_(pos_rows)
+        io[1:3, :b].copy_(pos_rows)
+        if slots is not None:
+            io[3, :b].copy_(slots)
         g["graph"].replay()
         return g["out"][:b]
 
-    def capture(self, bb, lb):
+    def capture(self, bb, lb, lora=None):
         dev, dtype = self.model.device, self.model.dtype
-        io = torch.zeros(3, bb, dtype=torch.long, device=dev)  # tokens, positions, table rows (0: scratch)
+        # tokens, positions, table rows (0: scratch), and with lora each row's adapter slot (0: the base)
+        io = torch.zeros(4 if lora else 3, bb, dtype=torch.long, device=dev)
         rows = torch.arange(bb, device=dev)
         kv = self.kv
 
         def step():
+            if lora:
+                self.model.lora = self.lora.device_plan(io[3])
+            try:
+                return forward()
+            finally:
+                self.model.lora = None
+
+        def forward():
             tok, pos, trows = io[0], io[1], io[2]
             if self.fast:
                 return self.model.forward_decode(tok, pos, trows, kv)
@@ -102,6 +148,7 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             out = step()
         # Tensors the graph reads must outlive it: rows too, not just io.
-        g = {"graph": graph, "io": io, "rows": rows, "out": out}
-        self.graphs[(bb, lb)] = g
+        # live: the rows of io the last replay was given (those past it are zero).
+        g = {"graph": graph, "io": io, "rows": rows, "out": out, "live": 0}
+        self.graphs[(bb, lb) + (("lora",) if lora else ())] = g
         return g

@@ -114,7 +114,15 @@ def chainable(model, batch, items, want):
     parameters that run ahead, on a graph-captured batch size."""
     g = model.graphs
     return (max(want, default=1) > 1 and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
-            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items))
+            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
+            and (not adapted(items) or g.lora_usable(len(batch))))
+
+
+def adapted(items):
+    """Whether a sequence of items runs a LoRA adapter: the chain then
+    replays the graphs captured with the delta (graphs.py), or, where
+    those do not run, the steps take the host path."""
+    return any(s.lora for _, s in items)
 
 
 def run_chain(model, items, tokens, want):
@@ -146,7 +154,7 @@ def run(model, items, first, want):
     after first, and their logprobs (None when nobody asked)."""
     steps = max(want) - 1
     g = model.graphs
-    if g is not None and g.fast and g.usable(len(items)):
+    if g is not None and g.fast and g.usable(len(items)) and (not adapted(items) or g.lora_usable(len(items))):
         return _finish(_launch(model, items, first, want, 1, None))
     return _run_host(model, items, first, want, steps)
 
@@ -212,7 +220,7 @@ def _sample(model, items, logits, active, step, masks):
 
 
 class _Chain:
-    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event", "loops")
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event", "loops", "slots")
 
 
 def _launch(model, items, feed, want, done, pre):
@@ -233,6 +241,7 @@ def _launch(model, items, feed, want, done, pre):
     rows = [s.row for _, s in items]
     run = ch.run
     model.kv.flush()  # blocks the plan took
+    ch.slots = _upload([s.lora for _, s in items], dev) if adapted(items) else None  # LoRA slots: graphs.run_device
     ch.plan = _upload([[[p0[i] + j if run[i] > j else 0 for i in range(S)],
                         [rows[i] if run[i] > j else 0 for i in range(S)]] for j in range(ch.steps)], dev)
     outs, outl = [], []
@@ -245,7 +254,7 @@ def _launch(model, items, feed, want, done, pre):
         else:
             if tok is None:
                 tok = _upload(feed, dev)
-            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j]), run, j, masks)
+            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j], ch.slots), run, j, masks)
         outs.append(nxt)
         if lp is not None:
             outl.append(lp)
@@ -334,7 +343,7 @@ class Spec:
         sp.rows = [(dict(p), s) for p, s in items]
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
         sp.chain = ch  # its last step's tokens are what the next round feeds
-        logits = model.graphs.run_device(ch.last, plan)
+        logits = model.graphs.run_device(ch.last, plan, ch.slots)
         sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
         return sp
 

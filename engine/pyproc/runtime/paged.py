@@ -106,8 +106,13 @@ class Seq:
     """An open sequence: its tokens, blocks and table row; sampling state.
     pages[g] lists the blocks of group g by position (a sliding group's
     blocks out of its window: None); blocks is the first group's. pool: a
-    pooled sequence's state (pooling.Pooled), None for a generating one."""
-    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist", "pool")
+    pooled sequence's state (pooling.Pooled), None for a generating one.
+    adapter: the LoRA adapter it runs (its key, "" for the base) and lora
+    its device slot (lora.py; 0 for the base); root: the prefix cache node
+    its blocks hang from (0 for the base, one per adapter: KV is never
+    shared between adapters)."""
+    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist", "pool",
+                 "adapter", "lora", "root")
 
     def __init__(self, row, tokens, pages):
         self.row, self.tokens, self.pages = row, tokens, pages
@@ -115,6 +120,7 @@ class Seq:
         self.gen, self.sampled, self.counts = None, False, {}
         self.hist = None  # generator states before recent draws (lookahead.rewind)
         self.pool = None
+        self.adapter, self.lora, self.root = "", 0, 0
 
     @property
     def blocks(self):
@@ -125,10 +131,10 @@ class Seq:
 
 
 class Saved:
-    __slots__ = ("tokens", "pages")
+    __slots__ = ("tokens", "pages", "adapter")
 
-    def __init__(self, tokens, pages):
-        self.tokens, self.pages = tokens, pages
+    def __init__(self, tokens, pages, adapter=""):
+        self.tokens, self.pages, self.adapter = tokens, pages, adapter
 
     def held(self):
         return [b for p in self.pages for b in p if b is not None]
@@ -164,6 +170,7 @@ class PagedKV:
         # cache). Not with sliding groups: their blocks of a prefix's
         # start are gone once the sequence moves on.
         self.auto_prefix = os.environ.get("MLXSERVING_PREFIX_CACHE", "1") != "0" and not lay.sliding_groups
+        self.roots = {}  # adapter key -> its prefix cache root node (root)
 
     def _set_table(self, t):
         self.table = t
@@ -281,7 +288,7 @@ class PagedKV:
                     self.pool.release(b)
         if s.reg > tokens // self.bs:  # never while running: only prompt blocks are cached then
             s.reg = tokens // self.bs
-            s.node = self.pool.node[s.blocks[s.reg - 1]] if s.reg else 0
+            s.node = self.pool.node[s.blocks[s.reg - 1]] if s.reg else s.root
 
     def window_held(self, pages, tokens):
         """Whether pages (per group) hold every block the window of the
@@ -323,19 +330,31 @@ class PagedKV:
             self.table_grown = True
         return self.free_rows.pop()
 
-    def _match(self, prompt, key):
+    def root(self, adapter):
+        """The prefix cache node an adapter's blocks hang from: 0 for the
+        base, a node of its own (never reused) for each adapter key."""
+        if not adapter:
+            return 0
+        n = self.roots.get(adapter)
+        if n is None:
+            n = self.roots[adapter] = self.pool.next_node
+            self.pool.next_node += 1
+        return n
+
+    def _match(self, prompt, key, adapter=""):
         """(pages, tokens) of the reusable prefix: with a key, the longest
-        common prefix with what is saved under it; without, the cached
-        full blocks that start the prompt."""
+        common prefix with what is saved under it (by the same adapter);
+        without, the cached full blocks that start the prompt (under the
+        adapter's root)."""
         if key:
             e = self.saved.get(key)
-            if e is None:
+            if e is None or e.adapter != adapter:
                 return [[] for _ in range(self.ngroups)], 0
             self.saved.move_to_end(key)
             n = common_prefix(e.tokens, prompt)
             nb = -(-n // self.bs)
             return [p[:nb] for p in e.pages], n
-        pool, bs, node, out = self.pool, self.bs, 0, []
+        pool, bs, node, out = self.pool, self.bs, self.root(adapter), []
         for i in range(len(prompt) // bs if self.auto_prefix else 0):
             b = pool.lookup(node, tuple(prompt[i * bs : (i + 1) * bs]))
             if b is None:
@@ -344,12 +363,13 @@ class PagedKV:
             node = pool.node[b]
         return [out] + [[] for _ in range(self.ngroups - 1)], len(out) * bs
 
-    def open(self, prompt, key):
+    def open(self, prompt, key, adapter=""):
         """A new sequence for prompt, starting with the KV of its reusable
         prefix (never the whole prompt; with sliding groups, none unless
-        they still hold the blocks its window reads). Raises OutOfBlocks,
-        changing nothing, when the pool cannot hold the reused blocks."""
-        src, n = self._match(prompt, key)
+        they still hold the blocks its window reads), run with adapter
+        (see Seq). Raises OutOfBlocks, changing nothing, when the pool
+        cannot hold the reused blocks."""
+        src, n = self._match(prompt, key, adapter)
         reused = min(n, len(prompt) - 1)
         if not self.window_held(src, reused):
             reused = 0
@@ -364,6 +384,8 @@ class PagedKV:
         if sum(1 for b in shared if pool.seq_refs[b] == 0) + len(parts) > pool.free():
             raise OutOfBlocks()
         s = Seq(self._row(), list(prompt[:reused]), [[] for _ in range(self.ngroups)])
+        s.adapter = adapter
+        s.root = s.node = self.root(adapter)
         for g in range(self.ngroups):
             for i, b in enumerate(use[g][:full]):
                 if b is not None:
@@ -413,7 +435,7 @@ class PagedKV:
         if key and s.tokens and s.pool is None:
             old = self.saved.pop(key, None)
             n = -(-len(s.tokens) // self.bs)
-            e = Saved(s.tokens, [p[:n] for p in s.pages])
+            e = Saved(s.tokens, [p[:n] for p in s.pages], s.adapter)
             for b in e.held():
                 self.pool.keep(b)
             self.saved[key] = e

@@ -17,6 +17,7 @@ from paged import Layout, OutOfBlocks, PagedKV
 from pooling import Pooled, with_pooled
 from upload import to_device
 import lookahead
+import lora
 
 BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
@@ -28,7 +29,7 @@ STEP_TOKENS_CUDA = 4096
 
 
 CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
-                "jump_forward": True,
+                "jump_forward": True, "adapters": True,
                 "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
                              "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
                              "generated"]}
@@ -123,6 +124,12 @@ class TorchModel:
         if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
         self.seqs = {}
+        # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
+        slots = int(opts.get("adapter_slots") or 0)
+        self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
+                                   int(opts.get("max_adapter_rank") or 64)) if slots > 0 else None
+        if self.graphs is not None:
+            self.graphs.lora = self.adapters
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
@@ -184,6 +191,8 @@ class TorchModel:
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
             "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,
+            **({"adapter_slots": self.adapters.n, "max_adapter_rank": self.adapters.rank, "adapter_bytes": self.adapters.bytes(),
+                "adapter_slot_bytes": self.adapters.slot_bytes} if self.adapters is not None else {}),
         }
 
     def free_blocks(self):
@@ -220,10 +229,12 @@ class TorchModel:
         scratch = [t([self.kv.scratch * self.kv.bs] * b)] * self.kv.ngroups
         self.model.forward(zero, zero, scratch, [("decode", rows, zero, 1, zero + 1)], self.kv, rows)
 
-    def open(self, seq, prompt, prefix_key, pool=None):
+    def open(self, seq, prompt, prefix_key, pool=None, adapter=None):
         """Opens seq for prompt, reusing saved or cached KV; pool (a
         pooling.POOLS mode) opens a pooled sequence instead, which reuses
-        nothing. Returns the tokens reused."""
+        nothing; adapter (the open request's "adapter" object) runs it
+        with a LoRA adapter, loaded into its slot first when the request
+        says so. Returns the tokens reused."""
         if seq in self.seqs:
             raise ProtocolError("invalid", "sequence %d is already open" % seq)
         if not prompt:
@@ -237,11 +248,17 @@ class TorchModel:
             s.pool = state
             self.seqs[seq] = s
             return 0
+        slot = 0
+        if adapter is not None:
+            if self.adapters is None:
+                raise ProtocolError("invalid", "this model was loaded without adapter slots")
+            slot = self.adapters.ensure(adapter)
         try:
-            s, reused = self.kv.open(prompt, prefix_key)
+            s, reused = self.kv.open(prompt, prefix_key, adapter["name"] if slot else "")
         except OutOfBlocks:
             raise ProtocolError("oom", "sequence %d: its reused prefix needs more blocks than the %d free"
                                 % (seq, self.kv.pool.free()))
+        s.lora = slot
         self.seqs[seq] = s
         return reused
 
@@ -263,13 +280,13 @@ class TorchModel:
             lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
         self.kv.free(s, save_key)
 
-    def _graph_decode(self, batch, seqs):
+    def _graph_decode(self, batch, seqs, slots=None):
         tokens = [b[1][0] for b in batch]
         pos = [len(s.tokens) for s in seqs]
         rows = [s.row for s in seqs]
         for s, t in zip(seqs, tokens):
             s.tokens.append(t)
-        return self.graphs.run(tokens, pos, rows)
+        return self.graphs.run(tokens, pos, rows, slots)
 
     def close(self):
         self.kv = self.model = self.graphs = self.spec = None
@@ -278,6 +295,9 @@ class TorchModel:
     def stats(self):
         st = self.kv.stats(self.seqs.values())
         st["open"] = len(self.seqs)
+        if self.adapters is not None:  # LoRA: resident adapters, graphs captured with the delta (lora.py)
+            st["adapters"] = [n for n in self.adapters.names if n is not None]
+            st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
         return st
 
     def step(self, batch):
@@ -358,7 +378,7 @@ class TorchModel:
                 self.kv.grow(s, len(s.tokens) + S)
                 self.kv.flush()
                 with torch.no_grad():
-                    self._forward_packed([[b[0], part, False, b[3]]], [s])
+                    self._forward([[b[0], part, False, b[3]]], [s])
                 self.kv.settle(s)
             out.append([b[0], toks] + list(b[2:]))
         return out
@@ -404,6 +424,8 @@ class TorchModel:
 
     def _forward(self, batch, seqs):
         self.kv.flush()
+        if self.adapters is not None and any(s.lora for s in seqs):
+            return self._forward_lora(batch, seqs)
         if any(s.pool is not None for s in seqs):  # pooling reads rows the decode paths never form
             return self._forward_packed(batch, seqs)
         decode = all(len(b[1]) == 1 and b[2] for b in batch)
@@ -427,24 +449,66 @@ class TorchModel:
             return self.model.forward_decode(t[0], t[1], t[2], self.kv)
         return self._forward_packed(batch, seqs)
 
-    def _forward_split(self, batch, seqs):
+    def _forward_lora(self, batch, seqs):
+        """A step some of whose rows run adapters: a decode step on its
+        graph captured with the delta where that runs (graphs.py), its
+        one-token inputs there beside prompt chunks (split steps), else
+        eager passes with the step's plan on the decoder (lora.py)."""
+        decode = all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs))
+        g = self.graphs
+        if decode and g is not None and g.lora_usable(len(batch), max(len(s.tokens) for s in seqs) + 1):
+            try:
+                return self._graph_decode(batch, seqs, [s.lora for s in seqs])
+            except RuntimeError as e:  # as in _forward: adapter steps run eagerly from now on
+                log.warning("CUDA graph decode with LoRA failed, running eagerly: %s", e, exc_info=True)
+                g.lora_broken = True
+                for s in seqs:
+                    del s.tokens[-1]
+        if not decode and self.split_steps and g is not None and all(s.pool is None for s in seqs):
+            split = self._forward_split(batch, seqs, lora=True)
+            if split is not None:
+                return split
+        return self._eager_lora(batch, seqs, decode)
+
+    def _eager_lora(self, batch, seqs, decode=False):
+        """batch run eagerly with its adapters' plan on the decoder."""
+        self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
+        try:
+            if self.model.kern is not None and decode:
+                t = to_device([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], self.device)
+                for b, s in zip(batch, seqs):
+                    s.tokens.append(b[1][0])
+                return self.model.forward_decode(t[0], t[1], t[2], self.kv)
+            return self._forward_packed(batch, seqs)
+        finally:
+            self.model.lora = None
+
+    def _forward_split(self, batch, seqs, lora=False):
         """A step of prompt chunks and one-token inputs as two passes: the
         one-token inputs on their CUDA graph, the chunks packed. Returns
         the logits of the sampling inputs in order, or None when the step
-        has no graph-sized decode part."""
+        has no graph-sized decode part. lora: the step has adapter rows
+        (_forward_lora): the one-token inputs' graph is the one with the
+        delta when they have some, the chunks run with their plan."""
         dec = [i for i, b in enumerate(batch) if len(b[1]) == 1 and b[2]]
         if not dec or len(dec) == len(batch) or not self.graphs.usable(len(dec)):
             return None
+        slots = [seqs[i].lora for i in dec] if lora and any(seqs[i].lora for i in dec) else None
+        if slots is not None and not self.graphs.lora_usable(len(dec), max(len(seqs[i].tokens) for i in dec) + 1):
+            return None
         rest = [i for i in range(len(batch)) if i not in set(dec)]
         try:
-            ld = self._graph_decode([batch[i] for i in dec], [seqs[i] for i in dec])
+            ld = self._graph_decode([batch[i] for i in dec], [seqs[i] for i in dec], slots)
         except RuntimeError as e:
             log.warning("CUDA graph decode failed, running eagerly: %s", e, exc_info=True)
-            self.graphs.broken = True
+            if slots is None:
+                self.graphs.broken = True
+            else:
+                self.graphs.lora_broken = True
             for i in dec:
                 del seqs[i].tokens[-1]
             return None
-        lr = self._forward_packed([batch[i] for i in rest], [seqs[i] for i in rest])
+        lr = (self._eager_lora if lora else self._forward_packed)([batch[i] for i in rest], [seqs[i] for i in rest])
         # Sampling rows in batch order: each part's rows are in its order.
         order = [i for i, b in enumerate(batch) if b[2]]
         at = {i: k for k, i in enumerate(order)}

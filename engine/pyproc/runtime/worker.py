@@ -121,6 +121,8 @@ class Worker:
         if op == "open":
             m = self.model(req)
             pool = req.get("pool")
+            if req.get("adapter") is not None:  # a LoRA adapter's sequence (torch only: the supervisor checks)
+                return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""), adapter=req["adapter"])})
             if pool is None:
                 return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""))})
             if not hasattr(m, "take_embeddings"):

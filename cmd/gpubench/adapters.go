@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/pyproc"
+	"github.com/mlxserving/mlxserving/testmodel"
+)
+
+// The LoRA mode (-adapters N): decode tokens/s with the batch spread over
+// N adapters beside the base alone, adapter load times, and the adapter's
+// greedy tokens against the checkpoint with it merged in.
+var (
+	adapters    = flag.Int("adapters", 0, "LoRA mode: N adapters of -adapter-rank over the checkpoint (0: off)")
+	adapterRank = flag.Int("adapter-rank", 16, "LoRA mode: the adapters' rank")
+	adapterMax  = flag.Int("adapter-max-rank", 0, "LoRA mode: ModelSpec.MaxAdapterRank, the slots' rank (0: -adapter-rank)")
+	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
+)
+
+// adapterMode writes -adapters adapters (and the first one's merged
+// checkpoint) beside -dir when missing and prints the LoRA tables.
+func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger) {
+	n, rank := *adapters, *adapterRank
+	maxRank := *adapterMax
+	if maxRank == 0 {
+		maxRank = rank
+	}
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = filepath.Join(*dir+"-lora", "r"+strconv.Itoa(rank)+"-"+strconv.Itoa(i))
+		if _, err := os.Stat(filepath.Join(dirs[i], "adapter_config.json")); err != nil {
+			must(testmodel.WriteAdapter(dirs[i], cfg, loraFor(rank, i)))
+		}
+	}
+	e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
+		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead))
+	must(err)
+	defer e.Close()
+	mi, err := e.Load(ctx, engine.ModelSpec{ID: "base", Path: *dir, ContextLength: 1024, MaxBatch: 64,
+		AdapterSlots: max(n, 1), MaxAdapterRank: maxRank})
+	must(err)
+	m := mi.(*pyproc.Model)
+	defer m.Close()
+	for i, d := range dirs {
+		t0 := time.Now()
+		info, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "a" + strconv.Itoa(i), Path: d})
+		must(err)
+		if i == 0 {
+			fmt.Printf("AddAdapter (read and check on the host): %v; %+v\n", time.Since(t0).Round(time.Microsecond), info)
+		}
+	}
+	_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
+	must(err)
+	loadTimes(ctx, m, n)
+	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in slots of rank %d\n", *prompt, *gen, n, rank, maxRank)
+	fmt.Println("| batch | base only tok/s | one adapter tok/s | spread over adapters tok/s | spread/base |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, b := range ints(*batches) {
+		none := func(int) string { return "" }
+		one := func(int) string { return "a0" }
+		spread := func(i int) string { return "a" + strconv.Itoa(i%n) }
+		var tps [3]float64
+		for k, pick := range []func(int) string{none, one, spread} {
+			decodeWith(ctx, m, b, *gen, pick) // warm-up (graphs)
+			tps[k] = decodeWith(ctx, m, b, *gen, pick)
+		}
+		fmt.Printf("| %d | %.1f | %.1f | %.1f | %.3f |\n", b, tps[0], tps[1], tps[2], tps[2]/tps[0])
+	}
+	if *adapterTok > 0 {
+		checkMerged(ctx, e, m, cfg, rank)
+	}
+}
+
+// loraFor is adapter i of the benchmark: every projection, bf16.
+func loraFor(rank, i int) testmodel.Adapter {
+	return testmodel.Adapter{Rank: rank, DType: "bfloat16", Seed: int64(1000 + i)}
+}
+
+// loadTimes times the open of a one-token-prompt sequence: with the base,
+// with an adapter never resident (its weights read from the file into a
+// slot; AddAdapter's check read the file, so it comes from the page
+// cache), with it resident, and after its eviction (every slot filled,
+// then "extra" takes the least recently used: a0's).
+func loadTimes(ctx context.Context, m *pyproc.Model, n int) {
+	seq := engine.SeqID(1 << 20)
+	open := func(adapter string) time.Duration {
+		seq++
+		t0 := time.Now()
+		_, err := m.OpenAdapter(ctx, seq, []int32{1}, "", adapter)
+		must(err)
+		el := time.Since(t0)
+		m.Free(seq, "")
+		return el
+	}
+	base := open("")
+	cold := open("a0")
+	warm := open("a0")
+	for i := 1; i < n; i++ {
+		open("a" + strconv.Itoa(i))
+	}
+	open("extra")
+	reload := open("a0")
+	fmt.Printf("open: base %v, adapter first (load from file) %v, resident %v, after eviction (load again) %v\n", base, cold, warm, reload)
+}
+
+// decodeWith is decode (measure.go) with sequence i run by adapter pick(i).
+func decodeWith(ctx context.Context, m *pyproc.Model, b, n int, pick func(int) string) float64 {
+	batch := make([]engine.StepInput, b)
+	p := &engine.SamplingParams{}
+	for i := range batch {
+		toks := promptFor(i, *prompt, m.Info().VocabSize)
+		r, err := m.OpenAdapter(ctx, engine.SeqID(i+1), toks, "", pick(i))
+		must(err)
+		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[r:], Sample: true, Params: p}
+	}
+	step := func() {
+		outs, err := m.Step(ctx, batch)
+		must(err)
+		for i := range batch {
+			batch[i].Tokens = []int32{outs[i].Token}
+		}
+	}
+	step()
+	t0 := time.Now()
+	for range n {
+		step()
+	}
+	el := time.Since(t0)
+	for i := range batch {
+		m.Free(batch[i].Seq, "")
+	}
+	return float64(b*n) / el.Seconds()
+}
+
+// checkMerged decodes -adapter-check greedy tokens with adapter a0 (on
+// the decode graphs captured with the delta, where they run), with the
+// checkpoint that has it merged (written beside -dir when missing), and
+// with a0 on an engine without CUDA graphs (the eager per-adapter path),
+// all in the engine's dtype, and prints where they first differ (bf16
+// roundings differ between W x + B A x and (W + B A) x, and between the
+// grouped and the per-adapter GEMMs, so a late divergence is expected;
+// one in the first few tokens is a bug).
+func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg testmodel.Config, rank int) {
+	md := *dir + "-lora/merged-r" + strconv.Itoa(rank) + "-0"
+	if _, err := os.Stat(filepath.Join(md, "config.json")); err != nil {
+		mc := cfg
+		ad := loraFor(rank, 0)
+		mc.Merge = &ad
+		t0 := time.Now()
+		must(testmodel.Write(md, mc))
+		fmt.Printf("wrote %s in %v\n", md, time.Since(t0).Round(time.Millisecond))
+	}
+	lens := []int{7, 300}
+	var got, base, want, eager [][]int32
+	for _, pl := range lens {
+		toks := promptFor(3, pl, m.Info().VocabSize)
+		got = append(got, greedyOf(ctx, m, toks, *adapterTok, "a0"))
+		base = append(base, greedyOf(ctx, m, toks, *adapterTok, ""))
+	}
+	ref, err := e.Load(ctx, engine.ModelSpec{ID: "merged", Path: md, ContextLength: 1024, MaxBatch: 8})
+	must(err)
+	for _, pl := range lens {
+		want = append(want, greedyOf(ctx, ref.(*pyproc.Model), promptFor(3, pl, m.Info().VocabSize), *adapterTok, ""))
+	}
+	must(ref.Close())
+	ee, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithCUDAGraphs(false),
+		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1))
+	must(err)
+	defer ee.Close()
+	em, err := ee.Load(ctx, engine.ModelSpec{ID: "eager", Path: *dir, ContextLength: 1024, MaxBatch: 8, MaxAdapterRank: m.Info().MaxAdapterRank})
+	must(err)
+	defer em.Close()
+	_, err = em.(*pyproc.Model).AddAdapter(ctx, engine.AdapterSpec{Name: "a0", Path: *dir + "-lora/r" + strconv.Itoa(rank) + "-0"})
+	must(err)
+	for i, pl := range lens {
+		eager = append(eager, greedyOf(ctx, em.(*pyproc.Model), promptFor(3, pl, m.Info().VocabSize), *adapterTok, "a0"))
+		fmt.Printf("prompt %d, %d tokens: first difference adapter/merged %d, adapter eager/merged %d, adapter/adapter eager %d, base/merged %d\n",
+			pl, len(want[i]), firstDiff(got[i], want[i]), firstDiff(eager[i], want[i]), firstDiff(got[i], eager[i]), firstDiff(base[i], want[i]))
+	}
+}
+
+func greedyOf(ctx context.Context, m *pyproc.Model, p []int32, n int, adapter string) []int32 {
+	const seq = 1 << 21
+	r, err := m.OpenAdapter(ctx, seq, p, "", adapter)
+	must(err)
+	defer m.Free(seq, "")
+	var out []int32
+	feed := p[r:]
+	for len(out) < n {
+		o, err := m.Step(ctx, []engine.StepInput{{Seq: seq, Tokens: feed, Sample: true, Params: &engine.SamplingParams{}}})
+		must(err)
+		out = append(out, o[0].Token)
+		feed = []int32{o[0].Token}
+	}
+	return out
+}
+
+// firstDiff is the first index where a and b differ, len(a) when none.
+func firstDiff(a, b []int32) int {
+	for i := range a {
+		if i >= len(b) || a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
