@@ -52,7 +52,7 @@ seed=100
 for n in 0 1 8 32 0; do
 	seed=$((seed + 1))
 	bin/loadgen -url http://127.0.0.1:$port -model "$(models $n)" -concurrency 64 -input-words 400 -max-tokens 128 \
-		-requests 1000000 -duration 30s -seed $seed | tee "$out/c64-adapters$n-seed$seed.txt"
+		-requests 1000000 -duration 20s -seed $seed | tee "$out/c64-adapters$n-seed$seed.txt"
 done
 {
 	t=$(curl -s -o /dev/null -w '%{time_total}' 127.0.0.1:$port/v1/load_lora_adapter -d "{\"lora_name\":\"a33\",\"lora_path\":\"$d/a33\"}")
