@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -226,6 +227,13 @@ def _join(rank, size):
     return GROUP
 
 
+def _copy(f):
+    """Copies a follower's output lines to rank 0's stderr."""
+    for line in f:
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+
+
 class Leader:
     """Rank 0's side: starts the followers, joins the group, forwards each
     request to them and takes the group down when one dies."""
@@ -241,18 +249,30 @@ class Leader:
         self.children = []
         for r in range(1, size):
             cmd = [sys.executable, "-u", "-B"] + argv + ["--rank", str(r)]
-            self.children.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=sys.stderr.fileno()))
+            # A follower's output comes through rank 0 (_copy): the
+            # supervisor's pipes are held by rank 0 alone, so they close
+            # when it exits, whatever state a follower is in.
+            c = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            threading.Thread(target=_copy, args=(c.stdout,), daemon=True).start()
+            self.children.append(c)
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
         _join(0, size)
+
+    def down(self, why, *args):
+        """Takes the group down: logs why, kills the followers (one may be
+        stuck) and exits with status 1."""
+        log.error(why + "; the tensor-parallel group goes down", *args)
+        for c in self.children:
+            c.kill()
+        os._exit(1)
 
     def _watch(self):
         while True:
             time.sleep(0.1)
             for r, c in enumerate(self.children, 1):
                 if c.poll() is not None:
-                    log.error("rank %d exited with status %s; the tensor-parallel group goes down", r, c.returncode)
-                    os._exit(1)
+                    self.down("rank %d exited with status %s", r, c.returncode)
 
     def forward(self, req):
         """Writes req to every follower (before rank 0 runs it)."""
@@ -263,8 +283,7 @@ class Leader:
                     c.stdin.write(line)
                     c.stdin.flush()
                 except (BrokenPipeError, OSError):
-                    log.error("a follower rank is gone; the tensor-parallel group goes down")
-                    os._exit(1)
+                    self.down("a follower rank is gone")
 
     def guard(self, handle):
         """handle, with the request forwarded first; a failure the other
@@ -279,8 +298,7 @@ class Leader:
                     self.forward({"op": "unload", "model": req.get("model")})
                 raise
             except Exception:
-                log.exception("rank 0 failed inside op %r; the tensor-parallel group goes down", req.get("op"))
-                os._exit(1)
+                self.down("rank 0 failed inside op %r: %s", req.get("op"), traceback.format_exc().replace("\n", " | "))
         return run
 
 
