@@ -97,7 +97,6 @@ func tpScript(t *testing.T, m *Model) []int32 {
 	return out
 }
 
-
 // TestTensorParallelMatches runs the same workload on tensor parallel 1,
 // 2 and 4 (gloo on the CPU, float32) and wants the same tokens, for each
 // family the split covers.
