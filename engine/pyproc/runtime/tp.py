@@ -156,9 +156,9 @@ class Shard:
         """[N, vocab] from every rank's [N, rows] shard of the logits."""
         x = x.contiguous()
         if self.gpu:
-            out = torch.empty(self.size, *x.shape, device=x.device, dtype=x.dtype)
-            dist.all_gather_into_tensor(out, x, group=self.pg)
-            return out.permute(1, 0, 2).reshape(x.shape[0], -1)[:, : self.vocab]
+            out = torch.empty(self.size * x.shape[0], x.shape[1], device=x.device, dtype=x.dtype)
+            dist.all_gather_into_tensor(out, x, group=self.pg)  # rank-major: [ranks * N, rows]
+            return out.view(self.size, x.shape[0], -1).permute(1, 0, 2).reshape(x.shape[0], -1)[:, : self.vocab]
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.pg)
         return torch.cat(parts, 1)[:, : self.vocab]
@@ -306,13 +306,13 @@ class _NoBeat:
     stopped = True
 
 
-def follow(rank, size, make_worker, faults):
+def follow(rank, size, make_worker):
     """A follower's life: join the group, then run every request rank 0
     forwards on stdin, replying to no one, until stdin closes or rank 0
     goes away. A failure rank 0 may not share exits (status 1)."""
     ppid = os.getppid()
 
-    def orphaned():  # rank 0 died (its stdin may not close while it hangs in a fault)
+    def orphaned():  # rank 0 died while this rank waits in a collective, not on stdin
         while True:
             time.sleep(0.2)
             if os.getppid() != ppid:
@@ -325,10 +325,7 @@ def follow(rank, size, make_worker, faults):
         op = req.get("op")
         if op == "shutdown":
             break
-        if op == "fault" and faults and req.get("kind") == "exit_rank" and int(req.get("rank", -1)) == rank:
-            log.warning("fault: rank %d exits", rank)
-            os._exit(7)
-        if op == "fault":  # rank 0 runs the others; its replies are its own
+        if op == "fault":  # the test hook acts on rank 0 only
             continue
         try:
             worker.handle(req)

@@ -248,7 +248,7 @@ def start_tp(args, name, backend):
         raise ImportError("tensor parallel needs the torch backend, not %s" % name)
     import tp
     if args.rank:
-        tp.follow(args.rank, args.tp, lambda out, hb: Worker(out, hb, backend, args.faults), args.faults)
+        tp.follow(args.rank, args.tp, lambda out, hb: Worker(out, hb, backend, args.faults))
     return tp.Leader(sys.argv, args.tp)
 
 
