@@ -99,23 +99,26 @@ func tpScript(t *testing.T, m *Model) []int32 {
 
 // TestTensorParallelMatches runs the same workload on tensor parallel 1,
 // 2 and 4 (gloo on the CPU, float32) and wants the same tokens, for each
-// family the split covers.
+// family the split covers; and with lookahead, where every rank feeds
+// itself the tokens it sampled (a rank sampling otherwise would corrupt
+// the KV of its heads).
 func TestTensorParallelMatches(t *testing.T) {
 	python(t)
-	for _, ranks := range []int{2, 4} {
+	for _, c := range []struct{ ranks, ahead int }{{2, 1}, {2, 4}, {4, 1}} {
+		ranks := c.ranks
 		if ranks == 4 && testing.Short() {
 			continue
 		}
-		t.Run(fmt.Sprintf("tp%d", ranks), func(t *testing.T) {
+		t.Run(fmt.Sprintf("tp%d-lookahead%d", ranks, c.ahead), func(t *testing.T) {
 			dirs := tpFamilies(t, ranks)
 			want := map[string][]int32{}
-			one := newEngine(t)
+			one := newEngine(t, WithLookahead(c.ahead))
 			for arch, dir := range dirs {
 				m := loadID(t, one, arch, dir)
 				want[arch] = tpScript(t, m)
 			}
 			_ = one.Close()
-			e := newEngine(t, WithTensorParallel(ranks))
+			e := newEngine(t, WithTensorParallel(ranks), WithLookahead(c.ahead))
 			for arch, dir := range dirs {
 				m := loadID(t, e, arch, dir)
 				if got := m.Info().TensorParallel; got != ranks {
