@@ -116,3 +116,43 @@ func TestTensorParallelRankLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUReplicas starts an engine on four device ids at tensor parallel
+// 2: two workers (replicas), each of two ranks, each seeing its own pair
+// of devices (its CUDA_VISIBLE_DEVICES), serving the same tokens. On the
+// CPU the devices go unused; the placement is what is checked.
+func TestGPUReplicas(t *testing.T) {
+	python(t)
+	e := newEngine(t, WithGPUs([]int{3, 2, 1, 0}), WithTensorParallel(2))
+	ws := e.Workers()
+	if len(ws) != 2 {
+		t.Fatalf("%d workers, want 2 replicas", len(ws))
+	}
+	for i, want := range []string{"3,2", "1,0"} {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", ws[i].PID))
+		if err != nil {
+			t.Skipf("no /proc environ here: %v", err)
+		}
+		if !slices.Contains(strings.Split(string(env), "\x00"), "CUDA_VISIBLE_DEVICES="+want) {
+			t.Errorf("worker %d: CUDA_VISIBLE_DEVICES is not %s", i, want)
+		}
+		if n := len(children(t, ws[i].PID)); n != 1 {
+			t.Errorf("worker %d has %d followers, want 1", i, n)
+		}
+	}
+	m := load(t, e, tiny(t))
+	p := prompt(1, 9)
+	fa, fb := openFeed(t, m, 1, p), openFeed(t, m, 2, p)
+	if m.seqs[1].slot.idx == m.seqs[2].slot.idx {
+		t.Fatalf("both sequences on worker %d", m.seqs[1].slot.idx)
+	}
+	a, b := stepOne(t, m, 1, fa, nil), stepOne(t, m, 2, fb, nil)
+	for len(a) < 4 {
+		a, b = stepOne(t, m, 1, a[len(a)-1:], a), stepOne(t, m, 2, b[len(b)-1:], b)
+	}
+	m.Free(1, "")
+	m.Free(2, "")
+	if !slices.Equal(a, b) {
+		t.Errorf("the replicas disagree: %v and %v", a, b)
+	}
+}
