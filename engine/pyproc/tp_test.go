@@ -112,9 +112,11 @@ func TestTensorParallelMatches(t *testing.T) {
 		t.Run(fmt.Sprintf("tp%d-lookahead%d", ranks, c.ahead), func(t *testing.T) {
 			dirs := tpFamilies(t, ranks)
 			want := map[string][]int32{}
+			weights := map[string]int64{}
 			one := newEngine(t, WithLookahead(c.ahead))
 			for arch, dir := range dirs {
 				m := loadID(t, one, arch, dir)
+				weights[arch] = m.Info().WeightBytes
 				want[arch] = tpScript(t, m)
 			}
 			_ = one.Close()
@@ -123,6 +125,10 @@ func TestTensorParallelMatches(t *testing.T) {
 				m := loadID(t, e, arch, dir)
 				if got := m.Info().TensorParallel; got != ranks {
 					t.Errorf("%s: Info().TensorParallel %d, want %d", arch, got, ranks)
+				}
+				// Every rank holds the embedding whole and a share of the rest.
+				if w := m.Info().WeightBytes; w <= weights[arch] || w/int64(ranks) >= weights[arch] {
+					t.Errorf("%s: %d weight bytes over %d ranks, against %d on one", arch, w, ranks, weights[arch])
 				}
 				if got := tpScript(t, m); !slices.Equal(got, want[arch]) {
 					t.Errorf("%s: tensor parallel %d gave\n%v\nwant (tp 1)\n%v", arch, ranks, got, want[arch])
