@@ -32,9 +32,10 @@ func tpFamilies(t *testing.T, ranks int) map[string]string {
 }
 
 // tpScript runs one workload on m and returns every token it sampled and
-// every prefix reuse: two prompts fed in chunks beside decodes (batched
-// steps), a seeded temperature sequence, a sequence that resumes a saved
-// prefix and one that reuses the prefix cache.
+// every prefix reuse: two prompts fed in chunks (a step that samples
+// nothing, then chunks beside decodes in batched steps), a seeded
+// temperature sequence, a sequence that resumes a saved prefix and one
+// that reuses the prefix cache.
 func tpScript(t *testing.T, m *Model) []int32 {
 	t.Helper()
 	ctx := context.Background()
@@ -60,7 +61,10 @@ func tpScript(t *testing.T, m *Model) []int32 {
 	hot := &engine.SamplingParams{Temperature: 0.9, Seed: 7, HasSeed: true}
 	open(1, pa, "")
 	open(2, pb, "")
-	out := step(engine.StepInput{Seq: 1, Tokens: pa[:16]}, engine.StepInput{Seq: 2, Tokens: pb, Sample: true, Params: hot})
+	if got := step(engine.StepInput{Seq: 1, Tokens: pa[:8]}); len(got) != 0 { // a step that samples nothing
+		t.Fatalf("a step without sampling inputs returned %v", got)
+	}
+	out := step(engine.StepInput{Seq: 1, Tokens: pa[8:16]}, engine.StepInput{Seq: 2, Tokens: pb, Sample: true, Params: hot})
 	b := out[0]
 	got := step(engine.StepInput{Seq: 1, Tokens: pa[16:], Sample: true, Params: greedy},
 		engine.StepInput{Seq: 2, Tokens: []int32{b}, Sample: true, Params: hot})
@@ -200,4 +204,60 @@ func loadID(t *testing.T, e *Engine, id, dir string) *Model {
 		t.Fatal(err)
 	}
 	return m.(*Model)
+}
+
+// TestTensorParallelEmbeds pools inputs beside a generating sequence under
+// tensor parallel 2, on a decoder (the hidden state after the split
+// layers) and an encoder (loaded whole on every rank), and wants tensor
+// parallel 1's vectors and tokens.
+func TestTensorParallelEmbeds(t *testing.T) {
+	python(t)
+	dirs := map[string]bool{}
+	for _, arch := range []string{"qwen3", "bert"} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		dirs[dir] = arch != "bert"
+	}
+	inputs := [][]int32{prompt(1, 5), prompt(2, 40), prompt(3, 1)}
+	type result struct {
+		vecs [][]float32
+		toks []int32
+	}
+	run := func(e *Engine) map[string]result {
+		out := map[string]result{}
+		for dir, gen := range dirs {
+			m := loadID(t, e, "m", dir)
+			chunk := 0
+			if gen {
+				chunk = 7
+			}
+			vecs, toks := embedBeside(t, m, inputs, engine.PoolMean, chunk, gen)
+			out[dir] = result{vecs, toks}
+			if err := m.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	one := newEngine(t)
+	want := run(one)
+	_ = one.Close()
+	got := run(newEngine(t, WithTensorParallel(2)))
+	for dir, w := range want {
+		g := got[dir]
+		if !slices.Equal(g.toks, w.toks) {
+			t.Errorf("%s: tokens %v beside the pooled inputs, tp 1 %v", dir, g.toks, w.toks)
+		}
+		for i := range w.vecs {
+			ref := make([]float64, len(w.vecs[i]))
+			for j, v := range w.vecs[i] {
+				ref[j] = float64(v)
+			}
+			if d := maxAbs(g.vecs[i], ref); d > 1e-5 {
+				t.Errorf("%s: input %d differs from tp 1 by %g", dir, i, d)
+			}
+		}
+	}
 }

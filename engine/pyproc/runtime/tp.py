@@ -154,6 +154,8 @@ class Shard:
 
     def gather_logits(self, x):
         """[N, vocab] from every rank's [N, rows] shard of the logits."""
+        if x.shape[0] == 0:  # a step that samples nothing (gloo fails on empty tensors); every rank skips it alike
+            return x.new_empty(0, self.vocab)
         x = x.contiguous()
         if self.gpu:
             out = torch.empty(self.size * x.shape[0], x.shape[1], device=x.device, dtype=x.dtype)
