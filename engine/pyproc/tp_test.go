@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -150,15 +151,26 @@ func TestTensorParallelRefuses(t *testing.T) {
 	e := newEngine(t, WithTensorParallel(2))
 	odd := testmodel.Tiny()
 	odd.Heads, odd.KVHeads, odd.Hidden = 3, 1, 48
-	for name, c := range map[string]testmodel.Config{"odd heads": odd, "moe": testmodel.TinyFamily("qwen3_moe"),
-		"phi3": testmodel.TinyFamily("phi3")} {
+	fp8 := testmodel.TinyQuant()
+	fp8.Quant = testmodel.QuantFP8Channel
+	for _, tc := range []struct {
+		name string
+		c    testmodel.Config
+		why  string
+	}{
+		{"odd heads", odd, "number of attention heads (3) is not a multiple of 2"},
+		{"moe", testmodel.TinyFamily("qwen3_moe"), "mixture-of-experts"},
+		{"phi3", testmodel.TinyFamily("phi3"), "fused projections"},
+		{"olmo2", testmodel.TinyFamily("olmo2"), "QK norm over the whole projection"},
+		{"fp8", fp8, "quantized weights"},
+	} {
 		dir := t.TempDir()
-		if err := testmodel.Write(dir, c); err != nil {
+		if err := testmodel.Write(dir, tc.c); err != nil {
 			t.Fatal(err)
 		}
-		_, err := e.Load(context.Background(), engine.ModelSpec{ID: name, Path: dir})
-		if !errors.Is(err, engine.ErrInvalidParam) {
-			t.Errorf("%s under tensor parallel 2: %v, want ErrInvalidParam", name, err)
+		_, err := e.Load(context.Background(), engine.ModelSpec{ID: tc.name, Path: dir})
+		if !errors.Is(err, engine.ErrInvalidParam) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%s under tensor parallel 2: %v, want ErrInvalidParam saying %q", tc.name, err, tc.why)
 		}
 	}
 	m := load(t, e, tiny(t))

@@ -192,9 +192,10 @@ def refuse(cfg, opts, n):
     elif cfg.quant is not None or opts.get("quantize"):
         why = "quantized weights do not split"
     else:
-        for name, v in (("attention heads", cfg.heads), ("KV heads", cfg.kv_heads), ("intermediate size", cfg.intermediate)):
+        for name, v in (("number of attention heads", cfg.heads), ("number of KV heads", cfg.kv_heads),
+                        ("intermediate size", cfg.intermediate)):
             if v % n:
-                why = "its %s (%d) do not divide by %d" % (name, v, n)
+                why = "the %s (%d) is not a multiple of %d" % (name, v, n)
                 break
     if why:
         raise ProtocolError("invalid", "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
