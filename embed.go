@@ -50,6 +50,9 @@ func (s *Server) embed(ctx context.Context, req api.EmbedRequest, start time.Tim
 	if err := req.Deadlines.Validate(); err != nil {
 		return nil, &api.InvalidParamError{Param: "deadlines", Reason: err.Error()}
 	}
+	if _, adapter, _ := s.resolveAdapter(req.Model, ""); adapter != "" {
+		return nil, &api.InvalidParamError{Param: "model", Reason: fmt.Sprintf("%q is a LoRA adapter: adapters generate and do not embed", req.Model)}
+	}
 	m, err := s.acquire(ctx, req.Model, nil)
 	if err != nil {
 		return nil, err

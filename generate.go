@@ -30,6 +30,10 @@ func (s *Server) Generate(ctx context.Context, req api.Request) (*api.Stream, er
 }
 
 func (s *Server) generate(ctx context.Context, req api.Request) (*api.Stream, error) {
+	var err error
+	if req.Model, req.Adapter, err = s.resolveAdapter(req.Model, req.Adapter); err != nil {
+		return nil, err
+	}
 	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
 	if err != nil {
 		return nil, err
@@ -69,6 +73,10 @@ func (s *Server) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 }
 
 func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
+	var err error
+	if req.Model, req.Adapter, err = s.resolveAdapter(req.Model, req.Adapter); err != nil {
+		return nil, err
+	}
 	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
 	if err != nil {
 		return nil, err
@@ -175,8 +183,11 @@ func (s *Server) submitHeader(ctx context.Context, m *model, prompt []int32, p a
 		stopTokens = append(slices.Clone(p.StopTokens), m.eos...)
 	}
 	hdr.Model = m.info.ID
+	if p.Adapter != "" { // the model the caller named
+		hdr.Model = p.Adapter
+	}
 	if p.Session != "" || p.NewSession {
-		sess, _, err := s.sessions.Begin(p.Session, m.info.ID)
+		sess, _, err := s.sessions.Begin(p.Session, hdr.Model)
 		if err != nil {
 			return nil, err
 		}
@@ -209,6 +220,7 @@ func (s *Server) start(ctx context.Context, m *model, prompt []int32, p api.Para
 		Params:     p.Sampling,
 		StopTokens: stopTokens,
 		IgnoreEOS:  p.IgnoreEOS,
+		Adapter:    p.Adapter,
 		Tier:       p.Priority,
 		Submitted:  time.Now(),
 	}

@@ -36,6 +36,11 @@ func (s *Server) Load() balancer.Load {
 			l.Models = append(l.Models, st.ID)
 		}
 	}
+	for _, a := range s.Adapters() { // routed like models: to the instances that serve them
+		if slices.Contains(l.Models, a.Base) {
+			l.Models = append(l.Models, a.Name)
+		}
+	}
 	slices.Sort(l.Models)
 	if capacity > 0 {
 		l.KVUsage = float64(reserved) / float64(capacity)

@@ -66,7 +66,10 @@ func (s *Server) Preload(ctx context.Context, m prewarm.Model) error {
 
 // ModelStatus describes every known model: loaded, loading, unloaded,
 // failed (with the error and when it may be retried), memory, keep-alive.
-func (s *Server) ModelStatus() []prewarm.ModelStatus { return s.mgr.Status() }
+func (s *Server) ModelStatus() []prewarm.ModelStatus {
+	st := s.mgr.Status()
+	return append(st, s.adapterStatus(st)...)
+}
 
 // Memory returns the bytes the loaded models take and the memory budget
 // (0: none).

@@ -32,7 +32,8 @@ func mergeable(p *api.Params) bool {
 // join serves a mergeable request through the merger.
 func (s *Server) join(ctx context.Context, m *model, prompt []int32, p api.Params, stopTokens []int32, hdr api.Header) (*api.Stream, error) {
 	k := merge.KeyOf(merge.Request{Model: m.info.ID, Revision: m.revision, Prompt: prompt, MaxTokens: p.MaxTokens,
-		Sampling: p.Sampling, Stop: p.Stop, StopTokens: stopTokens, IgnoreEOS: p.IgnoreEOS, JSONSchema: p.JSONSchema, KeepCut: p.KeepCut})
+		Sampling: p.Sampling, Stop: p.Stop, StopTokens: stopTokens, IgnoreEOS: p.IgnoreEOS, JSONSchema: p.JSONSchema, KeepCut: p.KeepCut,
+		Adapter: s.adapterRev(p.Adapter)})
 	src, outcome, err := s.merger.Join(ctx, k, p.Priority, p.Cache, func(fctx context.Context, tier api.Tier) (api.Source, error) {
 		q := p
 		q.Priority = tier

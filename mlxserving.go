@@ -63,8 +63,9 @@ type Server struct {
 	mgr    *prewarm.Manager
 
 	mu       sync.RWMutex
-	models   map[string]*model // loaded models; nil while loading
-	explicit map[string]bool   // models added by LoadModel
+	models   map[string]*model        // loaded models; nil while loading
+	explicit map[string]bool          // models added by LoadModel
+	adapters map[string]*adapterEntry // LoRA adapters by name (adapters.go); nil entry while loading
 	closed   bool
 }
 
@@ -93,7 +94,8 @@ func New(eng engine.Engine, opts ...Option) (*Server, error) {
 	if err := session.CheckCacheOptions(cfg.cacheOpts...); err != nil {
 		return nil, fmt.Errorf("mlxserving: prefix cache options: %w", err)
 	}
-	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool)}
+	s := &Server{eng: eng, cfg: cfg, models: make(map[string]*model), explicit: make(map[string]bool),
+		adapters: make(map[string]*adapterEntry)}
 	if err := s.build(&cfg); err != nil {
 		s.closeServices()
 		return nil, fmt.Errorf("mlxserving: %w", err)

@@ -98,6 +98,7 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 	}
 	m := &model{info: em.Info(), engine: em, tok: tok,
 		revision: revision(em.Info().Engine, spec.Path, s.loads.Add(1))}
+	s.restoreAdapters(spec.ID, em)
 	if tok != nil {
 		for _, id := range tok.EOS() {
 			if !slices.Contains(m.info.EOS, id) {
@@ -151,6 +152,7 @@ func (s *Server) UnloadModel(ctx context.Context, id string) error {
 		return &ModelNotFoundError{Model: id}
 	}
 	if explicit {
+		s.forgetAdapters(id)
 		return s.managerErr(id, s.mgr.Forget(ctx, id))
 	}
 	return s.managerErr(id, s.mgr.Unload(ctx, id))

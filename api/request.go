@@ -73,6 +73,11 @@ type Params struct {
 	// complete JSON document) or as many as MaxTokens are refused with an
 	// *InvalidParamError. A resumed request is never merged.
 	Resume []int32
+	// Adapter runs the request with this LoRA adapter of the model, as
+	// naming the adapter as the request's model does (the Server sets it
+	// so); the model must then be the adapter's base. Empty: the model as
+	// named.
+	Adapter string
 	// Cache lets a server with a response cache (see the root package's
 	// WithMerging) answer this request from a cached identical response
 	// and keep this one's for later. Only deterministic requests (greedy,

@@ -258,7 +258,7 @@ func (lb *LoadBalancer) Close() error {
 
 // Generate routes a completion request; see [LoadBalancer].
 func (lb *LoadBalancer) Generate(ctx context.Context, req api.Request) (*api.Stream, error) {
-	r := Route{Model: req.Model, Session: req.Session, Prefix: req.Prompt}
+	r := Route{Model: routedModel(req.Model, req.Adapter), Session: req.Session, Prefix: req.Prompt}
 	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
 		req := req
 		req.Resume = append(slices.Clip(req.Resume), resume...)
@@ -268,7 +268,7 @@ func (lb *LoadBalancer) Generate(ctx context.Context, req api.Request) (*api.Str
 
 // Chat routes a chat request; see [LoadBalancer].
 func (lb *LoadBalancer) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
-	r := Route{Model: req.Model, Session: req.Session, Prefix: chatPrefix(req.Messages)}
+	r := Route{Model: routedModel(req.Model, req.Adapter), Session: req.Session, Prefix: chatPrefix(req.Messages)}
 	return lb.serve(ctx, r, func(ctx context.Context, b Backend, resume []int32) (*api.Stream, error) {
 		req := req
 		req.Resume = append(slices.Clip(req.Resume), resume...)
@@ -498,3 +498,13 @@ func (lb *LoadBalancer) checkAll() {
 
 // logger for options that take none.
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// routedModel is the model a request is routed by: its LoRA adapter when
+// it names one (instances list their adapters among their models, so the
+// request goes to those that hold it), else its model.
+func routedModel(model, adapter string) string {
+	if adapter != "" {
+		return adapter
+	}
+	return model
+}

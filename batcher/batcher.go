@@ -300,7 +300,14 @@ func (b *ContinuousBatcher) open(ctx context.Context, s *Sequence) (reused int, 
 		if b.info.Encoder {
 			return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an embedding encoder: it does not generate", b.info.ID)}
 		}
-		return b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
+		if s.Adapter == "" {
+			return b.model.Open(ctx, s.id, s.feed, s.PrefixKey)
+		}
+		am, ok := b.model.(engine.AdapterModel)
+		if !ok || b.info.AdapterSlots == 0 {
+			return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q serves no LoRA adapters", b.info.ID)}
+		}
+		return am.OpenAdapter(ctx, s.id, s.feed, s.PrefixKey, s.Adapter)
 	}
 	e, ok := b.model.(engine.Embedder)
 	if !ok || b.info.EmbedDim == 0 {

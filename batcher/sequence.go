@@ -49,6 +49,10 @@ type Sequence struct {
 	StopTokens []int32
 	// IgnoreEOS keeps generating past the model's EOS ids.
 	IgnoreEOS bool
+	// Adapter, when set, runs the sequence with that LoRA adapter of the
+	// model (an engine.AdapterModel serving it); its KV is reused from and
+	// saved for sequences of the same adapter only.
+	Adapter string
 	// PrefixKey asks the engine to reuse KV saved under this key.
 	PrefixKey string
 	// SaveKey asks the engine to keep this sequence's KV under this key

@@ -46,6 +46,13 @@ type ModelSpec struct {
 	// ContextLength overrides the model's context window downwards. Zero
 	// keeps the checkpoint's value.
 	ContextLength int
+	// AdapterSlots is how many LoRA adapters a model that serves them
+	// (AdapterModel) keeps resident on the device at once; zero:
+	// DefaultAdapterSlots.
+	AdapterSlots int
+	// MaxAdapterRank is the highest adapter rank accepted; zero:
+	// DefaultMaxAdapterRank.
+	MaxAdapterRank int
 }
 
 // Model is a loaded model: a step-level executor with its own KV memory.
@@ -293,6 +300,11 @@ type Info struct {
 	// MatryoshkaDims lists the dimensions the checkpoint was trained for,
 	// when it lists them (matryoshka_dimensions); nil allows any.
 	MatryoshkaDims []int
+	// AdapterSlots is the number of LoRA adapters the model keeps
+	// resident at once when it implements AdapterModel; zero when it
+	// serves none. MaxAdapterRank is the highest rank it accepts.
+	AdapterSlots   int
+	MaxAdapterRank int
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).

@@ -46,6 +46,9 @@ type Request struct {
 	// Pooling, when set, names an embedding of Prompt (pooled this way)
 	// rather than a generation.
 	Pooling engine.Pooling
+	// Adapter names the LoRA adapter the generation runs with and what was
+	// loaded under that name; empty for the base model.
+	Adapter string
 }
 
 // Deterministic reports whether p's output is a function of the request:
@@ -120,6 +123,9 @@ func KeyOf(r Request) Key {
 	}
 	if r.Pooling != engine.PoolNone {
 		str("pool:" + r.Pooling.String()) // as KeepCut: other keys keep their value
+	}
+	if r.Adapter != "" {
+		str("adapter:" + r.Adapter)
 	}
 	var k Key
 	h.Sum(k[:0])

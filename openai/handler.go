@@ -66,9 +66,12 @@ var routes = map[string]route{
 	"/v1/completions":      {"completions", http.MethodPost, (*Handler).completions, accessKey},
 	"/v1/models":           {"models", http.MethodGet, (*Handler).models, accessKey},
 	"/v1/embeddings":       {"embeddings", http.MethodPost, (*Handler).embeddings, accessKey},
-	"/health":              {"health", http.MethodGet, (*Handler).health, accessOpen},
-	"/ready":               {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
-	"/metrics":             {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},
+	// vLLM's run-time LoRA endpoints.
+	"/v1/load_lora_adapter":   {"load_lora_adapter", http.MethodPost, (*Handler).loadAdapter, accessAdmin},
+	"/v1/unload_lora_adapter": {"unload_lora_adapter", http.MethodPost, (*Handler).unloadAdapter, accessAdmin},
+	"/health":                 {"health", http.MethodGet, (*Handler).health, accessOpen},
+	"/ready":                  {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
+	"/metrics":                {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},
 }
 
 // ServeHTTP routes r to its endpoint.

@@ -49,6 +49,13 @@ type modelObject struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// Root and Parent, as vLLM reports them: a LoRA adapter's parent is
+	// its base model (null for a model); root is the base.
+	Root   string  `json:"root"`
+	Parent *string `json:"parent"`
+	// Rank and Targets describe a LoRA adapter when it is loaded.
+	Rank    int      `json:"lora_rank,omitempty"`
+	Targets []string `json:"lora_target_modules,omitempty"`
 	// Extensions: what the engine reports and the model manager's state.
 	Engine        string `json:"engine,omitempty"`
 	ContextLength int    `json:"context_length,omitempty"`
@@ -66,7 +73,10 @@ type modelObject struct {
 func (h *Handler) modelObject(st prewarm.ModelStatus) modelObject {
 	o := modelObject{ID: st.ID, Object: "model", Created: h.created, OwnedBy: "mlxserving",
 		Engine: st.Info.Engine, ContextLength: st.Info.ContextLength, State: st.State.String(),
-		Pinned: st.Pinned, MemoryBytes: st.MemoryBytes}
+		Pinned: st.Pinned, MemoryBytes: st.MemoryBytes, Root: st.ID}
+	if st.Parent != "" {
+		o.Root, o.Parent = st.Parent, &st.Parent
+	}
 	if !st.IdleUntil.IsZero() {
 		o.IdleUntil = st.IdleUntil.Unix()
 	}

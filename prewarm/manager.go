@@ -377,8 +377,12 @@ func (g *Manager) Close() error {
 
 // ModelStatus is a snapshot of one known model.
 type ModelStatus struct {
-	ID    string
-	State State
+	ID string
+	// Parent is the model a LoRA adapter adapts; empty for a model. The
+	// manager itself keeps models only: the Server lists its adapters in
+	// their base's state.
+	Parent string
+	State  State
 	// Pinned models are never evicted nor unloaded when idle.
 	Pinned bool
 	// Busy: requests are queued or running.

@@ -197,16 +197,39 @@ func (c *PrefixCache) NewKey() string {
 // prefix with prompt: key's when it shares as much as the best indexed
 // entry, else the best entry's.
 func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
+	return c.open(ctx, id, prompt, key, "")
+}
+
+// OpenAdapter is Open for a sequence of a LoRA adapter of the wrapped
+// model (see engine.AdapterModel): it reuses only KV saved by the same
+// adapter's sequences.
+func (c *PrefixCache) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, key, adapter string) (int, error) {
+	if adapter != "" {
+		if _, err := c.adapters(); err != nil {
+			return 0, err
+		}
+	}
+	return c.open(ctx, id, prompt, key, adapter)
+}
+
+func (c *PrefixCache) open(ctx context.Context, id engine.SeqID, prompt []int32, key, adapter string) (int, error) {
 	c.applyDrops()
 	c.collect() // a worker may have died since the last call: its keys leave the index first
 	c.mu.Lock()
-	chosen, predicted := c.choose(prompt, key)
+	chosen, predicted := c.choose(prompt, key, adapter)
 	c.mu.Unlock()
-	r, err := c.m.Open(ctx, id, prompt, chosen)
+	var r int
+	var err error
+	if adapter == "" {
+		r, err = c.m.Open(ctx, id, prompt, chosen)
+	} else {
+		am, _ := c.m.(engine.AdapterModel)
+		r, err = am.OpenAdapter(ctx, id, prompt, chosen, adapter)
+	}
 	if err != nil {
 		return r, err
 	}
-	h := NewHasher(c.cfg.block)
+	h := NewAdapterHasher(c.cfg.block, adapter)
 	h.Write(prompt[:r])
 	c.seqs[id] = h
 	c.mu.Lock()
@@ -231,10 +254,10 @@ func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32,
 
 // choose picks the key to pass the engine and the tokens the index
 // expects it to cover. Has to be called with c.mu held.
-func (c *PrefixCache) choose(prompt []int32, key string) (string, int) {
-	best, n := c.idx.Lookup(prompt)
+func (c *PrefixCache) choose(prompt []int32, key, adapter string) (string, int) {
+	best, n := c.idx.LookupAdapter(prompt, adapter)
 	if key != "" && c.idx.Has(key) {
-		if m := c.idx.Match(key, prompt); m >= n {
+		if m := c.idx.MatchAdapter(key, prompt, adapter); m >= n {
 			c.lru.Get(key)
 			return key, m
 		}
@@ -380,4 +403,42 @@ func (c *PrefixCache) Close() error {
 	c.pending = nil
 	c.mu.Unlock()
 	return c.m.Close()
+}
+
+// adapters returns the wrapped model as an engine.AdapterModel, or an
+// *engine.InvalidParamError when it serves no adapters.
+func (c *PrefixCache) adapters() (engine.AdapterModel, error) {
+	am, ok := c.m.(engine.AdapterModel)
+	if !ok || c.m.Info().AdapterSlots <= 0 {
+		return nil, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q serves no LoRA adapters", c.m.Info().ID)}
+	}
+	return am, nil
+}
+
+// AddAdapter adds a LoRA adapter to the wrapped model (see
+// engine.AdapterModel).
+func (c *PrefixCache) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine.AdapterInfo, error) {
+	am, err := c.adapters()
+	if err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	return am.AddAdapter(ctx, spec)
+}
+
+// RemoveAdapter removes a LoRA adapter from the wrapped model.
+func (c *PrefixCache) RemoveAdapter(name string) error {
+	am, err := c.adapters()
+	if err != nil {
+		return err
+	}
+	return am.RemoveAdapter(name)
+}
+
+// Adapters lists the wrapped model's adapters.
+func (c *PrefixCache) Adapters() []engine.AdapterInfo {
+	am, err := c.adapters()
+	if err != nil {
+		return nil
+	}
+	return am.Adapters()
 }

@@ -106,11 +106,30 @@ func (x *Index) Has(key string) bool {
 	return ok
 }
 
+// ChainSeed is the hash a chain of blocks fed to adapter starts from
+// (empty: the base model's, hashSeed): sequences of different adapters
+// never share KV, so their chains never meet.
+func ChainSeed(adapter string) uint64 {
+	if adapter == "" {
+		return hashSeed
+	}
+	h := uint64(hashSeed)
+	for i := 0; i < len(adapter); i++ {
+		h ^= uint64(adapter[i])
+		h *= 0x100000001b3
+	}
+	return mix.Mix64(h ^ 0x94d049bb133111eb)
+}
+
 // Lookup returns the key holding the longest run of prompt's leading
 // blocks and the tokens those blocks cover; "" and 0 when even the first
 // block is unknown.
-func (x *Index) Lookup(prompt []int32) (string, int) {
-	h, best, matched := uint64(hashSeed), "", 0
+func (x *Index) Lookup(prompt []int32) (string, int) { return x.LookupAdapter(prompt, "") }
+
+// LookupAdapter is Lookup among the entries saved by sequences of
+// adapter (see ChainSeed).
+func (x *Index) LookupAdapter(prompt []int32, adapter string) (string, int) {
+	h, best, matched := ChainSeed(adapter), "", 0
 	for end := x.size; end <= len(prompt); end += x.size {
 		h = hashBlock(h, prompt[end-x.size:end])
 		n := x.nodes[h]
@@ -124,12 +143,16 @@ func (x *Index) Lookup(prompt []int32) (string, int) {
 
 // Match returns how many of prompt's leading tokens, in whole blocks, key
 // holds; 0 for an unknown key.
-func (x *Index) Match(key string, prompt []int32) int {
+func (x *Index) Match(key string, prompt []int32) int { return x.MatchAdapter(key, prompt, "") }
+
+// MatchAdapter is Match for a prompt fed to adapter: 0 when key was saved
+// by another adapter's sequence (or the base's).
+func (x *Index) MatchAdapter(key string, prompt []int32, adapter string) int {
 	e, ok := x.entries[key]
 	if !ok {
 		return 0
 	}
-	h, matched := uint64(hashSeed), 0
+	h, matched := ChainSeed(adapter), 0
 	for i, want := range e.hashes {
 		end := (i + 1) * x.size
 		if end > len(prompt) {
@@ -158,6 +181,7 @@ func hashBlock(parent uint64, block []int32) uint64 {
 // Hasher hashes a growing token sequence block by block, as it is fed.
 // The zero value is not usable; see NewHasher.
 type Hasher struct {
+	seed    uint64
 	size    int
 	hashes  []uint64
 	pending []int32 // tokens of the unfinished block
@@ -165,9 +189,13 @@ type Hasher struct {
 }
 
 // NewHasher returns a hasher for blocks of size tokens.
-func NewHasher(size int) *Hasher {
+func NewHasher(size int) *Hasher { return NewAdapterHasher(size, "") }
+
+// NewAdapterHasher returns a hasher for the tokens fed to a sequence of
+// adapter (empty: the base), whose chain starts at ChainSeed(adapter).
+func NewAdapterHasher(size int, adapter string) *Hasher {
 	size = max(size, 1)
-	return &Hasher{size: size, pending: make([]int32, 0, size)}
+	return &Hasher{seed: ChainSeed(adapter), size: size, pending: make([]int32, 0, size)}
 }
 
 // Write feeds tokens.
@@ -178,7 +206,7 @@ func (h *Hasher) Write(tokens []int32) {
 		h.pending = append(h.pending, tokens[:n]...)
 		tokens = tokens[n:]
 		if len(h.pending) == h.size {
-			parent := uint64(hashSeed)
+			parent := h.seed
 			if len(h.hashes) > 0 {
 				parent = h.hashes[len(h.hashes)-1]
 			}

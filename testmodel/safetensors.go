@@ -146,8 +146,10 @@ func writeWeights(path string, c Config) (err error) {
 		go func() {
 			defer wg.Done()
 			for ch := range jobs {
-				if ch.whole {
-					ch.out <- c.quantize(ch.t, drawWhole(ch.t, c))
+				if ch.whole && !c.quantized(ch.t) {
+					ch.out <- encode(c.merge(ch.t, drawWhole(ch.t, c)), c.DType)
+				} else if ch.whole {
+					ch.out <- c.quantize(ch.t, c.merge(ch.t, drawWhole(ch.t, c)))
 				} else {
 					ch.out <- encode(drawChunk(ch.t, ch.index, c), c.DType)
 				}
@@ -159,7 +161,7 @@ func writeWeights(path string, c Config) (err error) {
 		defer close(order)
 		defer close(jobs)
 		for _, t := range ts {
-			whole := c.quantized(t)
+			whole := c.quantized(t) || c.merged(t)
 			for i := 0; i*chunkElems < t.numel() && (i == 0 || !whole); i++ {
 				ch := chunk{t: t, index: i, whole: whole, out: make(chan []byte, 1)}
 				select {

@@ -145,6 +145,11 @@ type Config struct {
 	// without Quant writes. The 4-bit layouts need every linear input a
 	// multiple of 128 and every output a multiple of 8 (TinyQuant).
 	Quant string
+	// Merge, when set, writes the model with the adapter merged into its
+	// weights: W + scale·B·A for every projection the adapter targets,
+	// the adapter's values being those WriteAdapter writes for this
+	// Config without Merge.
+	Merge *Adapter
 }
 
 // RopeScaling is llama3-style RoPE frequency scaling.
@@ -359,6 +364,11 @@ func (c Config) check() error {
 		return bad("vocab %d: want at least %d (256 bytes + %d special tokens)", c.Vocab, minVocab, len(specialTokens))
 	case c.RopeTheta < 0:
 		return bad("rope theta %v must be positive", c.RopeTheta)
+	}
+	if c.Merge != nil {
+		if err := c.Merge.withDefaults(c).check(c); err != nil {
+			return err
+		}
 	}
 	if s := c.RopeScaling; s != nil {
 		if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMaxPositionEmbeddings <= 0 {

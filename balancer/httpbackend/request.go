@@ -65,6 +65,9 @@ type message struct {
 }
 
 func paramsBody(model string, p api.Params, resume bool) body {
+	if p.Adapter != "" { // over the wire an adapter is the model asked for
+		model = p.Adapter
+	}
 	b := body{Resume: p.Resume, TokenIDs: resume,
 		Model: model, MaxTokens: p.MaxTokens, Temperature: p.Sampling.Temperature,
 		TopP: p.Sampling.TopP, TopK: p.Sampling.TopK, MinP: p.Sampling.MinP,

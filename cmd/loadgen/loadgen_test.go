@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http/httptest"
 	"net/url"
 	"strings"
@@ -152,6 +153,18 @@ func TestAgainstServer(t *testing.T) {
 		}
 		if strings.Contains(args[len(args)-1], "10s") && !strings.Contains(report, "(20 of 20 requests met") {
 			t.Errorf("goodput:\n%s", report)
+		}
+	}
+}
+
+// Requests take a comma-separated -model list in turn (adapters and their
+// base), whatever -prompts repeats.
+func TestModelsInTurn(t *testing.T) {
+	cfg := config{model: "base,a,b", endpoint: "chat", inputWords: 3, maxTokens: 2, prompts: 1, seed: 1}
+	for i, want := range []string{"base", "a", "b", "base"} {
+		var req struct{ Model string }
+		if err := json.Unmarshal(requestBody(cfg, i), &req); err != nil || req.Model != want {
+			t.Fatalf("request %d: model %q (%v); want %q", i, req.Model, err, want)
 		}
 	}
 }

@@ -78,7 +78,7 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 	target := fs.String("url", "http://127.0.0.1:8080", "server base URL (loopback only)")
 	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat, completions or embeddings")
 	fs.IntVar(&cfg.inputs, "inputs", 1, "inputs per embeddings request (-endpoint embeddings)")
-	fs.StringVar(&cfg.model, "model", "", "model id (default: the first of /v1/models)")
+	fs.StringVar(&cfg.model, "model", "", "model id, or ids separated by commas that requests take in turn (LoRA adapters and their base; default: the first of /v1/models)")
 	fs.IntVar(&cfg.requests, "requests", 100, "number of requests to send (1 to 1000000)")
 	fs.DurationVar(&cfg.duration, "duration", time.Minute, "time limit for the whole run (at most 1h)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "most requests in flight")

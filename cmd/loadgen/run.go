@@ -119,6 +119,10 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 // prompt i mod cfg.prompts, to measure prefix caching. It asks for
 // exactly cfg.maxTokens tokens.
 func requestBody(cfg config, i int) []byte {
+	model := cfg.model
+	if ms := strings.Split(cfg.model, ","); len(ms) > 1 { // requests take the models in turn
+		model = ms[i%len(ms)]
+	}
 	if cfg.prompts > 0 {
 		i %= cfg.prompts
 	}
@@ -135,7 +139,7 @@ func requestBody(cfg config, i int) []byte {
 		for j := range texts {
 			texts[j] = text()
 		}
-		req := map[string]any{"model": cfg.model, "input": texts}
+		req := map[string]any{"model": model, "input": texts}
 		if cfg.priority != "" {
 			req["priority"] = cfg.priority
 		}
@@ -144,7 +148,7 @@ func requestBody(cfg config, i int) []byte {
 	}
 	prompt := text()
 	req := map[string]any{
-		"model": cfg.model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
+		"model": model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
 		"temperature": 0, "stream": cfg.stream,
 	}
 	if cfg.stream {

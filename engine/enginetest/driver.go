@@ -19,6 +19,9 @@ type plan struct {
 	params *engine.SamplingParams // nil means greedy
 	key    string                 // prefix key for Open
 	save   string                 // key for Free
+	// adapter opens the sequence with OpenAdapter (the model must be an
+	// engine.AdapterModel); empty opens it with Open.
+	adapter string
 
 	reused int     // what Open reported
 	out    []int32 // generated tokens
@@ -95,7 +98,7 @@ func gather(ctx context.Context, m engine.Model, plans []*plan, step, maxBatch i
 			continue
 		}
 		if !p.open {
-			r, err := m.Open(ctx, p.id, p.prompt, p.key)
+			r, err := open(ctx, m, p)
 			if err != nil {
 				return nil, nil, true, fmt.Errorf("open sequence %d (%d prompt tokens): %w", p.id, len(p.prompt), err)
 			}
@@ -108,6 +111,18 @@ func gather(ctx context.Context, m engine.Model, plans []*plan, step, maxBatch i
 		owners = append(owners, p)
 	}
 	return batch, owners, pending, nil
+}
+
+// open opens p's sequence, with its adapter when it has one.
+func open(ctx context.Context, m engine.Model, p *plan) (int, error) {
+	if p.adapter == "" {
+		return m.Open(ctx, p.id, p.prompt, p.key)
+	}
+	am, ok := m.(engine.AdapterModel)
+	if !ok {
+		return 0, fmt.Errorf("sequence %d asks for adapter %q of a model that serves none", p.id, p.adapter)
+	}
+	return am.OpenAdapter(ctx, p.id, p.prompt, p.key, p.adapter)
 }
 
 // deliver checks a Step's outputs against its batch and hands the tokens

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +38,11 @@ type simModel struct {
 	scratch []*simSeq   // the current batch's sequences, reused across Steps
 	timer   *time.Timer // the Step wait timer, reused across Steps
 	warm    uint64      // bit b set: the bucket of batch size 1<<b has run
+
+	adapters     map[string]*simAdapter // served LoRA adapters (adapter.go)
+	retired      []*simAdapter          // removed or replaced, slot held by open sequences
+	resident     int                    // adapters holding a slot
+	adapterClock uint64                 // counts OpenAdapter calls, for LRU eviction
 }
 
 // simSeq is an open sequence.
@@ -66,6 +72,8 @@ type simSeq struct {
 	pool   engine.Pooling
 	sum    []float64
 	pooled int
+	// adapter is the LoRA adapter the sequence runs with; nil: the base.
+	adapter *simAdapter
 }
 
 // Info describes the model. It is safe for concurrent use.
@@ -161,6 +169,11 @@ func (m *simModel) DropSaved(key string) {
 	}
 	m.quiet = true
 	m.saves.Remove(key)
+	for _, k := range m.saves.Keys() { // the same key saved by adapters' sequences
+		if strings.Contains(k, adapterKeySep) && callerKey(k) == key {
+			m.saves.Remove(k)
+		}
+	}
 	m.quiet = false
 }
 
@@ -178,7 +191,7 @@ func (m *simModel) EvictedSaved() []string {
 // cache's calls, with m.mu held.
 func (m *simModel) onEvict(key string, _ []int32) {
 	if !m.quiet {
-		m.evicted = append(m.evicted, key)
+		m.evicted = append(m.evicted, callerKey(key))
 	}
 }
 
@@ -202,11 +215,15 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	m.release(seq)
 	m.kv -= seq.held
 	m.blocks -= m.info.BlocksFor(seq.held)
 	m.sim.stats.kv.Add(-int64(seq.held))
 	m.sim.stats.open.Add(-1)
 	if saveKey != "" && len(seq.tokens) > 0 && seq.pool == engine.PoolNone {
+		if seq.adapter != nil {
+			saveKey = savedKey(seq.adapter.info.Name, saveKey)
+		}
 		m.saves.Add(saveKey, seq.tokens)
 	}
 }
@@ -225,6 +242,7 @@ func (m *simModel) Close() error {
 	m.sim.stats.open.Add(-int64(len(m.seqs)))
 	m.sim.stats.models.Add(-1)
 	m.kv, m.blocks, m.seqs, m.scratch = 0, 0, nil, nil
+	m.adapters, m.retired, m.resident = nil, nil, 0
 	m.quiet = true
 	m.saves.Purge()
 	m.evicted = nil

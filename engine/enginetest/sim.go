@@ -59,6 +59,11 @@ import (
 // Step at each batch-size bucket pays a compile time, as a real engine's
 // kernel compilation or graph capture does, and Warm pays it ahead of
 // traffic. [WithMemory] makes Info report weight and KV bytes.
+//
+// Its models serve LoRA adapters ([engine.AdapterModel]): real adapter
+// files, read and checked as the engines read them; an adapter's
+// sequences draw tokens of their own, and slots, eviction and KV keyed by
+// adapter behave as the contract says.
 type Sim struct {
 	cfg simConfig
 
@@ -92,12 +97,16 @@ type SimStats struct {
 	// ColdSteps is the number of Steps (Warm's included) that paid the
 	// compile time of [WithCompileTime] for a bucket not seen before.
 	ColdSteps int64
+	// AdapterLoads counts LoRA adapters made resident by OpenAdapter
+	// (first use, or use after eviction).
+	AdapterLoads int64
 }
 
 type simCounters struct {
 	steps, tokens, sampled atomic.Int64
 	maxBatch, kv, open     atomic.Int64
 	models, loads, cold    atomic.Int64
+	adapterLoads           atomic.Int64
 }
 
 // NewSim returns a simulated engine configured by opts; see the Default*
@@ -139,11 +148,12 @@ func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, er
 		return nil, err
 	}
 	m := &simModel{
-		sim:  s,
-		info: info,
-		pick: picker{vocab: uint64(info.VocabSize), eos: info.EOS, eosProb: s.cfg.eosProb},
-		seqs: make(map[engine.SeqID]*simSeq),
-		done: make(chan struct{}),
+		sim:      s,
+		info:     info,
+		pick:     picker{vocab: uint64(info.VocabSize), eos: info.EOS, eosProb: s.cfg.eosProb},
+		seqs:     make(map[engine.SeqID]*simSeq),
+		adapters: make(map[string]*simAdapter),
+		done:     make(chan struct{}),
 	}
 	saves, err := lru.NewWithEvict[string, []int32](s.cfg.prefixEntries, m.onEvict)
 	if err != nil {
@@ -200,6 +210,13 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 	info.JumpForward = !s.cfg.noJumpForward
 	info.EmbedDim, info.Pooling, info.Normalize = s.cfg.embedDim, s.cfg.pooling, s.cfg.normalize
 	info.Encoder, info.Matryoshka = s.cfg.encoder, s.cfg.matryoshka
+	info.AdapterSlots, info.MaxAdapterRank = engine.DefaultAdapterSlots, engine.DefaultMaxAdapterRank
+	if spec.AdapterSlots > 0 {
+		info.AdapterSlots = spec.AdapterSlots
+	}
+	if spec.MaxAdapterRank > 0 {
+		info.MaxAdapterRank = spec.MaxAdapterRank
+	}
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil
@@ -257,6 +274,7 @@ func (s *Sim) Stats() SimStats {
 		Models:        int(s.stats.models.Load()),
 		Loads:         s.stats.loads.Load(),
 		ColdSteps:     s.stats.cold.Load(),
+		AdapterLoads:  s.stats.adapterLoads.Load(),
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -86,6 +87,10 @@ type options struct {
 	noJumpForward         bool   // constrained output sampled one token a step (batcher.WithJumpForward)
 	tp                    int    // pyproc: tensor-parallel ranks per worker (1: none)
 	gpus                  []int  // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
+	// LoRA adapters served over the main model (-lora name=dir, repeated),
+	// and the main model's adapter slots and highest rank (0: the engine's).
+	adapters                  []mlxserving.AdapterSpec
+	adapterSlots, adapterRank int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -111,6 +116,16 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.deadlines.FirstToken, "ttft-deadline", 0, "end requests whose first token takes longer (0: none)")
 	fs.DurationVar(&o.deadlines.Stall, "stall-deadline", 0, "end requests that produce no token for this long (0: none)")
 	fs.DurationVar(&o.deadlines.Total, "total-deadline", 0, "end requests that run longer (0: none)")
+	fs.Func("lora", "serve a LoRA adapter (PEFT or mlx-lm directory) over the model as its own model id: name=dir (repeat for more)", func(v string) error {
+		name, dir, ok := strings.Cut(v, "=")
+		if !ok || name == "" || dir == "" {
+			return fmt.Errorf("want name=dir, got %q", v)
+		}
+		o.adapters = append(o.adapters, mlxserving.AdapterSpec{Name: name, Path: dir})
+		return nil
+	})
+	fs.IntVar(&o.adapterSlots, "lora-slots", 0, fmt.Sprintf("LoRA adapters kept on the device at once, least recently used evicted (default %d)", engine.DefaultAdapterSlots))
+	fs.IntVar(&o.adapterRank, "max-lora-rank", 0, fmt.Sprintf("highest LoRA rank accepted (default %d)", engine.DefaultMaxAdapterRank))
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
 	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
 	fs.IntVar(&o.tp, "tp", 1, "python engine: tensor parallel, the GPUs (ranks) each model copy is split over")
@@ -145,6 +160,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if err := o.deadlines.Validate(); err != nil {
 		return o, err
+	}
+	if o.adapterSlots < 0 || o.adapterRank < 0 {
+		return o, fmt.Errorf("-lora-slots %d, -max-lora-rank %d: want 0 (the engine's default) or more", o.adapterSlots, o.adapterRank)
 	}
 	if err := o.cluster.check(); err != nil {
 		return o, err
@@ -227,7 +245,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	// The main model first and pinned; /ready waits for it only.
-	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir}, Priority: mainPriority, Pin: true}
+	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir, AdapterSlots: o.adapterSlots, MaxAdapterRank: o.adapterRank},
+		Priority: mainPriority, Pin: true}
 	pw, err := prewarm.New(srv, append([]prewarm.Model{main}, o.prewarm...),
 		prewarm.WithReadiness(prewarm.WhileWarming(mainPriority)), prewarm.WithLogger(log))
 	if err != nil {
@@ -258,6 +277,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		if info.ID == id {
 			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength)
 		}
+	}
+	for _, a := range o.adapters {
+		a.Base = id
+		st, err := srv.LoadAdapter(ctx, a)
+		if err != nil {
+			_ = hs.Close()
+			<-served
+			return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
+		}
+		log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
 	}
 	// Advertised to the cluster once the main model serves.
 	leave, err := joinCluster(o.cluster, srv, log)

@@ -1,0 +1,258 @@
+package mlxserving
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/prewarm"
+)
+
+// AdapterSpec names a LoRA adapter to serve over a model the Server knows.
+type AdapterSpec struct {
+	// Name is the model id requests use for the adapter. It must not be
+	// the id of a model or of another adapter.
+	Name string
+	// Path is the adapter directory, as PEFT or mlx-lm save it.
+	Path string
+	// Base is the id of the model the adapter was trained on; empty takes
+	// the one model the Server knows (an error when it knows several).
+	Base string
+}
+
+// AdapterStatus is an adapter the Server serves.
+type AdapterStatus struct {
+	engine.AdapterInfo
+	// Base is the model it adapts.
+	Base string
+}
+
+// adapterEntry is a served adapter: what LoadAdapter was given and what
+// the engine said of it.
+type adapterEntry struct {
+	spec AdapterSpec
+	info engine.AdapterInfo
+	rev  string // what merged and cached responses key on: name, path and load
+}
+
+// ErrNoAdapters is returned when a model's engine serves no LoRA
+// adapters.
+var ErrNoAdapters = errors.New("the model's engine serves no LoRA adapters")
+
+// LoadAdapter serves the LoRA adapter at spec.Path under spec.Name, over
+// the model spec.Base, which is loaded first when it is only registered.
+// Requests then name the adapter as their model (Request.Model): they run
+// on the base model's batcher, batched with the base's and other
+// adapters' requests, and their prefix cache, sessions and merged or
+// cached responses are the adapter's own. The adapter comes back by itself
+// when its base is evicted and loaded again.
+//
+// Errors: an *engine.CheckpointError for an adapter that does not fit the
+// base (rank, shapes, target modules, non-finite weights, missing files),
+// a *ModelNotFoundError for an unknown base, ErrModelExists when the name
+// is taken, ErrNoAdapters when the base's engine serves none, and an
+// *engine.InvalidParamError for an empty name or path.
+func (s *Server) LoadAdapter(ctx context.Context, spec AdapterSpec) (AdapterStatus, error) {
+	if spec.Name == "" || spec.Path == "" {
+		return AdapterStatus{}, &engine.InvalidParamError{Param: "adapter", Reason: "an adapter needs a name and a path"}
+	}
+	if spec.Base == "" {
+		ids := s.knownIDs()
+		if len(ids) != 1 {
+			return AdapterStatus{}, &engine.InvalidParamError{Param: "base_model",
+				Reason: fmt.Sprintf("name the base model of adapter %q: the server knows %v", spec.Name, ids)}
+		}
+		spec.Base = ids[0]
+	}
+	isModel := s.mgr.Known(spec.Name)
+	s.mu.Lock()
+	_, isAdapter := s.adapters[spec.Name]
+	if _, loaded := s.models[spec.Name]; loaded {
+		isModel = true
+	}
+	if isAdapter || isModel {
+		s.mu.Unlock()
+		return AdapterStatus{}, fmt.Errorf("%w: %q", ErrModelExists, spec.Name)
+	}
+	s.adapters[spec.Name] = nil // reserved while it loads
+	s.mu.Unlock()
+	info, err := s.addAdapter(ctx, spec)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		delete(s.adapters, spec.Name)
+		return AdapterStatus{}, err
+	}
+	s.adapters[spec.Name] = &adapterEntry{spec: spec, info: info,
+		rev: fmt.Sprintf("%s\x00%s\x00%d", spec.Name, spec.Path, s.loads.Add(1))}
+	return AdapterStatus{AdapterInfo: info, Base: spec.Base}, nil
+}
+
+// addAdapter adds spec to its base model's engine, loading the base.
+func (s *Server) addAdapter(ctx context.Context, spec AdapterSpec) (engine.AdapterInfo, error) {
+	m, err := s.acquire(ctx, spec.Base, nil)
+	if err != nil {
+		return engine.AdapterInfo{}, err
+	}
+	defer s.release(m)
+	am, ok := m.engine.(engine.AdapterModel)
+	if !ok || m.info.AdapterSlots <= 0 {
+		return engine.AdapterInfo{}, fmt.Errorf("%w: model %q (engine %s)", ErrNoAdapters, spec.Base, m.info.Engine)
+	}
+	info, err := am.AddAdapter(ctx, engine.AdapterSpec{Name: spec.Name, Path: spec.Path})
+	if err != nil {
+		return engine.AdapterInfo{}, fmt.Errorf("adapter %q over %q: %w", spec.Name, spec.Base, err)
+	}
+	return info, nil
+}
+
+// UnloadAdapter stops serving an adapter: later requests for it fail
+// with a *ModelNotFoundError; those already running finish.
+func (s *Server) UnloadAdapter(_ context.Context, name string) error {
+	s.mu.Lock()
+	e := s.adapters[name]
+	if e == nil {
+		s.mu.Unlock()
+		return &ModelNotFoundError{Model: name, Loaded: s.idsLocked()}
+	}
+	delete(s.adapters, name)
+	m := s.models[e.spec.Base]
+	s.mu.Unlock()
+	if m != nil {
+		if am, ok := m.engine.(engine.AdapterModel); ok {
+			if err := am.RemoveAdapter(name); err != nil && !errors.Is(err, engine.ErrModelNotFound) && !errors.Is(err, engine.ErrClosed) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Adapters lists the adapters served, by name.
+func (s *Server) Adapters() []AdapterStatus {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]AdapterStatus, 0, len(s.adapters))
+	for _, e := range s.adapters {
+		if e != nil {
+			out = append(out, AdapterStatus{AdapterInfo: e.info, Base: e.spec.Base})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// resolveAdapter maps a request's model to the model that runs it and the
+// adapter it runs with: an adapter's name gives its base and itself; a
+// model id with an explicit adapter must be that adapter's base.
+func (s *Server) resolveAdapter(id, adapter string) (string, string, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e := s.adapters[id]; e != nil {
+		if adapter != "" && adapter != id {
+			return "", "", &engine.InvalidParamError{Param: "adapter", Reason: fmt.Sprintf("model %q is itself an adapter; adapter %q cannot run over it", id, adapter)}
+		}
+		return e.spec.Base, id, nil
+	}
+	if adapter == "" {
+		return id, "", nil
+	}
+	e := s.adapters[adapter]
+	if e == nil {
+		return "", "", &ModelNotFoundError{Model: adapter, Loaded: s.idsLocked()}
+	}
+	if e.spec.Base != id {
+		return "", "", &engine.InvalidParamError{Param: "adapter", Reason: fmt.Sprintf("adapter %q adapts %q, not %q", adapter, e.spec.Base, id)}
+	}
+	return id, adapter, nil
+}
+
+// restoreAdapters adds the adapters served over a model to its engine
+// model after a (re)load. An adapter that no longer loads (its files
+// changed or went) stops being served; the error is logged.
+func (s *Server) restoreAdapters(id string, em engine.Model) {
+	s.mu.RLock()
+	var specs []AdapterSpec
+	for _, e := range s.adapters {
+		if e != nil && e.spec.Base == id {
+			specs = append(specs, e.spec)
+		}
+	}
+	s.mu.RUnlock()
+	am, ok := em.(engine.AdapterModel)
+	for _, spec := range specs {
+		var err error = ErrNoAdapters
+		if ok {
+			_, err = am.AddAdapter(context.Background(), engine.AdapterSpec{Name: spec.Name, Path: spec.Path})
+		}
+		if err != nil {
+			s.cfg.logger.Error("adapter not restored after its base model loaded again; no longer served",
+				"adapter", spec.Name, "base", id, "err", err)
+			s.mu.Lock()
+			delete(s.adapters, spec.Name)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// forgetAdapters stops serving the adapters over a model that is
+// forgotten (UnloadModel of a model LoadModel added).
+func (s *Server) forgetAdapters(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, e := range s.adapters {
+		if e != nil && e.spec.Base == id {
+			delete(s.adapters, name)
+		}
+	}
+}
+
+// adapterRev is what merged and cached responses of adapter key on; ""
+// for the base.
+func (s *Server) adapterRev(adapter string) string {
+	if adapter == "" {
+		return ""
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e := s.adapters[adapter]; e != nil {
+		return e.rev
+	}
+	return adapter
+}
+
+// knownIDs lists the models the Server knows, loaded or registered.
+func (s *Server) knownIDs() []string {
+	var ids []string
+	for _, st := range s.mgr.Status() {
+		ids = append(ids, st.ID)
+	}
+	s.mu.RLock()
+	for id, m := range s.models {
+		if m != nil && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.RUnlock()
+	sort.Strings(ids)
+	return ids
+}
+
+// adapterStatus lists the adapters as models with a parent, in the state
+// of their base.
+func (s *Server) adapterStatus(bases []prewarm.ModelStatus) []prewarm.ModelStatus {
+	var out []prewarm.ModelStatus
+	for _, a := range s.Adapters() {
+		st := prewarm.ModelStatus{ID: a.Name, Parent: a.Base, State: prewarm.StateUnloaded, MemoryBytes: a.Bytes}
+		for _, b := range bases {
+			if b.ID == a.Base {
+				st.State, st.Info, st.Pinned, st.Busy = b.State, b.Info, b.Pinned, b.Busy
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,208 @@
+package mlxserving_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/merge"
+	"github.com/mlxserving/mlxserving/prewarm"
+	"github.com/mlxserving/mlxserving/testmodel"
+)
+
+// writeAdapters writes n PEFT adapters of the tiny model into a temporary
+// directory and returns their paths.
+func writeAdapters(t testing.TB, n int) []string {
+	t.Helper()
+	var dirs []string
+	for i := range n {
+		dir := filepath.Join(t.TempDir(), string(rune('a'+i)))
+		if err := testmodel.WriteAdapter(dir, testmodel.Tiny(), testmodel.Adapter{Rank: 4, Seed: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs
+}
+
+func collect(t testing.TB, srv *mlxserving.Server, r api.Request) (api.Result, api.Header) {
+	t.Helper()
+	st, err := srv.Generate(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Generate(model %q, adapter %q): %v", r.Model, r.Adapter, err)
+	}
+	res, err := st.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, st.Header()
+}
+
+// An adapter is a model with a parent: requests naming it run on the base
+// model's engine with the adapter, answer as the adapter, and are listed
+// and routed like models.
+func TestAdapterServedAsModel(t *testing.T) {
+	f := newFixture(t, nil, mlxserving.WithMerging(merge.WithCache(1<<20, time.Minute)))
+	dirs := writeAdapters(t, 2)
+	ctx := context.Background()
+	for i, name := range []string{"sql", "chat"} {
+		st, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: name, Path: dirs[i]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Base != "sim" || st.Rank != 4 || st.Path != dirs[i] {
+			t.Fatalf("LoadAdapter: %+v", st)
+		}
+	}
+	r := req(10, 3, 4, 5, 6)
+	r.Cache = true
+	base, hb := collect(t, f.srv, r)
+	r.Model = "sql"
+	sql, hs := collect(t, f.srv, r)
+	r.Model = "chat"
+	chat, _ := collect(t, f.srv, r)
+	if hb.Model != "sim" || hs.Model != "sql" {
+		t.Fatalf("stream models %q and %q; want sim and sql", hb.Model, hs.Model)
+	}
+	if slices.Equal(base.Tokens, sql.Tokens) || slices.Equal(sql.Tokens, chat.Tokens) {
+		t.Fatalf("base %v, sql %v, chat %v: the response cache or the engine mixed adapters", base.Tokens, sql.Tokens, chat.Tokens)
+	}
+	// The base named with the adapter as a parameter is the same request.
+	r.Model, r.Adapter = "sim", "sql"
+	if again, _ := collect(t, f.srv, r); !slices.Equal(again.Tokens, sql.Tokens) {
+		t.Fatalf("model sim with adapter sql: %v; model sql: %v", again.Tokens, sql.Tokens)
+	}
+	if got := f.srv.Load().Models; !slices.Equal(got, []string{"chat", "sim", "sql"}) {
+		t.Fatalf("Load().Models = %v", got)
+	}
+	var parents []string
+	for _, st := range f.srv.ModelStatus() {
+		parents = append(parents, st.ID+"<"+st.Parent)
+	}
+	if !slices.Equal(parents, []string{"sim<", "chat<sim", "sql<sim"}) {
+		t.Fatalf("ModelStatus: %v", parents)
+	}
+	if _, err := f.srv.Embed(ctx, api.EmbedRequest{Model: "sql", Inputs: []api.EmbedInput{{Tokens: []int32{1, 2}}}}); !errors.Is(err, api.ErrInvalidParam) {
+		t.Fatalf("embedding with an adapter: %v", err)
+	}
+	if err := f.srv.UnloadAdapter(ctx, "sql"); err != nil {
+		t.Fatal(err)
+	}
+	r.Model, r.Adapter = "sql", ""
+	if _, err := f.srv.Generate(ctx, r); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("after UnloadAdapter: %v", err)
+	}
+	if err := f.srv.UnloadAdapter(ctx, "sql"); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("UnloadAdapter twice: %v", err)
+	}
+}
+
+// Bad adapters and bad specs are refused with typed errors, and the base
+// goes on serving.
+func TestAdapterRefusals(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	dirs := writeAdapters(t, 1)
+	var ce *engine.CheckpointError
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "x", Path: t.TempDir()}); !errors.As(err, &ce) {
+		t.Fatalf("an empty directory: %v", err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "x", Path: dirs[0], Base: "nope"}); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("an unknown base: %v", err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "sim", Path: dirs[0]}); !errors.Is(err, mlxserving.ErrModelExists) {
+		t.Fatalf("a model's name: %v", err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Path: dirs[0]}); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("no name: %v", err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "x", Path: dirs[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "x", Path: dirs[0]}); !errors.Is(err, mlxserving.ErrModelExists) {
+		t.Fatalf("a name taken by an adapter: %v", err)
+	}
+	r := req(4, 1, 2)
+	r.Adapter = "nope"
+	if _, err := f.srv.Generate(ctx, r); !errors.Is(err, engine.ErrModelNotFound) {
+		t.Fatalf("an unknown adapter parameter: %v", err)
+	}
+	r.Model, r.Adapter = "x", "other"
+	if _, err := f.srv.Generate(ctx, r); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("an adapter over an adapter: %v", err)
+	}
+	if res, _ := collect(t, f.srv, req(4, 1, 2)); len(res.Tokens) != 4 {
+		t.Fatalf("the base after refusals: %v", res.Tokens)
+	}
+}
+
+// An adapter outlives its base's eviction: the base loads again on the
+// next request and the adapter is served over it as before.
+func TestAdapterRestoredAfterReload(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	if err := f.srv.RegisterModel(prewarm.Model{Spec: engine.ModelSpec{ID: "lazy"}}); err != nil {
+		t.Fatal(err)
+	}
+	dirs := writeAdapters(t, 1)
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "tuned", Path: dirs[0], Base: "lazy"}); err != nil {
+		t.Fatal(err)
+	}
+	r := req(8, 7, 8, 9)
+	r.Model = "tuned"
+	before, _ := collect(t, f.srv, r)
+	if err := f.srv.UnloadModel(ctx, "lazy"); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := collect(t, f.srv, r)
+	if !slices.Equal(before.Tokens, after.Tokens) {
+		t.Fatalf("adapter after its base reloaded: %v; before %v", after.Tokens, before.Tokens)
+	}
+	if st := f.sim.Stats(); st.AdapterLoads < 2 {
+		t.Fatalf("adapter loads %d; the reloaded base should load it again", st.AdapterLoads)
+	}
+}
+
+// A load balancer over two instances routes an adapter's requests to the
+// instance that serves it, named as the model or as a parameter.
+func TestAdapterRoutedToItsInstance(t *testing.T) {
+	a, b := newFixture(t, nil), newFixture(t, nil)
+	dirs := writeAdapters(t, 1)
+	if _, err := b.srv.LoadAdapter(context.Background(), mlxserving.AdapterSpec{Name: "tuned", Path: dirs[0]}); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := balancer.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	for name, f := range map[string]*fixture{"a": a, "b": b} {
+		if err := lb.Add(name, f.srv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		r := req(4, int32(i), 2, 3)
+		r.Model = "tuned"
+		if i%2 == 1 {
+			r.Model, r.Adapter = "sim", "tuned"
+		}
+		st, err := lb.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if res, err := st.Collect(); err != nil || len(res.Tokens) != 4 {
+			t.Fatalf("request %d: %v %v", i, res, err)
+		}
+	}
+	if sa, sb := a.sim.Stats(), b.sim.Stats(); sa.Steps != 0 || sb.AdapterLoads == 0 {
+		t.Fatalf("instance without the adapter ran %d steps; the one with it loaded it %d times", sa.Steps, sb.AdapterLoads)
+	}
+}
