@@ -217,6 +217,11 @@ type Info struct {
 	// KVBytes is the memory reserved for the model's KV cache, in bytes,
 	// across every copy. Zero when the engine cannot tell.
 	KVBytes int64
+	// TensorParallel is the number of devices one copy of the model is
+	// split over (tensor parallel); 0 or 1: one. WeightBytes and KVBytes
+	// count every device: one device holds about
+	// WeightBytes / (copies * TensorParallel).
+	TensorParallel int
 	// BlockSize is the number of tokens one KV block holds when the model
 	// keeps its KV in a pool of fixed-size blocks (paged, as vLLM's
 	// PagedAttention): a sequence that was fed n tokens holds

@@ -34,6 +34,12 @@
 // checkpoint with it merged (bf16: the first position they differ):
 //
 //	gpubench -dir /tmp/llama1b -adapters 8 -adapter-rank 16 -batches 1,16,64
+//
+// With -tp N it compares tensor parallel over N GPUs with one GPU on the
+// checkpoint (tp.sh runs it): greedy tokens (the first position where
+// they part), then decode tok/s per batch size, alternating:
+//
+//	gpubench -shape llama8b -dir /tmp/llama8b -tp 2 -batches 1,64
 package main
 
 import (
@@ -85,6 +91,7 @@ var (
 	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
 	quantFlag  = flag.String("quant", "", "a quantized checkpoint: fp8, fp8-channel, awq, gptq (testmodel layouts) or quantize-fp8 (-quantize fp8 on the bf16 one)")
 	bwFlag     = flag.Float64("bandwidth", 0, "memory bandwidth for the decode bound, bytes/s (0: the GPU's nominal figure)")
+	tpFlag     = flag.Int("tp", 1, "tensor-parallel mode: this many GPUs against one (greedy tokens, then decode tok/s alternating; -batches \"\": tokens only)")
 )
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured
@@ -151,6 +158,10 @@ func main() {
 	}
 	if *serving {
 		must(servingMode(ctx))
+		return
+	}
+	if *tpFlag > 1 {
+		must(tpMode(ctx, *tpFlag))
 		return
 	}
 	if !*kernels {

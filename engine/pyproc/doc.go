@@ -36,6 +36,15 @@
 // inside a free string), under the same mask, and its tokens are served
 // only to steps that pass that mask again.
 //
+// Several GPUs: WithTensorParallel(n) splits each worker's models over n
+// ranks, one process and one GPU each, joined with torch.distributed
+// (NCCL; gloo on the CPU): attention and KV heads, the MLP and the
+// vocabulary are split Megatron-style, rank 0 speaks the protocol and the
+// others follow its requests, and a rank that dies takes its worker down
+// (restarted as any lost worker). WithGPUs cuts a device list into
+// replicas of n GPUs, one worker each, routed as WithWorkers' workers are
+// (data parallel). PROTOCOL.md, "Tensor parallel", has the details.
+//
 // Models of the torch backend embed (engine.Embedder): OpenPooled opens
 // a sequence whose input is pooled (mean, CLS or last token) over the
 // last hidden state instead of generating, on every decoder family, in

@@ -80,6 +80,9 @@ func New(ctx context.Context, opts ...Option) (*Engine, error) {
 			return nil, err
 		}
 	}
+	if err := cfg.placeGPUs(); err != nil {
+		return nil, err
+	}
 	dir, err := installRuntime(cfg.cacheDir)
 	if err != nil {
 		return nil, err

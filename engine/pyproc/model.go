@@ -225,9 +225,11 @@ func (m *Model) infoFrom(infos []*wireInfo) engine.Info {
 		StepTokens: w.StepTokens, FullGroups: w.FullGroups, SlidingGroups: w.SlidingGroups, Window: w.Window,
 		WindowBlocks: w.WindowBlocks}
 	for _, x := range infos {
+		ranks := int64(max(1, x.TP)) // a tensor-parallel worker reports one rank's bytes
+		info.TensorParallel = max(info.TensorParallel, x.TP)
 		info.KVCapacity += x.KVCapacity
-		info.WeightBytes += x.WeightBytes
-		info.KVBytes += x.KVBytes
+		info.WeightBytes += x.WeightBytes * ranks
+		info.KVBytes += x.KVBytes * ranks
 		info.KVBlocks += x.KVBlocks
 		info.ContextLength = min(info.ContextLength, x.ContextLength)
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mlxserving/mlxserving/retry"
@@ -16,6 +18,9 @@ type Option func(*config) error
 type config struct {
 	python       string
 	workers      int
+	workersSet   bool // WithWorkers was given: WithGPUs must agree with it
+	tp           int  // tensor-parallel ranks per worker (0 or 1: none)
+	gpus         []int
 	backend      string
 	device       string
 	dtype        string
@@ -109,7 +114,7 @@ func WithWorkers(n int) Option {
 		if n < 1 {
 			return fmt.Errorf("pyproc: WithWorkers(%d): want at least 1", n)
 		}
-		c.workers = n
+		c.workers, c.workersSet = n, true
 		return nil
 	}
 }
@@ -286,4 +291,83 @@ func withFaults() Option {
 		c.faults = true
 		return nil
 	}
+}
+
+// WithTensorParallel splits every model of a worker over n ranks, one
+// process and one device each (torch backend): rank i of a worker uses
+// its i-th CUDA device (of those WithGPUs gives it), or the CPU with
+// gloo. Attention and KV heads, the MLP and the vocabulary are split
+// (PROTOCOL.md, "Tensor parallel"); a model whose heads, KV heads or
+// intermediate size n does not divide, a mixture of experts, fused
+// projections (Phi-3), OLMo 2's whole-width QK norm and quantized weights
+// are refused at load (engine.ErrInvalidParam). The default, 1, runs each
+// worker as one process.
+func WithTensorParallel(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > 64 {
+			return fmt.Errorf("pyproc: WithTensorParallel(%d): want 1 to 64", n)
+		}
+		c.tp = n
+		return nil
+	}
+}
+
+// WithGPUs gives the engine these CUDA devices (ids as nvidia-smi numbers
+// them): they are cut into replicas of WithTensorParallel's size, in
+// order, and each replica is one worker (data parallel, routed as
+// WithWorkers' workers are) that sees only its devices
+// (CUDA_VISIBLE_DEVICES). "-gpus 0,1,2,3 -tp 2" serves two replicas, on
+// GPUs 0,1 and 2,3. The count must be a multiple of the tensor-parallel
+// size, and WithWorkers, when given too, must equal the replicas. Without
+// it every worker sees every device the process does.
+func WithGPUs(ids []int) Option {
+	return func(c *config) error {
+		if len(ids) == 0 {
+			return fmt.Errorf("pyproc: WithGPUs: no devices")
+		}
+		seen := map[int]bool{}
+		for _, id := range ids {
+			if id < 0 || seen[id] {
+				return fmt.Errorf("pyproc: WithGPUs(%v): want distinct device ids of 0 or more", ids)
+			}
+			seen[id] = true
+		}
+		c.gpus = append([]int(nil), ids...)
+		return nil
+	}
+}
+
+// placeGPUs sets the workers from the GPUs given: one per replica of
+// tensorParallel() devices.
+func (c *config) placeGPUs() error {
+	if len(c.gpus) == 0 {
+		return nil
+	}
+	n := c.tensorParallel()
+	if len(c.gpus)%n != 0 {
+		return fmt.Errorf("pyproc: WithGPUs(%v): %d devices do not make whole replicas of tensor parallel %d", c.gpus, len(c.gpus), n)
+	}
+	if c.workersSet && c.workers != len(c.gpus)/n {
+		return fmt.Errorf("pyproc: WithWorkers(%d) with WithGPUs(%v) and tensor parallel %d: the devices make %d replicas",
+			c.workers, c.gpus, n, len(c.gpus)/n)
+	}
+	c.workers = len(c.gpus) / n
+	return nil
+}
+
+// tensorParallel is the ranks of one worker (at least 1).
+func (c *config) tensorParallel() int { return max(1, c.tp) }
+
+// visibleDevices is the CUDA_VISIBLE_DEVICES of worker slot i ("" when
+// WithGPUs was not given: the process's own).
+func (c *config) visibleDevices(slot int) string {
+	if len(c.gpus) == 0 {
+		return ""
+	}
+	n := c.tensorParallel()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(c.gpus[slot*n+i])
+	}
+	return strings.Join(ids, ",")
 }

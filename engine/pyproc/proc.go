@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -75,6 +76,9 @@ type wireInfo struct {
 	WindowBlocks  int     `json:"window_blocks"`
 	EmbedDim      int     `json:"embed_dim"`
 	Encoder       bool    `json:"encoder"`
+	// TP is the tensor-parallel ranks (absent: 1); WeightBytes and KVBytes
+	// are then one rank's, per device.
+	TP int `json:"tp"`
 	// LoRA slots (absent: the backend serves no adapters).
 	AdapterSlots     int   `json:"adapter_slots"`
 	MaxAdapterRank   int   `json:"max_adapter_rank"`
@@ -125,8 +129,14 @@ func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*
 	if cfg.faults {
 		args = append(args, "--faults")
 	}
+	if n := cfg.tensorParallel(); n > 1 { // rank 0 starts the other ranks (PROTOCOL.md)
+		args = append(args, "--tp", strconv.Itoa(n))
+	}
 	cmd := exec.Command(cfg.python, args...)
 	cmd.Dir = runtimeDir
+	if v := cfg.visibleDevices(slot); v != "" {
+		cmd.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES="+v)
+	}
 	p := &proc{slot: slot, cmd: cmd, log: cfg.logger.With("worker", slot), maxLine: cfg.maxLine,
 		pending: map[uint64]chan *reply{}, dead: make(chan struct{}), stop: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()

@@ -41,8 +41,8 @@ func openEngine(ctx context.Context, o options, dir string, log *slog.Logger) (e
 		return openSim(o, dir, log)
 	}
 	eng, err := openPyproc(ctx, o, log)
-	if err == nil {
-		return eng, nil
+	if err == nil || o.tp > 1 || len(o.gpus) > 0 { // GPUs asked for: only the Python engine places them
+		return eng, err
 	}
 	log.Info("python engine unavailable", "err", err)
 	if o.python == "" {
@@ -73,6 +73,12 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	}
 	if o.quantize != "" {
 		opts = append(opts, pyproc.WithQuantize(o.quantize))
+	}
+	if o.tp > 1 {
+		opts = append(opts, pyproc.WithTensorParallel(o.tp))
+	}
+	if len(o.gpus) > 0 {
+		opts = append(opts, pyproc.WithGPUs(o.gpus))
 	}
 	return pyproc.New(ctx, opts...)
 }

@@ -59,3 +59,19 @@ func parseBytes(s string) (int64, error) {
 	}
 	return int64(v * mult), nil
 }
+
+// parseGPUs reads -gpus: comma-separated device ids ("" : none given).
+func parseGPUs(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var ids []int
+	for _, f := range strings.Split(s, ",") {
+		id, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || id < 0 {
+			return nil, fmt.Errorf("-gpus %q: want device ids like 0,1,2,3", s)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}

@@ -85,6 +85,8 @@ type options struct {
 	lookahead             int    // pyproc: tokens a decode step asks for (0: the engine's default)
 	quantize              string // pyproc: quantize float checkpoints at load ("fp8"; "": as they are)
 	noJumpForward         bool   // constrained output sampled one token a step (batcher.WithJumpForward)
+	tp                    int    // pyproc: tensor-parallel ranks per worker (1: none)
+	gpus                  []int  // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
 	// LoRA adapters served over the main model (-lora name=dir, repeated),
 	// and the main model's adapter slots and highest rank (0: the engine's).
 	adapters                  []mlxserving.AdapterSpec
@@ -126,6 +128,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.adapterRank, "max-lora-rank", 0, fmt.Sprintf("highest LoRA rank accepted (default %d)", engine.DefaultMaxAdapterRank))
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
 	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
+	fs.IntVar(&o.tp, "tp", 1, "python engine: tensor parallel, the GPUs (ranks) each model copy is split over")
+	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -136,6 +140,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.memoryBudget, err = parseBytes(*budget); err != nil {
 		return o, fmt.Errorf("-memory-budget: %w", err)
+	}
+	if o.gpus, err = parseGPUs(*gpus); err != nil {
+		return o, err
+	}
+	if o.tp < 1 {
+		return o, fmt.Errorf("-tp %d: want 1 or more", o.tp)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +106,18 @@ func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{"-engine", "gpu"}, {"extra"}, {"-nope"}, {"-cache-bytes", "1000"}, {"-merge", "-cache-ttl", "0s"}, {"-stall-deadline", "-1s"},
 		{"-instance", "x"}, {"-nats", "nats://127.0.0.1:4222", "-nats-cert", "c.pem"}, {"-nats", "nats://127.0.0.1:4222", "-nats-drain-notice", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "0s"}} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("parseFlags(%q) accepted", args)
+		}
+	}
+}
+
+func TestGPUFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-gpus", "0, 1,2,3", "-tp", "2"})
+	if err != nil || o.tp != 2 || !slices.Equal(o.gpus, []int{0, 1, 2, 3}) {
+		t.Fatalf("-gpus 0,1,2,3 -tp 2: %+v, %v", o, err)
+	}
+	for _, args := range [][]string{{"-gpus", "0,x"}, {"-gpus", "-1"}, {"-tp", "0"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}

@@ -61,8 +61,9 @@ class Decoder:
     head_dim], read through layer l's group's block table
     (kv.table_of(l)); positions' rows and blocks come per group."""
 
-    def __init__(self, directory, cfg, device, dtype, quantize=None):
+    def __init__(self, directory, cfg, device, dtype, quantize=None, tp=None):
         self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.tp = tp  # tp.Shard: this rank's share of a tensor-parallel model, or None
         fam = cfg.family
         ck = Checkpoint(directory)
         h = cfg.hidden
@@ -70,6 +71,8 @@ class Decoder:
         # the projections quantized where kernels run them.
         qz = quant.Loader(ck, cfg.quant, device, dtype, quantize)
         get, self.lin = qz.get, qz.linear
+        if tp is not None:  # the rank's slices of the split projections
+            get = self.lin = tp.loader(ck, device, dtype)
         prefix = next((p for p in PREFIXES if ck.has(p + "embed_tokens.weight")), PREFIXES[0])
         self.embed = get(prefix + "embed_tokens.weight", (cfg.vocab, h))
         self.embed_scale = gemma.embed_scale(cfg, device, dtype)
@@ -77,6 +80,8 @@ class Decoder:
         self.norm = get(prefix + "norm.weight", (h,))
         heads = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if ck.has(n)]
         self.lm_head = self.embed if cfg.tie or not heads else get(heads[0], (cfg.vocab, h))
+        if tp is not None:
+            self.lm_head = tp.vocab_rows(self.lm_head)
         # Rotary tables: one per layer kind (Gemma 3's sliding layers
         # rotate with their own base and no scaling).
         self.rope_ctx = cfg.context
@@ -228,13 +233,18 @@ class Decoder:
     def mlp(self, h, L, li=0):
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul)
-        return self.proj(self.act_mul(self.proj(h, L, "gate_up", li)), L, "down", li)
+        return self.reduce(self.proj(self.act_mul(self.proj(h, L, "gate_up", li)), L, "down", li))
 
     def proj(self, x, L, name, li):
         """Layer li's packed projection name of rows x (its bias where it
         has one), plus the step's adapters' deltas (lora.py)."""
         y = quant.linear(x, L[name], L.get(name + "_b"))
         return y if self.lora is None else self.lora.add(y, x, li, name)
+
+    def reduce(self, x):
+        """x summed over the tensor-parallel ranks (the output of o or
+        down, whose inputs are split); x itself without them."""
+        return x if self.tp is None else self.tp.reduce(x)
 
     def act_mul(self, gu):
         """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
@@ -247,7 +257,10 @@ class Decoder:
         return F.silu(g) * u
 
     def logits(self, x):
-        out = F.linear(x, self.lm_head).float()
+        out = F.linear(x, self.lm_head)
+        if self.tp is not None:  # every rank's vocabulary shard
+            out = self.tp.gather_logits(out)
+        out = out.float()
         if self.cfg.final_softcap:  # Gemma 2
             out = gemma.softcap(out, self.cfg.final_softcap)
         return out
@@ -282,7 +295,7 @@ class Decoder:
             if self.kern is None:
                 kc.view(-1, K, hd)[kr] = k
                 vc.view(-1, K, hd)[kr] = v
-            a = self.rms(self.proj(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L, "o", li), L.get("attn_post"))
+            a = self.rms(self.reduce(self.proj(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         out = self.logits(self.rms(x[last] + d[last], self.norm))
@@ -303,7 +316,7 @@ class Decoder:
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
-            a = self.rms(self.proj(a, L, "o", li), L.get("attn_post"))
+            a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         _, x = self.add_norm(x, d, self.norm)

@@ -114,3 +114,15 @@ class Checkpoint:
         if got != list(shape):
             raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (got, list(shape)), tname)
         return st.tensor(tname).to(device=device, dtype=dtype, copy=True)
+
+    def part(self, tname, shape, dim, start, n, device, dtype):
+        """Positions start .. start+n-1 along dim of the tensor (whole
+        shape checked as get checks it), copied to device: only that
+        slice is read from the file (tensor parallel shards, tp.py)."""
+        st = self.where.get(tname)
+        if st is None:
+            raise CheckpointError("model.safetensors", "missing tensor", tname)
+        got = st.shape(tname)
+        if got != list(shape):
+            raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (got, list(shape)), tname)
+        return st.tensor(tname).narrow(dim, start, n).to(device=device, dtype=dtype, copy=True).contiguous()

@@ -18,6 +18,7 @@ from pooling import Pooled, with_pooled
 from upload import to_device
 import lookahead
 import lora
+import tp
 
 BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
@@ -102,14 +103,20 @@ class TorchModel:
         self.device = pick_device(opts.get("device", "auto"))
         self.dtype = pick_dtype(opts.get("dtype", "auto"), self.device, cfg)
         self.cfg = cfg
+        self.tp = None  # tensor parallel (tp.py): this rank's device and share; cfg becomes the rank's
+        if tp.GROUP is not None:
+            self.device = tp.GROUP.device(self.device)
+            self.tp = tp.GROUP.shard(cfg, self.device, opts)
         quantize = quant.parse_quantize(opts.get("quantize"), cfg.quant)
         with torch.no_grad():
-            self.model = Decoder(path, cfg, self.device, self.dtype, quantize)
+            self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp)
         bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError("invalid", "block size %d is out of range" % bs)
         self.layout = Layout(cfg.windows, bs, cfg.context)
         blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs, int(opts.get("max_batch") or 0))
+        if self.tp is not None:
+            blocks = self.tp.agree(blocks)
         self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks // len(self.layout.groups) * bs))
         cfg.context = self._context_held(blocks, bs)  # one sequence cannot hold more than the pool
         try:
@@ -126,6 +133,11 @@ class TorchModel:
         self.seqs = {}
         # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
         slots = int(opts.get("adapter_slots") or 0)
+        if slots and self.tp is not None:
+            # The deltas would need the projections' sharding: a model split
+            # over ranks serves no adapters (Info.AdapterSlots 0).
+            log.warning("LoRA adapters are not served under tensor parallel; this model serves none")
+            slots = 0
         self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
                                    int(opts.get("max_adapter_rank") or 64)) if slots > 0 else None
         if self.graphs is not None:
@@ -182,7 +194,7 @@ class TorchModel:
 
     def info(self):
         c = self.cfg
-        return {
+        d = {
             "context_length": c.context, "vocab_size": c.vocab, "bos": c.bos, "eos": c.eos,
             "kv_capacity": self.capacity, "max_batch": self.max_batch,
             "block_size": self.kv.bs, "kv_blocks": self.kv.pool.n, "step_tokens": self.step_tokens,
@@ -194,6 +206,7 @@ class TorchModel:
             **({"adapter_slots": self.adapters.n, "max_adapter_rank": self.adapters.rank, "adapter_bytes": self.adapters.bytes(),
                 "adapter_slot_bytes": self.adapters.slot_bytes} if self.adapters is not None else {}),
         }
+        return d if self.tp is None else self.tp.info(d, self.model)
 
     def free_blocks(self):
         return self.kv.pool.free()

@@ -242,6 +242,18 @@ def serve(inp, out, worker, max_line):
         worker.reply(rid, worker.handle, req)
 
 
+def start_tp(args, name, backend):
+    """Joins the tensor-parallel group: a follower runs tp.follow and
+    never returns; rank 0 starts the followers and returns its
+    tp.Leader."""
+    if name != "torch":
+        raise ImportError("tensor parallel needs the torch backend, not %s" % name)
+    import tp
+    if args.rank:
+        tp.follow(args.rank, args.tp, lambda out, hb: Worker(out, hb, backend, args.faults))
+    return tp.Leader(sys.argv, args.tp)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="auto")
@@ -249,9 +261,11 @@ def main():
     ap.add_argument("--max-line", type=int, default=64 << 20)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--faults", action="store_true")
+    ap.add_argument("--tp", type=int, default=1)  # tensor parallel ranks (tp.py)
+    ap.add_argument("--rank", type=int, default=0)  # a follower rank, started by rank 0
     args = ap.parse_args()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(OneLine("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(OneLine("%(levelname)s " + ("rank%d." % args.rank if args.rank else "") + "%(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     out = Out()
     hello = {"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0]}
@@ -264,11 +278,21 @@ def main():
     if args.threads and name == "torch":
         import torch
         torch.set_num_threads(args.threads)
+    leader = None
+    if args.tp > 1:
+        try:
+            leader = start_tp(args, name, backend)
+        except Exception as e:  # no group: the worker cannot serve
+            hello["error"] = {"code": "unavailable", "message": "tensor parallel %d: %s" % (args.tp, e)}
+            out.send(hello)
+            sys.exit(3)
     hello.update({"backend": name, "versions": versions, "capabilities": backend.CAPABILITIES, "max_line": args.max_line})
     out.send(hello)
     hb = Heartbeat(out, args.heartbeat)
     hb.start()
     worker = Worker(out, hb, backend, args.faults)
+    if leader is not None:  # every request goes to the follower ranks first
+        worker.handle = leader.guard(worker.handle)
     if os.environ.get("MLXSERVING_WORKER_PROFILE") == "1":  # diagnosis: where the worker's time goes
         import cProfile
         import pstats

@@ -1,0 +1,342 @@
+"""Tensor parallelism for the torch backend, in the Megatron layout.
+
+One worker spans N ranks, one per device. The supervisor starts rank 0
+(worker.py --tp N), which speaks the protocol; rank 0 starts ranks 1..N-1
+as its own children (worker.py --tp N --rank i) and writes every request
+line it reads to their stdin before it handles the request, so every rank
+runs the same ops in the same order and their collectives line up. The
+followers send nothing back: every rank ends a step with the whole logits
+(gathered) and the same random state, so each samples what rank 0 samples.
+
+A rank's share of a model: the attention heads and KV heads H/N and K/N
+(the paged KV pool holds only its heads), q, k, v, gate and up split by
+output rows (column-parallel), o and down by input columns (row-parallel,
+one all-reduce after each), lm_head by vocabulary rows (padded to a whole
+share; the shards are gathered before sampling). Embeddings and norms are
+whole on every rank. Each rank reads only its slice of each split tensor
+(st.Checkpoint.part).
+
+A rank that dies takes the group down: rank 0 watches its children and
+exits (status 1) when one exits, so the supervisor restarts the worker; a
+follower exits when its stdin closes or its parent changes (rank 0 died).
+Collectives time out after $MLXSERVING_TP_TIMEOUT seconds (default 300),
+and a failure inside a step (where the ranks may no longer be in step)
+exits rank 0 rather than answering with an error.
+"""
+import datetime
+import json
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from errors import CheckpointError, ProtocolError
+
+log = logging.getLogger("tp")
+
+GROUP = None  # this process's Group when the worker runs with --tp > 1
+
+# Projections split by output rows (column-parallel) and by input columns
+# (row-parallel), by the last two parts of the tensor's name.
+ROWS = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias", "v_proj.bias",
+        "gate_proj.weight", "up_proj.weight"}
+COLS = {"o_proj.weight", "down_proj.weight"}
+# Errors every rank raises alike (the request's shape, the model's files,
+# the pool's accounting): the others may leave the group out of step.
+ALIKE = (ProtocolError, CheckpointError, KeyError, TypeError, ValueError)
+
+
+def timeout_s():
+    return float(os.environ.get("MLXSERVING_TP_TIMEOUT") or 300)
+
+
+class Group:
+    """This process's place in the worker's group: rank and size, the
+    default (gloo) process group, and the NCCL one made at the first CUDA
+    load."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+        self.nccl = None
+
+    def device(self, device):
+        """The rank's device: cuda:rank for CUDA (of those the worker sees:
+        CUDA_VISIBLE_DEVICES picks a replica's), else device."""
+        if device.type != "cuda":
+            return device
+        if torch.cuda.device_count() < self.size:
+            raise ProtocolError("unavailable", "tensor parallel %d needs %d CUDA devices; torch sees %d"
+                                % (self.size, self.size, torch.cuda.device_count()))
+        return torch.device("cuda", self.rank)
+
+    def process_group(self, device):
+        """The process group for tensors on device: NCCL for CUDA (made
+        by every rank at its first CUDA load, in step), gloo otherwise."""
+        if device.type != "cuda":
+            return None
+        if self.nccl is None:
+            self.nccl = dist.new_group(backend="nccl", timeout=datetime.timedelta(seconds=timeout_s()))
+            # NCCL sets a communicator up at its first collective, which a
+            # CUDA graph capture cannot do: that first one runs here.
+            dist.all_reduce(torch.ones(1, device=device), group=self.nccl)
+        return self.nccl
+
+    def shard(self, cfg, device, opts):
+        """This rank's Shard of a model being loaded (cfg becomes the
+        rank's: its heads, KV heads and intermediate size)."""
+        return Shard(self, cfg, device, opts)
+
+
+class Shard:
+    """One model's split over the group: checks the model splits,
+    localizes its config, reads the rank's slices, and runs the
+    collectives the decoder calls (reduce, gather_logits)."""
+
+    def __init__(self, group, cfg, device, opts):
+        n = group.size
+        self.rank, self.size, self.vocab = group.rank, n, cfg.vocab
+        refuse(cfg, opts, n)
+        if os.environ.get("MLXSERVING_TP_GRAPHS") == "0":  # CUDA graphs off under tensor parallel only
+            opts["cuda_graphs"] = False
+        self.pg = group.process_group(device)
+        self.gpu = device.type == "cuda"
+        cfg.heads, cfg.kv_heads, cfg.intermediate = cfg.heads // n, cfg.kv_heads // n, cfg.intermediate // n
+        self.rows = -(-cfg.vocab // n)  # lm_head rows per rank, the last share padded
+        self.sharded = set()  # ids of tensors the loader already cut
+
+    def loader(self, ck, device, dtype):
+        """A get(name, shape) for the decoder's loading: shape is the
+        rank's (the config is localized); split tensors come as the
+        rank's slice, read alone from the file, the rest whole."""
+        def get(name, shape):
+            leaf = ".".join(name.split(".")[-2:])
+            if leaf in ROWS or leaf in COLS:
+                dim = 0 if leaf in ROWS else 1
+                full = list(shape)
+                full[dim] *= self.size
+                return ck.part(name, full, dim, self.rank * shape[dim], shape[dim], device, dtype)
+            if name.endswith("lm_head.weight"):
+                t = self._vocab_part(lambda a, n: ck.part(name, shape, 0, a, n, device, dtype), shape, device, dtype)
+                self.sharded.add(id(t))
+                return t
+            return ck.get(name, shape, device, dtype)
+        return get
+
+    def _vocab_part(self, read, shape, device, dtype):
+        a = min(self.rank * self.rows, self.vocab)
+        n = min(self.rows, self.vocab - a)
+        t = read(a, n) if n else torch.empty(0, shape[1], device=device, dtype=dtype)
+        if n < self.rows:
+            t = torch.cat([t, torch.zeros(self.rows - n, shape[1], device=device, dtype=dtype)])
+        return t
+
+    def vocab_rows(self, w):
+        """The rank's rows of the output projection w (the whole
+        embedding when tied: a view, padded with zero rows where the
+        vocabulary does not divide)."""
+        if id(w) in self.sharded:
+            return w
+        return self._vocab_part(lambda a, n: w.narrow(0, a, n), w.shape, w.device, w.dtype)
+
+    def reduce(self, x):
+        """The sum over ranks of x (a row-parallel projection's partial
+        output), in place."""
+        dist.all_reduce(x, group=self.pg)
+        return x
+
+    def gather_logits(self, x):
+        """[N, vocab] from every rank's [N, rows] shard of the logits."""
+        if x.shape[0] == 0:  # a step that samples nothing (gloo fails on empty tensors); every rank skips it alike
+            return x.new_empty(0, self.vocab)
+        x = x.contiguous()
+        if self.gpu:
+            out = torch.empty(self.size * x.shape[0], x.shape[1], device=x.device, dtype=x.dtype)
+            dist.all_gather_into_tensor(out, x, group=self.pg)  # rank-major: [ranks * N, rows]
+            return out.view(self.size, x.shape[0], -1).permute(1, 0, 2).reshape(x.shape[0], -1)[:, : self.vocab]
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.pg)
+        return torch.cat(parts, 1)[:, : self.vocab]
+
+    def agree(self, blocks):
+        """The fewest KV blocks any rank can hold: every rank's pool the
+        same size, so their block accounting stays identical."""
+        t = torch.tensor([blocks], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def info(self, d, model):
+        """Marks the load reply's byte counts as this rank's (per device)."""
+        d["tp"] = self.size
+        d["weight_bytes"] = weight_bytes(model)
+        return d
+
+
+def refuse(cfg, opts, n):
+    """Raises ProtocolError("invalid") when the model cannot split n ways."""
+    fam = cfg.family
+    why = None
+    if cfg.experts:
+        why = "its mixture-of-experts layers do not split (%d experts)" % cfg.experts
+    elif fam.attn == "fused" or fam.mlp == "fused":
+        why = "its fused projections (qkv_proj, gate_up_proj) do not split"
+    elif fam.qk_norm == "whole":
+        why = "its QK norm over the whole projection spans every head"
+    elif cfg.quant is not None or opts.get("quantize"):
+        why = "quantized weights do not split"
+    else:
+        for name, v in (("number of attention heads", cfg.heads), ("number of KV heads", cfg.kv_heads),
+                        ("intermediate size", cfg.intermediate)):
+            if v % n:
+                why = "the %s (%d) is not a multiple of %d" % (name, v, n)
+                break
+    if why:
+        raise ProtocolError("invalid", "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
+
+
+def weight_bytes(model):
+    """Bytes of the model's weights on this rank, each storage once (a
+    tied lm_head's rows are a view of the embedding)."""
+    ts = [model.embed, model.norm, model.lm_head] + [t for layer in model.layers for t in layer.values()]
+    seen = {}
+    for t in ts:
+        s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+        seen[(t.device, s.data_ptr())] = s.nbytes()
+    return sum(seen.values())
+
+
+# -- the group's processes -----------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join(rank, size):
+    global GROUP
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=timeout_s()))
+    random.seed(int(os.environ["MLXSERVING_TP_SEED"]))  # unseeded draws alike on every rank
+    if torch.cuda.is_available() and torch.cuda.device_count() > rank:
+        torch.cuda.set_device(rank)
+    GROUP = Group(rank, size)
+    return GROUP
+
+
+def _copy(f):
+    """Copies a follower's output lines to rank 0's stderr."""
+    for line in f:
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+
+
+class Leader:
+    """Rank 0's side: starts the followers, joins the group, forwards each
+    request to them and takes the group down when one dies."""
+
+    def __init__(self, argv, size):
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MLXSERVING_TP_SEED"] = str(random.getrandbits(62))
+        # NCCL: a collective past the timeout aborts the process (the group
+        # goes down) rather than hanging.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.setdefault("NCCL_ASYNC_ERROR_HANDLING", "1")
+        self.children = []
+        for r in range(1, size):
+            cmd = [sys.executable, "-u", "-B"] + argv + ["--rank", str(r)]
+            # A follower's output comes through rank 0 (_copy): the
+            # supervisor's pipes are held by rank 0 alone, so they close
+            # when it exits, whatever state a follower is in.
+            c = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            threading.Thread(target=_copy, args=(c.stdout,), daemon=True).start()
+            self.children.append(c)
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+        _join(0, size)
+
+    def down(self, why, *args):
+        """Takes the group down: logs why, kills the followers (one may be
+        stuck) and exits with status 1."""
+        log.error(why + "; the tensor-parallel group goes down", *args)
+        for c in self.children:
+            c.kill()
+        os._exit(1)
+
+    def _watch(self):
+        while True:
+            time.sleep(0.1)
+            for r, c in enumerate(self.children, 1):
+                if c.poll() is not None:
+                    self.down("rank %d exited with status %s", r, c.returncode)
+
+    def forward(self, req):
+        """Writes req to every follower (before rank 0 runs it)."""
+        line = json.dumps(req, separators=(",", ":")).encode() + b"\n"
+        with self.lock:
+            for c in self.children:
+                try:
+                    c.stdin.write(line)
+                    c.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    self.down("a follower rank is gone")
+
+    def guard(self, handle):
+        """handle, with the request forwarded first; a failure the other
+        ranks need not share (not in ALIKE: an error inside a step's
+        collectives, a device out of memory) takes the group down."""
+        def run(req):
+            self.forward(req)
+            try:
+                return handle(req)
+            except ALIKE:
+                if req.get("op") == "load":  # the followers may have loaded it: they drop it too
+                    self.forward({"op": "unload", "model": req.get("model")})
+                raise
+            except Exception:
+                self.down("rank 0 failed inside op %r: %s", req.get("op"), traceback.format_exc().replace("\n", " | "))
+        return run
+
+
+class _NoBeat:
+    stopped = True
+
+
+def follow(rank, size, make_worker):
+    """A follower's life: join the group, then run every request rank 0
+    forwards on stdin, replying to no one, until stdin closes or rank 0
+    goes away. A failure rank 0 may not share exits (status 1)."""
+    ppid = os.getppid()
+
+    def orphaned():  # rank 0 died while this rank waits in a collective, not on stdin
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != ppid:
+                os._exit(0)
+    threading.Thread(target=orphaned, daemon=True).start()
+    _join(rank, size)
+    worker = make_worker(None, _NoBeat())
+    for line in sys.stdin.buffer:
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "shutdown":
+            break
+        if op == "fault":  # the test hook acts on rank 0 only
+            continue
+        try:
+            worker.handle(req)
+        except ALIKE as e:
+            if op == "load" and getattr(e, "code", None) == "oom":  # rank 0 may have loaded: not in step
+                log.exception("rank %d failed to load", rank)
+                os._exit(1)
+        except Exception:
+            log.exception("rank %d failed inside op %r; the tensor-parallel group goes down", rank, op)
+            os._exit(1)
+    os._exit(0)
