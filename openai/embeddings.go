@@ -71,7 +71,7 @@ func (h *Handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if g != nil {
-		g.tokens.charge(float64(res.PromptTokens), time.Now())
+		g.tokens.Charge(time.Now(), float64(res.PromptTokens))
 	}
 	out := embeddingResponse{Object: "list", Model: res.Model, Data: make([]embeddingData, len(res.Vectors)),
 		Usage: embeddingUsage{PromptTokens: res.PromptTokens, TotalTokens: res.PromptTokens}}

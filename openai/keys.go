@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/internal/tokenbucket"
 )
 
 // Key is one API key and what its holder may do. Clients send the key as
@@ -130,8 +131,8 @@ type grant struct {
 	maxTier  api.Tier
 	models   map[string]bool // nil: every model
 	admin    bool
-	requests *bucket // nil: no limit
-	tokens   *bucket // nil: no limit
+	requests *tokenbucket.Bucket // nil: no limit
+	tokens   *tokenbucket.Bucket // nil: no limit
 }
 
 // compile checks k and turns it into a grant.
