@@ -25,14 +25,7 @@ func TestAdapterClient(t *testing.T) {
 	}
 	base, srv := startServerEmbed(t)
 	cmd := exec.CommandContext(t.Context(), node, "testdata/adapters.mjs", openaiModules, base, adapter)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node adapters: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node adapters", cmd)
 	var got struct {
 		Loaded struct {
 			ID     string

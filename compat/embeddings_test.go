@@ -38,14 +38,7 @@ func TestEmbeddingClients(t *testing.T) {
 	}
 	base, srv := startServerEmbed(t)
 	cmd := exec.CommandContext(t.Context(), node, filepath.Join(dir, "embeddings.mjs"), openaiModules, base)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node embeddings: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node embeddings", cmd)
 	var got struct {
 		Openai struct {
 			Vectors [][]float32

@@ -52,14 +52,7 @@ func TestNodeClient(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), node, script, modules, base)
 	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=unused")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node client: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node client", cmd)
 	var got struct {
 		Text, Streamed, Finish                string
 		Chunks, StreamUsage, CompletionTokens int
@@ -96,14 +89,7 @@ func TestNodeToolCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.CommandContext(t.Context(), node, script, modules, base)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node tools: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node tools", cmd)
 	var got struct {
 		Finish, Name, Args, ID               string
 		StreamedName, StreamedArgs, StreamID string
@@ -156,14 +142,7 @@ func TestAgentFrameworks(t *testing.T) {
 	}
 	base := startServer(t)
 	cmd := exec.CommandContext(t.Context(), node, filepath.Join(dir, "agents.mjs"), base)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node agents: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node agents", cmd)
 	type call struct {
 		Name string
 		Args json.RawMessage
@@ -240,4 +219,19 @@ func TestNodeStreamCutByDeadline(t *testing.T) {
 	if got.Chunks == 0 || got.Error == nil || !got.Error.IsAPIError || got.Error.Code != "request_timeout" || got.Error.Type != "server_error" {
 		t.Fatalf("npm client: %s", out)
 	}
+}
+
+// output runs cmd and returns its standard output, failing t with both
+// outputs when it fails.
+func output(t *testing.T, what string, cmd *exec.Cmd) []byte {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("%s: %v\n%s\n%s", what, err, out, stderr)
+	}
+	return out
 }

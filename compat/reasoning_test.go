@@ -55,14 +55,7 @@ func TestNodeReasoning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.CommandContext(t.Context(), node, script, modules, base).Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node reasoning: %v\n%s\n%s", err, out, stderr)
-	}
+	out := output(t, "node reasoning", exec.CommandContext(t.Context(), node, script, modules, base))
 	type split struct{ Reasoning, Content string }
 	var got struct {
 		Reasoning, RawReasoning, OffReasoning *string

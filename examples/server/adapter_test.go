@@ -1,13 +1,11 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mlxserving/mlxserving/testmodel"
 )
@@ -25,21 +23,7 @@ func TestServeAdapters(t *testing.T) {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	listening := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-lora", "sql=" + dir, "-lora-slots", "2"}, io.Discard, listening)
-	}()
-	var addr string
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("server exited: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("server did not start")
-	}
+	addr, stop := startRun(t, "-addr", "127.0.0.1:0", "-engine", "sim", "-lora", "sql="+dir, "-lora-slots", "2")
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 	if models := get(t, client, "http://"+addr+"/v1/models"); !strings.Contains(models, `"id":"sql"`) || !strings.Contains(models, `"parent":"tiny"`) {
@@ -55,13 +39,7 @@ func TestServeAdapters(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"model":"sql"`) {
 		t.Fatalf("chat with the adapter: %d %s", resp.StatusCode, body)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("server did not stop")
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

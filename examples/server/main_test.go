@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -139,25 +140,11 @@ func TestPrewarmAndBudgetFlags(t *testing.T) {
 // second model pre-warmed under a budget: both are listed with their
 // state and serve.
 func TestServePrewarmed(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	listening := make(chan string, 1)
-	done := make(chan error, 1)
 	dir := t.TempDir()
 	if err := writeTestModel(dir); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-prewarm", "second=" + dir + ":3", "-memory-budget", "1GiB"}, io.Discard, listening)
-	}()
-	var addr string
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("server exited: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("server did not start")
-	}
+	addr, stop := startRun(t, "-addr", "127.0.0.1:0", "-engine", "sim", "-prewarm", "second="+dir+":3", "-memory-budget", "1GiB")
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
@@ -183,8 +170,34 @@ func TestServePrewarmed(t *testing.T) {
 			t.Errorf("/metrics lacks %s:\n%s", name, metrics)
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// startRun runs the example with args until stop, which returns what run
+// returned; it fails t when the server does not start.
+func startRun(t *testing.T, args ...string) (addr string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	listening := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, io.Discard, listening) }()
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		t.Fatalf("server exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start")
+	}
+	return addr, func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return errors.New("server did not stop")
+		}
 	}
 }

@@ -16,6 +16,10 @@
 // Built without the mlx tag it serves only -engine pyproc; with it (and
 // MLX's libraries on the loader's path) also -engine mlx.
 //
+// For LoRA (lora.sh), -write adapter writes a PEFT adapter of -shape
+// (bfloat16, -adapter-rank, -adapter-seed) and -write merged the shape
+// with that adapter merged into its weights.
+//
 // For the quantized checkpoints (quant.sh), -write LAYOUT writes
 // testmodel's checkpoint of -shape in that layout (testmodel.Quants, or
 // "float") into -dir and exits, and -quantize fp8 loads with
@@ -57,7 +61,9 @@ func main() {
 		device   = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
 		python   = flag.String("python", "", "pyproc: Python interpreter")
 		quantize = flag.String("quantize", "", "pyproc: fp8 quantizes a float checkpoint at load (pyproc.WithQuantize)")
-		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.Quants(), ", ")+") into -dir and exit")
+		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.Quants(), ", ")+"), or a LoRA adapter of the shape (adapter) or the shape with that adapter merged (merged), into -dir and exit")
+		rank     = flag.Int("adapter-rank", 16, "-write adapter or merged: the adapter's rank")
+		aseed    = flag.Int64("adapter-seed", 1, "-write adapter or merged: the adapter's seed")
 		shape    = flag.String("shape", "quant", "-write: quant (testmodel.TinyQuant, bfloat16, 4 layers) or a testmodel shape (llama1b, llama8b, ...)")
 		embed    = flag.Bool("embed", false, "embed the inputs with each pooling instead of generating")
 		bench    = flag.Int("bench", 0, "time embedding batches of this many inputs (no -in)")
@@ -66,6 +72,7 @@ func main() {
 	)
 	flag.Parse()
 	if *write != "" {
+		adapter = testmodel.Adapter{Rank: *rank, Seed: *aseed, DType: "bfloat16"}
 		if err := writeCheckpoint(*dir, *write, *shape); err != nil {
 			fmt.Fprintln(os.Stderr, "familycheck:", err)
 			os.Exit(1)
@@ -185,11 +192,20 @@ func writeCheckpoint(dir, layout, shape string) error {
 		}
 		cfg = mk()
 	}
-	if layout != "float" {
+	switch layout {
+	case "float":
+	case "adapter":
+		return testmodel.WriteAdapter(dir, cfg, adapter)
+	case "merged":
+		cfg.Merge = &adapter
+	default:
 		cfg.Quant = layout
 	}
 	return testmodel.Write(dir, cfg)
 }
+
+// adapter is what -write adapter and merged write (the -adapter-* flags).
+var adapter testmodel.Adapter
 
 func newEngine(ctx context.Context, name, dtype, device, python string) (engine.Engine, error) {
 	switch name {
