@@ -100,9 +100,9 @@ func (e *Error) RetryAfterHint() time.Duration { return e.RetryAfter }
 
 // Unwrap returns Err, a *retry.StatusError for the status, and the typed
 // error the upstream's code stands for when it is one of retry's codes
-// (mlxserving's HTTP API sends them: see internal/wireerr); for a foreign
-// upstream's, engine.ErrModelNotFound for a 404 and an
-// *engine.InvalidParamError for a 400.
+// (mlxserving's HTTP API sends them); for a foreign upstream's,
+// engine.ErrModelNotFound for a 404 and an *engine.InvalidParamError for
+// a 400.
 func (e *Error) Unwrap() []error {
 	var errs []error
 	if e.Err != nil {

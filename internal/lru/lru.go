@@ -84,14 +84,11 @@ func (l *LRU[K, V]) Add(k K, v V, weight int64) {
 
 // Get returns the live value under k and marks it most recently used.
 func (l *LRU[K, V]) Get(k K) (V, bool) {
-	l.expireNow()
-	el, ok := l.items[k]
-	if !ok {
-		var zero V
-		return zero, false
+	v, ok := l.Peek(k)
+	if ok {
+		l.recent.MoveToBack(l.items[k])
 	}
-	l.recent.MoveToBack(el)
-	return el.Value.(*entry[K, V]).val, true
+	return v, ok
 }
 
 // Peek returns the live value under k without marking it used.
