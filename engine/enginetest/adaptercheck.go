@@ -2,11 +2,17 @@ package enginetest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // AdapterCase is one adapter RunAdapters serves: its directory and,
@@ -263,4 +269,58 @@ func checkAdapterRefusals(tb testing.TB, s *adapterSuite) {
 	if got := s.aloneWith(tb, s.m, p, 6, s.names[0]); len(got) != 6 {
 		tb.Errorf("adapter %q after refusals generated %v", s.names[0], got)
 	}
+}
+
+// WriteAdapterFixture writes what RunAdapters needs for the model cfg
+// describes (float32 for exact comparisons): its checkpoint, two adapters
+// of it — PEFT's layout at rank 4 over every projection, and mlx-lm's at
+// rank 8 over the attention of the last layer — with the checkpoints
+// that have them merged, and adapters the model must refuse: rank 128
+// (above the default highest), one of a wider model, and one with a NaN
+// weight.
+func WriteAdapterFixture(tb testing.TB, cfg testmodel.Config) (dir string, cases []AdapterCase, bad []string) {
+	tb.Helper()
+	root := tb.TempDir()
+	write := func(name string, c testmodel.Config) string {
+		p := filepath.Join(root, name)
+		if err := testmodel.Write(p, c); err != nil {
+			tb.Fatal(err)
+		}
+		return p
+	}
+	adapter := func(name string, c testmodel.Config, a testmodel.Adapter) string {
+		p := filepath.Join(root, name)
+		if err := testmodel.WriteAdapter(p, c, a); err != nil {
+			tb.Fatal(err)
+		}
+		return p
+	}
+	dir = write("base", cfg)
+	last := cfg
+	if last.Layers == 0 {
+		last.Layers = testmodel.Tiny().Layers
+	}
+	for i, a := range []testmodel.Adapter{
+		{Rank: 4, Seed: 1},
+		{Rank: 8, Seed: 2, MLX: true, Layers: []int{last.Layers - 1}, Targets: testmodel.AdapterTargets(cfg.Arch)[:2]},
+	} {
+		merged := cfg
+		merged.Merge = &a
+		cases = append(cases, AdapterCase{Dir: adapter(fmt.Sprintf("adapter%d", i), cfg, a), Merged: write(fmt.Sprintf("merged%d", i), merged)})
+	}
+	wide := cfg
+	wide.Hidden, wide.Intermediate = 2*max(cfg.Hidden, testmodel.Tiny().Hidden), 2*max(cfg.Intermediate, testmodel.Tiny().Intermediate)
+	nan := adapter("nan", cfg, testmodel.Adapter{Rank: 2, Seed: 3})
+	st := filepath.Join(nan, "adapter_model.safetensors")
+	raw, err := os.ReadFile(st)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(raw)
+	binary.LittleEndian.PutUint32(raw[8+n+4:], math.Float32bits(float32(math.NaN())))
+	if err := os.WriteFile(st, raw, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	bad = []string{adapter("rank128", cfg, testmodel.Adapter{Rank: 128}), adapter("wide", wide, testmodel.Adapter{}), nan}
+	return dir, cases, bad
 }

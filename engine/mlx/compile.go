@@ -103,6 +103,7 @@ type kernels struct {
 	swiglu, gumbel C.mlx_closure
 	ids            [2]C.uintptr_t
 	cuda           bool // the stream runs on a CUDA GPU: pooled is set
+	cpu            bool // the stream runs on the CPU
 	fused          bool // addNorm, ropeKV and gluRows are set
 	pooled         C.mlx_fast_cuda_kernel
 	addNorm        C.mlx_fast_cuda_kernel
@@ -120,6 +121,7 @@ func compileKernels(s C.mlx_stream) (*kernels, error) {
 		k.free()
 		return nil, errMLX("compile gumbel", rc)
 	}
+	k.cpu = cpuStream(s)
 	if k.cuda = cudaStream(s); k.cuda {
 		k.pooled = newPooledKernel()
 		if k.fused = fusedKernelsOn(); k.fused {

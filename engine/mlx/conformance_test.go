@@ -38,3 +38,15 @@ func TestEmbeddingConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestAdapterConformance runs enginetest.RunAdapters on the tiny llama
+// and qwen2 (biases) checkpoints: tokens equal the merged checkpoints'.
+func TestAdapterConformance(t *testing.T) {
+	e := newEngine(t)
+	for _, arch := range []string{"llama", "qwen2"} {
+		t.Run(arch, func(t *testing.T) {
+			dir, cases, bad := enginetest.WriteAdapterFixture(t, testmodel.TinyFamily(arch))
+			enginetest.RunAdapters(t, e, dir, cases, bad)
+		})
+	}
+}

@@ -49,6 +49,30 @@
 // the tokens one step may carry. An encoder's ContextLength is capped at
 // the checkpoint's max_seq_length.
 //
+// # LoRA adapters
+//
+// Decoder models implement engine.AdapterModel: AddAdapter reads and
+// checks a PEFT or mlx-lm adapter (internal/lora) and keeps it on the
+// host; OpenAdapter makes it resident in one of Info.AdapterSlots device
+// slots (reading it from disk when it is not), evicting the least
+// recently used adapter no open sequence runs, or fails with
+// engine.ErrOutOfMemory when every slot is in use. Every adaptable module
+// of every layer has two stacks over the slots, A^T [slots, in, R] and
+// scale·B^T [slots, R, out], R the highest rank made resident (lower ranks
+// zero-padded), made when an adapter first targets the module. Sequences
+// of different adapters and of the base run in one Step: a step's adapted
+// tokens, grouped by slot, add x·A^T·(scale·B^T) to each projection's
+// output through two sorted gather_mm per module (a fused q/k/v or
+// gate/up product adds its modules' deltas side by side), and a step
+// with no adapted token runs no LoRA op at all. The same code serves the
+// decode-only layers of fused.go, so their CUDA kernels run with adapters
+// too (nothing is captured or compiled per step). On the CPU, whose
+// gather_mm takes only float32, the stacks are float32 and the adapted
+// rows are cast to it and back. Saved KV is found by its key and the
+// adapter that wrote it: a sequence never reuses KV of another adapter,
+// of the base, or of an adapter since replaced under its name. The
+// slots' memory is not counted in Info's sizes.
+//
 // Use:
 //
 //	eng, err := mlx.New(mlx.WithCacheLimit(1 << 30))

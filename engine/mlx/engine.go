@@ -8,6 +8,7 @@ package mlx
 import "C"
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -145,8 +146,11 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if spec.ID == "" || spec.Path == "" {
 		return nil, &engine.InvalidParamError{Param: "model spec", Reason: "ID and Path are required"}
 	}
-	if spec.MaxBatch < 0 || spec.KVCapacity < 0 || spec.ContextLength < 0 {
+	if spec.MaxBatch < 0 || spec.KVCapacity < 0 || spec.ContextLength < 0 || spec.AdapterSlots < 0 || spec.MaxAdapterRank < 0 {
 		return nil, &engine.InvalidParamError{Param: "model spec", Reason: "sizes must not be negative"}
+	}
+	if spec.AdapterSlots > maxAdapterSlots {
+		return nil, &engine.InvalidParamError{Param: "model spec", Reason: fmt.Sprintf("AdapterSlots %d: at most %d", spec.AdapterSlots, maxAdapterSlots)}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -214,6 +218,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		if m.w, lerr = buildWeights(g, cfg, mods, ts); lerr != nil {
 			return
 		}
+		m.adapters = newAdapters(m, g, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
 		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
 			m.pool.release()
 			m.w.free()
@@ -272,7 +277,8 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	// token, and one sequence never outgrows it.
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: min(ctxLen, kv), VocabSize: c.Vocab,
 		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch, BlockSize: 1, KVBlocks: kv,
-		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true}
+		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true,
+		AdapterSlots: cmp.Or(spec.AdapterSlots, engine.DefaultAdapterSlots), MaxAdapterRank: cmp.Or(spec.MaxAdapterRank, engine.DefaultMaxAdapterRank)}
 	return nil
 }
 

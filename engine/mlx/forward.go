@@ -32,6 +32,11 @@ type seqState struct {
 	counts  map[int32]int
 	// embed is set on an embedding sequence (OpenPooled).
 	embed *embedState
+	// lora is the adapter the sequence runs (nil: the base model); while
+	// inSlot it holds a use of adapter slot slot (adapters.slots).
+	lora   *adapterEntry
+	slot   int
+	inSlot bool
 }
 
 // free returns the sequence's rows to the pool.
@@ -81,8 +86,9 @@ type stepPlan struct {
 	invf    arr // [D/2] float32 RoPE inverse frequencies
 	qscale  arr // [1] float32 the queries' scale
 	pre     []*preGroup
-	start   []int // first packed token of each feed
-	perm    arr   // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+	start   []int     // first packed token of each feed
+	perm    arr       // [n] token order from [decode outputs..., prefill outputs...]; null when the same
+	lora    *loraPlan // the adapted tokens (lora.go); nil when no feed has an adapter
 }
 
 // preGroup is prefill feeds (more than one token) of the same length at
@@ -140,6 +146,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 		}
 	}
 	p.rows = m.kvRows(g, rows)
+	p.lora = m.planLoRA(g, feeds, p)
 	order := make([]int32, 0, p.n) // token index of each output, decode first
 	for _, i := range p.dec {
 		order = append(order, int32(p.start[i]))
@@ -352,7 +359,7 @@ func (m *model) forwardAll(g *graph, feeds []feed, sampling bool) (logits, poole
 // the architecture puts them (arch.Block). Projections, RoPE and the MLP
 // run over all packed tokens at once.
 func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *stepPlan) arr {
-	c, l, n := m.cfg, &m.w.layers[li], p.n
+	c, l := m.cfg, &m.w.layers[li]
 	h := x
 	if c.Block != postNorm {
 		h = g.rmsNorm(x, l.inNorm, c.NormEps)
@@ -370,7 +377,7 @@ func (m *model) block(g *graph, li int, x arr, feeds []feed, positions arr, p *s
 	default:
 		h = x
 	}
-	f := m.mlp(g, l, h, n)
+	f := m.mlp(g, li, h, p)
 	if c.Block != preNorm {
 		f = g.rmsNorm(f, l.postFF, c.NormEps)
 	}
@@ -387,12 +394,12 @@ func (m *model) attention(g *graph, li int, h, positions arr, p *stepPlan) arr {
 	}
 	var q, k, v arr
 	if qd, kd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim; !isNull(l.qkv.w) {
-		y := l.qkv.apply(g, h)
+		y := m.proj(g, li, pQKV, &l.qkv, h, p)
 		q = g.slice(y, []int{0, 0, 0}, []int{1, n, qd})
 		k = g.slice(y, []int{0, 0, qd}, []int{1, n, qd + kd})
 		v = g.slice(y, []int{0, 0, qd + kd}, []int{1, n, qd + 2*kd})
 	} else {
-		q, k, v = l.q.apply(g, h), l.k.apply(g, h), l.v.apply(g, h)
+		q, k, v = m.proj(g, li, pQ, &l.q, h, p), m.proj(g, li, pK, &l.k, h, p), m.proj(g, li, pV, &l.v, h, p)
 	}
 	switch {
 	case c.QKNorm && c.QKNormWhole:
@@ -416,7 +423,7 @@ func (m *model) attention(g *graph, li int, h, positions arr, p *stepPlan) arr {
 	if !isNull(p.perm) {
 		o = g.take(o, p.perm, 0)
 	}
-	return l.o.apply(g, g.reshape(o, 1, n, c.Heads*c.HeadDim))
+	return m.proj(g, li, pO, &l.o, g.reshape(o, 1, n, c.Heads*c.HeadDim), p)
 }
 
 // rotate applies layer li's RoPE to x [N, heads, 1, D] at positions [N].
@@ -438,23 +445,23 @@ func (m *model) rotate(g *graph, li int, x, positions arr, p *stepPlan) arr {
 	return g.where(p.longMask, long(), short())
 }
 
-// mlp is layer l's feed-forward over h [1, N, hidden]: dense (silu or
+// mlp is layer li's feed-forward over h [1, N, hidden]: dense (silu or
 // GELU-tanh gated) or a mixture of experts.
-func (m *model) mlp(g *graph, l *layer, h arr, n int) arr {
-	c := m.cfg
+func (m *model) mlp(g *graph, li int, h arr, p *stepPlan) arr {
+	c, l, n := m.cfg, &m.w.layers[li], p.n
 	if l.moe != nil {
 		return g.reshape(m.mixture(g, l.moe, h, n), 1, n, c.Hidden)
 	}
 	var gate, up arr
 	if !isNull(l.gateUp.w) {
-		y := l.gateUp.apply(g, h)
+		y := m.proj(g, li, pGateUp, &l.gateUp, h, p)
 		gate = g.slice(y, []int{0, 0, 0}, []int{1, n, c.Intermediate})
 		up = g.slice(y, []int{0, 0, c.Intermediate}, []int{1, n, 2 * c.Intermediate})
 	} else {
-		gate, up = l.gate.apply(g, h), l.up.apply(g, h)
+		gate, up = m.proj(g, li, pGate, &l.gate, h, p), m.proj(g, li, pUp, &l.up, h, p)
 	}
 	if c.Act == "silu" {
-		return l.down.apply(g, g.swiglu(gate, up))
+		return m.proj(g, li, pDown, &l.down, g.swiglu(gate, up), p)
 	}
-	return l.down.apply(g, g.mul(geluTanh(g, gate), up))
+	return m.proj(g, li, pDown, &l.down, g.mul(geluTanh(g, gate), up), p)
 }

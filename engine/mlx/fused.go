@@ -144,11 +144,11 @@ func (m *model) decodeLayers(g *graph, x, h, positions arr, p *stepPlan) arr {
 	f := &fusedStep{n: p.n, kern: g.k.fused && !isNull(p.decRows), eps: g.float32s([]float32{c.NormEps}, 1), at: positions}
 	for li := range w.layers {
 		l := &w.layers[li]
-		qkv := l.qkv.apply(g, h)
+		qkv := m.proj(g, li, pQKV, &l.qkv, h, p)
 		m.writeKV(g, li, p.rows, m.ropeKV(g, p, f, qkv))
 		o := m.attendFused(g, li, p, f, qkv)
-		x, h = m.addNorm(g, f, x, l.o.apply(g, o), l.postNorm)
-		d := l.down.apply(g, m.gluRows(g, f, l.gateUp.apply(g, h)))
+		x, h = m.addNorm(g, f, x, m.proj(g, li, pO, &l.o, o, p), l.postNorm)
+		d := m.proj(g, li, pDown, &l.down, m.gluRows(g, f, m.proj(g, li, pGateUp, &l.gateUp, h, p)), p)
 		next := w.norm
 		if li+1 < len(w.layers) {
 			next = w.layers[li+1].inNorm

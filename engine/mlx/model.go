@@ -25,6 +25,8 @@ type model struct {
 	saved   []*savedKV // least recently used first
 	evicted []string   // saved keys evicted since the last EvictedSaved
 	closed  atomic.Bool
+	// adapters serves LoRA adapters (adapter.go, lora.go).
+	adapters *adapters
 
 	prims PrimitiveCount // of the last step
 }
@@ -36,7 +38,9 @@ var (
 )
 
 // savedKV is a freed sequence's cache kept for prefix reuse. Its rows
-// count as free (kvPool.park) until it is evicted.
+// count as free (kvPool.park) until it is evicted. It is found by its key
+// and the adapter its sequence ran (seq.lora; nil for the base): KV is
+// never shared between adapters.
 type savedKV struct {
 	key string
 	seq *seqState
@@ -57,6 +61,11 @@ func (m *model) call(job func(*graph) error) error { return m.eng.runOpen(&m.clo
 
 // Open starts a sequence; see engine.Model.
 func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
+	return m.open(ctx, id, prompt, prefixKey, nil)
+}
+
+// open starts a sequence of adapter e (nil: the base), making e resident.
+func (m *model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, e *adapterEntry) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -74,8 +83,16 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 		if _, dup := m.seqs[id]; dup {
 			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
 		}
+		m.dropGoneSaved()
 		m.relieve()
-		s := &seqState{}
+		s := &seqState{lora: e}
+		if e != nil {
+			slot, err := m.resident(g, e)
+			if err != nil {
+				return err
+			}
+			s.slot, s.inSlot = slot, true
+		}
 		if prefixKey != "" {
 			reused = m.attach(s, prompt, prefixKey)
 		}
@@ -85,14 +102,15 @@ func (m *model) Open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 	return reused, err
 }
 
-// attach gives s the KV saved under key truncated to the longest common
-// prefix of its tokens and prompt, and returns that length (always fewer
-// than the prompt). s shares the saved entry's pool rows for those
-// positions; rows are written once, so the saved entry stays whole. The
-// shared rows are s's blocks (engine.BlockPool): FreeBlocks stops
-// counting those no other sequence held.
+// attach gives s the KV saved under key by a sequence of s's adapter
+// (never another's: KV is not shared between adapters), truncated to the
+// longest common prefix of its tokens and prompt, and returns that length
+// (always fewer than the prompt). s shares the saved entry's pool rows
+// for those positions; rows are written once, so the saved entry stays
+// whole. The shared rows are s's blocks (engine.BlockPool): FreeBlocks
+// stops counting those no other sequence held.
 func (m *model) attach(s *seqState, prompt []int32, key string) int {
-	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key })
+	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key && e.seq.lora == s.lora })
 	if i < 0 {
 		return 0
 	}
@@ -118,13 +136,17 @@ func commonPrefix(a, b []int32) int {
 	return n
 }
 
-// DropSaved discards the KV saved under key; see engine.SavedKV.
+// DropSaved discards the KV saved under key, by the base and every
+// adapter; see engine.SavedKV.
 func (m *model) DropSaved(key string) {
 	_ = m.call(func(*graph) error {
-		if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
-			m.saved[i].free()
-			m.saved = slices.Delete(m.saved, i, i+1)
-		}
+		m.saved = slices.DeleteFunc(m.saved, func(e *savedKV) bool {
+			if e.key == key {
+				e.free()
+				return true
+			}
+			return false
+		})
 		return nil
 	})
 }
@@ -156,6 +178,7 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 			return nil
 		}
 		delete(m.seqs, id)
+		m.release(s)
 		if s.embed != nil { // embedding sequences are never saved (engine.Embedder)
 			s.free()
 			return nil
@@ -172,10 +195,10 @@ func (m *model) Free(id engine.SeqID, saveKey string) {
 	})
 }
 
-// save keeps the freed sequence s under key, replacing what was saved
-// under it; its rows count as free from now on.
+// save keeps the freed sequence s under key, replacing what a sequence
+// of the same adapter saved under it; its rows count as free from now on.
 func (m *model) save(key string, s *seqState) {
-	if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key }); i >= 0 {
+	if i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key && e.seq.lora == s.lora }); i >= 0 {
 		m.saved[i].free()
 		m.saved = slices.Delete(m.saved, i, i+1)
 	}
@@ -232,5 +255,8 @@ func (m *model) unload() {
 	}
 	m.seqs, m.saved, m.evicted = nil, nil, nil
 	m.pool.release()
+	if m.adapters != nil {
+		m.adapters.stack.free()
+	}
 	m.w.free()
 }

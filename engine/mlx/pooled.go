@@ -131,6 +131,14 @@ func cudaStream(s C.mlx_stream) bool {
 	return C.mlx_stream_get_device(&dev, s) == 0 && C.mlx_device_get_type(&t, dev) == 0 && t == C.MLX_GPU
 }
 
+// cpuStream reports whether stream s runs on the CPU.
+func cpuStream(s C.mlx_stream) bool {
+	dev := C.mlx_device_new()
+	defer C.mlx_device_free(dev)
+	var t C.mlx_device_type
+	return C.mlx_stream_get_device(&dev, s) == 0 && C.mlx_device_get_type(&t, dev) == 0 && t == C.MLX_CPU
+}
+
 // kernelCall is one launch of a custom CUDA kernel: its inputs, output
 // shapes (all of dtype dt), the grid of threads and their block, and
 // integer template arguments (OutT is always dt).

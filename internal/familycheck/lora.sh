@@ -35,7 +35,7 @@ for i in $(seq 1 33); do
 done
 echo "adapters written: $(($(date +%s) - t0)) s" | tee -a "$out/env.txt"
 # shellcheck disable=SC2086
-bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 $lora > "$out/server.log" 2>&1 &
+bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 -max-lora-rank 16 $lora > "$out/server.log" 2>&1 &
 pid=$!
 ready=0
 for _ in $(seq 480); do
