@@ -111,7 +111,7 @@ func authorize(ctx context.Context, model string, p *api.Params, namedTier bool)
 				generated += f.generated
 			}
 		}
-		g.tokens.Charge(time.Now(), float64(prompt+generated))
+		g.charge(prompt + generated)
 	}, nil
 }
 
@@ -141,14 +141,31 @@ func admit(ctx context.Context, model string, tier *api.Tier, keepAlive, namedTi
 		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",
 			fmt.Sprintf("key %q may use tiers up to %s, not %s", g.name, g.maxTier, *tier))
 	}
-	now := time.Now()
-	if wait := g.tokens.Until(now, 0); wait > 0 { // a key in debt waits it off
-		return nil, overLimit(g.name, "tokens", wait)
-	}
-	if wait := g.requests.Take(now, 1); wait > 0 {
-		return nil, overLimit(g.name, "requests", wait)
+	if err := g.take(time.Now()); err != nil {
+		return nil, err
 	}
 	return g, nil
+}
+
+// take spends one of the key's requests per minute, or refuses a key
+// over its requests or in debt on its tokens.
+func (g *grant) take(now time.Time) *apiError {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if wait := g.tokens.Until(now, 0); wait > 0 { // a key in debt waits it off
+		return overLimit(g.name, "tokens", wait)
+	}
+	if wait := g.requests.Take(now, 1); wait > 0 {
+		return overLimit(g.name, "requests", wait)
+	}
+	return nil
+}
+
+// charge spends n of the key's tokens per minute, past empty if need be.
+func (g *grant) charge(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.tokens.Charge(time.Now(), float64(n))
 }
 
 func overLimit(name, what string, wait time.Duration) *apiError {

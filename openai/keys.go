@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/internal/tokenbucket"
@@ -126,11 +127,13 @@ func ParseKeyList(s string) ([]Key, error) {
 
 // grant is a checked Key as the handler keeps it: the hash, never the key.
 type grant struct {
-	name     string
-	hash     [sha256.Size]byte
-	maxTier  api.Tier
-	models   map[string]bool // nil: every model
-	admin    bool
+	name    string
+	hash    [sha256.Size]byte
+	maxTier api.Tier
+	models  map[string]bool // nil: every model
+	admin   bool
+
+	mu       sync.Mutex          // guards the buckets: requests of one key run at once
 	requests *tokenbucket.Bucket // nil: no limit
 	tokens   *tokenbucket.Bucket // nil: no limit
 }

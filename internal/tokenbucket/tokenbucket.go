@@ -20,14 +20,14 @@ package tokenbucket
 
 import (
 	"math"
-	"sync"
 	"time"
 )
 
-// Bucket is a token bucket, safe for concurrent use. Build one with New.
-// A nil *Bucket is no limit: it takes everything at once.
+// Bucket is a token bucket. Build one with New. A nil *Bucket is no
+// limit: it takes everything at once. It is not safe for concurrent use;
+// its owners hold a lock of their own around it (the scheduler's, a key's
+// grant), as they do around an internal/lru LRU.
 type Bucket struct {
-	mu    sync.Mutex
 	rate  float64 // per second
 	size  float64
 	level float64
@@ -46,8 +46,6 @@ func (b *Bucket) Take(now time.Time, n float64) time.Duration {
 	if b == nil {
 		return 0
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.refill(now)
 	if b.level >= n {
 		b.level -= n
@@ -62,8 +60,6 @@ func (b *Bucket) Until(now time.Time, level float64) time.Duration {
 	if b == nil {
 		return 0
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.refill(now)
 	if b.level > level {
 		return 0
@@ -76,15 +72,12 @@ func (b *Bucket) Charge(now time.Time, n float64) {
 	if b == nil {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.refill(now)
 	b.level -= n
 }
 
 // refill adds what the time since the last refill brings, up to the
-// size; a clock that went back adds nothing. Has to be called with the
-// lock.
+// size; a clock that went back adds nothing.
 func (b *Bucket) refill(now time.Time) {
 	if !b.last.IsZero() {
 		if d := now.Sub(b.last); d > 0 {
@@ -97,7 +90,7 @@ func (b *Bucket) refill(now time.Time) {
 }
 
 // until is how long until the level reaches level, rounded up to the
-// nanosecond (at least 1ns). Has to be called with the lock.
+// nanosecond (at least 1ns).
 func (b *Bucket) until(level float64) time.Duration {
 	d := time.Duration(math.Ceil((level - b.level) / b.rate * float64(time.Second)))
 	return max(d, 1)

@@ -1,7 +1,6 @@
 package tokenbucket_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -76,30 +75,5 @@ func TestNil(t *testing.T) {
 	b.Charge(t0, 1e9)
 	if b.Take(t0, 1e9) != 0 || b.Until(t0, 1e9) != 0 {
 		t.Fatal("a nil bucket refused")
-	}
-}
-
-// TestConcurrent: takers on many goroutines get exactly the size.
-func TestConcurrent(t *testing.T) {
-	b := tokenbucket.New(1e-9, 100)
-	var mu sync.Mutex
-	got := 0
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 50 {
-				if b.Take(t0, 1) == 0 {
-					mu.Lock()
-					got++
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if got != 100 {
-		t.Fatalf("%d taken, want 100", got)
 	}
 }
