@@ -12,7 +12,6 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // startFunc sends the request to one backend. resume, when not empty,
@@ -200,9 +199,10 @@ func (s *failoverSource) open(ctx context.Context) error {
 		return err
 	}
 	s.lb.stats.refused.Add(1)
-	if errors.Is(last, scheduler.ErrQueueFull) {
-		// The last backend is up but full: the caller hears that, with its
-		// Retry-After, as from a single Server (a 429, not a 503).
+	if code := retry.Classify(last).Code; code == retry.CodeQueueFull || code == retry.CodeExceedsKVCapacity {
+		// The last backend is up but full, or has too little KV room for
+		// the request at all: the caller hears that (with its Retry-After)
+		// as from a single Server (a 429 or a 400, not a 503).
 		return last
 	}
 	return &NoBackendError{Model: s.route.Model, Tried: len(s.tried), RetryAfter: s.lb.retryAfter(last), Last: last}

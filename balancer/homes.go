@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // Bounds of a balancer's copy of the session homes.
@@ -27,7 +27,8 @@ type homes struct {
 	refresh time.Duration
 	timeout time.Duration
 	logger  *slog.Logger
-	cache   *lru.Cache[string, home] // safe for concurrent use; no I/O under its lock
+	cacheMu sync.Mutex             // guards cache; no I/O under it
+	cache   *lru.LRU[string, home] // each home of weight 1
 
 	ctx      context.Context // cancelled by close
 	cancel   context.CancelFunc
@@ -46,7 +47,7 @@ type home struct {
 }
 
 func newHomes(store AffinityStore, refresh, timeout time.Duration, logger *slog.Logger) *homes {
-	cache, _ := lru.New[string, home](homesSize) // fails only for a size below 1
+	cache := lru.New[string, home](homesSize, 0, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &homes{
 		store: store, refresh: refresh, timeout: timeout, logger: logger, cache: cache,
@@ -57,7 +58,7 @@ func newHomes(store AffinityStore, refresh, timeout time.Duration, logger *slog.
 // get returns the backend the store names as key's home ("" for none). An
 // error means the store could not be asked and nothing is known.
 func (h *homes) get(ctx context.Context, key string) (string, error) {
-	if e, ok := h.cache.Get(key); ok {
+	if e, ok := h.cached(key); ok {
 		if time.Since(e.checked) >= h.refresh {
 			h.lookUp(key)
 		}
@@ -77,6 +78,8 @@ func (h *homes) get(ctx context.Context, key string) (string, error) {
 // learn records that the store named backend as key's home at began,
 // unless this balancer has heard or written something newer since.
 func (h *homes) learn(key, backend string, began time.Time) {
+	h.cacheMu.Lock()
+	defer h.cacheMu.Unlock()
 	e, ok := h.cache.Peek(key)
 	if ok && e.checked.After(began) {
 		return
@@ -85,7 +88,28 @@ func (h *homes) learn(key, backend string, began time.Time) {
 		e = home{backend: backend}
 	}
 	e.checked = began
-	h.cache.Add(key, e)
+	h.cache.Add(key, e, 1)
+}
+
+// cached returns key's home as this balancer knows it, marking it used.
+func (h *homes) cached(key string) (home, bool) {
+	h.cacheMu.Lock()
+	defer h.cacheMu.Unlock()
+	return h.cache.Get(key)
+}
+
+// peek returns key's home as this balancer knows it.
+func (h *homes) peek(key string) (home, bool) {
+	h.cacheMu.Lock()
+	defer h.cacheMu.Unlock()
+	return h.cache.Peek(key)
+}
+
+// remember records e as key's home.
+func (h *homes) remember(key string, e home) {
+	h.cacheMu.Lock()
+	defer h.cacheMu.Unlock()
+	h.cache.Add(key, e, 1)
 }
 
 // lookUp asks the store for key's home in the background: one lookup per
@@ -136,7 +160,7 @@ func (h *homes) set(ctx context.Context, key, backend string, d homeDecision, tt
 	switch d {
 	case newHome, moved:
 	case atHome:
-		e, ok := h.cache.Peek(key)
+		e, ok := h.peek(key)
 		if !ok || e.backend != backend || now.Sub(e.checked) >= h.refresh ||
 			(!e.written.IsZero() && now.Sub(e.written) < h.refresh) {
 			return
@@ -149,11 +173,11 @@ func (h *homes) set(ctx context.Context, key, backend string, d homeDecision, tt
 	if err := h.store.Set(ctx, key, backend, ttl); err != nil {
 		h.logger.Warn("affinity store unreachable; session not shared", "err", err)
 		if d != atHome {
-			h.cache.Add(key, home{backend: backend, checked: now}) // routed here locally meanwhile
+			h.remember(key, home{backend: backend, checked: now}) // routed here locally meanwhile
 		}
 		return
 	}
-	h.cache.Add(key, home{backend: backend, checked: now, written: now})
+	h.remember(key, home{backend: backend, checked: now, written: now})
 }
 
 // close stops the background lookups and waits for them.

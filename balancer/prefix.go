@@ -2,8 +2,9 @@ package balancer
 
 import (
 	"hash/maphash"
+	"sync"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // prefixChunk is the length in bytes of the text chunks the approximate
@@ -18,12 +19,12 @@ const prefixChunk = 64
 // purpose: the backend evicts on its own, and the index only has to be
 // right often enough to route shared prefixes to the same place.
 type prefixIndex struct {
-	seen *lru.Cache[uint64, struct{}]
+	mu   sync.Mutex
+	seen *lru.LRU[uint64, struct{}] // each chunk of weight 1
 }
 
 func newPrefixIndex(chunks int) *prefixIndex {
-	c, _ := lru.New[uint64, struct{}](max(chunks, 1))
-	return &prefixIndex{seen: c}
+	return &prefixIndex{seen: lru.New[uint64, struct{}](int64(max(chunks, 1)), 0, nil)}
 }
 
 // chunkHashes returns the chained hashes of text's whole chunks.
@@ -55,6 +56,8 @@ func (p *prefixIndex) match(hashes []uint64) float64 {
 	if len(hashes) == 0 {
 		return 0
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	n := 0
 	for _, h := range hashes {
 		if !p.seen.Contains(h) {
@@ -67,7 +70,9 @@ func (p *prefixIndex) match(hashes []uint64) float64 {
 
 // add records that the backend has seen the chunks.
 func (p *prefixIndex) add(hashes []uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, h := range hashes {
-		p.seen.Add(h, struct{}{})
+		p.seen.Add(h, struct{}{}, 1)
 	}
 }

@@ -5,13 +5,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
-	"math"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/internal/tokenbucket"
 )
 
 // access is who may call a route.
@@ -112,7 +111,7 @@ func authorize(ctx context.Context, model string, p *api.Params, namedTier bool)
 				generated += f.generated
 			}
 		}
-		g.tokens.charge(float64(prompt+generated), time.Now())
+		g.charge(prompt + generated)
 	}, nil
 }
 
@@ -142,90 +141,43 @@ func admit(ctx context.Context, model string, tier *api.Tier, keepAlive, namedTi
 		return nil, newAPIError(http.StatusForbidden, typePermission, "priority", "tier_not_allowed",
 			fmt.Sprintf("key %q may use tiers up to %s, not %s", g.name, g.maxTier, *tier))
 	}
-	now := time.Now()
-	if wait := g.tokens.waitPositive(now); wait > 0 {
-		return nil, overLimit(g.name, "tokens", wait)
-	}
-	if wait := g.requests.take(now); wait > 0 {
-		return nil, overLimit(g.name, "requests", wait)
+	if err := g.take(time.Now()); err != nil {
+		return nil, err
 	}
 	return g, nil
 }
 
+// take spends one of the key's requests per minute, or refuses a key
+// over its requests or in debt on its tokens.
+func (g *grant) take(now time.Time) *apiError {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if wait := g.tokens.Until(now, 0); wait > 0 { // a key in debt waits it off
+		return overLimit(g.name, "tokens", wait)
+	}
+	if wait := g.requests.Take(now, 1); wait > 0 {
+		return overLimit(g.name, "requests", wait)
+	}
+	return nil
+}
+
+// charge spends n of the key's tokens per minute, past empty if need be.
+func (g *grant) charge(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.tokens.Charge(time.Now(), float64(n))
+}
+
 func overLimit(name, what string, wait time.Duration) *apiError {
+	wait = max(wait, time.Millisecond) // the message says it to the millisecond
 	e := newAPIError(http.StatusTooManyRequests, typeRateLimit, "", "rate_limit_exceeded",
 		fmt.Sprintf("key %q is over its %s per minute; retry after %s", name, what, wait.Round(time.Millisecond)))
 	e.retryAfter = wait
 	return e
 }
 
-// bucket is a token bucket holding up to one minute's allowance and
-// refilling continuously. A nil bucket is no limit.
-type bucket struct {
-	mu     sync.Mutex
-	perSec float64
-	size   float64
-	level  float64
-	last   time.Time
-}
-
-func newBucket(perMinute int) *bucket {
-	return &bucket{perSec: float64(perMinute) / 60, size: float64(perMinute), level: float64(perMinute)}
-}
-
-// Has to be called with the lock.
-func (b *bucket) refill(now time.Time) {
-	if !b.last.IsZero() {
-		if d := now.Sub(b.last); d > 0 {
-			b.level = math.Min(b.size, b.level+d.Seconds()*b.perSec)
-		}
-	}
-	b.last = now
-}
-
-// take spends one unit, or returns how long until one is there.
-func (b *bucket) take(now time.Time) time.Duration {
-	if b == nil {
-		return 0
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(now)
-	if b.level >= 1 {
-		b.level--
-		return 0
-	}
-	return b.until(1)
-}
-
-// waitPositive returns 0 while the bucket holds anything, else how long
-// until it does.
-func (b *bucket) waitPositive(now time.Time) time.Duration {
-	if b == nil {
-		return 0
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(now)
-	if b.level > 0 {
-		return 0
-	}
-	return b.until(math.Nextafter(0, 1))
-}
-
-// Has to be called with the lock.
-func (b *bucket) until(level float64) time.Duration {
-	d := time.Duration((level - b.level) / b.perSec * float64(time.Second))
-	return max(d, time.Millisecond)
-}
-
-// charge spends n units; the level may go below zero.
-func (b *bucket) charge(n float64, now time.Time) {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(now)
-	b.level -= n
+// newBucket returns a bucket holding up to one minute's allowance and
+// refilling continuously.
+func newBucket(perMinute int) *tokenbucket.Bucket {
+	return tokenbucket.New(float64(perMinute)/60, float64(perMinute))
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
-	"time"
 
 	"github.com/mlxserving/mlxserving/api"
 )
@@ -71,7 +70,7 @@ func (h *Handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if g != nil {
-		g.tokens.charge(float64(res.PromptTokens), time.Now())
+		g.charge(res.PromptTokens)
 	}
 	out := embeddingResponse{Object: "list", Model: res.Model, Data: make([]embeddingData, len(res.Vectors)),
 		Usage: embeddingUsage{PromptTokens: res.PromptTokens, TotalTokens: res.PromptTokens}}

@@ -10,8 +10,10 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/internal/tokenbucket"
 )
 
 // Key is one API key and what its holder may do. Clients send the key as
@@ -125,13 +127,15 @@ func ParseKeyList(s string) ([]Key, error) {
 
 // grant is a checked Key as the handler keeps it: the hash, never the key.
 type grant struct {
-	name     string
-	hash     [sha256.Size]byte
-	maxTier  api.Tier
-	models   map[string]bool // nil: every model
-	admin    bool
-	requests *bucket // nil: no limit
-	tokens   *bucket // nil: no limit
+	name    string
+	hash    [sha256.Size]byte
+	maxTier api.Tier
+	models  map[string]bool // nil: every model
+	admin   bool
+
+	mu       sync.Mutex          // guards the buckets: requests of one key run at once
+	requests *tokenbucket.Bucket // nil: no limit
+	tokens   *tokenbucket.Bucket // nil: no limit
 }
 
 // compile checks k and turns it into a grant.

@@ -249,6 +249,22 @@ func TestQueueFullAcrossTransports(t *testing.T) {
 	}
 }
 
+// TestKVCapacityAcrossTransports: a request larger than the model's whole
+// KV cache (though within its context) is refused as exceeds_kv_capacity
+// naming max_tokens through every transport, as from the Server itself:
+// a balancer tries its other backends and, with none that has the room,
+// passes the last refusal on rather than a 503.
+func TestKVCapacityAcrossTransports(t *testing.T) {
+	f := newFixture(t, fixtureOpts{sim: []enginetest.SimOption{enginetest.WithKVCapacity(64)}})
+	for _, tr := range transports(t, f) {
+		got := ask(t, tr.ts, "/v1/completions", `{"model":"tiny","prompt":"hi","max_tokens":100}`)
+		want := answer{Status: 400, Type: "invalid_request_error", Code: "exceeds_kv_capacity", Param: "max_tokens"}
+		if got != want {
+			t.Errorf("%s: %+v, want %+v", tr.name, got, want)
+		}
+	}
+}
+
 // TestForcedTokensAcrossTransports: a structured-output request decoded
 // with jump-forward reports its forced tokens in
 // usage.completion_tokens_details, the same through every transport, and

@@ -120,7 +120,7 @@ type PrefixCache struct {
 	idx     *Index
 	lru     *lru.LRU[string, struct{}] // keys weighted by tokens, bounded by the budget
 	dropped []string                   // keys the budget dropped in the last Add, to drop in the engine
-	pending []string                   // keys dropped outside the loop, to drop in the engine
+	pending map[string]struct{}        // keys dropped outside the loop, to drop in the engine: once each
 	stats   CacheStats
 
 	keys atomic.Uint64
@@ -345,7 +345,10 @@ func (c *PrefixCache) Drop(key string) {
 		c.lru.Remove(key)
 		c.stats.Dropped++
 	}
-	c.pending = append(c.pending, key)
+	if c.pending == nil {
+		c.pending = map[string]struct{}{}
+	}
+	c.pending[key] = struct{}{} // a key dropped again before the loop runs is dropped once
 }
 
 // applyDrops passes the keys dropped since the last call to the engine.
@@ -357,7 +360,7 @@ func (c *PrefixCache) applyDrops() {
 	if c.sk == nil {
 		return
 	}
-	for _, k := range p {
+	for k := range p {
 		c.sk.DropSaved(k)
 	}
 }

@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // Defaults of a Registry.
@@ -133,18 +134,15 @@ type departure struct {
 // use. With a TTL it runs one goroutine that removes expired sessions;
 // Close stops it.
 //
-// The sessions sit in golang-lru's simplelru under the registry's own
-// lock, with expiry done here, rather than in golang-lru's expirable LRU:
-// v2.0.7's expirable LRU starts a goroutine per cache that nothing can
-// stop (its Close is commented out) and calls the eviction callback under
-// its lock; this registry stops its goroutine on Close and calls the
-// callback after releasing its lock.
+// The sessions sit in an internal/lru LRU (bounded by count: each of
+// weight 1) under the registry's own lock, with expiry done here: a
+// session expires after its last use, not after it was added, and the
+// registry calls the eviction callback after releasing its lock.
 type Registry struct {
 	cfg config
 
 	mu      sync.Mutex
-	lru     *simplelru.LRU[string, *Session]
-	reason  Reason      // why the LRU is removing entries now; set under mu
+	lru     *lru.LRU[string, *Session]
 	gone    []departure // sessions that left under mu, for the callback after it
 	stats   Stats
 	closed  bool
@@ -164,11 +162,7 @@ func New(opts ...Option) (*Registry, error) {
 		}
 	}
 	r := &Registry{cfg: cfg, stop: make(chan struct{}), stopped: make(chan struct{})}
-	l, err := simplelru.NewLRU[string, *Session](cfg.max, r.left)
-	if err != nil {
-		return nil, err
-	}
-	r.lru = l
+	r.lru = lru.New[string, *Session](int64(cfg.max), 0, r.left)
 	if cfg.ttl > 0 {
 		go r.sweep(max(cfg.ttl/10, 10*time.Millisecond))
 	} else {
@@ -207,8 +201,7 @@ func (r *Registry) Begin(id, model string) (Session, bool, error) {
 	created := !ok
 	if created {
 		s = &Session{ID: id, Worker: -1, Created: now}
-		r.reason = Evicted
-		r.lru.Add(id, s)
+		r.lru.Add(id, s, 1) // may evict the least recently used: left
 		r.stats.Created++
 	} else {
 		r.stats.Resumed++
@@ -263,12 +256,10 @@ func (r *Registry) Remove(id string) bool {
 func (r *Registry) Forget(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.reason = 0
-	ok := r.lru.Remove(id)
+	_, ok := r.lru.Remove(id) // no callback: Remove is no eviction
 	if ok {
 		r.stats.Forgotten++
 	}
-	r.gone = r.gone[:0]
 	return ok
 }
 
@@ -297,8 +288,7 @@ func (r *Registry) Close() {
 	if !r.closed {
 		r.closed = true
 		close(r.stop)
-		r.reason = 0
-		r.lru.Purge()
+		r.lru.Purge() // no callback: closed
 		r.gone = nil
 	}
 	r.mu.Unlock()
@@ -311,16 +301,28 @@ func (r *Registry) expired(s *Session, now time.Time) bool {
 	return r.cfg.ttl > 0 && now.Sub(s.LastUsed) > r.cfg.ttl
 }
 
-// remove takes id out for reason. Has to be called with r.mu held.
+// remove takes id out for reason and records it as left. Has to be
+// called with r.mu held.
 func (r *Registry) remove(id string, reason Reason) bool {
-	r.reason = reason
-	return r.lru.Remove(id)
+	s, ok := r.lru.Remove(id)
+	if ok {
+		r.depart(s, reason)
+	}
+	return ok
 }
 
-// left is the LRU's eviction callback: it records the session and why it
-// left. It runs inside LRU calls, with r.mu held.
+// left is the LRU's eviction callback: its bound pushed s out (or Close
+// purged it: not recorded). It runs inside LRU calls, with r.mu held.
 func (r *Registry) left(_ string, s *Session) {
-	switch r.reason {
+	if !r.closed {
+		r.depart(s, Evicted)
+	}
+}
+
+// depart records that s left for reason: the stats and, for the
+// callback, the departure. Has to be called with r.mu held.
+func (r *Registry) depart(s *Session, reason Reason) {
+	switch reason {
 	case Expired:
 		r.stats.Expired++
 	case Evicted:
@@ -331,7 +333,7 @@ func (r *Registry) left(_ string, s *Session) {
 		return
 	}
 	if r.cfg.onEvict != nil {
-		r.gone = append(r.gone, departure{*s, r.reason})
+		r.gone = append(r.gone, departure{*s, reason})
 	}
 }
 
@@ -376,7 +378,7 @@ func (r *Registry) expire() {
 	now := r.cfg.now()
 	r.mu.Lock()
 	for {
-		id, s, ok := r.lru.GetOldest()
+		id, s, ok := r.lru.Oldest()
 		if !ok || !r.expired(s, now) {
 			break
 		}

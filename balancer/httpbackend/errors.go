@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/wireerr"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 var (
@@ -36,10 +36,12 @@ var (
 //
 // It unwraps to Err (the transport failure, ErrTruncated, a
 // *ProtocolError, ...), to a *retry.StatusError when the upstream answered
-// with a status, and to the engine's sentinel for the upstream's error
-// code where there is one (engine.ErrModelNotFound,
-// engine.ErrContextLength, an *engine.InvalidParamError), so callers classify it
-// as they would a local error.
+// with a status, and to the typed error for the upstream's error code
+// where there is one (an *engine.InvalidParamError, an
+// *engine.ContextLengthError, a *scheduler.QueueFullError, a
+// *scheduler.RateLimitError, a *retry.DeadlineError,
+// engine.ErrModelNotFound, ...), so callers classify it as they would a
+// local error.
 type Error struct {
 	// URL is the endpoint the request went to.
 	URL string
@@ -48,7 +50,8 @@ type Error struct {
 	// RetryAfter is the upstream's Retry-After; 0 when it sent none.
 	RetryAfter time.Duration
 	// Type, Code and Param are the upstream's error fields, if its body
-	// was an OpenAI-shaped error.
+	// was an OpenAI-shaped error. An mlxserving upstream's Code is its
+	// classification of the error, one of package retry's codes.
 	Type, Code, Param string
 	// Message is the upstream's error message, if it gave one.
 	Message string
@@ -95,8 +98,11 @@ func (e *Error) Retryable() bool {
 // RetryAfterHint returns RetryAfter.
 func (e *Error) RetryAfterHint() time.Duration { return e.RetryAfter }
 
-// Unwrap returns Err, a *retry.StatusError for the status, and the engine
-// sentinel matching the upstream's error code.
+// Unwrap returns Err, a *retry.StatusError for the status, and the typed
+// error the upstream's code stands for when it is one of retry's codes
+// (mlxserving's HTTP API sends them); for a foreign upstream's,
+// engine.ErrModelNotFound for a 404 and an *engine.InvalidParamError for
+// a 400.
 func (e *Error) Unwrap() []error {
 	var errs []error
 	if e.Err != nil {
@@ -105,26 +111,14 @@ func (e *Error) Unwrap() []error {
 	if e.Status != 0 {
 		errs = append(errs, &retry.StatusError{Code: e.Status, RetryAfter: e.RetryAfter, Message: e.Message})
 	}
-	switch e.Code { // mlxserving's codes name the refusal exactly
-	case "rate_limit_exceeded":
-		errs = append(errs, &scheduler.RateLimitError{RetryAfter: e.RetryAfter})
-	case "queue_full":
-		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
-	case "time_to_first_token_exceeded":
-		errs = append(errs, &retry.DeadlineError{Kind: retry.FirstToken})
-	case "stall_timeout":
-		errs = append(errs, &retry.DeadlineError{Kind: retry.Stall})
-	case "request_timeout":
-		errs = append(errs, &retry.DeadlineError{Kind: retry.Total})
+	f := wireerr.Fields{Code: e.Code, Message: e.Message, Param: e.Param, RetryAfter: e.RetryAfter, Context: e.Context}
+	if typed := f.Err(); typed != nil {
+		return append(errs, typed)
 	}
-	switch {
-	case e.Code == "model_not_found" || e.Status == http.StatusNotFound:
+	switch e.Status {
+	case http.StatusNotFound:
 		errs = append(errs, engine.ErrModelNotFound)
-	case e.Context != nil:
-		errs = append(errs, e.Context)
-	case e.Code == "context_length_exceeded":
-		errs = append(errs, engine.ErrContextLength)
-	case e.Status == http.StatusBadRequest:
+	case http.StatusBadRequest:
 		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
 	}
 	return errs
@@ -199,7 +193,7 @@ func statusError(url string, resp *http.Response, b []byte) *Error {
 			if json.Unmarshal(f.Code, &code) == nil {
 				e.Code = code
 			}
-			if c := f.Context; c != nil && e.Code == "context_length_exceeded" && c.Limit > 0 {
+			if c := f.Context; c != nil && e.Code == retry.CodeContextLength && c.Limit > 0 {
 				e.Context = &engine.ContextLengthError{Prompt: c.Prompt, MaxNew: c.MaxNew, Limit: c.Limit}
 			}
 		case len(body.Error) > 0 && body.Error[0] == '"':

@@ -84,6 +84,17 @@
 // balancer sends the request to another instance. A caller's deadline
 // travels with the request, so the instance stops on its own too.
 //
+// An error travels as the instance's classification of it: its code is
+// one of package retry's codes (retry.Classify), the same the HTTP API
+// sends, with the details the typed error needs on the client (a
+// parameter's name, a context-length refusal's numbers, the deadline that
+// fired, the Retry-After). Instances of earlier versions sent codes of
+// their own ("invalid_param", "context_length", "rate_limited",
+// "deadline", "bad_request", "interrupted", "internal"); a client still
+// reads those, while a client of an earlier version reads only the codes
+// the two share ("model_not_found", "queue_full") as typed errors and the
+// rest by the retryable flag the message carries.
+//
 // A balancer.LoadBalancer over these clients resumes such a stream on
 // another instance. Chunks carry their token ids, and the request travels
 // as its JSON, api.Params.Resume included: the new instance gets the

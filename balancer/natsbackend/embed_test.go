@@ -388,7 +388,7 @@ func TestEmbedBadRequests(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if reply.Header.Get("Mlx-Kind") != "error" || !strings.Contains(string(reply.Data), `"code":"bad_request"`) {
+		if reply.Header.Get("Mlx-Kind") != "error" || !strings.Contains(string(reply.Data), `"code":"invalid_value"`) {
 			t.Errorf("%s: reply %v %s", tc.name, reply.Header, reply.Data)
 		}
 	}

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/wireerr"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 var (
@@ -29,26 +29,32 @@ var (
 
 // Error is a failure reported by, or on the way to, an instance, before
 // any text reached the caller (after, it is wrapped in a
-// *retry.InterruptedError). It unwraps to the engine's or scheduler's
-// sentinel for its code, so callers classify it as they would a local
-// error, and to Err, the transport failure, when there is one.
+// *retry.InterruptedError). It unwraps to the typed error its code stands
+// for (an *engine.InvalidParamError, an *engine.ContextLengthError, a
+// *scheduler.QueueFullError, a *scheduler.RateLimitError, a
+// *retry.DeadlineError, engine.ErrModelNotFound, ...), so callers classify
+// it as they would a local error, and to Err, the transport failure, when
+// there is one.
 type Error struct {
 	// Instance is the instance's name.
 	Instance string
-	// Code is the instance's error code ("model_not_found",
-	// "invalid_param", "context_length", "queue_full", "rate_limited",
-	// "internal", ...); "" for a transport failure.
+	// Code is the instance's classification of the error
+	// (retry.Classify): one of retry's Code constants
+	// ("model_not_found", "invalid_value", "context_length_exceeded",
+	// "queue_full", "rate_limit_exceeded", "engine_error", ...); "" for a
+	// transport failure.
 	Code string
 	// Message is the instance's error message.
 	Message string
-	// Param is the parameter at fault for "invalid_param".
+	// Param is the parameter at fault for "invalid_value".
 	Param string
 	// RetryAfter is the instance's suggested wait; 0 when none.
 	RetryAfter time.Duration
 	// ContextLength is the instance's context-length refusal, with its
-	// numbers, for Code "context_length"; nil otherwise.
+	// numbers, for code "context_length_exceeded"; nil otherwise.
 	ContextLength *engine.ContextLengthError
-	// Deadline is the request deadline that fired, for code "deadline".
+	// Deadline is the request deadline that fired, for the deadline
+	// codes ("time_to_first_token_exceeded", ...).
 	Deadline *retry.DeadlineError
 	// Err is the transport failure (no responders, NATS unreachable,
 	// ErrInstanceLost), when there is one.
@@ -79,31 +85,16 @@ func (e *Error) Retryable() bool { return e.retryable }
 // RetryAfterHint returns RetryAfter.
 func (e *Error) RetryAfterHint() time.Duration { return e.RetryAfter }
 
-// Unwrap returns Err and the sentinel for Code.
+// Unwrap returns Err and the typed error for Code.
 func (e *Error) Unwrap() []error {
 	var errs []error
 	if e.Err != nil {
 		errs = append(errs, e.Err)
 	}
-	switch e.Code {
-	case codeModelNotFound:
-		errs = append(errs, engine.ErrModelNotFound)
-	case codeInvalidParam:
-		errs = append(errs, &engine.InvalidParamError{Param: e.Param, Reason: e.Message})
-	case codeContextLength:
-		if e.ContextLength != nil {
-			errs = append(errs, e.ContextLength)
-		} else {
-			errs = append(errs, engine.ErrContextLength)
-		}
-	case codeQueueFull:
-		errs = append(errs, &scheduler.QueueFullError{RetryAfter: e.RetryAfter})
-	case codeRateLimited:
-		errs = append(errs, &scheduler.RateLimitError{RetryAfter: e.RetryAfter})
-	case codeDeadline:
-		if e.Deadline != nil {
-			errs = append(errs, e.Deadline)
-		}
+	f := wireerr.Fields{Code: e.Code, Message: e.Message, Param: e.Param, RetryAfter: e.RetryAfter,
+		Context: e.ContextLength, Deadline: e.Deadline}
+	if typed := f.Err(); typed != nil {
+		errs = append(errs, typed)
 	}
 	return errs
 }
@@ -113,6 +104,6 @@ func transportError(instance string, err error) *Error {
 }
 
 func fromWire(instance string, w wireError) *Error {
-	return &Error{Instance: instance, Code: w.Code, Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter,
+	return &Error{Instance: instance, Code: w.code(), Message: w.Message, Param: w.Param, RetryAfter: w.RetryAfter,
 		ContextLength: w.Context, Deadline: w.Deadline, retryable: w.Retryable}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Defaults.
@@ -336,8 +337,8 @@ func (s *Service) start(ctx context.Context, data []byte, chat bool) (*api.Strea
 
 func (s *Service) fail(r micro.Request, err error) {
 	w := toWire(err)
-	if errors.Is(err, ErrProtocol) {
-		w.Code = codeBadRequest
+	if errors.Is(err, ErrProtocol) { // a request the instance cannot read
+		w.Code = retry.CodeInvalidValue
 	}
 	b, _ := json.Marshal(w)
 	_ = r.Respond(b, micro.WithHeaders(micro.Headers{hdrKind: {"error"}}))

@@ -7,8 +7,8 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/wireerr"
 	"github.com/mlxserving/mlxserving/retry"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // Headers of a request and of its start reply.
@@ -46,7 +46,8 @@ type wireChunk struct {
 }
 
 // wireError is an error on the wire, typed enough for the client to
-// classify it as the instance did.
+// classify it as the instance did: Code is the instance's classification
+// of it (retry.Classify), one of retry's Code constants.
 type wireError struct {
 	Code       string        `json:"code"`
 	Message    string        `json:"message"`
@@ -56,52 +57,41 @@ type wireError struct {
 	// Context carries a context-length refusal's numbers, so the client
 	// gets the same *engine.ContextLengthError the instance returned.
 	Context *engine.ContextLengthError `json:"context,omitempty"`
-	// Deadline is the request deadline that fired (code "deadline").
+	// Deadline is the request deadline that fired, with its limit.
 	Deadline *retry.DeadlineError `json:"deadline,omitempty"`
 }
 
-// Error codes.
-const (
-	codeModelNotFound = "model_not_found"
-	codeInvalidParam  = "invalid_param"
-	codeContextLength = "context_length"
-	codeQueueFull     = "queue_full"
-	codeRateLimited   = "rate_limited"
-	codeBadRequest    = "bad_request"
-	codeInterrupted   = "interrupted"
-	codeDeadline      = "deadline"
-	codeInternal      = "internal"
-)
+// legacyCodes are the codes instances of earlier versions sent, by the
+// code of retry's they stand for; "deadline" is read from the deadline
+// the message carries.
+var legacyCodes = map[string]string{
+	"invalid_param":  retry.CodeInvalidValue,
+	"bad_request":    retry.CodeInvalidValue,
+	"context_length": retry.CodeContextLength,
+	"rate_limited":   retry.CodeRateLimited,
+	"interrupted":    retry.CodeInterrupted,
+	"internal":       retry.CodeInternal,
+}
+
+// code returns the retry code w stands for, reading an earlier version's
+// codes too.
+func (w wireError) code() string {
+	if c, ok := legacyCodes[w.Code]; ok {
+		return c
+	}
+	if w.Code == "deadline" {
+		if w.Deadline == nil {
+			return retry.CodeTotalDeadline
+		}
+		return retry.Classify(w.Deadline).Code
+	}
+	return w.Code
+}
 
 func toWire(err error) wireError {
-	w := wireError{Message: err.Error(), Code: codeInternal}
-	var ip *engine.InvalidParamError
-	var ie *retry.InterruptedError
-	var cl *engine.ContextLengthError
-	var de *retry.DeadlineError
-	switch {
-	case errors.Is(err, engine.ErrModelNotFound):
-		w.Code = codeModelNotFound
-	case errors.As(err, &ip):
-		w.Code, w.Param = codeInvalidParam, ip.Param
-	case errors.Is(err, engine.ErrInvalidParam):
-		w.Code = codeInvalidParam
-	case errors.As(err, &cl):
-		w.Code, w.Context = codeContextLength, cl
-	case errors.Is(err, engine.ErrContextLength):
-		w.Code = codeContextLength
-	case errors.Is(err, scheduler.ErrQueueFull):
-		w.Code = codeQueueFull
-	case errors.Is(err, scheduler.ErrRateLimited):
-		w.Code = codeRateLimited
-	case errors.As(err, &ie):
-		w.Code = codeInterrupted
-	case errors.As(err, &de):
-		w.Code, w.Deadline = codeDeadline, de
-	}
-	c := retry.Classify(err)
-	w.Retryable, w.RetryAfter = c.Retryable(), c.RetryAfter
-	return w
+	f := wireerr.Of(err)
+	return wireError{Code: f.Code, Message: f.Message, Param: f.Param, RetryAfter: f.RetryAfter,
+		Retryable: retry.Classify(err).Retryable(), Context: f.Context, Deadline: f.Deadline}
 }
 
 func marshalError(kind byte, err error) []byte {

@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
-
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // simModel is one model loaded by a Sim. Its state sits behind mu, held
@@ -31,9 +30,8 @@ type simModel struct {
 	seqs    map[engine.SeqID]*simSeq
 	kv      int // KV tokens held by open sequences
 	blocks  int // KV blocks held by open sequences (paged models)
-	saves   *lru.Cache[string, []int32]
+	saves   *lru.LRU[string, []int32]
 	evicted []string    // saved keys the LRU bound pushed out, for EvictedSaved
-	quiet   bool        // set while removing saves on purpose: not evictions
 	stamp   uint64      // counts Steps; marks sequences seen in the current one
 	scratch []*simSeq   // the current batch's sequences, reused across Steps
 	timer   *time.Timer // the Step wait timer, reused across Steps
@@ -167,14 +165,12 @@ func (m *simModel) DropSaved(key string) {
 	if m.closed {
 		return
 	}
-	m.quiet = true
-	m.saves.Remove(key)
+	m.saves.Remove(key)                // Remove is no eviction: EvictedSaved does not report it
 	for _, k := range m.saves.Keys() { // the same key saved by adapters' sequences
 		if strings.Contains(k, adapterKeySep) && callerKey(k) == key {
 			m.saves.Remove(k)
 		}
 	}
-	m.quiet = false
 }
 
 // EvictedSaved returns the keys the prefix cache's bound evicted since the
@@ -190,9 +186,7 @@ func (m *simModel) EvictedSaved() []string {
 // onEvict records a save the LRU bound pushed out. It runs inside the
 // cache's calls, with m.mu held.
 func (m *simModel) onEvict(key string, _ []int32) {
-	if !m.quiet {
-		m.evicted = append(m.evicted, callerKey(key))
-	}
+	m.evicted = append(m.evicted, callerKey(key))
 }
 
 // checkTokens refuses ids outside the vocabulary.
@@ -224,7 +218,7 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 		if seq.adapter != nil {
 			saveKey = savedKey(seq.adapter.info.Name, saveKey)
 		}
-		m.saves.Add(saveKey, seq.tokens)
+		m.saves.Add(saveKey, seq.tokens, 1)
 	}
 }
 
@@ -243,9 +237,8 @@ func (m *simModel) Close() error {
 	m.sim.stats.models.Add(-1)
 	m.kv, m.blocks, m.seqs, m.scratch = 0, 0, nil, nil
 	m.adapters, m.retired, m.resident = nil, nil, 0
-	m.quiet = true
 	m.saves.Purge()
-	m.evicted = nil
+	m.evicted = nil // the purge's, which are no evictions
 	m.sim.forget(m)
 	return nil
 }

@@ -7,9 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
-
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/lru"
 	"github.com/mlxserving/mlxserving/internal/mix"
 )
 
@@ -155,11 +154,7 @@ func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, er
 		adapters: make(map[string]*simAdapter),
 		done:     make(chan struct{}),
 	}
-	saves, err := lru.NewWithEvict[string, []int32](s.cfg.prefixEntries, m.onEvict)
-	if err != nil {
-		return nil, fmt.Errorf("enginetest: prefix cache: %w", err)
-	}
-	m.saves = saves
+	m.saves = lru.New[string, []int32](int64(s.cfg.prefixEntries), 0, m.onEvict) // each save of weight 1
 	m.timer = time.NewTimer(time.Hour)
 	m.timer.Stop()
 	s.mu.Lock()

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // Grammar is a compiled schema bound to a vocabulary. It is safe for
@@ -21,8 +21,8 @@ type Grammar struct {
 	nums numCache // digit tokens of the states of numbers with bounds
 	// closes caches closing runs by state (close.go); open is the
 	// margin FillMaskWithin keeps (budget.go).
-	closes *lru.Cache[string, closeRun]
-	texts  *lru.Cache[string, closeText]
+	closes *lru.Shared[string, closeRun]
+	texts  *lru.Shared[string, closeText]
 	open   openMargin
 	reNext sync.Map // *dstate -> the ASCII byte (int) that takes it closest to a match; -1: none
 }
@@ -65,8 +65,8 @@ func (v *Vocab) Compile(schema []byte, lim Limits) (*Grammar, error) {
 		return nil, err
 	}
 	g := &Grammar{v: v, root: root, lim: lim}
-	g.closes, _ = lru.New[string, closeRun](closeCacheSize)
-	g.texts, _ = lru.New[string, closeText](closeCacheSize)
+	g.closes = lru.NewShared[string, closeRun](closeCacheSize)
+	g.texts = lru.NewShared[string, closeText](closeCacheSize)
 	g.warmNumbers()
 	g.warm.Store(v.warm(root, time.Now().Add(compileWarmBudget)))
 	v.cache.Add(key, g)

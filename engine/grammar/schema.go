@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 type kind uint8
@@ -74,7 +74,7 @@ type compiler struct {
 	depth int
 	// regexes shares compiled patterns across the schemas of one
 	// vocabulary; nil compiles every pattern afresh (Check).
-	regexes *lru.Cache[string, *regex]
+	regexes *lru.Shared[string, *regex]
 }
 
 // keywords that only annotate and never constrain.

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"sync"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/mlxserving/mlxserving/internal/lru"
 )
 
 // Vocab is a model vocabulary prepared for matching: the bytes of every
@@ -29,11 +29,11 @@ type Vocab struct {
 	// Compile (warm.go).
 	quoteWarm sync.Once
 
-	cache *lru.Cache[string, *Grammar]
+	cache *lru.Shared[string, *Grammar]
 	// regexes holds the patterns compiled against this vocabulary, by
 	// text, so that schemas sharing a format or pattern share its DFA
 	// states and their token sets (see warm.go).
-	regexes *lru.Cache[string, *regex]
+	regexes *lru.Shared[string, *regex]
 	enc     Encoder // for ForcedTokens; nil: nothing is forced
 	// loops is built on the first Matcher.Loop (loop.go).
 	loops struct {
@@ -83,8 +83,8 @@ func NewVocab(pieces [][]byte, eos []int32, special func(id int32) bool) *Vocab 
 		v.insideLE[r] = append([]uint64(nil), cur...)
 	}
 	v.root.insideID, v.root.insideNeed = nil, nil
-	v.cache, _ = lru.New[string, *Grammar](256)
-	v.regexes, _ = lru.New[string, *regex](maxRegexes)
+	v.cache = lru.NewShared[string, *Grammar](256)
+	v.regexes = lru.NewShared[string, *regex](maxRegexes)
 	return v
 }
 

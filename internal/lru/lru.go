@@ -1,12 +1,15 @@
 // Package lru is a least-recently-used map bounded by the total weight of
 // its entries (bytes, tokens, or nothing), with an optional time to live
-// enforced on use: the response cache of merge/, the saved-KV budget of
-// session/, the loaded models of prewarm/ and the rate-limit buckets of
-// scheduler/ keep their entries in one.
+// enforced on use. It is the module's one LRU: the response cache of
+// merge/, the saved-KV budget and the session table of session/, the
+// loaded models of prewarm/, the rate-limit buckets of scheduler/, the
+// session homes and prefix index of balancer/, the grammar caches of
+// engine/grammar and the simulated engine's saved prefixes keep their
+// entries in one.
 //
-// An LRU starts no goroutine: every Add, Get, Len, Weight and Keys first
-// drops the entries past their TTL, so an expired entry is never returned
-// and never holds weight a live one needs. It is not safe for concurrent
+// An LRU starts no goroutine: every Add, Get, Peek, Oldest, Len, Weight
+// and Keys first drops the entries past their TTL, so an expired entry is
+// never returned and never holds weight a live one needs. It is not safe for concurrent
 // use; its owners hold a lock of their own around it.
 //
 //	l := lru.New[string, []byte](1<<20, time.Minute, nil)
@@ -81,20 +84,40 @@ func (l *LRU[K, V]) Add(k K, v V, weight int64) {
 
 // Get returns the live value under k and marks it most recently used.
 func (l *LRU[K, V]) Get(k K) (V, bool) {
+	v, ok := l.Peek(k)
+	if ok {
+		l.recent.MoveToBack(l.items[k])
+	}
+	return v, ok
+}
+
+// Peek returns the live value under k without marking it used.
+func (l *LRU[K, V]) Peek(k K) (V, bool) {
 	l.expireNow()
 	el, ok := l.items[k]
 	if !ok {
 		var zero V
 		return zero, false
 	}
-	l.recent.MoveToBack(el)
 	return el.Value.(*entry[K, V]).val, true
+}
+
+// Oldest returns the least recently used live entry without marking it
+// used; ok is false when the LRU is empty.
+func (l *LRU[K, V]) Oldest() (k K, v V, ok bool) {
+	l.expireNow()
+	el := l.recent.Front()
+	if el == nil {
+		return k, v, false
+	}
+	e := el.Value.(*entry[K, V])
+	return e.key, e.val, true
 }
 
 // Contains reports whether k holds a live value, without marking it used.
 func (l *LRU[K, V]) Contains(k K) bool {
 	el, ok := l.items[k]
-	return ok && !l.expired(el.Value.(*entry[K, V]), l.now())
+	return ok && (l.byAge.Len() == 0 || !l.expired(el.Value.(*entry[K, V]), l.now())) // no clock read without a TTL
 }
 
 // Remove takes k out, without calling onEvict, and returns what it held.

@@ -2,6 +2,7 @@ package lru
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -93,5 +94,61 @@ func TestNoTTLReadsNoClock(t *testing.T) {
 	}
 	if l.Len() != 2 || l.Weight() != 2 {
 		t.Fatalf("Len %d, Weight %d; want 2, 2", l.Len(), l.Weight())
+	}
+}
+
+func TestPeekAndOldest(t *testing.T) {
+	l := New[string, int](0, 0, nil)
+	if _, _, ok := l.Oldest(); ok {
+		t.Fatal("an empty LRU has an oldest entry")
+	}
+	l.Add("a", 1, 1)
+	l.Add("b", 2, 1)
+	if v, ok := l.Peek("a"); !ok || v != 1 {
+		t.Fatalf("peek a: %d %v", v, ok)
+	}
+	if k, v, ok := l.Oldest(); !ok || k != "a" || v != 1 { // the peek did not mark a used
+		t.Fatalf("oldest %q %d %v, want a", k, v, ok)
+	}
+	l.Get("a")
+	if k, _, _ := l.Oldest(); k != "b" {
+		t.Fatalf("oldest after get a: %q, want b", k)
+	}
+	if _, ok := l.Peek("zz"); ok {
+		t.Fatal("peeked a missing key")
+	}
+	now := time.Unix(0, 0)
+	e := New[string, int](0, time.Second, nil)
+	e.SetClock(func() time.Time { return now })
+	e.Add("x", 1, 1)
+	now = now.Add(time.Second)
+	if _, ok := e.Peek("x"); ok {
+		t.Fatal("peeked an expired entry")
+	}
+	if _, _, ok := e.Oldest(); ok {
+		t.Fatal("an expired entry is the oldest")
+	}
+}
+
+// TestShared: a Shared LRU keeps its bound under concurrent use (run
+// with -race).
+func TestShared(t *testing.T) {
+	s := NewShared[int, int](8)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				s.Add(g*100+i, i)
+				if v, ok := s.Get(g*100 + i); ok && v != i {
+					t.Errorf("got %d for %d", v, i)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if s.Len() != 8 {
+		t.Fatalf("len %d, want the bound 8", s.Len())
 	}
 }
