@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +12,10 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 )
+
+// tpDType loads both engines in another dtype (float32: the greedy
+// comparison without bf16's reordered sums).
+var tpDType = flag.String("tp-dtype", "", "-tp: the weights' dtype for both engines (empty: the checkpoint's)")
 
 // tpRounds is how many times the tensor-parallel comparison measures each
 // batch size on each engine, alternating; the table gives the medians.
@@ -31,6 +36,9 @@ func tpMode(ctx context.Context, ranks int) error {
 	open := func(n int) (*pyproc.Engine, *pyproc.Model, error) {
 		opts := []pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
 			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead)}
+		if *tpDType != "" {
+			opts = append(opts, pyproc.WithDType(*tpDType))
+		}
 		if n > 1 {
 			opts = append(opts, pyproc.WithTensorParallel(n))
 		}
