@@ -143,10 +143,10 @@ func decodeWith(ctx context.Context, m *pyproc.Model, b, n int, pick func(int) s
 // checkMerged decodes -adapter-check greedy tokens with adapter a0 (on
 // the decode graphs captured with the delta, where they run), with the
 // checkpoint that has it merged (written beside -dir when missing), and
-// with a0 on an engine without CUDA graphs (the eager per-adapter path),
+// with a0 on an engine without CUDA graphs (the eager path),
 // all in the engine's dtype, and prints where they first differ (bf16
 // roundings differ between W x + B A x and (W + B A) x, and between the
-// grouped and the per-adapter GEMMs, so a late divergence is expected;
+// dense and the per-adapter GEMMs, so a late divergence is expected;
 // one in the first few tokens is a bug).
 func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg testmodel.Config, rank int) {
 	md := *dir + "-lora/merged-r" + strconv.Itoa(rank) + "-0"

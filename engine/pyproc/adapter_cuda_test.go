@@ -137,9 +137,9 @@ func firstDiffAt(a, b []int32) int {
 
 // TestAdapterGraphsEmulated runs testdata/lora_graphs_test.py: the LoRA
 // decode-graph paths (the graphs captured with the delta, split steps,
-// the grouped delta) on the CPU, each capture's step run again at every
-// replay and a reference grouped GEMM for torch._grouped_mm, against
-// the eager path.
+// the dense delta) on the CPU, each capture's step run again at every
+// replay, against the eager path; captures made to fail leave their
+// steps eager with the same tokens.
 func TestAdapterGraphsEmulated(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")

@@ -134,12 +134,11 @@ func TestAdapterEqualsMerged(t *testing.T) {
 // and an adapter alone what its merged checkpoint gets.
 func TestAdapterBatchMix(t *testing.T) { batchMix(t) }
 
-// TestAdapterBatchMixDevicePlan is TestAdapterBatchMix with every step's
-// delta computed as the CUDA graphs compute it (lora.DevicePlan: rows
-// sorted by slot, grouped GEMMs on offsets, put back in order), through
-// the reference grouped GEMM where torch has none.
-func TestAdapterBatchMixDevicePlan(t *testing.T) {
-	t.Setenv("MLXSERVING_LORA_PLAN", "device")
+// TestAdapterBatchMixDense is TestAdapterBatchMix with every step's
+// delta, prompt chunks' too, computed as the CUDA graphs compute it
+// (lora.DensePlan: every slot's products, those of other slots zeroed).
+func TestAdapterBatchMixDense(t *testing.T) {
+	t.Setenv("MLXSERVING_LORA_PLAN", "dense")
 	batchMix(t)
 }
 

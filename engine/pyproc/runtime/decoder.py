@@ -118,9 +118,10 @@ class Decoder:
         self.varlen = self.sdpa and _varlen_ok(device, dtype, cfg)
         self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul) if cfg.experts else None
         # CUDA graphs need a step without host syncs: the experts' loop
-        # fallback counts tokens on the host.
-        self.graphable = self.moe is None or self.moe.grouped
-        # The step's LoRA adapters (lora.Plan), set by the backend around a
+        # fallback counts tokens on the host, and the grouped GEMM must
+        # capture too (moe.Experts.capturable).
+        self.graphable = self.moe is None or self.moe.capturable
+        # The step's LoRA adapters (lora.Plan or lora.DensePlan), set by the backend around a
         # forward pass whose rows run adapters; None: the base alone.
         self.lora = None
 

@@ -16,9 +16,16 @@ covers every length, and a step's inputs can come from device tensors:
 run_device chains steps without the host waiting for the GPU.
 
 LoRA adapters (lora.py): a step with adapter rows replays a graph of its
-own, captured with the delta (lora.DevicePlan) and a fourth input row,
+own, captured with the delta (lora.DensePlan) and a fourth input row,
 each row's adapter slot (0: the base; padding rows too). Base-only steps
 keep the graphs without it.
+
+Memory pools: the base graphs share one pool, the graphs with the delta
+another; when the KV table grows every graph is dropped with its pools,
+and later captures take new ones (a pool whose graphs are gone is never
+captured into again: its blocks may still back a returned output). A
+capture that fails (RuntimeError) marks its kind broken, logged once:
+steps of that kind run eagerly from then on, never a worker error.
 """
 import logging
 
@@ -38,7 +45,7 @@ class DecodeGraphs:
         self.max_batch = min(max_batch, BATCH_BUCKETS[-1])
         self.fast = model.kern is not None
         self.graphs = {}
-        self.pool = None
+        self.pools = {}  # "base" / "lora": the memory pool of that kind's graphs (see the module comment)
         self.broken = False
         self.lora = None  # lora.Slots when the model serves adapters
         self.lora_broken = False  # capture with the delta failed: adapter steps run eagerly
@@ -51,31 +58,57 @@ class DecodeGraphs:
         return bb, lb
 
     def usable(self, b):
-        return not self.broken and b <= self.max_batch
+        """Whether a base step of b rows can replay a graph. With the
+        Triton kernels (one graph per batch bucket) the bucket's graph is
+        captured now if it was not, so a failed capture is known here
+        (and the step runs eagerly) before any caller relies on it."""
+        if self.broken or b > self.max_batch:
+            return False
+        if self.fast:
+            try:
+                self._graph(b, 1)
+            except RuntimeError:  # logged and marked broken by _graph
+                return False
+        return True
 
     def _graph(self, b, maxlen, lora=False):
         if self.kv.table_grown:  # captured graphs read the old table
             self.graphs.clear()
+            self.pools.clear()  # never capture again into a pool whose graphs were dropped
             self.kv.table_grown = False
         key = self.bucket(b, maxlen) + (("lora",) if lora else ())
         g = self.graphs.get(key)
         if g is None:
-            g = self.capture(*key)
+            if self.lora_broken if lora else self.broken:
+                raise RuntimeError("CUDA graphs%s failed to capture here before" % (" with LoRA" if lora else ""))
+            try:
+                g = self.capture(*key)
+            except RuntimeError as e:
+                self.fail(lora, e)
+                raise
         return g
 
+    def fail(self, lora, e):
+        """Marks graphs of a kind broken after a capture or replay failed:
+        steps of that kind run eagerly from now on."""
+        if lora:
+            self.lora_broken = True
+            log.warning("CUDA graph with LoRA failed; adapter steps run eagerly: %s", e, exc_info=True)
+        else:
+            self.broken = True
+            log.warning("CUDA graph failed; steps run eagerly: %s", e, exc_info=True)
+
     def lora_usable(self, b, maxlen=1):
-        """Whether a step of b rows with adapters can replay a graph: the
-        delta runs on the device here (lora.Slots.grouped) and the
-        bucket's graph is captured (now, if it was not; a failed capture
-        sends adapter steps to the eager path from then on)."""
-        if self.lora is None or not self.lora.grouped or self.lora_broken or not self.usable(b):
+        """Whether a step of b rows with adapters can replay a graph: an
+        adapter is loaded and the bucket's graph is captured (now, if it
+        was not; a failed capture sends adapter steps to the eager path
+        from then on)."""
+        if self.lora is None or self.lora.A is None or self.lora_broken or not self.usable(b):
             return False
         try:
             self._graph(b, maxlen, lora=True)
             return True
-        except RuntimeError as e:
-            log.warning("CUDA graph capture with LoRA failed; adapter steps run eagerly: %s", e, exc_info=True)
-            self.lora_broken = True
+        except RuntimeError:  # logged and marked broken by _graph
             return False
 
     def run(self, tokens, pos, rows, slots=None):
@@ -113,7 +146,7 @@ class DecodeGraphs:
         return g["out"][:b]
 
     def capture(self, bb, lb, lora=None):
-        dev, dtype = self.model.device, self.model.dtype
+        dev = self.model.device
         # tokens, positions, table rows (0: scratch), and with lora each row's adapter slot (0: the base)
         io = torch.zeros(4 if lora else 3, bb, dtype=torch.long, device=dev)
         rows = torch.arange(bb, device=dev)
@@ -121,7 +154,7 @@ class DecodeGraphs:
 
         def step():
             if lora:
-                self.model.lora = self.lora.device_plan(io[3])
+                self.model.lora = self.lora.dense_plan(io[3])
             try:
                 return forward()
             finally:
@@ -136,19 +169,42 @@ class DecodeGraphs:
             groups = [("decode", rows, trows, lb, pos + 1)]
             return self.model.forward(tok, pos, kvrow, groups, kv, rows)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = step()
+        graph, out = self._record(step, "lora" if lora else "base")
         # Tensors the graph reads must outlive it: rows too, not just io.
         # live: the rows of io the last replay was given (those past it are zero).
         g = {"graph": graph, "io": io, "rows": rows, "out": out, "live": 0}
         self.graphs[(bb, lb) + (("lora",) if lora else ())] = g
         return g
+
+    def _record(self, step, kind):
+        """(graph, output) of step captured into the pool of kind (made
+        now if it has none); step runs twice eagerly first. The seam the
+        CPU tests replace (testdata/lora_graphs_test.py)."""
+        pool = self.pools.get(kind)
+        if pool is None:
+            pool = self.pools[kind] = torch.cuda.graph_pool_handle()
+        return record(step, pool)
+
+
+def record(step, pool, warmup=2):
+    """(torch.cuda.CUDAGraph, output) of step captured into pool, after
+    warmup eager runs on a side stream. A capture that fails raises its
+    RuntimeError and leaves the caller's stream current (torch.cuda.graph
+    leaves its capture stream current when ending the capture fails too),
+    the graph dropped; each capture has a stream of its own, so a failed
+    one's stream is never used again."""
+    cur = torch.cuda.current_stream()
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            for _ in range(warmup):
+                step()
+        cur.wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream()):
+            out = step()
+        return graph, out
+    except RuntimeError:
+        torch.cuda.set_stream(cur)
+        raise

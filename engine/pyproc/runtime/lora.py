@@ -3,30 +3,37 @@ the batched delta of a step whose rows run with different adapters.
 
 Slots: each packed projection of each layer (decoder.py: "qkv" = q, k, v
 concatenated, "o", "gate_up" = gate then up, "down") has a stacked A
-[slots + 1, m * R, in] and, per packed module j, a stacked B_j
-[slots + 1, out_j, R]: R the highest rank served, rounded up to a
-multiple of 8 (every adapter zero-padded to it), m the modules packed in
-the projection (3 for split q/k/v, 2 for gate/up, 1 for the rest and for
-Phi-3's fused qkv_proj and gate_up_proj), module j's A in rows j*R ..
-j*R + r, the adapter's scale folded into B. A module an adapter does not target stays zero, so its
-part of the packed delta is zero. Slot 0 is all zeros: the base model's
-rows. The tensors are allocated when the first adapter is loaded (a
-model that never serves one takes nothing).
+[m, slots, R, in] and, per packed module j, a stacked B_j^T
+[slots, R, out_j]: R the highest rank served, rounded up to a multiple
+of 8 (every adapter zero-padded to it), m the modules packed in the
+projection (3 for split q/k/v, 2 for gate/up, 1 for the rest and for
+Phi-3's fused qkv_proj and gate_up_proj), the adapter's scale folded
+into B. A module an adapter does not target stays zero, so its part of
+the packed delta is zero. The tensors are allocated when the first
+adapter is loaded (a model that never serves one takes nothing). A row
+of the base has device slot 0, a row of supervisor slot k device slot
+k + 1 (stored at index k).
 
-A step: each packed token row has a slot (0 for the base). The delta of
-projection P for the rows of slot s is (x A_s^T) split per module, each
-part times its B_s^T, concatenated. Two plans compute it:
+A step: each packed token row has a device slot. The delta of module j
+of projection P for a row of slot s is (x A_j,s^T) B_j,s^T, added to
+module j's columns of P's output. Two plans compute it:
 
-- Plan (host): one GEMM pair per module per distinct adapter of the step
+- Plan (host): two GEMMs per module per distinct adapter of the step
   (the rows of a sequence are contiguous, so an adapter run by one
-  sequence reads a slice, no gather). Prompt chunks and eager steps.
-- DevicePlan: from the rows' slots as a device tensor alone, no host
-  sync: rows sorted by slot, one grouped GEMM (torch._grouped_mm, offsets
-  per slot, as moe.py runs experts) for A and one per module for B, the
-  result put back in row order. The CUDA decode graphs capture it with
-  the slots as an input (graphs.py), so adapter rows decode at graph
-  speed; it runs only where it agrees with Plan at the first load
-  (check), else adapter steps run eagerly.
+  sequence reads a slice, no gather). Prompt chunks.
+- DensePlan: over every slot at once, from the rows' slots as a device
+  tensor alone (no sort, no host sync, no grouped GEMM): one GEMM of x
+  by every slot's A (A viewed as [m * slots * R, in]), the products of
+  the slots other than each row's own set to zero (one torch.where),
+  then per module one GEMM of those [N, slots * R] by the module's
+  stacked B^T viewed as [slots * R, out_j], added in place to its
+  columns: 2 + m kernels per projection. The zeroed products add
+  exact zeros, so each row gets its own adapter's delta. It reads every
+  slot's A and B each step: a rank-16 slot of an 8B llama is ~85 MB, so
+  8 slots add ~4% to the weights a decode step reads, 32 slots ~17%
+  (fine to some 32 slots of rank 16; the cost grows with slots * R).
+  The CUDA decode graphs capture it with the slots as an input
+  (graphs.py); eager steps whose inputs are all one token use it too.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -35,6 +42,7 @@ import logging
 import os
 
 import torch
+import torch.nn.functional as F
 
 from errors import CheckpointError, ProtocolError
 from st import SafetensorsFile
@@ -42,9 +50,8 @@ from upload import to_device
 
 log = logging.getLogger("lora")
 
-# Tests: every step's delta through DevicePlan, on any device (the
-# reference grouped GEMM where torch has none).
-FORCE_DEVICE_PLAN = os.environ.get("MLXSERVING_LORA_PLAN") == "device"
+# Tests: every step's delta through DensePlan (prompt chunks too).
+FORCE_DENSE = os.environ.get("MLXSERVING_LORA_PLAN") == "dense"
 
 
 def projections(cfg, layer):
@@ -74,13 +81,16 @@ class Slots:
     def __init__(self, cfg, layers, device, dtype, slots, max_rank):
         if slots < 1 or max_rank < 1:
             raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
-        # R: the slots' rank, max_rank rounded up to a multiple of 8 (the
-        # grouped GEMM wants 16-byte rows of half-precision values).
+        # R: the slots' rank, max_rank rounded up to a multiple of 8
+        # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
-        self.A = self.B = None  # per layer {projection: A} and {projection: [B_j]}, allocated by the first load
-        self.grouped = False  # DevicePlan runs here (check), known from the first load
+        self.A = self.B = None  # per layer {projection: A} and {projection: [B_j^T]}, allocated by the first load
+        # DensePlan's device constants: the device slots 1 .. slots, and a
+        # zero (a Python scalar would be copied to the device at each use,
+        # which graph capture refuses).
+        self.ids = self.zero = None
         self.where = {}  # module -> (projection, its index in the packing), over every layer (MoE: dense ones)
         for pr in self.proj:
             for P, (_, mods) in pr.items():
@@ -91,20 +101,21 @@ class Slots:
                               for pr in self.proj for i, mods in pr.values()) * elem
 
     def bytes(self):
-        """The device memory of the pool once allocated: every slot and the zero slot."""
-        return (self.n + 1) * self.slot_bytes
+        """The device memory of the pool once allocated: every slot."""
+        return self.n * self.slot_bytes
 
     def _allocate(self):
-        S, R = self.n + 1, self.R
+        S, R = self.n, self.R
         try:
-            self.A = [{P: torch.zeros(S, len(mods) * R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
+            self.A = [{P: torch.zeros(len(mods), S, R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
                       for pr in self.proj]
-            self.B = [{P: [torch.zeros(S, o, R, device=self.device, dtype=self.dtype) for _, o in mods]
+            self.B = [{P: [torch.zeros(S, R, o, device=self.device, dtype=self.dtype) for _, o in mods]
                        for P, (i, mods) in pr.items()} for pr in self.proj]
+            self.ids = torch.arange(1, S + 1, device=self.device)
+            self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
         except RuntimeError as e:
-            self.A = self.B = None
+            self.A = self.B = self.ids = self.zero = None
             raise ProtocolError("oom", "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
-        self.grouped = _grouped_mm() is not None and self.check()
 
     def ensure(self, spec):
         """Makes the adapter the open request names resident: spec is its
@@ -129,19 +140,18 @@ class Slots:
         against the slot, as the file may have changed since."""
         if self.A is None:
             self._allocate()
-        r, scale, R = int(d["rank"]), float(d["scale"]), self.R
+        r, scale = int(d["rank"]), float(d["scale"])
         if not 1 <= r <= self.rank:
             raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, self.rank))
         f = SafetensorsFile(d["file"])
-        i = slot + 1
         with torch.no_grad():
             for pr in self.A:
                 for t in pr.values():
-                    t[i].zero_()
+                    t[:, slot].zero_()
             for pr in self.B:
                 for ts in pr.values():
                     for t in ts:
-                        t[i].zero_()
+                        t[slot].zero_()
             for layer, mod, an, bn, tr in d["pairs"]:
                 if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
                     raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
@@ -151,8 +161,8 @@ class Slots:
                 a, b = self._tensor(f, an, (width, r) if tr else (r, width)), self._tensor(f, bn, (r, out) if tr else (out, r))
                 if tr:
                     a, b = a.t(), b.t()
-                self.A[layer][P][i, j * R : j * R + r] = a.to(self.dtype)
-                self.B[layer][P][j][i, :, :r] = (b * scale).to(self.dtype)
+                self.A[layer][P][j, slot, :r] = a.to(self.dtype)
+                self.B[layer][P][j][slot, :r] = (b * scale).t().to(self.dtype)
 
     def _tensor(self, f, name, shape):
         if name not in f.header:
@@ -166,10 +176,13 @@ class Slots:
 
     def plan(self, slots, counts):
         """The step's delta plan for inputs of counts packed rows each, with
-        device slot slots[i] (0: base): a Plan, or None when no row has an
-        adapter."""
+        device slot slots[i] (0: base): a DensePlan when every input is
+        one token (the rows' slots in one copy, a few kernels a
+        projection), else a Plan; None when no row has an adapter."""
         if not any(slots) or self.A is None:
             return None
+        if FORCE_DENSE or all(c == 1 for c in counts):
+            return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
         for s, c in zip(slots, counts):
             if s:
@@ -189,51 +202,13 @@ class Slots:
             dev = to_device(flat, self.device)
             for g, a, b in where:
                 groups[g] = (groups[g][0], dev[a:b])
-        if FORCE_DEVICE_PLAN:
-            idx = to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device)
-            return DevicePlan(self, idx, _grouped_mm() if self.grouped else _grouped_ref)
         return Plan(self, groups)
 
-    def device_plan(self, idx):
-        """The DevicePlan of rows whose device slots are idx ([N] int64 on
-        the device), or None when it does not run here."""
-        return DevicePlan(self, idx, _grouped_mm()) if self.grouped else None
-
-    def check(self):
-        """Whether DevicePlan agrees with Plan here: random weights in two
-        slots (zeroed again after), rows of both and of the base
-        interleaved, through layer 0's projections."""
-        if self.A is None:
-            return False
-        hi = min(2, self.n)  # the slots filled: 1 .. hi
-        try:
-            g = torch.Generator(device="cpu").manual_seed(0)
-            idx = [min(v, hi) for v in [1, 0, 2, 2, 1, 0, 1, 2, 0, 0, 1] * 3]
-            tol = 1e-4 if self.dtype == torch.float32 else 3e-2
-            ok = True
-            with torch.no_grad():
-                for t in list(self.A[0].values()) + [b for bs in self.B[0].values() for b in bs]:
-                    t[1 : hi + 1] = (torch.randn(t[1 : hi + 1].shape, generator=g) * 0.1).to(t)
-                dp = DevicePlan(self, to_device(idx, self.device), _grouped_mm())
-                hp = Plan(self, [(s, to_device([i for i, v in enumerate(idx) if v == s], self.device)) for s in range(1, hi + 1)])
-                for P, (width, mods) in self.proj[0].items():
-                    x = torch.randn(len(idx), width, generator=g).to(device=self.device, dtype=self.dtype)
-                    y0 = torch.zeros(len(idx), sum(o for _, o in mods), device=self.device, dtype=self.dtype)
-                    got = dp.add(y0.clone(), x, 0, P).float()
-                    want = hp.add(y0.clone(), x, 0, P).float()
-                    if not torch.allclose(got, want, atol=tol, rtol=tol):
-                        log.warning("grouped LoRA GEMM disagrees with the per-adapter one on %s (max diff %.3g); "
-                                    "adapter steps run eagerly", P, (got - want).abs().max().item())
-                        ok = False
-                        break
-        except (RuntimeError, TypeError, ValueError) as e:
-            log.warning("grouped LoRA GEMM unavailable (%s); adapter steps run eagerly", e)
-            ok = False
-        finally:
-            with torch.no_grad():
-                for t in list(self.A[0].values()) + [b for bs in self.B[0].values() for b in bs]:
-                    t[1 : hi + 1].zero_()
-        return ok
+    def dense_plan(self, idx):
+        """The DensePlan of rows whose device slots are idx ([N] int64 on
+        the device; what the decode graphs capture), or None before the
+        first adapter is loaded."""
+        return DensePlan(self, idx) if self.A is not None else None
 
 
 class Plan:
@@ -250,61 +225,42 @@ class Plan:
         A = self.s.A[li].get(P)
         if A is None:
             return y
-        Bs, R = self.s.B[li][P], self.s.R
+        Bs = self.s.B[li][P]
         for s, rows in self.groups:
-            u = x[rows] @ A[s].t()
-            if len(Bs) == 1:
-                d = u @ Bs[0][s].t()
-            else:
-                d = torch.cat([u[:, j * R : (j + 1) * R] @ B[s].t() for j, B in enumerate(Bs)], dim=1)
-            y[rows] += d.to(y.dtype)
+            xr, at = x[rows], 0
+            for j, B in enumerate(Bs):
+                o = B.shape[2]
+                y[rows, at : at + o] += (F.linear(xr, A[j, s - 1]) @ B[s - 1]).to(y.dtype)
+                at += o
         return y
 
 
-class DevicePlan:
-    """The delta from the rows' slots on the device alone (see the module
-    comment): graph-capturable, no host sync. mm is the grouped GEMM
-    (_grouped_mm's, or _grouped_ref)."""
+class DensePlan:
+    """The delta over every slot at once from the rows' device slots idx
+    ([N], on the device; see the module comment): graph-capturable, no
+    host sync, 2 + m kernels per projection."""
 
-    def __init__(self, slots, idx, mm):
-        self.s, self.mm = slots, mm
-        self.order = torch.argsort(idx)
-        counts = torch.zeros(slots.n + 1, dtype=torch.int32, device=idx.device)
-        counts.scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.int32))
-        self.offs = counts.cumsum(0, dtype=torch.int32)
+    def __init__(self, slots, idx):
+        self.s = slots
+        # [N, 1, slots, 1]: whether row i runs slot k + 1, in the layout of
+        # the shrink's product viewed as [N, m, slots, R].
+        self.mask = (idx.unsqueeze(1) == slots.ids).view(idx.shape[0], 1, slots.n, 1)
 
     def add(self, y, x, li, P):
         A = self.s.A[li].get(P)
         if A is None:
             return y
-        Bs, R = self.s.B[li][P], self.s.R
-        u = self.mm(x[self.order], A.transpose(1, 2), self.offs)
-        if len(Bs) == 1:
-            d = self.mm(u, Bs[0].transpose(1, 2), self.offs)
-        else:
-            d = torch.cat([self.mm(u[:, j * R : (j + 1) * R].contiguous(), B.transpose(1, 2), self.offs)
-                           for j, B in enumerate(Bs)], dim=1)
-        back = torch.empty_like(d)
-        back[self.order] = d
-        return y + back.to(y.dtype)
-
-
-def _grouped_mm():
-    """torch._grouped_mm as (x [N, k], w [G, k, n], offs) -> [N, n], or
-    None where this torch has none."""
-    f = getattr(torch, "_grouped_mm", None)
-    if f is None:
-        return None
-    return lambda x, w, offs: f(x, w, offs=offs)
-
-
-def _grouped_ref(x, w, offs):
-    """What torch._grouped_mm computes, group by group on the host's
-    offsets (tests on a torch without it: MLXSERVING_LORA_PLAN=device)."""
-    out = x.new_zeros(x.shape[0], w.shape[2])
-    at = 0
-    for g, end in enumerate(offs.tolist()):
-        if end > at:
-            out[at:end] = x[at:end] @ w[g]
-        at = end
-    return out
+        Bs, N = self.s.B[li][P], x.shape[0]
+        m, S, R, width = A.shape
+        t = F.linear(x, A.view(m * S * R, width)).view(N, m, S, R)
+        sel = torch.where(self.mask, t, self.s.zero)  # contiguous [N, m, S, R]: sel[:, j] is [N, S * R] with no copy
+        at = 0
+        for j, B in enumerate(Bs):
+            o = B.shape[2]
+            part, Bj = sel[:, j].reshape(N, S * R), B.view(S * R, o)
+            if y.dtype == Bj.dtype:
+                y[:, at : at + o].addmm_(part, Bj)
+            else:
+                y[:, at : at + o] += (part @ Bj).to(y.dtype)
+            at += o
+        return y

@@ -14,11 +14,19 @@ GEMM (torch._grouped_mm, where this torch has it and it agrees with the
 loop below at load) runs every expert's rows at once, with no host sync.
 Elsewhere, and as the fallback, a loop over the experts that received
 tokens runs each one's rows as one matrix product.
+
+A model's decode steps run on CUDA graphs (graphs.py) only where the
+grouped GEMM also captures (Experts.capturable, tried at load): some
+builds run it, for some dtypes (float32, fp8), through a fallback that
+copies its offsets to the host, which capture refuses. The loop never
+captures (its counts come to the host).
 """
 import logging
 
 import torch
 import torch.nn.functional as F
+
+import graphs
 
 log = logging.getLogger("moe")
 
@@ -43,10 +51,12 @@ class Experts:
 
     def __init__(self, cfg, device, dtype, layers, act_mul):
         self.k, self.E, self.renorm = cfg.top_k, cfg.experts, cfg.norm_topk
-        self.grouped = False
+        self.grouped = False  # the grouped GEMM runs here and agrees with the loop
+        self.capturable = False  # and it captures in a CUDA graph: the decode graphs may run
         sample = next((L for L in layers if "router" in L), None)
         if device.type == "cuda" and hasattr(torch, "_grouped_mm") and sample is not None:
             self.grouped = self._check(sample, cfg.hidden, device, dtype, act_mul)
+            self.capturable = self.grouped and self._capture_check(sample, cfg.hidden, device, dtype, act_mul)
 
     def route(self, h, L):
         """(weights [N, k] in h's dtype, experts [N, k])."""
@@ -102,4 +112,25 @@ class Experts:
             return True
         except (RuntimeError, TypeError, ValueError) as e:
             log.warning("grouped expert GEMM unavailable (%s); experts run one by one", e)
+            return False
+
+    def _capture_check(self, L, hidden, device, dtype, act_mul):
+        """Whether a grouped forward through L captures in a CUDA graph
+        (on a side stream, into a pool of its own, dropped after) and its
+        replay gives what it gives eagerly."""
+        try:
+            x = torch.randn(5, hidden, generator=torch.Generator(device="cpu").manual_seed(1)).to(device=device, dtype=dtype)
+            want = self.forward(x, L, act_mul, grouped=True)
+            g, out = graphs.record(lambda: self.forward(x, L, act_mul, grouped=True), torch.cuda.graph_pool_handle(), warmup=1)
+            g.replay()
+            torch.cuda.synchronize(device)
+            tol = 2e-2 if dtype != torch.float32 else 1e-4
+            if not torch.allclose(out.float(), want.float(), atol=tol, rtol=tol):
+                log.warning("grouped expert GEMM replays differently from a CUDA graph; CUDA graphs are off for this model")
+                return False
+            log.info("grouped expert GEMM captures in CUDA graphs")
+            return True
+        except (RuntimeError, TypeError, ValueError) as e:
+            log.warning("grouped expert GEMM does not capture in a CUDA graph (%s); experts run grouped, "
+                        "CUDA graphs are off for this model", e)
             return False

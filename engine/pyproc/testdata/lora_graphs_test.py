@@ -1,10 +1,12 @@
 """The LoRA decode-graph paths (graphs.py, torch_backend._forward_lora and
-_forward_split, lora.DevicePlan) on the CPU: DecodeGraphs' capture keeps
-its step as a callable that every replay runs again (what a CUDA graph
-replays), and the reference grouped GEMM stands in for
-torch._grouped_mm. Sequences of two adapters and the base, prompts in
-chunks beside decodes (split steps), must decode what the eager path
-decodes, on graphs captured with the delta.
+_forward_split, lora.DensePlan) on the CPU: DecodeGraphs' own capture
+runs, with its CUDA part (_record) keeping the step as a callable that
+every replay runs again (what a CUDA graph replays). Sequences of two
+adapters and the base, prompts in chunks beside decodes (split steps),
+must decode what the eager path decodes, on graphs captured with the
+delta; a capture that fails (of the base's graphs or of those with the
+delta) leaves that kind's steps eager, with the same tokens. DensePlan
+and Plan give the same delta on random slots.
 
   python3 lora_graphs_test.py RUNTIME_DIR BASE_DIR ADAPTERS_JSON
 
@@ -23,8 +25,6 @@ import graphs  # noqa: E402
 import lora  # noqa: E402
 import torch_backend  # noqa: E402
 
-lora._grouped_mm = lambda: lora._grouped_ref
-
 
 class Replay:
     """A captured step: replay runs it again into the output buffer."""
@@ -36,29 +36,18 @@ class Replay:
         self.out.copy_(self.fn())
 
 
-def capture(self, bb, lb, with_lora=None):
-    """DecodeGraphs.capture without CUDA: the same step and inputs."""
-    io = torch.zeros(4 if with_lora else 3, bb, dtype=torch.long)
-    rows = torch.arange(bb)
-    kv = self.kv
+FAIL = set()  # the kinds ("base", "lora") whose capture raises, as a CUDA capture can
 
-    def step():
-        if with_lora:
-            self.model.lora = self.lora.device_plan(io[3])
-        try:
-            tok, pos, trows = io[0], io[1], io[2]
-            kvrow = [t[trows, pos // kv.bs].long() * kv.bs + pos % kv.bs for t in kv.tables]
-            return self.model.forward(tok, pos, kvrow, [("decode", rows, trows, lb, pos + 1)], kv, rows)
-        finally:
-            self.model.lora = None
 
+def record(self, step, kind):
+    """DecodeGraphs._record without CUDA."""
+    if kind in FAIL:
+        raise RuntimeError("injected capture failure (%s)" % kind)
     out = step()
-    g = {"graph": Replay(step, out), "io": io, "rows": rows, "out": out, "live": 0}
-    self.graphs[(bb, lb) + (("lora",) if with_lora else ())] = g
-    return g
+    return Replay(step, out), out
 
 
-graphs.DecodeGraphs.capture = capture
+graphs.DecodeGraphs._record = record
 
 
 def model(base, with_graphs):
@@ -71,8 +60,9 @@ def model(base, with_graphs):
 
 def run(m, ads):
     """Four sequences (adapter 0, the base, adapter 1, adapter 0) started
-    one step apart, prompts fed 4 tokens a step, 8 tokens decoded each."""
-    which = [0, None, 1, 0]
+    one step apart, prompts fed 4 tokens a step, 8 tokens decoded by each
+    adapter's and 24 by the base's (its last steps are the base's alone)."""
+    which, want = [0, None, 1, 0], [8, 24, 8, 8]
     prompts = [[(i * 37 + j * 11) % 300 + 5 for j in range(7 + 6 * i)] for i in range(4)]
     fed, out, loaded = [0] * 4, [[] for _ in prompts], set()
     for i, w in enumerate(which):
@@ -86,7 +76,7 @@ def run(m, ads):
     for step in range(64):
         batch = []
         for i, p in enumerate(prompts):
-            if len(out[i]) >= 8 or i > step:
+            if len(out[i]) >= want[i] or i > step:
                 continue
             if fed[i] < len(p):
                 end = min(fed[i] + 4, len(p))
@@ -104,21 +94,71 @@ def run(m, ads):
     return out
 
 
+def dense_vs_plan(base):
+    """DensePlan against Plan on random weights in every slot (two
+    empty), rows of every slot and the base interleaved, through every
+    projection of every layer."""
+    m = torch_backend.TorchModel(base, {"device": "cpu", "adapter_slots": 5, "max_adapter_rank": 12})
+    s = m.adapters
+    s._allocate()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for li in range(len(s.A)):
+            for P, A in s.A[li].items():
+                A[:, :3] = torch.randn(A[:, :3].shape, generator=g) * 0.1
+                for B in s.B[li][P]:
+                    B[:3] = torch.randn(B[:3].shape, generator=g) * 0.1
+        idx = [1, 0, 2, 2, 3, 0, 1, 4, 0, 0, 5, 3] * 3
+        dense = s.dense_plan(torch.tensor(idx))
+        plan = lora.Plan(s, [(v, torch.tensor([i for i, w in enumerate(idx) if w == v])) for v in range(1, 6) if v in idx])
+        n = 0
+        for li, pr in enumerate(s.proj):
+            for P, (width, mods) in pr.items():
+                x = torch.randn(len(idx), width, generator=g)
+                y0 = torch.randn(len(idx), sum(o for _, o in mods), generator=g)
+                got, want = dense.add(y0.clone(), x, li, P), plan.add(y0.clone(), x, li, P)
+                assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), "%d %s: max diff %g" % (li, P, (got - want).abs().max())
+                assert not torch.equal(want, y0), "%d %s: the delta is zero" % (li, P)
+                base_rows = torch.tensor([v in (0, 4, 5) for v in idx])
+                assert torch.equal(got[base_rows], y0[base_rows]), "%d %s: rows of empty slots changed" % (li, P)
+                n += 1
+    assert n >= 4 * len(s.proj)
+
+
 def main():
     ads = json.load(open(sys.argv[3]))
     passed = 0
+    dense_vs_plan(sys.argv[2])
+    passed += 1
     eager = run(model(sys.argv[2], False), ads)
     gm = model(sys.argv[2], True)
     got = run(gm, ads)
-    assert gm.adapters.grouped, "the grouped delta failed its check against the per-adapter one"
     assert got == eager, "graphs %r, eager %r" % (got, eager)
     passed += 1
     keys = set(gm.graphs.graphs)
     assert any("lora" in k for k in keys), "no graph captured with the delta: %r" % keys
-    assert not gm.graphs.lora_broken
+    assert any("lora" not in k for k in keys), "no base graph captured: %r" % keys
+    assert not gm.graphs.lora_broken and not gm.graphs.broken
     passed += 1
     assert eager[0] != eager[1] and eager[0] != eager[2], "the adapters change nothing: %r" % eager
     passed += 1
+    for kinds in ({"lora"}, {"base"}, {"base", "lora"}):
+        FAIL.clear()
+        FAIL.update(kinds)
+        fm = model(sys.argv[2], True)
+        got = run(fm, ads)
+        assert got == eager, "capture of %s failing: %r, eager %r" % (kinds, got, eager)
+        # Once the base's kind is broken, the delta's graphs are not tried.
+        if kinds == {"lora"}:
+            assert fm.graphs.lora_broken, kinds
+        if "lora" not in kinds:
+            assert not fm.graphs.lora_broken, kinds
+        assert fm.graphs.broken == ("base" in kinds), kinds
+        fk = set(fm.graphs.graphs)
+        assert "lora" not in kinds or not any("lora" in k for k in fk), (kinds, fk)
+        assert any("lora" not in k for k in fk) != ("base" in kinds), (kinds, fk)
+        passed += 1
+    FAIL.clear()
     print("%d passed, 0 failed (graphs %s)" % (passed, sorted(keys)))
 
 
