@@ -129,9 +129,18 @@ class DecodeGraphs:
         """Like run, with every input already on the device: tokens [b],
         pos_rows [2, b], slots [b] or None (int64). Nothing waits for the
         GPU. Needs the Triton path (self.fast). The returned logits live
-        in the graph's buffer until its next replay."""
+        in the graph's buffer until its next replay. Where the graph does
+        not capture (a chain's later step, after the table grew) the step
+        runs eagerly on the same inputs."""
         b = tokens.shape[0]
-        g = self._graph(b, 1, slots is not None)
+        try:
+            g = self._graph(b, 1, slots is not None)
+        except RuntimeError:  # logged, and the kind marked broken, by _graph
+            self.model.lora = self.lora.dense_plan(slots) if slots is not None else None
+            try:
+                return self.model.forward_decode(tokens, pos_rows[0], pos_rows[1], self.kv)
+            finally:
+                self.model.lora = None
         io = g["io"]
         if g["live"] > b:
             # Rows a larger batch left: back to the scratch row, or the
