@@ -188,11 +188,17 @@ class DecodeGraphs:
     def _record(self, step, kind):
         """(graph, output) of step captured into the pool of kind (made
         now if it has none); step runs twice eagerly first. The seam the
-        CPU tests replace (testdata/lora_graphs_test.py)."""
+        CPU tests replace (testdata/lora_graphs_test.py), as are
+        new_pool and record."""
         pool = self.pools.get(kind)
         if pool is None:
-            pool = self.pools[kind] = torch.cuda.graph_pool_handle()
+            pool = self.pools[kind] = new_pool()
         return record(step, pool)
+
+
+def new_pool():
+    """A fresh CUDA graph memory pool handle (a seam the CPU tests replace)."""
+    return torch.cuda.graph_pool_handle()
 
 
 def record(step, pool, warmup=2):

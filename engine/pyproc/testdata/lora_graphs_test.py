@@ -5,8 +5,9 @@ every replay runs again (what a CUDA graph replays). Sequences of two
 adapters and the base, prompts in chunks beside decodes (split steps),
 must decode what the eager path decodes, on graphs captured with the
 delta; a capture that fails (of the base's graphs or of those with the
-delta) leaves that kind's steps eager, with the same tokens. DensePlan
-and Plan give the same delta on random slots.
+delta) leaves that kind's steps eager, with the same tokens; the two
+kinds capture into pools of their own, new ones after the KV table
+grows. DensePlan and Plan give the same delta on random slots.
 
   python3 lora_graphs_test.py RUNTIME_DIR BASE_DIR ADAPTERS_JSON
 
@@ -47,7 +48,43 @@ def record(self, step, kind):
     return Replay(step, out), out
 
 
+real_record = graphs.DecodeGraphs._record
 graphs.DecodeGraphs._record = record
+
+
+def pools(base, ads):
+    """DecodeGraphs' own _record on CPU stand-ins for the pools and the
+    capture: the base's graphs share one pool, those with the delta
+    another, and once the KV table grows every graph is dropped and the
+    next captures take new pools."""
+    made, used = [], {}
+
+    def new_pool():
+        made.append(object())
+        return made[-1]
+
+    def rec(step, pool):
+        out = step()
+        used[id(out)] = pool
+        return Replay(step, out), out
+
+    saved = graphs.new_pool, graphs.record, graphs.DecodeGraphs._record
+    graphs.new_pool, graphs.record, graphs.DecodeGraphs._record = new_pool, rec, real_record
+    try:
+        m = model(base, True)
+        run(m, ads)
+        by = {k: used[id(g["out"])] for k, g in m.graphs.graphs.items()}
+        lp = {p for k, p in by.items() if "lora" in k}
+        bp = {p for k, p in by.items() if "lora" not in k}
+        assert len(lp) == 1 and len(bp) == 1 and lp != bp, by
+        assert len(made) == 2, made
+        m.kv.table_grown = True
+        m.graphs.run([5], [3], [0])  # a base step of one row on the scratch table row
+        assert list(m.graphs.graphs) == [(1, 256)], list(m.graphs.graphs)
+        assert len(made) == 3 and used[id(m.graphs.graphs[(1, 256)]["out"])] is made[2], "no new pool after the table grew"
+        assert not m.graphs.kv.table_grown
+    finally:
+        graphs.new_pool, graphs.record, graphs.DecodeGraphs._record = saved
 
 
 def model(base, with_graphs):
@@ -141,6 +178,8 @@ def main():
     assert not gm.graphs.lora_broken and not gm.graphs.broken
     passed += 1
     assert eager[0] != eager[1] and eager[0] != eager[2], "the adapters change nothing: %r" % eager
+    passed += 1
+    pools(sys.argv[2], ads)
     passed += 1
     for kinds in ({"lora"}, {"base"}, {"base", "lora"}):
         FAIL.clear()
