@@ -38,7 +38,6 @@ module j's columns of P's output. Two plans compute it:
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
 """
-import logging
 import os
 
 import torch
@@ -47,8 +46,6 @@ import torch.nn.functional as F
 from errors import CheckpointError, ProtocolError
 from st import SafetensorsFile
 from upload import to_device
-
-log = logging.getLogger("lora")
 
 # Tests: every step's delta through DensePlan (prompt chunks too).
 FORCE_DENSE = os.environ.get("MLXSERVING_LORA_PLAN") == "dense"
