@@ -49,38 +49,7 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 		}
 		// Staggered starts, prompts in chunks of 4: steps mix chunks with
 		// decodes (split steps: decodes on a graph, chunks packed).
-		out := make([][]int32, len(adapters))
-		for step := 0; ; step++ {
-			var batch []engine.StepInput
-			for i, p := range prompts {
-				if len(out[i]) == n || i > step {
-					continue
-				}
-				in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
-				if fed[i] < len(p) {
-					end := min(fed[i]+4, len(p))
-					in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
-					fed[i] = end
-				} else {
-					in.Tokens, in.Sample = out[i][len(out[i])-1:], true
-				}
-				batch = append(batch, in)
-			}
-			if len(batch) == 0 {
-				break
-			}
-			outs, err := m.Step(ctx, batch)
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := 0
-			for _, in := range batch {
-				if in.Sample {
-					out[in.Seq] = append(out[in.Seq], outs[k].Token)
-					k++
-				}
-			}
-		}
+		out := stepStaggered(t, m, prompts, fed, n, 4)
 		st := workerStats(t, e, m)
 		for i := range adapters {
 			m.Free(engine.SeqID(i), "")

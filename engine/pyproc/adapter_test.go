@@ -195,7 +195,6 @@ func batchMix(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	got := make([][]int32, len(prompts))
 	fed := make([]int, len(prompts))
 	for i, p := range prompts {
 		r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", adapters[i])
@@ -205,37 +204,7 @@ func batchMix(t *testing.T) {
 		fed[i] = r
 		defer m.Free(engine.SeqID(i), "")
 	}
-	for step := 0; ; step++ {
-		var batch []engine.StepInput
-		for i, p := range prompts {
-			if len(got[i]) == n || i > step {
-				continue
-			}
-			in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
-			if fed[i] < len(p) {
-				end := min(fed[i]+6, len(p))
-				in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
-				fed[i] = end
-			} else {
-				in.Tokens, in.Sample = got[i][len(got[i])-1:], true
-			}
-			batch = append(batch, in)
-		}
-		if len(batch) == 0 {
-			break
-		}
-		outs, err := m.Step(ctx, batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := 0
-		for _, in := range batch {
-			if in.Sample {
-				got[in.Seq] = append(got[in.Seq], outs[k].Token)
-				k++
-			}
-		}
-	}
+	got := stepStaggered(t, m, prompts, fed, n, 6)
 	for i := range prompts {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("seq %d (adapter %q): batched %v, alone %v", i, adapters[i], got[i], want[i])

@@ -43,50 +43,12 @@ func TestBatchedEqualsAlone(t *testing.T) {
 	for i, p := range prompts {
 		want[i] = generate(t, m, engine.SeqID(100+i), p, n)
 	}
-	ctx := context.Background()
-	got := make([][]int32, len(prompts))
 	fed := make([]int, len(prompts)) // prompt tokens fed so far
 	for i, p := range prompts {
 		fed[i] = len(p) - len(openFeed(t, m, engine.SeqID(i), p))
 		defer m.Free(engine.SeqID(i), "")
 	}
-	for step := 0; ; step++ {
-		var batch []engine.StepInput
-		for i, p := range prompts {
-			if len(got[i]) == n || i > step { // stagger the starts
-				continue
-			}
-			in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
-			if fed[i] < len(p) { // prefill in chunks of up to 7 tokens
-				end := min(fed[i]+7, len(p))
-				in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
-				fed[i] = end
-			} else {
-				in.Tokens, in.Sample = got[i][len(got[i])-1:], true
-			}
-			batch = append(batch, in)
-		}
-		if len(batch) == 0 {
-			break
-		}
-		outs, err := m.Step(ctx, batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := 0
-		for _, in := range batch {
-			if in.Sample {
-				if outs[k].Seq != in.Seq {
-					t.Fatalf("output %d is for seq %d, want %d", k, outs[k].Seq, in.Seq)
-				}
-				got[in.Seq] = append(got[in.Seq], outs[k].Token)
-				k++
-			}
-		}
-		if k != len(outs) {
-			t.Fatalf("%d outputs for %d sampling inputs", len(outs), k)
-		}
-	}
+	got := stepStaggered(t, m, prompts, fed, n, 7) // prefill in chunks of up to 7 tokens
 	for i := range prompts {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("seq %d: batched %v, alone %v", i, got[i], want[i])
@@ -222,5 +184,53 @@ func TestContextAndBadInput(t *testing.T) {
 	}
 	if _, err := m.Open(ctx, 5, prompt(1, 4), ""); !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("Open after Close: %v", err)
+	}
+}
+
+// stepStaggered drives the open sequences 0..len(prompts)-1 of m
+// together until each has generated n greedy tokens: sequence i joins at
+// step i, fed[i] of its prompt already in its KV, the rest fed in chunks of
+// up to chunk tokens beside the others' decodes. It returns each
+// sequence's tokens; the caller frees the sequences.
+func stepStaggered(t *testing.T, m engine.Model, prompts [][]int32, fed []int, n, chunk int) [][]int32 {
+	t.Helper()
+	ctx := context.Background()
+	got := make([][]int32, len(prompts))
+	for step := 0; ; step++ {
+		var batch []engine.StepInput
+		for i, p := range prompts {
+			if len(got[i]) == n || i > step { // stagger the starts
+				continue
+			}
+			in := engine.StepInput{Seq: engine.SeqID(i), Params: greedy}
+			if fed[i] < len(p) {
+				end := min(fed[i]+chunk, len(p))
+				in.Tokens, in.Sample = p[fed[i]:end], end == len(p)
+				fed[i] = end
+			} else {
+				in.Tokens, in.Sample = got[i][len(got[i])-1:], true
+			}
+			batch = append(batch, in)
+		}
+		if len(batch) == 0 {
+			return got
+		}
+		outs, err := m.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, in := range batch {
+			if in.Sample {
+				if outs[k].Seq != in.Seq {
+					t.Fatalf("output %d is for seq %d, want %d", k, outs[k].Seq, in.Seq)
+				}
+				got[in.Seq] = append(got[in.Seq], outs[k].Token)
+				k++
+			}
+		}
+		if k != len(outs) {
+			t.Fatalf("%d outputs for %d sampling inputs", len(outs), k)
+		}
 	}
 }
