@@ -47,9 +47,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/prometheus/client_golang/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/openai"
@@ -204,39 +206,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-	srvOpts := []mlxserving.Option{mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithDeadlines(o.deadlines),
-		mlxserving.WithMemoryBudget(o.memoryBudget)}
-	if o.maxBatch > 0 {
-		srvOpts = append(srvOpts, mlxserving.WithBatcherOptions(batcher.WithMaxBatch(o.maxBatch)))
-	}
-	if o.tokenBudget > 0 {
-		srvOpts = append(srvOpts, mlxserving.WithBatcherOptions(batcher.WithTokenBudget(o.tokenBudget)))
-	}
-	if o.noJumpForward {
-		srvOpts = append(srvOpts, mlxserving.WithBatcherOptions(batcher.WithJumpForward(false)))
-	}
-	if o.merge {
-		var mopts []merge.Option
-		if o.cacheBytes > 0 {
-			mopts = append(mopts, merge.WithCache(o.cacheBytes, o.cacheTTL))
-		}
-		srvOpts = append(srvOpts, mlxserving.WithMerging(mopts...))
-	}
-	srv, err := mlxserving.New(eng, srvOpts...)
+	srv, err := mlxserving.New(eng, serverOptions(o, log, mp)...)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = srv.Close() }()
-	if err := reg.Register(vllm.PrefixCacheCollector(srv)); err != nil { // vLLM's prefix-cache counter names
-		return err
-	}
-	// Queue, running and KV gauges under vLLM's names, for routers built
-	// for vLLM.
-	gauges, err := vllm.LoadCollector(srv)
-	if err != nil {
-		return err
-	}
-	if err := reg.Register(gauges); err != nil {
+	if err := registerVLLM(reg, srv); err != nil {
 		return err
 	}
 
@@ -278,18 +253,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength)
 		}
 	}
-	for _, a := range o.adapters {
-		a.Base = id
-		st, err := srv.LoadAdapter(ctx, a)
-		if err != nil {
-			_ = hs.Close()
-			<-served
-			return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
-		}
-		log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
+	// Advertised to the cluster once the main model and its adapters serve.
+	err = serveAdapters(ctx, srv, id, o.adapters, log)
+	var leave func(context.Context)
+	if err == nil {
+		leave, err = joinCluster(o.cluster, srv, log)
 	}
-	// Advertised to the cluster once the main model serves.
-	leave, err := joinCluster(o.cluster, srv, log)
 	if err != nil {
 		_ = hs.Close()
 		<-served
@@ -310,6 +279,56 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	leave(leaveCtx)
 	cancel()
 	return shutdown(hs, srv, served, o.drain, log)
+}
+
+// serverOptions are the Server's options from the flags.
+func serverOptions(o options, log *slog.Logger, mp *sdkmetric.MeterProvider) []mlxserving.Option {
+	opts := []mlxserving.Option{mlxserving.WithLogger(log), mlxserving.WithMeterProvider(mp), mlxserving.WithDeadlines(o.deadlines),
+		mlxserving.WithMemoryBudget(o.memoryBudget)}
+	if o.maxBatch > 0 {
+		opts = append(opts, mlxserving.WithBatcherOptions(batcher.WithMaxBatch(o.maxBatch)))
+	}
+	if o.tokenBudget > 0 {
+		opts = append(opts, mlxserving.WithBatcherOptions(batcher.WithTokenBudget(o.tokenBudget)))
+	}
+	if o.noJumpForward {
+		opts = append(opts, mlxserving.WithBatcherOptions(batcher.WithJumpForward(false)))
+	}
+	if o.merge {
+		var mopts []merge.Option
+		if o.cacheBytes > 0 {
+			mopts = append(mopts, merge.WithCache(o.cacheBytes, o.cacheTTL))
+		}
+		opts = append(opts, mlxserving.WithMerging(mopts...))
+	}
+	return opts
+}
+
+// registerVLLM registers the Server's prefix-cache counters and its
+// queue, running and KV gauges under vLLM's names, for routers built for
+// vLLM.
+func registerVLLM(reg prometheus.Registerer, srv *mlxserving.Server) error {
+	if err := reg.Register(vllm.PrefixCacheCollector(srv)); err != nil {
+		return err
+	}
+	gauges, err := vllm.LoadCollector(srv)
+	if err != nil {
+		return err
+	}
+	return reg.Register(gauges)
+}
+
+// serveAdapters loads the -lora adapters over the main model id.
+func serveAdapters(ctx context.Context, srv *mlxserving.Server, id string, adapters []mlxserving.AdapterSpec, log *slog.Logger) error {
+	for _, a := range adapters {
+		a.Base = id
+		st, err := srv.LoadAdapter(ctx, a)
+		if err != nil {
+			return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
+		}
+		log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
+	}
+	return nil
 }
 
 // shutdown stops accepting, waits for in-flight requests (streams
