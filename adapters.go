@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -67,13 +66,9 @@ func (s *Server) LoadAdapter(ctx context.Context, spec AdapterSpec) (AdapterStat
 		}
 		spec.Base = ids[0]
 	}
-	isModel := s.mgr.Known(spec.Name)
+	isModel := s.mgr.Known(spec.Name) // every model, loaded or not, is the manager's
 	s.mu.Lock()
-	_, isAdapter := s.adapters[spec.Name]
-	if _, loaded := s.models[spec.Name]; loaded {
-		isModel = true
-	}
-	if isAdapter || isModel {
+	if _, isAdapter := s.adapters[spec.Name]; isAdapter || isModel {
 		s.mu.Unlock()
 		return AdapterStatus{}, fmt.Errorf("%w: %q", ErrModelExists, spec.Name)
 	}
@@ -224,20 +219,13 @@ func (s *Server) adapterRev(adapter string) string {
 	return adapter
 }
 
-// knownIDs lists the models the Server knows, loaded or registered.
+// knownIDs lists the models the Server knows, loaded or registered (the
+// manager's, sorted by id).
 func (s *Server) knownIDs() []string {
 	var ids []string
 	for _, st := range s.mgr.Status() {
 		ids = append(ids, st.ID)
 	}
-	s.mu.RLock()
-	for id, m := range s.models {
-		if m != nil && !slices.Contains(ids, id) {
-			ids = append(ids, id)
-		}
-	}
-	s.mu.RUnlock()
-	sort.Strings(ids)
 	return ids
 }
 

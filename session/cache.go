@@ -197,35 +197,34 @@ func (c *PrefixCache) NewKey() string {
 // prefix with prompt: key's when it shares as much as the best indexed
 // entry, else the best entry's.
 func (c *PrefixCache) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
-	return c.open(ctx, id, prompt, key, "")
+	return c.open(id, prompt, key, "", func(chosen string) (int, error) { return c.m.Open(ctx, id, prompt, chosen) })
 }
 
 // OpenAdapter is Open for a sequence of a LoRA adapter of the wrapped
 // model (see engine.AdapterModel): it reuses only KV saved by the same
 // adapter's sequences.
 func (c *PrefixCache) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, key, adapter string) (int, error) {
-	if adapter != "" {
-		if _, err := c.adapters(); err != nil {
-			return 0, err
-		}
+	if adapter == "" {
+		return c.Open(ctx, id, prompt, key)
 	}
-	return c.open(ctx, id, prompt, key, adapter)
+	am, err := c.adapters()
+	if err != nil {
+		return 0, err
+	}
+	return c.open(id, prompt, key, adapter, func(chosen string) (int, error) {
+		return am.OpenAdapter(ctx, id, prompt, chosen, adapter)
+	})
 }
 
-func (c *PrefixCache) open(ctx context.Context, id engine.SeqID, prompt []int32, key, adapter string) (int, error) {
+// open opens id through openIn, given the key it chose among the KV saved
+// by adapter's sequences (the base's for "").
+func (c *PrefixCache) open(id engine.SeqID, prompt []int32, key, adapter string, openIn func(chosen string) (int, error)) (int, error) {
 	c.applyDrops()
 	c.collect() // a worker may have died since the last call: its keys leave the index first
 	c.mu.Lock()
 	chosen, predicted := c.choose(prompt, key, adapter)
 	c.mu.Unlock()
-	var r int
-	var err error
-	if adapter == "" {
-		r, err = c.m.Open(ctx, id, prompt, chosen)
-	} else {
-		am, _ := c.m.(engine.AdapterModel)
-		r, err = am.OpenAdapter(ctx, id, prompt, chosen, adapter)
-	}
+	r, err := openIn(chosen)
 	if err != nil {
 		return r, err
 	}

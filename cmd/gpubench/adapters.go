@@ -111,35 +111,6 @@ func loadTimes(ctx context.Context, m *pyproc.Model, n int) {
 	fmt.Printf("open: base %v, adapter first (load from file) %v, resident %v, after eviction (load again) %v\n", base, cold, warm, reload)
 }
 
-// decodeWith is decode (measure.go) with sequence i run by adapter pick(i).
-func decodeWith(ctx context.Context, m *pyproc.Model, b, n int, pick func(int) string) float64 {
-	batch := make([]engine.StepInput, b)
-	p := &engine.SamplingParams{}
-	for i := range batch {
-		toks := promptFor(i, *prompt, m.Info().VocabSize)
-		r, err := m.OpenAdapter(ctx, engine.SeqID(i+1), toks, "", pick(i))
-		must(err)
-		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[r:], Sample: true, Params: p}
-	}
-	step := func() {
-		outs, err := m.Step(ctx, batch)
-		must(err)
-		for i := range batch {
-			batch[i].Tokens = []int32{outs[i].Token}
-		}
-	}
-	step()
-	t0 := time.Now()
-	for range n {
-		step()
-	}
-	el := time.Since(t0)
-	for i := range batch {
-		m.Free(batch[i].Seq, "")
-	}
-	return float64(b*n) / el.Seconds()
-}
-
 // checkMerged decodes -adapter-check greedy tokens with adapter a0 (on
 // the decode graphs captured with the delta, where they run), with the
 // checkpoint that has it merged (written beside -dir when missing), and

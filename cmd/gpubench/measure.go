@@ -25,13 +25,19 @@ func promptFor(i, n, vocab int) []int32 {
 // decode opens b sequences, prefills them in one step and times n decode
 // steps driven like the batcher drives them; it returns decode tokens/s.
 func decode(ctx context.Context, m *pyproc.Model, b, n int) float64 {
+	return decodeWith(ctx, m, b, n, func(int) string { return "" })
+}
+
+// decodeWith is decode with sequence i opened with adapter pick(i) (""
+// for the base).
+func decodeWith(ctx context.Context, m *pyproc.Model, b, n int, pick func(int) string) float64 {
 	batch := make([]engine.StepInput, b)
 	p := &engine.SamplingParams{}
 	for i := range batch {
 		toks := promptFor(i, *prompt, m.Info().VocabSize)
-		_, err := m.Open(ctx, engine.SeqID(i+1), toks, "")
+		r, err := m.OpenAdapter(ctx, engine.SeqID(i+1), toks, "", pick(i))
 		must(err)
-		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks, Sample: true, Params: p}
+		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[r:], Sample: true, Params: p}
 	}
 	step := func() {
 		outs, err := m.Step(ctx, batch)

@@ -61,8 +61,7 @@ func (m *simModel) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (eng
 		return engine.AdapterInfo{}, fmt.Errorf("enginetest: model %q: add adapter: %w", m.info.ID, engine.ErrClosed)
 	}
 	if old := m.adapters[spec.Name]; old != nil {
-		old.removed = true
-		m.retire(spec.Name, old)
+		m.retire(old)
 	}
 	m.adapters[spec.Name] = ad
 	return ad.info, nil
@@ -77,17 +76,20 @@ func (m *simModel) RemoveAdapter(name string) error {
 		return fmt.Errorf("enginetest: model %q: adapter %q: %w", m.info.ID, name, engine.ErrModelNotFound)
 	}
 	delete(m.adapters, name)
-	ad.removed = true
-	m.retire(name, ad)
+	m.retire(ad)
 	return nil
 }
 
-// retire keeps a removed or replaced adapter's slot until its last
-// sequence is freed.
-func (m *simModel) retire(name string, ad *simAdapter) {
-	if ad.users > 0 {
-		m.retired = append(m.retired, ad)
-	} else if ad.resident {
+// retire stops a removed or replaced adapter from opening sequences;
+// its slot is given back once its last sequence is freed.
+func (m *simModel) retire(ad *simAdapter) {
+	ad.removed = true
+	m.giveBack(ad)
+}
+
+// giveBack frees a retired adapter's slot when no sequence uses it.
+func (m *simModel) giveBack(ad *simAdapter) {
+	if ad.removed && ad.users == 0 && ad.resident {
 		ad.resident = false
 		m.resident--
 	}
@@ -173,16 +175,7 @@ func (m *simModel) release(seq *simSeq) {
 		return
 	}
 	ad.users--
-	if ad.removed && ad.users == 0 && ad.resident {
-		ad.resident = false
-		m.resident--
-		for i, r := range m.retired {
-			if r == ad {
-				m.retired = append(m.retired[:i], m.retired[i+1:]...)
-				break
-			}
-		}
-	}
+	m.giveBack(ad)
 }
 
 // savedKey is where a sequence of adapter keeps KV saved under key: the

@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -304,9 +304,7 @@ func WriteAdapterFixture(tb testing.TB, cfg testmodel.Config) (dir string, cases
 		{Rank: 4, Seed: 1},
 		{Rank: 8, Seed: 2, MLX: true, Layers: []int{last.Layers - 1}, Targets: testmodel.AdapterTargets(cfg.Arch)[:2]},
 	} {
-		merged := cfg
-		merged.Merge = &a
-		cases = append(cases, AdapterCase{Dir: adapter(fmt.Sprintf("adapter%d", i), cfg, a), Merged: write(fmt.Sprintf("merged%d", i), merged)})
+		cases = append(cases, writeCase(tb, root, strconv.Itoa(i), cfg, a))
 	}
 	wide := cfg
 	wide.Hidden, wide.Intermediate = 2*max(cfg.Hidden, testmodel.Tiny().Hidden), 2*max(cfg.Intermediate, testmodel.Tiny().Intermediate)
@@ -323,4 +321,33 @@ func WriteAdapterFixture(tb testing.TB, cfg testmodel.Config) (dir string, cases
 	}
 	bad = []string{adapter("rank128", cfg, testmodel.Adapter{Rank: 128}), adapter("wide", wide, testmodel.Adapter{}), nan}
 	return dir, cases, bad
+}
+
+// WriteAdapterCase writes into fresh directories cfg's checkpoint, adapter
+// a over it, and cfg with a merged into its weights: the base an engine
+// loads, the adapter it serves and the checkpoint whose greedy tokens the
+// adapter's must equal.
+func WriteAdapterCase(tb testing.TB, cfg testmodel.Config, a testmodel.Adapter) (base string, c AdapterCase) {
+	tb.Helper()
+	root := tb.TempDir()
+	base = filepath.Join(root, "base")
+	if err := testmodel.Write(base, cfg); err != nil {
+		tb.Fatal(err)
+	}
+	return base, writeCase(tb, root, "", cfg, a)
+}
+
+// writeCase writes adapter a of cfg and cfg with a merged into
+// root/adapterSUFFIX and root/mergedSUFFIX.
+func writeCase(tb testing.TB, root, suffix string, cfg testmodel.Config, a testmodel.Adapter) AdapterCase {
+	tb.Helper()
+	c := AdapterCase{Dir: filepath.Join(root, "adapter"+suffix), Merged: filepath.Join(root, "merged"+suffix)}
+	merged := cfg
+	merged.Merge = &a
+	for _, err := range []error{testmodel.WriteAdapter(c.Dir, cfg, a), testmodel.Write(c.Merged, merged)} {
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return c
 }

@@ -38,7 +38,6 @@ type simModel struct {
 	warm    uint64      // bit b set: the bucket of batch size 1<<b has run
 
 	adapters     map[string]*simAdapter // served LoRA adapters (adapter.go)
-	retired      []*simAdapter          // removed or replaced, slot held by open sequences
 	resident     int                    // adapters holding a slot
 	adapterClock uint64                 // counts OpenAdapter calls, for LRU eviction
 }
@@ -236,7 +235,7 @@ func (m *simModel) Close() error {
 	m.sim.stats.open.Add(-int64(len(m.seqs)))
 	m.sim.stats.models.Add(-1)
 	m.kv, m.blocks, m.seqs, m.scratch = 0, 0, nil, nil
-	m.adapters, m.retired, m.resident = nil, nil, 0
+	m.adapters, m.resident = nil, 0
 	m.saves.Purge()
 	m.evicted = nil // the purge's, which are no evictions
 	m.sim.forget(m)

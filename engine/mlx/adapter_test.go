@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -25,19 +26,8 @@ type adapterCase struct {
 // writeAdapterCase writes cfg, adapter a over it, and cfg with a merged.
 func writeAdapterCase(t testing.TB, cfg testmodel.Config, a testmodel.Adapter) adapterCase {
 	t.Helper()
-	root := t.TempDir()
-	c := adapterCase{base: filepath.Join(root, "base"), adapter: filepath.Join(root, "adapter"), merged: filepath.Join(root, "merged")}
-	if err := testmodel.Write(c.base, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := testmodel.WriteAdapter(c.adapter, cfg, a); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Merge = &a
-	if err := testmodel.Write(c.merged, cfg); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	base, c := enginetest.WriteAdapterCase(t, cfg, a)
+	return adapterCase{base: base, adapter: c.Dir, merged: c.Merged}
 }
 
 func loadSpec(t testing.TB, e *Engine, spec engine.ModelSpec) *model {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -23,16 +24,8 @@ type loraCase struct {
 // into fresh directories.
 func writeLoRA(t testing.TB, base testmodel.Config, ad testmodel.Adapter) loraCase {
 	t.Helper()
-	root := t.TempDir()
-	c := loraCase{base: filepath.Join(root, "base"), adapter: filepath.Join(root, "adapter"), merged: filepath.Join(root, "merged")}
-	merged := base
-	merged.Merge = &ad
-	for _, err := range []error{testmodel.Write(c.base, base), testmodel.WriteAdapter(c.adapter, base, ad), testmodel.Write(c.merged, merged)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	return c
+	dir, c := enginetest.WriteAdapterCase(t, base, ad)
+	return loraCase{base: dir, adapter: c.Dir, merged: c.Merged}
 }
 
 func loadSpec(t testing.TB, e *Engine, spec engine.ModelSpec) *Model {
