@@ -41,7 +41,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		}
 	}
 	e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead))
+		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), tuning())
 	must(err)
 	defer e.Close()
 	mi, err := e.Load(ctx, engine.ModelSpec{ID: "base", Path: *dir, ContextLength: 1024, MaxBatch: 64,
@@ -143,7 +143,7 @@ func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg tes
 	}
 	must(ref.Close())
 	ee, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithCUDAGraphs(false),
-		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1))
+		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1), tuning())
 	must(err)
 	defer ee.Close()
 	em, err := ee.Load(ctx, engine.ModelSpec{ID: "eager", Path: *dir, ContextLength: 1024, MaxBatch: 8, MaxAdapterRank: m.Info().MaxAdapterRank})

@@ -21,7 +21,7 @@ import (
 // configured as for the benchmark (graphs, kernels, lookahead).
 func checkTiny(ctx context.Context, logger *slog.Logger) {
 	e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithDType("float32"),
-		pyproc.WithLogger(logger), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead))
+		pyproc.WithLogger(logger), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), tuning())
 	must(err)
 	defer e.Close()
 	d, err := os.MkdirTemp("", "tiny")

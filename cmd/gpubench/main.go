@@ -72,7 +72,9 @@ var (
 	hf        = flag.Bool("hf", true, "run transformers (plain generate, prefill) and the logits check")
 	hfStatic  = flag.Bool("hfstatic", true, "run transformers' generate with a static cache and torch.compile")
 	graphs    = flag.Bool("graphs", true, "CUDA graphs for decode steps")
-	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (MLXSERVING_TORCH_KERNELS)")
+	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
+	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
+	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
 	script    = flag.String("script", "engine/pyproc/testdata/hf_bench.py", "transformers script")
 	device    = flag.String("device", "cuda", "torch device")
@@ -93,6 +95,11 @@ var (
 	bwFlag     = flag.Float64("bandwidth", 0, "memory bandwidth for the decode bound, bytes/s (0: the GPU's nominal figure)")
 	tpFlag     = flag.Int("tp", 1, "tensor-parallel mode: this many GPUs against one (greedy tokens, then decode tok/s alternating; -batches \"\": tokens only)")
 )
+
+// tuning is the workers' tuning the flags ask for.
+func tuning() pyproc.Option {
+	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
+}
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured
 // on the device machine (the H200 has the same compute).
@@ -164,9 +171,6 @@ func main() {
 		must(tpMode(ctx, *tpFlag))
 		return
 	}
-	if !*kernels {
-		must(os.Setenv("MLXSERVING_TORCH_KERNELS", "0"))
-	}
 	if *adapters > 0 { // LoRA mode: the engine alone (no transformers)
 		adapterMode(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 		return
@@ -181,7 +185,7 @@ func main() {
 	sizes := ints(*batches)
 	cases := parseCases(*prefills)
 	e, err := pyproc.New(ctx, append([]pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead)}, quantize...)...)
+		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning()}, quantize...)...)
 	must(err)
 	t0 := time.Now()
 	mi, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: 64})

@@ -35,7 +35,7 @@ func tpMode(ctx context.Context, ranks int) error {
 	widest := slices.Max(append(slices.Clone(sizes), 8))
 	open := func(n int) (*pyproc.Engine, *pyproc.Model, error) {
 		opts := []pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead)}
+			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning()}
 		if *tpDType != "" {
 			opts = append(opts, pyproc.WithDType(*tpDType))
 		}

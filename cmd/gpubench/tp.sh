@@ -5,7 +5,7 @@
 # tokens of 8 sequences of 128 (the first position where tp 2 parts from
 # tp 1), then decode tok/s at batch 1 and 64, alternating, 3 rounds. Then
 # the greedy check again with CUDA graphs off under tensor parallel only
-# (MLXSERVING_TP_GRAPHS=0): the graph path captures the NCCL collectives,
+# (-tp-graphs=false): the graph path captures the NCCL collectives,
 # which only a GPU run shows working; if the first run fails or hangs
 # there, the second tells whether the eager path is right. Build here,
 # carry bin/:
@@ -26,5 +26,5 @@ echo "--- tp 2 against tp 1, CUDA graphs on"
 timeout $limit bin/gpubench -python "$py" -shape llama8b -dir "$dir" -tp 2 -batches 1,64 -prompt 128 -gen 128
 echo "rc=$? after $(( $(date +%s) - start ))s"
 echo "--- greedy only, CUDA graphs off under tensor parallel"
-MLXSERVING_TP_GRAPHS=0 timeout 180 bin/gpubench -python "$py" -shape llama8b -dir "$dir" -tp 2 -batches "" -gen 128
+timeout 180 bin/gpubench -tp-graphs=false -python "$py" -shape llama8b -dir "$dir" -tp 2 -batches "" -gen 128
 echo "rc=$? total $(( $(date +%s) - start ))s"

@@ -126,18 +126,17 @@ func TestAdapterEqualsMerged(t *testing.T) {
 // (two sequences of one adapter, prompts of different lengths fed in
 // chunks beside decodes): each sequence gets exactly what it gets alone,
 // and an adapter alone what its merged checkpoint gets.
-func TestAdapterBatchMix(t *testing.T) { batchMix(t) }
+func TestAdapterBatchMix(t *testing.T) { batchMix(t, Tuning{}) }
 
 // TestAdapterBatchMixDense is TestAdapterBatchMix with every step's
 // delta, prompt chunks' too, computed as the CUDA graphs compute it
 // (lora.DensePlan: every slot's products, those of other slots zeroed).
 func TestAdapterBatchMixDense(t *testing.T) {
-	t.Setenv("MLXSERVING_LORA_PLAN", "dense")
-	batchMix(t)
+	batchMix(t, Tuning{DenseLoRA: true})
 }
 
-func batchMix(t *testing.T) {
-	e := newEngine(t)
+func batchMix(t *testing.T, tu Tuning) {
+	e := newEngine(t, WithTuning(tu))
 	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 11})
 	ay := filepath.Join(t.TempDir(), "y")
 	if err := testmodel.WriteAdapter(ay, testmodel.Tiny(), testmodel.Adapter{Rank: 4, Seed: 12, MLX: true}); err != nil {

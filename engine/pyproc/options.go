@@ -34,6 +34,7 @@ type config struct {
 	noGraphs     bool
 	lookahead    int
 	quantize     string
+	tuning       Tuning
 	faults       bool // test hook: lets the worker obey "fault" requests
 	restart      *retry.Policy
 	breakerOpts  []retry.BreakerOption

@@ -125,7 +125,8 @@ func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*
 		"--backend", cfg.backend,
 		"--heartbeat", strconv.FormatFloat(cfg.hbInterval.Seconds(), 'f', -1, 64),
 		"--max-line", strconv.Itoa(cfg.maxLine),
-		"--threads", strconv.Itoa(cfg.threads)}
+		"--threads", strconv.Itoa(cfg.threads),
+		"--settings", cfg.tuning.settingsArg()}
 	if cfg.faults {
 		args = append(args, "--faults")
 	}

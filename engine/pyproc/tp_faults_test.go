@@ -61,10 +61,10 @@ func gone(t *testing.T, pids []int, why string) {
 // tokens of an undisturbed run.
 func TestTensorParallelRankLoss(t *testing.T) {
 	python(t)
-	t.Setenv("MLXSERVING_TP_TIMEOUT", "3") // the workers inherit it
 	for _, victim := range []string{"follower", "rank 0", "stopped follower"} {
 		t.Run(victim, func(t *testing.T) {
-			e := newEngine(t, WithTensorParallel(2), withFaults(), WithHeartbeat(100*time.Millisecond, 3*time.Second))
+			e := newEngine(t, WithTensorParallel(2), withFaults(), WithHeartbeat(100*time.Millisecond, 3*time.Second),
+				WithTuning(Tuning{TPTimeout: 3 * time.Second}))
 			m := load(t, e, tiny(t))
 			ctx := context.Background()
 			pa := prompt(1, 12)

@@ -15,9 +15,7 @@ import (
 // so the tiny families' windows of 16 give blocks back within short
 // prompts.
 func windowEngine(t *testing.T, opts ...Option) *Engine {
-	t.Setenv("MLXSERVING_BLOCK_SIZE", "4")
-	t.Setenv("MLXSERVING_WINDOW_STEP", "8")
-	return newEngine(t, opts...)
+	return newEngine(t, append([]Option{WithTuning(Tuning{BlockSize: 4, WindowStep: 8})}, opts...)...)
 }
 
 // TestSlidingWindowBlocks checks the sliding groups of the paged pool on

@@ -84,11 +84,13 @@ type options struct {
 	cluster      clusterFlags
 	// Batching: 0 keeps the defaults (the engine's max batch; its step size, else batcher.DefaultTokenBudget).
 	maxBatch, tokenBudget int
-	lookahead             int    // pyproc: tokens a decode step asks for (0: the engine's default)
-	quantize              string // pyproc: quantize float checkpoints at load ("fp8"; "": as they are)
-	noJumpForward         bool   // constrained output sampled one token a step (batcher.WithJumpForward)
-	tp                    int    // pyproc: tensor-parallel ranks per worker (1: none)
-	gpus                  []int  // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
+	lookahead             int     // pyproc: tokens a decode step asks for (0: the engine's default)
+	quantize              string  // pyproc: quantize float checkpoints at load ("fp8"; "": as they are)
+	noJumpForward         bool    // constrained output sampled one token a step (batcher.WithJumpForward)
+	tp                    int     // pyproc: tensor-parallel ranks per worker (1: none)
+	gpus                  []int   // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
+	kvFraction            float64 // pyproc: share of free GPU memory the KV pool takes (0: 0.8)
+	blockSize             int     // pyproc: tokens a KV block holds (0: 16)
 	// LoRA adapters served over the main model (-lora name=dir, repeated),
 	// and the main model's adapter slots and highest rank (0: the engine's).
 	adapters                  []mlxserving.AdapterSpec
@@ -131,6 +133,8 @@ func parseFlags(args []string) (options, error) {
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
 	budget := fs.String("memory-budget", "", "memory budget of the loaded models (e.g. 16GiB; default none)")
 	fs.IntVar(&o.tp, "tp", 1, "python engine: tensor parallel, the GPUs (ranks) each model copy is split over")
+	fs.Float64Var(&o.kvFraction, "kv-fraction", 0, "python engine: share of the GPU's free memory the KV pool takes at load (default 0.8)")
+	fs.IntVar(&o.blockSize, "block-size", 0, "python engine: tokens a block of the paged KV pool holds (default 16)")
 	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {

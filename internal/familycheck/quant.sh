@@ -65,7 +65,7 @@ bench)
 			bin/gpubench -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 -prefill 1x2048,16x512 \
 				-hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q.txt" | grep -E '^\| [0-9]|loaded'
 			if [ $q = fp8-channel ] || [ $q = quantize-fp8 ]; then # the opt-in W8A8 path for steps of 128+ rows
-				MLXSERVING_FP8_SCALED_MM=1 bin/gpubench -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 \
+				bin/gpubench -fp8-scaled-mm -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 \
 					-prefill 1x2048,16x512 -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q-scaledmm.txt" | grep -E '^\| [0-9]|loaded'
 			fi
 			case $q in bf16 | quantize-fp8) ;; *) rm -rf "$dir" ;; esac

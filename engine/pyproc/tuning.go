@@ -1,0 +1,130 @@
+package pyproc
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Tuning holds the worker's settings that a server leaves at their
+// defaults and that tests, benchmarks and diagnosis change. Its zero
+// value is the default everywhere. The engine sends it to every worker it
+// starts, on the worker's command line (PROTOCOL.md, "Start-up"): the
+// worker reads no environment variable, so two engines in one program can
+// run with different settings and a variable set for some other purpose
+// changes nothing.
+type Tuning struct {
+	// BlockSize is the tokens a block of the paged KV pool holds, 1 to
+	// 1024; 0: 16.
+	BlockSize int
+	// WindowStep is how far a sliding-window layer's pages run ahead of
+	// its window before the ones behind it are given back, in tokens;
+	// 0: the larger of the block size and 64.
+	WindowStep int
+	// KVFraction is the share of the device's free memory the KV pool
+	// takes at load when the model's KV capacity is not given (CUDA
+	// only), above 0 and at most 1; 0: 0.8.
+	KVFraction float64
+	// NoPrefixCache turns off the worker's automatic prefix cache: a
+	// sequence opened without a key starts from no cached blocks.
+	NoPrefixCache bool
+	// NoSplitSteps runs a step that mixes prompt chunks with decodes as
+	// one pass instead of the decodes on their CUDA graph and the chunks
+	// in a second pass.
+	NoSplitSteps bool
+	// NoKernels runs the plain torch code instead of the runtime's Triton
+	// kernels (CUDA).
+	NoKernels bool
+	// NoVarlen runs prompt chunks without the variable-length attention
+	// kernel (CUDA, bfloat16/float16).
+	NoVarlen bool
+	// NoAttnPrefetch stops the decode-attention kernel from loading the
+	// next tile's block ids one tile ahead.
+	NoAttnPrefetch bool
+	// DenseLoRA computes every step's adapter deltas the way the decode
+	// graphs do (every slot at once), prompt chunks included.
+	DenseLoRA bool
+	// FP8ScaledMM runs FP8 projections as W8A8 through torch._scaled_mm
+	// for steps of many tokens, where the GPU supports it and it agrees
+	// with the dequantized product at load.
+	FP8ScaledMM bool
+	// TPTimeout bounds a tensor-parallel collective: a rank silent for
+	// longer takes the worker down; 0: 5 minutes.
+	TPTimeout time.Duration
+	// NoTPGraphs turns CUDA graphs off under tensor parallel only.
+	NoTPGraphs bool
+	// Profile makes the worker profile itself (cProfile) and log the
+	// profile when it exits.
+	Profile bool
+}
+
+// check reports the first field out of range.
+func (t Tuning) check() error {
+	switch {
+	case t.BlockSize < 0 || t.BlockSize > 1024:
+		return fmt.Errorf("pyproc: Tuning.BlockSize %d: want 0 (16) to 1024", t.BlockSize)
+	case t.WindowStep < 0:
+		return fmt.Errorf("pyproc: Tuning.WindowStep %d: want 0 or more", t.WindowStep)
+	case !(t.KVFraction >= 0 && t.KVFraction <= 1): // also refuses NaN
+		return fmt.Errorf("pyproc: Tuning.KVFraction %v: want 0 (0.8) to 1", t.KVFraction)
+	case t.TPTimeout < 0:
+		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
+	}
+	return nil
+}
+
+// WithTuning sets the workers' tuning (see Tuning). A field out of range
+// fails New.
+func WithTuning(t Tuning) Option {
+	return func(c *config) error {
+		if err := t.check(); err != nil {
+			return err
+		}
+		c.tuning = t
+		return nil
+	}
+}
+
+// settings is what the worker receives as --settings: every key, the
+// defaults resolved, in the worker's names (PROTOCOL.md).
+type settings struct {
+	BlockSize    int     `json:"block_size"`
+	WindowStep   int     `json:"window_step"`
+	KVFraction   float64 `json:"kv_fraction"`
+	PrefixCache  bool    `json:"prefix_cache"`
+	SplitSteps   bool    `json:"split_steps"`
+	Kernels      bool    `json:"kernels"`
+	Varlen       bool    `json:"varlen"`
+	AttnPrefetch bool    `json:"attn_prefetch"`
+	LoRAPlan     string  `json:"lora_plan"`
+	FP8ScaledMM  bool    `json:"fp8_scaled_mm"`
+	TPTimeout    float64 `json:"tp_timeout"`
+	TPGraphs     bool    `json:"tp_graphs"`
+	Profile      bool    `json:"profile"`
+}
+
+// settingsArg returns the --settings argument for t.
+func (t Tuning) settingsArg() string {
+	s := settings{BlockSize: t.BlockSize, WindowStep: t.WindowStep, KVFraction: t.KVFraction,
+		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Kernels: !t.NoKernels,
+		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
+		FP8ScaledMM: t.FP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
+		Profile: t.Profile}
+	if s.BlockSize == 0 {
+		s.BlockSize = 16
+	}
+	if s.KVFraction == 0 {
+		s.KVFraction = 0.8
+	}
+	if s.TPTimeout == 0 {
+		s.TPTimeout = 300
+	}
+	if t.DenseLoRA {
+		s.LoRAPlan = "dense"
+	}
+	b, err := json.Marshal(s)
+	if err != nil { // plain fields: cannot fail
+		panic(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,68 @@
+package pyproc
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTuningRefusesOutOfRange(t *testing.T) {
+	for _, tu := range []Tuning{
+		{BlockSize: -1}, {BlockSize: 1025}, {WindowStep: -8},
+		{KVFraction: -0.1}, {KVFraction: 1.5}, {KVFraction: math.NaN()},
+		{TPTimeout: -time.Second},
+	} {
+		var c config
+		err := WithTuning(tu)(&c)
+		if err == nil || !strings.Contains(err.Error(), "pyproc: Tuning.") {
+			t.Errorf("WithTuning(%+v) = %v, want an error naming the field", tu, err)
+		}
+	}
+}
+
+// TestTuningSettings checks what the worker is told: every key, the zero
+// Tuning as the documented defaults, each field on its key.
+func TestTuningSettings(t *testing.T) {
+	decode := func(tu Tuning) map[string]any {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(tu.settingsArg()), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	want := map[string]any{"block_size": 16.0, "window_step": 0.0, "kv_fraction": 0.8, "prefix_cache": true,
+		"split_steps": true, "kernels": true, "varlen": true, "attn_prefetch": true, "lora_plan": "auto",
+		"fp8_scaled_mm": false, "tp_timeout": 300.0, "tp_graphs": true, "profile": false}
+	got := decode(Tuning{})
+	if len(got) != len(want) {
+		t.Errorf("defaults: %d keys %v, want %d", len(got), got, len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("defaults: %s = %v, want %v", k, got[k], v)
+		}
+	}
+	got = decode(Tuning{BlockSize: 4, WindowStep: 8, KVFraction: 0.5, NoPrefixCache: true, NoSplitSteps: true,
+		NoKernels: true, NoVarlen: true, NoAttnPrefetch: true, DenseLoRA: true, FP8ScaledMM: true,
+		TPTimeout: 3 * time.Second, NoTPGraphs: true, Profile: true})
+	set := map[string]any{"block_size": 4.0, "window_step": 8.0, "kv_fraction": 0.5, "prefix_cache": false,
+		"split_steps": false, "kernels": false, "varlen": false, "attn_prefetch": false, "lora_plan": "dense",
+		"fp8_scaled_mm": true, "tp_timeout": 3.0, "tp_graphs": false, "profile": true}
+	for k, v := range set {
+		if got[k] != v {
+			t.Errorf("set: %s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// TestTuningReachesWorker loads the tiny model with blocks of 8 tokens:
+// the worker pages with what the engine was told, not its default.
+func TestTuningReachesWorker(t *testing.T) {
+	e := newEngine(t, WithTuning(Tuning{BlockSize: 8}))
+	m := load(t, e, tiny(t))
+	if bs := m.Info().BlockSize; bs != 8 {
+		t.Fatalf("Info().BlockSize = %d, want 8 (Tuning.BlockSize)", bs)
+	}
+}
