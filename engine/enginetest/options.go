@@ -69,8 +69,11 @@ func badOption(name string, v any, want string) error {
 }
 
 // WithStepTime makes every Step take fixed + perToken*(tokens fed in the
-// batch), measured from the call and spent waiting on a timer (not burning
-// CPU) that honours the Step's context. Default 0, 0: steps return at once.
+// batch), measured from the call, honouring the Step's context. The wait
+// is on a timer, then for its last tenth (at most 1 ms) on the clock,
+// polled between yields, so that a step ends when it should rather than
+// when a late OS timer fires (SimStats.Polled is the CPU that costs).
+// Default 0, 0: steps return at once.
 func WithStepTime(fixed, perToken time.Duration) SimOption {
 	return func(c *simConfig) error {
 		if fixed < 0 || perToken < 0 {

@@ -99,13 +99,17 @@ type SimStats struct {
 	// AdapterLoads counts LoRA adapters made resident by OpenAdapter
 	// (first use, or use after eviction).
 	AdapterLoads int64
+	// Polled is the time Steps spent polling the clock at the end of
+	// their wait (see [WithStepTime]): CPU the simulated device burns, not
+	// the caller's.
+	Polled time.Duration
 }
 
 type simCounters struct {
 	steps, tokens, sampled atomic.Int64
 	maxBatch, kv, open     atomic.Int64
 	models, loads, cold    atomic.Int64
-	adapterLoads           atomic.Int64
+	adapterLoads, polled   atomic.Int64
 }
 
 // NewSim returns a simulated engine configured by opts; see the Default*
@@ -270,6 +274,7 @@ func (s *Sim) Stats() SimStats {
 		Loads:         s.stats.loads.Load(),
 		ColdSteps:     s.stats.cold.Load(),
 		AdapterLoads:  s.stats.adapterLoads.Load(),
+		Polled:        time.Duration(s.stats.polled.Load()),
 	}
 }
 

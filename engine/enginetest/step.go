@@ -3,6 +3,7 @@ package enginetest
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -230,23 +231,45 @@ func (m *simModel) lostError() error {
 	return fmt.Errorf("enginetest: model %q: simulated worker loss: %w", m.info.ID, engine.ErrWorkerLost)
 }
 
-// waitUntil waits for the deadline on the model's reused timer, ending
-// early with ctx's error or engine.ErrClosed. Has to be called with m.mu
-// held.
+// waitUntil waits for the deadline: on the model's reused timer, then by
+// polling the clock for the last tenth of the wait (at most a
+// millisecond), yielding between polls, as a CUDA stream sync spins. An OS
+// timer alone fires 0.2–0.5 ms late on a loaded machine, which would make
+// the simulated device slower than it was told to be and count its
+// lateness against the serving layer. It ends early with ctx's error or
+// engine.ErrClosed. Has to be called with m.mu held.
 func (m *simModel) waitUntil(ctx context.Context, deadline time.Time) error {
 	d := time.Until(deadline)
 	if d <= 0 {
 		return nil
 	}
-	m.timer.Reset(d)
-	select {
-	case <-m.timer.C:
-		return nil
-	case <-ctx.Done():
-		m.timer.Stop()
-		return ctx.Err()
-	case <-m.done:
-		m.timer.Stop()
-		return fmt.Errorf("enginetest: model %q: closed during step: %w", m.info.ID, engine.ErrClosed)
+	if sleep := d - min(d/10, time.Millisecond); sleep > 0 {
+		m.timer.Reset(sleep)
+		select {
+		case <-m.timer.C:
+		case <-ctx.Done():
+			m.timer.Stop()
+			return ctx.Err()
+		case <-m.done:
+			m.timer.Stop()
+			return m.closedDuringStep()
+		}
 	}
+	polled := time.Now()
+	defer func() { m.sim.stats.polled.Add(int64(time.Since(polled))) }()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return m.closedDuringStep()
+		default:
+			runtime.Gosched()
+		}
+	}
+	return nil
+}
+
+func (m *simModel) closedDuringStep() error {
+	return fmt.Errorf("enginetest: model %q: closed during step: %w", m.info.ID, engine.ErrClosed)
 }
