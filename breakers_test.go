@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/mlxserving/mlxserving"
@@ -31,9 +30,7 @@ func TestWorkerBreakers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sim.Close()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
+	mp := newTestMeter(t)
 	eng := breakerEngine{sim}
 	srv, err := mlxserving.New(eng, mlxserving.WithMeterProvider(mp))
 	if err != nil {
@@ -46,18 +43,12 @@ func TestWorkerBreakers(t *testing.T) {
 	if got := srv.Stats()["sim"].Breakers; !slices.Equal(got, eng.Breakers()) {
 		t.Errorf("Stats breakers %+v, want %+v", got, eng.Breakers())
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == "mlxserving.breaker.state" {
-				for _, p := range g.DataPoints {
-					name, _ := p.Attributes.Value("breaker")
-					got[name.AsString()] = p.Value
-				}
+	for _, m := range mp.metrics(t) {
+		if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == "mlxserving.breaker.state" {
+			for _, p := range g.DataPoints {
+				name, _ := p.Attributes.Value("breaker")
+				got[name.AsString()] = p.Value
 			}
 		}
 	}
