@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/mlxserving/mlxserving"
@@ -402,9 +401,7 @@ func TestMergedGenerationRetriedOnceForAll(t *testing.T) {
 
 // TestMergeMetrics: merged requests and cache results are exported.
 func TestMergeMetrics(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
+	mp := newTestMeter(t)
 	f := newFixture(t, []enginetest.SimOption{enginetest.WithStepTime(2*time.Millisecond, 0)},
 		mlxserving.WithMeterProvider(mp), mlxserving.WithMerging(merge.WithCache(1<<20, time.Minute)))
 	r := req(20, 4, 5, 6)
@@ -417,26 +414,20 @@ func TestMergeMetrics(t *testing.T) {
 	if _, ok := generate(t, f.srv, r); !ok { // a hit
 		t.FailNow()
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					name := m.Name
-					if v, ok := p.Attributes.Value("result"); ok {
-						name += "." + v.AsString()
-					}
-					got[name] += p.Value
+	for _, m := range mp.metrics(t) {
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			for _, p := range d.DataPoints {
+				name := m.Name
+				if v, ok := p.Attributes.Value("result"); ok {
+					name += "." + v.AsString()
 				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					got[m.Name] += p.Value
-				}
+				got[name] += p.Value
+			}
+		case metricdata.Gauge[int64]:
+			for _, p := range d.DataPoints {
+				got[m.Name] += p.Value
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
 )
 
@@ -136,7 +137,7 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 			o.ObserveInt64(evicted, int64(st.CacheEvictions))
 			o.ObserveInt64(cacheBytes, st.CacheBytes)
 		}
-		if be, ok := s.eng.(breakerEngine); ok {
+		if be, ok := s.eng.(engine.WorkerBreakers); ok {
 			for _, b := range be.Breakers() {
 				o.ObserveInt64(breaker, int64(b.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
 			}

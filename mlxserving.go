@@ -221,19 +221,14 @@ type ModelStats struct {
 	// (cached tokens) and what is saved; zero with WithoutPrefixCache.
 	PrefixCache session.CacheStats
 	// Breakers are the circuit breakers of the engine's workers, when the
-	// engine has them (pyproc does).
+	// engine has them (engine.WorkerBreakers; pyproc does).
 	Breakers []retry.Status
-}
-
-// breakerEngine is an engine whose workers have circuit breakers.
-type breakerEngine interface {
-	Breakers() []retry.Status
 }
 
 // Stats returns a snapshot per loaded model.
 func (s *Server) Stats() map[string]ModelStats {
 	var breakers []retry.Status
-	if be, ok := s.eng.(breakerEngine); ok {
+	if be, ok := s.eng.(engine.WorkerBreakers); ok {
 		breakers = be.Breakers()
 	}
 	s.mu.RLock()

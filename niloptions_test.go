@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
@@ -98,7 +99,8 @@ func TestOneClosedSentinel(t *testing.T) {
 }
 
 // TestBadOptionsRefusedAtNew: options the Server uses only at each model
-// load (the batcher's, the prefix cache's) are checked by New.
+// load (the batcher's, the prefix cache's) are checked by New, and so are
+// batcher options that contradict each other whatever the model.
 func TestBadOptionsRefusedAtNew(t *testing.T) {
 	sim, err := enginetest.NewSim()
 	if err != nil {
@@ -107,6 +109,7 @@ func TestBadOptionsRefusedAtNew(t *testing.T) {
 	defer sim.Close()
 	for name, opt := range map[string]mlxserving.Option{
 		"batcher":      mlxserving.WithBatcherOptions(batcher.WithTokenBudget(0)),
+		"batch limits": mlxserving.WithBatcherOptions(batcher.WithMaxBatch(4), batcher.WithTargetStepLatency(time.Millisecond, 8)),
 		"prefix cache": mlxserving.WithPrefixCacheOptions(session.WithBlockSize(-1)),
 	} {
 		if srv, err := mlxserving.New(sim, opt); err == nil {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/mlxserving/mlxserving"
@@ -254,9 +253,7 @@ func validContinuation(tok *tokenizer.Tokenizer, req api.Request, g *streamed) s
 // TestResumeMetrics: resumes are exported by cause, with the gap they
 // added, and their count and gap reach the stream's usage.
 func TestResumeMetrics(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
+	mp := newTestMeter(t)
 	dir, tok := tinyCheckpoint(t)
 	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
 	srv := tokenizerServer(t, dir, []enginetest.SimOption{enginetest.WithVocabSize(tok.VocabSize()), enginetest.WithWorkerLoss(0.2, 7)},
@@ -270,28 +267,22 @@ func TestResumeMetrics(t *testing.T) {
 		resumes += g.usage.Resumes
 		gap += g.usage.ResumeGap
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	var counted int64
 	var gaps uint64
 	var gapSum float64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.sequences.resumed" && v.AsString() == batcher.ResumeWorkerLost {
-						counted += p.Value
-					}
+	for _, m := range mp.metrics(t) {
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			for _, p := range d.DataPoints {
+				if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.sequences.resumed" && v.AsString() == batcher.ResumeWorkerLost {
+					counted += p.Value
 				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.resume.gap" && v.AsString() == batcher.ResumeWorkerLost {
-						gaps += p.Count
-						gapSum += p.Sum
-					}
+			}
+		case metricdata.Histogram[float64]:
+			for _, p := range d.DataPoints {
+				if v, _ := p.Attributes.Value("cause"); m.Name == "mlxserving.resume.gap" && v.AsString() == batcher.ResumeWorkerLost {
+					gaps += p.Count
+					gapSum += p.Sum
 				}
 			}
 		}

@@ -391,6 +391,7 @@ func TestBalancerOptionsValidated(t *testing.T) {
 		balancer.WithHealthCheck(-1, time.Second), balancer.WithAffinityStore(nil, 0),
 		balancer.WithPrefixIndexSize(0), balancer.WithLogger(nil), balancer.WithMeterProvider(nil),
 		balancer.WithLoadRefresh(0), balancer.WithAffinityRefresh(-time.Second), balancer.WithBackendWait(-time.Second),
+		balancer.WithBreaker(retry.WithOpenTimeout(0)), // once refused only by Add
 	} {
 		if _, err := balancer.New(opt); err == nil {
 			t.Error("bad option accepted")

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -133,9 +134,13 @@ func WithHealthCheck(interval, timeout time.Duration) Option {
 
 // WithBreaker configures each backend's circuit breaker (passive outlier
 // ejection). The default opens after 5 consecutive failures (or half of
-// 10+ requests in a minute) and stays open 30 s.
+// 10+ requests in a minute) and stays open 30 s. A bad breaker option
+// makes New fail, not Add.
 func WithBreaker(opts ...retry.BreakerOption) Option {
 	return func(c *config) error {
+		if _, err := retry.NewBreaker("check", opts...); err != nil {
+			return fmt.Errorf("WithBreaker: %w", err)
+		}
 		c.breakerOpts = append(c.breakerOpts, opts...)
 		return nil
 	}

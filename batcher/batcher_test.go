@@ -499,6 +499,24 @@ func TestOptionsValidated(t *testing.T) {
 	}
 }
 
+// TestCheckOptions: CheckOptions refuses what New would refuse for any
+// model, and leaves what depends on the model to New.
+func TestCheckOptions(t *testing.T) {
+	for _, tc := range []struct {
+		opts []batcher.Option
+		ok   bool
+	}{
+		{[]batcher.Option{batcher.WithTokenBudget(0)}, false},
+		{[]batcher.Option{batcher.WithMaxBatch(4), batcher.WithTargetStepLatency(time.Millisecond, 8)}, false},
+		{[]batcher.Option{batcher.WithTargetStepLatency(time.Millisecond, 8)}, true},    // the model's limit decides
+		{[]batcher.Option{batcher.WithMaxBatch(64), batcher.WithTokenBudget(16)}, true}, // a model of 16 or fewer runs it
+	} {
+		if err := batcher.CheckOptions(tc.opts...); (err == nil) != tc.ok {
+			t.Errorf("%d options: CheckOptions = %v, want ok %v", len(tc.opts), err, tc.ok)
+		}
+	}
+}
+
 // stepTokensModel reports a preferred step size, as the torch engine does
 // on CUDA.
 type stepTokensModel struct {

@@ -61,10 +61,11 @@ func defaultConfig() config {
 }
 
 // CheckOptions applies opts to a default configuration and returns the
-// first option's error, so a program that builds batchers later (the
-// root Server, at each model load) can refuse bad options up front.
-// Limits that depend on the model (the batch limit against the token
-// budget) are checked by New.
+// first option's error, or the error of options that contradict each
+// other whatever the model (a minimum batch above the maximum), so a
+// program that builds batchers later (the root Server, at each model
+// load) can refuse bad options up front. Limits that depend on the model
+// (the batch limit against the token budget) are checked by New.
 func CheckOptions(opts ...Option) error {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -75,6 +76,14 @@ func CheckOptions(opts ...Option) error {
 			return err
 		}
 	}
+	return cfg.checkBatch()
+}
+
+// checkBatch refuses a minimum batch above a maximum that is set.
+func (c *config) checkBatch() error {
+	if c.maxBatch > 0 && c.minBatch > c.maxBatch {
+		return fmt.Errorf("minimum batch %d is above the maximum %d", c.minBatch, c.maxBatch)
+	}
 	return nil
 }
 
@@ -83,8 +92,8 @@ func (c *config) resolve(info engine.Info) error {
 	if c.maxBatch == 0 || c.maxBatch > info.MaxBatch {
 		c.maxBatch = info.MaxBatch
 	}
-	if c.minBatch > c.maxBatch {
-		return fmt.Errorf("minimum batch %d is above the maximum %d", c.minBatch, c.maxBatch)
+	if err := c.checkBatch(); err != nil {
+		return err
 	}
 	if !c.tokenBudgetSet && info.StepTokens > 0 {
 		c.tokenBudget = max(info.StepTokens, c.maxBatch)

@@ -25,7 +25,10 @@
 // A model may also implement [Warmer]: Warm runs one step at each
 // batch-size bucket the engine uses on scratch memory, so compiled kernels
 // and CUDA graphs exist before the first request. [Info] reports the
-// model's weight and KV memory, which a memory budget adds up.
+// model's weight and KV memory, which a memory budget adds up. An engine
+// that runs its models on several workers may report their circuit
+// breakers ([WorkerBreakers]) and which worker holds a saved prefix
+// ([WorkerLocator]).
 //
 // Resuming: a sequence whose worker was lost after it generated n tokens
 // can go on as a new sequence whose prompt is the old prompt plus those

@@ -7,38 +7,30 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 // ErrBreakerOpen is wrapped by the error a Breaker returns while it refuses
 // work. It is retryable: another worker or backend may take the request.
 var ErrBreakerOpen = errors.New("circuit breaker open")
 
-// State is a breaker's state.
-type State int
+// State is a breaker's state: the engine contract's type, so that an
+// engine whose workers have breakers (engine.WorkerBreakers) reports
+// them as they are. Its String method returns "closed", "half-open" or
+// "open".
+type State = engine.BreakerState
 
 // Breaker states.
 const (
 	// StateClosed lets every request through and counts failures.
-	StateClosed State = iota
+	StateClosed = engine.BreakerClosed
 	// StateHalfOpen lets a few probe requests through; their successes
 	// close the breaker, a failure opens it again.
-	StateHalfOpen
+	StateHalfOpen = engine.BreakerHalfOpen
 	// StateOpen refuses requests until the open timeout passes.
-	StateOpen
+	StateOpen = engine.BreakerOpen
 )
-
-// String returns "closed", "half-open" or "open".
-func (s State) String() string {
-	switch s {
-	case StateClosed:
-		return "closed"
-	case StateHalfOpen:
-		return "half-open"
-	case StateOpen:
-		return "open"
-	}
-	return fmt.Sprintf("State(%d)", int(s))
-}
 
 func fromGobreaker(s gobreaker.State) State {
 	switch s {
@@ -65,16 +57,9 @@ func (e *OpenError) Error() string {
 // Unwrap returns ErrBreakerOpen.
 func (e *OpenError) Unwrap() error { return ErrBreakerOpen }
 
-// Status is a snapshot of a breaker, for Stats and metrics.
-type Status struct {
-	Name  string
-	State State
-	// Requests, Failures and ConsecutiveFailures are the counts of the
-	// current window (closed) or probe round (half-open).
-	Requests            uint32
-	Failures            uint32
-	ConsecutiveFailures uint32
-}
+// Status is a snapshot of a breaker, for Stats and metrics: the engine
+// contract's type, like State.
+type Status = engine.BreakerStatus
 
 // Breaker is a circuit breaker guarding one worker or backend, built on
 // gobreaker's two-step breaker: Allow admits a request and returns the

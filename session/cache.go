@@ -81,8 +81,9 @@ func WithOnLost(fn func(key string)) CacheOption {
 }
 
 // WithOnSaved calls fn after Free saved a sequence's KV under key, with
-// the engine worker holding it when the model can tell (a worker pool
-// such as the Python engine's; -1 otherwise), so a session registry can
+// the engine worker holding it when the model can tell
+// (engine.WorkerLocator: a worker pool such as the Python engine's; -1
+// otherwise), so a session registry can
 // record the session's affinity. fn runs on the caller of Free and must
 // not block.
 func WithOnSaved(fn func(key string, worker int)) CacheOption {
@@ -93,12 +94,6 @@ func WithOnSaved(fn func(key string, worker int)) CacheOption {
 		c.onSaved = fn
 		return nil
 	}
-}
-
-// workerLocator is implemented by models whose saved KV lives on one of
-// several workers.
-type workerLocator interface {
-	SavedWorker(key string) int
 }
 
 // PrefixCache wraps a model to make prefix caching automatic. It is an
@@ -315,7 +310,7 @@ func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
 		}
 		if c.cfg.onSaved != nil {
 			worker := -1
-			if wl, ok := c.m.(workerLocator); ok {
+			if wl, ok := c.m.(engine.WorkerLocator); ok {
 				worker = wl.SavedWorker(saveKey)
 			}
 			c.cfg.onSaved(saveKey, worker)

@@ -247,6 +247,31 @@ func TestOnSaved(t *testing.T) {
 	}
 }
 
+// locatedModel is a model whose saved KV lives on one of several workers:
+// worker 3 holds every key but "gone", which no live worker holds.
+type locatedModel struct{ engine.Model }
+
+func (locatedModel) SavedWorker(key string) int {
+	if key == "gone" {
+		return -1
+	}
+	return 3
+}
+
+var _ engine.WorkerLocator = locatedModel{}
+
+// TestOnSavedWorker: a model that implements engine.WorkerLocator tells
+// the callback which worker holds the saved KV.
+func TestOnSavedWorker(t *testing.T) {
+	var got []string
+	c := newCache(t, locatedModel{newSimModel(t)}, WithOnSaved(func(k string, w int) { got = append(got, fmt.Sprint(k, w)) }))
+	turn(t, c, 1, tokens(50, 20), "", "a", 1)
+	turn(t, c, 2, tokens(51, 20), "", "gone", 1)
+	if !slices.Equal(got, []string{"a3", "gone-1"}) {
+		t.Fatalf("saved callbacks %v; want a on worker 3, gone on -1", got)
+	}
+}
+
 func TestCacheOptions(t *testing.T) {
 	m := newSimModel(t)
 	for _, o := range []CacheOption{WithTokenBudget(-1), WithBlockSize(0), WithOnLost(nil), WithOnSaved(nil)} {

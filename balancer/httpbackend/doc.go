@@ -32,7 +32,11 @@
 // the upstream's Retry-After. A stream that breaks after text reached the
 // caller ends with a *retry.InterruptedError, never with a silent
 // truncation; one that breaks before any text ends with an *Error, still
-// safe to retry.
+// safe to retry. An error event inside the stream is a [*StreamError]
+// under either; like an *Error it unwraps to the typed error the
+// upstream's code stands for (internal/wireerr rebuilds both, as it does
+// for balancer/natsbackend), so a deadline that fired upstream is a
+// *retry.DeadlineError here.
 //
 // An mlxserving upstream added WithResume streams every token's id
 // (return_token_ids), so a balancer.LoadBalancer resumes a stream it

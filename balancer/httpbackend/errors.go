@@ -148,13 +148,31 @@ func protocolError(detail string, data []byte) *ProtocolError {
 }
 
 // StreamError is an error event the upstream sent inside its stream, after
-// the response had started.
+// the response had started. Like an *Error it unwraps to the typed error
+// the upstream's code stands for (a *retry.DeadlineError for a deadline
+// that fired mid-stream, an *engine.InvalidParamError, ...), so callers
+// classify it as they would a local error.
 type StreamError struct {
-	Type, Code, Message string
+	// Type, Code and Param are the event's error fields; an mlxserving
+	// upstream's Code is its classification of the error, one of package
+	// retry's codes.
+	Type, Code, Param string
+	// Message is the upstream's error message.
+	Message string
+	// Context holds a context-length refusal's numbers when the upstream
+	// sent them; nil otherwise.
+	Context *engine.ContextLengthError
 }
 
 func (e *StreamError) Error() string {
 	return fmt.Sprintf("httpbackend: upstream failed mid-stream (%s %s): %s", e.Type, e.Code, e.Message)
+}
+
+// Unwrap returns the typed error Code stands for when it is one of
+// retry's codes; nil otherwise.
+func (e *StreamError) Unwrap() error {
+	f := wireerr.Fields{Code: e.Code, Message: e.Message, Param: e.Param, Context: e.Context}
+	return f.Err()
 }
 
 // errorBody is an OpenAI-shaped error ({"error": {...}}), or vLLM's older
@@ -177,6 +195,19 @@ type errorFields struct {
 	} `json:"context"`
 }
 
+// details returns the error object's code (when it is a string), param,
+// and context-length numbers (with the context-length code).
+func (f *errorFields) details() (code, param string, context *engine.ContextLengthError) {
+	_ = json.Unmarshal(f.Code, &code)
+	if f.Param != nil {
+		param = *f.Param
+	}
+	if c := f.Context; c != nil && code == retry.CodeContextLength && c.Limit > 0 {
+		context = &engine.ContextLengthError{Prompt: c.Prompt, MaxNew: c.MaxNew, Limit: c.Limit}
+	}
+	return code, param, context
+}
+
 // statusError builds the *Error for a non-2xx response with body b.
 func statusError(url string, resp *http.Response, b []byte) *Error {
 	e := &Error{URL: url, Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
@@ -186,16 +217,7 @@ func statusError(url string, resp *http.Response, b []byte) *Error {
 		switch {
 		case len(body.Error) > 0 && body.Error[0] == '{' && json.Unmarshal(body.Error, &f) == nil:
 			e.Message, e.Type = f.Message, f.Type
-			if f.Param != nil {
-				e.Param = *f.Param
-			}
-			var code string
-			if json.Unmarshal(f.Code, &code) == nil {
-				e.Code = code
-			}
-			if c := f.Context; c != nil && e.Code == retry.CodeContextLength && c.Limit > 0 {
-				e.Context = &engine.ContextLengthError{Prompt: c.Prompt, MaxNew: c.MaxNew, Limit: c.Limit}
-			}
+			e.Code, e.Param, e.Context = f.details()
 		case len(body.Error) > 0 && body.Error[0] == '"':
 			_ = json.Unmarshal(body.Error, &e.Message) // llama.cpp/Ollama: {"error": "message"}
 		default:

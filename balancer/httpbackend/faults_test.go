@@ -16,6 +16,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/httpbackend"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -176,6 +177,53 @@ func TestGarbage(t *testing.T) {
 			}
 			if text.String() != tc.text {
 				t.Errorf("delivered %q, want %q", text.String(), tc.text)
+			}
+		})
+	}
+}
+
+// TestStreamErrorTyped: an error event after text unwraps, like an
+// *Error, to the typed error its code stands for, so the failure inside
+// the InterruptedError classifies as the upstream's (whether it counts
+// against the backend's breaker, the code a gateway passes on).
+func TestStreamErrorTyped(t *testing.T) {
+	for _, tc := range []struct {
+		event, code string
+		typed       func(error) bool
+	}{
+		{`{"message":"no token for 2s","type":"server_error","code":"stall_timeout"}`, retry.CodeStallDeadline,
+			func(err error) bool {
+				var de *retry.DeadlineError
+				return errors.As(err, &de) && de.Kind == retry.Stall
+			}},
+		{`{"message":"bad","type":"invalid_request_error","param":"top_p","code":"invalid_value"}`, retry.CodeInvalidValue,
+			func(err error) bool {
+				var ip *engine.InvalidParamError
+				return errors.As(err, &ip) && ip.Param == "top_p"
+			}},
+		{`{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded","context":{"prompt_tokens":9,"max_tokens":4,"context_length":12}}`,
+			retry.CodeContextLength,
+			func(err error) bool {
+				var cl *engine.ContextLengthError
+				return errors.As(err, &cl) && cl.Limit == 12 && cl.Prompt == 9
+			}},
+		{`{"message":"worker died","type":"server_error","code":"` + retry.CodeWorkerLost + `"}`, retry.CodeWorkerLost,
+			func(err error) bool { return errors.Is(err, engine.ErrWorkerLost) }},
+		{`{"message":"odd","type":"server_error","code":"foreign_code"}`, retry.CodeInternal,
+			func(err error) bool {
+				var se *httpbackend.StreamError
+				return errors.As(err, &se) && errors.Unwrap(se) == nil
+			}},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			b := newBackend(t, garbage(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok, `data: {"error":`+tc.event+`}`) }))
+			_, err := mustStream(generate(b, 8)).Collect()
+			var ie *retry.InterruptedError
+			if !errors.As(err, &ie) || !tc.typed(err) {
+				t.Fatalf("err %v: want an InterruptedError over the typed error", err)
+			}
+			if got := retry.Classify(ie.Err).Code; got != tc.code {
+				t.Errorf("class code %q, want %q", got, tc.code)
 			}
 		})
 	}

@@ -322,9 +322,8 @@ func logprob(raw json.RawMessage) (float32, bool) {
 func streamError(raw json.RawMessage) *StreamError {
 	var f errorFields
 	if raw[0] == '{' && json.Unmarshal(raw, &f) == nil {
-		var code string
-		_ = json.Unmarshal(f.Code, &code)
-		return &StreamError{Type: f.Type, Code: code, Message: f.Message}
+		code, param, context := f.details()
+		return &StreamError{Type: f.Type, Code: code, Param: param, Message: f.Message, Context: context}
 	}
 	var msg string
 	_ = json.Unmarshal(raw, &msg)

@@ -30,7 +30,7 @@ bench)
 	tail -3 /tmp/mlx-cuda-build.log | tee "$out/mlx-build.txt"
 	LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx.txt"
 	# the same binary without the fused decode kernels (MLX ops instead)
-	LD_LIBRARY_PATH=$prefix/lib MLXSERVING_MLX_FUSED=0 "$bin/mlxbench" -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx-unfused.txt"
+	LD_LIBRARY_PATH=$prefix/lib "$bin/mlxbench" -fused=false -dir /tmp/llama1b -batches 1,8,32,64 2>&1 | tee "$out/mlx-unfused.txt"
 	"$bin/gpubench" -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill "" -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/torch.txt" ;;
 quant)
 	bin=$2 out=$3

@@ -6,9 +6,10 @@
 // weights, a 128-token prompt per sequence prefilled in one step, then 128
 // greedy decode steps for the whole batch, at each batch size. Beside
 // tokens/s it prints the MLX primitives a decode step builds, whole and
-// per decoder layer (mlx.PrimitiveCount). MLXSERVING_MLX_FUSED=0 turns
-// the engine's fused decode kernels off on a CUDA GPU, so one binary
-// measures both.
+// per decoder layer (mlx.PrimitiveCount). -fused=false turns the
+// engine's fused decode kernels off on a CUDA GPU, so one binary measures
+// both (before the option existed, the environment variable
+// MLXSERVING_MLX_FUSED=0 did).
 //
 //	go build -tags mlx -o bin/mlxbench ./cmd/mlxbench
 //	bin/mlxbench -dir /tmp/llama1b -batches 1,8,32,64 -device gpu
@@ -52,7 +53,13 @@ func main() {
 	gpuProfile := flag.Bool("gpuprofile", false, "bracket each batch size's timed decode steps with cuProfilerStart/Stop, for ncu --profile-from-start off")
 	shape := flag.String("shape", "llama1b", "checkpoint shape (testmodel.Shapes)")
 	quant := flag.String("quant", "", "mlx4, mlx8, or a testmodel layout (awq, gptq, fp8, fp8-channel); empty: bf16")
+	fused := flag.Bool("fused", true, "the fused decode-layer kernels on a CUDA GPU (mlx.WithFusedKernels); false: the MLX ops they replace")
 	flag.Parse()
+	// float32 runs in float32, not TF32, unless the environment says
+	// otherwise (see engine/mlx: MLX reads the variable itself).
+	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+		must(os.Setenv("MLX_ENABLE_TF32", "0"))
+	}
 	mk, ok := testmodel.Shapes()[*shape]
 	if !ok {
 		log.Fatalf("-shape %q: not a testmodel shape", *shape)
@@ -72,7 +79,7 @@ func main() {
 	for _, b := range sizes {
 		maxB = max(maxB, b)
 	}
-	e, err := mlx.New(mlx.WithDevice(*device), mlx.WithMaxBatch(maxB))
+	e, err := mlx.New(mlx.WithDevice(*device), mlx.WithMaxBatch(maxB), mlx.WithFusedKernels(*fused))
 	must(err)
 	defer e.Close()
 	ctx := context.Background()

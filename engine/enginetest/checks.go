@@ -163,7 +163,9 @@ func checkSeededSampling(tb testing.TB, s *suite) {
 // the case of a chat template that renders the previous answer differently
 // from the tokens generated — and the tokens equal a full prefill's. The
 // saved entry stays whole for later Opens. Models that implement
-// engine.SavedKV forget a dropped key.
+// engine.SavedKV forget a dropped key; models that implement
+// engine.WorkerLocator name a worker for a saved key and none for a key
+// never saved or dropped.
 func checkPartialPrefixReuse(tb testing.TB, s *suite) {
 	first := &plan{id: s.id(), prompt: s.prompt(90, 14), n: 8, save: "conformance-partial"}
 	s.run(tb, s.m, first)
@@ -187,12 +189,20 @@ func checkPartialPrefixReuse(tb testing.TB, s *suite) {
 		}
 		s.sameAsAlone(tb, "partial prefix reuse, "+c.what, p)
 	}
+	wl, locates := s.m.(engine.WorkerLocator)
+	if locates && (wl.SavedWorker(first.save) < 0 || wl.SavedWorker("conformance-never-saved") != -1) {
+		tb.Errorf("SavedWorker: %d for a saved key, %d for a key never saved; want a worker and -1",
+			wl.SavedWorker(first.save), wl.SavedWorker("conformance-never-saved"))
+	}
 	sk, ok := s.m.(engine.SavedKV)
 	if !ok {
 		return
 	}
 	sk.DropSaved(first.save)
 	sk.DropSaved("conformance-never-saved")
+	if locates && wl.SavedWorker(first.save) != -1 {
+		tb.Errorf("SavedWorker names worker %d for a key dropped with DropSaved", wl.SavedWorker(first.save))
+	}
 	p := &plan{id: s.id(), prompt: append(slices.Clone(hist), s.prompt(94, 3)...), n: 4, key: first.save}
 	s.run(tb, s.m, p)
 	if p.reused != 0 {

@@ -97,7 +97,7 @@ import "C"
 
 // kernels are a worker's compiled functions, made on its thread at start,
 // and on a CUDA GPU the custom kernels of the decode step: the pool's
-// decode attention (pooled.go) and, unless MLXSERVING_MLX_FUSED=0 turns
+// decode attention (pooled.go) and, unless WithFusedKernels(false) turns
 // them off, the fused decode-layer kernels (fused.go).
 type kernels struct {
 	swiglu, gumbel C.mlx_closure
@@ -111,7 +111,7 @@ type kernels struct {
 	gluRows        C.mlx_fast_cuda_kernel
 }
 
-func compileKernels(s C.mlx_stream) (*kernels, error) {
+func compileKernels(s C.mlx_stream, fused bool) (*kernels, error) {
 	k := &kernels{swiglu: C.mlx_closure_new(), gumbel: C.mlx_closure_new()}
 	if rc := C.mlxs_compiled(&k.swiglu, &k.ids[0], 0, s); rc != 0 {
 		k.free()
@@ -124,7 +124,7 @@ func compileKernels(s C.mlx_stream) (*kernels, error) {
 	k.cpu = cpuStream(s)
 	if k.cuda = cudaStream(s); k.cuda {
 		k.pooled = newPooledKernel()
-		if k.fused = fusedKernelsOn(); k.fused {
+		if k.fused = fused; k.fused {
 			k.addNorm, k.ropeKV, k.gluRows = newFusedKernels()
 		}
 	}

@@ -136,8 +136,9 @@
 // the same position attend together, causally. On a CUDA GPU a step of
 // decode inputs only runs ten MLX primitives a layer (fused.go: custom
 // kernels for residual add + norm, RoPE + KV rows and the gated MLP,
-// attention rotating its own queries); MLXSERVING_MLX_FUSED=0 turns those
-// kernels off, and Primitives reports a step's count (PrimitiveCount).
+// attention rotating its own queries); WithFusedKernels(false) turns
+// those kernels off, and Primitives reports a step's count
+// (PrimitiveCount).
 // Sampling runs for the whole batch on the device (top-k and top-p by
 // thresholds, no vocabulary sort; SwiGLU and the sampling noise are
 // compiled with MLX's compile) and a seeded draw depends only on the
@@ -147,6 +148,19 @@
 // sequence opened with SamplingParams.Generated set starts its draws at
 // that position and counts the prompt's last Generated tokens for
 // presence and frequency penalties, so it goes on as the interrupted one
-// would have. float32 matrix products do not use TF32 unless
-// WithTF32 asks.
+// would have.
+//
+// # float32 and TF32
+//
+// On a GPU that has TF32 (CUDA), MLX runs float32 matrix products in
+// it, with a 10-bit mantissa, unless the environment sets
+// MLX_ENABLE_TF32=0: MLX reads the variable itself, once per process, at
+// its first matrix product. The engine neither reads nor sets it. A
+// program that needs exact float32 — comparing with a reference pass,
+// measuring float32 checkpoints — sets it in main before it starts the
+// engine, as examples/server, cmd/mlxbench and this package's tests do:
+//
+//	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+//		os.Setenv("MLX_ENABLE_TF32", "0")
+//	}
 package mlx

@@ -11,7 +11,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -48,20 +47,11 @@ func New(opts ...Option) (*Engine, error) {
 	if err := o.apply(opts); err != nil {
 		return nil, err
 	}
-	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
-		tf32 := "0"
-		if o.tf32 {
-			tf32 = "1"
-		}
-		if err := os.Setenv("MLX_ENABLE_TF32", tf32); err != nil {
-			return nil, fmt.Errorf("mlx: setting MLX_ENABLE_TF32: %w", err)
-		}
-	}
 	metal.Init()
 	if err := applyLimits(&o); err != nil {
 		return nil, err
 	}
-	w, err := startWorker(o.device)
+	w, err := startWorker(o.device, o.fused)
 	if err != nil {
 		return nil, fmt.Errorf("mlx: start: %w", err)
 	}

@@ -109,13 +109,6 @@ static mlx_fast_cuda_kernel mlxs_fused_new(int which) {
 */
 import "C"
 
-import "os"
-
-// fusedKernelsOn reports whether the fused decode-layer kernels are
-// wanted on a CUDA GPU: unless MLXSERVING_MLX_FUSED is "0", so that one
-// binary can be measured both ways. Read once, when a worker starts.
-func fusedKernelsOn() bool { return os.Getenv("MLXSERVING_MLX_FUSED") != "0" }
-
 // newFusedKernels makes the add-norm, rope-KV and gated-linear kernels;
 // CUDA only.
 func newFusedKernels() (addNorm, ropeKV, gluRows C.mlx_fast_cuda_kernel) {

@@ -87,7 +87,7 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 
 // TestFusedMatchesComposed runs only on a CUDA GPU: the fused decode
 // kernels (addNorm, ropeKV, gluRows, the q-rotating pool attention)
-// against the same model with MLXSERVING_MLX_FUSED=0 (MLX ops and the
+// against the same model with WithFusedKernels(false) (MLX ops and the
 // plain pool kernel), at several batch sizes with mixed lengths.
 func TestFusedMatchesComposed(t *testing.T) {
 	for _, dt := range []struct {
@@ -96,9 +96,7 @@ func TestFusedMatchesComposed(t *testing.T) {
 	}{{"float32", 1e-4}, {"bfloat16", 3e-2}} {
 		t.Run(dt.name, func(t *testing.T) {
 			dir := tinyDir(t, func(c *testmodel.Config) { c.DType = dt.name })
-			t.Setenv("MLXSERVING_MLX_FUSED", "0")
-			base := gpuModel(t, dir)
-			t.Setenv("MLXSERVING_MLX_FUSED", "1")
+			base := gpuModel(t, dir, WithFusedKernels(false))
 			fused := gpuModel(t, dir)
 			if on := fusedOn(t, fused); !on || fusedOn(t, base) {
 				t.Skipf("the fused decode kernels run only on a CUDA GPU (fused %v)", on)
@@ -123,10 +121,11 @@ func TestFusedMatchesComposed(t *testing.T) {
 	}
 }
 
-// gpuModel loads dir on the GPU, skipping the test where there is none.
-func gpuModel(t *testing.T, dir string) *model {
+// gpuModel loads dir on the GPU of an engine with opts, skipping the test
+// where there is none.
+func gpuModel(t *testing.T, dir string, opts ...Option) *model {
 	t.Helper()
-	e, err := New(WithDevice("gpu"))
+	e, err := New(append([]Option{WithDevice("gpu")}, opts...)...)
 	if err != nil {
 		t.Skipf("no GPU: %v", err)
 	}

@@ -5,6 +5,7 @@ package mlx
 import (
 	"context"
 	"math"
+	"os"
 	"slices"
 	"testing"
 
@@ -15,6 +16,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The tests compare float32 results with exact references: no TF32 on
+	// a GPU that has it (see the package doc).
+	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+		_ = os.Setenv("MLX_ENABLE_TF32", "0")
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -21,11 +21,11 @@ type options struct {
 	setWired    bool
 	logger      *slog.Logger
 	kvFraction  float64
-	tf32        bool
+	fused       bool
 }
 
 func defaultOptions() options {
-	return options{maxBatch: 16, prefixSlots: 64, logger: slog.New(slog.DiscardHandler), kvFraction: 0.5}
+	return options{maxBatch: 16, prefixSlots: 64, logger: slog.New(slog.DiscardHandler), kvFraction: 0.5, fused: true}
 }
 
 func (o *options) apply(opts []Option) error {
@@ -77,14 +77,13 @@ func WithDevice(name string) Option {
 	}
 }
 
-// WithTF32 lets float32 matrix products run in TF32 on GPUs that have it
-// (MLX's MLX_ENABLE_TF32): faster, with a 10-bit mantissa. Without it the
-// engine sets MLX_ENABLE_TF32=0 unless the environment already sets it, so
-// float32 checkpoints compute in full float32. MLX reads the variable once
-// per process, at its first matrix product: the first Engine decides.
-func WithTF32() Option {
+// WithFusedKernels turns the fused decode-layer kernels of a CUDA GPU on
+// (the default) or off: off, a decode step runs the MLX operations they
+// replace, so one program can measure both ways (see the package doc).
+// Elsewhere there are none and it changes nothing.
+func WithFusedKernels(on bool) Option {
 	return func(o *options) error {
-		o.tf32 = true
+		o.fused = on
 		return nil
 	}
 }

@@ -5,7 +5,6 @@ package mlx
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"testing"
 
@@ -186,22 +185,6 @@ func TestDrawFollowsProbabilities(t *testing.T) {
 		if got := float64(counts[j]) / n; math.Abs(got-want) > 0.03 {
 			t.Errorf("token %d drawn %.3f of the time, probability %.3f", j, got, want)
 		}
-	}
-}
-
-// TestTF32OffByDefault: New turns MLX's TF32 off unless asked or already
-// set in the environment.
-func TestTF32OffByDefault(t *testing.T) {
-	t.Setenv("MLX_ENABLE_TF32", "")
-	os.Unsetenv("MLX_ENABLE_TF32")
-	newEngine(t)
-	if got := os.Getenv("MLX_ENABLE_TF32"); got != "0" {
-		t.Fatalf("MLX_ENABLE_TF32=%q after New, want 0", got)
-	}
-	t.Setenv("MLX_ENABLE_TF32", "1")
-	newEngine(t)
-	if got := os.Getenv("MLX_ENABLE_TF32"); got != "1" {
-		t.Fatalf("MLX_ENABLE_TF32=%q after New with it set, want it kept", got)
 	}
 }
 

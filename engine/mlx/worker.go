@@ -23,11 +23,12 @@ type worker struct {
 }
 
 // startWorker starts the thread and picks the stream of device ("" for
-// MLX's default device).
-func startWorker(device string) (*worker, error) {
+// MLX's default device); fused asks for the fused decode-layer kernels
+// where the stream runs on a CUDA GPU.
+func startWorker(device string, fused bool) (*worker, error) {
 	w := &worker{jobs: make(chan func(*graph)), done: make(chan struct{})}
 	errc := make(chan error, 1)
-	go w.loop(device, errc)
+	go w.loop(device, fused, errc)
 	if err := <-errc; err != nil {
 		<-w.done
 		return nil, err
@@ -35,7 +36,7 @@ func startWorker(device string) (*worker, error) {
 	return w, nil
 }
 
-func (w *worker) loop(device string, errc chan<- error) {
+func (w *worker) loop(device string, fused bool, errc chan<- error) {
 	// The goroutine stays locked until it exits, so the thread ends with it.
 	runtime.LockOSThread()
 	defer close(w.done)
@@ -68,7 +69,7 @@ func (w *worker) loop(device string, errc chan<- error) {
 		errc <- errMLX("default stream", rc)
 		return
 	}
-	k, err := compileKernels(w.stream)
+	k, err := compileKernels(w.stream, fused)
 	if err != nil {
 		errc <- err
 		return

@@ -29,7 +29,10 @@ type Engine struct {
 	nextID atomic.Uint64
 }
 
-var _ engine.Engine = (*Engine)(nil)
+var (
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.WorkerBreakers = (*Engine)(nil)
+)
 
 // slot is one position of the pool: the worker running there now, replaced
 // by its supervisor when it dies.

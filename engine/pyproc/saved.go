@@ -14,7 +14,10 @@ import (
 // there.
 const affinityLoad = 1.25
 
-var _ engine.SavedKV = (*Model)(nil)
+var (
+	_ engine.SavedKV       = (*Model)(nil)
+	_ engine.WorkerLocator = (*Model)(nil)
+)
 
 // pickFor is the slot a sequence with prefix key goes to, with the
 // breaker admission's done func as pickSlot gives it: the holder of the

@@ -61,6 +61,12 @@ import (
 )
 
 func main() {
+	// The MLX engine serves float32 checkpoints in float32: MLX would run
+	// their matrix products in TF32 on a GPU that has it unless told so
+	// (the environment wins when it sets the variable).
+	if _, set := os.LookupEnv("MLX_ENABLE_TF32"); !set {
+		_ = os.Setenv("MLX_ENABLE_TF32", "0")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
