@@ -3,6 +3,8 @@ package mlxserving
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +35,22 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	}
 }
 
+// WithMetricAttributes adds attributes to every measurement the Server
+// records, so that several Servers can share one meter provider: one per
+// replica of a model on its own GPUs, told apart by a "replica"
+// attribute, as examples/server does with -gpus.
+func WithMetricAttributes(kv ...attribute.KeyValue) Option {
+	return func(c *config) error {
+		for _, a := range kv {
+			if !a.Valid() {
+				return fmt.Errorf("metric attribute %q is not valid", a.Key)
+			}
+		}
+		c.metricAttrs = append(c.metricAttrs, kv...)
+		return nil
+	}
+}
+
 // metrics holds the Server's instruments.
 type metrics struct {
 	requests     metric.Int64Counter
@@ -54,6 +72,7 @@ type metrics struct {
 	embedTime    metric.Float64Histogram
 	registration metric.Registration
 
+	base  []attribute.KeyValue // WithMetricAttributes': on every measurement
 	mu    sync.Mutex
 	attrs map[attrKey]metric.MeasurementOption // cached, so recording does not allocate
 }
@@ -67,12 +86,12 @@ type attrKey struct {
 // latencyBuckets are in seconds, from 1 ms to a minute.
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
-func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
+func newMetrics(mp metric.MeterProvider, base []attribute.KeyValue, s *Server) (*metrics, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
 	meter := mp.Meter("github.com/mlxserving/mlxserving")
-	m := &metrics{attrs: make(map[attrKey]metric.MeasurementOption)}
+	m := &metrics{base: base, attrs: make(map[attrKey]metric.MeasurementOption)}
 	var errs []error
 	check := func(err error) { errs = append(errs, err) }
 	hist := func(name, desc string) metric.Float64Histogram {
@@ -106,13 +125,13 @@ func newMetrics(mp metric.MeterProvider, s *Server) (*metrics, error) {
 		metric.WithUnit("{sequence}"), metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
 	check(err)
 	m.batchSize = bs
-	m.registration, err = registerGauges(meter, s)
+	m.registration, err = m.registerGauges(meter, s)
 	check(err)
 	return m, errors.Join(errs...)
 }
 
 // registerGauges reports per-model occupancy when the exporter collects.
-func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) {
+func (m *metrics) registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) {
 	running, err1 := meter.Int64ObservableGauge("mlxserving.sequences.running", metric.WithDescription("Sequences in the running batch."))
 	waiting, err2 := meter.Int64ObservableGauge("mlxserving.sequences.waiting", metric.WithDescription("Requests waiting in the queue."))
 	kvUsed, err3 := meter.Float64ObservableGauge("mlxserving.kv.usage", metric.WithDescription("Fraction of the KV capacity reserved by running sequences."))
@@ -127,26 +146,26 @@ func registerGauges(meter metric.Meter, s *Server) (metric.Registration, error) 
 	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9); err != nil {
 		return nil, err
 	}
-	hit, miss := metric.WithAttributes(attribute.String("result", "hit")), metric.WithAttributes(attribute.String("result", "miss"))
+	hit, miss, none := m.with(attribute.String("result", "hit")), m.with(attribute.String("result", "miss")), m.with()
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if s.merger != nil {
 			st := s.merger.Stats()
-			o.ObserveInt64(merged, int64(st.Merged))
+			o.ObserveInt64(merged, int64(st.Merged), none)
 			o.ObserveInt64(cacheReq, int64(st.CacheHits), hit)
 			o.ObserveInt64(cacheReq, int64(st.CacheMisses), miss)
-			o.ObserveInt64(evicted, int64(st.CacheEvictions))
-			o.ObserveInt64(cacheBytes, st.CacheBytes)
+			o.ObserveInt64(evicted, int64(st.CacheEvictions), none)
+			o.ObserveInt64(cacheBytes, st.CacheBytes, none)
 		}
 		if be, ok := s.eng.(engine.WorkerBreakers); ok {
 			for _, b := range be.Breakers() {
-				o.ObserveInt64(breaker, int64(b.State), metric.WithAttributes(attribute.String("breaker", b.Name)))
+				o.ObserveInt64(breaker, int64(b.State), m.with(attribute.String("breaker", b.Name)))
 			}
 		}
 		for id, st := range s.Stats() {
-			attrs := metric.WithAttributes(attribute.String("model", id))
+			attrs := m.with(attribute.String("model", id))
 			o.ObserveInt64(running, int64(st.Batcher.Running), attrs)
 			o.ObserveInt64(waiting, int64(st.Queue.Queued), attrs)
-			o.ObserveInt64(resumed, int64(st.Batcher.Resumed), metric.WithAttributes(attribute.String("model", id), attribute.String("cause", batcher.ResumeWorkerLost)))
+			o.ObserveInt64(resumed, int64(st.Batcher.Resumed), m.with(attribute.String("model", id), attribute.String("cause", batcher.ResumeWorkerLost)))
 			if st.Batcher.KVCapacity > 0 {
 				o.ObserveFloat64(kvUsed, float64(st.Batcher.KVReserved)/float64(st.Batcher.KVCapacity), attrs)
 			}
@@ -170,9 +189,15 @@ func (m *metrics) attr(model string, tier api.Tier, outcome string) metric.Measu
 	if outcome != "" {
 		kv = append(kv, attribute.String("outcome", outcome))
 	}
-	o := metric.WithAttributeSet(attribute.NewSet(kv...))
+	o := m.with(kv...)
 	m.attrs[k] = o
 	return o
+}
+
+// with returns the measurement option of kv and the Server's own
+// attributes.
+func (m *metrics) with(kv ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(append(slices.Clip(m.base), kv...)...))
 }
 
 // stepObserver records a model's engine steps.
@@ -188,7 +213,7 @@ func (m *metrics) stepObserver(model string) func(batcher.StepStats) {
 // resumeObserver records a model's resumed sequences.
 func (m *metrics) resumeObserver(model string) func(batcher.ResumeStats) {
 	return func(r batcher.ResumeStats) {
-		m.resumeGap.Record(context.Background(), r.Gap.Seconds(), metric.WithAttributes(attribute.String("model", model), attribute.String("cause", r.Cause)))
+		m.resumeGap.Record(context.Background(), r.Gap.Seconds(), m.with(attribute.String("model", model), attribute.String("cause", r.Cause)))
 	}
 }
 

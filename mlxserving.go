@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/mlxserving/mlxserving/batcher"
@@ -111,7 +112,7 @@ func (s *Server) build(cfg *config) (err error) {
 			return err
 		}
 	}
-	if s.metrics, err = newMetrics(cfg.meterProvider, s); err != nil {
+	if s.metrics, err = newMetrics(cfg.meterProvider, cfg.metricAttrs, s); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	if s.sessions, err = s.newRegistry(); err != nil {
@@ -142,6 +143,7 @@ type Option func(*config) error
 type config struct {
 	logger        *slog.Logger
 	meterProvider metric.MeterProvider
+	metricAttrs   []attribute.KeyValue
 	schedulerOpts []scheduler.Option
 	batcherOpts   []batcher.Option
 	sessionOpts   []session.Option

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 )
 
@@ -65,7 +65,7 @@ func (c *clusterFlags) check() error {
 // joinCluster serves srv over NATS as an instance when -nats is set and
 // returns how to leave: drain (advertised as draining for the notice,
 // then the streams in flight end with their final chunk) and close.
-func joinCluster(c clusterFlags, srv *mlxserving.Server, log *slog.Logger) (leave func(context.Context), err error) {
+func joinCluster(c clusterFlags, srv balancer.Backend, log *slog.Logger) (leave func(context.Context), err error) {
 	if c.urls == "" {
 		return func(context.Context) {}, nil
 	}

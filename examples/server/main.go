@@ -204,24 +204,17 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 			"model", id, "path", dir)
 	}
 	defer cleanup()
-	eng, err := openEngine(ctx, o, dir, log)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = eng.Close() }()
-	log.Info("engine started", "engine", eng.Name())
-
 	mp, metricsHandler, reg, err := newMetrics()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-	srv, err := mlxserving.New(eng, serverOptions(o, log, mp)...)
+	rs, err := openReplicas(ctx, o, dir, log, mp)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = srv.Close() }()
-	if err := registerVLLM(reg, srv); err != nil {
+	defer rs.close()
+	if err := registerVLLM(reg, rs); err != nil {
 		return err
 	}
 
@@ -229,17 +222,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	if err != nil {
 		return err
 	}
-	// The main model first and pinned; /ready waits for it only.
-	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir, AdapterSlots: o.adapterSlots, MaxAdapterRank: o.adapterRank},
-		Priority: mainPriority, Pin: true}
-	pw, err := prewarm.New(srv, append([]prewarm.Model{main}, o.prewarm...),
-		prewarm.WithReadiness(prewarm.WhileWarming(mainPriority)), prewarm.WithLogger(log))
+	pws, err := newPrewarmers(rs, o, dir, id, log)
 	if err != nil {
 		return err
 	}
-	defer pw.Stop()
-	h, err := openai.New(srv, append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp),
-		openai.WithMetricsHandler(metricsHandler), openai.WithReadyCheck(pw.CheckReady)}, keyOpts...)...)
+	defer pws.stop()
+	h, err := openai.New(rs.front(), append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp),
+		openai.WithMetricsHandler(metricsHandler), openai.WithReadyCheck(pws.checkReady)}, keyOpts...)...)
 	if err != nil {
 		return err
 	}
@@ -253,21 +242,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	log.Info("listening", "addr", ln.Addr().String())
 	warnIfExposed(ln.Addr(), nkeys, log)
 
-	if err := startPrewarm(ctx, pw, log); err != nil {
+	if err := pws.start(ctx, log); err != nil {
 		_ = hs.Close()
 		<-served
 		return err
 	}
-	for _, info := range srv.Models() {
+	for _, info := range rs.servers[0].Models() {
 		if info.ID == id {
-			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength)
+			log.Info("serving", "engine", info.Engine, "model", id, "path", dir, "context", info.ContextLength, "replicas", len(rs.servers))
 		}
 	}
 	// Advertised to the cluster once the main model and its adapters serve.
-	err = serveAdapters(ctx, srv, id, o.adapters, log)
+	err = serveAdapters(ctx, rs, id, o.adapters, log)
 	var leave func(context.Context)
 	if err == nil {
-		leave, err = joinCluster(o.cluster, srv, log)
+		leave, err = joinCluster(o.cluster, rs.front(), log)
 	}
 	if err != nil {
 		_ = hs.Close()
@@ -288,7 +277,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	leaveCtx, cancel := context.WithTimeout(context.Background(), o.drain)
 	leave(leaveCtx)
 	cancel()
-	return shutdown(hs, srv, served, o.drain, log)
+	return shutdown(hs, rs, served, o.drain, log)
 }
 
 // serverOptions are the Server's options from the flags.
@@ -314,36 +303,39 @@ func serverOptions(o options, log *slog.Logger, mp *sdkmetric.MeterProvider) []m
 	return opts
 }
 
-// registerVLLM registers the Server's prefix-cache counters and its
+// registerVLLM registers the Servers' prefix-cache counters and their
 // queue, running and KV gauges under vLLM's names, for routers built for
-// vLLM.
-func registerVLLM(reg prometheus.Registerer, srv *mlxserving.Server) error {
-	if err := reg.Register(vllm.PrefixCacheCollector(srv)); err != nil {
+// vLLM (replicas summed: they serve the model together).
+func registerVLLM(reg prometheus.Registerer, rs *replicas) error {
+	if err := reg.Register(vllm.PrefixCacheCollector(rs.servers...)); err != nil {
 		return err
 	}
-	gauges, err := vllm.LoadCollector(srv)
+	gauges, err := vllm.LoadCollector(rs.front())
 	if err != nil {
 		return err
 	}
 	return reg.Register(gauges)
 }
 
-// serveAdapters loads the -lora adapters over the main model id.
-func serveAdapters(ctx context.Context, srv *mlxserving.Server, id string, adapters []mlxserving.AdapterSpec, log *slog.Logger) error {
-	for _, a := range adapters {
-		a.Base = id
-		st, err := srv.LoadAdapter(ctx, a)
-		if err != nil {
-			return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
+// serveAdapters loads the -lora adapters over the main model id, on every
+// replica.
+func serveAdapters(ctx context.Context, rs *replicas, id string, adapters []mlxserving.AdapterSpec, log *slog.Logger) error {
+	for _, srv := range rs.servers {
+		for _, a := range adapters {
+			a.Base = id
+			st, err := srv.LoadAdapter(ctx, a)
+			if err != nil {
+				return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
+			}
+			log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
 		}
-		log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
 	}
 	return nil
 }
 
 // shutdown stops accepting, waits for in-flight requests (streams
 // included), then drains and unloads the models.
-func shutdown(hs *http.Server, srv *mlxserving.Server, served <-chan error, drain time.Duration, log *slog.Logger) error {
+func shutdown(hs *http.Server, rs *replicas, served <-chan error, drain time.Duration, log *slog.Logger) error {
 	log.Info("shutting down", "drain", drain)
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
@@ -353,7 +345,7 @@ func shutdown(hs *http.Server, srv *mlxserving.Server, served <-chan error, drai
 		_ = hs.Close()
 	}
 	<-served
-	srvErr := srv.Shutdown(ctx)
+	srvErr := rs.shutdown(ctx)
 	log.Info("stopped")
 	return errors.Join(httpErr, srvErr)
 }
@@ -362,17 +354,58 @@ func shutdown(hs *http.Server, srv *mlxserving.Server, served <-chan error, drai
 // any -prewarm entry's.
 const mainPriority = 1 << 20
 
-// startPrewarm starts pre-warming and waits until the main model serves.
-func startPrewarm(ctx context.Context, pw *prewarm.PreWarmer, log *slog.Logger) error {
-	start := time.Now()
-	if err := pw.Start(ctx); err != nil {
-		return err
+// prewarmers pre-warm each replica's Server: the -model checkpoint first
+// and pinned, then the -prewarm models; /ready waits for the main model
+// on every replica.
+type prewarmers []*prewarm.PreWarmer
+
+func newPrewarmers(rs *replicas, o options, dir, id string, log *slog.Logger) (prewarmers, error) {
+	main := prewarm.Model{Spec: engine.ModelSpec{ID: id, Path: dir, AdapterSlots: o.adapterSlots, MaxAdapterRank: o.adapterRank},
+		Priority: mainPriority, Pin: true}
+	var pws prewarmers
+	for _, srv := range rs.servers {
+		pw, err := prewarm.New(srv, append([]prewarm.Model{main}, o.prewarm...),
+			prewarm.WithReadiness(prewarm.WhileWarming(mainPriority)), prewarm.WithLogger(log))
+		if err != nil {
+			pws.stop()
+			return nil, err
+		}
+		pws = append(pws, pw)
 	}
-	if err := pw.Ready(ctx); err != nil {
-		return err
+	return pws, nil
+}
+
+// start starts pre-warming on every replica and waits until the main
+// model serves on all of them.
+func (pws prewarmers) start(ctx context.Context, log *slog.Logger) error {
+	start := time.Now()
+	for _, pw := range pws {
+		if err := pw.Start(ctx); err != nil {
+			return err
+		}
+	}
+	for _, pw := range pws {
+		if err := pw.Ready(ctx); err != nil {
+			return err
+		}
 	}
 	log.Info("model ready", "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+func (pws prewarmers) checkReady(ctx context.Context) error {
+	for _, pw := range pws {
+		if err := pw.CheckReady(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (pws prewarmers) stop() {
+	for _, pw := range pws {
+		pw.Stop()
+	}
 }
 
 // checkpoint returns the directory to serve and the model id: -model, or

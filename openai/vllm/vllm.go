@@ -9,27 +9,30 @@
 package vllm
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mlxserving/mlxserving"
 )
 
-// PrefixCacheCollector exports a Server's prefix-cache counters:
+// PrefixCacheCollector exports Servers' prefix-cache counters:
 // vllm:prefix_cache_queries_total (prompt tokens looked up) and
 // vllm:prefix_cache_hits_total (prompt tokens reused from saved KV), per
 // model_name — vLLM's counters vllm:prefix_cache_queries and
-// vllm:prefix_cache_hits as its Prometheus exposition names them. It reads
-// Server.Stats when scraped.
-func PrefixCacheCollector(srv *mlxserving.Server) prometheus.Collector {
+// vllm:prefix_cache_hits as its Prometheus exposition names them —
+// summed over the Servers given (replicas of a model serve it together).
+// It reads Server.Stats when scraped.
+func PrefixCacheCollector(srvs ...*mlxserving.Server) prometheus.Collector {
 	return &prefixCollector{
-		srv:     srv,
+		srvs:    slices.Clone(srvs),
 		queries: prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in prompt tokens.", []string{"model_name"}, nil),
 		hits:    prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in prompt tokens.", []string{"model_name"}, nil),
 	}
 }
 
 type prefixCollector struct {
-	srv           *mlxserving.Server
+	srvs          []*mlxserving.Server
 	queries, hits *prometheus.Desc
 }
 
@@ -39,8 +42,18 @@ func (c *prefixCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *prefixCollector) Collect(ch chan<- prometheus.Metric) {
-	for id, st := range c.srv.Stats() {
-		ch <- prometheus.MustNewConstMetric(c.queries, prometheus.CounterValue, float64(st.PrefixCache.Queries), id)
-		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(st.PrefixCache.Hits), id)
+	type counts struct{ queries, hits int64 }
+	models := map[string]counts{}
+	for _, srv := range c.srvs {
+		for id, st := range srv.Stats() {
+			n := models[id]
+			n.queries += st.PrefixCache.Queries
+			n.hits += st.PrefixCache.Hits
+			models[id] = n
+		}
+	}
+	for id, n := range models {
+		ch <- prometheus.MustNewConstMetric(c.queries, prometheus.CounterValue, float64(n.queries), id)
+		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(n.hits), id)
 	}
 }

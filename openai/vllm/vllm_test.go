@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mlxserving/mlxserving"
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/openai"
@@ -93,5 +94,63 @@ func TestPrefixCacheMetrics(t *testing.T) {
 	}
 	if q, h := value(`mlxserving_prefix_cache_queries_total`), value(`mlxserving_prefix_cache_hits_total`); q != 3*41 || h != 2*40 {
 		t.Errorf("library counters: queries %v, hits %v; want 123 and 80", q, h)
+	}
+}
+
+// TestPrefixCacheCollectorSumsServers: replicas of one model are one
+// model to a vLLM router: the counters are the sums of the Servers'.
+func TestPrefixCacheCollectorSumsServers(t *testing.T) {
+	var srvs []*mlxserving.Server
+	var queries, hits int64
+	for i := range 2 {
+		sim, err := enginetest.NewSim(enginetest.WithVocabSize(500))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sim.Close()
+		srv, err := mlxserving.New(sim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny"}); err != nil {
+			t.Fatal(err)
+		}
+		prompt := make([]int32, 40)
+		for j := range prompt {
+			prompt[j] = int32(5 + j + i)
+		}
+		for range 2 + i { // 2 requests on the first, 3 on the second: a hit each after the first
+			st, err := srv.Generate(context.Background(), api.Request{Model: "tiny", PromptTokens: prompt, Params: api.Params{MaxTokens: 2}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Collect(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pc := srv.Stats()["tiny"].PrefixCache
+		if pc.Queries == 0 || pc.Hits == 0 {
+			t.Fatalf("server %d: prefix cache %+v: want queries and hits", i, pc)
+		}
+		queries, hits = queries+pc.Queries, hits+pc.Hits
+		srvs = append(srvs, srv)
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(vllm.PrefixCacheCollector(srvs...)); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			got[f.GetName()] += m.GetCounter().GetValue()
+		}
+	}
+	if got["vllm:prefix_cache_queries_total"] != float64(queries) || got["vllm:prefix_cache_hits_total"] != float64(hits) {
+		t.Errorf("collector %v; want queries %d and hits %d, the sums of the servers'", got, queries, hits)
 	}
 }

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mlxserving/mlxserving/testmodel"
+)
+
+// TestServeReplicas: -gpus 0,1 -tp 1 serves two replicas, each its own
+// Python engine and Server, behind the in-process balancer: both load the
+// model and the -lora adapter, every request is counted once, under the
+// replica that served it (/metrics), and an adapter loaded at run
+// time serves on every replica. On a machine without CUDA the workers run
+// on the CPU and CUDA_VISIBLE_DEVICES changes nothing.
+func TestServeReplicas(t *testing.T) {
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("MLXSERVING_PYTHON is not set: source scripts/setup.d/30-python.sh")
+		}
+		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
+	}
+	dir := filepath.Join(t.TempDir(), "sql")
+	if err := testmodel.WriteAdapter(dir, testmodel.Tiny(), testmodel.Adapter{Rank: 4}); err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := startRun(t, "-addr", "127.0.0.1:0", "-engine", "pyproc", "-python", py, "-gpus", "0,1", "-tp", "1", "-lora", "sql="+dir)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	base := "http://" + addr
+	if models := get(t, client, base+"/v1/models"); !strings.Contains(models, `"id":"tiny"`) || !strings.Contains(models, `"id":"sql"`) {
+		t.Fatalf("/v1/models: %s", models)
+	}
+	chat := func(model string, i int) error {
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
+			fmt.Sprintf(`{"model":%q,"max_tokens":3,"messages":[{"role":"user","content":"request %d of the replica test"}]}`, model, i)))
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("chat %s %d: %d %s", model, i, resp.StatusCode, body)
+		}
+		return nil
+	}
+	const n = 12
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { errs[i] = chat([]string{"tiny", "sql"}[i%2], i) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	metrics := get(t, client, base+"/metrics")
+	perReplica := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^mlxserving_requests_total\{([^}]*)\} (\d+)$`).FindAllStringSubmatch(metrics, -1) {
+		r := regexp.MustCompile(`replica="(\d+)"`).FindStringSubmatch(m[1])
+		if r == nil {
+			t.Fatalf("a request count without its replica: %s", m[0])
+		}
+		v, _ := strconv.Atoi(m[2])
+		perReplica[r[1]] += v
+	}
+	if perReplica["0"]+perReplica["1"] != n {
+		t.Errorf("requests by replica %v: want %d in all", perReplica, n)
+	}
+	t.Logf("requests by replica: %v", perReplica)
+	for _, r := range []string{"0", "1"} {
+		if !regexp.MustCompile(`mlxserving_sequences_running\{[^}]*replica="` + r + `"`).MatchString(metrics) {
+			t.Errorf("no running-sequences gauge for replica %s", r)
+		}
+	}
+	resp, err := client.Post(base+"/v1/load_lora_adapter", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"lora_name":"sql2","lora_path":%q}`, dir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("load_lora_adapter: %d %s", resp.StatusCode, body)
+	}
+	for i := range 4 { // the balancer may send each to either replica
+		if err := chat("sql2", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
