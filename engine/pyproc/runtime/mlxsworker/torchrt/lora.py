@@ -38,17 +38,12 @@ module j's columns of P's output. Two plans compute it:
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
 """
-import os
-
 import torch
 import torch.nn.functional as F
 
-from errors import CheckpointError, ProtocolError
-from st import SafetensorsFile
-from upload import to_device
-
-# Tests: every step's delta through DensePlan (prompt chunks too).
-FORCE_DENSE = os.environ.get("MLXSERVING_LORA_PLAN") == "dense"
+from ..errors import CheckpointError, ProtocolError
+from .st import SafetensorsFile
+from .upload import to_device
 
 
 def projections(cfg, layer):
@@ -75,12 +70,13 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False):
         if slots < 1 or max_rank < 1:
             raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
         # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
+        self.dense = dense  # every step's delta through DensePlan, prompt chunks too (settings.lora_plan "dense")
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
         self.A = self.B = None  # per layer {projection: A} and {projection: [B_j^T]}, allocated by the first load
@@ -178,7 +174,7 @@ class Slots:
         projection), else a Plan; None when no row has an adapter."""
         if not any(slots) or self.A is None:
             return None
-        if FORCE_DENSE or all(c == 1 for c in counts):
+        if self.dense or all(c == 1 for c in counts):
             return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
         for s, c in zip(slots, counts):

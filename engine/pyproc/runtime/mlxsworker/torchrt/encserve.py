@@ -8,10 +8,12 @@ import os
 
 import torch
 
-from encoder import Encoder, EncoderConfig
-from errors import CheckpointError, ProtocolError
-from pooling import POOLS, finish
-from upload import to_device
+from ..backend import Model, StepResult
+from ..errors import CheckpointError, ProtocolError
+from ..settings import Settings
+from .encoder import Encoder, EncoderConfig
+from .pooling import check_mode, encode, finish
+from .upload import to_device
 
 # Tokens one step may carry by default: the packed activations of a step
 # ([tokens, intermediate] at most) must fit beside the weights.
@@ -19,8 +21,10 @@ STEP_TOKENS_CUDA, STEP_TOKENS_CPU = 65536, 8192
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64
 
 
-class EncoderModel:
-    def __init__(self, path, opts, device, dtype_of):
+class EncoderModel(Model):
+    pooling = True
+
+    def __init__(self, path, opts, device, dtype_of, settings=None):
         if not os.path.isdir(path):
             raise CheckpointError(path, "not a directory")
         cfg = EncoderConfig(path)
@@ -32,7 +36,7 @@ class EncoderModel:
         self.dtype = dtype_of(device)
         cuda = device.type == "cuda"
         with torch.no_grad():
-            self.model = Encoder(path, cfg, device, self.dtype)
+            self.model = Encoder(path, cfg, device, self.dtype, (settings or Settings()).varlen)
         self.max_batch = int(opts.get("max_batch") or (MAX_BATCH_CUDA if cuda else MAX_BATCH_CPU))
         # kv_capacity asks how many tokens the model holds at once: for an
         # encoder, those of one step; at least one whole input.
@@ -50,13 +54,14 @@ class EncoderModel:
             "kv_bytes": 0, "embed_dim": c.hidden, "encoder": True,
         }
 
-    def open(self, seq, prompt, prefix_key, pool=None):
+    def open(self, seq, prompt, key, pool=None, adapter=None):
         if seq in self.seqs:
             raise ProtocolError("invalid", "sequence %d is already open" % seq)
         if pool is None:
             raise ProtocolError("invalid", "an encoder only embeds: open sequence %d with a pooling" % seq)
-        if pool not in POOLS:
-            raise ProtocolError("invalid", "pooling %r (want one of %s)" % (pool, ", ".join(POOLS)))
+        if adapter is not None:
+            raise ProtocolError("invalid", "an encoder serves no adapters")
+        check_mode(pool)
         if not prompt:
             raise ProtocolError("invalid", "sequence %d: empty input" % seq)
         if len(prompt) > self.cfg.context:
@@ -65,7 +70,7 @@ class EncoderModel:
         self.seqs[seq] = pool
         return 0
 
-    def free(self, seq, save_key, back=0):
+    def free(self, seq, key, back=0):
         self.seqs.pop(seq, None)
 
     def close(self):
@@ -77,12 +82,10 @@ class EncoderModel:
 
     def step(self, batch):
         """batch: [seq, tokens, sample, params, ...] per input, each a
-        pooled sequence's whole input with sample true. Returns (tokens,
-        logprobs, tops) with -1 per input; take_embeddings has the
-        vectors."""
-        self.embeddings = None
+        pooled sequence's whole input with sample true. Returns a
+        StepResult of -1 per input and the inputs' vectors."""
         if not batch:
-            return [], [], []
+            return StepResult([], [], [])
         if len(batch) > self.max_batch:
             raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seen, total = set(), 0
@@ -119,11 +122,7 @@ class EncoderModel:
                 rows = x[at : at + n]
                 vecs.append(finish(pool, rows.float().sum(0), rows[0].float(), rows[-1].float(), n))
                 at += n
-            self.embeddings = [v.cpu() for v in torch.stack(vecs).unbind(0)]
+            embeddings = [encode(v) for v in torch.stack(vecs).cpu().unbind(0)]
         for b in batch:  # fed: a second input would be a second embedding
             self.seqs[b[0]] = None
-        return [-1] * len(batch), [0.0] * len(batch), [[] for _ in batch]
-
-    def take_embeddings(self):
-        out, self.embeddings = getattr(self, "embeddings", None), None
-        return out
+        return StepResult([-1] * len(batch), [0.0] * len(batch), [[] for _ in batch], embeddings=embeddings)
