@@ -137,7 +137,7 @@ if torch.cuda.is_available():
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
 
-    # The opt-in W8A8 path (MLXSERVING_FP8_SCALED_MM=1), where this torch
+    # The opt-in W8A8 path (the settings' fp8_scaled_mm), where this torch
     # and device have rowwise-scaled _scaled_mm.
     x = torch.randn(300, 2048, device=dev, dtype=torch.bfloat16)
     w = torch.randn(1024, 2048, device=dev) / 2048 ** 0.5

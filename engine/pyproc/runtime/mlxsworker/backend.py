@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import typing
 
-from .errors import ProtocolError
+from .errors import UNAVAILABLE, ProtocolError
 
 
 @dataclasses.dataclass
@@ -122,4 +122,4 @@ class Backend(abc.ABC):
         heartbeat) handles them) and never returns; the leader returns a
         function that wraps the protocol loop's request handler. Only a
         backend that splits models has groups: here it is refused."""
-        raise ProtocolError("unavailable", "tensor parallel needs the torch backend, not %s" % self.name)
+        raise ProtocolError(UNAVAILABLE, "tensor parallel needs the torch backend, not %s" % self.name)

@@ -1,4 +1,15 @@
-"""Errors the worker turns into coded replies (see PROTOCOL.md)."""
+"""Errors the worker turns into coded replies, and the codes (PROTOCOL.md,
+"Errors": the error classification's codes, as Go's retry package names
+them, where it has one)."""
+
+INVALID = "invalid_value"  # a request or setting wrong as sent
+TOO_LARGE = "request_too_large"  # a request line over the limit
+CONTEXT_LENGTH = "context_length_exceeded"  # extra fields: prompt, limit
+OUT_OF_MEMORY = "out_of_memory"  # the device or the KV pool
+MODEL_NOT_FOUND = "model_not_found"
+UNAVAILABLE = "unavailable"  # a backend, device or group that cannot serve here
+CHECKPOINT = "bad_checkpoint"  # extra fields: path, tensor, reason (CheckpointError)
+INTERNAL = "internal"  # anything else; the traceback is in the log
 
 
 class CheckpointError(Exception):

@@ -7,6 +7,7 @@ import sys
 
 from . import settings as settings_mod
 from .backend import TensorParallel
+from .errors import INVALID, UNAVAILABLE
 from .protocol import Heartbeat, Out, Worker, serve
 
 PROTOCOL = 1
@@ -71,11 +72,11 @@ def main():
     try:
         settings = settings_mod.parse(args.settings)
     except settings_mod.SettingsError as e:
-        refuse(out, hello, "invalid", str(e))
+        refuse(out, hello, INVALID, str(e))
     try:
         backend = make_backend(args.backend, settings)
     except ImportError as e:
-        refuse(out, hello, "unavailable", str(e))
+        refuse(out, hello, UNAVAILABLE, str(e))
     if args.threads:
         backend.set_threads(args.threads)
     guard = None
@@ -84,7 +85,7 @@ def main():
         try:
             guard = backend.join(tp, lambda out, hb: Worker(out, hb, backend, args.faults))
         except Exception as e:  # no group: the worker cannot serve
-            refuse(out, hello, "unavailable", "tensor parallel %d: %s" % (args.tp, e))
+            refuse(out, hello, UNAVAILABLE, "tensor parallel %d: %s" % (args.tp, e))
     hello.update({"backend": backend.name, "versions": backend.versions(), "capabilities": backend.capabilities(),
                   "max_line": args.max_line})
     out.send(hello)

@@ -10,7 +10,8 @@ import threading
 import time
 import traceback
 
-from .errors import CheckpointError, ProtocolError
+from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, OUT_OF_MEMORY, TOO_LARGE, CheckpointError,
+                     ProtocolError)
 
 log = logging.getLogger("worker")
 
@@ -67,14 +68,14 @@ class Worker:
     def model(self, req):
         m = self.models.get(req.get("model"))
         if m is None:
-            raise ProtocolError("unknown_model", "model %r is not loaded" % req.get("model"))
+            raise ProtocolError(MODEL_NOT_FOUND, "model %r is not loaded" % req.get("model"))
         return m
 
     def handle(self, req):
         op = req.get("op")
         run = self.OPS.get(op)
         if run is None or (op == "fault" and not self.faults):
-            raise ProtocolError("bad_request", "unknown op %r" % op)
+            raise ProtocolError(INVALID, "unknown op %r" % op)
         return run(self, req)
 
     def step(self, req):
@@ -101,7 +102,7 @@ class Worker:
         if adapter is not None:  # a LoRA adapter's sequence (the supervisor sends one only where "adapters" is listed)
             pool = None
         elif pool is not None and not m.pooling:
-            raise ProtocolError("invalid", "this model does not embed (pooled sequences need the torch backend)")
+            raise ProtocolError(INVALID, "this model does not embed (pooled sequences need the torch backend)")
         return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""), pool=pool, adapter=adapter)})
 
     def drop(self, req):
@@ -183,18 +184,18 @@ class Worker:
 
     def describe(self, e):
         if isinstance(e, CheckpointError):
-            return {"code": "bad_checkpoint", "message": str(e), "path": e.path, "tensor": e.tensor, "reason": e.reason}
+            return {"code": CHECKPOINT, "message": str(e), "path": e.path, "tensor": e.tensor, "reason": e.reason}
         if isinstance(e, ProtocolError):
             d = {"code": e.code, "message": str(e)}
             d.update(e.extra)
             return d
         if isinstance(e, (KeyError, TypeError, ValueError)):
-            return {"code": "bad_request", "message": "%s: %s" % (type(e).__name__, e)}
+            return {"code": INVALID, "message": "%s: %s" % (type(e).__name__, e)}
         msg = str(e)
         if isinstance(e, MemoryError) or "out of memory" in msg.lower():
-            return {"code": "oom", "message": msg}
+            return {"code": OUT_OF_MEMORY, "message": msg}
         log.error("internal error: %s", traceback.format_exc())
-        return {"code": "internal", "message": "%s: %s" % (type(e).__name__, msg)}
+        return {"code": INTERNAL, "message": "%s: %s" % (type(e).__name__, msg)}
 
 
 Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "free": Worker.free, "load": Worker.load,
@@ -210,13 +211,13 @@ def serve(inp, out, worker, max_line):
         if len(line) > max_line:
             while line and not line.endswith(b"\n"):
                 line = inp.readline(1 << 20)
-            out.send({"id": 0, "ok": False, "error": {"code": "too_large", "message": "request line exceeds %d bytes" % max_line}})
+            out.send({"id": 0, "ok": False, "error": {"code": TOO_LARGE, "message": "request line exceeds %d bytes" % max_line}})
             continue
         try:
             req = json.loads(line)
             rid = req["id"]
         except (ValueError, KeyError, TypeError) as e:
-            out.send({"id": 0, "ok": False, "error": {"code": "bad_request", "message": "unreadable request: %s" % e}})
+            out.send({"id": 0, "ok": False, "error": {"code": INVALID, "message": "unreadable request: %s" % e}})
             continue
         if req.get("op") == "shutdown":
             out.send({"id": rid, "ok": True})

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .. import params
 from ..backend import Backend, Model, StepResult
-from ..errors import CheckpointError, ProtocolError
+from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, CheckpointError, ProtocolError
 from ..seqs import SeqState, common_prefix
 from ..stcheck import read_header, read_json
 
@@ -103,7 +103,7 @@ def _adjust(logits, s, p):
 class MlxModel(Model):
     def __init__(self, path, opts):
         if opts.get("quantize"):
-            raise ProtocolError("invalid", "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
+            raise ProtocolError(INVALID, "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")
@@ -158,13 +158,13 @@ class MlxModel(Model):
 
     def open(self, seq, prompt, key, pool=None, adapter=None):
         if adapter is not None:
-            raise ProtocolError("invalid", "the mlx backend serves no adapters")
+            raise ProtocolError(INVALID, "the mlx backend serves no adapters")
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if len(prompt) > self.context:
-            raise ProtocolError("context_length", "prompt too long", prompt=len(prompt), limit=self.context)
+            raise ProtocolError(CONTEXT_LENGTH, "prompt too long", prompt=len(prompt), limit=self.context)
         if self.used + len(prompt) > self.capacity:
-            raise ProtocolError("oom", "no KV room for %d tokens" % len(prompt))
+            raise ProtocolError(OUT_OF_MEMORY, "no KV room for %d tokens" % len(prompt))
         s = Seq(make_prompt_cache(self.model), len(prompt))
         reused = 0
         saved = self.saved.get(key) if key else None
@@ -189,7 +189,7 @@ class MlxModel(Model):
 
     def free(self, seq, key, back=0):
         if back:
-            raise ProtocolError("invalid", "the mlx backend decodes no tokens ahead: nothing to take back")
+            raise ProtocolError(INVALID, "the mlx backend decodes no tokens ahead: nothing to take back")
         s = self.seqs.pop(seq, None)
         if s is None:
             return
@@ -211,17 +211,17 @@ class MlxModel(Model):
 
     def step(self, batch):
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         out = StepResult([], [], [])
         for seq, tokens, sample, p in batch:
             s = self.seqs.get(seq)
             if s is None:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             if len(s.tokens) + len(tokens) > self.context:
-                raise ProtocolError("context_length", "sequence too long", prompt=len(s.tokens) + len(tokens), limit=self.context)
+                raise ProtocolError(CONTEXT_LENGTH, "sequence too long", prompt=len(s.tokens) + len(tokens), limit=self.context)
             grow = max(0, len(s.tokens) + len(tokens) - s.held)
             if self.used + grow > self.capacity:
-                raise ProtocolError("oom", "no KV room for %d more tokens" % grow)
+                raise ProtocolError(OUT_OF_MEMORY, "no KV room for %d more tokens" % grow)
             self.used += grow
             s.held += grow
             logits = self.model(mx.array(tokens)[None], cache=s.cache)[0, -1].astype(mx.float32)

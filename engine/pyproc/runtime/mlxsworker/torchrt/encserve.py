@@ -9,7 +9,7 @@ import os
 import torch
 
 from ..backend import Model, StepResult
-from ..errors import CheckpointError, ProtocolError
+from ..errors import CONTEXT_LENGTH, INVALID, CheckpointError, ProtocolError
 from ..settings import Settings
 from .encoder import Encoder, EncoderConfig
 from .pooling import check_mode, encode, finish
@@ -29,7 +29,7 @@ class EncoderModel(Model):
             raise CheckpointError(path, "not a directory")
         cfg = EncoderConfig(path)
         if opts.get("quantize"):
-            raise ProtocolError("invalid", "quantize %r: an encoder loads its weights as they are" % opts["quantize"])
+            raise ProtocolError(INVALID, "quantize %r: an encoder loads its weights as they are" % opts["quantize"])
         if opts.get("context_length"):
             cfg.context = min(cfg.context, int(opts["context_length"]))
         self.cfg, self.device = cfg, device
@@ -56,16 +56,16 @@ class EncoderModel(Model):
 
     def open(self, seq, prompt, key, pool=None, adapter=None):
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if pool is None:
-            raise ProtocolError("invalid", "an encoder only embeds: open sequence %d with a pooling" % seq)
+            raise ProtocolError(INVALID, "an encoder only embeds: open sequence %d with a pooling" % seq)
         if adapter is not None:
-            raise ProtocolError("invalid", "an encoder serves no adapters")
+            raise ProtocolError(INVALID, "an encoder serves no adapters")
         check_mode(pool)
         if not prompt:
-            raise ProtocolError("invalid", "sequence %d: empty input" % seq)
+            raise ProtocolError(INVALID, "sequence %d: empty input" % seq)
         if len(prompt) > self.cfg.context:
-            raise ProtocolError("context_length", "input of %d tokens exceeds the context" % len(prompt),
+            raise ProtocolError(CONTEXT_LENGTH, "input of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
         self.seqs[seq] = pool
         return 0
@@ -87,30 +87,30 @@ class EncoderModel(Model):
         if not batch:
             return StepResult([], [], [])
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seen, total = set(), 0
         for b in batch:
             seq, toks = b[0], b[1]
             if seq not in self.seqs:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             if self.seqs[seq] is None:
-                raise ProtocolError("invalid", "sequence %d: its input was embedded already; an encoder's input comes whole" % seq)
+                raise ProtocolError(INVALID, "sequence %d: its input was embedded already; an encoder's input comes whole" % seq)
             if seq in seen:
-                raise ProtocolError("invalid", "a sequence appears twice in one step")
+                raise ProtocolError(INVALID, "a sequence appears twice in one step")
             seen.add(seq)
             if not b[2]:
-                raise ProtocolError("invalid", "sequence %d: an encoder's input comes whole, in one input that samples" % seq)
+                raise ProtocolError(INVALID, "sequence %d: an encoder's input comes whole, in one input that samples" % seq)
             if not toks:
-                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+                raise ProtocolError(INVALID, "sequence %d: empty tokens" % seq)
             if len(toks) > self.cfg.context:
-                raise ProtocolError("context_length", "sequence %d: input of %d tokens exceeds the context" % (seq, len(toks)),
+                raise ProtocolError(CONTEXT_LENGTH, "sequence %d: input of %d tokens exceeds the context" % (seq, len(toks)),
                                     prompt=len(toks), limit=self.cfg.context)
             bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
             if bad:
-                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
             total += len(toks)
         if total > self.step_tokens:
-            raise ProtocolError("invalid", "a step of %d tokens exceeds the %d one step carries" % (total, self.step_tokens))
+            raise ProtocolError(INVALID, "a step of %d tokens exceeds the %d one step carries" % (total, self.step_tokens))
         lens = [len(b[1]) for b in batch]
         flat = to_device([t for b in batch for t in b[1]] + [j for n in lens for j in range(n)], self.device)
         N = sum(lens)

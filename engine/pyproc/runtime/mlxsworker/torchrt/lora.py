@@ -41,7 +41,7 @@ A step where no row has an adapter never reaches this module
 import torch
 import torch.nn.functional as F
 
-from ..errors import CheckpointError, ProtocolError
+from ..errors import INVALID, OUT_OF_MEMORY, CheckpointError, ProtocolError
 from .st import SafetensorsFile
 from .upload import to_device
 
@@ -72,7 +72,7 @@ class Slots:
 
     def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False):
         if slots < 1 or max_rank < 1:
-            raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
+            raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
         # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
@@ -108,7 +108,7 @@ class Slots:
             self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
         except RuntimeError as e:
             self.A = self.B = self.ids = self.zero = None
-            raise ProtocolError("oom", "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
+            raise ProtocolError(OUT_OF_MEMORY, "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
 
     def ensure(self, spec):
         """Makes the adapter the open request names resident: spec is its
@@ -116,14 +116,14 @@ class Slots:
         slot index (1 + the supervisor's slot)."""
         slot = int(spec["slot"])
         if not 0 <= slot < self.n:
-            raise ProtocolError("invalid", "adapter slot %d outside 0..%d" % (slot, self.n - 1))
+            raise ProtocolError(INVALID, "adapter slot %d outside 0..%d" % (slot, self.n - 1))
         name = spec["name"]
         if spec.get("load") is not None:
             self.names[slot] = None  # a failed load leaves the slot empty, never half-written under a name
             self.load(slot, spec["load"])
             self.names[slot] = name
         elif self.names[slot] != name:
-            raise ProtocolError("invalid", "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
+            raise ProtocolError(INVALID, "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
         return slot + 1
 
     def load(self, slot, d):
@@ -135,7 +135,7 @@ class Slots:
             self._allocate()
         r, scale = int(d["rank"]), float(d["scale"])
         if not 1 <= r <= self.rank:
-            raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, self.rank))
+            raise ProtocolError(INVALID, "adapter rank %d outside 1..%d" % (r, self.rank))
         f = SafetensorsFile(d["file"])
         with torch.no_grad():
             for pr in self.A:

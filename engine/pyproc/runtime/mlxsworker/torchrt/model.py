@@ -6,7 +6,7 @@ import os
 import torch
 
 from ..backend import Model, StepResult
-from ..errors import CheckpointError, ProtocolError
+from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
 from ..settings import Settings
 from . import lookahead, lora, quant
 from .config import Config
@@ -40,7 +40,7 @@ def pick_device(name):
     if name in ("", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ProtocolError("unavailable", "device cuda requested but torch sees no CUDA device")
+        raise ProtocolError(UNAVAILABLE, "device cuda requested but torch sees no CUDA device")
     return torch.device(name)
 
 
@@ -95,7 +95,7 @@ class TorchModel(Model):
             self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp, settings)
         bs = int(opts.get("block_size") or settings.block_size or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
-            raise ProtocolError("invalid", "block size %d is out of range" % bs)
+            raise ProtocolError(INVALID, "block size %d is out of range" % bs)
         # Lookahead (lookahead.py): the most tokens an input asks for, and
         # what a sliding group's blocks allow for it.
         self.max_ahead = settings.lookahead_limit
@@ -108,7 +108,7 @@ class TorchModel(Model):
         try:
             self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout, settings.prefix_cache)
         except RuntimeError as e:
-            raise ProtocolError("oom", "KV pool of %d blocks: %s" % (blocks, e))
+            raise ProtocolError(OUT_OF_MEMORY, "KV pool of %d blocks: %s" % (blocks, e))
         self.step_tokens = STEP_TOKENS_CUDA if self.device.type == "cuda" else 0
         self.graphs = None
         # Steps that mix prompt chunks with decodes: decodes on their graph
@@ -235,11 +235,11 @@ class TorchModel(Model):
         with a LoRA adapter, loaded into its slot first when the request
         says so. Returns the tokens reused."""
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if not prompt:
-            raise ProtocolError("invalid", "sequence %d: empty prompt" % seq)
+            raise ProtocolError(INVALID, "sequence %d: empty prompt" % seq)
         if len(prompt) > self.cfg.context:
-            raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
+            raise ProtocolError(CONTEXT_LENGTH, "prompt of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
         if pool is not None:
             state = Pooled(pool)
@@ -250,12 +250,12 @@ class TorchModel(Model):
         slot = 0
         if adapter is not None:
             if self.adapters is None:
-                raise ProtocolError("invalid", "this model was loaded without adapter slots")
+                raise ProtocolError(INVALID, "this model was loaded without adapter slots")
             slot = self.adapters.ensure(adapter)
         try:
             s, reused = self.kv.open(prompt, prefix_key, adapter["name"] if slot else "")
         except OutOfBlocks:
-            raise ProtocolError("oom", "sequence %d: its reused prefix needs more blocks than the %d free"
+            raise ProtocolError(OUT_OF_MEMORY, "sequence %d: its reused prefix needs more blocks than the %d free"
                                 % (seq, self.kv.pool.free()))
         s.lora = slot
         self.seqs[seq] = s
@@ -303,12 +303,12 @@ class TorchModel(Model):
         """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
         the StepResult of the sampling inputs in order, with more and
         more_logprobs when inputs asked for lookahead: the tokens decoded
-        after them (lookahead.py). Fails with oom, changing nothing, when
-        the blocks the inputs need are not free."""
+        after them (lookahead.py). Fails with out_of_memory, changing
+        nothing, when the blocks the inputs need are not free."""
         if not batch:
             return StepResult([], [], [])
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         lookahead.settle(self, batch)
         seqs, backs, split = self._check(batch)
         for s, back in zip(seqs, backs):
@@ -374,39 +374,39 @@ class TorchModel(Model):
     def _check(self, batch):
         """Validates the step without changing anything; returns the
         sequences, their take-backs and whether long chunks must be fed in
-        pieces (_feed_ahead). Raises oom when the pool lacks the blocks
-        the step needs (fed in pieces: what BlocksFor counts)."""
+        pieces (_feed_ahead). Raises out_of_memory when the pool lacks the
+        blocks the step needs (fed in pieces: what BlocksFor counts)."""
         seqs, backs, need, peak = [], [], 0, 0
         for b in batch:
             seq, toks = b[0], b[1]
             s = self.seqs.get(seq)
             if s is None:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             back = int(b[5]) if len(b) > 5 and b[5] else 0
             if back < 0 or back > len(s.tokens):
-                raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
+                raise ProtocolError(INVALID, "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
             if not toks:
-                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+                raise ProtocolError(INVALID, "sequence %d: empty tokens" % seq)
             if s.pool is not None and s.pool.vec is not None:
-                raise ProtocolError("invalid", "sequence %d: its pooled input has ended; free it" % seq)
+                raise ProtocolError(INVALID, "sequence %d: its pooled input has ended; free it" % seq)
             n = len(s.tokens) - back + len(toks)
             if n > self.cfg.context:
-                raise ProtocolError("context_length", "sequence %d would hold %d tokens" % (seq, n),
+                raise ProtocolError(CONTEXT_LENGTH, "sequence %d would hold %d tokens" % (seq, n),
                                     prompt=n, limit=self.cfg.context)
             bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
             if bad:
-                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
             if back and not self.kv.window_held(s.pages, len(s.tokens) - back):
-                raise ProtocolError("invalid", "sequence %d: cannot take back %d tokens, past the sliding window's KV"
+                raise ProtocolError(INVALID, "sequence %d: cannot take back %d tokens, past the sliding window's KV"
                                     % (seq, back))
             seqs.append(s)
             backs.append(back)
             need += self.kv.need(s, n, pieces=True)
             peak += self.kv.need(s, n)
         if len(set(map(id, seqs))) != len(seqs):
-            raise ProtocolError("invalid", "a sequence appears twice in one step")
+            raise ProtocolError(INVALID, "a sequence appears twice in one step")
         if need > self.kv.pool.free():
-            raise ProtocolError("oom", "the step needs %d more KV blocks; %d of %d are free"
+            raise ProtocolError(OUT_OF_MEMORY, "the step needs %d more KV blocks; %d of %d are free"
                                 % (need, self.kv.pool.free(), self.kv.pool.n))
         return seqs, backs, peak > self.kv.pool.free()
 

@@ -11,15 +11,15 @@ import base64
 import torch
 
 from ..backend import StepResult
-from ..errors import ProtocolError
+from ..errors import INVALID, ProtocolError
 
 POOLS = ("mean", "cls", "lasttoken")
 
 
 def check_mode(mode):
-    """Refuses a pooling mode not in POOLS (invalid)."""
+    """Refuses a pooling mode not in POOLS (invalid_value)."""
     if mode not in POOLS:
-        raise ProtocolError("invalid", "pooling %r (want one of %s)" % (mode, ", ".join(POOLS)))
+        raise ProtocolError(INVALID, "pooling %r (want one of %s)" % (mode, ", ".join(POOLS)))
 
 
 class Pooled:

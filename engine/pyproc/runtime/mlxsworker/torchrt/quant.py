@@ -49,7 +49,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from ..errors import CheckpointError, ProtocolError
+from ..errors import INVALID, CheckpointError, ProtocolError
 
 log = logging.getLogger("quant")
 
@@ -148,9 +148,9 @@ def parse_quantize(opt, sch):
     if opt in (None, "", "none"):
         return None
     if opt != "fp8":
-        raise ProtocolError("invalid", "quantize %r: want fp8" % (opt,))
+        raise ProtocolError(INVALID, "quantize %r: want fp8" % (opt,))
     if sch is not None:
-        raise ProtocolError("invalid", "quantize fp8: the checkpoint is already quantized (%s)" % sch.method)
+        raise ProtocolError(INVALID, "quantize fp8: the checkpoint is already quantized (%s)" % sch.method)
     return opt
 
 

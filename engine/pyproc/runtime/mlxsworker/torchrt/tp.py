@@ -38,7 +38,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointError, ProtocolError
+from ..errors import INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
 
 log = logging.getLogger("tp")
 
@@ -70,7 +70,7 @@ class Group:
         if device.type != "cuda":
             return device
         if torch.cuda.device_count() < self.size:
-            raise ProtocolError("unavailable", "tensor parallel %d needs %d CUDA devices; torch sees %d"
+            raise ProtocolError(UNAVAILABLE, "tensor parallel %d needs %d CUDA devices; torch sees %d"
                                 % (self.size, self.size, torch.cuda.device_count()))
         return torch.device("cuda", self.rank)
 
@@ -177,7 +177,7 @@ class Shard:
 
 
 def refuse(cfg, opts, n):
-    """Raises ProtocolError("invalid") when the model cannot split n ways."""
+    """Raises ProtocolError(INVALID) when the model cannot split n ways."""
     fam = cfg.family
     why = None
     if cfg.experts:
@@ -195,7 +195,7 @@ def refuse(cfg, opts, n):
                 why = "the %s (%d) is not a multiple of %d" % (name, v, n)
                 break
     if why:
-        raise ProtocolError("invalid", "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
+        raise ProtocolError(INVALID, "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
 
 
 def weight_bytes(model):
@@ -329,7 +329,7 @@ def follow(rank, size, port, seed, settings, make_worker):
         try:
             worker.handle(req)
         except ALIKE as e:
-            if op == "load" and getattr(e, "code", None) == "oom":  # rank 0 may have loaded: not in step
+            if op == "load" and getattr(e, "code", None) == OUT_OF_MEMORY:  # rank 0 may have loaded: not in step
                 log.exception("rank %d failed to load", rank)
                 os._exit(1)
         except Exception:
