@@ -125,8 +125,9 @@ def adapted(items):
 
 def run_chain(model, items, tokens, want):
     """The whole step on the device (see chainable): tokens are the ones
-    the inputs feed. Returns the StepResult TorchModel.step does. When the next round looks like this one, its
-    first step is launched before this round's tokens are read."""
+    the inputs feed. Returns the StepResult TorchModel.step does. When
+    the next round looks like this one, its first step is launched before
+    this round's tokens are read."""
     spec, model.spec = model.spec, None
     pre = spec.take(items, tokens) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)

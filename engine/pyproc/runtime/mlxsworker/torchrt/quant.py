@@ -228,7 +228,8 @@ class QWeight:
 
     def forward(self, x, bias=None):
         from . import quant_triton
-        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and _scaled.get((str(x.device), x.dtype)):
+        scaled = _scaled.get((str(x.device), x.dtype))  # W8A8, where on and checked (_check_scaled_mm)
+        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and scaled:
             y = scaled_mm(x, self.t["w"], self.t["scale"])
         elif self.kind == "fp8":
             y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
