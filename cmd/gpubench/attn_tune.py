@@ -11,7 +11,7 @@ sys.path.insert(0, sys.argv[1])
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-import kernels  # noqa: E402
+from mlxsworker.torchrt import kernels  # noqa: E402
 
 H, K, hd, ctx = 32, 8, 64, 1024
 dev = torch.device("cuda")

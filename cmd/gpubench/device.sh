@@ -29,7 +29,7 @@ if [ -x bin/gpubench-base ]; then
 fi
 if [ -x bin/pyproc.test ]; then # the package's tests on the GPU
 	(cd engine/pyproc && MLXSERVING_PYTHON=$py MLXSERVING_TEST_DEVICE=cuda ../../bin/pyproc.test \
-		-test.run 'Lookahead|Batched|Reference|Sampling|Prefix|Deterministic|Conformance|ThroughServer' -test.count=1) 2>&1 | tail -30 | tee "$out/tests.txt"
+		-test.run 'Lookahead|Batched|Reference|Sampling|Prefix|Deterministic|Conformance|ThroughServer|RuntimeKernels' -test.count=1) 2>&1 | tail -30 | tee "$out/tests.txt"
 fi
 [ -n "${TUNE:-}" ] && $py cmd/gpubench/attn_tune.py engine/pyproc/runtime 2>&1 | tee "$out/tune.txt"
 if [ -n "${NOBENCH:-}" ]; then # just write the checkpoint

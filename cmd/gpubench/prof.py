@@ -4,7 +4,8 @@ steps, with wall time per token.
 
   prof.py RUNTIME_DIR CHECKPOINT BATCH AHEAD [STEPS]
 
-RUNTIME_DIR holds the runtime's *.py (an older one works too with AHEAD 1).
+RUNTIME_DIR holds the runtime: worker.py and its package (an older one,
+its modules side by side, works too with AHEAD 1).
 AHEAD > 1 asks for that many tokens per step (lookahead). AHEAD 0 profiles
 prefill instead: one step of BATCH prompts of 2048 / BATCH tokens each.
 """
@@ -18,10 +19,13 @@ sys.path.insert(0, rt)
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-import torch_backend  # noqa: E402
+try:
+    from mlxsworker.torchrt.model import TorchModel  # noqa: E402
+except ImportError:  # an older runtime: flat modules
+    from torch_backend import TorchModel  # noqa: E402
 
 if ahead == 0:
-    m = torch_backend.TorchModel(path, {"max_batch": 16, "context_length": 2304, "device": "cuda", "dtype": "bfloat16"})
+    m = TorchModel(path, {"max_batch": 16, "context_length": 2304, "device": "cuda", "dtype": "bfloat16"})
 
     def prefill(b, n, r, prof=None):
         ps = [[(i * 7919 + j * 104729 + r) % 120000 for j in range(n)] for i in range(b)]
@@ -49,23 +53,32 @@ if ahead == 0:
                 print(ka.table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=60))
                 print(ka.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
     sys.exit(0)
-m = torch_backend.TorchModel(path, {"max_batch": 64, "context_length": 1024, "device": "cuda", "dtype": "bfloat16"})
+m = TorchModel(path, {"max_batch": 64, "context_length": 1024, "device": "cuda", "dtype": "bfloat16"})
 prompts = [[(i * 7919 + j * 104729) % 120000 for j in range(128)] for i in range(batch)]
 for i, p in enumerate(prompts):
     m.open(i + 1, p, "")
-res = m.step([[i + 1, p, True, {}] for i, p in enumerate(prompts)])
-last = res[0]
+
+
+def result(r):
+    """(tokens, more) of a step's result: a StepResult, or an older
+    runtime's tuple."""
+    if isinstance(r, tuple):
+        return r[0], (r[3] if len(r) > 3 else None)
+    return r.tokens, r.more
+
+
+last = result(m.step([[i + 1, p, True, {}] for i, p in enumerate(prompts)]))[0]
 
 
 def step():
     global last
     entry = (lambda i, t: [i + 1, [t], True, {}, ahead, 0]) if ahead > 1 else (lambda i, t: [i + 1, [t], True, {}])
-    r = m.step([entry(i, t) for i, t in enumerate(last)])
+    toks, mores = result(m.step([entry(i, t) for i, t in enumerate(last)]))
     if ahead > 1:
-        last = [more[-1] if more else t for t, more in zip(r[0], r[2])]
+        last = [more[-1] if more else t for t, more in zip(toks, mores)]
         # the last token sampled was not fed: feed it next time
         return ahead
-    last = r[0]
+    last = toks
     return 1
 
 

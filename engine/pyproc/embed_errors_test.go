@@ -11,6 +11,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -141,7 +142,7 @@ func TestEmbedBadInput(t *testing.T) {
 	_, err := p.call(ctx, "tiny", request("step", map[string]any{"model": enc.handle,
 		"batch": []any{[]any{2, in[:5], false, map[string]any{}}}}))
 	var we *WorkerError
-	if !errors.As(err, &we) || we.Code != "invalid" || !errors.Is(err, engine.ErrInvalidParam) {
+	if !errors.As(err, &we) || we.Code != retry.CodeInvalidValue || !errors.Is(err, engine.ErrInvalidParam) {
 		t.Errorf("the worker took half an encoder input: %v", err)
 	}
 	out, err := enc.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: in, Sample: true}})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // LostError says why a worker was lost. It wraps engine.ErrWorkerLost, so
@@ -26,8 +27,9 @@ func (e *LostError) Error() string {
 func (e *LostError) Unwrap() error { return engine.ErrWorkerLost }
 
 // WorkerError is an error a worker reported with a protocol code
-// (PROTOCOL.md lists them). It wraps the matching engine sentinel where
-// there is one.
+// (PROTOCOL.md lists them: the error classification's codes, retry.Code*,
+// where it has one). It wraps the matching engine sentinel where there is
+// one.
 type WorkerError struct {
 	Code    string
 	Message string
@@ -50,21 +52,27 @@ type wireError struct {
 	Limit   int    `json:"limit"`
 }
 
+// codeCheckpoint is the code of a checkpoint the worker cannot read, which
+// the classification has no code of its own for (it classifies the
+// engine.CheckpointError the reply becomes).
+const codeCheckpoint = "bad_checkpoint"
+
+// workerKinds maps the worker's other codes to the engine's sentinels.
+var workerKinds = map[string]error{
+	retry.CodeOutOfMemory:     engine.ErrOutOfMemory,
+	retry.CodeInvalidValue:    engine.ErrInvalidParam,
+	retry.CodeRequestTooLarge: engine.ErrInvalidParam,
+	retry.CodeModelNotFound:   engine.ErrModelNotFound,
+	retry.CodeUnavailable:     engine.ErrUnavailable,
+}
+
 // toError maps a worker's error reply to the engine's typed errors.
 func (w *wireError) toError(model string) error {
 	switch w.Code {
-	case "bad_checkpoint":
+	case codeCheckpoint:
 		return &engine.CheckpointError{Path: w.Path, Tensor: w.Tensor, Reason: w.Reason}
-	case "context_length":
+	case retry.CodeContextLength:
 		return &engine.ContextLengthError{Model: model, Prompt: w.Prompt, Limit: w.Limit}
 	}
-	kinds := map[string]error{
-		"oom":           engine.ErrOutOfMemory,
-		"invalid":       engine.ErrInvalidParam,
-		"bad_request":   engine.ErrInvalidParam,
-		"too_large":     engine.ErrInvalidParam,
-		"unknown_model": engine.ErrModelNotFound,
-		"unavailable":   engine.ErrUnavailable,
-	}
-	return &WorkerError{Code: w.Code, Message: w.Message, kind: kinds[w.Code]}
+	return &WorkerError{Code: w.Code, Message: w.Message, kind: workerKinds[w.Code]}
 }

@@ -13,7 +13,11 @@ import (
 	"sort"
 )
 
-//go:embed runtime/*.py
+// The runtime: worker.py and the Python package beside it, every *.py of
+// every directory (a pattern per level: a directory pattern would leave
+// out __init__.py, and none takes the __pycache__ a local run writes).
+//
+//go:embed runtime/*.py runtime/*/*.py runtime/*/*/*.py
 var runtimeFS embed.FS
 
 // ErrUnsafeRuntime means the directory the runtime is run from could be, or
@@ -36,33 +40,50 @@ func (e *RuntimeDirError) Error() string {
 // Unwrap returns ErrUnsafeRuntime.
 func (e *RuntimeDirError) Unwrap() error { return ErrUnsafeRuntime }
 
-// runtimeFiles returns the embedded Python files by base name and the
-// content hash naming their directory.
-func runtimeFiles() (map[string][]byte, string, error) {
-	names, err := fs.Glob(runtimeFS, "runtime/*.py")
+// runtimeFiles returns the embedded Python files by their path in the
+// runtime directory (slash-separated), the directories below it that hold
+// them, and the content hash naming the runtime directory.
+func runtimeFiles() (files map[string][]byte, dirs map[string]bool, sum string, err error) {
+	sub, err := fs.Sub(runtimeFS, "runtime")
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
+	}
+	files, dirs = map[string][]byte{}, map[string]bool{}
+	var names []string
+	err = fs.WalkDir(sub, ".", func(n string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && n != ".":
+			dirs[n] = true
+		case !d.IsDir():
+			names = append(names, n)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, "", err
 	}
 	sort.Strings(names)
 	h := sha256.New()
-	files := map[string][]byte{}
 	for _, n := range names {
-		b, err := runtimeFS.ReadFile(n)
+		b, err := fs.ReadFile(sub, n)
 		if err != nil {
-			return nil, "", err
+			return nil, nil, "", err
 		}
-		files[filepath.Base(n)] = b
+		files[n] = b
 		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
 		h.Write(b)
 	}
-	return files, hex.EncodeToString(h.Sum(nil))[:16], nil
+	return files, dirs, hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // installRuntime writes the embedded Python files to cacheDir/pyproc-<hash>
 // unless that directory already exists, and returns the directory, after
-// verifying it (see verifyRuntime). The directory is created 0700 and its
-// files 0600, in a temporary directory first that is renamed into place, so
-// concurrent starts never see a half-written runtime.
+// verifying it (see verifyRuntime). The directory and those below it are
+// created 0700 and the files 0600, in a temporary directory first that is
+// renamed into place, so concurrent starts never see a half-written
+// runtime.
 func installRuntime(cacheDir string) (string, error) {
 	if cacheDir == "" {
 		base, err := os.UserCacheDir()
@@ -71,7 +92,7 @@ func installRuntime(cacheDir string) (string, error) {
 		}
 		cacheDir = filepath.Join(base, "mlxserving")
 	}
-	files, sum, err := runtimeFiles()
+	files, dirs, sum, err := runtimeFiles()
 	if err != nil {
 		return "", err
 	}
@@ -89,11 +110,9 @@ func installRuntime(cacheDir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("pyproc: runtime cache: %w", err)
 	}
-	for n, b := range files {
-		if err := os.WriteFile(filepath.Join(tmp, n), b, 0o600); err != nil {
-			os.RemoveAll(tmp)
-			return "", fmt.Errorf("pyproc: runtime cache: %w", err)
-		}
+	if err := writeRuntime(tmp, files, dirs); err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("pyproc: runtime cache: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		os.RemoveAll(tmp)
@@ -103,6 +122,22 @@ func installRuntime(cacheDir string) (string, error) {
 		// Another process won the race; its directory is verified below.
 	}
 	return dir, verifyRuntime(dir)
+}
+
+// writeRuntime writes files (and the directories dirs that hold them) into
+// the new directory dir.
+func writeRuntime(dir string, files map[string][]byte, dirs map[string]bool) error {
+	for d := range dirs {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(d)), 0o700); err != nil {
+			return err
+		}
+	}
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(n)), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkCacheDir refuses a cache directory another user could rename our
@@ -124,12 +159,13 @@ func checkCacheDir(dir string) error {
 
 // verifyRuntime checks the runtime directory before a worker starts from
 // it: a real directory (not a link) of ours with mode 0700, holding exactly
-// the embedded files, each a regular file of ours that nobody else can
-// write and whose SHA-256 matches the embedded one. Python caches
-// (__pycache__) are refused too: workers run with -B and never write one,
-// so one there was put there by someone else.
+// the embedded files and the directories that hold them, each directory a
+// real one of ours with mode 0700 and each file a regular file of ours that
+// nobody else can write and whose SHA-256 matches the embedded one. Python
+// caches (__pycache__, at any level) are refused too: workers run with -B
+// and never write one, so one there was put there by someone else.
 func verifyRuntime(dir string) error {
-	files, _, err := runtimeFiles()
+	files, dirs, _, err := runtimeFiles()
 	if err != nil {
 		return err
 	}
@@ -140,17 +176,38 @@ func verifyRuntime(dir string) error {
 	if err := checkMine(dir, fi, true); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return &RuntimeDirError{Path: dir, Reason: err.Error()}
-	}
-	for _, e := range entries {
-		if _, ok := files[e.Name()]; !ok {
-			return &RuntimeDirError{Path: filepath.Join(dir, e.Name()), Reason: "not part of the runtime"}
+	// Everything there: the runtime's directories and files only. WalkDir
+	// does not follow links; a link is not a directory, so it is not
+	// entered and fails as an extra entry or in checkMine below.
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return &RuntimeDirError{Path: path, Reason: err.Error()}
 		}
+		if path == dir {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return &RuntimeDirError{Path: path, Reason: err.Error()}
+		}
+		rel = filepath.ToSlash(rel)
+		if _, ok := files[rel]; ok {
+			return nil
+		}
+		if !dirs[rel] {
+			return &RuntimeDirError{Path: path, Reason: "not part of the runtime"}
+		}
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return &RuntimeDirError{Path: path, Reason: err.Error()}
+		}
+		return checkMine(path, fi, true)
+	})
+	if err != nil {
+		return err
 	}
 	for name, want := range files {
-		path := filepath.Join(dir, name)
+		path := filepath.Join(dir, filepath.FromSlash(name))
 		fi, err := os.Lstat(path)
 		if err != nil {
 			return &RuntimeDirError{Path: path, Reason: err.Error()}

@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,12 +19,38 @@ func TestRuntimeInstalledPrivate(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("runtime dir mode %v, %v; want 0700", fi.Mode().Perm(), err)
 	}
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		fi, _ := e.Info()
-		if fi.Mode().Perm() != 0o600 {
-			t.Errorf("%s: mode %v, want 0600", e.Name(), fi.Mode().Perm())
+	files := 0
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		want := fs.FileMode(0o600)
+		if d.IsDir() {
+			want = 0o700
+		} else {
+			files++
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, fi.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The entry script and the package's modules, at every level.
+	for _, f := range []string{"worker.py", "mlxsworker/__init__.py", "mlxsworker/protocol.py", "mlxsworker/torchrt/model.py",
+		"mlxsworker/mlxlm/backend.py"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("installed runtime: %v", err)
+		}
+	}
+	if want, _, _, _ := runtimeFiles(); files != len(want) {
+		t.Errorf("installed %d files, want the %d embedded", files, len(want))
 	}
 	// A second install reuses and re-verifies the directory.
 	if again, err := installRuntime(filepath.Dir(dir)); err != nil || again != dir {
@@ -43,18 +70,43 @@ func TestRuntimeTampered(t *testing.T) {
 		{"edited file", func(t *testing.T, dir string) {
 			appendTo(t, filepath.Join(dir, "worker.py"), "\nimport os; os.system('id')\n")
 		}, "differs from this binary's"},
+		{"edited module", func(t *testing.T, dir string) {
+			appendTo(t, filepath.Join(dir, "mlxsworker", "torchrt", "sampling.py"), "\nimport os; os.system('id')\n")
+		}, "differs from this binary's"},
 		{"replaced by a link", func(t *testing.T, dir string) {
-			p := filepath.Join(dir, "st.py")
+			p := filepath.Join(dir, "mlxsworker", "torchrt", "st.py")
 			os.Rename(p, p+".orig")
 			os.Symlink(p+".orig", p)
 		}, "not part of the runtime"},
+		{"linked in place", func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "mlxsworker", "torchrt", "st.py")
+			other := filepath.Join(t.TempDir(), "st.py")
+			os.Rename(p, other)
+			os.Symlink(other, p)
+		}, "is a symbolic link"},
 		{"extra module shadowing torch", func(t *testing.T, dir string) {
 			os.WriteFile(filepath.Join(dir, "torch.py"), []byte("raise SystemExit"), 0o600)
 		}, "not part of the runtime"},
+		{"extra module in the package", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "mlxsworker", "torchrt", "extra.py"), []byte("raise SystemExit"), 0o600)
+		}, "not part of the runtime"},
+		{"extra directory", func(t *testing.T, dir string) { os.Mkdir(filepath.Join(dir, "mlxsworker", "torch"), 0o700) }, "not part of the runtime"},
 		{"bytecode cache", func(t *testing.T, dir string) { os.Mkdir(filepath.Join(dir, "__pycache__"), 0o700) }, "not part of the runtime"},
-		{"group-writable file", func(t *testing.T, dir string) { os.Chmod(filepath.Join(dir, "decoder.py"), 0o620) }, "writable by other users"},
+		{"bytecode cache in the package", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, "mlxsworker", "torchrt", "__pycache__"), 0o700)
+		}, "not part of the runtime"},
+		{"group-writable file", func(t *testing.T, dir string) {
+			os.Chmod(filepath.Join(dir, "mlxsworker", "torchrt", "decoder.py"), 0o620)
+		}, "writable by other users"},
 		{"opened directory", func(t *testing.T, dir string) { os.Chmod(dir, 0o755) }, "want 0700"},
-		{"missing file", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "sampling.py")) }, "no such file"},
+		{"opened package", func(t *testing.T, dir string) { os.Chmod(filepath.Join(dir, "mlxsworker", "mlxlm"), 0o755) }, "want 0700"},
+		{"package replaced by a link", func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "mlxsworker", "mlxlm")
+			other := filepath.Join(t.TempDir(), "mlxlm")
+			os.Rename(p, other)
+			os.Symlink(other, p)
+		}, "is a symbolic link"},
+		{"missing file", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, "mlxsworker", "torchrt", "sampling.py")) }, "no such file"},
 		{"foreign-owned directory", func(t *testing.T, dir string) {
 			if os.Geteuid() != 0 {
 				t.Skip("changing a file's owner needs root")
@@ -68,6 +120,14 @@ func TestRuntimeTampered(t *testing.T) {
 				t.Skip("changing a file's owner needs root")
 			}
 			if err := os.Chown(filepath.Join(dir, "worker.py"), 4242, 4242); err != nil {
+				t.Fatal(err)
+			}
+		}, "owned by uid 4242"},
+		{"foreign-owned package", func(t *testing.T, dir string) {
+			if os.Geteuid() != 0 {
+				t.Skip("changing a file's owner needs root")
+			}
+			if err := os.Chown(filepath.Join(dir, "mlxsworker", "torchrt"), 4242, 4242); err != nil {
 				t.Fatal(err)
 			}
 		}, "owned by uid 4242"},
@@ -121,4 +181,16 @@ func appendTo(t *testing.T, path, s string) {
 	if _, err := f.WriteString(s); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRuntimeKernels runs testdata/kernels_test.py (MLXSERVING_TEST_DEVICE=cuda
+// only): each Triton kernel of the CUDA decode path agrees with the plain
+// torch code it replaces, for every family's shapes in every serving dtype.
+// A worker only builds them at load (kernels.probe), so this is where
+// their numbers are checked.
+func TestRuntimeKernels(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	runPyCheck(t, "testdata/kernels_test.py", "runtime")
 }

@@ -16,8 +16,7 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import graphs  # noqa: E402
-import lora  # noqa: E402
+from mlxsworker.torchrt import graphs, lora  # noqa: E402
 
 SHAPES = {"8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, layers=32),
           "1b": dict(hidden=2048, heads=32, kv_heads=8, head_dim=64, intermediate=8192, layers=16)}

@@ -1,4 +1,4 @@
-"""The LoRA decode-graph paths (graphs.py, torch_backend._forward_lora and
+"""The LoRA decode-graph paths (torchrt/graphs.py, TorchModel._forward_lora and
 _forward_split, lora.DensePlan) on the CPU: DecodeGraphs' own capture
 runs, with its CUDA part (_record) keeping the step as a callable that
 every replay runs again (what a CUDA graph replays). Sequences of two
@@ -22,9 +22,8 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import graphs  # noqa: E402
-import lora  # noqa: E402
-import torch_backend  # noqa: E402
+from mlxsworker.torchrt import graphs, lora  # noqa: E402
+from mlxsworker.torchrt.model import TorchModel  # noqa: E402
 
 
 class Replay:
@@ -88,7 +87,7 @@ def pools(base, ads):
 
 
 def model(base, with_graphs):
-    m = torch_backend.TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8})
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8})
     if with_graphs:
         m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
         m.graphs.lora = m.adapters
@@ -123,7 +122,7 @@ def run(m, ads):
                 batch.append([i, [out[i][-1]], True, {}])
         if not batch:
             break
-        toks, k = m.step(batch)[0], 0
+        toks, k = m.step(batch).tokens, 0
         for b in batch:
             if b[2]:
                 out[b[0]].append(toks[k])
@@ -135,7 +134,7 @@ def dense_vs_plan(base):
     """DensePlan against Plan on random weights in every slot (two
     empty), rows of every slot and the base interleaved, through every
     projection of every layer."""
-    m = torch_backend.TorchModel(base, {"device": "cpu", "adapter_slots": 5, "max_adapter_rank": 12})
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": 5, "max_adapter_rank": 12})
     s = m.adapters
     s._allocate()
     g = torch.Generator().manual_seed(0)

@@ -21,7 +21,7 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import sampling  # noqa: E402
+from mlxsworker.torchrt import sampling  # noqa: E402
 
 
 def per_row(x, width, device):

@@ -25,9 +25,8 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import lookahead  # noqa: E402
-import sampling  # noqa: E402
-from paged import Seq  # noqa: E402
+from mlxsworker.torchrt import lookahead, sampling  # noqa: E402
+from mlxsworker.torchrt.paged import Seq  # noqa: E402
 
 
 def reference(x, width):

@@ -22,7 +22,7 @@ sys.path.insert(0, rt)
 
 import torch  # noqa: E402
 
-import torch_backend  # noqa: E402
+from mlxsworker.torchrt.model import TorchModel  # noqa: E402
 
 PROMPT, STEPS = int(os.environ.get("PROMPT", "512")), 64
 VOCAB = int(os.environ.get("VOCAB", "120000"))
@@ -45,7 +45,7 @@ def load(bs, max_batch=0):
     if max_batch:
         opts["max_batch"] = max_batch
     t0 = time.perf_counter()
-    m = torch_backend.TorchModel(path, opts)
+    m = TorchModel(path, opts)
     i = m.info()
     print("block %d: %d blocks = %d tokens, KV %.1f GB, context %d, max_batch %d, loaded in %.1f s"
           % (bs, i["kv_blocks"], i["kv_capacity"], i["kv_bytes"] / 1e9, i["context_length"], i["max_batch"],
@@ -59,15 +59,15 @@ def decode(m, batch, r):
     for g in range(0, batch, 64):  # prefill 64 prompts a step
         for i in ids[g : g + 64]:
             m.open(i, prompt(i, PROMPT, r), "")
-        last += m.step([[i, prompt(i, PROMPT, r), True, {}] for i in ids[g : g + 64]])[0]
+        last += m.step([[i, prompt(i, PROMPT, r), True, {}] for i in ids[g : g + 64]]).tokens
 
     def step():
         nonlocal last
         res = m.step([[i, [t], True, {}, ahead, 0] for i, t in zip(ids, last)])
         if ahead > 1:
-            last = [more[-1] if more else t for t, more in zip(res[0], res[3])]
+            last = [more[-1] if more else t for t, more in zip(res.tokens, res.more)]
             return ahead
-        last = res[0]
+        last = res.tokens
         return 1
 
     for _ in range(2):
@@ -103,11 +103,11 @@ def mixed(m, batch, chunks):
     ids = list(range(1, batch + 1))
     for i in ids:
         m.open(i, prompt(i, PROMPT), "")
-    last = m.step([[i, prompt(i, PROMPT), True, {}] for i in ids])[0]
+    last = m.step([[i, prompt(i, PROMPT), True, {}] for i in ids]).tokens
     state = {"last": last, "next": 100000}
 
     def dec():
-        state["last"] = m.step([[i, [t], True, {}] for i, t in zip(ids, state["last"])])[0]
+        state["last"] = m.step([[i, [t], True, {}] for i, t in zip(ids, state["last"])]).tokens
 
     def chunk_step(n, with_decode):
         sid = state["next"]
@@ -116,7 +116,7 @@ def mixed(m, batch, chunks):
         b = [[sid, prompt(sid, n), True, {}]]
         if with_decode:
             b = [[i, [t], True, {}] for i, t in zip(ids, state["last"])] + b
-        out = m.step(b)[0]
+        out = m.step(b).tokens
         if with_decode:
             state["last"] = out[:-1]
         m.free(sid, "")
@@ -152,7 +152,7 @@ def mixed(m, batch, chunks):
             b = [[sid, full[pre:], True, {}]]
             if with_decode:
                 b = [[i, [t], True, {}] for i, t in zip(ids, state["last"])] + b
-            out = m.step(b)[0]
+            out = m.step(b).tokens
             sync()
             el = time.perf_counter() - t0
             if with_decode:

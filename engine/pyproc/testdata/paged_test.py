@@ -17,8 +17,8 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import paged  # noqa: E402
-from paged import OutOfBlocks, PagedKV  # noqa: E402
+from mlxsworker.torchrt import paged  # noqa: E402
+from mlxsworker.torchrt.paged import OutOfBlocks, PagedKV  # noqa: E402
 
 _to_device = paged.to_device
 
@@ -132,7 +132,7 @@ def run(ops, seed, cfg=Cfg):
         elif op < 0.7:
             sid = rnd.choice(list(seqs))
             s, _ = seqs[sid]
-            back = rnd.randrange(0, min(paged.MARGIN, max(1, len(s.tokens) - prompt_len[sid])) + 1)
+            back = rnd.randrange(0, min(lay.margin, max(1, len(s.tokens) - prompt_len[sid])) + 1)
             if back and len(s.tokens) - back >= prompt_len[sid]:
                 del s.tokens[len(s.tokens) - back:]
                 kv.truncate(s, len(s.tokens))

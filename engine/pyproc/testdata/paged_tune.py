@@ -1,4 +1,4 @@
-"""Times the paged decode attention kernel (runtime/kernels.py) on the
+"""Times the paged decode attention kernel (runtime/mlxsworker/torchrt/kernels.py) on the
 Llama-3.2-1B shape (32/8 heads, head dim 64, bf16) by batch size, cache
 length, block size, KV layout (token-major [blocks, block, heads, dim], as
 the runtime keeps it, or head-major [blocks, heads, block, dim]), block-id
@@ -15,7 +15,7 @@ import torch
 import triton
 
 sys.path.insert(0, sys.argv[1])
-import kernels  # noqa: E402
+from mlxsworker.torchrt import kernels  # noqa: E402
 
 H, K, hd = 32, 8, 64
 dev = torch.device("cuda")

@@ -21,7 +21,7 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-import quant  # noqa: E402
+from mlxsworker.torchrt import quant  # noqa: E402
 
 passed = 0
 
@@ -90,8 +90,8 @@ for parts in ([fp8_part(256, 384, (128, 128)), fp8_part(128, 384, (128, 128))],
 
 # The CUDA path's form of real checkpoints, checked through dequant.
 for d in sys.argv[2:]:
-    from config import Config
-    from st import Checkpoint
+    from mlxsworker.torchrt.config import Config
+    from mlxsworker.torchrt.st import Checkpoint
     cfg = Config(d)
     if cfg.quant.kind == "fp8" and not hasattr(torch, "float8_e4m3fn"):
         continue  # the kept form views the bytes as float8
@@ -114,7 +114,7 @@ for d in sys.argv[2:]:
 
 # The Triton GEMMs, where CUDA runs.
 if torch.cuda.is_available():
-    import quant_triton
+    from mlxsworker.torchrt import quant_triton
     dev = torch.device("cuda")
     for dtype in (torch.bfloat16, torch.float16):
         check(quant_triton.self_check(dev, dtype) is None, "self_check %s" % dtype)
@@ -137,7 +137,7 @@ if torch.cuda.is_available():
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
 
-    # The opt-in W8A8 path (MLXSERVING_FP8_SCALED_MM=1), where this torch
+    # The opt-in W8A8 path (the settings' fp8_scaled_mm), where this torch
     # and device have rowwise-scaled _scaled_mm.
     x = torch.randn(300, 2048, device=dev, dtype=torch.bfloat16)
     w = torch.randn(1024, 2048, device=dev) / 2048 ** 0.5

@@ -12,15 +12,15 @@ either side. No KV is kept: an input is embedded in the step that feeds
 it.
 """
 import logging
-import math
 import os
 
 import torch
 import torch.nn.functional as F
 
-from config import ENCODERS
-from st import Checkpoint, CheckpointError
-from stcheck import read_json
+from ..errors import CheckpointError
+from ..stcheck import read_json
+from .config import ENCODERS
+from .st import Checkpoint
 
 log = logging.getLogger("encoder")
 
@@ -155,7 +155,7 @@ def gelu(x):
 class Encoder:
     """An encoder's weights and forward pass (see the module doc)."""
 
-    def __init__(self, directory, cfg, device, dtype):
+    def __init__(self, directory, cfg, device, dtype, varlen=True):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         ck = Checkpoint(directory)
         prefix = PREFIXES[cfg.arch]
@@ -189,7 +189,8 @@ class Encoder:
             self.ln_final = nb("final_norm")
             self.inv_freq = [1.0 / (t ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
                              for t in cfg.thetas]
-        self.varlen = _varlen_ok(self, device, dtype)
+        # varlen: inputs may attend in one varlen flash call (settings.varlen).
+        self.varlen = varlen and _varlen_ok(self, device, dtype)
 
     def _bert_layer(self, get, p):
         h, inter = self.cfg.hidden, self.cfg.intermediate
@@ -316,7 +317,7 @@ def _varlen_ok(enc, device, dtype):
     """Whether the varlen flash call runs here (CUDA, half precision) and
     agrees with the per-input path on two inputs of different lengths,
     globally and within a window of 2 either side."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or os.environ.get("MLXSERVING_VARLEN", "1") == "0":
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return False
     H, hd = enc.cfg.heads, enc.cfg.head_dim
     try:

@@ -2,13 +2,9 @@
 repetition, presence and frequency penalties, logit bias, allowed-token
 masks, top log-probabilities, per-sequence seeded generators.
 
-Parameters arrive as the protocol's compact dict: t temperature, k top-k,
-p top-p, m min-p, r repetition penalty, s seed (absent: unseeded), l logprob,
-n top log-probabilities, pp presence and fp frequency penalty, lb logit
-bias ([[id, bias], ...]), x this step's allowed-token mask ({"a": ids},
-{"d": ids} or {"b": base64 bitset}), g how many of the prompt's last
-tokens were generated before the sequence was resumed, and lp and ls a
-constrained input's loop for lookahead (lookahead.py).
+Parameters arrive as the protocol's compact dict (params.py has its
+keys); the penalties and the bias are params.adjust's, shared with the
+mlx backend.
 
 The masks of a step's rows are decoded on the host into one packed
 bitset ([rows, ceil(vocab / 8)] uint8), copied to the device at once,
@@ -16,12 +12,12 @@ unpacked there with shifts and applied with one batched masked_fill (on
 the CPU, and for a lone row whose mask is a list of ids, they are written
 straight into one bool tensor instead: device_masks).
 """
-import base64
 import random
 
 import torch
 
-from upload import to_device
+from ..params import adjust, adjusts, token_set
+from .upload import to_device
 
 try:
     import numpy as _np
@@ -81,21 +77,12 @@ def draw(seq, params, probs, device):
     return torch.multinomial(probs, 1, generator=_generator(seq, params, device).next())[0]
 
 
-def note_fed(seq, toks):
-    """Counts the tokens fed after the sequence's first sample: the
-    generated ones, for presence and frequency penalties."""
-    if getattr(seq, "sampled", False):
-        counts = seq.counts
-        for t in toks:
-            counts[t] = counts.get(t, 0) + 1
-
-
 def note_forced(seq, toks, sample):
     """Jump-forward decoding (the "jump_forward" capability): a sampling
     input of a sequence that has sampled holds the token it sampled last,
     then tokens the caller appended without sampling. Each of those is a
     generated position, so the draw after them is the one a sequence that
-    had sampled them takes. (note_fed counts them for the penalties.)"""
+    had sampled them takes. (Seq.note_fed counts them for the penalties.)"""
     if sample and len(toks) > 1 and getattr(seq, "sampled", False) and seq.gen is not None:
         seq.gen.pos += len(toks) - 1
 
@@ -109,16 +96,6 @@ def _resume(seq, params):
         counts = seq.counts
         for t in seq.tokens[len(seq.tokens) - g:]:
             counts[t] = counts.get(t, 0) + 1
-
-
-def _penalise(row, seq, r):
-    if not seq.tokens:
-        return row
-    idx = torch.tensor(sorted(set(seq.tokens)), device=row.device)
-    vals = row[idx]
-    row = row.clone()
-    row[idx] = torch.where(vals > 0, vals / r, vals * r)
-    return row
 
 
 def _ids(ids, limit):
@@ -143,19 +120,19 @@ def packed_set(x, width):
     "v": vocab} or {"b": base64}) into a uint8 bitset of ceil(width / 8)
     bytes, on the host; ids at or past width are cleared."""
     nbytes = (width + 7) // 8
-    if "a" in x:
-        row = _id_bits(x["a"], nbytes)
-    elif "d" in x:
-        row = 255 - _id_bits(x["d"], nbytes)
-        v = min(int(x.get("v", width)), width)
+    ts = token_set(x, width)
+    if ts.bits is not None:
+        row = torch.zeros(nbytes, dtype=torch.uint8)
+        if ts.bits:
+            row[:len(ts.bits)] = torch.frombuffer(bytearray(ts.bits), dtype=torch.uint8)
+    elif ts.allow:
+        row = _id_bits(ts.ids, nbytes)
+    else:
+        row = 255 - _id_bits(ts.ids, nbytes)
+        v = ts.limit
         if v < nbytes * 8:
             row[v >> 3] &= (1 << (v & 7)) - 1
             row[(v >> 3) + 1:] = 0
-    else:
-        raw = base64.b64decode(x["b"])[:nbytes]
-        row = torch.zeros(nbytes, dtype=torch.uint8)
-        if raw:
-            row[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     if width % 8:
         row[-1] &= (1 << (width % 8)) - 1
     return row
@@ -194,14 +171,15 @@ def host_masks(sets, width):
         if x is None:
             continue
         row = out[r]
-        if "a" in x:
-            row.fill_(False)
-            row[_ids(x["a"], width)] = True
-        elif "d" in x:
-            row[_ids(x["d"], width)] = False
-            row[min(int(x.get("v", width)), width):] = False
-        else:
+        ts = token_set(x, width)
+        if ts.bits is not None:
             row.copy_(unpack_rows(packed_set(x, width).unsqueeze(0), width)[0])
+        elif ts.allow:
+            row.fill_(False)
+            row[_ids(ts.ids, width)] = True
+        else:
+            row[_ids(ts.ids, width)] = False
+            row[ts.limit:] = False
     return out
 
 
@@ -234,21 +212,18 @@ def apply_masks(logits, masks):
     return logits
 
 
-def _adjust(row, seq, params):
-    """Penalties and logit bias, in the engine's order (the allowed mask
-    follows, for all rows at once: apply_masks)."""
-    pp, fp = float(params.get("pp") or 0), float(params.get("fp") or 0)
-    counts = getattr(seq, "counts", None)
-    if (pp or fp) and counts:
-        ids = list(counts)
-        idx = torch.tensor(ids, device=row.device)
-        n = torch.tensor([counts[i] for i in ids], device=row.device, dtype=row.dtype)
-        row[idx] -= pp + fp * n
-    lb = params.get("lb")
-    if lb:
-        idx = torch.tensor([int(i) for i, _ in lb], device=row.device)
-        row[idx] += torch.tensor([float(b) for _, b in lb], device=row.device, dtype=row.dtype)
-    return row
+class _Ops:
+    """torch's arrays for params.adjust."""
+
+    where = staticmethod(torch.where)
+
+    @staticmethod
+    def ids(values, row):
+        return torch.tensor(values, device=row.device)
+
+    @staticmethod
+    def floats(values, row):
+        return torch.tensor(values, device=row.device, dtype=row.dtype)
 
 
 def _filter(row, params):
@@ -284,18 +259,14 @@ def sample_rows(logits, items, device, masks=False):
     for params, seq in items:
         if not seq.sampled:
             _resume(seq, params)
-    pen = [(i, float(p.get("r") or 0), s) for i, (p, s) in enumerate(items)]
-    pen = [(i, r, s) for i, r, s in pen if r > 0 and r != 1]
-    adj = [i for i, (p, _) in enumerate(items) if p.get("lb") or p.get("pp") or p.get("fp")]
+    adj = [i for i, (p, _) in enumerate(items) if adjusts(p)]
     if masks is False:
         masks = device_masks(items, logits.shape[-1], logits.device)
-    if pen or adj or masks is not None:
+    if adj or masks is not None:
         logits = logits.clone()
-        for i, r, s in pen:
-            logits[i] = _penalise(logits[i], s, r)
         for i in adj:
             params, seq = items[i]
-            logits[i] = _adjust(logits[i], seq, params)
+            adjust(logits[i], seq, params, _Ops)
         apply_masks(logits, masks)
     out = torch.argmax(logits, dim=-1)
     for i, (params, seq) in enumerate(items):

@@ -8,10 +8,12 @@ import os
 
 import torch
 
-from encoder import Encoder, EncoderConfig
-from errors import CheckpointError, ProtocolError
-from pooling import POOLS, finish
-from upload import to_device
+from ..backend import Model, StepResult
+from ..errors import CONTEXT_LENGTH, INVALID, CheckpointError, ProtocolError
+from ..settings import Settings
+from .encoder import Encoder, EncoderConfig
+from .pooling import check_mode, encode, finish
+from .upload import to_device
 
 # Tokens one step may carry by default: the packed activations of a step
 # ([tokens, intermediate] at most) must fit beside the weights.
@@ -19,20 +21,22 @@ STEP_TOKENS_CUDA, STEP_TOKENS_CPU = 65536, 8192
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64
 
 
-class EncoderModel:
-    def __init__(self, path, opts, device, dtype_of):
+class EncoderModel(Model):
+    pooling = True
+
+    def __init__(self, path, opts, device, dtype_of, settings=None):
         if not os.path.isdir(path):
             raise CheckpointError(path, "not a directory")
         cfg = EncoderConfig(path)
         if opts.get("quantize"):
-            raise ProtocolError("invalid", "quantize %r: an encoder loads its weights as they are" % opts["quantize"])
+            raise ProtocolError(INVALID, "quantize %r: an encoder loads its weights as they are" % opts["quantize"])
         if opts.get("context_length"):
             cfg.context = min(cfg.context, int(opts["context_length"]))
         self.cfg, self.device = cfg, device
         self.dtype = dtype_of(device)
         cuda = device.type == "cuda"
         with torch.no_grad():
-            self.model = Encoder(path, cfg, device, self.dtype)
+            self.model = Encoder(path, cfg, device, self.dtype, (settings or Settings()).varlen)
         self.max_batch = int(opts.get("max_batch") or (MAX_BATCH_CUDA if cuda else MAX_BATCH_CPU))
         # kv_capacity asks how many tokens the model holds at once: for an
         # encoder, those of one step; at least one whole input.
@@ -50,22 +54,23 @@ class EncoderModel:
             "kv_bytes": 0, "embed_dim": c.hidden, "encoder": True,
         }
 
-    def open(self, seq, prompt, prefix_key, pool=None):
+    def open(self, seq, prompt, key, pool=None, adapter=None):
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if pool is None:
-            raise ProtocolError("invalid", "an encoder only embeds: open sequence %d with a pooling" % seq)
-        if pool not in POOLS:
-            raise ProtocolError("invalid", "pooling %r (want one of %s)" % (pool, ", ".join(POOLS)))
+            raise ProtocolError(INVALID, "an encoder only embeds: open sequence %d with a pooling" % seq)
+        if adapter is not None:
+            raise ProtocolError(INVALID, "an encoder serves no adapters")
+        check_mode(pool)
         if not prompt:
-            raise ProtocolError("invalid", "sequence %d: empty input" % seq)
+            raise ProtocolError(INVALID, "sequence %d: empty input" % seq)
         if len(prompt) > self.cfg.context:
-            raise ProtocolError("context_length", "input of %d tokens exceeds the context" % len(prompt),
+            raise ProtocolError(CONTEXT_LENGTH, "input of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
         self.seqs[seq] = pool
         return 0
 
-    def free(self, seq, save_key, back=0):
+    def free(self, seq, key, back=0):
         self.seqs.pop(seq, None)
 
     def close(self):
@@ -77,37 +82,35 @@ class EncoderModel:
 
     def step(self, batch):
         """batch: [seq, tokens, sample, params, ...] per input, each a
-        pooled sequence's whole input with sample true. Returns (tokens,
-        logprobs, tops) with -1 per input; take_embeddings has the
-        vectors."""
-        self.embeddings = None
+        pooled sequence's whole input with sample true. Returns a
+        StepResult of -1 per input and the inputs' vectors."""
         if not batch:
-            return [], [], []
+            return StepResult([], [], [])
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         seen, total = set(), 0
         for b in batch:
             seq, toks = b[0], b[1]
             if seq not in self.seqs:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             if self.seqs[seq] is None:
-                raise ProtocolError("invalid", "sequence %d: its input was embedded already; an encoder's input comes whole" % seq)
+                raise ProtocolError(INVALID, "sequence %d: its input was embedded already; an encoder's input comes whole" % seq)
             if seq in seen:
-                raise ProtocolError("invalid", "a sequence appears twice in one step")
+                raise ProtocolError(INVALID, "a sequence appears twice in one step")
             seen.add(seq)
             if not b[2]:
-                raise ProtocolError("invalid", "sequence %d: an encoder's input comes whole, in one input that samples" % seq)
+                raise ProtocolError(INVALID, "sequence %d: an encoder's input comes whole, in one input that samples" % seq)
             if not toks:
-                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+                raise ProtocolError(INVALID, "sequence %d: empty tokens" % seq)
             if len(toks) > self.cfg.context:
-                raise ProtocolError("context_length", "sequence %d: input of %d tokens exceeds the context" % (seq, len(toks)),
+                raise ProtocolError(CONTEXT_LENGTH, "sequence %d: input of %d tokens exceeds the context" % (seq, len(toks)),
                                     prompt=len(toks), limit=self.cfg.context)
             bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
             if bad:
-                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
             total += len(toks)
         if total > self.step_tokens:
-            raise ProtocolError("invalid", "a step of %d tokens exceeds the %d one step carries" % (total, self.step_tokens))
+            raise ProtocolError(INVALID, "a step of %d tokens exceeds the %d one step carries" % (total, self.step_tokens))
         lens = [len(b[1]) for b in batch]
         flat = to_device([t for b in batch for t in b[1]] + [j for n in lens for j in range(n)], self.device)
         N = sum(lens)
@@ -119,11 +122,7 @@ class EncoderModel:
                 rows = x[at : at + n]
                 vecs.append(finish(pool, rows.float().sum(0), rows[0].float(), rows[-1].float(), n))
                 at += n
-            self.embeddings = [v.cpu() for v in torch.stack(vecs).unbind(0)]
+            embeddings = [encode(v) for v in torch.stack(vecs).cpu().unbind(0)]
         for b in batch:  # fed: a second input would be a second embedding
             self.seqs[b[0]] = None
-        return [-1] * len(batch), [0.0] * len(batch), [[] for _ in batch]
-
-    def take_embeddings(self):
-        out, self.embeddings = getattr(self, "embeddings", None), None
-        return out
+        return StepResult([-1] * len(batch), [0.0] * len(batch), [[] for _ in batch], embeddings=embeddings)

@@ -19,7 +19,7 @@ whole on every rank. Each rank reads only its slice of each split tensor
 A rank that dies takes the group down: rank 0 watches its children and
 exits (status 1) when one exits, so the supervisor restarts the worker; a
 follower exits when its stdin closes or its parent changes (rank 0 died).
-Collectives time out after $MLXSERVING_TP_TIMEOUT seconds (default 300),
+Collectives time out after the settings' tp_timeout seconds (default 300),
 and a failure inside a step (where the ranks may no longer be in step)
 exits rank 0 rather than answering with an error.
 """
@@ -38,11 +38,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from errors import CheckpointError, ProtocolError
+from ..errors import INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
 
 log = logging.getLogger("tp")
-
-GROUP = None  # this process's Group when the worker runs with --tp > 1
 
 # Projections split by output rows (column-parallel) and by input columns
 # (row-parallel), by the last two parts of the tensor's name.
@@ -54,18 +52,17 @@ COLS = {"o_proj.weight", "down_proj.weight"}
 ALIKE = (ProtocolError, CheckpointError, KeyError, TypeError, ValueError)
 
 
-def timeout_s():
-    return float(os.environ.get("MLXSERVING_TP_TIMEOUT") or 300)
-
-
 class Group:
     """This process's place in the worker's group: rank and size, the
     default (gloo) process group, and the NCCL one made at the first CUDA
-    load."""
+    load; settings: the worker's (tp_timeout, tp_graphs)."""
 
-    def __init__(self, rank, size):
-        self.rank, self.size = rank, size
+    def __init__(self, rank, size, settings):
+        self.rank, self.size, self.settings = rank, size, settings
         self.nccl = None
+
+    def timeout(self):
+        return datetime.timedelta(seconds=self.settings.tp_timeout)
 
     def device(self, device):
         """The rank's device: cuda:rank for CUDA (of those the worker sees:
@@ -73,7 +70,7 @@ class Group:
         if device.type != "cuda":
             return device
         if torch.cuda.device_count() < self.size:
-            raise ProtocolError("unavailable", "tensor parallel %d needs %d CUDA devices; torch sees %d"
+            raise ProtocolError(UNAVAILABLE, "tensor parallel %d needs %d CUDA devices; torch sees %d"
                                 % (self.size, self.size, torch.cuda.device_count()))
         return torch.device("cuda", self.rank)
 
@@ -83,7 +80,7 @@ class Group:
         if device.type != "cuda":
             return None
         if self.nccl is None:
-            self.nccl = dist.new_group(backend="nccl", timeout=datetime.timedelta(seconds=timeout_s()))
+            self.nccl = dist.new_group(backend="nccl", timeout=self.timeout())
             # NCCL sets a communicator up at its first collective, which a
             # CUDA graph capture cannot do: that first one runs here.
             dist.all_reduce(torch.ones(1, device=device), group=self.nccl)
@@ -104,7 +101,7 @@ class Shard:
         n = group.size
         self.rank, self.size, self.vocab = group.rank, n, cfg.vocab
         refuse(cfg, opts, n)
-        if os.environ.get("MLXSERVING_TP_GRAPHS") == "0":  # CUDA graphs off under tensor parallel only
+        if not group.settings.tp_graphs:  # CUDA graphs off under tensor parallel only
             opts["cuda_graphs"] = False
         self.pg = group.process_group(device)
         self.gpu = device.type == "cuda"
@@ -180,7 +177,7 @@ class Shard:
 
 
 def refuse(cfg, opts, n):
-    """Raises ProtocolError("invalid") when the model cannot split n ways."""
+    """Raises ProtocolError(INVALID) when the model cannot split n ways."""
     fam = cfg.family
     why = None
     if cfg.experts:
@@ -198,7 +195,7 @@ def refuse(cfg, opts, n):
                 why = "the %s (%d) is not a multiple of %d" % (name, v, n)
                 break
     if why:
-        raise ProtocolError("invalid", "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
+        raise ProtocolError(INVALID, "tensor parallel %d: %s; serve this model with tensor parallel 1" % (n, why))
 
 
 def weight_bytes(model):
@@ -220,14 +217,16 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _join(rank, size):
-    global GROUP
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=timeout_s()))
-    random.seed(int(os.environ["MLXSERVING_TP_SEED"]))  # unseeded draws alike on every rank
+def _join(rank, size, port, seed, settings):
+    """Joins the group of size ranks as rank (its gloo process group at
+    127.0.0.1:port); seeds Python's random number generator with seed, so
+    unseeded draws come out alike on every rank."""
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=settings.tp_timeout))
+    random.seed(seed)
     if torch.cuda.is_available() and torch.cuda.device_count() > rank:
         torch.cuda.set_device(rank)
-    GROUP = Group(rank, size)
-    return GROUP
+    return Group(rank, size, settings)
 
 
 def _copy(f):
@@ -239,19 +238,19 @@ def _copy(f):
 
 class Leader:
     """Rank 0's side: starts the followers, joins the group, forwards each
-    request to them and takes the group down when one dies."""
+    request to them and takes the group down when one dies. argv: the
+    worker's command line, which the followers get with their rank, the
+    group's port and its seed. NCCL's asynchronous error handling (a
+    collective past the timeout aborts the process, so the group goes
+    down rather than hangs) is the environment's
+    (TORCH_NCCL_ASYNC_ERROR_HANDLING=1), which the supervisor sets for
+    rank 0 and the followers inherit."""
 
-    def __init__(self, argv, size):
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
-        os.environ["MLXSERVING_TP_SEED"] = str(random.getrandbits(62))
-        # NCCL: a collective past the timeout aborts the process (the group
-        # goes down) rather than hanging.
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        os.environ.setdefault("NCCL_ASYNC_ERROR_HANDLING", "1")
+    def __init__(self, argv, size, settings):
+        port, seed = _free_port(), random.getrandbits(62)
         self.children = []
         for r in range(1, size):
-            cmd = [sys.executable, "-u", "-B"] + argv + ["--rank", str(r)]
+            cmd = [sys.executable, "-u", "-B"] + argv + ["--rank", str(r), "--tp-port", str(port), "--tp-seed", str(seed)]
             # A follower's output comes through rank 0 (_copy): the
             # supervisor's pipes are held by rank 0 alone, so they close
             # when it exits, whatever state a follower is in.
@@ -260,7 +259,7 @@ class Leader:
             self.children.append(c)
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
-        _join(0, size)
+        self.group = _join(0, size, port, seed, settings)
 
     def down(self, why, *args):
         """Takes the group down: logs why, kills the followers (one may be
@@ -305,14 +304,12 @@ class Leader:
         return run
 
 
-class _NoBeat:
-    stopped = True
-
-
-def follow(rank, size, make_worker):
-    """A follower's life: join the group, then run every request rank 0
-    forwards on stdin, replying to no one, until stdin closes or rank 0
-    goes away. A failure rank 0 may not share exits (status 1)."""
+def follow(rank, size, port, seed, settings, make_worker):
+    """A follower's life: join the group (port and seed as rank 0 handed
+    them out), then run every request rank 0 forwards on stdin, replying
+    to no one, until stdin closes or rank 0 goes away. make_worker(group)
+    makes the protocol.Worker whose handle runs them. A failure rank 0 may
+    not share exits (status 1)."""
     ppid = os.getppid()
 
     def orphaned():  # rank 0 died while this rank waits in a collective, not on stdin
@@ -321,8 +318,7 @@ def follow(rank, size, make_worker):
             if os.getppid() != ppid:
                 os._exit(0)
     threading.Thread(target=orphaned, daemon=True).start()
-    _join(rank, size)
-    worker = make_worker(None, _NoBeat())
+    worker = make_worker(_join(rank, size, port, seed, settings))
     for line in sys.stdin.buffer:
         req = json.loads(line)
         op = req.get("op")
@@ -333,7 +329,7 @@ def follow(rank, size, make_worker):
         try:
             worker.handle(req)
         except ALIKE as e:
-            if op == "load" and getattr(e, "code", None) == "oom":  # rank 0 may have loaded: not in step
+            if op == "load" and getattr(e, "code", None) == OUT_OF_MEMORY:  # rank 0 may have loaded: not in step
                 log.exception("rank %d failed to load", rank)
                 os._exit(1)
         except Exception:

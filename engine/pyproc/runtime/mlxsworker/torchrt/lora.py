@@ -38,17 +38,12 @@ module j's columns of P's output. Two plans compute it:
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
 """
-import os
-
 import torch
 import torch.nn.functional as F
 
-from errors import CheckpointError, ProtocolError
-from st import SafetensorsFile
-from upload import to_device
-
-# Tests: every step's delta through DensePlan (prompt chunks too).
-FORCE_DENSE = os.environ.get("MLXSERVING_LORA_PLAN") == "dense"
+from ..errors import INVALID, OUT_OF_MEMORY, CheckpointError, ProtocolError
+from .st import SafetensorsFile
+from .upload import to_device
 
 
 def projections(cfg, layer):
@@ -75,12 +70,13 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False):
         if slots < 1 or max_rank < 1:
-            raise ProtocolError("invalid", "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
+            raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
         # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
+        self.dense = dense  # every step's delta through DensePlan, prompt chunks too (settings.lora_plan "dense")
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
         self.A = self.B = None  # per layer {projection: A} and {projection: [B_j^T]}, allocated by the first load
@@ -112,7 +108,7 @@ class Slots:
             self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
         except RuntimeError as e:
             self.A = self.B = self.ids = self.zero = None
-            raise ProtocolError("oom", "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
+            raise ProtocolError(OUT_OF_MEMORY, "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
 
     def ensure(self, spec):
         """Makes the adapter the open request names resident: spec is its
@@ -120,14 +116,14 @@ class Slots:
         slot index (1 + the supervisor's slot)."""
         slot = int(spec["slot"])
         if not 0 <= slot < self.n:
-            raise ProtocolError("invalid", "adapter slot %d outside 0..%d" % (slot, self.n - 1))
+            raise ProtocolError(INVALID, "adapter slot %d outside 0..%d" % (slot, self.n - 1))
         name = spec["name"]
         if spec.get("load") is not None:
             self.names[slot] = None  # a failed load leaves the slot empty, never half-written under a name
             self.load(slot, spec["load"])
             self.names[slot] = name
         elif self.names[slot] != name:
-            raise ProtocolError("invalid", "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
+            raise ProtocolError(INVALID, "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
         return slot + 1
 
     def load(self, slot, d):
@@ -139,7 +135,7 @@ class Slots:
             self._allocate()
         r, scale = int(d["rank"]), float(d["scale"])
         if not 1 <= r <= self.rank:
-            raise ProtocolError("invalid", "adapter rank %d outside 1..%d" % (r, self.rank))
+            raise ProtocolError(INVALID, "adapter rank %d outside 1..%d" % (r, self.rank))
         f = SafetensorsFile(d["file"])
         with torch.no_grad():
             for pr in self.A:
@@ -178,7 +174,7 @@ class Slots:
         projection), else a Plan; None when no row has an adapter."""
         if not any(slots) or self.A is None:
             return None
-        if FORCE_DENSE or all(c == 1 for c in counts):
+        if self.dense or all(c == 1 for c in counts):
             return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
         for s, c in zip(slots, counts):

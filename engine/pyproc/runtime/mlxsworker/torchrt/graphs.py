@@ -31,7 +31,7 @@ import logging
 
 import torch
 
-from upload import to_device
+from .upload import to_device
 
 log = logging.getLogger("graphs")
 

@@ -7,12 +7,11 @@ read as int16 and reinterpreted, which works on torch 1.13 too.
 """
 import mmap
 import os
-import struct
 
 import torch
 
-from errors import CheckpointError
-from stcheck import MAX_HEADER, parse_header
+from ..errors import CheckpointError
+from ..stcheck import open_header
 
 DTYPES = {
     "F32": (torch.float32, torch.float32, 4),
@@ -40,16 +39,7 @@ class SafetensorsFile:
         except OSError as e:
             raise CheckpointError(name, "cannot open: %s" % e.strerror)
         with f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise CheckpointError(name, "file too short for a safetensors header")
-            (n,) = struct.unpack("<Q", raw)
-            size = os.fstat(f.fileno()).st_size
-            if n > size - 8 or n > MAX_HEADER:
-                raise CheckpointError(name, "header length %d exceeds the file" % n)
-            self.base = 8 + n
-            data = size - self.base
-            self.header = parse_header(f.read(n), data, name, DTYPES)
+            self.header, self.base, data = open_header(f, name, DTYPES)
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if data > 0 else None
         self.name = name
 
@@ -96,33 +86,27 @@ class Checkpoint:
         st = self.where.get(tname)
         return st.name if st is not None else "model.safetensors"
 
-    def raw(self, tname, shape, device):
-        """The tensor as stored (F8_E4M3 as uint8), copied to device;
-        shape None takes any shape."""
-        st = self.where.get(tname)
-        if st is None:
-            raise CheckpointError("model.safetensors", "missing tensor", tname)
-        if shape is not None and st.shape(tname) != list(shape):
-            raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (st.shape(tname), list(shape)), tname)
-        return st.tensor(tname).to(device=device, copy=True)
-
-    def get(self, tname, shape, device, dtype):
+    def _tensor(self, tname, shape):
+        """The stored tensor tname, its shape checked against shape (None:
+        any shape)."""
         st = self.where.get(tname)
         if st is None:
             raise CheckpointError("model.safetensors", "missing tensor", tname)
         got = st.shape(tname)
-        if got != list(shape):
+        if shape is not None and got != list(shape):
             raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (got, list(shape)), tname)
-        return st.tensor(tname).to(device=device, dtype=dtype, copy=True)
+        return st.tensor(tname)
+
+    def raw(self, tname, shape, device):
+        """The tensor as stored (F8_E4M3 as uint8), copied to device;
+        shape None takes any shape."""
+        return self._tensor(tname, shape).to(device=device, copy=True)
+
+    def get(self, tname, shape, device, dtype):
+        return self._tensor(tname, shape).to(device=device, dtype=dtype, copy=True)
 
     def part(self, tname, shape, dim, start, n, device, dtype):
         """Positions start .. start+n-1 along dim of the tensor (whole
         shape checked as get checks it), copied to device: only that
         slice is read from the file (tensor parallel shards, tp.py)."""
-        st = self.where.get(tname)
-        if st is None:
-            raise CheckpointError("model.safetensors", "missing tensor", tname)
-        got = st.shape(tname)
-        if got != list(shape):
-            raise CheckpointError(st.name, "shape %r contradicts config.json (want %r)" % (got, list(shape)), tname)
-        return st.tensor(tname).narrow(dim, start, n).to(device=device, dtype=dtype, copy=True).contiguous()
+        return self._tensor(tname, shape).narrow(dim, start, n).to(device=device, dtype=dtype, copy=True).contiguous()

@@ -20,7 +20,7 @@ of n tokens holds ceil(n/bs) blocks in each full group, and in each
 sliding group only its last window_blocks of them (engine.Info.BlocksFor
 counts the same); the blocks before return to the pool as it grows.
 window_blocks covers the window of a step of up to Layout.step tokens and
-a take-back of up to MARGIN tokens (lookahead), so such a step never
+a take-back of up to Layout.margin tokens (lookahead), so such a step never
 needs a block it gave back. A longer prompt chunk keeps the blocks its
 first token's window reads until the step ends (settle gives them back):
 for a moment it holds more than BlocksFor, and when the pool lacks them,
@@ -28,15 +28,15 @@ TorchModel feeds it in pieces of Layout.step instead.
 """
 import collections
 import math
-import os
 
 import torch
 
-from blocks import OutOfBlocks, Pool
-from upload import to_device
+from ..seqs import SeqState, common_prefix
+from ..settings import Settings
+from .blocks import OutOfBlocks, Pool
+from .upload import to_device
 
 MAX_SAVED = 8192  # saved prefixes kept at most; beyond, the oldest is evicted (reported)
-MARGIN = 64  # tokens of lookahead growth or take-back a sliding group's blocks allow (lookahead.MAX_AHEAD)
 
 
 class Layout:
@@ -44,16 +44,18 @@ class Layout:
     window (0: full attention), and for sliding groups window_blocks, the
     most blocks of a sequence they hold, and step, the most tokens one
     sequence is fed at once within them. windows: each layer's window;
-    step: None takes 64 tokens, at least a block (MLXSERVING_WINDOW_STEP
-    overrides it)."""
+    step: None takes 64 tokens, at least a block (settings.window_step);
+    margin: the tokens of lookahead growth or take-back the sliding
+    groups' blocks allow (None: the default lookahead limit)."""
 
-    def __init__(self, windows, bs, context, step=None):
+    def __init__(self, windows, bs, context, step=None, margin=None):
         layers = len(windows)
         W = max(windows) if windows else 0
         if step is None:
-            step = int(os.environ.get("MLXSERVING_WINDOW_STEP") or max(bs, 64))
+            step = max(bs, 64)
         step = max(1, step)
-        wb = -(-(W + step + MARGIN - 2) // bs) + 1 if W else 0
+        self.margin = margin or Settings().lookahead_limit
+        wb = -(-(W + step + self.margin - 2) // bs) + 1 if W else 0
         if not W or wb >= -(-context // bs):  # no window, or none that frees a block: one group, as dense
             self.groups, self.windows, self.window, self.window_blocks, self.step = [list(range(layers))], [0], 0, 0, 0
         else:
@@ -87,22 +89,7 @@ class Layout:
         return max(0, min(nb - self.window_blocks, (fed - self.window + 1) // bs))
 
 
-def common_prefix(a, b):
-    """Length of the longest common prefix of the lists a and b."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slices compared in C
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class Seq:
+class Seq(SeqState):
     """An open sequence: its tokens, blocks and table row; sampling state.
     pages[g] lists the blocks of group g by position (a sliding group's
     blocks out of its window: None); blocks is the first group's. pool: a
@@ -111,13 +98,13 @@ class Seq:
     its device slot (lora.py; 0 for the base); root: the prefix cache node
     its blocks hang from (0 for the base, one per adapter: KV is never
     shared between adapters)."""
-    __slots__ = ("row", "pages", "reg", "node", "tokens", "gen", "sampled", "counts", "hist", "pool",
-                 "adapter", "lora", "root")
+    __slots__ = ("row", "pages", "reg", "node", "gen", "hist", "pool", "adapter", "lora", "root")
 
     def __init__(self, row, tokens, pages):
-        self.row, self.tokens, self.pages = row, tokens, pages
+        super().__init__(tokens)
+        self.row, self.pages = row, pages
         self.reg, self.node = 0, 0  # leading blocks in the prefix cache, the last one's node
-        self.gen, self.sampled, self.counts = None, False, {}
+        self.gen = None  # sampling.Draws
         self.hist = None  # generator states before recent draws (lookahead.rewind)
         self.pool = None
         self.adapter, self.lora, self.root = "", 0, 0
@@ -141,7 +128,7 @@ class Saved:
 
 
 class PagedKV:
-    def __init__(self, cfg, device, dtype, blocks, block_size, rows, layout=None):
+    def __init__(self, cfg, device, dtype, blocks, block_size, rows, layout=None, prefix_cache=True):
         self.device, self.bs = device, block_size
         self.max_blocks = -(-cfg.context // block_size)
         windows = getattr(cfg, "windows", None) or [0] * cfg.layers
@@ -167,9 +154,9 @@ class PagedKV:
         self.evicted = []  # saved keys given up, reported on the next reply
         self.table_grown = False  # the table was reallocated: captured graphs read the old one
         # Reuse of cached full blocks by Opens without a key (the prefix
-        # cache). Not with sliding groups: their blocks of a prefix's
-        # start are gone once the sequence moves on.
-        self.auto_prefix = os.environ.get("MLXSERVING_PREFIX_CACHE", "1") != "0" and not lay.sliding_groups
+        # cache; settings.prefix_cache). Not with sliding groups: their
+        # blocks of a prefix's start are gone once the sequence moves on.
+        self.auto_prefix = prefix_cache and not lay.sliding_groups
         self.roots = {}  # adapter key -> its prefix cache root node (root)
 
     def _set_table(self, t):
@@ -498,4 +485,4 @@ class PagedKV:
                 "waste": (1 - used / (held * self.bs)) if held else 0.0}
 
 
-__all__ = ["OutOfBlocks", "PagedKV", "Seq", "common_prefix"]
+__all__ = ["OutOfBlocks", "PagedKV", "Seq"]

@@ -49,7 +49,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from errors import CheckpointError, ProtocolError
+from ..errors import INVALID, CheckpointError, ProtocolError
 
 log = logging.getLogger("quant")
 
@@ -148,9 +148,9 @@ def parse_quantize(opt, sch):
     if opt in (None, "", "none"):
         return None
     if opt != "fp8":
-        raise ProtocolError("invalid", "quantize %r: want fp8" % (opt,))
+        raise ProtocolError(INVALID, "quantize %r: want fp8" % (opt,))
     if sch is not None:
-        raise ProtocolError("invalid", "quantize fp8: the checkpoint is already quantized (%s)" % sch.method)
+        raise ProtocolError(INVALID, "quantize fp8: the checkpoint is already quantized (%s)" % sch.method)
     return opt
 
 
@@ -227,8 +227,9 @@ class QWeight:
         return ((q - t["zeros"].float()[grp]) * t["scales"].float()[grp]).t().contiguous().to(dtype)
 
     def forward(self, x, bias=None):
-        import quant_triton
-        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and _scaled_mm_ok(x.device, x.dtype):
+        from . import quant_triton
+        scaled = _scaled.get((str(x.device), x.dtype))  # W8A8, where on and checked (_check_scaled_mm)
+        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and scaled:
             y = scaled_mm(x, self.t["w"], self.t["scale"])
         elif self.kind == "fp8":
             y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
@@ -240,8 +241,8 @@ class QWeight:
 # Steps of at least this many rows (prompt chunks, large decode batches)
 # run per-channel FP8 weights as W8A8 through torch._scaled_mm (FP8 tensor
 # cores, each row's activations quantized with its own scale, as vLLM's
-# dynamic FP8) when MLXSERVING_FP8_SCALED_MM=1 and its check at load
-# passed; smaller steps keep the weight-only GEMM. Off by default: a
+# dynamic FP8) when the settings' fp8_scaled_mm is on and its check at
+# load passed; smaller steps keep the weight-only GEMM. Off by default: a
 # sequence's numbers then depend on the size of the step it ran in, and it
 # is not yet measured against the weight-only GEMM.
 SCALED_MM_ROWS = 128
@@ -255,16 +256,16 @@ def scaled_mm(x, w8, scale):
     return torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=scale.t(), out_dtype=x.dtype)
 
 
+# (device, dtype) -> whether the W8A8 path runs there: set at load by
+# _check_scaled_mm where it is on (the worker's settings are the
+# process's, so one model's load turns it on for every model).
 _scaled = {}
 
 
-def _scaled_mm_ok(device, dtype):
-    """Whether the W8A8 path is on and agrees with the dequantized product
-    here (checked once per device and dtype, at load: Loader calls it
-    before any CUDA graph is captured)."""
-    import os
-    if os.environ.get("MLXSERVING_FP8_SCALED_MM", "0") != "1":
-        return False
+def _check_scaled_mm(device, dtype):
+    """Whether the W8A8 path agrees with the dequantized product here
+    (checked once per device and dtype, at load: Loader calls it before
+    any CUDA graph is captured); the answer goes into _scaled."""
     key = (str(device), dtype)
     if key not in _scaled:
         try:
@@ -328,12 +329,13 @@ class Loader:
     where kernels run them (CUDA, bf16/fp16 and quant_triton's check at
     load passed), else float."""
 
-    def __init__(self, ck, sch, device, dtype, quantize=None):
+    def __init__(self, ck, sch, device, dtype, quantize=None, scaled_mm=False):
         self.ck, self.sch, self.device, self.dtype, self.quantize = ck, sch, device, dtype, quantize
         self.keep = False
         if device.type == "cuda" and (sch is not None or quantize) and dtype in (torch.bfloat16, torch.float16):
             self.keep = _kernels_ok(device, dtype)
-            _scaled_mm_ok(device, dtype)
+            if scaled_mm:  # settings.fp8_scaled_mm
+                _check_scaled_mm(device, dtype)
 
     def get(self, name, shape):
         w = self._quantized(name, shape)
@@ -433,7 +435,7 @@ def _kernels_ok(device, dtype):
     key = (str(device), dtype)
     if key not in _checked:
         try:
-            import quant_triton
+            from . import quant_triton
             err = quant_triton.self_check(device, dtype)
         except Exception as e:  # no Triton, no float8 dtype, or it cannot compile here
             err = str(e)

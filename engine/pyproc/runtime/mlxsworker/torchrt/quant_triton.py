@@ -138,7 +138,7 @@ def self_check(device, dtype):
     """None when both kernels agree with the dequantized product (quant.py)
     on a small case per row count the decode and prefill paths take, else
     what failed. Also compiles the variants before any graph capture."""
-    import quant
+    from . import quant
     gen = torch.Generator(device="cpu").manual_seed(0)
     N, K = 384, 512
     w = torch.randn(N, K, generator=gen) / K ** 0.5

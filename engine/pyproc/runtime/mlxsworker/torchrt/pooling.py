@@ -10,7 +10,16 @@ import base64
 
 import torch
 
+from ..backend import StepResult
+from ..errors import INVALID, ProtocolError
+
 POOLS = ("mean", "cls", "lasttoken")
+
+
+def check_mode(mode):
+    """Refuses a pooling mode not in POOLS (invalid_value)."""
+    if mode not in POOLS:
+        raise ProtocolError(INVALID, "pooling %r (want one of %s)" % (mode, ", ".join(POOLS)))
 
 
 class Pooled:
@@ -19,9 +28,7 @@ class Pooled:
     __slots__ = ("mode", "sum", "first", "vec")
 
     def __init__(self, mode):
-        if mode not in POOLS:
-            from errors import ProtocolError
-            raise ProtocolError("invalid", "pooling %r (want one of %s)" % (mode, ", ".join(POOLS)))
+        check_mode(mode)
         self.mode, self.sum, self.first, self.vec = mode, None, None, None
 
     def rows(self, p, n, last):
@@ -47,33 +54,32 @@ class Pooled:
 
 
 def with_pooled(batch, seqs, out):
-    """A step's result for its generating inputs (out: tokens, logprobs,
-    tops[, more, more_logprobs]) with the pooled sampling inputs put in
-    their places (token -1, no log-probability, no tokens ahead), and the
-    vectors per sampling input (None for a generating one; all None when
-    none ended), on the host."""
-    gen = iter(range(len(out[0])))
-    res = [[] for _ in out]
+    """The StepResult of a step whose generating inputs' result is out,
+    with the pooled sampling inputs put in their places (token -1, no
+    log-probability, no tokens ahead) and the embeddings per sampling
+    input (None for a generating one; the list None when no pooled input
+    ended)."""
+    res = StepResult([], [], [], None if out.more is None else [], None if out.more_logprobs is None else [])
+    gen = iter(range(len(out.tokens)))
     emb = []
     for b, s in zip(batch, seqs):
         if not b[2]:
             continue
         if s.pool is None:
             i = next(gen)
-            for r, o in zip(res, out):
-                r.append(None if o is None else o[i])
+            row = (out.tokens[i], out.logprobs[i], out.top[i], out.more and out.more[i], out.more_logprobs and out.more_logprobs[i])
             emb.append(None)
         else:
-            for k, r in enumerate(res):
-                r.append((-1, 0.0, [], [], [])[k])
+            row = (-1, 0.0, [], [], [])
             emb.append(s.pool.vec)
-    if len(out) > 4 and out[4] is None:
-        res[4] = None
+        for col, v in zip((res.tokens, res.logprobs, res.top, res.more, res.more_logprobs), row):
+            if col is not None:
+                col.append(v)
     vecs = [v for v in emb if v is not None]
-    if not vecs:
-        return tuple(res), None
-    host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
-    return tuple(res), [None if v is None else next(host) for v in emb]
+    if vecs:
+        host = iter(torch.stack(vecs).cpu().unbind(0))  # one copy, one wait for the device
+        res.embeddings = [None if v is None else encode(next(host)) for v in emb]
+    return res
 
 
 def finish(mode, total, first, last, n):

@@ -20,12 +20,11 @@ import mlx_lm
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from errors import CheckpointError, ProtocolError
-from stcheck import read_header, read_json
-
-CAPABILITIES = {"batch": False, "prefix_cache": True, "logprobs": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs"]}
+from .. import params
+from ..backend import Backend, Model, StepResult
+from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, CheckpointError, ProtocolError
+from ..seqs import SeqState, common_prefix
+from ..stcheck import read_header, read_json
 
 # mlx_lm builds Mistral with its llama module.
 MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
@@ -35,69 +34,76 @@ MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 MAX_SAVED = 32
 
 
-def common_prefix(a, b):
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+class MlxBackend(Backend):
+    name = "mlx"
+
+    def capabilities(self):
+        return {"batch": False, "prefix_cache": True, "logprobs": True,
+                "sampling": params.features(without=("generated",)), "params": params.KEYS}
+
+    def versions(self):
+        return {"mlx": mx.__version__, "mlx_lm": getattr(mlx_lm, "__version__", "?")}
+
+    def load(self, path, opts):
+        return MlxModel(path, opts)
 
 
-def versions():
-    return {"mlx": mx.__version__, "mlx_lm": getattr(mlx_lm, "__version__", "?")}
+class Seq(SeqState):
+    """An open sequence: its cache, the tokens of KV it holds and its
+    random key (made at its first temperature draw)."""
 
+    __slots__ = ("cache", "held", "key")
 
-def load(path, opts):
-    return MlxModel(path, opts)
-
-
-class Seq:
     def __init__(self, cache, held):
-        self.cache, self.tokens, self.held, self.key = cache, [], held, None
-        self.sampled, self.counts = False, {}
+        super().__init__([])
+        self.cache, self.held, self.key = cache, held, None
 
 
 def _allowed(x, width):
     """The protocol's allowed-token mask as a numpy bool array."""
-    import base64
-
     import numpy as np
-    if "a" in x:
-        m = np.zeros(width, dtype=bool)
-        m[[i for i in x["a"] if 0 <= i < width]] = True
-    elif "d" in x:
-        m = np.ones(width, dtype=bool)
-        m[[i for i in x["d"] if 0 <= i < width]] = False
-        m[int(x.get("v", width)):] = False
-    else:
-        bits = np.unpackbits(np.frombuffer(base64.b64decode(x["b"]), dtype=np.uint8), bitorder="little").astype(bool)
+
+    ts = params.token_set(x, width)
+    if ts.bits is not None:
+        bits = np.unpackbits(np.frombuffer(ts.bits, dtype=np.uint8), bitorder="little").astype(bool)
         m = np.zeros(width, dtype=bool)
         n = min(width, bits.shape[0])
         m[:n] = bits[:n]
+        return m
+    m = np.zeros(width, dtype=bool) if ts.allow else np.ones(width, dtype=bool)
+    m[[i for i in ts.ids if 0 <= i < width]] = ts.allow
+    if not ts.allow:
+        m[ts.limit:] = False
     return m
 
 
+class _Ops:
+    """mlx's arrays for params.adjust."""
+
+    where = staticmethod(mx.where)
+
+    @staticmethod
+    def ids(values, row):
+        return mx.array(values)
+
+    @staticmethod
+    def floats(values, row):
+        return mx.array(values, dtype=row.dtype)
+
+
 def _adjust(logits, s, p):
-    """Presence and frequency penalties, logit bias, allowed mask."""
-    pp, fp = float(p.get("pp") or 0), float(p.get("fp") or 0)
-    if (pp or fp) and s.counts:
-        ids = list(s.counts)
-        idx = mx.array(ids)
-        logits[idx] = logits[idx] - (pp + fp * mx.array([s.counts[i] for i in ids], dtype=mx.float32))
-    lb = p.get("lb")
-    if lb:
-        idx = mx.array([int(i) for i, _ in lb])
-        logits[idx] = logits[idx] + mx.array([float(b) for _, b in lb], dtype=mx.float32)
+    """Penalties and logit bias (params.adjust), then the allowed mask."""
+    logits = params.adjust(logits, s, p, _Ops)
     x = p.get("x")
     if x:
         logits = mx.where(mx.array(_allowed(x, logits.shape[0])), logits, -mx.inf)
     return logits
 
 
-class MlxModel:
+class MlxModel(Model):
     def __init__(self, path, opts):
         if opts.get("quantize"):
-            raise ProtocolError("invalid", "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
+            raise ProtocolError(INVALID, "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")
@@ -150,18 +156,20 @@ class MlxModel:
                 "kv_capacity": self.capacity, "max_batch": self.max_batch, "device": "mlx", "dtype": "auto",
                 "weight_bytes": sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))}
 
-    def open(self, seq, prompt, prefix_key):
+    def open(self, seq, prompt, key, pool=None, adapter=None):
+        if adapter is not None:
+            raise ProtocolError(INVALID, "the mlx backend serves no adapters")
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if len(prompt) > self.context:
-            raise ProtocolError("context_length", "prompt too long", prompt=len(prompt), limit=self.context)
+            raise ProtocolError(CONTEXT_LENGTH, "prompt too long", prompt=len(prompt), limit=self.context)
         if self.used + len(prompt) > self.capacity:
-            raise ProtocolError("oom", "no KV room for %d tokens" % len(prompt))
+            raise ProtocolError(OUT_OF_MEMORY, "no KV room for %d tokens" % len(prompt))
         s = Seq(make_prompt_cache(self.model), len(prompt))
         reused = 0
-        saved = self.saved.get(prefix_key) if prefix_key else None
+        saved = self.saved.get(key) if key else None
         if saved is not None:
-            self.saved.move_to_end(prefix_key)
+            self.saved.move_to_end(key)
             reused = min(common_prefix(saved.tokens, prompt), len(prompt) - 1)
             if reused > 0:
                 for dst, src in zip(s.cache, saved.cache):
@@ -179,14 +187,16 @@ class MlxModel:
     def drop(self, key):
         self.saved.pop(key, None)
 
-    def free(self, seq, save_key):
+    def free(self, seq, key, back=0):
+        if back:
+            raise ProtocolError(INVALID, "the mlx backend decodes no tokens ahead: nothing to take back")
         s = self.seqs.pop(seq, None)
         if s is None:
             return
         self.used -= s.held
-        if save_key and s.tokens:
-            self.saved.pop(save_key, None)
-            self.saved[save_key] = s
+        if key and s.tokens:
+            self.saved.pop(key, None)
+            self.saved[key] = s
             while len(self.saved) > MAX_SAVED:
                 key, _ = self.saved.popitem(last=False)
                 self.evicted.append(key)
@@ -201,38 +211,31 @@ class MlxModel:
 
     def step(self, batch):
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
-        toks, lps, tops = [], [], []
-        for seq, tokens, sample, params in batch:
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+        out = StepResult([], [], [])
+        for seq, tokens, sample, p in batch:
             s = self.seqs.get(seq)
             if s is None:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             if len(s.tokens) + len(tokens) > self.context:
-                raise ProtocolError("context_length", "sequence too long", prompt=len(s.tokens) + len(tokens), limit=self.context)
+                raise ProtocolError(CONTEXT_LENGTH, "sequence too long", prompt=len(s.tokens) + len(tokens), limit=self.context)
             grow = max(0, len(s.tokens) + len(tokens) - s.held)
             if self.used + grow > self.capacity:
-                raise ProtocolError("oom", "no KV room for %d more tokens" % grow)
+                raise ProtocolError(OUT_OF_MEMORY, "no KV room for %d more tokens" % grow)
             self.used += grow
             s.held += grow
             logits = self.model(mx.array(tokens)[None], cache=s.cache)[0, -1].astype(mx.float32)
-            if s.sampled:
-                for t in tokens:
-                    s.counts[t] = s.counts.get(t, 0) + 1
+            s.note_fed(tokens)
             s.tokens.extend(tokens)
             if sample:
                 s.sampled = True
-                t, lp, top = self._sample(logits, s, params)
-                toks.append(t)
-                lps.append(lp)
-                tops.append(top)
-        return toks, lps, tops
+                t, lp, top = self._sample(logits, s, p)
+                out.tokens.append(t)
+                out.logprobs.append(lp)
+                out.top.append(top)
+        return out
 
     def _sample(self, logits, s, p):
-        r = float(p.get("r") or 0)
-        if r > 0 and r != 1 and s.tokens:
-            idx = mx.array(sorted(set(s.tokens)))
-            v = logits[idx]
-            logits[idx] = mx.where(v > 0, v / r, v * r)
         logits = _adjust(logits, s, p)
         logprobs = logits - mx.logsumexp(logits)
         temp = float(p.get("t") or 0)

@@ -18,12 +18,10 @@ decoded anyway and dropped, their draws taken back).
 """
 import torch
 
-from upload import to_device
-from sampling import _filter, _generator, apply_masks, device_masks, draw, note_fed, packed_set, sample_rows
-
-MAX_AHEAD = 64
-_PLAIN = {"t", "k", "p", "m", "s", "l", "g"}
-_LOOP = {"x", "lp", "ls"}
+from ..backend import StepResult
+from ..params import AHEAD_KEYS, LOOP_KEYS
+from .sampling import _filter, _generator, apply_masks, device_masks, draw, packed_set, sample_rows
+from .upload import to_device
 
 
 def allowed(params):
@@ -32,8 +30,8 @@ def allowed(params):
     tokens (not the repetition penalty, not anything newer), and a mask
     only with its loop."""
     if "x" in params:
-        return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in _PLAIN or k in _LOOP for k in params)
-    return all(k in _PLAIN for k in params)
+        return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in AHEAD_KEYS or k in LOOP_KEYS for k in params)
+    return all(k in AHEAD_KEYS for k in params)
 
 
 def loops(items, width):
@@ -61,15 +59,15 @@ def exit_at(bits, first, toks):
     return None
 
 
-def remember(items, device, rows=None):
+def remember(model, items, rows=None):
     """Records each temperature-sampled sequence's generator state before
     its next draw, so that taking tokens back (rewind) also takes back
     their draws: a seeded sequence then samples as if they never happened."""
     for i in (range(len(items)) if rows is None else rows):
         params, s = items[i]
         if float(params.get("t") or 0) > 0:
-            g = _generator(s, params, device)
-            s.hist = (s.hist or [])[-2 * MAX_AHEAD:] + [g.get_state()]
+            g = _generator(s, params, model.device)
+            s.hist = (s.hist or [])[-2 * model.max_ahead:] + [g.get_state()]
 
 
 def rewind(s, back):
@@ -96,7 +94,7 @@ def plan(model, batch, seqs):
             n = 1
         if n > 1 and "x" in b[3]:
             n = min(n, int(b[3]["ls"]) + 1)
-        n = max(1, min(n, MAX_AHEAD))
+        n = max(1, min(n, model.max_ahead))
         # This step feeds len(b[1]) tokens; each extra token feeds one more.
         fed = len(s.tokens) + len(b[1])
         n = min(n, model.cfg.context - fed + 1)
@@ -127,9 +125,9 @@ def adapted(items):
 
 def run_chain(model, items, tokens, want):
     """The whole step on the device (see chainable): tokens are the ones
-    the inputs feed. Returns (tokens, logprobs, more, more_logprobs) as
-    TorchModel.step does. When the next round looks like this one, its
-    first step is launched before this round's tokens are read."""
+    the inputs feed. Returns the StepResult TorchModel.step does. When
+    the next round looks like this one, its first step is launched before
+    this round's tokens are read."""
     spec, model.spec = model.spec, None
     pre = spec.take(items, tokens) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
@@ -143,8 +141,8 @@ def run_chain(model, items, tokens, want):
     more = [o[1:] for o in out]
     none = [[] for _ in items]  # no top log-probabilities: allowed() refuses them
     if lps is None:
-        return first, [0.0] * len(items), none, more, None
-    return first, [p[0] for p in lps], none, more, [p[1:] for p in lps]
+        return StepResult(first, [0.0] * len(items), none, more, None)
+    return StepResult(first, [p[0] for p in lps], none, more, [p[1:] for p in lps])
 
 
 def run(model, items, first, want):
@@ -182,11 +180,11 @@ def _run_host(model, items, first, want, steps):
         sub = [[None, [last[i]], True, items[i][0]] for i in act]
         seqs = [items[i][1] for i in act]
         rows = model._forward(sub, seqs)
-        remember(items, model.device, act)
+        remember(model, items, act)
         m = masks[to_device(act, masks.device)] if masks is not None else None
         toks, lp, _ = sample_rows(rows, [items[i] for i in act], model.device, masks=m)
         for i, t, l in zip(act, toks, lp):
-            note_fed(items[i][1], [last[i]])
+            items[i][1].note_fed([last[i]])
             more[i].append(t)
             lps[i].append(l)
             last[i] = t
@@ -210,7 +208,7 @@ def _sample(model, items, logits, active, step, masks):
     nxt = model.model.kern.argmax(logits)
     for i, (p, s) in enumerate(items):
         if active[i] > step and float(p.get("t") or 0) > 0:
-            remember(items, dev, [i])
+            remember(model, items, [i])
             probs = _filter(logits[i], p)
             nxt[i] = draw(s, p, probs, dev)
     lp = None
@@ -288,7 +286,7 @@ def _finish(ch):
             s.tokens.append(ch.feed[i])
             s.tokens.extend(res[i][:-1])
             # The step's own tokens were counted when it arrived (done 0).
-            note_fed(s, ([ch.feed[i]] if ch.done else []) + res[i][:-1])
+            s.note_fed(([ch.feed[i]] if ch.done else []) + res[i][:-1])
         s.sampled = True
     if ch.hostl is None:
         return res, None

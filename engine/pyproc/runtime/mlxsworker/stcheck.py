@@ -6,7 +6,7 @@ import json
 import os
 import struct
 
-from errors import CheckpointError
+from .errors import CheckpointError
 
 # dtype -> (bytes per element,)
 DTYPE_SIZES = {"F64": (8,), "I64": (8,), "U64": (8,), "F32": (4,), "I32": (4,), "U32": (4,),
@@ -70,6 +70,18 @@ def parse_header(raw, data, name, dtypes=None):
     return header
 
 
+def open_header(f, name, dtypes=None):
+    """Reads and checks the header of the safetensors file open as f (name
+    its file name in errors). Returns the tensor entries, the offset of
+    the data and its size in bytes."""
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise CheckpointError(name, "file too short for a safetensors header")
+    (n,) = struct.unpack("<Q", raw)
+    size = os.fstat(f.fileno()).st_size
+    if n > size - 8 or n > MAX_HEADER:
+        raise CheckpointError(name, "header length %d exceeds the file" % n)
+    return parse_header(f.read(n), size - 8 - n, name, dtypes), 8 + n, size - 8 - n
 
 
 def read_header(path):
@@ -77,14 +89,7 @@ def read_header(path):
     name = os.path.basename(path)
     try:
         with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise CheckpointError(name, "file too short for a safetensors header")
-            (n,) = struct.unpack("<Q", raw)
-            size = os.fstat(f.fileno()).st_size
-            if n > size - 8 or n > MAX_HEADER:
-                raise CheckpointError(name, "header length %d exceeds the file" % n)
-            return parse_header(f.read(n), size - 8 - n, name)
+            return open_header(f, name)[0]
     except OSError as e:
         raise CheckpointError(name, "cannot open: %s" % e.strerror)
 

@@ -19,8 +19,6 @@ keys they walk), and prompt chunks attend in one varlen flash call
 the plain torch attention, said where it happens.
 """
 import logging
-import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -30,13 +28,9 @@ try:  # torch 2.3+: causal masks aligned to the end of the keys, run by the flas
 except ImportError:
     causal_lower_right = None
 
-import gemma
-import moe
-import phi3
-import quant
-import rope
-from config import Config  # noqa: F401  (the backend's entry point)
-from st import Checkpoint, CheckpointError
+from ..settings import Settings
+from . import gemma, moe, phi3, quant, rope
+from .st import Checkpoint
 
 log = logging.getLogger("decoder")
 
@@ -61,7 +55,8 @@ class Decoder:
     head_dim], read through layer l's group's block table
     (kv.table_of(l)); positions' rows and blocks come per group."""
 
-    def __init__(self, directory, cfg, device, dtype, quantize=None, tp=None):
+    def __init__(self, directory, cfg, device, dtype, quantize=None, tp=None, settings=None):
+        settings = settings or Settings()
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.tp = tp  # tp.Shard: this rank's share of a tensor-parallel model, or None
         fam = cfg.family
@@ -69,7 +64,7 @@ class Decoder:
         h = cfg.hidden
         # Quantized checkpoints (quant.py): get dequantizes, self.lin keeps
         # the projections quantized where kernels run them.
-        qz = quant.Loader(ck, cfg.quant, device, dtype, quantize)
+        qz = quant.Loader(ck, cfg.quant, device, dtype, quantize, settings.fp8_scaled_mm)
         get, self.lin = qz.get, qz.linear
         if tp is not None:  # the rank's slices of the split projections
             get = self.lin = tp.loader(ck, device, dtype)
@@ -110,12 +105,13 @@ class Decoder:
             # needs no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.fused_rms = fast and hasattr(F, "rms_norm") and fam.norm == "llama"
-        self.kern = _kernels(cfg, device, dtype) if fast and not capped else None
+        self.kern = _kernels(cfg, device, dtype) if fast and not capped and settings.kernels else None
+        self.prefetch = settings.attn_prefetch  # the decode attention kernel's (kernels.decode_attention)
         # Every prompt chunk of a step in one flash call per layer (varlen,
         # each chunk over its prefix and itself), instead of a handful of
         # calls and copies per chunk: steps under load carry several
         # chunks and were bound by launching them.
-        self.varlen = self.sdpa and _varlen_ok(device, dtype, cfg)
+        self.varlen = self.sdpa and settings.varlen and _varlen_ok(device, dtype, cfg)
         self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul) if cfg.experts else None
         # CUDA graphs need a step without host syncs: the experts' loop
         # fallback counts tokens on the host, and the grouped GEMM must
@@ -317,7 +313,7 @@ class Decoder:
             qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
-                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
+                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch)
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
@@ -411,7 +407,8 @@ class Decoder:
         cfg = self.cfg
         cos, sin = self.tabs[self.tab_of[li]]
         return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table_of(li), trows, lens - 1, cos, sin,
-                                          cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim)
+                                          cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim,
+                                          self.prefetch)
 
     def attend_varlen(self, q, kc, vc, g, out, li, group):
         """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
@@ -535,23 +532,18 @@ def _allowed(T, L, p, W, device):
 
 
 def _kernels(cfg, device, dtype):
-    """The Triton kernels module when it runs here and agrees with the
-    plain torch code on a small case of the model's own attention (scale,
-    rotated dims, a window where it slides, its norm); None otherwise (the
+    """The Triton kernels module when it covers the model's shapes and
+    its kernels build and run here (kernels.probe, with the model's
+    attention scale, rotated dims, window and norm); None otherwise (the
     torch code runs)."""
-    if os.environ.get("MLXSERVING_TORCH_KERNELS", "1") == "0":
-        return None
     try:
-        import kernels
+        from . import kernels
         if not kernels.usable(cfg, dtype):
             return None
-        err = kernels.self_check(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
-                                 window=max(cfg.windows), norm=cfg.family.norm)
+        kernels.probe(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
+                      window=max(cfg.windows), norm=cfg.family.norm)
     except Exception as e:  # no Triton, or it cannot compile for this device
         log.warning("Triton kernels unavailable, using plain torch: %s", e)
-        return None
-    if err is not None:
-        log.warning("Triton kernels disagree with torch (%s); using plain torch", err)
         return None
     return kernels
 
@@ -576,7 +568,7 @@ def _varlen_ok(device, dtype, cfg):
     a fresh chunk and on one continuing its prefix (bf16/fp16 only), with
     the model's scale, and with a window of 4 when the model has sliding
     layers."""
-    if dtype not in (torch.bfloat16, torch.float16) or os.environ.get("MLXSERVING_VARLEN", "1") == "0":
+    if dtype not in (torch.bfloat16, torch.float16):
         return False
     H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
     scale = None if cfg.scale == hd ** -0.5 else cfg.scale

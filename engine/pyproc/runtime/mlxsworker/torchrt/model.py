@@ -1,26 +1,23 @@
-"""The torch backend: a loaded model with paged KV memory (paged.py),
-steps and sampling on the device."""
+"""A decoder loaded by the torch backend (backend.py): paged KV memory
+(paged.py), steps and sampling on the device."""
 import logging
 import os
 
 import torch
 
-import quant
-from config import Config
-from decoder import Decoder
-from encoder import is_encoder
-from stcheck import read_json
-from errors import CheckpointError, ProtocolError
-from sampling import note_fed, note_forced, sample_rows
-from graphs import BATCH_BUCKETS, DecodeGraphs
-from paged import Layout, OutOfBlocks, PagedKV
-from pooling import Pooled, with_pooled
-from upload import to_device
-import lookahead
-import lora
-import tp
+from ..backend import Model, StepResult
+from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
+from ..settings import Settings
+from . import lookahead, lora, quant
+from .config import Config
+from .decoder import Decoder
+from .graphs import BATCH_BUCKETS, DecodeGraphs
+from .paged import Layout, OutOfBlocks, PagedKV
+from .pooling import Pooled, with_pooled
+from .sampling import note_forced, sample_rows
+from .upload import to_device
 
-BLOCK_SIZE = 16  # tokens per KV block (MLXSERVING_BLOCK_SIZE overrides it)
+BLOCK_SIZE = 16  # tokens per KV block (the settings' block_size overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
 # The step size to ask for on CUDA: on an H100 (1B shape, 1,260-token
 # prompts under load) 4096 served 60 req/s at 64 clients where 2048 served
@@ -28,26 +25,7 @@ MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool hold
 # (the caller's default).
 STEP_TOKENS_CUDA = 4096
 
-
-CAPABILITIES = {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
-                "jump_forward": True, "adapters": True,
-                "sampling": ["greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                             "presence_penalty", "frequency_penalty", "logit_bias", "allowed_mask", "top_logprobs",
-                             "generated"]}
-
-
-def load(path, opts):
-    """Loads the checkpoint at path; opts as in PROTOCOL.md's load. An
-    encoder (encoder.py) loads as an encserve.EncoderModel."""
-    cfg = os.path.join(path, "config.json")
-    if os.path.isdir(path) and os.path.exists(cfg) and is_encoder(read_json(cfg, "config.json").get("model_type")):
-        import encserve
-        device = pick_device(opts.get("device", "auto"))
-        return encserve.EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None))
-    return TorchModel(path, opts)
-
-
-log = logging.getLogger("torch_backend")
+log = logging.getLogger("torchrt")
 
 
 def weight_bytes(model):
@@ -62,7 +40,7 @@ def pick_device(name):
     if name in ("", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ProtocolError("unavailable", "device cuda requested but torch sees no CUDA device")
+        raise ProtocolError(UNAVAILABLE, "device cuda requested but torch sees no CUDA device")
     return torch.device(name)
 
 
@@ -83,15 +61,20 @@ def _kv_rows(blocks, bs, null, start, end):
     return [blocks[j // bs] * bs + j % bs for j in range(start, end)]
 
 
-class TorchModel:
+class TorchModel(Model):
     """One loaded checkpoint. Sequences keep their KV in blocks of a pool
     (paged.py), taken as they grow; freed sequences may keep their blocks
     under a key for prefix reuse, and full prompt blocks are shared by
     every sequence whose prompt starts with the same tokens. With sliding
     windows the blocks are per group of layers (paged.Layout) and the
-    sliding groups give back what left their window."""
+    sliding groups give back what left their window. settings: the
+    worker's (None: the defaults); group: the worker's tensor-parallel
+    group (tp.Group), or None."""
 
-    def __init__(self, path, opts):
+    pooling = True
+
+    def __init__(self, path, opts, settings=None, group=None):
+        settings = settings or Settings()
         if not os.path.isdir(path):
             raise CheckpointError(path, "not a directory")
         for f in ("config.json", "tokenizer.json"):
@@ -104,30 +87,33 @@ class TorchModel:
         self.dtype = pick_dtype(opts.get("dtype", "auto"), self.device, cfg)
         self.cfg = cfg
         self.tp = None  # tensor parallel (tp.py): this rank's device and share; cfg becomes the rank's
-        if tp.GROUP is not None:
-            self.device = tp.GROUP.device(self.device)
-            self.tp = tp.GROUP.shard(cfg, self.device, opts)
+        if group is not None:
+            self.device = group.device(self.device)
+            self.tp = group.shard(cfg, self.device, opts)
         quantize = quant.parse_quantize(opts.get("quantize"), cfg.quant)
         with torch.no_grad():
-            self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp)
-        bs = int(opts.get("block_size") or os.environ.get("MLXSERVING_BLOCK_SIZE") or BLOCK_SIZE)
+            self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp, settings)
+        bs = int(opts.get("block_size") or settings.block_size or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
-            raise ProtocolError("invalid", "block size %d is out of range" % bs)
-        self.layout = Layout(cfg.windows, bs, cfg.context)
-        blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs, int(opts.get("max_batch") or 0))
+            raise ProtocolError(INVALID, "block size %d is out of range" % bs)
+        # Lookahead (lookahead.py): the most tokens an input asks for, and
+        # what a sliding group's blocks allow for it.
+        self.max_ahead = settings.lookahead_limit
+        self.layout = Layout(cfg.windows, bs, cfg.context, settings.window_step or None, self.max_ahead)
+        blocks = self._size_pool(int(opts.get("kv_capacity") or 0), bs, int(opts.get("max_batch") or 0), settings.kv_fraction)
         if self.tp is not None:
             blocks = self.tp.agree(blocks)
         self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks // len(self.layout.groups) * bs))
         cfg.context = self._context_held(blocks, bs)  # one sequence cannot hold more than the pool
         try:
-            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout)
+            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout, settings.prefix_cache)
         except RuntimeError as e:
-            raise ProtocolError("oom", "KV pool of %d blocks: %s" % (blocks, e))
+            raise ProtocolError(OUT_OF_MEMORY, "KV pool of %d blocks: %s" % (blocks, e))
         self.step_tokens = STEP_TOKENS_CUDA if self.device.type == "cuda" else 0
         self.graphs = None
         # Steps that mix prompt chunks with decodes: decodes on their graph
         # and the chunks in a second pass (True), or all in one pass.
-        self.split_steps = os.environ.get("MLXSERVING_SPLIT_STEPS", "1") != "0"
+        self.split_steps = settings.split_steps
         if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
         self.seqs = {}
@@ -139,16 +125,16 @@ class TorchModel:
             log.warning("LoRA adapters are not served under tensor parallel; this model serves none")
             slots = 0
         self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
-                                   int(opts.get("max_adapter_rank") or 64)) if slots > 0 else None
+                                   int(opts.get("max_adapter_rank") or 64), settings.lora_plan == "dense") if slots > 0 else None
         if self.graphs is not None:
             self.graphs.lora = self.adapters
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
 
-    def _size_pool(self, kv_capacity, bs, max_batch):
+    def _size_pool(self, kv_capacity, bs, max_batch, fraction):
         """Blocks in the pool: kv_capacity tokens when given, else a share
-        of the device's free memory (CUDA) or of a fixed budget (CPU), at
+        (fraction) of the device's free memory (CUDA) or a fixed budget (CPU), at
         most what twice max_batch sequences of the whole context take (room
         for as many saved prefixes), so a model with a short context leaves
         the device to others. A block holds one group of layers (paged.Layout):
@@ -164,7 +150,7 @@ class TorchModel:
         per_block = 2 * lay.size * cfg.kv_heads * cfg.head_dim * bs * torch.tensor([], dtype=self.dtype).element_size()
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * float(os.environ.get("MLXSERVING_KV_FRACTION") or 0.8))
+            budget = int(free * fraction)
         else:
             budget = 1 << 30
         return G * max(1, min(most, budget // per_block) // G)
@@ -249,11 +235,11 @@ class TorchModel:
         with a LoRA adapter, loaded into its slot first when the request
         says so. Returns the tokens reused."""
         if seq in self.seqs:
-            raise ProtocolError("invalid", "sequence %d is already open" % seq)
+            raise ProtocolError(INVALID, "sequence %d is already open" % seq)
         if not prompt:
-            raise ProtocolError("invalid", "sequence %d: empty prompt" % seq)
+            raise ProtocolError(INVALID, "sequence %d: empty prompt" % seq)
         if len(prompt) > self.cfg.context:
-            raise ProtocolError("context_length", "prompt of %d tokens exceeds the context" % len(prompt),
+            raise ProtocolError(CONTEXT_LENGTH, "prompt of %d tokens exceeds the context" % len(prompt),
                                 prompt=len(prompt), limit=self.cfg.context)
         if pool is not None:
             state = Pooled(pool)
@@ -264,12 +250,12 @@ class TorchModel:
         slot = 0
         if adapter is not None:
             if self.adapters is None:
-                raise ProtocolError("invalid", "this model was loaded without adapter slots")
+                raise ProtocolError(INVALID, "this model was loaded without adapter slots")
             slot = self.adapters.ensure(adapter)
         try:
             s, reused = self.kv.open(prompt, prefix_key, adapter["name"] if slot else "")
         except OutOfBlocks:
-            raise ProtocolError("oom", "sequence %d: its reused prefix needs more blocks than the %d free"
+            raise ProtocolError(OUT_OF_MEMORY, "sequence %d: its reused prefix needs more blocks than the %d free"
                                 % (seq, self.kv.pool.free()))
         s.lora = slot
         self.seqs[seq] = s
@@ -283,7 +269,7 @@ class TorchModel:
         """Discards the KV saved under key; an unknown key is a no-op."""
         self.kv.drop(key)
 
-    def free(self, seq, save_key, back=0):
+    def free(self, seq, key, back=0):
         s = self.seqs.pop(seq, None)
         if s is None:
             return
@@ -291,7 +277,7 @@ class TorchModel:
             self.spec.drop(s)
         if 0 < back <= len(s.tokens):
             lookahead.rewind(s, back)  # tokens decoded ahead that the caller never fed
-        self.kv.free(s, save_key)
+        self.kv.free(s, key)
 
     def _graph_decode(self, batch, seqs, slots=None):
         tokens = [b[1][0] for b in batch]
@@ -315,15 +301,14 @@ class TorchModel:
 
     def step(self, batch):
         """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
-        (tokens, logprobs, top logprobs) for the sampling inputs in order,
-        then (more, more_logprobs) when inputs asked for lookahead: the
-        tokens decoded after them (lookahead.py). Fails with oom, changing
+        the StepResult of the sampling inputs in order, with more and
+        more_logprobs when inputs asked for lookahead: the tokens decoded
+        after them (lookahead.py). Fails with out_of_memory, changing
         nothing, when the blocks the inputs need are not free."""
-        self.embeddings = None
         if not batch:
-            return [], [], []
+            return StepResult([], [], [])
         if len(batch) > self.max_batch:
-            raise ProtocolError("invalid", "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
+            raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         lookahead.settle(self, batch)
         seqs, backs, split = self._check(batch)
         for s, back in zip(seqs, backs):
@@ -340,7 +325,7 @@ class TorchModel:
             self.kv.grow(s, len(s.tokens) + len(b[1]))
             if s.pool is not None:
                 continue
-            note_fed(s, b[1])
+            s.note_fed(b[1])
             note_forced(s, b[1], b[2])
             if not s.sampled:
                 fresh.append(s)
@@ -359,21 +344,11 @@ class TorchModel:
             for s in fresh:
                 self.kv.register(s, len(s.tokens))
             if self.lookahead_used:
-                lookahead.remember(items, self.device)
-            toks, lps, tops = sample_rows(rows, items, self.device)
-            out = (toks, lps, tops)
+                lookahead.remember(self, items)
+            out = StepResult(*sample_rows(rows, items, self.device))
             if max(want, default=1) > 1:
-                out += lookahead.run(self, items, toks, want)
-            if not pooled:
-                return out
-            out, self.embeddings = with_pooled(batch, seqs, out)
-            return out
-
-    def take_embeddings(self):
-        """The pooled vectors of the last step, per sampling input (None
-        for a generating one), or None when it pooled nothing."""
-        out, self.embeddings = getattr(self, "embeddings", None), None
-        return out
+                out.more, out.more_logprobs = lookahead.run(self, items, out.tokens, want)
+            return with_pooled(batch, seqs, out) if pooled else out
 
     def _feed_ahead(self, batch, seqs):
         """Feeds the prompt chunks longer than the layout's step (paged.Layout)
@@ -399,39 +374,39 @@ class TorchModel:
     def _check(self, batch):
         """Validates the step without changing anything; returns the
         sequences, their take-backs and whether long chunks must be fed in
-        pieces (_feed_ahead). Raises oom when the pool lacks the blocks
-        the step needs (fed in pieces: what BlocksFor counts)."""
+        pieces (_feed_ahead). Raises out_of_memory when the pool lacks the
+        blocks the step needs (fed in pieces: what BlocksFor counts)."""
         seqs, backs, need, peak = [], [], 0, 0
         for b in batch:
             seq, toks = b[0], b[1]
             s = self.seqs.get(seq)
             if s is None:
-                raise ProtocolError("invalid", "sequence %d is not open" % seq)
+                raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             back = int(b[5]) if len(b) > 5 and b[5] else 0
             if back < 0 or back > len(s.tokens):
-                raise ProtocolError("invalid", "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
+                raise ProtocolError(INVALID, "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
             if not toks:
-                raise ProtocolError("invalid", "sequence %d: empty tokens" % seq)
+                raise ProtocolError(INVALID, "sequence %d: empty tokens" % seq)
             if s.pool is not None and s.pool.vec is not None:
-                raise ProtocolError("invalid", "sequence %d: its pooled input has ended; free it" % seq)
+                raise ProtocolError(INVALID, "sequence %d: its pooled input has ended; free it" % seq)
             n = len(s.tokens) - back + len(toks)
             if n > self.cfg.context:
-                raise ProtocolError("context_length", "sequence %d would hold %d tokens" % (seq, n),
+                raise ProtocolError(CONTEXT_LENGTH, "sequence %d would hold %d tokens" % (seq, n),
                                     prompt=n, limit=self.cfg.context)
             bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
             if bad:
-                raise ProtocolError("invalid", "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
+                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
             if back and not self.kv.window_held(s.pages, len(s.tokens) - back):
-                raise ProtocolError("invalid", "sequence %d: cannot take back %d tokens, past the sliding window's KV"
+                raise ProtocolError(INVALID, "sequence %d: cannot take back %d tokens, past the sliding window's KV"
                                     % (seq, back))
             seqs.append(s)
             backs.append(back)
             need += self.kv.need(s, n, pieces=True)
             peak += self.kv.need(s, n)
         if len(set(map(id, seqs))) != len(seqs):
-            raise ProtocolError("invalid", "a sequence appears twice in one step")
+            raise ProtocolError(INVALID, "a sequence appears twice in one step")
         if need > self.kv.pool.free():
-            raise ProtocolError("oom", "the step needs %d more KV blocks; %d of %d are free"
+            raise ProtocolError(OUT_OF_MEMORY, "the step needs %d more KV blocks; %d of %d are free"
                                 % (need, self.kv.pool.free(), self.kv.pool.n))
         return seqs, backs, peak > self.kv.pool.free()
 

@@ -26,7 +26,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-import graphs
+from . import graphs
 
 log = logging.getLogger("moe")
 

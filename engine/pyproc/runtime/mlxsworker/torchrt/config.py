@@ -9,9 +9,9 @@ description; a family that needs code of its own keeps it in its own file
 """
 import os
 
-import quant
-from st import CheckpointError
-from stcheck import read_json
+from . import quant
+from ..errors import CheckpointError
+from ..stcheck import read_json
 
 
 class Family:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from st import CheckpointError
+from ..errors import CheckpointError
 
 
 def inv_freq(theta, dim, rs):

@@ -1,0 +1,1 @@
+"""The mlx backend (backend.py): models built from mlx_lm's definitions."""

@@ -1,0 +1,225 @@
+"""The protocol loop (PROTOCOL.md): the worker's stdout, its heartbeat,
+and the requests read from stdin, each run on the backend's models and
+answered with one reply line.
+"""
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+
+from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, OUT_OF_MEMORY, TOO_LARGE, CheckpointError,
+                     ProtocolError)
+
+log = logging.getLogger("worker")
+
+
+class Out:
+    """The protocol's stdout: whole lines under a lock, so heartbeats and
+    replies never interleave. Python's own stdout is pointed at stderr so
+    a stray print cannot corrupt the protocol."""
+
+    def __init__(self):
+        self.f = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self.lock = threading.Lock()
+
+    def send(self, obj):
+        self.raw(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    def raw(self, data):
+        with self.lock:
+            self.f.write(data)  # a buffered writer writes it all, however long
+            self.f.flush()
+
+
+class Heartbeat(threading.Thread):
+    """Sends a heartbeat every interval and exits the process when its
+    parent goes away (the parent id changes)."""
+
+    def __init__(self, out, interval):
+        super().__init__(daemon=True)
+        self.out, self.interval = out, interval
+        self.ppid = os.getppid()
+        self.stopped = False
+
+    def run(self):
+        while True:
+            time.sleep(self.interval)
+            if os.getppid() != self.ppid:
+                log.warning("parent %d is gone; exiting", self.ppid)
+                os._exit(0)
+            if not self.stopped:
+                self.out.send({"type": "hb"})
+
+
+class Worker:
+    """Runs requests on the backend's models (handle) and answers them
+    (reply)."""
+
+    def __init__(self, out, hb, backend, faults):
+        self.out, self.hb, self.backend, self.faults = out, hb, backend, faults
+        self.models = {}
+        self.step_delay = 0.0
+
+    def model(self, req):
+        m = self.models.get(req.get("model"))
+        if m is None:
+            raise ProtocolError(MODEL_NOT_FOUND, "model %r is not loaded" % req.get("model"))
+        return m
+
+    def handle(self, req):
+        op = req.get("op")
+        run = self.OPS.get(op)
+        if run is None or (op == "fault" and not self.faults):
+            raise ProtocolError(INVALID, "unknown op %r" % op)
+        return run(self, req)
+
+    def step(self, req):
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        m = self.model(req)
+        res = m.step(req["batch"])
+        r = {"tokens": res.tokens}
+        if any(res.logprobs):
+            r["logprobs"] = res.logprobs
+        if any(res.top):
+            r["top"] = res.top
+        if res.more is not None:  # lookahead: the tokens decoded after these
+            r["more"] = res.more
+            if res.more_logprobs is not None:
+                r["more_logprobs"] = res.more_logprobs
+        if res.embeddings and any(e is not None for e in res.embeddings):
+            r["embeddings"] = res.embeddings
+        return self.pool(m, r)
+
+    def open(self, req):
+        m = self.model(req)
+        pool, adapter = req.get("pool"), req.get("adapter")
+        if adapter is not None:  # a LoRA adapter's sequence (the supervisor sends one only where "adapters" is listed)
+            pool = None
+        elif pool is not None and not m.pooling:
+            raise ProtocolError(INVALID, "this model does not embed (pooled sequences need the torch backend)")
+        return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""), pool=pool, adapter=adapter)})
+
+    def drop(self, req):
+        m = self.models.get(req.get("model"))
+        if m is not None:
+            m.drop(req.get("key", ""))
+        return {}
+
+    def free(self, req):
+        m = self.models.get(req.get("model"))
+        if m is None:
+            return {}
+        m.free(req["seq"], req.get("key", ""), int(req.get("back") or 0))
+        return self.pool(m, {})
+
+    def load(self, req):
+        name = req["model"]
+        if name in self.models:
+            self.models.pop(name).close()
+        m = self.backend.load(req["path"], req.get("opts") or {})
+        self.models[name] = m
+        return {"info": m.info()}
+
+    def unload(self, req):
+        m = self.models.pop(req.get("model"), None)
+        if m is not None:
+            m.close()
+        return {}
+
+    def warm(self, req):
+        return {"batch_sizes": self.model(req).warm()}
+
+    def stats(self, req):
+        return {"models": {k: m.stats() for k, m in self.models.items()}}
+
+    @staticmethod
+    def pool(m, r):
+        """Adds the model's free KV blocks and the saved keys it evicted
+        since the last reply to r."""
+        free = m.free_blocks()
+        if free is not None:
+            r["free_blocks"] = free
+        evicted = m.take_evicted()
+        if evicted:
+            r["evicted"] = evicted
+        return r
+
+    def fault(self, req):
+        kind = req.get("kind")
+        if kind == "exit":
+            os._exit(7)
+        if kind == "garbage":
+            self.out.raw(b"this is not JSON\n")
+        elif kind == "longline":
+            self.out.raw(b"{" + b" " * int(req.get("bytes", 1 << 20)))
+        elif kind == "stop_heartbeat":
+            self.hb.stopped = True
+        elif kind == "hang":
+            self.hb.stopped = True
+            time.sleep(3600)
+        elif kind == "spin":  # busy and silent: the heartbeat starved, as by work holding the GIL
+            self.hb.stopped = True
+            end = time.time() + float(req.get("seconds", 1))
+            while time.time() < end:
+                pass
+            self.hb.stopped = False
+        elif kind == "step_delay":
+            self.step_delay = float(req.get("seconds", 0))
+        return {}
+
+    def reply(self, rid, fn, req):
+        try:
+            r = fn(req)
+            r["id"] = rid
+            r["ok"] = True
+            self.out.send(r)
+        except Exception as e:  # every failure becomes a coded reply
+            self.out.send({"id": rid, "ok": False, "error": self.describe(e)})
+
+    def describe(self, e):
+        if isinstance(e, CheckpointError):
+            return {"code": CHECKPOINT, "message": str(e), "path": e.path, "tensor": e.tensor, "reason": e.reason}
+        if isinstance(e, ProtocolError):
+            d = {"code": e.code, "message": str(e)}
+            d.update(e.extra)
+            return d
+        if isinstance(e, (KeyError, TypeError, ValueError)):
+            return {"code": INVALID, "message": "%s: %s" % (type(e).__name__, e)}
+        msg = str(e)
+        if isinstance(e, MemoryError) or "out of memory" in msg.lower():
+            return {"code": OUT_OF_MEMORY, "message": msg}
+        log.error("internal error: %s", traceback.format_exc())
+        return {"code": INTERNAL, "message": "%s: %s" % (type(e).__name__, msg)}
+
+
+Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "free": Worker.free, "load": Worker.load,
+              "unload": Worker.unload, "warm": Worker.warm, "stats": Worker.stats, "fault": Worker.fault}
+
+
+def serve(inp, out, worker, max_line):
+    while True:
+        line = inp.readline(max_line + 1)
+        if not line:
+            log.info("stdin closed; exiting")
+            return
+        if len(line) > max_line:
+            while line and not line.endswith(b"\n"):
+                line = inp.readline(1 << 20)
+            out.send({"id": 0, "ok": False, "error": {"code": TOO_LARGE, "message": "request line exceeds %d bytes" % max_line}})
+            continue
+        try:
+            req = json.loads(line)
+            rid = req["id"]
+        except (ValueError, KeyError, TypeError) as e:
+            out.send({"id": 0, "ok": False, "error": {"code": INVALID, "message": "unreadable request: %s" % e}})
+            continue
+        if req.get("op") == "shutdown":
+            out.send({"id": rid, "ok": True})
+            return
+        worker.reply(rid, worker.handle, req)

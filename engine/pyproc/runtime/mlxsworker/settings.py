@@ -1,0 +1,98 @@
+"""The worker's settings: what the supervisor sends on the command line
+(--settings, a JSON object; PROTOCOL.md, "Start-up"). The host's
+environment configures nothing.
+
+Each field's zero value, where it has one, means the default. Code that
+loads a model without a worker (the scripts under testdata/) gets
+Settings() as it is.
+"""
+import dataclasses
+import json
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """block_size: tokens per KV block unless the load asks (0: 16).
+    window_step: the most tokens one sequence is fed at once within a
+    sliding window's blocks (0: the larger of the block size and 64).
+    prefix_cache: opens without a key reuse cached full blocks.
+    split_steps: steps that mix prompt chunks with decodes run the decodes
+    on their CUDA graph and the chunks in a second pass.
+    kv_fraction: the share of the device's free memory a KV pool sized
+    from memory takes (CUDA).
+    kernels: the Triton kernels run the CUDA decode path.
+    varlen: prompt chunks attend in one varlen flash call (CUDA).
+    attn_prefetch: the decode attention kernel loads the next tile's block
+    ids one tile ahead.
+    lora_plan: "auto" (the dense LoRA plan for one-token steps only) or
+    "dense" (every step's delta over every slot, as the graphs do).
+    fp8_scaled_mm: per-channel FP8 weights run as W8A8 through
+    torch._scaled_mm in steps of many rows, where that passes its check.
+    tp_timeout: seconds a tensor-parallel collective waits at most.
+    tp_graphs: CUDA graphs under tensor parallel.
+    profile: the worker profiles itself and logs the profile at exit.
+    max_lookahead: the most tokens one step input may ask for (PROTOCOL.md,
+    "Lookahead"; 0: 64)."""
+
+    block_size: int = 0
+    window_step: int = 0
+    prefix_cache: bool = True
+    split_steps: bool = True
+    kv_fraction: float = 0.8
+    kernels: bool = True
+    varlen: bool = True
+    attn_prefetch: bool = True
+    lora_plan: str = "auto"
+    fp8_scaled_mm: bool = False
+    tp_timeout: float = 300.0
+    tp_graphs: bool = True
+    profile: bool = False
+    max_lookahead: int = 0
+
+    @property
+    def lookahead_limit(self):
+        """max_lookahead with its default applied."""
+        return self.max_lookahead or 64
+
+
+LORA_PLANS = ("auto", "dense")
+
+
+class SettingsError(ValueError):
+    """A --settings value the worker refuses; names the key."""
+
+
+def _fits(v, kind):
+    """Whether the JSON value v is of the field type kind (an int is a
+    float, a bool is neither)."""
+    if isinstance(v, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(v, (int, float))
+    return isinstance(v, kind)
+
+
+def parse(text):
+    """The Settings of a --settings argument (None or empty: the defaults).
+    Raises SettingsError for anything but a JSON object of known keys with
+    values of their types."""
+    if not text:
+        return Settings()
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise SettingsError("settings: not JSON: %s" % e)
+    if not isinstance(obj, dict):
+        raise SettingsError("settings: not a JSON object")
+    types = {f.name: f.type for f in dataclasses.fields(Settings)}
+    out = {}
+    for key, v in obj.items():
+        kind = types.get(key)
+        if kind is None:
+            raise SettingsError("settings: unknown key %r" % key)
+        if not _fits(v, kind):
+            raise SettingsError("settings: %s is %s, want %s" % (key, json.dumps(v), kind.__name__))
+        out[key] = float(v) if kind is float else v
+    if out.get("lora_plan", "auto") not in LORA_PLANS:
+        raise SettingsError("settings: lora_plan %r, want one of %s" % (out["lora_plan"], ", ".join(LORA_PLANS)))
+    return Settings(**out)

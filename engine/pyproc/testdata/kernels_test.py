@@ -1,0 +1,151 @@
+"""The Triton kernels of the CUDA decode path (runtime/mlxsworker/torchrt/
+kernels.py) against the plain torch code they replace, for the shapes of
+the families the torch backend serves: head dims, grouped-query ratios,
+rotated dims, attention scales, sliding windows and RMSNorm kinds, in
+each serving dtype. Every case runs each kernel once on random data:
+add_rms, silu_mul, decode_attention (with and without its cache split,
+blocks of 16 and 32 tokens scattered through the pool, no window, the
+family's and one that bites), rope_kv and argmax (a tie included). At
+load the runtime only builds the kernels (kernels.probe); this is where
+their numbers are checked.
+
+  python3 kernels_test.py RUNTIME_DIR
+
+Prints "N passed, 0 failed" or raises; CUDA and Triton only. Run by
+TestRuntimeKernels (MLXSERVING_TEST_DEVICE=cuda).
+"""
+import sys
+
+sys.path.insert(0, sys.argv[1])
+
+import torch  # noqa: E402
+
+from mlxsworker.torchrt import kernels  # noqa: E402
+
+# (name, heads, kv heads, head dim, rotated dims, scale, window, norm)
+SHAPES = [
+    ("llama 3.2 1B", 32, 8, 64, None, None, 0, "llama"),
+    ("qwen3", 16, 8, 128, None, None, 0, "llama"),
+    ("mistral (sliding window)", 32, 8, 128, None, None, 4096, "llama"),
+    ("gemma 3 (local layers, 1 + w)", 8, 4, 256, None, 256 ** -0.5, 512, "gemma"),
+    ("phi-4-mini (partial rotary)", 24, 8, 128, 96, None, 0, "llama"),
+    ("olmo 2 (one rounding)", 16, 16, 128, None, None, 0, "olmo2"),
+    ("the tiny test models (a window that bites)", 4, 2, 16, None, 0.3, 7, "llama"),
+]
+
+
+def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama"):
+    """Runs each kernel once on random data against plain torch, with the
+    model's rotated dims, attention scale, a sliding window (0: none) and
+    RMSNorm kind; returns None when they agree, else what differs."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    B, ctx = 3, 4100  # long enough to split the cache
+    x, d, w = rnd(B, 256), rnd(B, 256), rnd(256)
+    xo, y = kernels.add_rms(x, d, w, 1e-5, norm)
+    s = (x + d).float()
+    s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)
+    rounds, off = kernels.NORMS[norm]
+    ref = w * s.to(dtype) if rounds else (s * (w.float() + off)).to(dtype)
+    if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
+        return "add_rms"
+    gu = rnd(B, 2 * 300)
+    ref = torch.nn.functional.silu(gu[:, :300]) * gu[:, 300:]
+    if not torch.allclose(kernels.silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
+        return "silu_mul"
+    H, K = heads, kv_heads
+    for bs in (16, 32):
+        for win in sorted({0, window, 7 if window else 0}):  # none, the model's, one that bites
+            err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot or hd, scale or hd ** -0.5, win)
+            if err is not None:
+                return err
+    x = torch.randn(3, 50000, generator=g).to(device)
+    x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
+    if not torch.equal(kernels.argmax(x), torch.argmax(x, -1)):
+        return "argmax"
+    return None
+
+
+def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window):
+    """decode_attention (split and not) and rope_kv against plain torch on
+    blocks of bs tokens scattered through the pool, rot of each head's dims
+    rotated, q.k scaled by scale, a sliding window (0: none)."""
+    nb = -(-ctx // bs)
+    blocks = B * nb
+    kc, vc = rnd(blocks + 1, bs, K, hd), rnd(blocks + 1, bs, K, hd)
+    table = torch.full((B + 1, nb), blocks, dtype=torch.int32)
+    table[1:] = torch.randperm(blocks, generator=g).view(B, nb).int()
+    table = table.to(device)
+    qkv = rnd(B, (H + 2 * K) * hd)
+    rows = torch.tensor([2, 1, 3], device=device)
+    pos = torch.tensor([0, 37, 4099], device=device)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    f = torch.outer(torch.arange(ctx, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], -1)
+    cos, sin = torch.ones(ctx, hd), torch.zeros(ctx, hd)
+    cos[:, :rot], sin[:, :rot] = emb.cos(), emb.sin()
+    cos, sin = cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
+
+    def rope(t, p):
+        half = rot // 2
+        return t * cos[p] + torch.cat([-t[..., half:rot], t[..., :half], t[..., rot:]], -1) * sin[p]
+
+    def where(b):  # (block, offset) of row b's new token
+        p, r = int(pos[b]), int(rows[b])
+        return int(table[r, p // bs]), p % bs
+
+    def seq(t, b, n):  # [K, n, hd]: the first n positions of row b's sequence
+        idx = table[int(rows[b]), : -(-n // bs)].long()
+        return t[idx].reshape(-1, K, hd)[:n].transpose(0, 1)
+
+    kref, vref = kc.clone(), vc.clone()
+    for b in range(B):
+        blk, off = where(b)
+        kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]))
+        vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
+    for context in (ctx, 1024):
+        k2, v2 = kc.clone(), vc.clone()
+        out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot)
+        for b in range(B):
+            p = int(pos[b])
+            q = rope(qkv[b, : H * hd].view(H, hd), p)
+            first = max(0, p - window + 1) if window else 0
+            kk = seq(kref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
+            vv = seq(vref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
+            att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) * scale, -1)
+            o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
+            if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
+                return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
+        if not (torch.allclose(k2.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(v2, vref)):
+            return "decode_attention's KV write (block %d)" % bs
+    k2, v2 = kc.clone(), vc.clone()
+    kvrow = torch.tensor([where(b)[0] * bs + where(b)[1] for b in range(B)], device=device)
+    qk = kernels.rope_kv(qkv, k2, v2, kvrow, pos, cos, sin, H, K, rot)
+    for b in range(B):
+        p = int(pos[b])
+        blk, off = where(b)
+        q = rope(qkv[b, : H * hd].view(H, hd), p)
+        k = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), p)
+        if not (torch.allclose(qk[b, :H].float(), q.float(), atol=tol, rtol=tol) and torch.allclose(qk[b, H:].float(), k.float(), atol=tol, rtol=tol)
+                and torch.allclose(k2[blk, off].float(), k.float(), atol=tol, rtol=tol) and torch.equal(v2[blk, off], qkv[b, (H + K) * hd :].view(K, hd))):
+            return "rope_kv (block %d, row %d)" % (bs, b)
+    return None
+
+
+def main():
+    if not torch.cuda.is_available():
+        raise SystemExit("kernels_test.py needs CUDA")
+    dev = torch.device("cuda")
+    passed = 0
+    for name, H, K, hd, rot, scale, window, norm in SHAPES:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            err = self_check(dev, dtype, H, K, hd, rot=rot, scale=scale, window=window, norm=norm)
+            if err is not None:
+                raise AssertionError("%s in %s: %s disagrees with plain torch" % (name, dtype, err))
+            passed += 1
+    print("%d passed, 0 failed" % passed)
+
+
+if __name__ == "__main__":
+    main()
