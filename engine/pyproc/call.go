@@ -168,6 +168,31 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 	return append(b, "]}"...)
 }
 
+// paramKeys are the keys appendParams and appendLoop write. The worker
+// lists the keys it reads in its handshake (capabilities "params"), and a
+// worker that does not read one of these is refused at start.
+var paramKeys = []string{"t", "p", "k", "m", "r", "s", "l", "n", "pp", "fp", "g", "lb", "x", "lp", "ls"}
+
+// unreadParams returns the keys of paramKeys that the handshake's
+// capabilities do not list as read.
+func unreadParams(caps map[string]any) []string {
+	read := map[string]bool{}
+	if list, ok := caps["params"].([]any); ok {
+		for _, k := range list {
+			if s, ok := k.(string); ok {
+				read[s] = true
+			}
+		}
+	}
+	var missing []string
+	for _, k := range paramKeys {
+		if !read[k] {
+			missing = append(missing, k)
+		}
+	}
+	return missing
+}
+
 // appendParams writes the compact sampling object PROTOCOL.md describes;
 // zero fields are left out.
 func appendParams(b []byte, p *engine.SamplingParams, sample bool, allowed []uint64, vocab int) []byte {

@@ -135,9 +135,7 @@ func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*
 	}
 	cmd := exec.Command(cfg.python, args...)
 	cmd.Dir = runtimeDir
-	if v := cfg.visibleDevices(slot); v != "" {
-		cmd.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES="+v)
-	}
+	cmd.Env = workerEnv(cfg, slot)
 	p := &proc{slot: slot, cmd: cmd, log: cfg.logger.With("worker", slot), maxLine: cfg.maxLine,
 		pending: map[uint64]chan *reply{}, dead: make(chan struct{}), stop: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
@@ -168,6 +166,24 @@ func startProc(ctx context.Context, cfg *config, runtimeDir string, slot int) (*
 	return p, p.handshake(ctx, cfg, hello)
 }
 
+// workerEnv is the worker's environment: this process's, with the
+// devices of its slot, and under tensor parallel NCCL's asynchronous
+// error handling on unless the host sets it (a collective that times out
+// then ends the group instead of hanging it). Later entries win, so the
+// defaults go first. The worker reads no variable of its own (its
+// settings come with --settings).
+func workerEnv(cfg *config, slot int) []string {
+	var env []string
+	if cfg.tensorParallel() > 1 {
+		env = append(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_ASYNC_ERROR_HANDLING=1")
+	}
+	env = append(env, os.Environ()...)
+	if v := cfg.visibleDevices(slot); v != "" {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+v)
+	}
+	return env
+}
+
 func (p *proc) handshake(ctx context.Context, cfg *config, hello chan *reply) error {
 	timer := time.NewTimer(cfg.startTimeout)
 	defer timer.Stop()
@@ -190,6 +206,10 @@ func (p *proc) handshake(ctx context.Context, cfg *config, hello chan *reply) er
 	if h.Protocol != protocolVersion {
 		p.fail("protocol mismatch")
 		return fmt.Errorf("%w: worker speaks protocol %d, supervisor %d", engine.ErrUnavailable, h.Protocol, protocolVersion)
+	}
+	if missing := unreadParams(h.Caps); len(missing) > 0 {
+		p.fail("params keys not read")
+		return fmt.Errorf("%w: the worker does not read the params keys %q the supervisor writes", engine.ErrUnavailable, missing)
 	}
 	p.hello = *h
 	p.log.Info("worker ready", "pid", h.PID, "backend", h.Backend, "versions", h.Versions)

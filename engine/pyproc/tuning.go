@@ -101,6 +101,7 @@ type settings struct {
 	TPTimeout    float64 `json:"tp_timeout"`
 	TPGraphs     bool    `json:"tp_graphs"`
 	Profile      bool    `json:"profile"`
+	MaxLookahead int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
 }
 
 // settingsArg returns the --settings argument for t.
@@ -109,7 +110,7 @@ func (t Tuning) settingsArg() string {
 		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
 		FP8ScaledMM: t.FP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
-		Profile: t.Profile}
+		Profile: t.Profile, MaxLookahead: maxLookahead}
 	if s.BlockSize == 0 {
 		s.BlockSize = 16
 	}

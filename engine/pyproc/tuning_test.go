@@ -3,9 +3,12 @@ package pyproc
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 func TestTuningRefusesOutOfRange(t *testing.T) {
@@ -34,7 +37,7 @@ func TestTuningSettings(t *testing.T) {
 	}
 	want := map[string]any{"block_size": 16.0, "window_step": 0.0, "kv_fraction": 0.8, "prefix_cache": true,
 		"split_steps": true, "kernels": true, "varlen": true, "attn_prefetch": true, "lora_plan": "auto",
-		"fp8_scaled_mm": false, "tp_timeout": 300.0, "tp_graphs": true, "profile": false}
+		"fp8_scaled_mm": false, "tp_timeout": 300.0, "tp_graphs": true, "profile": false, "max_lookahead": float64(maxLookahead)}
 	got := decode(Tuning{})
 	if len(got) != len(want) {
 		t.Errorf("defaults: %d keys %v, want %d", len(got), got, len(want))
@@ -64,5 +67,34 @@ func TestTuningReachesWorker(t *testing.T) {
 	m := load(t, e, tiny(t))
 	if bs := m.Info().BlockSize; bs != 8 {
 		t.Fatalf("Info().BlockSize = %d, want 8 (Tuning.BlockSize)", bs)
+	}
+}
+
+// TestParamKeysAreWhatIsWritten: paramKeys, which the handshake checks
+// against the keys the worker reads, are exactly the keys a params object
+// with every field set, a mask and a loop carries.
+func TestParamKeysAreWhatIsWritten(t *testing.T) {
+	p := &engine.SamplingParams{Temperature: 0.5, TopP: 0.9, TopK: 5, MinP: 0.1, RepetitionPenalty: 1.1,
+		HasSeed: true, Seed: 7, Logprobs: true, TopLogprobs: 2, PresencePenalty: 0.2, FrequencyPenalty: 0.3,
+		Generated: 4, LogitBias: map[int32]float32{3: 1}}
+	mask := []uint64{0b1011}
+	b := appendParams(nil, p, true, mask, 64)
+	b = appendLoop(b[:len(b)-1], mask, 2, 64)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	var written []string
+	for k := range m {
+		written = append(written, k)
+	}
+	slices.Sort(written)
+	want := slices.Sorted(slices.Values(paramKeys))
+	if !slices.Equal(written, want) {
+		t.Errorf("written keys %v, paramKeys %v", written, want)
+	}
+	caps := map[string]any{"params": []any{"t", "p", "k"}}
+	if missing := unreadParams(caps); len(missing) != len(paramKeys)-3 || slices.Contains(missing, "t") {
+		t.Errorf("unreadParams = %v", missing)
 	}
 }
