@@ -30,6 +30,13 @@ type view struct {
 }
 
 // refresh rebuilds the snapshot from the members' load reports.
+// Refresh rebuilds the routing snapshot now from every backend's Load.
+// The balancer does so itself every load-refresh interval and when
+// backends come and go; a program whose local backends load or unload a
+// model (or an adapter) calls it so that Load and routing see the change
+// at once.
+func (lb *LoadBalancer) Refresh() { lb.refresh() }
+
 func (lb *LoadBalancer) refresh() {
 	lb.refreshMu.Lock()
 	defer lb.refreshMu.Unlock()

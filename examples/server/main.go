@@ -254,6 +254,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 	}
 	// Advertised to the cluster once the main model and its adapters serve.
 	err = serveAdapters(ctx, rs, id, o.adapters, log)
+	rs.refresh()
 	var leave func(context.Context)
 	if err == nil {
 		leave, err = joinCluster(o.cluster, rs.front(), log)

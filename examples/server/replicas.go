@@ -123,6 +123,7 @@ func (f replicaFront) LoadAdapter(ctx context.Context, spec mlxserving.AdapterSp
 			first = st
 		}
 	}
+	f.Refresh()
 	return first, nil
 }
 
@@ -132,7 +133,16 @@ func (f replicaFront) UnloadAdapter(ctx context.Context, name string) error {
 	for _, srv := range f.rs.servers {
 		errs = append(errs, srv.UnloadAdapter(ctx, name))
 	}
+	f.Refresh()
 	return errors.Join(errs...)
+}
+
+// refresh has the balancer read the replicas' models now: after they
+// loaded the main model and the -lora adapters.
+func (rs *replicas) refresh() {
+	if rs.lb != nil {
+		rs.lb.Refresh()
+	}
 }
 
 // shutdown drains every replica's Server at once.

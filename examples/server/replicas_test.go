@@ -54,6 +54,7 @@ func TestServeReplicas(t *testing.T) {
 		return nil
 	}
 	const n = 12
+	before := requestsByReplica(t, get(t, client, base+"/metrics")) // pre-warming's warm-up requests
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
@@ -66,19 +67,11 @@ func TestServeReplicas(t *testing.T) {
 		}
 	}
 	metrics := get(t, client, base+"/metrics")
-	perReplica := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^mlxserving_requests_total\{([^}]*)\} (\d+)$`).FindAllStringSubmatch(metrics, -1) {
-		r := regexp.MustCompile(`replica="(\d+)"`).FindStringSubmatch(m[1])
-		if r == nil {
-			t.Fatalf("a request count without its replica: %s", m[0])
-		}
-		v, _ := strconv.Atoi(m[2])
-		perReplica[r[1]] += v
+	after := requestsByReplica(t, metrics)
+	if got := after["0"] - before["0"] + after["1"] - before["1"]; got != n {
+		t.Errorf("requests by replica %v, before the test's %v: want %d more", after, before, n)
 	}
-	if perReplica["0"]+perReplica["1"] != n {
-		t.Errorf("requests by replica %v: want %d in all", perReplica, n)
-	}
-	t.Logf("requests by replica: %v", perReplica)
+	t.Logf("requests by replica (pre-warming's included): %v", after)
 	for _, r := range []string{"0", "1"} {
 		if !regexp.MustCompile(`mlxserving_sequences_running\{[^}]*replica="` + r + `"`).MatchString(metrics) {
 			t.Errorf("no running-sequences gauge for replica %s", r)
@@ -102,4 +95,20 @@ func TestServeReplicas(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// requestsByReplica sums mlxserving_requests_total by replica; every
+// point must have one.
+func requestsByReplica(t *testing.T, metrics string) map[string]int {
+	t.Helper()
+	perReplica := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^mlxserving_requests_total\{([^}]*)\} (\d+)$`).FindAllStringSubmatch(metrics, -1) {
+		r := regexp.MustCompile(`replica="(\d+)"`).FindStringSubmatch(m[1])
+		if r == nil {
+			t.Fatalf("a request count without its replica: %s", m[0])
+		}
+		v, _ := strconv.Atoi(m[2])
+		perReplica[r[1]] += v
+	}
+	return perReplica
 }
