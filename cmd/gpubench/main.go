@@ -76,7 +76,7 @@ var (
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
-	script    = flag.String("script", "engine/pyproc/testdata/hf_bench.py", "transformers script")
+	script    = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")
 	device    = flag.String("device", "cuda", "torch device")
 	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
 	withStack = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
