@@ -1,9 +1,7 @@
 package testmodel
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 	"strings"
 )
 
@@ -40,13 +38,55 @@ const (
 	// Values are rounded to nearest, not GPTQ's error-compensating
 	// solve: the layout is what matters here.
 	QuantGPTQ = "gptq"
+	// QuantGPTQActOrder is QuantGPTQ with desc_act true (act order,
+	// static_groups false): GPTQ quantizes the inputs in an order of its
+	// own (by the Hessian's diagonal; here a random permutation, shared
+	// by the projections that read one input, q, k and v or gate and up,
+	// as they share the Hessian) and group j holds the inputs at
+	// positions [128j, 128j + 128) of that order. The tensors are
+	// QuantGPTQ's, qweight in input order, and g_idx[k] is input k's
+	// position in the order / 128: every group has 128 inputs, scattered.
+	QuantGPTQActOrder = "gptq-actorder"
+	// QuantGPTQv2 is GPTQModel's checkpoint_format "gptq_v2": QuantGPTQ's
+	// tensors, except that qzeros hold the zero itself (8 for symmetric
+	// 4-bit), not zero - 1; quantization_config as GPTQModel writes it
+	// (checkpoint_format, pack_dtype "int32", meta.quantizer).
+	QuantGPTQv2 = "gptq-v2"
+	// QuantW4A16 is compressed-tensors "pack-quantized" as RedHatAI's
+	// W4A16 checkpoints (llm-compressor's W4A16 scheme) have it: int 4-bit
+	// weights, strategy "group" of 128 along the input, symmetric, no
+	// activation quantization: weight_packed I32 [out, in/8] (nibble j of
+	// word c holds input 8c + j as q + 8, q in [-8, 7]), weight_scale
+	// [out, in/128] in DType (2 max|w| / 15), weight_shape I64 [2]
+	// ([out, in]); w = q * s.
+	QuantW4A16 = "w4a16"
+	// QuantW4A16Asym is QuantW4A16 with symmetric false (W4A16_ASYM): scale
+	// (max - min) / 15 and weight_zero_point I32 [out/8, in/128] packed
+	// along the output (nibble i of row r holds output 8r + i's zero point
+	// as zp + 8, zp in [-8, 7], as compressed-tensors packs them since
+	// 0.10); w = (q - zp) * s.
+	QuantW4A16Asym = "w4a16-asym"
+	// QuantW4A16ActOrder is QuantW4A16 with actorder "group"
+	// (llm-compressor's GPTQ with group act order): the groups are
+	// QuantGPTQActOrder's, in the same order, and weight_g_idx I32 [in]
+	// holds each input's group; weight_packed stays in input order.
+	QuantW4A16ActOrder = "w4a16-actorder"
 )
 
 // QuantGroup is the group (and FP8 block) size of every quantized layout.
 const QuantGroup = 128
 
-// Quants lists the quantized layouts Write can produce.
+// Quants lists the quantized layouts every engine here loads: FP8 block
+// and channel, AWQ, GPTQ. AllQuants adds the others.
 func Quants() []string { return []string{QuantFP8Block, QuantFP8Channel, QuantAWQ, QuantGPTQ} }
+
+// AllQuants lists every quantized layout Write can produce: Quants and
+// GPTQ with act order, GPTQ v2, compressed-tensors W4A16 symmetric,
+// asymmetric and with act order (which the MLX engine loads and the
+// torch engine refuses).
+func AllQuants() []string {
+	return append(Quants(), QuantGPTQActOrder, QuantGPTQv2, QuantW4A16, QuantW4A16Asym, QuantW4A16ActOrder)
+}
 
 // TinyQuant is Tiny with every linear dimension a multiple of 128, as the
 // 4-bit layouts need (groups of 128 along the input): hidden size 256, 4
@@ -60,7 +100,7 @@ func TinyQuant() Config {
 // fileTensor is one tensor as the file stores it.
 type fileTensor struct {
 	name  string
-	dtype string // safetensors dtype: F32, BF16, F16, F8_E4M3, I32
+	dtype string // safetensors dtype: F32, BF16, F16, F8_E4M3, I32, I64
 	shape []int
 }
 
@@ -72,7 +112,7 @@ func (f fileTensor) bytes() int {
 	return n
 }
 
-var stDTypeSize = map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I32": 4}
+var stDTypeSize = map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I32": 4, "I64": 8}
 
 // quantized reports whether the layout quantizes weight t: the decoder
 // layers' projections, not routers, norms, embeddings or the head.
@@ -84,6 +124,16 @@ func (c Config) quantized(t tensorSpec) bool {
 		if strings.HasSuffix(t.name, s) {
 			return true
 		}
+	}
+	return false
+}
+
+// int4 reports whether the layout stores 4-bit integers in groups of
+// QuantGroup inputs.
+func (c Config) int4() bool {
+	switch c.Quant {
+	case QuantAWQ, QuantGPTQ, QuantGPTQActOrder, QuantGPTQv2, QuantW4A16, QuantW4A16Asym, QuantW4A16ActOrder:
+		return true
 	}
 	return false
 }
@@ -105,7 +155,17 @@ func (c Config) fileTensors(t tensorSpec) []fileTensor {
 	case QuantAWQ:
 		return []fileTensor{{base + ".qweight", "I32", []int{in, out / 8}}, {base + ".qzeros", "I32", []int{in / g, out / 8}},
 			{base + ".scales", "F16", []int{in / g, out}}}
-	default: // QuantGPTQ
+	case QuantW4A16, QuantW4A16Asym, QuantW4A16ActOrder:
+		fts := []fileTensor{{base + ".weight_packed", "I32", []int{out, in / 8}},
+			{base + ".weight_scale", dtypeNames[c.DType], []int{out, in / g}}, {base + ".weight_shape", "I64", []int{2}}}
+		switch c.Quant {
+		case QuantW4A16Asym:
+			fts = append(fts, fileTensor{base + ".weight_zero_point", "I32", []int{out / 8, in / g}})
+		case QuantW4A16ActOrder:
+			fts = append(fts, fileTensor{base + ".weight_g_idx", "I32", []int{in}})
+		}
+		return fts
+	default: // the GPTQ layouts
 		return []fileTensor{{base + ".qweight", "I32", []int{in / 8, out}}, {base + ".qzeros", "I32", []int{in / g, out / 8}},
 			{base + ".scales", "F16", []int{in / g, out}}, {base + ".g_idx", "I32", []int{in}}}
 	}
@@ -115,12 +175,11 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // checkQuant checks the layout can store every quantized weight.
 func (c Config) checkQuant(ts []tensorSpec) error {
-	switch c.Quant {
-	case "", QuantFP8Block, QuantFP8Channel:
+	switch {
+	case c.Quant == "", c.Quant == QuantFP8Block, c.Quant == QuantFP8Channel:
 		return nil
-	case QuantAWQ, QuantGPTQ:
-	default:
-		return fmt.Errorf("%w: quant %q: want one of %v", ErrInvalidConfig, c.Quant, Quants())
+	case !c.int4():
+		return fmt.Errorf("%w: quant %q: want one of %v", ErrInvalidConfig, c.Quant, AllQuants())
 	}
 	for _, t := range ts {
 		if c.quantized(t) && (t.shape[1]%QuantGroup != 0 || t.shape[0]%8 != 0) {
@@ -138,34 +197,59 @@ func quantizationConfig(c Config) map[string]any {
 		return map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
 			"weight_block_size": []int{QuantGroup, QuantGroup}}
 	case QuantFP8Channel:
-		ignore := []string{"lm_head"}
-		if c.isMoE() { // the routers stay in DType, as RedHatAI's MoE checkpoints list them
-			ignore = append(ignore, "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$")
+		return compressedTensors(c, "float-quantized",
+			map[string]any{"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true,
+				"dynamic": false, "group_size": nil, "block_structure": nil, "actorder": nil, "observer": "minmax"},
+			map[string]any{"num_bits": 8, "type": "float", "strategy": "token", "symmetric": true,
+				"dynamic": true, "group_size": nil, "block_structure": nil, "actorder": nil, "observer": nil})
+	case QuantW4A16, QuantW4A16Asym, QuantW4A16ActOrder:
+		var actorder any
+		if c.Quant == QuantW4A16ActOrder {
+			actorder = "group"
 		}
-		return map[string]any{
-			"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-			"kv_cache_scheme": nil, "ignore": ignore,
-			"config_groups": map[string]any{"group_0": map[string]any{
-				"targets": []string{"Linear"},
-				"weights": map[string]any{"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true,
-					"dynamic": false, "group_size": nil, "block_structure": nil, "actorder": nil, "observer": "minmax"},
-				"input_activations": map[string]any{"num_bits": 8, "type": "float", "strategy": "token", "symmetric": true,
-					"dynamic": true, "group_size": nil, "block_structure": nil, "actorder": nil, "observer": nil},
-				"output_activations": nil,
-			}},
-		}
+		return compressedTensors(c, "pack-quantized",
+			map[string]any{"num_bits": 4, "type": "int", "strategy": "group", "symmetric": c.Quant != QuantW4A16Asym,
+				"dynamic": false, "group_size": QuantGroup, "block_structure": nil, "actorder": actorder, "observer": "minmax",
+				"observer_kwargs": map[string]any{}},
+			nil)
 	case QuantAWQ:
 		return map[string]any{"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": QuantGroup,
 			"zero_point": true, "modules_to_not_convert": nil}
-	case QuantGPTQ:
-		return map[string]any{"quant_method": "gptq", "bits": 4, "group_size": QuantGroup, "desc_act": false,
+	case QuantGPTQ, QuantGPTQActOrder:
+		return map[string]any{"quant_method": "gptq", "bits": 4, "group_size": QuantGroup, "desc_act": c.Quant == QuantGPTQActOrder,
 			"sym": true, "true_sequential": true, "damp_percent": 0.01, "static_groups": false,
 			"checkpoint_format": "gptq", "model_name_or_path": nil, "model_file_base_name": nil}
+	case QuantGPTQv2:
+		return map[string]any{"quant_method": "gptq", "bits": 4, "group_size": QuantGroup, "desc_act": false,
+			"sym": true, "lm_head": false, "checkpoint_format": "gptq_v2", "pack_dtype": "int32",
+			"meta": map[string]any{"quantizer": []string{"gptqmodel:2.2.0"}, "damp_percent": 0.01,
+				"damp_auto_increment": 0.0025, "static_groups": false, "true_sequential": true, "mse": 0.0}}
 	}
 	return nil
 }
 
-// quantize returns the bytes of weight w ([out, in] row-major, values
+// compressedTensors is a compressed-tensors quantization_config of one
+// group targeting every Linear but lm_head (and MoE routers), weights
+// and input_activations (nil: weight-only) as given.
+func compressedTensors(c Config, format string, weights, inputs map[string]any) map[string]any {
+	ignore := []string{"lm_head"}
+	if c.isMoE() { // the routers stay in DType, as RedHatAI's MoE checkpoints list them
+		ignore = append(ignore, "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$")
+	}
+	var in any
+	if inputs != nil {
+		in = inputs
+	}
+	return map[string]any{
+		"quant_method": "compressed-tensors", "format": format, "quantization_status": "compressed",
+		"kv_cache_scheme": nil, "ignore": ignore,
+		"config_groups": map[string]any{"group_0": map[string]any{
+			"targets": []string{"Linear"}, "weights": weights, "input_activations": in, "output_activations": nil,
+		}},
+	}
+}
+
+// quantize returns the bytes of weight t ([out, in] row-major values w,
 // already rounded to DType) in the layout's tensors, in fileTensors'
 // order.
 func (c Config) quantize(t tensorSpec, w []float32) []byte {
@@ -177,253 +261,13 @@ func (c Config) quantize(t tensorSpec, w []float32) []byte {
 		return fp8Channel(w, out, in, c.DType)
 	case QuantAWQ:
 		return awq(w, out, in)
+	case QuantW4A16, QuantW4A16Asym:
+		return w4a16(w, out, in, c.Quant == QuantW4A16, nil, c.DType)
+	case QuantW4A16ActOrder:
+		return w4a16(w, out, in, true, c.actOrder(t), c.DType)
+	case QuantGPTQActOrder:
+		return gptq(w, out, in, c.actOrder(t), false)
 	default:
-		return gptq(w, out, in)
+		return gptq(w, out, in, nil, c.Quant == QuantGPTQv2)
 	}
-}
-
-func fp8Block(w []float32, out, in int) []byte {
-	g := QuantGroup
-	bo, bi := ceilDiv(out, g), ceilDiv(in, g)
-	scales := make([]float32, bo*bi)
-	for r := range out {
-		for k := range in {
-			s := &scales[(r/g)*bi+k/g]
-			*s = max(*s, abs32(w[r*in+k]))
-		}
-	}
-	for i, a := range scales {
-		scales[i] = fp8Scale(a)
-	}
-	q := make([]byte, 0, out*in+4*len(scales))
-	for r := range out {
-		for k := range in {
-			q = append(q, E4M3(w[r*in+k]/scales[(r/g)*bi+k/g]))
-		}
-	}
-	for _, s := range scales {
-		q = binary.LittleEndian.AppendUint32(q, math.Float32bits(s))
-	}
-	return q
-}
-
-func fp8Channel(w []float32, out, in int, dtype string) []byte {
-	scales := make([]float32, out)
-	for r := range out {
-		a := float32(0)
-		for _, v := range w[r*in : (r+1)*in] {
-			a = max(a, abs32(v))
-		}
-		// The scale as stored (DType), so the weights are quantized by
-		// the scale a reader multiplies with.
-		scales[r] = roundTo(fp8Scale(a), dtype)
-	}
-	q := make([]byte, 0, out*in+out*dtypeSize(dtype))
-	for r := range out {
-		for _, v := range w[r*in : (r+1)*in] {
-			q = append(q, E4M3(v/scales[r]))
-		}
-	}
-	for _, s := range scales {
-		q = appendValue(q, s, dtype)
-	}
-	return q
-}
-
-// fp8Scale is max|w| / 448 in float32 (as torch computes it), 1 for an
-// all-zero block.
-func fp8Scale(amax float32) float32 {
-	if amax == 0 {
-		return 1
-	}
-	return amax / 448
-}
-
-// int4Groups quantizes w [out, in] to 4 bits in groups of QuantGroup
-// along the input: q [out][in], zero [out][in/g] and the float16 scale
-// [out][in/g]. sym: scale 2 max|w| / 15 and zero 8 (GPTQ); else scale
-// (max - min) / 15 and zero round(-min / scale) (AWQ).
-func int4Groups(w []float32, out, in int, sym bool) (q, zero []uint8, scale []uint16) {
-	g := QuantGroup
-	ng := in / g
-	q, zero, scale = make([]uint8, out*in), make([]uint8, out*ng), make([]uint16, out*ng)
-	for r := range out {
-		for j := range ng {
-			grp := w[r*in+j*g : r*in+(j+1)*g]
-			lo, hi := grp[0], grp[0]
-			for _, v := range grp {
-				lo, hi = min(lo, v), max(hi, v)
-			}
-			var s float64
-			var z int
-			if sym {
-				s = 2 * math.Max(math.Abs(float64(lo)), math.Abs(float64(hi))) / 15
-			} else {
-				s = math.Max(float64(hi-lo), 1e-5) / 15
-			}
-			h := float16(float32(s))
-			if h == 0 {
-				h = float16(1)
-			}
-			s = float64(halfToFloat(h))
-			if sym {
-				z = 8
-			} else {
-				z = int(clamp(-math.RoundToEven(float64(lo)/s), 0, 15))
-			}
-			scale[r*ng+j], zero[r*ng+j] = h, uint8(z)
-			for k, v := range grp {
-				q[r*in+j*g+k] = uint8(clamp(math.RoundToEven(float64(v)/s)+float64(z), 0, 15))
-			}
-		}
-	}
-	return q, zero, scale
-}
-
-// awqOrder is AutoAWQ's pack order: nibble i of a word holds column
-// 8c + awqOrder[i].
-var awqOrder = [8]int{0, 2, 4, 6, 1, 3, 5, 7}
-
-func awq(w []float32, out, in int) []byte {
-	q, zero, scale := int4Groups(w, out, in, false)
-	ng := in / QuantGroup
-	b := make([]byte, 0, 4*in*out/8+4*ng*out/8+2*ng*out)
-	pack := func(at func(n int) uint8, c int) uint32 {
-		var word uint32
-		for i, o := range awqOrder {
-			word |= uint32(at(8*c+o)) << (4 * i)
-		}
-		return word
-	}
-	for k := range in {
-		for c := range out / 8 {
-			b = binary.LittleEndian.AppendUint32(b, pack(func(n int) uint8 { return q[n*in+k] }, c))
-		}
-	}
-	for j := range ng {
-		for c := range out / 8 {
-			b = binary.LittleEndian.AppendUint32(b, pack(func(n int) uint8 { return zero[n*ng+j] }, c))
-		}
-	}
-	for j := range ng {
-		for n := range out {
-			b = binary.LittleEndian.AppendUint16(b, scale[n*ng+j])
-		}
-	}
-	return b
-}
-
-func gptq(w []float32, out, in int) []byte {
-	q, zero, scale := int4Groups(w, out, in, true)
-	ng := in / QuantGroup
-	b := make([]byte, 0, 4*in*out/8+4*ng*out/8+2*ng*out+4*in)
-	for r := range in / 8 {
-		for n := range out {
-			var word uint32
-			for j := range 8 {
-				word |= uint32(q[n*in+8*r+j]) << (4 * j)
-			}
-			b = binary.LittleEndian.AppendUint32(b, word)
-		}
-	}
-	for j := range ng {
-		for c := range out / 8 {
-			var word uint32
-			for i := range 8 {
-				word |= uint32(zero[(8*c+i)*ng+j]-1) << (4 * i) // auto-gptq stores zero - 1
-			}
-			b = binary.LittleEndian.AppendUint32(b, word)
-		}
-	}
-	for j := range ng {
-		for n := range out {
-			b = binary.LittleEndian.AppendUint16(b, scale[n*ng+j])
-		}
-	}
-	for k := range in {
-		b = binary.LittleEndian.AppendUint32(b, uint32(k/QuantGroup))
-	}
-	return b
-}
-
-func clamp(v, lo, hi float64) float64 { return math.Min(math.Max(v, lo), hi) }
-
-func abs32(v float32) float32 { return float32(math.Abs(float64(v))) }
-
-// E4M3 converts v to float8 e4m3fn (bias 7, no infinities, 0x7F NaN),
-// rounding to nearest even and saturating to ±448, as the FP8
-// checkpoints' quantizers clamp before converting.
-func E4M3(v float32) byte {
-	var sign byte
-	if math.Signbit(float64(v)) {
-		sign = 0x80
-	}
-	a := math.Abs(float64(v))
-	switch {
-	case math.IsNaN(a):
-		return 0x7F
-	case a >= 448:
-		return sign | 0x7E
-	}
-	e := -6 // subnormals share the smallest normal exponent's quantum
-	if a >= math.Ldexp(1, -6) {
-		_, e2 := math.Frexp(a) // a = f * 2^e2, f in [0.5, 1)
-		e = e2 - 1
-	}
-	n := int(math.RoundToEven(math.Ldexp(a, 3-e))) // a in units of the quantum 2^(e-3)
-	if n == 16 {
-		e, n = e+1, 8
-	}
-	if n < 8 { // subnormal (e is -6)
-		return sign | byte(n)
-	}
-	return sign | byte(e+7)<<3 | byte(n-8)
-}
-
-// E4M3Value is the value of the float8 e4m3fn byte b.
-func E4M3Value(b byte) float32 {
-	exp, mant := int(b>>3&0xF), float64(b&7)
-	var v float64
-	switch {
-	case b&0x7F == 0x7F:
-		v = math.NaN()
-	case exp == 0:
-		v = math.Ldexp(mant/8, -6)
-	default:
-		v = math.Ldexp(1+mant/8, exp-7)
-	}
-	if b&0x80 != 0 {
-		v = -v
-	}
-	return float32(v)
-}
-
-// roundTo rounds v to dtype's precision.
-func roundTo(v float32, dtype string) float32 {
-	switch dtype {
-	case "bfloat16":
-		return math.Float32frombits(uint32(bfloat16(v)) << 16)
-	case "float16":
-		return halfToFloat(float16(v))
-	}
-	return v
-}
-
-// halfToFloat is the value of IEEE half h.
-func halfToFloat(h uint16) float32 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	exp, mant := int(h>>10&0x1F), float64(h&0x3FF)
-	switch exp {
-	case 0:
-		return float32(sign * math.Ldexp(mant/1024, -14))
-	case 31:
-		if mant != 0 {
-			return float32(math.NaN())
-		}
-		return float32(sign * math.Inf(1))
-	}
-	return float32(sign * math.Ldexp(1+mant/1024, exp-15))
 }

@@ -57,7 +57,8 @@ func TestE4M3(t *testing.T) {
 // names, dtypes and shapes against the published layouts, the
 // quantization_config, that the unquantized tensors are the float
 // model's bytes, and that each dequantized weight is within the format's
-// rounding error of the float model's.
+// rounding error of the float model's (relative to the largest magnitude
+// of its group, which act order scatters over the row).
 func TestQuantLayouts(t *testing.T) {
 	cfg := TinyQuant()
 	fdir := t.TempDir()
@@ -75,7 +76,7 @@ func TestQuantLayouts(t *testing.T) {
 		return out
 	}
 	const w = "model.layers.1.mlp.down_proj" // [256, 512]
-	for _, q := range Quants() {
+	for _, q := range AllQuants() {
 		t.Run(q, func(t *testing.T) {
 			c := cfg
 			c.Quant = q
@@ -101,7 +102,7 @@ func TestQuantLayouts(t *testing.T) {
 			for name, e := range fhdr {
 				_, kept := hdr[name]
 				proj := strings.Contains(name, "_proj.")
-				if kept == (proj && q != QuantFP8Block && q != QuantFP8Channel) {
+				if kept == (proj && c.int4()) {
 					t.Errorf("%s: in the file %v", name, kept)
 				}
 				if !proj && string(data[hdr[name].Offsets[0]:hdr[name].Offsets[1]]) != string(fdata[e.Offsets[0]:e.Offsets[1]]) {
@@ -110,7 +111,8 @@ func TestQuantLayouts(t *testing.T) {
 			}
 			want := floatOf(w + ".weight")
 			got := make([]float64, len(want))
-			tol := 0.0 // the largest error the format allows, relative to each group's range
+			tol := 0.0                                  // the largest error the format allows, relative to each group's range
+			group := func(k int) int { return k / 128 } // the group (block) of input k
 			switch q {
 			case QuantFP8Block:
 				if qc["quant_method"] != "fp8" || qc["fmt"] != "e4m3" || qc["activation_scheme"] != "dynamic" {
@@ -136,36 +138,22 @@ func TestQuantLayouts(t *testing.T) {
 					got[i] = float64(E4M3Value(wq[i])) * float64(math.Float32frombits(binary.LittleEndian.Uint32(s[4*(i/512):])))
 				}
 				tol = 1.0 / 16
-			case QuantAWQ, QuantGPTQ:
-				if qc["quant_method"] != q || qc["bits"] != 4.0 || qc["group_size"] != 128.0 {
-					t.Fatalf("quantization_config %v", qc)
-				}
-				deq := dequantAWQ
-				if q == QuantGPTQ {
-					deq = dequantGPTQ
-					gi := raw(w+".g_idx", "I32", 512)
-					for k := range 512 {
-						if binary.LittleEndian.Uint32(gi[4*k:]) != uint32(k/128) {
-							t.Fatalf("g_idx[%d]", k)
-						}
-					}
-					zs := raw(w+".qzeros", "I32", 4, 32)
-					if binary.LittleEndian.Uint32(zs) != 0x77777777 {
-						t.Errorf("symmetric zeros stored as %#x, want 0x77777777 (8 - 1)", binary.LittleEndian.Uint32(zs))
-					}
-				}
-				got = deq(t, raw, w)
-				// AWQ: half a step of (max - min) / 15. GPTQ: +max|w| is
-				// 7.5 steps of 2 max|w| / 15, clamped to 7: 1/15 of it,
-				// plus the half-precision scale's rounding.
+			default:
+				got, group = checkInt4(t, q, qc, raw, w)
+				// AWQ, asymmetric: half a step of (max - min) / 15.
+				// Symmetric: +max|w| is 7.5 steps of 2 max|w| / 15,
+				// clamped to 7: 1/15 of it, plus the half-precision
+				// scale's rounding.
 				tol = 0.07
 			}
 			var worst float64
 			for i := range got {
-				r := i / 512
+				r, k := i/512, i%512
 				var amax float64
-				for _, v := range want[r*512+(i%512)/128*128 : r*512+(i%512)/128*128+128] {
-					amax = math.Max(amax, math.Abs(float64(v)))
+				for j, v := range want[r*512 : (r+1)*512] {
+					if group(j) == group(k) {
+						amax = math.Max(amax, math.Abs(float64(v)))
+					}
 				}
 				if q == QuantFP8Block || q == QuantFP8Channel {
 					amax = math.Abs(float64(want[i])) + 1e-3*amax // relative, with a floor at subnormals
@@ -179,47 +167,14 @@ func TestQuantLayouts(t *testing.T) {
 	}
 }
 
-func dequantAWQ(t *testing.T, raw func(string, string, ...int) []byte, w string) []float64 {
-	qw := raw(w+".qweight", "I32", 512, 32)
-	qz := raw(w+".qzeros", "I32", 4, 32)
-	sc := raw(w+".scales", "F16", 4, 256)
-	nib := func(b []byte, word, i int) float64 {
-		return float64(binary.LittleEndian.Uint32(b[4*word:]) >> (4 * i) & 15)
-	}
-	rev := [8]int{0, 4, 1, 5, 2, 6, 3, 7}
-	out := make([]float64, 256*512)
-	for n := range 256 {
-		for k := range 512 {
-			g := k / 128
-			s := float64(halfToFloat(binary.LittleEndian.Uint16(sc[2*(g*256+n):])))
-			out[n*512+k] = (nib(qw, k*32+n/8, rev[n%8]) - nib(qz, g*32+n/8, rev[n%8])) * s
-		}
-	}
-	return out
-}
-
-func dequantGPTQ(t *testing.T, raw func(string, string, ...int) []byte, w string) []float64 {
-	qw := raw(w+".qweight", "I32", 64, 256)
-	qz := raw(w+".qzeros", "I32", 4, 32)
-	sc := raw(w+".scales", "F16", 4, 256)
-	nib := func(b []byte, word, i int) float64 {
-		return float64(binary.LittleEndian.Uint32(b[4*word:]) >> (4 * i) & 15)
-	}
-	out := make([]float64, 256*512)
-	for n := range 256 {
-		for k := range 512 {
-			g := k / 128
-			s := float64(halfToFloat(binary.LittleEndian.Uint16(sc[2*(g*256+n):])))
-			out[n*512+k] = (nib(qw, (k/8)*256+n, k%8) - (nib(qz, g*32+n/8, n%8) + 1)) * s
-		}
-	}
-	return out
-}
-
 // TestQuantInvalid: a 4-bit layout on widths that are not multiples of
 // 128, and an unknown layout, are ErrInvalidConfig.
 func TestQuantInvalid(t *testing.T) {
-	for _, c := range []Config{{Quant: QuantAWQ}, {Quant: QuantGPTQ}, {Quant: "int3"}} {
+	for _, q := range append(AllQuants(), "int3") {
+		c := Config{Quant: q}
+		if q == QuantFP8Block || q == QuantFP8Channel {
+			continue
+		}
 		if err := Write(t.TempDir(), c); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%q on Tiny: %v, want ErrInvalidConfig", c.Quant, err)
 		}

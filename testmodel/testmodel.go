@@ -140,7 +140,8 @@ type Config struct {
 	Embedding *Embedding
 	// Quant, when set, writes the decoder layers' linear weights in a
 	// published quantized layout (QuantFP8Block, QuantFP8Channel,
-	// QuantAWQ, QuantGPTQ; see Quants) with config.json's
+	// QuantAWQ, QuantGPTQ, QuantGPTQActOrder, QuantGPTQv2, QuantW4A16,
+	// QuantW4A16Asym; see AllQuants) with config.json's
 	// quantization_config, quantized from the weights the same Config
 	// without Quant writes. The 4-bit layouts need every linear input a
 	// multiple of 128 and every output a multiple of 8 (TinyQuant).

@@ -66,31 +66,36 @@ func (h HostileConfig) Write(dir string) error {
 }
 
 // HostileQuant is an edit of a quantized checkpoint's quantization_config
-// that asks for a layout no engine here runs (or no real checkpoint has).
-// An engine must refuse it with a *engine.CheckpointError whose message
-// names Key, and go on serving.
+// that asks for a layout an engine here does not run (or no real
+// checkpoint has). An engine must refuse it with a *engine.CheckpointError
+// whose message names Key, and go on serving, unless it is one of Served.
 type HostileQuant struct {
 	Name  string // what is wrong
-	Quant string // the testmodel layout it edits (testmodel.Quants)
+	Quant string // the testmodel layout it edits (testmodel.AllQuants)
 	Key   string // the quantization_config field
 	Value any    // its new value
+	// Served names the engines (engine.Engine.Name) that serve the edited
+	// layout; their tests skip the edit. Empty: every engine refuses it.
+	Served []string
 }
 
 // HostileQuantConfigs lists the quantization_config edits engines that
 // load quantized checkpoints are fed.
 func HostileQuantConfigs() []HostileQuant {
 	return []HostileQuant{
-		{"an unknown method", testmodel.QuantFP8Block, "quant_method", "bitsandbytes"},
-		{"fp8 of another format", testmodel.QuantFP8Block, "fmt", "e5m2"},
-		{"blocks not a multiple of 16", testmodel.QuantFP8Block, "weight_block_size", []int{100, 128}},
-		{"compressed-tensors int4 packing", testmodel.QuantFP8Channel, "format", "pack-quantized"},
-		{"8-bit AWQ", testmodel.QuantAWQ, "bits", 8},
-		{"AWQ GEMV packing", testmodel.QuantAWQ, "version", "gemv"},
-		{"AWQ without zero points", testmodel.QuantAWQ, "zero_point", false},
-		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true},
-		{"GPTQ groups of 96", testmodel.QuantGPTQ, "group_size", 96},
-		{"GPTQ per-column", testmodel.QuantGPTQ, "group_size", -1},
-		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2"},
+		{"an unknown method", testmodel.QuantFP8Block, "quant_method", "bitsandbytes", nil},
+		{"fp8 of another format", testmodel.QuantFP8Block, "fmt", "e5m2", nil},
+		{"blocks not a multiple of 16", testmodel.QuantFP8Block, "weight_block_size", []int{100, 128}, nil},
+		{"compressed-tensors packing FP8", testmodel.QuantFP8Channel, "format", "pack-quantized", nil},
+		{"8-bit AWQ", testmodel.QuantAWQ, "bits", 8, nil},
+		{"AWQ GEMV packing", testmodel.QuantAWQ, "version", "gemv", nil},
+		{"AWQ without zero points", testmodel.QuantAWQ, "zero_point", false, nil},
+		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true, []string{"mlx"}},
+		{"GPTQ groups of 96", testmodel.QuantGPTQ, "group_size", 96, nil},
+		{"GPTQ per-column", testmodel.QuantGPTQ, "group_size", -1, nil},
+		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2", []string{"mlx"}},
+		{"GPTQ Marlin packing", testmodel.QuantGPTQv2, "checkpoint_format", "marlin", nil},
+		{"compressed-tensors of mixed formats", testmodel.QuantW4A16, "format", "mixed-precision", nil},
 	}
 }
 

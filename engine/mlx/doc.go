@@ -12,11 +12,14 @@
 // partial rotary, longrope) and olmo2; GQA; tied embeddings; sharded
 // through model.safetensors.index.json; in float32, float16 or bfloat16
 // and MLX affine 2- to 8-bit quantized form. Checkpoints quantized for
-// transformers load too: AWQ (GEMM) and GPTQ (desc_act false) 4-bit are
+// transformers load too: AWQ (GEMM), GPTQ (v1 or gptq_v2 zeros, with or
+// without act order) and compressed-tensors pack-quantized int4 are
 // requantized at load to MLX affine 4-bit with their group size (the same
-// values: scale as stored, bias -scale*zero), and FP8 (quant_method fp8
-// with block scales, compressed-tensors float-quantized) is dequantized at
-// load to the model's float dtype (MLX has no FP8 matmul). It runs the forward pass as
+// values: scale as stored, bias -scale*zero; act order's inputs sorted by
+// group, the module's input gathered in that order), and FP8
+// (quant_method fp8 with block scales, compressed-tensors float-quantized)
+// is dequantized at load to the model's float dtype (MLX has no FP8
+// matmul); see hfquant.go. It runs the forward pass as
 // MLX ops (fast RMSNorm, RoPE, scaled-dot-product attention), keeps every
 // sequence's KV in one preallocated pool, decodes a whole batch of
 // sequences of different lengths in one forward pass and samples the

@@ -160,9 +160,9 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if cfg.Enc != nil {
 		return e.loadEncoder(ctx, spec, cfg, pc, man, files)
 	}
-	// A transformers-quantized checkpoint (AWQ, GPTQ, FP8): its quantized
-	// tensors are read by Go and converted (hfquant.go); the manifest
-	// then lists what they become.
+	// A transformers-quantized checkpoint (AWQ, GPTQ, compressed-tensors,
+	// FP8): its quantized tensors are read by Go and converted
+	// (hfquant.go); the manifest then lists what they become.
 	var conv map[string]func() (hfTensor, error)
 	var floatDType string
 	if cfg.HF != nil {
@@ -190,6 +190,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 			want[md.Name+s] = true
 			fromFile[md.Name+s] = conv[md.Name+s] == nil
 		}
+		want[md.Name+".perm"] = conv[md.Name+".perm"] != nil // act order's input order (hfint4.go)
 	}
 	var lerr error
 	err = e.run(func(g *graph) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -14,21 +15,35 @@ import (
 // hfQuant is the quantization_config of a quantized checkpoint as
 // published for transformers, which the engine converts at load:
 //
-//   - AWQ (quant_method "awq", version "gemm", 4 bits, zero_point) and GPTQ
-//     ("gptq", 4 bits, desc_act false, auto-gptq's stored zero - 1) are
-//     requantized to MLX's affine 4-bit with the same group size: the same
+//   - 4-bit integer layouts are requantized to MLX's affine 4-bit with the
+//     same group size (hfint4.go): AWQ (quant_method "awq", version
+//     "gemm", zero_point), GPTQ ("gptq", auto-gptq's v1 zeros stored as
+//     zero - 1 or GPTQModel's checkpoint_format "gptq_v2", with or without
+//     act order) and compressed-tensors "pack-quantized" (int, 4 bits,
+//     strategy "group", symmetric or with weight_zero_point). The same
 //     4-bit values, repacked along the input, scale as stored and bias =
 //     -scale * zero, so w = scale * q + bias is the checkpoint's
-//     scale * (q - zero): exactly in float32; rounding the bias in a
-//     half-precision model's dtype moves each weight by at most 2^-11 of
-//     |bias|.
+//     scale * (q - zero): exactly in float32 where the scales are half
+//     precision, as published checkpoints store them (float32 scales round
+//     scale * q and the bias, by 2^-24 of them). A float16 or bfloat16
+//     model holds scales and biases in its dtype: what it cannot hold (a
+//     float16 scale in bfloat16, most biases) rounds, by at most 2^-11
+//     (float16) or 2^-8 (bfloat16) of that term; a symmetric layout's
+//     bias, -8 * scale, is exact wherever its scale is. Act order (GPTQ's
+//     g_idx not k / group_size) is served exactly too: see actOrder.
 //   - FP8 (quant_method "fp8" with weight_block_size or a weight_scale, and
 //     compressed-tensors "float-quantized") is dequantized to the model's
 //     float dtype: MLX has no FP8 matmul.
 type hfQuant struct {
-	Method string // "awq", "gptq" or "fp8"
+	Method string // "awq", "gptq", "pack-quantized" (compressed-tensors int4) or "fp8"
 	Group  int    // 4-bit group size
 	Block  [2]int // FP8 weight_block_size; zero for per-tensor or per-channel weight_scale
+	// ZeroOffset is added to GPTQ's stored zeros: 1 for auto-gptq's v1
+	// format (which stores zero - 1), 0 for GPTQModel's gptq_v2.
+	ZeroOffset uint32
+	// Asym is compressed-tensors' symmetric false: the zero points are in
+	// weight_zero_point; when false the zero is 0.
+	Asym bool
 }
 
 // hfMethod reports whether quantization_config q is a transformers
@@ -41,9 +56,6 @@ func hfMethod(q map[string]any) bool {
 // parseHFQuant reads q, returning the reason (naming the field) when the
 // engine cannot load the layout.
 func parseHFQuant(q map[string]any) (*hfQuant, string) {
-	bad := func(field string, got any, want string) (*hfQuant, string) {
-		return nil, fmt.Sprintf("quantization_config.%s %v: unsupported (want %s)", field, got, want)
-	}
 	num := func(k string) (int, bool) {
 		v, ok := q[k].(float64)
 		return int(v), ok && v == math.Trunc(v)
@@ -51,34 +63,42 @@ func parseHFQuant(q map[string]any) (*hfQuant, string) {
 	switch method, _ := q["quant_method"].(string); method {
 	case "awq", "gptq":
 		if b, _ := num("bits"); b != 4 {
-			return bad("bits", q["bits"], "4")
+			return refuse("bits", q["bits"], "4")
 		}
 		g, _ := num("group_size")
 		if _, set := q["group_size"]; !set && method == "awq" {
 			g = 128
 		}
-		if g != 32 && g != 64 && g != 128 {
-			return bad("group_size", q["group_size"], "32, 64 or 128")
+		if !int4Group(g) {
+			return refuse("group_size", q["group_size"], "32, 64 or 128")
 		}
+		h := &hfQuant{Method: method, Group: g}
 		if method == "awq" {
 			if v, ok := q["version"].(string); ok && strings.ToLower(v) != "gemm" {
-				return bad("version", v, "gemm (AutoAWQ's GEMM packing)")
+				return refuse("version", v, "gemm (AutoAWQ's GEMM packing)")
 			}
 			if zp, ok := q["zero_point"]; ok && zp != true {
-				return bad("zero_point", zp, "true")
+				return refuse("zero_point", zp, "true")
 			}
-		} else {
-			if da, ok := q["desc_act"]; ok && da != false {
-				return bad("desc_act", da, "false (act-order checkpoints are not supported)")
-			}
-			if f, ok := q["checkpoint_format"]; ok && f != "gptq" {
-				return bad("checkpoint_format", f, "gptq (auto-gptq's v1 zeros)")
-			}
+			return h, ""
 		}
-		return &hfQuant{Method: method, Group: g}, ""
+		switch f, ok := q["checkpoint_format"]; {
+		case !ok || f == "gptq":
+			h.ZeroOffset = 1
+		case f == "gptq_v2":
+		default:
+			return refuse("checkpoint_format", f, "gptq (auto-gptq's v1 zeros) or gptq_v2 (GPTQModel's)")
+		}
+		if m, ok := q["is_marlin_format"]; ok && m != false {
+			return refuse("is_marlin_format", m, "false")
+		}
+		if p, ok := q["pack_dtype"]; ok && p != "int32" {
+			return refuse("pack_dtype", p, "int32")
+		}
+		return h, "" // desc_act either way: g_idx tells each input's group
 	case "fp8":
 		if f, ok := q["fmt"]; ok && f != "e4m3" {
-			return bad("fmt", f, "e4m3")
+			return refuse("fmt", f, "e4m3")
 		}
 		h := &hfQuant{Method: "fp8"}
 		if b, ok := q["weight_block_size"]; ok && b != nil {
@@ -86,25 +106,91 @@ func parseHFQuant(q map[string]any) (*hfQuant, string) {
 			// the torch engine's kernels have them.
 			bs, ok := b.([]any)
 			if !ok || len(bs) != 2 {
-				return bad("weight_block_size", b, "two positive multiples of 16")
+				return refuse("weight_block_size", b, "two positive multiples of 16")
 			}
 			for i, v := range bs {
 				f, ok := v.(float64)
 				if !ok || f <= 0 || f != math.Trunc(f) || int(f)%16 != 0 {
-					return bad("weight_block_size", b, "two positive multiples of 16")
+					return refuse("weight_block_size", b, "two positive multiples of 16")
 				}
 				h.Block[i] = int(f)
 			}
 		}
 		return h, ""
 	case "compressed-tensors":
-		if f := q["format"]; f != "float-quantized" {
-			return bad("format", f, "float-quantized (FP8)")
+		if sp, ok := q["sparsity_config"].(map[string]any); ok && sp["format"] != nil && sp["format"] != "dense" {
+			return refuse("sparsity_config.format", sp["format"], "dense (sparse-compressed weights are not supported)")
 		}
-		return &hfQuant{Method: "fp8"}, "" // scales of any shape: read from the file (hfFP8)
+		switch f := q["format"]; f {
+		case "float-quantized":
+			return &hfQuant{Method: "fp8"}, "" // scales of any shape: read from the file (dequantFP8)
+		case "pack-quantized":
+			return parsePacked(q)
+		default:
+			return refuse("format", f, "float-quantized (FP8) or pack-quantized (int4)")
+		}
 	default:
-		return bad("quant_method", q["quant_method"], "mlx, awq, gptq, fp8 or compressed-tensors")
+		return refuse("quant_method", q["quant_method"], "mlx, awq, gptq, fp8 or compressed-tensors")
 	}
+}
+
+// refuse is the reason quantization_config's field holding got is not
+// served.
+func refuse(field string, got any, want string) (*hfQuant, string) {
+	return nil, fmt.Sprintf("quantization_config.%s %v: unsupported (want %s)", field, got, want)
+}
+
+// int4Group reports whether MLX's affine 4-bit has groups of g.
+func int4Group(g int) bool { return g == 32 || g == 64 || g == 128 }
+
+// parsePacked reads compressed-tensors' pack-quantized config_groups:
+// every group's weights int, 4 bits, strategy group, static, alike (the
+// engine does not match the groups' targets to modules). Activation
+// scales, if any, are not used: the engine computes in float.
+func parsePacked(q map[string]any) (*hfQuant, string) {
+	groups, ok := q["config_groups"].(map[string]any)
+	if !ok || len(groups) == 0 {
+		return refuse("config_groups", q["config_groups"], "an object of quantization groups")
+	}
+	names := make([]string, 0, len(groups))
+	for n := range groups {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var h *hfQuant
+	for _, n := range names {
+		field := "config_groups." + n + ".weights"
+		g, _ := groups[n].(map[string]any)
+		w, ok := g["weights"].(map[string]any)
+		if !ok {
+			return refuse(field, g["weights"], "an object")
+		}
+		if w["type"] != "int" || w["num_bits"] != 4.0 {
+			return nil, fmt.Sprintf("quantization_config.format pack-quantized with %s type %v, num_bits %v: unsupported (want 4-bit int)",
+				field, w["type"], w["num_bits"])
+		}
+		if s := w["strategy"]; s != "group" {
+			return refuse(field+".strategy", s, "group")
+		}
+		gs, _ := w["group_size"].(float64)
+		if !int4Group(int(gs)) || gs != math.Trunc(gs) {
+			return refuse(field+".group_size", w["group_size"], "32, 64 or 128")
+		}
+		if d := w["dynamic"]; d != nil && d != false {
+			return refuse(field+".dynamic", d, "false")
+		}
+		switch a := w["actorder"]; a {
+		case nil, false, true, "weight", "static", "group", "dynamic": // weight_g_idx, if any, tells the groups
+		default:
+			return refuse(field+".actorder", a, "null, weight, static, group or dynamic")
+		}
+		this := &hfQuant{Method: "pack-quantized", Group: int(gs), Asym: w["symmetric"] == false}
+		if h != nil && *h != *this {
+			return refuse("config_groups", "of different weight schemes", "one scheme for every group")
+		}
+		h = this
+	}
+	return h, ""
 }
 
 // hfTensor is a tensor the engine makes from a quantized checkpoint's
@@ -117,10 +203,12 @@ type hfTensor struct {
 }
 
 // convertHF rewrites the manifest of a checkpoint quantized as q into the
-// tensors the engine loads (MLX affine for 4-bit, float for FP8, in the
-// dtype of the float tensors, dtype), and returns how to make each
-// rewritten tensor from the files. Corrupt tensors (wrong shapes, NaN or
-// negative scales, NaN FP8 values) are CheckpointErrors.
+// tensors the engine loads (MLX affine for 4-bit, with each act-order
+// module's input order as name.perm; float for FP8, in the dtype of the
+// float tensors, dtype), and returns how to make each rewritten tensor
+// from the files. Corrupt tensors (missing, wrong shapes, NaN or negative
+// scales, NaN FP8 values, g_idx groups MLX cannot hold) are
+// CheckpointErrors.
 func convertHF(q *hfQuant, man map[string]tensorInfo, dtype string) (map[string]tensorInfo, map[string]func() (hfTensor, error), error) {
 	out := make(map[string]tensorInfo, len(man))
 	for k, v := range man {
@@ -129,35 +217,10 @@ func convertHF(q *hfQuant, man map[string]tensorInfo, dtype string) (map[string]
 	make_ := map[string]func() (hfTensor, error){}
 	for name, t := range man {
 		switch {
-		case q.Method != "fp8" && strings.HasSuffix(name, ".qweight"):
-			base := strings.TrimSuffix(name, "qweight")
-			out2, in, err := int4Shape(q, man, base)
-			if err != nil {
+		case q.Method != "fp8" && strings.HasSuffix(name, "."+q.names().packed):
+			if err := convertInt4(q, man, out, make_, strings.TrimSuffix(name, q.names().packed), dtype); err != nil {
 				return nil, nil, err
 			}
-			for _, s := range []string{"qweight", "qzeros", "scales", "g_idx"} {
-				delete(out, base+s)
-			}
-			ng := in / q.Group
-			out[base+"weight"] = tensorInfo{File: t.File, DType: "U32", Shape: []int{out2, in / 8}}
-			out[base+"scales"] = tensorInfo{File: t.File, DType: dtype, Shape: []int{out2, ng}}
-			out[base+"biases"] = tensorInfo{File: t.File, DType: dtype, Shape: []int{out2, ng}}
-			var conv *[3]hfTensor
-			once := func(i int) func() (hfTensor, error) {
-				return func() (hfTensor, error) {
-					if conv == nil {
-						c, err := requant4(q, man, base, out2, in)
-						if err != nil {
-							return hfTensor{}, err
-						}
-						conv = &c
-					}
-					r := conv[i]
-					conv[i] = hfTensor{}
-					return r, nil
-				}
-			}
-			make_[base+"weight"], make_[base+"scales"], make_[base+"biases"] = once(0), once(1), once(2)
 		case q.Method == "fp8" && t.DType == "F8_E4M3":
 			base := strings.TrimSuffix(name, ".weight")
 			scale := base + ".weight_scale_inv"
@@ -173,101 +236,6 @@ func convertHF(q *hfQuant, man map[string]tensorInfo, dtype string) (map[string]
 		}
 	}
 	return out, make_, nil
-}
-
-// int4Shape checks the shapes of an AWQ or GPTQ module's tensors and
-// returns its output and input sizes.
-func int4Shape(q *hfQuant, man map[string]tensorInfo, base string) (out, in int, err error) {
-	qw, qz, sc := man[base+"qweight"], man[base+"qzeros"], man[base+"scales"]
-	bad := func(tensor, reason string) error {
-		return &engine.CheckpointError{Path: qw.File, Tensor: base + tensor, Reason: reason}
-	}
-	if len(qw.Shape) != 2 || len(sc.Shape) != 2 || len(qz.Shape) != 2 {
-		return 0, 0, bad("qweight", "qweight, qzeros and scales must all be there, 2-D")
-	}
-	out, in = sc.Shape[1], sc.Shape[0]*q.Group
-	want := []int{in / 8, out}
-	if q.Method == "awq" {
-		want = []int{in, out / 8}
-	}
-	switch {
-	case out%8 != 0 || qw.Shape[0] != want[0] || qw.Shape[1] != want[1] || qw.DType != "I32":
-		return 0, 0, bad("qweight", fmt.Sprintf("%s %v does not fit scales %v (want I32 %v)", qw.DType, qw.Shape, sc.Shape, want))
-	case qz.Shape[0] != in/q.Group || qz.Shape[1] != out/8 || qz.DType != "I32":
-		return 0, 0, bad("qzeros", fmt.Sprintf("%s %v: want I32 [%d %d]", qz.DType, qz.Shape, in/q.Group, out/8))
-	case sc.DType != "F16" && sc.DType != "BF16" && sc.DType != "F32":
-		return 0, 0, bad("scales", "dtype "+sc.DType+": want F16, BF16 or F32")
-	}
-	if g, ok := man[base+"g_idx"]; ok && (len(g.Shape) != 1 || g.Shape[0] != in) {
-		return 0, 0, bad("g_idx", fmt.Sprintf("shape %v: want [%d]", g.Shape, in))
-	}
-	return out, in, nil
-}
-
-// requant4 makes the MLX affine tensors (packed weight [out, in/8],
-// scales and biases [out, in/g]) of an AWQ or GPTQ module.
-func requant4(q *hfQuant, man map[string]tensorInfo, base string, out, in int) ([3]hfTensor, error) {
-	var r [3]hfTensor
-	qw, err := readU32(man, base+"qweight")
-	if err != nil {
-		return r, err
-	}
-	qz, err := readU32(man, base+"qzeros")
-	if err != nil {
-		return r, err
-	}
-	sc, err := readFloats(man, base+"scales")
-	if err != nil {
-		return r, err
-	}
-	if q.Method == "gptq" {
-		if _, ok := man[base+"g_idx"]; ok {
-			gi, err := readU32(man, base+"g_idx")
-			if err != nil {
-				return r, err
-			}
-			for k, g := range gi {
-				if int(g) != k/q.Group {
-					return r, &engine.CheckpointError{Path: man[base+"g_idx"].File, Tensor: base + "g_idx", Reason: "g_idx is not input / group_size (act order)"}
-				}
-			}
-		}
-	}
-	ng := in / q.Group
-	// nib(words, row, col, n): the 4-bit value at column col of a row of
-	// words n wide, in the layout's packing order.
-	awqNibble := [8]int{0, 4, 1, 5, 2, 6, 3, 7} // column j of a word is nibble awqNibble[j]
-	zero := func(g, o int) float32 {
-		w := qz[g*(out/8)+o/8]
-		if q.Method == "awq" {
-			return float32(w >> (4 * awqNibble[o%8]) & 15)
-		}
-		return float32(w>>(4*(o%8))&15) + 1 // auto-gptq stores zero - 1
-	}
-	val := func(k, o int) uint32 {
-		if q.Method == "awq" {
-			return qw[k*(out/8)+o/8] >> (4 * awqNibble[o%8]) & 15
-		}
-		return qw[(k/8)*out+o] >> (4 * (k % 8)) & 15
-	}
-	packed := make([]uint32, out*in/8)
-	scales, biases := make([]float32, out*ng), make([]float32, out*ng)
-	for o := range out {
-		for k := range in {
-			packed[o*(in/8)+k/8] |= val(k, o) << (4 * (k % 8)) // MLX: element j of a word in bits 4j
-		}
-		for g := range ng {
-			s := sc[g*out+o]
-			if !(s >= 0) || math.IsInf(float64(s), 0) {
-				return r, &engine.CheckpointError{Path: man[base+"scales"].File, Tensor: base + "scales", Reason: "scale holds NaN, infinite or negative values"}
-			}
-			scales[o*ng+g], biases[o*ng+g] = s, -s*zero(g, o)
-		}
-	}
-	r[0] = hfTensor{Shape: []int{out, in / 8}, U32: packed}
-	r[1] = hfTensor{Shape: []int{out, ng}, F32: scales}
-	r[2] = hfTensor{Shape: []int{out, ng}, F32: biases}
-	return r, nil
 }
 
 // dequantFP8 is an FP8 weight times its scales: per block of the

@@ -135,15 +135,21 @@ func TestMatchesReference(t *testing.T) {
 
 // matchReference is TestMatchesReference for the checkpoint of cfg.
 func matchReference(t *testing.T, py string, e *Engine, cfg testmodel.Config) {
-	const n = 6
-	prompts := [][]int32{refPrompt(1, 5), refPrompt(2, 70), refPrompt(3, 1)}
-	var long []int32
-	if cfg.Arch == "phi3" {
-		long = refPrompt(4, 150)
-	}
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, cfg); err != nil {
 		t.Fatal(err)
+	}
+	matchReferenceDir(t, py, e, dir, cfg.Arch)
+}
+
+// matchReferenceDir is matchReference on the checkpoint in dir, of
+// family arch.
+func matchReferenceDir(t *testing.T, py string, e *Engine, dir, arch string) {
+	const n = 6
+	prompts := [][]int32{refPrompt(1, 5), refPrompt(2, 70), refPrompt(3, 1)}
+	var long []int32
+	if arch == "phi3" {
+		long = refPrompt(4, 150)
 	}
 	all := prompts
 	if long != nil {

@@ -7,7 +7,11 @@ package mlx
 */
 import "C"
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
 
 // experts is a sparse layer's router and its experts' projections, each
 // stacked over experts into one linear of [E, out, in] (packed when
@@ -38,6 +42,13 @@ func (b *builder) stack(p, proj string) linear {
 			q = mod.Quant
 		} else if (q == nil) != (mod.Quant == nil) || (q != nil && *q != *mod.Quant) {
 			b.err = fmt.Errorf("mlx: %s: experts quantized differently", name)
+		}
+		if perm := b.take(name + ".perm"); !isNull(perm) {
+			free(&perm)
+			if b.err == nil {
+				b.err = &engine.CheckpointError{Path: "model.safetensors", Tensor: name + ".g_idx",
+					Reason: "act order (g_idx not input / group_size) in a mixture's experts: unsupported (their products are gathered over experts)"}
+			}
 		}
 		one := func(a arr) arr { return g.expandDims(a, 0) }
 		w := b.take(name + ".weight")

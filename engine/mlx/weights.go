@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"context"
+	"slices"
 	"unsafe"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -18,17 +19,24 @@ import (
 // linear is a linear layer (or embedding) in float or MLX affine form.
 type linear struct {
 	w, wT, scales, biases, bias arr
-	q                           *quantParams
+	// perm, when set, is the order of the inputs W's columns hold (an
+	// act-order GPTQ module's, hfint4.go's actOrder): apply gathers x's
+	// last axis in it first.
+	perm arr
+	q    *quantParams
 }
 
 func (l *linear) free() {
-	for _, a := range []*arr{&l.w, &l.wT, &l.scales, &l.biases, &l.bias} {
+	for _, a := range []*arr{&l.w, &l.wT, &l.scales, &l.biases, &l.bias, &l.perm} {
 		free(a)
 	}
 }
 
-// apply computes x @ W^T (+ bias).
+// apply computes x @ W^T (+ bias), x[..., perm] @ W^T with a perm.
 func (l *linear) apply(g *graph, x arr) arr {
+	if !isNull(l.perm) {
+		x = g.take(x, l.perm, int(C.mlx_array_ndim(x))-1)
+	}
 	var y arr
 	if l.q != nil {
 		y = g.quantizedMatmul(x, l.w, l.scales, l.biases, l.q.GroupSize, l.q.Bits)
@@ -69,11 +77,11 @@ type layer struct {
 // fuse concatenates linears that read the same input into one whose
 // output is theirs side by side, and frees the parts. It returns false,
 // changing nothing, when they differ in form (float or quantized, group
-// size and bits, bias or not).
+// size and bits, bias or not, input order).
 func fuse(g *graph, parts ...*linear) (linear, bool) {
 	p0 := parts[0]
 	for _, p := range parts[1:] {
-		if (p.q == nil) != (p0.q == nil) || (p.q != nil && *p.q != *p0.q) || isNull(p.bias) != isNull(p0.bias) {
+		if (p.q == nil) != (p0.q == nil) || (p.q != nil && *p.q != *p0.q) || isNull(p.bias) != isNull(p0.bias) || !samePerm(p.perm, p0.perm) {
 			return linear{}, false
 		}
 	}
@@ -97,11 +105,25 @@ func fuse(g *graph, parts ...*linear) (linear, bool) {
 		f.free()
 		return linear{}, false
 	}
+	f.perm, p0.perm = p0.perm, arr{} // the parts' one order
 	for _, p := range parts {
 		p.free()
 		*p = linear{}
 	}
 	return f, true
+}
+
+// samePerm reports whether two evaluated input orders (or none) are equal.
+func samePerm(a, b arr) bool {
+	if isNull(a) || isNull(b) {
+		return isNull(a) == isNull(b)
+	}
+	x, err := readInt32s(a)
+	if err != nil {
+		return false
+	}
+	y, err := readInt32s(b)
+	return err == nil && slices.Equal(x, y)
 }
 
 // weights are a loaded model's arrays, all kept handles.
@@ -260,7 +282,7 @@ func (b *builder) take(name string) arr { a := b.ts[name]; delete(b.ts, name); r
 
 func (b *builder) lin(name string) linear {
 	m := b.mods[name]
-	l := linear{w: b.take(name + ".weight"), bias: b.take(name + ".bias"), q: m.Quant}
+	l := linear{w: b.take(name + ".weight"), bias: b.take(name + ".bias"), perm: b.take(name + ".perm"), q: m.Quant}
 	if m.Quant != nil {
 		l.scales, l.biases = b.take(name+".scales"), b.take(name+".biases")
 	} else if m.In != 0 {
@@ -363,7 +385,7 @@ func (w *weights) all() []arr {
 	}
 	addLin := func(ls ...*linear) {
 		for _, l := range ls {
-			add(l.w, l.wT, l.scales, l.biases, l.bias)
+			add(l.w, l.wT, l.scales, l.biases, l.bias, l.perm)
 		}
 	}
 	addLin(&w.embed, &w.head)

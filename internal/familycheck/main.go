@@ -21,7 +21,7 @@
 // with that adapter merged into its weights.
 //
 // For the quantized checkpoints (quant.sh), -write LAYOUT writes
-// testmodel's checkpoint of -shape in that layout (testmodel.Quants, or
+// testmodel's checkpoint of -shape in that layout (testmodel.AllQuants, or
 // "float") into -dir and exits, and -quantize fp8 loads with
 // pyproc.WithQuantize:
 //
@@ -61,7 +61,7 @@ func main() {
 		device   = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
 		python   = flag.String("python", "", "pyproc: Python interpreter")
 		quantize = flag.String("quantize", "", "pyproc: fp8 quantizes a float checkpoint at load (pyproc.WithQuantize)")
-		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.Quants(), ", ")+"), or a LoRA adapter of the shape (adapter) or the shape with that adapter merged (merged), into -dir and exit")
+		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.AllQuants(), ", ")+"), or a LoRA adapter of the shape (adapter) or the shape with that adapter merged (merged), into -dir and exit")
 		rank     = flag.Int("adapter-rank", 16, "-write adapter or merged: the adapter's rank")
 		aseed    = flag.Int64("adapter-seed", 1, "-write adapter or merged: the adapter's seed")
 		shape    = flag.String("shape", "quant", "-write: quant (testmodel.TinyQuant, bfloat16, 4 layers) or a testmodel shape (llama1b, llama8b, ...)")

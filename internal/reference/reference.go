@@ -2,9 +2,11 @@
 // every model family the engines serve (no KV cache, no packing, each
 // family's rules spelled out as transformers has them), so the engines'
 // tests can compare their greedy tokens and log-probabilities with it.
-// Quantized checkpoints (FP8 with block or per-channel scales, AWQ, GPTQ;
-// see testmodel.Quants) are dequantized from the file's bytes first, so
-// the reference is the float model the quantized file stands for.
+// Quantized checkpoints (FP8 with block or per-channel scales, AWQ, GPTQ
+// with or without act order, v1 or v2 zeros, compressed-tensors int4
+// symmetric or not; see testmodel.AllQuants) are dequantized from the
+// file's bytes first, so the reference is the float model the quantized
+// file stands for.
 //
 //	runs, err := reference.Greedy(ctx, "/usr/bin/python3", dir, prompts, 6)
 //	vecs, err := reference.Embed(ctx, "/usr/bin/python3", dir, inputs, engine.PoolMean)

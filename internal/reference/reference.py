@@ -50,6 +50,9 @@ def load(path):
         elif e["dtype"] == "I32":
             out[name] = torch.frombuffer(chunk, dtype=torch.int32).reshape(e["shape"]).long() & 0xFFFFFFFF
             continue
+        elif e["dtype"] == "I64":
+            out[name] = torch.frombuffer(chunk, dtype=torch.int64).reshape(e["shape"])
+            continue
         elif e["dtype"] == "BF16":
             t = torch.frombuffer(chunk, dtype=torch.int16).view(torch.bfloat16)
         else:
@@ -69,18 +72,34 @@ def dequantize(w, q):
     """w with every quantized linear weight replaced by its float value
     (name.weight), from the layout's tensors: fp8 with weight_scale_inv
     blocks (quant_method fp8), fp8 with weight_scale per channel or per
-    tensor (compressed-tensors), AWQ's GEMM packing or GPTQ's (v1 zeros:
-    stored zero + 1)."""
+    tensor (compressed-tensors float-quantized), AWQ's GEMM packing,
+    GPTQ's (v1 zeros: stored zero + 1; checkpoint_format gptq_v2: the
+    stored zero; each input in its g_idx group, act order's included) or
+    compressed-tensors pack-quantized int4 (weight_packed holding q + 8,
+    weight_scale per group, weight_zero_point packed along the output
+    holding zp + 8, or zero when symmetric; w = (q - zp) * scale)."""
     method = (q or {}).get("quant_method")
     out = {}
     for name, t in w.items():
-        if name.endswith(".weight_scale_inv"):
+        if name.endswith(".weight_packed"):
+            base = name[: -len("_packed")]
+            rows, cols = (int(x) for x in w[base + "_shape"].tolist())
+            iw = nibbles(t, range(8))[:, :cols] - 8  # [out, in], signed
+            scale = w[base + "_scale"]  # [out, in / group]
+            grp = torch.arange(cols) // (cols // scale.shape[1])
+            if base + "_g_idx" in w:
+                grp = w[base + "_g_idx"]
+            zp = torch.zeros_like(scale)
+            if base + "_zero_point" in w:
+                zp = nibbles(w[base + "_zero_point"].transpose(0, 1), range(8)).transpose(0, 1)[:rows] - 8
+            out[base] = (iw - zp[:, grp]) * scale[:, grp]
+        elif name.endswith(".weight_scale_inv"):
             base = name[: -len("_scale_inv")]
             bo, bi = q["weight_block_size"]
             wt = w[base]
             s = t.repeat_interleave(bo, 0)[: wt.shape[0]].repeat_interleave(bi, 1)[:, : wt.shape[1]]
             out[base] = wt * s
-        elif name.endswith(".weight_scale"):
+        elif name.endswith(".weight_scale") and name[: -len("_scale")] + "_packed" not in w:
             base = name[: -len("_scale")]
             out[base] = w[base] * (t.reshape(-1, 1) if t.numel() > 1 else t.reshape(()))
         elif name.endswith(".qweight"):
@@ -91,12 +110,12 @@ def dequantize(w, q):
                 z = nibbles(w[base + "qzeros"], [0, 4, 1, 5, 2, 6, 3, 7])
             else:
                 iw = nibbles(t.transpose(0, 1), range(8)).transpose(0, 1)  # [in, out]
-                z = nibbles(w[base + "qzeros"], range(8)) + 1
+                z = nibbles(w[base + "qzeros"], range(8)) + (0 if q.get("checkpoint_format") == "gptq_v2" else 1)
             grp = torch.arange(iw.shape[0]) // g
             if base + "g_idx" in w:  # each input's group (GPTQ)
                 grp = w[base + "g_idx"]
             out[base + "weight"] = ((iw - z[grp]) * scales[grp]).transpose(0, 1).contiguous()
-        elif name.endswith((".qzeros", ".scales", ".g_idx")) or name in out:
+        elif name.endswith((".qzeros", ".scales", ".g_idx", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")) or name in out:
             continue
         elif name not in out:
             out[name] = t

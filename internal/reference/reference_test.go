@@ -126,7 +126,7 @@ func TestQuantized(t *testing.T) {
 		return runs
 	}
 	want := run("")
-	for _, q := range testmodel.Quants() {
+	for _, q := range testmodel.AllQuants() {
 		for i, r := range run(q) {
 			d := math.Abs(r.Logprobs[0] - want[i].Logprobs[0])
 			if d == 0 || d > 0.3 {
@@ -139,7 +139,8 @@ func TestQuantized(t *testing.T) {
 // TestDequantizedWeights: the weights the reference runs on a quantized
 // checkpoint are the float model's within the layout's rounding (at most
 // 7% of the largest magnitude in each 128-wide group of a row; see
-// testmodel's TestQuantLayouts) and not equal to them.
+// testmodel's TestQuantLayouts; of the row's, where act order scatters
+// the groups) and not equal to them.
 func TestDequantizedWeights(t *testing.T) {
 	py := os.Getenv("MLXSERVING_PYTHON")
 	if py == "" {
@@ -161,18 +162,22 @@ func TestDequantizedWeights(t *testing.T) {
 	}
 	want := weights("")
 	in := map[string]int{names[0]: 256, names[1]: 512, names[2]: 256}
-	for _, q := range testmodel.Quants() {
+	for _, q := range testmodel.AllQuants() {
 		got := weights(q)
 		for _, n := range names {
 			g, w := got[n], want[n]
 			if len(g) != len(w) {
 				t.Fatalf("%s %s: %d values, want %d", q, n, len(g), len(w))
 			}
+			span := min(128, in[n])
+			if q == testmodel.QuantGPTQActOrder || q == testmodel.QuantW4A16ActOrder {
+				span = in[n] // act order scatters a group over the row
+			}
 			worst := 0.0
 			for i := range g {
-				lo := i / 128 * 128
+				lo := i / span * span
 				amax := 0.0
-				for _, v := range w[lo : lo+min(128, in[n])] {
+				for _, v := range w[lo : lo+span] {
 					amax = math.Max(amax, math.Abs(v))
 				}
 				worst = math.Max(worst, math.Abs(g[i]-w[i])/amax)
