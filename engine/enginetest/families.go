@@ -90,10 +90,10 @@ func HostileQuantConfigs() []HostileQuant {
 		{"8-bit AWQ", testmodel.QuantAWQ, "bits", 8, nil},
 		{"AWQ GEMV packing", testmodel.QuantAWQ, "version", "gemv", nil},
 		{"AWQ without zero points", testmodel.QuantAWQ, "zero_point", false, nil},
-		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true, []string{"mlx"}},
+		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true, []string{"mlx", "pyproc"}},
 		{"GPTQ groups of 96", testmodel.QuantGPTQ, "group_size", 96, nil},
 		{"GPTQ per-column", testmodel.QuantGPTQ, "group_size", -1, nil},
-		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2", []string{"mlx"}},
+		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2", []string{"mlx", "pyproc"}},
 		{"GPTQ Marlin packing", testmodel.QuantGPTQv2, "checkpoint_format", "marlin", nil},
 		{"compressed-tensors of mixed formats", testmodel.QuantW4A16, "format", "mixed-precision", nil},
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,7 +24,7 @@ import (
 // projections, Qwen 3 MoE's experts: dequantized at load everywhere).
 func quantCases() map[string]testmodel.Config {
 	cases := map[string]testmodel.Config{}
-	for _, q := range testmodel.Quants() {
+	for _, q := range testmodel.AllQuants() {
 		c := testmodel.TinyQuant()
 		c.Quant = q
 		cases[q] = c
@@ -119,8 +120,9 @@ func compareRuns(t *testing.T, m *Model, prompts [][]int32, ref []reference.Run)
 }
 
 // TestHostileQuantConfigs: every edit of enginetest.HostileQuantConfigs
-// is refused as a CheckpointError naming the field, and so are a scale
-// holding NaN and a scale of the wrong shape; the worker goes on serving.
+// this engine does not serve is refused as a CheckpointError naming the
+// field, and so are the corrupt tensors of hostileQuantTensors; the
+// worker goes on serving.
 func TestHostileQuantConfigs(t *testing.T) {
 	python(t)
 	e := newEngine(t)
@@ -135,39 +137,76 @@ func TestHostileQuantConfigs(t *testing.T) {
 		}
 	}
 	for _, h := range enginetest.HostileQuantConfigs() {
+		if slices.Contains(h.Served, e.Name()) {
+			continue
+		}
 		dir := t.TempDir()
 		if err := h.Write(dir); err != nil {
 			t.Fatal(err)
 		}
 		refused(h.Name, dir, h.Key)
 	}
-	cfg := testmodel.TinyQuant()
-	cfg.Quant = testmodel.QuantFP8Block
-	const scale = "model.layers.1.mlp.up_proj.weight_scale_inv"
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, cfg); err != nil {
-		t.Fatal(err)
-	}
-	editTensor(t, dir, scale, func(b []byte) { binary.LittleEndian.PutUint32(b[4:], math.Float32bits(float32(math.NaN()))) })
-	refused("a NaN scale", dir, scale)
-	dir = t.TempDir()
-	if err := testmodel.Write(dir, cfg); err != nil {
-		t.Fatal(err)
-	}
-	renameTensors(t, dir, `"shape":[4,2]`, `"shape":[2,4]`) // up_proj [512, 256]: 4 x 2 blocks
-	refused("a scale of the wrong shape", dir, "weight_scale_inv")
-	for _, q := range []string{testmodel.QuantAWQ, testmodel.QuantGPTQ} {
-		cfg.Quant = q
-		dir = t.TempDir()
+	for _, h := range hostileQuantTensors() {
+		cfg := testmodel.TinyQuant()
+		cfg.Quant = h.quant
+		dir := t.TempDir()
 		if err := testmodel.Write(dir, cfg); err != nil {
 			t.Fatal(err)
 		}
-		const scales = "model.layers.0.mlp.down_proj.scales"
-		editTensor(t, dir, scales, func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 0xFC00) }) // -inf in float16
-		refused(q+": an infinite scale", dir, scales)
+		if h.tensor != "" {
+			editTensor(t, dir, h.tensor, h.edit)
+		} else {
+			renameTensors(t, dir, h.old, h.new)
+		}
+		refused(h.quant+": "+h.name, dir, h.want)
 	}
 	m := load(t, e, tiny(t))
 	generate(t, m, 1, prompt(1, 5), 3)
+}
+
+// hostileTensor is a corrupt tensor of a quantized checkpoint: tensor's
+// bytes changed by edit or, when tensor is empty, header text old
+// replaced by new (same length); the CheckpointError names want.
+type hostileTensor struct {
+	name, quant    string
+	tensor         string
+	edit           func([]byte)
+	old, new, want string
+}
+
+// hostileQuantTensors are the corrupt tensors TestHostileQuantConfigs
+// feeds the engine.
+func hostileQuantTensors() []hostileTensor {
+	const (
+		blockScale = "model.layers.1.mlp.up_proj.weight_scale_inv"
+		scales     = "model.layers.0.mlp.down_proj.scales"
+		gidx       = "model.layers.0.mlp.down_proj.g_idx"
+		packed     = "model.layers.0.mlp.down_proj.weight_"
+	)
+	u32 := func(at int, v uint32) func([]byte) {
+		return func(b []byte) { binary.LittleEndian.PutUint32(b[4*at:], v) }
+	}
+	f32NaN := u32(1, math.Float32bits(float32(math.NaN())))
+	inf16 := func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 0xFC00) } // -inf in float16
+	moved := func(b []byte) {                                                // input 5 to the next group: one of 129 inputs, one of 127
+		binary.LittleEndian.PutUint32(b[20:], (binary.LittleEndian.Uint32(b[20:])+1)%4)
+	}
+	hs := []hostileTensor{
+		{name: "a NaN scale", quant: testmodel.QuantFP8Block, tensor: blockScale, edit: f32NaN, want: blockScale},
+		// up_proj [512, 256]: 4 x 2 blocks.
+		{name: "a scale of the wrong shape", quant: testmodel.QuantFP8Block, old: `"shape":[4,2]`, new: `"shape":[2,4]`, want: "weight_scale_inv"},
+		// down_proj: 512 inputs, 4 groups.
+		{name: "g_idx past the last group", quant: testmodel.QuantGPTQActOrder, tensor: gidx, edit: u32(5, 4), want: gidx},
+		{name: "groups of 129 and 127 inputs", quant: testmodel.QuantGPTQActOrder, tensor: gidx, edit: moved, want: gidx},
+		{name: "groups of 129 and 127 inputs", quant: testmodel.QuantW4A16ActOrder, tensor: packed + "g_idx", edit: moved, want: packed + "g_idx"},
+		{name: "a NaN scale", quant: testmodel.QuantW4A16, tensor: packed + "scale", edit: f32NaN, want: packed + "scale"},
+		{name: "weight_shape of another weight", quant: testmodel.QuantW4A16, tensor: packed + "shape", edit: u32(0, 7), want: packed + "shape"},
+		{name: "no weight_zero_point", quant: testmodel.QuantW4A16Asym, old: "down_proj.weight_zero_point", new: "down_proj.weight_zero_poinX", want: packed + "zero_point"},
+	}
+	for _, q := range []string{testmodel.QuantAWQ, testmodel.QuantGPTQ} {
+		hs = append(hs, hostileTensor{name: "an infinite scale", quant: q, tensor: scales, edit: inf16, want: scales})
+	}
+	return hs
 }
 
 // editTensor lets edit change the bytes of tensor name in dir's
@@ -203,7 +242,7 @@ func editTensor(t *testing.T, dir, name string, edit func([]byte)) {
 // GEMMs against the dequantized product.
 func TestQuantRuntime(t *testing.T) {
 	args := []string{"runtime"}
-	for _, q := range testmodel.Quants() {
+	for _, q := range testmodel.AllQuants() {
 		cfg := testmodel.TinyQuant()
 		cfg.Quant = q
 		dir := t.TempDir()

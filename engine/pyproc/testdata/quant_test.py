@@ -8,9 +8,10 @@ counts the decoder meets (odd rows, split K, partial blocks).
   python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
 
 With checkpoints (testmodel's quantized TinyQuant), each projection as the
-CUDA path keeps it (quant.Loader with keep on: AWQ repacked to GPTQ's
-packing, zeros unpacked; q/k/v and gate/up concatenated) dequantizes to
-exactly what the CPU path loads.
+CUDA path keeps it (quant.Loader with keep on: AWQ and compressed-tensors
+repacked to GPTQ's packing, zeros unpacked, act order's inputs sorted by
+group; q/k/v and gate/up concatenated) dequantizes to exactly what the CPU
+path loads.
 
 Prints "N passed, 0 failed" or raises. Run by TestQuantRuntime (and on a
 GPU by internal/familycheck/quant.sh).
@@ -87,6 +88,56 @@ for parts in ([fp8_part(256, 384, (128, 128)), fp8_part(128, 384, (128, 128))],
     check(torch.equal(got, want), "cat of %s parts" % parts[0].kind)
     check(isinstance(c, quant.QWeight) == (parts[0].n % 128 == 0 or parts[0].kind != "fp8" or parts[0].t["block"][0] == 1),
           "cat keeps the parts quantized where blocks allow")
+
+# Act order's kept form: the inputs sorted by group and repacked (perm)
+# dequantize to the weight dequantized by g_idx directly; forward gathers
+# x by perm before the int4 GEMM (here a plain product over qw as stored,
+# standing in for quant_triton's, which needs CUDA); parts of one order
+# concatenate, parts of two are dequantized.
+
+
+class _PlainInt4:
+    """quant_triton's int4_linear as a float product, for the CPU."""
+
+    @staticmethod
+    def int4_linear(x, qw, scales, zeros, grp):
+        w = quant.QWeight("int4", qw.shape[1], qw.shape[0] * 8, qw=qw, scales=scales, zeros=zeros, group=grp)
+        return x @ w.dequant(torch.float32).t()
+
+
+def act_order(n, k, grp):
+    """A direct (g_idx) int4 part and its kept form, the inputs of each
+    group scattered."""
+    q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    gi = torch.randperm(k, generator=g) // grp
+    t = {"qw": quant.pack4(q), "scales": torch.rand(k // grp, n, generator=g).bfloat16(),
+         "zeros": torch.randint(0, 16, (k // grp, n), generator=g).half(), "group": grp}
+    perm = torch.sort(gi, stable=True).indices
+    kept = quant.QWeight("int4", n, k, **dict(t, qw=quant.pack4(q[perm]), perm=perm))
+    return quant.QWeight("int4", n, k, g_idx=gi, **t), kept, gi
+
+
+import mlxsworker.torchrt as torchrt  # noqa: E402
+
+real = sys.modules.get("mlxsworker.torchrt.quant_triton"), getattr(torchrt, "quant_triton", None)
+sys.modules["mlxsworker.torchrt.quant_triton"] = torchrt.quant_triton = _PlainInt4
+direct, kept, gi = act_order(48, 256, 64)
+check(torch.equal(kept.dequant(torch.float32), direct.dequant(torch.float32)), "act order: kept form dequantizes as g_idx does")
+x = torch.randn(5, 256, generator=g)
+want = x @ direct.dequant(torch.float32).t()
+check(torch.allclose(kept.forward(x), want, rtol=1e-5, atol=1e-5), "act order: forward gathers x by perm")
+part2 = quant.QWeight("int4", 16, 256, **dict(kept.t, qw=kept.t["qw"][:, :16], scales=kept.t["scales"][:, :16], zeros=kept.t["zeros"][:, :16]))
+c = quant.cat([kept, part2], torch.float32)
+check(isinstance(c, quant.QWeight) and torch.equal(c.t["perm"], kept.t["perm"]), "act order: parts of one order concatenate")
+check(torch.allclose(c.forward(x), x @ c.dequant(torch.float32).t(), rtol=1e-5, atol=1e-5), "act order: the concatenation gathers once")
+other = act_order(16, 256, 64)[1]
+c = quant.cat([kept, other], torch.float32)
+check(isinstance(c, torch.Tensor) and torch.equal(c, torch.cat([kept.dequant(torch.float32), other.dequant(torch.float32)])),
+      "act order: parts of two orders are dequantized")
+if real[0] is None:
+    del sys.modules["mlxsworker.torchrt.quant_triton"], torchrt.quant_triton
+else:
+    sys.modules["mlxsworker.torchrt.quant_triton"], torchrt.quant_triton = real
 
 # The CUDA path's form of real checkpoints, checked through dequant.
 for d in sys.argv[2:]:

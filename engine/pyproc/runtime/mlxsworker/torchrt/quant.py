@@ -14,11 +14,30 @@ refuses what the engine cannot run, naming the field):
   out/8] and qzeros I32 [in/g, out/8] packed in AWQ's order (nibble i of
   word c holds column 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]), scales F16
   [in/g, out]; w = (q - z) * s.
-- "gptq" (auto-gptq's format, desc_act false, 4 bits): qweight I32
-  [in/8, out] (nibble j of row r is input 8r + j), qzeros I32 [in/g,
-  out/8] holding zero - 1 (the "v1" format auto-gptq and most published
-  checkpoints use; the zero is the stored value plus one), scales F16
-  [in/g, out], g_idx I32 [in] (k // g).
+- "gptq" (auto-gptq's format, 4 bits): qweight I32 [in/8, out] (nibble
+  j of row r is input 8r + j), qzeros I32 [in/g, out/8] holding zero - 1
+  (the "v1" format auto-gptq and most published checkpoints use; the
+  zero is the stored value plus one) or, with checkpoint_format
+  "gptq_v2" (GPTQModel), the zero itself; scales F16 [in/g, out], g_idx
+  I32 [in]: input k's group, k // g, or scattered with desc_act (act
+  order, below).
+- "compressed-tensors", format "pack-quantized" (RedHatAI's W4A16,
+  llm-compressor; int, 4 bits, strategy "group", weight-only):
+  weight_packed I32 [out, in/8] (nibble j of word c holds input 8c + j
+  as q + 8), weight_scale [out, in/g] in the model's dtype, weight_shape
+  [2] ([out, in]); symmetric: the zero is 8; else weight_zero_point I32
+  [ceil(out/8), in/g] packed along the output (nibble i of row r is
+  output 8r + i's zero point plus 8); weight_g_idx I32 [in] with an act
+  order. weight_packed transposed is GPTQ's qweight, bit for bit.
+
+Act order (a g_idx other than k // g: GPTQ's desc_act, compressed-tensors'
+actorder) puts each group's g inputs anywhere. Where the weight is
+dequantized each input takes its own group's scale and zero. Where it stays
+quantized its inputs are sorted by group (perm, stable) and repacked, so
+the groups are contiguous as the kernel reads them, and the projection
+gathers its input by perm first: W' x[perm] = W x, the same 4-bit values,
+scales and zeros. q, k and v (gate and up) share one order in the files
+GPTQ makes and stay fused; parts of different orders are dequantized.
 
 Where a layout leaves a weight unquantized (embeddings, norms, lm_head,
 MoE routers, anything in ignore or modules_to_not_convert) the file holds
@@ -56,16 +75,19 @@ log = logging.getLogger("quant")
 E4M3_MAX = 448.0
 AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word is nibble AWQ_REVERSE[j]
 GROUPS = (32, 64, 128)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)  # the int4 scales a file may hold
 
 
 class Scheme:
     """A parsed quantization_config. kind: "fp8" or "int4"; method: the
     quant_method; block: FP8 (bn, bk) or None (scales per tensor or
     channel); group: int4 group size; zero_offset: added to GPTQ's stored
-    zeros."""
+    zeros; asym: compressed-tensors int4 with weight_zero_point (false:
+    the zero is 8)."""
 
-    def __init__(self, kind, method, block=None, group=0, zero_offset=0):
-        self.kind, self.method, self.block, self.group, self.zero_offset = kind, method, block, group, zero_offset
+    def __init__(self, kind, method, block=None, group=0, zero_offset=0, asym=False):
+        self.kind, self.method, self.block, self.group = kind, method, block, group
+        self.zero_offset, self.asym = zero_offset, asym
 
 
 def scheme(top):
@@ -99,11 +121,15 @@ def scheme(top):
             if q.get("zero_point", True) is not True:
                 raise _bad("zero_point", q.get("zero_point"), "true")
             return Scheme("int4", method, group=g)
-        if q.get("desc_act", False) is not False:
-            raise _bad("desc_act", q.get("desc_act"), "false (act-order checkpoints are not supported)")
-        if q.get("checkpoint_format", "gptq") != "gptq" or q.get("is_marlin_format", False):
-            raise _bad("checkpoint_format", q.get("checkpoint_format"), "gptq (auto-gptq's v1 zeros)")
-        return Scheme("int4", method, group=g, zero_offset=1)
+        fmt = q.get("checkpoint_format", "gptq")
+        if fmt not in ("gptq", "gptq_v2"):
+            raise _bad("checkpoint_format", fmt, "gptq (auto-gptq's v1 zeros) or gptq_v2 (GPTQModel's)")
+        if q.get("is_marlin_format", False) is not False:
+            raise _bad("is_marlin_format", q.get("is_marlin_format"), "false")
+        if q.get("pack_dtype", "int32") != "int32":
+            raise _bad("pack_dtype", q.get("pack_dtype"), "int32")
+        # desc_act either way: g_idx tells each input's group.
+        return Scheme("int4", method, group=g, zero_offset=1 if fmt == "gptq" else 0)
     raise _bad("quant_method", method, "fp8, compressed-tensors, awq or gptq")
 
 
@@ -120,27 +146,58 @@ def _block(b, field):
 
 
 def _compressed(q):
-    if q.get("format") != "float-quantized":
-        raise _bad("format", q.get("format"), "float-quantized (FP8)")
+    sp = q.get("sparsity_config")
+    if isinstance(sp, dict) and sp.get("format") not in (None, "dense"):
+        raise _bad("sparsity_config.format", sp.get("format"), "dense (sparse-compressed weights are not supported)")
+    fmt = q.get("format")
+    if fmt not in ("float-quantized", "pack-quantized"):
+        raise _bad("format", fmt, "float-quantized (FP8) or pack-quantized (int4)")
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _bad("config_groups", groups, "an object of quantization groups")
-    block = None
-    for name, g in groups.items():
+    schemes = set()
+    for name, g in sorted(groups.items()):
         w = g.get("weights") if isinstance(g, dict) else None
         if not isinstance(w, dict):
             raise _bad("config_groups.%s.weights" % name, w, "an object")
-        for field, want in (("num_bits", 8), ("type", "float"), ("symmetric", True)):
-            if w.get(field) != want:
-                raise _bad("config_groups.%s.weights.%s" % (name, field), w.get(field), repr(want))
         if w.get("dynamic", False):
             raise _bad("config_groups.%s.weights.dynamic" % name, w.get("dynamic"), "false")
-        strategy = w.get("strategy")
-        if strategy == "block":
-            block = _block(w.get("block_structure"), "config_groups.%s.weights.block_structure" % name)
-        elif strategy not in ("tensor", "channel"):
-            raise _bad("config_groups.%s.weights.strategy" % name, strategy, "tensor, channel or block")
-    return Scheme("fp8", "compressed-tensors", block=block)
+        schemes.add(_packed_group(name, g, w) if fmt == "pack-quantized" else _float_group(name, w))
+    if len(schemes) != 1:
+        raise _bad("config_groups", "of different weight schemes", "one scheme for every group")
+    kind, block, group, asym = schemes.pop()
+    return Scheme(kind, "compressed-tensors", block=block, group=group, asym=asym)
+
+
+def _float_group(name, w):
+    """The (kind, block, group, asym) of a float-quantized group's weights."""
+    for field, want in (("num_bits", 8), ("type", "float"), ("symmetric", True)):
+        if w.get(field) != want:
+            raise _bad("config_groups.%s.weights.%s" % (name, field), w.get(field), repr(want))
+    strategy = w.get("strategy")
+    if strategy == "block":
+        return "fp8", _block(w.get("block_structure"), "config_groups.%s.weights.block_structure" % name), 0, False
+    if strategy not in ("tensor", "channel"):
+        raise _bad("config_groups.%s.weights.strategy" % name, strategy, "tensor, channel or block")
+    return "fp8", None, 0, False
+
+
+def _packed_group(name, g, w):
+    """The (kind, block, group, asym) of a pack-quantized group (weight-only
+    int4 in groups along the input)."""
+    field = "config_groups.%s.weights" % name
+    if w.get("type") != "int" or w.get("num_bits") != 4:
+        raise CheckpointError("config.json", "quantization_config.format pack-quantized with %s type %r, num_bits %r: "
+                              "unsupported (want 4-bit int)" % (field, w.get("type"), w.get("num_bits")))
+    if w.get("strategy") != "group":
+        raise _bad(field + ".strategy", w.get("strategy"), "group")
+    if w.get("group_size") not in GROUPS or isinstance(w.get("group_size"), bool):
+        raise _bad(field + ".group_size", w.get("group_size"), " or ".join(map(str, GROUPS)))
+    if w.get("actorder") not in (None, False, True, "weight", "static", "group", "dynamic"):
+        raise _bad(field + ".actorder", w.get("actorder"), "null, weight, static, group or dynamic")
+    if g.get("input_activations") is not None:  # W4A8 and the like
+        raise _bad("config_groups.%s.input_activations" % name, g.get("input_activations"), "null (weight-only int4)")
+    return "int4", None, w["group_size"], w.get("symmetric", True) is False
 
 
 def parse_quantize(opt, sch):
@@ -205,8 +262,11 @@ class QWeight:
     """A projection weight kept quantized (CUDA), or a float tensor to be.
     fp8: w (float8_e4m3fn [N, K]), scale (float32 [ceil(N/bn),
     ceil(K/bk)]), block (bn, bk). int4: qw (int32 [K/8, N], input 8r + j in
-    nibble j of row r), scales and zeros ([K/g, N], float16; the zero as a
-    value, not as stored), group g."""
+    nibble j of row r), scales ([K/g, N], the file's float dtype) and zeros
+    ([K/g, N], float16; the zero as a value, not as stored), group g, and
+    for act order either perm (int64 [K]: row i of qw is input perm[i], the
+    kept form, groups contiguous) or g_idx (int64 [K]: input k's group,
+    qw in input order; the form that is only dequantized)."""
 
     def __init__(self, kind, n, k, **t):
         self.kind, self.n, self.k, self.t = kind, n, k, t
@@ -221,10 +281,14 @@ class QWeight:
             w = t["w"].view(torch.uint8) if t["w"].dtype != torch.uint8 else t["w"]
             table = e4m3_values().to(w.device)
             return (table[w.long()] * _expand(t["scale"], (self.n, self.k), t["block"])).to(dtype)
-        g = t["group"]
         q = unpack4(t["qw"].t()).t().float()  # [K, N]
-        grp = torch.arange(self.k, device=q.device) // g
-        return ((q - t["zeros"].float()[grp]) * t["scales"].float()[grp]).t().contiguous().to(dtype)
+        grp = t["g_idx"] if "g_idx" in t else torch.arange(self.k, device=q.device) // t["group"]
+        w = ((q - t["zeros"].float()[grp]) * t["scales"].float()[grp]).t()
+        if "perm" in t:  # column i is input perm[i]
+            out = torch.empty_like(w)
+            out[:, t["perm"]] = w
+            w = out
+        return w.contiguous().to(dtype)
 
     def forward(self, x, bias=None):
         from . import quant_triton
@@ -234,6 +298,8 @@ class QWeight:
         elif self.kind == "fp8":
             y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
         else:
+            if "perm" in self.t:  # act order: the inputs in the order qw holds them
+                x = x.index_select(-1, self.t["perm"])
             y = quant_triton.int4_linear(x, self.t["qw"], self.t["scales"], self.t["zeros"], self.t["group"])
         return y if bias is None else y + bias
 
@@ -302,8 +368,8 @@ def nbytes(w):
 def cat(parts, dtype):
     """The weights of parts stacked along the outputs (q, k, v; gate, up).
     QWeights concatenate when they share a layout that allows it (FP8
-    blocks: every part a whole number of blocks); otherwise each is
-    dequantized."""
+    blocks: every part a whole number of blocks; int4: one group size and
+    one input order); otherwise each is dequantized."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts)
     a = parts[0]
@@ -313,11 +379,26 @@ def cat(parts, dtype):
         if same:
             return QWeight("fp8", sum(p.n for p in parts), a.k, w=torch.cat([p.t["w"] for p in parts]),
                            scale=torch.cat([p.t["scale"] for p in parts]), block=a.t["block"])
-    elif same and all(p.t["group"] == a.t["group"] for p in parts):
-        return QWeight("int4", sum(p.n for p in parts), a.k, group=a.t["group"],
-                       **{f: torch.cat([p.t[f] for p in parts], 1) for f in ("qw", "scales", "zeros")})
-    log.warning("quantized projections that do not concatenate (different layouts, or blocks cut by a projection's edge): dequantized at load")
+    elif same and all(p.t["group"] == a.t["group"] and p.t["scales"].dtype == a.t["scales"].dtype for p in parts) and _one_order(parts):
+        w = QWeight("int4", sum(p.n for p in parts), a.k, group=a.t["group"],
+                    **{f: torch.cat([p.t[f] for p in parts], 1) for f in ("qw", "scales", "zeros")})
+        if "perm" in a.t:
+            w.t["perm"] = a.t["perm"]
+        return w
+    log.warning("quantized projections that do not concatenate (different layouts, act orders, "
+                "or blocks cut by a projection's edge): dequantized at load")
     return torch.cat([p if isinstance(p, torch.Tensor) else p.dequant(dtype) for p in parts])
+
+
+def _one_order(parts):
+    """Whether int4 parts, kept quantized, read their inputs in one order:
+    none gathered, or all by one perm."""
+    if any("g_idx" in p.t for p in parts):
+        return False
+    perms = [p.t.get("perm") for p in parts]
+    if all(x is None for x in perms):
+        return True
+    return all(x is not None and torch.equal(x, perms[0]) for x in perms)
 
 
 # -- loading ---------------------------------------------------------------
@@ -338,11 +419,11 @@ class Loader:
                 _check_scaled_mm(device, dtype)
 
     def get(self, name, shape):
-        w = self._quantized(name, shape)
+        w = self._quantized(name, shape, False)
         return self.ck.get(name, shape, self.device, self.dtype) if w is None else w.dequant(self.dtype)
 
     def linear(self, name, shape):
-        w = self._quantized(name, shape)
+        w = self._quantized(name, shape, self.keep)
         if w is None and self.quantize == "fp8":
             w = self._fp8_channel(self.ck.get(name, shape, self.device, torch.float32))
             if not self.keep:  # the fp8 grid, back in float: what the GPU serves
@@ -361,17 +442,21 @@ class Loader:
         q8 = q.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # rounds to nearest even
         return QWeight("fp8", w.shape[0], w.shape[1], w=q8, scale=s.contiguous(), block=(1, w.shape[1]))
 
-    def _quantized(self, name, shape):
+    def _quantized(self, name, shape, keep):
         """The QWeight of weight name (its float shape [N, K]) when the file
-        stores it quantized, else None."""
+        stores it quantized, else None; keep: in the form the kernels run
+        (act order's inputs sorted by group), else the form dequant reads
+        most directly."""
         if self.sch is None or len(shape) != 2:
             return None
         ck, (n, k) = self.ck, shape
+        if self.sch.kind == "int4" and self.sch.method == "compressed-tensors":
+            return self._packed(name, n, k, keep) if ck.has(name + "_packed") else None
         if self.sch.kind == "int4":
             p = name[: -len("weight")] if name.endswith(".weight") else name + "."
             if not ck.has(p + "qweight"):
                 return None
-            return self._int4(p, n, k)
+            return self._int4(p, n, k, keep)
         scale = next((name + s for s in ("_scale_inv", "_scale") if ck.has(name + s)), None)
         if scale is None:
             if ck.has(name) and ck.stored_dtype(name) == "F8_E4M3":
@@ -398,7 +483,8 @@ class Loader:
             w = w.view(torch.float8_e4m3fn)
         return QWeight("fp8", n, k, w=w, scale=s, block=block)
 
-    def _int4(self, p, n, k):
+    def _int4(self, p, n, k, keep):
+        """AWQ's or GPTQ's tensors under prefix p."""
         ck, g = self.ck, self.sch.group
         if k % g or n % 8:
             raise CheckpointError(ck.file_of(p + "qweight"), "[%d, %d] is not in groups of %d inputs and 8 outputs" % (n, k, g), p + "qweight")
@@ -406,19 +492,72 @@ class Loader:
         qw = ck.raw(p + "qweight", (k, n // 8) if awq else (k // 8, n), self.device)
         qz = ck.raw(p + "qzeros", (k // g, n // 8), self.device)
         scales = ck.raw(p + "scales", (k // g, n), self.device)
-        if qw.dtype != torch.int32 or qz.dtype != torch.int32 or scales.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        if qw.dtype != torch.int32 or qz.dtype != torch.int32 or scales.dtype not in FLOATS:
             raise CheckpointError(ck.file_of(p + "qweight"), "qweight and qzeros must be I32 and scales float", p + "qweight")
         _finite(ck, p + "scales", scales)
         if awq:
-            qw = pack4(unpack4(qw, AWQ_REVERSE))
-            zeros = unpack4(qz, AWQ_REVERSE)
+            return self._int4_weight(n, k, pack4(unpack4(qw, AWQ_REVERSE)), scales, unpack4(qz, AWQ_REVERSE), None, keep)
+        zeros = unpack4(qz) + self.sch.zero_offset
+        return self._int4_weight(n, k, qw, scales, zeros, self._g_idx(p + "g_idx", k), keep)
+
+    def _packed(self, name, n, k, keep):
+        """compressed-tensors' pack-quantized tensors of weight name."""
+        ck, g = self.ck, self.sch.group
+        if k % g:
+            raise CheckpointError(ck.file_of(name + "_packed"), "[%d, %d] is not in groups of %d inputs" % (n, k, g), name + "_packed")
+        qw = ck.raw(name + "_packed", (n, k // 8), self.device)
+        scales = ck.raw(name + "_scale", (n, k // g), self.device)
+        if qw.dtype != torch.int32 or scales.dtype not in FLOATS:
+            raise CheckpointError(ck.file_of(name + "_packed"), "weight_packed must be I32 and weight_scale float", name + "_packed")
+        if ck.has(name + "_shape"):
+            shape = ck.raw(name + "_shape", (2,), "cpu")
+            if shape.dtype not in (torch.int64, torch.int32) or shape.tolist() != [n, k]:
+                raise CheckpointError(ck.file_of(name + "_shape"), "%s %r: want [%d, %d]" % (
+                    ck.stored_dtype(name + "_shape"), shape.tolist(), n, k), name + "_shape")
+        _finite(ck, name + "_scale", scales)
+        if self.sch.asym:  # zero points packed along the output, stored plus 8 as the values are
+            zp = ck.raw(name + "_zero_point", (-(-n // 8), k // g), self.device)
+            if zp.dtype != torch.int32:
+                raise CheckpointError(ck.file_of(name + "_zero_point"), "weight_zero_point must be I32", name + "_zero_point")
+            zeros = unpack4(zp.t())[:, :n]
         else:
-            zeros = unpack4(qz) + self.sch.zero_offset
-            if ck.has(p + "g_idx"):
-                gi = ck.raw(p + "g_idx", (k,), self.device)
-                if not torch.equal(gi.long(), torch.arange(k, device=gi.device) // g):
-                    raise CheckpointError(ck.file_of(p + "g_idx"), "g_idx is not input // group_size (act order)", p + "g_idx")
-        return QWeight("int4", n, k, qw=qw.contiguous(), scales=scales, zeros=zeros.half(), group=g)
+            zeros = torch.full((k // g, n), 8, dtype=torch.int32, device=self.device)
+        # weight_packed [N, K/8] transposed is GPTQ's qweight: input 8c + j in nibble j of row c.
+        return self._int4_weight(n, k, qw.t().contiguous(), scales.t().contiguous(), zeros, self._g_idx(name + "_g_idx", k), keep)
+
+    def _g_idx(self, name, k):
+        """Tensor name, each input's group, when the file has it and it is
+        not input // group (act order), else None. Refused: a group past
+        the last, or a group of other than group-size inputs."""
+        ck, g = self.ck, self.sch.group
+        if not ck.has(name):
+            return None
+        gi = ck.raw(name, (k,), self.device)
+        if gi.dtype not in (torch.int32, torch.int64):
+            raise CheckpointError(ck.file_of(name), "%s: want I32" % ck.stored_dtype(name), name)
+        gi, ng = gi.long(), k // g
+        if bool(((gi < 0) | (gi >= ng)).any()):
+            bad = int(((gi < 0) | (gi >= ng)).nonzero()[0])
+            raise CheckpointError(ck.file_of(name), "g_idx[%d] = %d: want a group below %d" % (bad, int(gi[bad]), ng), name)
+        if torch.equal(gi, torch.arange(k, device=gi.device) // g):
+            return None
+        counts = torch.bincount(gi, minlength=ng)
+        if bool((counts != g).any()):
+            bad = int((counts != g).nonzero()[0])
+            raise CheckpointError(ck.file_of(name), "g_idx puts %d inputs in group %d: want %d" % (int(counts[bad]), bad, g), name)
+        return gi
+
+    def _int4_weight(self, n, k, qw, scales, zeros, g_idx, keep):
+        """The int4 QWeight of qw [K/8, N], scales and zeros [K/g, N] (zeros
+        as values) and g_idx (None: groups in input order); keep: act
+        order's inputs sorted by group and repacked, with perm."""
+        t = {"qw": qw.contiguous(), "scales": scales, "zeros": zeros.half(), "group": self.sch.group}
+        if g_idx is not None and keep:
+            perm = torch.sort(g_idx, stable=True).indices
+            t["qw"], t["perm"] = pack4(unpack4(qw.t()).t()[perm]), perm
+        elif g_idx is not None:
+            t["g_idx"] = g_idx
+        return QWeight("int4", n, k, **t)
 
 
 def _finite(ck, name, s):

@@ -11,8 +11,11 @@ registers; no step makes a float copy of a weight.
   quantization, so no activation scales).
 - int4_linear: x times a 4-bit weight packed GPTQ-style along K (int32
   [K/8, N], input 8r + j in nibble j), with scales and zeros per group of
-  g inputs ([K/g, N], the zero as a value): each tile is (q - z) * s in
-  float32, rounded to x's dtype, into tl.dot.
+  g inputs ([K/g, N], the zero as a value; the scales in the file's dtype,
+  float16 for GPTQ and AWQ, mostly bfloat16 for compressed-tensors, each
+  converted to float32 as loaded): each tile is (q - z) * s in float32,
+  rounded to x's dtype, into tl.dot. Act order's gather of x (QWeight's
+  perm) is the caller's.
 
 Decode steps have few rows (M), so a grid over output tiles alone leaves
 most SMs idle; the K range is then split over programs (SPLIT_K), each
@@ -126,8 +129,8 @@ def fp8_linear(x, w, scale, block):
 
 
 def int4_linear(x, qw, scales, zeros, g):
-    """x [..., K] @ dequant(qw).T with qw int32 [K/8, N], scales and zeros
-    [K/g, N]."""
+    """x [..., K] @ dequant(qw).T with qw int32 [K/8, N], scales (float16,
+    bfloat16 or float32) and zeros [K/g, N]."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     # The packed tile is loaded as one int32 per weight (each word eight
     # times): K tiles of 64 and two stages keep it within shared memory.
@@ -154,6 +157,10 @@ def self_check(device, dtype):
     sc = (torch.rand(K // 128, N, generator=gen) * 0.02).half()
     z = torch.randint(0, 16, (K // 128, N), generator=gen).half()
     cases.append(quant.QWeight("int4", N, K, qw=quant.pack4(q).to(device), scales=sc.to(device), zeros=z.to(device), group=128))
+    # bfloat16 scales (compressed-tensors) and an act order's gather.
+    perm = torch.randperm(K, generator=gen)
+    cases.append(quant.QWeight("int4", N, K, qw=quant.pack4(q).to(device), scales=sc.bfloat16().to(device),
+                               zeros=z.to(device), group=128, perm=perm.to(device)))
     for M in (1, 7, 33, 200):
         x = torch.randn(M, K, generator=gen).to(device=device, dtype=dtype)
         for c in cases:
