@@ -46,20 +46,7 @@ func gather(t *testing.T, reg *prometheus.Registry, want string) map[string]floa
 // vLLM's gauge names, per model, read at scrape time; over a balancer, one
 // series.
 func TestLoadCollector(t *testing.T) {
-	sim, err := enginetest.NewSim(enginetest.WithVocabSize(500), enginetest.WithStepTime(5*time.Millisecond, 0),
-		enginetest.WithMaxBatch(2), enginetest.WithKVCapacity(4096))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
-	srv, err := mlxserving.New(sim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny"}); err != nil {
-		t.Fatal(err)
-	}
+	srv := tinyServer(t, enginetest.WithStepTime(5*time.Millisecond, 0), enginetest.WithMaxBatch(2), enginetest.WithKVCapacity(4096))
 	reg := prometheus.NewRegistry()
 	c, err := vllm.LoadCollector(srv)
 	if err != nil {
@@ -118,4 +105,24 @@ func TestLoadCollector(t *testing.T) {
 	if _, err := vllm.LoadCollector(srv, vllm.WithBlockSize(0)); err == nil {
 		t.Error("block size 0 accepted")
 	}
+}
+
+// tinyServer is a Server of the simulated engine (a vocabulary of 500 and
+// opts) with the model "tiny" loaded; both close when the test ends.
+func tinyServer(t *testing.T, opts ...enginetest.SimOption) *mlxserving.Server {
+	t.Helper()
+	sim, err := enginetest.NewSim(append([]enginetest.SimOption{enginetest.WithVocabSize(500)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	srv, err := mlxserving.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny"}); err != nil {
+		t.Fatal(err)
+	}
+	return srv
 }

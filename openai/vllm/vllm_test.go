@@ -103,19 +103,7 @@ func TestPrefixCacheCollectorSumsServers(t *testing.T) {
 	var srvs []*mlxserving.Server
 	var queries, hits int64
 	for i := range 2 {
-		sim, err := enginetest.NewSim(enginetest.WithVocabSize(500))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sim.Close()
-		srv, err := mlxserving.New(sim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		if err := srv.LoadModel(context.Background(), engine.ModelSpec{ID: "tiny"}); err != nil {
-			t.Fatal(err)
-		}
+		srv := tinyServer(t)
 		prompt := make([]int32, 40)
 		for j := range prompt {
 			prompt[j] = int32(5 + j + i)
