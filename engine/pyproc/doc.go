@@ -68,6 +68,14 @@
 // that adapter only (saved KV of an adapter removed or replaced is
 // dropped and reported by EvictedSaved).
 //
+// The worker is configured by the engine's options alone: WithTuning's
+// Tuning (KV block size and memory share, the prefix cache, the kernels
+// and other switches tests and benchmarks turn) travels on the worker's
+// command line with the rest; the worker reads no environment variable.
+// The Python runtime is one package (runtime/mlxsworker): a backend
+// interface that the torch and mlx_lm backends implement, the protocol
+// and sampling parameters once (PROTOCOL.md).
+//
 // Use:
 //
 //	eng, err := pyproc.New(ctx, pyproc.WithPython("/usr/bin/python3"), pyproc.WithWorkers(2))
