@@ -338,9 +338,20 @@ func WithGPUs(ids []int) Option {
 	}
 }
 
-// placeGPUs sets the workers from the GPUs given: one per replica of
+// placeGPUs checks the options that only the torch backend serves and
+// sets the workers from the GPUs given: one per replica of
 // tensorParallel() devices.
 func (c *config) placeGPUs() error {
+	if c.backend == "mlx" {
+		switch {
+		case c.tp > 1:
+			return fmt.Errorf("pyproc: WithTensorParallel(%d): the mlx backend runs a model in one process; tensor parallel needs the torch backend", c.tp)
+		case c.quantize != "":
+			return fmt.Errorf("pyproc: WithQuantize(%q): the mlx backend serves MLX's own quantized checkpoints; -quantize needs the torch backend", c.quantize)
+		case len(c.gpus) > 0:
+			return fmt.Errorf("pyproc: WithGPUs(%v): the mlx backend does not place CUDA devices; it needs the torch backend", c.gpus)
+		}
+	}
 	if len(c.gpus) == 0 {
 		return nil
 	}

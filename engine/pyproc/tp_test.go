@@ -209,6 +209,18 @@ func TestTensorParallelGPUsOption(t *testing.T) {
 	}
 }
 
+// TestMLXBackendRefusesTorchOptions: tensor parallel, -quantize and GPU
+// placement need the torch backend; with the mlx backend New refuses
+// them before any worker starts.
+func TestMLXBackendRefusesTorchOptions(t *testing.T) {
+	for _, o := range []Option{WithTensorParallel(2), WithQuantize("fp8"), WithGPUs([]int{0})} {
+		_, err := New(context.Background(), WithBackend("mlx"), WithPython("/nonexistent/python"), o)
+		if err == nil || !strings.Contains(err.Error(), "needs the torch backend") {
+			t.Errorf("New with the mlx backend: %v, want a refusal naming the torch backend", err)
+		}
+	}
+}
+
 func loadID(t *testing.T, e *Engine, id, dir string) *Model {
 	t.Helper()
 	m, err := e.Load(context.Background(), engine.ModelSpec{ID: id, Path: dir})
