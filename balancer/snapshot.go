@@ -29,7 +29,6 @@ type view struct {
 	load Load
 }
 
-// refresh rebuilds the snapshot from the members' load reports.
 // Refresh rebuilds the routing snapshot now from every backend's Load.
 // The balancer does so itself every load-refresh interval and when
 // backends come and go; a program whose local backends load or unload a
@@ -37,6 +36,7 @@ type view struct {
 // at once.
 func (lb *LoadBalancer) Refresh() { lb.refresh() }
 
+// refresh rebuilds the snapshot from the members' load reports.
 func (lb *LoadBalancer) refresh() {
 	lb.refreshMu.Lock()
 	defer lb.refreshMu.Unlock()

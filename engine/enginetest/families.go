@@ -90,12 +90,15 @@ func HostileQuantConfigs() []HostileQuant {
 		{"8-bit AWQ", testmodel.QuantAWQ, "bits", 8, nil},
 		{"AWQ GEMV packing", testmodel.QuantAWQ, "version", "gemv", nil},
 		{"AWQ without zero points", testmodel.QuantAWQ, "zero_point", false, nil},
-		{"GPTQ act order", testmodel.QuantGPTQ, "desc_act", true, []string{"mlx", "pyproc"}},
 		{"GPTQ groups of 96", testmodel.QuantGPTQ, "group_size", 96, nil},
 		{"GPTQ per-column", testmodel.QuantGPTQ, "group_size", -1, nil},
-		{"GPTQ v2 zeros", testmodel.QuantGPTQ, "checkpoint_format", "gptq_v2", []string{"mlx", "pyproc"}},
 		{"GPTQ Marlin packing", testmodel.QuantGPTQv2, "checkpoint_format", "marlin", nil},
 		{"compressed-tensors of mixed formats", testmodel.QuantW4A16, "format", "mixed-precision", nil},
+		{"int4 weights with 8-bit activations (W4A8)", testmodel.QuantW4A16, "config_groups", map[string]any{"group_0": map[string]any{
+			"targets":           []string{"Linear"},
+			"weights":           map[string]any{"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": true, "dynamic": false},
+			"input_activations": map[string]any{"num_bits": 8, "type": "int", "strategy": "token", "dynamic": true, "symmetric": true},
+		}}, nil},
 	}
 }
 

@@ -184,6 +184,9 @@ func parsePacked(q map[string]any) (*hfQuant, string) {
 		default:
 			return refuse(field+".actorder", a, "null, weight, static, group or dynamic")
 		}
+		if a := g["input_activations"]; a != nil { // W4A8 and the like: not weight-only
+			return refuse("config_groups."+n+".input_activations", a, "null (weight-only int4)")
+		}
 		this := &hfQuant{Method: "pack-quantized", Group: int(gs), Asym: w["symmetric"] == false}
 		if h != nil && *h != *this {
 			return refuse("config_groups", "of different weight schemes", "one scheme for every group")

@@ -46,8 +46,8 @@ func (b *builder) stack(p, proj string) linear {
 		if perm := b.take(name + ".perm"); !isNull(perm) {
 			free(&perm)
 			if b.err == nil {
-				b.err = &engine.CheckpointError{Path: "model.safetensors", Tensor: name + ".g_idx",
-					Reason: "act order (g_idx not input / group_size) in a mixture's experts: unsupported (their products are gathered over experts)"}
+				b.err = &engine.CheckpointError{Path: "the checkpoint's safetensors", Tensor: name,
+					Reason: "act order (its g_idx or weight_g_idx is not input / group_size) in a mixture's experts: unsupported (their products are gathered over experts)"}
 			}
 		}
 		one := func(a arr) arr { return g.expandDims(a, 0) }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // builder appends one request line (without its newline) for request id.
@@ -108,7 +109,7 @@ func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply
 	}
 	if !r.OK {
 		if r.Error == nil {
-			return nil, &WorkerError{Code: "internal", Message: "error reply without an error"}
+			return nil, &WorkerError{Code: retry.CodeInternal, Message: "error reply without an error"}
 		}
 		return nil, r.Error.toError(model)
 	}
@@ -169,8 +170,10 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 }
 
 // paramKeys are the keys appendParams and appendLoop write. The worker
-// lists the keys it reads in its handshake (capabilities "params"), and a
-// worker that does not read one of these is refused at start.
+// lists the keys of its runtime's table in its handshake (capabilities
+// "params": every key the runtime parses, whichever features its backend
+// serves), and a worker whose table lacks one of these — a runtime and a
+// supervisor out of step — is refused at start.
 var paramKeys = []string{"t", "p", "k", "m", "r", "s", "l", "n", "pp", "fp", "g", "lb", "x", "lp", "ls"}
 
 // unreadParams returns the keys of paramKeys that the handshake's

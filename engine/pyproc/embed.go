@@ -8,6 +8,7 @@ import (
 	"math"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 var _ engine.Embedder = (*Model)(nil)
@@ -78,7 +79,7 @@ func (m *Model) checkPooled(batch []engine.StepInput) error {
 // sampling input: token -1 and the vector.
 func (m *Model) pooledOutput(in *engine.StepInput, r *reply, k int) (engine.StepOutput, error) {
 	bad := func(format string, a ...any) (engine.StepOutput, error) {
-		return engine.StepOutput{}, &WorkerError{Code: "internal", Message: fmt.Sprintf("sequence %d: ", in.Seq) + fmt.Sprintf(format, a...)}
+		return engine.StepOutput{}, &WorkerError{Code: retry.CodeInternal, Message: fmt.Sprintf("sequence %d: ", in.Seq) + fmt.Sprintf(format, a...)}
 	}
 	if k >= len(r.Tokens) || k >= len(r.Embeddings) || r.Embeddings[k] == nil {
 		return bad("step reply has no embedding for it")
@@ -118,7 +119,7 @@ func decodeVector(s string, dim int) ([]float32, error) {
 func (m *Model) embedInfo(w *wireInfo) error {
 	if w.EmbedDim <= 0 {
 		if w.Encoder {
-			return &WorkerError{Code: "internal", Message: "an encoder without embed_dim"}
+			return &WorkerError{Code: retry.CodeInternal, Message: "an encoder without embed_dim"}
 		}
 		return nil
 	}

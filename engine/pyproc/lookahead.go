@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Lookahead: a decode step asks the worker for up to k tokens per
@@ -258,7 +259,7 @@ func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine
 	var got []engine.StepOutput
 	if p.send != nil {
 		if k >= len(r.Tokens) {
-			return engine.StepOutput{}, &WorkerError{Code: "internal", Message: fmt.Sprintf("step reply has %d tokens, want more", len(r.Tokens))}
+			return engine.StepOutput{}, &WorkerError{Code: retry.CodeInternal, Message: fmt.Sprintf("step reply has %d tokens, want more", len(r.Tokens))}
 		}
 		o := engine.StepOutput{Seq: in.Seq, Token: r.Tokens[k]}
 		if k < len(r.Logprobs) {
@@ -273,7 +274,7 @@ func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine
 		got = append(got, o)
 		if k < len(r.More) {
 			if len(r.More[k]) >= p.n {
-				return engine.StepOutput{}, &WorkerError{Code: "internal", Message: fmt.Sprintf("step reply has %d tokens ahead, asked for %d", len(r.More[k]), p.n-1)}
+				return engine.StepOutput{}, &WorkerError{Code: retry.CodeInternal, Message: fmt.Sprintf("step reply has %d tokens ahead, asked for %d", len(r.More[k]), p.n-1)}
 			}
 			for j, t := range r.More[k] {
 				o := engine.StepOutput{Seq: in.Seq, Token: t}

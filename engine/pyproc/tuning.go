@@ -17,9 +17,11 @@ type Tuning struct {
 	// BlockSize is the tokens a block of the paged KV pool holds, 1 to
 	// 1024; 0: 16.
 	BlockSize int
-	// WindowStep is how far a sliding-window layer's pages run ahead of
-	// its window before the ones behind it are given back, in tokens;
-	// 0: the larger of the block size and 64.
+	// WindowStep is the most tokens one sequence is fed at once within a
+	// sliding window's blocks (a longer prompt chunk is fed in pieces of
+	// it, giving blocks behind the window back between them), and so how
+	// many blocks past the window a sliding group holds; 0: the larger of
+	// the block size and 64.
 	WindowStep int
 	// KVFraction is the share of the device's free memory the KV pool
 	// takes at load when the model's KV capacity is not given (CUDA

@@ -37,56 +37,62 @@ func replicaCount(o options) int {
 	return max(1, len(o.gpus)/o.tp)
 }
 
-// openReplicas starts the engines and their Servers.
-func openReplicas(ctx context.Context, o options, dir string, log *slog.Logger, mp *sdkmetric.MeterProvider) (rs *replicas, err error) {
-	rs = &replicas{}
-	defer func() {
-		if err != nil {
-			rs.close()
-		}
-	}()
+// openReplicas starts the engines and their Servers. On an error what
+// was started is closed again.
+func openReplicas(ctx context.Context, o options, dir string, log *slog.Logger, mp *sdkmetric.MeterProvider) (*replicas, error) {
+	rs := &replicas{}
+	if err := rs.open(ctx, o, dir, log, mp); err != nil {
+		rs.close()
+		return nil, err
+	}
+	return rs, nil
+}
+
+func (rs *replicas) open(ctx context.Context, o options, dir string, log *slog.Logger, mp *sdkmetric.MeterProvider) error {
 	n := replicaCount(o)
 	if n == 1 {
 		eng, err := openEngine(ctx, o, dir, log)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rs.engines = append(rs.engines, eng)
 		log.Info("engine started", "engine", eng.Name())
 		srv, err := mlxserving.New(eng, serverOptions(o, log, mp)...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rs.servers = append(rs.servers, srv)
-		return rs, nil
+		return nil
 	}
 	if len(o.gpus)%o.tp != 0 {
-		return nil, fmt.Errorf("-gpus %v: %d devices do not make replicas of -tp %d", o.gpus, len(o.gpus), o.tp)
+		return fmt.Errorf("-gpus %v: %d devices do not make replicas of -tp %d", o.gpus, len(o.gpus), o.tp)
 	}
-	if rs.lb, err = balancer.New(balancer.WithLogger(log), balancer.WithMeterProvider(mp)); err != nil {
-		return nil, err
+	lb, err := balancer.New(balancer.WithLogger(log), balancer.WithMeterProvider(mp))
+	if err != nil {
+		return err
 	}
+	rs.lb = lb
 	for r := range n {
 		ro := o
 		ro.gpus = o.gpus[r*o.tp : (r+1)*o.tp]
 		rlog := log.With("replica", r)
 		eng, err := openPyproc(ctx, ro, rlog)
 		if err != nil {
-			return nil, fmt.Errorf("replica %d (GPUs %v): %w", r, ro.gpus, err)
+			return fmt.Errorf("replica %d (GPUs %v): %w", r, ro.gpus, err)
 		}
 		rs.engines = append(rs.engines, eng)
 		rlog.Info("engine started", "engine", eng.Name(), "gpus", ro.gpus)
 		srv, err := mlxserving.New(eng, append(serverOptions(o, rlog, mp),
 			mlxserving.WithMetricAttributes(attribute.String("replica", strconv.Itoa(r))))...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rs.servers = append(rs.servers, srv)
 		if err := rs.lb.Add("replica-"+strconv.Itoa(r), srv); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return rs, nil
+	return nil
 }
 
 // front is what the HTTP API and the cluster serve: the Server, or the

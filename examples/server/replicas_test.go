@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -111,4 +112,20 @@ func requestsByReplica(t *testing.T, metrics string) map[string]int {
 		perReplica[r[1]] += v
 	}
 	return perReplica
+}
+
+// TestReplicasStartFailure: an engine that cannot start (no such
+// interpreter) makes run return the error, with one replica and with two
+// (the first one's engine is closed again), never a crash.
+func TestReplicasStartFailure(t *testing.T) {
+	for _, gpus := range []string{"", "0,1"} {
+		args := []string{"-addr", "127.0.0.1:0", "-engine", "pyproc", "-python", "/nonexistent/python3"}
+		if gpus != "" {
+			args = append(args, "-gpus", gpus, "-tp", "1")
+		}
+		err := run(context.Background(), args, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), "not found") {
+			t.Errorf("-gpus %q with no interpreter: %v, want the engine's error", gpus, err)
+		}
+	}
 }
