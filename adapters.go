@@ -52,8 +52,11 @@ var ErrNoAdapters = errors.New("the model's engine serves no LoRA adapters")
 // Errors: an *engine.CheckpointError for an adapter that does not fit the
 // base (rank, shapes, target modules, non-finite weights, missing files),
 // a *ModelNotFoundError for an unknown base, ErrModelExists when the name
-// is taken, ErrNoAdapters when the base's engine serves none, and an
-// *engine.InvalidParamError for an empty name or path.
+// is taken, ErrNoAdapters when the base's engine serves none, a
+// *prewarm.BudgetError when the base's adapter slots (Info.AdapterBytes,
+// charged once a base serves adapters, and at its later loads) do not fit
+// the memory budget, and an *engine.InvalidParamError for an empty name
+// or path.
 func (s *Server) LoadAdapter(ctx context.Context, spec AdapterSpec) (AdapterStatus, error) {
 	if spec.Name == "" || spec.Path == "" {
 		return AdapterStatus{}, &engine.InvalidParamError{Param: "adapter", Reason: "an adapter needs a name and a path"}
@@ -101,6 +104,12 @@ func (s *Server) addAdapter(ctx context.Context, spec AdapterSpec) (engine.Adapt
 	if err != nil {
 		return engine.AdapterInfo{}, fmt.Errorf("adapter %q over %q: %w", spec.Name, spec.Base, err)
 	}
+	// The slots the engine allocates for the first adapter count in the
+	// memory budget from now on, and at every later load of the base.
+	if err := s.mgr.Reserve(ctx, spec.Base, m.info.AdapterBytes); err != nil {
+		_ = am.RemoveAdapter(spec.Name)
+		return engine.AdapterInfo{}, fmt.Errorf("adapter %q over %q: its slots (%d bytes): %w", spec.Name, spec.Base, m.info.AdapterBytes, s.managerErr(spec.Base, err))
+	}
 	return info, nil
 }
 
@@ -115,7 +124,14 @@ func (s *Server) UnloadAdapter(_ context.Context, name string) error {
 	}
 	delete(s.adapters, name)
 	m := s.models[e.spec.Base]
+	last := true
+	for _, o := range s.adapters {
+		last = last && (o == nil || o.spec.Base != e.spec.Base)
+	}
 	s.mu.Unlock()
+	if last { // the base's next load allocates no slots
+		_ = s.mgr.Reserve(context.Background(), e.spec.Base, 0)
+	}
 	if m != nil {
 		if am, ok := m.engine.(engine.AdapterModel); ok {
 			if err := am.RemoveAdapter(name); err != nil && !errors.Is(err, engine.ErrModelNotFound) && !errors.Is(err, engine.ErrClosed) {

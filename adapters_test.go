@@ -12,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/balancer"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/merge"
 	"github.com/mlxserving/mlxserving/prewarm"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -205,4 +206,62 @@ func TestAdapterRoutedToItsInstance(t *testing.T) {
 	if sa, sb := a.sim.Stats(), b.sim.Stats(); sa.Steps != 0 || sb.AdapterLoads == 0 {
 		t.Fatalf("instance without the adapter ran %d steps; the one with it loaded it %d times", sa.Steps, sb.AdapterLoads)
 	}
+}
+
+// The memory an engine's adapter slots take counts in the budget once a
+// base serves adapters: once however many adapters it serves, and again
+// at every later load of the base.
+func TestAdapterSlotsCountInBudget(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithMemory(1000, 0), enginetest.WithAdapterMemory(300)},
+		mlxserving.WithMemoryBudget(2700))
+	ctx := context.Background()
+	used := func(want int64, when string) {
+		t.Helper()
+		if got, _ := f.srv.Memory(); got != want {
+			t.Fatalf("%s: %d bytes used, want %d", when, got, want)
+		}
+	}
+	used(1000, "the base alone")
+	dirs := writeAdapters(t, 3)
+	for i, name := range []string{"a", "b"} {
+		if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: name, Path: dirs[i]}); err != nil {
+			t.Fatal(err)
+		}
+		used(1300, "adapters over the base")
+	}
+	if err := f.srv.RegisterModel(prewarm.Model{Spec: engine.ModelSpec{ID: "lazy"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "tuned", Path: dirs[2], Base: "lazy"}); err != nil {
+		t.Fatal(err)
+	}
+	used(2600, "a second base with an adapter")
+	if err := f.srv.UnloadModel(ctx, "lazy"); err != nil {
+		t.Fatal(err)
+	}
+	used(1300, "the second base unloaded")
+	r := req(4, 7, 8, 9)
+	r.Model = "tuned"
+	collect(t, f.srv, r) // loads lazy again, its adapter restored
+	used(2600, "the second base loaded again")
+}
+
+// A base whose adapter slots do not fit the budget refuses the adapter
+// with a BudgetError and keeps serving without it.
+func TestAdapterSlotsOverBudget(t *testing.T) {
+	f := newFixture(t, []enginetest.SimOption{enginetest.WithMemory(1000, 0), enginetest.WithAdapterMemory(300)},
+		mlxserving.WithMemoryBudget(1200))
+	dirs := writeAdapters(t, 1)
+	_, err := f.srv.LoadAdapter(context.Background(), mlxserving.AdapterSpec{Name: "a", Path: dirs[0]})
+	var be *prewarm.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("LoadAdapter over a full budget: %v, want a *prewarm.BudgetError", err)
+	}
+	if got := f.srv.Adapters(); len(got) != 0 {
+		t.Fatalf("adapters served after the refusal: %v", got)
+	}
+	if used, _ := f.srv.Memory(); used != 1000 {
+		t.Fatalf("%d bytes used after the refusal, want 1000", used)
+	}
+	collect(t, f.srv, req(2, 1, 2, 3)) // the base still serves
 }

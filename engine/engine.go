@@ -305,6 +305,11 @@ type Info struct {
 	// serves none. MaxAdapterRank is the highest rank it accepts.
 	AdapterSlots   int
 	MaxAdapterRank int
+	// AdapterBytes is the device memory the adapter slots take once the
+	// model runs its first adapter (every slot at MaxAdapterRank, on every
+	// device); 0 when unknown. It is not part of MemoryBytes: a model that
+	// never runs an adapter never takes it.
+	AdapterBytes int64
 }
 
 // Paged reports whether the model keeps its KV in blocks (BlockSize > 0).

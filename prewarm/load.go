@@ -88,6 +88,7 @@ func (g *Manager) loaded(ctx context.Context, id string, e *entry, c *loadCall, 
 		e.bytes = g.estimateLocked(e)
 	}
 	e.lastBytes = e.bytes
+	e.bytes += e.extra
 	g.used += e.bytes
 	e.state, e.err, e.failures = StateLoaded, nil, 0
 	e.loads++

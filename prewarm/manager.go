@@ -84,6 +84,7 @@ type entry struct {
 	state     State
 	info      engine.Info
 	bytes     int64 // reported memory while loaded; reservation while loading
+	extra     int64 // Reserve's: charged beyond what the engine reports, at every load
 	lastBytes int64 // memory reported by the last load: the next estimate
 	lastUsed  time.Time
 	keepAlive time.Duration // effective keep-alive
@@ -433,6 +434,41 @@ func (g *Manager) Status() []ModelStatus {
 	}
 	slices.SortFunc(out, func(a, b ModelStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// Reserve sets the memory charged for model id beyond what its engine
+// reports at load — the LoRA adapter slots a Server allocates once it
+// serves adapters over the model — from now on and at every later load.
+// A loaded model's charge grows at once, evicting least recently used idle
+// models to fit the budget, or fails with a *BudgetError when the rest is
+// pinned or busy (the charge stays as it was). A smaller value applies
+// from the next load: what the engine allocated stays until the model
+// unloads.
+func (g *Manager) Reserve(ctx context.Context, id string, bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("prewarm: Reserve(%q, %d): want 0 or more bytes", id, bytes)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entries[id]
+	if e == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
+	}
+	if e.state == StateLoaded && bytes > e.extra {
+		need := bytes - e.extra
+		if err := g.fitLocked(ctx, e, need); err != nil {
+			return err
+		}
+		if e = g.entries[id]; e == nil {
+			return fmt.Errorf("%w: %q", ErrUnknownModel, id) // forgotten while fitLocked released g.mu
+		}
+		if e.state == StateLoaded { // else unloaded meanwhile: charged at its next load
+			g.used += need
+			e.bytes += need
+		}
+	}
+	e.extra = bytes
+	return nil
 }
 
 // Memory returns the bytes the loaded models take (plus what loads under

@@ -37,6 +37,7 @@ type simConfig struct {
 	prefixEntries           int
 	compileTime             time.Duration
 	weightBytes             int64
+	adapterBytes            int64
 	kvTokenBytes            int64
 	blockSize               int
 	noResume                bool
@@ -258,6 +259,18 @@ func WithCompileTime(d time.Duration) SimOption {
 			return badOption("compile time", d, "0 or more")
 		}
 		c.compileTime = d
+		return nil
+	}
+}
+
+// WithAdapterMemory sets the memory each model reports its LoRA adapter
+// slots take once it runs an adapter (Info.AdapterBytes). Default 0.
+func WithAdapterMemory(bytes int64) SimOption {
+	return func(c *simConfig) error {
+		if bytes < 0 {
+			return badOption("adapter memory", bytes, "0 or more")
+		}
+		c.adapterBytes = bytes
 		return nil
 	}
 }

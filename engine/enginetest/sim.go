@@ -216,6 +216,7 @@ func (s *Sim) info(spec engine.ModelSpec) (engine.Info, error) {
 	if spec.MaxAdapterRank > 0 {
 		info.MaxAdapterRank = spec.MaxAdapterRank
 	}
+	info.AdapterBytes = s.cfg.adapterBytes
 	info.WeightBytes = s.cfg.weightBytes
 	info.KVBytes = s.cfg.kvTokenBytes * int64(info.KVCapacity)
 	return info, nil

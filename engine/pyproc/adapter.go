@@ -360,4 +360,7 @@ func (m *Model) adapterInfo(infos []*wireInfo) {
 	}
 	m.info.AdapterSlots, m.info.MaxAdapterRank = infos[0].AdapterSlots, infos[0].MaxAdapterRank
 	m.slotBytes = infos[0].AdapterSlotBytes
+	for _, w := range infos { // every worker holds slots of its own
+		m.info.AdapterBytes += w.AdapterBytes
+	}
 }

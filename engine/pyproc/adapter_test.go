@@ -288,8 +288,8 @@ func TestAdapterSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base, AdapterSlots: 1, MaxAdapterRank: 8})
-	if info := m.Info(); info.AdapterSlots != 1 || info.MaxAdapterRank != 8 {
-		t.Fatalf("info: %d slots, rank %d", info.AdapterSlots, info.MaxAdapterRank)
+	if info := m.Info(); info.AdapterSlots != 1 || info.MaxAdapterRank != 8 || info.AdapterBytes <= 0 {
+		t.Fatalf("info: %d slots, rank %d, %d bytes of slots", info.AdapterSlots, info.MaxAdapterRank, info.AdapterBytes)
 	}
 	addAdapter(t, m, "x", cx.adapter)
 	addAdapter(t, m, "y", dy)
