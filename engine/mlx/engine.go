@@ -210,6 +210,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 			return
 		}
 		m.adapters = newAdapters(m, g, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
+		m.info.AdapterBytes = m.adapters.stack.bytes(m.info.MaxAdapterRank)
 		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
 			m.pool.release()
 			m.w.free()

@@ -329,6 +329,18 @@ func (m *model) proj(g *graph, li int, k projKind, l *linear, x arr, p *stepPlan
 	return g.reshape(g.scatterAdd(g.reshape(y, p.n, width), lp.idx, d), shape...) // idx's rows are distinct
 }
 
+// bytes is the memory the stacks take with every module adapted in every
+// slot at rank r (they are padded to the highest rank resident, and
+// allocated per module as adapters first target it): Info.AdapterBytes
+// at the model's highest rank.
+func (st *loraStack) bytes(r int) int64 {
+	var n int64
+	for _, p := range st.parts {
+		n += int64(p.in + p.out)
+	}
+	return n * int64(st.slots) * int64(r) * int64(dtypeSize(st.dt))
+}
+
 // dtypeSize is the bytes of one value of the float dtype dt.
 func dtypeSize(dt C.mlx_dtype) int {
 	if dt == C.MLX_FLOAT32 {
