@@ -321,15 +321,13 @@ func registerVLLM(reg prometheus.Registerer, rs *replicas) error {
 // serveAdapters loads the -lora adapters over the main model id, on every
 // replica.
 func serveAdapters(ctx context.Context, rs *replicas, id string, adapters []mlxserving.AdapterSpec, log *slog.Logger) error {
-	for _, srv := range rs.servers {
-		for _, a := range adapters {
-			a.Base = id
-			st, err := srv.LoadAdapter(ctx, a)
-			if err != nil {
-				return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
-			}
-			log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
+	for _, a := range adapters {
+		a.Base = id
+		st, err := rs.loadAdapter(ctx, a)
+		if err != nil {
+			return fmt.Errorf("-lora %s=%s: %w", a.Name, a.Path, err)
 		}
+		log.Info("serving adapter", "adapter", st.Name, "base", id, "path", st.Path, "rank", st.Rank, "targets", st.Targets)
 	}
 	return nil
 }

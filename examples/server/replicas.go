@@ -113,24 +113,14 @@ type replicaFront struct {
 	rs *replicas
 }
 
-// LoadAdapter loads the adapter on every replica and reports the first's
-// status; a replica that refuses it has the others unload it again.
+// LoadAdapter loads the adapter on every replica (see
+// replicas.loadAdapter) and has the balancer see it at once.
 func (f replicaFront) LoadAdapter(ctx context.Context, spec mlxserving.AdapterSpec) (mlxserving.AdapterStatus, error) {
-	var first mlxserving.AdapterStatus
-	for i, srv := range f.rs.servers {
-		st, err := srv.LoadAdapter(ctx, spec)
-		if err != nil {
-			for _, done := range f.rs.servers[:i] {
-				_ = done.UnloadAdapter(context.WithoutCancel(ctx), spec.Name)
-			}
-			return mlxserving.AdapterStatus{}, err
-		}
-		if i == 0 {
-			first = st
-		}
+	st, err := f.rs.loadAdapter(ctx, spec)
+	if err == nil {
+		f.Refresh()
 	}
-	f.Refresh()
-	return first, nil
+	return st, err
 }
 
 // UnloadAdapter unloads the adapter from every replica.
@@ -149,6 +139,25 @@ func (rs *replicas) refresh() {
 	if rs.lb != nil {
 		rs.lb.Refresh()
 	}
+}
+
+// loadAdapter loads the adapter on every replica and reports the first's
+// status; a replica that refuses it has the others unload it again.
+func (rs *replicas) loadAdapter(ctx context.Context, spec mlxserving.AdapterSpec) (mlxserving.AdapterStatus, error) {
+	var first mlxserving.AdapterStatus
+	for i, srv := range rs.servers {
+		st, err := srv.LoadAdapter(ctx, spec)
+		if err != nil {
+			for _, done := range rs.servers[:i] {
+				_ = done.UnloadAdapter(context.WithoutCancel(ctx), spec.Name)
+			}
+			return mlxserving.AdapterStatus{}, err
+		}
+		if i == 0 {
+			first = st
+		}
+	}
+	return first, nil
 }
 
 // shutdown drains every replica's Server at once.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -23,13 +22,7 @@ import (
 // time serves on every replica. On a machine without CUDA the workers run
 // on the CPU and CUDA_VISIBLE_DEVICES changes nothing.
 func TestServeReplicas(t *testing.T) {
-	py := os.Getenv("MLXSERVING_PYTHON")
-	if py == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("MLXSERVING_PYTHON is not set: source scripts/setup.d/30-python.sh")
-		}
-		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
-	}
+	py := testPython(t)
 	dir := filepath.Join(t.TempDir(), "sql")
 	if err := testmodel.WriteAdapter(dir, testmodel.Tiny(), testmodel.Adapter{Rank: 4}); err != nil {
 		t.Fatal(err)

@@ -19,12 +19,7 @@ import (
 // that it serves the Python engine, says so, says the generated model has
 // random weights, answers a chat request and stops on SIGTERM.
 func TestServeScript(t *testing.T) {
-	if os.Getenv("MLXSERVING_PYTHON") == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("MLXSERVING_PYTHON is not set: source scripts/setup.d/30-python.sh")
-		}
-		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
-	}
+	testPython(t)
 	if testing.Short() {
 		t.Skip("builds and starts the server")
 	}
@@ -106,4 +101,18 @@ func TestServeScript(t *testing.T) {
 			t.Fatalf("serve.sh did not stop on SIGTERM:\n%s", log.String())
 		}
 	}
+}
+
+// testPython returns the interpreter with torch that the set-up found
+// ($MLXSERVING_PYTHON); without one the test is skipped, or fails under CI.
+func testPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("MLXSERVING_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("MLXSERVING_PYTHON is not set: source scripts/setup.d/30-python.sh")
+		}
+		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
+	}
+	return py
 }
