@@ -73,6 +73,7 @@ var (
 	hfStatic  = flag.Bool("hfstatic", true, "run transformers' generate with a static cache and torch.compile")
 	graphs    = flag.Bool("graphs", true, "CUDA graphs for decode steps")
 	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
+	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
@@ -98,7 +99,7 @@ var (
 
 // tuning is the workers' tuning the flags ask for.
 func tuning() pyproc.Option {
-	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
+	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured
@@ -188,7 +189,7 @@ func main() {
 		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning()}, quantize...)...)
 	must(err)
 	t0 := time.Now()
-	mi, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: 64})
+	mi, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: max(64, slices.Max(append(sizes, 1)))})
 	must(err)
 	m := mi.(*pyproc.Model)
 	fmt.Printf("loaded in %v: %+v\n", time.Since(t0).Round(time.Millisecond), m.Info())

@@ -118,14 +118,16 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 	fmt.Printf("server ready in %v; %s\n", time.Since(t0).Round(time.Millisecond), grepLog(logf.Name(), "model loaded"))
 	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
 		c.inputWords, c.maxTokens, c.ttftSLO, c.tpotSLO)
-	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | prompt tokens cached | mean queue wait |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | prompt tokens cached | mean queue wait | GPU busy |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for i, l := range c.loads {
 		before, err := scrape(ctx, base)
 		if err != nil {
 			return err
 		}
+		busy := sampleBusy(ctx)
 		s, err := runLoad(ctx, c, base, l, uint64(i+1))
+		busyPct := busy()
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
@@ -142,14 +144,46 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 			goodput += fmt.Sprintf(" (offered %.1f)", s.OfferedRate)
 		}
 		met := float64(s.GoodRequests) / float64(max(s.Completed+s.Failed, 1))
-		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %s | %.0f%% | %.1f | %s | %.0f%% | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
+		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %s | %.0f%% | %.1f | %s | %.0f%% | %s | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
 			s.RequestThroughput, s.OutputThroughput, ms(pct(s.TTFT.Values, 0)), ms(pct(s.TTFT.Values, 1)), ms(pct(s.TPOT.Values, 0)),
-			goodput, 100*met, batch, ms(time.Duration(step*float64(time.Second))), 100*cached, ms(time.Duration(wait*float64(time.Second))))
+			goodput, 100*met, batch, ms(time.Duration(step*float64(time.Second))), 100*cached, ms(time.Duration(wait*float64(time.Second))), busyPct)
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
 	}
 	return nil
+}
+
+// sampleBusy starts sampling nvidia-smi's utilization.gpu (the share of
+// each 100 ms in which a kernel ran, every GPU of the machine) and returns
+// the function that stops it and formats the mean ("-" without
+// nvidia-smi).
+func sampleBusy(ctx context.Context) func() string {
+	cmd := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100")
+	out, err := cmd.StdoutPipe()
+	if err != nil || cmd.Start() != nil {
+		return func() string { return "-" }
+	}
+	var sum, n float64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(sc.Text()), 64); err == nil {
+				sum, n = sum+v, n+1
+			}
+		}
+	}()
+	return func() string {
+		_ = cmd.Process.Kill()
+		<-done
+		_ = cmd.Wait()
+		if n == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", sum/n)
+	}
 }
 
 // runLoad runs loadgen for one row with its own seed: every load sends

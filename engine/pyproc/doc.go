@@ -34,7 +34,13 @@
 // repetition penalty) every token is one round trip. A constrained input
 // (StepInput.Allowed) decodes ahead only with a loop (StepInput.Loop:
 // inside a free string), under the same mask, and its tokens are served
-// only to steps that pass that mask again.
+// only to steps that pass that mask again. Behind every step (steps of
+// more than 32 sequences decode one token each) the worker launches the
+// next decode step of its sequences before Step has the tokens, so the
+// GPU decodes while the tokens travel and the next step is planned; a
+// step that adds prompt chunks or new sequences runs them beside it, one
+// that feeds a sequence something else discards it (Tuning.NoOverlap
+// turns this off).
 //
 // Several GPUs: WithTensorParallel(n) splits each worker's models over n
 // ranks, one process and one GPU each, joined with torch.distributed

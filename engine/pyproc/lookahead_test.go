@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 
@@ -16,15 +17,20 @@ import (
 // was not given, and prefix reuse of a sequence freed with tokens decoded
 // ahead.
 func transcript(t *testing.T, m *Model) []string {
-	t.Helper()
-	ctx := context.Background()
-	var log []string
-	params := []*engine.SamplingParams{
+	return transcriptWith(t, m, []*engine.SamplingParams{
 		{Logprobs: true},
 		{Temperature: 0.9, TopK: 40, Seed: 7, HasSeed: true, Logprobs: true},
 		{RepetitionPenalty: 1.3},
 		{Temperature: 0.7, TopP: 0.9, MinP: 0.05, Seed: 3, HasSeed: true},
-	}
+	})
+}
+
+// transcriptWith is transcript with the four sequences' sampling
+// parameters given.
+func transcriptWith(t *testing.T, m *Model, params []*engine.SamplingParams) []string {
+	t.Helper()
+	ctx := context.Background()
+	var log []string
 	prompts := [][]int32{prompt(1, 9), prompt(2, 4), prompt(3, 13), prompt(4, 6)}
 	fedPrompt := make([]int, len(prompts))
 	last := make([][]int32, len(prompts))
@@ -215,6 +221,42 @@ func TestLookaheadBadFields(t *testing.T) {
 	}
 	m.Free(1, "")
 	generate(t, m, 2, prompt(2, 5), 3)
+}
+
+// TestOverlapSameTokens checks that the next decode step launched behind
+// each step (CUDA only) changes nothing the caller sees, with lookahead
+// and without, and that it ran: the worker's stats count speculated steps
+// a whole step used and steps with prompt chunks beside them.
+func TestOverlapSameTokens(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("the worker speculates steps on CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	// Parameters that run ahead (no repetition penalty): every step can
+	// carry a speculation.
+	params := []*engine.SamplingParams{
+		{Logprobs: true},
+		{Temperature: 0.9, TopK: 40, Seed: 7, HasSeed: true, Logprobs: true},
+		greedy,
+		{Temperature: 0.7, TopP: 0.9, MinP: 0.05, Seed: 3, HasSeed: true},
+	}
+	for _, k := range []int{1, 4} {
+		off := load(t, newEngine(t, WithLookahead(k), WithTuning(Tuning{NoOverlap: true})), tiny(t))
+		e := newEngine(t, WithLookahead(k))
+		on := load(t, e, tiny(t))
+		a, b := transcriptWith(t, off, params), transcriptWith(t, on, params)
+		if !slices.Equal(a, b) {
+			t.Errorf("lookahead %d: overlap changed what the caller sees:\n off: %v\n on:  %v", k, a, b)
+		}
+		st, _ := workerStats(t, e, on)["speculated"].(map[string]any)
+		chained, _ := st["chained"].(float64)
+		beside, _ := st["beside"].(float64)
+		// With lookahead the scenario's rounds end in the buffers (the
+		// supervisor hands out the tokens decoded ahead): only without it
+		// does every step carry one.
+		if k == 1 && (chained == 0 || beside == 0) {
+			t.Errorf("lookahead %d: speculated steps %v: want some used whole and some beside prompt chunks", k, st)
+		}
+	}
 }
 
 // TestLookaheadOffForLargeBatches checks that a step of more than

@@ -34,6 +34,12 @@ type Tuning struct {
 	// one pass instead of the decodes on their CUDA graph and the chunks
 	// in a second pass.
 	NoSplitSteps bool
+	// NoOverlap stops the worker from launching the next decode step of a
+	// step's sequences behind it, before the host has read the step's
+	// tokens (CUDA with the kernels; PROTOCOL.md, "Lookahead"). With it
+	// the GPU idles while the tokens travel to the engine and the next
+	// step comes back.
+	NoOverlap bool
 	// NoKernels runs the plain torch code instead of the runtime's Triton
 	// kernels (CUDA).
 	NoKernels bool
@@ -95,6 +101,7 @@ type settings struct {
 	KVFraction   float64 `json:"kv_fraction"`
 	PrefixCache  bool    `json:"prefix_cache"`
 	SplitSteps   bool    `json:"split_steps"`
+	Overlap      bool    `json:"overlap"`
 	Kernels      bool    `json:"kernels"`
 	Varlen       bool    `json:"varlen"`
 	AttnPrefetch bool    `json:"attn_prefetch"`
@@ -109,7 +116,7 @@ type settings struct {
 // settingsArg returns the --settings argument for t.
 func (t Tuning) settingsArg() string {
 	s := settings{BlockSize: t.BlockSize, WindowStep: t.WindowStep, KVFraction: t.KVFraction,
-		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Kernels: !t.NoKernels,
+		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
 		FP8ScaledMM: t.FP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		Profile: t.Profile, MaxLookahead: maxLookahead}

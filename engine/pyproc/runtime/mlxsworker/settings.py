@@ -18,6 +18,8 @@ class Settings:
     prefix_cache: opens without a key reuse cached full blocks.
     split_steps: steps that mix prompt chunks with decodes run the decodes
     on their CUDA graph and the chunks in a second pass.
+    overlap: behind each step the next decode step of its sequences is
+    launched before the host reads the tokens (CUDA with the kernels).
     kv_fraction: the share of the device's free memory a KV pool sized
     from memory takes (CUDA).
     kernels: the Triton kernels run the CUDA decode path.
@@ -38,6 +40,7 @@ class Settings:
     window_step: int = 0
     prefix_cache: bool = True
     split_steps: bool = True
+    overlap: bool = True
     kv_fraction: float = 0.8
     kernels: bool = True
     varlen: bool = True

@@ -79,12 +79,21 @@ def rewind(s, back):
         del s.hist[-back:]
 
 
+def overlaps(model):
+    """Whether the model speculates the next decode step behind each step
+    (Spec): the overlap setting, on CUDA with the Triton kernels and
+    graphs."""
+    g = model.graphs
+    return model.overlap and g is not None and g.fast
+
+
 def plan(model, batch, seqs):
     """Returns, per sampling input in order, how many tokens it gets (1:
     just this step's), clipped to the context and to the KV blocks free
     without evicting anything, and gives the sequences the blocks the
     extra tokens need (plus one more token's where free, for Spec). batch
     entries are [seq, tokens, sample, params, n?, back?]."""
+    ahead = overlaps(model)
     want = []
     for b, s in zip(batch, seqs):
         if not b[2]:
@@ -100,8 +109,8 @@ def plan(model, batch, seqs):
         n = min(n, model.cfg.context - fed + 1)
         if n > 1:
             n = model.kv.grow(s, fed + n - 1, free_only=True) - fed + 1
-            if fed + n <= model.cfg.context:
-                model.kv.grow(s, fed + n, free_only=True)
+        if (n > 1 or ahead) and fed + n <= model.cfg.context:
+            model.kv.grow(s, fed + n, free_only=True)
         want.append(n)
     return want
 
@@ -109,9 +118,10 @@ def plan(model, batch, seqs):
 def chainable(model, batch, items, want):
     """Whether the whole step, its first token included, can run as a
     device chain: every input decodes one token and samples, with
-    parameters that run ahead, on a graph-captured batch size."""
+    parameters that run ahead, on a graph-captured batch size. A chain
+    of one step is worth it for the Spec behind it (overlaps)."""
     g = model.graphs
-    return (max(want, default=1) > 1 and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
+    return ((max(want, default=1) > 1 or overlaps(model)) and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
             and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
             and (not adapted(items) or g.lora_usable(len(batch))))
 
@@ -131,18 +141,20 @@ def run_chain(model, items, tokens, want):
     spec, model.spec = model.spec, None
     pre = spec.take(items, tokens) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
-    if spec is not None and pre is None:
-        model.spec_missed = True
+    if spec is not None:
+        model.spec_counts[1 if pre is not None else 3] += 1
+        model.spec_missed = pre is None
     if not model.spec_missed:
         model.spec = Spec.launch(model, items, ch)
     model.spec_missed = False  # after a miss, one round without
     out, lps = _finish(ch)
     first = [o[0] for o in out]
-    more = [o[1:] for o in out]
+    ahead = max(want, default=1) > 1  # else a chain of one step, for the Spec behind it: nothing more
+    more = [o[1:] for o in out] if ahead else None
     none = [[] for _ in items]  # no top log-probabilities: allowed() refuses them
     if lps is None:
         return StepResult(first, [0.0] * len(items), none, more, None)
-    return StepResult(first, [p[0] for p in lps], none, more, [p[1:] for p in lps])
+    return StepResult(first, [p[0] for p in lps], none, more, [p[1:] for p in lps] if ahead else None)
 
 
 def run(model, items, first, want):
@@ -315,47 +327,90 @@ def _cut(ch, res):
 
 
 class Spec:
-    """The first step of the next round, launched behind this round's
-    steps before the host reads their tokens: while the supervisor hands
-    the tokens out and asks for more, the GPU already decodes. It assumes
-    every sequence goes on, fed its last token with the same parameters;
-    a request that does not match discards it (one step of GPU work lost;
+    """The next decode step, launched behind this step before the host
+    reads its tokens: while the supervisor hands the tokens out and asks
+    for more, the GPU already decodes. It assumes every sequence goes on,
+    fed the token it just sampled, with the same parameters. A request
+    may use it for some of its inputs (those of sequences it ran, each fed
+    that token) and run the others beside it (prompt chunks, sequences
+    that joined since: TorchModel._step_with_spec); one that feeds a
+    sequence something else discards it (one step of GPU work lost;
     temperature draws are taken back, so seeded sequences do not notice)."""
 
-    __slots__ = ("rows", "live", "chain", "tok", "lp")
+    __slots__ = ("rows", "live", "chain", "feed", "tok", "lp")
 
     @staticmethod
     def launch(model, items, ch):
-        """Speculates the round after chain ch, or returns None when the
-        next round cannot be such a step."""
+        """Speculates the step after chain ch, or returns None when the
+        next step cannot be such a step."""
         run = ch.run
         if ch.steps < 1 or min(run) != ch.steps or ch.loops is not None:
             return None  # a constrained round's next mask is the caller's
-        bs = model.kv.bs
-        # The step writes at position len + run: its block must be there.
-        if any(len(s.tokens) + 1 + r >= min(model.cfg.context, len(s.blocks) * bs) for (_, s), r in zip(items, run)):
+        # The step writes at position len + run (the chain's tokens are not
+        # counted in s.tokens yet): its block must be there.
+        if not _room(model, items, run):
             return None
         plan = ch.plan[ch.steps - 1].clone()
         plan[0] += 1  # the position after the round's last fed token
+        return Spec._start(model, items, ch.last, plan, ch.slots, ch, None)
+
+    @staticmethod
+    def after(model, items, toks):
+        """Speculates the decode step after an ordinary step whose
+        sampling inputs were items and which sampled toks (on the device,
+        int64 [len(items)]; the host's copy goes in feed once read), or
+        returns None where that step cannot run on the device chain: an
+        input with parameters that do not run ahead or a mask, a batch
+        size without a graph, a sequence at the end of its blocks."""
+        g = model.graphs
+        if not items or not g.usable(len(items)) or not all(allowed(p) and "x" not in p for p, _ in items):
+            return None
+        ad = adapted(items)
+        if ad and not g.lora_usable(len(items)):
+            return None
+        if not _room(model, items, [0] * len(items)):
+            return None
+        dev = model.device
+        model.kv.flush()  # the block plan() took ahead for this step
+        plan = _upload([[len(s.tokens) for _, s in items], [s.row for _, s in items]], dev)
+        slots = _upload([s.lora for _, s in items], dev) if ad else None
+        return Spec._start(model, items, toks, plan, slots, None, None)
+
+    @staticmethod
+    def _start(model, items, tok, plan, slots, chain, feed):
         sp = Spec()
         sp.rows = [(dict(p), s) for p, s in items]
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
-        sp.chain = ch  # its last step's tokens are what the next round feeds
-        logits = model.graphs.run_device(ch.last, plan, ch.slots)
+        sp.chain, sp.feed = chain, feed  # what each row is fed: feed, or the chain's last tokens
+        logits = model.graphs.run_device(tok, plan, slots)
         sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
+        model.spec_counts[0] += 1
         return sp
 
+    def fed(self):
+        """The token each row was fed, host ints (after an ordinary step,
+        set by speculate_after's caller once the step's tokens are read)."""
+        if self.feed is None:
+            self.feed = self.chain.host[-1].tolist()  # read by _finish already: no wait
+        return self.feed
+
+    def matches(self, s, toks, params):
+        """Whether the speculated row of sequence s is the step of an
+        input feeding it toks with params."""
+        i = self.live.get(id(s))
+        return i is not None and len(toks) == 1 and toks[0] == self.fed()[i] and self.rows[i][0] == params
+
     def take(self, items, tokens):
-        """The first step's (tokens, logprobs) for this request, in its
-        input order, or None after discarding the speculation."""
-        feed = self.chain.host[-1].tolist()  # read by _finish already: no wait
+        """The speculated (tokens, logprobs) of items (sequences it ran, fed
+        tokens), in their order, on the device; the other rows are
+        discarded. None after discarding the speculation when an item is
+        not its step."""
         idx = []
         for (p, s), t in zip(items, tokens):
-            i = self.live.get(id(s))
-            if i is None or feed[i] != t or self.rows[i][0] != p:
+            if not self.matches(s, [t], p):
                 self.discard()
                 return None
-            idx.append(i)
+            idx.append(self.live[id(s)])
         self.discard(keep=set(idx))
         if idx == list(range(len(self.rows))):
             return self.tok, self.lp
@@ -376,6 +431,36 @@ class Spec:
                 _undraw(*self.rows[i])
 
 
+def launcher(model, items):
+    """For sample_rows' launch after an ordinary step whose sampling
+    inputs are items: launches the next decode step behind it (Spec.after)
+    where the model overlaps, unless the last speculation missed (then one
+    step goes without). None where there is nothing to launch. The caller
+    gives the Spec its host tokens (fed_after) once read."""
+    if not overlaps(model):
+        return None
+    if model.spec_missed:
+        model.spec_missed = False
+        return None
+
+    def launch(toks):
+        model.spec = Spec.after(model, items, toks)
+    return launch
+
+
+def fed_after(model, toks):
+    """The host tokens of the step a Spec.after speculation follows."""
+    if model.spec is not None and model.spec.feed is None and model.spec.chain is None:
+        model.spec.feed = list(toks)
+
+
+def _room(model, items, run):
+    """Whether every sequence of items has the block of position
+    len(tokens) + run[i], within the context."""
+    bs = model.kv.bs
+    return all(len(s.tokens) + r < min(model.cfg.context, len(s.blocks) * bs) for (_, s), r in zip(items, run))
+
+
 def _undraw(params, s):
     """Takes back a sequence's last temperature draw (remember's record)."""
     if float(params.get("t") or 0) > 0 and s.hist and s.gen is not None:
@@ -384,20 +469,20 @@ def _undraw(params, s):
 
 def settle(model, batch):
     """Called first thing for every step request: discards a speculation
-    this request cannot use (anything but the decode step it assumed), so
-    that rewinding and sampling see the draws as they are."""
+    this request cannot use (an input of a sequence it ran that is not
+    the decode step it assumed, or any take-back), so that rewinding and
+    sampling see the draws as they are."""
     sp = model.spec
     if sp is None:
         return
-    ok = all(len(b) < 6 or not b[5] for b in batch) and all(len(b[1]) == 1 and b[2] for b in batch)
-    if ok:
-        feed = sp.chain.host[-1].tolist()
-        for b in batch:
-            s = model.seqs.get(b[0])
-            i = sp.live.get(id(s)) if s is not None else None
-            if i is None or feed[i] != b[1][0] or sp.rows[i][0] != b[3]:
-                ok = False
-                break
+    # Inputs of sequences it did not run (prompt chunks, sequences that
+    # joined since) may go beside it; each of its own must be its step.
+    ok = all(len(b) < 6 or not b[5] for b in batch)
+    for b in batch if ok else ():
+        s = model.seqs.get(b[0])
+        if s is not None and id(s) in sp.live and not (b[2] and sp.matches(s, b[1], b[3])):
+            ok = False
+            break
     if not ok:
         cancel(model)
 
@@ -408,3 +493,4 @@ def cancel(model):
         model.spec.discard()
         model.spec = None
         model.spec_missed = True
+        model.spec_counts[3] += 1

@@ -15,7 +15,7 @@ from .graphs import BATCH_BUCKETS, DecodeGraphs
 from .paged import Layout, OutOfBlocks, PagedKV
 from .pooling import Pooled, with_pooled
 from .sampling import note_forced, sample_rows
-from .upload import to_device
+from .upload import HostCopy, to_device
 
 BLOCK_SIZE = 16  # tokens per KV block (the settings' block_size overrides it)
 MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool holds that many sequences
@@ -131,6 +131,10 @@ class TorchModel(Model):
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
+        self.overlap = settings.overlap  # speculate the next decode step behind each step (lookahead.overlaps)
+        # Speculated steps: launched, used whole by a chain, used by a step
+        # with other inputs beside (_step_with_spec), discarded.
+        self.spec_counts = [0, 0, 0, 0]
 
     def _size_pool(self, kv_capacity, bs, max_batch, fraction):
         """Blocks in the pool: kv_capacity tokens when given, else a share
@@ -297,6 +301,7 @@ class TorchModel(Model):
         if self.adapters is not None:  # LoRA: resident adapters, graphs captured with the delta (lora.py)
             st["adapters"] = [n for n in self.adapters.names if n is not None]
             st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
+        st["speculated"] = dict(zip(("launched", "chained", "beside", "discarded"), self.spec_counts))
         return st
 
     def step(self, batch):
@@ -334,21 +339,106 @@ class TorchModel(Model):
         self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b, _ in gen)
         with torch.no_grad():
             items = [(b[3], s) for b, s in gen if b[2]]
+            single = max(want, default=1) == 1
+            if self.spec is not None and not pooled and single and any(id(s) not in self.spec.live for s in seqs):
+                out = self._step_with_spec(batch, seqs, fresh)
+                if out is not None:
+                    return out
             if not pooled and lookahead.chainable(self, batch, items, want):
                 return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
-            if self.layout.sliding_groups:
-                for s in seqs:
-                    self.kv.settle(s)
-            for s in fresh:
-                self.kv.register(s, len(s.tokens))
-            if self.lookahead_used:
-                lookahead.remember(self, items)
-            out = StepResult(*sample_rows(rows, items, self.device))
-            if max(want, default=1) > 1:
+            self._settle(seqs, fresh, items)
+            launch = lookahead.launcher(self, items) if single and not pooled else None
+            out = StepResult(*sample_rows(rows, items, self.device, launch=launch))
+            lookahead.fed_after(self, out.tokens)
+            if not single:
                 out.more, out.more_logprobs = lookahead.run(self, items, out.tokens, want)
             return with_pooled(batch, seqs, out) if pooled else out
+
+    def _settle(self, seqs, fresh, items):
+        """After a step's forward, before sampling items: sliding groups
+        give back the blocks out of their windows, the prompts' full
+        blocks go in the prefix cache, and with lookahead the generator
+        states are recorded (lookahead.remember)."""
+        if self.layout.sliding_groups:
+            for s in seqs:
+                self.kv.settle(s)
+        for s in fresh:
+            self.kv.register(s, len(s.tokens))
+        if self.lookahead_used:
+            lookahead.remember(self, items)
+
+    def _step_with_spec(self, batch, seqs, fresh):
+        """A step of one token per sampling input at most, some of them
+        the decodes the speculated step (lookahead.Spec) already ran, the
+        others beside them (prompt chunks, sequences that joined since):
+        the others run as an ordinary step behind it, and the tokens merge
+        in input order. Returns None when no input is the speculation's
+        (it is discarded; settle() let through only inputs it matches)."""
+        sp, self.spec = self.spec, None
+        mine = [i for i, s in enumerate(seqs) if id(s) in sp.live]
+        if not mine:  # its sequences all ended: nothing was guessed wrong
+            sp.discard()
+            self.spec_counts[3] += 1
+            return None
+        pre = sp.take([(batch[i][3], seqs[i]) for i in mine], [batch[i][1][0] for i in mine])
+        if pre is None:  # discarded by take
+            self.spec_missed = True
+            self.spec_counts[3] += 1
+            return None
+        self.spec_counts[2] += 1
+        for i in mine:  # the speculated step fed them their token
+            seqs[i].tokens.append(batch[i][1][0])
+            seqs[i].sampled = True
+        taken = set(mine)
+        rest = [i for i in range(len(batch)) if i not in taken]
+        rb, rs = [batch[i] for i in rest], [seqs[i] for i in rest]
+        ritems = [(b[3], s) for b, s in zip(rb, rs) if b[2]]
+        rows = self._forward(rb, rs) if rest else None
+        self._settle(seqs, fresh, ritems)
+        tok, lp = pre
+        mine_host = HostCopy([tok] + ([lp] if lp is not None else []))  # queued before the next speculation
+        # Sampling inputs in order; where each one's token comes from.
+        order = [i for i, b in enumerate(batch) if b[2]]
+        at = {i: k for k, i in enumerate(mine)}
+        items = [(batch[i][3], seqs[i]) for i in order]
+        launch = lookahead.launcher(self, items)
+
+        def merged(rest_toks):
+            """Every sampling input's token on the device, in order: the
+            speculation's and this step's."""
+            allt = torch.empty(len(order), dtype=torch.long, device=self.device)
+            ix = to_device([k for k, i in enumerate(order) if i in at] + [k for k, i in enumerate(order) if i not in at],
+                           self.device)
+            allt[ix[: len(mine)]] = tok
+            if rest_toks is not None:
+                allt[ix[len(mine):]] = rest_toks
+            return allt
+        if ritems:
+            rt, rl, rtop = sample_rows(rows, ritems, self.device,
+                                       launch=(lambda t: launch(merged(t))) if launch is not None else None)
+        else:
+            rt, rl, rtop = [], [], []
+            if launch is not None:
+                launch(merged(None))
+        got = mine_host.get()
+        st, sl = got[0], (got[1] if lp is not None else None)
+        out = StepResult([], [], [])
+        r = 0
+        for i in order:
+            b, k = batch[i], at.get(i)
+            if k is None:
+                out.tokens.append(rt[r])
+                out.logprobs.append(rl[r])
+                out.top.append(rtop[r])
+                r += 1
+            else:
+                out.tokens.append(st[k])
+                out.logprobs.append(sl[k] if sl is not None and b[3].get("l") else 0.0)
+                out.top.append([])  # lookahead.allowed refuses top log-probabilities
+        lookahead.fed_after(self, out.tokens)
+        return out
 
     def _feed_ahead(self, batch, seqs):
         """Feeds the prompt chunks longer than the layout's step (paged.Layout)

@@ -17,7 +17,7 @@ import random
 import torch
 
 from ..params import adjust, adjusts, token_set
-from .upload import to_device
+from .upload import HostCopy, to_device
 
 try:
     import numpy as _np
@@ -247,12 +247,14 @@ def _filter(row, params):
     return probs
 
 
-def sample_rows(logits, items, device, masks=False):
+def sample_rows(logits, items, device, masks=False, launch=None):
     """logits [S, vocab] float32; items: (params, seq) per row; masks: the
     rows' allowed masks from device_masks (False: decode them here).
     Returns the sampled token ids, their logprobs (0.0 where not asked)
     and the top log-probabilities ([] where not asked) as [[id, logprob],
-    ...]."""
+    ...]. launch (CUDA): called with the sampled ids on the device before
+    the host reads anything, to queue more work behind them (the next
+    step's speculation); the host's reads then wait for this step only."""
     S = logits.shape[0]
     if S == 0:
         return [], [], []
@@ -275,15 +277,23 @@ def sample_rows(logits, items, device, masks=False):
             out[i] = draw(seq, params, probs, device)
         seq.sampled = True
     want = [i for i, (params, _) in enumerate(items) if params.get("l") or params.get("n")]
-    lps, tops = [0.0] * S, [[] for _ in range(S)]
+    tops_n = [int(items[i][0].get("n") or 0) for i in want]
+    reads = [out]
     if want:
-        w = torch.tensor(want, device=logits.device)
-        ls = torch.log_softmax(logits[w], dim=-1)
-        lp = ls.gather(1, out[w].unsqueeze(1)).squeeze(1).tolist()
-        for k, (i, v) in enumerate(zip(want, lp)):
-            lps[i] = v
-            n = int(items[i][0].get("n") or 0)
-            if n > 0:
-                vals, ids = torch.topk(ls[k], min(n, ls.shape[-1]))
-                tops[i] = [[int(a), float(b)] for a, b in zip(ids.tolist(), vals.tolist()) if b != float("-inf")]
-    return out.tolist(), lps, tops
+        ls = torch.log_softmax(logits[to_device(want, logits.device)], dim=-1)
+        reads.append(ls.gather(1, out[to_device(want, logits.device)].unsqueeze(1)).squeeze(1))
+        if max(tops_n) > 0:
+            reads.extend(torch.topk(ls, min(max(tops_n), ls.shape[-1])))
+    if launch is not None:
+        host = HostCopy(reads)
+        launch(out)
+        reads = host.get()
+    else:
+        reads = [r.tolist() for r in reads]
+    lps, tops = [0.0] * S, [[] for _ in range(S)]
+    for k, i in enumerate(want):
+        lps[i] = reads[1][k]
+        if tops_n[k] > 0:
+            vals, ids = reads[2][k][: tops_n[k]], reads[3][k][: tops_n[k]]
+            tops[i] = [[int(a), float(b)] for a, b in zip(ids, vals) if b != float("-inf")]
+    return reads[0], lps, tops

@@ -12,3 +12,23 @@ def to_device(values, dev, dtype=torch.long):
     if dev.type != "cuda":
         return host.to(dev)
     return host.pin_memory().to(dev, non_blocking=True)
+
+
+class HostCopy:
+    """Device tensors copied to pinned host memory behind the work queued
+    so far: get() waits for that work only, not for what is queued after
+    the copy (CUDA)."""
+
+    def __init__(self, tensors):
+        self.host = []
+        for t in tensors:
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            h.copy_(t, non_blocking=True)
+            self.host.append(h)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def get(self):
+        """The tensors as host lists."""
+        self.event.synchronize()
+        return [h.tolist() for h in self.host]
