@@ -157,6 +157,7 @@ class PagedKV:
         # cache; settings.prefix_cache). Not with sliding groups: their
         # blocks of a prefix's start are gone once the sequence moves on.
         self.auto_prefix = prefix_cache and not lay.sliding_groups
+        self.ngroups_sliding = lay.sliding_groups
         self.roots = {}  # adapter key -> its prefix cache root node (root)
 
     def _set_table(self, t):
@@ -236,6 +237,8 @@ class PagedKV:
         its sliding groups give back counted off): fed at once, or with
         pieces, fed in pieces of layout.step tokens (what BlocksFor's
         growth counts)."""
+        if not self.ngroups_sliding and tokens <= len(s.pages[0]) * self.bs:
+            return 0  # the common decode step: its block is there
         fed = tokens if pieces else None
         back = sum(1 for g, i in self._gone(s, tokens, fed) if self.pool.seq_refs[s.pages[g][i]] == 1)
         return max(0, sum(len(gs) for _, gs in self._wanted(s, tokens, fed)) - back)
@@ -256,6 +259,8 @@ class PagedKV:
         free_only, only while free blocks last, giving back none
         (lookahead: the tokens may be taken back). Returns the tokens s
         can hold."""
+        if not self.ngroups_sliding and tokens <= len(s.pages[0]) * self.bs:
+            return tokens  # the common decode step: its block is there
         if not free_only:
             self._slide(s, tokens)
         for i, gs in self._wanted(s, tokens):
