@@ -74,6 +74,7 @@ var (
 	graphs    = flag.Bool("graphs", true, "CUDA graphs for decode steps")
 	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
 	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
+	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
@@ -99,7 +100,7 @@ var (
 
 // tuning is the workers' tuning the flags ask for.
 func tuning() pyproc.Option {
-	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
+	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured

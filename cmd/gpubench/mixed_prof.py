@@ -3,7 +3,8 @@ TorchModel directly (no Go, no protocol) as a loaded server steps it:
 BATCH sequences decoding at about CONTEXT tokens each while every step
 brings one new prompt of PROMPT tokens (the oldest sequence leaves), so
 each step mixes a prompt with the decodes. Prints, with the overlap
-setting on and off, the wall time per step, the GPU's busy time per step
+and prompt-step graph settings off, the overlap on, and both on (twice,
+alternating), the wall time per step, the GPU's busy time per step
 from the torch profiler (kernels on the one stream: their sum is the
 busy time) and the top device and host ops; with HOST_PROFILE=1, also
 cProfile's table of the host's time (blocking waits included).
@@ -36,9 +37,9 @@ def prompt(n, seed):
     return [(seed * 7919 + j * 104729) % 120000 for j in range(n)]
 
 
-def run(overlap):
+def run(overlap, graphs):
     m = TorchModel(path, {"max_batch": batch + 8, "context_length": 8192, "device": "cuda", "dtype": "bfloat16",
-                          "kv_capacity": (batch + 8) * 4096}, Settings(overlap=overlap))
+                          "kv_capacity": (batch + 8) * 4096}, Settings(overlap=overlap, prefill_graphs=graphs))
     seqs = {}  # id -> the token to feed next
     nid = 0
     # Start: batch sequences whose prompts reach about ctx tokens, staggered
@@ -82,9 +83,9 @@ def run(overlap):
         torch.cuda.synchronize()
     ka = prof.key_averages()
     busy = sum(getattr(e, "self_device_time_total", 0) for e in ka if str(getattr(e, "device_type", "")).endswith("CUDA")) / 8e3
-    print("overlap %s: batch %d + one %d-token prompt per step: %.2f ms per step (wall, %d steps); "
+    print("overlap %s, prefill graphs %s: batch %d + one %d-token prompt per step: %.2f ms per step (wall, %d steps); "
           "profiled: GPU busy %.2f ms per step; speculated %s"
-          % (overlap, batch, plen, wall * 1e3, steps, busy, m.stats().get("speculated")))
+          % (overlap, graphs, batch, plen, wall * 1e3, steps, busy, m.stats().get("speculated")))
     print(ka.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
     print(ka.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
     if HOST:  # the host's own time per function, blocking waits included
@@ -99,5 +100,5 @@ def run(overlap):
     torch.cuda.empty_cache()
 
 
-for ov in (False, True):
-    run(ov)
+for ov, pg in ((False, False), (True, False), (True, True), (False, False), (True, False), (True, True)):
+    run(ov, pg)

@@ -40,7 +40,9 @@
 // GPU decodes while the tokens travel and the next step is planned; a
 // step that adds prompt chunks or new sequences runs them beside it, one
 // that feeds a sequence something else discards it (Tuning.NoOverlap
-// turns this off).
+// turns this off). Steps of prompt chunks replay CUDA graphs captured per
+// token bucket, piecewise around attention, on Llama-layout bfloat16 and
+// float16 models (Tuning.NoPrefillGraphs turns this off).
 //
 // Several GPUs: WithTensorParallel(n) splits each worker's models over n
 // ranks, one process and one GPU each, joined with torch.distributed

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // transcript runs a fixed scenario on m and records everything the caller
@@ -297,5 +298,79 @@ func TestLookaheadOffForLargeBatches(t *testing.T) {
 	}
 	if got := trips(2); got >= 9 {
 		t.Errorf("batch 2: %d round trips for 9 steps, want fewer (lookahead 4)", got)
+	}
+}
+
+// TestPrefillGraphsSameTokens checks that prompt steps on the piecewise
+// CUDA graphs (bfloat16: the varlen attention they need) sample what the
+// eager prompt steps sample, for the families that take them (Llama, and
+// Qwen2 with its projection biases): chunks of three lengths in one step,
+// then greedy decoding; and that the graphs ran (the worker's stats list their
+// token buckets). Logprobs of the first tokens may differ by rounding:
+// the graphs run the projections on the bucket's padded row count, where
+// cuBLAS may pick another kernel.
+func TestPrefillGraphsSameTokens(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("prompt-step graphs run on CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	ctx := context.Background()
+	run := func(m engine.Model) ([]int32, []float64) {
+		lens := []int{37, 150, 300}
+		batch := make([]engine.StepInput, len(lens))
+		for i, n := range lens {
+			id := engine.SeqID(i + 1)
+			p := prompt(i+5, n)
+			if _, err := m.Open(ctx, id, p, ""); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Free(id, "")
+			batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true, Params: &engine.SamplingParams{Logprobs: true}}
+		}
+		var toks []int32
+		var lps []float64
+		for step := range 7 {
+			outs, err := m.Step(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range outs {
+				toks = append(toks, o.Token)
+				if step == 0 {
+					lps = append(lps, float64(o.Logprob))
+				}
+				batch[i].Tokens = []int32{o.Token}
+			}
+		}
+		return toks, lps
+	}
+	off := newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true}))
+	on := newEngine(t, WithDType("bfloat16"))
+	for _, arch := range []string{"llama", "qwen2"} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		spec := engine.ModelSpec{ID: arch, Path: dir}
+		mOff, err := off.Load(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mOn, err := on.Load(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, la := run(mOff)
+		b, lb := run(mOn)
+		if !slices.Equal(a, b) {
+			t.Errorf("%s: tokens with prompt-step graphs %v, eager %v", arch, b, a)
+		}
+		for i := range la {
+			if d := la[i] - lb[i]; d > 0.02 || d < -0.02 {
+				t.Errorf("%s: prompt %d: first token's logprob %.5f with graphs, %.5f eager", arch, i, lb[i], la[i])
+			}
+		}
+		if st := workerStats(t, on, mOn.(*Model)); fmt.Sprint(st["prefill_graphs"]) == "[]" {
+			t.Errorf("%s: worker stats: prompt-step graph buckets %v, want some", arch, st["prefill_graphs"])
+		}
 	}
 }

@@ -40,6 +40,11 @@ type Tuning struct {
 	// the GPU idles while the tokens travel to the engine and the next
 	// step comes back.
 	NoOverlap bool
+	// NoPrefillGraphs runs steps of prompt chunks eagerly instead of on
+	// CUDA graphs captured per token count, piecewise around attention
+	// (CUDA, bfloat16/float16 Llama-layout models with plain weights, no
+	// mixture of experts, tensor parallel or adapters in the step).
+	NoPrefillGraphs bool
 	// NoKernels runs the plain torch code instead of the runtime's Triton
 	// kernels (CUDA).
 	NoKernels bool
@@ -96,27 +101,28 @@ func WithTuning(t Tuning) Option {
 // settings is what the worker receives as --settings: every key, the
 // defaults resolved, in the worker's names (PROTOCOL.md).
 type settings struct {
-	BlockSize    int     `json:"block_size"`
-	WindowStep   int     `json:"window_step"`
-	KVFraction   float64 `json:"kv_fraction"`
-	PrefixCache  bool    `json:"prefix_cache"`
-	SplitSteps   bool    `json:"split_steps"`
-	Overlap      bool    `json:"overlap"`
-	Kernels      bool    `json:"kernels"`
-	Varlen       bool    `json:"varlen"`
-	AttnPrefetch bool    `json:"attn_prefetch"`
-	LoRAPlan     string  `json:"lora_plan"`
-	FP8ScaledMM  bool    `json:"fp8_scaled_mm"`
-	TPTimeout    float64 `json:"tp_timeout"`
-	TPGraphs     bool    `json:"tp_graphs"`
-	Profile      bool    `json:"profile"`
-	MaxLookahead int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
+	BlockSize     int     `json:"block_size"`
+	WindowStep    int     `json:"window_step"`
+	KVFraction    float64 `json:"kv_fraction"`
+	PrefixCache   bool    `json:"prefix_cache"`
+	SplitSteps    bool    `json:"split_steps"`
+	Overlap       bool    `json:"overlap"`
+	PrefillGraphs bool    `json:"prefill_graphs"`
+	Kernels       bool    `json:"kernels"`
+	Varlen        bool    `json:"varlen"`
+	AttnPrefetch  bool    `json:"attn_prefetch"`
+	LoRAPlan      string  `json:"lora_plan"`
+	FP8ScaledMM   bool    `json:"fp8_scaled_mm"`
+	TPTimeout     float64 `json:"tp_timeout"`
+	TPGraphs      bool    `json:"tp_graphs"`
+	Profile       bool    `json:"profile"`
+	MaxLookahead  int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
 }
 
 // settingsArg returns the --settings argument for t.
 func (t Tuning) settingsArg() string {
 	s := settings{BlockSize: t.BlockSize, WindowStep: t.WindowStep, KVFraction: t.KVFraction,
-		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, Kernels: !t.NoKernels,
+		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, PrefillGraphs: !t.NoPrefillGraphs, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
 		FP8ScaledMM: t.FP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		Profile: t.Profile, MaxLookahead: maxLookahead}

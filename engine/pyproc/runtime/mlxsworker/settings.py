@@ -20,6 +20,8 @@ class Settings:
     on their CUDA graph and the chunks in a second pass.
     overlap: behind each step the next decode step of its sequences is
     launched before the host reads the tokens (CUDA with the kernels).
+    prefill_graphs: steps of prompt chunks replay CUDA graphs captured
+    piecewise around attention (CUDA, varlen attention, plain weights).
     kv_fraction: the share of the device's free memory a KV pool sized
     from memory takes (CUDA).
     kernels: the Triton kernels run the CUDA decode path.
@@ -41,6 +43,7 @@ class Settings:
     prefix_cache: bool = True
     split_steps: bool = True
     overlap: bool = True
+    prefill_graphs: bool = True
     kv_fraction: float = 0.8
     kernels: bool = True
     varlen: bool = True

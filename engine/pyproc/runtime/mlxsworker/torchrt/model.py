@@ -14,6 +14,7 @@ from .decoder import Decoder
 from .graphs import BATCH_BUCKETS, DecodeGraphs
 from .paged import Layout, OutOfBlocks, PagedKV
 from .pooling import Pooled, with_pooled
+from .prefill import PrefillGraphs
 from .sampling import note_forced, sample_rows
 from .upload import HostCopy, to_device
 
@@ -116,6 +117,10 @@ class TorchModel(Model):
         self.split_steps = settings.split_steps
         if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
+        # Steps of prompt chunks in graphs captured piecewise around attention (prefill.py).
+        self.prefill = None
+        if self.graphs is not None and settings.prefill_graphs and PrefillGraphs.supports(self.model):
+            self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens)
         self.seqs = {}
         # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
         slots = int(opts.get("adapter_slots") or 0)
@@ -301,6 +306,7 @@ class TorchModel(Model):
         if self.adapters is not None:  # LoRA: resident adapters, graphs captured with the delta (lora.py)
             st["adapters"] = [n for n in self.adapters.names if n is not None]
             st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
+        st["prefill_graphs"] = sorted(self.prefill.sets) if self.prefill is not None else []
         st["speculated"] = dict(zip(("launched", "chained", "beside", "discarded"), self.spec_counts))
         return st
 
@@ -692,6 +698,10 @@ class TorchModel(Model):
                 groups.append(tuple(c[:5]) + ([bd[c[5] : c[5] + c[6]] for bd in blocksd],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
+        if self.prefill is not None and self.prefill.usable(len(tokens), groups, pooled):
+            out = self.prefill.run(tok, rposd if longrope else posd, kvrowd, groups[0], lastd)
+            if out is not None:
+                return out
         out = self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None,
                                  hidden=hidd if pooled else None)
         if not pooled:

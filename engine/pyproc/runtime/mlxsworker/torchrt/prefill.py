@@ -1,0 +1,168 @@
+"""CUDA graphs for steps of prompt chunks, piecewise around attention.
+
+A step of prompt chunks (packed rows, every chunk in one varlen flash call
+per layer: Decoder.attend_varlen) ran eagerly: about ten kernels a layer
+launched from Python, a few milliseconds of host time for a 1,260-token
+prompt on a 1B model, longer than the GPU takes to run them; a server's
+steps under load were bound by it. Here everything between two attention
+calls is one captured graph: the embedding and layer 0 up to its rotated q
+and k; then, per layer, the o projection, the residual and norms, the MLP
+and the next layer up to its q and k; the last graph ends with the final
+residual. Attention itself (its KV rows and cumulative lengths change
+every step) runs eagerly between them: per layer two gathers and the flash
+call. The logits of the sampled rows run eagerly too.
+
+Graphs are captured per token bucket (BUCKETS up to the step's token
+budget) on first use and share their buffers: inputs (tokens, rotary rows,
+each block group's KV rows), the residual, the MLP's output, the rotated q
+and k and the attention output, sized for the largest bucket; a bucket's
+graphs use the first rows. Rows past the step's tokens write their keys
+and values into the scratch block (paged.py), as the decode graphs' padding
+rows do. All graphs share one memory pool: their temporaries never outlive
+a replay and replays never overlap.
+
+Only Llama-layout models (llama, qwen2, mistral and phi3 without their
+sliding window or longrope; see supports) whose projections are plain
+tensors (no quantized weights), no mixtures of experts, no tensor parallel
+and no LoRA adapters in the step take this path; anything else, and a
+capture that fails (logged, then never tried again), runs eagerly.
+"""
+import logging
+
+import torch
+
+from . import graphs
+
+log = logging.getLogger("prefill")
+
+
+def buckets(limit):
+    """Token counts a step is padded up to: 64, 128, 256, then every 256
+    up to limit."""
+    out = [b for b in (64, 128) if b < limit]
+    b = 256
+    while b < limit:
+        out.append(b)
+        b += 256
+    return out + [limit]
+
+
+class PrefillGraphs:
+    def __init__(self, model, kv, limit):
+        self.model, self.kv, self.limit = model, kv, limit
+        self.sizes = buckets(limit)
+        self.sets = {}  # bucket -> its graphs, in replay order
+        self.pool = None
+        self.broken = False
+        self.buf = None  # the shared buffers (_buffers)
+
+    @staticmethod
+    def supports(model):
+        """Whether model's prompt steps can run here (see the module doc):
+        the Llama layer (norms before attention and the MLP, Llama's
+        RMSNorm, no QK norm, no sliding window, no longrope, no embedding
+        scale), the layout these graphs were checked on against the eager
+        path on a GPU; other families run eagerly."""
+        cfg, fam = model.cfg, model.cfg.family
+        plain = all(isinstance(L[n], torch.Tensor) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
+        llama = (fam.norm == "llama" and fam.layout == "pre" and fam.qk_norm is None and not any(cfg.windows)
+                 and not model.longrope and model.embed_scale is None)
+        return model.kern is not None and model.varlen and model.tp is None and model.moe is None and plain and llama
+
+    def usable(self, n, groups, pooled):
+        """Whether a packed step of n rows with attention plan groups runs
+        here: one varlen group covering every row, no pooled rows, no
+        adapters."""
+        return (not self.broken and 0 < n <= self.limit and not pooled and self.model.lora is None
+                and len(groups) == 1 and groups[0][0] == "varlen" and groups[0][1] is None)
+
+    def _buffers(self):
+        m, cfg, dev = self.model, self.model.cfg, self.model.device
+        n = self.limit
+        H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        scratch = self.kv.scratch * self.kv.bs
+        return {
+            "tok": torch.zeros(n, dtype=torch.long, device=dev),
+            "rp": torch.zeros(n, dtype=torch.long, device=dev),
+            "kr": torch.full((self.kv.ngroups, n), scratch, dtype=torch.long, device=dev),
+            "x": torch.zeros(n, cfg.hidden, dtype=m.dtype, device=dev),
+            "d": torch.zeros(n, cfg.hidden, dtype=m.dtype, device=dev),
+            "qk": torch.zeros(n, H + K, hd, dtype=m.dtype, device=dev),
+            "a": torch.zeros(n, H * hd, dtype=m.dtype, device=dev),
+        }
+
+    def _capture(self, nb):
+        """The graphs of bucket nb: embedding and layer 0 to its q and k,
+        then per layer the rest of it and the next layer to its q and k."""
+        m, kv, cfg = self.model, self.kv, self.model.cfg
+        H, K = cfg.heads, cfg.kv_heads
+        if self.buf is None:
+            self.buf = self._buffers()
+        b = {k: v[:, :nb] if k == "kr" else v[:nb] for k, v in self.buf.items()}
+        b["kr"][:] = kv.scratch * kv.bs  # the warm-up runs write the scratch block only
+
+        def pre(li, x, d):
+            L = m.layers[li]
+            x, h = m.add_norm(x, d, L.get("ln_in"))
+            qkv = m.qk_norm(m.proj(h, L, "qkv", li), L)
+            cos, sin = m.tabs[m.tab_of[li]]
+            qk = m.kern.rope_kv(qkv, kv.kc[li], kv.vc[li], b["kr"][kv.group_of[li]], b["rp"], cos, sin, H, K, cfg.rot_dim)
+            b["x"].copy_(x)
+            b["qk"].copy_(qk)
+
+        def piece(li):
+            def run():
+                if li < 0:
+                    pre(0, m.embed_rows(b["tok"]), None)
+                    return
+                L = m.layers[li]
+                a = m.rms(m.proj(b["a"], L, "o", li), L.get("attn_post"))
+                x, h = m.add_norm(b["x"], a, L.get("ln_ffn"))
+                d = m.rms(m.mlp(h, L, li), L.get("mlp_post"))
+                if li + 1 < len(m.layers):
+                    pre(li + 1, x, d)
+                else:
+                    b["x"].copy_(x)
+                    b["d"].copy_(d)
+            return run
+
+        if self.pool is None:
+            self.pool = graphs.new_pool()
+        out = []
+        for li in range(-1, len(m.layers)):
+            g, _ = graphs.record(piece(li), self.pool, warmup=1)
+            out.append(g)
+        self.sets[nb] = out
+        return out
+
+    def run(self, tokens, rp, kvrow, group, last):
+        """The packed step's logits of rows last: tokens, rp (rotary rows)
+        [n] and kvrow (per block group [n]) on the device, group its
+        varlen plan. None when capturing failed (the step then runs
+        eagerly; this path is off from then on)."""
+        m, kv = self.model, self.kv
+        n = tokens.shape[0]
+        nb = next(s for s in self.sizes if s >= n)
+        gs = self.sets.get(nb)
+        if gs is None:
+            try:
+                gs = self._capture(nb)
+            except RuntimeError as e:
+                self.broken = True
+                log.warning("prompt-step CUDA graphs failed to capture; prompts run eagerly: %s", e, exc_info=True)
+                return None
+        b = self.buf
+        b["tok"][:n].copy_(tokens)
+        b["rp"][:n].copy_(rp)
+        for g, r in enumerate(kvrow):
+            b["kr"][g, :n].copy_(r)
+        if n < nb:
+            b["kr"][:, n:nb].fill_(kv.scratch * kv.bs)  # padding rows: the scratch block
+        H = m.cfg.heads
+        gs[0].replay()
+        for li in range(len(m.layers)):
+            o = m.attend_varlen(b["qk"][:n, :H], kv.kc[li], kv.vc[li], group, None, li, kv.group_of[li])
+            b["a"][:n].copy_(o)
+            gs[li + 1].replay()
+        x, d = b["x"][:n], b["d"][:n]
+        return m.logits(m.rms(x[last] + d[last], m.norm))
