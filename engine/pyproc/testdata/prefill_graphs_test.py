@@ -1,0 +1,177 @@
+"""The prompt-step graphs (torchrt/prefill.py) on the CPU: PrefillGraphs'
+own capture and replay, with graphs.record keeping each piece as a
+callable that every replay runs again (what a CUDA graph replays), and
+the CUDA kernels the path needs (kernels' rope_kv, add_rms, silu_mul and
+decode_attention, the varlen flash call) stood in by plain torch, the
+same stand-ins for the eager model it is checked against. Steps of prompt
+chunks (fresh, and continuing a prefix; padded to buckets of 64, 256 and
+512 rows) between decode steps must give the eager path's tokens and
+logprobs, and leave the KV pool as the eager path leaves it outside the
+scratch block (padding rows write there alone).
+
+  python3 prefill_graphs_test.py RUNTIME_DIR MODEL_DIR
+
+Prints "N passed, 0 failed" or raises. Run by TestPrefillGraphsEmulated.
+"""
+import sys
+
+sys.path.insert(0, sys.argv[1])
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from mlxsworker.torchrt import decoder, graphs, prefill  # noqa: E402
+from mlxsworker.torchrt.model import TorchModel  # noqa: E402
+
+
+class Replay:
+    """A captured piece: replay runs it again."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def replay(self):
+        self.fn()
+
+
+def record(step, pool, warmup=2):
+    step()  # as the warm-up runs do
+    return Replay(step), None
+
+
+class Kern:
+    """kernels.py's entry points in plain torch (float32, no windows)."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def add_rms(self, x, d, w, eps, norm="llama"):
+        x = x if d is None else x + d
+        return x, self.m.rms(x, w)
+
+    def silu_mul(self, gu):
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def _rot(self, qkv, pos, cos, sin, heads, kv_heads):
+        hd = self.m.cfg.head_dim
+        x = qkv[:, : (heads + kv_heads) * hd].reshape(-1, heads + kv_heads, hd)
+        return self.m.rope(x, cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
+
+    def rope_kv(self, qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
+        hd = kc.shape[-1]
+        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
+        kc.view(-1, kv_heads, hd)[kvrow] = qk[:, heads:]
+        vc.view(-1, kv_heads, hd)[kvrow] = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
+        return qk
+
+    def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
+                         rot=None, prefetch=True):
+        bs, hd = kc.shape[1], kc.shape[-1]
+        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
+        v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
+        out = []
+        for b in range(qkv.shape[0]):
+            p, row = int(pos[b]), int(rows[b])
+            at = int(table[row, p // bs]) * bs + p % bs
+            kc.view(-1, kv_heads, hd)[at] = qk[b, heads:]
+            vc.view(-1, kv_heads, hd)[at] = v[b]
+            blocks = table[row, : p // bs + 1].long()
+            kk = kc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
+            vv = vc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
+            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale).reshape(-1))
+        return torch.stack(out)
+
+
+def _attend(q, k, v, scale):
+    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right."""
+    T, H, hd = q.shape
+    L, K = k.shape[0], k.shape[1]
+    k, v = (t.repeat_interleave(H // K, dim=1) for t in (k, v))
+    s = torch.einsum("thd,lhd->htl", q, k) * (scale if scale is not None else hd ** -0.5)
+    allowed = torch.arange(L).unsqueeze(0) <= torch.arange(L - T, L).unsqueeze(1)
+    s = s.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v)
+
+
+def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
+    out = []
+    for i in range(len(cu_q) - 1):
+        qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale))
+    return torch.cat(out)
+
+
+def model(path, with_graphs):
+    m = TorchModel(path, {"device": "cpu", "max_batch": 8})
+    m.model.kern = Kern(m.model)
+    m.model.varlen = m.model.sdpa = True
+    if with_graphs:
+        assert prefill.PrefillGraphs.supports(m.model)
+        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512)
+    return m
+
+
+def run(m):
+    """Seq 1's prompt in two chunks (the second continues its prefix), seq
+    2's beside its first, then decodes; seq 3 joins with a 300-token
+    prompt alone; all three decode. Returns (tokens, logprobs) of every
+    sampling input, and the KV pool after the step of seq 3's prompt."""
+    p1 = [(j * 37 + 11) % 300 + 5 for j in range(70)]
+    p2 = [(j * 53 + 7) % 300 + 5 for j in range(100)]
+    p3 = [(j * 29 + 3) % 300 + 5 for j in range(300)]
+    lp = {"l": True}
+    out = []
+
+    def step(batch):
+        r = m.step(batch)
+        out.extend(zip(r.tokens, r.logprobs))
+        return r.tokens
+
+    m.open(1, p1, "")
+    m.open(2, p2, "")
+    t = step([[1, p1[:40], False, lp], [2, p2, True, lp]])  # 140 rows: bucket 256
+    t = step([[1, p1[40:], True, lp]]) + t  # 30 rows, continuing: bucket 64
+    last = {1: t[0], 2: t[1]}
+    for _ in range(3):
+        t = step([[i, [last[i]], True, lp] for i in (1, 2)])
+        last = dict(zip((1, 2), t))
+    m.open(3, p3, "")
+    last[3] = step([[3, p3, True, lp]])[0]  # 300 rows: bucket 512
+    pool = [torch.cat([m.kv.kc[li], m.kv.vc[li]]).clone() for li in range(m.cfg.layers)]
+    for _ in range(4):
+        t = step([[i, [last[i]], True, lp] for i in (1, 2, 3)])
+        last = dict(zip((1, 2, 3), t))
+    return out, pool
+
+
+def main():
+    decoder._flash_varlen = flash_varlen
+    graphs.record, graphs.new_pool = record, lambda: object()
+    passed = 0
+    with torch.no_grad():
+        eager, pe = run(model(sys.argv[2], False))
+        gm = model(sys.argv[2], True)
+        got, pg = run(gm)
+    assert [t for t, _ in got] == [t for t, _ in eager], "tokens: graphs %r, eager %r" % (got, eager)
+    passed += 1
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(got, eager))
+    assert worst < 1e-4, "logprobs differ by %g" % worst
+    passed += 1
+    assert sorted(gm.prefill.sets) == [64, 256, 512], sorted(gm.prefill.sets)
+    assert not gm.prefill.broken
+    passed += 1
+    # The pool outside the scratch block as the eager path left it; the
+    # padding rows wrote the scratch block (its first row).
+    bs, sc = gm.kv.bs, gm.kv.scratch
+    for li, (a, b) in enumerate(zip(pe, pg)):
+        n = a.shape[0] // 2
+        keep = torch.ones(a.shape[0], dtype=torch.bool)
+        keep[sc] = keep[n + sc] = False
+        assert torch.allclose(a[keep], b[keep], atol=1e-5), "layer %d: KV outside the scratch block differs" % li
+        assert not torch.equal(b[sc, 0], a[sc, 0]), "layer %d: no padding row wrote the scratch block" % li
+    passed += 1
+    print("%d passed, 0 failed (buckets %s, worst logprob difference %.2g)" % (passed, sorted(gm.prefill.sets), worst))
+
+
+main()
