@@ -18,3 +18,16 @@ func TestPrefillGraphsEmulated(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/prefill_graphs_test.py", "runtime", dir)
 }
+
+// TestOverlapEmulated runs testdata/overlap_test.py: the speculated next
+// decode step (after chains, ordinary and mixed steps; used whole, beside
+// prompt chunks, or discarded) on the CPU, the decode graphs replayed as
+// callables and the CUDA kernels stood in by plain torch, against the
+// same scenario with the overlap off.
+func TestOverlapEmulated(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	runPyCheck(t, "testdata/overlap_test.py", "runtime", dir)
+}

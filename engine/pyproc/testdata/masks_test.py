@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from mlxsworker.torchrt import lookahead, sampling  # noqa: E402
 from mlxsworker.torchrt.paged import Seq  # noqa: E402
+from mlxsworker.torchrt.upload import HostCopy  # noqa: E402
 
 
 def reference(x, width):
@@ -107,11 +108,6 @@ def check_sampling(rng):
         assert not masks[r] or t in masks[r], (r, t)
 
 
-class _Event:
-    def synchronize(self):
-        pass
-
-
 def check_cut(rng):
     """A chain of `steps` steps over `rows` inputs, some with a loop."""
     width, rows, steps = 64, rng.randrange(1, 5), rng.randrange(1, 7)
@@ -138,7 +134,7 @@ def check_cut(rng):
         loops.append(bits)
     ch = lookahead._Chain()
     ch.items, ch.feed, ch.done, ch.run, ch.steps = items, feed, done, [steps] * rows, steps
-    ch.host, ch.hostl, ch.event = torch.tensor(toks), None, _Event()
+    ch.copy = HostCopy([torch.tensor(toks)])  # on the CPU: a plain copy
     ch.loops = loops if any(b is not None for b in loops) else None
     pos0 = [s.gen.pos if s.gen is not None else None for _, s in items]
     res, _ = lookahead._finish(ch)

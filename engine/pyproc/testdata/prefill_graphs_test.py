@@ -15,91 +15,14 @@ Prints "N passed, 0 failed" or raises. Run by TestPrefillGraphsEmulated.
 """
 import sys
 
-sys.path.insert(0, sys.argv[1])
+sys.dont_write_bytecode = True  # no __pycache__ beside the runtime or in testdata
+sys.path.insert(0, sys.argv[1])  # the runtime; standins.py is beside this script
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from mlxsworker.torchrt import decoder, graphs, prefill  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
-
-
-class Replay:
-    """A captured piece: replay runs it again."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def replay(self):
-        self.fn()
-
-
-def record(step, pool, warmup=2):
-    step()  # as the warm-up runs do
-    return Replay(step), None
-
-
-class Kern:
-    """kernels.py's entry points in plain torch (float32, no windows)."""
-
-    def __init__(self, m):
-        self.m = m
-
-    def add_rms(self, x, d, w, eps, norm="llama"):
-        x = x if d is None else x + d
-        return x, self.m.rms(x, w)
-
-    def silu_mul(self, gu):
-        g, u = gu.chunk(2, dim=-1)
-        return F.silu(g) * u
-
-    def _rot(self, qkv, pos, cos, sin, heads, kv_heads):
-        hd = self.m.cfg.head_dim
-        x = qkv[:, : (heads + kv_heads) * hd].reshape(-1, heads + kv_heads, hd)
-        return self.m.rope(x, cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
-
-    def rope_kv(self, qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
-        hd = kc.shape[-1]
-        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
-        kc.view(-1, kv_heads, hd)[kvrow] = qk[:, heads:]
-        vc.view(-1, kv_heads, hd)[kvrow] = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
-        return qk
-
-    def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
-                         rot=None, prefetch=True):
-        bs, hd = kc.shape[1], kc.shape[-1]
-        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
-        v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
-        out = []
-        for b in range(qkv.shape[0]):
-            p, row = int(pos[b]), int(rows[b])
-            at = int(table[row, p // bs]) * bs + p % bs
-            kc.view(-1, kv_heads, hd)[at] = qk[b, heads:]
-            vc.view(-1, kv_heads, hd)[at] = v[b]
-            blocks = table[row, : p // bs + 1].long()
-            kk = kc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
-            vv = vc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
-            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale).reshape(-1))
-        return torch.stack(out)
-
-
-def _attend(q, k, v, scale):
-    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right."""
-    T, H, hd = q.shape
-    L, K = k.shape[0], k.shape[1]
-    k, v = (t.repeat_interleave(H // K, dim=1) for t in (k, v))
-    s = torch.einsum("thd,lhd->htl", q, k) * (scale if scale is not None else hd ** -0.5)
-    allowed = torch.arange(L).unsqueeze(0) <= torch.arange(L - T, L).unsqueeze(1)
-    s = s.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v)
-
-
-def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
-    out = []
-    for i in range(len(cu_q) - 1):
-        qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
-        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale))
-    return torch.cat(out)
+from standins import Kern, flash_varlen, record  # noqa: E402
 
 
 def model(path, with_graphs):

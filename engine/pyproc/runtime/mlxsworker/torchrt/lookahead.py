@@ -21,7 +21,7 @@ import torch
 from ..backend import StepResult
 from ..params import AHEAD_KEYS, LOOP_KEYS
 from .sampling import _filter, _generator, apply_masks, device_masks, draw, packed_set, sample_rows
-from .upload import to_device
+from .upload import HostCopy, to_device
 
 
 def allowed(params):
@@ -230,7 +230,7 @@ def _sample(model, items, logits, active, step, masks):
 
 
 class _Chain:
-    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "host", "hostl", "event", "loops", "slots")
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "copy", "host", "loops", "slots")
 
 
 def _launch(model, items, feed, want, done, pre):
@@ -270,16 +270,10 @@ def _launch(model, items, feed, want, done, pre):
             outl.append(lp)
         tok = nxt
     ch.last = tok
-    toks = torch.stack(outs)
-    ch.host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
-    ch.host.copy_(toks, non_blocking=True)
-    ch.hostl = None
+    reads = [torch.stack(outs)]
     if any(p.get("l") for p, _ in items):
-        lps = torch.stack(outl)
-        ch.hostl = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
-        ch.hostl.copy_(lps, non_blocking=True)
-    ch.event = torch.cuda.Event()
-    ch.event.record()
+        reads.append(torch.stack(outl))
+    ch.copy = HostCopy(reads)
     return ch
 
 
@@ -287,8 +281,9 @@ def _finish(ch):
     """Waits for a launched chain's tokens and records what each sequence
     was fed. Returns, per input, its sampled tokens and their logprobs
     (None when nobody asked)."""
-    ch.event.synchronize()
-    toks = ch.host.tolist()
+    got = ch.copy.get()
+    toks = got[0]
+    ch.host = toks  # Spec.fed reads the last step's tokens
     items, run = ch.items, ch.run
     res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
     if ch.loops is not None:
@@ -300,9 +295,9 @@ def _finish(ch):
             # The step's own tokens were counted when it arrived (done 0).
             s.note_fed(([ch.feed[i]] if ch.done else []) + res[i][:-1])
         s.sampled = True
-    if ch.hostl is None:
+    if len(got) < 2:
         return res, None
-    lpv = ch.hostl.tolist()
+    lpv = got[1]
     return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(len(res[i]))] for i in range(len(items))]
 
 
@@ -391,7 +386,7 @@ class Spec:
         """The token each row was fed, host ints (after an ordinary step,
         set by speculate_after's caller once the step's tokens are read)."""
         if self.feed is None:
-            self.feed = self.chain.host[-1].tolist()  # read by _finish already: no wait
+            self.feed = list(self.chain.host[-1])  # read by _finish already
         return self.feed
 
     def matches(self, s, toks, params):

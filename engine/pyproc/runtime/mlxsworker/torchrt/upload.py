@@ -17,18 +17,22 @@ def to_device(values, dev, dtype=torch.long):
 class HostCopy:
     """Device tensors copied to pinned host memory behind the work queued
     so far: get() waits for that work only, not for what is queued after
-    the copy (CUDA)."""
+    the copy (CUDA; on the CPU a plain copy)."""
 
     def __init__(self, tensors):
+        cuda = bool(tensors) and tensors[0].is_cuda
         self.host = []
         for t in tensors:
-            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            h.copy_(t, non_blocking=True)
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
+            h.copy_(t, non_blocking=cuda)
             self.host.append(h)
-        self.event = torch.cuda.Event()
-        self.event.record()
+        self.event = None
+        if cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
 
     def get(self):
         """The tensors as host lists."""
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
         return [h.tolist() for h in self.host]

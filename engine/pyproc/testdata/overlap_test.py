@@ -1,0 +1,96 @@
+"""The speculated next decode step (lookahead.Spec behind every step,
+settings.overlap) on the CPU: the decode graphs kept as callables that
+every replay runs again and the Triton kernels stood in by plain torch
+(standins.py), so the device chain, the speculation after ordinary and
+mixed steps, its use beside prompt chunks and its discarding all run.
+The same scenario with the overlap off must give the same tokens and
+logprobs: sequences joining with chunked prompts beside decoding ones,
+greedy and seeded temperature sampling with logprobs, a sequence leaving
+mid-decode, a caller feeding a token it was not given, a repetition
+penalty (which never runs ahead) for some steps; and the counts must show
+speculations used whole, used beside prompt chunks and discarded.
+
+  python3 overlap_test.py RUNTIME_DIR MODEL_DIR
+
+Prints "N passed, 0 failed" or raises. Run by TestOverlapEmulated.
+"""
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the runtime or in testdata
+sys.path.insert(0, sys.argv[1])  # the runtime; standins.py is beside this script
+
+import torch  # noqa: E402
+
+from mlxsworker.settings import Settings  # noqa: E402
+from mlxsworker.torchrt import graphs  # noqa: E402
+from mlxsworker.torchrt.model import TorchModel  # noqa: E402
+from standins import Kern, record  # noqa: E402
+
+
+def model(path, overlap):
+    m = TorchModel(path, {"device": "cpu", "max_batch": 8}, Settings(overlap=overlap))
+    m.model.kern = Kern(m.model)
+    m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
+    assert m.graphs.fast
+    return m
+
+
+PARAMS = [{"l": True}, {"t": 0.9, "k": 40, "s": 7, "l": True}, {}, {"t": 0.7, "p": 0.9, "s": 3}]
+
+
+def run(m):
+    """Four sequences join two steps apart (prompts fed 5 tokens a step);
+    at step 7 sequence 2 is fed a token it was not given; sequence 1
+    leaves after step 9; from step 11 sequence 3 takes a repetition
+    penalty. Returns every sampled (token, logprob)."""
+    prompts = [[(i * 131 + j * 37 + 11) % 300 + 5 for j in range(n)] for i, n in enumerate((9, 4, 13, 6))]
+    fed, last, open_, out = [0] * 4, [None] * 4, [False] * 4, []
+    for step in range(16):
+        batch = []
+        for i, p in enumerate(prompts):
+            if step == 2 * i and not open_[i] and step < 10:
+                m.open(i + 1, p, "")
+                open_[i] = True
+            if not open_[i]:
+                continue
+            params = dict(PARAMS[i])
+            if i == 2 and step >= 11:
+                params["r"] = 1.3
+            if fed[i] < len(p):
+                end = min(fed[i] + 5, len(p))
+                batch.append([i + 1, p[fed[i]:end], end == len(p), params])
+                fed[i] = end
+            elif step == 7 and i == 1:
+                batch.append([i + 1, [(last[i] + 1) % 300], True, params])
+            else:
+                batch.append([i + 1, [last[i]], True, params])
+        r = m.step(batch)
+        k = 0
+        for b in batch:
+            if b[2]:
+                last[b[0] - 1] = r.tokens[k]
+                out.append((step, b[0], r.tokens[k], round(r.logprobs[k], 5)))
+                k += 1
+        if step == 9:
+            m.free(1, "")
+            open_[0] = False
+    return out
+
+
+def main():
+    graphs.record, graphs.new_pool = record, lambda: object()
+    passed = 0
+    with torch.no_grad():
+        want = run(model(sys.argv[2], False))
+        m = model(sys.argv[2], True)
+        got = run(m)
+    assert got == want, "overlap on:\n%r\noff:\n%r" % (got, want)
+    passed += 1
+    sp = m.stats()["speculated"]
+    assert sp["chained"] > 0 and sp["beside"] > 0 and sp["discarded"] > 0, sp
+    assert sp["launched"] >= sp["chained"] + sp["beside"], sp
+    passed += 1
+    print("%d passed, 0 failed (speculated %s)" % (passed, sp))
+
+
+main()

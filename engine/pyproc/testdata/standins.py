@@ -1,0 +1,95 @@
+"""Plain-torch stand-ins for what the CUDA paths of the runtime need, so
+that the CPU tests (prefill_graphs_test.py, overlap_test.py) run those
+paths: a captured graph kept as a callable that every replay runs again,
+the Triton kernels' entry points (kernels.py) and the varlen flash call,
+float32 and without sliding windows.
+"""
+import torch
+import torch.nn.functional as F
+
+
+class Replay:
+    """A captured step: replay runs it again, into the output buffer
+    when the step returns one."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        y = self.fn()
+        if self.out is not None:
+            self.out.copy_(y)
+
+
+def record(step, pool, warmup=2):
+    """graphs.record without CUDA: the step runs once (the warm-up) and
+    is kept."""
+    out = step()
+    return Replay(step, out), out
+
+
+class Kern:
+    """kernels.py's entry points in plain torch (float32, no windows) for
+    the decoder m."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def argmax(self, x):
+        return torch.argmax(x, dim=-1)
+
+    def add_rms(self, x, d, w, eps, norm="llama"):
+        x = x if d is None else x + d
+        return x, self.m.rms(x, w)
+
+    def silu_mul(self, gu):
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def _rot(self, qkv, pos, cos, sin, heads, kv_heads):
+        hd = self.m.cfg.head_dim
+        x = qkv[:, : (heads + kv_heads) * hd].reshape(-1, heads + kv_heads, hd)
+        return self.m.rope(x, cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
+
+    def rope_kv(self, qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
+        hd = kc.shape[-1]
+        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
+        kc.view(-1, kv_heads, hd)[kvrow] = qk[:, heads:]
+        vc.view(-1, kv_heads, hd)[kvrow] = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
+        return qk
+
+    def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
+                         rot=None, prefetch=True):
+        bs, hd = kc.shape[1], kc.shape[-1]
+        qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
+        v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
+        out = []
+        for b in range(qkv.shape[0]):
+            p, row = int(pos[b]), int(rows[b])
+            at = int(table[row, p // bs]) * bs + p % bs
+            kc.view(-1, kv_heads, hd)[at] = qk[b, heads:]
+            vc.view(-1, kv_heads, hd)[at] = v[b]
+            blocks = table[row, : p // bs + 1].long()
+            kk = kc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
+            vv = vc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
+            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale).reshape(-1))
+        return torch.stack(out)
+
+
+def _attend(q, k, v, scale):
+    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right."""
+    T, H, hd = q.shape
+    L, K = k.shape[0], k.shape[1]
+    k, v = (t.repeat_interleave(H // K, dim=1) for t in (k, v))
+    s = torch.einsum("thd,lhd->htl", q, k) * (scale if scale is not None else hd ** -0.5)
+    allowed = torch.arange(L).unsqueeze(0) <= torch.arange(L - T, L).unsqueeze(1)
+    s = s.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v)
+
+
+def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
+    out = []
+    for i in range(len(cu_q) - 1):
+        qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale))
+    return torch.cat(out)
