@@ -41,8 +41,8 @@
 // step that adds prompt chunks or new sequences runs them beside it, one
 // that feeds a sequence something else discards it (Tuning.NoOverlap
 // turns this off). Steps of prompt chunks replay CUDA graphs captured per
-// token bucket, piecewise around attention, on Llama-layout bfloat16 and
-// float16 models (Tuning.NoPrefillGraphs turns this off).
+// token bucket, piecewise around attention, on bfloat16 and float16
+// models with plain weights (Tuning.NoPrefillGraphs turns this off).
 //
 // Several GPUs: WithTensorParallel(n) splits each worker's models over n
 // ranks, one process and one GPU each, joined with torch.distributed

@@ -1,6 +1,7 @@
 package pyproc
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -10,13 +11,21 @@ import (
 // prompt-step graphs' capture, buffers, buckets and padding on the CPU
 // (each captured piece run again at every replay, the CUDA kernels stood
 // in by plain torch) against the eager path: the same tokens and
-// logprobs, and the same KV outside the scratch block.
+// logprobs, and the same KV outside the scratch block, for each dense
+// family.
 func TestPrefillGraphsEmulated(t *testing.T) {
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
-		t.Fatal(err)
+	args := []string{"runtime"}
+	// Llama, biases, QK norm, Gemma 3's sandwich norms, scale and sliding
+	// layers, Mistral's window, Phi-3's fused projections, partial rotary
+	// and longrope, OLMo 2's norms after.
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2"} {
+		dir := filepath.Join(t.TempDir(), arch)
+		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, dir)
 	}
-	runPyCheck(t, "testdata/prefill_graphs_test.py", "runtime", dir)
+	runPyCheck(t, "testdata/prefill_graphs_test.py", args...)
 }
 
 // TestOverlapEmulated runs testdata/overlap_test.py: the speculated next

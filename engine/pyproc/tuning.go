@@ -42,8 +42,8 @@ type Tuning struct {
 	NoOverlap bool
 	// NoPrefillGraphs runs steps of prompt chunks eagerly instead of on
 	// CUDA graphs captured per token count, piecewise around attention
-	// (CUDA, bfloat16/float16 Llama-layout models with plain weights, no
-	// mixture of experts, tensor parallel or adapters in the step).
+	// (CUDA, bfloat16/float16 models with plain weights, no mixture of
+	// experts, tensor parallel or adapters in the step).
 	NoPrefillGraphs bool
 	// NoKernels runs the plain torch code instead of the runtime's Triton
 	// kernels (CUDA).

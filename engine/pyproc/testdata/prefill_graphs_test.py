@@ -9,7 +9,10 @@ chunks (fresh, and continuing a prefix; padded to buckets of 64, 256 and
 logprobs, and leave the KV pool as the eager path leaves it outside the
 scratch block (padding rows write there alone).
 
-  python3 prefill_graphs_test.py RUNTIME_DIR MODEL_DIR
+  python3 prefill_graphs_test.py RUNTIME_DIR MODEL_DIR...
+
+Each model directory is checked on its own (the Go test passes one per
+family: norms, QK norms, sliding layers, partial rotary and longrope).
 
 Prints "N passed, 0 failed" or raises. Run by TestPrefillGraphsEmulated.
 """
@@ -68,25 +71,24 @@ def run(m):
     return out, pool
 
 
-def main():
-    decoder._flash_varlen = flash_varlen
-    graphs.record, graphs.new_pool = record, lambda: object()
+def check(path):
+    """The checks on one checkpoint; returns how many passed."""
     passed = 0
     with torch.no_grad():
-        eager, pe = run(model(sys.argv[2], False))
-        gm = model(sys.argv[2], True)
+        eager, pe = run(model(path, False))
+        gm = model(path, True)
         got, pg = run(gm)
     assert [t for t, _ in got] == [t for t, _ in eager], "tokens: graphs %r, eager %r" % (got, eager)
     passed += 1
     worst = max(abs(a - b) for (_, a), (_, b) in zip(got, eager))
     assert worst < 1e-4, "logprobs differ by %g" % worst
     passed += 1
-    assert sorted(gm.prefill.sets) == [64, 256, 512], sorted(gm.prefill.sets)
+    assert gm.prefill.sets and set(gm.prefill.sets) <= {64, 256, 512}, sorted(gm.prefill.sets)
     assert not gm.prefill.broken
     passed += 1
     # The pool outside the scratch block as the eager path left it; the
     # padding rows wrote the scratch block (its first row).
-    bs, sc = gm.kv.bs, gm.kv.scratch
+    sc = gm.kv.scratch
     for li, (a, b) in enumerate(zip(pe, pg)):
         n = a.shape[0] // 2
         keep = torch.ones(a.shape[0], dtype=torch.bool)
@@ -94,7 +96,15 @@ def main():
         assert torch.allclose(a[keep], b[keep], atol=1e-5), "layer %d: KV outside the scratch block differs" % li
         assert not torch.equal(b[sc, 0], a[sc, 0]), "layer %d: no padding row wrote the scratch block" % li
     passed += 1
-    print("%d passed, 0 failed (buckets %s, worst logprob difference %.2g)" % (passed, sorted(gm.prefill.sets), worst))
+    print("%s: buckets %s, worst logprob difference %.2g" % (path, sorted(gm.prefill.sets), worst))
+    return passed
+
+
+def main():
+    decoder._flash_varlen = flash_varlen
+    graphs.record, graphs.new_pool = record, lambda: object()
+    passed = sum(check(path) for path in sys.argv[2:])
+    print("%d passed, 0 failed" % passed)
 
 
 main()

@@ -2,7 +2,7 @@
 that the CPU tests (prefill_graphs_test.py, overlap_test.py) run those
 paths: a captured graph kept as a callable that every replay runs again,
 the Triton kernels' entry points (kernels.py) and the varlen flash call,
-float32 and without sliding windows.
+in float32.
 """
 import torch
 import torch.nn.functional as F
@@ -29,8 +29,8 @@ def record(step, pool, warmup=2):
 
 
 class Kern:
-    """kernels.py's entry points in plain torch (float32, no windows) for
-    the decoder m."""
+    """kernels.py's entry points in plain torch (float32) for the decoder
+    m."""
 
     def __init__(self, m):
         self.m = m
@@ -72,17 +72,21 @@ class Kern:
             blocks = table[row, : p // bs + 1].long()
             kk = kc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
             vv = vc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
-            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale).reshape(-1))
+            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale, window).reshape(-1))
         return torch.stack(out)
 
 
-def _attend(q, k, v, scale):
-    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right."""
+def _attend(q, k, v, scale, window=0):
+    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right; a
+    window w > 0 keeps the keys j of query i with i - w < j <= i."""
     T, H, hd = q.shape
     L, K = k.shape[0], k.shape[1]
     k, v = (t.repeat_interleave(H // K, dim=1) for t in (k, v))
     s = torch.einsum("thd,lhd->htl", q, k) * (scale if scale is not None else hd ** -0.5)
-    allowed = torch.arange(L).unsqueeze(0) <= torch.arange(L - T, L).unsqueeze(1)
+    kp, qp = torch.arange(L).unsqueeze(0), torch.arange(L - T, L).unsqueeze(1)
+    allowed = kp <= qp
+    if window:
+        allowed = allowed & (kp > qp - window)
     s = s.masked_fill(~allowed, float("-inf"))
     return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v)
 
@@ -91,5 +95,5 @@ def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
     out = []
     for i in range(len(cu_q) - 1):
         qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
-        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale))
+        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale, window))
     return torch.cat(out)

@@ -21,11 +21,13 @@ and values into the scratch block (paged.py), as the decode graphs' padding
 rows do. All graphs share one memory pool: their temporaries never outlive
 a replay and replays never overlap.
 
-Only Llama-layout models (llama, qwen2, mistral and phi3 without their
-sliding window or longrope; see supports) whose projections are plain
-tensors (no quantized weights), no mixtures of experts, no tensor parallel
-and no LoRA adapters in the step take this path; anything else, and a
-capture that fails (logged, then never tried again), runs eagerly.
+Only models whose projections are plain tensors (no quantized weights), no
+mixtures of experts, no tensor parallel and no LoRA adapters in the step
+take this path; anything else, and a capture that fails (logged, then
+never tried again), runs eagerly. Every dense family the decoder runs
+takes it (their norms, QK norms, sliding layers, rotary tables and
+longrope rows are inputs or code inside the pieces); Gemma 2 does not:
+its soft-capped attention runs without the kernels.
 """
 import logging
 
@@ -58,16 +60,9 @@ class PrefillGraphs:
 
     @staticmethod
     def supports(model):
-        """Whether model's prompt steps can run here (see the module doc):
-        the Llama layer (norms before attention and the MLP, Llama's
-        RMSNorm, no QK norm, no sliding window, no longrope, no embedding
-        scale), the layout these graphs were checked on against the eager
-        path on a GPU; other families run eagerly."""
-        cfg, fam = model.cfg, model.cfg.family
+        """Whether model's prompt steps can run here (see the module doc)."""
         plain = all(isinstance(L[n], torch.Tensor) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
-        llama = (fam.norm == "llama" and fam.layout == "pre" and fam.qk_norm is None and not any(cfg.windows)
-                 and not model.longrope and model.embed_scale is None)
-        return model.kern is not None and model.varlen and model.tp is None and model.moe is None and plain and llama
+        return model.kern is not None and model.varlen and model.tp is None and model.moe is None and plain
 
     def usable(self, n, groups, pooled):
         """Whether a packed step of n rows with attention plan groups runs
