@@ -32,11 +32,15 @@ func TestPrefillGraphsEmulated(t *testing.T) {
 // decode step (after chains, ordinary and mixed steps; used whole, beside
 // prompt chunks, or discarded) on the CPU, the decode graphs replayed as
 // callables and the CUDA kernels stood in by plain torch, against the
-// same scenario with the overlap off.
+// same scenario with the overlap off, on a model with sliding layers too.
 func TestOverlapEmulated(t *testing.T) {
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Tiny()); err != nil {
-		t.Fatal(err)
+	args := []string{"runtime"}
+	for _, arch := range []string{"llama", "gemma3_text"} { // gemma3: sliding layers give blocks back
+		dir := filepath.Join(t.TempDir(), arch)
+		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, dir)
 	}
-	runPyCheck(t, "testdata/overlap_test.py", "runtime", dir)
+	runPyCheck(t, "testdata/overlap_test.py", args...)
 }
