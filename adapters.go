@@ -20,6 +20,11 @@ type AdapterSpec struct {
 	// Base is the id of the model the adapter was trained on; empty takes
 	// the one model the Server knows (an error when it knows several).
 	Base string
+	// Pinned keeps the adapter in its engine's device slot once a request
+	// has made it resident: other adapters never evict it
+	// (engine.AdapterSpec.Pinned). A base pins at most its adapter slots
+	// less one; a pin past that is an *engine.InvalidParamError.
+	Pinned bool
 }
 
 // AdapterStatus is an adapter the Server serves.
@@ -100,7 +105,7 @@ func (s *Server) addAdapter(ctx context.Context, spec AdapterSpec) (engine.Adapt
 	if !ok || m.info.AdapterSlots <= 0 {
 		return engine.AdapterInfo{}, fmt.Errorf("%w: model %q (engine %s)", ErrNoAdapters, spec.Base, m.info.Engine)
 	}
-	info, err := am.AddAdapter(ctx, engine.AdapterSpec{Name: spec.Name, Path: spec.Path})
+	info, err := am.AddAdapter(ctx, engine.AdapterSpec{Name: spec.Name, Path: spec.Path, Pinned: spec.Pinned})
 	if err != nil {
 		return engine.AdapterInfo{}, fmt.Errorf("adapter %q over %q: %w", spec.Name, spec.Base, err)
 	}
@@ -197,7 +202,7 @@ func (s *Server) restoreAdapters(id string, em engine.Model) {
 	for _, spec := range specs {
 		var err error = ErrNoAdapters
 		if ok {
-			_, err = am.AddAdapter(context.Background(), engine.AdapterSpec{Name: spec.Name, Path: spec.Path})
+			_, err = am.AddAdapter(context.Background(), engine.AdapterSpec{Name: spec.Name, Path: spec.Path, Pinned: spec.Pinned})
 		}
 		if err != nil {
 			s.cfg.logger.Error("adapter not restored after its base model loaded again; no longer served",
@@ -246,14 +251,14 @@ func (s *Server) knownIDs() []string {
 }
 
 // adapterStatus lists the adapters as models with a parent, in the state
-// of their base.
+// of their base; Pinned is the adapter's own (AdapterSpec.Pinned).
 func (s *Server) adapterStatus(bases []prewarm.ModelStatus) []prewarm.ModelStatus {
 	var out []prewarm.ModelStatus
 	for _, a := range s.Adapters() {
-		st := prewarm.ModelStatus{ID: a.Name, Parent: a.Base, State: prewarm.StateUnloaded, MemoryBytes: a.Bytes}
+		st := prewarm.ModelStatus{ID: a.Name, Parent: a.Base, State: prewarm.StateUnloaded, MemoryBytes: a.Bytes, Pinned: a.Pinned}
 		for _, b := range bases {
 			if b.ID == a.Base {
-				st.State, st.Info, st.Pinned, st.Busy = b.State, b.Info, b.Pinned, b.Busy
+				st.State, st.Info, st.Busy = b.State, b.Info, b.Busy
 			}
 		}
 		out = append(out, st)

@@ -3,6 +3,7 @@ package mlxserving_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -141,6 +142,38 @@ func TestAdapterRefusals(t *testing.T) {
 	}
 	if res, _ := collect(t, f.srv, req(4, 1, 2)); len(res.Tokens) != 4 {
 		t.Fatalf("the base after refusals: %v", res.Tokens)
+	}
+}
+
+// A pinned adapter says so in its status and the model list; a base pins
+// at most its adapter slots less one, and a pin past that is refused
+// without leaving the adapter behind.
+func TestAdapterPinned(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	dirs := writeAdapters(t, 1)
+	slots := engine.DefaultAdapterSlots
+	for i := range slots - 1 {
+		st, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: fmt.Sprint("pin", i), Path: dirs[0], Pinned: true})
+		if err != nil || !st.Pinned {
+			t.Fatalf("pin %d: %+v, %v", i, st, err)
+		}
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "one-too-many", Path: dirs[0], Pinned: true}); !errors.Is(err, engine.ErrInvalidParam) {
+		t.Fatalf("pin %d of %d slots: %v; want ErrInvalidParam", slots, slots, err)
+	}
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "one-too-many", Path: dirs[0]}); err != nil {
+		t.Fatalf("the refused name unpinned: %v", err)
+	}
+	for _, st := range f.srv.ModelStatus() {
+		if st.Parent != "" && st.Pinned != (st.ID != "one-too-many") {
+			t.Errorf("model list: adapter %q pinned %v", st.ID, st.Pinned)
+		}
+	}
+	r := req(4, 1, 2)
+	r.Model = "pin0"
+	if res, _ := collect(t, f.srv, r); len(res.Tokens) != 4 {
+		t.Fatalf("a pinned adapter generated %v", res.Tokens)
 	}
 }
 

@@ -1,6 +1,9 @@
 package engine
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // AdapterSpec names a LoRA adapter to serve over a loaded model.
 type AdapterSpec struct {
@@ -10,6 +13,12 @@ type AdapterSpec struct {
 	// adapter_model.safetensors, or mlx-lm's adapter_config.json and
 	// adapters.safetensors. Required.
 	Path string
+	// Pinned keeps the adapter in its device slot once it is resident: the
+	// slots never evict it for another adapter (removing the name, or
+	// adding it again unpinned, lets it go). A model pins at most
+	// AdapterSlots-1 adapters, so one slot always serves the others;
+	// AddAdapter refuses more (CheckPin).
+	Pinned bool
 }
 
 // AdapterInfo describes an adapter a model serves.
@@ -33,6 +42,22 @@ type AdapterInfo struct {
 	Layers int
 	// Bytes is the device memory the adapter takes while it is resident.
 	Bytes int64
+	// Pinned is AdapterSpec.Pinned.
+	Pinned bool
+}
+
+// CheckPin is AddAdapter's check of spec.Pinned for a model of slots
+// adapter slots that pins pinned adapters now, not counting one already
+// served under spec.Name (which the new one replaces): an
+// *InvalidParamError when pinning it would leave no slot for the other
+// adapters.
+func CheckPin(spec AdapterSpec, slots, pinned int) error {
+	if spec.Pinned && pinned+1 > slots-1 {
+		return &InvalidParamError{Param: "pinned", Reason: fmt.Sprintf(
+			"adapter %q: %d of %d adapter slots are pinned; one must stay for the others (raise ModelSpec.AdapterSlots)",
+			spec.Name, pinned, slots)}
+	}
+	return nil
 }
 
 // AdapterModel is implemented by models that serve LoRA adapters over
@@ -46,8 +71,8 @@ type AdapterInfo struct {
 // like them: it makes the adapter resident in one of Info().AdapterSlots
 // device slots when it is not (reading it from disk: the first sequence of
 // an adapter that was never resident, or was evicted, pays the load), and
-// evicts the least recently used adapter no open sequence uses when the
-// slots are full.
+// evicts the least recently used adapter that no open sequence uses and is
+// not pinned (AdapterSpec.Pinned) when the slots are full.
 type AdapterModel interface {
 	// AddAdapter reads the adapter at spec.Path, checks it against the
 	// model and serves it under spec.Name. Adding a name again replaces
@@ -57,7 +82,8 @@ type AdapterModel interface {
 	// model — missing or corrupt files, a rank above Info().MaxAdapterRank,
 	// a target module the model does not have or cannot adapt, tensor
 	// shapes that do not match the model's, a weight that is not finite —
-	// and an *InvalidParamError for an empty name or path; ErrClosed.
+	// and an *InvalidParamError for an empty name or path or one pin too
+	// many (CheckPin); ErrClosed.
 	AddAdapter(ctx context.Context, spec AdapterSpec) (AdapterInfo, error)
 
 	// RemoveAdapter stops serving name: later OpenAdapter calls fail, and
@@ -75,7 +101,8 @@ type AdapterModel interface {
 	//
 	// Errors: as Open's, an error wrapping ErrModelNotFound for an
 	// adapter not served, and ErrOutOfMemory when every slot holds an
-	// adapter that open sequences use (retry after some finish).
+	// adapter that open sequences use or that is pinned (retry after
+	// some finish).
 	OpenAdapter(ctx context.Context, id SeqID, prompt []int32, prefixKey, adapter string) (reused int, err error)
 }
 

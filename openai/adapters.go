@@ -28,6 +28,9 @@ type loadAdapterRequest struct {
 	// LoadInPlace is vLLM's flag to replace an adapter of the same name;
 	// here unload it first.
 	LoadInPlace bool `json:"load_inplace"`
+	// Pinned keeps the adapter in its device slot once resident
+	// (mlxserving.AdapterSpec.Pinned); not a vLLM field.
+	Pinned bool `json:"pinned"`
 }
 
 type unloadAdapterRequest struct {
@@ -71,7 +74,7 @@ func (h *Handler) loadAdapter(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("load_inplace", "unsupported_parameter", "load_inplace is not supported: unload %q first", req.Name))
 		return
 	}
-	st, err := as.LoadAdapter(r.Context(), mlxserving.AdapterSpec{Name: req.Name, Path: req.Path, Base: req.Base})
+	st, err := as.LoadAdapter(r.Context(), mlxserving.AdapterSpec{Name: req.Name, Path: req.Path, Base: req.Base, Pinned: req.Pinned})
 	if err != nil {
 		writeError(w, adapterRefusal(err))
 		return
@@ -127,5 +130,5 @@ func adapterRefusal(err error) error {
 
 // adapterModelStatus is a just-loaded adapter as a model with a parent.
 func adapterModelStatus(st mlxserving.AdapterStatus) prewarm.ModelStatus {
-	return prewarm.ModelStatus{ID: st.Name, Parent: st.Base, State: prewarm.StateLoaded, MemoryBytes: st.Bytes}
+	return prewarm.ModelStatus{ID: st.Name, Parent: st.Base, State: prewarm.StateLoaded, MemoryBytes: st.Bytes, Pinned: st.Pinned}
 }

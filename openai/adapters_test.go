@@ -39,6 +39,7 @@ func TestLoadLoRAAdapterEndpoints(t *testing.T) {
 			t.Errorf("load %v: %d %s; want 400 naming %s", c.body, status, body, c.param)
 		}
 	}
+	load["pinned"] = true // kept in its device slot once resident
 	status, _, body := f.post(t, "/v1/load_lora_adapter", load, bearer(adminKey)...)
 	if status != http.StatusOK {
 		t.Fatalf("load: %d %s", status, body)
@@ -47,8 +48,10 @@ func TestLoadLoRAAdapterEndpoints(t *testing.T) {
 		ID, Root string
 		Parent   *string
 		Rank     int `json:"lora_rank"`
+		Pinned   bool
 	}
-	if err := json.Unmarshal(body, &card); err != nil || card.ID != "sql" || card.Parent == nil || *card.Parent != "tiny" || card.Root != "tiny" || card.Rank != 4 {
+	if err := json.Unmarshal(body, &card); err != nil || card.ID != "sql" || card.Parent == nil || *card.Parent != "tiny" || card.Root != "tiny" ||
+		card.Rank != 4 || !card.Pinned {
 		t.Fatalf("load reply %s (%v)", body, err)
 	}
 	req, _ := http.NewRequest(http.MethodGet, f.ts.URL+"/v1/models", nil)
@@ -61,11 +64,13 @@ func TestLoadLoRAAdapterEndpoints(t *testing.T) {
 		Data []struct {
 			ID     string
 			Parent *string
+			Pinned bool
 		}
 	}
 	err = json.NewDecoder(resp.Body).Decode(&list)
 	resp.Body.Close()
-	if err != nil || len(list.Data) != 2 || list.Data[0].ID != "tiny" || list.Data[0].Parent != nil || list.Data[1].ID != "sql" || *list.Data[1].Parent != "tiny" {
+	if err != nil || len(list.Data) != 2 || list.Data[0].ID != "tiny" || list.Data[0].Parent != nil || list.Data[1].ID != "sql" ||
+		*list.Data[1].Parent != "tiny" || !list.Data[1].Pinned {
 		t.Fatalf("/v1/models: %+v (%v)", list, err)
 	}
 	chat := `{"model":"sql","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`

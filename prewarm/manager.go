@@ -384,7 +384,8 @@ type ModelStatus struct {
 	// their base's state.
 	Parent string
 	State  State
-	// Pinned models are never evicted nor unloaded when idle.
+	// Pinned models are never evicted nor unloaded when idle; a pinned
+	// adapter (Parent set) keeps its engine's device slot.
 	Pinned bool
 	// Busy: requests are queued or running.
 	Busy bool

@@ -55,10 +55,20 @@ func (m *simModel) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (eng
 	h := fnv.New64a()
 	h.Write([]byte(spec.Name))
 	ad := &simAdapter{info: a.Info(spec.Name, 2), start: feed(hashStart^h.Sum64(), nil)}
+	ad.info.Pinned = spec.Pinned
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return engine.AdapterInfo{}, fmt.Errorf("enginetest: model %q: add adapter: %w", m.info.ID, engine.ErrClosed)
+	}
+	pinned := 0
+	for name, a := range m.adapters {
+		if a.info.Pinned && name != spec.Name {
+			pinned++
+		}
+	}
+	if err := engine.CheckPin(spec, m.info.AdapterSlots, pinned); err != nil {
+		return engine.AdapterInfo{}, err
 	}
 	if old := m.adapters[spec.Name]; old != nil {
 		m.retire(old)
@@ -148,19 +158,20 @@ func (m *simModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []in
 }
 
 // makeResident frees a slot for one more adapter when every slot is
-// taken: the least recently used adapter no open sequence uses leaves.
+// taken: the least recently used adapter no open sequence uses and not
+// pinned leaves.
 func (m *simModel) makeResident() error {
 	if m.resident < m.info.AdapterSlots {
 		return nil
 	}
 	var victim *simAdapter
 	for _, a := range m.adapters {
-		if a.resident && a.users == 0 && (victim == nil || a.used < victim.used) {
+		if a.resident && a.users == 0 && !a.info.Pinned && (victim == nil || a.used < victim.used) {
 			victim = a
 		}
 	}
 	if victim == nil {
-		return fmt.Errorf("enginetest: model %q: all %d adapter slots are in use by open sequences: %w",
+		return fmt.Errorf("enginetest: model %q: all %d adapter slots are in use by open sequences or pinned: %w",
 			m.info.ID, m.info.AdapterSlots, engine.ErrOutOfMemory)
 	}
 	victim.resident = false

@@ -33,7 +33,8 @@ type AdapterCase struct {
 // they get alone), adapter_prefix (KV saved by one adapter's sequence is
 // reused by its own only), adapter_slots (one slot: adapters taking turns
 // are evicted and reloaded, and an adapter whose slot is in use keeps the
-// other out with ErrOutOfMemory), adapter_remove (a removed adapter opens
+// other out with ErrOutOfMemory), adapter_pinned (a pinned adapter keeps
+// its slot; one slot stays unpinned), adapter_remove (a removed adapter opens
 // no more sequences) and adapter_refusals (bad adapters get a
 // CheckpointError and the model still serves). bad lists adapter
 // directories that must be refused. Run closes the models it loaded but
@@ -69,6 +70,7 @@ func RunAdapters(t *testing.T, eng engine.Engine, dir string, cases []AdapterCas
 		{"adapter_mixed", checkAdapterMixed},
 		{"adapter_prefix", checkAdapterPrefix},
 		{"adapter_slots", checkAdapterSlots},
+		{"adapter_pinned", checkAdapterPinned},
 		{"adapter_remove", checkAdapterRemove},
 		{"adapter_refusals", checkAdapterRefusals},
 	} {
@@ -219,6 +221,66 @@ func checkAdapterSlots(tb testing.TB, s *adapterSuite) {
 	one.Free(held, "")
 	if got := s.aloneWith(tb, one, p, 8, s.names[1]); !slices.Equal(got, want[1]) {
 		tb.Errorf("adapter %q once the slot was freed: %v; want %v", s.names[1], got, want[1])
+	}
+}
+
+// checkAdapterPinned: with two slots, a pinned adapter keeps its slot (a
+// third adapter waits with ErrOutOfMemory while the second is in use, then
+// takes the second's slot), a second pin is refused (one slot stays for
+// the others) and leaves nothing behind, and the name added again
+// unpinned lets the slot go.
+func checkAdapterPinned(tb testing.TB, s *adapterSuite) {
+	two, err := s.eng.Load(s.ctx, engine.ModelSpec{ID: "conformance-pinned", Path: s.dir, AdapterSlots: 2})
+	if err != nil {
+		tb.Fatalf("Load with two adapter slots: %v", err)
+	}
+	defer two.Close()
+	am := two.(engine.AdapterModel)
+	a, b, c := "pinned-a", "pinned-b", "pinned-c"
+	info, err := am.AddAdapter(s.ctx, engine.AdapterSpec{Name: a, Path: s.cases[0].Dir, Pinned: true})
+	if err != nil || !info.Pinned {
+		tb.Fatalf("AddAdapter pinned: %+v, %v", info, err)
+	}
+	for _, x := range []struct{ name, dir string }{{b, s.cases[1].Dir}, {c, s.cases[0].Dir}} {
+		if _, err := am.AddAdapter(s.ctx, engine.AdapterSpec{Name: x.name, Path: x.dir}); err != nil {
+			tb.Fatalf("AddAdapter(%q): %v", x.name, err)
+		}
+	}
+	var inv *engine.InvalidParamError
+	if _, err := am.AddAdapter(s.ctx, engine.AdapterSpec{Name: "pinned-x", Path: s.cases[1].Dir, Pinned: true}); !errors.As(err, &inv) {
+		tb.Errorf("a second pin with two slots: %v; want an InvalidParamError", err)
+	}
+	listed := am.Adapters()
+	if slices.ContainsFunc(listed, func(x engine.AdapterInfo) bool { return x.Name == "pinned-x" }) ||
+		!slices.ContainsFunc(listed, func(x engine.AdapterInfo) bool { return x.Name == a && x.Pinned }) {
+		tb.Errorf("Adapters() = %+v: want %q pinned and no pinned-x", listed, a)
+	}
+	p := s.prompt(350, 10)
+	wantA, wantC := s.aloneWith(tb, two, p, 6, a), s.aloneWith(tb, two, p, 6, c)
+	held := s.id()
+	if _, err := am.OpenAdapter(s.ctx, held, p, "", b); err != nil {
+		tb.Fatalf("OpenAdapter(%q): %v", b, err)
+	}
+	if _, err := am.OpenAdapter(s.ctx, s.id(), p, "", c); !errors.Is(err, engine.ErrOutOfMemory) {
+		tb.Errorf("OpenAdapter(%q) beside a pinned adapter and one in use: %v; want ErrOutOfMemory", c, err)
+	}
+	two.Free(held, "")
+	if got := s.aloneWith(tb, two, p, 6, c); !slices.Equal(got, wantC) {
+		tb.Errorf("adapter %q once the unpinned slot was free: %v; want %v", c, got, wantC)
+	}
+	if got := s.aloneWith(tb, two, p, 6, a); !slices.Equal(got, wantA) {
+		tb.Errorf("pinned adapter %q: %v; want %v", a, got, wantA)
+	}
+	if _, err := am.AddAdapter(s.ctx, engine.AdapterSpec{Name: a, Path: s.cases[0].Dir}); err != nil {
+		tb.Fatalf("AddAdapter(%q) again, unpinned: %v", a, err)
+	}
+	held = s.id()
+	if _, err := am.OpenAdapter(s.ctx, held, p, "", b); err != nil {
+		tb.Fatalf("OpenAdapter(%q): %v", b, err)
+	}
+	defer two.Free(held, "")
+	if got := s.aloneWith(tb, two, p, 6, c); !slices.Equal(got, wantC) {
+		tb.Errorf("adapter %q with %q unpinned: %v; want %v", c, a, got, wantC)
 	}
 }
 

@@ -95,10 +95,20 @@ func (m *model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 		return engine.AdapterInfo{}, err
 	}
 	e := &adapterEntry{a: a, info: a.Info(spec.Name, dtypeSize(ad.stack.dt))}
+	e.info.Pinned = spec.Pinned
 	ad.mu.Lock()
 	defer ad.mu.Unlock()
 	if m.closed.Load() {
 		return engine.AdapterInfo{}, engine.ErrClosed
+	}
+	pinned := 0
+	for name, x := range ad.reg {
+		if x.info.Pinned && name != spec.Name {
+			pinned++
+		}
+	}
+	if err := engine.CheckPin(spec, len(ad.slots), pinned); err != nil {
+		return engine.AdapterInfo{}, err
 	}
 	if old := ad.reg[spec.Name]; old != nil {
 		old.gone.Store(true)
@@ -151,8 +161,8 @@ func (m *model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32
 }
 
 // resident returns the slot holding e, loading e into a free slot or the
-// least recently used one no open sequence uses (one whose adapter was
-// removed or replaced first), and counts one more sequence using it. MLX thread only.
+// least recently used one no open sequence uses and not pinned (one whose
+// adapter was removed or replaced first), and counts one more sequence using it. MLX thread only.
 func (m *model) resident(g *graph, e *adapterEntry) (int, error) {
 	ad := m.adapters
 	ad.clock++
@@ -171,12 +181,13 @@ func (m *model) resident(g *graph, e *adapterEntry) (int, error) {
 	}
 	pick := -1
 	for i, s := range ad.slots {
-		if s.refs == 0 && (pick < 0 || rank(s) < rank(ad.slots[pick])) {
+		pinned := s.e != nil && !s.e.gone.Load() && s.e.info.Pinned
+		if s.refs == 0 && !pinned && (pick < 0 || rank(s) < rank(ad.slots[pick])) {
 			pick = i
 		}
 	}
 	if pick < 0 {
-		return 0, fmt.Errorf("mlx: %s: all %d adapter slots hold adapters of open sequences: %w", m.info.ID, len(ad.slots), engine.ErrOutOfMemory)
+		return 0, fmt.Errorf("mlx: %s: all %d adapter slots hold adapters of open sequences or pinned ones: %w", m.info.ID, len(ad.slots), engine.ErrOutOfMemory)
 	}
 	ad.slots[pick] = adapterSlot{} // whatever happens next, the old adapter is gone from it
 	if err := ad.stack.load(g, pick, e.a); err != nil {

@@ -75,8 +75,18 @@ func (m *Model) AddAdapter(ctx context.Context, spec engine.AdapterSpec) (engine
 	if err != nil {
 		return engine.AdapterInfo{}, err
 	}
+	info.Pinned = spec.Pinned
 	m.amu.Lock()
 	defer m.amu.Unlock()
+	pinned := 0
+	for name, s := range m.adapters {
+		if s.info.Pinned && name != spec.Name {
+			pinned++
+		}
+	}
+	if err := engine.CheckPin(spec, m.info.AdapterSlots, pinned); err != nil {
+		return engine.AdapterInfo{}, err
+	}
 	m.agen++
 	if _, ok := m.adapters[spec.Name]; ok {
 		m.gone.Add(1) // the old one's saved KV: EvictedSaved drops it
@@ -135,6 +145,18 @@ func (m *Model) dropGoneSaved() {
 }
 
 // isServed reports whether akey is the key of an adapter served now.
+// isPinned reports whether slot key akey holds an adapter served now
+// and pinned (never evicted).
+func (m *Model) isPinned(akey string) bool {
+	if akey == "" {
+		return false
+	}
+	m.amu.RLock()
+	defer m.amu.RUnlock()
+	cur := m.adapters[akey[:strings.LastIndexByte(akey, '#')]]
+	return cur != nil && cur.key == akey && cur.info.Pinned
+}
+
 func (m *Model) isServed(akey string) bool {
 	m.amu.RLock()
 	defer m.amu.RUnlock()
@@ -185,11 +207,11 @@ func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32
 
 // errSlotsBusy is OpenAdapter's error when every slot of the worker holds
 // an adapter open sequences run.
-var errSlotsBusy = errors.New("every adapter slot holds an adapter open sequences run")
+var errSlotsBusy = errors.New("every adapter slot holds an adapter open sequences run or a pinned one")
 
 // claim picks p's slot for adapter a: its own, an empty one, one whose
 // adapter was removed or replaced, else the least recently opened unused
-// one. load says the worker must load it there. It changes nothing until
+// one whose adapter is not pinned. load says the worker must load it there. It changes nothing until
 // the open succeeds (hold).
 func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 	st := m.slotsOf(p)
@@ -198,7 +220,7 @@ func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 		if s.key == a.key {
 			return i, false, nil
 		}
-		if s.users > 0 {
+		if s.users > 0 || m.isPinned(s.key) {
 			continue
 		}
 		if best < 0 || m.evictBefore(s, st[best]) {

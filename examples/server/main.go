@@ -126,14 +126,18 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.deadlines.FirstToken, "ttft-deadline", 0, "end requests whose first token takes longer (0: none)")
 	fs.DurationVar(&o.deadlines.Stall, "stall-deadline", 0, "end requests that produce no token for this long (0: none)")
 	fs.DurationVar(&o.deadlines.Total, "total-deadline", 0, "end requests that run longer (0: none)")
-	fs.Func("lora", "serve a LoRA adapter (PEFT or mlx-lm directory) over the model as its own model id: name=dir (repeat for more)", func(v string) error {
-		name, dir, ok := strings.Cut(v, "=")
-		if !ok || name == "" || dir == "" {
-			return fmt.Errorf("want name=dir, got %q", v)
+	lora := func(pinned bool) func(string) error {
+		return func(v string) error {
+			name, dir, ok := strings.Cut(v, "=")
+			if !ok || name == "" || dir == "" {
+				return fmt.Errorf("want name=dir, got %q", v)
+			}
+			o.adapters = append(o.adapters, mlxserving.AdapterSpec{Name: name, Path: dir, Pinned: pinned})
+			return nil
 		}
-		o.adapters = append(o.adapters, mlxserving.AdapterSpec{Name: name, Path: dir})
-		return nil
-	})
+	}
+	fs.Func("lora", "serve a LoRA adapter (PEFT or mlx-lm directory) over the model as its own model id: name=dir (repeat for more)", lora(false))
+	fs.Func("lora-pinned", "as -lora, and the adapter keeps its device slot once resident (never evicted for another adapter)", lora(true))
 	fs.IntVar(&o.adapterSlots, "lora-slots", 0, fmt.Sprintf("LoRA adapters kept on the device at once, least recently used evicted (default %d)", engine.DefaultAdapterSlots))
 	fs.IntVar(&o.adapterRank, "max-lora-rank", 0, fmt.Sprintf("highest LoRA rank accepted (default %d)", engine.DefaultMaxAdapterRank))
 	prewarmList := fs.String("prewarm", "", "more models to pre-warm: id=dir[:priority],... (loaded on demand after an unload)")
