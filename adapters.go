@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/prewarm"
 )
@@ -20,10 +21,12 @@ type AdapterSpec struct {
 	// Base is the id of the model the adapter was trained on; empty takes
 	// the one model the Server knows (an error when it knows several).
 	Base string
-	// Pinned keeps the adapter in its engine's device slot once a request
-	// has made it resident: other adapters never evict it
-	// (engine.AdapterSpec.Pinned). A base pins at most its adapter slots
-	// less one; a pin past that is an *engine.InvalidParamError.
+	// Pinned pre-warms the adapter as it loads (one short generation at
+	// background priority makes it resident; on an engine of several
+	// workers, on one of them) and keeps it in its engine's device slot:
+	// other adapters never evict it (engine.AdapterSpec.Pinned). A base
+	// pins at most its adapter slots less one; a pin past that is an
+	// *engine.InvalidParamError.
 	Pinned bool
 }
 
@@ -84,14 +87,35 @@ func (s *Server) LoadAdapter(ctx context.Context, spec AdapterSpec) (AdapterStat
 	s.mu.Unlock()
 	info, err := s.addAdapter(ctx, spec)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err != nil {
 		delete(s.adapters, spec.Name)
+		s.mu.Unlock()
 		return AdapterStatus{}, err
 	}
 	s.adapters[spec.Name] = &adapterEntry{spec: spec, info: info,
 		rev: fmt.Sprintf("%s\x00%s\x00%d", spec.Name, spec.Path, s.loads.Add(1))}
+	s.mu.Unlock()
+	if spec.Pinned {
+		s.warmAdapter(ctx, spec.Name)
+	}
 	return AdapterStatus{AdapterInfo: info, Base: spec.Base}, nil
+}
+
+// warmAdapter pre-warms a pinned adapter: one short generation at
+// background priority makes it resident (on one worker of an engine with
+// several), so its first request pays no load, and pinned it stays. A
+// failure (every slot in use, the server closing) is logged: the adapter
+// is served all the same and loads with its first request.
+func (s *Server) warmAdapter(ctx context.Context, name string) {
+	r := api.Request{Model: name, PromptTokens: []int32{1, 2, 3},
+		Params: api.Params{MaxTokens: warmTokens, IgnoreEOS: true, Priority: api.Background}}
+	st, err := s.Generate(context.WithValue(ctx, warmUpKey{}, true), r)
+	if err == nil {
+		_, err = st.Collect()
+	}
+	if err != nil {
+		s.cfg.logger.Warn("pinned adapter not warmed; it loads with its first request", "adapter", name, "err", err)
+	}
 }
 
 // addAdapter adds spec to its base model's engine, loading the base.

@@ -145,9 +145,10 @@ func TestAdapterRefusals(t *testing.T) {
 	}
 }
 
-// A pinned adapter says so in its status and the model list; a base pins
-// at most its adapter slots less one, and a pin past that is refused
-// without leaving the adapter behind.
+// A pinned adapter is pre-warmed (resident before its first request) and
+// says so in its status and the model list; a base pins at most its
+// adapter slots less one, and a pin past that is refused without leaving
+// the adapter behind.
 func TestAdapterPinned(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
@@ -170,10 +171,18 @@ func TestAdapterPinned(t *testing.T) {
 			t.Errorf("model list: adapter %q pinned %v", st.ID, st.Pinned)
 		}
 	}
+	// Pinning pre-warmed each: resident before any request, so the first
+	// request loads nothing.
+	if n := f.sim.Stats().AdapterLoads; n != int64(slots-1) {
+		t.Fatalf("%d adapter loads after pinning %d adapters; want each warmed once", n, slots-1)
+	}
 	r := req(4, 1, 2)
 	r.Model = "pin0"
 	if res, _ := collect(t, f.srv, r); len(res.Tokens) != 4 {
 		t.Fatalf("a pinned adapter generated %v", res.Tokens)
+	}
+	if n := f.sim.Stats().AdapterLoads; n != int64(slots-1) {
+		t.Fatalf("%d adapter loads after a request for a pinned adapter; want %d", n, slots-1)
 	}
 }
 
