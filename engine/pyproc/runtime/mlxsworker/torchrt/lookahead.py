@@ -121,8 +121,8 @@ def chainable(model, batch, items, want):
     parameters that run ahead, on a graph-captured batch size. A chain
     of one step is worth it for the Spec behind it (overlaps)."""
     g = model.graphs
-    return ((max(want, default=1) > 1 or overlaps(model)) and g is not None and g.fast and g.usable(len(batch)) and len(items) == len(batch)
-            and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
+    return ((max(want, default=1) > 1 or overlaps(model)) and g is not None and g.fast and g.usable(len(batch))
+            and len(items) == len(batch) and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
             and (not adapted(items) or g.lora_usable(len(batch))))
 
 
@@ -384,7 +384,7 @@ class Spec:
 
     def fed(self):
         """The token each row was fed, host ints (after an ordinary step,
-        set by speculate_after's caller once the step's tokens are read)."""
+        set by fed_after once the step's tokens are read)."""
         if self.feed is None:
             self.feed = list(self.chain.host[-1])  # read by _finish already
         return self.feed
