@@ -375,14 +375,12 @@ class Decoder:
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         for g in groups:
             if g[0] == "decode":
-                _, rows, trows, maxlen, lens = g
+                rows = g[1]
                 if self.kern is not None:
                     out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
-                kk = self.gather(kc, kv.table_of(li), trows, maxlen)
-                vv = self.gather(vc, kv.table_of(li), trows, maxlen)
-                mask = self.decode_mask(lens, kk.shape[2], q.dtype, W)
+                kk, vv, mask = self.decode_kv(kc, vc, kv, g, li, q.dtype)
                 qd = q[rows].view(B, K, rep, 1, hd)
                 s = self.scores(qd, kk.unsqueeze(2).transpose(-1, -2)) + mask
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv.unsqueeze(2))
@@ -399,6 +397,15 @@ class Decoder:
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
+
+    def decode_kv(self, kc, vc, kv, g, li, dtype):
+        """A decode group's keys and values gathered through layer li's
+        block table, [B, kv_heads, W, head_dim], and the mask of each
+        sequence's length (and the layer's window), [B, 1, 1, 1, W]."""
+        _, _, trows, maxlen, lens = g
+        kk = self.gather(kc, kv.table_of(li), trows, maxlen)
+        vv = self.gather(vc, kv.table_of(li), trows, maxlen)
+        return kk, vv, self.decode_mask(lens, kk.shape[2], dtype, self.cfg.windows[li])
 
     def attend_decode_kern(self, qkv, kc, vc, kv, g, li):
         """A decode group through the Triton kernel: rotary embedding,
@@ -486,15 +493,13 @@ class Decoder:
             if g[0] == "varlen" or (g[0] == "chunk" and g[4] == 0):
                 continue
             if g[0] == "decode":
-                _, rows, trows, maxlen, lens = g
+                rows = g[1]
                 if self.kern is not None:
                     out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
                     continue
                 B = rows.shape[0]
-                kk = self.gather(kc, kv.table_of(li), trows, maxlen)
-                vv = self.gather(vc, kv.table_of(li), trows, maxlen)
+                kk, vv, mask = self.decode_kv(kc, vc, kv, g, li, q.dtype)
                 width = kk.shape[2]
-                mask = self.decode_mask(lens, width, q.dtype, W)
                 o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), kk, vv, attn_mask=mask.view(B, 1, 1, width),
                                                    enable_gqa=True, **kw)
                 out[rows] = o.reshape(B, H * hd)

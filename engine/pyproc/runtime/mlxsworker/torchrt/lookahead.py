@@ -142,7 +142,7 @@ def run_chain(model, items, tokens, want):
     pre = spec.take(items, tokens) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
     if spec is not None:
-        model.spec_counts[1 if pre is not None else 3] += 1
+        model.speculated["chained" if pre is not None else "discarded"] += 1
         model.spec_missed = pre is None
     if not model.spec_missed:
         model.spec = Spec.launch(model, items, ch)
@@ -379,7 +379,7 @@ class Spec:
         sp.chain, sp.feed = chain, feed  # what each row is fed: feed, or the chain's last tokens
         logits = model.graphs.run_device(tok, plan, slots)
         sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
-        model.spec_counts[0] += 1
+        model.speculated["launched"] += 1
         return sp
 
     def fed(self):
@@ -488,4 +488,4 @@ def cancel(model):
         model.spec.discard()
         model.spec = None
         model.spec_missed = True
-        model.spec_counts[3] += 1
+        model.speculated["discarded"] += 1

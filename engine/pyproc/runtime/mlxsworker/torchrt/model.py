@@ -137,9 +137,10 @@ class TorchModel(Model):
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
         self.overlap = settings.overlap  # speculate the next decode step behind each step (lookahead.overlaps)
-        # Speculated steps: launched, used whole by a chain, used by a step
-        # with other inputs beside (_step_with_spec), discarded.
-        self.spec_counts = [0, 0, 0, 0]
+        # Speculated steps: launched, used whole by a chain ("chained"), used
+        # by a step with other inputs beside (_step_with_spec: "beside"),
+        # discarded.
+        self.speculated = dict.fromkeys(("launched", "chained", "beside", "discarded"), 0)
 
     def _size_pool(self, kv_capacity, bs, max_batch, fraction):
         """Blocks in the pool: kv_capacity tokens when given, else a share
@@ -307,7 +308,7 @@ class TorchModel(Model):
             st["adapters"] = [n for n in self.adapters.names if n is not None]
             st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
         st["prefill_graphs"] = sorted(self.prefill.sets) if self.prefill is not None else []
-        st["speculated"] = dict(zip(("launched", "chained", "beside", "discarded"), self.spec_counts))
+        st["speculated"] = dict(self.speculated)
         return st
 
     def step(self, batch):
@@ -386,14 +387,14 @@ class TorchModel(Model):
         mine = [i for i, s in enumerate(seqs) if id(s) in sp.live]
         if not mine:  # its sequences all ended: nothing was guessed wrong
             sp.discard()
-            self.spec_counts[3] += 1
+            self.speculated["discarded"] += 1
             return None
         pre = sp.take([(batch[i][3], seqs[i]) for i in mine], [batch[i][1][0] for i in mine])
         if pre is None:  # discarded by take
             self.spec_missed = True
-            self.spec_counts[3] += 1
+            self.speculated["discarded"] += 1
             return None
-        self.spec_counts[2] += 1
+        self.speculated["beside"] += 1
         for i in mine:  # the speculated step fed them their token
             seqs[i].tokens.append(batch[i][1][0])
             seqs[i].sampled = True

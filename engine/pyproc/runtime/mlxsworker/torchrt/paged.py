@@ -157,7 +157,6 @@ class PagedKV:
         # cache; settings.prefix_cache). Not with sliding groups: their
         # blocks of a prefix's start are gone once the sequence moves on.
         self.auto_prefix = prefix_cache and not lay.sliding_groups
-        self.ngroups_sliding = lay.sliding_groups
         self.roots = {}  # adapter key -> its prefix cache root node (root)
 
     def _set_table(self, t):
@@ -237,7 +236,7 @@ class PagedKV:
         its sliding groups give back counted off): fed at once, or with
         pieces, fed in pieces of layout.step tokens (what BlocksFor's
         growth counts)."""
-        if not self.ngroups_sliding and tokens <= len(s.pages[0]) * self.bs:
+        if not self.layout.sliding_groups and tokens <= len(s.pages[0]) * self.bs:
             return 0  # the common decode step: its block is there
         fed = tokens if pieces else None
         back = sum(1 for g, i in self._gone(s, tokens, fed) if self.pool.seq_refs[s.pages[g][i]] == 1)
@@ -259,7 +258,7 @@ class PagedKV:
         free_only, only while free blocks last, giving back none
         (lookahead: the tokens may be taken back). Returns the tokens s
         can hold."""
-        if not self.ngroups_sliding and tokens <= len(s.pages[0]) * self.bs:
+        if not self.layout.sliding_groups and tokens <= len(s.pages[0]) * self.bs:
             return tokens  # the common decode step: its block is there
         if not free_only:
             self._slide(s, tokens)

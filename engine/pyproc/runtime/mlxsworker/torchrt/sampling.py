@@ -280,8 +280,9 @@ def sample_rows(logits, items, device, masks=False, launch=None):
     tops_n = [int(items[i][0].get("n") or 0) for i in want]
     reads = [out]
     if want:
-        ls = torch.log_softmax(logits[to_device(want, logits.device)], dim=-1)
-        reads.append(ls.gather(1, out[to_device(want, logits.device)].unsqueeze(1)).squeeze(1))
+        w = to_device(want, logits.device)
+        ls = torch.log_softmax(logits[w], dim=-1)
+        reads.append(ls.gather(1, out[w].unsqueeze(1)).squeeze(1))
         if max(tops_n) > 0:
             reads.extend(torch.topk(ls, min(max(tops_n), ls.shape[-1])))
     if launch is not None:
