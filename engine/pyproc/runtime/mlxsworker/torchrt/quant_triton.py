@@ -1,7 +1,7 @@
 """Triton GEMMs for quantized weights (quant.py's QWeight), CUDA only.
 
 Both read the weight in its quantized form and dequantize each tile in
-registers; no step makes a float copy of a weight.
+registers; no decode step makes a float copy of a weight.
 
 - fp8_linear: x [M, K] (bf16/fp16) times an F8_E4M3 weight [N, K] whose
   scales are per block (bn, bk): (128, 128) for the block-scaled
@@ -13,15 +13,32 @@ registers; no step makes a float copy of a weight.
   [K/8, N], input 8r + j in nibble j), with scales and zeros per group of
   g inputs ([K/g, N], the zero as a value; the scales in the file's dtype,
   float16 for GPTQ and AWQ, mostly bfloat16 for compressed-tensors, each
-  converted to float32 as loaded): each tile is (q - z) * s in float32,
-  rounded to x's dtype, into tl.dot. Act order's gather of x (QWeight's
-  perm) is the caller's.
+  converted to float32 as loaded): each packed word is loaded once and
+  unpacked to its eight inputs in registers, each tile is (q - z) * s in
+  float32, rounded to x's dtype, into tl.dot. Act order's gather of x
+  (QWeight's perm) is the caller's.
 
-Decode steps have few rows (M), so a grid over output tiles alone leaves
-most SMs idle; the K range is then split over programs (SPLIT_K), each
-writing a float32 partial that one sum adds up (deterministic, unlike
-atomics). Tile sizes are fixed by M (no autotuning, so CUDA graph capture
-never meets a benchmark run).
+Decode steps have few rows (M): the weight is all the traffic, so a
+kernel is as fast as it keeps enough of the weight in flight. A grid over
+output tiles alone leaves most SMs idle, so the K range is split over
+programs (SPLIT_K). Each writes a float32 partial, and the last program
+of a tile to finish (a counter per tile, taken with acquire-release
+atomics) adds the partials in split order and writes the output in x's
+dtype: one kernel per product, deterministic (the order never depends on
+timing), where a separate sum would cost two more launches per linear.
+The counters are reset by the program that used them, so CUDA graphs
+replay them; one set per device, as the worker runs a device's kernels
+on one stream.
+
+Prompt chunks (many rows) are compute-bound: there a weight is
+dequantized into a scratch buffer once per product and multiplied by
+cuBLAS, whose tiles beat a Triton tile that dequantizes per output tile
+(the dequantization reads the quantized bytes once and writes the float
+weight once, small next to a GEMM of DEQUANT_ROWS rows or more).
+
+Tile sizes come from a table by M (no autotuning, so CUDA graph capture
+never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
+candidates on a GPU.
 """
 import torch
 import triton
@@ -29,7 +46,29 @@ import triton.language as tl
 
 
 @triton.jit
-def _fp8_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per, sxm, swn, ssn, ssk,
+def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_n):
+    """Writes a program's [BLOCK_M, BLOCK_N] float32 partial: straight to
+    y when K is not split, else to its slot of part, and the last split
+    of the tile to arrive sums the slots in order into y."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    idx = offs_m[:, None] * N + offs_n[None, :]
+    if split == 1:
+        tl.store(y_ptr + idx, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + pk * M * N + idx, acc, mask=mask)
+        # Every thread's partial is stored before one thread's release.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if arrived == split - 1:
+            total = tl.zeros_like(acc)
+            for s in range(0, split):
+                total += tl.load(part_ptr + s * M * N + idx, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + idx, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@triton.jit
+def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                 BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr):
     pid, pk = tl.program_id(0), tl.program_id(1)
@@ -48,18 +87,18 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per, sxm, swn, ssn, ssk
                     mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
         s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
         acc += tl.dot(a, b.to(a.dtype)) * s[None, :]
-    out = out_ptr + pk * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
 
 
 @triton.jit
-def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, out_ptr, M, N, K, k_per, sxm,
+def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
                  G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
     pm, pn = pid // nn, pid % nn
     offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    shifts = tl.arange(0, 8) * 4
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k0 = pk * k_per
     for kk in range(0, k_per, BLOCK_K):
@@ -67,74 +106,232 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, out_ptr, M, N, K, k_per, sxm,
         offs_k = ks + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
-        kmask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-        q = tl.load(q_ptr + (offs_k[:, None] // 8) * N + offs_n[None, :], mask=kmask, other=0)
-        q = (q >> ((offs_k[:, None] % 8) * 4)) & 0xF
+        offs_r = ks // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(q_ptr + offs_r[:, None] * N + offs_n[None, :],
+                        mask=(offs_r[:, None] < K // 8) & (offs_n[None, :] < N), other=0)
+        # Row r of words holds inputs 8r..8r+7: unpacked [BLOCK_K/8, 8, BLOCK_N]
+        # laid out row-major is input order.
+        q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
         g = ks // G
         nmask = (offs_n < N) & (ks < K)
         s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
         w = ((q.to(tl.float32) - z[None, :]) * s[None, :]).to(a.dtype)
         acc += tl.dot(a, w)
-    out = out_ptr + pk * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
 
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
+                     BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    # A few rows: no tensor cores. Each weight tile is loaded once along K
+    # (its contiguous axis, wide loads), converted in registers and dotted
+    # with every row by multiply and sum.
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k0 = pk * k_per
+    for kk in range(0, k_per, BLOCK_K):
+        ks = k0 + kk
+        offs_k = ks + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
+                    mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
+        for m in tl.static_range(BLOCK_M):
+            xm = tl.load(x_ptr + m * sxm + offs_k, mask=(offs_k < K) & (m < M), other=0.0).to(tl.float32)
+            part = tl.sum(w * xm[None, :], axis=1) * s
+            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # As _fp8_gemv_kernel, over words packed along K ([K/8, N], N contiguous).
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    shifts = tl.arange(0, 8) * 4
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k0 = pk * k_per
+    for kk in range(0, k_per, BLOCK_K):
+        ks = k0 + kk
+        offs_r = ks // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(q_ptr + offs_r[:, None] * N + offs_n[None, :],
+                        mask=(offs_r[:, None] < K // 8) & (offs_n[None, :] < N), other=0)
+        q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+        g = ks // G
+        nmask = (offs_n < N) & (ks < K)
+        s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        w = q.to(tl.float32) - z[None, :]
+        offs_k = ks + tl.arange(0, BLOCK_K)
+        for m in tl.static_range(BLOCK_M):
+            xm = tl.load(x_ptr + m * sxm + offs_k, mask=(offs_k < K) & (m < M), other=0.0).to(tl.float32)
+            part = tl.sum(w * xm[:, None], axis=0) * s
+            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
+
+
+@triton.jit
+def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :], mask=mask, other=0.0)
+    s = tl.load(s_ptr + (offs_n[:, None] // BN_S) * ssn + (offs_k[None, :] // BK_S) * ssk, mask=mask, other=0.0)
+    tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], (w.to(tl.float32) * s).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _int4_dequant_kernel(q_ptr, s_ptr, z_ptr, out_ptr, N, K, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    # out is [N, K] (the weight as nn.Linear holds it), read from [K/8, N] words.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kt = tl.program_id(1) * BLOCK_K
+    offs_r = kt // 8 + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(q_ptr + offs_r[:, None] * N + offs_n[None, :],
+                    mask=(offs_r[:, None] < K // 8) & (offs_n[None, :] < N), other=0)
+    shifts = tl.arange(0, 8) * 4
+    q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+    offs_k = kt + tl.arange(0, BLOCK_K)
+    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+    grp = offs_k[:, None] // G
+    s = tl.load(s_ptr + grp * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + grp * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = (q.to(tl.float32) - z) * s
+    tl.store(out_ptr + offs_n[None, :] * K + offs_k[:, None], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Products of at least this many rows dequantize the weight for cuBLAS
+# (see the module's doc); fewer run the fused kernels.
+DEQUANT_ROWS = 256
 
 _sms = {}
+_locks = {}
+_LOCKS = 4096  # split products have fewer tiles than 2 waves of SMs
 
 
-def _plan(M, N, K, unit, device):
-    """Tile sizes and the K split for an [M, K] x [K, N] product; unit: K
-    per split is a multiple of it (the scale block or group)."""
-    bm = 16 if M <= 16 else 32 if M <= 32 else 64
-    bn = 64 if M <= 64 else 128
-    tiles = -(-M // bm) * -(-N // bn)
+def _device_state(device):
     if device not in _sms:
         _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
+    return _sms[device], _locks[device]
+
+
+class Tiles:
+    """One product's launch: tile sizes, warps, stages and the K split's
+    target (waves: programs per SM the split aims for)."""
+
+    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None):
+        self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
+        self.gemv, self.bk = gemv, bk
+
+    def __repr__(self):
+        return "%s bm%d bn%d%s w%d s%d waves%d" % ("gemv" if self.gemv else "dot", self.bm, self.bn,
+                                                  " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
+                                                  self.waves)
+
+
+def tiles_for(M, kind):
+    """The tile table, from cmd/gpubench/quant_sweep.py on an H200 (the
+    llama1b and llama8b projections): one row streams the weight through
+    the row-loop kernel, narrow tiles and deep K splits; more rows take
+    tensor cores, wider tiles as M grows."""
+    if M == 1:
+        return Tiles(1, 64, 2, 2, 8, gemv=True, bk=128)
+    if M <= 16:
+        return Tiles(16, 32, 4, 3, 4) if kind == "fp8" else Tiles(16, 64, 4, 3, 4)
+    if M <= 32:
+        return Tiles(32, 64, 4, 3, 2)
+    if M <= 64:
+        return Tiles(64, 64, 4, 3, 2) if kind == "fp8" else Tiles(64, 64, 4, 4, 2)
+    return Tiles(64, 128, 4, 3 if kind == "fp8" else 2, 2)
+
+
+def _plan(M, N, K, unit, sms, t):
+    """The K split for an [M, K] x [K, N] product; unit: K per split is a
+    multiple of it (the scale block or group)."""
+    tiles = -(-M // t.bm) * -(-N // t.bn)
     split = 1
-    if tiles < 2 * _sms[device]:
-        split = max(1, min(2 * _sms[device] // tiles, K // (4 * unit)))
+    if tiles < t.waves * sms and tiles <= _LOCKS:
+        split = max(1, min(t.waves * sms // tiles, K // (2 * unit)))
     k_per = -(-K // (split * unit)) * unit
-    split = -(-K // k_per)
-    return bm, bn, split, k_per
+    return tiles, -(-K // k_per), k_per
 
 
-def _run(kernel, x, N, K, unit, bk, args, consts, stages=3):
+def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    bm, bn, split, k_per = _plan(M, N, K, unit, x.device)
-    part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
-    grid = (-(-M // bm) * -(-N // bn), split)
-    kernel[grid](x2, *args, part, M, N, K, k_per, x2.stride(0), *consts[0], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                 num_warps=4, num_stages=stages, **consts[1])
-    y = part[0] if split == 1 else part.sum(0)
-    return y.to(x.dtype).reshape(*shape, N)
+    t = tiles or tiles_for(M, kind)
+    if t.gemv and M > t.bm:  # the row loop covers every row of the product
+        t = tiles_for(max(M, 17), kind)
+    kernel = kernels[1] if t.gemv else kernels[0]
+    if t.bk and unit % t.bk == 0:
+        bk = t.bk
+    sms, locks = _device_state(x.device)
+    n_tiles, split, k_per = _plan(M, N, K, unit, sms, t)
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    part = torch.empty(split, M, N, device=x.device, dtype=torch.float32) if split > 1 else y
+    kernel[(n_tiles, split)](x2, *args, y, part, locks, M, N, K, k_per, split, x2.stride(0), *consts[0],
+                             BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=bk, num_warps=t.warps, num_stages=t.stages,
+                             **consts[1])
+    return y.reshape(*shape, N)
 
 
-def fp8_linear(x, w, scale, block):
+def _fp8_consts(w, scale, block):
+    bn, bk = block
+    # A scale that spans K (per channel) is one constant for every K, so
+    # the kernel compiles once for all of a model's widths.
+    return (w.stride(0), scale.stride(0), scale.stride(1)), {"BN_S": bn, "BK_S": bk if bk < w.shape[1] else 1 << 30}
+
+
+def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None):
     """x [..., K] @ dequant(w).T with w float8_e4m3fn [N, K] and scale
     float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk)."""
     N, K = w.shape
-    bn, bk = block
+    if x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
+        return x @ fp8_dequant(w, scale, block, x.dtype).t()
+    bk = block[1]
     # K tiles inside one scale block: BLOCK_K divides bk, or bk spans K.
     kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
     unit = bk if bk < K else kt
-    # A scale that spans K (per channel) is one constant for every K, so
-    # the kernel compiles once for all of a model's widths.
-    return _run(_fp8_kernel, x, N, K, unit, kt, (w, scale),
-                ((w.stride(0), scale.stride(0), scale.stride(1)), {"BN_S": bn, "BK_S": bk if bk < K else 1 << 30}))
+    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), _fp8_consts(w, scale, block), "fp8", tiles)
 
 
-def int4_linear(x, qw, scales, zeros, g):
+def int4_linear(x, qw, scales, zeros, g, tiles=None, dequant_rows=None):
     """x [..., K] @ dequant(qw).T with qw int32 [K/8, N], scales (float16,
     bfloat16 or float32) and zeros [K/g, N]."""
     K, N = qw.shape[0] * 8, qw.shape[1]
-    # The packed tile is loaded as one int32 per weight (each word eight
-    # times): K tiles of 64 and two stages keep it within shared memory.
-    return _run(_int4_kernel, x, N, K, g, min(g, 64), (qw, scales, zeros), ((), {"G": g}), stages=2)
+    if x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
+        return x @ int4_dequant(qw, scales, zeros, g, x.dtype).t()
+    return _run((_int4_kernel, _int4_gemv_kernel), x, N, K, g, min(g, 64), (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
+
+
+def fp8_dequant(w, scale, block, dtype):
+    """The float weight [N, K] of an fp8 QWeight, in dtype."""
+    N, K = w.shape
+    out = torch.empty(N, K, device=w.device, dtype=dtype)
+    consts = _fp8_consts(w, scale, block)
+    _fp8_dequant_kernel[(-(-N // 64), -(-K // 128))](w, scale, out, N, K, *consts[0], BLOCK_N=64, BLOCK_K=128,
+                                                      **consts[1])
+    return out
+
+
+def int4_dequant(qw, scales, zeros, g, dtype):
+    """The float weight [N, K] of an int4 QWeight (input order as packed), in dtype."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    out = torch.empty(N, K, device=qw.device, dtype=dtype)
+    bk = min(g, 64)
+    _int4_dequant_kernel[(-(-N // 64), -(-K // bk))](qw, scales, zeros, out, N, K, G=g, BLOCK_N=64, BLOCK_K=bk)
+    return out
 
 
 def self_check(device, dtype):
@@ -161,7 +358,7 @@ def self_check(device, dtype):
     perm = torch.randperm(K, generator=gen)
     cases.append(quant.QWeight("int4", N, K, qw=quant.pack4(q).to(device), scales=sc.bfloat16().to(device),
                                zeros=z.to(device), group=128, perm=perm.to(device)))
-    for M in (1, 7, 33, 200):
+    for M in (1, 7, 33, 200, DEQUANT_ROWS + 44):
         x = torch.randn(M, K, generator=gen).to(device=device, dtype=dtype)
         for c in cases:
             want = x.float() @ c.dequant(torch.float32).t()

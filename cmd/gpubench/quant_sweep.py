@@ -1,0 +1,152 @@
+"""Times the quantized GEMMs (the worker's torchrt/quant_triton.py) on the
+GPU against bf16 cuBLAS, over the projection shapes of the llama1b and
+llama8b shapes and the row counts decode and prompt steps use: the table
+quant_triton's tiles_for reads comes from this.
+
+    python3 cmd/gpubench/quant_sweep.py [--old PATH] [--rows 1,16,64,256,2048] [--sweep]
+
+Every product runs inside a CUDA graph of 20 launches (as the decode
+steps run), timed by CUDA events over 5 replays; figures are microseconds
+a product and the weight's bytes over that time (GB/s). --old times
+another quant_triton.py beside it (the build before); --sweep tries
+every candidate tile for the decode rows and prints the best. Each
+candidate is first checked against the dequantized product.
+"""
+import argparse
+import importlib.util
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "engine", "pyproc", "runtime"))
+from mlxsworker.torchrt import quant, quant_triton as qt  # noqa: E402
+
+SHAPES = {  # (N, K) of each projection, q/k/v and gate/up fused as the loader fuses them
+    "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
+    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
+}
+
+
+def weights(kind, N, K, dev):
+    gen = torch.Generator(device="cpu").manual_seed(N * 7 + K)
+    if kind == "fp8":
+        w = (torch.randn(N, K, generator=gen) * 0.05).clamp(-448, 448).to(torch.float8_e4m3fn)
+        s = torch.rand(-(-N // 128), -(-K // 128), generator=gen) * 0.01 + 0.001
+        return quant.QWeight("fp8", N, K, w=w.to(dev), scale=s.to(dev), block=(128, 128))
+    q = torch.randint(0, 16, (K, N), generator=gen, dtype=torch.int32)
+    sc = (torch.rand(K // 128, N, generator=gen) * 0.02).half()
+    z = torch.full((K // 128, N), 8.0).half()
+    return quant.QWeight("int4", N, K, qw=quant.pack4(q).to(dev), scales=sc.to(dev), zeros=z.to(dev), group=128)
+
+
+def call(mod, qw, x, **kw):
+    t = qw.t
+    if qw.kind == "fp8":
+        return mod.fp8_linear(x, t["w"], t["scale"], t["block"], **kw)
+    return mod.int4_linear(x, t["qw"], t["scales"], t["zeros"], t["group"], **kw)
+
+
+def timed(fn, reps=20, replays=5):
+    """Microseconds per call of fn, replayed from a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1000 / (reps * replays)
+
+
+def err(got, want):
+    return (got.float() - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+
+
+def candidates(M):
+    if M <= 4:  # the row-loop kernel, BLOCK_M rows
+        bm = 1 << (M - 1).bit_length()
+        for bn, warps, waves in itertools.product((16, 32, 64, 128), (2, 4, 8), (2, 4, 8)):
+            yield qt.Tiles(bm, bn, warps, 2, waves, gemv=True, bk=128)
+        return
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    for bn, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (3, 4), (1, 2, 4)):
+        yield qt.Tiles(bm, bn, warps, stages, waves)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", help="another quant_triton.py to time beside this one")
+    ap.add_argument("--rows", default="1,2,4,8,16,64,256,2048")
+    ap.add_argument("--kinds", default="fp8,int4")
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    old = None
+    if a.old:
+        spec = importlib.util.spec_from_file_location("mlxsworker.torchrt.quant_triton_old", a.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+    print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
+    best_by = {}  # (kind, M) -> {repr(tiles): sum of time / best time over shapes}
+    for kind in a.kinds.split(","):
+        print("\n| %s | rows | bf16 us | old us | new us | new GB/s | new/bf16 speed | dequant+mm us | best tile | best us |" % kind)
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, (N, K) in SHAPES.items():
+            qw = weights(kind, N, K, dev)
+            wb = qw.dequant(torch.bfloat16)
+            nbytes = qw.nbytes()
+            for M in (int(r) for r in a.rows.split(",")):
+                x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+                want = x.float() @ wb.float().t()
+                t_bf = timed(lambda: x @ wb.t())
+                t_old = "-"
+                if old is not None:
+                    if err(call(old, qw, x), want) > 2e-2:
+                        t_old = "wrong"
+                    else:
+                        t_old = "%.1f" % timed(lambda: call(old, qw, x))
+                e = err(call(qt, qw, x), want)
+                t_new = timed(lambda: call(qt, qw, x)) if e <= 2e-2 else float("nan")
+                t_dq = timed(lambda: call(qt, qw, x, dequant_rows=1))
+                best, best_t = "-", float("nan")
+                if a.sweep and M <= 64:
+                    times = {}
+                    for tl_ in candidates(M):
+                        try:
+                            if err(call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30), want) > 2e-2:
+                                continue
+                            times[repr(tl_)] = timed(lambda: call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30), reps=10, replays=3)
+                        except Exception as ex:  # out of shared memory and the like
+                            times[repr(tl_)] = float("inf")
+                            print("  %s %s M=%d %r: %s" % (kind, name, M, tl_, str(ex).splitlines()[0][:100]), file=sys.stderr)
+                    best = min(times, key=times.get)
+                    best_t = times[best]
+                    acc = best_by.setdefault((kind, M), {})
+                    for k, v in times.items():
+                        acc[k] = acc.get(k, 0.0) + v / best_t
+                print("| %s | %d | %.1f | %s | %.1f%s | %.0f | %.2fx | %.1f | %s | %.1f |" % (
+                    name, M, t_bf, t_old, t_new, "" if e <= 2e-2 else " (err %.3g)" % e, nbytes / t_new / 1e3,
+                    t_bf / t_new, t_dq, best, best_t))
+                sys.stdout.flush()
+    if best_by:
+        print("\nTiles by rows (sum over shapes of time / that shape's best; lower is better, %d shapes):" % len(SHAPES))
+        for (kind, M), acc in sorted(best_by.items()):
+            top = sorted(acc.items(), key=lambda kv: kv[1])[:5]
+            print("%s M=%d: %s" % (kind, M, "; ".join("%s %.2f" % kv for kv in top)))
+
+
+if __name__ == "__main__":
+    main()
