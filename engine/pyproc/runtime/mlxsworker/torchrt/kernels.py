@@ -114,12 +114,29 @@ def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_grid(y):
+    # y (float32, |y| <= 448) rounded to the nearest e4m3 value, ties to
+    # even, its sign kept, in float32. The conversion to float8 after it is
+    # exact whichever way the compiler takes (before sm_90 through float16,
+    # which would round twice).
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # the binade; e4m3's subnormals share the lowest one's step
+    step = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): three mantissa bits
+    inv = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 1 / step
+    # Adding 1.5 * 2^23 rounds a float32 below 2^22 to an integer, ties to even.
+    r = ((tl.abs(y) * inv + 12582912.0) - 12582912.0) * step
+    return tl.where(bits < 0, -r, r)
+
+
+@triton.jit
 def _kv_encode(x, scale, FP8: tl.constexpr):
-    # x as the pool stores it: with FP8, e4m3(x / scale) in float32,
-    # saturating at ±448, round to nearest even (kvcache.KVFormat.encode).
+    # x as the pool stores it: with FP8, e4m3(x / scale), the division
+    # exact as torch's, saturating at ±448, round to nearest even: the
+    # bytes kvcache.KVFormat.encode gives.
     y = x
     if FP8:
-        y = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -448.0), 448.0).to(tl.float8e4nv)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
+        y = _e4m3_grid(y).to(tl.float8e4nv)
     return y
 
 
