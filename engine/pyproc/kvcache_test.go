@@ -46,7 +46,7 @@ func TestKVCacheFP8(t *testing.T) {
 // plain torch over the dequantized pool; then each family served on CUDA
 // with the FP8 pool (kernels, decode graphs, varlen prompt attention,
 // prompt-step graphs) against the CPU's emulated FP8 pool: tokens equal up
-// to a near tie, logprobs within 0.1 in bfloat16 and 0.002 in float32.
+// to a near tie, logprobs within 0.1 in bfloat16 and 0.01 in float32.
 func TestKVCacheFP8CUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")

@@ -26,8 +26,11 @@ torch's float8_e4m3fn conversion gives and their decode attention over an
 FP8 pool agrees with plain torch over the dequantized pool; and a model
 served on CUDA with the FP8 pool (Triton kernels, decode graphs, varlen
 prompt attention, prompt-step graphs) samples what the CPU's emulated FP8
-pool samples: tokens equal up to a near tie (the reference's top two
-within 0.05), logprobs within 0.1 in bfloat16 and 0.002 in float32.
+pool samples: tokens equal up to a near tie and logprobs within a
+tolerance, 0.1 in bfloat16 (its rounding over the layers) and 0.01 in
+float32 (a key or value within float32 noise of an e4m3 rounding boundary
+may round the other way); a near tie is a reference top two within the
+tolerance.
 
   python3 kvcache_test.py RUNTIME_DIR [--cuda] MODEL_DIR...
 
@@ -101,16 +104,17 @@ def check_encoding():
 
 class Rounded(kvcache.KVFormat):
     """The reference pool: float32, every value written as this script
-    rounds it (nearest_e4m3(x / scale) * scale)."""
+    rounds it (nearest_e4m3(x / scale) * scale, the division as x times
+    the float32 reciprocal, as kvcache.py defines it)."""
 
     def __init__(self, scales):
         super().__init__("auto", torch.device("cpu"), torch.float32, scales)
 
     def store(self, cache, index, x, scale):
-        cache[index] = nearest_e4m3(x.float() / scale) * scale
+        cache[index] = self.rounded(x, scale)
 
     def rounded(self, x, scale):
-        return nearest_e4m3(x.float() / scale) * scale
+        return nearest_e4m3(x.float() * (1.0 / scale)) * scale
 
 
 def layer_prefix(path):
@@ -274,7 +278,7 @@ def check_kernels():
     ks, vs = 0.03, 0.5
     fmt = kvcache.KVFormat("fp8", dev, dtype, [(ks, vs)])
     kc, vc = (fmt.zeros((B * nb + 1, bs, K, hd), dev) for _ in "kv")
-    qkv = (torch.randn(B * nb * bs, (H + 2 * K) * hd, generator=g) * 3).to(dev, dtype)
+    qkv = torch.randn(B * nb * bs, (H + 2 * K) * hd, generator=g).to(dev, dtype)
     pos = torch.arange(nb * bs, device=dev).repeat(B)
     rows = torch.arange(B * nb * bs, device=dev)
     cos = torch.randn(nb * bs, hd, generator=g).to(dev, dtype)
@@ -290,15 +294,15 @@ def check_kernels():
     table = torch.full((B + 1, nb), B * nb, dtype=torch.int32)
     table[1:] = perm.view(B, nb).to(torch.int32)
     kc2, vc2 = kc.clone(), vc.clone()
-    kc2.view(torch.uint8)[perm] = kc.view(torch.uint8)[: B * nb]
-    vc2.view(torch.uint8)[perm] = vc.view(torch.uint8)[: B * nb]
+    kc2.view(torch.uint8)[perm.to(dev)] = kc.view(torch.uint8)[: B * nb]
+    vc2.view(torch.uint8)[perm.to(dev)] = vc.view(torch.uint8)[: B * nb]
     table = table.to(dev)
     trows = torch.tensor([1, 2, 3], device=dev)
     p = torch.tensor([5, 300, nb * bs - 1], device=dev)
-    step = (torch.randn(B, (H + 2 * K) * hd, generator=g) * 3).to(dev, dtype)
-    for window in (0, 37):
+    step = torch.randn(B, (H + 2 * K) * hd, generator=g).to(dev, dtype)
+    for window, context in ((0, nb * bs), (37, nb * bs), (0, 8192)):  # 8192: the cache split over programs
         k8, v8 = kc2.clone(), vc2.clone()
-        out = kernels.decode_attention(step, k8, v8, table, trows, p, cos, sin, H, K, nb * bs, None, window, None, True, ks, vs)
+        out = kernels.decode_attention(step, k8, v8, table, trows, p, cos, sin, H, K, context, None, window, None, True, ks, vs)
         # Plain torch: the new token as torch converts it, the pool read as code * scale.
         at = table[trows, p // bs].long() * bs + p % bs
         qr = kernels.rope_kv(step, kc2.clone(), vc2.clone(), at, p, cos, sin, H, K, None, ks, vs)
@@ -315,23 +319,23 @@ def check_kernels():
             s = torch.einsum("hd,lhd->hl", qr[b, :H].float(), kk) / hd ** 0.5
             want.append(torch.einsum("hl,lhd->hd", torch.softmax(s, -1), vv).reshape(-1))
         d = (out.float() - torch.stack(want)).abs().max().item()
-        check(d < 2e-2, "decode_attention over FP8 (window %d) differs from torch by %g" % (window, d))
+        check(d < 2e-2, "decode_attention over FP8 (window %d, context %d) differs from torch by %g" % (window, context, d))
 
 
 def check_cuda_model(path):
     """The CUDA FP8 model (every fast path on) against the CPU's emulated
     FP8 model (exact against the rounding reference above)."""
     ref, _ = scenario(load(path, True, False))
-    for dtype, tol in (("bfloat16", 0.1), ("float32", 2e-3)):
+    for dtype, tol in (("bfloat16", 0.1), ("float32", 0.01)):
         m = load(path, True, False, "cuda", dtype, Settings())
         check(m.kv.k.dtype == kvcache.FLOAT8 and m.model.kern is not None, "%s: the FP8 pool and the kernels" % dtype)
         got, _ = scenario(m)
         for i, (a, b) in enumerate(zip(got, ref)):
             if a[0] != b[0]:
-                check(b[2] < 0.05, "%s %s: token %d is %d, reference %d (gap %.3f)" % (path, dtype, i, a[0], b[0], b[2]))
+                check(b[2] < tol, "%s %s: token %d is %d, reference %d (gap %.3f)" % (path, dtype, i, a[0], b[0], b[2]))
                 break  # a near tie: the rest diverges
             check(abs(a[1] - b[1]) < tol, "%s %s: token %d logprob %.5f, reference %.5f" % (path, dtype, i, a[1], b[1]))
-        check(m.graphs is not None and m.graphs.graphs, "%s %s: no decode graph ran" % (path, dtype))
+        check(m.graphs is not None and m.graphs.graphs and not m.graphs.broken, "%s %s: no decode graph ran" % (path, dtype))
         if dtype == "bfloat16":
             check(m.prefill is not None and m.prefill.sets, "%s: no prompt-step graph ran" % path)
         print("%s %s: %d tokens, worst logprob difference %.3g" % (path, dtype, len(got), worst(got, ref)))

@@ -129,13 +129,13 @@ def _e4m3_grid(y):
 
 
 @triton.jit
-def _kv_encode(x, scale, FP8: tl.constexpr):
-    # x as the pool stores it: with FP8, e4m3(x / scale), the division
-    # exact as torch's, saturating at ±448, round to nearest even: the
-    # bytes kvcache.KVFormat.encode gives.
+def _kv_encode(x, inv, FP8: tl.constexpr):
+    # x as the pool stores it: with FP8, e4m3(x * inv), inv the float32
+    # reciprocal of the scale, saturating at ±448, round to nearest even:
+    # the bytes kvcache.KVFormat.encode gives.
     y = x
     if FP8:
-        y = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
+        y = tl.minimum(tl.maximum(x.to(tl.float32) * inv, -448.0), 448.0)
         y = _e4m3_grid(y).to(tl.float8e4nv)
     return y
 
@@ -152,7 +152,7 @@ def _kv_decode(c, scale, like, FP8: tl.constexpr):
 
 @triton.jit
 def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
-                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale,
+                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv, v_inv,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                         PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr):
@@ -178,8 +178,8 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     v = tl.load(row + (H + K + kh) * HD + d)
     if sp == 0:
         at = tl.load(bt + p // BS).to(tl.int64) * s_blk + (p % BS) * s_pos + kh * s_head
-        k8 = _kv_encode(k, k_scale, FP8)
-        v8 = _kv_encode(v, v_scale, FP8)
+        k8 = _kv_encode(k, k_inv, FP8)
+        v8 = _kv_encode(v, v_inv, FP8)
         tl.store(kc_ptr + at + d, k8)
         tl.store(vc_ptr + at + d, v8)
         k = _kv_decode(k8, k_scale, k, FP8)
@@ -265,7 +265,7 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
 
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr, sin_ptr,
-                    qkv_stride, s_pos, s_head, k_scale, v_scale,
+                    qkv_stride, s_pos, s_head, k_inv, v_inv,
                     H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr,
                     FP8: tl.constexpr):
     row = tl.program_id(0)
@@ -284,8 +284,8 @@ def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr
     isqk = h < H + K
     tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
     at = kvrow.to(tl.int64) * s_pos + d[None, :]
-    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, _kv_encode(r, k_scale, FP8), mask=((h >= H) & isqk)[:, None])
-    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, _kv_encode(x, v_scale, FP8), mask=((h >= H + K) & hm)[:, None])
+    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, _kv_encode(r, k_inv, FP8), mask=((h >= H) & isqk)[:, None])
+    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, _kv_encode(x, v_inv, FP8), mask=((h >= H + K) & hm)[:, None])
 
 
 def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scale=1.0, v_scale=1.0):
@@ -303,7 +303,7 @@ def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scal
     qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
     if N:
         _rope_kv_kernel[(N,)](qkv, qk, kc, vc, kvrow, pos, cos, sin,
-                              qkv.stride(0), kc.stride(1), kc.stride(2), float(k_scale), float(v_scale),
+                              qkv.stride(0), kc.stride(1), kc.stride(2), 1.0 / k_scale, 1.0 / v_scale,
                               H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, ROT=rot,
                               FP8=kc.dtype == FLOAT8, num_warps=4)
     return qk
@@ -365,6 +365,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     _decode_attn_kernel[(B, kv_heads, sp)](
         qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
+        1.0 / k_scale, 1.0 / v_scale,
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
         num_warps=warps, num_stages=stages)

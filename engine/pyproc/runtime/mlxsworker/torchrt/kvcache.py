@@ -6,9 +6,11 @@ twice the tokens of bfloat16 (four times float32's).
 FP8: each layer has a scale for its keys and one for its values (1.0, as
 vLLM without calibration; a checkpoint's self_attn.k_scale and v_scale,
 or the older kv_scale for both, where it carries them, as FP8 checkpoints
-with a kv_cache_scheme do). A write stores e4m3(x / scale): float32
-division, round to nearest even, saturating at ±448. A read gives
-code * scale in float32, rounded to the compute dtype. On CUDA the pool
+with a kv_cache_scheme do). A write stores e4m3(x / scale): x times the
+float32 reciprocal of scale (how torch's CUDA division by a scalar
+computes it, and the same in every path here, so the bytes agree), round
+to nearest even, saturating at ±448. A read gives code * scale in float32,
+rounded to the compute dtype. On CUDA the pool
 is torch.float8_e4m3fn and the Triton kernels (kernels.py) convert in
 registers; elsewhere (torch 1.13 has no float8) it holds the same bytes
 as uint8 (quant.e4m3_encode) and reads them through the 256-entry table.
@@ -86,7 +88,7 @@ class KVFormat:
         """x as the pool stores it."""
         if not self.fp8:
             return x
-        y = x.float() / scale
+        y = x.float() * (1.0 / scale)
         if self.table is not None:
             return quant.e4m3_encode(y)
         return y.clamp(-quant.E4M3_MAX, quant.E4M3_MAX).to(self.storage)
