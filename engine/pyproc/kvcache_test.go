@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,5 +101,21 @@ func TestKVCacheDtypeRefused(t *testing.T) {
 	}
 	if m != nil {
 		m.Close()
+	}
+}
+
+// TestKVCacheFP8TensorParallel: with the FP8 pool split over two ranks
+// (each its KV heads' share, gloo on the CPU) the workload of
+// TestTensorParallelMatches samples what one rank does.
+func TestKVCacheFP8TensorParallel(t *testing.T) {
+	python(t)
+	dirs := tpFamilies(t, 2)
+	one := newEngine(t, WithKVCacheDtype("fp8"))
+	two := newEngine(t, WithKVCacheDtype("fp8"), WithTensorParallel(2))
+	for _, arch := range []string{"llama", "gemma3_text"} {
+		want := tpScript(t, loadID(t, one, arch, dirs[arch]))
+		if got := tpScript(t, loadID(t, two, arch, dirs[arch])); !slices.Equal(got, want) {
+			t.Errorf("%s: FP8 KV over 2 ranks gave\n%v\nwant (one rank)\n%v", arch, got, want)
+		}
 	}
 }
