@@ -26,6 +26,11 @@
 //
 //	gpubench -shape llama8b -quant awq -dir /tmp/llama8b-awq -batches 1,64 -prefill "" -hf=false -hfstatic=false -stack=false
 //
+// With -kv-cache-dtype fp8 the engine's KV pool is float8 e4m3
+// (pyproc.WithKVCacheDtype): a decode step reads half the KV bytes; in
+// serving mode pass it to the server after -- to see the pool hold twice
+// the tokens (BENCHMARKS.md, "Quantized checkpoints").
+//
 // With -adapters N it measures LoRA serving instead (adapters.go): N
 // random rank -adapter-rank adapters written beside -dir, decode tokens/s
 // per batch size for the base alone, every sequence on one adapter, and
@@ -78,6 +83,7 @@ var (
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
+	kvDtype   = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
 	script    = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")
 	device    = flag.String("device", "cuda", "torch device")
 	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
@@ -187,7 +193,8 @@ func main() {
 	sizes := ints(*batches)
 	cases := parseCases(*prefills)
 	e, err := pyproc.New(ctx, append([]pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning()}, quantize...)...)
+		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning(),
+		pyproc.WithKVCacheDtype(*kvDtype)}, quantize...)...)
 	must(err)
 	t0 := time.Now()
 	mi, err := e.Load(ctx, engine.ModelSpec{ID: "llama1b", Path: *dir, ContextLength: 1024, MaxBatch: max(64, slices.Max(append(sizes, 1)))})

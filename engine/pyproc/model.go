@@ -174,6 +174,7 @@ func (m *Model) loadRequest() builder {
 			"dtype":          m.e.cfg.dtype,
 			"cuda_graphs":    !m.e.cfg.noGraphs,
 			"quantize":       m.e.cfg.quantize,
+			"kv_cache_dtype": m.e.cfg.kvCacheDtype,
 			// LoRA slots (adapter.go); a backend without adapters ignores them.
 			"adapter_slots":    m.adapterSlots(),
 			"max_adapter_rank": m.maxRank(),

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/retry"
 )
 
@@ -34,6 +35,7 @@ type config struct {
 	noGraphs     bool
 	lookahead    int
 	quantize     string
+	kvCacheDtype string
 	tuning       Tuning
 	faults       bool // test hook: lets the worker obey "fault" requests
 	restart      *retry.Policy
@@ -54,6 +56,7 @@ func defaults() config {
 		backend:      "auto",
 		device:       "auto",
 		dtype:        "auto",
+		kvCacheDtype: "auto",
 		startTimeout: 60 * time.Second,
 		hbInterval:   500 * time.Millisecond,
 		hbTimeout:    5 * time.Second,
@@ -265,6 +268,27 @@ func WithQuantize(method string) Option {
 	}
 }
 
+// WithKVCacheDtype sets how the paged KV pool stores keys and values
+// (torch backend): "auto" (the default) in the model's dtype, "fp8" as
+// float8 e4m3 with one scale per layer for keys and one for values (1.0,
+// or the checkpoint's self_attn.k_scale and v_scale where it carries
+// them), as vLLM's --kv-cache-dtype fp8. FP8 takes one byte an element,
+// so a pool sized from memory holds twice the tokens of bfloat16 (four
+// times float32's) at some precision in attention; on CUDA the decode
+// kernel reads the bytes and converts them in registers. Another value
+// fails New with an error wrapping engine.ErrInvalidParam. See
+// PROTOCOL.md's load.
+func WithKVCacheDtype(name string) Option {
+	return func(c *config) error {
+		switch name {
+		case "auto", "fp8":
+			c.kvCacheDtype = name
+			return nil
+		}
+		return fmt.Errorf("pyproc: WithKVCacheDtype(%q): want auto or fp8: %w", name, engine.ErrInvalidParam)
+	}
+}
+
 // WithLookahead sets how many tokens a decode step asks the worker for
 // per sequence: the worker keeps decoding, feeding each sequence its own
 // sampled token, and later Steps take the tokens from the buffer without a
@@ -348,6 +372,8 @@ func (c *config) placeGPUs() error {
 			return fmt.Errorf("pyproc: WithTensorParallel(%d): the mlx backend runs a model in one process; tensor parallel needs the torch backend", c.tp)
 		case c.quantize != "":
 			return fmt.Errorf("pyproc: WithQuantize(%q): the mlx backend serves MLX's own quantized checkpoints; -quantize needs the torch backend", c.quantize)
+		case c.kvCacheDtype != "auto":
+			return fmt.Errorf("pyproc: WithKVCacheDtype(%q): the mlx backend keeps its KV cache in the model's dtype; it needs the torch backend", c.kvCacheDtype)
 		case len(c.gpus) > 0:
 			return fmt.Errorf("pyproc: WithGPUs(%v): the mlx backend does not place CUDA devices; it needs the torch backend", c.gpus)
 		}

@@ -209,11 +209,11 @@ func TestTensorParallelGPUsOption(t *testing.T) {
 	}
 }
 
-// TestMLXBackendRefusesTorchOptions: tensor parallel, -quantize and GPU
-// placement need the torch backend; with the mlx backend New refuses
-// them before any worker starts.
+// TestMLXBackendRefusesTorchOptions: tensor parallel, -quantize, an FP8
+// KV cache and GPU placement need the torch backend; with the mlx backend
+// New refuses them before any worker starts.
 func TestMLXBackendRefusesTorchOptions(t *testing.T) {
-	for _, o := range []Option{WithTensorParallel(2), WithQuantize("fp8"), WithGPUs([]int{0})} {
+	for _, o := range []Option{WithTensorParallel(2), WithQuantize("fp8"), WithKVCacheDtype("fp8"), WithGPUs([]int{0})} {
 		_, err := New(context.Background(), WithBackend("mlx"), WithPython("/nonexistent/python"), o)
 		if err == nil || !strings.Contains(err.Error(), "needs the torch backend") {
 			t.Errorf("New with the mlx backend: %v, want a refusal naming the torch backend", err)

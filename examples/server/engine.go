@@ -41,7 +41,7 @@ func openEngine(ctx context.Context, o options, dir string, log *slog.Logger) (e
 		return openSim(o, dir, log)
 	}
 	eng, err := openPyproc(ctx, o, log)
-	if err == nil || o.tp > 1 || len(o.gpus) > 0 { // GPUs asked for: only the Python engine places them
+	if err == nil || o.tp > 1 || len(o.gpus) > 0 || o.kvCacheDtype == "fp8" { // only the Python engine places GPUs and stores FP8 KV
 		return eng, err
 	}
 	log.Info("python engine unavailable", "err", err)
@@ -73,6 +73,9 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	}
 	if o.quantize != "" {
 		opts = append(opts, pyproc.WithQuantize(o.quantize))
+	}
+	if o.kvCacheDtype != "" && o.kvCacheDtype != "auto" {
+		opts = append(opts, pyproc.WithKVCacheDtype(o.kvCacheDtype))
 	}
 	if o.tp > 1 {
 		opts = append(opts, pyproc.WithTensorParallel(o.tp))

@@ -92,6 +92,7 @@ type options struct {
 	maxBatch, tokenBudget int
 	lookahead             int     // pyproc: tokens a decode step asks for (0: the engine's default)
 	quantize              string  // pyproc: quantize float checkpoints at load ("fp8"; "": as they are)
+	kvCacheDtype          string  // pyproc: how the KV pool stores keys and values ("auto": the model's dtype, or "fp8")
 	noJumpForward         bool    // constrained output sampled one token a step (batcher.WithJumpForward)
 	tp                    int     // pyproc: tensor-parallel ranks per worker (1: none)
 	gpus                  []int   // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
@@ -118,6 +119,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d)", batcher.DefaultTokenBudget))
 	fs.IntVar(&o.lookahead, "lookahead", 0, "python engine: tokens each decode step asks the worker for (1: off; default 8 on CUDA, 1 elsewhere)")
 	fs.StringVar(&o.quantize, "quantize", "", "python engine: fp8 quantizes a float checkpoint's projections at load, per output channel (served as FP8 on CUDA)")
+	fs.StringVar(&o.kvCacheDtype, "kv-cache-dtype", "auto", "python engine: auto keeps the KV cache in the model's dtype; fp8 stores it as float8 e4m3 (one byte an element: twice bfloat16's tokens in the same memory)")
 	fs.BoolVar(&o.noJumpForward, "no-jump-forward", false, "sample every token of structured output, even where the schema allows only one continuation (default: forced runs are appended without a forward pass each)")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
 	fs.BoolVar(&o.merge, "merge", false, "identical deterministic requests in flight share one generation")
@@ -171,6 +173,9 @@ func parseFlags(args []string) (options, error) {
 	default:
 		return o, fmt.Errorf("-engine %q: want auto, pyproc, mlx or sim", o.engine)
 	}
+	if err := checkKVCacheDtype(o); err != nil {
+		return o, err
+	}
 	if o.cacheBytes < 0 || o.cacheTTL <= 0 || (o.cacheBytes > 0 && !o.merge) {
 		return o, fmt.Errorf("-cache-bytes %d, -cache-ttl %v: want a size of 0 or more, a positive TTL, and -merge", o.cacheBytes, o.cacheTTL)
 	}
@@ -184,6 +189,18 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// checkKVCacheDtype refuses a -kv-cache-dtype other than auto or fp8, and
+// fp8 with an engine that keeps its KV cache in the model's dtype.
+func checkKVCacheDtype(o options) error {
+	switch {
+	case o.kvCacheDtype != "auto" && o.kvCacheDtype != "fp8":
+		return fmt.Errorf("-kv-cache-dtype %q: want auto or fp8", o.kvCacheDtype)
+	case o.kvCacheDtype == "fp8" && (o.engine == "mlx" || o.engine == "sim"):
+		return fmt.Errorf("-kv-cache-dtype fp8: the %s engine keeps its KV cache in the model's dtype; fp8 needs -engine pyproc (or auto)", o.engine)
+	}
+	return nil
 }
 
 // run serves until ctx ends, then shuts down gracefully. If listening is

@@ -30,7 +30,8 @@ def record(step, pool, warmup=2):
 
 class Kern:
     """kernels.py's entry points in plain torch (float32) for the decoder
-    m."""
+    m; the pool written and read through m's KV format (kvcache.py), as
+    the kernels convert FP8 in registers."""
 
     def __init__(self, m):
         self.m = m
@@ -51,27 +52,27 @@ class Kern:
         x = qkv[:, : (heads + kv_heads) * hd].reshape(-1, heads + kv_heads, hd)
         return self.m.rope(x, cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
 
-    def rope_kv(self, qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
-        hd = kc.shape[-1]
+    def rope_kv(self, qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scale=1.0, v_scale=1.0):
+        hd, f = kc.shape[-1], self.m.kvq
         qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
-        kc.view(-1, kv_heads, hd)[kvrow] = qk[:, heads:]
-        vc.view(-1, kv_heads, hd)[kvrow] = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
+        f.store(kc.view(-1, kv_heads, hd), kvrow, qk[:, heads:], k_scale)
+        f.store(vc.view(-1, kv_heads, hd), kvrow, qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd), v_scale)
         return qk
 
     def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
-                         rot=None, prefetch=True):
-        bs, hd = kc.shape[1], kc.shape[-1]
+                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0):
+        bs, hd, f = kc.shape[1], kc.shape[-1], self.m.kvq
         qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
         v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
         out = []
         for b in range(qkv.shape[0]):
             p, row = int(pos[b]), int(rows[b])
             at = int(table[row, p // bs]) * bs + p % bs
-            kc.view(-1, kv_heads, hd)[at] = qk[b, heads:]
-            vc.view(-1, kv_heads, hd)[at] = v[b]
+            f.store(kc.view(-1, kv_heads, hd), at, qk[b, heads:], k_scale)
+            f.store(vc.view(-1, kv_heads, hd), at, v[b], v_scale)
             blocks = table[row, : p // bs + 1].long()
-            kk = kc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
-            vv = vc[blocks].reshape(-1, kv_heads, hd)[: p + 1]
+            kk = f.load(kc, blocks, k_scale).reshape(-1, kv_heads, hd)[: p + 1]
+            vv = f.load(vc, blocks, v_scale).reshape(-1, kv_heads, hd)[: p + 1]
             out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale, window).reshape(-1))
         return torch.stack(out)
 

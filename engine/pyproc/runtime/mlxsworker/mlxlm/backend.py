@@ -104,6 +104,9 @@ class MlxModel(Model):
     def __init__(self, path, opts):
         if opts.get("quantize"):
             raise ProtocolError(INVALID, "quantize %r: the mlx backend loads weights as they are" % opts["quantize"])
+        if opts.get("kv_cache_dtype") not in (None, "", "auto"):
+            raise ProtocolError(INVALID, "kv_cache_dtype %r: the mlx backend keeps the KV cache in the model's dtype"
+                                % opts["kv_cache_dtype"])
         for f in ("config.json", "tokenizer.json"):
             if not os.path.exists(os.path.join(path, f)):
                 raise CheckpointError(f, "missing")

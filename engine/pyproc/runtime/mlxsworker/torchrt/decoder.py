@@ -29,7 +29,7 @@ except ImportError:
     causal_lower_right = None
 
 from ..settings import Settings
-from . import gemma, moe, phi3, quant, rope
+from . import gemma, kvcache, moe, phi3, quant, rope
 from .st import Checkpoint
 
 log = logging.getLogger("decoder")
@@ -53,9 +53,11 @@ class Decoder:
     """Weights and the forward pass. The KV cache is owned by the caller
     (paged.PagedKV): kc[l] and vc[l] are [blocks, block_size, kv_heads,
     head_dim], read through layer l's group's block table
-    (kv.table_of(l)); positions' rows and blocks come per group."""
+    (kv.table_of(l)); positions' rows and blocks come per group. They hold
+    what self.kvq (kvcache.KVFormat) stores: every write and read of them
+    goes through it (kv_dtype "fp8": float8 e4m3 with the layer's scales)."""
 
-    def __init__(self, directory, cfg, device, dtype, quantize=None, tp=None, settings=None):
+    def __init__(self, directory, cfg, device, dtype, quantize=None, tp=None, settings=None, kv_dtype="auto"):
         settings = settings or Settings()
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.tp = tp  # tp.Shard: this rank's share of a tensor-parallel model, or None
@@ -75,6 +77,9 @@ class Decoder:
         self.norm = get(prefix + "norm.weight", (h,))
         heads = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if ck.has(n)]
         self.lm_head = self.embed if cfg.tie or not heads else get(heads[0], (cfg.vocab, h))
+        fp8 = kv_dtype == "fp8"
+        scales = kvcache.checkpoint_scales(ck, prefix, cfg.layers) if fp8 else [(1.0, 1.0)] * cfg.layers
+        self.kvq = kvcache.KVFormat(kv_dtype, device, dtype, scales)
         if tp is not None:
             self.lm_head = tp.vocab_rows(self.lm_head)
         # Rotary tables: one per layer kind (Gemma 3's sliding layers
@@ -105,7 +110,9 @@ class Decoder:
             # needs no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.fused_rms = fast and hasattr(F, "rms_norm") and fam.norm == "llama"
-        self.kern = _kernels(cfg, device, dtype) if fast and not capped and settings.kernels else None
+        # The kernels read FP8 KV as torch's float8_e4m3fn only.
+        kern_kv = self.kvq.storage in (dtype, getattr(torch, "float8_e4m3fn", None))
+        self.kern = _kernels(cfg, device, dtype, self.kvq.storage) if fast and not capped and settings.kernels and kern_kv else None
         self.prefetch = settings.attn_prefetch  # the decode attention kernel's (kernels.decode_attention)
         # Every prompt chunk of a step in one flash call per layer (varlen,
         # each chunk over its prefix and itself), instead of a handful of
@@ -284,15 +291,16 @@ class Decoder:
             x, h = self.add_norm(x, d, L.get("ln_in"))
             qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             t = self.tab_of[li]
+            ks, vs = self.kvq.scales[li]
             if self.kern is not None:  # rotary embedding and KV write in one kernel
-                qk = self.kern.rope_kv(qkv, kc, vc, kr, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim)
+                qk = self.kern.rope_kv(qkv, kc, vc, kr, rp, self.tabs[t][0], self.tabs[t][1], H, K, cfg.rot_dim, ks, vs)
             else:
                 qk = self.rope(qkv[:, : (H + K) * hd].view(-1, H + K, hd), *rows[t])
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + K) * hd :].view(-1, K, hd)
             if self.kern is None:
-                kc.view(-1, K, hd)[kr] = k
-                vc.view(-1, K, hd)[kr] = v
+                self.kvq.store(kc.view(-1, K, hd), kr, k, ks)
+                self.kvq.store(vc.view(-1, K, hd), kr, v, vs)
             a = self.rms(self.reduce(self.proj(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
@@ -313,27 +321,29 @@ class Decoder:
             qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
-                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch)
+                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li])
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         _, x = self.add_norm(x, d, self.norm)
         return self.logits(x)
 
-    def gather(self, kc, table, rows, n):
+    def gather(self, kc, table, rows, n, scale):
         """The first n positions of the sequences in block-table rows
         [B], as [B, kv_heads, W, head_dim] with W >= n a whole number of
-        blocks (positions past a sequence's length hold stale values)."""
+        blocks (positions past a sequence's length hold stale values),
+        read with the layer's scale of kc."""
         bs = kc.shape[1]
         nb = -(-n // bs)
         idx = table[rows, :nb].long()
         B = idx.shape[0]
-        return kc[idx].reshape(B, nb * bs, kc.shape[2], kc.shape[3]).transpose(1, 2)
+        return self.kvq.load(kc, idx, scale).reshape(B, nb * bs, kc.shape[2], kc.shape[3]).transpose(1, 2)
 
-    def chunk_kv(self, kc, blocks, n):
+    def chunk_kv(self, kc, blocks, n, scale):
         """The first n positions held by blocks (a device tensor of block
-        ids in order) as [kv_heads, n, head_dim]."""
-        return kc[blocks].flatten(0, 1)[:n].transpose(0, 1)
+        ids in order) as [kv_heads, n, head_dim], read with the layer's
+        scale of kc."""
+        return self.kvq.load(kc, blocks, scale).flatten(0, 1)[:n].transpose(0, 1)
 
     def decode_mask(self, lens, width, dtype, window=0):
         """[B, 1, 1, 1, width]: 0 where a position is within the length
@@ -390,8 +400,9 @@ class Decoder:
                 blocks = blocks[kv.group_of[li]]
                 T, L = b - a, p + b - a
                 qc = q[a:b].transpose(0, 1).reshape(K, rep, T, hd)
-                kk = self.chunk_kv(kc, blocks, L).unsqueeze(1)  # [K, 1, L, hd]
-                vv = self.chunk_kv(vc, blocks, L).unsqueeze(1)
+                ks, vs = self.kvq.scales[li]
+                kk = self.chunk_kv(kc, blocks, L, ks).unsqueeze(1)  # [K, 1, L, hd]
+                vv = self.chunk_kv(vc, blocks, L, vs).unsqueeze(1)
                 s = self.scores(qc, kk.transpose(-1, -2))
                 s = s.masked_fill(~_allowed(T, L, p, W, q.device), float("-inf"))
                 o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
@@ -403,8 +414,9 @@ class Decoder:
         block table, [B, kv_heads, W, head_dim], and the mask of each
         sequence's length (and the layer's window), [B, 1, 1, 1, W]."""
         _, _, trows, maxlen, lens = g
-        kk = self.gather(kc, kv.table_of(li), trows, maxlen)
-        vv = self.gather(vc, kv.table_of(li), trows, maxlen)
+        ks, vs = self.kvq.scales[li]
+        kk = self.gather(kc, kv.table_of(li), trows, maxlen, ks)
+        vv = self.gather(vc, kv.table_of(li), trows, maxlen, vs)
         return kk, vv, self.decode_mask(lens, kk.shape[2], dtype, self.cfg.windows[li])
 
     def attend_decode_kern(self, qkv, kc, vc, kv, g, li):
@@ -415,7 +427,7 @@ class Decoder:
         cos, sin = self.tabs[self.tab_of[li]]
         return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table_of(li), trows, lens - 1, cos, sin,
                                           cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim,
-                                          self.prefetch)
+                                          self.prefetch, *self.kvq.scales[li])
 
     def attend_varlen(self, q, kc, vc, g, out, li, group):
         """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
@@ -429,8 +441,9 @@ class Decoder:
         krows = krows[group]
         K, hd = self.cfg.kv_heads, self.cfg.head_dim
         qq = q if qrows is None else q[qrows]
-        kk = kc.view(-1, K, hd)[krows]
-        vv = vc.view(-1, K, hd)[krows]
+        ks, vs = self.kvq.scales[li]
+        kk = self.kvq.load(kc.view(-1, K, hd), krows, ks)
+        vv = self.kvq.load(vc.view(-1, K, hd), krows, vs)
         o = _flash_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k, self.custom_scale(), self.cfg.windows[li])
         o = o.reshape(o.shape[0], -1)
         if qrows is None:
@@ -464,6 +477,9 @@ class Decoder:
         for g in groups:
             if g[0] == "chunk" and g[4] == 0:
                 fresh.setdefault(g[2] - g[1], []).append(g[1])
+        if fresh:  # they attend over the step's own keys and values: as a read of the pool gives them
+            ks, vs = self.kvq.scales[li]
+            k, v = self.kvq.rounded(k, ks), self.kvq.rounded(v, vs)
         for T, starts in fresh.items():
             n = len(starts)
             adjacent = starts == list(range(starts[0], starts[0] + n * T, T))
@@ -507,8 +523,9 @@ class Decoder:
                 _, a, b, trow, p, blocks = g
                 blocks = blocks[kv.group_of[li]]
                 T, L = b - a, p + b - a
-                kk = self.chunk_kv(kc, blocks, L).unsqueeze(0)  # [1, K, L, hd]
-                vv = self.chunk_kv(vc, blocks, L).unsqueeze(0)
+                ks, vs = self.kvq.scales[li]
+                kk = self.chunk_kv(kc, blocks, L, ks).unsqueeze(0)  # [1, K, L, hd]
+                vv = self.chunk_kv(vc, blocks, L, vs).unsqueeze(0)
                 qq = q[a:b].transpose(0, 1).unsqueeze(0)
                 if causal_lower_right is not None and not (W and L > W):
                     # A chunk after its sequence's first: queries are the last
@@ -536,17 +553,17 @@ def _allowed(T, L, p, W, device):
     return ok
 
 
-def _kernels(cfg, device, dtype):
+def _kernels(cfg, device, dtype, kv_dtype):
     """The Triton kernels module when it covers the model's shapes and
     its kernels build and run here (kernels.probe, with the model's
-    attention scale, rotated dims, window and norm); None otherwise (the
-    torch code runs)."""
+    attention scale, rotated dims, window, norm and KV storage dtype);
+    None otherwise (the torch code runs)."""
     try:
         from . import kernels
         if not kernels.usable(cfg, dtype):
             return None
         kernels.probe(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
-                      window=max(cfg.windows), norm=cfg.family.norm)
+                      window=max(cfg.windows), norm=cfg.family.norm, kv_dtype=kv_dtype)
     except Exception as e:  # no Triton, or it cannot compile for this device
         log.warning("Triton kernels unavailable, using plain torch: %s", e)
         return None

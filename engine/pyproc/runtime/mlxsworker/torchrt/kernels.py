@@ -15,12 +15,20 @@ tokens do not depend on which path ran.
   to the context.
 - rope_kv: the rotary embedding of a prompt chunk's q and k and its KV
   write into the blocks.
+
+A pool of torch.float8_e4m3fn (FP8 KV, kvcache.py) is written as e4m3(x /
+scale) and read as code * scale, converted in registers: the attention
+walks one byte an element and never a bf16 copy of the pool. The current
+token's k and v are used as a read of the pool would give them.
 """
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from . import kvcache
+from .kvcache import FLOAT8
 
 
 @triton.jit
@@ -106,11 +114,48 @@ def _rope(x, xr, cos, sin, HALF: tl.constexpr, HD: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_grid(y):
+    # y (float32, |y| <= 448) rounded to the nearest e4m3 value, ties to
+    # even, its sign kept, in float32. The conversion to float8 after it is
+    # exact whichever way the compiler takes (before sm_90 through float16,
+    # which would round twice).
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # the binade; e4m3's subnormals share the lowest one's step
+    step = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): three mantissa bits
+    inv = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 1 / step
+    # Adding 1.5 * 2^23 rounds a float32 below 2^22 to an integer, ties to even.
+    r = ((tl.abs(y) * inv + 12582912.0) - 12582912.0) * step
+    return tl.where(bits < 0, -r, r)
+
+
+@triton.jit
+def _kv_encode(x, inv, FP8: tl.constexpr):
+    # x as the pool stores it: with FP8, e4m3(x * inv), inv the float32
+    # reciprocal of the scale, saturating at ±448, round to nearest even:
+    # the bytes kvcache.KVFormat.encode gives.
+    y = x
+    if FP8:
+        y = tl.minimum(tl.maximum(x.to(tl.float32) * inv, -448.0), 448.0)
+        y = _e4m3_grid(y).to(tl.float8e4nv)
+    return y
+
+
+@triton.jit
+def _kv_decode(c, scale, like, FP8: tl.constexpr):
+    # Stored values in like's dtype: with FP8, code * scale in float32,
+    # rounded once (kvcache.KVFormat.decode).
+    y = c
+    if FP8:
+        y = (c.to(tl.float32) * scale).to(like.dtype)
+    return y
+
+
+@triton.jit
 def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
-                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale,
+                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv, v_inv,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                        PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr):
+                        PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -133,8 +178,12 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     v = tl.load(row + (H + K + kh) * HD + d)
     if sp == 0:
         at = tl.load(bt + p // BS).to(tl.int64) * s_blk + (p % BS) * s_pos + kh * s_head
-        tl.store(kc_ptr + at + d, k)
-        tl.store(vc_ptr + at + d, v)
+        k8 = _kv_encode(k, k_inv, FP8)
+        v8 = _kv_encode(v, v_inv, FP8)
+        tl.store(kc_ptr + at + d, k8)
+        tl.store(vc_ptr + at + d, v8)
+        k = _kv_decode(k8, k_scale, k, FP8)
+        v = _kv_decode(v8, v_scale, v, FP8)
         # The current token from registers; the cache for positions before p.
         m_i = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale
         l_i = tl.full([RB], 1.0, tl.float32)
@@ -162,8 +211,8 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
         else:
             blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
         off = blk * s_blk + (pj % BS) * s_pos + kh * s_head
-        kb = tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
-        vb = tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0)
+        kb = _kv_decode(tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), k_scale, q, FP8)
+        vb = _kv_decode(tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), v_scale, q, FP8)
         if IEEE:
             s = tl.dot(q, tl.trans(kb), input_precision="ieee")
         else:
@@ -216,8 +265,9 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
 
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr, sin_ptr,
-                    qkv_stride, s_pos, s_head,
-                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr):
+                    qkv_stride, s_pos, s_head, k_inv, v_inv,
+                    H: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr,
+                    FP8: tl.constexpr):
     row = tl.program_id(0)
     kvrow = tl.load(kvrow_ptr + row)
     p = tl.load(pos_ptr + row)
@@ -234,26 +284,28 @@ def _rope_kv_kernel(qkv_ptr, qk_ptr, kc_ptr, vc_ptr, kvrow_ptr, pos_ptr, cos_ptr
     isqk = h < H + K
     tl.store(qk_ptr + row * (H + K) * HD + h[:, None] * HD + d[None, :], r, mask=isqk[:, None])
     at = kvrow.to(tl.int64) * s_pos + d[None, :]
-    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, r, mask=((h >= H) & isqk)[:, None])
-    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, x, mask=((h >= H + K) & hm)[:, None])
+    tl.store(kc_ptr + at + (h - H)[:, None] * s_head, _kv_encode(r, k_inv, FP8), mask=((h >= H) & isqk)[:, None])
+    tl.store(vc_ptr + at + (h - H - K)[:, None] * s_head, _kv_encode(x, v_inv, FP8), mask=((h >= H + K) & hm)[:, None])
 
 
-def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None):
+def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scale=1.0, v_scale=1.0):
     """Any number of tokens: qkv [N, (H + 2K) * hd], kvrow and pos [N]
     (int64) per token: its row in the flattened blocks (block *
     block_size + offset) and its row of the cos and sin tables (its
     position, or decoder.rope_rows' row). kc, vc: [blocks, block_size, K,
-    hd]. rot: the rotated dims of a head (None: all). Writes the rotated k
-    and v into the blocks and returns the rotated q and k, [N, H + K, hd]."""
+    hd] (float8_e4m3fn: written with k_scale and v_scale). rot: the
+    rotated dims of a head (None: all). Writes the rotated k and v into
+    the blocks and returns the rotated q and k (not rounded), [N, H + K,
+    hd]."""
     N = qkv.shape[0]
     hd = kc.shape[-1]
     rot = rot or hd
     qk = torch.empty(N, heads + kv_heads, hd, device=qkv.device, dtype=qkv.dtype)
     if N:
         _rope_kv_kernel[(N,)](qkv, qk, kc, vc, kvrow, pos, cos, sin,
-                              qkv.stride(0), kc.stride(1), kc.stride(2),
+                              qkv.stride(0), kc.stride(1), kc.stride(2), 1.0 / k_scale, 1.0 / v_scale,
                               H=heads, K=kv_heads, NB=triton.next_power_of_2(heads + 2 * kv_heads), HD=hd, ROT=rot,
-                              num_warps=4)
+                              FP8=kc.dtype == FLOAT8, num_warps=4)
     return qk
 
 
@@ -280,7 +332,7 @@ def _attn_config(batch):
 
 
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
-                     prefetch=True):
+                     prefetch=True, k_scale=1.0, v_scale=1.0):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
     sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
     hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
@@ -289,9 +341,10 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     of q.k (None: 1/sqrt(hd)); window: a sliding window (0: none); rot:
     the rotated dims of a head (None: all); prefetch: each tile of the
     loop loads the next tile's block ids, one tile ahead of the cache
-    loads that depend on them (settings.attn_prefetch). Writes k and v at
-    pos and returns attention over positions 0..pos (pos - window < j <=
-    pos in a sliding layer), [B, H * hd]."""
+    loads that depend on them (settings.attn_prefetch); k_scale, v_scale:
+    the layer's KV scales where kc and vc are float8_e4m3fn. Writes k and
+    v at pos and returns attention over positions 0..pos (pos - window <
+    j <= pos in a sliding layer), [B, H * hd]."""
     B = qkv.shape[0]
     hd = kc.shape[-1]
     rot = rot or hd
@@ -311,9 +364,11 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
     _decode_attn_kernel[(B, kv_heads, sp)](
         qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
-        qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale,
+        qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
+        1.0 / k_scale, 1.0 / v_scale,
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
-        IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, num_warps=warps, num_stages=stages)
+        IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
+        num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
     return out
@@ -359,10 +414,11 @@ def usable(cfg, dtype):
     return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
 
 
-def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama"):
+def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", kv_dtype=None):
     """Runs each kernel once on zeros in the model's shapes (its heads,
-    head dim, rotated dims, attention scale, sliding window and RMSNorm
-    kind; blocks of 16 and 32 tokens; a cache long enough to split), so
+    head dim, rotated dims, attention scale, sliding window, RMSNorm kind
+    and KV pool dtype, None: dtype; blocks of 16 and 32 tokens; a cache
+    long enough to split), so
     that each is built for this device now: one Triton cannot build or run
     here raises at load, where the decoder falls back to plain torch,
     rather than in a step. Whether the kernels agree with plain torch is
@@ -378,7 +434,7 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
     cos, sin = zeros(ctx, hd) + 1, zeros(ctx, hd)
     for bs in (16, 32):
         nb = -(-ctx // bs)
-        kc, vc = zeros(B * nb + 1, bs, kv_heads, hd), zeros(B * nb + 1, bs, kv_heads, hd)
+        kc, vc = (kvcache.zeros((B * nb + 1, bs, kv_heads, hd), device, kv_dtype or dtype) for _ in "kv")
         table = torch.full((B + 1, nb), B * nb, dtype=torch.int32)
         table[1:] = torch.arange(B * nb, dtype=torch.int32).view(B, nb)
         table = table.to(device)
@@ -388,3 +444,4 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
         rope_kv(qkv, kc, vc, rows, pos, cos, sin, heads, kv_heads, rot)
     argmax(torch.zeros(B, 50000, device=device))
     torch.cuda.synchronize(device)
+

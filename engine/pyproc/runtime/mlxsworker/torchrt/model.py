@@ -8,7 +8,7 @@ import torch
 from ..backend import Model, StepResult
 from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
 from ..settings import Settings
-from . import lookahead, lora, quant
+from . import kvcache, lookahead, lora, quant
 from .config import Config
 from .decoder import Decoder
 from .graphs import BATCH_BUCKETS, DecodeGraphs
@@ -25,6 +25,7 @@ MAX_BATCH_CUDA, MAX_BATCH_CPU = 256, 64  # default max_batch where the pool hold
 # 41 and 1024 28 (a step's launch cost is paid per chunk); 0 elsewhere
 # (the caller's default).
 STEP_TOKENS_CUDA = 4096
+CPU_KV_BYTES = 1 << 30  # the memory a KV pool sized from memory takes on the CPU
 
 log = logging.getLogger("torchrt")
 
@@ -92,8 +93,9 @@ class TorchModel(Model):
             self.device = group.device(self.device)
             self.tp = group.shard(cfg, self.device, opts)
         quantize = quant.parse_quantize(opts.get("quantize"), cfg.quant)
+        kv_dtype = kvcache.parse(opts.get("kv_cache_dtype"))
         with torch.no_grad():
-            self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp, settings)
+            self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp, settings, kv_dtype)
         bs = int(opts.get("block_size") or settings.block_size or BLOCK_SIZE)
         if not 1 <= bs <= 1024:
             raise ProtocolError(INVALID, "block size %d is out of range" % bs)
@@ -107,7 +109,8 @@ class TorchModel(Model):
         self.max_batch = int(opts.get("max_batch") or self._default_batch(blocks // len(self.layout.groups) * bs))
         cfg.context = self._context_held(blocks, bs)  # one sequence cannot hold more than the pool
         try:
-            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout, settings.prefix_cache)
+            self.kv = PagedKV(cfg, self.device, self.dtype, blocks, bs, 2 * self.max_batch, self.layout, settings.prefix_cache,
+                              self.model.kvq)
         except RuntimeError as e:
             raise ProtocolError(OUT_OF_MEMORY, "KV pool of %d blocks: %s" % (blocks, e))
         self.step_tokens = STEP_TOKENS_CUDA if self.device.type == "cuda" else 0
@@ -147,7 +150,8 @@ class TorchModel(Model):
         (fraction) of the device's free memory (CUDA) or a fixed budget (CPU), at
         most what twice max_batch sequences of the whole context take (room
         for as many saved prefixes), so a model with a short context leaves
-        the device to others. A block holds one group of layers (paged.Layout):
+        the device to others. An element takes the pool's bytes (one with
+        an FP8 KV cache). A block holds one group of layers (paged.Layout):
         kv_capacity tokens of every layer are that many blocks per group,
         and the pool is a whole number of such rows."""
         cfg, lay = self.cfg, self.layout
@@ -157,12 +161,12 @@ class TorchModel(Model):
         if not max_batch:
             max_batch = MAX_BATCH_CUDA if self.device.type == "cuda" else MAX_BATCH_CPU
         most = 2 * max_batch * lay.blocks_for(bs, cfg.context)
-        per_block = 2 * lay.size * cfg.kv_heads * cfg.head_dim * bs * torch.tensor([], dtype=self.dtype).element_size()
+        per_block = 2 * lay.size * cfg.kv_heads * cfg.head_dim * bs * self.model.kvq.itemsize
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * fraction)
         else:
-            budget = 1 << 30
+            budget = CPU_KV_BYTES
         return G * max(1, min(most, budget // per_block) // G)
 
     def _context_held(self, blocks, bs):
@@ -195,7 +199,7 @@ class TorchModel(Model):
             "kv_capacity": self.capacity, "max_batch": self.max_batch,
             "block_size": self.kv.bs, "kv_blocks": self.kv.pool.n, "step_tokens": self.step_tokens,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
-            "weight_bytes": weight_bytes(self.model), "kv_bytes": self.kv.bytes(),
+            "weight_bytes": weight_bytes(self.model), "kv_bytes": self.kv.bytes(), "kv_cache_dtype": self.model.kvq.name,
             "full_groups": self.layout.full_groups if self.layout.sliding_groups else 0,
             "sliding_groups": self.layout.sliding_groups, "window": self.layout.window,
             "window_blocks": self.layout.window_blocks, "embed_dim": c.hidden,

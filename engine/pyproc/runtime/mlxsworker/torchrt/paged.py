@@ -128,7 +128,10 @@ class Saved:
 
 
 class PagedKV:
-    def __init__(self, cfg, device, dtype, blocks, block_size, rows, layout=None, prefix_cache=True):
+    """The pool of KV blocks and the sequences on it. dtype: what k and v
+    hold, unless fmt (kvcache.KVFormat) says how they are stored (FP8)."""
+
+    def __init__(self, cfg, device, dtype, blocks, block_size, rows, layout=None, prefix_cache=True, fmt=None):
         self.device, self.bs = device, block_size
         self.max_blocks = -(-cfg.context // block_size)
         windows = getattr(cfg, "windows", None) or [0] * cfg.layers
@@ -142,8 +145,8 @@ class PagedKV:
         # 65 GB on an H100): the masked tail of a block must never hold
         # NaN from uninitialised memory. Zeroing each block when first
         # taken cost two kernels per block in the serving path.
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        zeros = fmt.zeros if fmt is not None else (lambda shape, device: torch.zeros(shape, device=device, dtype=dtype))
+        self.k, self.v = zeros(shape, device), zeros(shape, device)
         ks, vs = self.k.unbind(0), self.v.unbind(0)
         self.kc = [ks[lay.slot_of[li]] for li in range(cfg.layers)]  # layer -> its slot's blocks
         self.vc = [vs[lay.slot_of[li]] for li in range(cfg.layers)]

@@ -101,7 +101,8 @@ class PrefillGraphs:
             x, h = m.add_norm(x, d, L.get("ln_in"))
             qkv = m.qk_norm(m.proj(h, L, "qkv", li), L)
             cos, sin = m.tabs[m.tab_of[li]]
-            qk = m.kern.rope_kv(qkv, kv.kc[li], kv.vc[li], b["kr"][kv.group_of[li]], b["rp"], cos, sin, H, K, cfg.rot_dim)
+            qk = m.kern.rope_kv(qkv, kv.kc[li], kv.vc[li], b["kr"][kv.group_of[li]], b["rp"], cos, sin, H, K, cfg.rot_dim,
+                                *m.kvq.scales[li])
             b["x"].copy_(x)
             b["qk"].copy_(qk)
 

@@ -90,16 +90,26 @@ def e4m3_values():
     return torch.where(b & 0x80 != 0, -v, v)
 
 
-def e4m3_round(x):
-    """x (float32) rounded to the nearest e4m3 value, ties to the even
-    code, saturating at ±448: what converting to fp8 and back gives."""
+def e4m3_encode(x):
+    """x (float32) as float8 e4m3fn bytes (uint8), bit for bit what torch's
+    conversion to float8_e4m3fn gives after clamping to ±448: the nearest
+    value, ties to the even code, saturating, zero keeping its sign, NaN
+    0x7f (with its sign). The CPU's FP8 KV cache (kvcache.py) and torch
+    1.13, which has no float8 dtype, store these."""
     vals = e4m3_values()[:0x7F].to(x.device)  # 0, the subnormals, ..., 448; increasing
     a = x.abs().clamp(max=E4M3_MAX)
     i = torch.bucketize(a, vals).clamp(1, vals.numel() - 1)  # vals[i - 1] < a <= vals[i]
     lo, hi = vals[i - 1], vals[i]
     up = (hi - a < a - lo) | ((hi - a == a - lo) & (i % 2 == 0))
-    r = torch.where(a <= 0, torch.zeros_like(a), torch.where(up, hi, lo))
-    return torch.where(x < 0, -r, r)
+    code = torch.where(up, i, i - 1)
+    code = torch.where(torch.isnan(x), torch.full_like(code, 0x7F), code)
+    return (code | (torch.signbit(x).long() << 7)).to(torch.uint8)
+
+
+def e4m3_round(x):
+    """x (float32) rounded to the nearest e4m3 value, ties to the even
+    code, saturating at ±448: what converting to fp8 and back gives."""
+    return e4m3_values().to(x.device)[e4m3_encode(x).long()]
 
 
 def unpack4(words, order=range(8)):
