@@ -325,10 +325,25 @@ def splits(batch, kv_heads, context):
 ATTN_CONFIG = None
 
 
-def _attn_config(batch):
+# The shared memory a launch's pipelined K and V tiles may take: below the
+# 227 KB an H100/H200 block gets, with room for the kernel's own.
+ATTN_SMEM = 200 * 1024
+
+
+def _attn_config(batch, hd, elem):
+    """(block, warps, stages) for a batch of batch sequences over a pool of
+    head dim hd and elem bytes an element: the tuned pair, with fewer
+    stages and then smaller blocks where the K and V tiles would not fit
+    (float32 pools of 256-wide heads)."""
     if ATTN_CONFIG is not None:
         return ATTN_CONFIG
-    return (32, 1, 3) if batch >= 32 else (64, 4, 3)
+    block, warps, stages = (32, 1, 3) if batch >= 32 else (64, 4, 3)
+    while stages * 2 * block * hd * elem > ATTN_SMEM and (stages > 2 or block > 16):
+        if stages > 2:
+            stages -= 1
+        else:
+            block //= 2
+    return block, warps, stages
 
 
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
@@ -357,7 +372,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     rb = max(16, triton.next_power_of_2(rep))
     out = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
     sp = splits(B, kv_heads, context)
-    block, warps, stages = _attn_config(B)
+    block, warps, stages = _attn_config(B, hd, kc.element_size())
     part = ml = out
     if sp > 1:
         part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
