@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -211,7 +212,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		}
 		m.adapters = newAdapters(m, g, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
 		m.info.AdapterBytes = m.adapters.stack.bytes(m.info.MaxAdapterRank)
-		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
+		if m.pool = newPool(g, cfg, m.lay, m.w.dtype, m.info.KVBlocks); g.err != nil {
 			m.pool.release()
 			m.w.free()
 			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w: %w", spec.ID, m.info.KVBytes, engine.ErrOutOfMemory, g.err)
@@ -235,7 +236,8 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	return m, nil
 }
 
-// size fills the model's Info, checking the weights fit MLX's memory limit.
+// size fills the model's Info and lays out its KV pool, checking the
+// weights and the pool fit MLX's memory limit.
 func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	c := m.cfg
 	ctxLen := c.ContextLength
@@ -253,24 +255,32 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	if wbytes >= limit {
 		return fmt.Errorf("mlx: %s: weights take %d bytes, MLX's memory limit is %d: %w", spec.ID, wbytes, limit, engine.ErrOutOfMemory)
 	}
-	kv := spec.KVCapacity
-	perToken := 2 * uint64(c.Layers*c.KVHeads*c.HeadDim) * elemBytes
-	if kv == 0 {
+	m.lay = newKVLayout(c, ctxLen)
+	// The pool pages by single rows (kvPool): BlockSize 1, a block per
+	// token and layer group, and one sequence never outgrows it.
+	m.info = engine.Info{ID: spec.ID, Engine: "mlx", VocabSize: c.Vocab, BOS: c.BOS, EOS: c.EOS, MaxBatch: maxBatch,
+		BlockSize: 1, KVBlocks: 1, Resumes: true, JumpForward: true,
+		AdapterSlots: cmp.Or(spec.AdapterSlots, engine.DefaultAdapterSlots), MaxAdapterRank: cmp.Or(spec.MaxAdapterRank, engine.DefaultMaxAdapterRank)}
+	if m.lay.sliding > 0 {
+		m.info.FullGroups, m.info.SlidingGroups = m.lay.full, m.lay.sliding
+		m.info.Window, m.info.WindowBlocks = c.Window, m.lay.windowBlocks()
+	}
+	blockBytes := 2 * uint64(m.lay.slots()*c.KVHeads*c.HeadDim) * elemBytes
+	perSeq := m.info.BlocksFor(ctxLen)
+	blocks := spec.KVCapacity * m.info.Groups()
+	if blocks == 0 {
 		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
-		kv = int(min(budget/perToken, uint64(maxBatch*ctxLen)))
-		if kv < ctxLen {
+		blocks = int(min(budget/blockBytes, uint64(maxBatch*perSeq)))
+		if blocks < perSeq {
 			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
 		}
-	} else if uint64(kv) > (limit-wbytes)/perToken { // the pool is allocated at load
+	} else if uint64(blocks) > (limit-wbytes)/blockBytes { // the pool is allocated at load
 		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
-			spec.ID, kv, uint64(kv)*perToken, limit-wbytes, engine.ErrOutOfMemory)
+			spec.ID, spec.KVCapacity, uint64(blocks)*blockBytes, limit-wbytes, engine.ErrOutOfMemory)
 	}
-	// The pool pages by single rows (kvPool): BlockSize 1, a block per
-	// token, and one sequence never outgrows it.
-	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: min(ctxLen, kv), VocabSize: c.Vocab,
-		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch, BlockSize: 1, KVBlocks: kv,
-		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true,
-		AdapterSlots: cmp.Or(spec.AdapterSlots, engine.DefaultAdapterSlots), MaxAdapterRank: cmp.Or(spec.MaxAdapterRank, engine.DefaultMaxAdapterRank)}
+	m.info.KVBlocks, m.info.KVCapacity = blocks, blocks/m.info.Groups()
+	m.info.KVBytes = int64(uint64(blocks) * blockBytes)
+	m.info.ContextLength = sort.Search(ctxLen, func(n int) bool { return m.info.BlocksFor(n+1) > blocks })
 	return nil
 }
 
