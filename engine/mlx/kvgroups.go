@@ -1,14 +1,16 @@
 package mlx
 
-// Sliding windows in the KV pool (vLLM's hybrid allocator, SGLang's SWA
-// pool). The layers fall in groups of G layers of one kind, full
-// attention or sliding window, G the gcd of the two kinds' counts (Gemma
-// 3 27B: 10 full and 52 sliding layers, groups of 2), and every group
-// draws its rows from the one pool: a block is one token's keys and
-// values in one group's G layers. A sequence of n tokens holds n rows in
-// every full group; a sliding group keeps only the last windowKeep
-// positions after each step and gives the rows before back to the pool,
-// so a Gemma 3 sequence at 128k holds about a sixth of a full KV.
+// Sliding windows in the KV pool (as vLLM's hybrid allocator and
+// SGLang's SWA pool free them). The layers fall in up to two groups, the
+// full-attention layers and the sliding ones, and each group has rows of
+// its own: a row holds one token's keys and values in every layer of
+// the group, each layer an array of the group's rows. A sequence of n
+// tokens holds n rows of the full group; the sliding group keeps only
+// its last windowKeep positions after each step and gives the rows
+// before back, so a Gemma 3 sequence at 128k holds about a sixth of a
+// full KV. Groups do not share arrays: MLX updates a pool array in place
+// only when no read of it is pending in the step, and a layer of one
+// group reads its array before the next group would write it.
 
 // windowSlack is how many positions beyond the window (less one) a
 // sliding group keeps: a saved prefix serves a later prompt that shares
@@ -16,25 +18,24 @@ package mlx
 // prompt's next token must still be there).
 const windowSlack = 32
 
-// kvLayout is how the layers share the pool's blocks. Without sliding
-// groups it is one group of every layer (a layer may still attend
+// kvLayout is how the layers share the pool's rows. Without a sliding
+// group it is one group of every layer (a layer may still attend
 // through a window; the pool then keeps every row, as when the window
 // frees nothing within the context).
 type kvLayout struct {
-	groups [][]int // each group's layers: full groups first
+	groups [][]int // each group's layers: the full group first
 	slides []bool  // per group: it keeps only the window's rows
 	// hasFull and hasWin say whether a group has full-attention layers
-	// and sliding ones (both in the one group of a model without
-	// sliding groups).
+	// and sliding ones (both in the one group of a model without a
+	// sliding group).
 	hasFull, hasWin []bool
-	group, slot     []int // per layer: its group, and its place in it (the pool array it uses)
+	group           []int // per layer: its group
 	window          int   // the sliding layers' window
-	keep            int   // positions a sliding group keeps after a step; 0 without sliding groups
-	full, sliding   int   // groups of each kind
+	keep            int   // positions the sliding group keeps after a step; 0 without one
 }
 
-// newKVLayout groups c's layers for a context of ctxLen tokens: sliding
-// groups only when the window frees rows within the context.
+// newKVLayout groups c's layers for a context of ctxLen tokens: a
+// sliding group only when the window frees rows within the context.
 func newKVLayout(c *modelConfig, ctxLen int) *kvLayout {
 	var full, sliding []int
 	for li := range c.Layers {
@@ -44,51 +45,57 @@ func newKVLayout(c *modelConfig, ctxLen int) *kvLayout {
 			full = append(full, li)
 		}
 	}
-	l := &kvLayout{window: c.Window}
-	if len(sliding) == 0 || 2*(c.Window-1+windowSlack) >= ctxLen {
-		all := make([]int, c.Layers)
-		for i := range all {
-			all[i] = i
-		}
-		l.groups, l.slides, l.full = [][]int{all}, []bool{false}, 1
-		l.hasFull, l.hasWin = []bool{len(full) > 0}, []bool{len(sliding) > 0}
-	} else {
-		g := gcd(len(full), len(sliding))
-		l.addGroups(full, g, false)
-		l.addGroups(sliding, g, true)
-		l.keep = c.Window - 1 + windowSlack
+	l := &kvLayout{window: c.Window, keep: c.Window - 1 + windowSlack}
+	if len(sliding) == 0 || l.windowBlocks() >= ctxLen {
+		return oneGroup(c)
 	}
-	l.group, l.slot = make([]int, c.Layers), make([]int, c.Layers)
-	for gi, ls := range l.groups {
-		for j, li := range ls {
-			l.group[li], l.slot[li] = gi, j
-		}
+	if len(full) > 0 {
+		l.add(full, false)
 	}
+	l.add(sliding, true)
+	l.place(c.Layers)
 	return l
 }
 
-// addGroups appends layers in groups of g, all of one kind.
-func (l *kvLayout) addGroups(layers []int, g int, slides bool) {
-	for i := 0; i < len(layers); i += g {
-		l.groups = append(l.groups, layers[i:i+g])
-		l.slides = append(l.slides, slides)
-		l.hasFull = append(l.hasFull, !slides)
-		l.hasWin = append(l.hasWin, slides)
-		if slides {
-			l.sliding++
-		} else {
-			l.full++
+// oneGroup is the layout of one group of every layer: the pool keeps
+// every row of every layer, sliding or not.
+func oneGroup(c *modelConfig) *kvLayout {
+	all := make([]int, c.Layers)
+	full, win := false, false
+	for li := range all {
+		all[li] = li
+		full, win = full || !c.slides(li), win || c.slides(li)
+	}
+	l := &kvLayout{groups: [][]int{all}, slides: []bool{false}, hasFull: []bool{full}, hasWin: []bool{win}, window: c.Window}
+	l.place(c.Layers)
+	return l
+}
+
+// add appends a group of layers of one kind.
+func (l *kvLayout) add(layers []int, slides bool) {
+	l.groups = append(l.groups, layers)
+	l.slides = append(l.slides, slides)
+	l.hasFull = append(l.hasFull, !slides)
+	l.hasWin = append(l.hasWin, slides)
+}
+
+// place records each layer's group.
+func (l *kvLayout) place(layers int) {
+	l.group = make([]int, layers)
+	for gi, ls := range l.groups {
+		for _, li := range ls {
+			l.group[li] = gi
 		}
 	}
 }
 
-// slots is the number of pool arrays: the layers of one group.
-func (l *kvLayout) slots() int { return len(l.groups[0]) }
+// sliding reports whether the last group slides.
+func (l *kvLayout) sliding() bool { return l.slides[len(l.slides)-1] }
 
-// windowBlocks is the most rows a live sequence is charged in a sliding
-// group (engine.Info.WindowBlocks): the keep of the last step and, while
-// a step runs, the new positions it keeps (a step's first queries read
-// rows from before it while its last tokens take theirs).
+// windowBlocks is the most rows a live sequence is charged in the
+// sliding group (engine.Info.WindowBlocks): the keep of the last step
+// and, while a step runs, the new positions it keeps (a step's first
+// queries read rows from before it while its last tokens take theirs).
 func (l *kvLayout) windowBlocks() int { return 2 * l.keep }
 
 // keeps is how many of a step's t new positions group gi keeps.
@@ -99,9 +106,22 @@ func (l *kvLayout) keeps(gi, t int) int {
 	return t
 }
 
-func gcd(a, b int) int {
-	for b != 0 {
-		a, b = b, a%b
+// rows is the pool's rows in each group when the first has blocks rows:
+// a sliding group after a full one has rows for maxBatch+1 sequences'
+// windowBlocks (the batcher runs at most maxBatch), or blocks if fewer.
+func (l *kvLayout) rows(blocks, maxBatch int) []int {
+	if len(l.groups) == 1 {
+		return []int{blocks}
 	}
-	return a
+	return []int{blocks, min(blocks, (maxBatch+1)*l.windowBlocks())}
+}
+
+// bytes is the memory of a pool of rows (per group) whose layers take
+// rowBytes a row each.
+func (l *kvLayout) bytes(rows []int, rowBytes uint64) uint64 {
+	var n uint64
+	for gi, r := range rows {
+		n += uint64(r*len(l.groups[gi])) * rowBytes
+	}
+	return n
 }

@@ -20,7 +20,8 @@ type model struct {
 	cfg     *modelConfig
 	info    engine.Info
 	w       *weights
-	lay     *kvLayout // how the layers share the pool's blocks
+	lay     *kvLayout // how the layers share the pool's rows
+	rows    []int     // the pool's rows in each group of lay
 	pool    *kvPool
 	seqs    map[engine.SeqID]*seqState
 	saved   []*savedKV // least recently used first

@@ -106,7 +106,7 @@ func (m *model) plan(g *graph, feeds []feed) *stepPlan {
 	}
 	p.writes = make([]arr, len(writes))
 	for gi, w := range writes {
-		p.writes[gi] = m.kvRows(g, w)
+		p.writes[gi] = m.kvRows(g, gi, w)
 	}
 	p.lora = m.planLoRA(g, feeds, p)
 	order := make([]int32, 0, p.n) // token index of each output, decode first
@@ -178,10 +178,10 @@ func (m *model) planPrefill(g *graph, feeds []feed, grp *preGroup) {
 	grp.idx, grp.old = make([]kvIdx, len(lay.groups)), make([]kvIdx, len(lay.groups))
 	for gi := range lay.groups {
 		if lay.hasFull[gi] {
-			grp.idx[gi] = m.headRows(g, rows(gi, 0, all), b, all)
+			grp.idx[gi] = m.headRows(g, gi, rows(gi, 0, all), b, all)
 		}
 		if lay.hasWin[gi] && at > grp.lo {
-			grp.old[gi] = m.headRows(g, rows(gi, grp.lo, at), b, at-grp.lo)
+			grp.old[gi] = m.headRows(g, gi, rows(gi, grp.lo, at), b, at-grp.lo)
 		}
 	}
 }
@@ -208,11 +208,11 @@ func (m *model) planDecodes(g *graph, feeds []feed, p *stepPlan) {
 	for gi := range p.decs {
 		win := lay.hasWin[gi] && slid
 		if lay.hasFull[gi] || !win {
-			d := m.planDecode(g, m.decodeRows(feeds, p.dec, gi, 0))
+			d := m.planDecode(g, gi, m.decodeRows(feeds, p.dec, gi, 0))
 			p.decs[gi].all = &d
 		}
 		if win {
-			d := m.planDecode(g, m.decodeRows(feeds, p.dec, gi, w))
+			d := m.planDecode(g, gi, m.decodeRows(feeds, p.dec, gi, w))
 			p.decs[gi].win = &d
 		}
 	}
@@ -233,11 +233,11 @@ func (m *model) decodeRows(feeds []feed, dec []int, gi, win int) [][]int32 {
 	return out
 }
 
-// planDecode lays out decode attention over rows (B lists of T_b rows each): unpadded
+// planDecode lays out decode attention over rows of group gi (B lists of T_b rows each): unpadded
 // and unmasked when every feed attends as many rows (MLX's fused decode
 // attention takes only unmasked calls), else padded to a multiple of
 // kvPad with a mask.
-func (m *model) planDecode(g *graph, rows [][]int32) decAttn {
+func (m *model) planDecode(g *graph, gi int, rows [][]int32) decAttn {
 	var d decAttn
 	uniform := true // every decode feed attends as many rows
 	for _, r := range rows {
@@ -250,7 +250,7 @@ func (m *model) planDecode(g *graph, rows [][]int32) decAttn {
 		for _, r := range rows {
 			idx = append(idx, r...)
 		}
-		d.idx = m.headRows(g, idx, b, d.t)
+		d.idx = m.headRows(g, gi, idx, b, d.t)
 		return d
 	}
 	d.t = (d.t + kvPad - 1) / kvPad * kvPad
@@ -264,7 +264,7 @@ func (m *model) planDecode(g *graph, rows [][]int32) decAttn {
 			msk[j*t+x] = ninf
 		}
 	}
-	d.idx = m.headRows(g, idx, b, t)
+	d.idx = m.headRows(g, gi, idx, b, t)
 	d.msk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
 	return d
 }
