@@ -8,7 +8,6 @@ package mlx
 import "C"
 
 import (
-
 	"github.com/mlxserving/mlxserving/engine"
 )
 

@@ -30,9 +30,9 @@ type stepPlan struct {
 	// With the pool kernel (model.pooled), what it reads besides decs'
 	// rows:
 	pooled bool
-	posf   arr       // [len(dec)] float32 position of each decode feed's token times the RoPE scale
-	invf   arr       // [D/2] float32 RoPE inverse frequencies
-	qscale arr       // [1] float32 the queries' scale
+	posf   arr // [len(dec)] float32 position of each decode feed's token times the RoPE scale
+	invf   arr // [D/2] float32 RoPE inverse frequencies
+	qscale arr // [1] float32 the queries' scale
 	pre    []*preGroup
 	start  []int     // first packed token of each feed
 	perm   arr       // [n] token order from [decode outputs..., prefill outputs...]; null when the same
