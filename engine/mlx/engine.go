@@ -262,7 +262,7 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	// The pool pages by single rows (kvPool): BlockSize 1, a block per
 	// token, and one sequence never outgrows it.
 	m.info = engine.Info{ID: spec.ID, Engine: "mlx", VocabSize: c.Vocab, BOS: c.BOS, EOS: c.EOS, MaxBatch: maxBatch,
-		BlockSize: 1, KVBlocks: 1, Resumes: true, JumpForward: true,
+		BlockSize: 1, KVBlocks: 1, WeightBytes: int64(wbytes), Resumes: true, JumpForward: true,
 		AdapterSlots: cmp.Or(spec.AdapterSlots, engine.DefaultAdapterSlots), MaxAdapterRank: cmp.Or(spec.MaxAdapterRank, engine.DefaultMaxAdapterRank)}
 	m.describeWindows()
 	rowBytes := 2 * uint64(c.KVHeads*c.HeadDim) * elemBytes

@@ -26,17 +26,13 @@ func keepWindows(o *options) error {
 }
 
 // windowDir writes TinyFamily(arch), with edit applied unless nil.
-func windowDir(t testing.TB, arch string, edit func(*testmodel.Config)) string {
+func windowDir(t *testing.T, arch string, edit func(*testmodel.Config)) string {
 	t.Helper()
 	cfg := testmodel.TinyFamily(arch)
 	if edit != nil {
 		edit(&cfg)
 	}
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, cfg); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return writeTiny(t, cfg)
 }
 
 // loadWindows loads dir on e and checks whether its pool has a sliding
