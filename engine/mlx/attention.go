@@ -23,41 +23,70 @@ func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 	if !isNull(p.decQ) {
 		q = g.take(q, p.decQ, 0)
 	}
-	if !isNull(p.decRows) {
+	if p.pooled {
 		return m.attendPooled(g, li, p, q, false)
 	}
-	d := &p.decAll
-	if p.decWin != nil && c.slides(li) {
-		d = p.decWin
+	gd := &p.decs[m.pool.lay.group[li]]
+	d := gd.all
+	if gd.win != nil && c.slides(li) {
+		d = gd.win
 	}
 	k, v := m.gather(g, li, d.idx)
 	return g.reshape(m.attnCore(g, q, k, v, d.msk, false), b, c.Heads*c.HeadDim)
 }
 
 // attend is the causal attention in layer li of a group of prefill
-// feeds, one call for the group: their rows of the rotated q ([N, heads,
-// 1, D]; a single feed's start at packed token row) against their pool
-// rows (this step's included; on sliding layers those inside the first
-// query's window, band-masked). It returns [G*t, heads*D], feed by feed.
-func (m *model) attend(g *graph, li int, grp *preGroup, row int, q arr) arr {
+// feeds, one call for the group: their rows of the rotated q, k and v
+// ([N, heads or kvHeads, 1, D]; a single feed's start at packed token
+// row) against their pool rows (this step's included) or, on sliding
+// layers, against the pool rows inside the first query's window that
+// came before this step and this step's keys and values as computed,
+// band-masked. It returns [G*t, heads*D], feed by feed.
+func (m *model) attend(g *graph, li int, grp *preGroup, row int, q, k, v arr) arr {
 	c := m.cfg
-	b, t, d := len(grp.feeds), grp.t, c.HeadDim
-	var qs arr
-	if isNull(grp.q) {
-		qs = g.slice(q, []int{row, 0, 0, 0}, []int{row + t, c.Heads, 1, d})
-	} else {
-		qs = g.take(q, grp.q, 0)
-	}
-	qs = g.transpose(g.reshape(qs, b, t, c.Heads, d), 0, 2, 1, 3)
+	b, t := len(grp.feeds), grp.t
+	qs := m.groupRows(g, grp, row, q, c.Heads)
 	var o arr
-	if grp.win != nil && c.slides(li) {
-		k, v := m.gather(g, li, grp.win.idx)
-		o = m.attnCore(g, qs, k, v, grp.win.mask, false)
+	if c.slides(li) {
+		k, v := m.windowKV(g, li, grp, m.groupRows(g, grp, row, k, c.KVHeads), m.groupRows(g, grp, row, v, c.KVHeads))
+		if isNull(grp.band) {
+			o = m.attnCore(g, qs, k, v, grp.mask, true)
+		} else {
+			o = m.attnCore(g, qs, k, v, grp.band, false)
+		}
 	} else {
-		k, v := m.gather(g, li, grp.idx)
+		k, v := m.gather(g, li, grp.idx[m.pool.lay.group[li]])
 		o = m.attnCore(g, qs, k, v, grp.mask, true)
 	}
-	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*d)
+	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*c.HeadDim)
+}
+
+// groupRows is a prefill group's rows of x [N, heads, 1, D] as [G,
+// heads, t, D].
+func (m *model) groupRows(g *graph, grp *preGroup, row int, x arr, heads int) arr {
+	b, t, d := len(grp.feeds), grp.t, m.cfg.HeadDim
+	if isNull(grp.q) {
+		x = g.slice(x, []int{row, 0, 0, 0}, []int{row + t, heads, 1, d})
+	} else {
+		x = g.take(x, grp.q, 0)
+	}
+	return g.transpose(g.reshape(x, b, t, heads, d), 0, 2, 1, 3)
+}
+
+// windowKV is the keys and values a sliding layer li attends in a
+// prefill group: the pool rows before the step that the first query's
+// window reads, then the step's own k and v [G, kvHeads, t, D], in the
+// pool's dtype as a gather would give them.
+func (m *model) windowKV(g *graph, li int, grp *preGroup, k, v arr) (arr, arr) {
+	if dt := dtype(*m.kvOf(li)); dtype(k) != dt {
+		k, v = g.astype(k, dt), g.astype(v, dt)
+	}
+	old := grp.old[m.pool.lay.group[li]]
+	if isNull(old.k) {
+		return k, v
+	}
+	ko, vo := m.gather(g, li, old)
+	return g.concat(2, ko, k), g.concat(2, vo, v)
 }
 
 // attnScale is the queries' scale: query_pre_attn_scalar**-0.5 (Gemma)
@@ -109,27 +138,6 @@ func (m *model) softcapAttention(g *graph, q, k, v, mask arr) arr {
 	}
 	o := g.matmul(g.softmax(s, -1), v5)
 	return g.reshape(o, b, c.Heads, tq, d)
-}
-
-// planWindow adds the sliding layers' keys to a prefill group whose
-// queries reach past the window, and the causal mask soft-capped
-// attention needs. Queries are at positions all-t .. all-1; the first
-// sees keys from all-t-Window+1 on.
-func (m *model) planWindow(g *graph, feeds []feed, grp *preGroup) {
-	c := m.cfg
-	t, all, w := grp.t, grp.all, c.Window
-	if c.AttnCap != 0 {
-		grp.mask = bandMask(g, all-t, t, 0, all, 0)
-	}
-	if w <= 0 || all <= w {
-		return
-	}
-	lo := max(0, all-t-w+1)
-	var idx []int32
-	for _, i := range grp.feeds {
-		idx = append(idx, feeds[i].seq.rows[lo:all]...)
-	}
-	grp.win = &winRows{idx: m.headRows(g, idx, len(grp.feeds), all-lo), mask: bandMask(g, all-t, t, lo, all-lo, w)}
 }
 
 // bandMask is [t, n] booleans: query position q0+i attends key position

@@ -14,7 +14,13 @@ import (
 // pooled loads the tiny checkpoint with a pool of rows tokens.
 func pooled(t *testing.T, e *Engine, rows int) *model {
 	t.Helper()
-	m, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tinyDir(t, nil), KVCapacity: rows, MaxBatch: 4})
+	return pooledDir(t, e, tinyDir(t, nil), rows)
+}
+
+// pooledDir loads the checkpoint in dir with a pool of rows tokens.
+func pooledDir(t *testing.T, e *Engine, dir string, rows int) *model {
+	t.Helper()
+	m, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: dir, KVCapacity: rows, MaxBatch: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +58,7 @@ func wantFree(t *testing.T, m *model, want int, when string) {
 // freeRows is the pool's rows nobody holds, saved prefixes included.
 func freeRows(m *model) int {
 	n := 0
-	_ = m.call(func(*graph) error { n = len(m.pool.free); return nil })
+	_ = m.call(func(*graph) error { n = m.pool.freeRows(); return nil })
 	return n
 }
 

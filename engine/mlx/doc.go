@@ -24,9 +24,9 @@
 // sequence's KV in one preallocated pool, decodes a whole batch of
 // sequences of different lengths in one forward pass and samples the
 // whole batch on the device. Sliding-window attention (Mistral's and
-// Mixtral's sliding_window, Gemma's interleaved sliding layers) is
-// applied in every attention path; the pool still keeps the rows that
-// left a window.
+// Mixtral's sliding_window, Gemma's interleaved sliding layers, Qwen2's
+// use_sliding_window) is applied in every attention path, and the pool
+// gives back the rows that left the window (see KV cache).
 // [Engine.Quantize] writes MLX affine checkpoints from float ones.
 //
 // # Embeddings
@@ -117,7 +117,19 @@
 //
 // The KV cache is a pool of Info.KVCapacity token rows per layer,
 // allocated at load in the weights' dtype; a sequence holds one row per
-// position, taken as it is fed, and never grows by copying. The pool is
+// position, taken as it is fed, and never grows by copying. When the
+// window frees rows within the context, sliding layers have rows of
+// their own (kvgroups.go): a sequence keeps there only its last
+// Window+31 positions, the rows before go back to the pool after each
+// step, and the blocks below are the full layers' rows (a Gemma 3
+// sequence at 128k holds about a sixth of a full KV). Beside full layers
+// the sliding rows are one pool sized for MaxBatch+1 sequences' windows;
+// when every layer slides they are the blocks, and a sequence is charged
+// at most Info.WindowBlocks. A prefill chunk's sliding layers attend the
+// rows before it and its own keys as computed, so it needs rows only for
+// the positions it keeps. A saved prefix keeps the same rows: a prompt
+// that leaves it more than 32 tokens before its end reuses nothing and
+// recomputes. The pool is
 // paged with blocks of one row (Info.BlockSize 1, Info.KVBlocks =
 // KVCapacity; the model implements engine.BlockPool), so the batcher
 // admits sequences by the rows their prompts take rather than reserving

@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -211,7 +212,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		}
 		m.adapters = newAdapters(m, g, spec.Path, m.info.AdapterSlots, m.info.MaxAdapterRank)
 		m.info.AdapterBytes = m.adapters.stack.bytes(m.info.MaxAdapterRank)
-		if m.pool = newPool(g, cfg, m.w.dtype, m.info.KVCapacity); g.err != nil {
+		if m.pool = newPool(g, cfg, m.lay, m.w.dtype, m.rows); g.err != nil {
 			m.pool.release()
 			m.w.free()
 			lerr = fmt.Errorf("mlx: %s: allocating the KV cache (%d bytes): %w: %w", spec.ID, m.info.KVBytes, engine.ErrOutOfMemory, g.err)
@@ -235,7 +236,8 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	return m, nil
 }
 
-// size fills the model's Info, checking the weights fit MLX's memory limit.
+// size fills the model's Info and lays out its KV pool, checking the
+// weights and the pool fit MLX's memory limit.
 func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	c := m.cfg
 	ctxLen := c.ContextLength
@@ -253,25 +255,52 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 	if wbytes >= limit {
 		return fmt.Errorf("mlx: %s: weights take %d bytes, MLX's memory limit is %d: %w", spec.ID, wbytes, limit, engine.ErrOutOfMemory)
 	}
-	kv := spec.KVCapacity
-	perToken := 2 * uint64(c.Layers*c.KVHeads*c.HeadDim) * elemBytes
-	if kv == 0 {
-		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
-		kv = int(min(budget/perToken, uint64(maxBatch*ctxLen)))
-		if kv < ctxLen {
-			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
-		}
-	} else if uint64(kv) > (limit-wbytes)/perToken { // the pool is allocated at load
-		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
-			spec.ID, kv, uint64(kv)*perToken, limit-wbytes, engine.ErrOutOfMemory)
+	m.lay = newKVLayout(c, ctxLen)
+	if m.eng.opts.keepWindows {
+		m.lay = oneGroup(c)
 	}
 	// The pool pages by single rows (kvPool): BlockSize 1, a block per
 	// token, and one sequence never outgrows it.
-	m.info = engine.Info{ID: spec.ID, Engine: "mlx", ContextLength: min(ctxLen, kv), VocabSize: c.Vocab,
-		BOS: c.BOS, EOS: c.EOS, KVCapacity: kv, MaxBatch: maxBatch, BlockSize: 1, KVBlocks: kv,
-		WeightBytes: int64(wbytes), KVBytes: int64(uint64(kv) * perToken), Resumes: true, JumpForward: true,
+	m.info = engine.Info{ID: spec.ID, Engine: "mlx", VocabSize: c.Vocab, BOS: c.BOS, EOS: c.EOS, MaxBatch: maxBatch,
+		BlockSize: 1, KVBlocks: 1, WeightBytes: int64(wbytes), Resumes: true, JumpForward: true,
 		AdapterSlots: cmp.Or(spec.AdapterSlots, engine.DefaultAdapterSlots), MaxAdapterRank: cmp.Or(spec.MaxAdapterRank, engine.DefaultMaxAdapterRank)}
+	m.describeWindows()
+	rowBytes := 2 * uint64(c.KVHeads*c.HeadDim) * elemBytes
+	perSeq := m.info.BlocksFor(ctxLen)
+	blocks := spec.KVCapacity
+	if blocks == 0 {
+		budget := uint64(float64(limit-wbytes) * m.eng.opts.kvFraction)
+		most := maxBatch * perSeq
+		blocks = sort.Search(most, func(n int) bool { return m.lay.bytes(m.lay.rows(n+1, maxBatch), rowBytes) > budget })
+		if blocks < perSeq {
+			return fmt.Errorf("mlx: %s: no memory left for one sequence's KV cache: %w", spec.ID, engine.ErrOutOfMemory)
+		}
+	} else if b := m.lay.bytes(m.lay.rows(blocks, maxBatch), rowBytes); b > limit-wbytes { // the pool is allocated at load
+		return fmt.Errorf("mlx: %s: a KV cache of %d tokens takes %d bytes; %d are left under MLX's memory limit: %w",
+			spec.ID, blocks, b, limit-wbytes, engine.ErrOutOfMemory)
+	}
+	m.rows = m.lay.rows(blocks, maxBatch)
+	m.info.KVBlocks, m.info.KVCapacity = blocks, blocks
+	m.info.KVBytes = int64(m.lay.bytes(m.rows, rowBytes))
+	m.info.ContextLength = sort.Search(ctxLen, func(n int) bool { return m.info.BlocksFor(n+1) > blocks })
 	return nil
+}
+
+// describeWindows reports the sliding group in Info: Window, and when
+// every layer slides, the pool's one group as engine.BlockPool's
+// sliding group (a sequence is charged WindowBlocks at most). With full
+// layers too, the full group's rows are the blocks: the sliding group
+// has rows for MaxBatch+1 sequences' windows (kvLayout.rows), so the
+// batch never runs short of them; a step of more live sequences than
+// that may fail with engine.ErrOutOfMemory, changing nothing.
+func (m *model) describeWindows() {
+	if !m.lay.sliding() {
+		return
+	}
+	m.info.Window = m.cfg.Window
+	if len(m.lay.groups) == 1 {
+		m.info.SlidingGroups, m.info.WindowBlocks = 1, m.lay.windowBlocks()
+	}
 }
 
 // kvElemBytes is the size of one KV value: the KV cache takes the dtype of

@@ -8,18 +8,15 @@ package mlx
 import "C"
 
 import (
-	"math"
-	"slices"
-
 	"github.com/mlxserving/mlxserving/engine"
 )
 
-// seqState is one open sequence: the tokens fed so far and the KV pool
-// row of each (rows[i] holds position i).
+// seqState is one open sequence: the tokens fed so far and, per layer
+// group of the KV pool, the pool row of each position it holds.
 type seqState struct {
 	tokens []int32
-	rows   []int32
-	pool   *kvPool // the pool rows come from; nil before the first
+	kv     []seqRows // per group (kvLayout); nil before the first row
+	pool   *kvPool   // the pool rows come from; nil before the first
 	// seed keys the sequence's draws (set at its first draw); drawn is
 	// how many tokens it has generated (sampled, or forced after a sampled
 	// one), the position of its next draw.
@@ -54,214 +51,6 @@ type feed struct {
 	sample  bool     // samples a token
 	ends    bool     // ends an embedding sequence's input: its vector is returned
 	allowed []uint64 // the step's allowed-token mask; nil: all
-}
-
-// kvPad is the granularity of the gathered KV length in a batched decode
-// step, so that its shapes change every kvPad tokens rather than every
-// step.
-const kvPad = 32
-
-// stepPlan is a step's layout, built on the host once and shared by every
-// layer: the pool row of each packed token, the decode feeds (one token
-// each) gathered as one batch, and how attention outputs map back to
-// token order.
-type stepPlan struct {
-	n    int // packed tokens
-	rows arr // [2*n*kvHeads] pool rows of each token's key heads, then of its value heads (kvRows)
-	dec  []int
-	decQ arr // [len(dec)] token index of each decode feed; null when all are
-	// decAll is where the decode batch attends on full-attention layers,
-	// decWin on sliding ones (nil when no feed has left the window).
-	decAll decAttn
-	decWin *decAttn
-	decT   int
-	// longrope: the tokens whose sequence has passed the original
-	// context (longAll: every token; longMask [N, 1, 1, 1] when some).
-	longAll  bool
-	longMask arr
-	// With the pool kernel (model.pooled) instead of decAll and decWin:
-	decRows arr // [len(dec), T] each decode feed's token rows, 0 past its end
-	decLens arr // [len(dec)] rows each decode feed attends
-	posf    arr // [len(dec)] float32 position of each decode feed's token times the RoPE scale
-	invf    arr // [D/2] float32 RoPE inverse frequencies
-	qscale  arr // [1] float32 the queries' scale
-	pre     []*preGroup
-	start   []int     // first packed token of each feed
-	perm    arr       // [n] token order from [decode outputs..., prefill outputs...]; null when the same
-	lora    *loraPlan // the adapted tokens (lora.go); nil when no feed has an adapter
-}
-
-// preGroup is prefill feeds (more than one token) of the same length at
-// the same position, which attend in one causal call.
-type preGroup struct {
-	feeds  []int
-	t, all int   // tokens fed, and rows attended (position + t), per feed
-	q      arr   // [G*t] packed token of each query row; null for one feed
-	idx    kvIdx // rows of the pool (headRows)
-	// mask is the causal mask [t, all] (true: attend), made only for
-	// soft-capped attention; win is the sliding layers' rows and mask,
-	// nil while no query has left the window.
-	mask arr
-	win  *winRows
-}
-
-// winRows is a prefill group's keys on sliding layers: the last rows
-// its first query still sees, and the band mask [t, T] over them.
-type winRows struct {
-	idx  kvIdx
-	mask arr
-}
-
-// decAttn is where a decode batch attends: rows of the pool [B,
-// kvHeads, T] (headRows) and, unless every feed attends T rows, an
-// additive mask [B, 1, 1, T] (0 where a position is attended, -inf past
-// a sequence's end).
-type decAttn struct {
-	idx kvIdx
-	msk arr
-	t   int
-}
-
-// kvIdx is where attention gathers keys and values: [B, kvHeads, T] rows
-// of the pool each (headRows).
-type kvIdx struct{ k, v arr }
-
-func (m *model) plan(g *graph, feeds []feed) *stepPlan {
-	p := &stepPlan{start: make([]int, len(feeds))}
-	var rows []int32
-	for i, f := range feeds {
-		p.start[i] = p.n
-		p.n += len(f.tokens)
-		rows = append(rows, f.seq.rows[len(f.seq.tokens):]...)
-		if len(f.tokens) == 1 {
-			p.dec = append(p.dec, i)
-		} else {
-			t, all := len(f.tokens), len(f.seq.rows)
-			j := slices.IndexFunc(p.pre, func(x *preGroup) bool { return x.t == t && x.all == all })
-			if j < 0 {
-				j = len(p.pre)
-				p.pre = append(p.pre, &preGroup{t: t, all: all})
-			}
-			p.pre[j].feeds = append(p.pre[j].feeds, i)
-		}
-	}
-	p.rows = m.kvRows(g, rows)
-	p.lora = m.planLoRA(g, feeds, p)
-	order := make([]int32, 0, p.n) // token index of each output, decode first
-	for _, i := range p.dec {
-		order = append(order, int32(p.start[i]))
-	}
-	for _, grp := range p.pre {
-		var q, idx []int32
-		for _, i := range grp.feeds {
-			for j := range grp.t {
-				q = append(q, int32(p.start[i]+j))
-			}
-			idx = append(idx, feeds[i].seq.rows...)
-		}
-		order = append(order, q...)
-		if len(grp.feeds) > 1 {
-			grp.q = g.int32s(q, len(q))
-		}
-		grp.idx = m.headRows(g, idx, len(grp.feeds), grp.all)
-		m.planWindow(g, feeds, grp)
-	}
-	m.planLongRoPE(g, feeds, p)
-	same := true
-	for i, t := range order {
-		same = same && int(t) == i
-	}
-	if !same {
-		perm := make([]int32, p.n)
-		for i, t := range order {
-			perm[t] = int32(i)
-		}
-		p.perm = g.int32s(perm, p.n)
-	}
-	if len(p.dec) == 0 {
-		return p
-	}
-	if len(p.dec) != len(feeds) {
-		q := make([]int32, len(p.dec))
-		for j, i := range p.dec {
-			q[j] = int32(p.start[i])
-		}
-		p.decQ = g.int32s(q, len(q))
-	}
-	if m.pooled(g) {
-		m.planPooled(g, feeds, p)
-		return p
-	}
-	dr := make([][]int32, len(p.dec))
-	win, slid := m.cfg.Window, false
-	for j, i := range p.dec {
-		dr[j] = feeds[i].seq.rows
-		slid = slid || (win > 0 && len(dr[j]) > win)
-	}
-	p.decAll = m.planDecode(g, dr)
-	if slid {
-		for j, r := range dr {
-			dr[j] = r[max(0, len(r)-win):]
-		}
-		d := m.planDecode(g, dr)
-		p.decWin = &d
-	}
-	return p
-}
-
-// planDecode lays out decode attention over rows (B lists of T_b rows each): unpadded
-// and unmasked when every feed attends as many rows (MLX's fused decode
-// attention takes only unmasked calls), else padded to a multiple of
-// kvPad with a mask.
-func (m *model) planDecode(g *graph, rows [][]int32) decAttn {
-	var d decAttn
-	uniform := true // every decode feed attends as many rows
-	for _, r := range rows {
-		uniform = uniform && (d.t == 0 || len(r) == d.t)
-		d.t = max(d.t, len(r))
-	}
-	b := len(rows)
-	if uniform {
-		idx := make([]int32, 0, b*d.t)
-		for _, r := range rows {
-			idx = append(idx, r...)
-		}
-		d.idx = m.headRows(g, idx, b, d.t)
-		return d
-	}
-	d.t = (d.t + kvPad - 1) / kvPad * kvPad
-	t := d.t
-	idx, msk := make([]int32, b*t), make([]float32, b*t)
-	ninf := float32(math.Inf(-1))
-	for j, r := range rows {
-		copy(idx[j*t:], r)
-		for x := len(r); x < t; x++ {
-			idx[j*t+x] = r[0] // masked; any row of the sequence's own
-			msk[j*t+x] = ninf
-		}
-	}
-	d.idx = m.headRows(g, idx, b, t)
-	d.msk = g.astype(g.float32s(msk, b, 1, 1, t), m.w.dtype)
-	return d
-}
-
-// planPooled lays out the decode feeds' rows for the pool kernel.
-func (m *model) planPooled(g *graph, feeds []feed, p *stepPlan) {
-	b := len(p.dec)
-	lens, pos := make([]int32, b), make([]float32, b)
-	for j, i := range p.dec {
-		lens[j] = int32(len(feeds[i].seq.rows))
-		pos[j] = float32(len(feeds[i].seq.tokens)) * m.ropeScale()
-		p.decT = max(p.decT, len(feeds[i].seq.rows))
-	}
-	p.posf, p.invf = g.float32s(pos, b), g.float32s(m.w.invf, len(m.w.invf))
-	p.qscale = g.float32s([]float32{m.cfg.attnScale()}, 1)
-	rows := make([]int32, b*p.decT)
-	for j, i := range p.dec {
-		copy(rows[j*p.decT:], feeds[i].seq.rows)
-	}
-	p.decRows = g.int32s(rows, b, p.decT)
-	p.decLens = g.int32s(lens, b)
 }
 
 // forward runs the model over every feed's tokens in one pass: the
@@ -410,14 +199,15 @@ func (m *model) attention(g *graph, li int, h, positions arr, p *stepPlan) arr {
 	}
 	q = m.rotate(g, li, tokens(q, c.Heads), positions, p)
 	k = m.rotate(g, li, tokens(k, c.KVHeads), positions, p)
+	v = tokens(v, c.KVHeads)
 	kd := []int{n * c.KVHeads, 1, c.HeadDim}
-	m.writeKV(g, li, p.rows, g.concat(0, g.reshape(k, kd...), g.reshape(tokens(v, c.KVHeads), kd...)))
+	m.writeKV(g, li, p.writes[m.pool.lay.group[li]], g.concat(0, g.reshape(k, kd...), g.reshape(v, kd...)))
 	var outs []arr
 	if len(p.dec) > 0 {
 		outs = append(outs, m.attendDecode(g, li, p, q))
 	}
 	for _, grp := range p.pre {
-		outs = append(outs, m.attend(g, li, grp, p.start[grp.feeds[0]], q))
+		outs = append(outs, m.attend(g, li, grp, p.start[grp.feeds[0]], q, k, v))
 	}
 	o := g.concat(0, outs...)
 	if !isNull(p.perm) {

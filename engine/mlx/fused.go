@@ -134,11 +134,11 @@ func (m *model) decodeOnly(p *stepPlan) bool {
 // kernels is the MLX ops that compute the same.
 func (m *model) decodeLayers(g *graph, x, h, positions arr, p *stepPlan) arr {
 	c, w := m.cfg, m.w
-	f := &fusedStep{n: p.n, kern: g.k.fused && !isNull(p.decRows), eps: g.float32s([]float32{c.NormEps}, 1), at: positions}
+	f := &fusedStep{n: p.n, kern: g.k.fused && p.pooled, eps: g.float32s([]float32{c.NormEps}, 1), at: positions}
 	for li := range w.layers {
 		l := &w.layers[li]
 		qkv := m.proj(g, li, pQKV, &l.qkv, h, p)
-		m.writeKV(g, li, p.rows, m.ropeKV(g, p, f, qkv))
+		m.writeKV(g, li, p.writes[m.pool.lay.group[li]], m.ropeKV(g, p, f, qkv))
 		o := m.attendFused(g, li, p, f, qkv)
 		x, h = m.addNorm(g, f, x, m.proj(g, li, pO, &l.o, o, p), l.postNorm)
 		d := m.proj(g, li, pDown, &l.down, m.gluRows(g, f, m.proj(g, li, pGateUp, &l.gateUp, h, p)), p)

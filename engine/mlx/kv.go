@@ -9,42 +9,76 @@ import "C"
 
 import (
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
 
 // kvPool is a model's KV cache: one array per layer, [2*rows*kvHeads,
-// headDim] in the weights' dtype, keys first (token row r's head h at
-// r*kvHeads+h) and values after them (at vOff+r*kvHeads+h), allocated once
-// at load with a row per token of Info.KVCapacity. A sequence holds a row
-// per position (seqState.rows), taken as it is fed; a step writes its new
-// tokens' keys and values with one scatter per layer and attention gathers
-// each sequence's rows, so the cache never grows or concatenates. Rows are
-// reference-counted: a saved prefix and the sequences that reuse it share
-// their rows.
+// headDim] in the weights' dtype, keys first (row r's head h at
+// r*kvHeads+h) and values after them (at vOff+r*kvHeads+h), allocated
+// once at load with the rows of the layer's group (kvLayout) and, in
+// the sliding group, one scratch row more. A sequence holds a row per
+// position in each group (seqState.kv), taken as it is fed; a step
+// writes its new tokens' keys and values with one scatter per layer and
+// attention gathers each sequence's rows, so the cache never grows or
+// concatenates. Rows are reference-counted: a saved prefix and the
+// sequences that reuse it share their rows.
 //
 // The pool is the model's engine.BlockPool with blocks of one row
 // (Info.BlockSize 1): a row is held while a live sequence references it;
 // rows referenced only by saved prefixes count as free and go back to the
-// free list when their last saved prefix is evicted.
+// free list when their last saved prefix is evicted. The sliding group
+// keeps a sequence's last lay.keep positions after each step (settle);
+// its rows are not counted one by one but charged, lay.windowBlocks per
+// live sequence at most, which bounds what it holds even while a step
+// runs.
 type kvPool struct {
-	kv   []arr
-	vOff int32   // first value row: rows*kvHeads
-	free []int32 // rows nobody holds, taken from the end
-	refs []int32 // holders of each row: sequences and saved prefixes
-	live []int32 // holders of each row that are sequences, not saved prefixes
-	held int     // rows with a live holder: the blocks FreeBlocks does not count
+	kv      []arr
+	lay     *kvLayout
+	groups  []rowPool // per group of lay
+	charged int       // the sliding group's rows charged to live sequences
 }
 
-// newPool allocates and zeroes the pool for rows tokens. MLX thread only.
-func newPool(g *graph, c *modelConfig, dt C.mlx_dtype, rows int) *kvPool {
-	p := &kvPool{kv: make([]arr, c.Layers), vOff: int32(rows * c.KVHeads),
-		free: make([]int32, rows), refs: make([]int32, rows), live: make([]int32, rows)}
-	for i := range p.free {
-		p.free[i] = int32(rows - 1 - i) // row 0 first
-	}
-	for l := range p.kv {
-		p.kv[l] = g.keep(g.zeros(dt, 2*rows*c.KVHeads, c.HeadDim))
+// rowPool is one group's rows.
+type rowPool struct {
+	vOff    int32   // first value row: rows*kvHeads
+	scratch int32   // the row the sliding group writes the positions it does not keep to; -1 in a full group
+	free    []int32 // rows nobody holds, taken from the end
+	refs    []int32 // holders of each row: sequences and saved prefixes
+	live    []int32 // holders of each row that are sequences, not saved prefixes
+	held    int     // rows with a live holder
+}
+
+// seqRows is a sequence's rows in one group: rows[i] holds position
+// from+i (the sliding group's positions before from were given back;
+// while a step runs, the positions it does not keep are the scratch row).
+type seqRows struct {
+	from int
+	rows []int32
+}
+
+// span is the rows of positions [lo, hi).
+func (r *seqRows) span(lo, hi int) []int32 { return r.rows[lo-r.from : hi-r.from] }
+
+// newPool allocates and zeroes the pool, rows[gi] rows for group gi of
+// lay. MLX thread only.
+func newPool(g *graph, c *modelConfig, lay *kvLayout, dt C.mlx_dtype, rows []int) *kvPool {
+	p := &kvPool{kv: make([]arr, c.Layers), lay: lay, groups: make([]rowPool, len(rows))}
+	for gi, n := range rows {
+		rp := rowPool{scratch: -1, free: make([]int32, n), refs: make([]int32, n), live: make([]int32, n)}
+		for i := range rp.free {
+			rp.free[i] = int32(n - 1 - i) // row 0 first
+		}
+		if lay.slides[gi] {
+			rp.scratch, n = int32(n), n+1
+		}
+		rp.vOff = int32(n * c.KVHeads)
+		for _, li := range lay.groups[gi] {
+			p.kv[li] = g.keep(g.zeros(dt, 2*n*c.KVHeads, c.HeadDim))
+		}
+		p.groups[gi] = rp
 	}
 	g.eval(p.kv...)
 	return p
@@ -56,73 +90,204 @@ func (p *kvPool) release() {
 	}
 }
 
-// available is the rows sequences can take: free ones and those held only
-// by saved prefixes (engine.BlockPool.FreeBlocks).
-func (p *kvPool) available() int { return len(p.refs) - p.held }
+// available is the blocks sequences can take (engine.BlockPool.FreeBlocks):
+// the first group's free rows and those held only by saved prefixes,
+// less, when it slides, what live sequences are charged. A sliding group
+// after a full one has rows for MaxBatch+1 sequences' windowBlocks
+// (kvLayout.rows), which the batch cannot outgrow.
+func (p *kvPool) available() int {
+	rp := &p.groups[0]
+	if p.lay.slides[0] {
+		return len(rp.refs) - p.charged
+	}
+	return len(rp.refs) - rp.held
+}
 
-// take moves n free rows to the live sequence s. It reports false, and
-// takes nothing, when fewer are free.
-func (p *kvPool) take(s *seqState, n int) bool {
-	if len(p.free) < n {
-		return false
+// freeRows is the rows a step can take without evicting: the fewest
+// free in a group.
+func (p *kvPool) freeRows() int {
+	n := math.MaxInt
+	for gi := range p.groups {
+		n = min(n, len(p.groups[gi].free))
 	}
-	got := p.free[len(p.free)-n:]
-	for _, r := range got {
-		p.refs[r], p.live[r] = 1, 1
+	return n
+}
+
+// takes is the rows each group gives a step whose feeds take ts tokens.
+func (p *kvPool) takes(ts []int) []int {
+	n := make([]int, len(p.groups))
+	for gi := range n {
+		for _, t := range ts {
+			n[gi] += p.lay.keeps(gi, t)
+		}
 	}
-	p.held += n
-	s.rows = append(s.rows, got...)
-	s.pool = p
-	p.free = p.free[:len(p.free)-n]
+	return n
+}
+
+// fits reports whether every group has the free rows a step whose feeds
+// take ts tokens takes; with saved, counting the rows only saved
+// prefixes hold too (those evicting them frees).
+func (p *kvPool) fits(ts []int, saved bool) bool {
+	for gi, n := range p.takes(ts) {
+		rp := &p.groups[gi]
+		room := len(rp.free)
+		if saved {
+			room = len(rp.refs) - rp.held
+		}
+		if n > room {
+			return false
+		}
+	}
 	return true
 }
 
-// share gives the new live sequence s the first n rows of from. Rows only
-// saved prefixes held until now stop counting as free.
+// charge is what a live sequence of n positions is charged in the
+// sliding group.
+func (p *kvPool) charge(n int) int {
+	if !p.lay.sliding() {
+		return 0
+	}
+	return min(n, p.lay.windowBlocks())
+}
+
+// end is the positions s holds rows for.
+func (s *seqState) end() int {
+	if len(s.kv) == 0 {
+		return 0
+	}
+	return s.kv[0].from + len(s.kv[0].rows)
+}
+
+// take gives the live sequence s rows for t more positions: in a full
+// group t rows, in the sliding group those of the last lay.keep
+// positions (the others are the scratch row). The caller checked they
+// are free (fits).
+func (p *kvPool) take(s *seqState, t int) {
+	if s.kv == nil {
+		s.kv, s.pool = make([]seqRows, len(p.groups)), p
+	}
+	at := s.end()
+	for gi := range s.kv {
+		rp, k := &p.groups[gi], p.lay.keeps(gi, t)
+		for range t - k {
+			s.kv[gi].rows = append(s.kv[gi].rows, rp.scratch)
+		}
+		got := rp.free[len(rp.free)-k:]
+		for _, r := range got {
+			rp.refs[r], rp.live[r] = 1, 1
+		}
+		rp.held += k
+		s.kv[gi].rows = append(s.kv[gi].rows, got...)
+		rp.free = rp.free[:len(rp.free)-k]
+	}
+	p.charged += p.charge(at+t) - p.charge(at)
+}
+
+// settle gives back the rows of the live sequence s that the sliding
+// group no longer keeps, once a step has run.
+func (p *kvPool) settle(s *seqState) {
+	end := s.end()
+	for gi := range s.kv {
+		if !p.lay.slides[gi] {
+			continue
+		}
+		r := &s.kv[gi]
+		cut := max(0, end-p.lay.keep-r.from)
+		for _, row := range r.rows[:cut] {
+			p.groups[gi].leave(row)
+		}
+		r.rows, r.from = r.rows[cut:], r.from+cut
+	}
+}
+
+// share gives the new live sequence s the first n positions of from:
+// every row of a full group, the sliding group's last lay.keep of them.
+// Rows only saved prefixes held until now stop counting as free. The
+// sliding group must hold the window of position n (canShare).
 func (p *kvPool) share(s *seqState, from *seqState, n int) {
-	for _, r := range from.rows[:n] {
-		p.refs[r]++
-		if p.live[r]++; p.live[r] == 1 {
-			p.held++
+	s.kv, s.pool = make([]seqRows, len(from.kv)), p
+	for gi, fr := range from.kv {
+		lo := 0
+		if p.lay.slides[gi] {
+			lo = max(fr.from, n-p.lay.keep)
+		}
+		rows, rp := fr.span(lo, n), &p.groups[gi]
+		for _, r := range rows {
+			rp.refs[r]++
+			if rp.live[r]++; rp.live[r] == 1 {
+				rp.held++
+			}
+		}
+		s.kv[gi] = seqRows{from: lo, rows: slices.Clone(rows)}
+	}
+	p.charged += p.charge(n)
+}
+
+// canShare reports whether the saved sequence from still holds what a
+// sequence reusing its first n positions reads: in the sliding group,
+// the window of position n.
+func (p *kvPool) canShare(from *seqState, n int) bool {
+	for gi, fr := range from.kv {
+		if p.lay.slides[gi] && fr.from > max(0, n-p.lay.window+1) {
+			return false
 		}
 	}
-	s.rows = append(s.rows[:0], from.rows[:n]...)
-	s.pool = p
+	return true
 }
 
 // drop releases the live sequence s's rows from position n on.
 func (p *kvPool) drop(s *seqState, n int) {
-	for _, r := range s.rows[n:] {
-		if p.live[r]--; p.live[r] == 0 {
-			p.held--
+	end := s.end()
+	for gi := range s.kv {
+		r := &s.kv[gi]
+		cut := max(0, n-r.from)
+		for _, row := range r.rows[cut:] {
+			p.groups[gi].leave(row)
 		}
-		p.unref(r)
+		r.rows = r.rows[:cut]
 	}
-	s.rows = s.rows[:n]
+	p.charged -= p.charge(end) - p.charge(n)
+}
+
+// leave drops a live sequence's hold on row r.
+func (rp *rowPool) leave(r int32) {
+	if r == rp.scratch {
+		return
+	}
+	if rp.live[r]--; rp.live[r] == 0 {
+		rp.held--
+	}
+	rp.unref(r)
 }
 
 // park turns the live sequence s into a saved prefix: its rows stay in
 // the pool, and those no live sequence shares count as free.
 func (p *kvPool) park(s *seqState) {
-	for _, r := range s.rows {
-		if p.live[r]--; p.live[r] == 0 {
-			p.held--
+	for gi, r := range s.kv {
+		rp := &p.groups[gi]
+		for _, row := range r.rows {
+			if rp.live[row]--; rp.live[row] == 0 {
+				rp.held--
+			}
 		}
 	}
+	p.charged -= p.charge(s.end())
 }
 
 // dropSaved releases the rows of s, a saved prefix (park).
 func (p *kvPool) dropSaved(s *seqState) {
-	for _, r := range s.rows {
-		p.unref(r)
+	for gi, r := range s.kv {
+		for _, row := range r.rows {
+			p.groups[gi].unref(row)
+		}
 	}
-	s.rows = s.rows[:0]
+	s.kv = nil
 }
 
 // unref drops one holder of row r, freeing it with the last.
-func (p *kvPool) unref(r int32) {
-	if p.refs[r]--; p.refs[r] == 0 {
-		p.free = append(p.free, r)
+func (rp *rowPool) unref(r int32) {
+	if rp.refs[r]--; rp.refs[r] == 0 {
+		rp.free = append(rp.free, r)
 	}
 }
 
@@ -140,76 +305,74 @@ func (m *model) FreeBlocks() int {
 
 // rowsFor gives every feed rows for its new tokens, evicting saved
 // prefixes (least recently used first) when too few rows are free. A
-// step that needs more rows than FreeBlocks fails with
+// step that needs more blocks than FreeBlocks, or more rows of the
+// sliding group than live sequences leave, fails with
 // engine.ErrOutOfMemory before anything is taken or evicted. Scratch
 // sequences (Warm's, not open in m.seqs) take only free rows and evict
 // nothing. MLX thread only.
 func (m *model) rowsFor(feeds []feed) error {
 	need, scratch := 0, false
-	for _, f := range feeds {
-		need += len(f.tokens)
+	ts := make([]int, len(feeds))
+	for i, f := range feeds {
+		at := len(f.seq.tokens)
+		need += m.info.BlocksFor(at+len(f.tokens)) - m.info.BlocksFor(at)
+		ts[i] = len(f.tokens)
 		scratch = scratch || m.seqs[f.id] != f.seq
 	}
-	have := m.pool.available()
-	if scratch {
-		have = len(m.pool.free)
-	}
-	if need > have {
-		return fmt.Errorf("mlx: %s: KV cache has %d free rows, the step needs %d: %w",
+	if have := m.pool.available(); need > have || !m.pool.fits(ts, !scratch) {
+		return fmt.Errorf("mlx: %s: KV cache has %d free blocks, the step needs %d: %w",
 			m.info.ID, have, need, engine.ErrOutOfMemory)
 	}
-	for len(m.pool.free) < need && len(m.saved) > 0 {
+	for !m.pool.fits(ts, false) && len(m.saved) > 0 {
 		m.evictOldest() // saved prefixes hold the missing rows
 	}
-	for i, f := range feeds {
-		if !m.pool.take(f.seq, len(f.tokens)) { // only if the counts were wrong
-			for _, g := range feeds[:i] {
-				m.pool.drop(g.seq, len(g.seq.tokens))
-			}
-			return fmt.Errorf("mlx: %s: KV cache has %d free rows after evicting every saved prefix, the step needs %d: %w",
-				m.info.ID, len(m.pool.free), need, engine.ErrOutOfMemory)
-		}
+	for _, f := range feeds {
+		m.pool.take(f.seq, len(f.tokens))
 	}
 	return nil
 }
 
+// kvOf is the pool array layer li reads and writes.
+func (m *model) kvOf(li int) *arr { return &m.pool.kv[li] }
+
 // writeKV stores the step's keys and values, upd [2*N*kvHeads, 1,
 // headDim] (every token's key heads, then every token's value heads),
-// into layer li's pool at rows idx (kvRows). The pool's old handle is
-// dropped before evaluation, so MLX updates it in place.
+// into layer li's pool at rows idx (kvRows of its group). The pool's old
+// handle is dropped before evaluation, so MLX updates it in place.
 func (m *model) writeKV(g *graph, li int, idx, upd arr) {
-	m.replace(g, &m.pool.kv[li], g.scatterRows(m.pool.kv[li], idx, upd))
+	kv := m.kvOf(li)
+	m.replace(g, kv, g.scatterRows(*kv, idx, upd))
 }
 
 // kvRows is the pool rows [2*N*kvHeads] that a step writes for tokens
-// at token rows: each token's key heads, then each token's value heads,
+// at token rows of group gi: each token's key heads, then each token's value heads,
 // in writeKV's order. Built on the host once per step.
-func (m *model) kvRows(g *graph, rows []int32) arr {
-	h, n := int32(m.cfg.KVHeads), len(rows)
+func (m *model) kvRows(g *graph, gi int, rows []int32) arr {
+	h, n, vOff := int32(m.cfg.KVHeads), len(rows), m.pool.groups[gi].vOff
 	out := make([]int32, 2*n*int(h))
 	for i, r := range rows {
 		for j := range h {
 			at := i*int(h) + int(j)
 			out[at] = r*h + j
-			out[n*int(h)+at] = m.pool.vOff + r*h + j
+			out[n*int(h)+at] = vOff + r*h + j
 		}
 	}
 	return g.int32s(out, len(out))
 }
 
-// headRows turns token rows [B*T] (T per sequence) into the pool's head
+// headRows turns token rows [B*T] (T per sequence) of group gi into the pool's head
 // rows [B, kvHeads, T] of keys and of values, so that one take each
 // gathers them already in attention's [B, kvHeads, T, D] layout,
 // contiguous: MLX's fused decode kernel then reads them without a copy.
 // Built on the host once per step and shared by every layer.
-func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
-	h := m.cfg.KVHeads
+func (m *model) headRows(g *graph, gi int, rows []int32, b, t int) kvIdx {
+	h, vOff := m.cfg.KVHeads, m.pool.groups[gi].vOff
 	k, v := make([]int32, b*h*t), make([]int32, b*h*t)
 	for i := range b {
 		for j := range h {
 			for x := range t {
 				r := rows[i*t+x]*int32(h) + int32(j)
-				k[(i*h+j)*t+x], v[(i*h+j)*t+x] = r, r+m.pool.vOff
+				k[(i*h+j)*t+x], v[(i*h+j)*t+x] = r, r+vOff
 			}
 		}
 	}
@@ -218,7 +381,8 @@ func (m *model) headRows(g *graph, rows []int32, b, t int) kvIdx {
 
 // gather reads layer li's keys and values at idx as [B, kvHeads, T, D].
 func (m *model) gather(g *graph, li int, idx kvIdx) (arr, arr) {
-	return g.take(m.pool.kv[li], idx.k, 0), g.take(m.pool.kv[li], idx.v, 0)
+	kv := *m.kvOf(li)
+	return g.take(kv, idx.k, 0), g.take(kv, idx.v, 0)
 }
 
 // replace swaps a kept handle for a new one. The old buffer is then held

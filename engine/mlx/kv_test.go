@@ -39,7 +39,7 @@ func TestPoolRowsGiveWay(t *testing.T) {
 	}
 	free := func() int {
 		var n int
-		_ = m.call(func(*graph) error { n = len(m.pool.free); return nil })
+		_ = m.call(func(*graph) error { n = m.pool.freeRows(); return nil })
 		return n
 	}
 	a := seq(10, 20)

@@ -20,6 +20,8 @@ type model struct {
 	cfg     *modelConfig
 	info    engine.Info
 	w       *weights
+	lay     *kvLayout // how the layers share the pool's rows
+	rows    []int     // the pool's rows in each group of lay
 	pool    *kvPool
 	seqs    map[engine.SeqID]*seqState
 	saved   []*savedKV // least recently used first
@@ -107,7 +109,10 @@ func (m *model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 // longest common prefix of its tokens and prompt, and returns that length
 // (always fewer than the prompt). s shares the saved entry's pool rows
 // for those positions; rows are written once, so the saved entry stays
-// whole. The shared rows are s's blocks (engine.BlockPool): FreeBlocks
+// whole. A saved entry of a model with sliding groups keeps only its last
+// positions there: reuse needs the window of the prompt's next position,
+// so a prompt that leaves the saved tokens more than windowSlack before
+// their end reuses nothing and recomputes. The shared rows are s's blocks (engine.BlockPool): FreeBlocks
 // stops counting those no other sequence held.
 func (m *model) attach(s *seqState, prompt []int32, key string) int {
 	i := slices.IndexFunc(m.saved, func(e *savedKV) bool { return e.key == key && e.seq.lora == s.lora })
@@ -116,8 +121,8 @@ func (m *model) attach(s *seqState, prompt []int32, key string) int {
 	}
 	e := m.saved[i]
 	n := min(commonPrefix(e.seq.tokens, prompt), len(prompt)-1)
-	if n <= 0 {
-		return 0
+	if n <= 0 || !m.pool.canShare(e.seq, n) {
+		return 0 // nothing in common, or a window the saved rows no longer hold: recompute
 	}
 	m.saved = append(slices.Delete(m.saved, i, i+1), e) // most recently used
 	s.tokens = slices.Clone(prompt[:n])

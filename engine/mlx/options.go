@@ -22,6 +22,10 @@ type options struct {
 	logger      *slog.Logger
 	kvFraction  float64
 	fused       bool
+	// keepWindows keeps every row of sliding layers in one group of every
+	// layer, as the pool did before it had sliding groups: the reference
+	// tests compare the two.
+	keepWindows bool
 }
 
 func defaultOptions() options {

@@ -230,13 +230,22 @@ func TestPagedPoolRunsOut(t *testing.T) {
 // alone, none fails, and the pool is whole once every stream has ended.
 func TestPagedRandomWorkloads(t *testing.T) {
 	e := newEngine(t)
-	ref := load(t, e, tinyDir(t, nil))
+	dir := tinyDir(t, nil)
+	if reused := randomWorkloads(t, e, dir, load(t, e, dir)); reused == 0 {
+		t.Error("no Open reused a saved prefix: the workloads do not exercise shared rows")
+	}
+}
+
+// randomWorkloads runs TestPagedRandomWorkloads' workloads on the
+// checkpoint in dir, against ref alone, and returns the prompt tokens
+// Open reused.
+func randomWorkloads(t *testing.T, e *Engine, dir string, ref engine.Model) int64 {
 	tiers := []api.Tier{api.Critical, api.Normal, api.Background}
 	var reused int64
 	for seed := range uint64(3) {
 		rng := rand.New(rand.NewPCG(seed, 23))
 		rows := 64 + rng.IntN(96)
-		m := &reuseCount{model: pooled(t, e, rows)}
+		m := &reuseCount{model: pooledDir(t, e, dir, rows)}
 		var first []*batcher.Sequence
 		opts := []batcher.Option{batcher.WithMaxBatch(1 + rng.IntN(8)), batcher.WithTokenBudget(8 + rng.IntN(64))}
 		for wave := range 2 {
@@ -282,7 +291,5 @@ func TestPagedRandomWorkloads(t *testing.T) {
 		}
 		reused += m.reused.Load()
 	}
-	if reused == 0 {
-		t.Error("no Open reused a saved prefix: the workloads do not exercise shared rows")
-	}
+	return reused
 }

@@ -231,8 +231,8 @@ func (m *model) pooled(g *graph) bool {
 }
 
 // attendPooled is the decode feeds' attention in layer li through the
-// pool kernel, against each sequence's pool rows p.decRows [B, T], the
-// first p.decLens [B] of them. Its queries q are rotated ([B, heads, 1,
+// pool kernel, against each sequence's pool rows in li's group (groupDec's
+// rows [B, T], the first lens [B] of them). Its queries q are rotated ([B, heads, 1,
 // D]) or, with rope, the fused q/k/v product [B, qkvWidth] whose queries
 // the kernel rotates at p.posf. It returns [B, heads*D].
 func (m *model) attendPooled(g *graph, li int, p *stepPlan, q arr, rope bool) arr {
@@ -245,8 +245,9 @@ func (m *model) attendPooled(g *graph, li int, p *stepPlan, q arr, rope bool) ar
 	if c.slides(li) {
 		win = c.Window
 	}
+	d := &p.decs[m.pool.lay.group[li]]
 	return g.kernel("pooled_attention", g.k.pooled, kernelCall{
-		in:      []arr{q, m.pool.kv[li], p.decRows, p.decLens, p.posf, p.invf, p.qscale},
+		in:      []arr{q, *m.kvOf(li), d.rows, d.lens, p.posf, p.invf, p.qscale},
 		outs:    [][]int{{b, c.Heads * c.HeadDim}},
 		dt:      m.w.dtype,
 		grid:    [2]int{32, b * c.Heads * pooledWarps},

@@ -164,6 +164,7 @@ func (m *model) run(ctx context.Context, g *graph, feeds []feed, params []*engin
 	}
 	for _, f := range feeds {
 		f.seq.tokens = append(f.seq.tokens, f.tokens...)
+		m.pool.settle(f.seq)
 	}
 	if pp != nil {
 		vals, err := readFloat32s(pooled)
