@@ -155,11 +155,16 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 }
 
 // sampleBusy starts sampling nvidia-smi's utilization.gpu (the share of
-// each 100 ms in which a kernel ran, every GPU of the machine) and returns
-// the function that stops it and formats the mean ("-" without
-// nvidia-smi).
+// each 100 ms in which a kernel ran) over the GPUs the server sees —
+// CUDA_VISIBLE_DEVICES's, else every GPU of the machine, so an idle GPU
+// beside a one-GPU server does not halve the figure — and returns the
+// function that stops it and formats the mean ("-" without nvidia-smi).
 func sampleBusy(ctx context.Context) func() string {
-	cmd := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100")
+	args := []string{"--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"}
+	if ids := os.Getenv("CUDA_VISIBLE_DEVICES"); ids != "" {
+		args = append(args, "-i", ids)
+	}
+	cmd := exec.CommandContext(ctx, "nvidia-smi", args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil || cmd.Start() != nil {
 		return func() string { return "-" }
