@@ -42,6 +42,8 @@ func modelConfigJSON(c Config, tok *tokenizer) map[string]any {
 			"high_freq_factor":                 s.HighFreqFactor,
 			"original_max_position_embeddings": s.OriginalMaxPositionEmbeddings,
 		}
+	case c.Yarn != nil:
+		m["rope_scaling"] = c.Yarn.rope()
 	case c.RopeLinear > 0:
 		m["rope_scaling"] = map[string]any{"rope_type": "linear", "factor": c.RopeLinear}
 	case c.LongRoPE:

@@ -99,6 +99,8 @@ type Config struct {
 	// rotary frequency, original_max_position_embeddings a quarter of
 	// ContextLength.
 	LongRoPE bool
+	// Yarn, when set, writes YaRN rope scaling (rope_type "yarn").
+	Yarn *Yarn
 	// PartialRotary is Phi-3's partial_rotary_factor: the fraction of
 	// each head that is rotated. Zero means 1 (phi3 only).
 	PartialRotary float64
@@ -159,6 +161,42 @@ type RopeScaling struct {
 	LowFreqFactor                 float64
 	HighFreqFactor                float64
 	OriginalMaxPositionEmbeddings int
+}
+
+// Yarn is YaRN RoPE scaling (arXiv 2309.00071) as config.json spells it.
+// Zero fields are left out of rope_scaling, so transformers' defaults
+// apply: original_max_position_embeddings from max_position_embeddings,
+// beta_fast 32, beta_slow 1, the attention factor 0.1·ln(Factor) + 1.
+type Yarn struct {
+	Factor                        float64
+	OriginalMaxPositionEmbeddings int
+	BetaFast, BetaSlow            float64
+	// Mscale and MscaleAllDim (DeepSeek's), both set, make the attention
+	// factor the ratio of 0.1·m·ln(Factor) + 1 for the two.
+	Mscale, MscaleAllDim float64
+	// AttentionFactor, when positive, is written as attention_factor.
+	AttentionFactor float64
+	// NoTruncate writes truncate: false (the blend's bounds are not
+	// rounded to whole dimensions).
+	NoTruncate bool
+}
+
+// rope is y as config.json's rope_scaling.
+func (y *Yarn) rope() map[string]any {
+	m := map[string]any{"rope_type": "yarn", "factor": y.Factor}
+	for k, v := range map[string]float64{"beta_fast": y.BetaFast, "beta_slow": y.BetaSlow,
+		"mscale": y.Mscale, "mscale_all_dim": y.MscaleAllDim, "attention_factor": y.AttentionFactor} {
+		if v != 0 {
+			m[k] = v
+		}
+	}
+	if y.OriginalMaxPositionEmbeddings > 0 {
+		m["original_max_position_embeddings"] = y.OriginalMaxPositionEmbeddings
+	}
+	if y.NoTruncate {
+		m["truncate"] = false
+	}
+	return m
 }
 
 // Tiny is the default test model: 2 layers, hidden size 64, 4 heads over 2
@@ -375,6 +413,9 @@ func (c Config) check() error {
 		if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMaxPositionEmbeddings <= 0 {
 			return bad("rope scaling %+v: want factor > 0, 0 < low < high, original positions > 0", *s)
 		}
+	}
+	if y := c.Yarn; y != nil && (y.Factor < 1 || y.OriginalMaxPositionEmbeddings < 0 || y.BetaFast < y.BetaSlow) {
+		return bad("yarn %+v: want factor >= 1, original positions >= 0, beta_fast >= beta_slow", *y)
 	}
 	return nil
 }

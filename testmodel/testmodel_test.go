@@ -201,6 +201,29 @@ func TestArchitectures(t *testing.T) {
 	}
 }
 
+func TestYarnConfig(t *testing.T) {
+	for _, tc := range []struct {
+		y    Yarn
+		want string
+	}{
+		{Yarn{Factor: 4, OriginalMaxPositionEmbeddings: 32}, `{"factor":4,"original_max_position_embeddings":32,"rope_type":"yarn"}`},
+		{Yarn{Factor: 4, Mscale: 1, MscaleAllDim: 0.5, BetaFast: 16, NoTruncate: true},
+			`{"beta_fast":16,"factor":4,"mscale":1,"mscale_all_dim":0.5,"rope_type":"yarn","truncate":false}`},
+	} {
+		dir := t.TempDir()
+		cfg := Tiny()
+		cfg.Arch, cfg.Yarn = "qwen3", &tc.y
+		if err := Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var c map[string]any
+		readJSON(t, filepath.Join(dir, "config.json"), &c)
+		if got, _ := json.Marshal(c["rope_scaling"]); string(got) != tc.want {
+			t.Errorf("%+v: rope_scaling %s, want %s", tc.y, got, tc.want)
+		}
+	}
+}
+
 func TestTokenizerFiles(t *testing.T) {
 	dir := t.TempDir()
 	if err := Write(dir, Tiny()); err != nil {
@@ -273,6 +296,8 @@ func TestInvalidConfig(t *testing.T) {
 		{Vocab: 100},
 		{Layers: -1},
 		{RopeScaling: &RopeScaling{Factor: 8, LowFreqFactor: 4, HighFreqFactor: 1, OriginalMaxPositionEmbeddings: 8192}},
+		{Yarn: &Yarn{Factor: 0.5}},
+		{Yarn: &Yarn{Factor: 4, BetaFast: 1, BetaSlow: 32}},
 	} {
 		err := Write(t.TempDir(), cfg)
 		if !errors.Is(err, ErrInvalidConfig) {

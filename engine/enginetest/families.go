@@ -17,22 +17,34 @@ type HostileConfig struct {
 	Arch  string // the testmodel family it edits
 	Key   string // the config.json field (of text_config for a wrapped family)
 	Value any    // its new value; nil removes the field
+	// Names, when set, is what the refusal's message must name (the
+	// field within Value at fault).
+	Names string
 }
 
 // HostileConfigs lists the edits every engine's tests feed it.
 func HostileConfigs() []HostileConfig {
 	return []HostileConfig{
-		{"more experts a token than experts", "qwen3_moe", "num_experts_per_tok", 9},
-		{"a million experts", "qwen3_moe", "num_experts", 1 << 20},
-		{"negative window", "gemma3_text", "sliding_window", -5},
-		{"layer_types too short", "gemma3_text", "layer_types", []string{"full_attention"}},
-		{"unknown layer type", "gemma3_text", "layer_types", []string{"x", "x", "x", "x"}},
-		{"rotary factor above 1", "phi3", "partial_rotary_factor", 2.0},
+		{"more experts a token than experts", "qwen3_moe", "num_experts_per_tok", 9, ""},
+		{"a million experts", "qwen3_moe", "num_experts", 1 << 20, ""},
+		{"negative window", "gemma3_text", "sliding_window", -5, ""},
+		{"layer_types too short", "gemma3_text", "layer_types", []string{"full_attention"}, ""},
+		{"unknown layer type", "gemma3_text", "layer_types", []string{"x", "x", "x", "x"}, ""},
+		{"rotary factor above 1", "phi3", "partial_rotary_factor", 2.0, ""},
 		{"longrope factors of the wrong length", "phi3", "rope_scaling",
-			map[string]any{"type": "longrope", "short_factor": []float64{1}, "long_factor": []float64{1}}},
-		{"text_config not an object", "gemma3", "text_config", "gemma"},
-		{"soft-cap not a number", "gemma2", "attn_logit_softcapping", "x"},
-		{"query scalar not positive", "gemma2", "query_pre_attn_scalar", -1},
+			map[string]any{"type": "longrope", "short_factor": []float64{1}, "long_factor": []float64{1}}, ""},
+		{"text_config not an object", "gemma3", "text_config", "gemma", ""},
+		{"soft-cap not a number", "gemma2", "attn_logit_softcapping", "x", ""},
+		{"query scalar not positive", "gemma2", "query_pre_attn_scalar", -1, ""},
+		{"yarn factor below 1", "qwen3", "rope_scaling", map[string]any{"rope_type": "yarn", "factor": 0.5}, "factor"},
+		{"yarn without a factor", "qwen3", "rope_scaling",
+			map[string]any{"rope_type": "yarn", "original_max_position_embeddings": 32}, "factor"},
+		{"yarn beta_fast below beta_slow", "llama", "rope_scaling",
+			map[string]any{"type": "yarn", "factor": 4.0, "beta_fast": 1.0, "beta_slow": 32.0}, "beta_fast"},
+		{"yarn original context not positive", "llama", "rope_scaling",
+			map[string]any{"type": "yarn", "factor": 4.0, "original_max_position_embeddings": -8}, "original_max_position_embeddings"},
+		{"yarn truncate not a boolean", "qwen3", "rope_scaling",
+			map[string]any{"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate"},
 	}
 }
 

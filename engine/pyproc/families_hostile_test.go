@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -19,8 +20,8 @@ func TestHostileFamilyConfigs(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, err := e.Load(context.Background(), engine.ModelSpec{ID: "bad", Path: dir})
-		if !errors.Is(err, engine.ErrBadCheckpoint) {
-			t.Errorf("%s (%s): %v, want a CheckpointError", h.Name, h.Arch, err)
+		if !errors.Is(err, engine.ErrBadCheckpoint) || !strings.Contains(err.Error(), h.Names) {
+			t.Errorf("%s (%s): %v, want a CheckpointError naming %q", h.Name, h.Arch, err, h.Names)
 			if m != nil {
 				m.Close()
 			}

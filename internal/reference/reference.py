@@ -137,7 +137,7 @@ def text_weights(w):
 
 def inv_freq(c, theta, scaling, d, T):
     """Rotary frequencies of a d-wide rotation, and the factor cos and sin
-    are scaled by (longrope's attention factor, else 1)."""
+    are scaled by (longrope's and yarn's attention factor, else 1)."""
     inv = [1.0 / (theta ** (2 * i / d)) for i in range(d // 2)]
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "linear":
@@ -165,9 +165,46 @@ def inv_freq(c, theta, scaling, d, T):
         grow = c["max_position_embeddings"] / old
         att = scaling.get("attention_factor") or (1.0 if grow <= 1 else math.sqrt(1 + math.log(grow) / math.log(old)))
         return torch.tensor(inv, dtype=torch.float64), att
+    elif kind == "yarn":
+        return yarn(c, theta, scaling, d)
     elif kind != "default":
         raise SystemExit("reference: rope scaling %r" % kind)
     return torch.tensor(inv, dtype=torch.float64), 1.0
+
+
+def yarn(c, theta, s, d):
+    """YaRN (arXiv 2309.00071) as transformers has it: frequency i keeps
+    its own value (extrapolates) while it turns more than beta_fast times
+    over the original context, takes value / factor (interpolates) below
+    beta_slow turns, and blends the two linearly by index in between; cos
+    and sin are scaled by the attention factor."""
+    f = s["factor"]
+    old = s.get("original_max_position_embeddings") or c["max_position_embeddings"]
+    fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def mscale(m):
+        return 1.0 if f <= 1 else 0.1 * m * math.log(f) + 1.0
+
+    att = s.get("attention_factor")
+    if att is None:
+        m, mall = s.get("mscale"), s.get("mscale_all_dim")
+        att = mscale(m) / mscale(mall) if m and mall else mscale(1)
+
+    def turns_dim(turns):  # the index i at which frequency i turns `turns` times in old positions
+        return d * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = turns_dim(fast), turns_dim(slow)
+    if s.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if hi == lo:
+        hi += 0.001
+    inv = []
+    for i in range(d // 2):
+        x = 1.0 / (theta ** (2 * i / d))
+        ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: extrapolate, 1: interpolate
+        inv.append(ramp * x / f + (1 - ramp) * x)
+    return torch.tensor(inv, dtype=torch.float64), att
 
 
 def sliding_layers(c, arch):
