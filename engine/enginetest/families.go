@@ -141,3 +141,18 @@ func (h HostileQuant) Write(dir string) error {
 	}
 	return os.WriteFile(path, raw, 0o644)
 }
+
+// YarnConfigs are checkpoints with YaRN rope scaling, keyed by a test
+// name, whose original context a prompt of 70 tokens crosses: qwen3 as
+// Qwen publishes it (factor 4 over 32 original positions here), and llama
+// over 16 with DeepSeek's mscale/mscale_all_dim attention factor, blend
+// bounds left unrounded (truncate false) and a narrower beta range.
+func YarnConfigs() map[string]testmodel.Config {
+	qwen := testmodel.TinyFamily("qwen3")
+	qwen.Yarn = &testmodel.Yarn{Factor: 4, OriginalMaxPositionEmbeddings: 32}
+	llama := testmodel.Tiny()
+	llama.Seed = 7
+	llama.Yarn = &testmodel.Yarn{Factor: 8, OriginalMaxPositionEmbeddings: 16, BetaFast: 8, BetaSlow: 0.5,
+		Mscale: 1, MscaleAllDim: 0.5, NoTruncate: true}
+	return map[string]testmodel.Config{"qwen3-yarn": qwen, "llama-yarn-mscale": llama}
+}

@@ -101,11 +101,12 @@ func (c *modelConfig) slides(li int) bool {
 
 // plainDecode reports whether the fused decode kernels (fused.go) compute
 // this architecture's layers: a Llama-shaped layer with whole-head RoPE
-// of one kind for every layer.
+// of one kind for every layer and no attention factor on it.
 func (c *modelConfig) plainDecode() bool {
 	return c.Block == preNorm && !c.QKNorm && !c.NormPlusOne && c.Act == "silu" && c.EmbedScale == 0 &&
 		c.AttnScale == 0 && c.AttnCap == 0 && c.FinalCap == 0 && c.RotaryDim == c.HeadDim &&
-		c.LocalRopeTheta == 0 && c.Rope.Type != "longrope" && c.MoE == nil
+		c.LocalRopeTheta == 0 && c.Rope.Type != "longrope" && (c.Rope.AttnFactor == 0 || c.Rope.AttnFactor == 1) &&
+		c.MoE == nil
 }
 
 // describe completes and checks the description once the sizes are known.
@@ -150,6 +151,9 @@ func (c *modelConfig) describe(r *rawConfig) string {
 		if reason := c.checkLongRoPE(r); reason != "" {
 			return reason
 		}
+	}
+	if c.Rope.Type == "yarn" && c.Rope.OriginalMax == 0 {
+		c.Rope.OriginalMax = c.ContextLength
 	}
 	if c.MoE != nil {
 		return c.MoE.check(c)

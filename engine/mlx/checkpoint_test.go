@@ -348,8 +348,8 @@ func TestHostileFamilyConfigs(t *testing.T) {
 		if err := h.Write(dir); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := plan(dir); !errors.Is(err, engine.ErrBadCheckpoint) {
-			t.Errorf("%s (%s): %v, want a CheckpointError", h.Name, h.Arch, err)
+		if _, _, err := plan(dir); !errors.Is(err, engine.ErrBadCheckpoint) || !strings.Contains(err.Error(), h.Names) {
+			t.Errorf("%s (%s): %v, want a CheckpointError naming %q", h.Name, h.Arch, err, h.Names)
 		}
 	}
 }

@@ -54,10 +54,16 @@ type ropeScaling struct {
 	HighFreqFactor float64
 	OriginalMax    int
 	// longrope (Phi-3): divisors of each rotary frequency within
-	// OriginalMax positions (short) and beyond (long), and the factor on
-	// the rotated part of queries and keys (AttnFactor, 1 for none).
+	// OriginalMax positions (short) and beyond (long).
 	ShortFactor, LongFactor []float64
-	AttnFactor              float64
+	// yarn: the turns over OriginalMax positions above which a frequency
+	// is kept and below which it is divided by Factor, and whether the
+	// blend's bounds are rounded to whole dims (yarn.go).
+	BetaFast, BetaSlow float64
+	Truncate           bool
+	// AttnFactor is longrope's and yarn's factor on the rotated part of
+	// queries and keys (1 or 0 for none).
+	AttnFactor float64
 }
 
 // quantConfig is MLX's "quantization" entry: defaults plus per-module
@@ -380,8 +386,10 @@ func parseRopeScaling(m map[string]any) (ropeScaling, string) {
 		if s.ShortFactor == nil || s.LongFactor == nil {
 			return s, fmt.Sprintf("rope_scaling longrope: want short_factor and long_factor lists, got %v", m)
 		}
+	case "yarn":
+		return parseYarn(m, s)
 	default:
-		return s, fmt.Sprintf("unsupported rope_scaling type %q (want linear, llama3 or longrope)", typ)
+		return s, fmt.Sprintf("unsupported rope_scaling type %q (want linear, llama3, yarn or longrope)", typ)
 	}
 	return s, ""
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 	"github.com/mlxserving/mlxserving/internal/reference"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -131,6 +132,10 @@ func TestMatchesReference(t *testing.T) {
 		c.HeadSize, c.KVHeads, c.TieEmbeddings = 256, 1, true
 		matchReference(t, py, e, c)
 	})
+	// YaRN past its original context (the 70-token prompt).
+	for name, c := range enginetest.YarnConfigs() {
+		t.Run(name, func(t *testing.T) { matchReference(t, py, e, c) })
+	}
 }
 
 // matchReference is TestMatchesReference for the checkpoint of cfg.

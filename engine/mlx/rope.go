@@ -2,14 +2,21 @@ package mlx
 
 import "math"
 
-// ropeFreqs returns the RoPE frequencies for llama3 scaling (as MLX's
-// fast.rope takes them: base**(2i/d), scaled), or nil for plain RoPE.
+// ropeFreqs returns the RoPE frequencies for llama3 and yarn scaling (as
+// MLX's fast.rope takes them: base**(2i/d), scaled), or nil for plain
+// RoPE.
 func ropeFreqs(c *modelConfig) []float32 {
-	s := c.Rope
-	if s.Type != "llama3" {
-		return nil
+	switch c.Rope.Type {
+	case "llama3":
+		return llama3Freqs(c)
+	case "yarn":
+		return yarnFreqs(c)
 	}
-	d := c.HeadDim
+	return nil
+}
+
+func llama3Freqs(c *modelConfig) []float32 {
+	s, d := c.Rope, c.HeadDim
 	low := float64(s.OriginalMax) / s.LowFreqFactor
 	high := float64(s.OriginalMax) / s.HighFreqFactor
 	out := make([]float32, d/2)
@@ -28,16 +35,17 @@ func ropeFreqs(c *modelConfig) []float32 {
 	return out
 }
 
-// invFreqs returns RoPE's inverse frequencies [d/2] as MLX's fast.rope
-// uses them: 1/freqs with ropeFreqs, else base**(-2i/d).
+// invFreqs returns RoPE's inverse frequencies [d/2] (d the rotated dims)
+// as MLX's fast.rope uses them: 1/freqs with ropeFreqs, else
+// base**(-2i/d).
 func invFreqs(c *modelConfig) []float32 {
 	f := ropeFreqs(c)
-	out := make([]float32, c.HeadDim/2)
+	out := make([]float32, c.RotaryDim/2)
 	for i := range out {
 		if f != nil {
 			out[i] = 1 / f[i]
 		} else {
-			out[i] = float32(math.Pow(float64(c.RopeTheta), -float64(2*i)/float64(c.HeadDim)))
+			out[i] = float32(math.Pow(float64(c.RopeTheta), -float64(2*i)/float64(c.RotaryDim)))
 		}
 	}
 	return out

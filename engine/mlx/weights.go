@@ -139,14 +139,14 @@ type weights struct {
 
 // ropeSet is how a layer rotates queries and keys: MLX fast rope of the
 // first dims of each head with base theta and position scale, or custom
-// frequencies; longrope adds its long frequencies and the factor on the
-// rotated dims.
+// frequencies; longrope adds its long frequencies, longrope and yarn the
+// factor on the rotated dims.
 type ropeSet struct {
 	dims         int
 	theta, scale float32
-	freqs        arr // custom frequencies (llama3; longrope's short) or null
+	freqs        arr // custom frequencies (llama3, yarn; longrope's short) or null
 	long         arr // longrope's long frequencies, or null
-	mscale       arr // [D] longrope's attention factor on the rotated dims, 1 elsewhere; or null
+	mscale       arr // [D] longrope's or yarn's attention factor on the rotated dims, 1 elsewhere; or null
 }
 
 func (w *weights) free() {
@@ -356,16 +356,16 @@ func ropeSets(g *graph, c *modelConfig, dt C.mlx_dtype) []ropeSet {
 	if c.Rope.Type == "longrope" {
 		short, long := longFreqs(c, false), longFreqs(c, true)
 		r.freqs, r.long = g.keep(g.float32s(short, len(short))), g.keep(g.float32s(long, len(long)))
-		if s := c.Rope.AttnFactor; s != 1 {
-			m := make([]float32, c.HeadDim)
-			for i := range m {
-				m[i] = 1
-				if i < c.RotaryDim {
-					m[i] = float32(s)
-				}
+	}
+	if s := c.Rope.AttnFactor; s != 0 && s != 1 {
+		m := make([]float32, c.HeadDim)
+		for i := range m {
+			m[i] = 1
+			if i < c.RotaryDim {
+				m[i] = float32(s)
 			}
-			r.mscale = g.keep(g.astype(g.float32s(m, len(m)), dt))
 		}
+		r.mscale = g.keep(g.astype(g.float32s(m, len(m)), dt))
 	}
 	out := []ropeSet{r}
 	if c.LocalRopeTheta != 0 {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/internal/reference"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
@@ -20,9 +21,9 @@ import (
 // plain float64 forward pass without caches, on each architecture the
 // runtime supports (testmodel.TinyFamily of every family, whose sliding
 // windows of 16 the 70-token prompt crosses, llama with llama3 rope
-// scaling and a tied head, and yarnConfigs): the greedy tokens must agree wherever the
-// reference's top two logits are not a near tie, and log-probabilities
-// within 1e-4.
+// scaling and a tied head, and enginetest.YarnConfigs): the greedy
+// tokens must agree wherever the reference's top two logits are not a
+// near tie, and log-probabilities within 1e-4.
 func TestMatchesReference(t *testing.T) {
 	py := python(t)
 	scaled := testmodel.Tiny()
@@ -32,7 +33,7 @@ func TestMatchesReference(t *testing.T) {
 	mistral := testmodel.Tiny()
 	mistral.Arch, mistral.Seed, mistral.Layers = "mistral", 4, 3
 	cases := map[string]testmodel.Config{"llama3-scaled-tied": scaled, "mistral-full": mistral}
-	for name, cfg := range yarnConfigs() {
+	for name, cfg := range enginetest.YarnConfigs() {
 		cases[name] = cfg
 	}
 	for _, arch := range testmodel.Archs() {
@@ -92,21 +93,6 @@ func TestMatchesReference(t *testing.T) {
 			}
 		})
 	}
-}
-
-// yarnConfigs are checkpoints with YaRN rope scaling whose original
-// context the 70-token prompt crosses: qwen3 with Qwen's published
-// spelling (factor 4 over 32 original positions), and llama over 16 with
-// DeepSeek's mscale/mscale_all_dim attention factor, unrounded blend
-// bounds (truncate false) and a narrower beta range.
-func yarnConfigs() map[string]testmodel.Config {
-	qwen := testmodel.TinyFamily("qwen3")
-	qwen.Yarn = &testmodel.Yarn{Factor: 4, OriginalMaxPositionEmbeddings: 32}
-	llama := testmodel.Tiny()
-	llama.Seed = 7
-	llama.Yarn = &testmodel.Yarn{Factor: 8, OriginalMaxPositionEmbeddings: 16, BetaFast: 8, BetaSlow: 0.5,
-		Mscale: 1, MscaleAllDim: 0.5, NoTruncate: true}
-	return map[string]testmodel.Config{"qwen3-yarn": qwen, "llama-yarn-mscale": llama}
 }
 
 // TestTransformersV5Config checks a checkpoint whose config.json has
