@@ -152,8 +152,14 @@ func (c *modelConfig) describe(r *rawConfig) string {
 			return reason
 		}
 	}
-	if c.Rope.Type == "yarn" && c.Rope.OriginalMax == 0 {
-		c.Rope.OriginalMax = c.ContextLength
+	if c.Rope.Type == "yarn" {
+		if c.Rope.OriginalMax == 0 {
+			c.Rope.OriginalMax = c.ContextLength
+		}
+		// The served context is the original length times the factor (as
+		// vLLM derives it), never less than max_position_embeddings: Qwen's
+		// yarn setting serves its 131,072 tokens without editing that too.
+		c.ContextLength = max(c.ContextLength, int(float64(c.Rope.OriginalMax)*c.Rope.Factor))
 	}
 	if c.MoE != nil {
 		return c.MoE.check(c)

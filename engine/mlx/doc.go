@@ -4,7 +4,8 @@
 // Hugging Face-layout checkpoints of the families in its architecture
 // table (arch.go), from config.json and tensor names as transformers
 // writes them: llama (llama3 or linear RoPE scaling; yarn for every
-// family), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (soft-capped
+// family, serving original_max_position_embeddings × factor positions
+// where that is more than max_position_embeddings), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2 (soft-capped
 // attention and output logits), gemma3_text and the language model of
 // gemma3 checkpoints (text_config; weights under language_model.model.
 // or model.language_model.), qwen3_moe and mixtral (mixtures of experts

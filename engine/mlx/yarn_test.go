@@ -52,6 +52,12 @@ func TestRopeScalingYarn(t *testing.T) {
 	if c.Rope.OriginalMax != 128 {
 		t.Errorf("original length %d, want max_position_embeddings 128", c.Rope.OriginalMax)
 	}
+	// Served: the original length times the factor where that is more
+	// (the last case: 128 x 4); the first two kept max_position_embeddings
+	// (32 x 4 = 128).
+	if c.ContextLength != 512 {
+		t.Errorf("served context %d, want 128 x factor 4 = 512", c.ContextLength)
+	}
 	if !c.plainDecode() {
 		t.Error("yarn with attention factor 1 leaves the fused decode kernels")
 	}

@@ -134,6 +134,7 @@ class Config:
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise ValueError("rope_scaling is not an object")
         self.original_context = c.get("original_max_position_embeddings")
+        self.context = max(self.context, _yarn_context(self.rope_scaling, self.context))
         self.rot_dim = int(self.head_dim * float(c.get("partial_rotary_factor") or 1.0))
         self.tie = bool(c.get("tie_word_embeddings", top.get("tie_word_embeddings", False)))
         self.bias = fam.bias or bool(c.get("attention_bias", False))
@@ -250,3 +251,17 @@ def _special_ids(directory, c):
 
 def _is_id(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 31)
+
+
+def _yarn_context(rs, max_position):
+    """The positions a yarn rope_scaling serves: original_max_position_embeddings
+    (else max_position) times factor, as vLLM derives it, so Qwen's yarn
+    setting serves its 131,072 tokens without editing
+    max_position_embeddings too; 0 for other kinds or a malformed entry
+    (rope.yarn refuses that, naming the field)."""
+    if not rs or (rs.get("rope_type") or rs.get("type")) != "yarn":
+        return 0
+    try:
+        return int(float(rs.get("original_max_position_embeddings") or max_position) * float(rs["factor"]))
+    except (KeyError, TypeError, ValueError):
+        return 0
