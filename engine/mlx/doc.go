@@ -123,12 +123,17 @@
 // their own (kvgroups.go): a sequence keeps there only its last
 // Window+31 positions, the rows before go back to the pool after each
 // step, and the blocks below are the full layers' rows (a Gemma 3
-// sequence at 128k holds about a sixth of a full KV). Beside full layers
-// the sliding rows are one pool sized for MaxBatch+1 sequences' windows;
-// when every layer slides they are the blocks, and a sequence is charged
-// at most Info.WindowBlocks. A prefill chunk's sliding layers attend the
-// rows before it and its own keys as computed, so it needs rows only for
-// the positions it keeps. A saved prefix keeps the same rows: a prompt
+// sequence at 128k holds about a sixth of a full KV). A prefill chunk's
+// sliding layers attend the rows before it and its own keys as computed,
+// so it needs rows only for the positions it keeps, and a step gives
+// back the rows it will neither read nor keep before it takes new ones:
+// a decoding sequence holds Window+31 rows, a prompt chunk after the
+// first at most Window-1 more (Info.WindowBlocks). Beside full layers
+// the sliding rows are one pool sized for MaxBatch+1 sequences' kept
+// positions (5.47 GiB for a Gemma-3-12B shape at MaxBatch 16; it was
+// twice that before a step gave rows back first); when every layer
+// slides they are the blocks, and a sequence is charged at most
+// Info.WindowBlocks. A saved prefix keeps the same rows: a prompt
 // that leaves it more than 32 tokens before its end reuses nothing and
 // recomputes. The pool is
 // paged with blocks of one row (Info.BlockSize 1, Info.KVBlocks =

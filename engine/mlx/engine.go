@@ -290,9 +290,10 @@ func (m *model) size(spec engine.ModelSpec, wbytes, elemBytes uint64) error {
 // every layer slides, the pool's one group as engine.BlockPool's
 // sliding group (a sequence is charged WindowBlocks at most). With full
 // layers too, the full group's rows are the blocks: the sliding group
-// has rows for MaxBatch+1 sequences' windows (kvLayout.rows), so the
-// batch never runs short of them; a step of more live sequences than
-// that may fail with engine.ErrOutOfMemory, changing nothing.
+// has rows for MaxBatch+1 sequences' kept positions (kvLayout.rows),
+// enough for a full batch of decodes beside one long prompt chunk; a
+// step that needs more (several long chunks continuing prompts at
+// once) fails with engine.ErrOutOfMemory, changing nothing.
 func (m *model) describeWindows() {
 	if !m.lay.sliding() {
 		return

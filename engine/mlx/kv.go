@@ -30,10 +30,11 @@ import (
 // (Info.BlockSize 1): a row is held while a live sequence references it;
 // rows referenced only by saved prefixes count as free and go back to the
 // free list when their last saved prefix is evicted. The sliding group
-// keeps a sequence's last lay.keep positions after each step (settle);
-// its rows are not counted one by one but charged, lay.windowBlocks per
-// live sequence at most, which bounds what it holds even while a step
-// runs.
+// keeps a sequence's last lay.keep positions after each step (settle)
+// and, before a step takes rows, gives back those it will neither read
+// nor keep (trim); its rows are not counted one by one but charged,
+// lay.windowBlocks per live sequence at most, which bounds what it holds
+// even while a step runs.
 type kvPool struct {
 	kv      []arr
 	lay     *kvLayout
@@ -93,8 +94,8 @@ func (p *kvPool) release() {
 // available is the blocks sequences can take (engine.BlockPool.FreeBlocks):
 // the first group's free rows and those held only by saved prefixes,
 // less, when it slides, what live sequences are charged. A sliding group
-// after a full one has rows for MaxBatch+1 sequences' windowBlocks
-// (kvLayout.rows), which the batch cannot outgrow.
+// after a full one is sized for the batch (kvLayout.rows) and not
+// counted here.
 func (p *kvPool) available() int {
 	rp := &p.groups[0]
 	if p.lay.slides[0] {
@@ -113,32 +114,64 @@ func (p *kvPool) freeRows() int {
 	return n
 }
 
-// takes is the rows each group gives a step whose feeds take ts tokens.
-func (p *kvPool) takes(ts []int) []int {
+// takes is the rows each group gives a step of feeds.
+func (p *kvPool) takes(feeds []feed) []int {
 	n := make([]int, len(p.groups))
 	for gi := range n {
-		for _, t := range ts {
-			n[gi] += p.lay.keeps(gi, t)
+		for _, f := range feeds {
+			n[gi] += p.lay.keeps(gi, len(f.tokens))
 		}
 	}
 	return n
 }
 
-// fits reports whether every group has the free rows a step whose feeds
-// take ts tokens takes; with saved, counting the rows only saved
-// prefixes hold too (those evicting them frees).
-func (p *kvPool) fits(ts []int, saved bool) bool {
-	for gi, n := range p.takes(ts) {
+// fits reports whether every group has the free rows a step of feeds
+// takes once the feeds gave back their stale rows (trim); with saved,
+// counting the rows only saved prefixes hold too (those evicting them
+// frees).
+func (p *kvPool) fits(feeds []feed, saved bool) bool {
+	for gi, n := range p.takes(feeds) {
 		rp := &p.groups[gi]
 		room := len(rp.free)
 		if saved {
 			room = len(rp.refs) - rp.held
 		}
-		if n > room {
+		if n > room+p.trims(feeds, gi, saved) {
 			return false
 		}
 	}
 	return true
+}
+
+// trims is how many rows of group gi trimming the feeds' sequences
+// would free (no saved prefix nor other live sequence holds them) or,
+// with saved, leave to saved prefixes alone. Counted before trimming, so
+// a step refused for want of rows changes nothing.
+func (p *kvPool) trims(feeds []feed, gi int, saved bool) int {
+	if !p.lay.slides[gi] {
+		return 0
+	}
+	cuts := map[int32]int32{} // row: the feeds that give it back
+	for _, f := range feeds {
+		if f.seq.kv == nil {
+			continue
+		}
+		r := &f.seq.kv[gi]
+		for _, row := range r.rows[:max(0, p.stale(f.seq, len(f.tokens))-r.from)] {
+			cuts[row]++
+		}
+	}
+	holders := p.groups[gi].refs
+	if saved {
+		holders = p.groups[gi].live
+	}
+	n := 0
+	for row, c := range cuts {
+		if holders[row] == c {
+			n++
+		}
+	}
+	return n
 }
 
 // charge is what a live sequence of n positions is charged in the
@@ -183,20 +216,35 @@ func (p *kvPool) take(s *seqState, t int) {
 	p.charged += p.charge(at+t) - p.charge(at)
 }
 
+// stale is where the sliding rows a step of t tokens of the live
+// sequence s reads or keeps begin: its first query reads the window-1
+// positions before it, and the group keeps the last lay.keep after it.
+func (p *kvPool) stale(s *seqState, t int) int {
+	at := s.end()
+	return min(at-p.lay.window+1, at+t-p.lay.keep)
+}
+
+// trim gives back the rows of the live sequence s that a step of t
+// tokens neither reads nor keeps, before it takes its own.
+func (p *kvPool) trim(s *seqState, t int) { p.cut(s, p.stale(s, t)) }
+
 // settle gives back the rows of the live sequence s that the sliding
 // group no longer keeps, once a step has run.
-func (p *kvPool) settle(s *seqState) {
-	end := s.end()
+func (p *kvPool) settle(s *seqState) { p.cut(s, s.end()-p.lay.keep) }
+
+// cut gives back the sliding group's rows of the live sequence s before
+// position pos.
+func (p *kvPool) cut(s *seqState, pos int) {
 	for gi := range s.kv {
 		if !p.lay.slides[gi] {
 			continue
 		}
 		r := &s.kv[gi]
-		cut := max(0, end-p.lay.keep-r.from)
-		for _, row := range r.rows[:cut] {
+		n := max(0, pos-r.from)
+		for _, row := range r.rows[:n] {
 			p.groups[gi].leave(row)
 		}
-		r.rows, r.from = r.rows[cut:], r.from+cut
+		r.rows, r.from = r.rows[n:], r.from+n
 	}
 }
 
@@ -303,7 +351,8 @@ func (m *model) FreeBlocks() int {
 	return n
 }
 
-// rowsFor gives every feed rows for its new tokens, evicting saved
+// rowsFor gives every feed rows for its new tokens, after its sliding
+// rows the step neither reads nor keeps went back (trim), evicting saved
 // prefixes (least recently used first) when too few rows are free. A
 // step that needs more blocks than FreeBlocks, or more rows of the
 // sliding group than live sequences leave, fails with
@@ -312,18 +361,19 @@ func (m *model) FreeBlocks() int {
 // nothing. MLX thread only.
 func (m *model) rowsFor(feeds []feed) error {
 	need, scratch := 0, false
-	ts := make([]int, len(feeds))
-	for i, f := range feeds {
+	for _, f := range feeds {
 		at := len(f.seq.tokens)
 		need += m.info.BlocksFor(at+len(f.tokens)) - m.info.BlocksFor(at)
-		ts[i] = len(f.tokens)
 		scratch = scratch || m.seqs[f.id] != f.seq
 	}
-	if have := m.pool.available(); need > have || !m.pool.fits(ts, !scratch) {
+	if have := m.pool.available(); need > have || !m.pool.fits(feeds, !scratch) {
 		return fmt.Errorf("mlx: %s: KV cache has %d free blocks, the step needs %d: %w",
 			m.info.ID, have, need, engine.ErrOutOfMemory)
 	}
-	for !m.pool.fits(ts, false) && len(m.saved) > 0 {
+	for _, f := range feeds {
+		m.pool.trim(f.seq, len(f.tokens))
+	}
+	for !m.pool.fits(feeds, false) && len(m.saved) > 0 {
 		m.evictOldest() // saved prefixes hold the missing rows
 	}
 	for _, f := range feeds {

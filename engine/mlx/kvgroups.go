@@ -92,11 +92,13 @@ func (l *kvLayout) place(layers int) {
 // sliding reports whether the last group slides.
 func (l *kvLayout) sliding() bool { return l.slides[len(l.slides)-1] }
 
-// windowBlocks is the most rows a live sequence is charged in the
-// sliding group (engine.Info.WindowBlocks): the keep of the last step
-// and, while a step runs, the new positions it keeps (a step's first
-// queries read rows from before it while its last tokens take theirs).
-func (l *kvLayout) windowBlocks() int { return 2 * l.keep }
+// windowBlocks is the most rows a live sequence holds in the sliding
+// group (engine.Info.WindowBlocks), reached while a prompt chunk of at
+// least keep tokens runs: its first queries read the window-1 positions
+// before it while its last keep tokens take their rows. A step gives
+// back the rows it neither reads nor keeps before it takes new ones
+// (kvPool.trim), so a decode step holds no more than keep.
+func (l *kvLayout) windowBlocks() int { return l.window - 1 + l.keep }
 
 // keeps is how many of a step's t new positions group gi keeps.
 func (l *kvLayout) keeps(gi, t int) int {
@@ -108,12 +110,15 @@ func (l *kvLayout) keeps(gi, t int) int {
 
 // rows is the pool's rows in each group when the first has blocks rows:
 // a sliding group after a full one has rows for maxBatch+1 sequences'
-// windowBlocks (the batcher runs at most maxBatch), or blocks if fewer.
+// keep, or blocks if fewer. The batcher runs at most maxBatch sequences,
+// each holding keep rows between steps; the one more keep is room for a
+// prompt chunk's read window (window-1 rows, fewer than keep) while it
+// runs, or for scratch sequences.
 func (l *kvLayout) rows(blocks, maxBatch int) []int {
 	if len(l.groups) == 1 {
 		return []int{blocks}
 	}
-	return []int{blocks, min(blocks, (maxBatch+1)*l.windowBlocks())}
+	return []int{blocks, min(blocks, (maxBatch+1)*l.keep)}
 }
 
 // bytes is the memory of a pool of rows (per group) whose layers take

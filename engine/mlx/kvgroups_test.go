@@ -25,7 +25,7 @@ func TestSlidingLayout(t *testing.T) {
 	if len(l.groups) != 2 || len(l.groups[0]) != 8 || len(l.groups[1]) != 40 || l.slides[0] || !l.sliding() {
 		t.Fatalf("Gemma 3: groups of %d and %d layers, slides %v; want 8 full and 40 sliding", len(l.groups[0]), len(l.groups[len(l.groups)-1]), l.slides)
 	}
-	if l.keep != 1024-1+windowSlack || l.windowBlocks() != 2*l.keep {
+	if l.keep != 1024-1+windowSlack || l.windowBlocks() != 1024-1+l.keep {
 		t.Fatalf("keeps %d, charged %d", l.keep, l.windowBlocks())
 	}
 	if got := newKVLayout(c, 2000); len(got.groups) != 1 || got.sliding() {
@@ -54,10 +54,13 @@ func TestSlidingKVFootprint(t *testing.T) {
 	shared := l.bytes([]int{0, l.rows(1<<30, maxBatch)[1]}, rowBytes)
 	t.Logf("Gemma-3-12B-like, %d tokens: held %.2f GiB keeping every row (%d layer rows), %.2f GiB with the sliding group (%.3f of it)",
 		n, gib(before), n*c.Layers, gib(held), float64(held)/float64(before))
-	t.Logf("admission counts %.2f GiB a sequence (%.3f), beside one sliding pool of %.2f GiB for %d sequences' windows",
+	t.Logf("admission counts %.2f GiB a sequence (%.3f), beside one sliding pool of %.2f GiB for %d sequences' kept positions",
 		gib(charged), float64(charged)/float64(before), gib(shared), maxBatch+1)
 	if len(kept.groups) != 1 || float64(held) > float64(before)/5.5 {
 		t.Errorf("a 128k sequence holds %.3f of a full KV; want about a sixth", float64(held)/float64(before))
+	}
+	if want := l.bytes([]int{0, (maxBatch + 1) * l.keep}, rowBytes); shared != want {
+		t.Errorf("the sliding pool takes %.2f GiB at MaxBatch %d; want %.2f, %d sequences' kept positions", gib(shared), maxBatch, gib(want), maxBatch+1)
 	}
 }
 

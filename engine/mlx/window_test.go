@@ -17,7 +17,7 @@ import (
 // Sliding windows in the KV pool (kvgroups.go): every test compares the
 // pool with a sliding group against the pool that keeps every row
 // (keepWindows), on TinyFamily checkpoints whose windows are 16, so the
-// sliding group keeps 47 positions and is charged 94 rows at most.
+// sliding group keeps 47 positions and is charged 62 rows at most.
 
 // keepWindows is the option that keeps every row of sliding layers.
 func keepWindows(o *options) error {
@@ -151,7 +151,7 @@ func TestSlidingGroupsAdmitMore(t *testing.T) {
 		arch     string
 		edit     func(*testmodel.Config)
 		capacity int // the pool of the same memory: 808 tokens' rows kept
-	}{{"gemma3_text", gemma, 808*6 - 5*5*94}, {"mistral", nil, 808}} {
+	}{{"gemma3_text", gemma, 808*6 - 5*5*47}, {"mistral", nil, 808}} {
 		t.Run(tc.arch, func(t *testing.T) {
 			dir := windowDir(t, tc.arch, tc.edit)
 			ref := loadWindows(t, kept, dir, engine.ModelSpec{KVCapacity: 808, MaxBatch: 4}, false)
@@ -258,11 +258,63 @@ func TestSlidingGroupsRandomWorkloads(t *testing.T) {
 	randomWorkloads(t, newEngine(t), dir, ref)
 }
 
+// TestSlidingGroupsPeak: a step gives back the sliding rows it neither
+// reads nor keeps before it takes its own, so while it runs a sequence
+// holds the 47 positions the group keeps, or, in a chunk of 47 tokens or
+// more after the first, the window's 15 before it besides: never more
+// than WindowBlocks. The prompt goes in chunks of 60, 60, 9 and 71, then
+// decodes.
+func TestSlidingGroupsPeak(t *testing.T) {
+	m := loadWindows(t, newEngine(t), windowDir(t, "gemma3_text", nil), engine.ModelSpec{}, true)
+	lay := m.lay
+	p := refPrompt(7, 200)
+	if _, err := m.Open(context.Background(), 1, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free(1, "")
+	steps := []struct{ t, held int }{{60, 47}, {60, 62}, {9, 47}, {71, 62}, {1, 47}, {1, 47}, {1, 47}}
+	if lay.windowBlocks() != 62 {
+		t.Fatalf("WindowBlocks %d, want 62", lay.windowBlocks())
+	}
+	at, tok := 0, int32(0)
+	for _, st := range steps {
+		toks := []int32{tok}
+		if at < len(p) {
+			toks = p[at : at+st.t]
+		}
+		held := 0
+		err := m.call(func(*graph) error {
+			fs, _, err := m.feeds([]engine.StepInput{{Seq: 1, Tokens: toks}}, nil)
+			if err == nil {
+				err = m.rowsFor(fs)
+			}
+			if err != nil {
+				return err
+			}
+			rp := &m.pool.groups[len(m.pool.groups)-1]
+			held = len(rp.refs) - len(rp.free)
+			m.pool.drop(fs[0].seq, at) // the step below takes them again
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held != st.held {
+			t.Fatalf("%d tokens at %d: the sliding group holds %d rows while the step runs, want %d", len(toks), at, held, st.held)
+		}
+		if tok, err = feedOne(m, 1, toks, true); err != nil {
+			t.Fatal(err)
+		}
+		at += len(toks)
+	}
+}
+
 // TestSlidingGroupsWriteInPlace: MLX updates the pool's arrays of both
 // groups in place: a step's peak memory stays far below one array's
-// size.
+// size (the sliding group's rows for a batch of 64, so that a step's
+// other buffers stay well below a quarter of it).
 func TestSlidingGroupsWriteInPlace(t *testing.T) {
-	m := loadWindows(t, newEngine(t), windowDir(t, "gemma3_text", nil), engine.ModelSpec{KVCapacity: 100000}, true)
+	m := loadWindows(t, newEngine(t), windowDir(t, "gemma3_text", nil), engine.ModelSpec{KVCapacity: 100000, MaxBatch: 64}, true)
 	c := m.cfg
 	array := uint64(2*m.rows[1]*c.KVHeads*c.HeadDim) * 4
 	p := refPrompt(6, 60)
