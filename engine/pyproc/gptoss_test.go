@@ -2,10 +2,7 @@ package pyproc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -61,7 +58,7 @@ func TestHostileMXFP4(t *testing.T) {
 			case h.old != "":
 				renameTensors(t, dir, h.old, h.new)
 			case h.quant != nil:
-				editQuantConfig(t, dir, "quant_method", h.quant)
+				editConfig(t, dir, "quantization_config", map[string]any{"quant_method": h.quant})
 			case h.arch != "":
 				editConfig(t, dir, "model_type", h.arch)
 			}
@@ -76,25 +73,4 @@ func TestHostileMXFP4(t *testing.T) {
 	}
 	m := load(t, e, tiny(t))
 	generate(t, m, 1, prompt(1, 5), 3)
-}
-
-// editQuantConfig sets config.json's quantization_config[key] in dir.
-func editQuantConfig(t *testing.T, dir, key string, v any) {
-	t.Helper()
-	path := filepath.Join(dir, "config.json")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var c map[string]any
-	if err := json.Unmarshal(raw, &c); err != nil {
-		t.Fatal(err)
-	}
-	c["quantization_config"].(map[string]any)[key] = v
-	if raw, err = json.Marshal(c); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -68,7 +68,11 @@ def _experts(get, ck, name, shape, device, dtype):
     scales = ck.raw(name + "_scales", (E, n_out, G), device)
     if bool((scales == 255).any()):  # E8M0's NaN
         raise CheckpointError(ck.file_of(name + "_scales"), "holds a NaN scale (255)", name + "_scales")
-    w = dequantize(blocks, scales, dtype)
+    # One expert at a time: the float32 values of a whole tensor of
+    # gpt-oss-120b would be gigabytes.
+    w = torch.empty(E, n_in, n_out, device=device, dtype=dtype)
+    for x in range(E):
+        w[x] = dequantize(blocks[x : x + 1], scales[x : x + 1], dtype)[0]
     if not bool(torch.isfinite(w).all()):
         raise CheckpointError(ck.file_of(name + "_scales"), "scales overflow %s" % str(dtype).replace("torch.", ""),
                               name + "_scales")
