@@ -21,6 +21,9 @@ type family struct {
 	layer func(c Config, i int, p string, ts []tensorSpec) []tensorSpec
 	// prefix is where the language model's weights live ("model.").
 	prefix string
+	// torchOnly marks a family only the torch engine serves so far:
+	// TorchArchs lists it, Archs does not.
+	torchOnly bool
 }
 
 var families = map[string]family{
@@ -40,13 +43,25 @@ var families = map[string]family{
 		prefix: "language_model.model."},
 	"phi3":  {class: "Phi3ForCausalLM", modelType: "phi3", config: phi3Config, layer: phi3Layer, prefix: "model."},
 	"olmo2": {class: "Olmo2ForCausalLM", modelType: "olmo2", config: olmo2Config, layer: olmo2Layer, prefix: "model."},
+	"gpt_oss": {class: "GptOssForCausalLM", modelType: "gpt_oss", config: gptOssConfig, layer: gptOssLayer, prefix: "model.",
+		torchOnly: true},
 }
 
-// Archs lists the architectures Write can produce, sorted.
-func Archs() []string {
+// Archs lists the decoder architectures every engine serves, sorted;
+// Write also produces TorchArchs.
+func Archs() []string { return archs(false) }
+
+// TorchArchs lists every decoder architecture Write can produce, sorted:
+// Archs and those only the torch engine (engine/pyproc) serves so far
+// (gpt_oss).
+func TorchArchs() []string { return archs(true) }
+
+func archs(torchOnly bool) []string {
 	out := make([]string, 0, len(families))
-	for a := range families {
-		out = append(out, a)
+	for a, f := range families {
+		if torchOnly || !f.torchOnly {
+			out = append(out, a)
+		}
 	}
 	sort.Strings(out)
 	return out

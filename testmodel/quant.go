@@ -71,6 +71,14 @@ const (
 	// QuantGPTQActOrder's, in the same order, and weight_g_idx I32 [in]
 	// holds each input's group; weight_packed stays in input order.
 	QuantW4A16ActOrder = "w4a16-actorder"
+	// QuantMXFP4 is gpt_oss's published layout (quant_method "mxfp4"):
+	// the experts' gate_up_proj and down_proj as _blocks U8 [E, out,
+	// in/32, 16] (two FP4 E2M1 values a byte, the even one in the low
+	// nibble) and _scales U8 [E, out, in/32] (a power of two per 32
+	// inputs, exponent + 127); everything else, expert biases included,
+	// in DType. For gpt_oss only; hidden and intermediate sizes a
+	// multiple of 32.
+	QuantMXFP4 = "mxfp4"
 )
 
 // QuantGroup is the group (and FP8 block) size of every quantized layout.
@@ -83,7 +91,7 @@ func Quants() []string { return []string{QuantFP8Block, QuantFP8Channel, QuantAW
 // AllQuants lists every quantized layout Write can produce: Quants and
 // GPTQ with act order, GPTQ v2, compressed-tensors W4A16 symmetric,
 // asymmetric and with act order (which the MLX engine loads and the
-// torch engine refuses).
+// torch engine refuses). QuantMXFP4, gpt_oss's alone, is not among them.
 func AllQuants() []string {
 	return append(Quants(), QuantGPTQActOrder, QuantGPTQv2, QuantW4A16, QuantW4A16Asym, QuantW4A16ActOrder)
 }
@@ -112,11 +120,14 @@ func (f fileTensor) bytes() int {
 	return n
 }
 
-var stDTypeSize = map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I32": 4, "I64": 8}
+var stDTypeSize = map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I32": 4, "I64": 8, "U8": 1}
 
 // quantized reports whether the layout quantizes weight t: the decoder
 // layers' projections, not routers, norms, embeddings or the head.
 func (c Config) quantized(t tensorSpec) bool {
+	if c.Quant == QuantMXFP4 {
+		return isMXFP4Expert(t)
+	}
 	if c.Quant == "" || len(t.shape) != 2 || !strings.Contains(t.name, "layers.") {
 		return false
 	}
@@ -143,6 +154,11 @@ func (c Config) int4() bool {
 func (c Config) fileTensors(t tensorSpec) []fileTensor {
 	if !c.quantized(t) {
 		return []fileTensor{{t.name, dtypeNames[c.DType], t.shape}}
+	}
+	if c.Quant == QuantMXFP4 { // [E, in, out] by blocks of 32 inputs
+		e, in, out := t.shape[0], t.shape[1], t.shape[2]
+		return []fileTensor{{t.name + "_blocks", "U8", []int{e, out, in / mxfp4Block, mxfp4Block / 2}},
+			{t.name + "_scales", "U8", []int{e, out, in / mxfp4Block}}}
 	}
 	out, in := t.shape[0], t.shape[1]
 	base := strings.TrimSuffix(t.name, ".weight")
@@ -175,8 +191,11 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // checkQuant checks the layout can store every quantized weight.
 func (c Config) checkQuant(ts []tensorSpec) error {
+	if err := c.checkGptOss(); err != nil {
+		return err
+	}
 	switch {
-	case c.Quant == "", c.Quant == QuantFP8Block, c.Quant == QuantFP8Channel:
+	case c.Quant == "", c.Quant == QuantMXFP4, c.Quant == QuantFP8Block, c.Quant == QuantFP8Channel:
 		return nil
 	case !c.int4():
 		return fmt.Errorf("%w: quant %q: want one of %v", ErrInvalidConfig, c.Quant, AllQuants())
@@ -193,6 +212,9 @@ func (c Config) checkQuant(ts []tensorSpec) error {
 // quantizationConfig is config.json's quantization_config for the layout.
 func quantizationConfig(c Config) map[string]any {
 	switch c.Quant {
+	case QuantMXFP4: // as OpenAI publishes gpt-oss
+		return map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []string{
+			"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}
 	case QuantFP8Block:
 		return map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
 			"weight_block_size": []int{QuantGroup, QuantGroup}}
@@ -253,6 +275,9 @@ func compressedTensors(c Config, format string, weights, inputs map[string]any) 
 // already rounded to DType) in the layout's tensors, in fileTensors'
 // order.
 func (c Config) quantize(t tensorSpec, w []float32) []byte {
+	if c.Quant == QuantMXFP4 {
+		return mxfp4(w, t.shape)
+	}
 	out, in := t.shape[0], t.shape[1]
 	switch c.Quant {
 	case QuantFP8Block:

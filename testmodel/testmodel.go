@@ -40,7 +40,9 @@ type Config struct {
 	// and "mixtral" (mixtures of experts), "gemma2", "gemma3_text",
 	// "gemma3" (the multimodal checkpoint: text_config and
 	// language_model.model. weights), "phi3" (fused projections, partial
-	// rotary) or "olmo2" (post-norms, whole-width QK norm). Archs lists them.
+	// rotary), "olmo2" (post-norms, whole-width QK norm) or "gpt_oss"
+	// (biased attention with sinks, experts with biases and a clamped
+	// SwiGLU; the torch engine's only, so far). TorchArchs lists them.
 	// The encoders (EncoderArchs) are "bert" (BertModel: post-norm,
 	// absolute positions, a WordPiece tokenizer) and "modernbert"
 	// (ModernBertModel: pre-norm, rotary, alternating global and local
@@ -119,6 +121,9 @@ type Config struct {
 	SparseStep int
 	// DenseLayers is qwen3_moe's mlp_only_layers.
 	DenseLayers []int
+	// SwiGLULimit is gpt_oss's swiglu_limit: the experts' gate is
+	// clamped to at most it and up to ±it. Zero means 7, gpt-oss's.
+	SwiGLULimit float64
 
 	// TransformersV5 writes config.json as transformers 5 saves it, not
 	// as the published checkpoints have it: rope_parameters (keyed by
@@ -304,7 +309,9 @@ func Shapes() map[string]func() Config {
 // the family's own paths: sliding windows of 16 positions (every other
 // layer global for Gemma 3), 4 experts with 2 active, heads of 32 for the
 // families whose head_dim is not Hidden/Heads, half of each head rotated
-// and longrope for phi3. Seed differs per family. The Gemma families keep
+// and longrope for phi3, gpt_oss as published in miniature (4 layers
+// alternating, heads of 64, yarn over 64 original positions, truncate
+// false, a SwiGLU limit of 1.5 the gates cross). Seed differs per family. The Gemma families keep
 // an untied head: with random weights a tied one mostly repeats the last
 // token, and greedy tokens would then prove little. The encoders have
 // KVHeads equal to Heads; modernbert has 3 layers, global ones at 0 and
@@ -333,6 +340,10 @@ func TinyFamily(arch string) Config {
 		c.KVHeads = c.Heads
 	case "modernbert":
 		c.KVHeads, c.Layers, c.SlidingWindow, c.SlidingPattern, c.RopeTheta = c.Heads, 3, 16, 2, 160000
+	case "gpt_oss":
+		c.HeadSize, c.Layers, c.SlidingWindow, c.RopeTheta = 64, 4, 16, 150000
+		c.Yarn = &Yarn{Factor: 8, OriginalMaxPositionEmbeddings: 64, BetaFast: 32, BetaSlow: 1, NoTruncate: true}
+		c.SwiGLULimit = 1.5 // within the gates' spread, so the clamp acts
 	}
 	return c
 }
@@ -371,7 +382,7 @@ func (c Config) check() error {
 	}
 	switch {
 	case families[c.Arch].class == "" && !IsEncoder(c.Arch):
-		return bad("arch %q: want one of %v or %v", c.Arch, Archs(), EncoderArchs())
+		return bad("arch %q: want one of %v or %v", c.Arch, TorchArchs(), EncoderArchs())
 	case IsEncoder(c.Arch) && c.KVHeads != c.Heads:
 		return bad("%s: kv heads %d, want heads (%d)", c.Arch, c.KVHeads, c.Heads)
 	case c.Arch == "bert" && c.Vocab < minWordPieceVocab:
@@ -436,7 +447,9 @@ func (c Config) rotaryDim() int {
 	return c.HeadDim()
 }
 
-func (c Config) isMoE() bool { return c.Arch == "qwen3_moe" || c.Arch == "mixtral" }
+func (c Config) isMoE() bool {
+	return c.Arch == "qwen3_moe" || c.Arch == "mixtral" || c.Arch == "gpt_oss"
+}
 
 // fillFamilyDefaults sets the zero fields a family needs.
 func (c *Config) fillFamilyDefaults() {

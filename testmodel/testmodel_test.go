@@ -353,11 +353,12 @@ func TestFamilies(t *testing.T) {
 		"gemma3":      {"language_model.model.embed_tokens.weight", "language_model.model.layers.0.self_attn.k_norm.weight"},
 		"phi3":        {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"},
 		"olmo2":       {"model.layers.0.post_feedforward_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"},
+		"gpt_oss":     {"model.layers.0.self_attn.sinks", "model.layers.3.mlp.experts.gate_up_proj", "model.layers.1.mlp.router.bias"},
 	}
-	if len(own) != len(Archs()) {
-		t.Fatalf("test covers %d families, Archs lists %v", len(own), Archs())
+	if len(own) != len(TorchArchs()) {
+		t.Fatalf("test covers %d families, TorchArchs lists %v", len(own), TorchArchs())
 	}
-	for _, arch := range Archs() {
+	for _, arch := range TorchArchs() {
 		t.Run(arch, func(t *testing.T) {
 			dir := t.TempDir()
 			c := TinyFamily(arch)
@@ -391,6 +392,9 @@ func TestFamilies(t *testing.T) {
 		{Arch: "gemma3", HeadSize: -2},
 		{Arch: "phi3", PartialRotary: 1.5},
 		{Arch: "gpt2"},
+		{Arch: "gpt_oss", Quant: QuantFP8Block},
+		{Arch: "llama", Quant: QuantMXFP4},
+		{Arch: "gpt_oss", Quant: QuantMXFP4, Intermediate: 48},
 	} {
 		if err := Write(t.TempDir(), c); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%+v: got %v, want ErrInvalidConfig", c, err)

@@ -105,7 +105,7 @@ func TestUnsupportedArchitecture(t *testing.T) {
 	if err == nil {
 		t.Fatal("gpt_neox loaded")
 	}
-	for _, arch := range testmodel.Archs() {
+	for _, arch := range testmodel.TorchArchs() {
 		if !strings.Contains(err.Error(), arch) {
 			t.Errorf("%v: does not list %s", err, arch)
 		}

@@ -21,7 +21,8 @@ import (
 // plain float64 forward pass without caches, on each architecture the
 // runtime supports (testmodel.TinyFamily of every family, whose sliding
 // windows of 16 the 70-token prompt crosses, llama with llama3 rope
-// scaling and a tied head, and enginetest.YarnConfigs): the greedy
+// scaling and a tied head, enginetest.YarnConfigs, and gpt_oss with its
+// experts in MXFP4 as published and dequantized): the greedy
 // tokens must agree wherever the reference's top two logits are not a
 // near tie, and log-probabilities within 1e-4.
 func TestMatchesReference(t *testing.T) {
@@ -36,11 +37,16 @@ func TestMatchesReference(t *testing.T) {
 	for name, cfg := range enginetest.YarnConfigs() {
 		cases[name] = cfg
 	}
-	for _, arch := range testmodel.Archs() {
+	for _, arch := range testmodel.TorchArchs() {
 		if referenceArchs[arch] {
 			cases[arch] = testmodel.TinyFamily(arch)
 		}
 	}
+	// gpt_oss as OpenAI publishes it: the experts in MXFP4 (TinyFamily
+	// writes them dequantized, as float tensors).
+	oss := testmodel.TinyFamily("gpt_oss")
+	oss.Quant = testmodel.QuantMXFP4
+	cases["gpt_oss-mxfp4"] = oss
 	// gemma3 as transformers 4.52 and later write it: the language model
 	// under model.language_model.
 	cases["gemma3-newer"] = testmodel.TinyFamily("gemma3")
@@ -102,7 +108,7 @@ func TestMatchesReference(t *testing.T) {
 func TestTransformersV5Config(t *testing.T) {
 	python(t)
 	e := newEngine(t)
-	for _, arch := range []string{"gemma3_text", "gemma3", "qwen3_moe", "phi3", "llama"} {
+	for _, arch := range []string{"gemma3_text", "gemma3", "qwen3_moe", "phi3", "llama", "gpt_oss"} {
 		t.Run(arch, func(t *testing.T) {
 			var got [2][]float32
 			for i, v5 := range []bool{false, true} {
@@ -130,7 +136,7 @@ func TestTransformersV5Config(t *testing.T) {
 }
 
 // referenceArchs are the families TestMatchesReference runs.
-var referenceArchs = map[string]bool{"llama": true, "mistral": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "phi3": true, "olmo2": true}
+var referenceArchs = map[string]bool{"llama": true, "mistral": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "phi3": true, "olmo2": true, "gpt_oss": true}
 
 // renameTensors replaces old with new (of the same length) in the names of
 // dir's model.safetensors, leaving the offsets as they are.

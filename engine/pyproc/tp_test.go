@@ -160,6 +160,7 @@ func TestTensorParallelRefuses(t *testing.T) {
 	}{
 		{"odd heads", odd, "number of attention heads (3) is not a multiple of 2"},
 		{"moe", testmodel.TinyFamily("qwen3_moe"), "mixture-of-experts"},
+		{"gpt_oss", testmodel.TinyFamily("gpt_oss"), "mixture-of-experts"},
 		{"phi3", testmodel.TinyFamily("phi3"), "fused projections"},
 		{"olmo2", testmodel.TinyFamily("olmo2"), "QK norm over the whole projection"},
 		{"fp8", fp8, "quantized weights"},

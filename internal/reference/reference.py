@@ -50,6 +50,9 @@ def load(path):
         elif e["dtype"] == "I32":
             out[name] = torch.frombuffer(chunk, dtype=torch.int32).reshape(e["shape"]).long() & 0xFFFFFFFF
             continue
+        elif e["dtype"] == "U8":
+            out[name] = torch.frombuffer(chunk, dtype=torch.uint8).reshape(e["shape"]).long()
+            continue
         elif e["dtype"] == "I64":
             out[name] = torch.frombuffer(chunk, dtype=torch.int64).reshape(e["shape"])
             continue
@@ -59,6 +62,24 @@ def load(path):
             t = torch.frombuffer(chunk, dtype=torch.float16)
         out[name] = t.reshape(e["shape"]).double()
     return out
+
+
+# The FP4 (E2M1) value of each code: bit 3 the sign, then 2 exponent bits
+# and 1 mantissa bit.
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4(blocks, scales):
+    """gpt_oss's MXFP4 expert tensor from its _blocks [E, rows, G, 16]
+    (bytes: the low nibble is value 2j of the block, the high one 2j + 1)
+    and _scales [E, rows, G] (E8M0: 2^(byte - 127) for each block of 32):
+    [E, G * 32, rows], the [E, in, out] layout gate_up_proj and down_proj
+    have in the dequantized checkpoints."""
+    lut = torch.tensor(FP4, dtype=torch.float64)
+    vals = torch.stack([lut[blocks & 15], lut[blocks >> 4]], dim=-1).flatten(-2)  # [E, rows, G, 32]
+    vals = vals * torch.pow(2.0, (scales - 127).double()).unsqueeze(-1)
+    E, rows = blocks.shape[0], blocks.shape[1]
+    return vals.reshape(E, rows, -1).transpose(1, 2).contiguous()
 
 
 def nibbles(packed, order):
@@ -77,11 +98,17 @@ def dequantize(w, q):
     stored zero; each input in its g_idx group, act order's included) or
     compressed-tensors pack-quantized int4 (weight_packed holding q + 8,
     weight_scale per group, weight_zero_point packed along the output
-    holding zp + 8, or zero when symmetric; w = (q - zp) * scale)."""
+    holding zp + 8, or zero when symmetric; w = (q - zp) * scale) or
+    gpt_oss's MXFP4 experts (name_blocks and name_scales, see mxfp4)."""
     method = (q or {}).get("quant_method")
     out = {}
     for name, t in w.items():
-        if name.endswith(".weight_packed"):
+        if name.endswith("_blocks"):  # quant_method mxfp4 (gpt_oss's experts)
+            base = name[: -len("_blocks")]
+            out[base] = mxfp4(t, w[base + "_scales"])
+        elif name.endswith("_scales") and name[: -len("_scales")] + "_blocks" in w:
+            continue
+        elif name.endswith(".weight_packed"):
             base = name[: -len("_packed")]
             rows, cols = (int(x) for x in w[base + "_shape"].tolist())
             iw = nibbles(t, range(8))[:, :cols] - 8  # [out, in], signed
@@ -277,7 +304,30 @@ def hidden(w, c, ids):
                 out[t] += top[t, s] * ((g * torch.sigmoid(g) * u) @ w[e + names[2]].T)
         return out
 
+    def gpt_oss_experts(h, p):
+        """GptOssMLP: top-k of the router's logits (with its bias),
+        softmax over those k; each chosen expert's gate and up are the
+        even and odd columns of gate_up_proj (plus bias), gate clamped
+        to at most swiglu_limit and up to +-swiglu_limit, out = ((up + 1)
+        * gate * sigmoid(1.702 gate)) @ down_proj + its bias."""
+        limit = c.get("swiglu_limit", 7.0)
+        logits = h @ w[p + "router.weight"].T + w[p + "router.bias"]
+        top, idx = torch.topk(logits, c["num_experts_per_tok"], dim=-1)
+        top = torch.softmax(top, -1)
+        e = p + "experts."
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for s in range(top.shape[1]):
+                j = int(idx[t, s])
+                gu = h[t] @ w[e + "gate_up_proj"][j] + w[e + "gate_up_proj_bias"][j]
+                g, u = gu[::2].clamp(max=limit), gu[1::2].clamp(-limit, limit)
+                y = ((u + 1) * (g * torch.sigmoid(1.702 * g))) @ w[e + "down_proj"][j] + w[e + "down_proj_bias"][j]
+                out[t] += top[t, s] * y
+        return out
+
     def mlp(h, p, i):
+        if arch == "gpt_oss":
+            return gpt_oss_experts(h, p + "mlp.")
         if arch == "mixtral":
             return experts(h, p + "block_sparse_moe.", ("w1.weight", "w3.weight", "w2.weight"), True)
         if arch == "qwen3_moe" and i not in c.get("mlp_only_layers", []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0:
@@ -319,8 +369,14 @@ def hidden(w, c, ids):
             if cap:
                 s = torch.tanh(s / cap) * cap
             s = s.masked_fill(~allowed, float("-inf"))
-            heads.append(torch.softmax(s, -1) @ v[hk])
-        return torch.cat(heads, -1) @ w[a + "o_proj.weight"].T
+            if a + "sinks" in w:  # gpt_oss: a learned logit column each row's softmax includes, then drops
+                sink = w[a + "sinks"][hq].expand(T, 1)
+                p_ = torch.softmax(torch.cat([s, sink], -1), -1)[:, :-1]
+            else:
+                p_ = torch.softmax(s, -1)
+            heads.append(p_ @ v[hk])
+        o = torch.cat(heads, -1) @ w[a + "o_proj.weight"].T
+        return o + w[a + "o_proj.bias"] if a + "o_proj.bias" in w else o
 
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
     if gemma:

@@ -21,7 +21,7 @@ func TestGreedy(t *testing.T) {
 		}
 		t.Skip("MLXSERVING_PYTHON is not set (scripts/setup.d/30-python.sh installs python3-torch)")
 	}
-	for _, arch := range testmodel.Archs() {
+	for _, arch := range testmodel.TorchArchs() {
 		dir := t.TempDir()
 		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
 			t.Fatal(err)

@@ -26,9 +26,13 @@ class Family:
       (the whole q and k projections, before the head split).
     attn: "split" (q_proj, k_proj, v_proj) or "fused" (qkv_proj).
     mlp: "split" (gate_proj, up_proj), "fused" (gate_up_proj), or a mixture
-      of experts: "qwen3_moe" or "mixtral" (moe.py).
-    act: "silu" or "gelu_tanh".
+      of experts: "qwen3_moe" or "mixtral" (moe.py), "gpt_oss" (gptoss.py).
+    act: "silu", "gelu_tanh" or "clamped_glu" (gpt_oss's experts).
     bias: q, k and v biases always (Qwen2); else attention_bias decides.
+    o_bias: o_proj has a bias too (gpt_oss).
+    sinks: a learned attention sink per head, self_attn.sinks (gpt_oss):
+      the plain torch attention runs (no SDPA, flash or Triton kernel
+      takes one).
     sliding: which layers slide when sliding_window is set and the config
       has no layer_types: "all", "gemma2" (even layers), "gemma3"
       (sliding_window_pattern), "qwen" (use_sliding_window and
@@ -38,9 +42,10 @@ class Family:
     """
 
     def __init__(self, norm="llama", layout="pre", qk_norm=None, attn="split", mlp="split", act="silu", bias=False,
-                 sliding=None, gemma=False, defaults=None):
+                 sliding=None, gemma=False, defaults=None, o_bias=False, sinks=False):
         self.norm, self.layout, self.qk_norm, self.attn, self.mlp, self.act = norm, layout, qk_norm, attn, mlp, act
         self.bias, self.sliding, self.gemma, self.defaults = bias, sliding, gemma, defaults or {}
+        self.o_bias, self.sinks = o_bias, sinks
 
 
 # Gemma3TextConfig's defaults: Google's gemma3 configs give only a few
@@ -50,6 +55,12 @@ GEMMA3_DEFAULTS = {
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
     "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6, "tie_word_embeddings": True,
+}
+
+# GptOssConfig's defaults (gpt-oss-20b's values).
+GPT_OSS_DEFAULTS = {
+    "head_dim": 64, "sliding_window": 128, "rope_theta": 150000.0, "swiglu_limit": 7.0, "num_experts_per_tok": 4,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
 }
 
 ARCHS = {
@@ -64,6 +75,9 @@ ARCHS = {
                           gemma=True, defaults=GEMMA3_DEFAULTS),
     "phi3": Family(attn="fused", mlp="fused", sliding="all"),
     "olmo2": Family(norm="olmo2", layout="post", qk_norm="whole"),
+    # Without layer_types gpt_oss alternates from a sliding first layer.
+    "gpt_oss": Family(norm="olmo2", mlp="gpt_oss", act="clamped_glu", bias=True, o_bias=True, sinks=True,
+                      sliding="gemma2", defaults=GPT_OSS_DEFAULTS),
 }
 # Bidirectional encoders (the BERT family): they only embed, and have
 # their own config reading and forward pass (encoder.py, served by
@@ -117,6 +131,13 @@ class Config:
                 raise CheckpointError("config.json", "%s %d is beyond any supported model (limit %d)" % (field, getattr(self, field), limit))
         self.bos, self.eos = _special_ids(directory, top if wrapped else c)
         self.quant = quant.scheme(top)  # None for a float checkpoint
+        # gpt_oss's MXFP4 experts dequantize at load (gptoss.py): the
+        # model is served as a float one.
+        self.mxfp4 = self.quant is not None and self.quant.kind == "mxfp4"
+        if self.mxfp4:
+            if arch != "gpt_oss":
+                raise CheckpointError("config.json", "quant_method mxfp4 is gpt_oss's layout, not %s's" % arch)
+            self.quant = None
 
     def _read(self, c, top, fam):
         self.hidden = int(c["hidden_size"])
@@ -159,11 +180,15 @@ class Config:
             step = int(c.get("decoder_sparse_step") or 1)
             dense = set(int(i) for i in c.get("mlp_only_layers") or [])
             self.sparse = [i not in dense and (i + 1) % step == 0 for i in range(self.layers)]
-        elif fam.mlp == "mixtral":
+        elif fam.mlp in ("mixtral", "gpt_oss"):
             self.experts = int(c["num_local_experts"])
             self.moe_intermediate = self.intermediate
-            self.norm_topk = True
+            self.norm_topk = fam.mlp == "mixtral"  # gpt_oss: a softmax over the top k logits (gptoss.route)
             self.sparse = [True] * self.layers
+        # gpt_oss's experts clamp gate to at most this and up to +-this.
+        self.swiglu_limit = float(c["swiglu_limit"]) if fam.mlp == "gpt_oss" else 0.0
+        if fam.mlp == "gpt_oss" and not self.swiglu_limit > 0:
+            raise ValueError("swiglu_limit %r must be positive" % self.swiglu_limit)
         if self.experts:
             self.top_k = int(c["num_experts_per_tok"])
             if not 0 < self.top_k <= self.experts or self.moe_intermediate <= 0:

@@ -6,8 +6,8 @@ the norms where the family puts them (before, around or after attention
 and the MLP), rotary embeddings (full or partial, one table per layer
 kind: Gemma 3's local and global bases, Phi-3's longrope), QK norm per head
 or over the whole projection, grouped-query attention with sliding
-windows, Gemma's scale and soft-capping, SwiGLU or GELU-tanh MLPs and
-mixtures of experts (moe.py). Tokens of a step are packed into one
+windows and attention sinks (gpt_oss: gptoss.py), Gemma's scale and
+soft-capping, SwiGLU or GELU-tanh MLPs and mixtures of experts (moe.py). Tokens of a step are packed into one
 [N, hidden] matrix for the projections and the MLP; attention runs per
 group: all one-token sequences together, each multi-token chunk on its
 own, reading KV through block tables (paged.py).
@@ -29,7 +29,7 @@ except ImportError:
     causal_lower_right = None
 
 from ..settings import Settings
-from . import gemma, kvcache, moe, phi3, quant, rope
+from . import gemma, gptoss, kvcache, moe, phi3, quant, rope
 from .st import Checkpoint
 
 log = logging.getLogger("decoder")
@@ -70,10 +70,12 @@ class Decoder:
         get, self.lin = qz.get, qz.linear
         if tp is not None:  # the rank's slices of the split projections
             get = self.lin = tp.loader(ck, device, dtype)
+        self.ck = ck  # for load_layer's MXFP4 experts (gptoss.py); dropped after loading
         prefix = next((p for p in PREFIXES if ck.has(p + "embed_tokens.weight")), PREFIXES[0])
         self.embed = get(prefix + "embed_tokens.weight", (cfg.vocab, h))
         self.embed_scale = gemma.embed_scale(cfg, device, dtype)
         self.layers = [self.load_layer(get, prefix + "layers.%d." % i, i) for i in range(cfg.layers)]
+        self.ck = None
         self.norm = get(prefix + "norm.weight", (h,))
         heads = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if ck.has(n)]
         self.lm_head = self.embed if cfg.tie or not heads else get(heads[0], (cfg.vocab, h))
@@ -98,10 +100,12 @@ class Decoder:
         self.cos, self.sin = self.tabs[0]
         self.norm_kind = fam.norm
         fast = device.type == "cuda"
-        # Soft-capped attention scores (Gemma 2) are beyond SDPA, flash and
-        # the Triton decode kernel: such a model attends with the plain
-        # torch code throughout.
-        capped = cfg.attn_softcap > 0
+        # Soft-capped attention scores (Gemma 2) and attention sinks
+        # (gpt_oss) are beyond SDPA, flash and the Triton kernels: such a
+        # model attends with the plain torch code throughout, and so runs
+        # no varlen prompt attention, prompt-step graphs (prefill.py) or
+        # kernel decode chain.
+        capped = cfg.attn_softcap > 0 or fam.sinks
         self.sdpa = fast and not capped and _sdpa_gqa()
         if self.sdpa and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
             # cuDNN's attention builds an execution plan for every new query
@@ -123,7 +127,9 @@ class Decoder:
         # CUDA graphs need a step without host syncs: the experts' loop
         # fallback counts tokens on the host, and the grouped GEMM must
         # capture too (moe.Experts.capturable).
-        self.graphable = self.moe is None or self.moe.capturable
+        # gpt_oss's decode steps run eagerly: its plain torch attention
+        # with sinks has not been checked under CUDA graph capture.
+        self.graphable = (self.moe is None or self.moe.capturable) and not fam.sinks
         # The step's LoRA adapters (lora.Plan or lora.DensePlan), set by
         # the backend around a forward pass whose rows run adapters; None:
         # the base alone.
@@ -147,6 +153,10 @@ class Decoder:
                 L["qkv_b"] = torch.cat([get(a + "q_proj.bias", (H * hd,)), get(a + "k_proj.bias", (K * hd,)),
                                         get(a + "v_proj.bias", (K * hd,))])
         L["o"] = self.lin(a + "o_proj.weight", (h, H * hd))
+        if fam.o_bias:
+            L["o_b"] = get(a + "o_proj.bias", (h,))
+        if fam.sinks:  # per query head, as [kv_heads, heads per kv head, 1, 1] (attend's grouping)
+            L["sinks"] = get(a + "sinks", (H,)).view(K, H // K, 1, 1)
         if fam.qk_norm == "head":  # each head of q and k, before the rotary embedding
             L["q_norm"] = get(a + "q_norm.weight", (hd,))
             L["k_norm"] = get(a + "k_norm.weight", (hd,))
@@ -154,7 +164,7 @@ class Decoder:
             L["q_norm"] = get(a + "q_norm.weight", (H * hd,))
             L["k_norm"] = get(a + "k_norm.weight", (K * hd,))
         if cfg.experts and cfg.sparse[i]:
-            L.update(moe.load(get, cfg, p))
+            L.update(gptoss.load(get, self.ck, cfg, p, self.device, self.dtype) if fam.mlp == "gpt_oss" else moe.load(get, cfg, p))
         elif fam.mlp == "fused":
             L["gate_up"] = phi3.gate_up(get, cfg, p + "mlp.")
             L["down"] = get(p + "mlp.down_proj.weight", (h, cfg.intermediate))
@@ -253,6 +263,8 @@ class Decoder:
 
     def act_mul(self, gu):
         """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
+        if self.cfg.family.act == "clamped_glu":
+            return gptoss.act_mul(gu, self.cfg.swiglu_limit)
         if self.cfg.family.act == "gelu_tanh":
             g, u = gu.chunk(2, dim=-1)
             return F.gelu(g, approximate="tanh") * u
@@ -393,7 +405,7 @@ class Decoder:
                 kk, vv, mask = self.decode_kv(kc, vc, kv, g, li, q.dtype)
                 qd = q[rows].view(B, K, rep, 1, hd)
                 s = self.scores(qd, kk.unsqueeze(2).transpose(-1, -2)) + mask
-                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv.unsqueeze(2))
+                o = torch.matmul(self.probs(s, li).to(q.dtype), vv.unsqueeze(2))
                 out[rows] = o.reshape(B, H * hd)
             else:
                 _, a, b, trow, p, blocks = g
@@ -405,9 +417,18 @@ class Decoder:
                 vv = self.chunk_kv(vc, blocks, L, vs).unsqueeze(1)
                 s = self.scores(qc, kk.transpose(-1, -2))
                 s = s.masked_fill(~_allowed(T, L, p, W, q.device), float("-inf"))
-                o = torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), vv)
+                o = torch.matmul(self.probs(s, li).to(q.dtype), vv)
                 out[a:b] = o.reshape(H, T, hd).transpose(0, 1).reshape(T, H * hd)
         return out
+
+    def probs(self, s, li):
+        """The attention weights of scores s [..., kv_heads, heads per kv
+        head, queries, keys] in float32: their softmax, with layer li's
+        sinks as one more column where it has them (gpt_oss)."""
+        sinks = self.layers[li].get("sinks")
+        if sinks is None:
+            return torch.softmax(s.float(), dim=-1)
+        return gptoss.softmax_sinks(s, sinks)
 
     def decode_kv(self, kc, vc, kv, g, li, dtype):
         """A decode group's keys and values gathered through layer li's

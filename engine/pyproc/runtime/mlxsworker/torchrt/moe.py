@@ -1,6 +1,8 @@
 """Mixtures of experts: Qwen3-MoE (mlp.gate, mlp.experts.j.gate_proj /
-up_proj / down_proj) and Mixtral (block_sparse_moe.gate,
-block_sparse_moe.experts.j.w1 (gate) / w3 (up) / w2 (down)).
+up_proj / down_proj), Mixtral (block_sparse_moe.gate,
+block_sparse_moe.experts.j.w1 (gate) / w3 (up) / w2 (down)) and gpt_oss
+(gptoss.py loads it: a router with a bias and its own top-k softmax,
+experts with biases; the activation is the decoder's act_mul).
 
 The router: p = softmax(gate(x)) in float32, the top k of p,
 renormalised to sum 1 where the family does (Mixtral always, Qwen3-MoE
@@ -9,7 +11,8 @@ sum_k p_k * expert_k(x), each expert a SwiGLU MLP. Which Qwen3-MoE layers
 are sparse (mlp_only_layers, decoder_sparse_step) is config.py's.
 
 The experts' weights are stacked, [E, 2 * inter, hidden] (gate then up)
-and [E, hidden, inter]. Tokens are sorted by expert; on CUDA one grouped
+and [E, hidden, inter], with biases [E, 2 * inter] and [E, hidden] where
+the family has them (gpt_oss). Tokens are sorted by expert; on CUDA one grouped
 GEMM (torch._grouped_mm, where this torch has it and it agrees with the
 loop below at load) runs every expert's rows at once, with no host sync.
 Elsewhere, and as the fallback, a loop over the experts that received
@@ -26,7 +29,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from . import graphs
+from . import gptoss, graphs
 
 log = logging.getLogger("moe")
 
@@ -60,6 +63,8 @@ class Experts:
 
     def route(self, h, L):
         """(weights [N, k] in h's dtype, experts [N, k])."""
+        if "router_b" in L:  # gpt_oss
+            return gptoss.route(h, L, self.k)
         p = torch.softmax(F.linear(h, L["router"]), dim=-1, dtype=torch.float32)
         w, idx = torch.topk(p, self.k, dim=-1)
         if self.renorm:
@@ -72,12 +77,17 @@ class Experts:
         order = torch.argsort(flat)
         tok = order // self.k  # the token of each sorted (token, choice)
         xs = h[tok]
+        gub, downb = L.get("experts_gu_b"), L.get("experts_down_b")
         if self.grouped if grouped is None else grouped:
             counts = torch.zeros(self.E, dtype=torch.int32, device=h.device)
             counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
             offs = counts.cumsum(0, dtype=torch.int32)
             gu = torch._grouped_mm(xs, L["experts_gu"].transpose(1, 2), offs=offs)
+            if gub is not None:  # each sorted row's expert's bias
+                gu = gu + gub[flat[order]]
             ys = torch._grouped_mm(act_mul(gu), L["experts_down"].transpose(1, 2), offs=offs)
+            if downb is not None:
+                ys = ys + downb[flat[order]]
         else:
             # The fallback: one product per expert that has tokens (the
             # counts come to the host).
@@ -86,7 +96,8 @@ class Experts:
             for e, c in enumerate(torch.bincount(flat, minlength=self.E).tolist()):
                 if c:
                     x = xs[at : at + c]
-                    ys[at : at + c] = F.linear(act_mul(F.linear(x, L["experts_gu"][e])), L["experts_down"][e])
+                    gu = F.linear(x, L["experts_gu"][e], None if gub is None else gub[e])
+                    ys[at : at + c] = F.linear(act_mul(gu), L["experts_down"][e], None if downb is None else downb[e])
                 at += c
         ys = ys * w.reshape(-1)[order].unsqueeze(1)
         # Back to (token, choice) order and a sum over the k choices: the

@@ -10,6 +10,8 @@ it and refuses what the engine cannot run, naming the field):
 - "compressed-tensors", format "float-quantized" (RedHatAI FP8 and
   FP8-dynamic): weight F8_E4M3, weight_scale per tensor ([1] or []),
   channel ([out, 1]) or block; activation scales are not used (see below).
+- "mxfp4" (gpt_oss's experts, gpt-oss-20b/120b): gptoss.py dequantizes
+  them at load; config.py then serves the model as a float one.
 - "awq" (AutoAWQ, version "gemm", 4 bits, zero_point): qweight I32 [in,
   out/8] and qzeros I32 [in/g, out/8] packed in AWQ's order (nibble i of
   word c holds column 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]), scales F16

@@ -9,7 +9,7 @@ GROUPS = (32, 64, 128)  # the int4 group sizes served
 
 
 class Scheme:
-    """A parsed quantization_config. kind: "fp8" or "int4"; method: the
+    """A parsed quantization_config. kind: "fp8", "int4" or "mxfp4"; method: the
     quant_method; block: FP8 (bn, bk) or None (scales per tensor or
     channel); group: int4 group size; zero_offset: added to GPTQ's stored
     zeros; asym: compressed-tensors int4 with weight_zero_point (false:
@@ -60,7 +60,9 @@ def scheme(top):
             raise _bad("pack_dtype", q.get("pack_dtype"), "int32")
         # desc_act either way: g_idx tells each input's group.
         return Scheme("int4", method, group=g, zero_offset=1 if fmt == "gptq" else 0)
-    raise _bad("quant_method", method, "fp8, compressed-tensors, awq or gptq")
+    if method == "mxfp4":  # gpt_oss's experts, dequantized at load (gptoss.py); config.py checks the family
+        return Scheme("mxfp4", method)
+    raise _bad("quant_method", method, "fp8, compressed-tensors, awq, gptq or mxfp4 (gpt_oss)")
 
 
 def _bad(field, got, want):

@@ -23,6 +23,8 @@ DTYPES = {
     # Float8 e4m3fn read as bytes: torch 1.13 has no float8 dtype, and the
     # quantized layouts (quant.py) convert them themselves.
     "F8_E4M3": (torch.uint8, torch.uint8, 1),
+    # Bytes: gpt_oss's MXFP4 blocks and scales (gptoss.py).
+    "U8": (torch.uint8, torch.uint8, 1),
 }
 
 
