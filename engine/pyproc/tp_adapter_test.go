@@ -1,13 +1,11 @@
 package pyproc
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
@@ -20,19 +18,8 @@ func tpAdapterScript(t *testing.T, m *Model, x, y string) [][]int32 {
 	t.Helper()
 	addAdapter(t, m, "x", x)
 	addAdapter(t, m, "y", y)
-	ctx := context.Background()
 	prompts := [][]int32{prompt(1, 19), prompt(1, 19), prompt(3, 33), prompt(4, 12), prompt(5, 26)}
-	adapters := []string{"x", "", "y", "x", ""}
-	fed := make([]int, len(prompts))
-	for i, p := range prompts {
-		r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", adapters[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		fed[i] = r
-		defer m.Free(engine.SeqID(i), "")
-	}
-	got := stepStaggered(t, m, prompts, fed, 8, 6)
+	got := stepAdapters(t, m, prompts, []string{"x", "", "y", "x", ""}, 8)
 	if slices.Equal(got[0], got[1]) {
 		t.Fatalf("adapter x decodes the base's tokens %v", got[1])
 	}
@@ -90,21 +77,6 @@ func TestTensorParallelAdapters(t *testing.T) {
 					t.Errorf("%s: tensor parallel 2 gave\n%v\nwant (tp 1)\n%v", arch, got, want[arch])
 				}
 			}
-		})
-	}
-}
-
-// TestTensorParallelAdapterConformance runs enginetest.RunAdapters on a
-// tensor-parallel-2 worker: adapters loaded at run time on every rank,
-// evicted and reloaded in one slot, pinned, removed and refused, their
-// tokens the merged checkpoints'.
-func TestTensorParallelAdapterConformance(t *testing.T) {
-	python(t)
-	e := newEngine(t, WithTensorParallel(2))
-	for _, arch := range []string{"llama", "qwen2"} {
-		t.Run(arch, func(t *testing.T) {
-			dir, cases, bad := enginetest.WriteAdapterFixture(t, testmodel.TinyFamily(arch))
-			enginetest.RunAdapters(t, e, dir, cases, bad)
 		})
 	}
 }
