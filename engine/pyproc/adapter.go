@@ -380,9 +380,11 @@ func (m *Model) adapterInfo(infos []*wireInfo) {
 			return
 		}
 	}
+	// A tensor-parallel worker reports one rank's bytes: every rank holds
+	// its share of each slot.
 	m.info.AdapterSlots, m.info.MaxAdapterRank = infos[0].AdapterSlots, infos[0].MaxAdapterRank
-	m.slotBytes = infos[0].AdapterSlotBytes
+	m.slotBytes = infos[0].AdapterSlotBytes * int64(max(1, infos[0].TP))
 	for _, w := range infos { // every worker holds slots of its own
-		m.info.AdapterBytes += w.AdapterBytes
+		m.info.AdapterBytes += w.AdapterBytes * int64(max(1, w.TP))
 	}
 }

@@ -108,7 +108,8 @@ func firstDiffAt(a, b []int32) int {
 // decode-graph paths (the graphs captured with the delta, split steps,
 // the dense delta) on the CPU, each capture's step run again at every
 // replay, against the eager path; captures made to fail leave their
-// steps eager with the same tokens.
+// steps eager with the same tokens; under tensor parallel 2 (gloo) each
+// rank's graphs and eager steps decode what one rank decodes.
 func TestAdapterGraphsEmulated(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")

@@ -187,21 +187,30 @@ func batchMix(t *testing.T, tu Tuning) {
 			t.Error(err)
 		}
 	}()
+	got := stepAdapters(t, m, prompts, adapters, n)
+	for i := range prompts {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("seq %d (adapter %q): batched %v, alone %v", i, adapters[i], got[i], want[i])
+		}
+	}
+}
+
+// stepAdapters opens prompts[i] as sequence i with adapters[i] (""
+// the base), runs them together in staggered steps (stepStaggered,
+// chunks of 6) for n greedy tokens each, frees them and returns their
+// tokens.
+func stepAdapters(t *testing.T, m *Model, prompts [][]int32, adapters []string, n int) [][]int32 {
+	t.Helper()
 	fed := make([]int, len(prompts))
 	for i, p := range prompts {
-		r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", adapters[i])
+		r, err := m.OpenAdapter(context.Background(), engine.SeqID(i), p, "", adapters[i])
 		if err != nil {
 			t.Fatal(err)
 		}
 		fed[i] = r
 		defer m.Free(engine.SeqID(i), "")
 	}
-	got := stepStaggered(t, m, prompts, fed, n, 6)
-	for i := range prompts {
-		if !slices.Equal(got[i], want[i]) {
-			t.Errorf("seq %d (adapter %q): batched %v, alone %v", i, adapters[i], got[i], want[i])
-		}
-	}
+	return stepStaggered(t, m, prompts, fed, n, 6)
 }
 
 // TestAdapterPrefixIsolation: KV saved under a key, or cached, by a

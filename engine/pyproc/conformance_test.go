@@ -28,3 +28,18 @@ func TestAdapterConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestTensorParallelAdapterConformance runs enginetest.RunAdapters on a
+// tensor-parallel-2 worker: adapters loaded at run time on every rank,
+// evicted and reloaded in one slot, pinned, removed and refused, their
+// tokens the merged checkpoints'.
+func TestTensorParallelAdapterConformance(t *testing.T) {
+	python(t)
+	e := newEngine(t, WithTensorParallel(2))
+	for _, arch := range []string{"llama", "qwen2"} {
+		t.Run(arch, func(t *testing.T) {
+			dir, cases, bad := enginetest.WriteAdapterFixture(t, testmodel.TinyFamily(arch))
+			enginetest.RunAdapters(t, e, dir, cases, bad)
+		})
+	}
+}

@@ -7,7 +7,10 @@ must decode what the eager path decodes, on graphs captured with the
 delta; a capture that fails (of the base's graphs or of those with the
 delta) leaves that kind's steps eager, with the same tokens; the two
 kinds capture into pools of their own, new ones after the KV table
-grows. DensePlan and Plan give the same delta on random slots.
+grows. DensePlan and Plan give the same delta on random slots. Under
+tensor parallel 2 (two processes of this script in a gloo group, each
+rank's slots its share) the graphs and the eager path decode what one
+rank decodes.
 
   python3 lora_graphs_test.py RUNTIME_DIR BASE_DIR ADAPTERS_JSON
 
@@ -16,13 +19,16 @@ adapter objects less their slot. Prints "N passed, 0 failed" or raises.
 Run by TestAdapterGraphsEmulated.
 """
 import json
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-from mlxsworker.torchrt import graphs, lora  # noqa: E402
+from mlxsworker.settings import Settings  # noqa: E402
+from mlxsworker.torchrt import graphs, lora, tp  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
 
 
@@ -86,8 +92,8 @@ def pools(base, ads):
         graphs.new_pool, graphs.record, graphs.DecodeGraphs._record = saved
 
 
-def model(base, with_graphs):
-    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8})
+def model(base, with_graphs, group=None):
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8}, group=group)
     if with_graphs:
         m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
         m.graphs.lora = m.adapters
@@ -161,8 +167,39 @@ def dense_vs_plan(base):
     assert n >= 4 * len(s.proj)
 
 
+TP = 2
+
+
+def tp_ranks(base, spec, eager):
+    """Runs this script as TP ranks (tp_rank) and waits for them: each
+    must decode eager, one rank's tokens, eagerly and on graphs."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(eager, f)
+        f.flush()
+        port = tp._free_port()
+        ps = [subprocess.Popen([sys.executable, sys.argv[0], sys.argv[1], base, spec, "--tp-rank", str(r), str(port), f.name])
+              for r in range(TP)]
+        codes = [p.wait(timeout=300) for p in ps]
+    assert codes == [0] * TP, "tensor-parallel ranks exited with %r" % codes
+
+
+def tp_rank(base, ads, rank, port, want):
+    """One rank of tp_ranks: its share of the model and of the slots, the
+    eager path, then the graphs captured with the delta."""
+    group = tp._join(rank, TP, port, 0, Settings())
+    eager = run(model(base, False, group), ads)
+    assert eager == want, "rank %d, eager: %r, one rank %r" % (rank, eager, want)
+    gm = model(base, True, group)
+    got = run(gm, ads)
+    assert got == want, "rank %d, graphs: %r, one rank %r" % (rank, got, want)
+    assert any("lora" in k for k in gm.graphs.graphs) and not gm.graphs.lora_broken, "rank %d: no graph with the delta" % rank
+
+
 def main():
     ads = json.load(open(sys.argv[3]))
+    if len(sys.argv) > 4 and sys.argv[4] == "--tp-rank":
+        tp_rank(sys.argv[2], ads, int(sys.argv[5]), int(sys.argv[6]), json.load(open(sys.argv[7])))
+        return
     passed = 0
     dense_vs_plan(sys.argv[2])
     passed += 1
@@ -197,6 +234,8 @@ def main():
         assert any("lora" not in k for k in fk) != ("base" in kinds), (kinds, fk)
         passed += 1
     FAIL.clear()
+    tp_ranks(sys.argv[2], sys.argv[3], eager)
+    passed += 1
     print("%d passed, 0 failed (graphs %s)" % (passed, sorted(keys)))
 
 

@@ -37,6 +37,17 @@ module j's columns of P's output. Two plans compute it:
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
+
+Tensor parallel (tp.py): every rank's slots hold the adapters' share
+that matches its share of the base, so the deltas need no collective of
+their own. The column-parallel projections (qkv, gate_up) keep A whole
+and B_j^T's columns of the rank's output rows of module j (its heads, KV
+heads, MLP columns), packed as the base packs its shard; the
+row-parallel ones (o, down) keep A's columns of the rank's input share
+and B whole, so each rank adds (x_rank A_rank^T) B^T to its partial
+output and the all-reduce after the projection sums the whole delta.
+The shapes come from the rank's config, so both plans and the decode
+graphs run unchanged; load slices what it reads.
 """
 import torch
 import torch.nn.functional as F
@@ -46,10 +57,16 @@ from .st import SafetensorsFile
 from .upload import to_device
 
 
+# The projections split by input columns under tensor parallel (their A
+# is cut, their B whole); the others are split by output rows.
+ROW_PARALLEL = ("o", "down")
+
+
 def projections(cfg, layer):
     """The adaptable packed projections of a decoder layer (its weights L
     as decoder.Decoder.load_layer built them): {name: (in, [(module,
-    out), ...])}, modules in packing order."""
+    out), ...])}, modules in packing order; under tensor parallel cfg is
+    the rank's, and so are the widths."""
     fam = cfg.family
     h, hd, H, K = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
     out = {}
@@ -70,13 +87,14 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False, tp=None):
         if slots < 1 or max_rank < 1:
             raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
         # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
         self.dense = dense  # every step's delta through DensePlan, prompt chunks too (settings.lora_plan "dense")
+        self.tp = tp  # tp.Shard: cfg is the rank's, and load reads the rank's share (see the module comment)
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
         self.A = self.B = None  # per layer {projection: A} and {projection: [B_j^T]}, allocated by the first load
@@ -108,6 +126,8 @@ class Slots:
             self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
         except RuntimeError as e:
             self.A = self.B = self.ids = self.zero = None
+            if self.tp is not None:  # another rank may have allocated: not in step, the group goes down (tp.py)
+                raise
             raise ProtocolError(OUT_OF_MEMORY, "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
 
     def ensure(self, spec):
@@ -151,9 +171,15 @@ class Slots:
                 P, j = self.where[mod]
                 width, mods = self.proj[layer][P]
                 out = mods[j][1]
-                a, b = self._tensor(f, an, (width, r) if tr else (r, width)), self._tensor(f, bn, (r, out) if tr else (out, r))
+                n, at = (1, 0) if self.tp is None else (self.tp.size, self.tp.rank)
+                wide, tall = (width * n, out) if P in ROW_PARALLEL else (width, out * n)  # the file's shapes
+                a, b = self._tensor(f, an, (wide, r) if tr else (r, wide)), self._tensor(f, bn, (r, tall) if tr else (tall, r))
                 if tr:
                     a, b = a.t(), b.t()
+                if P in ROW_PARALLEL:  # the rank's share (whole at tp 1)
+                    a = a[:, at * width : (at + 1) * width]
+                else:
+                    b = b[at * out : (at + 1) * out]
                 self.A[layer][P][j, slot, :r] = a.to(self.dtype)
                 self.B[layer][P][j][slot, :r] = (b * scale).t().to(self.dtype)
 

@@ -126,14 +126,10 @@ class TorchModel(Model):
             self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens)
         self.seqs = {}
         # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
+        # Under tensor parallel each rank's slots hold its share (lora.py).
         slots = int(opts.get("adapter_slots") or 0)
-        if slots and self.tp is not None:
-            # The deltas would need the projections' sharding: a model split
-            # over ranks serves no adapters (Info.AdapterSlots 0).
-            log.warning("LoRA adapters are not served under tensor parallel; this model serves none")
-            slots = 0
-        self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots,
-                                   int(opts.get("max_adapter_rank") or 64), settings.lora_plan == "dense") if slots > 0 else None
+        self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots, int(opts.get("max_adapter_rank") or 64),
+                                   settings.lora_plan == "dense", self.tp) if slots > 0 else None
         if self.graphs is not None:
             self.graphs.lora = self.adapters
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states

@@ -14,7 +14,11 @@ output rows (column-parallel), o and down by input columns (row-parallel,
 one all-reduce after each), lm_head by vocabulary rows (padded to a whole
 share; the shards are gathered before sampling). Embeddings and norms are
 whole on every rank. Each rank reads only its slice of each split tensor
-(st.Checkpoint.part).
+(st.Checkpoint.part). LoRA adapters split the same way (lora.py): an
+open that loads one reaches every rank as any request does, and each
+rank reads its share into its slots (A whole and B by output rows for
+the column-parallel projections, A by input columns and B whole for o
+and down, whose partial deltas the all-reduce sums).
 
 A rank that dies takes the group down: rank 0 watches its children and
 exits (status 1) when one exits, so the supervisor restarts the worker; a
