@@ -43,8 +43,7 @@ var families = map[string]family{
 		prefix: "language_model.model."},
 	"phi3":  {class: "Phi3ForCausalLM", modelType: "phi3", config: phi3Config, layer: phi3Layer, prefix: "model."},
 	"olmo2": {class: "Olmo2ForCausalLM", modelType: "olmo2", config: olmo2Config, layer: olmo2Layer, prefix: "model."},
-	"gpt_oss": {class: "GptOssForCausalLM", modelType: "gpt_oss", config: gptOssConfig, layer: gptOssLayer, prefix: "model.",
-		torchOnly: true},
+	"gpt_oss": {class: "GptOssForCausalLM", modelType: "gpt_oss", config: gptOssConfig, layer: gptOssLayer, prefix: "model."},
 }
 
 // Archs lists the decoder architectures every engine serves, sorted;

@@ -10,7 +10,8 @@ import (
 // The architecture table: every model_type the engine serves, each mapped
 // from config.json to one model description (arch) that the loader and
 // the forward pass read. A family whose checkpoints need more than the
-// table's fields has its own file (gemma.go, moe.go, phi3.go, olmo2.go):
+// table's fields has its own file (gemma.go, moe.go, phi3.go, olmo2.go,
+// gptoss.go):
 // adding a family is an entry here, that file and its test.
 
 // family is one entry of the table.
@@ -33,6 +34,7 @@ var families = map[string]family{
 	"gemma3_text": {fill: gemma3Fill, tied: true},
 	"phi3":        {fill: phi3Fill},
 	"olmo2":       {fill: olmo2Fill},
+	"gpt_oss":     {fill: gptOssFill},
 }
 
 // wrappers are multimodal model_types whose language model the engine
@@ -87,6 +89,10 @@ type arch struct {
 	RotaryDim      int  // leading dims of a head RoPE rotates (Phi-3's partial_rotary_factor)
 	FusedQKV       bool // the checkpoint stores self_attn.qkv_proj (Phi-3)
 	FusedGateUp    bool // and mlp.gate_up_proj, gate rows first
+	OBias          bool // o_proj has a bias (gpt-oss)
+	// Sinks: every head has a learned logit (self_attn.sinks) that its
+	// softmax includes and drops (gpt-oss).
+	Sinks bool
 	MoE            *moeConfig
 	// Prefix is where the language model's tensors live ("model.",
 	// "language_model.model." or "model.language_model."), Head its
@@ -106,7 +112,7 @@ func (c *modelConfig) plainDecode() bool {
 	return c.Block == preNorm && !c.QKNorm && !c.NormPlusOne && c.Act == "silu" && c.EmbedScale == 0 &&
 		c.AttnScale == 0 && c.AttnCap == 0 && c.FinalCap == 0 && c.RotaryDim == c.HeadDim &&
 		c.LocalRopeTheta == 0 && c.Rope.Type != "longrope" && (c.Rope.AttnFactor == 0 || c.Rope.AttnFactor == 1) &&
-		c.MoE == nil
+		c.MoE == nil && !c.Sinks && !c.OBias
 }
 
 // describe completes and checks the description once the sizes are known.

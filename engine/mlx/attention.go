@@ -32,7 +32,7 @@ func (m *model) attendDecode(g *graph, li int, p *stepPlan, q arr) arr {
 		d = gd.win
 	}
 	k, v := m.gather(g, li, d.idx)
-	return g.reshape(m.attnCore(g, q, k, v, d.msk, false), b, c.Heads*c.HeadDim)
+	return g.reshape(m.attnCore(g, li, q, k, v, d.msk, false), b, c.Heads*c.HeadDim)
 }
 
 // attend is the causal attention in layer li of a group of prefill
@@ -50,13 +50,13 @@ func (m *model) attend(g *graph, li int, grp *preGroup, row int, q, k, v arr) ar
 	if c.slides(li) {
 		k, v := m.windowKV(g, li, grp, m.groupRows(g, grp, row, k, c.KVHeads), m.groupRows(g, grp, row, v, c.KVHeads))
 		if isNull(grp.band) {
-			o = m.attnCore(g, qs, k, v, grp.mask, true)
+			o = m.attnCore(g, li, qs, k, v, grp.mask, true)
 		} else {
-			o = m.attnCore(g, qs, k, v, grp.band, false)
+			o = m.attnCore(g, li, qs, k, v, grp.band, false)
 		}
 	} else {
 		k, v := m.gather(g, li, grp.idx[m.pool.lay.group[li]])
-		o = m.attnCore(g, qs, k, v, grp.mask, true)
+		o = m.attnCore(g, li, qs, k, v, grp.mask, true)
 	}
 	return g.reshape(g.transpose(o, 0, 2, 1, 3), b*t, c.Heads*c.HeadDim)
 }
@@ -98,19 +98,20 @@ func (c *modelConfig) attnScale() float32 {
 	return float32(1 / math.Sqrt(float64(c.HeadDim)))
 }
 
-// attnCore is attention of q [B, heads, Tq, D] over k, v [B, kvHeads, Tk,
-// D] with mask (boolean, true: attend; or additive) or, when mask is
-// null, causal or none: MLX's fused scaled-dot-product attention, or
-// with soft-capped logits (Gemma 2) the same written out.
-func (m *model) attnCore(g *graph, q, k, v, mask arr, causal bool) arr {
-	c := m.cfg
+// attnCore is layer li's attention of q [B, heads, Tq, D] over k, v [B,
+// kvHeads, Tk, D] with mask (boolean, true: attend; or additive) or,
+// when mask is null, causal or none: MLX's fused scaled-dot-product
+// attention, with the layer's sinks (gpt-oss) when it has them, or with
+// soft-capped logits (Gemma 2) the same written out.
+func (m *model) attnCore(g *graph, li int, q, k, v, mask arr, causal bool) arr {
+	c, sinks := m.cfg, m.w.layers[li].sinks
 	if c.AttnCap != 0 {
 		return m.softcapAttention(g, q, k, v, mask)
 	}
 	if isNull(mask) {
-		return g.sdpa(q, k, v, c.attnScale(), causal)
+		return g.sdpa(q, k, v, c.attnScale(), causal, sinks)
 	}
-	return g.sdpaMask(q, k, v, c.attnScale(), mask)
+	return g.sdpaMask(q, k, v, c.attnScale(), mask, sinks)
 }
 
 // softcapAttention is Gemma 2's eager attention: scores q·k * scale,

@@ -390,15 +390,18 @@ func (g *graph) ropeAt(x arr, dims int, theta, scale float32, offsets, freqs arr
 
 // sdpaMask is attention with a mask broadcast against the scores
 // [B, heads, Tq, Tk]: boolean (true: attend) or additive in q's dtype.
-func (g *graph) sdpaMask(q, k, v arr, scale float32, mask arr) arr {
+// sinks, when not null, is a logit per head [heads] that every row's
+// softmax includes and drops (gpt-oss).
+func (g *graph) sdpaMask(q, k, v arr, scale float32, mask, sinks arr) arr {
 	return g.op("scaled_dot_product_attention", func(r *arr) C.int {
-		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), noMask, mask, C.mlxs_null(), g.s)
+		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), noMask, mask, sinks, g.s)
 	})
 }
 
 var noMask = C.CString("") // constant, never freed
 
-func (g *graph) sdpa(q, k, v arr, scale float32, causal bool) arr {
+// sdpa is attention, causal or over every key, with sinks as sdpaMask's.
+func (g *graph) sdpa(q, k, v arr, scale float32, causal bool, sinks arr) arr {
 	mode := C.CString("")
 	if causal {
 		C.free(unsafe.Pointer(mode))
@@ -406,11 +409,14 @@ func (g *graph) sdpa(q, k, v arr, scale float32, causal bool) arr {
 	}
 	defer C.free(unsafe.Pointer(mode))
 	return g.op("scaled_dot_product_attention", func(r *arr) C.int {
-		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), mode, C.mlxs_null(), C.mlxs_null(), g.s)
+		return C.mlx_fast_scaled_dot_product_attention(r, q, k, v, C.float(scale), mode, C.mlxs_null(), sinks, g.s)
 	})
 }
 
-var affine = C.CString("affine") // constant, never freed
+var (
+	affine = C.CString("affine") // constants, never freed
+	mxfp4  = C.CString("mxfp4")
+)
 
 func (g *graph) quantizedMatmul(x, w, scales, biases arr, groupSize, bits int) arr {
 	return g.op("quantized_matmul", func(r *arr) C.int {
@@ -511,11 +517,16 @@ func (g *graph) gatherMM(x, b, idx arr, sorted bool) arr {
 	return g.op("gather_mm", func(r *arr) C.int { return C.mlx_gather_mm(r, x, b, C.mlxs_null(), idx, C.bool(sorted), g.s) })
 }
 
-// gatherQMM is gatherMM over MLX affine-quantized matrices w [E, N,
-// K*bits/32] (transposed, as linear layers store them).
-func (g *graph) gatherQMM(x, w, scales, biases, idx arr, groupSize, bits int, sorted bool) arr {
+// gatherQMM is gatherMM over MLX-quantized matrices w [E, N, K*bits/32]
+// (transposed, as linear layers store them): affine, or mxfp4 (no
+// biases) when mode is "mxfp4".
+func (g *graph) gatherQMM(x, w, scales, biases, idx arr, p quantParams, sorted bool) arr {
+	mode := affine
+	if p.Mode == "mxfp4" {
+		mode = mxfp4
+	}
 	return g.op("gather_qmm", func(r *arr) C.int {
-		return C.mlx_gather_qmm(r, x, w, scales, biases, C.mlxs_null(), idx, true, C.mlxs_some_int(C.int(groupSize)), C.mlxs_some_int(C.int(bits)), affine, C.bool(sorted), g.s)
+		return C.mlx_gather_qmm(r, x, w, scales, biases, C.mlxs_null(), idx, true, C.mlxs_some_int(C.int(p.GroupSize)), C.mlxs_some_int(C.int(p.Bits)), mode, C.bool(sorted), g.s)
 	})
 }
 

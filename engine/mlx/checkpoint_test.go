@@ -198,10 +198,10 @@ func TestQuantConfig(t *testing.T) {
 	if reason != "" {
 		t.Fatal(reason)
 	}
-	if p, ok := q.params("model.layers.0.mlp.up_proj"); !ok || p != (quantParams{64, 4}) {
+	if p, ok := q.params("model.layers.0.mlp.up_proj"); !ok || p != (quantParams{GroupSize: 64, Bits: 4}) {
 		t.Errorf("default params = %v, %v", p, ok)
 	}
-	if p, ok := q.params("lm_head"); !ok || p != (quantParams{32, 8}) {
+	if p, ok := q.params("lm_head"); !ok || p != (quantParams{GroupSize: 32, Bits: 8}) {
 		t.Errorf("override = %v, %v", p, ok)
 	}
 	if _, ok := q.params("model.embed_tokens"); ok {
@@ -236,13 +236,13 @@ func TestPlanFamilies(t *testing.T) {
 			want = []bool{true, true}
 		case "gemma2":
 			want = []bool{true, false}
-		case "gemma3", "gemma3_text":
+		case "gemma3", "gemma3_text", "gpt_oss":
 			want = []bool{true, false, true, false}
 		}
 		if !slices.Equal(c.Sliding, want) || (want != nil && c.Window != 16) {
 			t.Errorf("%s: sliding layers %v of window %d, want %v of 16", arch, c.Sliding, c.Window, want)
 		}
-		if (c.MoE != nil) != (arch == "qwen3_moe" || arch == "mixtral") {
+		if (c.MoE != nil) != (arch == "qwen3_moe" || arch == "mixtral" || arch == "gpt_oss") {
 			t.Errorf("%s: experts %+v", arch, c.MoE)
 		}
 	}
@@ -253,6 +253,10 @@ func TestPlanFamilies(t *testing.T) {
 	c, _, _ = plan(writeTiny(t, testmodel.TinyFamily("phi3")))
 	if c.RotaryDim != 8 || c.Rope.Type != "longrope" || c.Rope.OriginalMax != 128 || c.Rope.AttnFactor <= 1 {
 		t.Errorf("phi3: rotary %d, rope %+v", c.RotaryDim, c.Rope)
+	}
+	c, _, _ = plan(writeTiny(t, testmodel.TinyFamily("gpt_oss")))
+	if m := c.MoE; !m.Stacked || !m.SoftmaxTopK || m.Limit != 1.5 || !c.Sinks || !c.OBias || !c.QKVBias || c.Rope.Type != "yarn" || c.Rope.Truncate {
+		t.Errorf("gpt_oss: %+v, experts %+v", c, m)
 	}
 	c, _, _ = plan(writeTiny(t, testmodel.TinyFamily("gemma3")))
 	if c.Arch != "gemma3_text" || c.Prefix != "language_model.model." || c.LocalRopeTheta != 10000 || c.Rope.Type != "linear" {
@@ -298,7 +302,7 @@ func TestUnsupportedListsFamilies(t *testing.T) {
 	dir := writeTiny(t, testmodel.Tiny())
 	editConfig(t, dir, func(m map[string]any) { m["model_type"] = "gpt2" })
 	_, _, err := plan(dir)
-	for _, want := range []string{"gemma3", "gemma3_text", "mixtral", "olmo2", "phi3", "qwen3_moe"} {
+	for _, want := range []string{"gemma3", "gemma3_text", "gpt_oss", "mixtral", "olmo2", "phi3", "qwen3_moe"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("err %v does not list %s", err, want)
 		}

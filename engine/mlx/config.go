@@ -76,7 +76,10 @@ type quantConfig struct {
 	Skip      map[string]bool // modules explicitly left unquantized
 }
 
-type quantParams struct{ GroupSize, Bits int }
+type quantParams struct {
+	GroupSize, Bits int
+	Mode            string // MLX's quantization mode: "" is affine; "mxfp4" (gpt-oss's experts) has no biases
+}
 
 // params returns the quantization of module, and false if it is not
 // quantized.
@@ -137,6 +140,7 @@ type rawConfig struct {
 	NormTopKProb       *bool           `json:"norm_topk_prob"`
 	SparseStep         int             `json:"decoder_sparse_step"`
 	MLPOnlyLayers      []int           `json:"mlp_only_layers"`
+	SwiGLULimit        float64         `json:"swiglu_limit"`
 }
 
 // readConfig reads and checks dir/config.json.
@@ -291,7 +295,10 @@ func (r *rawConfig) convert() (*modelConfig, string) {
 		if c.HF, reason = parseHFQuant(q); reason != "" {
 			return nil, reason
 		}
-		if c.HF.Method != "fp8" {
+		if c.HF.Method == "mxfp4" && (c.MoE == nil || !c.MoE.Stacked) {
+			return nil, fmt.Sprintf("quantization_config.quant_method mxfp4: unsupported for %s (gpt_oss's experts only)", c.Arch)
+		}
+		if c.HF.Method != "fp8" && c.HF.Method != "mxfp4" {
 			c.Quant = &quantConfig{GroupSize: c.HF.Group, Bits: 4, Mode: "affine", Override: map[string]quantParams{}, Skip: map[string]bool{}}
 		}
 	case q != nil:

@@ -312,9 +312,9 @@ func (m *encModel) attention(g *graph, li, n int, qkv, positions arr, groups []*
 		}
 		var o arr
 		if local && !isNull(grp.local) {
-			o = g.sdpaMask(pick(q), pick(k), pick(v), scale, grp.local)
+			o = g.sdpaMask(pick(q), pick(k), pick(v), scale, grp.local, arr{})
 		} else {
-			o = g.sdpa(pick(q), pick(k), pick(v), scale, false)
+			o = g.sdpa(pick(q), pick(k), pick(v), scale, false, arr{})
 		}
 		outs[j] = g.reshape(g.transpose(o, 0, 2, 1, 3), grp.feeds*grp.t, hd)
 	}

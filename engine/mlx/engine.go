@@ -192,6 +192,11 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 			fromFile[md.Name+s] = conv[md.Name+s] == nil
 		}
 		want[md.Name+".perm"] = conv[md.Name+".perm"] != nil // act order's input order (hfint4.go)
+		if md.Bare || md.Experts > 0 {
+			for _, n := range stackedTensors(md) {
+				want[n], fromFile[n] = true, true
+			}
+		}
 	}
 	var lerr error
 	err = e.run(func(g *graph) {

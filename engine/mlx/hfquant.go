@@ -117,6 +117,8 @@ func parseHFQuant(q map[string]any) (*hfQuant, string) {
 			}
 		}
 		return h, ""
+	case "mxfp4": // gpt-oss's experts, read as MLX's mxfp4 (gptoss.go)
+		return &hfQuant{Method: "mxfp4"}, ""
 	case "compressed-tensors":
 		if sp, ok := q["sparsity_config"].(map[string]any); ok && sp["format"] != nil && sp["format"] != "dense" {
 			return refuse("sparsity_config.format", sp["format"], "dense (sparse-compressed weights are not supported)")
@@ -130,7 +132,7 @@ func parseHFQuant(q map[string]any) (*hfQuant, string) {
 			return refuse("format", f, "float-quantized (FP8) or pack-quantized (int4)")
 		}
 	default:
-		return refuse("quant_method", q["quant_method"], "mlx, awq, gptq, fp8 or compressed-tensors")
+		return refuse("quant_method", q["quant_method"], "mlx, awq, gptq, fp8, compressed-tensors or mxfp4")
 	}
 }
 
@@ -218,6 +220,9 @@ func convertHF(q *hfQuant, man map[string]tensorInfo, dtype string) (map[string]
 		out[k] = v
 	}
 	make_ := map[string]func() (hfTensor, error){}
+	if q.Method == "mxfp4" { // loaded as stored
+		return out, make_, nil
+	}
 	for name, t := range man {
 		switch {
 		case q.Method != "fp8" && strings.HasSuffix(name, "."+q.names().packed):

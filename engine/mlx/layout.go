@@ -17,6 +17,11 @@ type module struct {
 	In    int    // columns (0 for norms)
 	Bias  bool
 	Quant *quantParams // nil when stored in float
+	// Experts > 0: experts stacked in one tensor named Name, with
+	// Name_bias (gpt-oss: checkStacked); Bare: one tensor named Name of
+	// [Out] (gpt-oss's sinks).
+	Experts int
+	Bare    bool
 }
 
 // layerModules lists layer i's modules in Hugging Face naming, under the
@@ -44,7 +49,10 @@ func layerModules(c *modelConfig, i int) []module {
 			module{Name: p + "self_attn.k_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias},
 			module{Name: p + "self_attn.v_proj", Out: kv, In: c.Hidden, Bias: c.QKVBias})
 	}
-	ms = append(ms, module{Name: p + "self_attn.o_proj", Out: c.Hidden, In: q})
+	ms = append(ms, module{Name: p + "self_attn.o_proj", Out: c.Hidden, In: q, Bias: c.OBias})
+	if c.Sinks {
+		ms = append(ms, module{Name: p + "self_attn.sinks", Out: c.Heads, Bare: true})
+	}
 	switch {
 	case c.QKNorm && c.QKNormWhole:
 		ms = append(ms, module{Name: p + "self_attn.q_norm", Out: q}, module{Name: p + "self_attn.k_norm", Out: kv})
@@ -57,6 +65,9 @@ func layerModules(c *modelConfig, i int) []module {
 // mlpModules lists layer i's MLP: dense, fused (gate_up_proj) or a
 // router and its experts.
 func mlpModules(c *modelConfig, i int, p string) []module {
+	if c.sparse(i) && c.MoE.Stacked {
+		return stackedModules(c, p)
+	}
 	if c.sparse(i) {
 		m := c.MoE
 		ms := []module{{Name: p + m.Router, Out: m.Experts, In: c.Hidden}}
@@ -143,6 +154,12 @@ func planModules(c *modelConfig, man map[string]tensorInfo) ([]module, error) {
 
 func checkModule(c *modelConfig, m *module, man map[string]tensorInfo) error {
 	w := m.Name + ".weight"
+	switch {
+	case m.Experts > 0:
+		return checkStacked(c, m, man)
+	case m.Bare:
+		w = m.Name
+	}
 	t, ok := man[w]
 	if !ok {
 		return &engine.CheckpointError{Path: "model.safetensors", Tensor: w, Reason: "missing"}

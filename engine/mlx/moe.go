@@ -24,6 +24,17 @@ type moeConfig struct {
 	Inter    int  // an expert's intermediate size
 	NormTopK bool // renormalise the top-k weights to sum to 1
 	Sparse   []bool
+	// Stacked experts (gpt-oss, gptoss.go): Expert is the experts'
+	// prefix (no %d), Gate names gate_up_proj [E, in, 2·Inter] with gate
+	// and up interleaved, Down down_proj [E, Inter, out], each with a
+	// name_bias [E, out]; the router has a bias.
+	Stacked bool
+	// SoftmaxTopK: the weights are the softmax of the top-k logits
+	// (gpt-oss), not the top-k of the softmax.
+	SoftmaxTopK bool
+	// Limit clamps the experts' gate to at most Limit and up to ±Limit
+	// in gpt-oss's GLU, (up + 1)·gate·σ(1.702·gate); 0: SwiGLU.
+	Limit float32
 }
 
 func (m *moeConfig) check(c *modelConfig) string {

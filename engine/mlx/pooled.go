@@ -227,7 +227,7 @@ func newPooledKernel() C.mlx_fast_cuda_kernel { return C.mlxs_pooled_new() }
 // (attendDecode: gathered rows, softcapAttention). Sliding layers run
 // in the kernel with their window (WIN), any query scale through sc.
 func (m *model) pooled(g *graph) bool {
-	return g.k.cuda && m.cfg.Heads%m.cfg.KVHeads == 0 && m.cfg.AttnCap == 0
+	return g.k.cuda && m.cfg.Heads%m.cfg.KVHeads == 0 && m.cfg.AttnCap == 0 && !m.cfg.Sinks
 }
 
 // attendPooled is the decode feeds' attention in layer li through the

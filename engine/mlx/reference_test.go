@@ -132,6 +132,13 @@ func TestMatchesReference(t *testing.T) {
 		c.HeadSize, c.KVHeads, c.TieEmbeddings = 256, 1, true
 		matchReference(t, py, e, c)
 	})
+	// gpt-oss as OpenAI publishes it: experts in MXFP4, kept so
+	// (gather_qmm in mode mxfp4); the reference dequantizes them.
+	t.Run("gpt_oss-mxfp4", func(t *testing.T) {
+		c := testmodel.TinyFamily("gpt_oss")
+		c.Quant = testmodel.QuantMXFP4
+		matchReference(t, py, e, c)
+	})
 	// YaRN past its original context (the 70-token prompt).
 	for name, c := range enginetest.YarnConfigs() {
 		t.Run(name, func(t *testing.T) { matchReference(t, py, e, c) })

@@ -24,6 +24,9 @@ type experts struct {
 // experts stacks layer p's experts (moe.go) into [E, out, in] tensors.
 func (b *builder) experts(p string) *experts {
 	m := b.c.MoE
+	if m.Stacked {
+		return b.stackedExperts(p)
+	}
 	e := &experts{router: b.lin(p + m.Router)}
 	e.gate, e.up, e.down = b.stack(p, m.Gate), b.stack(p, m.Up), b.stack(p, m.Down)
 	return e
@@ -73,9 +76,10 @@ func (b *builder) stack(p, proj string) linear {
 // gather is x @ W[idx]^T for the experts idx picks (gatherMM).
 func (l *linear) gather(g *graph, x, idx arr, sorted bool) arr {
 	if l.q != nil {
-		return g.gatherQMM(x, l.w, l.scales, l.biases, idx, l.q.GroupSize, l.q.Bits, sorted)
+		y := g.gatherQMM(x, l.w, l.scales, l.biases, idx, *l.q, sorted)
+		return l.addExpertBias(g, y, idx)
 	}
-	return g.gatherMM(x, l.wT, idx, sorted)
+	return l.addExpertBias(g, g.gatherMM(x, l.wT, idx, sorted), idx)
 }
 
 // sortAt is the number of (token, expert) pairs from which the experts'
@@ -84,21 +88,32 @@ func (l *linear) gather(g *graph, x, idx arr, sorted bool) arr {
 const sortAt = 64
 
 // mixture is a sparse layer's MLP over h (N*hidden values), returned as
-// [N, hidden]: router logits, softmax in float32,
-// top-k (renormalised when the family says so), the k experts' SwiGLU
-// through gather_mm, summed by weight.
+// [N, hidden]: router logits, softmax in float32, top-k (renormalised
+// when the family says so; gpt-oss: top-k of the logits, then their
+// softmax), the k experts' SwiGLU (gpt-oss: its clamped GLU) through
+// gather_mm, summed by weight.
 func (m *model) mixture(g *graph, e *experts, h arr, n int) arr {
-	c := m.cfg
-	k, d := c.MoE.TopK, c.Hidden
+	c, mc := m.cfg, m.cfg.MoE
+	k, d := mc.TopK, c.Hidden
 	x := g.reshape(h, n, d)
-	probs := g.softmax(g.astype(e.router.apply(g, x), C.MLX_FLOAT32), -1)
+	logits := g.astype(e.router.apply(g, x), C.MLX_FLOAT32)
+	probs := logits
+	if !mc.SoftmaxTopK {
+		probs = g.softmax(logits, -1)
+	}
 	inds := g.slice(g.argpartition(g.neg(probs), k-1, -1), []int{0, 0}, []int{n, k})
 	scores := g.takeAlong(probs, inds, -1)
-	if c.MoE.NormTopK {
+	switch {
+	case mc.SoftmaxTopK:
+		scores = g.softmax(scores, -1)
+	case mc.NormTopK:
 		scores = g.div(scores, g.sumKeep(scores, -1))
 	}
 	scores = g.astype(scores, m.w.dtype)
 	glu := func(x, idx arr, sorted bool) arr {
+		if mc.Stacked {
+			return e.down.gather(g, gptOssGLU(g, e.gate.gather(g, x, idx, sorted), mc.Inter, mc.Limit), idx, sorted)
+		}
 		return e.down.gather(g, g.swiglu(e.gate.gather(g, x, idx, sorted), e.up.gather(g, x, idx, sorted)), idx, sorted)
 	}
 	var y arr

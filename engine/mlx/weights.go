@@ -70,6 +70,9 @@ type layer struct {
 	// moe holds a sparse layer's router and stacked experts (switch.go);
 	// gate, up and down are then empty.
 	moe *experts
+	// sinks is the attention sink logit of every head [heads] (gpt-oss),
+	// or null.
+	sinks arr
 	// rope indexes weights.ropes: how this layer rotates.
 	rope int
 }
@@ -162,7 +165,7 @@ func (w *weights) free() {
 	}
 	for i := range w.layers {
 		l := &w.layers[i]
-		for _, a := range []*arr{&l.inNorm, &l.postNorm, &l.preFF, &l.postFF, &l.qNorm, &l.kNorm} {
+		for _, a := range []*arr{&l.inNorm, &l.postNorm, &l.preFF, &l.postFF, &l.qNorm, &l.kNorm, &l.sinks} {
 			free(a)
 		}
 		for _, m := range l.linears() {
@@ -321,6 +324,9 @@ func (b *builder) layer(i int) layer {
 	if c.QKNorm {
 		l.qNorm, l.kNorm = b.norm(p+"self_attn.q_norm"), b.norm(p+"self_attn.k_norm")
 	}
+	if c.Sinks {
+		l.sinks = b.take(p + "self_attn.sinks")
+	}
 	if c.FusedQKV {
 		l.qkv = b.lin(p + "self_attn.qkv_proj")
 	} else {
@@ -395,7 +401,7 @@ func (w *weights) all() []arr {
 	}
 	for i := range w.layers {
 		l := &w.layers[i]
-		add(l.inNorm, l.postNorm, l.preFF, l.postFF, l.qNorm, l.kNorm)
+		add(l.inNorm, l.postNorm, l.preFF, l.postFF, l.qNorm, l.kNorm, l.sinks)
 		addLin(l.linears()...)
 	}
 	return out
