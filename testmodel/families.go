@@ -41,8 +41,8 @@ var families = map[string]family{
 	// vision tower the text engines leave alone.
 	"gemma3": {class: "Gemma3ForConditionalGeneration", modelType: "gemma3", config: gemma3Config, layer: gemmaLayer,
 		prefix: "language_model.model."},
-	"phi3":  {class: "Phi3ForCausalLM", modelType: "phi3", config: phi3Config, layer: phi3Layer, prefix: "model."},
-	"olmo2": {class: "Olmo2ForCausalLM", modelType: "olmo2", config: olmo2Config, layer: olmo2Layer, prefix: "model."},
+	"phi3":    {class: "Phi3ForCausalLM", modelType: "phi3", config: phi3Config, layer: phi3Layer, prefix: "model."},
+	"olmo2":   {class: "Olmo2ForCausalLM", modelType: "olmo2", config: olmo2Config, layer: olmo2Layer, prefix: "model."},
 	"gpt_oss": {class: "GptOssForCausalLM", modelType: "gpt_oss", config: gptOssConfig, layer: gptOssLayer, prefix: "model."},
 }
 
@@ -52,7 +52,7 @@ func Archs() []string { return archs(false) }
 
 // TorchArchs lists every decoder architecture Write can produce, sorted:
 // Archs and those only the torch engine (engine/pyproc) serves so far
-// (gpt_oss).
+// (none now: every family is served by both).
 func TorchArchs() []string { return archs(true) }
 
 func archs(torchOnly bool) []string {

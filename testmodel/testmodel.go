@@ -42,7 +42,7 @@ type Config struct {
 	// language_model.model. weights), "phi3" (fused projections, partial
 	// rotary), "olmo2" (post-norms, whole-width QK norm) or "gpt_oss"
 	// (biased attention with sinks, experts with biases and a clamped
-	// SwiGLU; the torch engine's only, so far). TorchArchs lists them.
+	// SwiGLU). Archs lists them.
 	// The encoders (EncoderArchs) are "bert" (BertModel: post-norm,
 	// absolute positions, a WordPiece tokenizer) and "modernbert"
 	// (ModernBertModel: pre-norm, rotary, alternating global and local

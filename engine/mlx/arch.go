@@ -93,7 +93,7 @@ type arch struct {
 	// Sinks: every head has a learned logit (self_attn.sinks) that its
 	// softmax includes and drops (gpt-oss).
 	Sinks bool
-	MoE            *moeConfig
+	MoE   *moeConfig
 	// Prefix is where the language model's tensors live ("model.",
 	// "language_model.model." or "model.language_model."), Head its
 	// output layer; planModules sets them from the checkpoint's names.

@@ -10,7 +10,12 @@
 // gemma3 checkpoints (text_config; weights under language_model.model.
 // or model.language_model.), qwen3_moe and mixtral (mixtures of experts
 // through gather_mm, gather_qmm when quantized), phi3 (fused projections,
-// partial rotary, longrope) and olmo2; GQA; tied embeddings; sharded
+// partial rotary, longrope), olmo2 and gpt_oss (q/k/v/o biases, a
+// learned attention sink per head passed to MLX's scaled-dot-product
+// attention, sliding and full layers by layer_types, YaRN, experts in
+// every layer with biases and a clamped GLU: OpenAI's MXFP4 experts stay
+// MXFP4, their bytes being MLX's mxfp4 layout, through gather_qmm in
+// mode mxfp4, dequantized ones run through gather_mm; see gptoss.go); GQA; tied embeddings; sharded
 // through model.safetensors.index.json; in float32, float16 or bfloat16
 // and MLX affine 2- to 8-bit quantized form. Checkpoints quantized for
 // transformers load too: AWQ (GEMM), GPTQ (v1 or gptq_v2 zeros, with or
@@ -157,7 +162,9 @@
 // the same position attend together, causally. On a CUDA GPU a step of
 // decode inputs only runs ten MLX primitives a layer (fused.go: custom
 // kernels for residual add + norm, RoPE + KV rows and the gated MLP,
-// attention rotating its own queries); WithFusedKernels(false) turns
+// attention rotating its own queries; gpt_oss, whose attention sinks
+// they do not compute, takes neither these nor the pool kernel);
+// WithFusedKernels(false) turns
 // those kernels off, and Primitives reports a step's count
 // (PrimitiveCount).
 // Sampling runs for the whole batch on the device (top-k and top-p by
