@@ -9,7 +9,8 @@
 // attention and output logits), gemma3_text and the language model of
 // gemma3 checkpoints (text_config; weights under language_model.model.
 // or model.language_model.), qwen3_moe and mixtral (mixtures of experts
-// through gather_mm, gather_qmm when quantized), phi3 (fused projections,
+// through gather_mm, gather_qmm when quantized; float experts are held
+// in float32 on the CPU, whose gather_mm takes only float32), phi3 (fused projections,
 // partial rotary, longrope), olmo2 and gpt_oss (q/k/v/o biases, a
 // learned attention sink per head passed to MLX's scaled-dot-product
 // attention, sliding and full layers by layer_types, YaRN, experts in

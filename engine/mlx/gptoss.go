@@ -118,5 +118,8 @@ func checkStacked(c *modelConfig, m *module, man map[string]tensorInfo) error {
 // stackedTensors are the tensors a stacked-experts or bare module m may
 // load (those the checkpoint lacks are not read).
 func stackedTensors(m module) []string {
+	if m.Experts == 0 {
+		return []string{m.Name}
+	}
 	return []string{m.Name, m.Name + "_blocks", m.Name + "_scales", m.Name + "_bias"}
 }

@@ -7,7 +7,11 @@ package mlx
 */
 import "C"
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
 
 // stackedExperts takes gpt-oss's router and stacked experts under layer
 // prefix p (gptoss.go). gate_up_proj's interleaved columns are reordered
@@ -47,16 +51,33 @@ func (b *builder) stackedLinear(name string, interleaved bool) linear {
 	free(&bias)
 	if mod.Quant == nil {
 		w := b.take(name)
-		l.wT = g.keep(order(w, 2))
+		l.wT = b.gatherable(order(w, 2))
 		free(&w)
 		return l
 	}
 	blocks, scales := b.take(name+"_blocks"), b.take(name+"_scales")
+	b.checkScales(name+"_scales", scales)
 	words := g.view(g.reshape(blocks, mod.Experts, mod.Out, mod.In/2), C.MLX_UINT32)
 	l.w, l.scales = g.keep(order(words, 1)), g.keep(order(scales, 1))
 	free(&blocks)
 	free(&scales)
 	return l
+}
+
+// checkScales refuses MXFP4 scales holding 0xFF, NaN in E8M0.
+func (b *builder) checkScales(name string, scales arr) {
+	g := b.g
+	if b.err != nil || g.err != nil {
+		return
+	}
+	top := g.astype(g.maxKeep(g.reshape(scales, int(C.mlx_array_size(scales))), 0), C.MLX_INT32)
+	g.eval(top)
+	if g.err != nil {
+		return
+	}
+	if v, err := readInt32s(top); err == nil && len(v) == 1 && v[0] == 0xFF {
+		b.err = &engine.CheckpointError{Path: "the checkpoint's safetensors", Tensor: name, Reason: "MXFP4 scale 0xFF (NaN in E8M0)"}
+	}
 }
 
 // addExpertBias adds each picked expert's bias (stacked [E, out]) to

@@ -24,7 +24,9 @@ import (
 // loads): every linear layer and the embedding as uint32-packed weights
 // with per-group scales and biases, config.json with a "quantization"
 // entry, tokenizer files copied. bits is 4 or 8; groupSize is 32, 64 or
-// 128 and must divide every layer's input size.
+// 128 and must divide every layer's input size. gpt_oss's stacked
+// experts stay float. A checkpoint already quantized (MLX's form or a
+// transformers layout, MXFP4 included) is refused.
 func (e *Engine) Quantize(ctx context.Context, src, dst string, bits, groupSize int) error {
 	if (bits != 4 && bits != 8) || (groupSize != 32 && groupSize != 64 && groupSize != 128) {
 		return &engine.InvalidParamError{Param: "quantization", Reason: fmt.Sprintf("%d bits, group size %d: want 4 or 8 bits, group 32, 64 or 128", bits, groupSize)}
@@ -33,7 +35,7 @@ func (e *Engine) Quantize(ctx context.Context, src, dst string, bits, groupSize 
 	if err != nil {
 		return err
 	}
-	if c.Quant != nil {
+	if c.Quant != nil || c.HF != nil {
 		return &engine.CheckpointError{Path: src, Reason: "already quantized"}
 	}
 	man, files, err := manifest(src)
@@ -45,7 +47,7 @@ func (e *Engine) Quantize(ctx context.Context, src, dst string, bits, groupSize 
 		return err
 	}
 	for _, m := range mods {
-		if m.In != 0 && m.In%groupSize != 0 {
+		if m.In != 0 && m.Experts == 0 && m.In%groupSize != 0 {
 			return &engine.InvalidParamError{Param: "quantization", Reason: fmt.Sprintf("group size %d does not divide %s's input size %d", groupSize, m.Name, m.In)}
 		}
 	}
@@ -91,7 +93,7 @@ func saveQuantized(g *graph, ts map[string]arr, mods []module, path string, bits
 	}
 	quantized := map[string]bool{}
 	for _, m := range mods {
-		if m.In == 0 {
+		if m.In == 0 || m.Experts > 0 {
 			continue
 		}
 		q, s, b := g.quantize(ts[m.Name+".weight"], groupSize, bits)

@@ -68,15 +68,30 @@ func (b *builder) stack(p, proj string) linear {
 	if q != nil {
 		l.scales, l.biases = g.keep(g.concat(0, ss...)), g.keep(g.concat(0, bs...))
 	} else {
-		l.wT = g.keep(g.transpose(l.w, 0, 2, 1))
+		l.wT = b.gatherable(g.transpose(l.w, 0, 2, 1))
 	}
 	return l
+}
+
+// gatherable keeps float experts wT for gather_mm: as they are, or in
+// float32 on the CPU, whose gather_mm takes only float32 (gather casts
+// its input to it and the product back).
+func (b *builder) gatherable(wT arr) arr {
+	g := b.g
+	if g.k.cpu && dtype(wT) != C.MLX_FLOAT32 {
+		wT = g.astype(wT, C.MLX_FLOAT32)
+	}
+	return g.keep(wT)
 }
 
 // gather is x @ W[idx]^T for the experts idx picks (gatherMM).
 func (l *linear) gather(g *graph, x, idx arr, sorted bool) arr {
 	if l.q != nil {
 		y := g.gatherQMM(x, l.w, l.scales, l.biases, idx, *l.q, sorted)
+		return l.addExpertBias(g, y, idx)
+	}
+	if dt := dtype(x); dt != dtype(l.wT) { // float32 experts on the CPU (gatherable)
+		y := g.astype(g.gatherMM(g.astype(x, dtype(l.wT)), l.wT, idx, sorted), dt)
 		return l.addExpertBias(g, y, idx)
 	}
 	return l.addExpertBias(g, g.gatherMM(x, l.wT, idx, sorted), idx)
