@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -268,27 +269,14 @@ func TestPlanFamilies(t *testing.T) {
 // transformers' names (model.language_model., lm_head).
 func TestGemma3NewLayout(t *testing.T) {
 	dir := writeTiny(t, testmodel.TinyFamily("gemma3"))
-	path := filepath.Join(dir, "model.safetensors")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := binary.LittleEndian.Uint64(b)
-	var h map[string]json.RawMessage
-	if err := json.Unmarshal(b[8:8+n], &h); err != nil {
-		t.Fatal(err)
-	}
-	renamed := map[string]json.RawMessage{}
-	for k, v := range h {
-		k = strings.Replace(k, "language_model.model.", "model.language_model.", 1)
-		k = strings.Replace(k, "language_model.lm_head.", "lm_head.", 1)
-		renamed[k] = v
-	}
-	hdr, _ := json.Marshal(renamed)
-	out := append(binary.LittleEndian.AppendUint64(nil, uint64(len(hdr))), hdr...)
-	if err := os.WriteFile(path, append(out, b[8+n:]...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editHeader(t, filepath.Join(dir, "model.safetensors"), func(h map[string]json.RawMessage) {
+		for k, v := range maps.Clone(h) {
+			delete(h, k)
+			k = strings.Replace(k, "language_model.model.", "model.language_model.", 1)
+			k = strings.Replace(k, "language_model.lm_head.", "lm_head.", 1)
+			h[k] = v
+		}
+	})
 	c, mods, err := plan(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -134,6 +134,15 @@ func TestMXFP4OnlyForGptOss(t *testing.T) {
 	}
 }
 
+// TestGptOssBadLimit: a swiglu_limit that is not positive is refused.
+func TestGptOssBadLimit(t *testing.T) {
+	dir := writeTiny(t, testmodel.TinyFamily("gpt_oss"))
+	editConfig(t, dir, func(m map[string]any) { m["swiglu_limit"] = -1 })
+	if _, _, err := plan(dir); !errors.Is(err, engine.ErrBadCheckpoint) || !strings.Contains(err.Error(), "swiglu_limit") {
+		t.Errorf("swiglu_limit -1: %v", err)
+	}
+}
+
 // editHeader rewrites the safetensors header of path (tensor name → its
 // JSON entry), keeping the data.
 func editHeader(t *testing.T, path string, edit func(map[string]json.RawMessage)) {

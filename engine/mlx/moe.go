@@ -2,6 +2,7 @@ package mlx
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -45,6 +46,8 @@ func (m *moeConfig) check(c *modelConfig) string {
 		return fmt.Sprintf("expert intermediate size %d out of range", m.Inter)
 	case len(m.Sparse) != c.Layers:
 		return "expert layers do not match num_hidden_layers"
+	case m.Stacked && !(m.Limit > 0 && m.Limit < math.MaxFloat32):
+		return fmt.Sprintf("swiglu_limit %v: want a positive number", m.Limit)
 	}
 	return ""
 }
