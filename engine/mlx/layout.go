@@ -19,7 +19,7 @@ type module struct {
 	Quant *quantParams // nil when stored in float
 	// Experts > 0: experts stacked in one tensor named Name, with
 	// Name_bias (gpt-oss: checkStacked); Bare: one tensor named Name of
-	// [Out] (gpt-oss's sinks).
+	// Out values (gpt-oss's sinks).
 	Experts int
 	Bare    bool
 }
