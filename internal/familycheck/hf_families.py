@@ -74,6 +74,13 @@ PHI4_MINI = dict(model_type="phi3", hidden_size=3072, intermediate_size=8192, nu
 OLMO2_1B = dict(model_type="olmo2", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
                 num_key_value_heads=16, vocab_size=100352, max_position_embeddings=4096, rms_norm_eps=1e-6,
                 rope_theta=500000.0, tie_word_embeddings=False)
+GPT_OSS_20B = dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                   num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                   max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0, sliding_window=128,
+                   attention_bias=True, tie_word_embeddings=False, swiglu_limit=7.0,
+                   rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                     original_max_position_embeddings=4096))
+QWEN3_06B_YARN = dict(QWEN3_06B, rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768))
 
 # family: (published config, layers kept, overrides, longest prompt, note)
 FAMILIES = {
@@ -87,6 +94,8 @@ FAMILIES = {
     "mixtral": (MIXTRAL_8X7B, 2, {}, 300, "Mixtral-8x7B"),
     "phi3": (PHI4_MINI, 2, {}, 300, "Phi-4-mini (longrope short factors: prompts within 4096)"),
     "olmo2": (OLMO2_1B, 2, {}, 300, "OLMo-2-0425-1B"),
+    "qwen3_yarn": (QWEN3_06B_YARN, 2, {}, 300, "Qwen3-0.6B with Qwen's YaRN setting (factor 4 over 32,768)"),
+    "gpt_oss": (GPT_OSS_20B, 2, {}, 300, "gpt-oss-20b (window 128, sinks, 32 experts, 4 active; float experts)"),
 }
 
 
@@ -113,7 +122,7 @@ def init_weights(model, gemma, seed):
     hidden = model.config.get_text_config().hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1:
+            if p.ndim == 1 or name.endswith("_bias"):  # gpt_oss's expert biases are [E, out]
                 if "norm" in name or "layernorm" in name:
                     base = 0.0 if gemma else 1.0
                     p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
@@ -123,7 +132,10 @@ def init_weights(model, gemma, seed):
                 std = 1 / math.sqrt(hidden) if gemma else 1.0
                 p.copy_(std * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+                # gpt_oss stacks its experts as [E, in, out] (x @ W); every
+                # other weight here is [..., out, in].
+                fan_in = p.shape[-2] if model.config.model_type == "gpt_oss" and ".experts." in name else p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
 
 
 def reference(model, prompts, device):
