@@ -70,12 +70,10 @@ class Decoder:
         get, self.lin = qz.get, qz.linear
         if tp is not None:  # the rank's slices of the split projections
             get = self.lin = tp.loader(ck, device, dtype)
-        self.ck = ck  # for load_layer's MXFP4 experts (gptoss.py); dropped after loading
         prefix = next((p for p in PREFIXES if ck.has(p + "embed_tokens.weight")), PREFIXES[0])
         self.embed = get(prefix + "embed_tokens.weight", (cfg.vocab, h))
         self.embed_scale = gemma.embed_scale(cfg, device, dtype)
-        self.layers = [self.load_layer(get, prefix + "layers.%d." % i, i) for i in range(cfg.layers)]
-        self.ck = None
+        self.layers = [self.load_layer(get, ck, prefix + "layers.%d." % i, i) for i in range(cfg.layers)]
         self.norm = get(prefix + "norm.weight", (h,))
         heads = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if ck.has(n)]
         self.lm_head = self.embed if cfg.tie or not heads else get(heads[0], (cfg.vocab, h))
@@ -135,7 +133,7 @@ class Decoder:
         # the base alone.
         self.lora = None
 
-    def load_layer(self, get, p, i):
+    def load_layer(self, get, ck, p, i):
         cfg, fam = self.cfg, self.cfg.family
         h, hd, H, K = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
         L = {}
@@ -164,7 +162,7 @@ class Decoder:
             L["q_norm"] = get(a + "q_norm.weight", (H * hd,))
             L["k_norm"] = get(a + "k_norm.weight", (K * hd,))
         if cfg.experts and cfg.sparse[i]:
-            L.update(gptoss.load(get, self.ck, cfg, p, self.device, self.dtype) if fam.mlp == "gpt_oss" else moe.load(get, cfg, p))
+            L.update(gptoss.load(get, ck, cfg, p, self.device, self.dtype) if fam.mlp == "gpt_oss" else moe.load(get, cfg, p))
         elif fam.mlp == "fused":
             L["gate_up"] = phi3.gate_up(get, cfg, p + "mlp.")
             L["down"] = get(p + "mlp.down_proj.weight", (h, cfg.intermediate))
