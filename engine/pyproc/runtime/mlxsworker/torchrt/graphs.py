@@ -18,7 +18,8 @@ run_device chains steps without the host waiting for the GPU.
 LoRA adapters (lora.py): a step with adapter rows replays a graph of its
 own, captured with the delta (lora.DensePlan) and a fourth input row,
 each row's adapter slot (0: the base; padding rows too). Base-only steps
-keep the graphs without it.
+keep the graphs without it. Steps of prompt chunks with adapter rows
+replay the prompt-step graphs captured with the delta (prefill.py).
 
 Memory pools: the base graphs share one pool, the graphs with the delta
 another; when the KV table grows every graph is dropped with its pools,

@@ -20,7 +20,8 @@ module j's columns of P's output. Two plans compute it:
 
 - Plan (host): two GEMMs per module per distinct adapter of the step
   (the rows of a sequence are contiguous, so an adapter run by one
-  sequence reads a slice, no gather). Prompt chunks.
+  sequence reads a slice, no gather). Prompt chunks that run eagerly
+  (no prompt-step graphs, or their capture with the delta failed).
 - DensePlan: over every slot at once, from the rows' slots as a device
   tensor alone (no sort, no host sync, no grouped GEMM): one GEMM of x
   by every slot's A (A viewed as [m * slots * R, in]), the products of
@@ -32,8 +33,12 @@ module j's columns of P's output. Two plans compute it:
   slot's A and B each step: a rank-16 slot of an 8B llama is ~85 MB, so
   8 slots add ~4% to the weights a decode step reads, 32 slots ~17%
   (fine to some 32 slots of rank 16; the cost grows with slots * R).
-  The CUDA decode graphs capture it with the slots as an input
-  (graphs.py); eager steps whose inputs are all one token use it too.
+  Its FLOPs grow the same way: on prompt chunks, where the weights are
+  read once for many rows, 8 slots of rank 16 add ~5% to an 8B llama's
+  projections, 32 slots ~19% (prefill.py). The CUDA decode graphs and
+  the prompt-step graphs capture it with the slots as an input
+  (graphs.py, prefill.py); eager steps whose inputs are all one token
+  use it too.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -194,10 +199,11 @@ class Slots:
         return t.to(self.device)
 
     def plan(self, slots, counts):
-        """The step's delta plan for inputs of counts packed rows each, with
-        device slot slots[i] (0: base): a DensePlan when every input is
-        one token (the rows' slots in one copy, a few kernels a
-        projection), else a Plan; None when no row has an adapter."""
+        """The delta plan of an eager step for inputs of counts packed rows
+        each, with device slot slots[i] (0: base): a DensePlan when every
+        input is one token (the rows' slots in one copy, a few kernels a
+        projection) or the settings ask for it (dense), else a Plan; None
+        when no row has an adapter."""
         if not any(slots) or self.A is None:
             return None
         if self.dense or all(c == 1 for c in counts):

@@ -132,6 +132,8 @@ class TorchModel(Model):
                                    settings.lora_plan == "dense", self.tp) if slots > 0 else None
         if self.graphs is not None:
             self.graphs.lora = self.adapters
+        if self.prefill is not None:  # prompt steps with adapters: graphs of their own (prefill.py)
+            self.prefill.adapters = self.adapters
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
@@ -307,7 +309,8 @@ class TorchModel(Model):
         if self.adapters is not None:  # LoRA: resident adapters, graphs captured with the delta (lora.py)
             st["adapters"] = [n for n in self.adapters.names if n is not None]
             st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
-        st["prefill_graphs"] = sorted(self.prefill.sets) if self.prefill is not None else []
+            st["prefill_lora_graphs"] = self.prefill.captured(lora=True) if self.prefill is not None else []
+        st["prefill_graphs"] = self.prefill.captured() if self.prefill is not None else []
         st["speculated"] = dict(self.speculated)
         return st
 
@@ -537,8 +540,10 @@ class TorchModel(Model):
     def _forward_lora(self, batch, seqs):
         """A step some of whose rows run adapters: a decode step on its
         graph captured with the delta where that runs (graphs.py), its
-        one-token inputs there beside prompt chunks (split steps), else
-        eager passes with the step's plan on the decoder (lora.py)."""
+        one-token inputs there beside prompt chunks (split steps), prompt
+        chunks on the prompt-step graphs with the delta where those run
+        (_forward_packed), else eager passes with the step's plan on the
+        decoder (lora.py)."""
         decode = all(len(b[1]) == 1 and b[2] and s.pool is None for b, s in zip(batch, seqs))
         g = self.graphs
         if decode and g is not None and g.lora_usable(len(batch), max(len(s.tokens) for s in seqs) + 1):
@@ -553,18 +558,18 @@ class TorchModel(Model):
             split = self._forward_split(batch, seqs, lora=True)
             if split is not None:
                 return split
-        return self._eager_lora(batch, seqs, decode)
+        if decode and self.model.kern is not None:
+            return self._eager_lora_decode(batch, seqs)
+        return self._forward_packed(batch, seqs)
 
-    def _eager_lora(self, batch, seqs, decode=False):
-        """batch run eagerly with its adapters' plan on the decoder."""
-        self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
+    def _eager_lora_decode(self, batch, seqs):
+        """A decode step run eagerly with its adapters' plan on the decoder."""
+        self.model.lora = self.adapters.plan([s.lora for s in seqs], [1] * len(batch))
         try:
-            if self.model.kern is not None and decode:
-                t = to_device([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], self.device)
-                for b, s in zip(batch, seqs):
-                    s.tokens.append(b[1][0])
-                return self.model.forward_decode(t[0], t[1], t[2], self.kv)
-            return self._forward_packed(batch, seqs)
+            t = to_device([[b[1][0] for b in batch], [len(s.tokens) for s in seqs], [s.row for s in seqs]], self.device)
+            for b, s in zip(batch, seqs):
+                s.tokens.append(b[1][0])
+            return self.model.forward_decode(t[0], t[1], t[2], self.kv)
         finally:
             self.model.lora = None
 
@@ -574,7 +579,7 @@ class TorchModel(Model):
         the logits of the sampling inputs in order, or None when the step
         has no graph-sized decode part. lora: the step has adapter rows
         (_forward_lora): the one-token inputs' graph is the one with the
-        delta when they have some, the chunks run with their plan."""
+        delta when they have some (the chunks' pass sees their own)."""
         dec = [i for i, b in enumerate(batch) if len(b[1]) == 1 and b[2]]
         if not dec or len(dec) == len(batch) or not self.graphs.usable(len(dec)):
             return None
@@ -593,7 +598,7 @@ class TorchModel(Model):
             for i in dec:
                 del seqs[i].tokens[-1]
             return None
-        lr = (self._eager_lora if lora else self._forward_packed)([batch[i] for i in rest], [seqs[i] for i in rest])
+        lr = self._forward_packed([batch[i] for i in rest], [seqs[i] for i in rest])
         # Sampling rows in batch order: each part's rows are in its order.
         order = [i for i, b in enumerate(batch) if b[2]]
         at = {i: k for k, i in enumerate(order)}
@@ -640,9 +645,12 @@ class TorchModel(Model):
         kernel on CUDA), each chunk on its own. Every index the pass needs
         goes to the device in one copy, so nothing waits for the GPU here
         (a copy from pageable memory would wait for the decode graph a
-        split step just launched)."""
+        split step just launched). Rows of adapters run on the prompt-step
+        graphs with the delta (each row's slot among those indices), or
+        eagerly with the step's plan (lora.py)."""
         bs, G, null = self.kv.bs, self.kv.ngroups, self.kv.scratch
-        tokens, pos, last, rpos = [], [], [], []
+        lora = self.adapters is not None and any(s.lora for s in seqs)
+        tokens, pos, last, rpos, slot_rows = [], [], [], [], []
         kvrow = [[] for _ in range(G)]  # per block group
         longrope = self.model.longrope
         dec_rows, dec_trows, dec_len, chunks = [], [], [], []
@@ -654,6 +662,8 @@ class TorchModel(Model):
             toks, sample = b[1], b[2]
             p, a = len(s.tokens), len(tokens)
             tokens.extend(toks)
+            if lora:
+                slot_rows.extend([s.lora] * len(toks))
             if len(toks) == 1:
                 pos.append(p)
                 if longrope:
@@ -683,14 +693,14 @@ class TorchModel(Model):
             elif sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
-        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid] + kvrow + blocks
+        parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid, slot_rows] + kvrow + blocks
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
-        tok, posd, lastd, rowsd, trowsd, lensd, rposd, hidd = views[:8]
-        kvrowd, blocksd = views[8 : 8 + G], views[8 + G :]
+        tok, posd, lastd, rowsd, trowsd, lensd, rposd, hidd, slotd = views[:9]
+        kvrowd, blocksd = views[9 : 9 + G], views[9 + G :]
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))
@@ -699,12 +709,17 @@ class TorchModel(Model):
                 groups.append(tuple(c[:5]) + ([bd[c[5] : c[5] + c[6]] for bd in blocksd],))
         if dec_rows:
             groups = [("decode", rowsd, trowsd, max(dec_len), lensd)] + groups
-        if self.prefill is not None and self.prefill.usable(len(tokens), groups, pooled):
-            out = self.prefill.run(tok, rposd if longrope else posd, kvrowd, groups[0], lastd)
+        if self.prefill is not None and self.prefill.usable(len(tokens), groups, pooled, lora):
+            out = self.prefill.run(tok, rposd if longrope else posd, kvrowd, groups[0], lastd, slotd if lora else None)
             if out is not None:
                 return out
-        out = self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None,
-                                 hidden=hidd if pooled else None)
+        if lora:
+            self.model.lora = self.adapters.plan([s.lora for s in seqs], [len(b[1]) for b in batch])
+        try:
+            out = self.model.forward(tok, posd, kvrowd, groups, self.kv, lastd, rposd if longrope else None,
+                                     hidden=hidd if pooled else None)
+        finally:
+            self.model.lora = None
         if not pooled:
             return out
         logits, h = out
