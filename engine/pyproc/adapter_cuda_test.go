@@ -24,18 +24,10 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
 	const n, same = 16, 6
-	base := testmodel.Tiny()
-	base.Hidden, base.Intermediate = 128, 256
-	c := writeLoRA(t, base, testmodel.Adapter{Rank: 16, Seed: 71})
-	dy := t.TempDir()
-	if err := testmodel.WriteAdapter(dy, base, testmodel.Adapter{Rank: 8, Seed: 72}); err != nil {
-		t.Fatal(err)
-	}
+	c, load := xyCase(t)
 	adapters := []string{"x", "", "y", "x"}
 	run := func(e *Engine) ([][]int32, map[string]any) {
-		m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base, AdapterSlots: 2, MaxAdapterRank: 16})
-		addAdapter(t, m, "x", c.adapter)
-		addAdapter(t, m, "y", dy)
+		m := load(e)
 		ctx := context.Background()
 		prompts := make([][]int32, len(adapters))
 		fed := make([]int, len(adapters))
@@ -79,6 +71,95 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 	}
 }
 
+// TestAdapterPrefillGraphsCUDA (MLXSERVING_TEST_DEVICE=cuda only): in
+// bfloat16, prompt steps whose chunks run two adapters and the base
+// (three prompts in one step, then a fourth beside their decodes: a split
+// step) replay the prompt-step graphs captured with the delta (the
+// worker's stats list their token buckets), and sample what the same
+// steps sample with the prompt-step graphs off (the decode graphs on in
+// both): the first tokens alike, the prompts' first logprobs within bf16
+// rounding (the graphs run the projections and the dense delta on the
+// bucket's padded rows; the eager steps run the delta per adapter).
+func TestAdapterPrefillGraphsCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	const steps, same = 8, 4
+	_, load := xyCase(t)
+	adapters := []string{"x", "", "y", "x"}
+	lens := []int{37, 150, 300, 90}
+	run := func(e *Engine) ([][]int32, []float64, map[string]any) {
+		m := load(e)
+		ctx := context.Background()
+		inputs := make([]engine.StepInput, len(adapters))
+		for i, a := range adapters {
+			p := prompt(30+i, lens[i])
+			r, err := m.OpenAdapter(ctx, engine.SeqID(i), p, "", a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Free(engine.SeqID(i), "")
+			inputs[i] = engine.StepInput{Seq: engine.SeqID(i), Tokens: p[r:], Sample: true, Params: &engine.SamplingParams{Logprobs: true}}
+		}
+		toks := make([][]int32, len(adapters))
+		var first []float64
+		for step := range steps {
+			batch := inputs[:3]
+			if step > 0 { // the last prompt joins beside the others' decodes
+				batch = inputs
+			}
+			outs, err := m.Step(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range outs {
+				if len(toks[i]) == 0 {
+					first = append(first, float64(o.Logprob))
+				}
+				toks[i] = append(toks[i], o.Token)
+				inputs[i].Tokens = []int32{o.Token}
+			}
+		}
+		return toks, first, workerStats(t, e, m)
+	}
+	got, lg, st := run(newEngine(t, WithDType("bfloat16")))
+	if b := fmt.Sprint(st["prefill_lora_graphs"]); b == "[]" || b == "<nil>" {
+		t.Errorf("no prompt-step graph was captured with the delta (stats %v): prompt steps with adapters ran eagerly (see the worker's log)", st)
+	}
+	eager, le, st := run(newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true})))
+	if b := fmt.Sprint(st["prefill_lora_graphs"]); b != "[]" {
+		t.Errorf("prompt-step graphs off: stats list buckets %v captured with the delta", b)
+	}
+	for i, a := range adapters {
+		if d := firstDiffAt(got[i], eager[i]); d < same {
+			t.Errorf("seq %d (adapter %q): prompt graphs %v, eager %v: differ at %d", i, a, got[i], eager[i], d)
+		}
+		if d := lg[i] - le[i]; d > 0.03 || d < -0.03 {
+			t.Errorf("seq %d (adapter %q): first token's logprob %.5f with prompt graphs, %.5f eager", i, a, lg[i], le[i])
+		}
+	}
+}
+
+// xyCase writes, for the CUDA adapter tests, a small base, adapter x
+// (rank 16, with its merged checkpoint) and adapter y (rank 8); load
+// loads the base into an engine with two adapter slots and adds x and y.
+func xyCase(t *testing.T) (c loraCase, load func(e *Engine) *Model) {
+	t.Helper()
+	base := testmodel.Tiny()
+	base.Hidden, base.Intermediate = 128, 256
+	c = writeLoRA(t, base, testmodel.Adapter{Rank: 16, Seed: 71})
+	dy := t.TempDir()
+	if err := testmodel.WriteAdapter(dy, base, testmodel.Adapter{Rank: 8, Seed: 72}); err != nil {
+		t.Fatal(err)
+	}
+	return c, func(e *Engine) *Model {
+		m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base, AdapterSlots: 2, MaxAdapterRank: 16})
+		addAdapter(t, m, "x", c.adapter)
+		addAdapter(t, m, "y", dy)
+		return m
+	}
+}
+
 // workerStats is the first worker's stats op reply for m.
 func workerStats(t *testing.T, e *Engine, m *Model) map[string]any {
 	t.Helper()
@@ -105,11 +186,13 @@ func firstDiffAt(a, b []int32) int {
 }
 
 // TestAdapterGraphsEmulated runs testdata/lora_graphs_test.py: the LoRA
-// decode-graph paths (the graphs captured with the delta, split steps,
-// the dense delta) on the CPU, each capture's step run again at every
-// replay, against the eager path; captures made to fail leave their
-// steps eager with the same tokens; under tensor parallel 2 (gloo) each
-// rank's graphs and eager steps decode what one rank decodes.
+// graph paths (the decode graphs captured with the delta, split steps,
+// the dense delta, the prompt-step graphs with the delta on stand-ins of
+// the CUDA kernels) on the CPU, each capture's step run again at every
+// replay, against the eager path: the same tokens (and, for the prompt
+// steps, logprobs); captures made to fail leave their steps eager with
+// the same tokens; under tensor parallel 2 (gloo) each rank's graphs and
+// eager steps decode what one rank decodes.
 func TestAdapterGraphsEmulated(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")

@@ -7,10 +7,16 @@ must decode what the eager path decodes, on graphs captured with the
 delta; a capture that fails (of the base's graphs or of those with the
 delta) leaves that kind's steps eager, with the same tokens; the two
 kinds capture into pools of their own, new ones after the KV table
-grows. DensePlan and Plan give the same delta on random slots. Under
-tensor parallel 2 (two processes of this script in a gloo group, each
-rank's slots its share) the graphs and the eager path decode what one
-rank decodes.
+grows. DensePlan and Plan give the same delta on random slots. Prompt
+steps with adapter rows (prefill.py: several chunks of the base and two
+adapters in one step, chunks beside decodes) replay the prompt-step
+graphs captured with the delta, the CUDA kernels stood in by plain torch
+(standins.py), and give the eager path's tokens and logprobs, base-only
+prompt steps their own graphs, with the next decode step speculated
+behind them (overlap); a failed capture with the delta leaves those
+steps eager with the same tokens. Under tensor parallel 2 (two
+processes of this script in a gloo group, each rank's slots its share)
+the graphs and the eager path decode what one rank decodes.
 
   python3 lora_graphs_test.py RUNTIME_DIR BASE_DIR ADAPTERS_JSON
 
@@ -23,13 +29,16 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, sys.argv[1])
+sys.dont_write_bytecode = True  # no __pycache__ beside the runtime or in testdata
+sys.path.insert(0, sys.argv[1])  # the runtime; standins.py is beside this script
 
 import torch  # noqa: E402
 
 from mlxsworker.settings import Settings  # noqa: E402
-from mlxsworker.torchrt import graphs, lora, tp  # noqa: E402
+from mlxsworker.torchrt import decoder, graphs, lora, prefill, tp  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
+from standins import Kern, flash_varlen  # noqa: E402
+from standins import record as standin_record  # noqa: E402
 
 
 class Replay:
@@ -167,6 +176,118 @@ def dense_vs_plan(base):
     assert n >= 4 * len(s.proj)
 
 
+def prompt_model(base, with_graphs):
+    """A model with two adapter slots on the CUDA paths' stand-ins (the
+    kernels, varlen attention); with_graphs: the decode graphs and the
+    prompt-step graphs, else every step eager."""
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8, "max_batch": 8})
+    m.model.kern = Kern(m.model)
+    m.model.varlen = m.model.sdpa = True
+    if with_graphs:
+        m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
+        m.graphs.lora = m.adapters
+        assert prefill.PrefillGraphs.supports(m.model)
+        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512, m.adapters)
+    return m
+
+
+def prompt_steps(m, ads):
+    """Prompt steps mixing the base and two adapters: three chunks in one
+    step (seq 0 of adapter 0 and seq 1 of the base start the same prompt,
+    seq 2 of adapter 1 all of its own), their rest beside seq 2's decode,
+    seq 3 of adapter 0 joining beside decodes, then seq 4 of the base
+    alone beside them, and decodes. Returns every sampled (token,
+    logprob) in order."""
+    p = [[(j * 37 + 11) % 300 + 5 for j in range(70)]] * 2
+    p += [[(j * 53 + 7 * i) % 300 + 5 for j in range(n)] for i, n in ((2, 100), (3, 40), (4, 50))]
+    which = [0, None, 1, 0, None]
+    lp, out, last = {"l": True}, [], {}
+
+    def open_(i):
+        w = which[i]
+        a = None if w is None else {"name": ads[w]["name"], "slot": w, "load": ads[w]["load"]}
+        m.open(i, p[i], "", adapter=a)
+
+    def step(batch):
+        r = m.step(batch)
+        out.extend(zip(r.tokens, r.logprobs))
+        last.update(zip([b[0] for b in batch if b[2]], r.tokens))
+
+    def decodes(seqs):
+        return [[i, [last[i]], True, lp] for i in seqs]
+
+    for i in range(3):
+        open_(i)
+    step([[0, p[0][:40], False, lp], [1, p[1][:40], False, lp], [2, p[2], True, lp]])
+    step([[0, p[0][40:], True, lp], [1, p[1][40:], True, lp]] + decodes([2]))
+    step(decodes([0, 1, 2]))
+    open_(3)
+    step([[3, p[3], True, lp]] + decodes([0, 1, 2]))
+    open_(4)
+    step([[4, p[4], True, lp]] + decodes([0, 1, 2, 3]))
+    for _ in range(3):
+        step(decodes(range(5)))
+    return out
+
+
+def prompt_graphs(base, ads):
+    """prompt_steps on the prompt-step graphs (with the delta for steps
+    with adapter rows) against every step eager; then with the capture
+    with the delta failing. Returns the checks passed."""
+    saved = decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture
+    decoder._flash_varlen, graphs.record, graphs.new_pool = flash_varlen, standin_record, lambda: object()
+    try:
+        with torch.no_grad():
+            eager = prompt_steps(prompt_model(base, False), ads)
+            assert abs(eager[2][1] - eager[3][1]) > 1e-3, "adapter 0 and the base on one prompt: %r" % eager[2:4]
+            gm = prompt_model(base, True)
+            runs = count_runs(gm.prefill)
+            got = prompt_steps(gm, ads)
+            same_as(got, eager, "prompt graphs")
+            pf = gm.prefill
+            assert pf.captured(lora=True) and pf.captured() and not pf.broken and not pf.lora_broken, sorted(pf.sets)
+            assert runs.count(True) >= 3 and runs.count(False) >= 1, "prompt-graph runs with the delta: %r" % runs
+            assert gm.stats()["prefill_lora_graphs"] == pf.captured(lora=True), gm.stats()
+            # The next decode step ran speculated behind steps with adapter
+            # rows, and was used beside the prompt chunks of later steps.
+            assert gm.speculated["beside"] > 0, gm.speculated
+
+            def failing(self, nb, lora=False):
+                if lora:
+                    raise RuntimeError("injected capture failure (prompt graphs with the delta)")
+                return saved[3](self, nb, lora)
+            prefill.PrefillGraphs._capture = failing
+            fm = prompt_model(base, True)
+            runs = count_runs(fm.prefill)
+            same_as(prompt_steps(fm, ads), eager, "prompt graphs with the delta failing")
+            pf = fm.prefill
+            assert pf.lora_broken and not pf.broken and not pf.captured(lora=True) and pf.captured(), sorted(pf.sets)
+            assert True not in runs and runs.count(False) >= 1, runs
+    finally:
+        decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture = saved
+    return 2
+
+
+def count_runs(pf):
+    """Wraps pf.run: the returned list gets, per step it ran, whether it
+    ran with the delta."""
+    runs, run = [], pf.run
+
+    def counted(tokens, rp, kvrow, group, last, slots=None):
+        out = run(tokens, rp, kvrow, group, last, slots)
+        if out is not None:
+            runs.append(slots is not None)
+        return out
+    pf.run = counted
+    return runs
+
+
+def same_as(got, want, what):
+    assert [t for t, _ in got] == [t for t, _ in want], "%s: tokens %r, eager %r" % (what, got, want)
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(got, want))
+    assert worst < 1e-4, "%s: logprobs differ by %g" % (what, worst)
+
+
 TP = 2
 
 
@@ -217,6 +338,7 @@ def main():
     passed += 1
     pools(sys.argv[2], ads)
     passed += 1
+    passed += prompt_graphs(sys.argv[2], ads)
     for kinds in ({"lora"}, {"base"}, {"base", "lora"}):
         FAIL.clear()
         FAIL.update(kinds)
