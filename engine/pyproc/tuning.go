@@ -43,7 +43,7 @@ type Tuning struct {
 	// NoPrefillGraphs runs steps of prompt chunks eagerly instead of on
 	// CUDA graphs captured per token count, piecewise around attention
 	// (CUDA, bfloat16/float16 models with plain weights, no mixture of
-	// experts, tensor parallel or adapters in the step).
+	// experts or tensor parallel; steps with adapters on graphs of their own).
 	NoPrefillGraphs bool
 	// NoKernels runs the plain torch code instead of the runtime's Triton
 	// kernels (CUDA).
