@@ -28,13 +28,15 @@ own, captured with the delta as the decode graphs compute it: a
 lora.DensePlan over every slot, its row mask built inside each piece
 from a shared buffer of each row's device slot (0: the base; padding
 rows too). Steps without adapter rows keep the graphs without it and pay
-nothing. The dense delta's FLOPs grow with slots * rank: about 82,000 *
-slots * rank multiply-adds a token per layer of an 8B Llama, whose
-projections take ~218 M: ~5% more at 8 slots of rank 16, ~19% at 32.
-The host plan (lora.Plan) costs few FLOPs, but such steps ran eagerly
-(two GEMMs per module per adapter on top of the eager launches): under
-a prompt-bound load on an H100 they served 0.66x the base's throughput
-at 1 or 8 adapters and 0.46x at 32.
+nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
+slots' rank, whatever the adapters' own): about 82,000 * slots * R
+multiply-adds a token per layer of an 8B Llama, whose projections take
+~218 M: ~5% more at 8 slots of rank 16, ~19% at 32 slots of rank 16 or
+8 of rank 64, with every slot counted, resident or not. The host plan
+(lora.Plan) costs few FLOPs, but such steps ran eagerly (two GEMMs per
+module per adapter on top of the eager launches): under a prompt-bound
+load on an H100 they served 0.66x the base's throughput at 1 or 8
+adapters and 0.46x at 32.
 
 Only models whose projections are plain tensors (no quantized weights), no
 mixtures of experts and no tensor parallel take this path; anything
