@@ -1,5 +1,5 @@
-"""The LoRA decode-graph paths (torchrt/graphs.py, TorchModel._forward_lora and
-_forward_split, lora.DensePlan) on the CPU: DecodeGraphs' own capture
+"""The LoRA graph paths (torchrt/graphs.py and prefill.py,
+TorchModel._forward_lora and _forward_split, lora.DensePlan) on the CPU: DecodeGraphs' own capture
 runs, with its CUDA part (_record) keeping the step as a callable that
 every replay runs again (what a CUDA graph replays). Sequences of two
 adapters and the base, prompts in chunks beside decodes (split steps),
@@ -13,7 +13,8 @@ adapters in one step, chunks beside decodes) replay the prompt-step
 graphs captured with the delta, the CUDA kernels stood in by plain torch
 (standins.py), and give the eager path's tokens and logprobs, base-only
 prompt steps their own graphs, with the next decode step speculated
-behind them (overlap); a failed capture with the delta leaves those
+behind each step (overlap) and without (the decodes beside chunks on
+their graphs: split steps); a failed capture with the delta leaves those
 steps eager with the same tokens. Under tensor parallel 2 (two
 processes of this script in a gloo group, each rank's slots its share)
 the graphs and the eager path decode what one rank decodes.
@@ -176,11 +177,12 @@ def dense_vs_plan(base):
     assert n >= 4 * len(s.proj)
 
 
-def prompt_model(base, with_graphs):
+def prompt_model(base, with_graphs, overlap=True):
     """A model with two adapter slots on the CUDA paths' stand-ins (the
     kernels, varlen attention); with_graphs: the decode graphs and the
-    prompt-step graphs, else every step eager."""
-    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8, "max_batch": 8})
+    prompt-step graphs, else every step eager; overlap: the settings'
+    (the next decode step speculated behind each step, on the graphs)."""
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8, "max_batch": 8}, Settings(overlap=overlap))
     m.model.kern = Kern(m.model)
     m.model.varlen = m.model.sdpa = True
     if with_graphs:
@@ -232,25 +234,27 @@ def prompt_steps(m, ads):
 
 def prompt_graphs(base, ads):
     """prompt_steps on the prompt-step graphs (with the delta for steps
-    with adapter rows) against every step eager; then with the capture
-    with the delta failing. Returns the checks passed."""
+    with adapter rows) against every step eager, with the overlap (the
+    decodes beside chunks speculated) and without (split steps); then
+    with the capture with the delta failing. Returns the checks passed."""
     saved = decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture
     decoder._flash_varlen, graphs.record, graphs.new_pool = flash_varlen, standin_record, lambda: object()
     try:
         with torch.no_grad():
             eager = prompt_steps(prompt_model(base, False), ads)
             assert abs(eager[2][1] - eager[3][1]) > 1e-3, "adapter 0 and the base on one prompt: %r" % eager[2:4]
-            gm = prompt_model(base, True)
-            runs = count_runs(gm.prefill)
-            got = prompt_steps(gm, ads)
-            same_as(got, eager, "prompt graphs")
-            pf = gm.prefill
-            assert pf.captured(lora=True) and pf.captured() and not pf.broken and not pf.lora_broken, sorted(pf.sets)
-            assert runs.count(True) >= 3 and runs.count(False) >= 1, "prompt-graph runs with the delta: %r" % runs
-            assert gm.stats()["prefill_lora_graphs"] == pf.captured(lora=True), gm.stats()
-            # The next decode step ran speculated behind steps with adapter
-            # rows, and was used beside the prompt chunks of later steps.
-            assert gm.speculated["beside"] > 0, gm.speculated
+            for overlap in (True, False):
+                gm = prompt_model(base, True, overlap)
+                runs, splits = spy(gm.prefill, "run"), spy(gm, "_forward_split")
+                same_as(prompt_steps(gm, ads), eager, "prompt graphs, overlap %s" % overlap)
+                pf, delta = gm.prefill, [len(a) > 5 and a[5] is not None for a, _, out in runs if out is not None]
+                assert pf.captured(lora=True) and pf.captured() and not pf.broken and not pf.lora_broken, sorted(pf.sets)
+                assert delta.count(True) >= 3 and delta.count(False) >= 1, "prompt-graph runs with the delta: %r" % delta
+                assert gm.stats()["prefill_lora_graphs"] == pf.captured(lora=True), gm.stats()
+                if overlap:  # the speculated decodes of adapter rows ran beside later steps' chunks
+                    assert gm.speculated["beside"] > 0, gm.speculated
+                else:  # decodes on the graphs with the delta, chunks on the prompt graphs, in one step
+                    assert any(kw.get("lora") and out is not None for _, kw, out in splits), "no split step with adapters"
 
             def failing(self, nb, lora=False):
                 if lora:
@@ -258,28 +262,27 @@ def prompt_graphs(base, ads):
                 return saved[3](self, nb, lora)
             prefill.PrefillGraphs._capture = failing
             fm = prompt_model(base, True)
-            runs = count_runs(fm.prefill)
+            runs = spy(fm.prefill, "run")
             same_as(prompt_steps(fm, ads), eager, "prompt graphs with the delta failing")
             pf = fm.prefill
             assert pf.lora_broken and not pf.broken and not pf.captured(lora=True) and pf.captured(), sorted(pf.sets)
-            assert True not in runs and runs.count(False) >= 1, runs
+            assert all(a[5] is None for a, _, out in runs if out is not None), "a run with the delta"
     finally:
         decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture = saved
-    return 2
+    return 3
 
 
-def count_runs(pf):
-    """Wraps pf.run: the returned list gets, per step it ran, whether it
-    ran with the delta."""
-    runs, run = [], pf.run
+def spy(obj, name):
+    """Wraps obj's method name: the returned list gets (args, keywords,
+    result) of every call."""
+    calls, f = [], getattr(obj, name)
 
-    def counted(tokens, rp, kvrow, group, last, slots=None):
-        out = run(tokens, rp, kvrow, group, last, slots)
-        if out is not None:
-            runs.append(slots is not None)
+    def wrapped(*args, **kw):
+        out = f(*args, **kw)
+        calls.append((args, kw, out))
         return out
-    pf.run = counted
-    return runs
+    setattr(obj, name, wrapped)
+    return calls
 
 
 def same_as(got, want, what):
