@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,4 +74,20 @@ func TestHostileMXFP4(t *testing.T) {
 	}
 	m := load(t, e, tiny(t))
 	generate(t, m, 1, prompt(1, 5), 3)
+}
+
+// TestGptOssSinksEmulated runs testdata/sinks_test.py: gpt_oss's sinks
+// inside the CUDA fast paths on the CPU. The sink correction
+// (out * sigmoid(L - s)) and the stand-in decode kernel's softmax against
+// an explicit sink column (a short window and a fully masked row among
+// them); then a tiny gpt_oss through the kernels, the varlen prompt
+// attention, decode graphs and the speculated next step, all stood in by
+// plain torch, against the plain path: the same tokens, logprobs within
+// 1e-4.
+func TestGptOssSinksEmulated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gpt_oss")
+	if err := testmodel.Write(dir, testmodel.TinyFamily("gpt_oss")); err != nil {
+		t.Fatal(err)
+	}
+	runPyCheck(t, "testdata/sinks_test.py", "runtime", dir)
 }
