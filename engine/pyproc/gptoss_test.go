@@ -3,6 +3,8 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,4 +92,95 @@ func TestGptOssSinksEmulated(t *testing.T) {
 		t.Fatal(err)
 	}
 	runPyCheck(t, "testdata/sinks_test.py", "runtime", dir)
+}
+
+// TestGptOssFastPathsCUDA (MLXSERVING_TEST_DEVICE=cuda only): a tiny
+// gpt_oss served on the CUDA fast paths (the Triton kernels with its
+// sinks, in bfloat16 the varlen prompt attention rescaled by its
+// log-sum-exp, decode graphs where the experts capture) gives the plain
+// torch path's distributions. Both are fed the same tokens (the plain
+// path's greedy choices): prompts of 37, 150 and 300 tokens in one step,
+// a fourth of 60 joining beside decodes, 40 steps in all, past the
+// 16-token windows; the five largest log-probabilities of every sampled
+// position agree within the dtype's tolerance, and the greedy tokens
+// wherever the plain path's top two are apart. The worker's stats must
+// show the kernels (in bfloat16 the varlen call too) ran.
+func TestGptOssFastPathsCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.TinyFamily("gpt_oss")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dtype string
+		tol   float64
+	}{{"bfloat16", 0.06}, {"float32", 1e-3}} {
+		t.Run(tc.dtype, func(t *testing.T) {
+			e := newEngine(t, WithDType(tc.dtype))
+			fast := load(t, e, dir)
+			plain := load(t, newEngine(t, WithDType(tc.dtype), WithTuning(Tuning{NoKernels: true, NoVarlen: true}),
+				WithCUDAGraphs(false)), dir)
+			compareFed(t, fast, plain, tc.tol)
+			st := workerStats(t, e, fast)
+			t.Logf("fast paths: kernels %v, varlen %v, decode graph buckets %v", st["kernels"], st["varlen"], st["decode_graphs"])
+			if st["kernels"] != true || (tc.dtype == "bfloat16" && st["varlen"] != true) {
+				t.Errorf("worker stats %v: want the kernels (and in bfloat16 the varlen call) on", st)
+			}
+		})
+	}
+}
+
+// compareFed runs the scenario of TestGptOssFastPathsCUDA on fast and
+// plain, feeding both plain's greedy tokens.
+func compareFed(t *testing.T, fast, plain *Model, tol float64) {
+	t.Helper()
+	ctx := context.Background()
+	params := &engine.SamplingParams{Logprobs: true, TopLogprobs: 5}
+	feed := map[engine.SeqID][]int32{}
+	open := func(id engine.SeqID, n int) {
+		p := prompt(int(id)+7, n)
+		a, b := openFeed(t, fast, id, p), openFeed(t, plain, id, p)
+		if len(a) != len(b) {
+			t.Fatalf("seq %d: %d prompt tokens to feed on the fast path, %d on the plain", id, len(a), len(b))
+		}
+		feed[id] = a
+		t.Cleanup(func() { fast.Free(id, ""); plain.Free(id, "") })
+	}
+	for i, n := range []int{37, 150, 300} {
+		open(engine.SeqID(i+1), n)
+	}
+	for step := range 40 {
+		if step == 5 {
+			open(4, 60)
+		}
+		var batch []engine.StepInput
+		for id := engine.SeqID(1); id <= 4; id++ {
+			if f, ok := feed[id]; ok {
+				batch = append(batch, engine.StepInput{Seq: id, Tokens: f, Sample: true, Params: params})
+			}
+		}
+		of, err := fast.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := plain.Step(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range op {
+			f := of[i]
+			for k := range p.Top {
+				if d := math.Abs(float64(p.Top[k].Logprob - f.Top[k].Logprob)); d > tol {
+					t.Fatalf("step %d seq %d: log-probability %d is %.5f on the fast path, %.5f on the plain", step, p.Seq, k,
+						f.Top[k].Logprob, p.Top[k].Logprob)
+				}
+			}
+			if f.Token != p.Token && p.Top[0].Logprob-p.Top[1].Logprob > float32(2*tol) {
+				t.Fatalf("step %d seq %d: token %d on the fast path, %d on the plain (top %v)", step, p.Seq, f.Token, p.Token, p.Top)
+			}
+			feed[p.Seq] = []int32{p.Token}
+		}
+	}
 }
