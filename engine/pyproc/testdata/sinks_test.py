@@ -138,17 +138,9 @@ def run(m):
     prefix), seq 2's 100 beside the first; both decode; seq 3's 30-token
     prompt joins beside their decodes; all three decode past two 16-token
     windows. Returns every (token, logprob) sampled."""
-    p1 = [(j * 37 + 11) % 300 + 5 for j in range(70)]
-    p2 = [(j * 53 + 7) % 300 + 5 for j in range(100)]
-    p3 = [(j * 29 + 3) % 300 + 5 for j in range(30)]
-    lp = {"l": True}
-    out = []
-
-    def step(batch):
-        r = m.step(batch)
-        out.extend(zip(r.tokens, [round(x, 6) for x in r.logprobs]))
-        return r.tokens
-
+    p1, p2, p3 = (standins.prompt(a, b, n) for a, b, n in ((37, 11, 70), (53, 7, 100), (29, 3, 30)))
+    lp, out = {"l": True}, []
+    step = standins.sampler(m, out)
     m.open(1, p1, "")
     m.open(2, p2, "")
     t = step([[1, p1[:40], False, lp], [2, p2, True, lp]])

@@ -11,6 +11,22 @@ import torch
 import torch.nn.functional as F
 
 
+def prompt(mul, add, n):
+    """n token ids of the tiny test models' vocabulary, in a pattern of
+    their own for each (mul, add)."""
+    return [(j * mul + add) % 300 + 5 for j in range(n)]
+
+
+def sampler(m, out):
+    """A step function for the TorchModel m: runs a batch, adds its
+    (token, logprob) pairs to out and returns its tokens."""
+    def step(batch):
+        r = m.step(batch)
+        out.extend(zip(r.tokens, r.logprobs))
+        return r.tokens
+    return step
+
+
 class Replay:
     """A captured step: replay runs it again, into the output buffer
     when the step returns one."""
