@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -183,4 +184,95 @@ func compareFed(t *testing.T, fast, plain *Model, tol float64) {
 			feed[p.Seq] = []int32{p.Token}
 		}
 	}
+}
+
+// longPrompt is the prompt TestGptOssLongPromptCUDA feeds: gpt-oss's
+// whole context.
+const longPrompt = 131072
+
+// TestGptOssLongPromptCUDA (MLXSERVING_TEST_DEVICE=cuda only): a
+// 131,072-token prompt on a gpt_oss with gpt-oss-20b's attention (64
+// heads of 64 over 8 KV heads, windows of 128 alternating with full
+// layers, YaRN to 131,072 positions; two layers and narrow experts) in
+// bfloat16, fed in chunks of the worker's step budget through the varlen
+// call, then 8 decode steps on the kernels (the cache split, the combine
+// adding the sinks) and their graphs. The same with the kernels
+// off (the plain attention decodes, in graphs per length bucket, from
+// the same varlen prompt) must give the same distributions: the five
+// largest log-probabilities of each step within 0.06. Logs how long the
+// prompt and the decode steps took on each.
+func TestGptOssLongPromptCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	c := testmodel.TinyFamily("gpt_oss")
+	c.Heads, c.KVHeads, c.HeadSize, c.SlidingWindow, c.DType = 64, 8, 64, 128, "bfloat16"
+	c.ContextLength = longPrompt + 16
+	c.Yarn = &testmodel.Yarn{Factor: 32, OriginalMaxPositionEmbeddings: 4096, BetaFast: 32, BetaSlow: 1, NoTruncate: true}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, c); err != nil {
+		t.Fatal(err)
+	}
+	var tops [2][][]engine.TokenLogprob
+	for i, tuning := range []Tuning{{}, {NoKernels: true}} {
+		e := newEngine(t, WithDType("bfloat16"), WithTuning(tuning))
+		m, err := e.Load(context.Background(), engine.ModelSpec{ID: "long", Path: dir, KVCapacity: 2 * c.ContextLength})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tops[i] = decodeLong(t, m.(*Model), tuning.NoKernels)
+		st := workerStats(t, e, m.(*Model))
+		t.Logf("kernels off %v: stats kernels %v, varlen %v, decode graph buckets %v", tuning.NoKernels, st["kernels"], st["varlen"],
+			st["decode_graphs"])
+		if st["varlen"] != true || st["kernels"] != !tuning.NoKernels {
+			t.Errorf("worker stats %v: want the varlen call, and the kernels unless turned off", st)
+		}
+		m.Close()
+	}
+	for s := range tops[0] {
+		for k := range tops[0][s] {
+			if d := math.Abs(float64(tops[0][s][k].Logprob - tops[1][s][k].Logprob)); d > 0.06 {
+				t.Errorf("step %d (0: the prompt's last position): log-probability %d is %.5f with the kernels, %.5f without", s, k,
+					tops[0][s][k].Logprob,
+					tops[1][s][k].Logprob)
+			}
+		}
+	}
+}
+
+// decodeLong feeds m the long prompt in chunks of its step budget, then
+// 8 one-token steps of fixed tokens (the same on both paths); returns the
+// top five of the prompt's last position and of each decode step.
+func decodeLong(t *testing.T, m *Model, plain bool) [][]engine.TokenLogprob {
+	t.Helper()
+	ctx := context.Background()
+	p := prompt(3, longPrompt)
+	feed := openFeed(t, m, 1, p)
+	defer m.Free(1, "")
+	chunk := max(m.Info().StepTokens, 512)
+	params := &engine.SamplingParams{Logprobs: true, TopLogprobs: 5}
+	t0 := time.Now()
+	var tops [][]engine.TokenLogprob
+	for len(feed) > 0 {
+		n := min(chunk, len(feed))
+		o, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed[:n], Sample: n == len(feed), Params: params}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == len(feed) {
+			tops = append(tops, o[0].Top)
+		}
+		feed = feed[n:]
+	}
+	t.Logf("kernels off %v: %d-token prompt in %v (chunks of %d)", plain, len(p), time.Since(t0).Round(time.Millisecond), chunk)
+	t0 = time.Now()
+	for s := range 8 {
+		o, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: []int32{int32(s*41+7) % 379}, Sample: true, Params: params}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tops = append(tops, o[0].Top)
+	}
+	t.Logf("kernels off %v: 8 decode steps at %d tokens in %v", plain, len(p), time.Since(t0).Round(time.Millisecond))
+	return tops
 }
