@@ -177,6 +177,8 @@ def check_served(path):
                 assert CALLS["decode"] and CALLS["varlen"], (name, CALLS)
             if with_graphs:
                 assert m.graphs.graphs and not m.graphs.broken, name
+            if overlap:
+                assert m.stats()["speculated"]["chained"] > 0, (name, m.stats()["speculated"])
             print("%s: %d tokens, worst logprob difference %.2g, calls %s" % (name, len(got), worst, CALLS))
             passed += 1
     return passed
