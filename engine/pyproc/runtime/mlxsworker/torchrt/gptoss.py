@@ -17,8 +17,10 @@ keeping their flash window. Decode steps replay CUDA graphs where the
 experts' grouped GEMM captures (moe.Experts.capturable). What stays off:
 SDPA (it returns no log-sum-exp), so prompt chunks the varlen call does
 not take (float32 models, or its load-time check failed: decoder's
-_varlen_ok) attend with the plain torch code (softmax_sinks); and the
-prompt-step graphs (prefill.py), which exclude mixtures of experts.
+_varlen_ok) attend with the plain torch code (softmax_sinks), which
+materializes each chunk's scores: long prompts want bfloat16 or float16;
+and the prompt-step graphs (prefill.py), which exclude mixtures of
+experts.
 
 MLP: a mixture of experts in every layer. The router (mlp.router, with a
 bias) takes the top k of its logits and a softmax over those k. Expert j
