@@ -5,9 +5,15 @@ rotated dims, attention scales, sliding windows and RMSNorm kinds, in
 each serving dtype. Every case runs each kernel once on random data:
 add_rms, silu_mul, decode_attention (with and without its cache split,
 blocks of 16 and 32 tokens scattered through the pool, no window, the
-family's and one that bites), rope_kv and argmax (a tie included). At
-load the runtime only builds the kernels (kernels.probe); this is where
-their numbers are checked.
+family's and one that bites; gpt-oss's with a sink logit per head, some
+far above and below the scores), rope_kv and argmax (a tie included).
+Then the varlen flash call with sinks (its log-sum-exp rescaling the
+output, decoder._flash_varlen and gptoss.with_sinks) against float32
+attention with a sink column, in gpt-oss's shapes: packed chunks, fresh
+and continuing, one-token chunks, its window of 128 and none. At load the
+runtime only builds the kernels (kernels.probe) and checks the varlen
+call on a few tokens (decoder._varlen_ok); this is where their numbers
+are checked.
 
   python3 kernels_test.py RUNTIME_DIR
 
@@ -18,26 +24,40 @@ import sys
 
 sys.path.insert(0, sys.argv[1])
 
+import types  # noqa: E402
+
 import torch  # noqa: E402
 
-from mlxsworker.torchrt import kernels  # noqa: E402
+from mlxsworker.torchrt import decoder, kernels  # noqa: E402
 
-# (name, heads, kv heads, head dim, rotated dims, scale, window, norm)
+# (name, heads, kv heads, head dim, rotated dims, scale, window, norm, sinks)
 SHAPES = [
-    ("llama 3.2 1B", 32, 8, 64, None, None, 0, "llama"),
-    ("qwen3", 16, 8, 128, None, None, 0, "llama"),
-    ("mistral (sliding window)", 32, 8, 128, None, None, 4096, "llama"),
-    ("gemma 3 (local layers, 1 + w)", 8, 4, 256, None, 256 ** -0.5, 512, "gemma"),
-    ("phi-4-mini (partial rotary)", 24, 8, 128, 96, None, 0, "llama"),
-    ("olmo 2 (one rounding)", 16, 16, 128, None, None, 0, "olmo2"),
-    ("the tiny test models (a window that bites)", 4, 2, 16, None, 0.3, 7, "llama"),
+    ("llama 3.2 1B", 32, 8, 64, None, None, 0, "llama", False),
+    ("qwen3", 16, 8, 128, None, None, 0, "llama", False),
+    ("mistral (sliding window)", 32, 8, 128, None, None, 4096, "llama", False),
+    ("gemma 3 (local layers, 1 + w)", 8, 4, 256, None, 256 ** -0.5, 512, "gemma", False),
+    ("phi-4-mini (partial rotary)", 24, 8, 128, 96, None, 0, "llama", False),
+    ("olmo 2 (one rounding)", 16, 16, 128, None, None, 0, "olmo2", False),
+    ("the tiny test models (a window that bites)", 4, 2, 16, None, 0.3, 7, "llama", False),
+    ("gpt-oss (sinks, window 128)", 64, 8, 64, None, None, 128, "olmo2", True),
+    ("the tiny gpt_oss (sinks)", 4, 2, 64, None, None, 16, "olmo2", True),
 ]
 
 
-def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama"):
+def random_sinks(g, H):
+    """Sink logits [H] (float32, CPU) beside the scores' spread, with the
+    first far above them (the head attends to almost nothing) and the
+    second far below (the sink drops out)."""
+    s = torch.randn(H, generator=g) * 2
+    s[0], s[1] = 20.0, -20.0
+    return s
+
+
+def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", sinks=False):
     """Runs each kernel once on random data against plain torch, with the
-    model's rotated dims, attention scale, a sliding window (0: none) and
-    RMSNorm kind; returns None when they agree, else what differs."""
+    model's rotated dims, attention scale, a sliding window (0: none),
+    RMSNorm kind and sinks; returns None when they agree, else what
+    differs."""
     g = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
     tol = 2e-2 if dtype != torch.float32 else 1e-4
@@ -55,9 +75,10 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
     if not torch.allclose(kernels.silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
         return "silu_mul"
     H, K = heads, kv_heads
+    sink = random_sinks(g, H) if sinks else None
     for bs in (16, 32):
         for win in sorted({0, window, 7 if window else 0}):  # none, the model's, one that bites
-            err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot or hd, scale or hd ** -0.5, win)
+            err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot or hd, scale or hd ** -0.5, win, sink)
             if err is not None:
                 return err
     x = torch.randn(3, 50000, generator=g).to(device)
@@ -67,10 +88,11 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
     return None
 
 
-def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window):
+def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window, sinks=None):
     """decode_attention (split and not) and rope_kv against plain torch on
     blocks of bs tokens scattered through the pool, rot of each head's dims
-    rotated, q.k scaled by scale, a sliding window (0: none)."""
+    rotated, q.k scaled by scale, a sliding window (0: none), sinks [H]
+    (CPU float32; None: none) as one more softmax column."""
     nb = -(-ctx // bs)
     blocks = B * nb
     kc, vc = rnd(blocks + 1, bs, K, hd), rnd(blocks + 1, bs, K, hd)
@@ -106,14 +128,19 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
         vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
     for context in (ctx, 1024):
         k2, v2 = kc.clone(), vc.clone()
-        out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot)
+        out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot,
+                                       sinks=None if sinks is None else sinks.to(device))
         for b in range(B):
             p = int(pos[b])
             q = rope(qkv[b, : H * hd].view(H, hd), p)
             first = max(0, p - window + 1) if window else 0
             kk = seq(kref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
             vv = seq(vref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
-            att = torch.softmax(torch.einsum("hd,hld->hl", q.float(), kk) * scale, -1)
+            s = torch.einsum("hd,hld->hl", q.float(), kk) * scale
+            if sinks is None:
+                att = torch.softmax(s, -1)
+            else:  # the sink as one more column, dropped after
+                att = torch.softmax(torch.cat([s, sinks.to(device).unsqueeze(1)], -1), -1)[:, :-1]
             o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
             if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
                 return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
@@ -133,17 +160,39 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
     return None
 
 
+def check_varlen_sinks(device, dtype):
+    """The varlen flash call with gpt-oss's sinks against float32
+    attention with a sink column (decoder._varlen_error); returns None
+    when they agree, else what differs."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    sinks = random_sinks(g, 64)
+    cfg = types.SimpleNamespace(heads=64, kv_heads=8, head_dim=64)
+    cases = [[(37, 37), (150, 150), (20, 300)],  # fresh chunks, and one continuing a 280-token prefix
+             [(1, 1), (1, 200)]]  # one-token chunks: flash regroups their heads
+    for lens in cases:
+        for window in (0, 128):
+            err = decoder._varlen_error(device, dtype, cfg, g, lens, None, window, sinks)
+            if err > 0.03:
+                return "chunks %s, window %d: off by %.3g" % (lens, window, err)
+    return None
+
+
 def main():
     if not torch.cuda.is_available():
         raise SystemExit("kernels_test.py needs CUDA")
     dev = torch.device("cuda")
     passed = 0
-    for name, H, K, hd, rot, scale, window, norm in SHAPES:
+    for name, H, K, hd, rot, scale, window, norm, sinks in SHAPES:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            err = self_check(dev, dtype, H, K, hd, rot=rot, scale=scale, window=window, norm=norm)
+            err = self_check(dev, dtype, H, K, hd, rot=rot, scale=scale, window=window, norm=norm, sinks=sinks)
             if err is not None:
                 raise AssertionError("%s in %s: %s disagrees with plain torch" % (name, dtype, err))
             passed += 1
+    for dtype in (torch.bfloat16, torch.float16):
+        err = check_varlen_sinks(dev, dtype)
+        if err is not None:
+            raise AssertionError("varlen flash attention with sinks in %s: %s" % (dtype, err))
+        passed += 1
     print("%d passed, 0 failed" % passed)
 
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from mlxsworker.torchrt import decoder, graphs, prefill  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
-from standins import Kern, flash_varlen, record  # noqa: E402
+from standins import Kern, flash_varlen, prompt, record, sampler  # noqa: E402
 
 
 def model(path, with_graphs):
@@ -43,17 +43,9 @@ def run(m):
     2's beside its first, then decodes; seq 3 joins with a 300-token
     prompt alone; all three decode. Returns (tokens, logprobs) of every
     sampling input, and the KV pool after the step of seq 3's prompt."""
-    p1 = [(j * 37 + 11) % 300 + 5 for j in range(70)]
-    p2 = [(j * 53 + 7) % 300 + 5 for j in range(100)]
-    p3 = [(j * 29 + 3) % 300 + 5 for j in range(300)]
-    lp = {"l": True}
-    out = []
-
-    def step(batch):
-        r = m.step(batch)
-        out.extend(zip(r.tokens, r.logprobs))
-        return r.tokens
-
+    p1, p2, p3 = prompt(37, 11, 70), prompt(53, 7, 100), prompt(29, 3, 300)
+    lp, out = {"l": True}, []
+    step = sampler(m, out)
     m.open(1, p1, "")
     m.open(2, p2, "")
     t = step([[1, p1[:40], False, lp], [2, p2, True, lp]])  # 140 rows: bucket 256

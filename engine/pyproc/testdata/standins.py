@@ -2,10 +2,29 @@
 that the CPU tests (prefill_graphs_test.py, overlap_test.py) run those
 paths: a captured graph kept as a callable that every replay runs again,
 the Triton kernels' entry points (kernels.py) and the varlen flash call,
-in float32.
+in float32. Attention sinks (gpt_oss) take the real calls' interfaces and
+math: decode_attention adds exp(s_h - m) to its softmax's denominator, as
+the kernel does; flash_varlen returns its log-sum-exp for the decoder to
+rescale by.
 """
 import torch
 import torch.nn.functional as F
+
+
+def prompt(mul, add, n):
+    """n token ids of the tiny test models' vocabulary, in a pattern of
+    their own for each (mul, add)."""
+    return [(j * mul + add) % 300 + 5 for j in range(n)]
+
+
+def sampler(m, out):
+    """A step function for the TorchModel m: runs a batch, adds its
+    (token, logprob) pairs to out and returns its tokens."""
+    def step(batch):
+        r = m.step(batch)
+        out.extend(zip(r.tokens, r.logprobs))
+        return r.tokens
+    return step
 
 
 class Replay:
@@ -60,7 +79,7 @@ class Kern:
         return qk
 
     def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
-                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0):
+                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None):
         bs, hd, f = kc.shape[1], kc.shape[-1], self.m.kvq
         qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
         v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
@@ -73,13 +92,26 @@ class Kern:
             blocks = table[row, : p // bs + 1].long()
             kk = f.load(kc, blocks, k_scale).reshape(-1, kv_heads, hd)[: p + 1]
             vv = f.load(vc, blocks, v_scale).reshape(-1, kv_heads, hd)[: p + 1]
-            out.append(_attend(qk[b, :heads].unsqueeze(0), kk, vv, scale, window).reshape(-1))
+            s, vh = _scores(qk[b, :heads].unsqueeze(0), kk, vv, scale, window)
+            out.append((_decode_softmax(s, sinks) @ vh).reshape(-1))
         return torch.stack(out)
 
 
-def _attend(q, k, v, scale, window=0):
-    """q [T, H, hd] over k, v [L, K, hd], causal aligned bottom-right; a
-    window w > 0 keeps the keys j of query i with i - w < j <= i."""
+def _decode_softmax(s, sinks):
+    """The decode kernel's softmax of scores s [H, 1, L]: exp(s - m) over
+    the row's sum, plus exp(sink - m) per head where sinks [H] are given."""
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    den = e.sum(-1, keepdim=True)
+    if sinks is not None:
+        den = den + torch.exp(sinks.view(-1, 1, 1) - m)
+    return e / den
+
+
+def _scores(q, k, v, scale, window=0):
+    """(scaled scores [H, T, L] of q [T, H, hd] over k [L, K, hd], causal
+    aligned bottom-right, -inf where masked; v as [H, L, hd]); a window w
+    > 0 keeps the keys j of query i with i - w < j <= i."""
     T, H, hd = q.shape
     L, K = k.shape[0], k.shape[1]
     k, v = (t.repeat_interleave(H // K, dim=1) for t in (k, v))
@@ -88,13 +120,25 @@ def _attend(q, k, v, scale, window=0):
     allowed = kp <= qp
     if window:
         allowed = allowed & (kp > qp - window)
-    s = s.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), v)
+    return s.masked_fill(~allowed, float("-inf")), v.transpose(0, 1)
 
 
-def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
-    out = []
+def _attend(q, k, v, scale, window=0):
+    """(output [T, H, hd], log-sum-exp [T, H]) of q over k and v as
+    _scores masks them; a query that sees no key gets zeros (and -inf),
+    as flash gives it zeros."""
+    s, v = _scores(q, k, v, scale, window)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ v).transpose(0, 1), torch.logsumexp(s, dim=-1).transpose(0, 1)
+
+
+def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0, lse=False):
+    """decoder._flash_varlen: the output, and with lse each query's
+    log-sum-exp [Tq, H]."""
+    out, lses = [], []
     for i in range(len(cu_q) - 1):
         qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
-        out.append(_attend(q[qa:qb], k[ka:kb], v[ka:kb], scale, window))
-    return torch.cat(out)
+        o, L = _attend(q[qa:qb], k[ka:kb], v[ka:kb], scale, window)
+        out.append(o)
+        lses.append(L)
+    return (torch.cat(out), torch.cat(lses)) if lse else torch.cat(out)

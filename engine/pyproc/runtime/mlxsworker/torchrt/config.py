@@ -31,8 +31,8 @@ class Family:
     bias: q, k and v biases always (Qwen2); else attention_bias decides.
     o_bias: o_proj has a bias too (gpt_oss).
     sinks: a learned attention sink per head, self_attn.sinks (gpt_oss):
-      the plain torch attention runs (no SDPA, flash or Triton kernel
-      takes one).
+      the Triton decode kernel and the varlen flash call take them, SDPA
+      does not (gptoss.py).
     sliding: which layers slide when sliding_window is set and the config
       has no layer_types: "all", "gemma2" (even layers), "gemma3"
       (sliding_window_pattern), "qwen" (use_sliding_window and

@@ -14,9 +14,11 @@ own, reading KV through block tables (paged.py).
 
 On CUDA the Triton kernels (kernels.py) add the residual and norm, rotate
 and cache q and k, and run decode attention (sliding windows bound the
-keys they walk), and prompt chunks attend in one varlen flash call
-(window_size_left for sliding layers). What they cannot do falls back to
-the plain torch attention, said where it happens.
+keys they walk; gpt_oss's sinks join its softmax), and prompt chunks
+attend in one varlen flash call (window_size_left for sliding layers;
+sinks rescale its output by its log-sum-exp: gptoss.with_sinks). What
+they cannot do falls back to the plain torch attention, said where it
+happens.
 """
 import logging
 
@@ -98,13 +100,16 @@ class Decoder:
         self.cos, self.sin = self.tabs[0]
         self.norm_kind = fam.norm
         fast = device.type == "cuda"
-        # Soft-capped attention scores (Gemma 2) and attention sinks
-        # (gpt_oss) are beyond SDPA, flash and the Triton kernels: such a
-        # model attends with the plain torch code throughout, and so runs
-        # no varlen prompt attention, prompt-step graphs (prefill.py) or
-        # kernel decode chain.
-        capped = cfg.attn_softcap > 0 or fam.sinks
-        self.sdpa = fast and not capped and _sdpa_gqa()
+        # Soft-capped attention scores (Gemma 2) are beyond SDPA, flash and
+        # the Triton kernels: such a model attends with the plain torch
+        # code throughout, and so runs no varlen prompt attention,
+        # prompt-step graphs (prefill.py) or kernel decode chain.
+        capped = cfg.attn_softcap > 0
+        flash = fast and not capped and _sdpa_gqa()
+        # Attention sinks (gpt_oss) are beyond SDPA alone: the decode
+        # kernel and the varlen call take them, other chunks attend with
+        # the plain torch code (gptoss.py).
+        self.sdpa = flash and not fam.sinks
         if self.sdpa and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
             # cuDNN's attention builds an execution plan for every new query
             # length (about 100 ms each); prompt chunks come in every length,
@@ -120,14 +125,12 @@ class Decoder:
         # each chunk over its prefix and itself), instead of a handful of
         # calls and copies per chunk: steps under load carry several
         # chunks and were bound by launching them.
-        self.varlen = self.sdpa and settings.varlen and _varlen_ok(device, dtype, cfg)
+        self.varlen = flash and settings.varlen and _varlen_ok(device, dtype, cfg)
         self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul) if cfg.experts else None
         # CUDA graphs need a step without host syncs: the experts' loop
         # fallback counts tokens on the host, and the grouped GEMM must
         # capture too (moe.Experts.capturable).
-        # gpt_oss's decode steps run eagerly: its plain torch attention
-        # with sinks has not been checked under CUDA graph capture.
-        self.graphable = (self.moe is None or self.moe.capturable) and not fam.sinks
+        self.graphable = self.moe is None or self.moe.capturable
         # The step's LoRA adapters (lora.Plan or lora.DensePlan), set by
         # the backend around a forward pass whose rows run adapters; None:
         # the base alone.
@@ -153,8 +156,8 @@ class Decoder:
         L["o"] = self.lin(a + "o_proj.weight", (h, H * hd))
         if fam.o_bias:
             L["o_b"] = get(a + "o_proj.bias", (h,))
-        if fam.sinks:  # per query head, as [kv_heads, heads per kv head, 1, 1] (attend's grouping)
-            L["sinks"] = get(a + "sinks", (H,)).view(K, H // K, 1, 1)
+        if fam.sinks:  # per query head, float32 (the kernels' operand; probs groups them as attend does)
+            L["sinks"] = get(a + "sinks", (H,)).float()
         if fam.qk_norm == "head":  # each head of q and k, before the rotary embedding
             L["q_norm"] = get(a + "q_norm.weight", (hd,))
             L["k_norm"] = get(a + "k_norm.weight", (hd,))
@@ -331,7 +334,8 @@ class Decoder:
             qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
-                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li])
+                                           cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li],
+                                           sinks=L.get("sinks"))
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
@@ -394,7 +398,11 @@ class Decoder:
             return self.attend_sdpa(q, k, v, qkv, kc, vc, kv, groups, li)
         out = torch.empty(q.shape[0], H * hd, device=q.device, dtype=q.dtype)
         for g in groups:
-            if g[0] == "decode":
+            if g[0] == "varlen":  # gpt_oss: flash with sinks, no SDPA
+                whole = self.attend_varlen(q, kc, vc, g, out, li, kv.group_of[li])
+                if whole is not None:
+                    return whole
+            elif g[0] == "decode":
                 rows = g[1]
                 if self.kern is not None:
                     out[rows] = self.attend_decode_kern(qkv, kc, vc, kv, g, li)
@@ -426,7 +434,8 @@ class Decoder:
         sinks = self.layers[li].get("sinks")
         if sinks is None:
             return torch.softmax(s.float(), dim=-1)
-        return gptoss.softmax_sinks(s, sinks)
+        K = self.cfg.kv_heads
+        return gptoss.softmax_sinks(s, sinks.view(K, -1, 1, 1))
 
     def decode_kv(self, kc, vc, kv, g, li, dtype):
         """A decode group's keys and values gathered through layer li's
@@ -446,7 +455,7 @@ class Decoder:
         cos, sin = self.tabs[self.tab_of[li]]
         return self.kern.decode_attention(qkv[rows].contiguous(), kc, vc, kv.table_of(li), trows, lens - 1, cos, sin,
                                           cfg.heads, cfg.kv_heads, cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim,
-                                          self.prefetch, *self.kvq.scales[li])
+                                          self.prefetch, *self.kvq.scales[li], sinks=self.layers[li].get("sinks"))
 
     def attend_varlen(self, q, kc, vc, g, out, li, group):
         """A varlen group: ("varlen", qrows, krows, cu_q, cu_k, max_q,
@@ -455,7 +464,8 @@ class Decoder:
         flattened KV cache holding each chunk's prefix and itself (out of
         a sliding window: the scratch block's, outside the flash window),
         and their cumulative lengths (int32). Returns the output when it
-        is the whole step."""
+        is the whole step. Layer li's sinks (gpt_oss) rescale flash's
+        output by its log-sum-exp (gptoss.with_sinks)."""
         _, qrows, krows, cu_q, cu_k, max_q, max_k = g
         krows = krows[group]
         K, hd = self.cfg.kv_heads, self.cfg.head_dim
@@ -463,7 +473,12 @@ class Decoder:
         ks, vs = self.kvq.scales[li]
         kk = self.kvq.load(kc.view(-1, K, hd), krows, ks)
         vv = self.kvq.load(vc.view(-1, K, hd), krows, vs)
-        o = _flash_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k, self.custom_scale(), self.cfg.windows[li])
+        sinks = self.layers[li].get("sinks")
+        args = (qq, kk, vv, cu_q, cu_k, max_q, max_k, self.custom_scale(), self.cfg.windows[li])
+        if sinks is None:
+            o = _flash_varlen(*args)
+        else:
+            o = gptoss.with_sinks(*_flash_varlen(*args, lse=True), sinks)
         o = o.reshape(o.shape[0], -1)
         if qrows is None:
             return o
@@ -575,71 +590,101 @@ def _allowed(T, L, p, W, device):
 def _kernels(cfg, device, dtype, kv_dtype):
     """The Triton kernels module when it covers the model's shapes and
     its kernels build and run here (kernels.probe, with the model's
-    attention scale, rotated dims, window, norm and KV storage dtype);
-    None otherwise (the torch code runs)."""
+    attention scale, rotated dims, window, norm, KV storage dtype and
+    sinks); None otherwise (the torch code runs)."""
     try:
         from . import kernels
         if not kernels.usable(cfg, dtype):
             return None
         kernels.probe(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
-                      window=max(cfg.windows), norm=cfg.family.norm, kv_dtype=kv_dtype)
+                      window=max(cfg.windows), norm=cfg.family.norm, kv_dtype=kv_dtype, sinks=cfg.family.sinks)
     except Exception as e:  # no Triton, or it cannot compile for this device
         log.warning("Triton kernels unavailable, using plain torch: %s", e)
         return None
     return kernels
 
 
-def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0):
+def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0, lse=False):
     """Causal flash attention over packed variable-length sequences:
     q [Tq, H, hd], k and v [Tk, K, hd] (K divides H), cu_q and cu_k the
     int32 cumulative lengths. A sequence's queries are the last of its
     keys (the causal mask aligned bottom-right, as flash aligns it).
     scale: of q.k (None: 1/sqrt(hd)); window: a sliding window (query at
-    position i sees keys i - window < j <= i; 0: every key)."""
-    if scale is None and not window:
-        return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False)[0]
-    kw = {"scale": scale}
+    position i sees keys i - window < j <= i; 0: every key). lse: return
+    (output, each query's log-sum-exp of its scaled scores over the keys
+    it sees, [Tq, H] float32, natural log), for gptoss.with_sinks."""
+    kw = {}
+    if scale is not None or window:
+        kw["scale"] = scale
     if window:
         kw.update(window_size_left=window - 1, window_size_right=0)
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, **kw)[0]
+    r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, **kw)
+    if not lse:
+        return r[0]
+    # The varlen kernel's log-sum-exp is unpadded, [H, Tq] (flash-attn
+    # 2.5+, torch 2.4+; one-token queries too, whose heads it regroups);
+    # an older layout is refused (_varlen_ok then turns the call off).
+    if tuple(r[1].shape) != (q.shape[1], q.shape[0]):
+        raise RuntimeError("flash attention's log-sum-exp is %s, want [heads %d, queries %d]"
+                           % (list(r[1].shape), q.shape[1], q.shape[0]))
+    return r[0], r[1].t()
 
 
 def _varlen_ok(device, dtype, cfg):
-    """Whether the varlen flash call runs here and agrees with SDPA on
-    a fresh chunk and on one continuing its prefix (bf16/fp16 only), with
-    the model's scale, and with a window of 4 when the model has sliding
-    layers."""
+    """Whether the varlen flash call runs here and agrees with plain
+    attention on a fresh chunk and on one continuing its prefix (bf16/fp16
+    only), with the model's scale, and with a window of 4 when the model
+    has sliding layers; with sinks (gpt_oss), through gptoss.with_sinks,
+    and on one-token chunks too (flash regroups their heads)."""
     if dtype not in (torch.bfloat16, torch.float16):
         return False
-    H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    H, hd = cfg.heads, cfg.head_dim
     scale = None if cfg.scale == hd ** -0.5 else cfg.scale
+    g = torch.Generator(device="cpu").manual_seed(0)
+    sinks = torch.randn(H, generator=g) if cfg.family.sinks else None
+    cases = [[(5, 5), (3, 11)]]  # (queries, keys): fresh, then continuing
+    if sinks is not None:
+        cases.append([(1, 1), (1, 9)])
     try:
-        from torch.nn.attention.bias import causal_lower_right
-        g = torch.Generator(device="cpu").manual_seed(0)
-        lens = [(5, 5), (3, 11)]  # (queries, keys): fresh, then continuing
-        qs = [torch.randn(t, H, hd, generator=g) for t, _ in lens]
-        ks = [torch.randn(n, K, hd, generator=g) for _, n in lens]
-        vs = [torch.randn(n, K, hd, generator=g) for _, n in lens]
-        cu = lambda xs: torch.tensor([0] + [sum(xs[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
-        dv = lambda xs: torch.cat(xs).to(device=device, dtype=dtype)
-        for window in sorted({0, 4 if any(cfg.windows) else 0}):
-            got = _flash_varlen(dv(qs), dv(ks), dv(vs), cu([t for t, _ in lens]), cu([n for _, n in lens]),
-                                max(t for t, _ in lens), max(n for _, n in lens), scale, window).float().cpu()
-            at = 0
-            for (t, n), qq, kk, vv in zip(lens, qs, ks, vs):
-                rep = H // K
-                kk, vv = (x.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0) for x in (kk, vv))
-                mask = causal_lower_right(t, n) if not window else _allowed(t, n, n - t, window, "cpu")
-                want = F.scaled_dot_product_attention(qq.transpose(0, 1).unsqueeze(0), kk, vv, attn_mask=mask,
-                                                      scale=scale)[0].transpose(0, 1)
-                if (got[at : at + t] - want).abs().max().item() > 0.05:
-                    log.warning("varlen flash attention disagrees with SDPA (window %d); chunks attend one by one", window)
+        for lens in cases:
+            for window in sorted({0, 4 if any(cfg.windows) else 0}):
+                err = _varlen_error(device, dtype, cfg, g, lens, scale, window, sinks)
+                if err > 0.05:
+                    log.warning("varlen flash attention disagrees with plain attention (window %d, by %.3g); "
+                                "chunks attend one by one", window, err)
                     return False
-                at += t
         return True
     except (RuntimeError, TypeError, AttributeError, ImportError) as e:
         log.warning("varlen flash attention unavailable (%s); chunks attend one by one", e)
         return False
+
+
+def _varlen_error(device, dtype, cfg, g, lens, scale, window, sinks):
+    """The largest difference between _flash_varlen (rescaled by sinks
+    [H] where given) and float32 attention on random sequences of lens
+    (queries, keys), each a sequence's last queries."""
+    H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    qs = [torch.randn(t, H, hd, generator=g) for t, _ in lens]
+    ks = [torch.randn(n, K, hd, generator=g) for _, n in lens]
+    vs = [torch.randn(n, K, hd, generator=g) for _, n in lens]
+    cu = lambda xs: torch.tensor([0] + [sum(xs[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
+    dv = lambda xs: torch.cat(xs).to(device=device, dtype=dtype)
+    args = (dv(qs), dv(ks), dv(vs), cu([t for t, _ in lens]), cu([n for _, n in lens]), max(t for t, _ in lens),
+            max(n for _, n in lens), scale, window)
+    if sinks is None:
+        got = _flash_varlen(*args)
+    else:
+        got = gptoss.with_sinks(*_flash_varlen(*args, lse=True), sinks.to(device))
+    got, at, err = got.float().cpu(), 0, 0.0
+    for (t, n), qq, kk, vv in zip(lens, qs, ks, vs):
+        kk, vv = (x.repeat_interleave(H // K, dim=1).transpose(0, 1) for x in (kk, vv))  # [H, n, hd]
+        s = torch.matmul(qq.to(dtype).float().transpose(0, 1), kk.to(dtype).float().transpose(1, 2))
+        s = (s * (scale or hd ** -0.5)).masked_fill(~_allowed(t, n, n - t, window, "cpu"), float("-inf"))
+        p = torch.softmax(s, -1) if sinks is None else gptoss.softmax_sinks(s, sinks.view(H, 1, 1))
+        want = torch.matmul(p, vv.to(dtype).float()).transpose(0, 1)
+        err = max(err, (got[at : at + t] - want).abs().max().item())
+        at += t
+    return err
 
 
 def _sdpa_gqa():

@@ -8,6 +8,20 @@ and full attention (layer_types, config.py); RoPE is YaRN (rope.py); the
 RMSNorm is w * (x / rms) in float32, one rounding (config.py's "olmo2"
 norm).
 
+The sink only adds exp(s_h) to each row's softmax denominator, so on CUDA
+the family runs the dense families' fast paths: the Triton decode kernel
+adds exp(s_h - m) to its final denominator (after the split-K combine
+where the cache is split), and the varlen flash call's output is rescaled
+by its log-sum-exp L: out * sigmoid(L - s_h) (with_sinks), sliding layers
+keeping their flash window. Decode steps replay CUDA graphs where the
+experts' grouped GEMM captures (moe.Experts.capturable). What stays off:
+SDPA (it returns no log-sum-exp), so prompt chunks the varlen call does
+not take (float32 models, or its load-time check failed: decoder's
+_varlen_ok) attend with the plain torch code (softmax_sinks), which
+materializes each chunk's scores: long prompts want bfloat16 or float16;
+and the prompt-step graphs (prefill.py), which exclude mixtures of
+experts.
+
 MLP: a mixture of experts in every layer. The router (mlp.router, with a
 bias) takes the top k of its logits and a softmax over those k. Expert j
 is gate_up_proj[j] [hidden, 2 * inter] (gate and up interleaved: columns
@@ -117,3 +131,13 @@ def softmax_sinks(s, sinks):
     s = s.float()
     col = sinks.float().expand(*s.shape[:-1], 1)
     return torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
+
+
+def with_sinks(o, lse, sinks):
+    """Attention output o [..., H, hd] of a softmax without sinks, with
+    lse [..., H] (float32) each row's log-sum-exp of its scaled scores
+    (natural log), as the softmax with each head's sink logit (sinks [H],
+    float32) gives it: each row scaled by exp(L) / (exp(L) + exp(s)) =
+    sigmoid(L - s), in float32, rounded once to o's dtype. A row that saw
+    no key (o zero, lse +inf as flash reports it or -inf) stays zero."""
+    return (o.float() * torch.sigmoid(lse - sinks).unsqueeze(-1)).to(o.dtype)

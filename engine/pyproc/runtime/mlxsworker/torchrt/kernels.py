@@ -12,7 +12,9 @@ tokens do not depend on which path ran.
   the new k and v written into the sequence's KV block, and attention
   over its blocks read through the block table (paged.py), all heads of a
   KV group in one program; no gather of the cache, no mask, any length up
-  to the context.
+  to the context. A learned sink logit per head (gpt_oss) adds exp(s_h -
+  m) to the softmax's final denominator (in the combine where the cache is
+  split).
 - rope_kv: the rotary embedding of a prompt chunk's q and k and its KV
   write into the blocks.
 
@@ -152,10 +154,11 @@ def _kv_decode(c, scale, like, FP8: tl.constexpr):
 
 @triton.jit
 def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
-                        qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv, v_inv,
+                        sink_ptr, qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv, v_inv,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                        PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr):
+                        PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
+                        SINK: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -228,6 +231,8 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
             acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
         m_i = m_new
     if SPLIT == 1:
+        if SINK:  # m_i is finite: the current token is always seen
+            l_i += tl.exp(tl.load(sink_ptr + kh * REP + r, mask=rm, other=0.0) - m_i)
         o = acc / l_i[:, None]
         tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
     else:
@@ -239,8 +244,8 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
-                    HD: tl.constexpr, SPLIT: tl.constexpr):
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, sink_ptr, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr,
+                    RB: tl.constexpr, HD: tl.constexpr, SPLIT: tl.constexpr, SINK: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     r = tl.arange(0, RB)
@@ -252,13 +257,15 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr,
     mx = tl.max(m, axis=0)
     w = tl.exp(m - mx[None, :])  # empty splits: exp(-inf) = 0
     lt = tl.sum(l * w, axis=0)
+    rm = r < REP
+    if SINK:  # mx is finite: split 0 holds the current token
+        lt += tl.exp(tl.load(sink_ptr + kh * REP + r, mask=rm, other=0.0) - mx)
     o = tl.zeros([RB, HD], tl.float32)
     for i in tl.static_range(SPLIT):
         wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)
         acc = tl.load(part_ptr + ((b * K + kh) * SPLIT + i) * RB * HD + r[:, None] * HD + d[None, :])
         o += acc * wi[:, None]
     o = o / lt[:, None]
-    rm = r < REP
     tl.store(out_ptr + b * (H * HD) + (kh * REP + r)[:, None] * HD + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
 
@@ -347,7 +354,7 @@ def _attn_config(batch, hd, elem):
 
 
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
-                     prefetch=True, k_scale=1.0, v_scale=1.0):
+                     prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
     sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
     hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
@@ -357,9 +364,11 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     the rotated dims of a head (None: all); prefetch: each tile of the
     loop loads the next tile's block ids, one tile ahead of the cache
     loads that depend on them (settings.attn_prefetch); k_scale, v_scale:
-    the layer's KV scales where kc and vc are float8_e4m3fn. Writes k and
-    v at pos and returns attention over positions 0..pos (pos - window <
-    j <= pos in a sliding layer), [B, H * hd]."""
+    the layer's KV scales where kc and vc are float8_e4m3fn; sinks: each
+    head's sink logit, [H] float32 contiguous (gpt_oss; None: none), one
+    more column of the softmax that holds no value. Writes k and v at pos
+    and returns attention over positions 0..pos (pos - window < j <= pos
+    in a sliding layer), [B, H * hd]."""
     B = qkv.shape[0]
     hd = kc.shape[-1]
     rot = rot or hd
@@ -377,15 +386,17 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     if sp > 1:
         part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
         ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
+    sink = out if sinks is None else sinks  # out: an unread pointer
     _decode_attn_kernel[(B, kv_heads, sp)](
-        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin,
+        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin, sink,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
         1.0 / k_scale, 1.0 / v_scale,
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
-        num_warps=warps, num_stages=stages)
+        SINK=sinks is not None, num_warps=warps, num_stages=stages)
     if sp > 1:
-        _combine_kernel[(B, kv_heads)](part, ml, out, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp, num_warps=4)
+        _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
+                                       SINK=sinks is not None, num_warps=4)
     return out
 
 
@@ -429,11 +440,11 @@ def usable(cfg, dtype):
     return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
 
 
-def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", kv_dtype=None):
+def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", kv_dtype=None, sinks=False):
     """Runs each kernel once on zeros in the model's shapes (its heads,
-    head dim, rotated dims, attention scale, sliding window, RMSNorm kind
-    and KV pool dtype, None: dtype; blocks of 16 and 32 tokens; a cache
-    long enough to split), so
+    head dim, rotated dims, attention scale, sliding window, RMSNorm kind,
+    KV pool dtype, None: dtype, and sinks; blocks of 16 and 32 tokens; a
+    cache long enough to split), so
     that each is built for this device now: one Triton cannot build or run
     here raises at load, where the decoder falls back to plain torch,
     rather than in a step. Whether the kernels agree with plain torch is
@@ -447,6 +458,7 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
     rows = torch.tensor([2, 1, 3], device=device)
     pos = torch.tensor([0, 37, ctx - 1], device=device)
     cos, sin = zeros(ctx, hd) + 1, zeros(ctx, hd)
+    sink = torch.zeros(heads, device=device) if sinks else None
     for bs in (16, 32):
         nb = -(-ctx // bs)
         kc, vc = (kvcache.zeros((B * nb + 1, bs, kv_heads, hd), device, kv_dtype or dtype) for _ in "kv")
@@ -455,7 +467,8 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
         table = table.to(device)
         for win in sorted({0, window, 7 if window else 0}):
             for context in (ctx, 1024):
-                decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale, win, rot)
+                decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale, win, rot,
+                                 sinks=sink)
         rope_kv(qkv, kc, vc, rows, pos, cos, sin, heads, kv_heads, rot)
     argmax(torch.zeros(B, 50000, device=device))
     torch.cuda.synchronize(device)
