@@ -81,7 +81,7 @@ var (
 	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
 	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
-	scaledMM  = flag.Bool("fp8-scaled-mm", false, "FP8 projections as W8A8 through torch._scaled_mm for steps of many tokens (pyproc.Tuning.FP8ScaledMM)")
+	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 through torch._scaled_mm in products of 16 rows or more (pyproc.Tuning.NoFP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
 	kvDtype   = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
 	script    = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")
@@ -106,7 +106,7 @@ var (
 
 // tuning is the workers' tuning the flags ask for.
 func tuning() pyproc.Option {
-	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, FP8ScaledMM: *scaledMM})
+	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoFP8ScaledMM: !*scaledMM})
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured

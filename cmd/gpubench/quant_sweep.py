@@ -3,7 +3,7 @@ GPU against bf16 cuBLAS, over the projection shapes of the llama1b and
 llama8b shapes and the row counts decode and prompt steps use: the table
 quant_triton's tiles_for reads comes from this.
 
-    python3 cmd/gpubench/quant_sweep.py [--old PATH] [--rows 1,16,64,256,2048] [--sweep]
+    python3 cmd/gpubench/quant_sweep.py [--old PATH] [--rows 1,16,64,256,2048] [--sweep] [--w8a8-rows 16,64,256]
 
 Every product runs inside a CUDA graph of 20 launches (as the decode
 steps run), timed by CUDA events over 5 replays; figures are microseconds
@@ -11,6 +11,14 @@ a product and the weight's bytes over that time (GB/s). --old times
 another quant_triton.py beside it (the build before); --sweep tries
 every candidate tile for the decode rows and prints the best. Each
 candidate is first checked against the dequantized product.
+
+Then the FP8 products as W8A8 (quant_triton.fp8_w8a8: the activations
+quantized per token, torch._scaled_mm) at --w8a8-rows, for 128x128 block
+weights (through torch._scaled_mm and torch.nn.functional.scaled_mm) and
+per-channel ones, beside bf16 cuBLAS and the weight-only path quant.py
+takes at that row count (the Triton tile, or dequantize + cuBLAS from
+DEQUANT_ROWS), and the activation quantizer alone: w8a8.MIN_ROWS is the
+fewest rows where W8A8 wins.
 """
 import argparse
 import importlib.util
@@ -21,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "engine", "pyproc", "runtime"))
-from mlxsworker.torchrt import quant, quant_triton as qt  # noqa: E402
+from mlxsworker.torchrt import quant, quant_triton as qt, w8a8  # noqa: E402
 
 SHAPES = {  # (N, K) of each projection, q/k/v and gate/up fused as the loader fuses them
     "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
@@ -92,6 +100,7 @@ def main():
     ap.add_argument("--rows", default="1,2,4,8,16,64,256,2048")
     ap.add_argument("--kinds", default="fp8,int4")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--w8a8-rows", default="16,32,64,128,256", help="rows of the W8A8 table; empty: none")
     a = ap.parse_args()
     dev = torch.device("cuda")
     old = None
@@ -141,11 +150,52 @@ def main():
                     name, M, t_bf, t_old, t_new, "" if e <= 2e-2 else " (err %.3g)" % e, nbytes / t_new / 1e3,
                     t_bf / t_new, t_dq, best, best_t))
                 sys.stdout.flush()
+    if a.w8a8_rows and "fp8" in a.kinds.split(","):
+        w8a8_table([int(r) for r in a.w8a8_rows.split(",")], dev)
     if best_by:
         print("\nTiles by rows (sum over shapes of time / that shape's best; lower is better, %d shapes):" % len(SHAPES))
         for (kind, M), acc in sorted(best_by.items()):
             top = sorted(acc.items(), key=lambda kv: kv[1])[:5]
             print("%s M=%d: %s" % (kind, M, "; ".join("%s %.2f" % kv for kv in top)))
+
+
+def w8a8_table(rows, dev):
+    """The W8A8 products beside bf16 and the weight-only path, per projection."""
+    print("\n| fp8 W8A8 | rows | bf16 us | weight-only us | W8A8 block us | block v2 us | W8A8 channel us | act quant us "
+          "| block/bf16 speed | block/weight-only speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, (N, K) in SHAPES.items():
+        blk = weights("fp8", N, K, dev)
+        wf = blk.dequant(torch.float32)
+        s = wf.abs().amax(1, keepdim=True) / quant.E4M3_MAX
+        chan = quant.QWeight("fp8", N, K, w=(wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), scale=s, block=(1, K))
+        wb = blk.dequant(torch.bfloat16)
+        cases = ((blk, wf, {}), (blk, wf, {"v2": True}), (chan, chan.dequant(torch.float32), {}))
+        for M in rows:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            t_bf = timed(lambda: x @ wb.t())
+            t_wo = timed(lambda: call(qt, blk, x))
+            cols = [w8a8_time(name, M, w, wd, x, how) for w, wd, how in cases]
+            t_q = timed(lambda: qt.act_quant(x, 128, -(-M // 4) * 4))
+            t_w = cols[0] if cols[0] == cols[0] else cols[1]  # the block product that ran
+            print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx |" % (
+                name, M, t_bf, t_wo, *cols, t_q, t_bf / t_w, t_wo / t_w))
+            sys.stdout.flush()
+
+
+def w8a8_time(name, M, w, wd, x, how):
+    """Microseconds of one W8A8 product, NaN where it raises or is wrong."""
+    t = w.t
+    fn = lambda: qt.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)  # noqa: E731
+    try:
+        e = err(fn(), x.float() @ wd.t())
+    except Exception as ex:  # this torch or GPU has no such product
+        print("  %s M=%d %r %r: %s" % (name, M, t["block"], how, str(ex).splitlines()[0][:120]), file=sys.stderr)
+        return float("nan")
+    if e >= w8a8.TOLERANCE:
+        print("  %s M=%d %r %r: relative error %.3g" % (name, M, t["block"], how, e), file=sys.stderr)
+        return float("nan")
+    return timed(fn)
 
 
 if __name__ == "__main__":

@@ -264,3 +264,37 @@ func TestQuantRuntime(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/quant_test.py", args...)
 }
+
+// TestQuantW8A8 runs testdata/w8a8_test.py on the CPU: the activations'
+// per-token FP8 quantization in torch ops (scales, codes, rows
+// independent of their batch), QWeight.forward's choice between W8A8 and
+// the weight-only GEMM (by row count, layout and the check at load, the
+// kernels stood in by plain torch) and the check's fallbacks.
+func TestQuantW8A8(t *testing.T) {
+	runPyCheck(t, "testdata/w8a8_test.py", "runtime")
+}
+
+// TestQuantW8A8CUDA (MLXSERVING_TEST_DEVICE=cuda only) runs
+// testdata/w8a8_test.py --cuda: the Triton activation quantizer and the
+// W8A8 products against torch and the dequantized product, batch
+// invariance and graph capture, then block and per-channel FP8 models
+// served in bfloat16 with W8A8 against the CPU's float32 emulation of it
+// (and with it off against the plain dequantized model). The models are
+// TinyQuant widened so that every projection fits the block path (K a
+// multiple of 512).
+func TestQuantW8A8CUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	args := []string{"runtime", "--cuda"}
+	for _, q := range []string{testmodel.QuantFP8Block, testmodel.QuantFP8Channel} {
+		cfg := testmodel.TinyQuant()
+		cfg.Hidden, cfg.Intermediate, cfg.Quant = 512, 1024, q
+		dir := filepath.Join(t.TempDir(), q)
+		if err := testmodel.Write(dir, cfg); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, dir)
+	}
+	runPyCheck(t, "testdata/w8a8_test.py", args...)
+}

@@ -57,10 +57,12 @@ type Tuning struct {
 	// DenseLoRA computes every step's adapter deltas the way the decode
 	// graphs do (every slot at once), prompt chunks included.
 	DenseLoRA bool
-	// FP8ScaledMM runs FP8 projections as W8A8 through torch._scaled_mm
-	// for steps of many tokens, where the GPU supports it and it agrees
-	// with the dequantized product at load.
-	FP8ScaledMM bool
+	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
+	// By default products of 16 rows or more (decode batches, prompt
+	// chunks) run as W8A8 through torch._scaled_mm, each token's
+	// activations quantized to FP8 by its own scale, where the GPU
+	// supports it and it agrees with the dequantized product at load.
+	NoFP8ScaledMM bool
 	// TPTimeout bounds a tensor-parallel collective: a rank silent for
 	// longer takes the worker down; 0: 5 minutes.
 	TPTimeout time.Duration
@@ -124,7 +126,7 @@ func (t Tuning) settingsArg() string {
 	s := settings{BlockSize: t.BlockSize, WindowStep: t.WindowStep, KVFraction: t.KVFraction,
 		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, PrefillGraphs: !t.NoPrefillGraphs, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
-		FP8ScaledMM: t.FP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
+		FP8ScaledMM: !t.NoFP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		Profile: t.Profile, MaxLookahead: maxLookahead}
 	if s.BlockSize == 0 {
 		s.BlockSize = 16

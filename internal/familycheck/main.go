@@ -61,6 +61,7 @@ func main() {
 		device   = flag.String("device", "", "pyproc: torch device (cuda, cpu; empty: the best there is)")
 		python   = flag.String("python", "", "pyproc: Python interpreter")
 		quantize = flag.String("quantize", "", "pyproc: fp8 quantizes a float checkpoint at load (pyproc.WithQuantize)")
+		scaledMM = flag.Bool("fp8-scaled-mm", true, "pyproc: FP8 projections of 16 rows or more as W8A8 (pyproc.Tuning.NoFP8ScaledMM)")
 		write    = flag.String("write", "", "write testmodel's checkpoint in this layout (float, "+strings.Join(testmodel.AllQuants(), ", ")+"), or a LoRA adapter of the shape (adapter) or the shape with that adapter merged (merged), into -dir and exit")
 		rank     = flag.Int("adapter-rank", 16, "-write adapter or merged: the adapter's rank")
 		aseed    = flag.Int64("adapter-seed", 1, "-write adapter or merged: the adapter's seed")
@@ -84,7 +85,7 @@ func main() {
 		}
 		return
 	}
-	quantizeOpt = *quantize
+	quantizeOpt, weightOnlyFP8 = *quantize, !*scaledMM
 	var err error
 	switch {
 	case *bench > 0:
@@ -180,8 +181,11 @@ func runBench(engName, dir, dtype, device, python string, batch, n int, seconds 
 	return embedBench(ctx, m, batch, n, seconds)
 }
 
-// quantizeOpt is -quantize.
-var quantizeOpt string
+// quantizeOpt is -quantize; weightOnlyFP8 is -fp8-scaled-mm=false.
+var (
+	quantizeOpt   string
+	weightOnlyFP8 bool
+)
 
 // writeCheckpoint writes testmodel's checkpoint of shape in layout into
 // dir: "quant" is TinyQuant with 4 layers in bfloat16 (every width a
@@ -227,6 +231,9 @@ func newEngine(ctx context.Context, name, dtype, device, python string) (engine.
 		}
 		if quantizeOpt != "" {
 			opts = append(opts, pyproc.WithQuantize(quantizeOpt))
+		}
+		if weightOnlyFP8 {
+			opts = append(opts, pyproc.WithTuning(pyproc.Tuning{NoFP8ScaledMM: true}))
 		}
 		return pyproc.New(ctx, opts...)
 	case "mlx":

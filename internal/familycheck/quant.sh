@@ -17,7 +17,8 @@
 # reference.py's dequantized float64 forward and transformers
 # (quant_check.py); the table goes to OUT/quant-table.md.
 # bench: gpubench -quant per layout, decode at batch 1 and 64 and prefill
-# (OUT/bench-SHAPE-Q.txt),
+# (OUT/bench-SHAPE-Q.txt; the FP8 layouts again with W8A8 off,
+# OUT/bench-SHAPE-Q-weightonly.txt),
 # each checkpoint written, measured and removed in turn (llama8b's bf16
 # file is 16 GB).
 set -u
@@ -48,7 +49,9 @@ check)
 		dir=$data/$q opt=""
 		[ $q = quantize-fp8 ] && dir=$data/float opt="-quantize fp8"
 		for dt in bfloat16 float32; do
-			bin/familycheck -engine pyproc -dir $dir $opt -in $data/prompts.json -n 16 -dtype $dt -python "$py" \
+			# weight-only: the table's tolerance is bf16's (W8A8, off here, is
+			# checked against its own by TestQuantW8A8CUDA above)
+			bin/familycheck -engine pyproc -fp8-scaled-mm=false -dir $dir $opt -in $data/prompts.json -n 16 -dtype $dt -python "$py" \
 				> $data/$q-$dt.json 2> "$out/$q-$dt.err" || { echo "$q $dt: engine failed"; tail -5 "$out/$q-$dt.err"; continue; }
 			fl=""
 			[ $q != float ] && fl=$data/float
@@ -64,10 +67,10 @@ bench)
 			case $q in bf16) flag="" ;; quantize-fp8) dir=$data/$s-bf16 ;; esac
 			bin/gpubench -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 -prefill 1x2048,16x512 \
 				-hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q.txt" | grep -E '^\| [0-9]|loaded'
-			if [ $q = fp8-channel ] || [ $q = quantize-fp8 ]; then # the opt-in W8A8 path for steps of 128+ rows
-				bin/gpubench -fp8-scaled-mm -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 \
-					-prefill 1x2048,16x512 -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q-scaledmm.txt" | grep -E '^\| [0-9]|loaded'
-			fi
+			case $q in fp8*|quantize-fp8) # again weight-only: W8A8 (products of 16+ rows) off
+				bin/gpubench -fp8-scaled-mm=false -python "$py" -shape $s -dir $dir $flag -batches 1,64 -gen 64 \
+					-prefill 1x2048,16x512 -hf=false -hfstatic=false -stack=false 2>&1 | tee "$out/bench-$s-$q-weightonly.txt" | grep -E '^\| [0-9]|loaded' ;;
+			esac
 			case $q in bf16 | quantize-fp8) ;; *) rm -rf "$dir" ;; esac
 		done
 		rm -rf $data/$s-bf16

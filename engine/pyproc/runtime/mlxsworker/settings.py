@@ -30,8 +30,9 @@ class Settings:
     ids one tile ahead.
     lora_plan: "auto" (the dense LoRA plan for one-token steps only) or
     "dense" (every step's delta over every slot, as the graphs do).
-    fp8_scaled_mm: per-channel FP8 weights run as W8A8 through
-    torch._scaled_mm in steps of many rows, where that passes its check.
+    fp8_scaled_mm: FP8 weights (per channel or in 128x128 blocks) run as
+    W8A8 through torch._scaled_mm in products of w8a8.MIN_ROWS rows or
+    more, where that passes its check at load; off: weight-only always.
     tp_timeout: seconds a tensor-parallel collective waits at most.
     tp_graphs: CUDA graphs under tensor parallel.
     profile: the worker profiles itself and logs the profile at exit.
@@ -49,7 +50,7 @@ class Settings:
     varlen: bool = True
     attn_prefetch: bool = True
     lora_plan: str = "auto"
-    fp8_scaled_mm: bool = False
+    fp8_scaled_mm: bool = True
     tp_timeout: float = 300.0
     tp_graphs: bool = True
     profile: bool = False

@@ -53,9 +53,11 @@ raw bytes (a 256-entry table for e4m3, shifts for int4) to the serving
 dtype. On CUDA the decoder's projections (q, k, v, o, gate, up, down) stay
 quantized (QWeight) and run through quant_triton: the FP8 weights through
 a GEMM that converts each tile to the activations' dtype in registers and
-scales it per block or channel (weight-only: activations stay bf16, so
-dynamic or static activation scales in the config change nothing), the
-int4 weights through a GEMM that unpacks and dequantizes each tile in
+scales it per block or channel (weight-only: activations stay bf16) or,
+in products of w8a8.MIN_ROWS rows or more, as W8A8 on the FP8 tensor
+cores with each row's activations quantized dynamically (w8a8.py; static
+activation scales in the config are not used either way), the int4
+weights through a GEMM that unpacks and dequantizes each tile in
 registers. Mixture-of-experts experts and fused (Phi-3) projections load
 dequantized.
 
@@ -170,65 +172,19 @@ class QWeight:
         return w.contiguous().to(dtype)
 
     def forward(self, x, bias=None):
-        from . import quant_triton
-        scaled = _scaled.get((str(x.device), x.dtype))  # W8A8, where on and checked (_check_scaled_mm)
-        if self.kind == "fp8" and self.t["block"][0] == 1 and x.shape[0] >= SCALED_MM_ROWS and scaled:
-            y = scaled_mm(x, self.t["w"], self.t["scale"])
-        elif self.kind == "fp8":
-            y = quant_triton.fp8_linear(x, self.t["w"], self.t["scale"], self.t["block"])
+        from . import quant_triton, w8a8
+        t = self.t
+        if self.kind == "fp8":
+            how = w8a8.route(self, x)
+            if how is not None:
+                y = quant_triton.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)
+            else:
+                y = quant_triton.fp8_linear(x, t["w"], t["scale"], t["block"])
         else:
-            if "perm" in self.t:  # act order: the inputs in the order qw holds them
-                x = x.index_select(-1, self.t["perm"])
-            y = quant_triton.int4_linear(x, self.t["qw"], self.t["scales"], self.t["zeros"], self.t["group"])
+            if "perm" in t:  # act order: the inputs in the order qw holds them
+                x = x.index_select(-1, t["perm"])
+            y = quant_triton.int4_linear(x, t["qw"], t["scales"], t["zeros"], t["group"])
         return y if bias is None else y + bias
-
-
-# Steps of at least this many rows (prompt chunks, large decode batches)
-# run per-channel FP8 weights as W8A8 through torch._scaled_mm (FP8 tensor
-# cores, each row's activations quantized with its own scale, as vLLM's
-# dynamic FP8) when the settings' fp8_scaled_mm is on and its check at
-# load passed; smaller steps keep the weight-only GEMM. Off by default: a
-# sequence's numbers then depend on the size of the step it ran in, and it
-# is not yet measured against the weight-only GEMM.
-SCALED_MM_ROWS = 128
-
-
-def scaled_mm(x, w8, scale):
-    """x [M, K] @ (w8 * scale).T with x's rows quantized to fp8 by their
-    max / 448 (w8 float8_e4m3fn [N, K], scale float32 [N, 1])."""
-    sa = (x.abs().amax(-1, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
-    xq = (x.float() / sa).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=scale.t(), out_dtype=x.dtype)
-
-
-# (device, dtype) -> whether the W8A8 path runs there: set at load by
-# _check_scaled_mm where it is on (the worker's settings are the
-# process's, so one model's load turns it on for every model).
-_scaled = {}
-
-
-def _check_scaled_mm(device, dtype):
-    """Whether the W8A8 path agrees with the dequantized product here
-    (checked once per device and dtype, at load: Loader calls it before
-    any CUDA graph is captured); the answer goes into _scaled."""
-    key = (str(device), dtype)
-    if key not in _scaled:
-        try:
-            g = torch.Generator(device="cpu").manual_seed(0)
-            w = torch.randn(256, 512, generator=g)
-            s = w.abs().amax(1, keepdim=True) / E4M3_MAX
-            w8 = (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(device)
-            x = torch.randn(SCALED_MM_ROWS + 3, 512, generator=g).to(device=device, dtype=dtype)
-            want = x.float() @ (w8.float() * s.to(device)).t()
-            got = scaled_mm(x, w8, s.to(device)).float()
-            err = ((got - want).abs().max() / want.abs().max()).item()
-            _scaled[key] = err < 0.05
-            if not _scaled[key]:
-                log.warning("torch._scaled_mm disagrees with the dequantized product (relative %.3g): not used", err)
-        except (RuntimeError, TypeError, AttributeError) as e:
-            log.warning("torch._scaled_mm unavailable (%s): FP8 prompt chunks use the weight-only GEMM", e)
-            _scaled[key] = False
-    return _scaled[key]
 
 
 def linear(x, w, bias=None):
@@ -289,13 +245,14 @@ class Loader:
     where kernels run them (CUDA, bf16/fp16 and quant_triton's check at
     load passed), else float."""
 
-    def __init__(self, ck, sch, device, dtype, quantize=None, scaled_mm=False):
+    def __init__(self, ck, sch, device, dtype, quantize=None, scaled_mm=True):
         self.ck, self.sch, self.device, self.dtype, self.quantize = ck, sch, device, dtype, quantize
         self.keep = False
         if device.type == "cuda" and (sch is not None or quantize) and dtype in (torch.bfloat16, torch.float16):
             self.keep = _kernels_ok(device, dtype)
-            if scaled_mm:  # settings.fp8_scaled_mm
-                _check_scaled_mm(device, dtype)
+            if self.keep and scaled_mm and (quantize == "fp8" or sch.kind == "fp8"):  # settings.fp8_scaled_mm
+                from . import w8a8
+                w8a8.check(device, dtype)
 
     def get(self, name, shape):
         w = self._quantized(name, shape, False)

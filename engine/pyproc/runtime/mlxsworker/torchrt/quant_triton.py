@@ -1,7 +1,8 @@
 """Triton GEMMs for quantized weights (quant.py's QWeight), CUDA only.
 
-Both read the weight in its quantized form and dequantize each tile in
-registers; no decode step makes a float copy of a weight.
+The weight-only GEMMs read the weight in its quantized form and
+dequantize each tile in registers; no decode step makes a float copy of
+a weight.
 
 - fp8_linear: x [M, K] (bf16/fp16) times an F8_E4M3 weight [N, K] whose
   scales are per block (bn, bk): (128, 128) for the block-scaled
@@ -9,6 +10,10 @@ registers; no decode step makes a float copy of a weight.
   scales, so its partial product is scaled once per output column.
   Weight-only: activations stay in their dtype (no activation
   quantization, so no activation scales).
+- act_quant and fp8_w8a8: the FP8 weights' W8A8 product (w8a8.py:
+  products of w8a8.MIN_ROWS rows or more): x's rows quantized to e4m3 per token by one
+  kernel that reads x once and writes the codes and their float32
+  scales, then torch._scaled_mm on the FP8 tensor cores.
 - int4_linear: x times a 4-bit weight packed GPTQ-style along K (int32
   [K/8, N], input 8r + j in nibble j), with scales and zeros per group of
   g inputs ([K/g, N], the zero as a value; the scales in the file's dtype,
@@ -188,6 +193,21 @@ def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, swn, ssn, ssk, BN_S: tl.con
 
 
 @triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.constexpr, GROUPS: tl.constexpr):
+    # One row a program, read once: its K inputs as GROUPS groups of GROUP
+    # (one group: the whole row), each scaled by its own max / 448 into
+    # e4m3 codes. Rows from M on (padding) get zero codes.
+    m = tl.program_id(0)
+    offs = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + m * sxm + offs, mask=(offs < K) & (m < M), other=0.0).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x), axis=1) / 448.0, 1e-12)
+    q = tl.minimum(tl.maximum(x / s[:, None], -448.0), 448.0)
+    tl.store(q_ptr + m * K + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+    g = tl.arange(0, GROUPS)
+    tl.store(s_ptr + m * ssm + g * ssg, s, mask=g * GROUP < K)
+
+
+@triton.jit
 def _int4_dequant_kernel(q_ptr, s_ptr, z_ptr, out_ptr, N, K, G: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
     # out is [N, K] (the weight as nn.Linear holds it), read from [K/8, N] words.
@@ -332,6 +352,68 @@ def int4_dequant(qw, scales, zeros, g, dtype):
     bk = min(g, 64)
     _int4_dequant_kernel[(-(-N // 64), -(-K // bk))](qw, scales, zeros, out, N, K, G=g, BLOCK_N=64, BLOCK_K=bk)
     return out
+
+
+# The widest row _act_quant_kernel holds in one program's registers;
+# wider rows are quantized by torch ops (w8a8.act_quant).
+ACT_QUANT_MAX = 32768
+
+
+def act_quant(x, group=None, rows=None):
+    """x [M, K] as W8A8's activations: float8_e4m3fn codes [rows, K] and
+    float32 scales, per row ([rows, 1]) or, with group, per group of a
+    row's inputs ([rows, K/group], column-major: _scaled_mm's 1x128
+    layout); rows (M when None) past M are padding with zero codes.
+    w8a8.act_quant is the same in torch ops."""
+    from . import w8a8
+    M, K = x.shape
+    rows = rows or M
+    width = triton.next_power_of_2(K)
+    if width > ACT_QUANT_MAX:
+        return w8a8.act_quant(x, group, rows)
+    q = torch.empty(rows, K, device=x.device, dtype=torch.float8_e4m3fn)
+    if group is None:
+        s = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
+        groups, group = 1, width
+    else:
+        s = torch.empty(K // group, rows, device=x.device, dtype=torch.float32).t()
+        groups = triton.next_power_of_2(K // group)
+    _act_quant_kernel[(rows,)](x, q, s, M, K, x.stride(0), s.stride(0), s.stride(1), GROUP=group, GROUPS=groups,
+                               num_warps=8 if width >= 4096 else 4)
+    return q, s
+
+
+def fp8_w8a8(x, w, scale, block, v2=False):
+    """x [..., K] @ dequant(w).T as W8A8 on the FP8 tensor cores (see
+    w8a8.py): x's rows quantized per token, then cuBLAS's
+    scaled GEMM. Per-channel weights (block (1, K), scale [N, 1]) take a
+    scale per row of x (rowwise); 128x128 blocks (scale [N/128, K/128])
+    one per 128 inputs of a row (the 1x128 recipe cuBLAS pairs with
+    them; its row count padded to a multiple of 4). The weight [N, K]
+    row-major is passed as w.t(), the column-major operand _scaled_mm
+    wants, and its scales transposed: views, no copy a step. v2: the
+    block product through torch.nn.functional.scaled_mm (its recipes
+    named) instead of torch._scaled_mm (recipes read from the scales'
+    shapes)."""
+    N, K = w.shape
+    shape = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if block[0] == 1:
+        q, s = act_quant(x2)
+        y = torch._scaled_mm(q, w.t(), scale_a=s, scale_b=scale.t(), out_dtype=x.dtype)
+    else:
+        q, s = act_quant(x2, block[1], -(-M // 4) * 4)
+        if v2:
+            F = torch.nn.functional
+            y = F.scaled_mm(q, w.t(), s, F.ScalingType.BlockWise1x128, scale.t(), F.ScalingType.BlockWise128x128,
+                            output_dtype=x.dtype)
+        else:
+            y = torch._scaled_mm(q, w.t(), scale_a=s, scale_b=scale.t(), out_dtype=x.dtype)
+        y = y[:M]
+    return y.reshape(*shape, N)
 
 
 def self_check(device, dtype):

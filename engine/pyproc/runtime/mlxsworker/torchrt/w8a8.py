@@ -1,0 +1,144 @@
+"""FP8 weights as W8A8: products of MIN_ROWS rows or more (decode
+batches, prompt chunks) run quant.py's FP8 QWeights on the FP8 tensor
+cores as vLLM's dynamic FP8 does: each row's activations quantized to
+e4m3 by its own max / 448 (per channel weights: one scale a row; 128x128
+blocks: one per 128 inputs of a row, the 1x128 recipe cuBLAS pairs with
+them), then torch._scaled_mm (quant_triton.act_quant and fp8_w8a8). The
+weight-only GEMM converts each FP8 tile to bf16 before a bf16 MMA, which
+bounds it at these row counts; W8A8 skips the conversion and runs at
+FP8's rate. Smaller products stay weight-only (the weight's bytes bound
+them).
+
+Each row is quantized by its own scales (no scale over the batch), so
+the quantization adds no dependence on the other rows of a product: a
+row's result is what it is beside any other rows (as far as cuBLAS's
+choice of kernel by shape lets it, as for bf16). The two paths differ,
+though (W8A8 adds the activations' rounding, within 2^-4 of each value
+relative), so a sequence's numbers depend on which side of MIN_ROWS its
+step's row count fell.
+
+The settings' fp8_scaled_mm (pyproc.Tuning.NoFP8ScaledMM) turns it off.
+Where it is on, quant.Loader calls check at load, which tries each layout
+once and keeps the weight-only GEMM, logged, where the call raises (no
+float8 GEMM on this GPU, no blockwise scaling in this torch) or disagrees
+with the dequantized product. CPU (torch 1.13: no float8) never gets
+here: its weights are dequantized at load.
+"""
+import logging
+
+import torch
+
+from . import quant
+
+log = logging.getLogger("quant")
+
+# The fewest rows a product runs as W8A8: 16, the smallest decode batch
+# of issue 33's measurements (bf16 3,352 tok/s, weight-only FP8 3,886 at
+# batch 16 on the 8B shape); to be set from cmd/gpubench/quant_sweep.py's
+# W8A8 column against the Triton tile at 16 and 64 rows.
+MIN_ROWS = 16
+
+# (device, dtype, layout) -> the keyword arguments of quant_triton.fp8_w8a8
+# that passed check there, or None: the weight-only GEMM. Set at
+# load where the settings turn W8A8 on (the worker's settings are the
+# process's, so one model's load turns it on for every model).
+_on = {}
+
+# The W8A8 product's largest error, relative to the largest output, that
+# the check accepts: e4m3 rounds each activation within 2^-4 of itself
+# (relative) and the per-output errors add up as a random walk, a few
+# percent of the largest output at most (3.2% seen in the check's product
+# emulated in float32); an operand misread (a transposed scale, a wrong
+# row's scale) is off by tens of percent.
+TOLERANCE = 0.06
+
+
+def fits(w):
+    """Which W8A8 product an fp8 QWeight fits: "channel" (a scale per
+    output, from per-channel or per-tensor files), "block" (128x128
+    blocks, K a multiple of 512: the weight's scales [N/128, K/128] are
+    read in rows of 16-byte multiples), or None (other blocks or sizes:
+    _scaled_mm needs N and K multiples of 16)."""
+    block, (n, k) = w.t["block"], (w.n, w.k)
+    if n % 16 or k % 16 or not w.t["scale"].is_contiguous():
+        return None
+    if block[0] == 1:
+        return "channel"
+    if block == (128, 128) and k % 512 == 0:
+        return "block"
+    return None
+
+
+def route(w, x):
+    """The keyword arguments of quant_triton.fp8_w8a8 for fp8 QWeight w
+    and input x when that product runs as W8A8, else None."""
+    if x.numel() < MIN_ROWS * w.k or not _on:
+        return None
+    return _on.get((str(x.device), x.dtype, fits(w)))
+
+
+def act_quant(x, group=None, rows=None):
+    """x [M, K] quantized per row (group None) or per group of a row's
+    inputs, in torch ops: what quant_triton.act_quant computes (codes
+    [rows, K], scales float32 [rows, K/group or 1], column-major; rows
+    past M padding). The codes are float8_e4m3fn where torch has it, else
+    (torch 1.13) their values in float32 (e4m3_round)."""
+    M, K = x.shape
+    xf = x.float()
+    if rows and rows > M:
+        xf = torch.cat([xf, xf.new_zeros(rows - M, K)])
+    g = xf.reshape(xf.shape[0], -1, group or K)
+    s = (g.abs().amax(-1) / quant.E4M3_MAX).clamp(min=1e-12)
+    q = (g / s[..., None]).clamp(-quant.E4M3_MAX, quant.E4M3_MAX).reshape(xf.shape)
+    q = q.to(torch.float8_e4m3fn) if hasattr(torch, "float8_e4m3fn") else quant.e4m3_round(q)
+    return q, s.t().contiguous().t()
+
+
+def check(device, dtype):
+    """Checks each W8A8 layout here once (at load, before any CUDA graph
+    is captured): a small product against the dequantized one. Block
+    weights try torch._scaled_mm, then torch.nn.functional.scaled_mm;
+    what passes goes into _on, and a layout that fails keeps the
+    weight-only GEMM, logged."""
+    from . import quant_triton
+    for kind, tries in (("channel", ({},)), ("block", ({}, {"v2": True}))):
+        key = (str(device), dtype, kind)
+        if key in _on:
+            continue
+        _on[key] = None
+        w, x = _case(kind, device, dtype)
+        want = x.float() @ w.dequant(torch.float32).t()
+        for kw in tries:
+            what = kind + (" (F.scaled_mm)" if kw else "")
+            try:
+                got = quant_triton.fp8_w8a8(x, w.t["w"], w.t["scale"], w.t["block"], **kw).float()
+                err = ((got - want).abs().max() / want.abs().max()).item()
+            except (RuntimeError, TypeError, AttributeError, ValueError, NotImplementedError) as e:
+                log.warning("W8A8 %s unavailable (%s)", what, (str(e).splitlines() or [repr(e)])[0])
+                continue
+            if err < TOLERANCE:
+                _on[key] = kw
+                break
+            log.warning("W8A8 %s disagrees with the dequantized product (relative %.3g)", what, err)
+        if _on[key] is None:
+            log.warning("FP8 %s weights stay on the weight-only GEMM", kind)
+
+
+def _case(kind, device, dtype):
+    """The check's fp8 QWeight [256, 512] and input (MIN_ROWS + 3 rows:
+    the block product's row padding), from a fixed seed."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    n, k = 256, 512
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    if kind == "channel":
+        block, s = (1, k), w.abs().amax(1, keepdim=True) / quant.E4M3_MAX
+        full = s
+    else:
+        block = (128, 128)
+        s = w.reshape(n // 128, 128, k // 128, 128).abs().amax((1, 3)) / quant.E4M3_MAX
+        full = quant._expand(s, (n, k), block)
+    codes = quant.e4m3_encode(w / full)
+    if hasattr(torch, "float8_e4m3fn"):
+        codes = codes.view(torch.float8_e4m3fn)
+    x = torch.randn(MIN_ROWS + 3, k, generator=g).to(device=device, dtype=dtype)
+    return quant.QWeight("fp8", n, k, w=codes.to(device), scale=s.to(device), block=block), x
