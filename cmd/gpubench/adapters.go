@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -74,9 +75,60 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		}
 		fmt.Printf("| %d | %.1f | %.1f | %.1f | %.3f |\n", b, tps[0], tps[1], tps[2], tps[2]/tps[0])
 	}
+	prefillAdapters(ctx, m, n)
 	if *adapterTok > 0 {
 		checkMerged(ctx, e, m, cfg, rank)
 	}
+}
+
+// prefillAdapters prints prompt steps with the prompts spread over the
+// adapters beside the base alone: the first step of each shape (its
+// prompt-step graphs captured then, where they run) and the median of
+// five more, in prompt tokens/s. The shapes fill 7/8 of the loaded
+// context: 1x896 and 4x448 (1,792 tokens in one step) at 1,024.
+func prefillAdapters(ctx context.Context, m *pyproc.Model, n int) {
+	fmt.Printf("\nprompt steps, %d adapters: first step, then tokens/s (median of 5)\n", n)
+	fmt.Println("| prompts | base first | base tok/s | spread first | spread tok/s | spread/base |")
+	fmt.Println("|---|---|---|---|---|---|")
+	long := m.Info().ContextLength * 7 / 8
+	for _, c := range []prefillCase{{name: fmt.Sprintf("1x%d", long), b: 1, n: long}, {name: fmt.Sprintf("4x%d", long/2), b: 4, n: long / 2}} {
+		var first [2]time.Duration
+		var rate [2]float64
+		for k, pick := range []func(int) string{func(int) string { return "" }, func(i int) string { return "a" + strconv.Itoa(i%n) }} {
+			var ts []float64
+			for r := range 6 {
+				el := promptStep(ctx, m, c, r, pick)
+				if r == 0 {
+					first[k] = el
+					continue
+				}
+				ts = append(ts, float64(c.b*c.n)/el.Seconds())
+			}
+			slices.Sort(ts)
+			rate[k] = ts[len(ts)/2]
+		}
+		fmt.Printf("| %s | %s | %.0f | %s | %.0f | %.3f |\n", c.name, ms(first[0]), rate[0], ms(first[1]), rate[1], rate[1]/rate[0])
+	}
+}
+
+// promptStep times one Step feeding c's prompts whole (run r's tokens),
+// sequence i on adapter pick(i).
+func promptStep(ctx context.Context, m *pyproc.Model, c prefillCase, r int, pick func(int) string) time.Duration {
+	batch := make([]engine.StepInput, c.b)
+	for i := range batch {
+		toks := promptFor(1000*r+i, c.n, m.Info().VocabSize)
+		got, err := m.OpenAdapter(ctx, engine.SeqID(i+1), toks, "", pick(i))
+		must(err)
+		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[got:], Sample: true, Params: &engine.SamplingParams{}}
+	}
+	t0 := time.Now()
+	_, err := m.Step(ctx, batch)
+	must(err)
+	el := time.Since(t0)
+	for i := range batch {
+		m.Free(batch[i].Seq, "")
+	}
+	return el
 }
 
 // loraFor is adapter i of the benchmark: every projection, bf16.

@@ -17,12 +17,15 @@
 # take the models in turn), then the base alone again. Then adapter load
 # times: POST /v1/load_lora_adapter (read and checked in Go), the first
 # request's TTFT (the engine loads it into a slot) and the second's.
+# PORT, LORADATA and BIN (the server's directory) let two builds run at
+# once on two GPUs of one machine over the same checkpoint and adapters.
 set -u
 out=$1
 shape=${2:-llama8b}
 py=${PYTHON:-python3}
-d=/tmp/lorabench
-port=8090
+d=${LORADATA:-/tmp/lorabench}
+port=${PORT:-8090}
+bin=${BIN:-bin} # the server's directory (a build to compare beside this one)
 mkdir -p "$out" $d
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/env.txt"
 t0=$(date +%s)
@@ -35,7 +38,7 @@ for i in $(seq 1 33); do
 done
 echo "adapters written: $(($(date +%s) - t0)) s" | tee -a "$out/env.txt"
 # shellcheck disable=SC2086
-bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 -max-lora-rank 16 $lora > "$out/server.log" 2>&1 &
+$bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 -max-lora-rank 16 $lora > "$out/server.log" 2>&1 &
 pid=$!
 ready=0
 for _ in $(seq 480); do

@@ -74,7 +74,16 @@ def route(w, x):
     and input x when that product runs as W8A8, else None."""
     if x.numel() < MIN_ROWS * w.k or not _on:
         return None
-    return _on.get((str(x.device), x.dtype, fits(w)))
+    return _on.get((_where(x.device), x.dtype, fits(w)))
+
+
+def _where(device):
+    """device as check and route both name it: the loader passes
+    torch.device("cuda"), a tensor's device reads "cuda:0"."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
 
 
 def act_quant(x, group=None, rows=None):
@@ -102,7 +111,7 @@ def check(device, dtype):
     weight-only GEMM, logged."""
     from . import quant_triton
     for kind, tries in (("channel", ({},)), ("block", ({}, {"v2": True}))):
-        key = (str(device), dtype, kind)
+        key = (_where(device), dtype, kind)
         if key in _on:
             continue
         _on[key] = None
