@@ -298,12 +298,13 @@ def check_kernels():
     # so k may differ by one code in 1 of 10,000 places. Codes compare as
     # signed steps from zero (e4m3 is sign and magnitude): +0 and -0 are
     # the same value, 128 apart as bytes, and the H200 wrote one where
-    # torch wrote the other. v's scale is a power of two and must match
-    # exactly.
+    # torch wrote the other (45 of v's bytes in one run). v's scale is a
+    # power of two: its values must match exactly.
     off = (_steps(got_k) - _steps(want_k)).abs()
     check(int(off.max()) <= 1 and int((off > 0).sum()) * 10000 <= off.numel(),
           "rope_kv: k bytes differ from torch's conversion in %d places (at most %d codes)" % (int((off > 0).sum()), int(off.max())))
-    check(torch.equal(got_v, want_v), "rope_kv: v bytes differ from torch's conversion in %d places" % int((got_v != want_v).sum()))
+    off_v = _steps(got_v) != _steps(want_v)
+    check(not bool(off_v.any()), "rope_kv: v bytes differ from torch's conversion in %d places" % int(off_v.sum()))
     # Decode over the pool rope_kv wrote: sequence b's blocks scattered.
     perm = torch.randperm(B * nb, generator=g)
     table = torch.full((B + 1, nb), B * nb, dtype=torch.int32)
