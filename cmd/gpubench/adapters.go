@@ -97,7 +97,9 @@ func prefillAdapters(ctx context.Context, m *pyproc.Model, n int) {
 		for k, pick := range []func(int) string{func(int) string { return "" }, func(i int) string { return "a" + strconv.Itoa(i%n) }} {
 			var ts []float64
 			for r := range 6 {
-				el := promptStep(ctx, m, c, r, pick)
+				el := promptStep(ctx, m, c, 1000*r, func(id engine.SeqID, toks []int32) (int, error) {
+					return m.OpenAdapter(ctx, id, toks, "", pick(int(id)-1))
+				})
 				if r == 0 {
 					first[k] = el
 					continue
@@ -111,13 +113,14 @@ func prefillAdapters(ctx context.Context, m *pyproc.Model, n int) {
 	}
 }
 
-// promptStep times one Step feeding c's prompts whole (run r's tokens),
-// sequence i on adapter pick(i).
-func promptStep(ctx context.Context, m *pyproc.Model, c prefillCase, r int, pick func(int) string) time.Duration {
+// promptStep times one Step feeding c's prompts whole, prompt i made of
+// tokens seed+i, each sequence opened by open (Open, or OpenAdapter with
+// its adapter), then frees them.
+func promptStep(ctx context.Context, m engine.Model, c prefillCase, seed int, open func(engine.SeqID, []int32) (int, error)) time.Duration {
 	batch := make([]engine.StepInput, c.b)
 	for i := range batch {
-		toks := promptFor(1000*r+i, c.n, m.Info().VocabSize)
-		got, err := m.OpenAdapter(ctx, engine.SeqID(i+1), toks, "", pick(i))
+		toks := promptFor(seed+i, c.n, m.Info().VocabSize)
+		got, err := open(engine.SeqID(i+1), toks)
 		must(err)
 		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[got:], Sample: true, Params: &engine.SamplingParams{}}
 	}

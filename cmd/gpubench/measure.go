@@ -73,21 +73,10 @@ func prefillAll(ctx context.Context, e *pyproc.Engine, cases []prefillCase) map[
 	for _, c := range cases {
 		var ts []float64
 		for r := range 6 {
-			batch := make([]engine.StepInput, c.b)
-			for i := range batch {
-				id := engine.SeqID(i + 1)
-				toks := promptFor(i+r, c.n, mi.Info().VocabSize)
+			el := promptStep(ctx, mi, c, r, func(id engine.SeqID, toks []int32) (int, error) {
 				_, err := mi.Open(ctx, id, toks, "")
-				must(err)
-				batch[i] = engine.StepInput{Seq: id, Tokens: toks, Sample: true, Params: &engine.SamplingParams{}}
-			}
-			t0 := time.Now()
-			_, err := mi.Step(ctx, batch)
-			must(err)
-			el := time.Since(t0)
-			for i := range batch {
-				mi.Free(batch[i].Seq, "")
-			}
+				return 0, err // the whole prompt is fed, as before
+			})
 			if r > 0 {
 				ts = append(ts, float64(c.b*c.n)/el.Seconds())
 			}
