@@ -248,7 +248,7 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 		s.mu.Lock()
 		p := s.cur
 		s.mu.Unlock()
-		if p == nil || !p.alive() || !slices.ContainsFunc(m.resident[p], func(x slotState) bool { return x.key == a.key }) {
+		if p == nil || !p.alive() || !m.holds(p, a) {
 			continue
 		}
 		if best == nil || s.open.Load() < best.open.Load() {
@@ -261,6 +261,13 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 		}
 	}
 	return m.pickSlot()
+}
+
+// holds reports whether p's slots hold a, as the supervisor assigned them.
+func (m *Model) holds(p *proc, a *served) bool {
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	return slices.ContainsFunc(m.resident[p], func(x slotState) bool { return x.key == a.key })
 }
 
 // slotFor is another live worker than busy with a slot for adapter a,
@@ -332,18 +339,27 @@ func adapterField(a *served, slot int, load bool) map[string]any {
 }
 
 // hold records the outcome of an open with a in p's slot: on success the
-// slot holds it and counts the sequence; after a failed load nobody knows
-// what the slot holds.
+// slot holds it and counts the sequence; see place.
 func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
+	if m.place(p, a, slot, load, err) {
+		m.slotsOf(p)[slot].users++
+	}
+}
+
+// place records the outcome of a request that used or loaded a in p's
+// slot, and reports whether the slot holds a now: on success it does,
+// used now; after a failed load nobody knows what the slot holds.
+func (m *Model) place(p *proc, a *served, slot int, load bool, err error) bool {
 	st := m.slotsOf(p)
 	if err != nil {
 		if load {
 			st[slot] = slotState{}
 		}
-		return
+		return false
 	}
 	m.atick++
-	st[slot] = slotState{key: a.key, users: st[slot].users + 1, used: m.atick}
+	st[slot].key, st[slot].used = a.key, m.atick
+	return true
 }
 
 // release drops a freed sequence from its adapter slot.
@@ -351,6 +367,8 @@ func (m *Model) release(ref seqRef) {
 	if ref.adapter == 0 {
 		return
 	}
+	m.smu.Lock()
+	defer m.smu.Unlock()
 	if st, ok := m.resident[ref.proc]; ok && st[ref.adapter-1].users > 0 {
 		st[ref.adapter-1].users--
 	}
