@@ -169,7 +169,11 @@ func (m *simModel) WarmAdapter(ctx context.Context, name string) error {
 	if ad == nil {
 		return fmt.Errorf("enginetest: model %q: adapter %q: %w", m.info.ID, name, engine.ErrModelNotFound)
 	}
-	return m.use(ad)
+	if err := m.use(ad); err != nil {
+		return err
+	}
+	m.sim.stats.adapterWarms.Add(1)
+	return nil
 }
 
 // use makes ad resident, loading it (Stats count the load) when it is not,

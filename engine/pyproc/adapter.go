@@ -184,7 +184,8 @@ func (m *Model) Adapters() []engine.AdapterInfo {
 // There the adapter takes a slot: the one that holds it already, else an
 // empty one, else the least recently opened one no open sequence uses,
 // the open request carrying what to load. Each worker has its own slots;
-// a replacement worker starts with none. ErrOutOfMemory means every
+// a replacement worker starts with the pinned adapters alone
+// (adapterwarm.go). ErrOutOfMemory means every
 // worker's slots are in use. See engine.AdapterModel.
 func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey, adapter string) (int, error) {
 	if adapter == "" {
@@ -211,8 +212,9 @@ var errSlotsBusy = errors.New("every adapter slot holds an adapter open sequence
 
 // claim picks p's slot for adapter a: its own, an empty one, one whose
 // adapter was removed or replaced, else the least recently opened unused
-// one whose adapter is not pinned. load says the worker must load it there. It changes nothing until
-// the open succeeds (hold).
+// one whose adapter is not pinned. load says the worker must load it
+// there. It changes nothing until the open succeeds (hold). m.smu is
+// held.
 func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 	st := m.slotsOf(p)
 	best := -1
@@ -272,7 +274,7 @@ func (m *Model) holds(p *proc, a *served) bool {
 
 // slotFor is another live worker than busy with a slot for adapter a,
 // the least loaded whose breaker admits a sequence, with the admission's
-// done func; nil when every worker's slots are in use.
+// done func; nil when every worker's slots are in use. m.smu is held.
 func (m *Model) slotFor(busy *proc, a *served) (*slot, *proc, func(error)) {
 	order := slices.Clone(m.e.slots)
 	slices.SortStableFunc(order, func(x, y *slot) int { return cmp.Compare(x.open.Load(), y.open.Load()) })
@@ -314,7 +316,8 @@ func (m *Model) evictRank(s slotState) int {
 }
 
 // slotsOf is p's slot table, made empty for a worker seen the first time
-// (a replacement holds no adapter); tables of dead workers are dropped.
+// (a replacement's holds the pinned adapters warmPinned loaded, set
+// before it serves); tables of dead workers are dropped. m.smu is held.
 func (m *Model) slotsOf(p *proc) []slotState {
 	st, ok := m.resident[p]
 	if !ok {
@@ -339,7 +342,7 @@ func adapterField(a *served, slot int, load bool) map[string]any {
 }
 
 // hold records the outcome of an open with a in p's slot: on success the
-// slot holds it and counts the sequence; see place.
+// slot holds it and counts the sequence; see place. m.smu is held.
 func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
 	if m.place(p, a, slot, load, err) {
 		m.slotsOf(p)[slot].users++
@@ -348,7 +351,8 @@ func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
 
 // place records the outcome of a request that used or loaded a in p's
 // slot, and reports whether the slot holds a now: on success it does,
-// used now; after a failed load nobody knows what the slot holds.
+// used now; after a failed load nobody knows what the slot holds. m.smu
+// is held.
 func (m *Model) place(p *proc, a *served, slot int, load bool, err error) bool {
 	st := m.slotsOf(p)
 	if err != nil {
