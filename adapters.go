@@ -21,12 +21,15 @@ type AdapterSpec struct {
 	// Base is the id of the model the adapter was trained on; empty takes
 	// the one model the Server knows (an error when it knows several).
 	Base string
-	// Pinned pre-warms the adapter as it loads (one short generation at
-	// background priority makes it resident; on an engine of several
-	// workers, on one of them) and keeps it in its engine's device slot:
-	// other adapters never evict it (engine.AdapterSpec.Pinned). A base
-	// pins at most its adapter slots less one; a pin past that is an
-	// *engine.InvalidParamError.
+	// Pinned pre-warms the adapter as it loads and keeps it in its
+	// engine's device slot: other adapters never evict it
+	// (engine.AdapterSpec.Pinned). An engine that warms adapters
+	// (engine.AdapterWarmer: pyproc) makes it resident on every worker,
+	// again when its base loads again, and on a worker that replaces a
+	// lost one; then one short generation at background priority runs its
+	// first steps (on one worker), which alone makes it resident on an
+	// engine that does not warm adapters. A base pins at most its adapter
+	// slots less one; a pin past that is an *engine.InvalidParamError.
 	Pinned bool
 }
 
@@ -96,26 +99,51 @@ func (s *Server) LoadAdapter(ctx context.Context, spec AdapterSpec) (AdapterStat
 		rev: fmt.Sprintf("%s\x00%s\x00%d", spec.Name, spec.Path, s.loads.Add(1))}
 	s.mu.Unlock()
 	if spec.Pinned {
-		s.warmAdapter(ctx, spec.Name)
+		s.warmAdapter(ctx, spec)
 	}
 	return AdapterStatus{AdapterInfo: info, Base: spec.Base}, nil
 }
 
-// warmAdapter pre-warms a pinned adapter: one short generation at
-// background priority makes it resident (on one worker of an engine with
-// several), so its first request pays no load, and pinned it stays. A
-// failure (every slot in use, the server closing) is logged: the adapter
-// is served all the same and loads with its first request.
-func (s *Server) warmAdapter(ctx context.Context, name string) {
-	r := api.Request{Model: name, PromptTokens: []int32{1, 2, 3},
+// warmAdapter pre-warms a pinned adapter, so its first request pays no
+// load, and pinned it stays: the engine's own warm-up where its model
+// implements engine.AdapterWarmer (resident on every worker), then one
+// short generation at background priority (its first steps, on one
+// worker; resident there on an engine without the warm-up). A failure
+// (every slot in use, a worker lost, the server closing) is logged: the
+// adapter is served all the same and loads with its first request where
+// it is not resident.
+func (s *Server) warmAdapter(ctx context.Context, spec AdapterSpec) {
+	m, err := s.acquire(ctx, spec.Base, nil)
+	if err != nil {
+		s.logAdapterCold(spec.Name, err)
+		return
+	}
+	if w, ok := m.engine.(engine.AdapterWarmer); ok {
+		if err := w.WarmAdapter(ctx, spec.Name); err != nil {
+			s.logAdapterCold(spec.Name, err)
+		}
+	}
+	s.release(m)
+	if err := s.generateWarm(ctx, spec.Name); err != nil {
+		s.logAdapterCold(spec.Name, err)
+	}
+}
+
+// generateWarm runs one short generation of adapter at background
+// priority, as a warm-up.
+func (s *Server) generateWarm(ctx context.Context, adapter string) error {
+	r := api.Request{Model: adapter, PromptTokens: []int32{1, 2, 3},
 		Params: api.Params{MaxTokens: warmTokens, IgnoreEOS: true, Priority: api.Background}}
 	st, err := s.Generate(context.WithValue(ctx, warmUpKey{}, true), r)
 	if err == nil {
 		_, err = st.Collect()
 	}
-	if err != nil {
-		s.cfg.logger.Warn("pinned adapter not warmed; it loads with its first request", "adapter", name, "err", err)
-	}
+	return err
+}
+
+// logAdapterCold logs a pinned adapter's warm-up that failed.
+func (s *Server) logAdapterCold(name string, err error) {
+	s.cfg.logger.Warn("pinned adapter not warmed; it loads with its first request", "adapter", name, "err", err)
 }
 
 // addAdapter adds spec to its base model's engine, loading the base.
@@ -211,8 +239,10 @@ func (s *Server) resolveAdapter(id, adapter string) (string, string, error) {
 }
 
 // restoreAdapters adds the adapters served over a model to its engine
-// model after a (re)load. An adapter that no longer loads (its files
-// changed or went) stops being served; the error is logged.
+// model after a (re)load, and warms the pinned ones where the engine
+// warms adapters (before the model serves: an engine without it loads
+// them with their first requests). An adapter that no longer loads (its
+// files changed or went) stops being served; the error is logged.
 func (s *Server) restoreAdapters(id string, em engine.Model) {
 	s.mu.RLock()
 	var specs []AdapterSpec
@@ -223,10 +253,16 @@ func (s *Server) restoreAdapters(id string, em engine.Model) {
 	}
 	s.mu.RUnlock()
 	am, ok := em.(engine.AdapterModel)
+	w, warms := em.(engine.AdapterWarmer)
 	for _, spec := range specs {
 		var err error = ErrNoAdapters
 		if ok {
 			_, err = am.AddAdapter(context.Background(), engine.AdapterSpec{Name: spec.Name, Path: spec.Path, Pinned: spec.Pinned})
+		}
+		if err == nil && spec.Pinned && warms {
+			if werr := w.WarmAdapter(context.Background(), spec.Name); werr != nil {
+				s.logAdapterCold(spec.Name, werr)
+			}
 		}
 		if err != nil {
 			s.cfg.logger.Error("adapter not restored after its base model loaded again; no longer served",

@@ -171,10 +171,10 @@ func TestAdapterPinned(t *testing.T) {
 			t.Errorf("model list: adapter %q pinned %v", st.ID, st.Pinned)
 		}
 	}
-	// Pinning pre-warmed each: resident before any request, so the first
-	// request loads nothing.
-	if n := f.sim.Stats().AdapterLoads; n != int64(slots-1) {
-		t.Fatalf("%d adapter loads after pinning %d adapters; want each warmed once", n, slots-1)
+	// Pinning pre-warmed each, by the engine: resident before any
+	// request, so the first request loads nothing.
+	if st := f.sim.Stats(); st.AdapterLoads != int64(slots-1) || st.AdapterWarms != int64(slots-1) {
+		t.Fatalf("%d adapter loads, %d warmed by the engine after pinning %d adapters; want each warmed once", st.AdapterLoads, st.AdapterWarms, slots-1)
 	}
 	r := req(4, 1, 2)
 	r.Model = "pin0"
@@ -183,6 +183,81 @@ func TestAdapterPinned(t *testing.T) {
 	}
 	if n := f.sim.Stats().AdapterLoads; n != int64(slots-1) {
 		t.Fatalf("%d adapter loads after a request for a pinned adapter; want %d", n, slots-1)
+	}
+}
+
+// A pinned adapter is warmed again when its base loads again, before any
+// request of it: the request that loaded the base was the base's own.
+func TestAdapterPinnedWarmAfterReload(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	if err := f.srv.RegisterModel(prewarm.Model{Spec: engine.ModelSpec{ID: "lazy"}}); err != nil {
+		t.Fatal(err)
+	}
+	dirs := writeAdapters(t, 1)
+	if _, err := f.srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "tuned", Path: dirs[0], Base: "lazy", Pinned: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.srv.UnloadModel(ctx, "lazy"); err != nil {
+		t.Fatal(err)
+	}
+	r := req(2, 1, 2)
+	r.Model = "lazy"
+	collect(t, f.srv, r)
+	if st := f.sim.Stats(); st.AdapterLoads != 2 || st.AdapterWarms != 2 {
+		t.Fatalf("%d adapter loads, %d warmed by the engine after the base loaded again; want the pinned adapter warmed at each load (2)", st.AdapterLoads, st.AdapterWarms)
+	}
+	r.Model = "tuned"
+	collect(t, f.srv, r)
+	if n := f.sim.Stats().AdapterLoads; n != 2 {
+		t.Fatalf("%d adapter loads after a request of the pinned adapter; want none more", n)
+	}
+}
+
+// noAdapterWarmer is an engine whose models serve adapters but do not warm
+// them (engine.AdapterWarmer): every optional interface but
+// engine.AdapterModel is hidden.
+type noAdapterWarmer struct{ engine.Engine }
+
+func (e noAdapterWarmer) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, error) {
+	m, err := e.Engine.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		engine.Model
+		engine.AdapterModel
+	}{m, m.(engine.AdapterModel)}, nil
+}
+
+// A pinned adapter over an engine that does not warm adapters is warmed
+// by one short generation: resident before its first request.
+func TestAdapterPinnedWarmedByGeneration(t *testing.T) {
+	sim, err := enginetest.NewSim(enginetest.WithContextLength(256), enginetest.WithVocabSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv, err := mlxserving.New(noAdapterWarmer{sim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx := context.Background()
+	if err := srv.LoadModel(ctx, engine.ModelSpec{ID: "sim"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.LoadAdapter(ctx, mlxserving.AdapterSpec{Name: "pin", Path: writeAdapters(t, 1)[0], Pinned: true}); err != nil {
+		t.Fatal(err)
+	}
+	if st := sim.Stats(); st.AdapterLoads != 1 || st.AdapterWarms != 0 || st.Steps == 0 {
+		t.Fatalf("%d adapter loads, %d engine warm-ups, %d steps after pinning; want it warmed by a generation alone", st.AdapterLoads, st.AdapterWarms, st.Steps)
+	}
+	r := req(4, 1, 2)
+	r.Model = "pin"
+	collect(t, srv, r)
+	if n := sim.Stats().AdapterLoads; n != 1 {
+		t.Fatalf("%d adapter loads after a request of the warmed adapter; want 1", n)
 	}
 }
 

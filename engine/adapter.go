@@ -106,6 +106,31 @@ type AdapterModel interface {
 	OpenAdapter(ctx context.Context, id SeqID, prompt []int32, prefixKey, adapter string) (reused int, err error)
 }
 
+// AdapterWarmer is implemented by adapter models that can make an adapter
+// resident ahead of its requests, where OpenAdapter would otherwise load
+// it on first use: on an engine of several workers, each of which keeps
+// slots of its own, on every live worker. WarmAdapter opens no sequence
+// and takes a slot as OpenAdapter does (the one holding the adapter
+// already, else an empty one, else the least recently used one no open
+// sequence uses and not pinned). A model that implements it also makes
+// its pinned adapters (AdapterSpec.Pinned) resident again where it lost
+// them for reasons of its own, such as a worker that replaces a lost one.
+//
+// Unlike Open, Step and Free, WarmAdapter is safe to call while the model
+// serves: the engine serialises it with them. Errors: an error wrapping
+// ErrModelNotFound for an adapter not served, ErrOutOfMemory when every
+// slot of a worker holds an adapter open sequences use or a pinned one,
+// a *CheckpointError when the files changed since AddAdapter read them,
+// ErrClosed, ctx's error. A failure on some workers leaves the adapter
+// resident on the others and served everywhere (it loads with its first
+// sequence where it is not resident).
+//
+// The serving layer warms a pinned adapter with it as the adapter is
+// added and when its base loads again.
+type AdapterWarmer interface {
+	WarmAdapter(ctx context.Context, name string) error
+}
+
 // DefaultAdapterSlots and DefaultMaxAdapterRank are what a model that
 // serves adapters takes when ModelSpec leaves AdapterSlots and
 // MaxAdapterRank zero.

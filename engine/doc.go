@@ -24,7 +24,9 @@
 //
 // A model may also implement [Warmer]: Warm runs one step at each
 // batch-size bucket the engine uses on scratch memory, so compiled kernels
-// and CUDA graphs exist before the first request. [Info] reports the
+// and CUDA graphs exist before the first request; a model serving LoRA
+// adapters ([AdapterModel]) may implement [AdapterWarmer], which makes an
+// adapter resident wherever the model runs sequences. [Info] reports the
 // model's weight and KV memory, which a memory budget adds up. An engine
 // that runs its models on several workers may report their circuit
 // breakers ([WorkerBreakers]) and which worker holds a saved prefix

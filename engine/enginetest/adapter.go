@@ -11,6 +11,8 @@ import (
 	"github.com/mlxserving/mlxserving/internal/lora"
 )
 
+var _ engine.AdapterWarmer = (*simModel)(nil)
+
 // The simulated models serve LoRA adapters (engine.AdapterModel): an
 // adapter is read and checked with the engines' own reader (its files must
 // be a valid PEFT or mlx-lm adapter of at most MaxAdapterRank; no base
@@ -20,7 +22,8 @@ import (
 // of the adapter and the history. Slots are counted as a real engine
 // counts them: OpenAdapter makes an adapter resident, evicting the least
 // recently used one no open sequence uses, and fails with ErrOutOfMemory
-// when every slot is in use; Stats count the loads.
+// when every slot is in use; Stats count the loads. WarmAdapter makes an
+// adapter resident without a sequence.
 
 // simAdapter is a served adapter and its slot state.
 type simAdapter struct {
@@ -131,17 +134,10 @@ func (m *simModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []in
 		m.mu.Unlock()
 		return 0, fmt.Errorf("enginetest: model %q: adapter %q: %w", m.info.ID, adapter, engine.ErrModelNotFound)
 	}
-	if !ad.resident {
-		if err := m.makeResident(); err != nil {
-			m.mu.Unlock()
-			return 0, err
-		}
-		ad.resident = true
-		m.resident++
-		m.sim.stats.adapterLoads.Add(1)
+	if err := m.use(ad); err != nil {
+		m.mu.Unlock()
+		return 0, err
 	}
-	m.adapterClock++
-	ad.used = m.adapterClock
 	ad.users++ // held while open runs, so no other Open evicts it
 	m.mu.Unlock()
 	reused, err := m.open(ctx, id, prompt, savedKey(adapter, prefixKey))
@@ -155,6 +151,45 @@ func (m *simModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []in
 	seq.adapter = ad
 	seq.hash = feed(ad.start, seq.tokens)
 	return reused, nil
+}
+
+// WarmAdapter makes adapter name resident as OpenAdapter does, opening no
+// sequence; see [engine.AdapterWarmer]. The sim has one set of slots and
+// loses none, so it has nothing to warm again later.
+func (m *simModel) WarmAdapter(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("enginetest: model %q: warm adapter: %w", m.info.ID, engine.ErrClosed)
+	}
+	ad := m.adapters[name]
+	if ad == nil {
+		return fmt.Errorf("enginetest: model %q: adapter %q: %w", m.info.ID, name, engine.ErrModelNotFound)
+	}
+	if err := m.use(ad); err != nil {
+		return err
+	}
+	m.sim.stats.adapterWarms.Add(1)
+	return nil
+}
+
+// use makes ad resident, loading it (Stats count the load) when it is not,
+// and marks it used now. m.mu is held.
+func (m *simModel) use(ad *simAdapter) error {
+	if !ad.resident {
+		if err := m.makeResident(); err != nil {
+			return err
+		}
+		ad.resident = true
+		m.resident++
+		m.sim.stats.adapterLoads.Add(1)
+	}
+	m.adapterClock++
+	ad.used = m.adapterClock
+	return nil
 }
 
 // makeResident frees a slot for one more adapter when every slot is

@@ -34,9 +34,11 @@ type AdapterCase struct {
 // reused by its own only), adapter_slots (one slot: adapters taking turns
 // are evicted and reloaded, and an adapter whose slot is in use keeps the
 // other out with ErrOutOfMemory), adapter_pinned (a pinned adapter keeps
-// its slot; one slot stays unpinned), adapter_remove (a removed adapter opens
-// no more sequences) and adapter_refusals (bad adapters get a
-// CheckpointError and the model still serves). bad lists adapter
+// its slot; one slot stays unpinned), adapter_warm (engine.AdapterWarmer
+// makes an adapter resident without a sequence, where the model
+// implements it), adapter_remove (a removed adapter opens no more
+// sequences) and adapter_refusals (bad adapters get a CheckpointError and
+// the model still serves). bad lists adapter
 // directories that must be refused. Run closes the models it loaded but
 // not eng.
 func RunAdapters(t *testing.T, eng engine.Engine, dir string, cases []AdapterCase, bad []string) {
@@ -71,6 +73,7 @@ func RunAdapters(t *testing.T, eng engine.Engine, dir string, cases []AdapterCas
 		{"adapter_prefix", checkAdapterPrefix},
 		{"adapter_slots", checkAdapterSlots},
 		{"adapter_pinned", checkAdapterPinned},
+		{"adapter_warm", checkAdapterWarm},
 		{"adapter_remove", checkAdapterRemove},
 		{"adapter_refusals", checkAdapterRefusals},
 	} {

@@ -96,9 +96,11 @@ type SimStats struct {
 	// ColdSteps is the number of Steps (Warm's included) that paid the
 	// compile time of [WithCompileTime] for a bucket not seen before.
 	ColdSteps int64
-	// AdapterLoads counts LoRA adapters made resident by OpenAdapter
-	// (first use, or use after eviction).
+	// AdapterLoads counts LoRA adapters made resident by OpenAdapter or
+	// WarmAdapter (first use, or use after eviction).
 	AdapterLoads int64
+	// AdapterWarms counts the WarmAdapter calls that succeeded.
+	AdapterWarms int64
 	// Polled is the time Steps spent polling the clock at the end of
 	// their wait (see [WithStepTime]): CPU the simulated device burns, not
 	// the caller's.
@@ -110,6 +112,7 @@ type simCounters struct {
 	maxBatch, kv, open     atomic.Int64
 	models, loads, cold    atomic.Int64
 	adapterLoads, polled   atomic.Int64
+	adapterWarms           atomic.Int64
 }
 
 // NewSim returns a simulated engine configured by opts; see the Default*
@@ -275,6 +278,7 @@ func (s *Sim) Stats() SimStats {
 		Loads:         s.stats.loads.Load(),
 		ColdSteps:     s.stats.cold.Load(),
 		AdapterLoads:  s.stats.adapterLoads.Load(),
+		AdapterWarms:  s.stats.adapterWarms.Load(),
 		Polled:        time.Duration(s.stats.polled.Load()),
 	}
 }

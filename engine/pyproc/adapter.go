@@ -184,7 +184,8 @@ func (m *Model) Adapters() []engine.AdapterInfo {
 // There the adapter takes a slot: the one that holds it already, else an
 // empty one, else the least recently opened one no open sequence uses,
 // the open request carrying what to load. Each worker has its own slots;
-// a replacement worker starts with none. ErrOutOfMemory means every
+// a replacement worker starts with the pinned adapters alone
+// (adapterwarm.go). ErrOutOfMemory means every
 // worker's slots are in use. See engine.AdapterModel.
 func (m *Model) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey, adapter string) (int, error) {
 	if adapter == "" {
@@ -211,8 +212,9 @@ var errSlotsBusy = errors.New("every adapter slot holds an adapter open sequence
 
 // claim picks p's slot for adapter a: its own, an empty one, one whose
 // adapter was removed or replaced, else the least recently opened unused
-// one whose adapter is not pinned. load says the worker must load it there. It changes nothing until
-// the open succeeds (hold).
+// one whose adapter is not pinned. load says the worker must load it
+// there. It changes nothing until the open succeeds (hold). m.smu is
+// held.
 func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 	st := m.slotsOf(p)
 	best := -1
@@ -248,7 +250,7 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 		s.mu.Lock()
 		p := s.cur
 		s.mu.Unlock()
-		if p == nil || !p.alive() || !slices.ContainsFunc(m.resident[p], func(x slotState) bool { return x.key == a.key }) {
+		if p == nil || !p.alive() || !m.holds(p, a) {
 			continue
 		}
 		if best == nil || s.open.Load() < best.open.Load() {
@@ -263,9 +265,16 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 	return m.pickSlot()
 }
 
+// holds reports whether p's slots hold a, as the supervisor assigned them.
+func (m *Model) holds(p *proc, a *served) bool {
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	return slices.ContainsFunc(m.resident[p], func(x slotState) bool { return x.key == a.key })
+}
+
 // slotFor is another live worker than busy with a slot for adapter a,
 // the least loaded whose breaker admits a sequence, with the admission's
-// done func; nil when every worker's slots are in use.
+// done func; nil when every worker's slots are in use. m.smu is held.
 func (m *Model) slotFor(busy *proc, a *served) (*slot, *proc, func(error)) {
 	order := slices.Clone(m.e.slots)
 	slices.SortStableFunc(order, func(x, y *slot) int { return cmp.Compare(x.open.Load(), y.open.Load()) })
@@ -307,7 +316,8 @@ func (m *Model) evictRank(s slotState) int {
 }
 
 // slotsOf is p's slot table, made empty for a worker seen the first time
-// (a replacement holds no adapter); tables of dead workers are dropped.
+// (a replacement's holds the pinned adapters warmPinned loaded, set
+// before it serves); tables of dead workers are dropped. m.smu is held.
 func (m *Model) slotsOf(p *proc) []slotState {
 	st, ok := m.resident[p]
 	if !ok {
@@ -332,18 +342,28 @@ func adapterField(a *served, slot int, load bool) map[string]any {
 }
 
 // hold records the outcome of an open with a in p's slot: on success the
-// slot holds it and counts the sequence; after a failed load nobody knows
-// what the slot holds.
+// slot holds it and counts the sequence; see place. m.smu is held.
 func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
+	if m.place(p, a, slot, load, err) {
+		m.slotsOf(p)[slot].users++
+	}
+}
+
+// place records the outcome of a request that used or loaded a in p's
+// slot, and reports whether the slot holds a now: on success it does,
+// used now; after a failed load nobody knows what the slot holds. m.smu
+// is held.
+func (m *Model) place(p *proc, a *served, slot int, load bool, err error) bool {
 	st := m.slotsOf(p)
 	if err != nil {
 		if load {
 			st[slot] = slotState{}
 		}
-		return
+		return false
 	}
 	m.atick++
-	st[slot] = slotState{key: a.key, users: st[slot].users + 1, used: m.atick}
+	st[slot].key, st[slot].used = a.key, m.atick
+	return true
 }
 
 // release drops a freed sequence from its adapter slot.
@@ -351,6 +371,8 @@ func (m *Model) release(ref seqRef) {
 	if ref.adapter == 0 {
 		return
 	}
+	m.smu.Lock()
+	defer m.smu.Unlock()
 	if st, ok := m.resident[ref.proc]; ok && st[ref.adapter-1].users > 0 {
 		st[ref.adapter-1].users--
 	}

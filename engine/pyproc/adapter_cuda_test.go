@@ -163,8 +163,14 @@ func xyCase(t *testing.T) (c loraCase, load func(e *Engine) *Model) {
 // workerStats is the first worker's stats op reply for m.
 func workerStats(t *testing.T, e *Engine, m *Model) map[string]any {
 	t.Helper()
+	return workerStatsOf(t, e, m, 0)
+}
+
+// workerStatsOf is worker i's stats op reply for m.
+func workerStatsOf(t *testing.T, e *Engine, m *Model, i int) map[string]any {
+	t.Helper()
 	ctx := context.Background()
-	p, err := e.slots[0].current(ctx, e.closing)
+	p, err := e.slots[i].current(ctx, e.closing)
 	if err != nil {
 		t.Fatal(err)
 	}

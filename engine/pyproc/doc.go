@@ -74,7 +74,10 @@
 // a worker that holds it), sequences of any adapters and of the base
 // share a Step, and KV saved or cached under one adapter is reused by
 // that adapter only (saved KV of an adapter removed or replaced is
-// dropped and reported by EvictedSaved).
+// dropped and reported by EvictedSaved). WarmAdapter
+// (engine.AdapterWarmer) loads an adapter on every worker ahead of its
+// requests, and a worker that replaces a lost one gets the pinned
+// adapters before it serves.
 //
 // The worker is configured by the engine's options alone: WithTuning's
 // Tuning (KV block size and memory share, the prefix cache, the kernels

@@ -205,9 +205,9 @@ func (e *Engine) supervise(s *slot, p *proc) {
 	}
 }
 
-// restart starts a replacement worker and reloads every model on it,
-// waiting between attempts as the policy says. It returns nil when the
-// engine closes first or the policy gives up.
+// restart starts a replacement worker and reloads every model on it, with
+// its pinned adapters, waiting between attempts as the policy says. It
+// returns nil when the engine closes first or the policy gives up.
 func (e *Engine) restart(s *slot, tries *retry.Tracker, cause error) *proc {
 	for {
 		wait, ok := tries.Next(cause)
@@ -256,7 +256,9 @@ func (e *Engine) restart(s *slot, tries *retry.Tracker, cause error) *proc {
 	}
 }
 
-// reload loads every open model onto a fresh worker.
+// reload loads every open model onto a fresh worker, and each model's
+// pinned adapters into its slots there (warmPinned), so that a pinned
+// adapter never pays a load on its first request on the replacement.
 func (e *Engine) reload(ctx context.Context, p *proc) error {
 	e.mu.Lock()
 	models := make([]*Model, 0, len(e.models))
@@ -268,6 +270,7 @@ func (e *Engine) reload(ctx context.Context, p *proc) error {
 		if _, err := p.call(ctx, m.info.ID, m.loadRequest()); err != nil {
 			return fmt.Errorf("reloading model %q: %w", m.info.ID, err)
 		}
+		m.warmPinned(ctx, p)
 	}
 	return nil
 }

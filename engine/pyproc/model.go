@@ -50,10 +50,14 @@ type Model struct {
 
 	// LoRA adapters (adapter.go): the registry (amu: AddAdapter and the
 	// like run concurrently with everything), each worker's slots as
-	// assigned (serialised like Open), the bytes one slot takes.
+	// assigned, the bytes one slot takes. smu guards the slots: an
+	// adapter sequence's open holds it from its claim to its outcome, and
+	// WarmAdapter and a restart's warm-up (adapterwarm.go) take it too, so
+	// a slot is never claimed twice. Taken before amu, never after.
 	amu       sync.RWMutex
 	adapters  map[string]*served
 	agen      uint64
+	smu       sync.Mutex
 	resident  map[*proc][]slotState
 	atick     uint64
 	slotBytes int64
@@ -318,6 +322,8 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 		}
 		aslot, load := -1, false
 		if a != nil {
+			m.smu.Lock()
+			defer m.smu.Unlock()
 			if aslot, load, err = m.claim(p, a); err != nil {
 				if done != nil {
 					done(context.Canceled) // the worker was not asked: not counted either way
@@ -448,6 +454,9 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled, m.resident = nil, nil, nil, nil, nil, nil, nil, nil
+	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled = nil, nil, nil, nil, nil, nil, nil
+	m.smu.Lock()
+	m.resident = nil
+	m.smu.Unlock()
 	return nil
 }

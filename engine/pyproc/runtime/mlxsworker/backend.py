@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import typing
 
-from .errors import UNAVAILABLE, ProtocolError
+from .errors import INVALID, UNAVAILABLE, ProtocolError
 
 
 @dataclasses.dataclass
@@ -81,6 +81,12 @@ class Model(abc.ABC):
     def warm(self):
         """Warms the model up; returns the batch sizes warmed (none here)."""
         return []
+
+    def load_adapter(self, adapter):
+        """Makes the LoRA adapter the request names resident in its slot
+        (adapter: the open request's "adapter" object) without opening a
+        sequence."""
+        raise ProtocolError(INVALID, "this model serves no LoRA adapters")
 
     def free_blocks(self):
         """The free KV blocks of a paged model; None: the model does not page."""

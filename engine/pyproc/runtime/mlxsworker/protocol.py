@@ -105,6 +105,10 @@ class Worker:
             raise ProtocolError(INVALID, "this model does not embed (pooled sequences need the torch backend)")
         return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""), pool=pool, adapter=adapter)})
 
+    def adapter(self, req):
+        self.model(req).load_adapter(req["adapter"])
+        return {}
+
     def drop(self, req):
         m = self.models.get(req.get("model"))
         if m is not None:
@@ -199,7 +203,7 @@ class Worker:
 
 
 Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "free": Worker.free, "load": Worker.load,
-              "unload": Worker.unload, "warm": Worker.warm, "stats": Worker.stats, "fault": Worker.fault}
+              "unload": Worker.unload, "warm": Worker.warm, "adapter": Worker.adapter, "stats": Worker.stats, "fault": Worker.fault}
 
 
 def serve(inp, out, worker, max_line):

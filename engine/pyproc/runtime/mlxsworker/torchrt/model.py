@@ -273,6 +273,14 @@ class TorchModel(Model):
         self.seqs[seq] = s
         return reused
 
+    def load_adapter(self, adapter):
+        """Loads the adapter the request names into its slot (the "adapter"
+        op: a pinned adapter made resident on every worker), as open
+        does for a sequence of it."""
+        if self.adapters is None:
+            raise ProtocolError(INVALID, "this model was loaded without adapter slots")
+        self.adapters.ensure(adapter)
+
     def take_evicted(self):
         """Returns the saved keys evicted since the last call."""
         return self.kv.take_evicted()

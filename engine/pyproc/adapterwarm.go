@@ -1,0 +1,149 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mlxserving/mlxserving/engine"
+)
+
+// Warming adapters: each worker keeps adapter slots of its own, so an
+// adapter a sequence made resident on one worker is loaded again by the
+// first sequence of it on every other, and a replacement worker starts
+// with none. WarmAdapter loads an adapter on every live worker ahead of
+// its requests, and a replacement worker gets the pinned adapters before
+// it serves. Both send the "adapter" request (PROTOCOL.md, "LoRA
+// adapters"): the open request's adapter object, loaded into its slot
+// without a sequence, so no KV, pool report or saved key is involved.
+
+var _ engine.AdapterWarmer = (*Model)(nil)
+
+// WarmAdapter makes adapter name resident on every worker, in the slot
+// OpenAdapter would take there (see claim); a worker that holds it
+// already loads nothing. The workers load at once. A worker being
+// restarted is waited for, within ctx (its replacement gets the pinned
+// adapters as it starts, this one too when it is pinned). Safe to call
+// while the model serves: adapter sequences opened meanwhile wait for the
+// loads. A failure on a worker (every slot in use or pinned there, files
+// changed, the worker lost) is returned, naming the worker, after the
+// others loaded; see engine.AdapterWarmer.
+func (m *Model) WarmAdapter(ctx context.Context, name string) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	m.amu.RLock()
+	a := m.adapters[name]
+	m.amu.RUnlock()
+	if a == nil {
+		return fmt.Errorf("%w: adapter %q is not served by model %q", engine.ErrModelNotFound, name, m.spec.ID)
+	}
+	procs := make([]*proc, len(m.e.slots))
+	errs := make([]error, len(m.e.slots))
+	for i, s := range m.e.slots {
+		procs[i], errs[i] = s.current(ctx, m.e.closing)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	if m.resident == nil {
+		return engine.ErrClosed
+	}
+	loads := make([]*slotLoad, len(procs))
+	for i, p := range procs {
+		if errs[i] == nil {
+			loads[i], errs[i] = m.sendLoad(p, a)
+		}
+	}
+	for i, l := range loads {
+		if l != nil {
+			errs[i] = l.wait(ctx, m)
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = fmt.Errorf("adapter %q on worker %d: %w", name, i, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errors.Join(errs...)
+}
+
+// slotLoad is an "adapter" request in flight: a going into p's slot.
+type slotLoad struct {
+	p    *proc
+	a    *served
+	slot int
+	rid  uint64
+	ch   chan *reply
+}
+
+// sendLoad claims p's slot for a and sends the request that loads it
+// there; nil when p holds a already. m.smu is held.
+func (m *Model) sendLoad(p *proc, a *served) (*slotLoad, error) {
+	slot, load, err := m.claim(p, a)
+	if err != nil || !load {
+		return nil, err
+	}
+	l := &slotLoad{p: p, a: a, slot: slot}
+	l.rid, l.ch, err = p.send(request("adapter", map[string]any{"model": m.handle, "adapter": adapterField(a, slot, true)}), true)
+	if err != nil {
+		m.place(p, a, slot, true, err)
+		return nil, err
+	}
+	return l, nil
+}
+
+// wait waits for the load's reply and records its outcome in the slot
+// table. m.smu is held.
+func (l *slotLoad) wait(ctx context.Context, m *Model) error {
+	_, err := l.p.wait(ctx, m.spec.ID, l.rid, l.ch)
+	m.place(l.p, l.a, l.slot, true, err)
+	return err
+}
+
+// warmPinned loads the pinned adapters onto p, a worker that replaces a
+// lost one, after the model loaded there and before it serves: one slot
+// each, in name order (they fit: a model pins at most AdapterSlots-1),
+// recorded as p's slot table. A failure is logged; that adapter then
+// loads with its first sequence on p.
+func (m *Model) warmPinned(ctx context.Context, p *proc) {
+	pinned := m.pinned()
+	if len(pinned) == 0 || m.closed.Load() {
+		return
+	}
+	st := make([]slotState, m.info.AdapterSlots)
+	for i, a := range pinned {
+		if _, err := p.call(ctx, m.spec.ID, request("adapter", map[string]any{"model": m.handle, "adapter": adapterField(a, i, true)})); err != nil {
+			m.e.cfg.logger.Warn("pinned adapter not loaded on the replacement worker; it loads with its first sequence there",
+				"model", m.spec.ID, "adapter", a.info.Name, "worker", p.slot, "err", err)
+			continue
+		}
+		st[i] = slotState{key: a.key}
+	}
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	if m.resident != nil {
+		m.resident[p] = st
+	}
+}
+
+// pinned lists the pinned adapters served, by name.
+func (m *Model) pinned() []*served {
+	m.amu.RLock()
+	defer m.amu.RUnlock()
+	var out []*served
+	for _, a := range m.adapters {
+		if a.info.Pinned {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(x, y *served) int { return strings.Compare(x.info.Name, y.info.Name) })
+	return out
+}
