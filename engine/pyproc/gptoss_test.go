@@ -131,6 +131,11 @@ func TestGptOssFastPathsCUDA(t *testing.T) {
 			if st["kernels"] != true || (tc.dtype == "bfloat16" && st["varlen"] != true) {
 				t.Errorf("worker stats %v: want the kernels (and in bfloat16 the varlen call) on", st)
 			}
+			// In bfloat16 the experts' grouped GEMM captures, so decode steps
+			// replay graphs (TestGptOssLongPromptCUDA saw bucket 1 on an H200).
+			if g, _ := st["decode_graphs"].([]any); tc.dtype == "bfloat16" && len(g) == 0 {
+				t.Errorf("worker stats %v: want decode graphs captured in bfloat16", st)
+			}
 		})
 	}
 }

@@ -264,12 +264,21 @@ def check_probe():
     logger.removeHandler(h)
 
     # The check's product emulated: its error is inside the tolerance with
-    # room, and a misread scale far outside.
+    # room, and a misread scale, of the activations or of the weight (read
+    # in the other order, or a row or block off), far outside.
+    def transposed(x, w, scale, block, v2=False):  # the weight's scales read column-major
+        return emulated_w8a8(x, w, scale.t().contiguous().view(scale.shape), block)
+
+    def shifted(x, w, scale, block, v2=False):  # each output's scale from the next row or block
+        return emulated_w8a8(x, w, scale.roll(1, 0), block)
     for layout in ("channel", "block"):
         w, x = w8a8._case(layout, torch.device("cpu"), torch.float32)
         want = x @ w.dequant(torch.float32).t()
         t = w.t
-        for fn, lo, hi in ((emulated_w8a8, 0, w8a8.TOLERANCE * 0.75), (misread, 2 * w8a8.TOLERANCE, 10)):
+        cases = [(emulated_w8a8, 0, w8a8.TOLERANCE * 0.75)] + [(f, 2 * w8a8.TOLERANCE, 100) for f in (misread, shifted)]
+        if layout == "block":
+            cases.append((transposed, 2 * w8a8.TOLERANCE, 100))
+        for fn, lo, hi in cases:
             err = ((fn(x, t["w"], t["scale"], t["block"]).float() - want).abs().max() / want.abs().max()).item()
             check(lo <= err < hi, "%s %s: relative error %.3g, want [%g, %g)" % (layout, fn.__name__, err, lo, hi))
 

@@ -138,6 +138,8 @@ def with_sinks(o, lse, sinks):
     lse [..., H] (float32) each row's log-sum-exp of its scaled scores
     (natural log), as the softmax with each head's sink logit (sinks [H],
     float32) gives it: each row scaled by exp(L) / (exp(L) + exp(s)) =
-    sigmoid(L - s), in float32, rounded once to o's dtype. A row that saw
-    no key (o zero, lse +inf as flash reports it or -inf) stays zero."""
+    sigmoid(L - s), in float32, then rounded to o's dtype (a second
+    rounding, o having been rounded by the attention that made it, where
+    the plain path rounds once). A row that saw no key (o zero, lse +inf
+    as flash reports it or -inf) stays zero."""
     return (o.float() * torch.sigmoid(lse - sinks).unsqueeze(-1)).to(o.dtype)

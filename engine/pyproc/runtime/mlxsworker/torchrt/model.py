@@ -322,7 +322,7 @@ class TorchModel(Model):
         # The CUDA fast paths this model runs: the Triton kernels, the varlen
         # prompt attention, and the batch buckets of its base decode graphs.
         st["kernels"], st["varlen"] = self.model.kern is not None, bool(self.model.varlen)
-        st["decode_graphs"] = sorted(k[0] for k in self.graphs.graphs if "lora" not in k) if self.graphs is not None else []
+        st["decode_graphs"] = sorted({k[0] for k in self.graphs.graphs if "lora" not in k}) if self.graphs is not None else []
         st["speculated"] = dict(self.speculated)
         return st
 
