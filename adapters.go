@@ -243,7 +243,7 @@ func (s *Server) resolveAdapter(id, adapter string) (string, string, error) {
 // warms adapters (before the model serves: an engine without it loads
 // them with their first requests). An adapter that no longer loads (its
 // files changed or went) stops being served; the error is logged.
-func (s *Server) restoreAdapters(id string, em engine.Model) {
+func (s *Server) restoreAdapters(ctx context.Context, id string, em engine.Model) {
 	s.mu.RLock()
 	var specs []AdapterSpec
 	for _, e := range s.adapters {
@@ -260,7 +260,9 @@ func (s *Server) restoreAdapters(id string, em engine.Model) {
 			_, err = am.AddAdapter(context.Background(), engine.AdapterSpec{Name: spec.Name, Path: spec.Path, Pinned: spec.Pinned})
 		}
 		if err == nil && spec.Pinned && warms {
-			if werr := w.WarmAdapter(context.Background(), spec.Name); werr != nil {
+			// Within the load's ctx: its timeout, and Close or Unload, end
+			// the warm-ups too (the adapter is served all the same).
+			if werr := w.WarmAdapter(ctx, spec.Name); werr != nil {
 				s.logAdapterCold(spec.Name, werr)
 			}
 		}

@@ -98,7 +98,7 @@ func (s *Server) load(ctx context.Context, spec engine.ModelSpec) (*model, error
 	}
 	m := &model{info: em.Info(), engine: em, tok: tok,
 		revision: revision(em.Info().Engine, spec.Path, s.loads.Add(1))}
-	s.restoreAdapters(spec.ID, em)
+	s.restoreAdapters(ctx, spec.ID, em)
 	if tok != nil {
 		for _, id := range tok.EOS() {
 			if !slices.Contains(m.info.EOS, id) {

@@ -31,9 +31,10 @@ type served struct {
 // it: the adapter key it holds ("" when none or unknown), the open
 // sequences that run it, and when it was last opened (for LRU eviction).
 type slotState struct {
-	key   string
-	users int
-	used  uint64
+	key     string
+	users   int
+	used    uint64
+	pending chan struct{} // closed when a warm-up's load into the slot ends
 }
 
 // AddAdapter reads and checks the adapter at spec.Path against the model
@@ -222,7 +223,7 @@ func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 		if s.key == a.key {
 			return i, false, nil
 		}
-		if s.users > 0 || m.isPinned(s.key) {
+		if s.users > 0 || s.pending != nil || m.isPinned(s.key) {
 			continue
 		}
 		if best < 0 || m.evictBefore(s, st[best]) {
@@ -263,6 +264,17 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 		}
 	}
 	return m.pickSlot()
+}
+
+// warming is the pending chan of p's slot that a warm-up is loading a
+// into; nil when none. m.smu is held.
+func (m *Model) warming(p *proc, a *served) chan struct{} {
+	for _, s := range m.slotsOf(p) {
+		if s.key == a.key && s.pending != nil {
+			return s.pending
+		}
+	}
+	return nil
 }
 
 // holds reports whether p's slots hold a, as the supervisor assigned them.
@@ -355,6 +367,10 @@ func (m *Model) hold(p *proc, a *served, slot int, load bool, err error) {
 // is held.
 func (m *Model) place(p *proc, a *served, slot int, load bool, err error) bool {
 	st := m.slotsOf(p)
+	if st[slot].pending != nil {
+		close(st[slot].pending)
+		st[slot].pending = nil
+	}
 	if err != nil {
 		if load {
 			st[slot] = slotState{}

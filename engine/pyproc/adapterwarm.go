@@ -49,8 +49,8 @@ func (m *Model) WarmAdapter(ctx context.Context, name string) error {
 		return err
 	}
 	m.smu.Lock()
-	defer m.smu.Unlock()
 	if m.resident == nil {
+		m.smu.Unlock()
 		return engine.ErrClosed
 	}
 	loads := make([]*slotLoad, len(procs))
@@ -59,6 +59,7 @@ func (m *Model) WarmAdapter(ctx context.Context, name string) error {
 			loads[i], errs[i] = m.sendLoad(p, a)
 		}
 	}
+	m.smu.Unlock()
 	for i, l := range loads {
 		if l != nil {
 			errs[i] = l.wait(ctx, m)
@@ -92,6 +93,7 @@ func (m *Model) sendLoad(p *proc, a *served) (*slotLoad, error) {
 		return nil, err
 	}
 	l := &slotLoad{p: p, a: a, slot: slot}
+	m.slotsOf(p)[slot] = slotState{key: a.key, pending: make(chan struct{})}
 	l.rid, l.ch, err = p.send(request("adapter", map[string]any{"model": m.handle, "adapter": adapterField(a, slot, true)}), true)
 	if err != nil {
 		m.place(p, a, slot, true, err)
@@ -100,11 +102,17 @@ func (m *Model) sendLoad(p *proc, a *served) (*slotLoad, error) {
 	return l, nil
 }
 
-// wait waits for the load's reply and records its outcome in the slot
-// table. m.smu is held.
+// wait waits for the load's reply, m.smu not held (the slot is marked
+// pending meanwhile: opens of the adapter on that worker wait for it,
+// other adapters never take it), then records its outcome in the slot
+// table under m.smu.
 func (l *slotLoad) wait(ctx context.Context, m *Model) error {
 	_, err := l.p.wait(ctx, m.spec.ID, l.rid, l.ch)
-	m.place(l.p, l.a, l.slot, true, err)
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	if m.resident != nil {
+		m.place(l.p, l.a, l.slot, true, err)
+	}
 	return err
 }
 
@@ -112,15 +120,19 @@ func (l *slotLoad) wait(ctx context.Context, m *Model) error {
 // lost one, after the model loaded there and before it serves: one slot
 // each, in name order (they fit: a model pins at most AdapterSlots-1),
 // recorded as p's slot table. A failure is logged; that adapter then
-// loads with its first sequence on p.
-func (m *Model) warmPinned(ctx context.Context, p *proc) {
+// loads with its first sequence on p. An error only when p died meanwhile
+// (reload's caller then starts another).
+func (m *Model) warmPinned(ctx context.Context, p *proc) error {
 	pinned := m.pinned()
 	if len(pinned) == 0 || m.closed.Load() {
-		return
+		return nil
 	}
 	st := make([]slotState, m.info.AdapterSlots)
 	for i, a := range pinned {
 		if _, err := p.call(ctx, m.spec.ID, request("adapter", map[string]any{"model": m.handle, "adapter": adapterField(a, i, true)})); err != nil {
+			if !p.alive() { // the replacement died too: the restart policy starts another
+				return fmt.Errorf("warming pinned adapter %q: %w", a.info.Name, err)
+			}
 			m.e.cfg.logger.Warn("pinned adapter not loaded on the replacement worker; it loads with its first sequence there",
 				"model", m.spec.ID, "adapter", a.info.Name, "worker", p.slot, "err", err)
 			continue
@@ -132,6 +144,7 @@ func (m *Model) warmPinned(ctx context.Context, p *proc) {
 	if m.resident != nil {
 		m.resident[p] = st
 	}
+	return nil
 }
 
 // pinned lists the pinned adapters served, by name.

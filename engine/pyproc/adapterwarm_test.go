@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"syscall"
 	"testing"
@@ -142,4 +143,70 @@ func residentKeys(t *testing.T, e *Engine, m *Model, i int) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// TestAdapterWarmSlowWorker: a warm-up waiting on a busy worker holds
+// nothing the other workers need: an adapter resident on the other
+// worker opens, decodes and frees there while the warm-up still waits.
+func TestAdapterWarmSlowWorker(t *testing.T) {
+	e := newEngine(t, WithWorkers(2), withFaults())
+	c := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 71})
+	dy := filepath.Join(t.TempDir(), "y")
+	if err := testmodel.WriteAdapter(dy, testmodel.Tiny(), testmodel.Adapter{Rank: 4, Seed: 72}); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base, AdapterSlots: 2})
+	addAdapter(t, m, "x", c.adapter)
+	addAdapter(t, m, "y", dy)
+	ctx := context.Background()
+	p := prompt(8, 11)
+	if _, err := m.OpenAdapter(ctx, 1, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	w := m.seqs[1].slot.idx
+	inject(t, e, 1-w, map[string]any{"kind": "spin", "seconds": 10}) // the other worker is busy for 10 s
+	warmed := make(chan error, 1)
+	go func() { warmed <- m.WarmAdapter(ctx, "y") }()
+	for pendingLoads(m) == 0 { // the warm-up's loads are out
+		select {
+		case err := <-warmed:
+			t.Fatalf("the warm-up ended (%v) with no load seen pending: it held the slot table throughout", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	if _, err := m.OpenAdapter(ctx, 2, p, "", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if m.seqs[2].slot.idx != w {
+		t.Fatalf("x's second sequence went to worker %d, want %d where x is resident", m.seqs[2].slot.idx, w)
+	}
+	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 2, Tokens: p, Sample: true, Params: &engine.SamplingParams{}}}); err != nil {
+		t.Fatal(err)
+	}
+	m.Free(2, "")
+	m.Free(1, "")
+	select {
+	case err := <-warmed:
+		t.Fatalf("the warm-up ended (%v) before the busy worker could answer: the test raced", err)
+	default: // still waiting on the busy worker, and the other one served meanwhile
+	}
+	if err := <-warmed; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pendingLoads counts the slots a warm-up is loading, on every worker.
+func pendingLoads(m *Model) int {
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	n := 0
+	for _, st := range m.resident {
+		for _, s := range st {
+			if s.pending != nil {
+				n++
+			}
+		}
+	}
+	return n
 }

@@ -270,7 +270,9 @@ func (e *Engine) reload(ctx context.Context, p *proc) error {
 		if _, err := p.call(ctx, m.info.ID, m.loadRequest()); err != nil {
 			return fmt.Errorf("reloading model %q: %w", m.info.ID, err)
 		}
-		m.warmPinned(ctx, p)
+		if err := m.warmPinned(ctx, p); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -322,7 +322,22 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 		}
 		aslot, load := -1, false
 		if a != nil {
-			m.smu.Lock()
+			for {
+				m.smu.Lock()
+				w := m.warming(p, a)
+				if w == nil {
+					break
+				}
+				m.smu.Unlock()
+				select {
+				case <-w:
+				case <-ctx.Done():
+					if done != nil {
+						done(context.Canceled)
+					}
+					return 0, ctx.Err()
+				}
+			}
 			defer m.smu.Unlock()
 			if aslot, load, err = m.claim(p, a); err != nil {
 				if done != nil {
@@ -335,8 +350,13 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 			}
 			fields["adapter"] = adapterField(a, aslot, load)
 		}
-		if rid, ch, err = p.send(request("open", fields), true); err == nil {
-			r, err = p.wait(ctx, m.spec.ID, rid, ch)
+		// A ctx that ended while this open waited (for a warm-up's load)
+		// sends nothing: an open the worker ran after its caller left
+		// would hold KV no Free reaches.
+		if err = ctx.Err(); err == nil {
+			if rid, ch, err = p.send(request("open", fields), true); err == nil {
+				r, err = p.wait(ctx, m.spec.ID, rid, ch)
+			}
 		}
 		m.readFrees(p) // answered before this open
 		if a != nil {
