@@ -117,7 +117,8 @@ type AdapterModel interface {
 // them for reasons of its own, such as a worker that replaces a lost one.
 //
 // Unlike Open, Step and Free, WarmAdapter is safe to call while the model
-// serves: the engine serialises it with them. Errors: an error wrapping
+// serves: the engine orders it with them (an open of the adapter where it
+// is still loading waits for that load, within the open's ctx). Errors: an error wrapping
 // ErrModelNotFound for an adapter not served, ErrOutOfMemory when every
 // slot of a worker holds an adapter open sequences use or a pinned one,
 // a *CheckpointError when the files changed since AddAdapter read them,

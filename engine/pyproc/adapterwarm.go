@@ -26,8 +26,10 @@ var _ engine.AdapterWarmer = (*Model)(nil)
 // already loads nothing. The workers load at once. A worker being
 // restarted is waited for, within ctx (its replacement gets the pinned
 // adapters as it starts, this one too when it is pinned). Safe to call
-// while the model serves: adapter sequences opened meanwhile wait for the
-// loads. A failure on a worker (every slot in use or pinned there, files
+// while the model serves: a sequence of this adapter opened meanwhile on a
+// worker still loading it waits for that load; nothing else waits (the
+// slot table is held only to pick the slots and record the outcomes). A
+// failure on a worker (every slot in use or pinned there, files
 // changed, the worker lost) is returned, naming the worker, after the
 // others loaded; see engine.AdapterWarmer.
 func (m *Model) WarmAdapter(ctx context.Context, name string) error {
