@@ -218,6 +218,44 @@ def check_routing():
     for k, v in want.items():
         check(got[k] == v, "routing %s: %r, want %r" % (k, got[k], v))
 
+    # A product whose W8A8 call raises at its own shape (the check passed
+    # on another): the step gets the weight-only product, that shape stays
+    # weight-only (logged once), other shapes keep W8A8.
+    def refusing(x, w, scale, block, v2=False):
+        if w.shape[0] == chan.n:
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return emulated_w8a8(x, w, scale, block)
+    stand2 = StandIn(refusing)
+    other = fp8_weight(48, 512, (1, 512), g)
+    logger, h = logging.getLogger("quant"), Logged()
+    logger.addHandler(h)
+
+    def refused():
+        w8a8._on.clear()
+        w8a8._refused.clear()
+        w8a8._on[(dev, torch.float32, "channel")] = {}
+        x = torch.randn(R, 512, generator=g)
+        want = x @ chan.dequant(torch.float32).t()
+        y = chan.forward(x)
+        first = list(stand2.calls)
+        stand2.calls.clear()
+        chan.forward(x)
+        again = list(stand2.calls)
+        stand2.calls.clear()
+        other.forward(torch.randn(R, 512, generator=g))
+        out = (first, again, list(stand2.calls), torch.allclose(y, want, atol=1e-5))
+        w8a8._on.clear()
+        w8a8._refused.clear()
+        return out
+    try:
+        first, again, others, same = with_standin(stand2, refused)
+    finally:
+        logger.removeHandler(h)
+    check(first == [("w8a8", ()), "weight-only"] and same, "a refused W8A8 call falls back in the same step: %r" % first)
+    check(again == ["weight-only"], "and that shape stays weight-only: %r" % again)
+    check(others == [("w8a8", ())], "other shapes keep W8A8: %r" % others)
+    check(sum("refused" in ln for ln in h.lines) == 1, "logged once: %r" % h.lines)
+
 
 # -- the check at load -------------------------------------------------------
 

@@ -175,10 +175,13 @@ class QWeight:
         from . import quant_triton, w8a8
         t = self.t
         if self.kind == "fp8":
-            how = w8a8.route(self, x)
+            how, y = w8a8.route(self, x), None
             if how is not None:
-                y = quant_triton.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)
-            else:
+                try:
+                    y = quant_triton.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)
+                except RuntimeError as e:  # this shape, not the layout the check passed: weight-only from now on
+                    w8a8.refuse(self, x, e)
+            if y is None:
                 y = quant_triton.fp8_linear(x, t["w"], t["scale"], t["block"])
         else:
             if "perm" in t:  # act order: the inputs in the order qw holds them

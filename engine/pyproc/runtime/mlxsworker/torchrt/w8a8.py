@@ -71,12 +71,34 @@ def fits(w):
     return None
 
 
+# (device, dtype, N, K) of products whose W8A8 call raised when they first
+# ran (refuse): weight-only from then on. The check at load tries one
+# shape; a model's own may still be refused by the GEMM (a layout it does
+# not take at that size).
+_refused = set()
+
+
 def route(w, x):
     """The keyword arguments of quant_triton.fp8_w8a8 for fp8 QWeight w
     and input x when that product runs as W8A8, else None."""
     if x.numel() < MIN_ROWS * w.k or not _on:
         return None
-    return _on.get((_where(x.device), x.dtype, fits(w)))
+    where = _where(x.device)
+    if (where, x.dtype, w.n, w.k) in _refused:
+        return None
+    return _on.get((where, x.dtype, fits(w)))
+
+
+def refuse(w, x, e):
+    """Routes w's shape weight-only from now on, after its W8A8 call raised
+    e (logged once a shape). The call checks its operands on the host
+    before launching anything, so a step being captured into a CUDA graph
+    records the weight-only product in its place."""
+    key = (_where(x.device), x.dtype, w.n, w.k)
+    if key not in _refused:
+        _refused.add(key)
+        log.warning("W8A8 refused a %dx%d FP8 product (%s); that shape runs weight-only", w.n, w.k,
+                    (str(e).splitlines() or [repr(e)])[0])
 
 
 def _where(device):
