@@ -58,15 +58,15 @@ for n in 0 1 8 32 0; do
 		-requests 1000000 -duration 20s -seed $seed | tee "$out/c64-adapters$n-seed$seed.txt"
 done
 {
-	t=$(curl -s -o /dev/null -w '%{time_total}' 127.0.0.1:$port/v1/load_lora_adapter -d "{\"lora_name\":\"a33\",\"lora_path\":\"$d/a33\"}")
-	echo "load_lora_adapter (read and checked, rank 16): $t s"
+	t=$(curl -s -o /dev/null -w '%{time_total} s, HTTP %{http_code}' 127.0.0.1:$port/v1/load_lora_adapter -d "{\"lora_name\":\"a33\",\"lora_path\":\"$d/a33\"}")
+	echo "load_lora_adapter (read and checked, rank 16): $t"
 	for turn in first second third; do
-		t=$(curl -s -o /dev/null -w '%{time_total}' 127.0.0.1:$port/v1/completions -d '{"model":"a33","prompt":"hello there","max_tokens":1}')
-		echo "$turn request of a33, max_tokens 1: $t s"
+		t=$(curl -s -o /dev/null -w '%{time_total} s, HTTP %{http_code}' 127.0.0.1:$port/v1/completions -d '{"model":"a33","prompt":"hello there","max_tokens":1}')
+		echo "$turn request of a33, max_tokens 1: $t"
 	done
-	t=$(curl -s -o /dev/null -w '%{time_total}' 127.0.0.1:$port/v1/completions -d '{"model":"base","prompt":"hello there","max_tokens":1}')
-	echo "base request, max_tokens 1: $t s"
+	t=$(curl -s -o /dev/null -w '%{time_total} s, HTTP %{http_code}' 127.0.0.1:$port/v1/completions -d '{"model":"base","prompt":"hello there","max_tokens":1}')
+	echo "base request, max_tokens 1: $t"
 } 2>&1 | tee "$out/adapter-load.txt"
 kill $pid
 wait $pid
-grep -i 'error\|warn' "$out/server.log" | tail -20
+grep -i 'error\|warn\|restart\|lost' "$out/server.log" | tail -20
