@@ -88,11 +88,18 @@ type slotLoad struct {
 }
 
 // sendLoad claims p's slot for a and sends the request that loads it
-// there; nil when p holds a already. m.smu is held.
+// there; nil when p holds a already (then counted as just used, so that
+// warming an adapter also keeps it from being the next one evicted).
+// m.smu is held.
 func (m *Model) sendLoad(p *proc, a *served) (*slotLoad, error) {
 	slot, load, err := m.claim(p, a)
-	if err != nil || !load {
+	if err != nil {
 		return nil, err
+	}
+	if !load {
+		m.atick++
+		m.slotsOf(p)[slot].used = m.atick
+		return nil, nil
 	}
 	l := &slotLoad{p: p, a: a, slot: slot}
 	m.slotsOf(p)[slot] = slotState{key: a.key, pending: make(chan struct{})}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -209,4 +210,40 @@ func pendingLoads(m *Model) int {
 		}
 	}
 	return n
+}
+
+// TestAdapterWarmKeepsResident: warming an adapter a worker holds already
+// counts as using it, so the next adapter to load evicts another one.
+func TestAdapterWarmKeepsResident(t *testing.T) {
+	e := newEngine(t)
+	c := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 81})
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: c.base, AdapterSlots: 2})
+	dirs := map[string]string{"x": c.adapter}
+	for i, name := range []string{"y", "z"} {
+		dirs[name] = filepath.Join(t.TempDir(), name)
+		if err := testmodel.WriteAdapter(dirs[name], testmodel.Tiny(), testmodel.Adapter{Rank: 4, Seed: int64(82 + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"x", "y", "z"} {
+		addAdapter(t, m, name, dirs[name])
+	}
+	ctx := context.Background()
+	for i, name := range []string{"x", "y"} { // x, then y: x is the least recently used
+		if _, err := m.OpenAdapter(ctx, engine.SeqID(i+1), prompt(8, 3), "", name); err != nil {
+			t.Fatal(err)
+		}
+		m.Free(engine.SeqID(i+1), "")
+	}
+	if err := m.WarmAdapter(ctx, "x"); err != nil { // resident already: loads nothing, counts as used
+		t.Fatal(err)
+	}
+	if _, err := m.OpenAdapter(ctx, 3, prompt(8, 3), "", "z"); err != nil {
+		t.Fatal(err)
+	}
+	m.Free(3, "")
+	keys := residentKeys(t, e, m, 0)
+	if len(keys) != 2 || !strings.HasPrefix(keys[0], "x#") || !strings.HasPrefix(keys[1], "z#") {
+		t.Fatalf("resident after z loaded: %v, want x (warmed) and z, y evicted", keys)
+	}
 }
