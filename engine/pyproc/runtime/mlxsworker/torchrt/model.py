@@ -120,10 +120,6 @@ class TorchModel(Model):
         self.split_steps = settings.split_steps
         if self.device.type == "cuda" and opts.get("cuda_graphs", True) and self.model.graphable:
             self.graphs = DecodeGraphs(self.model, self.kv, self.max_batch, cfg.context)
-        # Steps of prompt chunks in graphs captured piecewise around attention (prefill.py).
-        self.prefill = None
-        if self.graphs is not None and settings.prefill_graphs and PrefillGraphs.supports(self.model):
-            self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens)
         self.seqs = {}
         # LoRA adapter slots (lora.py): their memory is taken by the first adapter.
         # Under tensor parallel each rank's slots hold its share (lora.py).
@@ -132,8 +128,11 @@ class TorchModel(Model):
                                    settings.lora_plan == "dense", self.tp) if slots > 0 else None
         if self.graphs is not None:
             self.graphs.lora = self.adapters
-        if self.prefill is not None:  # prompt steps with adapters: graphs of their own (prefill.py)
-            self.prefill.adapters = self.adapters
+        # Steps of prompt chunks in graphs captured piecewise around attention
+        # (prefill.py; with adapters, graphs of their own).
+        self.prefill = None
+        if self.graphs is not None and settings.prefill_graphs and PrefillGraphs.supports(self.model):
+            self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens, self.adapters)
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False

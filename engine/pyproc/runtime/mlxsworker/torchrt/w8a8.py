@@ -101,13 +101,19 @@ def refuse(w, x, e):
                     (str(e).splitlines() or [repr(e)])[0])
 
 
+_names = {}  # device (as given) -> _where's name: route runs for every FP8 product of a step
+
+
 def _where(device):
     """device as check and route both name it: the loader passes
     torch.device("cuda"), a tensor's device reads "cuda:0"."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
+    name = _names.get(device)
+    if name is None:
+        d = torch.device(device)
+        if d.type == "cuda" and d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+        name = _names[device] = str(d)
+    return name
 
 
 def act_quant(x, group=None, rows=None):
