@@ -153,3 +153,40 @@ func TestAdapterWorkerLost(t *testing.T) {
 		t.Fatalf("workers %+v", w)
 	}
 }
+
+// TestAdapterChangedToNaN: an adapter whose file gains a NaN after it was
+// added (and checked) is refused by the worker when its first sequence
+// loads it, with a *engine.CheckpointError, and the slot it was read into
+// is left holding nothing: in steps whose delta spans every slot
+// (Tuning.DenseLoRA, as the CUDA graphs compute it, where a NaN in any
+// slot would reach every row) another adapter and the base keep their
+// tokens.
+func TestAdapterChangedToNaN(t *testing.T) {
+	e := newEngine(t, WithTuning(Tuning{DenseLoRA: true}))
+	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 11})
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := testmodel.WriteAdapter(bad, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 12}); err != nil {
+		t.Fatal(err)
+	}
+	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base})
+	addAdapter(t, m, "x", cx.adapter)
+	addAdapter(t, m, "bad", bad)
+	prompts := [][]int32{prompt(1, 19), prompt(3, 33)}
+	adapters := []string{"x", ""}
+	want := stepAdapters(t, m, prompts, adapters, 6)
+	patch(t, filepath.Join(bad, "adapter_model.safetensors"), func(b []byte, data int) {
+		// The last float32 of the file: of the last tensor by name, a
+		// lora_B (a NaN in an A is masked out with its products).
+		copy(b[len(b)-4:], []byte{0x00, 0x00, 0xc0, 0x7f})
+	})
+	_, err := m.OpenAdapter(context.Background(), 50, prompt(2, 9), "", "bad")
+	var ce *engine.CheckpointError
+	if !errors.As(err, &ce) {
+		m.Free(50, "")
+		t.Fatalf("opening with an adapter whose file turned NaN: %v, want a *engine.CheckpointError", err)
+	}
+	t.Logf("refused: %v", err)
+	if got := stepAdapters(t, m, prompts, adapters, 6); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("after the refused load: %v, want %v", got, want)
+	}
+}

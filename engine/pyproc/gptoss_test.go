@@ -103,10 +103,13 @@ func TestGptOssSinksEmulated(t *testing.T) {
 // path's greedy choices): prompts of 37, 150 and 300 tokens in one step,
 // a fourth of 60 joining beside decodes, 40 steps in all, past the
 // 16-token windows; the five largest log-probabilities of every sampled
-// position agree within the dtype's tolerance (bfloat16 0.25: the two
-// paths round and accumulate differently, and a near tie in the router
-// moves a token's whole MLP output), and the greedy tokens
-// wherever the plain path's top two are apart. The worker's stats must
+// position agree within the dtype's tolerance, and the greedy tokens
+// wherever the plain path's top two are apart. float32: every value
+// within 1e-3. bfloat16: the two paths round and accumulate differently,
+// and a near tie in the router moves a token's whole MLP output (one
+// position's values at a time: 0.061, 0.172 and 0.266 seen at most in
+// three H200 runs), so at most 2% of the values may pass 0.1 and none
+// may pass 1; an error in the kernels moves most positions. The worker's stats must
 // show the kernels (in bfloat16 the varlen call too) ran.
 func TestGptOssFastPathsCUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
@@ -118,8 +121,8 @@ func TestGptOssFastPathsCUDA(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		dtype string
-		tol   float64
-	}{{"bfloat16", 0.25}, {"float32", 1e-3}} { // bfloat16: 0.061 and 0.172 seen in two H200 runs
+		tol   fedTolerance
+	}{{"bfloat16", fedTolerance{each: 0.1, share: 0.02, most: 1}}, {"float32", fedTolerance{each: 1e-3, most: 1e-3}}} {
 		t.Run(tc.dtype, func(t *testing.T) {
 			e := newEngine(t, WithDType(tc.dtype))
 			fast := load(t, e, dir)
@@ -140,10 +143,17 @@ func TestGptOssFastPathsCUDA(t *testing.T) {
 	}
 }
 
+// fedTolerance bounds compareFed's log-probability differences: at most
+// a share of the values may differ by more than each, none by more than
+// most.
+type fedTolerance struct{ each, share, most float64 }
+
 // compareFed runs the scenario of TestGptOssFastPathsCUDA on fast and
 // plain, feeding both plain's greedy tokens.
-func compareFed(t *testing.T, fast, plain *Model, tol float64) {
+func compareFed(t *testing.T, fast, plain *Model, tol fedTolerance) {
 	t.Helper()
+	var values, over int
+	worst := 0.0
 	ctx := context.Background()
 	params := &engine.SamplingParams{Logprobs: true, TopLogprobs: 5}
 	feed := map[engine.SeqID][]int32{}
@@ -180,16 +190,27 @@ func compareFed(t *testing.T, fast, plain *Model, tol float64) {
 		for i, p := range op {
 			f := of[i]
 			for k := range p.Top {
-				if d := math.Abs(float64(p.Top[k].Logprob - f.Top[k].Logprob)); d > tol {
-					t.Fatalf("step %d seq %d: log-probability %d is %.5f on the fast path, %.5f on the plain", step, p.Seq, k,
+				d := math.Abs(float64(p.Top[k].Logprob - f.Top[k].Logprob))
+				values++
+				worst = max(worst, d)
+				if d > tol.each {
+					over++
+					t.Logf("step %d seq %d: log-probability %d is %.5f on the fast path, %.5f on the plain", step, p.Seq, k,
 						f.Top[k].Logprob, p.Top[k].Logprob)
 				}
+				if d > tol.most {
+					t.Fatalf("step %d seq %d: log-probability %d differs by %.5f (at most %g)", step, p.Seq, k, d, tol.most)
+				}
 			}
-			if f.Token != p.Token && p.Top[0].Logprob-p.Top[1].Logprob > float32(2*tol) {
+			if f.Token != p.Token && p.Top[0].Logprob-p.Top[1].Logprob > float32(tol.most/2) {
 				t.Fatalf("step %d seq %d: token %d on the fast path, %d on the plain (top %v)", step, p.Seq, f.Token, p.Token, p.Top)
 			}
 			feed[p.Seq] = []int32{p.Token}
 		}
+	}
+	t.Logf("%d log-probabilities compared: %d differ by more than %g, at most by %.5f", values, over, tol.each, worst)
+	if float64(over) > tol.share*float64(values) {
+		t.Fatalf("%d of %d log-probabilities differ by more than %g (at most %.0f%% may)", over, values, tol.each, 100*tol.share)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,5 +125,23 @@ func TestLoadCancelled(t *testing.T) {
 	}
 	if _, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t)}); !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("load after Close: %v", err)
+	}
+}
+
+// TestLoadRelativePath: a checkpoint named relative to this process's
+// working directory loads (the worker runs in its runtime directory) and
+// decodes as the same checkpoint named whole.
+func TestLoadRelativePath(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, tiny(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, newEngine(t), rel)
+	if got, want := generate(t, m, 1, prompt(1, 9), 4), generate(t, load(t, newEngine(t), tiny(t)), 1, prompt(1, 9), 4); !slices.Equal(got, want) {
+		t.Fatalf("from %s: %v, from the whole path %v", rel, got, want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -106,6 +107,11 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	}
 	if e.isClosed() {
 		return nil, engine.ErrClosed
+	}
+	// The worker runs in its runtime directory: a relative path is this
+	// process's.
+	if abs, err := filepath.Abs(spec.Path); err == nil {
+		spec.Path = abs
 	}
 	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
 		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{}, savedBy: map[string]string{},
