@@ -81,6 +81,7 @@ var (
 	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
 	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
+	tpOneShot = flag.Bool("tp-oneshot", true, "small tensor-parallel all-reduces over peer memory, not NCCL (pyproc.Tuning.NoOneShotAllReduce)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 through torch._scaled_mm in products of 16 rows or more (pyproc.Tuning.NoFP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
 	kvDtype   = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
@@ -106,7 +107,7 @@ var (
 
 // tuning is the workers' tuning the flags ask for.
 func tuning() pyproc.Option {
-	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoFP8ScaledMM: !*scaledMM})
+	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoOneShotAllReduce: !*tpOneShot, NoFP8ScaledMM: !*scaledMM})
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured

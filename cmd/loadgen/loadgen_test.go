@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,9 +43,10 @@ func TestSummaryDefinitions(t *testing.T) {
 		{ttft: 300 * ms, e2e: 500 * ms, outputTokens: 3, promptTokens: 5},
 		{ttft: 50 * ms, e2e: 50 * ms, outputTokens: 1, promptTokens: 5},
 		{err: context.DeadlineExceeded},
+		{err: context.DeadlineExceeded, cut: true},
 	}
 	s := summarize(results, 2*time.Second, slo{ttft: 200 * ms, tpot: 95 * ms}, []float64{50})
-	if s.Completed != 3 || s.Failed != 1 || s.OutputToks != 14 || s.PromptTokens != 15 {
+	if s.Completed != 3 || s.Failed != 1 || s.Cut != 1 || s.OutputToks != 14 || s.PromptTokens != 15 {
 		t.Fatalf("counts %+v", s)
 	}
 	// TPOT = (e2e - ttft) / (out - 1): 100 ms and 100 ms; one-token outputs have none.
@@ -165,6 +168,33 @@ func TestModelsInTurn(t *testing.T) {
 		var req struct{ Model string }
 		if err := json.Unmarshal(requestBody(cfg, i), &req); err != nil || req.Model != want {
 			t.Fatalf("request %d: model %q (%v); want %q", i, req.Model, err, want)
+		}
+	}
+}
+
+// TestCutAtDuration: requests still streaming when -duration ends are
+// reported as cut, not as failed, and a server error stays a failure.
+func TestCutAtDuration(t *testing.T) {
+	var calls atomic.Int32
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never finishes: cut by the client's deadline
+	}))
+	defer ts.Close()
+	var out bytes.Buffer
+	err := mainErr(context.Background(), []string{"-url", ts.URL, "-model", "m", "-requests", "3", "-concurrency", "3",
+		"-duration", "300ms", "-max-tokens", "4"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Successful requests:            0", "Failed requests:                1", "status 503", "Cut at -duration:               2"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
 }

@@ -13,7 +13,9 @@
 // -input-words words; its time to first token is its whole latency and
 // the summary adds inputs embedded per second.
 //
-// Every run is bounded: at most -requests requests and -duration of time.
+// Every run is bounded: at most -requests requests and -duration of time;
+// requests still in flight when -duration ends are cancelled and reported
+// as cut, apart from the failed ones.
 // Only loopback targets are accepted.
 package main
 

@@ -55,7 +55,7 @@ func checkLoopback(u *url.URL) error {
 // whole run's time and the time over which requests were sent (to the
 // last send). It stops after cfg.requests requests or cfg.duration,
 // whichever is first; requests in flight at the deadline are cancelled
-// and count as failed.
+// and counted apart (result.cut), not as failed.
 func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.Duration, time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.duration)
 	defer cancel()
@@ -182,6 +182,7 @@ func (c config) path() string {
 // send runs one request and measures it.
 func send(ctx context.Context, client *http.Client, cfg config, body []byte) *result {
 	r := &result{start: time.Now()}
+	defer func() { r.cut = r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) }()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.target.JoinPath(cfg.path()).String(), bytes.NewReader(body))
 	if err != nil {
 		r.err = err

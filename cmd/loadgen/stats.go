@@ -15,6 +15,7 @@ type result struct {
 	start        time.Time
 	ttft         time.Duration // send to first content chunk (to the end when none carried text)
 	textless     bool          // no chunk carried text: ttft is the time to the finish chunk
+	cut          bool          // err came from the run's own deadline (-duration) while it was in flight
 	e2e          time.Duration // send to the end of the response
 	itl          []time.Duration
 	promptTokens int
@@ -51,6 +52,7 @@ func (s slo) met(r *result) bool {
 // summary is the report over a run, with vLLM's benchmark definitions.
 type summary struct {
 	Completed, Failed        int
+	Cut                      int // in flight when -duration ended: neither completed nor failed
 	Duration                 time.Duration
 	PromptTokens, OutputToks int
 	RequestThroughput        float64 // completed requests per second
@@ -120,6 +122,10 @@ func summarize(results []*result, elapsed time.Duration, goal slo, pcts []float6
 	s := summary{Duration: elapsed}
 	var ttft, tpot, itl, e2e []time.Duration
 	for _, r := range results {
+		if r.cut {
+			s.Cut++
+			continue
+		}
 		if r.err != nil {
 			s.Failed++
 			if s.FirstError == "" {
@@ -157,6 +163,9 @@ func (s summary) print(w io.Writer, goal slo) {
 	fmt.Fprintf(w, "Failed requests:                %d\n", s.Failed)
 	if s.FirstError != "" {
 		fmt.Fprintf(w, "First error:                    %s\n", s.FirstError)
+	}
+	if s.Cut > 0 {
+		fmt.Fprintf(w, "Cut at -duration:               %d (in flight when the run ended: neither completed nor failed)\n", s.Cut)
 	}
 	if s.Textless > 0 {
 		fmt.Fprintf(w, "Streams without text:           %d (TTFT counted to their end, no TPOT)\n", s.Textless)

@@ -68,6 +68,12 @@ type Tuning struct {
 	TPTimeout time.Duration
 	// NoTPGraphs turns CUDA graphs off under tensor parallel only.
 	NoTPGraphs bool
+	// NoOneShotAllReduce keeps every tensor-parallel all-reduce on NCCL.
+	// By default on CUDA those of up to 1 MiB (the row-parallel outputs
+	// of decode steps) run as a one-shot all-reduce over peer memory
+	// (torch's symmetric memory): each rank reads every peer's partial
+	// output once, about half NCCL's latency for these sizes.
+	NoOneShotAllReduce bool
 	// Profile makes the worker profile itself (cProfile) and log the
 	// profile when it exits.
 	Profile bool
@@ -117,6 +123,7 @@ type settings struct {
 	FP8ScaledMM   bool    `json:"fp8_scaled_mm"`
 	TPTimeout     float64 `json:"tp_timeout"`
 	TPGraphs      bool    `json:"tp_graphs"`
+	TPOneShot     bool    `json:"tp_oneshot"`
 	Profile       bool    `json:"profile"`
 	MaxLookahead  int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
 }
@@ -127,7 +134,8 @@ func (t Tuning) settingsArg() string {
 		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, PrefillGraphs: !t.NoPrefillGraphs, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto",
 		FP8ScaledMM: !t.NoFP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
-		Profile: t.Profile, MaxLookahead: maxLookahead}
+		TPOneShot: !t.NoOneShotAllReduce,
+		Profile:   t.Profile, MaxLookahead: maxLookahead}
 	if s.BlockSize == 0 {
 		s.BlockSize = 16
 	}

@@ -35,6 +35,8 @@ class Settings:
     more, where that passes its check at load; off: weight-only always.
     tp_timeout: seconds a tensor-parallel collective waits at most.
     tp_graphs: CUDA graphs under tensor parallel.
+    tp_oneshot: on CUDA, tensor-parallel all-reduces of up to
+    tp.OneShot.LIMIT bytes run over peer memory (tp.py), not NCCL.
     profile: the worker profiles itself and logs the profile at exit.
     max_lookahead: the most tokens one step input may ask for (PROTOCOL.md,
     "Lookahead"; 0: 64)."""
@@ -53,6 +55,7 @@ class Settings:
     fp8_scaled_mm: bool = True
     tp_timeout: float = 300.0
     tp_graphs: bool = True
+    tp_oneshot: bool = True
     profile: bool = False
     max_lookahead: int = 0
 
