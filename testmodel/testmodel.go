@@ -257,6 +257,28 @@ func Llama8B() Config {
 	return c
 }
 
+// Llama70B is shaped like Llama-3.1-70B: 80 layers, hidden size 8192, 64
+// query and 8 KV heads, intermediate size 28672, Llama 3.1's vocabulary,
+// context and RoPE scaling, untied embeddings, bfloat16. Its weights take
+// about 141 GB, more than one 80 or 141 GB GPU holds: for tensor-parallel
+// benchmarks only.
+func Llama70B() Config {
+	c := Llama8B()
+	c.Layers, c.Hidden, c.Heads, c.Intermediate = 80, 8192, 64, 28672
+	return c
+}
+
+// Qwen3_32B is shaped like Qwen3-32B: 64 layers, hidden size 5120, 64
+// heads of 128 over 8 KV heads, QK norm, intermediate size 25600, a
+// 151,936-token vocabulary, a 40,960-token context, untied embeddings,
+// bfloat16 (about 66 GB).
+func Qwen3_32B() Config {
+	return Config{
+		Arch: "qwen3", Layers: 64, Hidden: 5120, Heads: 64, KVHeads: 8, HeadSize: 128,
+		Intermediate: 25600, Vocab: 151936, ContextLength: 40960, RopeTheta: 1e6, DType: "bfloat16",
+	}
+}
+
 // Gemma3_12B is shaped like Gemma-3-12B's language model (gemma3_text):
 // 48 layers, hidden size 3840, 16 heads of 256 over 8 KV heads, MLP width
 // 15360, a 262,208-token vocabulary, a 131,072-token context, five sliding
@@ -295,11 +317,12 @@ func Phi4Mini() Config {
 }
 
 // Shapes names the real-model shapes this package can write, for benchmark
-// flags: "llama1b", "llama8b", "gemma3-12b", "qwen3-30b-a3b", "phi4-mini",
-// and the embedding models "bge-base" and "qwen3-embedding-0.6b".
+// flags: "llama1b", "llama8b", "llama70b", "qwen3-32b", "gemma3-12b",
+// "qwen3-30b-a3b", "phi4-mini", and the embedding models "bge-base" and
+// "qwen3-embedding-0.6b".
 func Shapes() map[string]func() Config {
 	return map[string]func() Config{
-		"llama1b": Llama1B, "llama8b": Llama8B, "gemma3-12b": Gemma3_12B,
+		"llama1b": Llama1B, "llama8b": Llama8B, "llama70b": Llama70B, "qwen3-32b": Qwen3_32B, "gemma3-12b": Gemma3_12B,
 		"qwen3-30b-a3b": Qwen3_30B_A3B, "phi4-mini": Phi4Mini,
 		"bge-base": BGEBase, "qwen3-embedding-0.6b": Qwen3Embedding06B,
 	}

@@ -427,3 +427,22 @@ func TestTransformersV5(t *testing.T) {
 		}
 	}
 }
+
+// TestShapeSizes: the benchmark shapes hold the parameters of the models
+// they stand for (Llama-3.1-8B 8.03B, Llama-3.1-70B 70.55B, Qwen3-32B
+// 32.76B), within 0.5%.
+func TestShapeSizes(t *testing.T) {
+	for name, want := range map[string]float64{"llama8b": 8.03e9, "llama70b": 70.55e9, "qwen3-32b": 32.76e9} {
+		c, err := Shapes()[name]().withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0.0
+		for _, ts := range tensors(c) {
+			n += float64(ts.numel())
+		}
+		if math.Abs(n/want-1) > 0.005 {
+			t.Errorf("%s: %.3g parameters, want %.4g", name, n, want)
+		}
+	}
+}

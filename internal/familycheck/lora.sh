@@ -18,7 +18,8 @@
 # times: POST /v1/load_lora_adapter (read and checked in Go), the first
 # request's TTFT (the engine loads it into a slot) and the second's.
 # PORT, LORADATA and BIN (the server's directory) let two builds run at
-# once on two GPUs of one machine over the same checkpoint and adapters.
+# once on two GPUs of one machine over the same checkpoint and adapters;
+# DURATION sets each load's length (default 20s).
 set -u
 out=$1
 shape=${2:-llama8b}
@@ -26,6 +27,7 @@ py=${PYTHON:-python3}
 d=${LORADATA:-/tmp/lorabench}
 port=${PORT:-8090}
 bin=${BIN:-bin} # the server's directory (a build to compare beside this one)
+duration=${DURATION:-20s}
 mkdir -p "$out" $d
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/env.txt"
 t0=$(date +%s)
@@ -55,7 +57,7 @@ seed=100
 for n in 0 1 8 32 0; do
 	seed=$((seed + 1))
 	bin/loadgen -url http://127.0.0.1:$port -model "$(models $n)" -concurrency 64 -input-words 400 -max-tokens 128 \
-		-requests 1000000 -duration 20s -seed $seed | tee "$out/c64-adapters$n-seed$seed.txt"
+		-requests 1000000 -duration "$duration" -seed $seed | tee "$out/c64-adapters$n-seed$seed.txt"
 done
 {
 	t=$(curl -s -o /dev/null -w '%{time_total} s, HTTP %{http_code}' 127.0.0.1:$port/v1/load_lora_adapter -d "{\"lora_name\":\"a33\",\"lora_path\":\"$d/a33\"}")

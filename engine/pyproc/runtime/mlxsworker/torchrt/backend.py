@@ -18,6 +18,7 @@ class TorchBackend(Backend):
     def __init__(self, settings):
         super().__init__(settings)
         self.group = None  # tp.Group once the worker joined one (join)
+        self.threads_set = False  # --threads named a count (set_threads)
 
     def capabilities(self):
         return {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
@@ -34,10 +35,25 @@ class TorchBackend(Backend):
             from .encserve import EncoderModel
             device = pick_device(opts.get("device", "auto"))
             return EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None), self.settings)
-        return TorchModel(path, opts, self.settings, self.group)
+        m = TorchModel(path, opts, self.settings, self.group)
+        self._gpu_threads(m.device)
+        return m
 
     def set_threads(self, n):
         torch.set_num_threads(n)
+        self.threads_set = True
+
+    def _gpu_threads(self, device):
+        """One CPU thread for torch's own CPU ops once a model runs on a
+        GPU, unless --threads named a count (as vLLM sets its GPU
+        workers). Such a worker runs few CPU tensor ops, each small: with
+        torch's default of a thread a core, a 64-core VM took 1.9-3.6 s
+        for the 448 conversions and checks of an 8B rank-16 adapter that
+        one thread does in 0.27 s, and 15-30 s while other workers kept
+        the cores busy."""
+        if device.type == "cuda" and not self.threads_set and torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
+            self.threads_set = True
 
     def join(self, group, make_worker):
         if group.rank:
