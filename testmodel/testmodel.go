@@ -61,7 +61,8 @@ type Config struct {
 	Intermediate int
 	// Vocab is the number of rows of the embedding. The tokenizer holds
 	// 256 byte tokens, some merges and 5 special tokens, all below Vocab;
-	// rows past the tokenizer are valid ids no text encodes to.
+	// the ids past them are filler words: each decodes to text of its
+	// own, and no text encodes to them.
 	Vocab int
 	// ContextLength is max_position_embeddings.
 	ContextLength int

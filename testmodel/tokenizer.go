@@ -53,6 +53,7 @@ The moon is bright tonight; the stars are out; the night is long and quiet.`
 // WordPiece: see wordpiece.go) in Hugging Face's format.
 type tokenizer struct {
 	vocab   []string // id -> token, bytes and merges
+	fillers []string // the words of the ids after the special tokens (fill)
 	merges  []string // "left right", by rank
 	names   []string // the special tokens: specialTokens or encoderSpecials
 	special []int    // ids of names
@@ -99,7 +100,35 @@ func buildTokenizer(vocabSize int, names []string) *tokenizer {
 	}
 	t.bos = t.special[0]
 	t.eos = []int{t.special[1], t.special[4]}
+	t.fill(vocabSize, ids)
 	return t
+}
+
+// fill gives every id past the special tokens, up to vocabSize, a word of
+// its own (a space and two or more syllables, never a token the merges
+// made), as a real vocabulary has no id that decodes to nothing. The
+// corpus yields a few thousand tokens at most, so a 128,256-id model with
+// random weights would otherwise sample ids with no text almost always,
+// and a stream of them shows a client nothing: benchmarks could not time
+// a first token. Encoding never produces these (no merge leads to them).
+func (t *tokenizer) fill(vocabSize int, ids map[string]int) {
+	const consonants, vowels = "bdfgklmnprstvz", "aeiou"
+	space := string(byteEncoder()[' '])
+	for id := t.special[len(t.special)-1] + 1; id < vocabSize; id++ {
+		w := []byte(space)
+		for n := id; len(w) < 5 || n > 0; n /= len(consonants) * len(vowels) {
+			k := n % (len(consonants) * len(vowels))
+			w = append(w, consonants[k/len(vowels)], vowels[k%len(vowels)])
+		}
+		for {
+			if _, taken := ids[string(w)]; !taken {
+				break
+			}
+			w = append(w, 'x')
+		}
+		ids[string(w)] = id
+		t.fillers = append(t.fillers, string(w))
+	}
 }
 
 // byteEncoder is GPT-2's bytes_to_unicode: printable bytes map to
@@ -205,7 +234,7 @@ func (t *tokenizer) json() any {
 			"type": "BPE", "dropout": nil, "unk_token": nil,
 			"continuing_subword_prefix": nil, "end_of_word_suffix": nil,
 			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-			"vocab": orderedVocab(t.vocab), "merges": t.merges,
+			"vocab": t.orderedVocab(), "merges": t.merges,
 		},
 	}
 }
@@ -247,18 +276,25 @@ func (t *tokenizer) clsTemplate() map[string]any {
 }
 
 // orderedVocab writes the vocabulary object in id order, as Hugging Face
-// does, rather than in Go's sorted-key order.
-func orderedVocab(vocab []string) json.RawMessage {
+// does, rather than in Go's sorted-key order: the bytes and merges, then
+// past the special tokens (added_tokens) the fillers.
+func (t *tokenizer) orderedVocab() json.RawMessage {
 	var b bytes.Buffer
 	b.WriteByte('{')
-	for id, tok := range vocab {
-		if id > 0 {
+	entry := func(tok string, id int) {
+		if b.Len() > 1 {
 			b.WriteByte(',')
 		}
 		k, _ := json.Marshal(tok) // a string always marshals
 		b.Write(k)
 		b.WriteByte(':')
 		b.WriteString(strconv.Itoa(id))
+	}
+	for id, tok := range t.vocab {
+		entry(tok, id)
+	}
+	for i, tok := range t.fillers {
+		entry(tok, t.special[len(t.special)-1]+1+i)
 	}
 	b.WriteByte('}')
 	return b.Bytes()

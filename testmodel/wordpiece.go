@@ -105,7 +105,7 @@ func (t *tokenizer) wordPieceJSON() any {
 		"decoder":        map[string]any{"type": "WordPiece", "prefix": "##", "cleanup": true},
 		"model": map[string]any{
 			"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-			"max_input_chars_per_word": 100, "vocab": orderedVocab(t.vocab),
+			"max_input_chars_per_word": 100, "vocab": t.orderedVocab(),
 		},
 	}
 }
