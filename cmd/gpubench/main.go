@@ -89,7 +89,7 @@ var (
 	device    = flag.String("device", "cuda", "torch device")
 	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
 	withStack = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
-	shape     = flag.String("shape", "llama1b", "checkpoint shape: llama1b or llama8b (bf16, random weights, 131,072-token context)")
+	shape     = flag.String("shape", "llama1b", "checkpoint shape: a testmodel.Shapes name (llama1b, llama8b, llama70b, qwen3-32b, ...; bf16, random weights)")
 
 	serving    = flag.Bool("serving", false, "serving mode: examples/server at the checkpoint's full context, driven by cmd/loadgen")
 	serverBin  = flag.String("server", "bin/server", "serving mode: the examples/server binary")
