@@ -277,7 +277,8 @@ func (t *tokenizer) clsTemplate() map[string]any {
 
 // orderedVocab writes the vocabulary object in id order, as Hugging Face
 // does, rather than in Go's sorted-key order: the bytes and merges, then
-// past the special tokens (added_tokens) the fillers.
+// the special tokens (in added_tokens; here too when fillers follow them)
+// and the fillers.
 func (t *tokenizer) orderedVocab() json.RawMessage {
 	var b bytes.Buffer
 	b.WriteByte('{')
@@ -292,6 +293,14 @@ func (t *tokenizer) orderedVocab() json.RawMessage {
 	}
 	for id, tok := range t.vocab {
 		entry(tok, id)
+	}
+	if len(t.fillers) > 0 {
+		// Hugging Face numbers added tokens missing from the model's
+		// vocabulary from its size, whatever their "id": with fillers past
+		// them, the special tokens must be in it at their own ids.
+		for i, name := range t.names {
+			entry(name, t.special[i])
+		}
 	}
 	for i, tok := range t.fillers {
 		entry(tok, t.special[len(t.special)-1]+1+i)

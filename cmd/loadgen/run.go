@@ -182,7 +182,7 @@ func (c config) path() string {
 // send runs one request and measures it.
 func send(ctx context.Context, client *http.Client, cfg config, body []byte) *result {
 	r := &result{start: time.Now()}
-	defer func() { r.cut = r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) }()
+	defer func() { r.cut = errors.Is(r.err, context.DeadlineExceeded) && ctx.Err() != nil }()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.target.JoinPath(cfg.path()).String(), bytes.NewReader(body))
 	if err != nil {
 		r.err = err

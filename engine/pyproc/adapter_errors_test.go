@@ -2,7 +2,9 @@ package pyproc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -154,39 +156,67 @@ func TestAdapterWorkerLost(t *testing.T) {
 	}
 }
 
-// TestAdapterChangedToNaN: an adapter whose file gains a NaN after it was
+// TestAdapterChangedToNaN: an adapter whose file changes after it was
 // added (and checked) is refused by the worker when its first sequence
 // loads it, with a *engine.CheckpointError, and the slot it was read into
 // is left holding nothing: in steps whose delta spans every slot
 // (Tuning.DenseLoRA, as the CUDA graphs compute it, where a NaN in any
 // slot would reach every row) another adapter and the base keep their
-// tokens.
+// tokens. Two changes: a NaN in the last tensor (read last, so every
+// other pair is written first), and a NaN in the first B read followed by
+// a tensor gone missing (the load stops on the missing one).
 func TestAdapterChangedToNaN(t *testing.T) {
 	e := newEngine(t, WithTuning(Tuning{DenseLoRA: true}))
 	cx := writeLoRA(t, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 11})
-	bad := filepath.Join(t.TempDir(), "bad")
-	if err := testmodel.WriteAdapter(bad, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: 12}); err != nil {
-		t.Fatal(err)
-	}
 	m := loadSpec(t, e, engine.ModelSpec{ID: "base", Path: cx.base})
 	addAdapter(t, m, "x", cx.adapter)
-	addAdapter(t, m, "bad", bad)
 	prompts := [][]int32{prompt(1, 19), prompt(3, 33)}
 	adapters := []string{"x", ""}
 	want := stepAdapters(t, m, prompts, adapters, 6)
-	patch(t, filepath.Join(bad, "adapter_model.safetensors"), func(b []byte, data int) {
-		// The last float32 of the file: of the last tensor by name, a
-		// lora_B (a NaN in an A is masked out with its products).
-		copy(b[len(b)-4:], []byte{0x00, 0x00, 0xc0, 0x7f})
-	})
-	_, err := m.OpenAdapter(context.Background(), 50, prompt(2, 9), "", "bad")
-	var ce *engine.CheckpointError
-	if !errors.As(err, &ce) {
-		m.Free(50, "")
-		t.Fatalf("opening with an adapter whose file turned NaN: %v, want a *engine.CheckpointError", err)
+	const lastB = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+	const firstB = "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"
+	nan := []byte{0x00, 0x00, 0xc0, 0x7f} // float32 NaN
+	for i, change := range []func(b []byte, data int){
+		func(b []byte, data int) { copy(b[tensorAt(t, b, data, lastB):], nan) },
+		func(b []byte, data int) {
+			copy(b[tensorAt(t, b, data, firstB):], nan)
+			replaceAll(b[:data], "layers.1.self_attn.v_proj.lora_A", "layers.1.self_attn.v_proj.lora_X")
+		},
+	} {
+		name := fmt.Sprintf("bad%d", i)
+		dir := filepath.Join(t.TempDir(), name)
+		if err := testmodel.WriteAdapter(dir, testmodel.Tiny(), testmodel.Adapter{Rank: 8, Seed: int64(12 + i)}); err != nil {
+			t.Fatal(err)
+		}
+		addAdapter(t, m, name, dir)
+		patch(t, filepath.Join(dir, "adapter_model.safetensors"), change)
+		seq := engine.SeqID(50 + i)
+		_, err := m.OpenAdapter(context.Background(), seq, prompt(2, 9), "", name)
+		var ce *engine.CheckpointError
+		if !errors.As(err, &ce) {
+			m.Free(seq, "")
+			t.Fatalf("%s: opening with an adapter whose file changed: %v, want a *engine.CheckpointError", name, err)
+		}
+		t.Logf("%s refused: %v", name, err)
+		if got := stepAdapters(t, m, prompts, adapters, 6); !slices.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("after %s's refused load: %v, want %v", name, got, want)
+		}
 	}
-	t.Logf("refused: %v", err)
-	if got := stepAdapters(t, m, prompts, adapters, 6); !slices.EqualFunc(got, want, slices.Equal) {
-		t.Fatalf("after the refused load: %v, want %v", got, want)
+}
+
+// tensorAt is the offset in a safetensors file's bytes b (data: where
+// its data starts) of the named tensor's first value.
+func tensorAt(t *testing.T, b []byte, data int, name string) int {
+	t.Helper()
+	var header map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:data], &header); err != nil {
+		t.Fatal(err)
 	}
+	var e struct {
+		Offsets [2]int `json:"data_offsets"`
+	}
+	if err := json.Unmarshal(header[name], &e); err != nil {
+		t.Fatalf("tensor %s: %v", name, err)
+	}
+	return data + e.Offsets[0]
 }

@@ -35,6 +35,7 @@ func TestAdapterConformance(t *testing.T) {
 // tokens the merged checkpoints'.
 func TestTensorParallelAdapterConformance(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	e := newEngine(t, WithTensorParallel(2))
 	for _, arch := range []string{"llama", "qwen2"} {
 		t.Run(arch, func(t *testing.T) {

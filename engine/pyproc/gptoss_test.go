@@ -122,7 +122,7 @@ func TestGptOssFastPathsCUDA(t *testing.T) {
 	for _, tc := range []struct {
 		dtype string
 		tol   fedTolerance
-	}{{"bfloat16", fedTolerance{each: 0.1, share: 0.02, most: 1}}, {"float32", fedTolerance{each: 1e-3, most: 1e-3}}} {
+	}{{"bfloat16", fedTolerance{each: 0.1, share: 0.02, most: 1, tie: 0.5}}, {"float32", fedTolerance{each: 1e-3, most: 1e-3, tie: 2e-3}}} {
 		t.Run(tc.dtype, func(t *testing.T) {
 			e := newEngine(t, WithDType(tc.dtype))
 			fast := load(t, e, dir)
@@ -145,8 +145,9 @@ func TestGptOssFastPathsCUDA(t *testing.T) {
 
 // fedTolerance bounds compareFed's log-probability differences: at most
 // a share of the values may differ by more than each, none by more than
-// most.
-type fedTolerance struct{ each, share, most float64 }
+// most; the greedy tokens may differ only where the plain path's top two
+// are within tie.
+type fedTolerance struct{ each, share, most, tie float64 }
 
 // compareFed runs the scenario of TestGptOssFastPathsCUDA on fast and
 // plain, feeding both plain's greedy tokens.
@@ -202,7 +203,7 @@ func compareFed(t *testing.T, fast, plain *Model, tol fedTolerance) {
 					t.Fatalf("step %d seq %d: log-probability %d differs by %.5f (at most %g)", step, p.Seq, k, d, tol.most)
 				}
 			}
-			if f.Token != p.Token && p.Top[0].Logprob-p.Top[1].Logprob > float32(tol.most/2) {
+			if f.Token != p.Token && p.Top[0].Logprob-p.Top[1].Logprob > float32(tol.tie) {
 				t.Fatalf("step %d seq %d: token %d on the fast path, %d on the plain (top %v)", step, p.Seq, f.Token, p.Token, p.Top)
 			}
 			feed[p.Seq] = []int32{p.Token}

@@ -105,6 +105,7 @@ func TestKVCacheDtypeRefused(t *testing.T) {
 // TestTensorParallelMatches samples what one rank does.
 func TestKVCacheFP8TensorParallel(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	dirs := tpFamilies(t, 2)
 	one := newEngine(t, WithKVCacheDtype("fp8"))
 	two := newEngine(t, WithKVCacheDtype("fp8"), WithTensorParallel(2))

@@ -34,6 +34,7 @@ func tpAdapterScript(t *testing.T, m *Model, x, y string) [][]int32 {
 // model's adapter bytes are more than one rank's.
 func TestTensorParallelAdapters(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	type fixture struct{ base, x, y string }
 	fams := map[string]fixture{}
 	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text"} {

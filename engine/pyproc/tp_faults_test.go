@@ -61,6 +61,7 @@ func gone(t *testing.T, pids []int, why string) {
 // tokens of an undisturbed run.
 func TestTensorParallelRankLoss(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	for _, victim := range []string{"follower", "rank 0", "stopped follower"} {
 		t.Run(victim, func(t *testing.T) {
 			e := newEngine(t, WithTensorParallel(2), withFaults(), WithHeartbeat(100*time.Millisecond, 3*time.Second),
@@ -123,6 +124,7 @@ func TestTensorParallelRankLoss(t *testing.T) {
 // CPU the devices go unused; the placement is what is checked.
 func TestGPUReplicas(t *testing.T) {
 	python(t)
+	needGPUs(t, 4)
 	e := newEngine(t, WithGPUs([]int{3, 2, 1, 0}), WithTensorParallel(2))
 	ws := e.Workers()
 	if len(ws) != 2 {

@@ -152,6 +152,7 @@ func TestTensorParallelMatches(t *testing.T) {
 // next model.
 func TestTensorParallelRefuses(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	e := newEngine(t, WithTensorParallel(2))
 	odd := testmodel.Tiny()
 	odd.Heads, odd.KVHeads, odd.Hidden = 3, 1, 48
@@ -241,6 +242,7 @@ func loadID(t *testing.T, e *Engine, id, dir string) *Model {
 // parallel 1's vectors and tokens.
 func TestTensorParallelEmbeds(t *testing.T) {
 	python(t)
+	needGPUs(t, 2)
 	dirs := map[string]bool{}
 	for _, arch := range []string{"qwen3", "bert"} {
 		dir := t.TempDir()

@@ -43,13 +43,20 @@ func TestEveryIDDecodes(t *testing.T) {
 	if err != nil || len(strings.Fields(text)) != 3 {
 		t.Fatalf("Decode of three filler ids: %q (%v), want three words", text, err)
 	}
+	// The special tokens keep the ids config.json names (Hugging Face
+	// reads them from the model's vocabulary once fillers follow them).
+	bos, _ := tok.BOS()
+	eot, ok := tok.TokenID("<|eot_id|>")
+	if !ok || bos != eot-4 || !tok.IsSpecial(bos) || !tok.IsSpecial(eot) {
+		t.Fatalf("BOS %d, <|eot_id|> %d (%v): want the five special tokens in a row", bos, eot, ok)
+	}
 	ids, err := tok.Encode("The quick brown fox jumps over the lazy dog", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		if id >= 1000 {
-			t.Fatalf("encoding gave id %d, past the merges and special tokens: %v", id, ids)
+		if id >= bos {
+			t.Fatalf("encoding gave id %d, past the merges (special tokens from %d): %v", id, bos, ids)
 		}
 	}
 }

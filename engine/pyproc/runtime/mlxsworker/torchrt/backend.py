@@ -19,6 +19,8 @@ class TorchBackend(Backend):
         super().__init__(settings)
         self.group = None  # tp.Group once the worker joined one (join)
         self.threads_set = False  # --threads named a count (set_threads)
+        self.gpu_threads = False  # a GPU model set one thread for serving (_gpu_threads)
+        self.default_threads = torch.get_num_threads()
 
     def capabilities(self):
         return {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
@@ -35,7 +37,13 @@ class TorchBackend(Backend):
             from .encserve import EncoderModel
             device = pick_device(opts.get("device", "auto"))
             return EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None), self.settings)
-        m = TorchModel(path, opts, self.settings, self.group)
+        if self.gpu_threads:  # a load converts on the host: every core, as at the first load
+            torch.set_num_threads(self.default_threads)
+        try:
+            m = TorchModel(path, opts, self.settings, self.group)
+        finally:
+            if self.gpu_threads:
+                torch.set_num_threads(1)
         self._gpu_threads(m.device)
         return m
 
@@ -50,10 +58,10 @@ class TorchBackend(Backend):
         torch's default of a thread a core, a 64-core VM took 1.9-3.6 s
         for the 448 conversions and checks of an 8B rank-16 adapter that
         one thread does in 0.27 s, and 15-30 s while other workers kept
-        the cores busy."""
-        if device.type == "cuda" and not self.threads_set and torch.get_num_threads() != 1:
+        the cores busy. Loads (load) still convert on every core."""
+        if device.type == "cuda" and not self.threads_set and not self.gpu_threads:
             torch.set_num_threads(1)
-            self.threads_set = True
+            self.gpu_threads = True
 
     def join(self, group, make_worker):
         if group.rank:

@@ -162,36 +162,47 @@ class Slots:
         if not 1 <= r <= self.rank:
             raise ProtocolError(INVALID, "adapter rank %d outside 1..%d" % (r, self.rank))
         f = SafetensorsFile(d["file"])
-        read, finite = [], []  # the tensors' names, in order, and per pair whether each is finite (on the device)
         with torch.no_grad():
             self._clear(slot)
-            for layer, mod, an, bn, tr in d["pairs"]:
-                if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
-                    raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
-                P, j = self.where[mod]
-                width, mods = self.proj[layer][P]
-                out = mods[j][1]
-                n, at = (1, 0) if self.tp is None else (self.tp.size, self.tp.rank)
-                wide, tall = (width * n, out) if P in ROW_PARALLEL else (width, out * n)  # the file's shapes
-                a, b = self._tensor(f, an, (wide, r) if tr else (r, wide)), self._tensor(f, bn, (r, tall) if tr else (tall, r))
-                if tr:
-                    a, b = a.t(), b.t()
-                if P in ROW_PARALLEL:  # the rank's share (whole at tp 1)
-                    a = a[:, at * width : (at + 1) * width]
-                else:
-                    b = b[at * out : (at + 1) * out]
-                self.A[layer][P][j, slot, :r] = a.to(self.dtype)
-                self.B[layer][P][j][slot, :r] = (b * scale).t().to(self.dtype)
-                read += [an, bn]
-                finite.append(torch.stack([torch.isfinite(a).all(), torch.isfinite(b).all()]))
-            # One host sync for the whole adapter. A slot left holding a
-            # NaN would reach every row of a dense step (the zeroed
-            # products times B), so a bad file's slot is cleared; ensure
-            # leaves it unnamed.
-            ok = torch.cat(finite) if finite else None
-            if ok is not None and not bool(ok.all()):
+            try:
+                self._read(slot, f, d["pairs"], r, scale)
+            except BaseException:
+                # Whatever stopped the load, the slot holds nothing of it: a
+                # value that is not finite anywhere in a slot would reach
+                # every row of a dense step (the zeroed products times B).
                 self._clear(slot)
-                raise CheckpointError(f.name, "holds values that are not finite", read[int(ok.logical_not().nonzero()[0])])
+                raise
+
+    def _read(self, slot, f, pairs, r, scale):
+        """load's reading: every pair into slot, then one host sync for
+        the whole adapter's finiteness check. Each rank checks the whole
+        stored tensors, as converted to the slots' dtype (a float16 slot
+        overflows where float32 does not), before taking its share, so
+        under tensor parallel the ranks agree on a bad file."""
+        read, finite = [], []  # the tensors' names, in order, and per pair whether each is finite (on the device)
+        n, at = (1, 0) if self.tp is None else (self.tp.size, self.tp.rank)
+        for layer, mod, an, bn, tr in pairs:
+            if not 0 <= layer < len(self.proj) or mod not in self.where or self.where[mod][0] not in self.proj[layer]:
+                raise CheckpointError(f.name, "layer %d has no adaptable %s" % (layer, mod), an)
+            P, j = self.where[mod]
+            width, mods = self.proj[layer][P]
+            out = mods[j][1]
+            wide, tall = (width * n, out) if P in ROW_PARALLEL else (width, out * n)  # the file's shapes
+            a, b = self._tensor(f, an, (wide, r) if tr else (r, wide)), self._tensor(f, bn, (r, tall) if tr else (tall, r))
+            if tr:
+                a, b = a.t(), b.t()
+            a, b = a.to(self.dtype), (b * scale).to(self.dtype)
+            read += [an, bn]
+            finite.append(torch.stack([torch.isfinite(a).all(), torch.isfinite(b).all()]))
+            if P in ROW_PARALLEL:  # the rank's share (whole at tp 1)
+                a = a[:, at * width : (at + 1) * width]
+            else:
+                b = b[at * out : (at + 1) * out]
+            self.A[layer][P][j, slot, :r] = a
+            self.B[layer][P][j][slot, :r] = b.t()
+        ok = torch.cat(finite) if finite else None
+        if ok is not None and not bool(ok.all()):
+            raise CheckpointError(f.name, "holds values that are not finite", read[int(ok.logical_not().nonzero()[0])])
 
     def _clear(self, slot):
         for pr in self.A:

@@ -38,7 +38,9 @@ CUDA graph; vLLM's custom all-reduce is the same idea). Larger ones
 (prompt steps) stay on NCCL. It is set up, and checked against NCCL, at
 the first CUDA load; if any rank cannot use it (no peer access, an old
 torch), every rank keeps NCCL (settings' tp_oneshot false: always).
-Multicast (NVLS) is not used.
+Multicast (NVLS) is not used. Unlike NCCL's, its barrier has no timeout:
+ranks that fell out of step hang in it rather than time out (ranks only
+leave step through a bug: every rank runs the same requests in order).
 """
 import datetime
 import json
@@ -209,12 +211,9 @@ class OneShot:
     LIMIT = 1 << 20
     DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-    def __init__(self, pg, device):
-        import torch.distributed._symmetric_memory as symm
-        self.name = pg.group_name
+    def __init__(self, pg, buf):
+        self.name, self.buf = pg.group_name, buf
         self.dtypes = self.DTYPES  # those make found to work
-        self.buf = symm.empty(self.LIMIT, dtype=torch.uint8, device=device)
-        symm.rendezvous(self.buf, self.name)
 
     @classmethod
     def make(cls, pg, device):
@@ -222,16 +221,30 @@ class OneShot:
         NCCL's on every rank (torch 2.11 has no float16 one), or None
         where a rank could not make one or no dtype passes; every rank
         returns alike."""
-        me, made = None, 0
+        # Every rank runs the same collectives whatever fails where: the
+        # rendezvous and a one-shot call each wait for all the peers.
+        def agree(done, step):
+            t = torch.tensor([done], device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=pg)
+            if not int(t.item()) and done:
+                log.warning("one-shot all-reduce unavailable (another rank failed to %s); NCCL serves every all-reduce", step)
+            return bool(t.item())
+
+        buf = None
         try:
-            me, made = cls(pg, device), 1
+            import torch.distributed._symmetric_memory as symm
+            buf = symm.empty(cls.LIMIT, dtype=torch.uint8, device=device)
         except Exception as e:  # noqa: BLE001 - any failure keeps NCCL
             log.warning("one-shot all-reduce unavailable, NCCL serves every all-reduce: %s", e)
-        # Every rank runs the same collectives from here: a one-shot call
-        # waits for all its peers.
-        agreed = torch.tensor([made], device=device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=pg)
-        if not int(agreed.item()):
+        if not agree(buf is not None, "allocate symmetric memory"):
+            return None
+        try:
+            symm.rendezvous(buf, pg.group_name)
+            me = cls(pg, buf)
+        except Exception as e:  # noqa: BLE001
+            log.warning("one-shot all-reduce unavailable, NCCL serves every all-reduce: %s", e)
+            me = None
+        if not agree(me is not None, "map the peers' memory"):
             return None
         ok = [0] * len(cls.DTYPES)
         for i, dt in enumerate(cls.DTYPES):
@@ -253,7 +266,8 @@ class OneShot:
         return me
 
     def fits(self, x):
-        return x.dtype in self.dtypes and x.is_contiguous() and x.numel() * x.element_size() <= self.LIMIT
+        return (x.dtype in self.dtypes and x.is_contiguous() and x.numel() * x.element_size() <= self.LIMIT
+                and x.data_ptr() % 16 == 0)  # the kernel's vector stores into x
 
     def all_reduce(self, x):
         n = x.numel()
