@@ -229,7 +229,10 @@ func WithMaxLineBytes(n int) Option {
 }
 
 // WithThreads sets each worker's CPU thread count for torch. Zero (the
-// default) leaves torch's own choice.
+// default) leaves torch's own choice (a thread a core) on the CPU; a
+// worker whose model runs on a GPU then computes torch's CPU ops on one
+// thread (loads still use every core), as a thread a core made its few
+// small CPU ops many times slower on a many-core host.
 func WithThreads(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
