@@ -145,3 +145,20 @@ func TestLoadRelativePath(t *testing.T) {
 		t.Fatalf("from %s: %v, from the whole path %v", rel, got, want)
 	}
 }
+
+// TestFitCheck runs testdata/fit_test.py: the weight bytes a load needs,
+// read from the safetensors headers before loading (what a GPU's free
+// memory is checked against), equal what the decoder holds, for a dense
+// family, one with QK norm and a multimodal Gemma 3 checkpoint; and the
+// refusal names the gigabytes and what to do.
+func TestFitCheck(t *testing.T) {
+	args := []string{"runtime"}
+	for _, arch := range []string{"llama", "qwen3", "gemma3"} {
+		dir := filepath.Join(t.TempDir(), arch)
+		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, dir)
+	}
+	runPyCheck(t, "testdata/fit_test.py", args...)
+}

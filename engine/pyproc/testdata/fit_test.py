@@ -1,0 +1,63 @@
+"""The weight check before a load (runtime/mlxsworker/torchrt/fit.py).
+
+- fit.need from the safetensors headers equals the bytes the loaded
+  decoder holds (tp.weight_bytes), in float32 and bfloat16, for each
+  model dir given (a multimodal Gemma 3 checkpoint's vision tensors left
+  out); under tensor parallel n the split projections and the head count
+  1/n and the rest whole;
+- fit.check refuses weights past the free memory with out_of_memory,
+  naming the gigabytes needed and free and what to do, and passes
+  weights that fit.
+
+  python3 fit_test.py RUNTIME_DIR MODEL_DIR...
+
+Prints "N passed, 0 failed" or raises. Run by TestFitCheck.
+"""
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the runtime or in testdata
+sys.path.insert(0, sys.argv[1])
+
+import torch  # noqa: E402
+
+from mlxsworker.errors import OUT_OF_MEMORY, ProtocolError  # noqa: E402
+from mlxsworker.torchrt import fit, tp  # noqa: E402
+from mlxsworker.torchrt.model import TorchModel  # noqa: E402
+from mlxsworker.torchrt.st import SafetensorsFile  # noqa: E402
+
+passed = 0
+
+
+def ok(cond, what):
+    global passed
+    if not cond:
+        raise AssertionError(what)
+    passed += 1
+
+
+for path in sys.argv[2:]:
+    for dtype in ("float32", "bfloat16"):
+        m = TorchModel(path, {"device": "cpu", "dtype": dtype, "max_batch": 4})
+        held, est = tp.weight_bytes(m.model), fit.need(path, m.dtype)
+        ok(held == est, "%s %s: need %d bytes, the decoder holds %d" % (path, dtype, est, held))
+    # Tensor parallel 2: the split tensors at half, the rest whole.
+    st = SafetensorsFile(path + "/model.safetensors")
+    split = sum(4 * torch.Size(e["shape"]).numel() for n, e in st.header.items()
+                if ".".join(n.split(".")[-2:]) in tp.ROWS | tp.COLS or n.endswith("lm_head.weight"))
+    one, two = fit.need(path, torch.float32), fit.need(path, torch.float32, 2)
+    ok(split > 0 and two == one - split // 2, "%s: tp 2 needs %d, want %d - %d/2" % (path, two, one, split))
+
+try:
+    fit.check(141 * 10**9, 80 * 10**9, torch.device("cuda", 0), 1)
+    ok(False, "141 GB of weights passed 80 GB free")
+except ProtocolError as e:
+    msg = str(e)
+    ok(e.code == OUT_OF_MEMORY and "141.0 GB on one GPU" in msg and "80.0 GB free" in msg and "tensor parallel" in msg, msg)
+try:
+    fit.check(36 * 10**9, 30 * 10**9, torch.device("cuda", 1), 4)
+    ok(False, "36 GB a GPU passed 30 GB free")
+except ProtocolError as e:
+    ok("each of 4 GPUs (tensor parallel 4)" in str(e) and "cuda:1" in str(e), str(e))
+fit.check(35 * 10**9, 80 * 10**9, torch.device("cuda", 0), 4)
+ok(True, "")
+print("%d passed, 0 failed" % passed)
