@@ -12,8 +12,14 @@ import (
 // whose worker died fails the step with an error wrapping
 // engine.ErrWorkerLost. With lookahead (WithLookahead) a step may be
 // answered from tokens the worker decoded ahead, without a round trip.
+// A step whose ctx is already done returns ctx's error and sends nothing.
 func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
 	if err := m.usable(); err != nil {
+		return nil, err
+	}
+	// A step cancelled before it starts sends nothing: otherwise a worker
+	// that answers at once races the cancellation in wait's select.
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if err := m.checkBatch(batch); err != nil {
