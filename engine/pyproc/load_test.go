@@ -149,8 +149,10 @@ func TestLoadRelativePath(t *testing.T) {
 // TestFitCheck runs testdata/fit_test.py: the weight bytes a load needs,
 // read from the safetensors headers before loading (what a GPU's free
 // memory is checked against), equal what the decoder holds, for a dense
-// family, one with QK norm and a multimodal Gemma 3 checkpoint; and the
-// refusal names the gigabytes and what to do.
+// family, one with QK norm and a multimodal Gemma 3 checkpoint; the
+// refusal names the gigabytes and what to do; and a GPU worker's torch
+// CPU threads (one once a model runs on a GPU, every core while a later
+// one loads, --threads kept).
 func TestFitCheck(t *testing.T) {
 	args := []string{"runtime"}
 	for _, arch := range []string{"llama", "qwen3", "gemma3"} {

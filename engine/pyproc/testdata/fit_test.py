@@ -7,7 +7,9 @@
   1/n and the rest whole;
 - fit.check refuses weights past the free memory with out_of_memory,
   naming the gigabytes needed and free and what to do, and passes
-  weights that fit.
+  weights that fit;
+- a GPU worker computes torch's CPU ops on one thread once a model runs on
+  a GPU, loads later models on every core, and keeps --threads when given.
 
   python3 fit_test.py RUNTIME_DIR MODEL_DIR...
 
@@ -60,4 +62,29 @@ except ProtocolError as e:
     ok("each of 4 GPUs (tensor parallel 4)" in str(e) and "cuda:1" in str(e), str(e))
 fit.check(35 * 10**9, 80 * 10**9, torch.device("cuda", 0), 4)
 ok(True, "")
+
+# A GPU worker's torch CPU threads (backend.py): one once a model runs on a
+# GPU, every core again while a later model loads, and --threads wins.
+from mlxsworker.settings import Settings  # noqa: E402
+from mlxsworker.torchrt.backend import TorchBackend  # noqa: E402
+
+torch.set_num_threads(2)
+b = TorchBackend(Settings())
+b._gpu_threads(torch.device("cpu"))
+ok(torch.get_num_threads() == 2, "a CPU model changed the threads to %d" % torch.get_num_threads())
+b._gpu_threads(torch.device("cuda", 0))
+ok(torch.get_num_threads() == 1, "a GPU model left %d threads" % torch.get_num_threads())
+seen = []
+real = fit.check_device
+fit.check_device = lambda *a: seen.append(torch.get_num_threads())  # runs inside the load, before the weights
+try:
+    b.load(sys.argv[2], {"device": "cpu", "max_batch": 4})
+finally:
+    fit.check_device = real
+ok(seen == [2] and torch.get_num_threads() == 1, "threads during a later load %s, after %d" % (seen, torch.get_num_threads()))
+torch.set_num_threads(2)
+b = TorchBackend(Settings())
+b.set_threads(3)
+b._gpu_threads(torch.device("cuda", 0))
+ok(torch.get_num_threads() == 3, "--threads 3 became %d on a GPU model" % torch.get_num_threads())
 print("%d passed, 0 failed" % passed)
