@@ -149,15 +149,18 @@ func TestLoadRelativePath(t *testing.T) {
 // TestFitCheck runs testdata/fit_test.py: the weight bytes a load needs,
 // read from the safetensors headers before loading (what a GPU's free
 // memory is checked against), equal what the decoder holds, for a dense
-// family, one with QK norm and a multimodal Gemma 3 checkpoint; the
+// family, one with QK norm, a multimodal Gemma 3 checkpoint and gpt-oss's
+// MXFP4 experts, and not counting weights the decoder does not read; the
 // refusal names the gigabytes and what to do; and a GPU worker's torch
 // CPU threads (one once a model runs on a GPU, every core while a later
 // one loads, --threads kept).
 func TestFitCheck(t *testing.T) {
 	args := []string{"runtime"}
-	for _, arch := range []string{"llama", "qwen3", "gemma3"} {
-		dir := filepath.Join(t.TempDir(), arch)
-		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+	oss := testmodel.TinyFamily("gpt_oss")
+	oss.Quant = testmodel.QuantMXFP4
+	for _, c := range []testmodel.Config{testmodel.TinyFamily("llama"), testmodel.TinyFamily("qwen3"), testmodel.TinyFamily("gemma3"), oss} {
+		dir := filepath.Join(t.TempDir(), c.Arch)
+		if err := testmodel.Write(dir, c); err != nil {
 			t.Fatal(err)
 		}
 		args = append(args, dir)

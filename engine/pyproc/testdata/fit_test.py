@@ -2,9 +2,12 @@
 
 - fit.need from the safetensors headers equals the bytes the loaded
   decoder holds (tp.weight_bytes), in float32 and bfloat16, for each
-  model dir given (a multimodal Gemma 3 checkpoint's vision tensors left
-  out); under tensor parallel n the split projections and the head count
-  1/n and the rest whole;
+  model dir given (the first untied: a multimodal Gemma 3 checkpoint's
+  vision tensors left out, gpt-oss's MXFP4 experts as they dequantize),
+  and for the first with a second copy of its weights in another file
+  (with and without an index) and tied with its lm_head still stored;
+  under tensor parallel n the split projections and the head count 1/n
+  and the rest whole;
 - fit.check refuses weights past the free memory with out_of_memory,
   naming the gigabytes needed and free and what to do, and passes
   weights that fit;
@@ -37,17 +40,45 @@ def ok(cond, what):
     passed += 1
 
 
-for path in sys.argv[2:]:
+def exact(path, label=""):
     for dtype in ("float32", "bfloat16"):
         m = TorchModel(path, {"device": "cpu", "dtype": dtype, "max_batch": 4})
-        held, est = tp.weight_bytes(m.model), fit.need(path, m.dtype)
-        ok(held == est, "%s %s: need %d bytes, the decoder holds %d" % (path, dtype, est, held))
+        held, est = tp.weight_bytes(m.model), fit.need(path, m.dtype, tie=m.cfg.tie)
+        ok(held == est, "%s%s %s: need %d bytes, the decoder holds %d" % (path, label, dtype, est, held))
+
+
+for path in sys.argv[2:]:
+    exact(path)
     # Tensor parallel 2: the split tensors at half, the rest whole.
     st = SafetensorsFile(path + "/model.safetensors")
     split = sum(4 * torch.Size(e["shape"]).numel() for n, e in st.header.items()
                 if ".".join(n.split(".")[-2:]) in tp.ROWS | tp.COLS or n.endswith("lm_head.weight"))
     one, two = fit.need(path, torch.float32), fit.need(path, torch.float32, 2)
     ok(split > 0 and two == one - split // 2, "%s: tp 2 needs %d, want %d - %d/2" % (path, two, one, split))
+
+# What the decoder does not read does not count: the same weights again
+# in another file (with and without an index naming the files to read),
+# and a stored lm_head the config ties to the embeddings.
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+src = sys.argv[2]  # a checkpoint with its own lm_head (untied)
+with tempfile.TemporaryDirectory() as tmp:
+    d = os.path.join(tmp, "m")
+    shutil.copytree(src, d)
+    shutil.copy(os.path.join(d, "model.safetensors"), os.path.join(d, "consolidated.safetensors"))
+    exact(d, " with a second copy of its weights")
+    names = SafetensorsFile(os.path.join(d, "model.safetensors")).header
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}, f)
+    exact(d, " with an index")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    ok(not cfg.get("tie_word_embeddings") and "lm_head.weight" in names, "%s: want an untied checkpoint with lm_head" % src)
+    cfg["tie_word_embeddings"] = True
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    exact(d, " tied, its lm_head stored")
 
 try:
     fit.check(141 * 10**9, 80 * 10**9, torch.device("cuda", 0), 1)

@@ -32,20 +32,23 @@ class TorchBackend(Backend):
     def load(self, path, opts):
         """Loads the checkpoint at path; opts as in PROTOCOL.md's load. An
         encoder (encoder.py) loads as an encserve.EncoderModel."""
-        cfg = os.path.join(path, "config.json")
-        if os.path.isdir(path) and os.path.exists(cfg) and is_encoder(read_json(cfg, "config.json").get("model_type")):
-            from .encserve import EncoderModel
-            device = pick_device(opts.get("device", "auto"))
-            return EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None), self.settings)
         if self.gpu_threads:  # a load converts on the host: every core, as at the first load
             torch.set_num_threads(self.default_threads)
         try:
-            m = TorchModel(path, opts, self.settings, self.group)
+            m = self._load(path, opts)
         finally:
             if self.gpu_threads:
                 torch.set_num_threads(1)
         self._gpu_threads(m.device)
         return m
+
+    def _load(self, path, opts):
+        cfg = os.path.join(path, "config.json")
+        if os.path.isdir(path) and os.path.exists(cfg) and is_encoder(read_json(cfg, "config.json").get("model_type")):
+            from .encserve import EncoderModel
+            device = pick_device(opts.get("device", "auto"))
+            return EncoderModel(path, opts, device, lambda dev: pick_dtype(opts.get("dtype", "auto"), dev, None), self.settings)
+        return TorchModel(path, opts, self.settings, self.group)
 
     def set_threads(self, n):
         torch.set_num_threads(n)

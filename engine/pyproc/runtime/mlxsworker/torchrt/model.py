@@ -94,7 +94,7 @@ class TorchModel(Model):
             self.tp = group.shard(cfg, self.device, opts)
         quantize = quant.parse_quantize(opts.get("quantize"), cfg.quant)
         kv_dtype = kvcache.parse(opts.get("kv_cache_dtype"))
-        fit.check_device(path, self.dtype, self.device, self.tp.size if self.tp is not None else 1, quantize)
+        fit.check_device(path, cfg, self.dtype, self.device, self.tp, quantize)
         with torch.no_grad():
             self.model = Decoder(path, cfg, self.device, self.dtype, quantize, self.tp, settings, kv_dtype)
         bs = int(opts.get("block_size") or settings.block_size or BLOCK_SIZE)
