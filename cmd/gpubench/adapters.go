@@ -24,6 +24,7 @@ var (
 	adapterRank = flag.Int("adapter-rank", 16, "LoRA mode: the adapters' rank")
 	adapterMax  = flag.Int("adapter-max-rank", 0, "LoRA mode: ModelSpec.MaxAdapterRank, the slots' rank (0: -adapter-rank)")
 	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
+	adapterSlot = flag.Int("adapter-slots", 0, "LoRA mode: ModelSpec.AdapterSlots (0: -adapters); more slots than adapters measure what idle slots cost")
 )
 
 // adapterMode writes -adapters adapters (and the first one's merged
@@ -46,7 +47,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	must(err)
 	defer e.Close()
 	mi, err := e.Load(ctx, engine.ModelSpec{ID: "base", Path: *dir, ContextLength: 1024, MaxBatch: 64,
-		AdapterSlots: max(n, 1), MaxAdapterRank: maxRank})
+		AdapterSlots: max(n, *adapterSlot, 1), MaxAdapterRank: maxRank})
 	must(err)
 	m := mi.(*pyproc.Model)
 	defer m.Close()
@@ -61,7 +62,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
 	must(err)
 	loadTimes(ctx, m, n)
-	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in slots of rank %d\n", *prompt, *gen, n, rank, maxRank)
+	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in %d slots of rank %d\n", *prompt, *gen, n, rank, max(n, *adapterSlot, 1), maxRank)
 	fmt.Println("| batch | base only tok/s | one adapter tok/s | spread over adapters tok/s | spread/base |")
 	fmt.Println("|---|---|---|---|---|")
 	for _, b := range ints(*batches) {
