@@ -161,7 +161,12 @@ func TestBatchedTokensMatchAlone(t *testing.T) {
 			t.Errorf("seq %d: finish %q usage %+v", i, got.finish, got.usage)
 		}
 	}
+	// The figures are published once a loop turn, after the step that
+	// delivered the last sequence's final chunk: wait for that turn.
 	st := r.b.Stats()
+	for deadline := time.Now().Add(5 * time.Second); (st.Running != 0 || st.KVReserved != 0) && time.Now().Before(deadline); st = r.b.Stats() {
+		time.Sleep(time.Millisecond)
+	}
 	if st.Running != 0 || st.KVReserved != 0 {
 		t.Errorf("after all finished: %+v", st)
 	}

@@ -41,7 +41,9 @@ type Stats struct {
 	// DecodeTokens and PrefillTokens count tokens fed to the engine.
 	DecodeTokens  uint64
 	PrefillTokens uint64
-	// Running is the number of sequences in the batch now.
+	// Running is the number of sequences in the batch, as of the
+	// scheduler loop's last turn (a sequence's final chunk can reach its
+	// caller a moment before the next turn counts it out).
 	Running int
 	// KVReserved is the KV tokens reserved by running sequences; on a
 	// paged model, the tokens the blocks in use hold (the pool less its
