@@ -109,7 +109,8 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 		return nil, engine.ErrClosed
 	}
 	// The worker runs in its runtime directory: a relative path is this
-	// process's.
+	// process's. (Abs fails only without a working directory; the path
+	// then goes as given, and the worker's error names it.)
 	if abs, err := filepath.Abs(spec.Path); err == nil {
 		spec.Path = abs
 	}
