@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -25,6 +24,7 @@ var (
 	adapterMax  = flag.Int("adapter-max-rank", 0, "LoRA mode: ModelSpec.MaxAdapterRank, the slots' rank (0: -adapter-rank)")
 	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
 	adapterSlot = flag.Int("adapter-slots", 0, "LoRA mode: ModelSpec.AdapterSlots (0: -adapters); more slots than adapters measure what idle slots cost")
+	adapterCmp  = flag.Bool("adapter-segmented-too", false, "LoRA mode: a second engine with the segmented kernels (Tuning.SegmentedLoRA) beside the default, measured alternating")
 )
 
 // adapterMode writes -adapters adapters (and the first one's merged
@@ -42,44 +42,80 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			must(testmodel.WriteAdapter(dirs[i], cfg, loraFor(rank, i)))
 		}
 	}
-	e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-		pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), tuning())
-	must(err)
-	defer e.Close()
-	mi, err := e.Load(ctx, engine.ModelSpec{ID: "base", Path: *dir, ContextLength: 1024, MaxBatch: 64,
-		AdapterSlots: max(n, *adapterSlot, 1), MaxAdapterRank: maxRank})
-	must(err)
-	m := mi.(*pyproc.Model)
-	defer m.Close()
-	for i, d := range dirs {
-		t0 := time.Now()
-		info, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "a" + strconv.Itoa(i), Path: d})
+	open := func(segmented bool) (*pyproc.Engine, *pyproc.Model) {
+		t := tuningValue()
+		t.SegmentedLoRA = segmented
+		e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
+			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), pyproc.WithTuning(t))
 		must(err)
-		if i == 0 {
-			fmt.Printf("AddAdapter (read and check on the host): %v; %+v\n", time.Since(t0).Round(time.Microsecond), info)
+		mi, err := e.Load(ctx, engine.ModelSpec{ID: "base", Path: *dir, ContextLength: 1024, MaxBatch: 64,
+			AdapterSlots: max(n, *adapterSlot, 1), MaxAdapterRank: maxRank})
+		must(err)
+		m := mi.(*pyproc.Model)
+		for i, d := range dirs {
+			t0 := time.Now()
+			info, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "a" + strconv.Itoa(i), Path: d})
+			must(err)
+			if i == 0 && !segmented {
+				fmt.Printf("AddAdapter (read and check on the host): %v; %+v\n", time.Since(t0).Round(time.Microsecond), info)
+			}
 		}
+		_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
+		must(err)
+		return e, m
 	}
-	_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
-	must(err)
+	e, m := open(false)
+	defer e.Close()
+	defer m.Close()
+	runs := []adapterRun{{name: "default", m: m}}
+	if *adapterCmp {
+		e2, m2 := open(true)
+		defer e2.Close()
+		defer m2.Close()
+		runs = append(runs, adapterRun{name: "segmented", m: m2})
+	}
 	loadTimes(ctx, m, n)
-	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in %d slots of rank %d\n", *prompt, *gen, n, rank, max(n, *adapterSlot, 1), maxRank)
-	fmt.Println("| batch | base only tok/s | one adapter tok/s | spread over adapters tok/s | spread/base |")
-	fmt.Println("|---|---|---|---|---|")
-	for _, b := range ints(*batches) {
-		none := func(int) string { return "" }
-		one := func(int) string { return "a0" }
-		spread := func(i int) string { return "a" + strconv.Itoa(i%n) }
-		var tps [3]float64
-		for k, pick := range []func(int) string{none, one, spread} {
-			decodeWith(ctx, m, b, *gen, pick) // warm-up (graphs)
-			tps[k] = decodeWith(ctx, m, b, *gen, pick)
-		}
-		fmt.Printf("| %d | %.1f | %.1f | %.1f | %.3f |\n", b, tps[0], tps[1], tps[2], tps[2]/tps[0])
+	for _, r := range runs[1:] {
+		loadTimes(ctx, r.m, n) // the same slots filled as on the first
 	}
-	prefillAdapters(ctx, m, n)
+	rounds := 1
+	if len(runs) > 1 {
+		rounds = 2
+	}
+	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in %d slots of rank %d; median of %d rounds, engines alternating\n",
+		*prompt, *gen, n, rank, max(n, *adapterSlot, 1), maxRank, rounds)
+	fmt.Println("| batch | delta | base only tok/s | one adapter tok/s | spread over adapters tok/s | one/base | spread/base |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	none := func(int) string { return "" }
+	one := func(int) string { return "a0" }
+	spread := func(i int) string { return "a" + strconv.Itoa(i%n) }
+	for _, b := range ints(*batches) {
+		tps := make([][3][]float64, len(runs))
+		for k, pick := range []func(int) string{none, one, spread} {
+			for _, r := range runs {
+				decodeWith(ctx, r.m, b, *gen, pick) // warm-up (graphs)
+			}
+			for range rounds {
+				for i, r := range runs {
+					tps[i][k] = append(tps[i][k], decodeWith(ctx, r.m, b, *gen, pick))
+				}
+			}
+		}
+		for i, r := range runs {
+			base, o, sp := median(tps[i][0]), median(tps[i][1]), median(tps[i][2])
+			fmt.Printf("| %d | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n", b, r.name, base, o, sp, o/base, sp/base)
+		}
+	}
+	prefillAdapters(ctx, runs, n)
 	if *adapterTok > 0 {
 		checkMerged(ctx, e, m, cfg, rank)
 	}
+}
+
+// adapterRun is one engine of the LoRA mode: its delta and its model.
+type adapterRun struct {
+	name string
+	m    *pyproc.Model
 }
 
 // prefillAdapters prints prompt steps with the prompts spread over the
@@ -87,30 +123,33 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 // prompt-step graphs captured then, where they run) and the median of
 // five more, in prompt tokens/s. The shapes fill 7/8 of the loaded
 // context: 1x896 and 4x448 (1,792 tokens in one step) at 1,024.
-func prefillAdapters(ctx context.Context, m *pyproc.Model, n int) {
-	fmt.Printf("\nprompt steps, %d adapters: first step, then tokens/s (median of 5)\n", n)
-	fmt.Println("| prompts | base first | base tok/s | spread first | spread tok/s | spread/base |")
-	fmt.Println("|---|---|---|---|---|---|")
-	long := m.Info().ContextLength * 7 / 8
+func prefillAdapters(ctx context.Context, runs []adapterRun, n int) {
+	fmt.Printf("\nprompt steps, %d adapters: first step, then tokens/s (median of 5; engines alternating)\n", n)
+	fmt.Println("| prompts | delta | base first | base tok/s | spread first | spread tok/s | spread/base |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	long := runs[0].m.Info().ContextLength * 7 / 8
 	for _, c := range []prefillCase{{name: fmt.Sprintf("1x%d", long), b: 1, n: long}, {name: fmt.Sprintf("4x%d", long/2), b: 4, n: long / 2}} {
-		var first [2]time.Duration
-		var rate [2]float64
+		first := make([][2]time.Duration, len(runs))
+		ts := make([][2][]float64, len(runs))
 		for k, pick := range []func(int) string{func(int) string { return "" }, func(i int) string { return "a" + strconv.Itoa(i%n) }} {
-			var ts []float64
 			for r := range 6 {
-				el := promptStep(ctx, m, c, 1000*r, func(id engine.SeqID, toks []int32) (int, error) {
-					return m.OpenAdapter(ctx, id, toks, "", pick(int(id)-1))
-				})
-				if r == 0 {
-					first[k] = el
-					continue
+				for i, run := range runs {
+					m := run.m
+					el := promptStep(ctx, m, c, 1000*r, func(id engine.SeqID, toks []int32) (int, error) {
+						return m.OpenAdapter(ctx, id, toks, "", pick(int(id)-1))
+					})
+					if r == 0 {
+						first[i][k] = el
+						continue
+					}
+					ts[i][k] = append(ts[i][k], float64(c.b*c.n)/el.Seconds())
 				}
-				ts = append(ts, float64(c.b*c.n)/el.Seconds())
 			}
-			slices.Sort(ts)
-			rate[k] = ts[len(ts)/2]
 		}
-		fmt.Printf("| %s | %s | %.0f | %s | %.0f | %.3f |\n", c.name, ms(first[0]), rate[0], ms(first[1]), rate[1], rate[1]/rate[0])
+		for i, run := range runs {
+			b, s := median(ts[i][0]), median(ts[i][1])
+			fmt.Printf("| %s | %s | %s | %.0f | %s | %.0f | %.3f |\n", c.name, run.name, ms(first[i][0]), b, ms(first[i][1]), s, s/b)
+		}
 	}
 }
 

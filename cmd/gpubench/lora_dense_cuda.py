@@ -46,7 +46,7 @@ def main():
         ys = {P: torch.randn(N, sum(o for _, o in mods), generator=g).to(dev, dtype) for P, (_, mods) in s.proj[0].items()}
 
         def step():
-            plan, out = s.dense_plan(io), []
+            plan, out = s.device_plan(io), []
             for li in range(len(s.A)):
                 for P in s.A[li]:
                     out.append(plan.add(ys[P].clone(), xs[P], li, P))

@@ -106,8 +106,11 @@ var (
 )
 
 // tuning is the workers' tuning the flags ask for.
-func tuning() pyproc.Option {
-	return pyproc.WithTuning(pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoOneShotAllReduce: !*tpOneShot, NoFP8ScaledMM: !*scaledMM})
+func tuning() pyproc.Option { return pyproc.WithTuning(tuningValue()) }
+
+// tuningValue is the pyproc.Tuning the flags ask for.
+func tuningValue() pyproc.Tuning {
+	return pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoOneShotAllReduce: !*tpOneShot, NoFP8ScaledMM: !*scaledMM}
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured

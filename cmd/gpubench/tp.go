@@ -17,6 +17,11 @@ import (
 // comparison without bf16's reordered sums).
 var tpDType = flag.String("tp-dtype", "", "-tp: the weights' dtype for both engines (empty: the checkpoint's)")
 
+// tpBoth opens tensor parallel -tp twice, one-shot all-reduce on and off,
+// beside the one GPU: the one-shot kernel against NCCL alone in one
+// process, alternating, so both see the same GPUs at the same time.
+var tpBoth = flag.Bool("tp-oneshot-both", false, "-tp: measure tensor parallel with the one-shot all-reduce and with NCCL alone, alternating")
+
 // tpRounds is how many times the tensor-parallel comparison measures each
 // batch size on each engine, alternating; the table gives the medians.
 const tpRounds = 3
@@ -33,9 +38,11 @@ func tpMode(ctx context.Context, ranks int) error {
 		sizes = ints(*batches)
 	}
 	widest := slices.Max(append(slices.Clone(sizes), 8))
-	open := func(n int) (*pyproc.Engine, *pyproc.Model, error) {
+	open := func(n int, oneShot bool) (*pyproc.Engine, *pyproc.Model, error) {
+		t := tuningValue()
+		t.NoOneShotAllReduce = !oneShot
 		opts := []pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
-			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), tuning()}
+			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5 * time.Minute), pyproc.WithLookahead(*lookahead), pyproc.WithTuning(t)}
 		if *tpDType != "" {
 			opts = append(opts, pyproc.WithDType(*tpDType))
 		}
@@ -57,54 +64,104 @@ func tpMode(ctx context.Context, ranks int) error {
 			float64(i.WeightBytes)/float64(max(1, i.TensorParallel))/1e9, float64(i.KVBytes)/float64(max(1, i.TensorParallel))/1e9, i.KVCapacity)
 		return e, m.(*pyproc.Model), nil
 	}
-	e1, m1, err := open(1)
-	if err != nil {
+	// The engines compared: one GPU first, then tensor parallel with the
+	// one-shot all-reduce as -tp-oneshot says, then (-tp-oneshot-both)
+	// with NCCL alone.
+	type run struct {
+		name string
+		m    *pyproc.Model
+		rate map[int][]float64
+	}
+	var runs []run
+	var engines []*pyproc.Engine
+	defer func() {
+		for _, e := range engines {
+			_ = e.Close()
+		}
+	}()
+	add := func(name string, n int, oneShot bool) error {
+		e, m, err := open(n, oneShot)
+		if err != nil {
+			return err
+		}
+		engines = append(engines, e)
+		runs = append(runs, run{name, m, map[int][]float64{}})
+		return nil
+	}
+	if err := add("tp 1", 1, false); err != nil {
 		return err
 	}
-	defer e1.Close()
-	en, mn, err := open(ranks)
-	if err != nil {
+	tpName := func(oneShot bool) string {
+		if oneShot {
+			return fmt.Sprintf("tp %d one-shot", ranks)
+		}
+		return fmt.Sprintf("tp %d NCCL", ranks)
+	}
+	if err := add(tpName(*tpOneShot), ranks, *tpOneShot); err != nil {
 		return err
 	}
-	defer en.Close()
+	if *tpBoth {
+		if err := add(tpName(!*tpOneShot), ranks, !*tpOneShot); err != nil {
+			return err
+		}
+	}
 
 	const seqs = 8
-	g1, gn := greedy(ctx, m1, seqs, *gen), greedy(ctx, mn, seqs, *gen)
-	same := 0
-	for i := range g1 {
-		at := -1
-		for j := range g1[i] {
-			if g1[i][j] != gn[i][j] {
-				at = j
-				break
+	g1 := greedy(ctx, runs[0].m, seqs, *gen)
+	for _, r := range runs[1:] {
+		gn := greedy(ctx, r.m, seqs, *gen)
+		same := 0
+		for i := range g1 {
+			at := -1
+			for j := range g1[i] {
+				if g1[i][j] != gn[i][j] {
+					at = j
+					break
+				}
+			}
+			if at < 0 {
+				same++
+				fmt.Printf("greedy seq %d: %s equals tp 1 for all %d tokens\n", i, r.name, len(g1[i]))
+			} else {
+				fmt.Printf("greedy seq %d: %s parts from tp 1 at generated position %d (%d vs %d)\n", i, r.name, at, gn[i][at], g1[i][at])
 			}
 		}
-		if at < 0 {
-			same++
-			fmt.Printf("greedy seq %d: tp %d equals tp 1 for all %d tokens\n", i, ranks, len(g1[i]))
-		} else {
-			fmt.Printf("greedy seq %d: tp %d parts from tp 1 at generated position %d (%d vs %d)\n", i, ranks, at, gn[i][at], g1[i][at])
-		}
+		fmt.Printf("greedy: %s: %d of %d sequences identical to tp 1 over %d tokens\n", r.name, same, seqs, *gen)
 	}
-	fmt.Printf("greedy: %d of %d sequences identical over %d tokens\n", same, seqs, *gen)
 
-	r1, rn := map[int][]float64{}, map[int][]float64{}
 	for _, b := range sizes { // warm-up: the graphs the timed runs use
-		decode(ctx, m1, b, 8)
-		decode(ctx, mn, b, 8)
+		for _, r := range runs {
+			decode(ctx, r.m, b, 8)
+		}
 	}
 	for range tpRounds {
 		for _, b := range sizes {
-			r1[b] = append(r1[b], decode(ctx, m1, b, *gen))
-			rn[b] = append(rn[b], decode(ctx, mn, b, *gen))
+			for _, r := range runs {
+				r.rate[b] = append(r.rate[b], decode(ctx, r.m, b, *gen))
+			}
 		}
 	}
 	if len(sizes) > 0 {
 		fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, CUDA graphs %v; median of %d alternating rounds\n", *prompt, *gen, *graphs, tpRounds)
-		fmt.Printf("| batch | tp 1 tok/s | tp %d tok/s | tp %d / tp 1 |\n|---|---|---|---|\n", ranks, ranks)
+		head, rule := "| batch |", "|---|"
+		for _, r := range runs {
+			head += " " + r.name + " tok/s |"
+			rule += "---|"
+		}
+		for _, r := range runs[1:] {
+			head += " " + r.name + " / tp 1 |"
+			rule += "---|"
+		}
+		fmt.Println(head + "\n" + rule)
 		for _, b := range sizes {
-			a, c := median(r1[b]), median(rn[b])
-			fmt.Printf("| %d | %.1f | %.1f | %.2fx |\n", b, a, c, c/a)
+			row, base := fmt.Sprintf("| %d |", b), median(runs[0].rate[b])
+			for _, r := range runs {
+				row += fmt.Sprintf(" %.1f |", median(r.rate[b]))
+			}
+			for _, r := range runs[1:] {
+				row += fmt.Sprintf(" %.2fx |", median(r.rate[b])/base)
+			}
+			fmt.Println(row)
 		}
 	}
 	return nil

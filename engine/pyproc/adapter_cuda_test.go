@@ -231,3 +231,15 @@ func TestAdapterGraphsEmulated(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/lora_graphs_test.py", "runtime", base, spec)
 }
+
+// TestAdapterKernelsCUDA (MLXSERVING_TEST_DEVICE=cuda only) runs
+// testdata/lora_kernels_cuda.py: the segmented LoRA kernels
+// (lora_triton.py) against the delta computed slot by slot in float32,
+// over llama-, Phi-3- and tiny-shaped projections, one row to 2,048 of
+// many slots and the base, eager and replayed from CUDA graphs.
+func TestAdapterKernelsCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	runPyCheck(t, "testdata/lora_kernels_cuda.py", "runtime")
+}

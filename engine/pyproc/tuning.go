@@ -57,6 +57,13 @@ type Tuning struct {
 	// DenseLoRA computes every step's adapter deltas the way the decode
 	// graphs do (every slot at once), prompt chunks included.
 	DenseLoRA bool
+	// SegmentedLoRA computes every step's adapter deltas, in the graphs
+	// too, with segmented Triton kernels (CUDA with the kernels on; else
+	// as by default): the rows sorted by adapter, each adapter's weights
+	// read for its own rows (Punica's SGMV). Faster than the default at
+	// batch 1, slower at batch 64 and on prompt steps (BENCHMARKS.md), so
+	// off by default. Not with DenseLoRA.
+	SegmentedLoRA bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 16 rows or more (decode batches, prompt
 	// chunks) run as W8A8 through torch._scaled_mm, each token's
@@ -88,6 +95,8 @@ func (t Tuning) check() error {
 		return fmt.Errorf("pyproc: Tuning.WindowStep %d: want 0 or more", t.WindowStep)
 	case !(t.KVFraction >= 0 && t.KVFraction <= 1): // also refuses NaN
 		return fmt.Errorf("pyproc: Tuning.KVFraction %v: want 0 (0.8) to 1", t.KVFraction)
+	case t.DenseLoRA && t.SegmentedLoRA:
+		return fmt.Errorf("pyproc: Tuning.DenseLoRA and Tuning.SegmentedLoRA: want one at most")
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}
@@ -147,6 +156,9 @@ func (t Tuning) settingsArg() string {
 	}
 	if t.DenseLoRA {
 		s.LoRAPlan = "dense"
+	}
+	if t.SegmentedLoRA {
+		s.LoRAPlan = "segmented"
 	}
 	b, err := json.Marshal(s)
 	if err != nil { // plain fields: cannot fail

@@ -157,11 +157,11 @@ def dense_vs_plan(base):
     with torch.no_grad():
         for li in range(len(s.A)):
             for P, A in s.A[li].items():
-                A[:, :3] = torch.randn(A[:, :3].shape, generator=g) * 0.1
+                A[:3] = torch.randn(A[:3].shape, generator=g) * 0.1
                 for B in s.B[li][P]:
                     B[:3] = torch.randn(B[:3].shape, generator=g) * 0.1
         idx = [1, 0, 2, 2, 3, 0, 1, 4, 0, 0, 5, 3] * 3
-        dense = s.dense_plan(torch.tensor(idx))
+        dense = s.device_plan(torch.tensor(idx))
         plan = lora.Plan(s, [(v, torch.tensor([i for i, w in enumerate(idx) if w == v])) for v in range(1, 6) if v in idx])
         n = 0
         for li, pr in enumerate(s.proj):

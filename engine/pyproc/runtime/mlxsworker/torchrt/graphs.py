@@ -16,7 +16,8 @@ covers every length, and a step's inputs can come from device tensors:
 run_device chains steps without the host waiting for the GPU.
 
 LoRA adapters (lora.py): a step with adapter rows replays a graph of its
-own, captured with the delta (lora.DensePlan) and a fourth input row,
+own, captured with the delta (lora.Slots.device_plan: DensePlan, or
+SegmentPlan under settings.lora_plan "segmented") and a fourth input row,
 each row's adapter slot (0: the base; padding rows too). Base-only steps
 keep the graphs without it. Steps of prompt chunks with adapter rows
 replay the prompt-step graphs captured with the delta (prefill.py).
@@ -137,7 +138,7 @@ class DecodeGraphs:
         try:
             g = self._graph(b, 1, slots is not None)
         except RuntimeError:  # logged, and the kind marked broken, by _graph
-            self.model.lora = self.lora.dense_plan(slots) if slots is not None else None
+            self.model.lora = self.lora.device_plan(slots) if slots is not None else None
             try:
                 return self.model.forward_decode(tokens, pos_rows[0], pos_rows[1], self.kv)
             finally:
@@ -164,7 +165,7 @@ class DecodeGraphs:
 
         def step():
             if lora:
-                self.model.lora = self.lora.dense_plan(io[3])
+                self.model.lora = self.lora.device_plan(io[3])
             try:
                 return forward()
             finally:

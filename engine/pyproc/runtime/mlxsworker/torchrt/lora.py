@@ -3,16 +3,18 @@ the batched delta of a step whose rows run with different adapters.
 
 Slots: each packed projection of each layer (decoder.py: "qkv" = q, k, v
 concatenated, "o", "gate_up" = gate then up, "down") has a stacked A
-[m, slots, R, in] and, per packed module j, a stacked B_j^T
+[slots, m, R, in] and, per packed module j, a stacked B_j^T
 [slots, R, out_j]: R the highest rank served, rounded up to a multiple
 of 8 (every adapter zero-padded to it), m the modules packed in the
 projection (3 for split q/k/v, 2 for gate/up, 1 for the rest and for
 Phi-3's fused qkv_proj and gate_up_proj), the adapter's scale folded
-into B. A module an adapter does not target stays zero, so its part of
-the packed delta is zero. The tensors are allocated when the first
-adapter is loaded (a model that never serves one takes nothing). A row
-of the base has device slot 0, a row of supervisor slot k device slot
-k + 1 (stored at index k).
+into B; the B_j^T of a projection are column slices of one [slots, R,
+out] (SegmentPlan's expand reads it whole). Slot-major, so a slot's A is
+one contiguous [m * R, in] matrix. A module an adapter does not target
+stays zero, so its part of the packed delta is zero. The tensors are
+allocated when the first adapter is loaded (a model that never serves
+one takes nothing). A row of the base has device slot 0, a row of
+supervisor slot k device slot k + 1 (stored at index k).
 
 A step: each packed token row has a device slot. The delta of module j
 of projection P for a row of slot s is (x A_j,s^T) B_j,s^T, added to
@@ -24,21 +26,31 @@ module j's columns of P's output. Two plans compute it:
   (no prompt-step graphs, or their capture with the delta failed).
 - DensePlan: over every slot at once, from the rows' slots as a device
   tensor alone (no sort, no host sync, no grouped GEMM): one GEMM of x
-  by every slot's A (A viewed as [m * slots * R, in]), the products of
-  the slots other than each row's own set to zero (one torch.where),
-  then per module one GEMM of those [N, slots * R] by the module's
-  stacked B^T viewed as [slots * R, out_j], added in place to its
-  columns: 2 + m kernels per projection. The zeroed products add
-  exact zeros, so each row gets its own adapter's delta. It reads every
-  slot's A and B each step: a rank-16 slot of an 8B llama is ~85 MB, so
-  8 slots add ~4% to the weights a decode step reads, 32 slots ~17%
-  (fine to some 32 slots of rank 16; the cost grows with slots * R).
-  Its FLOPs grow the same way: on prompt chunks, where the weights are
-  read once for many rows, 8 slots of rank 16 add ~5% to an 8B llama's
-  projections, 32 slots ~19% (prefill.py). The CUDA decode graphs and
-  the prompt-step graphs capture it with the slots as an input
-  (graphs.py, prefill.py); eager steps whose inputs are all one token
-  use it too.
+  by every slot's A (A viewed as [slots * m * R, in]), the products of
+  the slots other than each row's own set to zero (one torch.where,
+  written module-major), then per module one GEMM of those
+  [N, slots * R] by the module's stacked B^T viewed as [slots * R,
+  out_j], added in place to its columns: 2 + m kernels per projection.
+  The zeroed products add exact zeros, so each row gets its own
+  adapter's delta. It reads every slot's A and B each step: a rank-16
+  slot of an 8B llama is ~85 MB, so 8 slots add ~4% to the weights a
+  decode step reads, 32 slots ~17% (fine to some 32 slots of rank 16;
+  the cost grows with slots * R). Its FLOPs grow the same way: on prompt
+  chunks, where the weights are read once for many rows, 8 slots of rank
+  16 add ~5% to an 8B llama's projections, 32 slots ~19% (prefill.py).
+  The CUDA decode graphs and the prompt-step graphs capture it with the
+  slots as an input (graphs.py, prefill.py); eager steps whose inputs
+  are all one token use it too.
+- SegmentPlan (settings.lora_plan "segmented", CUDA with the Triton
+  kernels): the rows sorted by slot on the device, then two Triton
+  kernels a projection (lora_triton.py, Punica's SGMV): each adapter's
+  weights read for its own rows, FLOPs of the rows' own rank, base rows
+  untouched; it replaces both plans above, in the graphs too. Measured
+  on an H200 (8B, 8 adapters in 32 slots of rank 16, BENCHMARKS.md) it
+  beats DensePlan at batch 1 (0.77 against 0.73 of the base) but loses
+  at batch 64 (0.61 against 0.72) and on prompt steps (0.67-0.73
+  against 0.80-0.86): the dense GEMMs run at cuBLAS's efficiency, the
+  segmented kernels' small tiles do not. So it is not the default.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -54,6 +66,8 @@ output and the all-reduce after the projection sums the whole delta.
 The shapes come from the rank's config, so both plans and the decode
 graphs run unchanged; load slices what it reads.
 """
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -61,6 +75,8 @@ from ..errors import INVALID, OUT_OF_MEMORY, CheckpointError, ProtocolError
 from .st import SafetensorsFile
 from .upload import to_device
 
+
+log = logging.getLogger("lora")
 
 # The projections split by input columns under tensor parallel (their A
 # is cut, their B whole); the others are split by output rows.
@@ -92,17 +108,20 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank, dense=False, tp=None):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, plan="auto", tp=None, kernels=False):
         if slots < 1 or max_rank < 1:
             raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
         # (16-byte aligned rows of half-precision values for the GEMMs).
         self.device, self.dtype, self.n, self.rank, self.R = device, dtype, slots, max_rank, -(-max_rank // 8) * 8
-        self.dense = dense  # every step's delta through DensePlan, prompt chunks too (settings.lora_plan "dense")
+        self.dense = plan == "dense"  # every step's delta through DensePlan, prompt chunks too (settings.lora_plan)
         self.tp = tp  # tp.Shard: cfg is the rank's, and load reads the rank's share (see the module comment)
         self.proj = [projections(cfg, L) for L in layers]
         self.names = [None] * slots  # the adapter resident in each slot (the supervisor's key)
-        self.A = self.B = None  # per layer {projection: A} and {projection: [B_j^T]}, allocated by the first load
+        # Per layer {projection: A}, {projection: B} (the modules' B_j^T side
+        # by side, [slots, R, out]) and {projection: [B_j^T]} (views of its
+        # columns), allocated by the first load.
+        self.A = self.Bcat = self.B = None
         # DensePlan's device constants: the device slots 1 .. slots, and a
         # zero (a Python scalar would be copied to the device at each use,
         # which graph capture refuses).
@@ -112,9 +131,27 @@ class Slots:
             for P, (_, mods) in pr.items():
                 for j, (mod, _) in enumerate(mods):
                     self.where[mod] = (P, j)
+        # SegmentPlan (lora_triton.py) for every step when the settings ask
+        # for it ("segmented") and its kernels run here (kernels: the
+        # decoder's Triton kernels are on) and cover the shapes; checked
+        # against DensePlan on the first adapter loaded (fused then says
+        # whether they agreed).
+        self.fused, self.checked = plan == "segmented" and kernels and self._kernels_cover(), False
+        self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         elem = torch.tensor([], dtype=dtype).element_size()
         self.slot_bytes = sum(len(mods) * self.R * i + sum(o for _, o in mods) * self.R
                               for pr in self.proj for i, mods in pr.values()) * elem
+
+    def _kernels_cover(self):
+        if torch.device(self.device).type != "cuda":
+            return False
+        try:
+            from . import lora_triton
+        except Exception as e:  # no Triton here
+            log.warning("LoRA kernels unavailable, using the dense delta: %s", e)
+            return False
+        widths = [o for pr in self.proj for _, mods in pr.values() for _, o in mods]
+        return lora_triton.usable(widths, self.R, self.dtype)
 
     def bytes(self):
         """The device memory of the pool once allocated: every slot."""
@@ -123,14 +160,17 @@ class Slots:
     def _allocate(self):
         S, R = self.n, self.R
         try:
-            self.A = [{P: torch.zeros(len(mods), S, R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
+            self.A = [{P: torch.zeros(S, len(mods), R, i, device=self.device, dtype=self.dtype) for P, (i, mods) in pr.items()}
                       for pr in self.proj]
-            self.B = [{P: [torch.zeros(S, R, o, device=self.device, dtype=self.dtype) for _, o in mods]
-                       for P, (i, mods) in pr.items()} for pr in self.proj]
+            self.Bcat = [{P: torch.zeros(S, R, sum(o for _, o in mods), device=self.device, dtype=self.dtype)
+                          for P, (i, mods) in pr.items()} for pr in self.proj]
+            self.B = [{P: [Bc[P][:, :, a : a + o] for a, (_, o) in zip(offsets(mods), mods)] for P, (i, mods) in pr.items()}
+                      for Bc, pr in zip(self.Bcat, self.proj)]
             self.ids = torch.arange(1, S + 1, device=self.device)
+            self.key_ids = torch.arange(1, S + 2, device=self.device)
             self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
         except RuntimeError as e:
-            self.A = self.B = self.ids = self.zero = None
+            self.A = self.Bcat = self.B = self.ids = self.key_ids = self.zero = None
             if self.tp is not None:  # another rank may have allocated: not in step, the group goes down (tp.py)
                 raise
             raise ProtocolError(OUT_OF_MEMORY, "adapter slots (%d of rank %d, %d bytes): %s" % (self.n, R, self.bytes(), e))
@@ -147,6 +187,8 @@ class Slots:
             self.names[slot] = None  # a failed load leaves the slot empty, never half-written under a name
             self.load(slot, spec["load"])
             self.names[slot] = name
+            if self.fused and not self.checked:
+                self._check_kernels(slot + 1)
         elif self.names[slot] != name:
             raise ProtocolError(INVALID, "adapter %r is not resident in slot %d (it holds %r)" % (name, slot, self.names[slot]))
         return slot + 1
@@ -198,16 +240,43 @@ class Slots:
                 a = a[:, at * width : (at + 1) * width]
             else:
                 b = b[at * out : (at + 1) * out]
-            self.A[layer][P][j, slot, :r] = a
+            self.A[layer][P][slot, j, :r] = a
             self.B[layer][P][j][slot, :r] = b.t()
         ok = torch.cat(finite) if finite else None
         if ok is not None and not bool(ok.all()):
             raise CheckpointError(f.name, "holds values that are not finite", read[int(ok.logical_not().nonzero()[0])])
 
+    def _check_kernels(self, s):
+        """SegmentPlan against DensePlan on every projection of the first
+        layer, with device slot s (just loaded) and the base interleaved:
+        where they disagree beyond rounding, or the kernels fail, every
+        step keeps DensePlan (logged)."""
+        self.checked = True
+        g = torch.Generator(device="cpu").manual_seed(0)
+        with torch.no_grad():
+            for n in (3, 80):
+                idx = to_device([s if i % 3 else 0 for i in range(n)], self.device)
+                try:
+                    fused = SegmentPlan(self, idx)
+                    dense = DensePlan(self, idx)
+                    for P, (width, mods) in self.proj[0].items():
+                        x = (torch.randn(n, width, generator=g) * 0.5).to(self.device, self.dtype)
+                        y = torch.randn(n, sum(o for _, o in mods), generator=g).to(self.device, self.dtype)
+                        want = dense.add(y.clone(), x, 0, P).float()
+                        got = fused.add(y.clone(), x, 0, P).float()
+                        err = (got - want).abs().max().item()
+                        tol = 1e-4 if self.dtype == torch.float32 else 2e-2
+                        if not err <= tol * (1 + want.abs().max().item()):
+                            raise RuntimeError("%s of %d rows differs from the dense delta by %g" % (P, n, err))
+                except Exception as e:  # a kernel that fails to build or disagrees: the dense delta serves
+                    self.fused = False
+                    log.warning("LoRA kernels disabled, using the dense delta: %s", e)
+                    return
+
     def _clear(self, slot):
         for pr in self.A:
             for t in pr.values():
-                t[:, slot].zero_()
+                t[slot].zero_()
         for pr in self.B:
             for ts in pr.values():
                 for t in ts:
@@ -234,6 +303,8 @@ class Slots:
         when no row has an adapter."""
         if not any(slots) or self.A is None:
             return None
+        if self.fused:
+            return SegmentPlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         if self.dense or all(c == 1 for c in counts):
             return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
@@ -257,11 +328,14 @@ class Slots:
                 groups[g] = (groups[g][0], dev[a:b])
         return Plan(self, groups)
 
-    def dense_plan(self, idx):
-        """The DensePlan of rows whose device slots are idx ([N] int64 on
-        the device; what the decode graphs capture), or None before the
-        first adapter is loaded."""
-        return DensePlan(self, idx) if self.A is not None else None
+    def device_plan(self, idx):
+        """The plan of rows whose device slots are idx ([N] int64 on the
+        device; what the graphs capture): a SegmentPlan where those serve
+        (fused), else a DensePlan; None before the first adapter is
+        loaded."""
+        if self.A is None:
+            return None
+        return SegmentPlan(self, idx) if self.fused else DensePlan(self, idx)
 
 
 class Plan:
@@ -283,7 +357,7 @@ class Plan:
             xr, at = x[rows], 0
             for j, B in enumerate(Bs):
                 o = B.shape[2]
-                y[rows, at : at + o] += (F.linear(xr, A[j, s - 1]) @ B[s - 1]).to(y.dtype)
+                y[rows, at : at + o] += (F.linear(xr, A[s - 1, j]) @ B[s - 1]).to(y.dtype)
                 at += o
         return y
 
@@ -296,7 +370,7 @@ class DensePlan:
     def __init__(self, slots, idx):
         self.s = slots
         # [N, 1, slots, 1]: whether row i runs slot k + 1, in the layout of
-        # the shrink's product viewed as [N, m, slots, R].
+        # the shrink's product read module-major, [N, m, slots, R].
         self.mask = (idx.unsqueeze(1) == slots.ids).view(idx.shape[0], 1, slots.n, 1)
 
     def add(self, y, x, li, P):
@@ -304,9 +378,12 @@ class DensePlan:
         if A is None:
             return y
         Bs, N = self.s.B[li][P], x.shape[0]
-        m, S, R, width = A.shape
-        t = F.linear(x, A.view(m * S * R, width)).view(N, m, S, R)
-        sel = torch.where(self.mask, t, self.s.zero)  # contiguous [N, m, S, R]: sel[:, j] is [N, S * R] with no copy
+        S, m, R, width = A.shape
+        t = F.linear(x, A.view(S * m * R, width)).view(N, S, m, R)
+        # Written module-major, [N, m, S, R], so sel[:, j] is [N, S * R]
+        # with no copy.
+        sel = torch.empty(N, m, S, R, device=t.device, dtype=t.dtype)
+        torch.where(self.mask, t.transpose(1, 2), self.s.zero, out=sel)
         at = 0
         for j, B in enumerate(Bs):
             o = B.shape[2]
@@ -317,3 +394,32 @@ class DensePlan:
                 y[:, at : at + o] += (part @ Bj).to(y.dtype)
             at += o
         return y
+
+
+class SegmentPlan:
+    """The delta of rows from their device slots idx ([N], on the device)
+    through lora_triton's segmented kernels: the rows sorted by slot once,
+    then two kernels a projection, each adapter's weights read for its own
+    rows only, the base's rows untouched. Graph-capturable, no host
+    sync."""
+
+    def __init__(self, slots, idx):
+        from . import lora_triton
+        self.s, self.kern = slots, lora_triton
+        self.order, self.start = lora_triton.segments(idx, slots.key_ids)
+
+    def add(self, y, x, li, P):
+        A = self.s.A[li].get(P)
+        if A is None:
+            return y
+        _, mods = self.s.proj[li][P]
+        return self.kern.delta(y, x, A, self.s.Bcat[li][P], offsets(mods), self.order, self.start)
+
+
+def offsets(mods):
+    """The first output column of each of a projection's modules."""
+    out, at = [], 0
+    for _, o in mods:
+        out.append(at)
+        at += o
+    return out

@@ -25,7 +25,8 @@ overlap.
 
 LoRA adapters (lora.py): a step with adapter rows replays graphs of its
 own, captured with the delta as the decode graphs compute it: a
-lora.DensePlan over every slot, its row mask built inside each piece
+lora.DensePlan over every slot (or the SegmentPlan's kernels, under
+settings.lora_plan "segmented"), its rows' plan built inside each piece
 from a shared buffer of each row's device slot (0: the base; padding
 rows too). Steps without adapter rows keep the graphs without it and pay
 nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
@@ -155,7 +156,7 @@ class PrefillGraphs:
             # The plan's row mask is built inside each piece, so a replay
             # reads the slot buffer as it is then.
             def delta():
-                m.lora = self.adapters.dense_plan(b["slot"])
+                m.lora = self.adapters.device_plan(b["slot"])
                 try:
                     run()
                 finally:
