@@ -68,19 +68,23 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	defer e.Close()
 	defer m.Close()
 	runs := []adapterRun{{name: "default", m: m}}
+	var e2 *pyproc.Engine
 	if *adapterCmp {
-		e2, m2 := open(true)
+		var m2 *pyproc.Model
+		e2, m2 = open(true)
 		defer e2.Close()
 		defer m2.Close()
 		runs = append(runs, adapterRun{name: "segmented", m: m2})
 	}
-	loadTimes(ctx, m, n)
-	for _, r := range runs[1:] {
-		loadTimes(ctx, r.m, n) // the same slots filled as on the first
+	for _, r := range runs { // each engine's slots filled alike
+		if len(runs) > 1 {
+			fmt.Printf("%s: ", r.name)
+		}
+		loadTimes(ctx, r.m, n)
 	}
 	rounds := 1
 	if len(runs) > 1 {
-		rounds = 2
+		rounds = 3
 	}
 	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, %d adapters of rank %d in %d slots of rank %d; median of %d rounds, engines alternating\n",
 		*prompt, *gen, n, rank, max(n, *adapterSlot, 1), maxRank, rounds)
@@ -109,6 +113,10 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	prefillAdapters(ctx, runs, n)
 	if *adapterTok > 0 {
 		checkMerged(ctx, e, m, cfg, rank)
+		if len(runs) > 1 {
+			fmt.Printf("%s: ", runs[1].name)
+			checkMerged(ctx, e2, runs[1].m, cfg, rank)
+		}
 	}
 }
 

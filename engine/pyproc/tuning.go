@@ -60,9 +60,12 @@ type Tuning struct {
 	// SegmentedLoRA computes every step's adapter deltas, in the graphs
 	// too, with segmented Triton kernels (CUDA with the kernels on; else
 	// as by default): the rows sorted by adapter, each adapter's weights
-	// read for its own rows (Punica's SGMV). Faster than the default at
-	// batch 1, slower at batch 64 and on prompt steps (BENCHMARKS.md), so
-	// off by default. Not with DenseLoRA.
+	// read for its own rows (Punica's SGMV), checked against the default
+	// at the first adapter load. Their first version was faster than the
+	// dense delta at batch 1 and slower at batch 64 and on prompt steps
+	// (BENCHMARKS.md); the current one, which launches programs for the
+	// step's rows only, is not measured yet, so it is off by default. Not
+	// with DenseLoRA.
 	SegmentedLoRA bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 16 rows or more (decode batches, prompt

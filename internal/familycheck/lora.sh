@@ -19,7 +19,8 @@
 # request's TTFT (the engine loads it into a slot) and the second's.
 # PORT, LORADATA and BIN (the server's directory) let two builds run at
 # once on two GPUs of one machine over the same checkpoint and adapters;
-# DURATION sets each load's length (default 20s).
+# DURATION sets each load's length (default 20s); LORA_FLAGS adds server
+# flags (-lora-segmented: the segmented kernels).
 set -u
 out=$1
 shape=${2:-llama8b}
@@ -28,6 +29,7 @@ d=${LORADATA:-/tmp/lorabench}
 port=${PORT:-8090}
 bin=${BIN:-bin} # the server's directory (a build to compare beside this one)
 duration=${DURATION:-20s}
+flags=${LORA_FLAGS:-}
 mkdir -p "$out" $d
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/env.txt"
 t0=$(date +%s)
@@ -40,7 +42,7 @@ for i in $(seq 1 33); do
 done
 echo "adapters written: $(($(date +%s) - t0)) s" | tee -a "$out/env.txt"
 # shellcheck disable=SC2086
-$bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 -max-lora-rank 16 $lora > "$out/server.log" 2>&1 &
+$bin/server -engine pyproc -python "$py" -model $d/base -model-id base -addr 127.0.0.1:$port -lora-slots 32 -max-lora-rank 16 $flags $lora > "$out/server.log" 2>&1 &
 pid=$!
 ready=0
 for _ in $(seq 480); do

@@ -7,8 +7,10 @@ must decode what the eager path decodes, on graphs captured with the
 delta; a capture that fails (of the base's graphs or of those with the
 delta) leaves that kind's steps eager, with the same tokens; the two
 kinds capture into pools of their own, new ones after the KV table
-grows. DensePlan and Plan give the same delta on random slots. Prompt
-steps with adapter rows (prefill.py: several chunks of the base and two
+grows. DensePlan and Plan give the same delta on random slots;
+SegmentPlan, its kernels stood in by plain torch, serves the same tokens,
+and its load-time check keeps kernels that agree and turns off one that
+adds nothing. Prompt steps with adapter rows (prefill.py: several chunks of the base and two
 adapters in one step, chunks beside decodes) replay the prompt-step
 graphs captured with the delta, the CUDA kernels stood in by plain torch
 (standins.py), and give the eager path's tokens and logprobs, base-only
@@ -102,8 +104,8 @@ def pools(base, ads):
         graphs.new_pool, graphs.record, graphs.DecodeGraphs._record = saved
 
 
-def model(base, with_graphs, group=None):
-    m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8}, group=group)
+def model(base, with_graphs, group=None, slots=2):
+    m = TorchModel(base, {"device": "cpu", "adapter_slots": slots, "max_adapter_rank": 8}, group=group)
     if with_graphs:
         m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
         m.graphs.lora = m.adapters
@@ -175,6 +177,56 @@ def dense_vs_plan(base):
                 assert torch.equal(got[base_rows], y0[base_rows]), "%d %s: rows of empty slots changed" % (li, P)
                 n += 1
     assert n >= 4 * len(s.proj)
+
+
+class Segmented:
+    """A stand-in for lora_triton (SegmentPlan's kernels) in plain torch:
+    each slot's rows from the segments lora.segments gave, checked for
+    consistency (every tile numbering); noop: adds nothing, as a broken
+    kernel might."""
+    ROW_TILES = (16, 64)
+
+    def __init__(self, noop=False):
+        self.noop, self.calls = noop, 0
+
+    def delta(self, y, x, A, B, offsets, order, start, tiles):
+        self.calls += 1
+        S = A.shape[0]
+        counts = (start[1:] - start[:-1]).tolist()
+        assert start[0] == 0 and len(counts) == S and sum(counts) <= x.shape[0], start
+        for bm, t in tiles.items():
+            assert t.tolist() == [sum(-(-c // bm) for c in counts[:i]) for i in range(S + 1)], (bm, t, counts)
+        if self.noop:
+            return y
+        ends = offsets[1:] + [B.shape[2]]
+        for k in range(S):
+            rows = order[int(start[k]) : int(start[k + 1])]
+            for j, (a, e) in enumerate(zip(offsets, ends)):
+                y[rows, a:e] += ((x[rows] @ A[k, j].T) @ B[k][:, a:e]).to(y.dtype)
+        return y
+
+
+def segmented(base, ads, eager):
+    """SegmentPlan (the kernels stood in by Segmented) serving every
+    adapter step, on the graphs and eagerly: the eager path's tokens; the
+    load-time check keeps kernels that agree and turns a kernel that adds
+    nothing off (the dense delta then serves the same tokens), and clears
+    the slot it borrowed."""
+    n = 0
+    for noop in (False, True):
+        for with_graphs in (True, False):
+            m = model(base, with_graphs, slots=3)  # the run fills slots 0 and 1; the check borrows 2
+            kern = Segmented(noop)
+            m.adapters.kern, m.adapters.fused = kern, True
+            got = run(m, ads)
+            assert got == eager, "segmented (noop %s, graphs %s): %r, eager %r" % (noop, with_graphs, got, eager)
+            s = m.adapters
+            assert s.checked and s.fused == (not noop) and kern.calls > 0, (noop, s.checked, s.fused, kern.calls)
+            assert all(float(t[s.n - 1].abs().sum()) == 0 for pr in s.A + s.Bcat for t in pr.values()), "the check's slot kept weights"
+            if with_graphs:
+                assert any("lora" in k for k in m.graphs.graphs) and not m.graphs.lora_broken
+            n += 1
+    return n
 
 
 def prompt_model(base, with_graphs, overlap=True):
@@ -339,6 +391,7 @@ def main():
     passed += 1
     assert eager[0] != eager[1] and eager[0] != eager[2], "the adapters change nothing: %r" % eager
     passed += 1
+    passed += segmented(sys.argv[2], ads, eager)
     pools(sys.argv[2], ads)
     passed += 1
     passed += prompt_graphs(sys.argv[2], ads)

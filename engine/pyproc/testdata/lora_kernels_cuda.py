@@ -4,9 +4,9 @@ random slots of llama-shaped projections (split q/k/v and gate/up,
 fused, and a tiny model's narrow modules), rows of many slots and the
 base interleaved, one row to 2,048, eagerly and replayed from a CUDA
 graph (the rows' slots changed between replays), bfloat16 and float32;
-rows of the base and of empty slots must come back untouched. Then a
-Slots that loads nothing checks its kernels (_check_kernels) and keeps
-them.
+rows of the base and of empty slots must come back untouched. Then the
+load-time check (_check_kernels) keeps these kernels and turns off one
+that adds nothing.
 
   python3 lora_kernels_cuda.py RUNTIME_DIR
 
@@ -123,12 +123,19 @@ def main():
         err = (out.float() - want).abs().max().item()
         assert err <= 3e-2 * (1 + want.abs().max().item()), "replay %d: max diff %g" % (trial, err)
         passed += 1
-    # The load-time check keeps kernels that agree.
+    # The load-time check keeps kernels that agree, turns off a kernel that
+    # adds nothing, and clears the slot it borrowed.
     s = slots_of("8b", 4, 16, torch.bfloat16)
     fill(s, g, [1])
     s._check_kernels(2)
     assert s.fused and s.checked, "the load-time check turned correct kernels off"
-    passed += 1
+    assert all(float(t[3].abs().sum()) == 0 for pr in s.A + s.Bcat for t in pr.values()), "the check's slot kept weights"
+    s = slots_of("8b", 4, 16, torch.bfloat16)
+    fill(s, g, [1])
+    s.kern = SimpleNamespace(ROW_TILES=s.kern.ROW_TILES, delta=lambda y, *args: y)
+    s._check_kernels(2)
+    assert not s.fused, "a kernel that adds nothing passed the load-time check"
+    passed += 2
     print("%d passed, 0 failed" % passed)
 
 

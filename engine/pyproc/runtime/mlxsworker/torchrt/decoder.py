@@ -131,7 +131,7 @@ class Decoder:
         # fallback counts tokens on the host, and the grouped GEMM must
         # capture too (moe.Experts.capturable).
         self.graphable = self.moe is None or self.moe.capturable
-        # The step's LoRA adapters (lora.Plan or lora.DensePlan), set by
+        # The step's LoRA adapters (lora.Plan, DensePlan or SegmentPlan), set by
         # the backend around a forward pass whose rows run adapters; None:
         # the base alone.
         self.lora = None

@@ -18,7 +18,7 @@ supervisor slot k device slot k + 1 (stored at index k).
 
 A step: each packed token row has a device slot. The delta of module j
 of projection P for a row of slot s is (x A_j,s^T) B_j,s^T, added to
-module j's columns of P's output. Two plans compute it:
+module j's columns of P's output. Three plans compute it:
 
 - Plan (host): two GEMMs per module per distinct adapter of the step
   (the rows of a sequence are contiguous, so an adapter run by one
@@ -42,15 +42,18 @@ module j's columns of P's output. Two plans compute it:
   slots as an input (graphs.py, prefill.py); eager steps whose inputs
   are all one token use it too.
 - SegmentPlan (settings.lora_plan "segmented", CUDA with the Triton
-  kernels): the rows sorted by slot on the device, then two Triton
-  kernels a projection (lora_triton.py, Punica's SGMV): each adapter's
-  weights read for its own rows, FLOPs of the rows' own rank, base rows
-  untouched; it replaces both plans above, in the graphs too. Measured
-  on an H200 (8B, 8 adapters in 32 slots of rank 16, BENCHMARKS.md) it
-  beats DensePlan at batch 1 (0.77 against 0.73 of the base) but loses
-  at batch 64 (0.61 against 0.72) and on prompt steps (0.67-0.73
-  against 0.80-0.86): the dense GEMMs run at cuBLAS's efficiency, the
-  segmented kernels' small tiles do not. So it is not the default.
+  kernels): the rows sorted by slot on the device (segments), then two
+  Triton kernels a projection (lora_triton.py, Punica's SGMV): each
+  adapter's weights read for its own rows, FLOPs of the rows' own rank,
+  base rows untouched; it replaces both plans above, in the graphs too.
+  Checked against DensePlan at the first adapter load (_check_kernels).
+  Measured on an H200 (8B, 8 adapters in 32 slots of rank 16,
+  BENCHMARKS.md) against a DensePlan over 8 slots, with kernels that
+  launched a program per slot and tile (most of them idle), it won at
+  batch 1 (0.77 against 0.73 of the base) and lost at batch 64 (0.61
+  against 0.72) and on prompt steps (0.67-0.73 against 0.80-0.86). The
+  kernels now run only the step's row tiles; not measured since, so it
+  is not the default.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -136,22 +139,25 @@ class Slots:
         # decoder's Triton kernels are on) and cover the shapes; checked
         # against DensePlan on the first adapter loaded (fused then says
         # whether they agreed).
-        self.fused, self.checked = plan == "segmented" and kernels and self._kernels_cover(), False
+        # kern: the kernels' module (lora_triton; the CPU tests stand one in).
+        self.kern = self._kernels() if plan == "segmented" and kernels else None
+        self.fused, self.checked = self.kern is not None, False
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         elem = torch.tensor([], dtype=dtype).element_size()
         self.slot_bytes = sum(len(mods) * self.R * i + sum(o for _, o in mods) * self.R
                               for pr in self.proj for i, mods in pr.values()) * elem
 
-    def _kernels_cover(self):
+    def _kernels(self):
+        """lora_triton where it imports and covers the slots, else None."""
         if torch.device(self.device).type != "cuda":
-            return False
+            return None
         try:
             from . import lora_triton
         except Exception as e:  # no Triton here
             log.warning("LoRA kernels unavailable, using the dense delta: %s", e)
-            return False
+            return None
         widths = [o for pr in self.proj for _, mods in pr.values() for _, o in mods]
-        return lora_triton.usable(widths, self.R, self.dtype)
+        return lora_triton if lora_triton.usable(widths, self.R, self.dtype) else None
 
     def bytes(self):
         """The device memory of the pool once allocated: every slot."""
@@ -247,40 +253,55 @@ class Slots:
             raise CheckpointError(f.name, "holds values that are not finite", read[int(ok.logical_not().nonzero()[0])])
 
     def _check_kernels(self, s):
-        """SegmentPlan against DensePlan on every projection of the first
-        layer, with device slot s (just loaded) and the base interleaved:
-        where they disagree beyond rounding, or the kernels fail, every
-        step keeps DensePlan (logged)."""
+        """SegmentPlan's deltas against DensePlan's on every projection of
+        the first and last layers, rows of device slot s (just loaded),
+        of another slot filled with random weights for the check (the
+        last, empty at a first load; cleared after) and of the base
+        interleaved: where they disagree beyond rounding, relative to the
+        delta itself, or the kernels fail, every step keeps DensePlan
+        (logged)."""
         self.checked = True
         g = torch.Generator(device="cpu").manual_seed(0)
-        with torch.no_grad():
-            for n in (3, 80):
-                idx = to_device([s if i % 3 else 0 for i in range(n)], self.device)
-                try:
-                    fused = SegmentPlan(self, idx)
-                    dense = DensePlan(self, idx)
-                    for P, (width, mods) in self.proj[0].items():
-                        x = (torch.randn(n, width, generator=g) * 0.5).to(self.device, self.dtype)
-                        y = torch.randn(n, sum(o for _, o in mods), generator=g).to(self.device, self.dtype)
-                        want = dense.add(y.clone(), x, 0, P).float()
-                        got = fused.add(y.clone(), x, 0, P).float()
-                        err = (got - want).abs().max().item()
-                        tol = 1e-4 if self.dtype == torch.float32 else 2e-2
-                        if not err <= tol * (1 + want.abs().max().item()):
-                            raise RuntimeError("%s of %d rows differs from the dense delta by %g" % (P, n, err))
-                except Exception as e:  # a kernel that fails to build or disagrees: the dense delta serves
-                    self.fused = False
-                    log.warning("LoRA kernels disabled, using the dense delta: %s", e)
-                    return
+        other = self.n - 1 if self.n > 1 and s != self.n and self.names[self.n - 1] is None else None
+        layers = sorted({0, len(self.proj) - 1})
+        tol = 1e-4 if self.dtype == torch.float32 else 2e-2
+        try:
+            with torch.no_grad():
+                if other is not None:
+                    for li in layers:
+                        for P, A in self.A[li].items():
+                            A[other].copy_(torch.randn(A[other].shape, generator=g) * 0.05)
+                            Bc = self.Bcat[li][P]
+                            Bc[other].copy_(torch.randn(Bc[other].shape, generator=g) * 0.05)
+                ids = [s] + ([other + 1] if other is not None else [])
+                for n in (3, 80):
+                    idx = to_device([ids[i % len(ids)] if i % 3 else 0 for i in range(n)], self.device)
+                    fused, dense = SegmentPlan(self, idx), DensePlan(self, idx)
+                    for li in layers:
+                        for P, (width, mods) in self.proj[li].items():
+                            x = torch.randn(n, width, generator=g).to(self.device, self.dtype)
+                            y = torch.zeros(n, sum(o for _, o in mods), device=self.device, dtype=self.dtype)
+                            want = dense.add(y.clone(), x, li, P).float()  # the deltas alone
+                            got = fused.add(y.clone(), x, li, P).float()
+                            err, scale = (got - want).abs().max().item(), want.abs().max().item()
+                            if not err <= tol * scale:  # a delta that is all zero must come back zero
+                                raise RuntimeError("layer %d %s of %d rows: the delta differs from the dense one by %g (its largest %g)"
+                                                   % (li, P, n, err, scale))
+        except Exception as e:  # a kernel that fails to build or disagrees: the dense delta serves
+            self.fused = False
+            log.warning("LoRA kernels disabled, using the dense delta: %s", e)
+        finally:
+            if other is not None:
+                with torch.no_grad():
+                    self._clear(other)
 
     def _clear(self, slot):
         for pr in self.A:
             for t in pr.values():
                 t[slot].zero_()
-        for pr in self.B:
-            for ts in pr.values():
-                for t in ts:
-                    t[slot].zero_()
+        for pr in self.Bcat:
+            for t in pr.values():
+                t[slot].zero_()
 
     def _tensor(self, f, name, shape):
         """The stored tensor name, checked against shape, as float32 on
@@ -297,10 +318,11 @@ class Slots:
 
     def plan(self, slots, counts):
         """The delta plan of an eager step for inputs of counts packed rows
-        each, with device slot slots[i] (0: base): a DensePlan when every
-        input is one token (the rows' slots in one copy, a few kernels a
-        projection) or the settings ask for it (dense), else a Plan; None
-        when no row has an adapter."""
+        each, with device slot slots[i] (0: base): a SegmentPlan where
+        those serve (fused), else a DensePlan when every input is one
+        token (the rows' slots in one copy, a few kernels a projection)
+        or the settings ask for it (dense), else a Plan; None when no row
+        has an adapter."""
         if not any(slots) or self.A is None:
             return None
         if self.fused:
@@ -404,16 +426,33 @@ class SegmentPlan:
     sync."""
 
     def __init__(self, slots, idx):
-        from . import lora_triton
-        self.s, self.kern = slots, lora_triton
-        self.order, self.start = lora_triton.segments(idx, slots.key_ids)
+        self.s, self.kern = slots, slots.kern
+        self.order, self.start, self.tiles = segments(idx, slots.key_ids, slots.kern.ROW_TILES)
 
     def add(self, y, x, li, P):
         A = self.s.A[li].get(P)
         if A is None:
             return y
         _, mods = self.s.proj[li][P]
-        return self.kern.delta(y, x, A, self.s.Bcat[li][P], offsets(mods), self.order, self.start)
+        return self.kern.delta(y, x, A, self.s.Bcat[li][P], offsets(mods), self.order, self.start, self.tiles)
+
+
+def segments(idx, key_ids, row_tiles):
+    """(order, start, tiles) of rows whose device slots are idx ([N]
+    int64, 0: the base), on the device without a host sync: order the
+    rows sorted by slot, the base last; start [S + 1] int32 with the rows
+    of device slot s + 1 at order[start[s] : start[s + 1]]; tiles {BM:
+    [S + 1] int32} for each BM of row_tiles, slot s's row tiles of BM
+    rows numbered from tiles[BM][s], their count at tiles[BM][S] (the
+    kernels run the step's row tiles, not every slot's). key_ids:
+    arange(1, S + 2) on the device."""
+    last = key_ids[-1:]  # S + 1: the base sorts after every slot
+    key = torch.where(idx == 0, last, idx)
+    sk, order = torch.sort(key, stable=True)
+    start = torch.searchsorted(sk, key_ids).to(torch.int32)
+    counts = start[1:] - start[:-1]
+    tiles = {bm: torch.cat([start[:1] * 0, torch.cumsum((counts + bm - 1) // bm, 0, dtype=torch.int32)]) for bm in row_tiles}
+    return order, start, tiles
 
 
 def offsets(mods):

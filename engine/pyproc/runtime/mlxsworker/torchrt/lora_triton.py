@@ -2,23 +2,25 @@
 segmented gather matmuls in the manner of Punica's SGMV and vLLM's
 lora_shrink / lora_expand.
 
-The step's rows are sorted by adapter slot once (on the device: no host
-sync, so CUDA graphs capture it); start[s] .. start[s + 1] are the
-positions in that order of the rows of slot s (device slot s + 1), and
-the base's rows come last, outside every segment. Each projection then
+The step's rows are sorted by adapter slot once (lora.segments, on the
+device: no host sync, so CUDA graphs capture it); start[s] .. start[s +
+1] are the positions in that order of the rows of slot s (device slot
+s + 1), and the base's rows come last, outside every segment. Each projection then
 takes two kernels, whatever the number of adapters or their modules:
 
 - shrink: t[row, :] = x[row] @ A[s]^T for every row of slot s, where
   A[s] is the slot's [m * R, in] (the m packed modules' A stacked), t
   float32 [N, m * R], as partial sums over slices of the input dimension
-  when the rows are few (split-K). Grid (row tiles, slots, slices).
+  when the rows are few (split-K). Grid (row tiles, slices).
 - expand: y[row, cols] += t[row, j * R : (j + 1) * R] @ B[s][:, cols]
   (t's partial sums added first, in order),
   B[s] the slot's [R, out] (the modules' B^T side by side), j the module
-  whose columns the tile covers. Grid (row tiles, column tiles, slots).
+  whose columns the tile covers. Grid (row tiles, column tiles).
 
-Programs of an empty slot, or past its rows, return at once; rows of the
-base are never read or written. Each slot's weights are read once per
+A row tile holds rows of one slot; a program runs every n-th of the
+step's row tiles (their count read on the device), n about rows / BM,
+so an empty slot costs no program. Rows of the base are never read or
+written. Each slot's weights are read once per
 row tile, so a step reads the A and B of the adapters it runs, not of
 every slot, and its FLOPs are its rows' own (rank R), not every slot's.
 The grids depend on the row count and the slot count only, so one CUDA
@@ -27,7 +29,7 @@ graph per batch bucket covers any mix of adapters.
 Rounding follows lora.DensePlan: t rounded to the weights' dtype before
 the expand, products accumulated in float32, the delta added to y in
 float32 and rounded once. float32 weights multiply in IEEE float32 (no
-TF32), so the CPU tests' tolerances hold on the GPU.
+TF32), so the float32 tolerances of the CUDA tests hold.
 
 Imported only where torch runs on CUDA and Triton imports; lora.Slots
 checks the kernels against DensePlan on the first adapter it loads and
@@ -44,60 +46,62 @@ EXPAND_COLS = (64, 32, 16)
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, n_in, k_split, mr, sx, sa_slot, sa_row, st, st_split,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    tile, s, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    lo = tl.load(start_ptr + s)
-    hi = tl.load(start_ptr + s + 1)
-    first = lo + tile * BM
-    if first >= hi:
-        return
-    at = first + tl.arange(0, BM)
-    live = at < hi
+def _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM: tl.constexpr, SP: tl.constexpr):
+    """The slot s, rows and live mask of row tile p of the step (p below
+    the step's tile count): tstart[s] is the first tile of slot s."""
+    i = tl.arange(0, SP)
+    ts = tl.load(tstart_ptr + i, mask=i <= n_slots, other=2147483647)
+    s = tl.sum((ts <= p).to(tl.int32), axis=0) - 1  # the last slot whose first tile is at or before p
+    tile = p - tl.load(tstart_ptr + s)
+    at = tl.load(start_ptr + s) + tile * BM + tl.arange(0, BM)
+    live = at < tl.load(start_ptr + s + 1)
     rows = tl.load(order_ptr + at, mask=live, other=0)
-    cols = tl.arange(0, BN)
-    cm = cols < mr
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    k_lo = part * k_split
-    k_hi = tl.minimum(k_lo + k_split, n_in)
-    for k0 in range(k_lo, k_hi, BK):
-        ks = k0 + tl.arange(0, BK)
-        km = ks < k_hi
-        xb = tl.load(x_ptr + rows[:, None] * sx + ks[None, :], mask=live[:, None] & km[None, :], other=0.0)
-        ab = tl.load(a_ptr + s * sa_slot + cols[None, :] * sa_row + ks[:, None], mask=km[:, None] & cm[None, :], other=0.0)
-        acc += tl.dot(xb, ab, input_precision=PREC)
-    tl.store(t_ptr + part * st_split + rows[:, None] * st + cols[None, :], acc, mask=live[:, None] & cm[None, :])
+    return s, rows, live
 
 
 @triton.jit
-def _expand_kernel(t_ptr, b_ptr, y_ptr, order_ptr, start_ptr, n_out, r, off1, off2, st, st_split, sb_slot, sb_row, sy,
-                   BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
-    tile, ct, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    lo = tl.load(start_ptr + s)
-    hi = tl.load(start_ptr + s + 1)
-    first = lo + tile * BM
-    if first >= hi:
-        return
-    at = first + tl.arange(0, BM)
-    live = at < hi
-    rows = tl.load(order_ptr + at, mask=live, other=0)
-    c0 = ct * BN
+def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_in, k_split, mr, sx, sa_slot, sa_row,
+                   st, st_split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SP: tl.constexpr, PREC: tl.constexpr):
+    part = tl.program_id(1)
+    cols = tl.arange(0, BN)
+    cm = cols < mr
+    k_lo = part * k_split
+    k_hi = tl.minimum(k_lo + k_split, n_in)
+    for p in range(tl.program_id(0), tl.load(tstart_ptr + n_slots), n_progs):  # the step's row tiles, n_progs apart
+        s, rows, live = _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM, SP)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            ks = k0 + tl.arange(0, BK)
+            km = ks < k_hi
+            xb = tl.load(x_ptr + rows[:, None] * sx + ks[None, :], mask=live[:, None] & km[None, :], other=0.0)
+            ab = tl.load(a_ptr + s * sa_slot + cols[None, :] * sa_row + ks[:, None], mask=km[:, None] & cm[None, :], other=0.0)
+            acc += tl.dot(xb, ab, input_precision=PREC)
+        tl.store(t_ptr + part * st_split + rows[:, None] * st + cols[None, :], acc, mask=live[:, None] & cm[None, :])
+
+
+@triton.jit
+def _expand_kernel(t_ptr, b_ptr, y_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_out, r, off1, off2, st, st_split,
+                   sb_slot, sb_row, sy, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr,
+                   SP: tl.constexpr, PREC: tl.constexpr):
+    c0 = tl.program_id(1) * BN
     j = (c0 >= off1).to(tl.int32) + (c0 >= off2).to(tl.int32)  # the module of this column tile
     cols = c0 + tl.arange(0, BN)
     cm = cols < n_out
     rr = tl.arange(0, BR)
     rm = rr < r
-    b = tl.load(b_ptr + s * sb_slot + rr[:, None] * sb_row + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
-    tp = t_ptr + rows[:, None] * st + (j * r + rr)[None, :]
-    tm = live[:, None] & rm[None, :]
-    t = tl.load(tp, mask=tm, other=0.0)
-    for part in tl.static_range(1, SPLIT):  # the shrink's partial sums over its slices of the input, in order
-        t += tl.load(tp + part * st_split, mask=tm, other=0.0)
-    d = tl.dot(t.to(b.dtype), b, input_precision=PREC)
-    yp = y_ptr + rows[:, None] * sy + cols[None, :]
-    ym = live[:, None] & cm[None, :]
-    y = tl.load(yp, mask=ym, other=0.0)
-    tl.store(yp, (y.to(tl.float32) + d).to(y.dtype), mask=ym)
+    for p in range(tl.program_id(0), tl.load(tstart_ptr + n_slots), n_progs):  # the step's row tiles, n_progs apart
+        s, rows, live = _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM, SP)
+        b = tl.load(b_ptr + s * sb_slot + rr[:, None] * sb_row + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+        tp = t_ptr + rows[:, None] * st + (j * r + rr)[None, :]
+        tm = live[:, None] & rm[None, :]
+        t = tl.load(tp, mask=tm, other=0.0)
+        for part in tl.static_range(1, SPLIT):  # the shrink's partial sums over its slices of the input, in order
+            t += tl.load(tp + part * st_split, mask=tm, other=0.0)
+        d = tl.dot(t.to(b.dtype), b, input_precision=PREC)
+        yp = y_ptr + rows[:, None] * sy + cols[None, :]
+        ym = live[:, None] & cm[None, :]
+        y = tl.load(yp, mask=ym, other=0.0)
+        tl.store(yp, (y.to(tl.float32) + d).to(y.dtype), mask=ym)
 
 
 def usable(widths, rank, dtype):
@@ -109,34 +113,39 @@ def usable(widths, rank, dtype):
             and all(o % EXPAND_COLS[-1] == 0 for o in widths))
 
 
-def segments(idx, key_ids):
-    """(order, start) of rows whose device slots are idx ([N] int64, 0:
-    the base): order the rows sorted by slot, the base last; start [S + 1]
-    int32 with the rows of device slot s + 1 at order[start[s] :
-    start[s + 1]]. key_ids: arange(1, S + 2) on the device."""
-    last = key_ids[-1:]  # S + 1: the base sorts after every slot
-    key = torch.where(idx == 0, last, idx)
-    sk, order = torch.sort(key, stable=True)
-    start = torch.searchsorted(sk, key_ids).to(torch.int32)
-    return order, start
+# Row tiles of the kernels, the shrink's always and the expand's by the
+# rows (lora.segments numbers each slot's tiles of these sizes).
+ROW_TILES = (16, 64)
+
+
+def _expand_rows(n):
+    return 16 if n <= 64 else 64
+
+
+def _programs(n, bm, slots):
+    """Programs along the rows for a step of n rows in tiles of bm: its
+    row tiles number at most cdiv(n, bm) plus one partial tile a slot in
+    use; the grid is the first and a little slack, and a program runs
+    every n_progs-th tile (few run a second, none idles long)."""
+    return triton.cdiv(n, bm) + min(slots, n, 4)
 
 
 def _pow2(n, least=16):
     return max(least, triton.next_power_of_2(n))
 
 
-def delta(y, x, A, B, offsets, order, start):
+def delta(y, x, A, B, offsets, order, start, tiles):
     """y += each row's adapter delta in place: x [N, in], A [S, m, R, in]
     the projection's stacked A, B [S, R, out] the modules' B^T side by
-    side (columns of module j from offsets[j]), (order, start) from
-    segments. Returns y."""
+    side (columns of module j from offsets[j]), (order, start, tiles)
+    from lora.segments. Returns y."""
     N = x.shape[0]
     S, m, R, n_in = A.shape
     if x.stride(1) != 1:
         x = x.contiguous()
     assert len(offsets) == m <= 3 and y.stride(1) == 1 and A.is_contiguous() and B.stride(2) == 1
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    mr, bm, bk = m * R, 16, 64
+    mr, bm, bk, sp = m * R, ROW_TILES[0], 64, triton.next_power_of_2(S + 1)
     # The shrink splits the input dimension among programs when the rows
     # are few (a program streams its slot's A alone: one program reading
     # a whole [m * R, 4096] A runs at a fraction of the GPU's bandwidth),
@@ -146,13 +155,15 @@ def delta(y, x, A, B, offsets, order, start):
     k_split = triton.cdiv(triton.cdiv(n_in, split), bk) * bk
     split = triton.cdiv(n_in, k_split)
     t = torch.empty(split, N, mr, device=x.device, dtype=torch.float32)
-    _shrink_kernel[(triton.cdiv(N, bm), S, split)](x, A, t, order, start, n_in, k_split, mr, x.stride(0), A.stride(0), A.stride(2),
-                                                   t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, PREC=prec)
+    progs = _programs(N, bm, S)
+    _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
+                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp, PREC=prec)
     n_out = B.shape[2]
     off = list(offsets[1:]) + [n_out] * (3 - len(offsets))
     cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off + [n_out]))
-    bm = 16 if N <= 64 else 64
-    _expand_kernel[(triton.cdiv(N, bm), triton.cdiv(n_out, cols), S)](
-        t, B, y, order, start, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1), y.stride(0),
-        BM=bm, BN=cols, BR=_pow2(R), SPLIT=split, PREC=prec)
+    bm = _expand_rows(N)
+    progs = _programs(N, bm, S)
+    _expand_kernel[(progs, triton.cdiv(n_out, cols))](
+        t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
+        y.stride(0), BM=bm, BN=cols, BR=_pow2(R), SPLIT=split, SP=sp, PREC=prec)
     return y
