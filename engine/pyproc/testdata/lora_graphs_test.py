@@ -13,7 +13,8 @@ and its load-time check keeps kernels that agree and turns off one that
 adds nothing. Prompt steps with adapter rows (prefill.py: several chunks of the base and two
 adapters in one step, chunks beside decodes) replay the prompt-step
 graphs captured with the delta, the CUDA kernels stood in by plain torch
-(standins.py), and give the eager path's tokens and logprobs, base-only
+(standins.py), and give the eager path's tokens and logprobs (with the
+segmented kernels stood in too, the rows sorted once a step), base-only
 prompt steps their own graphs, with the next decode step speculated
 behind each step (overlap) and without (the decodes beside chunks on
 their graphs: split steps); a failed capture with the delta leaves those
@@ -289,7 +290,7 @@ def prompt_graphs(base, ads):
     with adapter rows) against every step eager, with the overlap (the
     decodes beside chunks speculated) and without (split steps); then
     with the capture with the delta failing. Returns the checks passed."""
-    saved = decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture
+    saved = decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture, prefill.segments
     decoder._flash_varlen, graphs.record, graphs.new_pool = flash_varlen, standin_record, lambda: object()
     try:
         with torch.no_grad():
@@ -308,6 +309,22 @@ def prompt_graphs(base, ads):
                 else:  # decodes on the graphs with the delta, chunks on the prompt graphs, in one step
                     assert any(kw.get("lora") and out is not None for _, kw, out in splits), "no split step with adapters"
 
+            # The segmented kernels (stood in) on the prompt-step graphs: the
+            # eager path's tokens, the rows sorted once a step by the first
+            # piece, not by every piece.
+            sm = prompt_model(base, True)
+            kern = Segmented()
+            sm.adapters.kern, sm.adapters.fused = kern, True
+            sorts, runs = spy(prefill, "segments"), spy(sm.prefill, "run")
+            try:
+                same_as(prompt_steps(sm, ads), eager, "prompt graphs, segmented")
+            finally:
+                prefill.segments = saved[4]
+            replays = sum(1 for a, _, out in runs if out is not None and a[5] is not None)
+            sets = len([k for k in sm.prefill.sets if k[1]])
+            assert sm.adapters.fused and kern.calls > 0 and replays >= 3, (sm.adapters.fused, kern.calls, replays)
+            assert replays <= len(sorts) <= replays + 2 * sets, "%d sorts for %d replays of %d sets" % (len(sorts), replays, sets)
+
             def failing(self, nb, lora=False):
                 if lora:
                     raise RuntimeError("injected capture failure (prompt graphs with the delta)")
@@ -320,8 +337,8 @@ def prompt_graphs(base, ads):
             assert pf.lora_broken and not pf.broken and not pf.captured(lora=True) and pf.captured(), sorted(pf.sets)
             assert all(a[5] is None for a, _, out in runs if out is not None), "a run with the delta"
     finally:
-        decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture = saved
-    return 3
+        decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture, prefill.segments = saved
+    return 4
 
 
 def spy(obj, name):

@@ -69,7 +69,7 @@ def compare(s, idx, g, tol, graph=False):
     ys = {P: torch.randn(N, sum(o for _, o in mods), generator=g).to(dev, s.dtype) for P, (_, mods) in s.proj[0].items()}
 
     def step():
-        plan = lora.SegmentPlan(s, io)
+        plan = lora.SegmentPlan.of(s, io)
         return [plan.add(ys[P].clone(), xs[P], 0, P) for P in s.A[0]]
 
     with torch.no_grad():
@@ -114,7 +114,7 @@ def main():
     io = torch.zeros(64, dtype=torch.long, device=dev)
     x = (torch.randn(64, 4096, generator=g) * 0.5).to(dev, torch.bfloat16)
     y0 = torch.randn(64, 6144, generator=g).to(dev, torch.bfloat16)
-    gr, out = graphs.record(lambda: lora.SegmentPlan(s, io).add(y0.clone(), x, 0, "qkv"), torch.cuda.graph_pool_handle())
+    gr, out = graphs.record(lambda: lora.SegmentPlan.of(s, io).add(y0.clone(), x, 0, "qkv"), torch.cuda.graph_pool_handle())
     for trial in range(3):
         idx = [int(v) for v in torch.randint(0, 9, (64,), generator=g)]
         io.copy_(torch.tensor(idx))

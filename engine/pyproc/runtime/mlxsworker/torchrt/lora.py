@@ -276,7 +276,7 @@ class Slots:
                 ids = [s] + ([other + 1] if other is not None else [])
                 for n in (3, 80):
                     idx = to_device([ids[i % len(ids)] if i % 3 else 0 for i in range(n)], self.device)
-                    fused, dense = SegmentPlan(self, idx), DensePlan(self, idx)
+                    fused, dense = SegmentPlan.of(self, idx), DensePlan(self, idx)
                     for li in layers:
                         for P, (width, mods) in self.proj[li].items():
                             x = torch.randn(n, width, generator=g).to(self.device, self.dtype)
@@ -326,7 +326,7 @@ class Slots:
         if not any(slots) or self.A is None:
             return None
         if self.fused:
-            return SegmentPlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
+            return SegmentPlan.of(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         if self.dense or all(c == 1 for c in counts):
             return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
@@ -357,7 +357,7 @@ class Slots:
         loaded."""
         if self.A is None:
             return None
-        return SegmentPlan(self, idx) if self.fused else DensePlan(self, idx)
+        return SegmentPlan.of(self, idx) if self.fused else DensePlan(self, idx)
 
 
 class Plan:
@@ -425,9 +425,15 @@ class SegmentPlan:
     rows only, the base's rows untouched. Graph-capturable, no host
     sync."""
 
-    def __init__(self, slots, idx):
+    def __init__(self, slots, segs):
+        """segs: the rows' (order, start, tiles), as segments gives them."""
         self.s, self.kern = slots, slots.kern
-        self.order, self.start, self.tiles = segments(idx, slots.key_ids, slots.kern.ROW_TILES)
+        self.order, self.start, self.tiles = segs
+
+    @staticmethod
+    def of(slots, idx):
+        """The plan of rows whose device slots are idx ([N], on the device)."""
+        return SegmentPlan(slots, segments(idx, slots.key_ids, slots.kern.ROW_TILES))
 
     def add(self, y, x, li, P):
         A = self.s.A[li].get(P)

@@ -26,9 +26,10 @@ overlap.
 LoRA adapters (lora.py): a step with adapter rows replays graphs of its
 own, captured with the delta as the decode graphs compute it: a
 lora.DensePlan over every slot (or the SegmentPlan's kernels, under
-settings.lora_plan "segmented"), its rows' plan built inside each piece
-from a shared buffer of each row's device slot (0: the base; padding
-rows too). Steps without adapter rows keep the graphs without it and pay
+settings.lora_plan "segmented", the rows sorted by slot once a step by
+the first piece into buffers the others read), its rows' plan built
+inside each piece from a shared buffer of each row's device slot (0: the
+base; padding rows too). Steps without adapter rows keep the graphs without it and pay
 nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
 slots' rank, whatever the adapters' own): about 82,000 * slots * R
 multiply-adds a token per layer of an 8B Llama, whose projections take
@@ -53,6 +54,7 @@ import logging
 import torch
 
 from . import graphs
+from .lora import SegmentPlan, segments
 
 log = logging.getLogger("prefill")
 
@@ -150,13 +152,31 @@ class PrefillGraphs:
                 else:
                     b["x"].copy_(x)
                     b["d"].copy_(d)
-            return run if not lora else with_delta(run)
+            return run if not lora else with_delta(run, li)
 
-        def with_delta(run):
-            # The plan's row mask is built inside each piece, so a replay
-            # reads the slot buffer as it is then.
+        ad = self.adapters
+        # The segmented kernels' row order and tiles (lora.segments), sorted
+        # once a step by the first piece into buffers the others read.
+        segs = None
+        if lora and ad.fused:
+            dev, S = b["slot"].device, ad.n
+            segs = (torch.zeros(nb, dtype=torch.long, device=dev), torch.zeros(S + 1, dtype=torch.int32, device=dev),
+                    {bm: torch.zeros(S + 1, dtype=torch.int32, device=dev) for bm in ad.kern.ROW_TILES})
+
+        def with_delta(run, li):
+            # The plan is built inside each piece, so a replay reads the slot
+            # buffer (or the segments sorted from it) as it is then.
             def delta():
-                m.lora = self.adapters.device_plan(b["slot"])
+                if segs is None:
+                    m.lora = ad.device_plan(b["slot"])
+                else:
+                    if li < 0:
+                        order, start, tiles = segments(b["slot"], ad.key_ids, ad.kern.ROW_TILES)
+                        segs[0].copy_(order)
+                        segs[1].copy_(start)
+                        for bm, t in tiles.items():
+                            segs[2][bm].copy_(t)
+                    m.lora = SegmentPlan(ad, segs)
                 try:
                     run()
                 finally:
