@@ -324,6 +324,8 @@ def prompt_graphs(base, ads):
             sets = len([k for k in sm.prefill.sets if k[1]])
             assert sm.adapters.fused and kern.calls > 0 and replays >= 3, (sm.adapters.fused, kern.calls, replays)
             assert replays <= len(sorts) <= replays + 2 * sets, "%d sorts for %d replays of %d sets" % (len(sorts), replays, sets)
+            # The buffers the graphs read outlive the capture: the graphs keep no tensor alive.
+            assert all(k[0] in sm.prefill.segs for k in sm.prefill.sets if k[1]), (sorted(sm.prefill.sets), sorted(sm.prefill.segs))
 
             def failing(self, nb, lora=False):
                 if lora:

@@ -256,13 +256,14 @@ class Slots:
         """SegmentPlan's deltas against DensePlan's on every projection of
         the first and last layers, rows of device slot s (just loaded),
         of another slot filled with random weights for the check (the
-        last, empty at a first load; cleared after) and of the base
-        interleaved: where they disagree beyond rounding, relative to the
-        delta itself, or the kernels fail, every step keeps DensePlan
-        (logged)."""
+        highest empty one; cleared after) and of the base interleaved:
+        where a slot's rows disagree beyond rounding, relative to that
+        slot's own delta, a base row gets any delta, or the kernels fail,
+        every step keeps DensePlan (logged). A kernel that faults the
+        device leaves an error no check recovers from."""
         self.checked = True
         g = torch.Generator(device="cpu").manual_seed(0)
-        other = self.n - 1 if self.n > 1 and s != self.n and self.names[self.n - 1] is None else None
+        other = next((k for k in range(self.n - 1, -1, -1) if k != s - 1 and self.names[k] is None), None)
         layers = sorted({0, len(self.proj) - 1})
         tol = 1e-4 if self.dtype == torch.float32 else 2e-2
         try:
@@ -275,7 +276,8 @@ class Slots:
                             Bc[other].copy_(torch.randn(Bc[other].shape, generator=g) * 0.05)
                 ids = [s] + ([other + 1] if other is not None else [])
                 for n in (3, 80):
-                    idx = to_device([ids[i % len(ids)] if i % 3 else 0 for i in range(n)], self.device)
+                    rows = [ids[i % len(ids)] if i % 3 else 0 for i in range(n)]
+                    idx = to_device(rows, self.device)
                     fused, dense = SegmentPlan.of(self, idx), DensePlan(self, idx)
                     for li in layers:
                         for P, (width, mods) in self.proj[li].items():
@@ -283,10 +285,12 @@ class Slots:
                             y = torch.zeros(n, sum(o for _, o in mods), device=self.device, dtype=self.dtype)
                             want = dense.add(y.clone(), x, li, P).float()  # the deltas alone
                             got = fused.add(y.clone(), x, li, P).float()
-                            err, scale = (got - want).abs().max().item(), want.abs().max().item()
-                            if not err <= tol * scale:  # a delta that is all zero must come back zero
-                                raise RuntimeError("layer %d %s of %d rows: the delta differs from the dense one by %g (its largest %g)"
-                                                   % (li, P, n, err, scale))
+                            for v in [0] + ids:  # each slot against its own delta; the base's must stay zero
+                                at = idx == v
+                                err, scale = (got[at] - want[at]).abs().max().item(), want[at].abs().max().item()
+                                if not err <= tol * scale:  # a delta that is all zero must come back zero
+                                    raise RuntimeError("layer %d %s, %d rows: slot %d's delta differs from the dense one by %g "
+                                                       "(its largest %g)" % (li, P, n, v, err, scale))
         except Exception as e:  # a kernel that fails to build or disagrees: the dense delta serves
             self.fused = False
             log.warning("LoRA kernels disabled, using the dense delta: %s", e)
@@ -419,11 +423,10 @@ class DensePlan:
 
 
 class SegmentPlan:
-    """The delta of rows from their device slots idx ([N], on the device)
-    through lora_triton's segmented kernels: the rows sorted by slot once,
-    then two kernels a projection, each adapter's weights read for its own
-    rows only, the base's rows untouched. Graph-capturable, no host
-    sync."""
+    """The delta of rows sorted by slot (segments; of sorts them from the
+    rows' device slots) through lora_triton's segmented kernels: two
+    kernels a projection, each adapter's weights read for its own rows
+    only, the base's rows untouched. Graph-capturable, no host sync."""
 
     def __init__(self, slots, segs):
         """segs: the rows' (order, start, tiles), as segments gives them."""

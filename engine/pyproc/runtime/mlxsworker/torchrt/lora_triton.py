@@ -11,11 +11,13 @@ takes two kernels, whatever the number of adapters or their modules:
 - shrink: t[row, :] = x[row] @ A[s]^T for every row of slot s, where
   A[s] is the slot's [m * R, in] (the m packed modules' A stacked), t
   float32 [N, m * R], as partial sums over slices of the input dimension
-  when the rows are few (split-K). Grid (row tiles, slices).
+  when the rows are few (split-K). Grid (programs over the row tiles,
+  slices).
 - expand: y[row, cols] += t[row, j * R : (j + 1) * R] @ B[s][:, cols]
   (t's partial sums added first, in order),
   B[s] the slot's [R, out] (the modules' B^T side by side), j the module
-  whose columns the tile covers. Grid (row tiles, column tiles).
+  whose columns the tile covers. Grid (programs over the row tiles,
+  column tiles).
 
 A row tile holds rows of one slot; a program runs every n-th of the
 step's row tiles (their count read on the device), n about rows / BM,
@@ -119,15 +121,18 @@ ROW_TILES = (16, 64)
 
 
 def _expand_rows(n):
-    return 16 if n <= 64 else 64
+    """The expand's row tile for n rows: one of ROW_TILES (segments
+    numbers the tiles of those sizes only)."""
+    return ROW_TILES[0] if n <= 64 else ROW_TILES[1]
 
 
 def _programs(n, bm, slots):
     """Programs along the rows for a step of n rows in tiles of bm: its
     row tiles number at most cdiv(n, bm) plus one partial tile a slot in
-    use; the grid is the first and a little slack, and a program runs
-    every n_progs-th tile (few run a second, none idles long)."""
-    return triton.cdiv(n, bm) + min(slots, n, 4)
+    use, so each program runs one tile at most, and those past the
+    step's count return after one load. (A program runs every
+    n_progs-th tile, so a smaller grid would still cover them.)"""
+    return triton.cdiv(n, bm) + min(slots, n)
 
 
 def _pow2(n, least=16):

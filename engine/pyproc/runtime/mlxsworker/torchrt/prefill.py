@@ -76,6 +76,9 @@ class PrefillGraphs:
         self.adapters = adapters  # lora.Slots when the model serves adapters
         self.sizes = buckets(limit)
         self.sets = {}  # (bucket, with the delta) -> its graphs, in replay order
+        # bucket -> the segmented LoRA plan's buffers its graphs read (kept
+        # here: a graph holds no tensor from outside its pool alive).
+        self.segs = {}
         self.pools = {}  # with the delta (bool) -> the memory pool of those graphs
         self.broken = False
         self.lora_broken = False  # capture with the delta failed: steps with adapters run eagerly
@@ -160,8 +163,8 @@ class PrefillGraphs:
         segs = None
         if lora and ad.fused:
             dev, S = b["slot"].device, ad.n
-            segs = (torch.zeros(nb, dtype=torch.long, device=dev), torch.zeros(S + 1, dtype=torch.int32, device=dev),
-                    {bm: torch.zeros(S + 1, dtype=torch.int32, device=dev) for bm in ad.kern.ROW_TILES})
+            segs = self.segs[nb] = (torch.zeros(nb, dtype=torch.long, device=dev), torch.zeros(S + 1, dtype=torch.int32, device=dev),
+                                    {bm: torch.zeros(S + 1, dtype=torch.int32, device=dev) for bm in ad.kern.ROW_TILES})
 
         def with_delta(run, li):
             # The plan is built inside each piece, so a replay reads the slot
