@@ -42,7 +42,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			must(testmodel.WriteAdapter(dirs[i], cfg, loraFor(rank, i)))
 		}
 	}
-	open := func(segmented bool) (*pyproc.Engine, *pyproc.Model) {
+	open := func(name string, segmented bool) adapterRun {
 		t := tuningValue()
 		t.SegmentedLoRA = segmented
 		e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
@@ -62,20 +62,18 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		}
 		_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
 		must(err)
-		return e, m
+		return adapterRun{name, e, m}
 	}
-	e, m := open(false)
-	defer e.Close()
-	defer m.Close()
-	runs := []adapterRun{{name: "default", m: m}}
-	var e2 *pyproc.Engine
+	runs := []adapterRun{open("default", false)}
 	if *adapterCmp {
-		var m2 *pyproc.Model
-		e2, m2 = open(true)
-		defer e2.Close()
-		defer m2.Close()
-		runs = append(runs, adapterRun{name: "segmented", m: m2})
+		runs = append(runs, open("segmented", true))
 	}
+	defer func() {
+		for _, r := range runs {
+			_ = r.m.Close()
+			_ = r.e.Close()
+		}
+	}()
 	for _, r := range runs { // each engine's slots filled alike
 		if len(runs) > 1 {
 			fmt.Printf("%s: ", r.name)
@@ -112,17 +110,20 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	}
 	prefillAdapters(ctx, runs, n)
 	if *adapterTok > 0 {
-		checkMerged(ctx, e, m, cfg, rank)
-		if len(runs) > 1 {
-			fmt.Printf("%s: ", runs[1].name)
-			checkMerged(ctx, e2, runs[1].m, cfg, rank)
+		for _, r := range runs {
+			if len(runs) > 1 {
+				fmt.Printf("%s: ", r.name)
+			}
+			checkMerged(ctx, r.e, r.m, cfg, rank)
 		}
 	}
 }
 
-// adapterRun is one engine of the LoRA mode: its delta and its model.
+// adapterRun is one engine of the LoRA mode: its delta, the engine and
+// its model.
 type adapterRun struct {
 	name string
+	e    *pyproc.Engine
 	m    *pyproc.Model
 }
 

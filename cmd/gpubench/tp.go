@@ -27,10 +27,11 @@ var tpBoth = flag.Bool("tp-oneshot-both", false, "-tp: measure tensor parallel w
 const tpRounds = 3
 
 // tpMode compares tensor parallel -tp with one GPU on the checkpoint in
-// -dir: both engines loaded side by side, the greedy tokens of a batch of
-// sequences (the first position where they part, bf16 sums in another
-// order may), then decode tokens/s at each -batches size, TP1 and TPn
-// alternating, tpRounds times.
+// -dir: the engines loaded side by side (with -tp-oneshot-both, tensor
+// parallel twice), the greedy tokens of a batch of sequences (the first
+// position where each parts from TP1, bf16 sums in another order may),
+// then decode tokens/s at each -batches size, the engines alternating,
+// tpRounds times.
 func tpMode(ctx context.Context, ranks int) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var sizes []int
@@ -38,7 +39,7 @@ func tpMode(ctx context.Context, ranks int) error {
 		sizes = ints(*batches)
 	}
 	widest := slices.Max(append(slices.Clone(sizes), 8))
-	open := func(n int, oneShot bool) (*pyproc.Engine, *pyproc.Model, error) {
+	open := func(name string, n int, oneShot bool) (*pyproc.Engine, *pyproc.Model, error) {
 		t := tuningValue()
 		t.NoOneShotAllReduce = !oneShot
 		opts := []pyproc.Option{pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
@@ -60,13 +61,13 @@ func tpMode(ctx context.Context, ranks int) error {
 			return nil, nil, fmt.Errorf("tensor parallel %d: %w", n, err)
 		}
 		i := m.Info()
-		fmt.Printf("tp %d loaded in %v: weights %.2f GB and KV %.2f GB per GPU, %d KV tokens\n", n, time.Since(t0).Round(time.Millisecond),
+		fmt.Printf("%s loaded in %v: weights %.2f GB and KV %.2f GB per GPU, %d KV tokens\n", name, time.Since(t0).Round(time.Millisecond),
 			float64(i.WeightBytes)/float64(max(1, i.TensorParallel))/1e9, float64(i.KVBytes)/float64(max(1, i.TensorParallel))/1e9, i.KVCapacity)
 		return e, m.(*pyproc.Model), nil
 	}
 	// The engines compared: one GPU first, then tensor parallel with the
 	// one-shot all-reduce as -tp-oneshot says, then (-tp-oneshot-both)
-	// with NCCL alone.
+	// with the other.
 	type run struct {
 		name string
 		m    *pyproc.Model
@@ -80,7 +81,7 @@ func tpMode(ctx context.Context, ranks int) error {
 		}
 	}()
 	add := func(name string, n int, oneShot bool) error {
-		e, m, err := open(n, oneShot)
+		e, m, err := open(name, n, oneShot)
 		if err != nil {
 			return err
 		}

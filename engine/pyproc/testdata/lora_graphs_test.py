@@ -218,7 +218,7 @@ def segmented(base, ads, eager):
         for with_graphs in (True, False):
             m = model(base, with_graphs, slots=3)  # the run fills slots 0 and 1; the check borrows 2
             kern = Segmented(noop)
-            m.adapters.kern, m.adapters.fused = kern, True
+            m.adapters.kern = kern
             got = run(m, ads)
             assert got == eager, "segmented (noop %s, graphs %s): %r, eager %r" % (noop, with_graphs, got, eager)
             s = m.adapters
@@ -314,7 +314,7 @@ def prompt_graphs(base, ads):
             # piece, not by every piece.
             sm = prompt_model(base, True)
             kern = Segmented()
-            sm.adapters.kern, sm.adapters.fused = kern, True
+            sm.adapters.kern = kern
             sorts, runs = spy(prefill, "segments"), spy(sm.prefill, "run")
             try:
                 same_as(prompt_steps(sm, ads), eager, "prompt graphs, segmented")

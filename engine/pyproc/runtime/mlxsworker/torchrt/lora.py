@@ -134,18 +134,23 @@ class Slots:
             for P, (_, mods) in pr.items():
                 for j, (mod, _) in enumerate(mods):
                     self.where[mod] = (P, j)
-        # SegmentPlan (lora_triton.py) for every step when the settings ask
-        # for it ("segmented") and its kernels run here (kernels: the
-        # decoder's Triton kernels are on) and cover the shapes; checked
-        # against DensePlan on the first adapter loaded (fused then says
-        # whether they agreed).
-        # kern: the kernels' module (lora_triton; the CPU tests stand one in).
+        # kern: SegmentPlan's kernels (lora_triton; the CPU tests stand one
+        # in) for every step when the settings ask for them ("segmented")
+        # and they run here (kernels: the decoder's Triton kernels are on)
+        # and cover the shapes; None when not, or when they disagreed with
+        # DensePlan on the first adapter loaded (checked).
         self.kern = self._kernels() if plan == "segmented" and kernels else None
-        self.fused, self.checked = self.kern is not None, False
+        self.checked = False
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
+        self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column
         elem = torch.tensor([], dtype=dtype).element_size()
         self.slot_bytes = sum(len(mods) * self.R * i + sum(o for _, o in mods) * self.R
                               for pr in self.proj for i, mods in pr.values()) * elem
+
+    @property
+    def fused(self):
+        """Whether SegmentPlan computes every step's delta."""
+        return self.kern is not None
 
     def _kernels(self):
         """lora_triton where it imports and covers the slots, else None."""
@@ -170,8 +175,8 @@ class Slots:
                       for pr in self.proj]
             self.Bcat = [{P: torch.zeros(S, R, sum(o for _, o in mods), device=self.device, dtype=self.dtype)
                           for P, (i, mods) in pr.items()} for pr in self.proj]
-            self.B = [{P: [Bc[P][:, :, a : a + o] for a, (_, o) in zip(offsets(mods), mods)] for P, (i, mods) in pr.items()}
-                      for Bc, pr in zip(self.Bcat, self.proj)]
+            self.B = [{P: [Bc[P][:, :, a : a + o] for a, (_, o) in zip(offs[P], mods)] for P, (i, mods) in pr.items()}
+                      for Bc, offs, pr in zip(self.Bcat, self.offsets, self.proj)]
             self.ids = torch.arange(1, S + 1, device=self.device)
             self.key_ids = torch.arange(1, S + 2, device=self.device)
             self.zero = torch.zeros((), device=self.device, dtype=self.dtype)
@@ -278,13 +283,13 @@ class Slots:
                 for n in (3, 80):
                     rows = [ids[i % len(ids)] if i % 3 else 0 for i in range(n)]
                     idx = to_device(rows, self.device)
-                    fused, dense = SegmentPlan.of(self, idx), DensePlan(self, idx)
+                    seg, dense = SegmentPlan.of(self, idx), DensePlan(self, idx)
                     for li in layers:
                         for P, (width, mods) in self.proj[li].items():
                             x = torch.randn(n, width, generator=g).to(self.device, self.dtype)
                             y = torch.zeros(n, sum(o for _, o in mods), device=self.device, dtype=self.dtype)
                             want = dense.add(y.clone(), x, li, P).float()  # the deltas alone
-                            got = fused.add(y.clone(), x, li, P).float()
+                            got = seg.add(y.clone(), x, li, P).float()
                             for v in [0] + ids:  # each slot against its own delta; the base's must stay zero
                                 at = idx == v
                                 err, scale = (got[at] - want[at]).abs().max().item(), want[at].abs().max().item()
@@ -292,7 +297,7 @@ class Slots:
                                     raise RuntimeError("layer %d %s, %d rows: slot %d's delta differs from the dense one by %g "
                                                        "(its largest %g)" % (li, P, n, v, err, scale))
         except Exception as e:  # a kernel that fails to build or disagrees: the dense delta serves
-            self.fused = False
+            self.kern = None
             log.warning("LoRA kernels disabled, using the dense delta: %s", e)
         finally:
             if other is not None:
@@ -329,10 +334,8 @@ class Slots:
         has an adapter."""
         if not any(slots) or self.A is None:
             return None
-        if self.fused:
-            return SegmentPlan.of(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
-        if self.dense or all(c == 1 for c in counts):
-            return DensePlan(self, to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
+        if self.fused or self.dense or all(c == 1 for c in counts):
+            return self.device_plan(to_device([s for s, c in zip(slots, counts) for _ in range(c)], self.device))
         ranges, at = {}, 0
         for s, c in zip(slots, counts):
             if s:
@@ -442,8 +445,7 @@ class SegmentPlan:
         A = self.s.A[li].get(P)
         if A is None:
             return y
-        _, mods = self.s.proj[li][P]
-        return self.kern.delta(y, x, A, self.s.Bcat[li][P], offsets(mods), self.order, self.start, self.tiles)
+        return self.kern.delta(y, x, A, self.s.Bcat[li][P], self.s.offsets[li][P], self.order, self.start, self.tiles)
 
 
 def segments(idx, key_ids, row_tiles):

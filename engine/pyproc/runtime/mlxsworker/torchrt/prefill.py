@@ -29,8 +29,8 @@ lora.DensePlan over every slot (or the SegmentPlan's kernels, under
 settings.lora_plan "segmented", the rows sorted by slot once a step by
 the first piece into buffers the others read), its rows' plan built
 inside each piece from a shared buffer of each row's device slot (0: the
-base; padding rows too). Steps without adapter rows keep the graphs without it and pay
-nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
+base; padding rows too). Steps without adapter rows keep the graphs
+without it and pay nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
 slots' rank, whatever the adapters' own): about 82,000 * slots * R
 multiply-adds a token per layer of an 8B Llama, whose projections take
 ~218 M: ~5% more at 8 slots of rank 16, ~19% at 32 slots of rank 16 or

@@ -169,8 +169,8 @@ class Shard:
     def reduce(self, x):
         """The sum over ranks of x (a row-parallel projection's partial
         output), in place: small ones one-shot (OneShot), the rest NCCL.
-        Every rank takes the same path, as x's size and dtype are the
-        same on every rank."""
+        Every rank takes the same path, as x's size, dtype and layout
+        (hence its alignment) come from the same code on every rank."""
         if self.oneshot is not None and self.oneshot.fits(x):
             return self.oneshot.all_reduce(x)
         dist.all_reduce(x, group=self.pg)
