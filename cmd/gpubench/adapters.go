@@ -24,7 +24,7 @@ var (
 	adapterMax  = flag.Int("adapter-max-rank", 0, "LoRA mode: ModelSpec.MaxAdapterRank, the slots' rank (0: -adapter-rank)")
 	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
 	adapterSlot = flag.Int("adapter-slots", 0, "LoRA mode: ModelSpec.AdapterSlots (0: -adapters); more slots than adapters measure what idle slots cost")
-	adapterCmp  = flag.Bool("adapter-segmented-too", false, "LoRA mode: a second engine with the segmented kernels (Tuning.SegmentedLoRA) beside the default, measured alternating")
+	adapterCmp  = flag.Bool("adapter-dense-too", false, "LoRA mode: a second engine with the dense delta over every slot (Tuning.DenseLoRA) beside the default, measured alternating")
 )
 
 // adapterMode writes -adapters adapters (and the first one's merged
@@ -42,9 +42,9 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			must(testmodel.WriteAdapter(dirs[i], cfg, loraFor(rank, i)))
 		}
 	}
-	open := func(name string, segmented bool) adapterRun {
+	open := func(name string, dense bool) adapterRun {
 		t := tuningValue()
-		t.SegmentedLoRA = segmented
+		t.DenseLoRA = t.DenseLoRA || dense
 		e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
 			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), pyproc.WithTuning(t))
 		must(err)
@@ -56,7 +56,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			t0 := time.Now()
 			info, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "a" + strconv.Itoa(i), Path: d})
 			must(err)
-			if i == 0 && !segmented {
+			if i == 0 && !dense {
 				fmt.Printf("AddAdapter (read and check on the host): %v; %+v\n", time.Since(t0).Round(time.Microsecond), info)
 			}
 		}
@@ -66,7 +66,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	}
 	runs := []adapterRun{open("default", false)}
 	if *adapterCmp {
-		runs = append(runs, open("segmented", true))
+		runs = append(runs, open("dense", true))
 	}
 	defer func() {
 		for _, r := range runs {

@@ -54,19 +54,14 @@ type Tuning struct {
 	// NoAttnPrefetch stops the decode-attention kernel from loading the
 	// next tile's block ids one tile ahead.
 	NoAttnPrefetch bool
-	// DenseLoRA computes every step's adapter deltas the way the decode
-	// graphs do (every slot at once), prompt chunks included.
+	// DenseLoRA computes every step's adapter deltas over every slot at
+	// once, prompt chunks included. By default, on CUDA with the kernels
+	// on, segmented Triton kernels compute them (the rows sorted by
+	// adapter, each adapter's weights read for its own rows, as Punica's
+	// SGMV), checked against the dense delta at the first adapter load;
+	// elsewhere the dense delta serves one-token steps and prompt chunks
+	// take a product per adapter.
 	DenseLoRA bool
-	// SegmentedLoRA computes every step's adapter deltas, in the graphs
-	// too, with segmented Triton kernels (CUDA with the kernels on; else
-	// as by default): the rows sorted by adapter, each adapter's weights
-	// read for its own rows (Punica's SGMV), checked against the default
-	// at the first adapter load. Their first version was faster than the
-	// dense delta at batch 1 and slower at batch 64 and on prompt steps
-	// (BENCHMARKS.md); the current one, which launches programs for the
-	// step's rows only, is not measured yet, so it is off by default. Not
-	// with DenseLoRA.
-	SegmentedLoRA bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 16 rows or more (decode batches, prompt
 	// chunks) run as W8A8 through torch._scaled_mm, each token's
@@ -98,8 +93,6 @@ func (t Tuning) check() error {
 		return fmt.Errorf("pyproc: Tuning.WindowStep %d: want 0 or more", t.WindowStep)
 	case !(t.KVFraction >= 0 && t.KVFraction <= 1): // also refuses NaN
 		return fmt.Errorf("pyproc: Tuning.KVFraction %v: want 0 (0.8) to 1", t.KVFraction)
-	case t.DenseLoRA && t.SegmentedLoRA:
-		return fmt.Errorf("pyproc: Tuning.DenseLoRA and Tuning.SegmentedLoRA: want one at most")
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}
@@ -159,9 +152,6 @@ func (t Tuning) settingsArg() string {
 	}
 	if t.DenseLoRA {
 		s.LoRAPlan = "dense"
-	}
-	if t.SegmentedLoRA {
-		s.LoRAPlan = "segmented"
 	}
 	b, err := json.Marshal(s)
 	if err != nil { // plain fields: cannot fail

@@ -58,12 +58,6 @@ func TestTuningSettings(t *testing.T) {
 			t.Errorf("set: %s = %v, want %v", k, got[k], v)
 		}
 	}
-	if got := decode(Tuning{SegmentedLoRA: true})["lora_plan"]; got != "segmented" {
-		t.Errorf("SegmentedLoRA: lora_plan %v, want segmented", got)
-	}
-	if err := (Tuning{DenseLoRA: true, SegmentedLoRA: true}).check(); err == nil {
-		t.Error("DenseLoRA with SegmentedLoRA: no error")
-	}
 }
 
 // TestTuningReachesWorker loads the tiny model with blocks of 8 tokens:

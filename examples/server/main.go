@@ -98,7 +98,7 @@ type options struct {
 	gpus                  []int   // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
 	kvFraction            float64 // pyproc: share of free GPU memory the KV pool takes (0: 0.8)
 	blockSize             int     // pyproc: tokens a KV block holds (0: 16)
-	loraSegmented         bool    // pyproc: adapter deltas through the segmented kernels (Tuning.SegmentedLoRA)
+	loraDense             bool    // pyproc: adapter deltas over every slot at once, not the segmented kernels (Tuning.DenseLoRA)
 	// LoRA adapters served over the main model (-lora name=dir, repeated),
 	// and the main model's adapter slots and highest rank (0: the engine's).
 	adapters                  []mlxserving.AdapterSpec
@@ -148,7 +148,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.tp, "tp", 1, "python engine: tensor parallel, the GPUs (ranks) each model copy is split over")
 	fs.Float64Var(&o.kvFraction, "kv-fraction", 0, "python engine: share of the GPU's free memory the KV pool takes at load (default 0.8)")
 	fs.IntVar(&o.blockSize, "block-size", 0, "python engine: tokens a block of the paged KV pool holds (default 16)")
-	fs.BoolVar(&o.loraSegmented, "lora-segmented", false, "python engine: LoRA deltas through the segmented Triton kernels on CUDA, not the dense delta (pyproc.Tuning.SegmentedLoRA)")
+	fs.BoolVar(&o.loraDense, "lora-dense", false, "python engine: LoRA deltas over every adapter slot at once, not the segmented Triton kernels that CUDA runs by default (pyproc.Tuning.DenseLoRA)")
 	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {

@@ -20,7 +20,8 @@
 # PORT, LORADATA and BIN (the server's directory) let two builds run at
 # once on two GPUs of one machine over the same checkpoint and adapters;
 # DURATION sets each load's length (default 20s); LORA_FLAGS adds server
-# flags (-lora-segmented: the segmented kernels).
+# flags (-lora-dense: the dense delta over every slot, not the segmented
+# kernels).
 set -u
 out=$1
 shape=${2:-llama8b}

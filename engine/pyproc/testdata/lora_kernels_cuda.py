@@ -32,7 +32,7 @@ SHAPES = {
 def slots_of(name, n, rank, dtype, fused_family=False):
     fam = SimpleNamespace(attn="fused" if fused_family else "split", mlp="fused" if fused_family else "split")
     cfg = SimpleNamespace(family=fam, **SHAPES[name])
-    s = lora.Slots(cfg, [{"gate_up": None}], torch.device("cuda"), dtype, n, rank, plan="segmented", kernels=True)
+    s = lora.Slots(cfg, [{"gate_up": None}], torch.device("cuda"), dtype, n, rank, kernels=True)
     assert s.fused, "the kernels do not cover %s" % name
     s._allocate()
     return s

@@ -28,10 +28,10 @@ class Settings:
     varlen: prompt chunks attend in one varlen flash call (CUDA).
     attn_prefetch: the decode attention kernel loads the next tile's block
     ids one tile ahead.
-    lora_plan: "auto" (the dense LoRA plan for one-token steps only),
-    "dense" (every step's delta over every slot, as the graphs do) or
-    "segmented" (every step's delta through the segmented Triton kernels,
-    CUDA with the kernels on; lora.SegmentPlan).
+    lora_plan: "auto" (every step's delta through the segmented Triton
+    kernels where they run: CUDA with the kernels on, lora.SegmentPlan;
+    else the dense LoRA plan for one-token steps only) or "dense" (every
+    step's delta over every slot, lora.DensePlan).
     fp8_scaled_mm: FP8 weights (per channel or in 128x128 blocks) run as
     W8A8 through torch._scaled_mm in products of w8a8.MIN_ROWS rows or
     more, where that passes its check at load; off: weight-only always.
@@ -67,7 +67,7 @@ class Settings:
         return self.max_lookahead or 64
 
 
-LORA_PLANS = ("auto", "dense", "segmented")
+LORA_PLANS = ("auto", "dense")
 
 
 class SettingsError(ValueError):

@@ -16,8 +16,8 @@ covers every length, and a step's inputs can come from device tensors:
 run_device chains steps without the host waiting for the GPU.
 
 LoRA adapters (lora.py): a step with adapter rows replays a graph of its
-own, captured with the delta (lora.Slots.device_plan: DensePlan, or
-SegmentPlan under settings.lora_plan "segmented") and a fourth input row,
+own, captured with the delta (lora.Slots.device_plan: SegmentPlan where
+its kernels run, else DensePlan) and a fourth input row,
 each row's adapter slot (0: the base; padding rows too). Base-only steps
 keep the graphs without it. Steps of prompt chunks with adapter rows
 replay the prompt-step graphs captured with the delta (prefill.py).

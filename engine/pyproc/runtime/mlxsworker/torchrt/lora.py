@@ -39,21 +39,19 @@ module j's columns of P's output. Three plans compute it:
   chunks, where the weights are read once for many rows, 8 slots of rank
   16 add ~5% to an 8B llama's projections, 32 slots ~19% (prefill.py).
   The CUDA decode graphs and the prompt-step graphs capture it with the
-  slots as an input (graphs.py, prefill.py); eager steps whose inputs
-  are all one token use it too.
-- SegmentPlan (settings.lora_plan "segmented", CUDA with the Triton
-  kernels): the rows sorted by slot on the device (segments), then two
-  Triton kernels a projection (lora_triton.py, Punica's SGMV): each
-  adapter's weights read for its own rows, FLOPs of the rows' own rank,
-  base rows untouched; it replaces both plans above, in the graphs too.
-  Checked against DensePlan at the first adapter load (_check_kernels).
-  Measured on an H200 (8B, 8 adapters in 32 slots of rank 16,
-  BENCHMARKS.md) against a DensePlan over 8 slots, with kernels that
-  launched a program per slot and tile (most of them idle), it won at
-  batch 1 (0.77 against 0.73 of the base) and lost at batch 64 (0.61
-  against 0.72) and on prompt steps (0.67-0.73 against 0.80-0.86). The
-  kernels now run only the step's row tiles; not measured since, so it
-  is not the default.
+  slots as an input (graphs.py, prefill.py) where the segmented kernels
+  do not run, or under settings.lora_plan "dense"; eager steps whose
+  inputs are all one token use it too.
+- SegmentPlan (the default on CUDA with the Triton kernels): the rows
+  sorted by slot on the device (segments), then two Triton kernels a
+  projection (lora_triton.py, Punica's SGMV): each adapter's weights
+  read for its own rows, FLOPs of the rows' own rank, base rows
+  untouched; it replaces both plans above, in the graphs too. Checked
+  against DensePlan at the first adapter load (_check_kernels), which
+  keeps DensePlan where they disagree or fail. Measured on an H200 (8B,
+  8 adapters in 32 slots of rank 16, BENCHMARKS.md), the four
+  projections' deltas of a layer take 33 µs at 1 row and 48-55 µs at 16
+  to 64 rows, against DensePlan's 73 and 77-82 µs.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -135,11 +133,11 @@ class Slots:
                 for j, (mod, _) in enumerate(mods):
                     self.where[mod] = (P, j)
         # kern: SegmentPlan's kernels (lora_triton; the CPU tests stand one
-        # in) for every step when the settings ask for them ("segmented")
-        # and they run here (kernels: the decoder's Triton kernels are on)
-        # and cover the shapes; None when not, or when they disagreed with
+        # in) for every step where they run (kernels: the decoder's Triton
+        # kernels are on) and cover the shapes, unless the settings ask for
+        # the dense delta; None when not, or when they disagreed with
         # DensePlan on the first adapter loaded (checked).
-        self.kern = self._kernels() if plan == "segmented" and kernels else None
+        self.kern = self._kernels() if plan != "dense" and kernels else None
         self.checked = False
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column

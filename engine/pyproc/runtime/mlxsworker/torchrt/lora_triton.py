@@ -17,7 +17,9 @@ takes two kernels, whatever the number of adapters or their modules:
   (t's partial sums added first, in order),
   B[s] the slot's [R, out] (the modules' B^T side by side), j the module
   whose columns the tile covers. Grid (programs over the row tiles,
-  column tiles).
+  groups of column tiles): a program sums a row tile's partial sums
+  once and runs a group of column tiles with them, the group wider
+  where the rows are many (_column_tiles).
 
 A row tile holds rows of one slot; a program runs every n-th of the
 step's row tiles (their count read on the device), n about rows / BM,
@@ -44,7 +46,7 @@ import triton.language as tl
 # Column tiles of the expand, widest first: a projection's tile is the
 # widest that divides every module's width, so no tile straddles two
 # modules (usable checks that the narrowest does).
-EXPAND_COLS = (64, 32, 16)
+EXPAND_COLS = (128, 64, 32, 16)
 
 
 @triton.jit
@@ -83,27 +85,29 @@ def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, tstart_ptr, n_slot
 
 @triton.jit
 def _expand_kernel(t_ptr, b_ptr, y_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_out, r, off1, off2, st, st_split,
-                   sb_slot, sb_row, sy, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr,
-                   SP: tl.constexpr, PREC: tl.constexpr):
-    c0 = tl.program_id(1) * BN
-    j = (c0 >= off1).to(tl.int32) + (c0 >= off2).to(tl.int32)  # the module of this column tile
-    cols = c0 + tl.arange(0, BN)
-    cm = cols < n_out
+                   sb_slot, sb_row, sy, BM: tl.constexpr, BN: tl.constexpr, CT: tl.constexpr, BR: tl.constexpr,
+                   SPLIT: tl.constexpr, SP: tl.constexpr, PREC: tl.constexpr):
+    c0 = tl.program_id(1) * (BN * CT)  # CT column tiles of BN, all in one module
+    j = (c0 >= off1).to(tl.int32) + (c0 >= off2).to(tl.int32)  # the module of these columns
     rr = tl.arange(0, BR)
     rm = rr < r
     for p in range(tl.program_id(0), tl.load(tstart_ptr + n_slots), n_progs):  # the step's row tiles, n_progs apart
         s, rows, live = _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM, SP)
-        b = tl.load(b_ptr + s * sb_slot + rr[:, None] * sb_row + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
         tp = t_ptr + rows[:, None] * st + (j * r + rr)[None, :]
         tm = live[:, None] & rm[None, :]
         t = tl.load(tp, mask=tm, other=0.0)
         for part in tl.static_range(1, SPLIT):  # the shrink's partial sums over its slices of the input, in order
             t += tl.load(tp + part * st_split, mask=tm, other=0.0)
-        d = tl.dot(t.to(b.dtype), b, input_precision=PREC)
-        yp = y_ptr + rows[:, None] * sy + cols[None, :]
-        ym = live[:, None] & cm[None, :]
-        y = tl.load(yp, mask=ym, other=0.0)
-        tl.store(yp, (y.to(tl.float32) + d).to(y.dtype), mask=ym)
+        t = t.to(b_ptr.dtype.element_ty)
+        for c in range(CT):  # the partial sums read once for the program's column tiles
+            cols = c0 + c * BN + tl.arange(0, BN)
+            cm = cols < n_out
+            b = tl.load(b_ptr + s * sb_slot + rr[:, None] * sb_row + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+            d = tl.dot(t, b, input_precision=PREC)
+            yp = y_ptr + rows[:, None] * sy + cols[None, :]
+            ym = live[:, None] & cm[None, :]
+            y = tl.load(yp, mask=ym, other=0.0)
+            tl.store(yp, (y.to(tl.float32) + d).to(y.dtype), mask=ym)
 
 
 def usable(widths, rank, dtype):
@@ -126,13 +130,34 @@ def _expand_rows(n):
     return ROW_TILES[0] if n <= 64 else ROW_TILES[1]
 
 
+# Launch shapes (cmd/gpubench/lora_kernels_sweep.py times the choices):
+# the programs a kernel aims to keep working (the shrink's input slices,
+# the expand's column groups), and the programs along the rows beyond
+# one a full row tile (for the partial tiles of the slots in use; a
+# program runs every n_progs-th tile, so fewer still cover them).
+PROGRAMS = 128
+ROW_SLACK = 8
+SHRINK_BK, SPLIT_MAX, SHRINK_WARPS, EXPAND_WARPS = 128, 16, 2, 2  # the shrink's input tile and slices; warps a program
+
+
 def _programs(n, bm, slots):
     """Programs along the rows for a step of n rows in tiles of bm: its
     row tiles number at most cdiv(n, bm) plus one partial tile a slot in
-    use, so each program runs one tile at most, and those past the
-    step's count return after one load. (A program runs every
-    n_progs-th tile, so a smaller grid would still cover them.)"""
-    return triton.cdiv(n, bm) + min(slots, n)
+    use; those past the step's count return after one load."""
+    return triton.cdiv(n, bm) + min(slots, n, ROW_SLACK)
+
+
+def _column_tiles(n_tiles, row_tiles, bounds):
+    """Column tiles an expand program runs (a power of two, at most 16):
+    as many as keep some PROGRAMS working for the step's row tiles
+    (row_tiles, at least), so the partial sums of a row tile are read
+    once for several tiles where the rows are many, and a program per
+    tile where they are few; its columns never straddle a module
+    (bounds: the modules' ends, in tiles, each a multiple)."""
+    ct = 1
+    while ct < 16 and (n_tiles // (2 * ct)) * row_tiles >= PROGRAMS and all(b % (2 * ct) == 0 for b in bounds):
+        ct *= 2
+    return ct
 
 
 def _pow2(n, least=16):
@@ -150,25 +175,33 @@ def delta(y, x, A, B, offsets, order, start, tiles):
         x = x.contiguous()
     assert len(offsets) == m <= 3 and y.stride(1) == 1 and A.is_contiguous() and B.stride(2) == 1
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    mr, bm, bk, sp = m * R, ROW_TILES[0], 64, triton.next_power_of_2(S + 1)
+    mr, bm, bk, sp = m * R, ROW_TILES[0], SHRINK_BK, triton.next_power_of_2(S + 1)
     # The shrink splits the input dimension among programs when the rows
     # are few (a program streams its slot's A alone: one program reading
     # a whole [m * R, 4096] A runs at a fraction of the GPU's bandwidth),
     # each writing its partial product; the expand sums them in order
     # (deterministic, no atomics).
-    split = max(1, min(16, 256 // triton.cdiv(N, bm), n_in // (4 * bk)))
+    # The expand holds a row tile's partial sums at once (SPLIT of [BM,
+    # BR] float32): at most 16 KB of them, or a wide tile of a high rank
+    # overflows the registers and shared memory (Phi-3's rank 64 at 300
+    # rows asked for 237 KB of shared memory).
+    cap = max(1, 16384 // (_expand_rows(N) * _pow2(R) * 4))
+    split = max(1, min(SPLIT_MAX, cap, PROGRAMS // triton.cdiv(N, bm), n_in // (4 * bk)))
     k_split = triton.cdiv(triton.cdiv(n_in, split), bk) * bk
     split = triton.cdiv(n_in, k_split)
     t = torch.empty(split, N, mr, device=x.device, dtype=torch.float32)
     progs = _programs(N, bm, S)
     _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
-                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp, PREC=prec)
+                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp, PREC=prec,
+                                   num_warps=SHRINK_WARPS)
     n_out = B.shape[2]
     off = list(offsets[1:]) + [n_out] * (3 - len(offsets))
     cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off + [n_out]))
     bm = _expand_rows(N)
     progs = _programs(N, bm, S)
-    _expand_kernel[(progs, triton.cdiv(n_out, cols))](
+    ct = _column_tiles(n_out // cols, triton.cdiv(N, bm), [o // cols for o in off + [n_out]])
+    _expand_kernel[(progs, triton.cdiv(n_out, cols * ct))](
         t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
-        y.stride(0), BM=bm, BN=cols, BR=_pow2(R), SPLIT=split, SP=sp, PREC=prec)
+        y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=sp, PREC=prec, num_stages=2,
+        num_warps=EXPAND_WARPS)
     return y

@@ -25,9 +25,9 @@ overlap.
 
 LoRA adapters (lora.py): a step with adapter rows replays graphs of its
 own, captured with the delta as the decode graphs compute it: a
-lora.DensePlan over every slot (or the SegmentPlan's kernels, under
-settings.lora_plan "segmented", the rows sorted by slot once a step by
-the first piece into buffers the others read), its rows' plan built
+lora.SegmentPlan's kernels where they run (the rows sorted by slot once
+a step by the first piece into buffers the others read), else a
+lora.DensePlan over every slot, its rows' plan built
 inside each piece from a shared buffer of each row's device slot (0: the
 base; padding rows too). Steps without adapter rows keep the graphs
 without it and pay nothing. The dense delta's FLOPs grow with slots * R (lora.Slots: the
