@@ -66,6 +66,7 @@ type metrics struct {
 	preemptions  metric.Int64Counter
 	batchSize    metric.Int64Histogram
 	stepLatency  metric.Float64Histogram
+	stepBetween  metric.Float64Histogram
 	resumeGap    metric.Float64Histogram
 	embedInputs  metric.Int64Counter
 	embedTok     metric.Int64Counter
@@ -111,6 +112,7 @@ func newMetrics(mp metric.MeterProvider, base []attribute.KeyValue, s *Server) (
 	m.itl = hist("mlxserving.inter_token_latency", "Time between consecutive tokens of a stream.")
 	m.queueWait = hist("mlxserving.queue.wait", "Time from submission to admission into the batch, per tier.")
 	m.stepLatency = hist("mlxserving.step.duration", "Engine step latency.")
+	m.stepBetween = hist("mlxserving.step.between", "The batcher's time between engine steps: the last step's tokens delivered, admission, the next step's inputs.")
 	m.resumeGap = hist("mlxserving.resume.gap", "Time a resume added to a stream, from the last token before its worker was lost to the first after, by cause.")
 	m.promptTok = counter("mlxserving.tokens.prompt", "Prompt tokens of finished requests.", "{token}")
 	m.genTok = counter("mlxserving.tokens.generated", "Generated tokens of finished requests.", "{token}")
@@ -207,6 +209,9 @@ func (m *metrics) stepObserver(model string) func(batcher.StepStats) {
 		ctx := context.Background()
 		m.batchSize.Record(ctx, int64(st.Batch), attrs)
 		m.stepLatency.Record(ctx, st.Latency.Seconds(), attrs)
+		if st.Between > 0 {
+			m.stepBetween.Record(ctx, st.Between.Seconds(), attrs)
+		}
 	}
 }
 

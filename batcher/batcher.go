@@ -72,6 +72,7 @@ type ContinuousBatcher struct {
 	maskSeqs []*Sequence // constrained sequences whose masks a step fills
 	admitFn  func(*Sequence) bool
 	emaStep  time.Duration
+	stepEnd  time.Time // when the last step returned; zero after a wait for work (StepStats.Between)
 
 	// Paged KV (blocks.go): the model's pool, nil when it does not page;
 	// the blocks an admission round has left (valid while leftValid);
@@ -172,6 +173,7 @@ func (b *ContinuousBatcher) loop(ctx context.Context) {
 		b.admit(ctx)
 		b.publishOccupancy()
 		if len(b.running) == 0 {
+			b.stepEnd = time.Time{} // the next step's Between counts from its own work, not this wait
 			drain := b.draining
 			if isClosed(b.draining) {
 				if b.waitingRetries() == 0 {

@@ -576,3 +576,88 @@ func TestEngineStepTokens(t *testing.T) {
 		})
 	}
 }
+
+// spanModel records when each of its steps was called and returned.
+type spanModel struct {
+	engine.Model
+	mu    sync.Mutex
+	spans [][2]time.Time
+}
+
+func (m *spanModel) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepOutput, error) {
+	start := time.Now()
+	out, err := m.Model.Step(ctx, in)
+	m.mu.Lock()
+	m.spans = append(m.spans, [2]time.Time{start, time.Now()})
+	m.mu.Unlock()
+	return out, err
+}
+
+// TestStepBetween: StepStats.Between is the batcher's time from one
+// step's return to the next step's call — positive between the steps of
+// a busy run, never more than the gap the engine saw, and zero for the
+// first step after the batcher waited for work (not the wait itself).
+func TestStepBetween(t *testing.T) {
+	sim, err := enginetest.NewSim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var between []time.Duration
+	observe := batcher.WithStepObserver(func(s batcher.StepStats) {
+		mu.Lock()
+		between = append(between, s.Between)
+		mu.Unlock()
+	})
+	spans := &spanModel{Model: m}
+	r := newRigModel(t, sim, spans, nil, observe)
+	observed := func() int { // once every step the engine ran was observed
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			mu.Lock()
+			spans.mu.Lock()
+			n, ran := len(between), len(spans.spans)
+			spans.mu.Unlock()
+			mu.Unlock()
+			if n == ran {
+				return n
+			}
+		}
+		t.Fatal("steps not observed")
+		return 0
+	}
+	firsts := map[int]bool{0: true}
+	for run := range 2 {
+		if run > 0 {
+			firsts[observed()] = true
+			time.Sleep(50 * time.Millisecond) // the batcher waits for work
+		}
+		s := &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 6, IgnoreEOS: true}
+		r.submit(t, s)
+		if got := collect(s); got.err != nil {
+			t.Fatal(got.err)
+		}
+	}
+	observed()
+	mu.Lock()
+	defer mu.Unlock()
+	spans.mu.Lock()
+	defer spans.mu.Unlock()
+	if len(between) < 4 {
+		t.Fatalf("%d steps, want several a run", len(between))
+	}
+	for i, b := range between {
+		first := firsts[i] // the first step of each run
+		switch {
+		case first && b != 0:
+			t.Errorf("step %d, the first after a wait for work: Between %v, want 0", i, b)
+		case !first && b <= 0:
+			t.Errorf("step %d: Between %v, want the batcher's time since step %d", i, b, i-1)
+		case !first && b > spans.spans[i][0].Sub(spans.spans[i-1][1]):
+			t.Errorf("step %d: Between %v, more than the %v between the engine's steps", i, b, spans.spans[i][0].Sub(spans.spans[i-1][1]))
+		}
+	}
+}

@@ -12,6 +12,13 @@ type StepStats struct {
 	PrefillTokens int
 	// Latency is the engine's step time.
 	Latency time.Duration
+	// Between is the batcher's own time before the step: from the
+	// previous step's return (its tokens delivered, admission, this
+	// step's inputs built) to this step's call. Zero for the first step
+	// after the batcher waited for work. An engine that overlaps the
+	// device with its host (the torch engine runs the next decode step
+	// while the batcher works) hides it up to a step's time.
+	Between time.Duration
 }
 
 // ResumeStats describes one resumed sequence, reported when its first

@@ -112,8 +112,13 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	}
 
 	start := time.Now()
+	var between time.Duration
+	if !b.stepEnd.IsZero() {
+		between = start.Sub(b.stepEnd)
+	}
 	outs, err := b.model.Step(ctx, in)
 	elapsed := time.Since(start)
+	b.stepEnd = start.Add(elapsed)
 	if err != nil {
 		b.stepFailed(ctx, err)
 		return
@@ -122,7 +127,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		b.stepFailed(ctx, err)
 		return
 	}
-	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed})
+	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed, Between: between})
 }
 
 // deliver advances every input's sequence and appends the sampled tokens.

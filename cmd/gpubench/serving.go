@@ -118,8 +118,8 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 	fmt.Printf("server ready in %v; %s\n", time.Since(t0).Round(time.Millisecond), grepLog(logf.Name(), "model loaded"))
 	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
 		c.inputWords, c.maxTokens, c.ttftSLO, c.tpotSLO)
-	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | prompt tokens cached | mean queue wait | GPU busy |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | between steps | prompt tokens cached | mean queue wait | GPU busy |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for i, l := range c.loads {
 		before, err := scrape(ctx, base)
 		if err != nil {
@@ -138,15 +138,17 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		batch := delta(before, after, "mlxserving_batch_size")
 		wait := delta(before, after, "mlxserving_queue_wait_seconds")
 		step := delta(before, after, "mlxserving_step_duration_seconds")
+		between := delta(before, after, "mlxserving_step_between_seconds") // the batcher's own time a step (StepStats.Between)
 		cached := growth(before, after, "mlxserving_prefix_cache_hits") / max(growth(before, after, "mlxserving_prefix_cache_queries"), 1)
 		goodput := fmt.Sprintf("%.1f", s.Goodput)
 		if s.OfferedRate > 0 {
 			goodput += fmt.Sprintf(" (offered %.1f)", s.OfferedRate)
 		}
 		met := float64(s.GoodRequests) / float64(max(s.Completed+s.Failed, 1))
-		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %s | %.0f%% | %.1f | %s | %.0f%% | %s | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
+		fmt.Printf("| %s | %d | %d | %.1f | %.0f | %s | %s | %s | %s | %.0f%% | %.1f | %s | %s | %.0f%% | %s | %s |\n", l.name, s.Completed+s.Failed, s.Failed,
 			s.RequestThroughput, s.OutputThroughput, ms(pct(s.TTFT.Values, 0)), ms(pct(s.TTFT.Values, 1)), ms(pct(s.TPOT.Values, 0)),
-			goodput, 100*met, batch, ms(time.Duration(step*float64(time.Second))), 100*cached, ms(time.Duration(wait*float64(time.Second))), busyPct)
+			goodput, 100*met, batch, ms(time.Duration(step*float64(time.Second))), ms(time.Duration(between*float64(time.Second))),
+			100*cached, ms(time.Duration(wait*float64(time.Second))), busyPct)
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
