@@ -112,7 +112,7 @@ func newMetrics(mp metric.MeterProvider, base []attribute.KeyValue, s *Server) (
 	m.itl = hist("mlxserving.inter_token_latency", "Time between consecutive tokens of a stream.")
 	m.queueWait = hist("mlxserving.queue.wait", "Time from submission to admission into the batch, per tier.")
 	m.stepLatency = hist("mlxserving.step.duration", "Engine step latency.")
-	m.stepBetween = hist("mlxserving.step.between", "The batcher's time between engine steps: the last step's tokens delivered, admission, the next step's inputs.")
+	m.stepBetween = hist("mlxserving.step.between", "The batcher's time between engine steps: the last step's tokens delivered, admission, the next step's inputs (not recorded for the first step after a wait for work).")
 	m.resumeGap = hist("mlxserving.resume.gap", "Time a resume added to a stream, from the last token before its worker was lost to the first after, by cause.")
 	m.promptTok = counter("mlxserving.tokens.prompt", "Prompt tokens of finished requests.", "{token}")
 	m.genTok = counter("mlxserving.tokens.generated", "Generated tokens of finished requests.", "{token}")

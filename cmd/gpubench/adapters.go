@@ -44,7 +44,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 	}
 	open := func(name string, dense bool) adapterRun {
 		t := tuningValue()
-		t.DenseLoRA = t.DenseLoRA || dense
+		t.DenseLoRA = dense
 		e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
 			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), pyproc.WithTuning(t))
 		must(err)

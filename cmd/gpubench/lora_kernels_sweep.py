@@ -1,14 +1,13 @@
 """Times lora_triton's segmented kernels (lora.SegmentPlan) per projection
 of the Llama-3.1-8B shape by rows and launch shape (lora_triton.PROGRAMS,
 ROW_SLACK), rows spread over USED adapters of SLOTS rank-16 slots, each
-projection's delta for 32 layers in one CUDA graph; then where the time
-goes at 64 rows: the shrink and the expand kernels' GPU time (torch
-profiler, eager). Run on the GPU machine:
+projection's delta for 32 layers in one CUDA graph. Run on the GPU machine:
 
   python3 lora_kernels_sweep.py RUNTIME_DIR [SLOTS] [USED] [kernels|profile]
 
 "kernels" times the kernels' tiles and warps instead of the launch
-shapes; "profile" prints the kernels' GPU time alone.
+shapes; "profile" prints where the time goes instead: the shrink's and
+the expand's GPU time (torch profiler, eager) at 1 and 64 rows.
 """
 import os
 import sys
@@ -44,9 +43,11 @@ def main():
                              torch.zeros(N, sum(o for _, o in mods), device=dev, dtype=torch.bfloat16))
                          for P, (w, mods) in s.proj[0].items()}
     print("µs per layer, the four projections' deltas summed (qkv / o / gate_up / down)")
-    print("| PROGRAMS | ROW_SLACK | " + " | ".join("%d rows" % N for N in rows) + " |")
-    print("|---|---|" + "---|" * len(rows))
-    for programs in ([] if "profile" in sys.argv or "kernels" in sys.argv else (256, 128, 64)):
+    launch = "profile" not in sys.argv and "kernels" not in sys.argv
+    if launch:
+        print("| PROGRAMS | ROW_SLACK | " + " | ".join("%d rows" % N for N in rows) + " |")
+        print("|---|---|" + "---|" * len(rows))
+    for programs in (256, 128, 64) if launch else ():
         for slack in (32, 8):
             lora_triton.PROGRAMS, lora_triton.ROW_SLACK = programs, slack
             cells = []

@@ -18,11 +18,26 @@ import (
 // with the delta (and lookahead chains of them), and their greedy tokens
 // start as the eager path's (an engine without graphs) and the merged
 // checkpoint's. bf16 roundings differ between the paths, so only the
-// first tokens are compared.
+// first tokens are compared. Both deltas: the segmented kernels (the
+// default) and the dense one (Tuning.DenseLoRA, also what serves where
+// the kernels' load-time check fails).
 func TestAdapterGraphsCUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
+	for _, d := range loraDeltas {
+		t.Run(d.name, func(t *testing.T) { adapterGraphs(t, d.tuning) })
+	}
+}
+
+// loraDeltas are the two ways the torch engine computes adapter deltas on
+// CUDA.
+var loraDeltas = []struct {
+	name   string
+	tuning Tuning
+}{{"segmented", Tuning{}}, {"dense", Tuning{DenseLoRA: true}}}
+
+func adapterGraphs(t *testing.T, tuning Tuning) {
 	const n, same = 16, 6
 	c, load := xyCase(t)
 	adapters := []string{"x", "", "y", "x"}
@@ -48,11 +63,11 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 		}
 		return out, st
 	}
-	got, st := run(newEngine(t, WithDType("bfloat16")))
+	got, st := run(newEngine(t, WithDType("bfloat16"), WithTuning(tuning)))
 	if g, _ := st["lora_graphs"].(float64); g == 0 {
 		t.Errorf("no decode graph was captured with the delta (stats %v): adapter steps ran eagerly (see the worker's log)", st)
 	}
-	eager, _ := run(newEngine(t, WithDType("bfloat16"), WithCUDAGraphs(false)))
+	eager, _ := run(newEngine(t, WithDType("bfloat16"), WithCUDAGraphs(false), WithTuning(tuning)))
 	for i := range adapters {
 		if d := firstDiffAt(got[i], eager[i]); d < same {
 			t.Errorf("seq %d (adapter %q): graphs %v, eager %v: differ at %d", i, adapters[i], got[i], eager[i], d)
@@ -78,12 +93,20 @@ func TestAdapterGraphsCUDA(t *testing.T) {
 // worker's stats list their token buckets), and sample what the same
 // steps sample with the prompt-step graphs off (the decode graphs on in
 // both): the first tokens alike, the prompts' first logprobs within bf16
-// rounding (the graphs run the projections and the dense delta on the
-// bucket's padded rows; the eager steps run the delta per adapter).
+// rounding (the graphs run the projections and the delta on the
+// bucket's padded rows). Both deltas, as TestAdapterGraphsCUDA: with the
+// segmented kernels the eager steps run them too; with the dense delta
+// the eager steps run a product per adapter.
 func TestAdapterPrefillGraphsCUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
+	for _, d := range loraDeltas {
+		t.Run(d.name, func(t *testing.T) { adapterPrefillGraphs(t, d.tuning) })
+	}
+}
+
+func adapterPrefillGraphs(t *testing.T, tuning Tuning) {
 	const steps, same = 8, 4
 	_, load := xyCase(t)
 	adapters := []string{"x", "", "y", "x"}
@@ -122,11 +145,13 @@ func TestAdapterPrefillGraphsCUDA(t *testing.T) {
 		}
 		return toks, first, workerStats(t, e, m)
 	}
-	got, lg, st := run(newEngine(t, WithDType("bfloat16")))
+	got, lg, st := run(newEngine(t, WithDType("bfloat16"), WithTuning(tuning)))
 	if b := fmt.Sprint(st["prefill_lora_graphs"]); b == "[]" || b == "<nil>" {
 		t.Errorf("no prompt-step graph was captured with the delta (stats %v): prompt steps with adapters ran eagerly (see the worker's log)", st)
 	}
-	eager, le, st := run(newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true})))
+	noGraphs := tuning
+	noGraphs.NoPrefillGraphs = true
+	eager, le, st := run(newEngine(t, WithDType("bfloat16"), WithTuning(noGraphs)))
 	if b := fmt.Sprint(st["prefill_lora_graphs"]); b != "[]" {
 		t.Errorf("prompt-step graphs off: stats list buckets %v captured with the delta", b)
 	}

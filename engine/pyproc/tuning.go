@@ -59,8 +59,8 @@ type Tuning struct {
 	// on, segmented Triton kernels compute them (the rows sorted by
 	// adapter, each adapter's weights read for its own rows, as Punica's
 	// SGMV), checked against the dense delta at the first adapter load;
-	// elsewhere the dense delta serves one-token steps and prompt chunks
-	// take a product per adapter.
+	// elsewhere the dense delta serves one-token steps and the prompt-step
+	// graphs, and eager prompt chunks take a product per adapter.
 	DenseLoRA bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 16 rows or more (decode batches, prompt

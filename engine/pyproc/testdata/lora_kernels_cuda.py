@@ -1,7 +1,8 @@
 """lora.SegmentPlan (lora_triton.py's segmented kernels) on a GPU against
 the delta computed row group by row group in float32 (reference):
 random slots of llama-shaped projections (split q/k/v and gate/up,
-fused, and a tiny model's narrow modules), rows of many slots and the
+fused, and a tiny model's narrow modules; ranks 8 to 128, the highest
+packing the widest shrink tiles), rows of many slots and the
 base interleaved, one row to 2,048, eagerly and replayed from a CUDA
 graph (the rows' slots changed between replays), bfloat16 and float32;
 rows of the base and of empty slots must come back untouched. Then the
@@ -92,7 +93,8 @@ def main():
     passed = 0
     for name, n, rank, dtype, fused_family in [("8b", 8, 16, torch.bfloat16, False), ("8b", 32, 16, torch.bfloat16, False),
                                                ("tiny", 5, 12, torch.float32, False), ("phi3", 4, 64, torch.bfloat16, True),
-                                               ("tiny", 3, 8, torch.bfloat16, False)]:
+                                               ("tiny", 3, 8, torch.bfloat16, False),
+                                               ("8b", 3, 64, torch.bfloat16, False), ("8b", 2, 128, torch.bfloat16, False)]:
         s = slots_of(name, n, rank, dtype, fused_family)
         used = [k for k in range(n) if k % 4 != 3]  # some slots stay empty
         s.names_used = [k in used for k in range(n)]

@@ -30,8 +30,9 @@ class Settings:
     ids one tile ahead.
     lora_plan: "auto" (every step's delta through the segmented Triton
     kernels where they run: CUDA with the kernels on, lora.SegmentPlan;
-    else the dense LoRA plan for one-token steps only) or "dense" (every
-    step's delta over every slot, lora.DensePlan).
+    else the dense LoRA plan for one-token steps and the prompt-step
+    graphs, a product per adapter for eager prompt chunks) or "dense"
+    (every step's delta over every slot, lora.DensePlan).
     fp8_scaled_mm: FP8 weights (per channel or in 128x128 blocks) run as
     W8A8 through torch._scaled_mm in products of w8a8.MIN_ROWS rows or
     more, where that passes its check at load; off: weight-only always.

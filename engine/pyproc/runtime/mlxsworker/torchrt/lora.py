@@ -50,8 +50,8 @@ module j's columns of P's output. Three plans compute it:
   against DensePlan at the first adapter load (_check_kernels), which
   keeps DensePlan where they disagree or fail. Measured on an H200 (8B,
   8 adapters in 32 slots of rank 16, BENCHMARKS.md), the four
-  projections' deltas of a layer take 33 µs at 1 row and 48-55 µs at 16
-  to 64 rows, against DensePlan's 73 and 77-82 µs.
+  projections' deltas of a layer take 33 µs at 1 row and 48 µs at 64
+  rows, against DensePlan's 73 and 82 µs.
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.

@@ -137,7 +137,9 @@ def _expand_rows(n):
 # program runs every n_progs-th tile, so fewer still cover them).
 PROGRAMS = 128
 ROW_SLACK = 8
-SHRINK_BK, SPLIT_MAX, SHRINK_WARPS, EXPAND_WARPS = 128, 16, 2, 2  # the shrink's input tile and slices; warps a program
+# The shrink's input tile and slices; warps a program (measured at rank 16:
+# higher ranks take 4, whose accumulators 2 warps' registers would spill).
+SHRINK_BK, SPLIT_MAX, SHRINK_WARPS, EXPAND_WARPS = 128, 16, 2, 2
 
 
 def _programs(n, bm, slots):
@@ -175,14 +177,20 @@ def delta(y, x, A, B, offsets, order, start, tiles):
         x = x.contiguous()
     assert len(offsets) == m <= 3 and y.stride(1) == 1 and A.is_contiguous() and B.stride(2) == 1
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    mr, bm, bk, sp = m * R, ROW_TILES[0], SHRINK_BK, triton.next_power_of_2(S + 1)
+    # The shrink's A tile is [BK, m * R] rounded up: BK shrinks as the
+    # packed rank grows, so a tile stays within 32 KB of half-precision
+    # values and the pipeline's copies of it fit shared memory (split
+    # q/k/v at rank 128 packs 384 columns).
+    mr, bm, sp = m * R, ROW_TILES[0], triton.next_power_of_2(S + 1)
+    bk = min(SHRINK_BK, max(16, 16384 // _pow2(mr)))
     # The shrink splits the input dimension among programs when the rows
     # are few (a program streams its slot's A alone: one program reading
     # a whole [m * R, 4096] A runs at a fraction of the GPU's bandwidth),
     # each writing its partial product; the expand sums them in order
     # (deterministic, no atomics).
     # The expand holds a row tile's partial sums at once (SPLIT of [BM,
-    # BR] float32): at most 16 KB of them, or a wide tile of a high rank
+    # BR] float32): at most 16 KB of them where there are several (one
+    # slice is all a wide tile of a high rank gets), or a wide tile
     # overflows the registers and shared memory (Phi-3's rank 64 at 300
     # rows asked for 237 KB of shared memory).
     cap = max(1, 16384 // (_expand_rows(N) * _pow2(R) * 4))
@@ -193,7 +201,7 @@ def delta(y, x, A, B, offsets, order, start, tiles):
     progs = _programs(N, bm, S)
     _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
                                    A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp, PREC=prec,
-                                   num_warps=SHRINK_WARPS)
+                                   num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
     n_out = B.shape[2]
     off = list(offsets[1:]) + [n_out] * (3 - len(offsets))
     cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off + [n_out]))
@@ -203,5 +211,5 @@ def delta(y, x, A, B, offsets, order, start, tiles):
     _expand_kernel[(progs, triton.cdiv(n_out, cols * ct))](
         t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
         y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=sp, PREC=prec, num_stages=2,
-        num_warps=EXPAND_WARPS)
+        num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
     return y
