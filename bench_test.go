@@ -98,9 +98,19 @@ func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
 // simulated engine with 20 ms steps and max batch 64. The ideal is 64
 // tokens per step; the report gives the fraction of it reached and the
 // serving layer's CPU per generated token.
-func BenchmarkServingOverhead(b *testing.B) {
-	const step, maxBatch, streams, tokens = 20 * time.Millisecond, 64, 256, 256
-	srv, sim := simServerAndEngine(b, step, maxBatch)
+func BenchmarkServingOverhead(b *testing.B) { servingOverhead(b, 64) }
+
+// BenchmarkServingOverheadBatch256: the same with max batch 256, every
+// stream in each step, as the torch engine runs 256 clients: the
+// batcher's own time between steps (delivering 256 tokens, building 256
+// inputs) is what an engine that overlaps the device with its host must
+// hide behind one step.
+func BenchmarkServingOverheadBatch256(b *testing.B) { servingOverhead(b, 256) }
+
+func servingOverhead(b *testing.B, maxBatch int) {
+	const step, streams, tokens = 20 * time.Millisecond, 256, 256
+	tm := newTestMeter(b)
+	srv, sim := simServerAndEngine(b, step, maxBatch, mlxserving.WithMeterProvider(tm))
 	for b.Loop() {
 		st0 := sim.Stats()
 		cpu0, t0 := cpuTime(), time.Now()
@@ -117,6 +127,11 @@ func BenchmarkServingOverhead(b *testing.B) {
 		// Wall time per step beyond the simulated step: the loop's own work
 		// plus the OS timer's overshoot, measured alone below.
 		b.ReportMetric(float64((wall-time.Duration(steps)*step).Microseconds())/float64(steps), "gap-µs/step")
+	}
+	// The batcher's own time between steps, as the server's metrics record
+	// it (mlxserving.step.between).
+	if sum, n := histogram(b, tm, "mlxserving.step.between"); n > 0 {
+		b.ReportMetric(sum*1e6/float64(n), "between-µs/step")
 	}
 	b.ReportMetric(float64(timerOvershoot(step, 50).Microseconds()), "timer-overshoot-µs")
 }
