@@ -24,7 +24,8 @@ var (
 	adapterMax  = flag.Int("adapter-max-rank", 0, "LoRA mode: ModelSpec.MaxAdapterRank, the slots' rank (0: -adapter-rank)")
 	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
 	adapterSlot = flag.Int("adapter-slots", 0, "LoRA mode: ModelSpec.AdapterSlots (0: -adapters); more slots than adapters measure what idle slots cost")
-	adapterCmp  = flag.Bool("adapter-dense-too", false, "LoRA mode: a second engine with the dense delta over every slot (Tuning.DenseLoRA) beside the default, measured alternating")
+	adapterCmp  = flag.Bool("adapter-dense-too", false, "LoRA mode: another engine with the dense delta over every slot (Tuning.DenseLoRA) beside the default, measured alternating")
+	adapterSide = flag.Bool("adapter-side-too", false, "LoRA mode: another engine with each shrink on a side stream (Tuning.LoRASideStream) beside the default, measured alternating")
 )
 
 // adapterMode writes -adapters adapters (and the first one's merged
@@ -42,9 +43,9 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			must(testmodel.WriteAdapter(dirs[i], cfg, loraFor(rank, i)))
 		}
 	}
-	open := func(name string, dense bool) adapterRun {
+	open := func(name string, set func(*pyproc.Tuning)) adapterRun {
 		t := tuningValue()
-		t.DenseLoRA = dense
+		set(&t)
 		e, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithLogger(logger),
 			pyproc.WithCUDAGraphs(*graphs), pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(*lookahead), pyproc.WithTuning(t))
 		must(err)
@@ -56,7 +57,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			t0 := time.Now()
 			info, err := m.AddAdapter(ctx, engine.AdapterSpec{Name: "a" + strconv.Itoa(i), Path: d})
 			must(err)
-			if i == 0 && !dense {
+			if i == 0 && name == "default" {
 				fmt.Printf("AddAdapter (read and check on the host): %v; %+v\n", time.Since(t0).Round(time.Microsecond), info)
 			}
 		}
@@ -64,9 +65,12 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		must(err)
 		return adapterRun{name, e, m}
 	}
-	runs := []adapterRun{open("default", false)}
+	runs := []adapterRun{open("default", func(*pyproc.Tuning) {})}
 	if *adapterCmp {
-		runs = append(runs, open("dense", true))
+		runs = append(runs, open("dense", func(t *pyproc.Tuning) { t.DenseLoRA = true }))
+	}
+	if *adapterSide {
+		runs = append(runs, open("side stream", func(t *pyproc.Tuning) { t.LoRASideStream = true }))
 	}
 	defer func() {
 		for _, r := range runs {

@@ -37,7 +37,7 @@ func TestTuningSettings(t *testing.T) {
 	}
 	want := map[string]any{"block_size": 16.0, "window_step": 0.0, "kv_fraction": 0.8, "prefix_cache": true,
 		"split_steps": true, "overlap": true, "prefill_graphs": true, "kernels": true, "varlen": true, "attn_prefetch": true, "lora_plan": "auto",
-		"fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false, "max_lookahead": float64(maxLookahead)}
+		"lora_side_stream": false, "fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false, "max_lookahead": float64(maxLookahead)}
 	got := decode(Tuning{})
 	if len(got) != len(want) {
 		t.Errorf("defaults: %d keys %v, want %d", len(got), got, len(want))
@@ -57,6 +57,12 @@ func TestTuningSettings(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("set: %s = %v, want %v", k, got[k], v)
 		}
+	}
+	if got := decode(Tuning{LoRASideStream: true})["lora_side_stream"]; got != true {
+		t.Errorf("LoRASideStream: lora_side_stream %v, want true", got)
+	}
+	if err := (Tuning{DenseLoRA: true, LoRASideStream: true}).check(); err == nil {
+		t.Error("DenseLoRA with LoRASideStream: no error")
 	}
 }
 

@@ -5,9 +5,10 @@ fused, and a tiny model's narrow modules; ranks 8 to 128, the highest
 packing the widest shrink tiles), rows of many slots and the
 base interleaved, one row to 2,048, eagerly and replayed from a CUDA
 graph (the rows' slots changed between replays), bfloat16 and float32;
-rows of the base and of empty slots must come back untouched. Then the
-load-time check (_check_kernels) keeps these kernels and turns off one
-that adds nothing.
+rows of the base and of empty slots must come back untouched. The same
+with each shrink on the slots' side stream (begin, then add: eagerly and
+in a graph). Then the load-time check (_check_kernels) keeps these
+kernels and turns off one that adds nothing.
 
   python3 lora_kernels_cuda.py RUNTIME_DIR
 
@@ -30,11 +31,12 @@ SHAPES = {
 }
 
 
-def slots_of(name, n, rank, dtype, fused_family=False):
+def slots_of(name, n, rank, dtype, fused_family=False, side=False):
     fam = SimpleNamespace(attn="fused" if fused_family else "split", mlp="fused" if fused_family else "split")
     cfg = SimpleNamespace(family=fam, **SHAPES[name])
-    s = lora.Slots(cfg, [{"gate_up": None}], torch.device("cuda"), dtype, n, rank, kernels=True)
+    s = lora.Slots(cfg, [{"gate_up": None}], torch.device("cuda"), dtype, n, rank, kernels=True, side_stream=side)
     assert s.fused, "the kernels do not cover %s" % name
+    assert (s.side is not None) == side
     s._allocate()
     return s
 
@@ -62,7 +64,7 @@ def reference(s, idx, x, y, P):
     return out
 
 
-def compare(s, idx, g, tol, graph=False):
+def compare(s, idx, g, tol, graph=False, side=False):
     dev = torch.device("cuda")
     N = len(idx)
     io = torch.tensor(idx, device=dev)
@@ -71,7 +73,13 @@ def compare(s, idx, g, tol, graph=False):
 
     def step():
         plan = lora.SegmentPlan.of(s, io)
-        return [plan.add(ys[P].clone(), xs[P], 0, P) for P in s.A[0]]
+        out = []
+        for P in s.A[0]:
+            # With side, the shrink on the side stream begins before the
+            # base's output (here its copy) is made, as in decoder.proj.
+            started = plan.begin(xs[P], 0, P) if side else None
+            out.append(plan.add(ys[P].clone(), xs[P], 0, P, started))
+        return out
 
     with torch.no_grad():
         want = [reference(s, idx, xs[P], ys[P], P) for P in s.A[0]]
@@ -125,6 +133,16 @@ def main():
         err = (out.float() - want).abs().max().item()
         assert err <= 3e-2 * (1 + want.abs().max().item()), "replay %d: max diff %g" % (trial, err)
         passed += 1
+    # The shrink on the side stream (settings.lora_side_stream), eagerly
+    # and captured (the fork and join as two branches of the graph).
+    s = slots_of("8b", 8, 16, torch.bfloat16, side=True)
+    used = [k for k in range(8) if k % 4 != 3]
+    s.names_used = [k in used for k in range(8)]
+    fill(s, g, used)
+    for N in (1, 64, 300):
+        idx = [int(v) for v in torch.randint(0, 9, (N,), generator=g)]
+        passed += compare(s, idx, g, 3e-2, side=True)
+        passed += compare(s, idx, g, 3e-2, graph=True, side=True)
     # The load-time check keeps kernels that agree, turns off a kernel that
     # adds nothing, and clears the slot it borrowed.
     s = slots_of("8b", 4, 16, torch.bfloat16)

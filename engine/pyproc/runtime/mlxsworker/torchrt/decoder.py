@@ -253,9 +253,13 @@ class Decoder:
 
     def proj(self, x, L, name, li):
         """Layer li's packed projection name of rows x (its bias where it
-        has one), plus the step's adapters' deltas (lora.py)."""
-        y = quant.linear(x, L[name], L.get(name + "_b"))
-        return y if self.lora is None else self.lora.add(y, x, li, name)
+        has one), plus the step's adapters' deltas (lora.py); a plan that
+        can start the delta from x alone does so first (begin: on a side
+        stream, beside the projection's GEMM)."""
+        if self.lora is None:
+            return quant.linear(x, L[name], L.get(name + "_b"))
+        started = self.lora.begin(x, li, name)
+        return self.lora.add(quant.linear(x, L[name], L.get(name + "_b")), x, li, name, started)
 
     def reduce(self, x):
         """x summed over the tensor-parallel ranks (the output of o or

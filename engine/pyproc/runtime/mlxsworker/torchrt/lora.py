@@ -51,7 +51,9 @@ module j's columns of P's output. Three plans compute it:
   keeps DensePlan where they disagree or fail. Measured on an H200 (8B,
   8 adapters in 32 slots of rank 16, BENCHMARKS.md), the four
   projections' deltas of a layer take 33 µs at 1 row and 48 µs at 64
-  rows, against DensePlan's 73 and 82 µs.
+  rows, against DensePlan's 73 and 82 µs. Under settings.lora_side_stream
+  each projection's shrink runs on a second stream beside the base
+  projection's GEMM (SegmentPlan.begin; not measured yet, so off).
 
 A step where no row has an adapter never reaches this module
 (TorchModel checks first): the base alone pays nothing.
@@ -109,7 +111,7 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank, plan="auto", tp=None, kernels=False):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, plan="auto", tp=None, kernels=False, side_stream=False):
         if slots < 1 or max_rank < 1:
             raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
@@ -138,6 +140,9 @@ class Slots:
         # the dense delta; None when not, or when they disagreed with
         # DensePlan on the first adapter loaded (checked).
         self.kern = self._kernels() if plan != "dense" and kernels else None
+        # side: the CUDA stream SegmentPlan.begin runs each projection's
+        # shrink on, beside the base projection (settings.lora_side_stream).
+        self.side = torch.cuda.Stream(device) if side_stream and self.kern is not None else None
         self.checked = False
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column
@@ -368,12 +373,18 @@ class Slots:
 class Plan:
     """One step's adapters: per distinct slot its rows (a slice, or a
     device index tensor when several sequences share the adapter).
-    decoder.Decoder.proj calls add for every adapted projection."""
+    decoder.Decoder.proj calls begin and then add for every adapted
+    projection."""
 
     def __init__(self, slots, groups):
         self.s, self.groups = slots, groups
 
-    def add(self, y, x, li, P):
+    def begin(self, x, li, P):
+        """What of the delta of rows x this plan starts before the base
+        projection (SegmentPlan: its shrink on the side stream); None."""
+        return None
+
+    def add(self, y, x, li, P, started=None):
         """y (the projection P of layer li of rows x) plus each row's
         adapter's delta."""
         A = self.s.A[li].get(P)
@@ -389,7 +400,7 @@ class Plan:
         return y
 
 
-class DensePlan:
+class DensePlan(Plan):
     """The delta over every slot at once from the rows' device slots idx
     ([N], on the device; see the module comment): graph-capturable, no
     host sync, 2 + m kernels per projection."""
@@ -400,7 +411,7 @@ class DensePlan:
         # the shrink's product read module-major, [N, m, slots, R].
         self.mask = (idx.unsqueeze(1) == slots.ids).view(idx.shape[0], 1, slots.n, 1)
 
-    def add(self, y, x, li, P):
+    def add(self, y, x, li, P, started=None):
         A = self.s.A[li].get(P)
         if A is None:
             return y
@@ -423,11 +434,15 @@ class DensePlan:
         return y
 
 
-class SegmentPlan:
+class SegmentPlan(Plan):
     """The delta of rows sorted by slot (segments; of sorts them from the
     rows' device slots) through lora_triton's segmented kernels: two
     kernels a projection, each adapter's weights read for its own rows
-    only, the base's rows untouched. Graph-capturable, no host sync."""
+    only, the base's rows untouched. Graph-capturable, no host sync.
+    With the slots' side stream (settings.lora_side_stream), begin runs
+    a projection's shrink there while the base projection's GEMM runs on
+    the step's stream (a fork and a join, which CUDA graphs capture as
+    two branches); add's expand waits for it."""
 
     def __init__(self, slots, segs):
         """segs: the rows' (order, start, tiles), as segments gives them."""
@@ -439,11 +454,26 @@ class SegmentPlan:
         """The plan of rows whose device slots are idx ([N], on the device)."""
         return SegmentPlan(slots, segments(idx, slots.key_ids, slots.kern.ROW_TILES))
 
-    def add(self, y, x, li, P):
+    def begin(self, x, li, P):
+        side, A = self.s.side, self.s.A[li].get(P)
+        if side is None or A is None:
+            return None
+        side.wait_stream(torch.cuda.current_stream(x.device))  # x, and the segments, are ready
+        with torch.cuda.stream(side):
+            # t's memory returns to the side stream's pool when add drops it;
+            # the side stream's next use waits for the step's stream first
+            # (above), so it is not reused before the expand has read it.
+            return self.kern.shrink(x, A, self.order, self.start, self.tiles)
+
+    def add(self, y, x, li, P, started=None):
         A = self.s.A[li].get(P)
         if A is None:
             return y
-        return self.kern.delta(y, x, A, self.s.Bcat[li][P], self.s.offsets[li][P], self.order, self.start, self.tiles)
+        B, off = self.s.Bcat[li][P], self.s.offsets[li][P]
+        if started is None:
+            return self.kern.delta(y, x, A, B, off, self.order, self.start, self.tiles)
+        torch.cuda.current_stream(y.device).wait_stream(self.s.side)  # the join: the shrink is done
+        return self.kern.expand(y, started, B, off, self.order, self.start, self.tiles)
 
 
 def segments(idx, key_ids, row_tiles):

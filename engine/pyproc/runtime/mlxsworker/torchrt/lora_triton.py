@@ -35,6 +35,10 @@ the expand, products accumulated in float32, the delta added to y in
 float32 and rounded once. float32 weights multiply in IEEE float32 (no
 TF32), so the float32 tolerances of the CUDA tests hold.
 
+delta runs both; shrink and expand are also called apart, so the shrink
+can run on a second stream beside the base projection (lora.SegmentPlan
+.begin).
+
 Imported only where torch runs on CUDA and Triton imports; lora.Slots
 checks the kernels against DensePlan on the first adapter it loads and
 keeps DensePlan where they disagree or fail.
@@ -171,12 +175,19 @@ def delta(y, x, A, B, offsets, order, start, tiles):
     the projection's stacked A, B [S, R, out] the modules' B^T side by
     side (columns of module j from offsets[j]), (order, start, tiles)
     from lora.segments. Returns y."""
+    return expand(y, shrink(x, A, order, start, tiles), B, offsets, order, start, tiles)
+
+
+def shrink(x, A, order, start, tiles):
+    """The shrink of delta: x [N, in] by each row's slot's A (A [S, m, R,
+    in]), as float32 partial sums t [split, N, m * R] over slices of the
+    input (expand adds them). Needs x alone, so it can run beside the
+    base projection (lora.SegmentPlan.begin)."""
     N = x.shape[0]
     S, m, R, n_in = A.shape
     if x.stride(1) != 1:
         x = x.contiguous()
-    assert len(offsets) == m <= 3 and y.stride(1) == 1 and A.is_contiguous() and B.stride(2) == 1
-    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    assert m <= 3 and A.is_contiguous()
     # The shrink's A tile is [BK, m * R] rounded up: BK shrinks as the
     # packed rank grows, so a tile stays within 32 KB of half-precision
     # values and the pipeline's copies of it fit shared memory (split
@@ -200,8 +211,19 @@ def delta(y, x, A, B, offsets, order, start, tiles):
     t = torch.empty(split, N, mr, device=x.device, dtype=torch.float32)
     progs = _programs(N, bm, S)
     _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
-                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp, PREC=prec,
-                                   num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
+                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp,
+                                   PREC=_precision(x.dtype), num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
+    return t
+
+
+def expand(y, t, B, offsets, order, start, tiles):
+    """The expand of delta: y += each row's partial sums t (shrink's,
+    [split, N, m * R]) by its slot's B ([S, R, out], the m modules' B^T
+    side by side from offsets). Returns y."""
+    split, N, mr = t.shape
+    S, m = B.shape[0], len(offsets)
+    R = mr // m
+    assert m <= 3 and y.stride(1) == 1 and B.stride(2) == 1 and B.shape[1] == R
     n_out = B.shape[2]
     off = list(offsets[1:]) + [n_out] * (3 - len(offsets))
     cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off + [n_out]))
@@ -210,6 +232,12 @@ def delta(y, x, A, B, offsets, order, start, tiles):
     ct = _column_tiles(n_out // cols, triton.cdiv(N, bm), [o // cols for o in off + [n_out]])
     _expand_kernel[(progs, triton.cdiv(n_out, cols * ct))](
         t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
-        y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=sp, PREC=prec, num_stages=2,
-        num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
+        y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=triton.next_power_of_2(S + 1),
+        PREC=_precision(y.dtype), num_stages=2, num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
     return y
+
+
+def _precision(dtype):
+    """tl.dot's precision: IEEE for float32 (the CUDA tests' float32
+    tolerances), else the tensor cores'."""
+    return "ieee" if dtype == torch.float32 else "tf32"

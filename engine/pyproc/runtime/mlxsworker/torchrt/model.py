@@ -126,7 +126,8 @@ class TorchModel(Model):
         # Under tensor parallel each rank's slots hold its share (lora.py).
         slots = int(opts.get("adapter_slots") or 0)
         self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots, int(opts.get("max_adapter_rank") or 64),
-                                   settings.lora_plan, self.tp, self.model.kern is not None) if slots > 0 else None
+                                   settings.lora_plan, self.tp, self.model.kern is not None,
+                                   side_stream=settings.lora_side_stream) if slots > 0 else None
         if self.graphs is not None:
             self.graphs.lora = self.adapters
         # Steps of prompt chunks in graphs captured piecewise around attention
