@@ -63,7 +63,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		}
 		_, err = m.AddAdapter(ctx, engine.AdapterSpec{Name: "extra", Path: dirs[0]}) // a0's weights under another name
 		must(err)
-		return adapterRun{name, e, m}
+		return adapterRun{name, t, e, m}
 	}
 	runs := []adapterRun{open("default", func(*pyproc.Tuning) {})}
 	if *adapterCmp {
@@ -118,7 +118,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 			if len(runs) > 1 {
 				fmt.Printf("%s: ", r.name)
 			}
-			checkMerged(ctx, r.e, r.m, cfg, rank)
+			checkMerged(ctx, r, cfg, rank)
 		}
 	}
 }
@@ -127,6 +127,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 // its model.
 type adapterRun struct {
 	name string
+	t    pyproc.Tuning // the engine's, which the eager check runs with too
 	e    *pyproc.Engine
 	m    *pyproc.Model
 }
@@ -227,7 +228,8 @@ func loadTimes(ctx context.Context, m *pyproc.Model, n int) {
 // roundings differ between W x + B A x and (W + B A) x, and between the
 // dense and the per-adapter GEMMs, so a late divergence is expected;
 // one in the first few tokens is a bug).
-func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg testmodel.Config, rank int) {
+func checkMerged(ctx context.Context, r adapterRun, cfg testmodel.Config, rank int) {
+	e, m := r.e, r.m
 	md := *dir + "-lora/merged-r" + strconv.Itoa(rank) + "-0"
 	if _, err := os.Stat(filepath.Join(md, "config.json")); err != nil {
 		mc := cfg
@@ -251,7 +253,7 @@ func checkMerged(ctx context.Context, e *pyproc.Engine, m *pyproc.Model, cfg tes
 	}
 	must(ref.Close())
 	ee, err := pyproc.New(ctx, pyproc.WithPython(*python), pyproc.WithDevice(*device), pyproc.WithCUDAGraphs(false),
-		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1), tuning())
+		pyproc.WithStartTimeout(5*time.Minute), pyproc.WithLookahead(1), pyproc.WithTuning(r.t))
 	must(err)
 	defer ee.Close()
 	em, err := ee.Load(ctx, engine.ModelSpec{ID: "eager", Path: *dir, ContextLength: 1024, MaxBatch: 8, MaxAdapterRank: m.Info().MaxAdapterRank})

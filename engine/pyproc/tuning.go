@@ -66,7 +66,8 @@ type Tuning struct {
 	// on a second CUDA stream, beside the base projection's GEMM, which
 	// reads the same input: the adapter's cost on a step is then its
 	// expand's, where the two share the GPU. Off by default until it is
-	// measured. Not with DenseLoRA.
+	// measured. Not with DenseLoRA; nothing where the segmented kernels do
+	// not run.
 	LoRASideStream bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 16 rows or more (decode batches, prompt

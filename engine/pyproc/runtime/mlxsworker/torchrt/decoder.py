@@ -259,7 +259,14 @@ class Decoder:
         if self.lora is None:
             return quant.linear(x, L[name], L.get(name + "_b"))
         started = self.lora.begin(x, li, name)
-        return self.lora.add(quant.linear(x, L[name], L.get(name + "_b")), x, li, name, started)
+        try:
+            y = quant.linear(x, L[name], L.get(name + "_b"))
+        except BaseException:
+            # The begun work joins the step's stream before the step's
+            # tensors (x, the plan's segments) can be freed and reused.
+            self.lora.join(started, x)
+            raise
+        return self.lora.add(y, x, li, name, started)
 
     def reduce(self, x):
         """x summed over the tensor-parallel ranks (the output of o or

@@ -142,7 +142,11 @@ class Slots:
         self.kern = self._kernels() if plan != "dense" and kernels else None
         # side: the CUDA stream SegmentPlan.begin runs each projection's
         # shrink on, beside the base projection (settings.lora_side_stream).
-        self.side = torch.cuda.Stream(device) if side_stream and self.kern is not None else None
+        # At a higher priority than the step's stream, so the shrink's
+        # programs are scheduled beside a GEMM already filling the GPU
+        # rather than after it. Without the kernels (off, absent, or
+        # turned off by their check) the setting does nothing.
+        self.side = torch.cuda.Stream(device, priority=-1) if side_stream and self.kern is not None else None
         self.checked = False
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column
@@ -384,6 +388,10 @@ class Plan:
         projection (SegmentPlan: its shrink on the side stream); None."""
         return None
 
+    def join(self, started, x):
+        """Makes the step's stream wait for what begin started (x: the
+        rows it read), where add will not: the base projection failed."""
+
     def add(self, y, x, li, P, started=None):
         """y (the projection P of layer li of rows x) plus each row's
         adapter's delta."""
@@ -472,8 +480,12 @@ class SegmentPlan(Plan):
         B, off = self.s.Bcat[li][P], self.s.offsets[li][P]
         if started is None:
             return self.kern.delta(y, x, A, B, off, self.order, self.start, self.tiles)
-        torch.cuda.current_stream(y.device).wait_stream(self.s.side)  # the join: the shrink is done
+        self.join(started, y)
         return self.kern.expand(y, started, B, off, self.order, self.start, self.tiles)
+
+    def join(self, started, x):
+        if started is not None:
+            torch.cuda.current_stream(x.device).wait_stream(self.s.side)  # the shrink is done
 
 
 def segments(idx, key_ids, row_tiles):

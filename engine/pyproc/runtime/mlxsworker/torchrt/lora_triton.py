@@ -212,7 +212,7 @@ def shrink(x, A, order, start, tiles):
     progs = _programs(N, bm, S)
     _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
                                    A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp,
-                                   PREC=_precision(x.dtype), num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
+                                   PREC=_precision(A.dtype), num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
     return t
 
 
@@ -233,11 +233,12 @@ def expand(y, t, B, offsets, order, start, tiles):
     _expand_kernel[(progs, triton.cdiv(n_out, cols * ct))](
         t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
         y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=triton.next_power_of_2(S + 1),
-        PREC=_precision(y.dtype), num_stages=2, num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
+        PREC=_precision(B.dtype), num_stages=2, num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
     return y
 
 
 def _precision(dtype):
-    """tl.dot's precision: IEEE for float32 (the CUDA tests' float32
+    """tl.dot's precision for weights of dtype (the kernels cast the
+    other operand to it): IEEE for float32 (the CUDA tests' float32
     tolerances), else the tensor cores'."""
     return "ieee" if dtype == torch.float32 else "tf32"
