@@ -184,14 +184,23 @@ class Segmented:
     """A stand-in for lora_triton (SegmentPlan's kernels) in plain torch:
     each slot's rows from the segments lora.segments gave, checked for
     consistency (every tile numbering); noop: adds nothing, as a broken
-    kernel might."""
+    kernel might; fail_rows: raises for steps of that many rows, as a
+    variant that does not compile would. Its variants change at 17 and
+    65 rows."""
     ROW_TILES = (16, 64)
 
-    def __init__(self, noop=False):
-        self.noop, self.calls = noop, 0
+    def __init__(self, noop=False, fail_rows=None):
+        self.noop, self.calls, self.fail_rows, self.rows = noop, 0, fail_rows, set()
+
+    @staticmethod
+    def variants(n, A, B, offsets):
+        return (n > 16, n > 64)
 
     def delta(self, y, x, A, B, offsets, order, start, tiles):
         self.calls += 1
+        self.rows.add(x.shape[0])
+        if x.shape[0] == self.fail_rows:
+            raise RuntimeError("out of resource: shared memory")
         S = A.shape[0]
         counts = (start[1:] - start[:-1]).tolist()
         assert start[0] == 0 and len(counts) == S and sum(counts) <= x.shape[0], start
@@ -210,19 +219,26 @@ class Segmented:
 def segmented(base, ads, eager):
     """SegmentPlan (the kernels stood in by Segmented) serving every
     adapter step, on the graphs and eagerly: the eager path's tokens; the
-    load-time check keeps kernels that agree and turns a kernel that adds
-    nothing off (the dense delta then serves the same tokens), and clears
-    the slot it borrowed."""
+    warm-up at load launches each of their variants up to the step's
+    rows and turns them off where one fails; the load-time check keeps
+    kernels that agree, turns a kernel that adds nothing off (the dense
+    delta then serves the same tokens), and clears the slot it
+    borrowed."""
     n = 0
-    for noop in (False, True):
+    for noop, fail_rows in ((False, None), (True, None), (False, 17)):
         for with_graphs in (True, False):
             m = model(base, with_graphs, slots=3)  # the run fills slots 0 and 1; the check borrows 2
-            kern = Segmented(noop)
-            m.adapters.kern = kern
+            kern = Segmented(noop, fail_rows)
+            m.adapters.kern, m.adapters.rows = kern, 100
+            m.adapters.warm()  # as TorchModel does at load where the kernels run
             got = run(m, ads)
-            assert got == eager, "segmented (noop %s, graphs %s): %r, eager %r" % (noop, with_graphs, got, eager)
+            assert got == eager, "segmented (noop %s, fail at %s, graphs %s): %r, eager %r" % (noop, fail_rows, with_graphs, got, eager)
             s = m.adapters
-            assert s.checked and s.fused == (not noop) and kern.calls > 0, (noop, s.checked, s.fused, kern.calls)
+            works = not noop and fail_rows is None
+            # A variant that fails at load leaves nothing for the first adapter's check.
+            assert s.checked == (fail_rows is None) and s.fused == works and kern.calls > 0, (noop, fail_rows, s.checked, s.fused, kern.calls)
+            if not noop:  # the warm-up launched each variant up to the step's rows (the first of each)
+                assert {1, 17} <= kern.rows and (fail_rows or 65 in kern.rows), sorted(kern.rows)
             assert all(float(t[s.n - 1].abs().sum()) == 0 for pr in s.A + s.Bcat for t in pr.values()), "the check's slot kept weights"
             if with_graphs:
                 assert any("lora" in k for k in m.graphs.graphs) and not m.graphs.lora_broken

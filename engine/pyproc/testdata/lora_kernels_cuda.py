@@ -7,8 +7,9 @@ base interleaved, one row to 2,048, eagerly and replayed from a CUDA
 graph (the rows' slots changed between replays), bfloat16 and float32;
 rows of the base and of empty slots must come back untouched. The same
 with each shrink on the slots' side stream (begin, then add: eagerly and
-in a graph). Then the load-time check (_check_kernels) keeps these
-kernels and turns off one that adds nothing.
+in a graph). At ranks 64 and 128 every variant a step launches builds
+(warm). Then the load-time check (_check_kernels) keeps these kernels
+and turns off one that adds nothing.
 
   python3 lora_kernels_cuda.py RUNTIME_DIR
 
@@ -104,6 +105,9 @@ def main():
                                                ("tiny", 3, 8, torch.bfloat16, False),
                                                ("8b", 3, 64, torch.bfloat16, False), ("8b", 2, 128, torch.bfloat16, False)]:
         s = slots_of(name, n, rank, dtype, fused_family)
+        if rank >= 64:  # every variant a step up to 4,096 rows launches builds at these ranks' tiles
+            s.warm()
+            assert s.fused, "a kernel variant failed to build at rank %d (see the warning)" % rank
         used = [k for k in range(n) if k % 4 != 3]  # some slots stay empty
         s.names_used = [k in used for k in range(n)]
         fill(s, g, used)

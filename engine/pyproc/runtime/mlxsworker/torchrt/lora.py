@@ -46,9 +46,11 @@ module j's columns of P's output. Three plans compute it:
   sorted by slot on the device (segments), then two Triton kernels a
   projection (lora_triton.py, Punica's SGMV): each adapter's weights
   read for its own rows, FLOPs of the rows' own rank, base rows
-  untouched; it replaces both plans above, in the graphs too. Checked
-  against DensePlan at the first adapter load (_check_kernels), which
-  keeps DensePlan where they disagree or fail. Measured on an H200 (8B,
+  untouched; it replaces both plans above, in the graphs too. Every
+  variant a step can launch is compiled when the model loads (warm), and
+  the kernels are checked against DensePlan at the first adapter load
+  (_check_kernels); DensePlan serves where a variant fails to build or
+  they disagree. Measured on an H200 (8B,
   8 adapters in 32 slots of rank 16, BENCHMARKS.md), the four
   projections' deltas of a layer take 33 µs at 1 row and 48 µs at 64
   rows, against DensePlan's 73 and 82 µs. Under settings.lora_side_stream
@@ -111,7 +113,7 @@ def projections(cfg, layer):
 class Slots:
     """The adapter slots of one model (see the module comment)."""
 
-    def __init__(self, cfg, layers, device, dtype, slots, max_rank, plan="auto", tp=None, kernels=False, side_stream=False):
+    def __init__(self, cfg, layers, device, dtype, slots, max_rank, plan="auto", tp=None, kernels=False, side_stream=False, rows=4096):
         if slots < 1 or max_rank < 1:
             raise ProtocolError(INVALID, "adapter slots %d and max rank %d must be positive" % (slots, max_rank))
         # R: the slots' rank, max_rank rounded up to a multiple of 8
@@ -148,6 +150,7 @@ class Slots:
         # turned off by their check) the setting does nothing.
         self.side = torch.cuda.Stream(device, priority=-1) if side_stream and self.kern is not None else None
         self.checked = False
+        self.rows = rows  # the most packed rows a step can run (_warm_kernels compiles the kernels up to it)
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column
         elem = torch.tensor([], dtype=dtype).element_size()
@@ -310,6 +313,43 @@ class Slots:
             if other is not None:
                 with torch.no_grad():
                     self._clear(other)
+
+    def warm(self):
+        """Launches the segmented kernels once for each variant a step of 1
+        to self.rows packed rows would launch (lora_triton.variants), on
+        every distinct projection shape, over zero weights of the slots'
+        shapes: Triton compiles a kernel at its first launch with new
+        compile-time values, about a second on a machine that has not
+        compiled it before (its disk cache serves later processes), so
+        TorchModel calls this at load, not in a step every sequence would
+        wait for. A variant that fails to compile turns the kernels off
+        (the dense delta serves, logged)."""
+        variants = getattr(self.kern, "variants", None)
+        if variants is None:
+            return
+        try:
+            with torch.no_grad():
+                self._warm(variants)
+        except Exception as e:  # a variant that does not build: the dense delta serves
+            self.kern = None
+            log.warning("LoRA kernels disabled, using the dense delta: %s", e)
+
+    def _warm(self, variants):
+        S, R, dev = self.n, self.R, self.device
+        key_ids = torch.arange(1, S + 2, device=dev)
+        shapes = {(width, tuple(mods)) for pr in self.proj for width, mods in pr.values()}
+        for width, mods in shapes:
+            A = torch.zeros(S, len(mods), R, width, device=dev, dtype=self.dtype)
+            B = torch.zeros(S, R, sum(o for _, o in mods), device=dev, dtype=self.dtype)
+            off, seen = offsets(mods), set()
+            for n in range(1, self.rows + 1):
+                key = variants(n, A, B, off)
+                if key in seen:
+                    continue
+                seen.add(key)
+                order, start, tiles = segments(torch.ones(n, dtype=torch.long, device=dev), key_ids, self.kern.ROW_TILES)
+                x = torch.zeros(n, width, device=dev, dtype=self.dtype)
+                self.kern.delta(torch.zeros(n, B.shape[2], device=dev, dtype=self.dtype), x, A, B, off, order, start, tiles)
 
     def _clear(self, slot):
         for pr in self.A:

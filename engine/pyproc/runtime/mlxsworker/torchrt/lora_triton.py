@@ -67,7 +67,14 @@ def _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM: tl.constexpr, S
     return s, rows, live
 
 
-@triton.jit
+# Triton compiles a kernel again for each new value of its compile-time
+# arguments and for integers that turn 1 or a multiple of 16: the
+# arguments that change with the step's rows are kept out of that (the
+# row tiles' programs, the partial sums' stride, the input slices), so
+# the variants a model's steps launch are few and known (variants), and
+# lora.Slots compiles them all at the first adapter load, never during
+# a step.
+@triton.jit(do_not_specialize=["n_progs", "k_split", "st_split"])
 def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_in, k_split, mr, sx, sa_slot, sa_row,
                    st, st_split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SP: tl.constexpr, PREC: tl.constexpr):
     part = tl.program_id(1)
@@ -87,7 +94,7 @@ def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, tstart_ptr, n_slot
         tl.store(t_ptr + part * st_split + rows[:, None] * st + cols[None, :], acc, mask=live[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_progs", "st_split"])
 def _expand_kernel(t_ptr, b_ptr, y_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_out, r, off1, off2, st, st_split,
                    sb_slot, sb_row, sy, BM: tl.constexpr, BN: tl.constexpr, CT: tl.constexpr, BR: tl.constexpr,
                    SPLIT: tl.constexpr, SP: tl.constexpr, PREC: tl.constexpr):
@@ -188,12 +195,25 @@ def shrink(x, A, order, start, tiles):
     if x.stride(1) != 1:
         x = x.contiguous()
     assert m <= 3 and A.is_contiguous()
+    mr, bm, sp = m * R, ROW_TILES[0], triton.next_power_of_2(S + 1)
+    bk, split, k_split = _shrink_shape(N, m, R, n_in)
+    t = torch.empty(split, N, mr, device=x.device, dtype=torch.float32)
+    progs = _programs(N, bm, S)
+    _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
+                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp,
+                                   PREC=_precision(A.dtype), num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
+    return t
+
+
+def _shrink_shape(N, m, R, n_in):
+    """(BK, split, k_split): the shrink's input tile for m modules of
+    rank R, and the slices of the input its programs take for N rows
+    (split of k_split columns each)."""
     # The shrink's A tile is [BK, m * R] rounded up: BK shrinks as the
     # packed rank grows, so a tile stays within 32 KB of half-precision
     # values and the pipeline's copies of it fit shared memory (split
     # q/k/v at rank 128 packs 384 columns).
-    mr, bm, sp = m * R, ROW_TILES[0], triton.next_power_of_2(S + 1)
-    bk = min(SHRINK_BK, max(16, 16384 // _pow2(mr)))
+    bk = min(SHRINK_BK, max(16, 16384 // _pow2(m * R)))
     # The shrink splits the input dimension among programs when the rows
     # are few (a program streams its slot's A alone: one program reading
     # a whole [m * R, 4096] A runs at a fraction of the GPU's bandwidth),
@@ -205,15 +225,9 @@ def shrink(x, A, order, start, tiles):
     # overflows the registers and shared memory (Phi-3's rank 64 at 300
     # rows asked for 237 KB of shared memory).
     cap = max(1, 16384 // (_expand_rows(N) * _pow2(R) * 4))
-    split = max(1, min(SPLIT_MAX, cap, PROGRAMS // triton.cdiv(N, bm), n_in // (4 * bk)))
+    split = max(1, min(SPLIT_MAX, cap, PROGRAMS // triton.cdiv(N, ROW_TILES[0]), n_in // (4 * bk)))
     k_split = triton.cdiv(triton.cdiv(n_in, split), bk) * bk
-    split = triton.cdiv(n_in, k_split)
-    t = torch.empty(split, N, mr, device=x.device, dtype=torch.float32)
-    progs = _programs(N, bm, S)
-    _shrink_kernel[(progs, split)](x, A, t, order, start, tiles[bm], S, progs, n_in, k_split, mr, x.stride(0), A.stride(0),
-                                   A.stride(2), t.stride(1), t.stride(0), BM=bm, BN=_pow2(mr), BK=bk, SP=sp,
-                                   PREC=_precision(A.dtype), num_warps=SHRINK_WARPS if _pow2(mr) <= 128 else 4)
-    return t
+    return bk, triton.cdiv(n_in, k_split), k_split
 
 
 def expand(y, t, B, offsets, order, start, tiles):
@@ -226,15 +240,33 @@ def expand(y, t, B, offsets, order, start, tiles):
     assert m <= 3 and y.stride(1) == 1 and B.stride(2) == 1 and B.shape[1] == R
     n_out = B.shape[2]
     off = list(offsets[1:]) + [n_out] * (3 - len(offsets))
-    cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off + [n_out]))
-    bm = _expand_rows(N)
+    bm, cols, ct = _expand_shape(N, n_out, offsets)
     progs = _programs(N, bm, S)
-    ct = _column_tiles(n_out // cols, triton.cdiv(N, bm), [o // cols for o in off + [n_out]])
     _expand_kernel[(progs, triton.cdiv(n_out, cols * ct))](
         t, B, y, order, start, tiles[bm], S, progs, n_out, R, off[0], off[1], t.stride(1), t.stride(0), B.stride(0), B.stride(1),
         y.stride(0), BM=bm, BN=cols, CT=ct, BR=_pow2(R), SPLIT=split, SP=triton.next_power_of_2(S + 1),
         PREC=_precision(B.dtype), num_stages=2, num_warps=EXPAND_WARPS if _pow2(R) <= 32 else 4)
     return y
+
+
+def _expand_shape(N, n_out, offsets):
+    """(BM, BN, CT): the expand's row tile for N rows, its column tile
+    (the widest that divides every module's width, so none straddles
+    two modules) and the column tiles a program runs, over modules
+    starting at offsets of n_out columns."""
+    off = list(offsets[1:]) + [n_out]
+    cols = next(c for c in EXPAND_COLS if all(o % c == 0 for o in off))
+    bm = _expand_rows(N)
+    return bm, cols, _column_tiles(n_out // cols, triton.cdiv(N, bm), [o // cols for o in off])
+
+
+def variants(N, A, B, offsets):
+    """What sets apart the compiled kernels delta launches for N rows over
+    a projection of stacked A [S, m, R, in] and B [S, R, out] (modules
+    from offsets): steps whose row counts give equal values launch
+    kernels already compiled (see the kernels' do_not_specialize)."""
+    _, m, R, n_in = A.shape
+    return _shrink_shape(N, m, R, n_in)[:2] + _expand_shape(N, B.shape[2], offsets)
 
 
 def _precision(dtype):

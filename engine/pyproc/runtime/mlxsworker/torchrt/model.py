@@ -127,7 +127,10 @@ class TorchModel(Model):
         slots = int(opts.get("adapter_slots") or 0)
         self.adapters = lora.Slots(cfg, self.model.layers, self.device, self.dtype, slots, int(opts.get("max_adapter_rank") or 64),
                                    settings.lora_plan, self.tp, self.model.kern is not None,
-                                   side_stream=settings.lora_side_stream) if slots > 0 else None
+                                   side_stream=settings.lora_side_stream,
+                                   rows=self.step_tokens + self.max_batch) if slots > 0 else None
+        if self.adapters is not None and self.adapters.fused:  # the segmented kernels compiled now, not mid-step
+            self.adapters.warm()
         if self.graphs is not None:
             self.graphs.lora = self.adapters
         # Steps of prompt chunks in graphs captured piecewise around attention
