@@ -46,11 +46,11 @@ module j's columns of P's output. Three plans compute it:
   sorted by slot on the device (segments), then two Triton kernels a
   projection (lora_triton.py, Punica's SGMV): each adapter's weights
   read for its own rows, FLOPs of the rows' own rank, base rows
-  untouched; it replaces both plans above, in the graphs too. Every
-  variant a step can launch is compiled when the model loads (warm), and
-  the kernels are checked against DensePlan at the first adapter load
-  (_check_kernels); DensePlan serves where a variant fails to build or
-  they disagree. Measured on an H200 (8B,
+  untouched; it replaces both plans above, in the graphs too. At the
+  first adapter load the kernels are checked against DensePlan
+  (_check_kernels) and every variant a step can launch is compiled
+  (warm); DensePlan serves where they disagree or a variant fails to
+  build. Measured on an H200 (8B,
   8 adapters in 32 slots of rank 16, BENCHMARKS.md), the four
   projections' deltas of a layer take 33 µs at 1 row and 48 µs at 64
   rows, against DensePlan's 73 and 82 µs. Under settings.lora_side_stream
@@ -313,6 +313,8 @@ class Slots:
             if other is not None:
                 with torch.no_grad():
                     self._clear(other)
+        if self.fused:
+            self.warm()
 
     def warm(self):
         """Launches the segmented kernels once for each variant a step of 1
@@ -321,9 +323,11 @@ class Slots:
         shapes: Triton compiles a kernel at its first launch with new
         compile-time values, about a second on a machine that has not
         compiled it before (its disk cache serves later processes), so
-        TorchModel calls this at load, not in a step every sequence would
-        wait for. A variant that fails to compile turns the kernels off
-        (the dense delta serves, logged)."""
+        the first adapter's load (_check_kernels) pays for it, not steps
+        that every sequence would wait for. Not at the model's load: every
+        model has adapter slots, most never serve an adapter. A variant
+        that fails to compile turns the kernels off (the dense delta
+        serves, logged)."""
         variants = getattr(self.kern, "variants", None)
         if variants is None:
             return

@@ -129,8 +129,6 @@ class TorchModel(Model):
                                    settings.lora_plan, self.tp, self.model.kern is not None,
                                    side_stream=settings.lora_side_stream,
                                    rows=self.step_tokens + self.max_batch) if slots > 0 else None
-        if self.adapters is not None and self.adapters.fused:  # the segmented kernels compiled now, not mid-step
-            self.adapters.warm()
         if self.graphs is not None:
             self.graphs.lora = self.adapters
         # Steps of prompt chunks in graphs captured piecewise around attention
