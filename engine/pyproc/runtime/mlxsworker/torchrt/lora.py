@@ -150,7 +150,7 @@ class Slots:
         # turned off by their check) the setting does nothing.
         self.side = torch.cuda.Stream(device, priority=-1) if side_stream and self.kern is not None else None
         self.checked = False
-        self.rows = rows  # the most packed rows a step can run (_warm_kernels compiles the kernels up to it)
+        self.rows = rows  # the most packed rows a step can run (warm compiles the kernels' variants up to it)
         self.key_ids = None  # SegmentPlan's device constant: the device slots 1 .. slots + 1
         self.offsets = [{P: offsets(mods) for P, (_, mods) in pr.items()} for pr in self.proj]  # each module's first output column
         elem = torch.tensor([], dtype=dtype).element_size()
@@ -317,43 +317,52 @@ class Slots:
             self.warm()
 
     def warm(self):
-        """Launches the segmented kernels once for each variant a step of 1
-        to self.rows packed rows would launch (lora_triton.variants), on
-        every distinct projection shape, over zero weights of the slots'
-        shapes: Triton compiles a kernel at its first launch with new
-        compile-time values, about a second on a machine that has not
-        compiled it before (its disk cache serves later processes), so
-        the first adapter's load (_check_kernels) pays for it, not steps
-        that every sequence would wait for. Not at the model's load: every
-        model has adapter slots, most never serve an adapter. A variant
-        that fails to compile turns the kernels off (the dense delta
-        serves, logged)."""
+        """Launches the segmented kernels once for each variant a step would
+        launch (lora_triton.variants), on every distinct projection shape:
+        Triton compiles a kernel at its first launch with new compile-time
+        values, about a second each on a machine that has not compiled it
+        before (its disk cache serves later processes), so the first
+        adapter's load (_check_kernels) pays for it, not steps that every
+        sequence would wait for. Not at the model's load: every model has
+        adapter slots, most never serve an adapter. Steps of 1 to
+        self.rows rows are covered, and past them up to where the variants
+        stop changing (64 * PROGRAMS rows). The launches read a layer's
+        slots but run no tiles (every row the base's), so they need
+        memory for the inputs' shapes only. A variant that fails to
+        compile turns the kernels off (the dense delta serves, logged);
+        running out of memory here only leaves the rest to compile at
+        their first step."""
         variants = getattr(self.kern, "variants", None)
         if variants is None:
             return
         try:
             with torch.no_grad():
                 self._warm(variants)
+        except torch.cuda.OutOfMemoryError as e:
+            log.warning("LoRA kernels: compiling their variants ahead ran out of memory; the rest compile at their first step: %s", e)
         except Exception as e:  # a variant that does not build: the dense delta serves
             self.kern = None
             log.warning("LoRA kernels disabled, using the dense delta: %s", e)
 
     def _warm(self, variants):
-        S, R, dev = self.n, self.R, self.device
-        key_ids = torch.arange(1, S + 2, device=dev)
-        shapes = {(width, tuple(mods)) for pr in self.proj for width, mods in pr.values()}
-        for width, mods in shapes:
-            A = torch.zeros(S, len(mods), R, width, device=dev, dtype=self.dtype)
-            B = torch.zeros(S, R, sum(o for _, o in mods), device=dev, dtype=self.dtype)
-            off, seen = offsets(mods), set()
-            for n in range(1, self.rows + 1):
+        dev, last = self.device, max(self.rows, 64 * getattr(self.kern, "PROGRAMS", 0) + 1)
+        shapes = {}
+        for li, pr in enumerate(self.proj):
+            for P, (width, mods) in pr.items():
+                shapes.setdefault((width, tuple(mods)), (li, P))
+        for (width, mods), (li, P) in shapes.items():
+            A, B, off = self.A[li][P], self.Bcat[li][P], self.offsets[li][P]
+            y = torch.empty(1, B.shape[2], device=dev, dtype=self.dtype)  # its row stride is all the kernels take from it: no tile runs
+            seen = set()
+            for n in range(1, last + 1):
                 key = variants(n, A, B, off)
                 if key in seen:
                     continue
                 seen.add(key)
-                order, start, tiles = segments(torch.ones(n, dtype=torch.long, device=dev), key_ids, self.kern.ROW_TILES)
-                x = torch.zeros(n, width, device=dev, dtype=self.dtype)
-                self.kern.delta(torch.zeros(n, B.shape[2], device=dev, dtype=self.dtype), x, A, B, off, order, start, tiles)
+                order, start, tiles = segments(torch.zeros(n, dtype=torch.long, device=dev), self.key_ids, self.kern.ROW_TILES)
+                x = torch.empty(n, width, device=dev, dtype=self.dtype)
+                self.kern.delta(y, x, A, B, off, order, start, tiles)
+                del x
 
     def _clear(self, slot):
         for pr in self.A:

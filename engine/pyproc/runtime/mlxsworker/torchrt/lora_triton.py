@@ -69,12 +69,14 @@ def _tile_rows(order_ptr, start_ptr, tstart_ptr, p, n_slots, BM: tl.constexpr, S
 
 # Triton compiles a kernel again for each new value of its compile-time
 # arguments and for integers that turn 1 or a multiple of 16: the
-# arguments that change with the step's rows are kept out of that (the
-# row tiles' programs, the partial sums' stride, the input slices), so
-# the variants a model's steps launch are few and known (variants), and
-# lora.Slots compiles them all at the first adapter load, never during
-# a step.
-@triton.jit(do_not_specialize=["n_progs", "k_split", "st_split"])
+# arguments that change that way with the step's rows are kept out of
+# it (the row tiles' programs; the partial sums' stride, a multiple of
+# 16 or not with odd rows at ranks of 8 mod 16), so the variants a
+# model's steps launch are few and known (variants), and lora.Slots
+# compiles them all at the first adapter load, not during a step. The
+# input slice k_split stays specialized: always a multiple of BK, it
+# keeps the loads of x and A aligned, and vectorized.
+@triton.jit(do_not_specialize=["n_progs", "st_split"])
 def _shrink_kernel(x_ptr, a_ptr, t_ptr, order_ptr, start_ptr, tstart_ptr, n_slots, n_progs, n_in, k_split, mr, sx, sa_slot, sa_row,
                    st, st_split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SP: tl.constexpr, PREC: tl.constexpr):
     part = tl.program_id(1)
