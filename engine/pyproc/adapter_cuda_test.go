@@ -268,3 +268,13 @@ func TestAdapterKernelsCUDA(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/lora_kernels_cuda.py", "runtime")
 }
+
+// TestLoRAKernelVariants runs testdata/lora_variants_test.py on the CPU:
+// with Triton replaced by a recorder of each launch's compile key, the
+// segmented LoRA kernels' lora_triton.variants tells two row counts apart
+// exactly when their launches would compile different kernels, from one
+// row to past where the variants stop changing (lora.Slots.warm compiles
+// each variant at the first adapter load, so no step waits for Triton).
+func TestLoRAKernelVariants(t *testing.T) {
+	runPyCheck(t, "testdata/lora_variants_test.py", "runtime")
+}
