@@ -31,7 +31,15 @@ type rig struct {
 
 func newRig(t *testing.T, simOpts []enginetest.SimOption, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
 	t.Helper()
-	sim, err := enginetest.NewSim(simOpts...)
+	sim, m := simModel(t, simOpts...)
+	return newRigModel(t, sim, m, qOpts, bOpts...)
+}
+
+// simModel is a simulated engine and its model "sim" loaded; the caller
+// closes the engine (newRigModel does).
+func simModel(t *testing.T, opts ...enginetest.SimOption) (*enginetest.Sim, engine.Model) {
+	t.Helper()
+	sim, err := enginetest.NewSim(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +47,7 @@ func newRig(t *testing.T, simOpts []enginetest.SimOption, qOpts []scheduler.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newRigModel(t, sim, m, qOpts, bOpts...)
+	return sim, m
 }
 
 func newRigModel(t *testing.T, sim *enginetest.Sim, m engine.Model, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
@@ -291,14 +299,7 @@ func (f *flaky) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepO
 }
 
 func TestLostWorkerIsRecovered(t *testing.T) {
-	sim, err := enginetest.NewSim()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, m := simModel(t)
 	// Lost on the first step, before any token: retried from the prompt,
 	// same tokens as an undisturbed run.
 	f := &flaky{Model: m, failAt: map[int64]bool{1: true, 2: true}}
@@ -404,14 +405,7 @@ func TestLostWorkerIsRecovered(t *testing.T) {
 // TestRetryWaitsAndCloseFailsWaiting: a retry waits the policy's backoff;
 // closing the batcher meanwhile fails the waiting sequence.
 func TestRetryWaitsAndCloseFailsWaiting(t *testing.T) {
-	sim, err := enginetest.NewSim()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, m := simModel(t)
 	slow := retry.MustPolicy(retry.WithBackoff(time.Hour, time.Hour, 1), retry.WithJitter(0))
 	r := newRigModel(t, sim, &flaky{Model: m, failAt: map[int64]bool{1: true}}, nil, batcher.WithRetryPolicy(slow))
 	s := &batcher.Sequence{Prompt: prompt(8, 8), MaxTokens: 4}
@@ -547,14 +541,7 @@ func TestEngineStepTokens(t *testing.T) {
 		{"caller's", []batcher.Option{batcher.WithTokenBudget(80)}, 80},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sim, err := enginetest.NewSim()
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sim, m := simModel(t)
 			var mu sync.Mutex
 			most := 0
 			observe := batcher.WithStepObserver(func(s batcher.StepStats) {
@@ -598,14 +585,7 @@ func (m *spanModel) Step(ctx context.Context, in []engine.StepInput) ([]engine.S
 // a busy run, never more than the gap the engine saw, and zero for the
 // first step after the batcher waited for work (not the wait itself).
 func TestStepBetween(t *testing.T) {
-	sim, err := enginetest.NewSim()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, m := simModel(t)
 	var mu sync.Mutex
 	var between []time.Duration
 	observe := batcher.WithStepObserver(func(s batcher.StepStats) {

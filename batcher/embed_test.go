@@ -193,14 +193,7 @@ func (r *stepRecorder) Step(ctx context.Context, batch []engine.StepInput) ([]en
 // and join every other step only, and a generating sequence's prompt
 // goes before them.
 func TestEmbeddingsYieldToGeneration(t *testing.T) {
-	sim, err := enginetest.NewSim()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, m := simModel(t)
 	rec := &stepRecorder{Model: m, pooled: map[engine.SeqID]bool{}}
 	r := newRigModel(t, sim, rec, nil, batcher.WithTokenBudget(64), batcher.WithMaxBatch(32), batcher.WithEmbedShare(0.25))
 	gen := &batcher.Sequence{Prompt: prompt(1, 40), MaxTokens: 30}

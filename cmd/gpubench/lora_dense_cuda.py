@@ -40,12 +40,18 @@ def timed(fn, reps=50):
     return sorted(runs)[2]
 
 
+def slots_of(shape, dtype, n, rank, kernels=False):
+    """n CUDA slots of rank rank over a llama-shaped stack (shape, with
+    its "layers"); kernels: the segmented kernels where they run."""
+    cfg = SimpleNamespace(family=SimpleNamespace(attn="split", mlp="split"), **{k: v for k, v in shape.items() if k != "layers"})
+    return lora.Slots(cfg, [{"gate_up": None}] * shape["layers"], torch.device("cuda"), dtype, n, rank, kernels=kernels)
+
+
 def segmented_slots(shape, dtype, n, rank, used):
     """Slots of a llama-shaped stack (shape, with its "layers") served by
     the segmented kernels, the first used of n slots of rank rank holding
     random adapters; None where the kernels do not run."""
-    cfg = SimpleNamespace(family=SimpleNamespace(attn="split", mlp="split"), **{k: v for k, v in shape.items() if k != "layers"})
-    s = lora.Slots(cfg, [{"gate_up": None}] * shape["layers"], torch.device("cuda"), dtype, n, rank, kernels=True)
+    s = slots_of(shape, dtype, n, rank, kernels=True)
     if not s.fused:
         return None
     s._allocate()
@@ -90,8 +96,7 @@ def main():
     rank = int(sys.argv[4]) if len(sys.argv) > 4 else 16
     dtype = getattr(torch, sys.argv[5] if len(sys.argv) > 5 else "bfloat16")
     dev = torch.device("cuda")
-    cfg = SimpleNamespace(family=SimpleNamespace(attn="split", mlp="split"), **{k: v for k, v in shape.items() if k != "layers"})
-    s = lora.Slots(cfg, [{"gate_up": None}] * shape["layers"], dev, dtype, n, rank)
+    s = slots_of(shape, dtype, n, rank)
     s._allocate()
     g = torch.Generator(device="cpu").manual_seed(0)
     with torch.no_grad():

@@ -275,7 +275,8 @@ class Slots:
         where a slot's rows disagree beyond rounding, relative to that
         slot's own delta, a base row gets any delta, or the kernels fail,
         every step keeps DensePlan (logged). A kernel that faults the
-        device leaves an error no check recovers from."""
+        device leaves an error no check recovers from. Kernels that pass
+        then compile every variant a step launches (warm)."""
         self.checked = True
         g = torch.Generator(device="cpu").manual_seed(0)
         other = next((k for k in range(self.n - 1, -1, -1) if k != s - 1 and self.names[k] is None), None)
