@@ -25,7 +25,7 @@ var (
 	adapterTok  = flag.Int("adapter-check", 64, "LoRA mode: greedy tokens compared with the merged checkpoint (0: no check)")
 	adapterSlot = flag.Int("adapter-slots", 0, "LoRA mode: ModelSpec.AdapterSlots (0: -adapters); more slots than adapters measure what idle slots cost")
 	adapterCmp  = flag.Bool("adapter-dense-too", false, "LoRA mode: another engine with the dense delta over every slot (Tuning.DenseLoRA) beside the default, measured alternating")
-	adapterSide = flag.Bool("adapter-side-too", false, "LoRA mode: another engine with each shrink on a side stream (Tuning.LoRASideStream) beside the default, measured alternating")
+	adapterSide = flag.Bool("adapter-no-side-too", false, "LoRA mode: another engine with each shrink on the step's own stream (Tuning.NoLoRASideStream) beside the default, measured alternating")
 )
 
 // adapterMode writes -adapters adapters (and the first one's merged
@@ -70,7 +70,7 @@ func adapterMode(ctx context.Context, cfg testmodel.Config, logger *slog.Logger)
 		runs = append(runs, open("dense", func(t *pyproc.Tuning) { t.DenseLoRA = true }))
 	}
 	if *adapterSide {
-		runs = append(runs, open("side stream", func(t *pyproc.Tuning) { t.LoRASideStream = true }))
+		runs = append(runs, open("no side stream", func(t *pyproc.Tuning) { t.NoLoRASideStream = true }))
 	}
 	defer func() {
 		for _, r := range runs {

@@ -318,16 +318,35 @@ func weightBytes(c testmodel.Config) float64 {
 	return 2 * (float64(c.Layers)*layerParams(c) + float64(c.Vocab*c.Hidden))
 }
 
+// layerParams is the parameters of a layer a token reads: its attention
+// projections and its MLP, or for a mixture of experts the router and
+// the experts active a token. At batch 1 a mixture's bound is then the
+// active-parameter bound; a batch reads more experts than one token.
 func layerParams(c testmodel.Config) float64 {
-	hd := c.Hidden / c.Heads
-	return float64(c.Hidden*(c.Heads+2*c.KVHeads)*hd + c.Heads*hd*c.Hidden + 3*c.Hidden*c.Intermediate)
+	hd := headSize(c)
+	mlp := 3 * c.Hidden * c.Intermediate
+	if c.Arch == "qwen3_moe" || c.Arch == "mixtral" { // with testmodel's zero values
+		w := c.Intermediate // mixtral's experts
+		if c.Arch == "qwen3_moe" {
+			w = cmp.Or(c.ExpertIntermediate, c.Intermediate/2)
+		}
+		mlp = cmp.Or(c.ExpertsPerToken, 2)*3*c.Hidden*w + c.Hidden*cmp.Or(c.Experts, 4)
+	}
+	return float64(c.Hidden*(c.Heads+2*c.KVHeads)*hd + c.Heads*hd*c.Hidden + mlp)
+}
+
+func headSize(c testmodel.Config) int {
+	if c.HeadSize > 0 {
+		return c.HeadSize
+	}
+	return c.Hidden / c.Heads
 }
 
 // flopsPerToken is a prefill token's matrix work at average attention
 // length ctx: the layers' projections and attention (the output
 // projection runs for the last token only).
 func flopsPerToken(c testmodel.Config, ctx int) float64 {
-	hd := c.Hidden / c.Heads
+	hd := headSize(c)
 	return float64(c.Layers) * (2*layerParams(c) + 4*float64(ctx*c.Heads*hd))
 }
 

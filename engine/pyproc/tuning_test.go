@@ -37,7 +37,7 @@ func TestTuningSettings(t *testing.T) {
 	}
 	want := map[string]any{"block_size": 16.0, "window_step": 0.0, "kv_fraction": 0.8, "prefix_cache": true,
 		"split_steps": true, "overlap": true, "prefill_graphs": true, "kernels": true, "varlen": true, "attn_prefetch": true, "lora_plan": "auto",
-		"lora_side_stream": false, "fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false, "max_lookahead": float64(maxLookahead)}
+		"lora_side_stream": true, "fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false, "max_lookahead": float64(maxLookahead)}
 	got := decode(Tuning{})
 	if len(got) != len(want) {
 		t.Errorf("defaults: %d keys %v, want %d", len(got), got, len(want))
@@ -48,21 +48,15 @@ func TestTuningSettings(t *testing.T) {
 		}
 	}
 	got = decode(Tuning{BlockSize: 4, WindowStep: 8, KVFraction: 0.5, NoPrefixCache: true, NoSplitSteps: true, NoOverlap: true, NoPrefillGraphs: true,
-		NoKernels: true, NoVarlen: true, NoAttnPrefetch: true, DenseLoRA: true, NoFP8ScaledMM: true,
+		NoKernels: true, NoVarlen: true, NoAttnPrefetch: true, DenseLoRA: true, NoLoRASideStream: true, NoFP8ScaledMM: true,
 		TPTimeout: 3 * time.Second, NoTPGraphs: true, NoOneShotAllReduce: true, Profile: true})
 	set := map[string]any{"block_size": 4.0, "window_step": 8.0, "kv_fraction": 0.5, "prefix_cache": false,
 		"split_steps": false, "overlap": false, "prefill_graphs": false, "kernels": false, "varlen": false, "attn_prefetch": false, "lora_plan": "dense",
-		"fp8_scaled_mm": false, "tp_timeout": 3.0, "tp_graphs": false, "tp_oneshot": false, "profile": true}
+		"lora_side_stream": false, "fp8_scaled_mm": false, "tp_timeout": 3.0, "tp_graphs": false, "tp_oneshot": false, "profile": true}
 	for k, v := range set {
 		if got[k] != v {
 			t.Errorf("set: %s = %v, want %v", k, got[k], v)
 		}
-	}
-	if got := decode(Tuning{LoRASideStream: true})["lora_side_stream"]; got != true {
-		t.Errorf("LoRASideStream: lora_side_stream %v, want true", got)
-	}
-	if err := (Tuning{DenseLoRA: true, LoRASideStream: true}).check(); err == nil {
-		t.Error("DenseLoRA with LoRASideStream: no error")
 	}
 }
 

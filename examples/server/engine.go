@@ -83,8 +83,8 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	if len(o.gpus) > 0 {
 		opts = append(opts, pyproc.WithGPUs(o.gpus))
 	}
-	if o.kvFraction != 0 || o.blockSize != 0 || o.loraDense || o.loraSideStream {
-		opts = append(opts, pyproc.WithTuning(pyproc.Tuning{KVFraction: o.kvFraction, BlockSize: o.blockSize, DenseLoRA: o.loraDense, LoRASideStream: o.loraSideStream}))
+	if o.kvFraction != 0 || o.blockSize != 0 || o.loraDense || o.loraNoSideStream {
+		opts = append(opts, pyproc.WithTuning(pyproc.Tuning{KVFraction: o.kvFraction, BlockSize: o.blockSize, DenseLoRA: o.loraDense, NoLoRASideStream: o.loraNoSideStream}))
 	}
 	return pyproc.New(ctx, opts...)
 }

@@ -99,7 +99,7 @@ type options struct {
 	kvFraction            float64 // pyproc: share of free GPU memory the KV pool takes (0: 0.8)
 	blockSize             int     // pyproc: tokens a KV block holds (0: 16)
 	loraDense             bool    // pyproc: adapter deltas over every slot at once, not the segmented kernels (Tuning.DenseLoRA)
-	loraSideStream        bool    // pyproc: the segmented kernels' shrink on a side stream (Tuning.LoRASideStream)
+	loraNoSideStream      bool    // pyproc: the segmented kernels' shrink on the step's stream (Tuning.NoLoRASideStream)
 	// LoRA adapters served over the main model (-lora name=dir, repeated),
 	// and the main model's adapter slots and highest rank (0: the engine's).
 	adapters                  []mlxserving.AdapterSpec
@@ -150,7 +150,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.kvFraction, "kv-fraction", 0, "python engine: share of the GPU's free memory the KV pool takes at load (default 0.8)")
 	fs.IntVar(&o.blockSize, "block-size", 0, "python engine: tokens a block of the paged KV pool holds (default 16)")
 	fs.BoolVar(&o.loraDense, "lora-dense", false, "python engine: LoRA deltas over every adapter slot at once, not the segmented Triton kernels that CUDA runs by default (pyproc.Tuning.DenseLoRA)")
-	fs.BoolVar(&o.loraSideStream, "lora-side-stream", false, "python engine: each projection's LoRA shrink on a second CUDA stream beside the base projection (pyproc.Tuning.LoRASideStream)")
+	fs.BoolVar(&o.loraNoSideStream, "lora-no-side-stream", false, "python engine: each projection's LoRA shrink on the step's own CUDA stream, not on a second one beside the base projection (pyproc.Tuning.NoLoRASideStream)")
 	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {

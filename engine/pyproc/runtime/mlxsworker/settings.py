@@ -35,7 +35,7 @@ class Settings:
     (every step's delta over every slot, lora.DensePlan).
     lora_side_stream: the segmented kernels' shrink of each projection on
     a second CUDA stream, beside the base projection's GEMM (both read the
-    projection's input alone); the expand then waits for it.
+    projection's input alone); the expand then waits for it (default on).
     fp8_scaled_mm: FP8 weights (per channel or in 128x128 blocks) run as
     W8A8 through torch._scaled_mm in products of w8a8.MIN_ROWS rows or
     more, where that passes its check at load; off: weight-only always.
@@ -58,7 +58,7 @@ class Settings:
     varlen: bool = True
     attn_prefetch: bool = True
     lora_plan: str = "auto"
-    lora_side_stream: bool = False
+    lora_side_stream: bool = True
     fp8_scaled_mm: bool = True
     tp_timeout: float = 300.0
     tp_graphs: bool = True
