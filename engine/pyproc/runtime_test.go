@@ -194,3 +194,22 @@ func TestRuntimeKernels(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/kernels_test.py", "runtime")
 }
+
+// TestMoEAlign runs testdata/moe_align_test.py on the CPU: the fused
+// expert kernels' block layout (moe.align) holds every (token, choice)
+// pair once, in blocks of one expert, and the blocks run in plain torch
+// as the kernels run them give the loop over experts' output.
+func TestMoEAlign(t *testing.T) {
+	runPyCheck(t, "testdata/moe_align_test.py", "runtime")
+}
+
+// TestMoEKernelsCUDA runs testdata/moe_kernels_cuda.py
+// (MLXSERVING_TEST_DEVICE=cuda only): the fused expert kernels against
+// the loop over experts in three families' shapes and three dtypes,
+// eagerly and replayed from CUDA graphs.
+func TestMoEKernelsCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	runPyCheck(t, "testdata/moe_kernels_cuda.py", "runtime")
+}

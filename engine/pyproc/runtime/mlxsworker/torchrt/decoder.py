@@ -126,7 +126,7 @@ class Decoder:
         # calls and copies per chunk: steps under load carry several
         # chunks and were bound by launching them.
         self.varlen = flash and settings.varlen and _varlen_ok(device, dtype, cfg)
-        self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul) if cfg.experts else None
+        self.moe = moe.Experts(cfg, device, dtype, self.layers, self.act_mul, kernels=fast and settings.kernels) if cfg.experts else None
         # CUDA graphs need a step without host syncs: the experts' loop
         # fallback counts tokens on the host, and the grouped GEMM must
         # capture too (moe.Experts.capturable).

@@ -12,17 +12,26 @@ are sparse (mlp_only_layers, decoder_sparse_step) is config.py's.
 
 The experts' weights are stacked, [E, 2 * inter, hidden] (gate then up)
 and [E, hidden, inter], with biases [E, 2 * inter] and [E, hidden] where
-the family has them (gpt_oss). Tokens are sorted by expert; on CUDA one grouped
-GEMM (torch._grouped_mm, where this torch has it and it agrees with the
-loop below at load) runs every expert's rows at once, with no host sync.
-Elsewhere, and as the fallback, a loop over the experts that received
-tokens runs each one's rows as one matrix product.
+the family has them (gpt_oss). On CUDA, three ways run the experts, the
+first that builds, agrees with the loop at load and captures in a CUDA
+graph:
+- the fused kernels (moe_triton.py, with the decoder's Triton kernels on;
+  SiLU-gated families without expert biases): the (token, choice) pairs
+  sorted into blocks of one expert each (align), two kernels a layer
+  that read each touched expert's weights once. A decode step of one
+  token reads 8 of Qwen3-30B-A3B's 128 experts. Decode steps also route
+  and sort in a kernel each (moe_triton.route and align), where torch
+  launched about 30 small kernels a layer.
+- one grouped GEMM a projection (torch._grouped_mm) over the pairs
+  sorted by expert, with no host sync;
+- a loop over the experts that received tokens, each one's rows as one
+  matrix product: elsewhere, and the fallback.
 
 A model's decode steps run on CUDA graphs (graphs.py) only where the
-grouped GEMM also captures (Experts.capturable, tried at load): some
-builds run it, for some dtypes (float32, fp8), through a fallback that
-copies its offsets to the host, which capture refuses. The loop never
-captures (its counts come to the host).
+experts' path captures (Experts.capturable, tried at load): some builds
+run the grouped GEMM, for some dtypes (float32, fp8), through a fallback
+that copies its offsets to the host, which capture refuses. The loop
+never captures (its counts come to the host).
 """
 import logging
 
@@ -32,6 +41,48 @@ import torch.nn.functional as F
 from . import gptoss, graphs
 
 log = logging.getLogger("moe")
+
+# Blocks of the fused kernels: (BM, BN, BK, warps, stages) by the
+# step's pair count. Decode steps put a few pairs on each expert, so
+# blocks of 16 rows (tl.dot's least); prompt steps hundreds.
+DECODE_TILES = (16, 64, 128, 4, 3)
+PROMPT_TILES = (64, 128, 64, 4, 3)
+
+
+def tiles(pairs):
+    return DECODE_TILES if pairs <= 1024 else PROMPT_TILES
+
+
+def max_blocks(pairs, experts, BM):
+    """The blocks of BM rows that pairs sorted by expert can fill, each
+    expert's rows padded to whole blocks: at most min(experts, pairs)
+    experts take a partial block."""
+    return (pairs + min(experts, pairs) * (BM - 1) + BM - 1) // BM
+
+
+def align(flat, experts, BM):
+    """The fused kernels' rows for the expert of each (token, choice)
+    pair, flat [P] (pair p = token * k + choice): (rows, block_expert).
+    rows [max_blocks * BM] int32 holds the pairs sorted by expert (in pair
+    order within one), each expert's run padded to whole blocks of BM
+    with P; block_expert [max_blocks] int32 the expert of each block,
+    `experts` past the blocks in use. All on flat's device, no host sync."""
+    P, dev = flat.numel(), flat.device
+    nb = max_blocks(P, experts, BM)
+    counts = torch.zeros(experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + BM - 1) // BM * BM
+    pend = padded.cumsum(0)
+    first = counts.cumsum(0) - counts  # each expert's first position in sorted order
+    order = torch.argsort(flat, stable=True)
+    e = flat[order]
+    dest = pend[e] - padded[e] + torch.arange(P, device=dev) - first[e]
+    rows = torch.full((nb * BM,), P, dtype=torch.int32, device=dev)
+    rows[dest] = order.to(torch.int32)
+    starts = torch.arange(nb, device=dev) * BM
+    bexp = torch.searchsorted(pend, starts, right=True).to(torch.int32)  # experts where past pend[-1]
+    return rows, bexp
+
 
 NAMES = {"qwen3_moe": ("mlp.", "gate_proj", "up_proj", "down_proj"),
          "mixtral": ("block_sparse_moe.", "w1", "w3", "w2")}
@@ -52,12 +103,20 @@ def load(get, cfg, p):
 class Experts:
     """The forward pass of a sparse layer (see the module comment)."""
 
-    def __init__(self, cfg, device, dtype, layers, act_mul):
+    def __init__(self, cfg, device, dtype, layers, act_mul, kernels=False):
         self.k, self.E, self.renorm = cfg.top_k, cfg.experts, cfg.norm_topk
+        self.fused = None  # moe_triton where its kernels run here and agree with the loop
         self.grouped = False  # the grouped GEMM runs here and agrees with the loop
-        self.capturable = False  # and it captures in a CUDA graph: the decode graphs may run
+        self.capturable = False  # and the path taken captures in a CUDA graph: the decode graphs may run
         sample = next((L for L in layers if "router" in L), None)
-        if device.type == "cuda" and hasattr(torch, "_grouped_mm") and sample is not None:
+        if device.type != "cuda" or sample is None:
+            return
+        if kernels and cfg.family.act == "silu" and "experts_gu_b" not in sample and sample["experts_gu"].dtype == dtype:
+            self.fused = self._fused(sample, cfg.hidden, device, dtype, act_mul)
+            if self.fused is not None:
+                self.capturable = True
+                return
+        if hasattr(torch, "_grouped_mm"):
             self.grouped = self._check(sample, cfg.hidden, device, dtype, act_mul)
             self.capturable = self.grouped and self._capture_check(sample, cfg.hidden, device, dtype, act_mul)
 
@@ -71,8 +130,32 @@ class Experts:
             w = w / w.sum(dim=-1, keepdim=True)
         return w.to(h.dtype), idx
 
-    def forward(self, h, L, act_mul, grouped=None):
-        w, idx = self.route(h, L)
+    def forward(self, h, L, act_mul, grouped=None, fused=None, routed=None):
+        """The layer's output for rows h: through the fused kernels
+        (self.fused, or fused), else the grouped GEMM (self.grouped, or
+        grouped), else the loop. routed: (weights, experts) to use
+        instead of the router's (the load-time checks compare paths on
+        one routing: bfloat16 logits tie, and two top-k codes may order
+        equal values differently)."""
+        kern = self.fused if fused is None else fused
+        if kern is not None and grouped is None:
+            P = h.shape[0] * self.k
+            t = tiles(P)
+            small = P <= kern.ALIGN_MAX_PAIRS and self.k & (self.k - 1) == 0  # the routing kernels run
+            if routed is not None:
+                w, idx = routed
+            elif small:
+                wf, idx = kern.route(F.linear(h, L["router"]), self.k, self.renorm)
+                w = wf.to(h.dtype)
+            else:
+                w, idx = self.route(h, L)
+            if small:
+                rows, bexp = kern.align(idx.reshape(-1), self.E, t[0], max_blocks(P, self.E, t[0]))
+            else:
+                rows, bexp = align(idx.reshape(-1), self.E, t[0])
+            ys = kern.experts(h.contiguous(), L["experts_gu"], L["experts_down"], rows, bexp, w.reshape(-1), self.k, t)
+            return ys.view(h.shape[0], self.k, -1).sum(dim=1)
+        w, idx = self.route(h, L) if routed is None else routed
         flat = idx.reshape(-1)
         order = torch.argsort(flat)
         tok = order // self.k  # the token of each sorted (token, choice)
@@ -106,6 +189,47 @@ class Experts:
         back = torch.empty_like(ys)
         back[order] = ys
         return back.view(h.shape[0], self.k, -1).sum(dim=1)
+
+    def _fused(self, L, hidden, device, dtype, act_mul):
+        """moe_triton when its kernels build, agree with the loop on a
+        decode-sized and a prompt-sized step through a sparse layer's own
+        weights, and replay the same from a CUDA graph; else None."""
+        try:
+            from . import moe_triton
+            g = torch.Generator(device="cpu").manual_seed(2)
+            # The routing kernel on float32 logits, where ties are rare:
+            # the same experts in the same order as torch's top k.
+            x = torch.randn(16, hidden, generator=g).to(device=device)
+            r = L["router"].float()
+            w, idx = self.route(x, {"router": r})
+            if self.k & (self.k - 1) == 0:
+                wk, ik = moe_triton.route(F.linear(x, r), self.k, self.renorm)
+                if not torch.equal(ik, idx) or not torch.allclose(wk, w, atol=1e-6, rtol=1e-5):
+                    log.warning("the fused experts' routing kernel disagrees with torch's top k; not used")
+                    return None
+            tol = 2e-2 if dtype != torch.float32 else 1e-4
+            for n in (3, 1024 // self.k + 7):  # both tile shapes (tiles) and both ways to sort
+                x = torch.randn(n, hidden, generator=g).to(device=device, dtype=dtype)
+                routed = self.route(x, L)
+                got = self.forward(x, L, act_mul, fused=moe_triton, routed=routed).float()
+                want = self.forward(x, L, act_mul, grouped=False, routed=routed).float()
+                if not torch.allclose(got, want, atol=tol, rtol=tol):
+                    log.warning("fused expert kernels disagree with the loop at %d tokens (max diff %.3g); not used",
+                                n, (got - want).abs().max().item())
+                    return None
+            x = torch.randn(5, hidden, generator=g).to(device=device, dtype=dtype)
+            want = self.forward(x, L, act_mul, fused=moe_triton)
+            gr, out = graphs.record(lambda: self.forward(x, L, act_mul, fused=moe_triton), torch.cuda.graph_pool_handle(), warmup=1)
+            gr.replay()
+            torch.cuda.synchronize(device)
+            if not torch.equal(out, want):
+                log.warning("fused expert kernels replay differently from a CUDA graph; not used")
+                return None
+            log.info("fused expert kernels (moe_triton) check and capture")
+            return moe_triton
+        except Exception as e:  # no Triton, or it cannot compile for this device or shape
+            log.warning("fused expert kernels unavailable (%s)", e)
+            return None
 
     def _check(self, L, hidden, device, dtype, act_mul):
         """Whether the grouped GEMM runs here and agrees with the loop on
