@@ -217,6 +217,14 @@ class Experts:
                     log.warning("fused expert kernels disagree with the loop at %d tokens (max diff %.3g); not used",
                                 n, (got - want).abs().max().item())
                     return None
+            # align's kernel compiles once for each power of two of pairs:
+            # all of them now, so that no step of a new size (decode graphs
+            # capture the batch buckets only; mixed steps bring any) waits
+            # for Triton's compiler.
+            P, BM = 16, DECODE_TILES[0]
+            while P <= moe_triton.ALIGN_MAX_PAIRS:
+                moe_triton.align(torch.zeros(P, dtype=torch.int64, device=device), self.E, BM, max_blocks(P, self.E, BM))
+                P *= 2
             x = torch.randn(5, hidden, generator=g).to(device=device, dtype=dtype)
             want = self.forward(x, L, act_mul, fused=moe_triton)
             gr, out = graphs.record(lambda: self.forward(x, L, act_mul, fused=moe_triton), torch.cuda.graph_pool_handle(), warmup=1)

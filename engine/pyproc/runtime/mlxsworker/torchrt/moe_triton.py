@@ -169,7 +169,7 @@ def route(logits, k, renorm):
     return w, idx
 
 
-@triton.jit(do_not_specialize=["P"])
+@triton.jit(do_not_specialize=["P", "NB"])
 def _align_kernel(flat_ptr, rows_ptr, bexp_ptr, P, E, NB, BM: tl.constexpr, PP: tl.constexpr, EB: tl.constexpr):
     # Program e: every program counts every expert's pairs (a histogram
     # of P <= PP values), then writes expert e's padded run of rows and
@@ -199,10 +199,13 @@ def _align_kernel(flat_ptr, rows_ptr, bexp_ptr, P, E, NB, BM: tl.constexpr, PP: 
 
 def align(flat, experts, BM, nb):
     """moe.align's (rows, block_expert) in one kernel, for at most
-    ALIGN_MAX_PAIRS pairs; nb is moe.max_blocks."""
+    ALIGN_MAX_PAIRS pairs; nb is moe.max_blocks. The kernel compiles once
+    for each power of two of pairs (PP): moe.Experts builds them all at
+    load."""
     P = flat.numel()
     rows = torch.empty(nb * BM, device=flat.device, dtype=torch.int32)
     bexp = torch.empty(nb, device=flat.device, dtype=torch.int32)
     _align_kernel[(experts,)](flat, rows, bexp, P, experts, nb, BM=BM, PP=triton.next_power_of_2(max(P, 16)),
                               EB=triton.next_power_of_2(experts + 1), num_warps=4)
     return rows, bexp
+
