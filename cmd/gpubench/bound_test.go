@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"testing"
 
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -24,5 +25,31 @@ func TestWeightBytes(t *testing.T) {
 		if got < c.min || got > c.max {
 			t.Errorf("%s: %.2fB parameters read a step, want %.2f-%.2fB", c.name, got, c.min, c.max)
 		}
+	}
+}
+
+// TestStepBytes checks a mixture's decode bound at larger batches: one
+// token reads its k experts (weightBytes), a batch the experts it
+// touches on average (Qwen3-30B-A3B: about 51 of 128 at 8 tokens, 126 at
+// 64, as moe_kernels_cuda.py counted on random routings), and a dense
+// model the same bytes at every batch.
+func TestStepBytes(t *testing.T) {
+	moe := testmodel.Qwen3_30B_A3B()
+	expert := 2 * 3 * 2048 * 768.0
+	if got, want := stepBytes(moe, 1), weightBytes(moe); math.Abs(got-want) > 1 {
+		t.Errorf("batch 1: %.4g bytes, want weightBytes %.4g", got, want)
+	}
+	for _, c := range []struct {
+		batch   int
+		touched float64
+	}{{8, 51.6}, {64, 125.9}} {
+		got := (stepBytes(moe, c.batch) - weightBytes(moe)) / (48 * expert)
+		if math.Abs(got-(c.touched-8)) > 0.1 {
+			t.Errorf("batch %d: %.1f experts a layer beyond the 8 of one token, want %.1f", c.batch, got, c.touched-8)
+		}
+	}
+	dense := testmodel.Llama8B()
+	if stepBytes(dense, 64) != weightBytes(dense) {
+		t.Error("a dense model's step reads more at batch 64 than at 1")
 	}
 }

@@ -55,6 +55,7 @@ import (
 	"log"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -242,10 +243,17 @@ func main() {
 	}
 	fmt.Printf("\ndecode: prompt %d, %d new tokens, greedy, bf16 activations, weights %q; bound = batch x %.0f GB/s (%s) / %.2f GB of weights\n",
 		*prompt, *gen, cmp.Or(*quantFlag, "bf16"), bandwidth/1e9, bwFrom, weights/1e9)
+	if isMoE(cfg) && *quantFlag == "" {
+		fmt.Println("(a mixture of experts: a step reads the experts its batch touches, on average under uniform routing, besides the rest)")
+	}
 	fmt.Println("| batch | engine tok/s | Server tok/s | HF static+compile tok/s | HF generate tok/s | bound tok/s | engine/bound | Server/bound | engine/HF static |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, b := range sizes {
-		bound := float64(b) * bandwidth / weights
+		read := weights
+		if *quantFlag == "" {
+			read = stepBytes(cfg, b)
+		}
+		bound := float64(b) * bandwidth / read
 		k := strconv.Itoa(b)
 		fmt.Printf("| %d | %.1f | %.1f | %.1f | %.1f | %.0f | %.3f | %.3f | %s |\n", b, ours[b], stack[b], hfStat[k], hfGen[k],
 			bound, ours[b]/bound, stack[b]/bound, ratio(ours[b], hfStat[k]))
@@ -325,14 +333,37 @@ func weightBytes(c testmodel.Config) float64 {
 func layerParams(c testmodel.Config) float64 {
 	hd := headSize(c)
 	mlp := 3 * c.Hidden * c.Intermediate
-	if c.Arch == "qwen3_moe" || c.Arch == "mixtral" { // with testmodel's zero values
-		w := c.Intermediate // mixtral's experts
-		if c.Arch == "qwen3_moe" {
-			w = cmp.Or(c.ExpertIntermediate, c.Intermediate/2)
-		}
-		mlp = cmp.Or(c.ExpertsPerToken, 2)*3*c.Hidden*w + c.Hidden*cmp.Or(c.Experts, 4)
+	if isMoE(c) {
+		E, k, w := expertShape(c)
+		mlp = k*3*c.Hidden*w + c.Hidden*E
 	}
 	return float64(c.Hidden*(c.Heads+2*c.KVHeads)*hd + c.Heads*hd*c.Hidden + mlp)
+}
+
+// stepBytes is what a decode step of batch sequences reads at least:
+// weightBytes, but for a mixture of experts the experts a batch touches
+// on average when each token's k of E experts are uniform and
+// independent, E * (1 - (1 - k/E)^batch) a layer, not k.
+func stepBytes(c testmodel.Config, batch int) float64 {
+	if !isMoE(c) {
+		return weightBytes(c)
+	}
+	E, k, w := expertShape(c)
+	expert := 2 * 3 * float64(c.Hidden*w) // bf16 bytes of one expert
+	touched := float64(E) * (1 - math.Pow(1-float64(k)/float64(E), float64(batch)))
+	return weightBytes(c) + float64(c.Layers)*(touched-float64(k))*expert
+}
+
+func isMoE(c testmodel.Config) bool { return c.Arch == "qwen3_moe" || c.Arch == "mixtral" }
+
+// expertShape is a mixture's experts, top k and expert width, with
+// testmodel's zero values.
+func expertShape(c testmodel.Config) (experts, k, width int) {
+	width = c.Intermediate // mixtral's experts
+	if c.Arch == "qwen3_moe" {
+		width = cmp.Or(c.ExpertIntermediate, c.Intermediate/2)
+	}
+	return cmp.Or(c.Experts, 4), cmp.Or(c.ExpertsPerToken, 2), width
 }
 
 func headSize(c testmodel.Config) int {
