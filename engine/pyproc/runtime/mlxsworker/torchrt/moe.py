@@ -47,10 +47,13 @@ log = logging.getLogger("moe")
 # blocks of 16 rows (tl.dot's least); prompt steps hundreds.
 DECODE_TILES = (16, 64, 128, 4, 3)
 PROMPT_TILES = (64, 128, 64, 4, 3)
+# Steps of up to this many pairs take the decode tiles and route and
+# sort in a kernel each (at most moe_triton.ALIGN_MAX_PAIRS).
+DECODE_PAIRS = 1024
 
 
 def tiles(pairs):
-    return DECODE_TILES if pairs <= 1024 else PROMPT_TILES
+    return DECODE_TILES if pairs <= DECODE_PAIRS else PROMPT_TILES
 
 
 def max_blocks(pairs, experts, BM):
@@ -141,7 +144,7 @@ class Experts:
         if kern is not None and grouped is None:
             P = h.shape[0] * self.k
             t = tiles(P)
-            small = P <= kern.ALIGN_MAX_PAIRS and self.k & (self.k - 1) == 0  # the routing kernels run
+            small = P <= DECODE_PAIRS and self.k & (self.k - 1) == 0  # the routing kernels run
             if routed is not None:
                 w, idx = routed
             elif small:
@@ -220,10 +223,17 @@ class Experts:
             # align's kernel compiles once for each power of two of pairs:
             # all of them now, so that no step of a new size (decode graphs
             # capture the batch buckets only; mixed steps bring any) waits
-            # for Triton's compiler.
+            # for Triton's compiler; each against moe.align, as a wrong
+            # count would write past its rows.
             P, BM = 16, DECODE_TILES[0]
-            while P <= moe_triton.ALIGN_MAX_PAIRS:
-                moe_triton.align(torch.zeros(P, dtype=torch.int64, device=device), self.E, BM, max_blocks(P, self.E, BM))
+            while P <= DECODE_PAIRS:
+                for n in (P, P - 3 if P > 16 else P):  # a power of two and not
+                    flat = torch.randint(0, self.E, (n,), generator=g).to(device)
+                    got = moe_triton.align(flat, self.E, BM, max_blocks(n, self.E, BM))
+                    want = align(flat, self.E, BM)
+                    if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                        log.warning("the fused experts' sort kernel disagrees with torch at %d pairs; not used", n)
+                        return None
                 P *= 2
             x = torch.randn(5, hidden, generator=g).to(device=device, dtype=dtype)
             want = self.forward(x, L, act_mul, fused=moe_triton)

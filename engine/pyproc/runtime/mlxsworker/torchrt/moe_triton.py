@@ -147,7 +147,9 @@ def _route_kernel(logit_ptr, w_ptr, idx_ptr, E, sl, TOPK: tl.constexpr, EP: tl.c
     idxs = tl.zeros((TOPK,), dtype=tl.int64)
     for j in tl.static_range(TOPK):
         m = tl.max(p, axis=0)
-        a = tl.min(tl.where(p == m, i, EP), axis=0)
+        # An expert that exists always: NaN logits match no maximum (the
+        # last expert then; the token's NaN rows carry into its output).
+        a = tl.minimum(tl.min(tl.where(p == m, i, EP), axis=0), E - 1)
         vals = tl.where(jj == j, m, vals)
         idxs = tl.where(jj == j, a.to(tl.int64), idxs)
         p = tl.where(i == a, -1.0, p)
