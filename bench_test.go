@@ -13,6 +13,7 @@ import (
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
+	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 	"github.com/mlxserving/mlxserving/scheduler"
@@ -98,19 +99,30 @@ func runStreams(tb testing.TB, srv *mlxserving.Server, n, maxTokens int) int {
 // simulated engine with 20 ms steps and max batch 64. The ideal is 64
 // tokens per step; the report gives the fraction of it reached and the
 // serving layer's CPU per generated token.
-func BenchmarkServingOverhead(b *testing.B) { servingOverhead(b, 64) }
+func BenchmarkServingOverhead(b *testing.B) { servingOverheadBoth(b, 64) }
 
 // BenchmarkServingOverheadBatch256: the same with max batch 256, every
 // stream in each step, as the torch engine runs 256 clients: the
 // batcher's own time between steps (delivering 256 tokens, building 256
 // inputs) is what an engine that overlaps the device with its host must
 // hide behind one step.
-func BenchmarkServingOverheadBatch256(b *testing.B) { servingOverhead(b, 256) }
+func BenchmarkServingOverheadBatch256(b *testing.B) { servingOverheadBoth(b, 256) }
 
-func servingOverhead(b *testing.B, maxBatch int) {
+// servingOverheadBoth runs the serving-overhead benchmark with each
+// token's text work behind the next step (the default,
+// batcher.WithTextBehindStep) and before it, alternating.
+func servingOverheadBoth(b *testing.B, maxBatch int) {
+	for _, behind := range []bool{true, false} {
+		name := map[bool]string{true: "text=behind", false: "text=serial"}[behind]
+		b.Run(name, func(b *testing.B) { servingOverhead(b, maxBatch, behind) })
+	}
+}
+
+func servingOverhead(b *testing.B, maxBatch int, textBehind bool) {
 	const step, streams, tokens = 20 * time.Millisecond, 256, 256
 	tm := newTestMeter(b)
-	srv, sim := simServerAndEngine(b, step, maxBatch, mlxserving.WithMeterProvider(tm))
+	srv, sim := simServerAndEngine(b, step, maxBatch, mlxserving.WithMeterProvider(tm),
+		mlxserving.WithBatcherOptions(batcher.WithTextBehindStep(textBehind)))
 	for b.Loop() {
 		st0 := sim.Stats()
 		cpu0, t0 := cpuTime(), time.Now()

@@ -73,6 +73,10 @@ type ContinuousBatcher struct {
 	admitFn  func(*Sequence) bool
 	emaStep  time.Duration
 	stepEnd  time.Time // when the last step returned; zero after a wait for work (StepStats.Between)
+	// Text work of the last step's tokens that runs behind the next step
+	// (WithTextBehindStep): at most one chunk a sequence; pendingSpare is
+	// the other buffer of the pair the step swaps.
+	pending, pendingSpare []pendingChunk
 
 	// Paged KV (blocks.go): the model's pool, nil when it does not page;
 	// the blocks an admission round has left (valid while leftValid);
@@ -173,6 +177,7 @@ func (b *ContinuousBatcher) loop(ctx context.Context) {
 		b.admit(ctx)
 		b.publishOccupancy()
 		if len(b.running) == 0 {
+			b.flushText()
 			b.stepEnd = time.Time{} // the next step's Between counts from its own work, not this wait
 			drain := b.draining
 			if isClosed(b.draining) {
@@ -372,6 +377,7 @@ func (b *ContinuousBatcher) victim(may func(*Entry) bool) int {
 // preempt frees running sequence i and requeues it; it recomputes its
 // prompt and generated tokens when admitted again.
 func (b *ContinuousBatcher) preempt(i int) {
+	b.flushText()
 	e := b.running[i]
 	b.release(e, "")
 	b.removeRunning(i)
@@ -404,6 +410,7 @@ func (b *ContinuousBatcher) reapCancelled() {
 	for _, e := range b.running {
 		s := e.Value
 		if s.cancelled.Load() {
+			b.flushText() // its pending chunk first, as its reader expects
 			b.release(e, "")
 			s.out.finish(api.Chunk{}, s.out.cancelError())
 			continue
@@ -416,6 +423,7 @@ func (b *ContinuousBatcher) reapCancelled() {
 
 // failRunning ends every running sequence with err and frees it.
 func (b *ContinuousBatcher) failRunning(err error) {
+	b.flushText()
 	for _, e := range b.running {
 		b.release(e, "")
 		e.Value.out.finish(api.Chunk{}, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -639,5 +640,126 @@ func TestStepBetween(t *testing.T) {
 		case !first && b > spans.spans[i][0].Sub(spans.spans[i-1][1]):
 			t.Errorf("step %d: Between %v, more than the %v between the engine's steps", i, b, spans.spans[i][0].Sub(spans.spans[i-1][1]))
 		}
+	}
+}
+
+// steppingModel reports whether one of its steps is running. It keeps
+// the simulated model's block pool, so the batcher pages.
+type steppingModel struct {
+	pagedModel
+	in atomic.Bool
+}
+
+type pagedModel interface {
+	engine.Model
+	engine.BlockPool
+}
+
+func (m *steppingModel) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepOutput, error) {
+	m.in.Store(true)
+	defer m.in.Store(false)
+	time.Sleep(2 * time.Millisecond) // room for the text work behind it
+	return m.pagedModel.Step(ctx, in)
+}
+
+// wordsOf is a Detokenizer without stop strings: each token's text is
+// "t<id> ", and it records how many of its Adds ran while the engine
+// stepped. The chunks' text must still follow the tokens in order.
+type wordsOf struct {
+	m           *steppingModel
+	duringSteps *atomic.Int64
+}
+
+func (w wordsOf) Add(id int32) (string, bool) {
+	if w.m.in.Load() {
+		w.duringSteps.Add(1)
+	}
+	return fmt.Sprintf("t%d ", id), false
+}
+func (w wordsOf) Flush() string    { return "" }
+func (w wordsOf) NeverStops() bool { return true }
+
+// TestTextBehindStep: with WithTextBehindStep (the default) the text work
+// of a step's tokens runs while the engine runs the next step, and every
+// stream still gets each token's chunk, with its text, in order, and its
+// last one before the finish; turned off, none runs during a step. A
+// stream cancelled and streams preempted (a pool too small for all) with
+// a chunk pending lose none.
+func TestTextBehindStep(t *testing.T) {
+	for _, behind := range []bool{true, false} {
+		t.Run(fmt.Sprint("behind=", behind), func(t *testing.T) {
+			// Six sequences growing to 5 blocks each in a pool of 8, as
+			// TestPagedPoolRunsOut: some are preempted.
+			sim, m := simModel(t, enginetest.WithBlockSize(16), enginetest.WithKVCapacity(8*16), enginetest.WithContextLength(128))
+			sm := &steppingModel{pagedModel: m.(pagedModel)}
+			r := newRigModel(t, sim, sm, []scheduler.Option{scheduler.WithPreemption(true)}, batcher.WithTextBehindStep(behind))
+			var during atomic.Int64
+			var seqs []*batcher.Sequence
+			for i := range 6 {
+				s := &batcher.Sequence{Prompt: prompt(i, 20), MaxTokens: 50 + i, IgnoreEOS: true,
+					Text: wordsOf{sm, &during}}
+				r.submit(t, s)
+				seqs = append(seqs, s)
+			}
+			for i, s := range seqs {
+				var toks []int32
+				var text strings.Builder
+				finish := api.FinishReason("")
+				for {
+					c, err := s.Recv(context.Background())
+					if errors.Is(err, batcher.ErrStreamDone) {
+						break
+					}
+					if err != nil {
+						t.Fatalf("seq %d: %v", i, err)
+					}
+					if finish != "" {
+						t.Fatalf("seq %d: a chunk after the finish", i)
+					}
+					if c.HasToken {
+						toks = append(toks, c.Token)
+						if want := fmt.Sprintf("t%d ", c.Token); c.Text != want {
+							t.Fatalf("seq %d: token %d's chunk has text %q, want %q", i, c.Token, c.Text, want)
+						}
+					}
+					text.WriteString(c.Text)
+					finish = c.Finish
+				}
+				if len(toks) != s.MaxTokens || finish != api.FinishLength {
+					t.Errorf("seq %d: %d tokens, finish %q; want %d, length", i, len(toks), finish, s.MaxTokens)
+				}
+				if want := alone(t, s.Prompt, s.MaxTokens); !slices.Equal(toks, want) {
+					t.Errorf("seq %d: %v, alone %v", i, toks, want)
+				}
+			}
+			if st := r.b.Stats(); st.BlockPreemptions == 0 {
+				t.Error("no stream was preempted: the pool is sized to make some wait")
+			}
+			if n := during.Load(); behind != (n > 0) {
+				t.Errorf("text behind the step %v: %d of the detokenizer's calls ran during a step", behind, n)
+			}
+			// A cancelled stream with a chunk pending ends with the
+			// cancellation, its chunks before it.
+			ctx, cancel := context.WithCancel(context.Background())
+			s := &batcher.Sequence{Prompt: prompt(9, 6), MaxTokens: 100, IgnoreEOS: true, Text: wordsOf{sm, &during}}
+			r.submit(t, s)
+			got := 0
+			for {
+				c, err := s.Recv(ctx)
+				if err != nil {
+					if got < 3 || errors.Is(err, batcher.ErrStreamDone) {
+						t.Fatalf("cancelled stream after %d tokens: %v", got, err)
+					}
+					break
+				}
+				if c.HasToken {
+					got++
+					if got == 3 {
+						cancel()
+					}
+				}
+			}
+			cancel()
+		})
 	}
 }

@@ -19,6 +19,13 @@
 // and keeps its mask after a token in the loop instead of computing it
 // again.
 //
+// The engine waits for the batcher's bookkeeping only: a step's text
+// work — detokenizing each sampled token and handing its chunk to the
+// reader — runs in a goroutine of its own while the engine runs the next
+// step, for every sequence whose next step does not depend on it (no
+// constraint, no stop strings, not finishing with the token;
+// [WithTextBehindStep]).
+//
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus
 // the tokens it already produced, so its stream continues without

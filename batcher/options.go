@@ -25,6 +25,7 @@ type config struct {
 	onResume       func(ResumeStats)
 	logger         *slog.Logger
 	noJumpForward  bool // WithJumpForward(false)
+	serialText     bool // WithTextBehindStep(false)
 	jumpForward    bool // resolved: on and the model takes forced tokens
 	embedShare     float64
 }
@@ -168,6 +169,24 @@ func WithEmbedShare(f float64) Option {
 func WithJumpForward(on bool) Option {
 	return func(c *config) error {
 		c.noJumpForward = !on
+		return nil
+	}
+}
+
+// WithTextBehindStep sets whether a step's text work runs behind the next
+// step (on by default): the detokenizing of each sampled token and its
+// chunk's hand-off to the reader, for sequences that neither finish with
+// the token nor have a constraint or stop strings (nothing the next step's
+// inputs depend on). The batcher starts that work in a goroutine of its
+// own when it calls the engine's Step, and waits for it when Step
+// returns, so the engine waits for the batcher's bookkeeping only, and a
+// chunk reaches its reader about the batcher's admission and input
+// building later than it would otherwise (StepStats.Between, a fraction
+// of a step). Off, every token's text work runs before the next step's
+// inputs are built.
+func WithTextBehindStep(on bool) Option {
+	return func(c *config) error {
+		c.serialText = !on
 		return nil
 	}
 }

@@ -105,6 +105,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		b.removeFinished()
 	}
 	if len(in) == 0 {
+		b.flushText()
 		if b.pool != nil && len(b.running) > 1 {
 			b.preemptForBlocks() // every sequence waits for blocks: make some
 		}
@@ -116,9 +117,11 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	if !b.stepEnd.IsZero() {
 		between = start.Sub(b.stepEnd)
 	}
+	text := b.textBehind()
 	outs, err := b.model.Step(ctx, in)
 	elapsed := time.Since(start)
 	b.stepEnd = start.Add(elapsed)
+	text()
 	if err != nil {
 		b.stepFailed(ctx, err)
 		return
@@ -261,6 +264,12 @@ func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
 			s.out.finish(api.Chunk{}, fmt.Errorf("model %s: the engine sampled a token the constraint does not allow: %w", b.info.ID, err))
 			return true
 		}
+	}
+	if !b.cfg.serialText && s.Constraint == nil && b.budget(s) > 0 && neverStops(s.Text) {
+		// Nothing the next step needs waits on this token's text: it is
+		// detokenized and handed over behind the next step.
+		b.pending = append(b.pending, pendingChunk{s, c})
+		return false
 	}
 	if s.Text != nil {
 		delta, stopped := s.Text.Add(tok)
@@ -491,4 +500,64 @@ func (s *Sequence) closingTokens() int {
 		return 0
 	}
 	return len(s.generated) + 1 - s.closingAt
+}
+
+// pendingChunk is a token's chunk whose text work runs behind the next
+// step (WithTextBehindStep).
+type pendingChunk struct {
+	s *Sequence
+	c api.Chunk
+}
+
+// neverStops reports whether a sequence's detokenizer can never report a
+// stop (it has no stop strings), so its text work may wait.
+func neverStops(d Detokenizer) bool {
+	if d == nil {
+		return true
+	}
+	n, ok := d.(interface{ NeverStops() bool })
+	return ok && n.NeverStops()
+}
+
+// text detokenizes a pending chunk's token and hands the chunk over.
+func (p pendingChunk) text() {
+	if p.s.Text != nil {
+		p.c.Text, _ = p.s.Text.Add(p.c.Token) // never stops: neverStops
+	}
+	p.s.out.push(p.c)
+}
+
+// textBehind starts the pending text work in a goroutine, to run while
+// the engine steps; the function it returns waits for it. Only that
+// goroutine touches the pending sequences' detokenizers and readers
+// meanwhile: the loop is inside the engine's Step.
+func (b *ContinuousBatcher) textBehind() (wait func()) {
+	if len(b.pending) == 0 {
+		return func() {}
+	}
+	work := b.pending
+	b.pending = b.pendingSpare[:0]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, p := range work {
+			p.text()
+		}
+	}()
+	return func() {
+		<-done
+		clear(work)
+		b.pendingSpare = work[:0]
+	}
+}
+
+// flushText runs the pending text work now: before a sequence with a
+// pending chunk leaves the running set (preempted, cancelled, failed) and
+// when no step follows to run it behind.
+func (b *ContinuousBatcher) flushText() {
+	for _, p := range b.pending {
+		p.text()
+	}
+	clear(b.pending)
+	b.pending = b.pending[:0]
 }

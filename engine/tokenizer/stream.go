@@ -55,6 +55,11 @@ func (t *Tokenizer) NewStreamDecoder(prompt []int32, stop []string) *StreamDecod
 	return d
 }
 
+// NeverStops reports whether the decoder has no stop strings: Add then
+// never reports a stop, so a batcher may detokenize behind its next step
+// (batcher.WithTextBehindStep).
+func (d *StreamDecoder) NeverStops() bool { return len(d.stops) == 0 }
+
 // Add feeds the next generated token. delta is the text that became final
 // with it (possibly empty). When a stop string completes, stopped is true
 // and delta holds only the text before the stop string; every later call
