@@ -671,7 +671,7 @@ type wordsOf struct {
 }
 
 func (w wordsOf) Add(id int32) (string, bool) {
-	if w.m.in.Load() {
+	if w.m != nil && w.m.in.Load() {
 		w.duringSteps.Add(1)
 	}
 	return fmt.Sprintf("t%d ", id), false
@@ -761,5 +761,38 @@ func TestTextBehindStep(t *testing.T) {
 			}
 			cancel()
 		})
+	}
+}
+
+// TestTextBehindStepForced: a resumed sequence's forced tokens, emitted
+// together at admission, reach the reader in order with their text and
+// before the finish, the last of them finishing the sequence.
+func TestTextBehindStepForced(t *testing.T) {
+	r := newRig(t, nil, nil)
+	var during atomic.Int64
+	s := &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 3, IgnoreEOS: true, Forced: []int32{7, 8, 9}, Text: wordsOf{nil, &during}}
+	r.submit(t, s)
+	var toks []int32
+	var text strings.Builder
+	finish := api.FinishReason("")
+	for {
+		c, err := s.Recv(context.Background())
+		if errors.Is(err, batcher.ErrStreamDone) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if finish != "" {
+			t.Fatal("a chunk after the finish")
+		}
+		if c.HasToken {
+			toks = append(toks, c.Token)
+		}
+		text.WriteString(c.Text)
+		finish = c.Finish
+	}
+	if !slices.Equal(toks, []int32{7, 8, 9}) || text.String() != "t7 t8 t9 " || finish != api.FinishLength {
+		t.Errorf("tokens %v, text %q, finish %q; want [7 8 9], \"t7 t8 t9 \", length", toks, text.String(), finish)
 	}
 }

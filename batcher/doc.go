@@ -23,7 +23,8 @@
 // work — detokenizing each sampled token and handing its chunk to the
 // reader — runs in a goroutine of its own while the engine runs the next
 // step, for every sequence whose next step does not depend on it (no
-// constraint, no stop strings, not finishing with the token;
+// constraint, no stop strings, not finishing with the token, not its
+// first;
 // [WithTextBehindStep]).
 //
 // A lower-tier sequence may be preempted for a blocked critical one (when

@@ -113,6 +113,7 @@ type Sequence struct {
 	forcedTotal int            // tokens jump-forward appended over the sequence's life
 	maskReady   bool           // mask was filled for this step
 	closingAt   int            // 1 + the tokens generated when the budget first restricted the mask; 0: never
+	pendingText bool           // a chunk of it waits in the batcher's pending text work (WithTextBehindStep)
 	// loop and loopLeft: the Constraint's loop at mask (Looper), steps
 	// left; a token accepted in it leaves mask as it is (maskKept).
 	loop     []uint64

@@ -265,9 +265,14 @@ func (b *ContinuousBatcher) emit(s *Sequence, c api.Chunk, now time.Time) bool {
 			return true
 		}
 	}
-	if !b.cfg.serialText && s.Constraint == nil && b.budget(s) > 0 && neverStops(s.Text) {
+	if s.pendingText {
+		b.flushText() // its earlier chunk first (forced tokens emit several at once)
+	}
+	if !b.cfg.serialText && s.Constraint == nil && b.budget(s) > 0 && neverStops(s.Text) && len(s.generated) > 1 {
 		// Nothing the next step needs waits on this token's text: it is
-		// detokenized and handed over behind the next step.
+		// detokenized and handed over behind the next step. Not a
+		// sequence's first token, which its reader waits for longest.
+		s.pendingText = true
 		b.pending = append(b.pending, pendingChunk{s, c})
 		return false
 	}
@@ -521,6 +526,7 @@ func neverStops(d Detokenizer) bool {
 
 // text detokenizes a pending chunk's token and hands the chunk over.
 func (p pendingChunk) text() {
+	p.s.pendingText = false
 	if p.s.Text != nil {
 		p.c.Text, _ = p.s.Text.Add(p.c.Token) // never stops: neverStops
 	}
