@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -212,5 +213,50 @@ func startRun(t *testing.T, args ...string) (addr string, stop func() error) {
 		case <-time.After(30 * time.Second):
 			return errors.New("server did not stop")
 		}
+	}
+}
+
+// TestTextSerial: -text-serial (each token's text work before the next
+// step) streams the same completion as the default (behind the next
+// step).
+func TestTextSerial(t *testing.T) {
+	var got []string
+	for _, extra := range [][]string{nil, {"-text-serial"}} {
+		addr, stop := startRun(t, append([]string{"-addr", "127.0.0.1:0", "-engine", "sim"}, extra...)...)
+		client := &http.Client{Transport: &http.Transport{}}
+		resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"tiny","prompt":"hello there","max_tokens":12,"stream":true,"temperature":0}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		client.CloseIdleConnections()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
+			t.Fatalf("%v: %d %s", extra, resp.StatusCode, body)
+		}
+		var text strings.Builder
+		for line := range strings.SplitSeq(string(body), "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			var ev struct {
+				Choices []struct{ Text string } `json:"choices"`
+			}
+			if err := json.Unmarshal([]byte(data), &ev); err != nil {
+				t.Fatalf("%v: %q: %v", extra, data, err)
+			}
+			for _, c := range ev.Choices {
+				text.WriteString(c.Text)
+			}
+		}
+		got = append(got, text.String())
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got[0] == "" || got[0] != got[1] {
+		t.Errorf("default streamed %q, -text-serial %q", got[0], got[1])
 	}
 }
