@@ -113,7 +113,10 @@ func BenchmarkServingOverheadBatch256(b *testing.B) { servingOverheadBoth(b, 256
 // batcher.WithTextBehindStep) and before it, alternating.
 func servingOverheadBoth(b *testing.B, maxBatch int) {
 	for _, behind := range []bool{true, false} {
-		name := map[bool]string{true: "text=behind", false: "text=serial"}[behind]
+		name := "text=serial"
+		if behind {
+			name = "text=behind"
+		}
 		b.Run(name, func(b *testing.B) { servingOverhead(b, maxBatch, behind) })
 	}
 }

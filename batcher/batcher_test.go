@@ -702,28 +702,11 @@ func TestTextBehindStep(t *testing.T) {
 				seqs = append(seqs, s)
 			}
 			for i, s := range seqs {
-				var toks []int32
-				var text strings.Builder
-				finish := api.FinishReason("")
-				for {
-					c, err := s.Recv(context.Background())
-					if errors.Is(err, batcher.ErrStreamDone) {
-						break
+				toks, texts, _, finish := textStream(t, fmt.Sprint("seq ", i), s)
+				for j, tok := range toks {
+					if want := fmt.Sprintf("t%d ", tok); texts[j] != want {
+						t.Fatalf("seq %d: token %d's chunk has text %q, want %q", i, tok, texts[j], want)
 					}
-					if err != nil {
-						t.Fatalf("seq %d: %v", i, err)
-					}
-					if finish != "" {
-						t.Fatalf("seq %d: a chunk after the finish", i)
-					}
-					if c.HasToken {
-						toks = append(toks, c.Token)
-						if want := fmt.Sprintf("t%d ", c.Token); c.Text != want {
-							t.Fatalf("seq %d: token %d's chunk has text %q, want %q", i, c.Token, c.Text, want)
-						}
-					}
-					text.WriteString(c.Text)
-					finish = c.Finish
 				}
 				if len(toks) != s.MaxTokens || finish != api.FinishLength {
 					t.Errorf("seq %d: %d tokens, finish %q; want %d, length", i, len(toks), finish, s.MaxTokens)
@@ -772,27 +755,34 @@ func TestTextBehindStepForced(t *testing.T) {
 	var during atomic.Int64
 	s := &batcher.Sequence{Prompt: prompt(1, 8), MaxTokens: 3, IgnoreEOS: true, Forced: []int32{7, 8, 9}, Text: wordsOf{nil, &during}}
 	r.submit(t, s)
-	var toks []int32
-	var text strings.Builder
-	finish := api.FinishReason("")
+	toks, _, text, finish := textStream(t, "forced", s)
+	if !slices.Equal(toks, []int32{7, 8, 9}) || text != "t7 t8 t9 " || finish != api.FinishLength {
+		t.Errorf("tokens %v, text %q, finish %q; want [7 8 9], \"t7 t8 t9 \", length", toks, text, finish)
+	}
+}
+
+// textStream reads s to its end: its tokens, each token's chunk text, the
+// stream's whole text and its finish. A chunk after the finish, or an
+// error, fails t (name says which stream).
+func textStream(t *testing.T, name string, s *batcher.Sequence) (toks []int32, texts []string, text string, finish api.FinishReason) {
+	t.Helper()
+	var all strings.Builder
 	for {
 		c, err := s.Recv(context.Background())
 		if errors.Is(err, batcher.ErrStreamDone) {
-			break
+			return toks, texts, all.String(), finish
 		}
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		if finish != "" {
-			t.Fatal("a chunk after the finish")
+			t.Fatalf("%s: a chunk after the finish", name)
 		}
 		if c.HasToken {
 			toks = append(toks, c.Token)
+			texts = append(texts, c.Text)
 		}
-		text.WriteString(c.Text)
+		all.WriteString(c.Text)
 		finish = c.Finish
-	}
-	if !slices.Equal(toks, []int32{7, 8, 9}) || text.String() != "t7 t8 t9 " || finish != api.FinishLength {
-		t.Errorf("tokens %v, text %q, finish %q; want [7 8 9], \"t7 t8 t9 \", length", toks, text.String(), finish)
 	}
 }
