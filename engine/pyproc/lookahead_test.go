@@ -305,7 +305,8 @@ func TestLookaheadOffForLargeBatches(t *testing.T) {
 // CUDA graphs (bfloat16: the varlen attention they need) sample what the
 // eager prompt steps sample, for families whose layers differ (biases, QK
 // norm, Gemma 3's sandwich norms and sliding layers, Mistral's window,
-// Phi-3's partial rotary and longrope): chunks of three lengths in one
+// Phi-3's partial rotary and longrope, mixtures of experts on the fused
+// kernels): chunks of three lengths in one
 // step, then greedy decoding; and that the graphs ran (the worker's stats list their
 // token buckets). Logprobs of the first tokens may differ by rounding:
 // the graphs run the projections on the bucket's padded row count, where
@@ -346,7 +347,7 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 	}
 	off := newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true}))
 	on := newEngine(t, WithDType("bfloat16"))
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3"} {
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "qwen3_moe", "mixtral"} {
 		dir := t.TempDir()
 		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
 			t.Fatal(err)

@@ -17,8 +17,9 @@ func TestPrefillGraphsEmulated(t *testing.T) {
 	args := []string{"runtime"}
 	// Llama, biases, QK norm, Gemma 3's sandwich norms, scale and sliding
 	// layers, Mistral's window, Phi-3's fused projections, partial rotary
-	// and longrope, OLMo 2's norms after.
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2"} {
+	// and longrope, OLMo 2's norms after; mixtures of experts on the fused
+	// experts' path (its kernels stood in by plain torch).
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "qwen3_moe", "mixtral"} {
 		dir := filepath.Join(t.TempDir(), arch)
 		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
 			t.Fatal(err)
@@ -35,7 +36,9 @@ func TestPrefillGraphsEmulated(t *testing.T) {
 // same scenario with the overlap off, on a model with sliding layers too.
 func TestOverlapEmulated(t *testing.T) {
 	args := []string{"runtime"}
-	for _, arch := range []string{"llama", "gemma3_text"} { // gemma3: sliding layers give blocks back
+	// gemma3: sliding layers give blocks back, QK norms inside the decode
+	// attention; qwen3_moe: its k choices summed inside the next norm.
+	for _, arch := range []string{"llama", "gemma3_text", "qwen3_moe"} {
 		dir := filepath.Join(t.TempDir(), arch)
 		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
 			t.Fatal(err)

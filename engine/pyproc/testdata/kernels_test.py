@@ -3,10 +3,12 @@ kernels.py) against the plain torch code they replace, for the shapes of
 the families the torch backend serves: head dims, grouped-query ratios,
 rotated dims, attention scales, sliding windows and RMSNorm kinds, in
 each serving dtype. Every case runs each kernel once on random data:
-add_rms, silu_mul, decode_attention (with and without its cache split,
-blocks of 16 and 32 tokens scattered through the pool, no window, the
-family's and one that bites; gpt-oss's with a sink logit per head, some
-far above and below the scores), rope_kv and argmax (a tie included).
+add_rms (and its sum of a mixture's k choices), silu_mul,
+decode_attention (with and without its cache split, blocks of 16 and 32
+tokens scattered through the pool, no window, the family's and one that
+bites; gpt-oss's with a sink logit per head, some far above and below
+the scores; each head of q and k RMS-normalised inside, as the QK-norm
+families' decode steps run it), rope_kv and argmax (a tie included).
 Then the varlen flash call with sinks (its log-sum-exp rescaling the
 output, decoder._flash_varlen and gptoss.with_sinks) against float32
 attention with a sink column, in gpt-oss's shapes: packed chunks, fresh
@@ -15,7 +17,12 @@ runtime only builds the kernels (kernels.probe) and checks the varlen
 call on a few tokens (decoder._varlen_ok); this is where their numbers
 are checked.
 
-  python3 kernels_test.py RUNTIME_DIR
+  python3 kernels_test.py RUNTIME_DIR [DTYPE...]
+
+DTYPE (bfloat16, float16, float32; default all three) limits the cases to
+those dtypes: each process builds its own kernels, so several processes
+of one dtype each finish sooner than one of all (Triton's compiler, not
+the GPU, takes most of the time).
 
 Prints "N passed, 0 failed" or raises; CUDA and Triton only. Run by
 TestRuntimeKernels (MLXSERVING_TEST_DEVICE=cuda).
@@ -70,6 +77,16 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
     ref = w * s.to(dtype) if rounds else (s * (w.float() + off)).to(dtype)
     if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
         return "add_rms"
+    # A mixture's 8 choices unsummed: summed in float32, rounded once.
+    d8 = rnd(B, 8, 256)
+    xo, y = kernels.add_rms(x, d8, w, 1e-5, norm)
+    s = (x.float() + d8.float().sum(1).to(dtype).float()).to(dtype)
+    if not torch.allclose(xo.float(), s.float(), atol=tol, rtol=tol):
+        return "add_rms (k choices)"
+    s = s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    ref = w * s.to(dtype) if rounds else (s * (w.float() + off)).to(dtype)
+    if not torch.allclose(y.float(), ref.float(), atol=tol, rtol=tol):
+        return "add_rms (k choices), the norm"
     gu = rnd(B, 2 * 300)
     ref = torch.nn.functional.silu(gu[:, :300]) * gu[:, 300:]
     if not torch.allclose(kernels.silu_mul(gu).float(), ref.float(), atol=tol, rtol=tol):
@@ -81,6 +98,12 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
             err = _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot or hd, scale or hd ** -0.5, win, sink)
             if err is not None:
                 return err
+    # Each head of q and k normalised inside the kernel (qwen3, gemma 3).
+    if norm != "olmo2":
+        err = _check_attention(device, dtype, rnd, g, tol, B, ctx, 16, H, K, hd, rot or hd, scale or hd ** -0.5, window, sink,
+                               qkn=(rnd(hd), rnd(hd), 1e-6, norm))
+        if err is not None:
+            return err + " with QK norms"
     x = torch.randn(3, 50000, generator=g).to(device)
     x[1, 7] = x[1, 40000] = 1e9  # a tie: the first index wins
     if not torch.equal(kernels.argmax(x), torch.argmax(x, -1)):
@@ -88,11 +111,13 @@ def self_check(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=
     return None
 
 
-def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window, sinks=None):
+def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scale, window, sinks=None, qkn=None):
     """decode_attention (split and not) and rope_kv against plain torch on
     blocks of bs tokens scattered through the pool, rot of each head's dims
     rotated, q.k scaled by scale, a sliding window (0: none), sinks [H]
-    (CPU float32; None: none) as one more softmax column."""
+    (CPU float32; None: none) as one more softmax column; qkn: decode
+    attention's qk_norm (q weight, k weight, eps, norm kind), each head
+    normalised first as decoder.rms does (rope_kv not checked then)."""
     nb = -(-ctx // bs)
     blocks = B * nb
     kc, vc = rnd(blocks + 1, bs, K, hd), rnd(blocks + 1, bs, K, hd)
@@ -109,9 +134,19 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
     cos[:, :rot], sin[:, :rot] = emb.cos(), emb.sin()
     cos, sin = cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
-    def rope(t, p):
+    def normed(t, w):  # [heads, hd] by decoder.rms's rounding of the kind
+        if qkn is None:
+            return t
+        rounds, off = kernels.NORMS[qkn[3]]
+        f = t.float() * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + qkn[2])
+        return w * f.to(t.dtype) if rounds else (f * (w.float() + off)).to(t.dtype)
+
+    def rope(t, p, w=None):
+        t = t if w is None else normed(t, w)
         half = rot // 2
         return t * cos[p] + torch.cat([-t[..., half:rot], t[..., :half], t[..., rot:]], -1) * sin[p]
+
+    qw, kw = (qkn[0], qkn[1]) if qkn is not None else (None, None)
 
     def where(b):  # (block, offset) of row b's new token
         p, r = int(pos[b]), int(rows[b])
@@ -124,15 +159,15 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
     kref, vref = kc.clone(), vc.clone()
     for b in range(B):
         blk, off = where(b)
-        kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]))
+        kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]), kw)
         vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
     for context in (ctx, 1024):
         k2, v2 = kc.clone(), vc.clone()
         out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot,
-                                       sinks=None if sinks is None else sinks.to(device))
+                                       sinks=None if sinks is None else sinks.to(device), qk_norm=qkn)
         for b in range(B):
             p = int(pos[b])
-            q = rope(qkv[b, : H * hd].view(H, hd), p)
+            q = rope(qkv[b, : H * hd].view(H, hd), p, qw)
             first = max(0, p - window + 1) if window else 0
             kk = seq(kref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
             vv = seq(vref, b, p + 1)[:, first:].float().repeat_interleave(H // K, 0)
@@ -146,6 +181,8 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
                 return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
         if not (torch.allclose(k2.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(v2, vref)):
             return "decode_attention's KV write (block %d)" % bs
+    if qkn is not None:
+        return None
     k2, v2 = kc.clone(), vc.clone()
     kvrow = torch.tensor([where(b)[0] * bs + where(b)[1] for b in range(B)], device=device)
     qk = kernels.rope_kv(qkv, k2, v2, kvrow, pos, cos, sin, H, K, rot)
@@ -181,14 +218,15 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("kernels_test.py needs CUDA")
     dev = torch.device("cuda")
+    dtypes = [getattr(torch, n) for n in sys.argv[2:]] or [torch.bfloat16, torch.float16, torch.float32]
     passed = 0
     for name, H, K, hd, rot, scale, window, norm, sinks in SHAPES:
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for dtype in dtypes:
             err = self_check(dev, dtype, H, K, hd, rot=rot, scale=scale, window=window, norm=norm, sinks=sinks)
             if err is not None:
                 raise AssertionError("%s in %s: %s disagrees with plain torch" % (name, dtype, err))
             passed += 1
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in (d for d in dtypes if d != torch.float32):
         err = check_varlen_sinks(dev, dtype)
         if err is not None:
             raise AssertionError("varlen flash attention with sinks in %s: %s" % (dtype, err))

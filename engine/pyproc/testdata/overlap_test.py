@@ -28,12 +28,14 @@ import torch  # noqa: E402
 from mlxsworker.settings import Settings  # noqa: E402
 from mlxsworker.torchrt import graphs  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
-from standins import Kern, record  # noqa: E402
+from standins import Kern, MoEKern, record  # noqa: E402
 
 
 def model(path, overlap):
     m = TorchModel(path, {"device": "cpu", "max_batch": 8}, Settings(overlap=overlap))
     m.model.kern = Kern(m.model)
+    if m.model.moe is not None:  # the fused experts' path: their k choices summed by add_rms in decode steps
+        m.model.moe.fused = MoEKern
     m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
     assert m.graphs.fast
     return m

@@ -2,7 +2,7 @@
 own capture and replay, with graphs.record keeping each piece as a
 callable that every replay runs again (what a CUDA graph replays), and
 the CUDA kernels the path needs (kernels' rope_kv, add_rms, silu_mul and
-decode_attention, the varlen flash call) stood in by plain torch, the
+decode_attention, the varlen flash call, a mixture's fused experts) stood in by plain torch, the
 same stand-ins for the eager model it is checked against. Steps of prompt
 chunks (fresh, and continuing a prefix; padded to buckets of 64, 256 and
 512 rows) between decode steps must give the eager path's tokens and
@@ -25,12 +25,14 @@ import torch  # noqa: E402
 
 from mlxsworker.torchrt import decoder, graphs, prefill  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
-from standins import Kern, flash_varlen, prompt, record, sampler  # noqa: E402
+from standins import Kern, MoEKern, flash_varlen, prompt, record, sampler  # noqa: E402
 
 
 def model(path, with_graphs):
     m = TorchModel(path, {"device": "cpu", "max_batch": 8})
     m.model.kern = Kern(m.model)
+    if m.model.moe is not None:  # the fused experts' path, which the graphs take
+        m.model.moe.fused = MoEKern
     m.model.varlen = m.model.sdpa = True
     if with_graphs:
         assert prefill.PrefillGraphs.supports(m.model)

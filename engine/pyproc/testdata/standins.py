@@ -1,8 +1,8 @@
 """Plain-torch stand-ins for what the CUDA paths of the runtime need, so
 that the CPU tests (prefill_graphs_test.py, overlap_test.py) run those
 paths: a captured graph kept as a callable that every replay runs again,
-the Triton kernels' entry points (kernels.py) and the varlen flash call,
-in float32. Attention sinks (gpt_oss) take the real calls' interfaces and
+the Triton kernels' entry points (kernels.py, and moe_triton.py's as
+MoEKern) and the varlen flash call, in float32. Attention sinks (gpt_oss) take the real calls' interfaces and
 math: decode_attention adds exp(s_h - m) to its softmax's denominator, as
 the kernel does; flash_varlen returns its log-sum-exp for the decoder to
 rescale by.
@@ -59,6 +59,8 @@ class Kern:
         return torch.argmax(x, dim=-1)
 
     def add_rms(self, x, d, w, eps, norm="llama"):
+        if d is not None and d.dim() == 3:  # a mixture's k choices, unsummed
+            d = d.sum(dim=1)
         x = x if d is None else x + d
         return x, self.m.rms(x, w)
 
@@ -79,8 +81,10 @@ class Kern:
         return qk
 
     def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
-                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None):
+                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):
         bs, hd, f = kc.shape[1], kc.shape[-1], self.m.kvq
+        if qk_norm is not None:  # each head of q and k normalised first
+            qkv = self.m.qk_norm(qkv, {"q_norm": qk_norm[0], "k_norm": qk_norm[1]})
         qk = self._rot(qkv, pos, cos, sin, heads, kv_heads)
         v = qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd)
         out = []
@@ -142,3 +146,38 @@ def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window=0, lse=Fa
         out.append(o)
         lses.append(L)
     return (torch.cat(out), torch.cat(lses)) if lse else torch.cat(out)
+
+
+class MoEKern:
+    """moe_triton's entry points in plain torch: the routing as moe.Experts
+    routes, the sort by expert as moe.align sorts, and the blocks as the
+    two kernels run them (each block's rows gathered, its expert's
+    gate_up, silu * up, down, times the routing weight, written at the
+    pair's row)."""
+
+    @staticmethod
+    def route(logits, k, renorm):
+        p = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        w, idx = torch.topk(p, k, dim=-1)
+        return (w / w.sum(dim=-1, keepdim=True) if renorm else w), idx
+
+    @staticmethod
+    def align(flat, experts, BM, nb):
+        from mlxsworker.torchrt import moe
+        rows, bexp = moe.align(flat, experts, BM)
+        assert bexp.numel() == nb
+        return rows, bexp
+
+    @staticmethod
+    def experts(h, gu_w, down_w, rows, bexp, weights, k, tiles):
+        P, BM, E = h.shape[0] * k, tiles[0], gu_w.shape[0]
+        ys = torch.zeros(P, h.shape[1], dtype=h.dtype)
+        for b in range(bexp.numel()):
+            e = int(bexp[b])
+            if e >= E:
+                continue
+            r = rows[b * BM:(b + 1) * BM].long()
+            pairs = r[r < P]
+            g, u = F.linear(h[pairs // k], gu_w[e]).chunk(2, dim=-1)
+            ys[pairs] = F.linear(F.silu(g) * u, down_w[e]) * weights[pairs].unsqueeze(1)
+        return ys

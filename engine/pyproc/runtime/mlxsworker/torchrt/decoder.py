@@ -231,6 +231,8 @@ class Decoder:
         """(x + d, norm(x + d) by w); d is skipped when None (the first
         layer: x is the embedding), the norm when w is None (OLMo 2).
         Returns the new residual and the normalised rows."""
+        if d is not None and d.dim() == 3 and (w is None or self.kern is None):
+            d = d.sum(dim=1)  # a mixture's k choices (mlp, summed=False)
         if w is None:
             x = x if d is None else x + d
             return x, x
@@ -246,9 +248,12 @@ class Decoder:
             x = x * self.embed_scale
         return x
 
-    def mlp(self, h, L, li=0):
+    def mlp(self, h, L, li=0, summed=True):
+        """The MLP of rows h; summed False lets a mixture's fused path
+        return its k choices unsummed, [N, k, hidden], for add_norm's
+        kernel to sum."""
         if "router" in L:
-            return self.moe.forward(h, L, self.act_mul)
+            return self.moe.forward(h, L, self.act_mul, summed=summed)
         return self.reduce(self.proj(self.act_mul(self.proj(h, L, "gate_up", li)), L, "down", li))
 
     def proj(self, x, L, name, li):
@@ -340,16 +345,27 @@ class Decoder:
         cfg = self.cfg
         x = self.embed_rows(tokens)
         d = None
+        # Per-head QK norms run inside the attention kernel, and a
+        # mixture's sum over its k choices inside the next add_norm's:
+        # at one token a layer, each of those small kernels cost about as
+        # much as the weights it sat between.
+        head_norm = cfg.family.qk_norm == "head"
         for li, L in enumerate(self.layers):
             x, h = self.add_norm(x, d, L.get("ln_in"))
-            qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
+            qkv = self.proj(h, L, "qkv", li)
+            qkn = None
+            if head_norm:
+                qkn = (L["q_norm"], L["k_norm"], cfg.eps, self.norm_kind)
+            else:
+                qkv = self.qk_norm(qkv, L)
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li],
-                                           sinks=L.get("sinks"))
+                                           sinks=L.get("sinks"), qk_norm=qkn)
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             x, h = self.add_norm(x, a, L.get("ln_ffn"))
-            d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
+            post = L.get("mlp_post")
+            d = self.rms(self.mlp(h, L, li, summed=post is not None), post)
         _, x = self.add_norm(x, d, self.norm)
         return self.logits(x)
 
@@ -608,7 +624,8 @@ def _kernels(cfg, device, dtype, kv_dtype):
         if not kernels.usable(cfg, dtype):
             return None
         kernels.probe(device, dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, rot=cfg.rot_dim, scale=cfg.scale,
-                      window=max(cfg.windows), norm=cfg.family.norm, kv_dtype=kv_dtype, sinks=cfg.family.sinks)
+                      window=max(cfg.windows), norm=cfg.family.norm, kv_dtype=kv_dtype, sinks=cfg.family.sinks,
+                      qk_norm=cfg.family.qk_norm == "head", moe_k=cfg.top_k if cfg.experts else 0)
     except Exception as e:  # no Triton, or it cannot compile for this device
         log.warning("Triton kernels unavailable, using plain torch: %s", e)
         return None

@@ -34,26 +34,40 @@ from .kvcache import FLOAT8
 
 
 @triton.jit
-def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr,
+def _normed(x, rstd, w, ROUND: tl.constexpr, OFFSET: tl.constexpr):
+    # x times its row's rstd and the norm's weight w, rounded as
+    # decoder.rms rounds the norm kind (NORMS), in x's dtype.
+    w = w.to(tl.float32)
+    if OFFSET:  # Gemma: (1 + w)
+        w = w + 1.0
+    if ROUND:  # Llama: the normalised rows rounded to x's dtype before w
+        y = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * w
+    else:  # OLMo 2, Gemma: one rounding at the end
+        y = x.to(tl.float32) * rstd * w
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, KS: tl.constexpr, BLOCK: tl.constexpr,
                     ROUND: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < n
     x = tl.load(x_ptr + row * n + offs, mask=m, other=0.0)
     if HAS_D:
-        d = tl.load(d_ptr + row * n + offs, mask=m, other=0.0)
-        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+        if KS == 1:
+            d = tl.load(d_ptr + row * n + offs, mask=m, other=0.0).to(tl.float32)
+        else:  # a mixture's k choices, summed in float32 and rounded once, as torch's sum over them
+            d = tl.zeros([BLOCK], tl.float32)
+            for j in tl.static_range(KS):
+                d += tl.load(d_ptr + (row * KS + j) * n + offs, mask=m, other=0.0).to(tl.float32)
+            d = d.to(x.dtype).to(tl.float32)
+        x = (x.to(tl.float32) + d).to(x.dtype)
         tl.store(xo_ptr + row * n + offs, x, mask=m)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    if OFFSET:  # Gemma: (1 + w)
-        w = w + 1.0
-    if ROUND:  # Llama: the normalised rows rounded to x's dtype before w
-        y = (xf * rstd).to(x.dtype).to(tl.float32) * w
-    else:  # OLMo 2, Gemma: one rounding at the end
-        y = xf * rstd * w
-    tl.store(y_ptr + row * n + offs, y.to(x.dtype), mask=m)
+    y = _normed(x, rstd, tl.load(w_ptr + offs, mask=m, other=0.0), ROUND, OFFSET)
+    tl.store(y_ptr + row * n + offs, y, mask=m)
 
 
 # The RMSNorm kinds (decoder.Decoder.rms): (round before w, 1 + w).
@@ -62,14 +76,18 @@ NORMS = {"llama": (True, False), "olmo2": (False, False), "gemma": (False, True)
 
 def add_rms(x, d, w, eps, norm="llama"):
     """Returns (x + d, rms_norm(x + d) * w); with d None, (x, rms_norm(x) * w).
-    x, d: contiguous [N, hidden]; norm: the kind (NORMS)."""
+    x: contiguous [N, hidden]; d: contiguous [N, hidden], or [N, k, hidden]
+    (a mixture's k choices, unsummed: moe.Experts.forward(summed=False)),
+    summed first; norm: the kind (NORMS)."""
     rnd, off = NORMS[norm]
     n = x.shape[-1]
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if d is not None else x
+    ks = d.shape[1] if d is not None and d.dim() == 3 else 1
     if x.shape[0]:
         _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, n, eps,
-                                       HAS_D=d is not None, BLOCK=triton.next_power_of_2(n), ROUND=rnd, OFFSET=off, num_warps=8)
+                                       HAS_D=d is not None, KS=ks, BLOCK=triton.next_power_of_2(n), ROUND=rnd, OFFSET=off,
+                                       num_warps=8)
     return xo, y
 
 
@@ -154,11 +172,12 @@ def _kv_decode(c, scale, like, FP8: tl.constexpr):
 
 @triton.jit
 def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
-                        sink_ptr, qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv, v_inv,
+                        sink_ptr, qn_ptr, kn_ptr, qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv,
+                        v_inv, eps,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                         PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
-                        SINK: tl.constexpr):
+                        SINK: tl.constexpr, QKN: tl.constexpr, NROUND: tl.constexpr, NOFFSET: tl.constexpr):
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -174,9 +193,18 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     qh = (kh * REP + r)[:, None] * HD
     q = tl.load(row + qh + d[None, :], mask=rm[:, None], other=0.0)
     qr = tl.load(row + qh + dr[None, :], mask=rm[:, None], other=0.0)
-    q = _rope(q, qr, cos[None, :], sin[None, :], ROT // 2, HD)
     k = tl.load(row + (H + kh) * HD + d)
     kr = tl.load(row + (H + kh) * HD + dr)
+    if QKN:  # each head of q and k RMS-normalised first (decoder.qk_norm)
+        qf = q.to(tl.float32)
+        qs = (1.0 / tl.sqrt(tl.sum(qf * qf, axis=1) / HD + eps))[:, None]
+        q = _normed(q, qs, tl.load(qn_ptr + d)[None, :], NROUND, NOFFSET)
+        qr = _normed(qr, qs, tl.load(qn_ptr + dr)[None, :], NROUND, NOFFSET)
+        kf = k.to(tl.float32)
+        ks = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) / HD + eps)
+        k = _normed(k, ks, tl.load(kn_ptr + d), NROUND, NOFFSET)
+        kr = _normed(kr, ks, tl.load(kn_ptr + dr), NROUND, NOFFSET)
+    q = _rope(q, qr, cos[None, :], sin[None, :], ROT // 2, HD)
     k = _rope(k, kr, cos, sin, ROT // 2, HD)
     v = tl.load(row + (H + K + kh) * HD + d)
     if sp == 0:
@@ -354,7 +382,7 @@ def _attn_config(batch, hd, elem):
 
 
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
-                     prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None):
+                     prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
     sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
     hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
@@ -366,7 +394,10 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     loads that depend on them (settings.attn_prefetch); k_scale, v_scale:
     the layer's KV scales where kc and vc are float8_e4m3fn; sinks: each
     head's sink logit, [H] float32 contiguous (gpt_oss; None: none), one
-    more column of the softmax that holds no value. Writes k and v at pos
+    more column of the softmax that holds no value; qk_norm: (q weight,
+    k weight [hd], eps, norm kind) to RMS-normalise each head of q and k
+    before the rotary embedding, as decoder.qk_norm does (None: qkv comes
+    normalised or the family has no such norm). Writes k and v at pos
     and returns attention over positions 0..pos (pos - window < j <= pos
     in a sliding layer), [B, H * hd]."""
     B = qkv.shape[0]
@@ -387,13 +418,15 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         part = torch.empty(B * kv_heads * sp * rb * hd, device=qkv.device, dtype=torch.float32)
         ml = torch.empty(B * kv_heads * sp * 2 * rb, device=qkv.device, dtype=torch.float32)
     sink = out if sinks is None else sinks  # out: an unread pointer
+    qn, kn, eps, nkind = qk_norm if qk_norm is not None else (out, out, 0.0, "llama")
+    nround, noff = NORMS[nkind]
     _decode_attn_kernel[(B, kv_heads, sp)](
-        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin, sink,
+        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin, sink, qn, kn,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
-        1.0 / k_scale, 1.0 / v_scale,
+        1.0 / k_scale, 1.0 / v_scale, float(eps),
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
-        SINK=sinks is not None, num_warps=warps, num_stages=stages)
+        SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff, num_warps=warps, num_stages=stages)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
                                        SINK=sinks is not None, num_warps=4)
@@ -440,11 +473,13 @@ def usable(cfg, dtype):
     return hd >= 16 and hd & (hd - 1) == 0 and cfg.heads % cfg.kv_heads == 0 and cfg.heads // cfg.kv_heads <= 64
 
 
-def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", kv_dtype=None, sinks=False):
+def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, norm="llama", kv_dtype=None, sinks=False,
+          qk_norm=False, moe_k=0):
     """Runs each kernel once on zeros in the model's shapes (its heads,
     head dim, rotated dims, attention scale, sliding window, RMSNorm kind,
-    KV pool dtype, None: dtype, and sinks; blocks of 16 and 32 tokens; a
-    cache long enough to split), so
+    KV pool dtype, None: dtype, sinks, per-head QK norms inside the decode
+    attention and a mixture's k choices summed by add_rms; blocks of 16
+    and 32 tokens; a cache long enough to split), so
     that each is built for this device now: one Triton cannot build or run
     here raises at load, where the decoder falls back to plain torch,
     rather than in a step. Whether the kernels agree with plain torch is
@@ -453,7 +488,10 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
     zeros = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
     B, ctx = 3, 4100
     add_rms(zeros(B, 256), zeros(B, 256), zeros(256), 1e-5, norm)
+    if moe_k:
+        add_rms(zeros(B, 256), zeros(B, moe_k, 256), zeros(256), 1e-5, norm)
     silu_mul(zeros(B, 600))
+    qkn = (zeros(hd), zeros(hd), 1e-6, norm) if qk_norm else None
     qkv = zeros(B, (heads + 2 * kv_heads) * hd)
     rows = torch.tensor([2, 1, 3], device=device)
     pos = torch.tensor([0, 37, ctx - 1], device=device)
@@ -468,7 +506,7 @@ def probe(device, dtype, heads, kv_heads, hd, rot=None, scale=None, window=0, no
         for win in sorted({0, window, 7 if window else 0}):
             for context in (ctx, 1024):
                 decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale, win, rot,
-                                 sinks=sink)
+                                 sinks=sink, qk_norm=qkn)
         rope_kv(qkv, kc, vc, rows, pos, cos, sin, heads, kv_heads, rot)
     argmax(torch.zeros(B, 50000, device=device))
     torch.cuda.synchronize(device)

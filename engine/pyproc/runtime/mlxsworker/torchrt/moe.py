@@ -133,13 +133,15 @@ class Experts:
             w = w / w.sum(dim=-1, keepdim=True)
         return w.to(h.dtype), idx
 
-    def forward(self, h, L, act_mul, grouped=None, fused=None, routed=None):
+    def forward(self, h, L, act_mul, grouped=None, fused=None, routed=None, summed=True):
         """The layer's output for rows h: through the fused kernels
         (self.fused, or fused), else the grouped GEMM (self.grouped, or
         grouped), else the loop. routed: (weights, experts) to use
         instead of the router's (the load-time checks compare paths on
         one routing: bfloat16 logits tie, and two top-k codes may order
-        equal values differently)."""
+        equal values differently). summed False: the fused path returns
+        the k choices of each row unsummed, [N, k, hidden], for the
+        caller's kernel to sum (kernels.add_rms); the others sum them."""
         kern = self.fused if fused is None else fused
         if kern is not None and grouped is None:
             P = h.shape[0] * self.k
@@ -157,7 +159,8 @@ class Experts:
             else:
                 rows, bexp = align(idx.reshape(-1), self.E, t[0])
             ys = kern.experts(h.contiguous(), L["experts_gu"], L["experts_down"], rows, bexp, w.reshape(-1), self.k, t)
-            return ys.view(h.shape[0], self.k, -1).sum(dim=1)
+            ys = ys.view(h.shape[0], self.k, -1)
+            return ys.sum(dim=1) if summed else ys
         w, idx = self.route(h, L) if routed is None else routed
         flat = idx.reshape(-1)
         order = torch.argsort(flat)

@@ -40,9 +40,10 @@ module per adapter on top of the eager launches): under a prompt-bound
 load on an H100 they served 0.66x the base's throughput at 1 or 8
 adapters and 0.46x at 32.
 
-Only models whose projections are plain tensors (no quantized weights), no
-mixtures of experts and no tensor parallel take this path; anything
-else, and a capture that fails (logged, then never tried again: of the
+Only models whose projections are plain tensors (no quantized weights),
+whose experts, if any, run the fused kernels (moe_triton: routing and
+sort on the device, a grid that depends on the bucket's rows alone), and
+no tensor parallel take this path; anything else, and a capture that fails (logged, then never tried again: of the
 base's graphs, every prompt step; of those with the delta, the steps
 with adapters), runs eagerly. Every dense family the decoder runs
 takes it (their norms, QK norms, sliding layers, rotary tables and
@@ -92,7 +93,8 @@ class PrefillGraphs:
     def supports(model):
         """Whether model's prompt steps can run here (see the module doc)."""
         plain = all(isinstance(L[n], torch.Tensor) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
-        return model.kern is not None and model.varlen and model.tp is None and model.moe is None and plain
+        experts = model.moe is None or model.moe.fused is not None  # the fused experts: no host sync, a grid fixed by the rows
+        return model.kern is not None and model.varlen and model.tp is None and experts and plain
 
     def usable(self, n, groups, pooled, lora=False):
         """Whether a packed step of n rows with attention plan groups runs
