@@ -6,9 +6,11 @@ code. Each kernel reproduces the rounding of the torch code it replaces
 (bfloat16/float16 results rounded where torch rounds them), so greedy
 tokens do not depend on which path ran.
 
-- add_rms: the residual add and the next RMSNorm in one pass.
+- add_rms: the residual add and the next RMSNorm in one pass (in decode
+  steps of a mixture, its k choices summed first).
 - silu_mul: SwiGLU's silu(gate) * up from the packed gate_up projection.
-- decode_attention: one token per sequence: rotary embedding of q and k,
+- decode_attention: one token per sequence: the per-head RMS norms of q
+  and k where the family has them (qwen3, gemma3), rotary embedding of q and k,
   the new k and v written into the sequence's KV block, and attention
   over its blocks read through the block table (paged.py), all heads of a
   KV group in one program; no gather of the cache, no mask, any length up
