@@ -98,6 +98,7 @@ var (
 	loads      = flag.String("loads", "c1:50,c16:200,c64:512,c256:1024,r40:800", "serving mode: cN (closed loop, N clients) or rN (Poisson, N req/s), each :REQUESTS")
 	inWords    = flag.Int("input-words", 400, "serving mode: prompt length in words")
 	outTokens  = flag.Int("max-tokens", 128, "serving mode: output tokens per request")
+	temp       = flag.Float64("temperature", 0, "serving mode: sampling temperature of every request (0: greedy; OpenAI clients default to 1)")
 	sloTTFT    = flag.Duration("slo-ttft", 500*time.Millisecond, "serving mode: goodput SLO on time to first token")
 	sloTPOT    = flag.Duration("slo-tpot", 20*time.Millisecond, "serving mode: goodput SLO on time per output token")
 	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
@@ -281,7 +282,7 @@ func servingMode(ctx context.Context) error {
 	}
 	return runServing(ctx, *dir, servingConfig{
 		server: *serverBin, loadgen: *loadgenBin, python: *python, loads: ls,
-		inputWords: *inWords, maxTokens: *outTokens, ttftSLO: *sloTTFT, tpotSLO: *sloTPOT,
+		inputWords: *inWords, maxTokens: *outTokens, temperature: *temp, ttftSLO: *sloTTFT, tpotSLO: *sloTPOT,
 		logDir: *logDir, serverArgs: flag.Args(),
 	})
 }

@@ -100,7 +100,7 @@ func TestRefusesNonLoopback(t *testing.T) {
 			t.Errorf("%s refused: %v", target, err)
 		}
 	}
-	for _, args := range [][]string{{"-requests", "0"}, {"-duration", "2h"}, {"-concurrency", "0"}, {"-rate", "-1"}, {"-endpoint", "x"}, {"-percentiles", "120"}, {"-inputs", "0"}} {
+	for _, args := range [][]string{{"-requests", "0"}, {"-duration", "2h"}, {"-concurrency", "0"}, {"-rate", "-1"}, {"-endpoint", "x"}, {"-percentiles", "120"}, {"-inputs", "0"}, {"-temperature", "2.5"}, {"-temperature", "-1"}} {
 		if _, _, _, _, err := parseFlags(args); err == nil {
 			t.Errorf("%q accepted", args)
 		}
@@ -195,6 +195,29 @@ func TestCutAtDuration(t *testing.T) {
 	for _, want := range []string{"Successful requests:            0", "Failed requests:                1", "status 503", "Cut at -duration:               2"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestTemperature: -temperature rides in every generation request (0,
+// greedy, by default).
+func TestTemperature(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want float64
+	}{{nil, 0}, {[]string{"-temperature", "1"}, 1}, {[]string{"-temperature", "0.7", "-endpoint", "completions"}, 0.7}} {
+		cfg, _, _, _, err := parseFlags(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req struct {
+			Temperature *float64 `json:"temperature"`
+		}
+		if err := json.Unmarshal(requestBody(cfg, 0), &req); err != nil {
+			t.Fatal(err)
+		}
+		if req.Temperature == nil || *req.Temperature != tc.want {
+			t.Errorf("%q: temperature %v, want %v", tc.args, req.Temperature, tc.want)
 		}
 	}
 }

@@ -89,6 +89,7 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 	fs.IntVar(&cfg.prompts, "prompts", 0, "repeat this many distinct prompts in turn, to measure prefix caching (0: every request its own random prompt)")
 	fs.IntVar(&cfg.maxTokens, "max-tokens", 64, "tokens to generate per request (ignore_eos is set)")
 	fs.BoolVar(&cfg.stream, "stream", true, "stream responses over SSE")
+	fs.Float64Var(&cfg.temperature, "temperature", 0, "sampling temperature of every request, 0 to 2 (0: greedy; OpenAI clients default to 1)")
 	fs.StringVar(&cfg.priority, "priority", "", "priority tier sent with every request")
 	fs.Uint64Var(&cfg.seed, "seed", 1, "seed for arrival times")
 	fs.DurationVar(&goal.ttft, "slo-ttft", 0, "goodput SLO on time to first token (0: none)")
@@ -130,6 +131,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-concurrency %d: want 1 to 100000", c.concurrency)
 	case c.rate < 0:
 		return fmt.Errorf("-rate %v: want 0 or more", c.rate)
+	case c.temperature < 0 || c.temperature > 2:
+		return fmt.Errorf("-temperature %v: want 0 to 2", c.temperature)
 	case c.prompts < 0:
 		return errors.New("-prompts must be 0 or more")
 	case c.inputWords < 1 || c.maxTokens < 1:

@@ -31,6 +31,7 @@ type config struct {
 	inputWords  int
 	maxTokens   int
 	stream      bool
+	temperature float64 // sampling temperature sent with every request (0: greedy)
 	priority    string
 	seed        uint64
 }
@@ -149,7 +150,7 @@ func requestBody(cfg config, i int) []byte {
 	prompt := text()
 	req := map[string]any{
 		"model": model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
-		"temperature": 0, "stream": cfg.stream,
+		"temperature": cfg.temperature, "stream": cfg.stream,
 	}
 	if cfg.stream {
 		req["stream_options"] = map[string]bool{"include_usage": true}

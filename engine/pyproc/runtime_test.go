@@ -187,12 +187,28 @@ func appendTo(t *testing.T, path, s string) {
 // only): each Triton kernel of the CUDA decode path agrees with the plain
 // torch code it replaces, for every family's shapes in every serving dtype.
 // A worker only builds them at load (kernels.probe), so this is where
-// their numbers are checked.
+// their numbers are checked. One process a dtype, in parallel: building
+// the kernels, not running them, takes the time (over 200 s for all three
+// dtypes in one process on a fresh H200).
 func TestRuntimeKernels(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
-	runPyCheck(t, "testdata/kernels_test.py", "runtime")
+	for _, dtype := range []string{"bfloat16", "float16", "float32"} {
+		t.Run(dtype, func(t *testing.T) {
+			t.Parallel()
+			runPyCheck(t, "testdata/kernels_test.py", "runtime", dtype)
+		})
+	}
+}
+
+// TestBatchedDraws runs testdata/draws_test.py on the CPU: a step's
+// temperature rows drawn at once (sampling.draws) filter each row as the
+// row alone is filtered, never pick a token of probability 0, pick each
+// token for its share of the uniforms, and draw a seeded row's token
+// whatever else is in the batch.
+func TestBatchedDraws(t *testing.T) {
+	runPyCheck(t, "testdata/draws_test.py", "runtime")
 }
 
 // TestMoEAlign runs testdata/moe_align_test.py on the CPU: the fused

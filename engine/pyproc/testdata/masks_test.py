@@ -120,7 +120,7 @@ def check_cut(rng):
         s = Seq(0, [], [])
         s.tokens = [1, 2, 3]
         if p:  # one remembered draw per step, as _sample does
-            g = sampling._generator(s, p, "cpu")
+            g = sampling._generator(s, p)
             s.hist = []
             for _ in range(steps):
                 s.hist.append(g.get_state())

@@ -20,7 +20,7 @@ import torch
 
 from ..backend import StepResult
 from ..params import AHEAD_KEYS, LOOP_KEYS
-from .sampling import _filter, _generator, apply_masks, device_masks, draw, packed_set, sample_rows
+from .sampling import _generator, apply_masks, device_masks, draws, packed_set, sample_rows
 from .upload import HostCopy, to_device
 
 
@@ -66,7 +66,7 @@ def remember(model, items, rows=None):
     for i in (range(len(items)) if rows is None else rows):
         params, s = items[i]
         if float(params.get("t") or 0) > 0:
-            g = _generator(s, params, model.device)
+            g = _generator(s, params)
             s.hist = (s.hist or [])[-2 * model.max_ahead:] + [g.get_state()]
 
 
@@ -212,17 +212,15 @@ def _upload(rows, dev):
 
 def _sample(model, items, logits, active, step, masks):
     """Greedy for every row (the Triton argmax), then the temperature rows
-    that are active at this step drawn from their own generators; their
-    logprobs when any input asked. masks: the rows' allowed masks
-    (device_masks), applied first."""
-    dev = model.device
+    that are active at this step drawn, each at its own position
+    (sampling.draws); their logprobs when any input asked. masks: the
+    rows' allowed masks (device_masks), applied first."""
     apply_masks(logits, masks)
     nxt = model.model.kern.argmax(logits)
-    for i, (p, s) in enumerate(items):
-        if active[i] > step and float(p.get("t") or 0) > 0:
-            remember(model, items, [i])
-            probs = _filter(logits[i], p)
-            nxt[i] = draw(s, p, probs, dev)
+    temp = [i for i, (p, _) in enumerate(items) if active[i] > step and float(p.get("t") or 0) > 0]
+    if temp:
+        remember(model, items, temp)
+        nxt[_upload(temp, model.device)] = draws(logits, temp, items)
     lp = None
     if any(p.get("l") for p, _ in items):
         lp = torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1)

@@ -1,6 +1,7 @@
 """Sampling on the device: greedy, temperature, top-k, top-p, min-p,
 repetition, presence and frequency penalties, logit bias, allowed-token
-masks, top log-probabilities, per-sequence seeded generators.
+masks, top log-probabilities, per-sequence seeded draws (a step's
+temperature rows drawn together: draws).
 
 Parameters arrive as the protocol's compact dict (params.py has its
 keys); the penalties and the bias are params.adjust's, shared with the
@@ -36,23 +37,25 @@ def _mix64(x):
 
 
 class Draws:
-    """A sequence's temperature draws: each draw's generator is seeded from
-    the sequence's seed and the draw's generated position, so a sequence
-    resumed with "g" generated tokens draws as the uninterrupted one did
-    from that position on. get_state and set_state save and restore the
-    position (lookahead takes draws back with them)."""
+    """A sequence's temperature draws: each draw's uniform comes from the
+    sequence's seed and the draw's generated position (splitmix64), so a
+    sequence resumed with "g" generated tokens draws as the uninterrupted
+    one did from that position on, whatever else is in its batches.
+    get_state and set_state save and restore the position (lookahead
+    takes draws back with them)."""
 
-    __slots__ = ("seed", "pos", "gen")
+    __slots__ = ("seed", "pos")
 
-    def __init__(self, seed, pos, device):
+    def __init__(self, seed, pos):
         self.seed, self.pos = seed, pos
-        self.gen = torch.Generator(device=device)
 
     def next(self):
-        """The generator for the draw at the current position; advances it."""
-        self.gen.manual_seed(_mix64(self.seed ^ _mix64(self.pos + 0x2545F4914F6CDD1D)) & ((1 << 63) - 1))
+        """The uniform in [0, 1) of the draw at the current position, on a
+        grid of 2^-23 (so that u times a float32 total stays below it);
+        advances the position."""
+        x = _mix64(self.seed ^ _mix64(self.pos + 0x2545F4914F6CDD1D))
         self.pos += 1
-        return self.gen
+        return (x >> 41) / float(1 << 23)
 
     def get_state(self):
         return self.pos
@@ -61,20 +64,78 @@ class Draws:
         self.pos = pos
 
 
-def _generator(seq, params, device):
+def _generator(seq, params):
     """The sequence's Draws, made at its first temperature draw from the
     seed ("s", a random one when absent) and the generated position it
     starts at ("g")."""
     if seq.gen is None:
         seed = params.get("s")
         seed = int(seed) & _MASK64 if seed is not None else random.getrandbits(64)
-        seq.gen = Draws(seed, int(params.get("g") or 0), device)
+        seq.gen = Draws(seed, int(params.get("g") or 0))
     return seq.gen
 
 
-def draw(seq, params, probs, device):
-    """One temperature draw from probs for seq."""
-    return torch.multinomial(probs, 1, generator=_generator(seq, params, device).next())[0]
+def draws(logits, rows, items):
+    """The temperature draws of rows (indices into logits [S, vocab] and
+    items, each with t > 0), for all of them at once: the rows' filtered
+    probabilities (filtered), then each row's token by inverse transform
+    (pick) with its uniform for this draw (Draws.next). A few kernels
+    whatever the batch: a loop over the rows launched a dozen a row, and a
+    server's default temperature of 1 made every row of a step take it.
+    Returns the tokens, int64 [len(rows)] on logits' device."""
+    dev = logits.device
+    ps = [items[i][0] for i in rows]
+    x = logits if len(rows) == logits.shape[0] and rows == list(range(len(rows))) else logits[to_device(rows, dev)]
+    u = to_device([_generator(items[i][1], p).next() for i, p in zip(rows, ps)], dev, torch.float32)
+    return pick(filtered(x, ps), u)
+
+
+def filtered(x, ps):
+    """Rows x [n, vocab] (float32) as probabilities after each row's
+    parameters ps: temperature "t", then top-k "k" (ties with the k-th
+    kept), top-p "p" (the smallest prefix of the sorted probabilities
+    reaching p) and min-p "m" (below m times the row's largest dropped),
+    left unnormalised once zeroed. Parameters every row shares are
+    scalars, and the filters no row asks for do not run: a step of
+    default rows (temperature 1) is a softmax."""
+    dev, V = x.device, x.shape[-1]
+
+    def column(values):  # one value a row: a scalar when all agree
+        return values[0] if len(set(values)) == 1 else to_device(values, dev, torch.float32).unsqueeze(1)
+
+    t = column([float(p["t"]) for p in ps])
+    if not isinstance(t, float) or t != 1.0:
+        x = x / t
+    ks = [int(p.get("k") or 0) for p in ps]
+    if any(0 < k < V for k in ks):
+        kmax = min(max(ks), V)
+        kth = torch.topk(x, kmax, dim=-1).values[:, kmax - 1 :] if len(set(ks)) == 1 else \
+            torch.topk(x, kmax, dim=-1).values.gather(1, to_device([[max(min(k, kmax), 1) - 1] for k in ks], dev))
+        drop = x < kth
+        if not all(0 < k < V for k in ks):  # rows whose k does not filter keep all
+            drop &= to_device([[0 < k < V] for k in ks], dev, torch.bool)
+        x = x.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    tops = [float(p.get("p") or 0) for p in ps]
+    if any(0 < tp < 1 for tp in tops):  # a row's p of 2 keeps all
+        sp, si = torch.sort(probs, dim=-1, descending=True)
+        sp = sp.masked_fill(torch.cumsum(sp, dim=-1) - sp >= column([tp if 0 < tp < 1 else 2.0 for tp in tops]), 0)
+        probs = torch.zeros_like(probs).scatter(1, si, sp)
+    mins = [float(p.get("m") or 0) for p in ps]
+    if any(m > 0 for m in mins):
+        probs = probs.masked_fill(probs < column(mins) * probs.amax(dim=-1, keepdim=True), 0)
+    return probs
+
+
+def pick(probs, u):
+    """Each row's token of probs [n, vocab] (non-negative, unnormalised)
+    for its uniform u [n] in [0, 1 - 2^-23]: the first whose cumulative
+    sum exceeds u times the row's total. Such a u keeps u times the total
+    below the total in float32, so that entry exists, and a strict
+    "exceeds" never lands on a token of probability 0 (its cumulative sum
+    equals the one before)."""
+    cum = torch.cumsum(probs, dim=-1)
+    return torch.searchsorted(cum, (u * cum[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def note_forced(seq, toks, sample):
@@ -226,27 +287,6 @@ class _Ops:
         return torch.tensor(values, device=row.device, dtype=row.dtype)
 
 
-def _filter(row, params):
-    """Temperature, then top-k, top-p and min-p masks; returns probs."""
-    row = row / float(params["t"])
-    k = int(params.get("k") or 0)
-    if 0 < k < row.shape[-1]:
-        kth = torch.topk(row, k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    p = float(params.get("p") or 0)
-    if 0 < p < 1:
-        sp, si = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sp, dim=-1)
-        drop = cum - sp >= p  # keep the smallest prefix reaching p
-        sp = sp.masked_fill(drop, 0)
-        probs = torch.zeros_like(probs).scatter(0, si, sp)
-    m = float(params.get("m") or 0)
-    if m > 0:
-        probs = probs.masked_fill(probs < m * probs.max(), 0)
-    return probs
-
-
 def sample_rows(logits, items, device, masks=False, launch=None):
     """logits [S, vocab] float32; items: (params, seq) per row; masks: the
     rows' allowed masks from device_masks (False: decode them here).
@@ -270,11 +310,14 @@ def sample_rows(logits, items, device, masks=False, launch=None):
             params, seq = items[i]
             adjust(logits[i], seq, params, _Ops)
         apply_masks(logits, masks)
-    out = torch.argmax(logits, dim=-1)
-    for i, (params, seq) in enumerate(items):
-        if float(params.get("t") or 0) > 0:
-            probs = _filter(logits[i], params)
-            out[i] = draw(seq, params, probs, device)
+    temp = [i for i, (params, _) in enumerate(items) if float(params.get("t") or 0) > 0]
+    if len(temp) == S:
+        out = draws(logits, temp, items)
+    else:
+        out = torch.argmax(logits, dim=-1)
+        if temp:
+            out[to_device(temp, logits.device)] = draws(logits, temp, items)
+    for _, seq in items:
         seq.sampled = True
     want = [i for i, (params, _) in enumerate(items) if params.get("l") or params.get("n")]
     tops_n = [int(items[i][0].get("n") or 0) for i in want]
