@@ -2,9 +2,11 @@
 at once, on the CPU: its filter (temperature, top-k, top-p, min-p) gives
 each row what filtering that row alone gives (the per-row code it
 replaced, kept here as the reference); its inverse transform never picks
-a token of probability 0 and picks each token for its share of the
-uniforms; a seeded row draws the same token alone and among other rows,
-and again after its draw is taken back (Draws.set_state).
+a token of probability 0 and picks the same tokens whatever order its
+scan adds in (CUDA's add in tree order), picks each token for its share
+of the uniforms, and gives a row with nothing left its largest entry; a seeded
+row draws the same token alone and among other rows, and again after its
+draw is taken back (Draws.set_state).
 
   python3 draws_test.py RUNTIME_DIR
 
@@ -64,26 +66,65 @@ probs[:, 0] = 0
 probs[:, -1] = 0  # the last entry is 0 too: u near 1 must stop before it
 probs[5] = 0
 probs[5, 17] = 1e-30  # a lone tiny probability
-top = 1 - 2.0 ** -23
-for u in (0.0, top, 0.5, 2.0 ** -23):
-    tok = sampling.pick(probs, torch.full((6,), u))
+top = 1 - 2.0 ** -52
+for u in (0.0, top, 0.5, 2.0 ** -52):
+    tok = sampling.pick(probs, torch.full((6,), u, dtype=torch.float64))
     assert bool((probs.gather(1, tok.unsqueeze(1)) > 0).all()), (u, tok)
     passed += 1
 n = 1 << 14
 us = (torch.arange(n, dtype=torch.float64) + 0.5) / n
 counts = torch.zeros(5, 50)
 for u in us.split(1024):
-    toks = sampling.pick(probs[:5].repeat_interleave(u.numel(), 0), u.float().repeat(5))
+    toks = sampling.pick(probs[:5].repeat_interleave(u.numel(), 0), u.repeat(5))
     counts.scatter_add_(1, toks.view(5, -1), torch.ones(5, u.numel()))
 share = probs[:5] / probs[:5].sum(-1, keepdim=True)
 assert torch.allclose(counts / n, share, atol=2.0 / n), (counts / n - share).abs().max()
+passed += 1
+
+# CUDA's scans add in tree order: pick's integer weights sum to the same
+# cumulative weights in any order, so a blocked scan (each block summed,
+# then the blocks' totals added) picks the same tokens.
+real_cumsum = torch.cumsum
+
+
+def blocked(x, dim, dtype=None):
+    assert dim == -1 and x.dtype == torch.int64 and x.shape[-1] % 5 == 0
+    b = real_cumsum(x.view(x.shape[0], -1, 5), dim=-1)
+    return (b + real_cumsum(b[..., -1:], dim=1) - b[..., -1:]).view(x.shape)
+
+
+for u in us.split(4096):
+    P, U = probs[:5].repeat_interleave(u.numel(), 0), u.repeat(5)
+    want = sampling.pick(P, U)
+    sampling.torch.cumsum = blocked
+    try:
+        got = sampling.pick(P, U)
+    finally:
+        sampling.torch.cumsum = real_cumsum
+    assert torch.equal(got, want)
+passed += 1
+
+# A row with nothing left (every token masked, or NaN logits) takes its
+# largest entry, as greedy would, and the other rows draw as before.
+x = torch.randn(3, 40, generator=g)
+x[1] = float("-inf")
+x[2, 5] = float("nan")
+toks = sampling.draws(x, [0, 1, 2], [({"t": 1.0, "s": 1}, s) for s in (types.SimpleNamespace(gen=None) for _ in range(3))])
+assert 0 <= int(toks[1]) < 40 and 0 <= int(toks[2]) < 40, toks
+passed += 1
+# Every row asking for top-p: the whole batch sorted at once.
+x = torch.randn(4, 60, generator=g) * 2
+ps = [{"t": 0.8, "p": 0.5}] * 4
+got = sampling.filtered(x, ps)
+for i in range(4):
+    assert torch.allclose(got[i], one_row(x[i], ps[i]), atol=1e-7, rtol=1e-6)
 passed += 1
 
 # Draws: uniforms on the grid pick needs, a position each, taken back by
 # set_state; a row draws the same alone and in a batch.
 d = sampling.Draws(12345, 7)
 us = [d.next() for _ in range(1000)]
-assert all(0 <= u <= top for u in us) and d.pos == 1007 and len(set(us)) > 990
+assert all(0 <= u <= top for u in us) and d.pos == 1007 and len(set(us)) == 1000
 d.set_state(7)
 assert d.next() == us[0]
 passed += 1

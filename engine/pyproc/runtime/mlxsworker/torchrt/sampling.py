@@ -51,11 +51,10 @@ class Draws:
 
     def next(self):
         """The uniform in [0, 1) of the draw at the current position, on a
-        grid of 2^-23 (so that u times a float32 total stays below it);
-        advances the position."""
+        grid of 2^-52 (exact in float64); advances the position."""
         x = _mix64(self.seed ^ _mix64(self.pos + 0x2545F4914F6CDD1D))
         self.pos += 1
-        return (x >> 41) / float(1 << 23)
+        return (x >> 12) / float(1 << 52)
 
     def get_state(self):
         return self.pos
@@ -86,8 +85,8 @@ def draws(logits, rows, items):
     dev = logits.device
     ps = [items[i][0] for i in rows]
     x = logits if len(rows) == logits.shape[0] and rows == list(range(len(rows))) else logits[to_device(rows, dev)]
-    u = to_device([_generator(items[i][1], p).next() for i, p in zip(rows, ps)], dev, torch.float32)
-    return pick(filtered(x, ps), u)
+    u = to_device([_generator(items[i][1], p).next() for i, p in zip(rows, ps)], dev, torch.float64)
+    return pick(filtered(x.float(), ps), u)
 
 
 def filtered(x, ps):
@@ -108,7 +107,7 @@ def filtered(x, ps):
         x = x / t
     ks = [int(p.get("k") or 0) for p in ps]
     if any(0 < k < V for k in ks):
-        kmax = min(max(ks), V)
+        kmax = max(k for k in ks if 0 < k < V)  # a row's k of V or more filters nothing
         kth = torch.topk(x, kmax, dim=-1).values[:, kmax - 1 :] if len(set(ks)) == 1 else \
             torch.topk(x, kmax, dim=-1).values.gather(1, to_device([[max(min(k, kmax), 1) - 1] for k in ks], dev))
         drop = x < kth
@@ -117,10 +116,13 @@ def filtered(x, ps):
         x = x.masked_fill(drop, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     tops = [float(p.get("p") or 0) for p in ps]
-    if any(0 < tp < 1 for tp in tops):  # a row's p of 2 keeps all
-        sp, si = torch.sort(probs, dim=-1, descending=True)
-        sp = sp.masked_fill(torch.cumsum(sp, dim=-1) - sp >= column([tp if 0 < tp < 1 else 2.0 for tp in tops]), 0)
-        probs = torch.zeros_like(probs).scatter(1, si, sp)
+    some = [i for i, tp in enumerate(tops) if 0 < tp < 1]
+    if some:  # the rows that ask, sorted (a sort of the whole vocabulary a row)
+        sub = probs if len(some) == len(ps) else probs[to_device(some, dev)]
+        sp, si = torch.sort(sub, dim=-1, descending=True)
+        sp = sp.masked_fill(torch.cumsum(sp, dim=-1) - sp >= column([tops[i] for i in some]), 0)
+        sub = torch.zeros_like(sub).scatter(1, si, sp)
+        probs = sub if len(some) == len(ps) else probs.index_copy(0, to_device(some, dev), sub)
     mins = [float(p.get("m") or 0) for p in ps]
     if any(m > 0 for m in mins):
         probs = probs.masked_fill(probs < column(mins) * probs.amax(dim=-1, keepdim=True), 0)
@@ -129,13 +131,23 @@ def filtered(x, ps):
 
 def pick(probs, u):
     """Each row's token of probs [n, vocab] (non-negative, unnormalised)
-    for its uniform u [n] in [0, 1 - 2^-23]: the first whose cumulative
-    sum exceeds u times the row's total. Such a u keeps u times the total
-    below the total in float32, so that entry exists, and a strict
-    "exceeds" never lands on a token of probability 0 (its cumulative sum
-    equals the one before)."""
-    cum = torch.cumsum(probs, dim=-1)
-    return torch.searchsorted(cum, (u * cum[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    for its uniform u [n] (float64) in [0, 1): the first whose cumulative
+    weight exceeds u times the row's total. Each probability is weighed
+    as a whole multiple of 2^-32 of its row's largest (rounded down), so
+    the cumulative weights are exact integers whatever order a scan adds
+    them in (CUDA's add in tree order, and a float sum could move across
+    a token of probability 0, or fall): flat over tokens of weight 0,
+    never falling. The target, below the total, then lands on a token of
+    weight above 0. A token under 2^-32 of its row's largest is never
+    drawn. A row with nothing left (every token masked, or NaN logits)
+    takes its largest entry, as greedy sampling would."""
+    # A row with nothing left has a NaN (or 0) largest entry: weights 0.
+    w = torch.nan_to_num(probs * (4294967296.0 / probs.amax(dim=-1, keepdim=True)), nan=0.0, posinf=0.0)
+    cum = torch.cumsum(w.floor_().to(torch.int64), dim=-1)
+    total = cum[:, -1]
+    target = torch.minimum((u * total).floor_().to(torch.int64), total - 1)
+    tok = torch.searchsorted(cum, target.unsqueeze(1), right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    return torch.where(total > 0, tok, torch.argmax(probs, dim=-1))
 
 
 def note_forced(seq, toks, sample):
