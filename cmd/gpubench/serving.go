@@ -153,8 +153,32 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
+		if w := workerTiming(logf.Name()); w != "" {
+			fmt.Printf("  worker, its last summary: %s\n", w)
+		}
 	}
 	return nil
+}
+
+// workerTiming is the last step-cycle summary a worker logged
+// (mlxsworker/timing.py: time in the worker a step, waiting for the
+// device, and from its reply to the next step's request), or "".
+func workerTiming(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	const mark = "timing: "
+	last := ""
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if i := strings.Index(line, mark); i >= 0 {
+			last = line[i+len(mark):]
+			if j := strings.IndexByte(last, '"'); j >= 0 {
+				last = last[:j]
+			}
+		}
+	}
+	return last
 }
 
 // sampleBusy starts sampling nvidia-smi's utilization.gpu (the share of

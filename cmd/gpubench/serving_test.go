@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -65,5 +67,24 @@ func TestBandwidthFor(t *testing.T) {
 		if got, _ := bandwidthFor(c.info, c.flag); got != c.want {
 			t.Errorf("bandwidthFor(%q, %v) = %v, want %v", c.info, c.flag, got, c.want)
 		}
+	}
+}
+
+// TestWorkerTiming reads the last step-cycle summary out of a server log.
+func TestWorkerTiming(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "server.log")
+	body := `time=1 level=INFO msg="model loaded" model=bench
+time=2 level=INFO msg="INFO timing: steps: 10 in 10.0 s; a step 1.00 ms in the worker (0.50 ms of it waiting for the device), 0.20 ms from its reply to the next step's request" worker=0
+time=3 level=INFO msg="INFO timing: steps: 20 in 10.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.30 ms from its reply to the next step's request" worker=0
+`
+	if err := os.WriteFile(log, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := "steps: 20 in 10.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.30 ms from its reply to the next step's request"
+	if got := workerTiming(log); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := workerTiming(filepath.Join(t.TempDir(), "missing")); got != "" {
+		t.Errorf("missing log: %q", got)
 	}
 }

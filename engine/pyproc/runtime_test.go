@@ -211,6 +211,13 @@ func TestBatchedDraws(t *testing.T) {
 	runPyCheck(t, "testdata/draws_test.py", "runtime")
 }
 
+// TestStepTiming runs testdata/timing_test.py on the CPU: the worker's
+// step-cycle summary (time in the worker, waiting for the device, between
+// a reply and the next step) from made-up times, logged once an interval.
+func TestStepTiming(t *testing.T) {
+	runPyCheck(t, "testdata/timing_test.py", "runtime")
+}
+
 // TestMoEAlign runs testdata/moe_align_test.py on the CPU: the fused
 // expert kernels' block layout (moe.align) holds every (token, choice)
 // pair once, in blocks of one expert, and the blocks run in plain torch

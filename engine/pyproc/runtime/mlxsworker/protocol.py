@@ -12,6 +12,7 @@ import traceback
 
 from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, OUT_OF_MEMORY, TOO_LARGE, CheckpointError,
                      ProtocolError)
+from .timing import StepTiming
 
 log = logging.getLogger("worker")
 
@@ -207,8 +208,10 @@ Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "fr
 
 
 def serve(inp, out, worker, max_line):
+    timing = StepTiming()
     while True:
         line = inp.readline(max_line + 1)
+        read = time.perf_counter()
         if not line:
             log.info("stdin closed; exiting")
             return
@@ -227,3 +230,5 @@ def serve(inp, out, worker, max_line):
             out.send({"id": rid, "ok": True})
             return
         worker.reply(rid, worker.handle, req)
+        if req.get("op") == "step":
+            timing.step(read, time.perf_counter())

@@ -1,5 +1,9 @@
 """Host-to-device copies that do not make the host wait for the GPU."""
+import time
+
 import torch
+
+from ..timing import device_wait
 
 
 def to_device(values, dev, dtype=torch.long):
@@ -34,5 +38,7 @@ class HostCopy:
     def get(self):
         """The tensors as host lists."""
         if self.event is not None:
+            t0 = time.perf_counter()
             self.event.synchronize()
+            device_wait(time.perf_counter() - t0)
         return [h.tolist() for h in self.host]

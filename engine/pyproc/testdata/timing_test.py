@@ -1,0 +1,48 @@
+"""mlxsworker.timing, the worker's step-cycle summary, on made-up times:
+per step, the time in the worker, the part of it waiting for the device,
+and the time from a step's reply to the next step's request; logged once
+per interval, then restarted.
+
+  python3 timing_test.py RUNTIME_DIR
+
+Prints "N passed, 0 failed" or raises. Run by TestStepTiming.
+"""
+import logging
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[1])
+
+from mlxsworker import timing  # noqa: E402
+
+passed = 0
+lines = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+
+
+timing.log.addHandler(Keep())
+timing.log.setLevel(logging.INFO)
+t = timing.StepTiming(every=1.0, clock=lambda: 0.0)
+# Steps of 6 ms in the worker, 2 ms of it waiting for the device, 1.5 ms
+# apart: 7.5 ms a cycle, so the summary comes with the 134th step (its
+# reply past 1 s).
+now, n = 0.0, 0
+while not lines:
+    read = now + (0.0015 if n else 0.0)
+    timing.device_wait(0.002)
+    t.step(read, read + 0.006)
+    now, n = read + 0.006, n + 1
+assert n == 134, n
+assert lines[0] == ("steps: 134 in 1.0 s; a step 6.00 ms in the worker (2.00 ms of it waiting for the device), "
+                    "1.49 ms from its reply to the next step's request"), lines[0]  # the first step has no gap before it
+passed += 1
+# Restarted: the next summary counts from the last one.
+assert t.steps == 0 and t.inside == 0 and t.between == 0 and timing._waited[0] == 0
+t.step(now + 0.001, now + 0.003)
+assert t.steps == 1 and abs(t.between - 0.001) < 1e-12 and abs(t.inside - 0.002) < 1e-12
+passed += 1
+print("%d passed, 0 failed" % passed)
