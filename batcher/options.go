@@ -177,9 +177,9 @@ func WithJumpForward(on bool) Option {
 // step (on by default): the detokenizing of each sampled token and its
 // chunk's hand-off to the reader, for sequences that neither finish with
 // the token nor have a constraint or stop strings (nothing the next step's
-// inputs depend on), after their first token (which goes out at once). The batcher starts that work in a goroutine of its
-// own when it calls the engine's Step, and waits for it when Step
-// returns, so the engine waits for the batcher's bookkeeping only, and a
+// inputs depend on), after their first token (which goes out at once).
+// The batcher starts that work in a goroutine of its own when it calls
+// the engine's Step, and waits for it when Step returns, so the engine waits for the batcher's bookkeeping only, and a
 // chunk reaches its reader about the batcher's admission and input
 // building later than it would otherwise (StepStats.Between, a fraction
 // of a step). Off, every token's text work runs before the next step's

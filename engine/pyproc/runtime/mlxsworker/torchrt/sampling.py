@@ -108,8 +108,11 @@ def filtered(x, ps):
     ks = [int(p.get("k") or 0) for p in ps]
     if any(0 < k < V for k in ks):
         kmax = max(k for k in ks if 0 < k < V)  # a row's k of V or more filters nothing
-        kth = torch.topk(x, kmax, dim=-1).values[:, kmax - 1 :] if len(set(ks)) == 1 else \
-            torch.topk(x, kmax, dim=-1).values.gather(1, to_device([[max(min(k, kmax), 1) - 1] for k in ks], dev))
+        top = torch.topk(x, kmax, dim=-1).values
+        if len(set(ks)) == 1:
+            kth = top[:, kmax - 1 :]
+        else:  # each row's k-th (any entry for rows that keep all: dropped below)
+            kth = top.gather(1, to_device([[max(min(k, kmax), 1) - 1] for k in ks], dev))
         drop = x < kth
         if not all(0 < k < V for k in ks):  # rows whose k does not filter keep all
             drop &= to_device([[0 < k < V] for k in ks], dev, torch.bool)
