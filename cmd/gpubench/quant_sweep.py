@@ -86,8 +86,8 @@ def err(got, want):
 def candidates(M):
     if M <= 4:  # the row-loop kernel, BLOCK_M rows
         bm = 1 << (M - 1).bit_length()
-        for bn, warps, waves in itertools.product((16, 32, 64, 128), (2, 4, 8), (2, 4, 8)):
-            yield qt.Tiles(bm, bn, warps, 2, waves, gemv=True, bk=128)
+        for bn, warps, waves, bk in itertools.product((32, 64, 128, 256, 512), (1, 2, 4), (2, 4, 8), (64, 128)):
+            yield qt.Tiles(bm, bn, warps, 2, waves, gemv=True, bk=bk)
         return
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     for bn, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (3, 4), (1, 2, 4)):
@@ -101,6 +101,7 @@ def main():
     ap.add_argument("--kinds", default="fp8,int4")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--w8a8-rows", default="16,32,64,128,256", help="rows of the W8A8 table; empty: none")
+    ap.add_argument("--mma-rows", default="", help="rows of the fp8_mma table (with --sweep: its tiles); empty: none")
     a = ap.parse_args()
     dev = torch.device("cuda")
     old = None
@@ -152,6 +153,8 @@ def main():
                 sys.stdout.flush()
     if a.w8a8_rows and "fp8" in a.kinds.split(","):
         w8a8_table([int(r) for r in a.w8a8_rows.split(",")], dev)
+    if a.mma_rows:
+        mma_table([int(r) for r in a.mma_rows.split(",")], dev, a.sweep, best_by)
     if best_by:
         print("\nTiles by rows (sum over shapes of time / that shape's best; lower is better, %d shapes):" % len(SHAPES))
         for (kind, M), acc in sorted(best_by.items()):
@@ -181,6 +184,70 @@ def w8a8_table(rows, dev):
             print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx |" % (
                 name, M, t_bf, t_wo, *cols, t_q, t_bf / t_w, t_wo / t_w))
             sys.stdout.flush()
+
+
+def mma_candidates(M):
+    bms = [16] if M <= 16 else [16, 32] if M <= 32 else [32, 64] if M <= 64 else [64, 128]
+    for bm, bn, warps, stages, waves, swap, pre in itertools.product(bms, (64, 128), (4,), (3, 4), (1, 2, 4),
+                                                                     (True, False), (True, False)):
+        if not swap and bm < 64 and M > 16:
+            continue
+        yield qt.Tiles(bm, bn, warps, stages, waves, swap=swap, pre=pre)
+
+
+def mma_table(rows, dev, sweep, best_by):
+    """quant_triton.fp8_mma (W8A8 in one Triton kernel) beside bf16 cuBLAS,
+    the path quant.py takes today at that row count (the weight-only
+    kernel, or W8A8 through cuBLAS from w8a8.MIN_ROWS) and cuBLAS's W8A8,
+    for 128x128 block weights and per-channel ones; with sweep, every
+    candidate tile and the best."""
+    print("\n| fp8 mma | scales | rows | bf16 us | weight-only us | cuBLAS W8A8 us | mma us | mma GB/s | mma/bf16 speed "
+          "| mma/weight-only speed | err vs dequant | best tile | best us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, (N, K) in SHAPES.items():
+        blk = weights("fp8", N, K, dev)
+        wf = blk.dequant(torch.float32)
+        s = wf.abs().amax(1, keepdim=True) / quant.E4M3_MAX
+        chan = quant.QWeight("fp8", N, K, w=(wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), scale=s, block=(1, K))
+        for label, w in (("block", blk), ("channel", chan)):
+            t = w.t
+            wd = w.dequant(torch.float32)
+            wb = wd.to(torch.bfloat16)
+            for M in rows:
+                x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+                want = x.float() @ wd.t()
+                t_bf = timed(lambda: x @ wb.t())
+                t_wo = timed(lambda: call(qt, w, x))
+                t_cb = w8a8_time(name, M, w, wd, x, {}) if M >= 16 else float("nan")
+                fn = lambda: qt.fp8_mma(x, t["w"], t["scale"], t["block"])  # noqa: E731
+                try:
+                    e = err(fn(), want)
+                    t_m = timed(fn) if e < w8a8.TOLERANCE else float("nan")
+                except Exception as ex:
+                    print("  mma %s %s M=%d: %s" % (name, label, M, str(ex).splitlines()[0][:200]), file=sys.stderr)
+                    e, t_m = float("nan"), float("nan")
+                best, best_t = "-", float("nan")
+                if sweep and label == "block":  # the channel layout runs the same tiles
+                    times = {}
+                    for tl_ in mma_candidates(M):
+                        f2 = lambda: qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=tl_)  # noqa: E731
+                        try:
+                            if not err(f2(), want) < w8a8.TOLERANCE:
+                                continue
+                            times[repr(tl_)] = timed(f2, reps=10, replays=3)
+                        except Exception as ex:
+                            times[repr(tl_)] = float("inf")
+                            print("  mma %s M=%d %r: %s" % (name, M, tl_, str(ex).splitlines()[0][:120]), file=sys.stderr)
+                    if times:
+                        best = min(times, key=times.get)
+                        best_t = times[best]
+                        acc = best_by.setdefault(("mma-" + label, M), {})
+                        for k, v in times.items():
+                            acc[k] = acc.get(k, 0.0) + v / best_t
+                print("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.3g | %s | %.1f |" % (
+                    name, label, M, t_bf, t_wo, t_cb, t_m, w.nbytes() / t_m / 1e3, t_bf / t_m, t_wo / t_m, e, best,
+                    best_t))
+                sys.stdout.flush()
 
 
 def w8a8_time(name, M, w, wd, x, how):

@@ -14,11 +14,13 @@ On the CPU:
   torch: products of w8a8.MIN_ROWS rows or more take fp8_w8a8 for the
   layouts w8a8.check passed (per channel; 128x128 blocks with K a
   multiple of 512), fewer rows, other layouts and W8A8 off take the
-  weight-only fp8_linear;
+  weight-only fp8_linear; with the one-kernel product on, rows from
+  MMA_MIN_ROWS to MMA_MAX_ROWS take it (K a multiple of 128), and where
+  its check failed those rows go back to the above;
 - quant.Loader runs w8a8.check for FP8 on CUDA only with the settings'
   fp8_scaled_mm on;
 - w8a8.check: a product that agrees with the dequantized one turns its
-  layout on; one that raises or disagrees (its scales misread) leaves it
+  layout on (cuBLAS's and the one-kernel product each); one that raises or disagrees (its scales misread) leaves it
   off with a warning; block weights fall back from torch._scaled_mm to
   torch.nn.functional.scaled_mm (v2);
 - the emulated W8A8 product's error against the dequantized product is
@@ -32,8 +34,10 @@ With --cuda (CUDA, float8 and Triton), on the GPU:
   layouts) against the product emulated in float32 from the same codes
   (within 1e-2 of the largest output: bf16's output rounding and fp32
   sums in another order) and against the dequantized product (within
-  w8a8.TOLERANCE), at 16, 17, 64 and 300 rows over 8B-shaped projections;
-  below w8a8.MIN_ROWS the weight-only GEMM's bytes;
+  w8a8.TOLERANCE), from 2 to 300 rows over 8B-shaped projections
+  (fp8_mma from w8a8.MMA_MIN_ROWS to MMA_MAX_ROWS, emulated with groups
+  of 128 inputs; cuBLAS past it); one row the weight-only GEMM's bytes;
+  fp8_mma's activations quantized in the kernel and by act_quant alike;
 - a row's output bitwise the same beside other rows of another value
   (batch invariance within a row count), and a product captured in a CUDA
   graph replays what runs eagerly;
@@ -82,12 +86,13 @@ def dequant_acts(q, s, M):
     return (values(q).reshape(rows, -1, g) * s[..., None]).reshape(rows, K)[:M]
 
 
-def emulated_w8a8(x, w, scale, block, v2=False):
+def emulated_w8a8(x, w, scale, block, v2=False, mma=False):
     """quant_triton.fp8_w8a8 in float32: act_quant's codes and scales
-    times the dequantized weight."""
+    times the dequantized weight (mma: fp8_mma's groups of 128 inputs,
+    whatever the weight's scales)."""
     N, K = w.shape
     x2 = x.reshape(-1, K)
-    q, s = w8a8.act_quant(x2, None if block[0] == 1 else block[1])
+    q, s = w8a8.act_quant(x2, 128 if mma else None if block[0] == 1 else block[1])
     wd = quant.QWeight("fp8", N, K, w=w, scale=scale, block=block).dequant(torch.float32)
     return (dequant_acts(q, s, x2.shape[0]) @ wd.t()).to(x.dtype).reshape(*x.shape[:-1], N)
 
@@ -208,20 +213,34 @@ def check_routing():
                    odd=run(odd, 64), rows3d=run(chan, 0, (2, R // 2, 512)), block_small=run(blk, R - 1))
         w8a8._on[(dev, torch.float32, "channel")] = None  # its check failed
         out["failed"] = run(chan, 64)
+        # fp8_mma on for both layouts: MMA_MIN_ROWS to MMA_MAX_ROWS take it
+        # (the narrow K too: its groups of 128 fit), one row and more than
+        # MMA_MAX_ROWS do not.
+        w8a8._on[(dev, torch.float32, "channel")] = {}
+        w8a8._mma.update({(dev, torch.float32, "channel"): True, (dev, torch.float32, "block"): True})
+        lo, hi = w8a8.MMA_MIN_ROWS, w8a8.MMA_MAX_ROWS
+        out.update(mma_one=run(chan, lo - 1), mma_lo=run(chan, lo), mma_hi=run(blk, hi), mma_past=run(blk, hi + 1),
+                   mma_narrow=run(narrow, hi), mma_odd=run(odd, hi), mma_small=run(chan, R - 1))
+        w8a8._mma[(dev, torch.float32, "block")] = False  # its check failed: cuBLAS's product
+        out["mma_failed"] = run(blk, hi)
         w8a8._on.clear()
+        w8a8._mma.clear()
         return out
 
     got = with_standin(stand, routes)
+    mma = ("w8a8", ("mma",))
     want = {"off": "weight-only", "channel_small": "weight-only", "channel": ("w8a8", ()), "block": ("w8a8", ("v2",)),
             "narrow": "weight-only", "odd": "weight-only", "rows3d": ("w8a8", ()), "block_small": "weight-only",
-            "failed": "weight-only"}
+            "failed": "weight-only", "mma_one": "weight-only", "mma_lo": mma, "mma_hi": mma,
+            "mma_past": ("w8a8", ("v2",)), "mma_narrow": mma, "mma_odd": mma, "mma_small": mma,
+            "mma_failed": ("w8a8", ("v2",))}
     for k, v in want.items():
         check(got[k] == v, "routing %s: %r, want %r" % (k, got[k], v))
 
     # A product whose W8A8 call raises at its own shape (the check passed
     # on another): the step gets the weight-only product, that shape stays
     # weight-only (logged once), other shapes keep W8A8.
-    def refusing(x, w, scale, block, v2=False):
+    def refusing(x, w, scale, block, v2=False, mma=False):
         if w.shape[0] == chan.n:
             raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
         return emulated_w8a8(x, w, scale, block)
@@ -269,45 +288,61 @@ def check_probe():
         stand = StandIn(product)
         with_standin(stand, lambda: w8a8.check(torch.device("cpu"), torch.float32))
         out = {k[2]: v for k, v in w8a8._on.items()}
+        mma = {k[2]: v for k, v in w8a8._mma.items()}
         w8a8._on.clear()
-        return out, list(h.lines), stand.calls
+        w8a8._mma.clear()
+        return out, mma, list(h.lines), stand.calls
 
-    got, lines, calls = probe(emulated_w8a8)
+    got, mma, lines, calls = probe(emulated_w8a8)
     check(got == {"channel": {}, "block": {}}, "the emulated product passes for both layouts: %r" % got)
-    check(lines == [] and len(calls) == 2, "and logs nothing: %r" % lines)
+    check(mma == {"channel": True, "block": True}, "and the one-kernel product: %r" % mma)
+    check(lines == [] and len(calls) == 8, "and logs nothing: %r" % lines)
 
-    def raises(x, w, scale, block, v2=False):
+    def raises(x, w, scale, block, v2=False, mma=False):
         raise RuntimeError("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0\nmore")
-    got, lines, _ = probe(raises)
-    check(got == {"channel": None, "block": None}, "a call that raises leaves both off: %r" % got)
+    got, mma, lines, _ = probe(raises)
+    check(got == {"channel": None, "block": None} and mma == {"channel": False, "block": False},
+          "a call that raises leaves both off: %r %r" % (got, mma))
     check(any("unavailable" in ln and "compute capability" in ln for ln in lines) and
-          any("weight-only" in ln for ln in lines), "and says why: %r" % lines)
+          any("weight-only" in ln for ln in lines) and any("one kernel unavailable" in ln for ln in lines),
+          "and says why: %r" % lines)
 
-    def misread(x, w, scale, block, v2=False):  # each row scaled by the next row's scale
+    def misread(x, w, scale, block, v2=False, mma=False):  # each row scaled by the next row's scale
         N, K = w.shape
-        q, s = w8a8.act_quant(x, None if block[0] == 1 else block[1])
+        q, s = w8a8.act_quant(x, 128 if mma else None if block[0] == 1 else block[1])
         wd = quant.QWeight("fp8", N, K, w=w, scale=scale, block=block).dequant(torch.float32)
         return dequant_acts(q, s.roll(1, 0), x.shape[0]) @ wd.t()
-    got, lines, _ = probe(misread)
-    check(got == {"channel": None, "block": None}, "a product that disagrees leaves both off: %r" % got)
-    check(any("disagrees" in ln for ln in lines), "and says so: %r" % lines)
+    got, mma, lines, _ = probe(misread)
+    check(got == {"channel": None, "block": None} and mma == {"channel": False, "block": False},
+          "a product that disagrees leaves both off: %r %r" % (got, mma))
+    check(any("disagrees" in ln for ln in lines) and any("one kernel disagrees" in ln for ln in lines),
+          "and says so: %r" % lines)
 
-    def v2_only(x, w, scale, block, v2=False):
-        if block[0] != 1 and not v2:
+    def v2_only(x, w, scale, block, v2=False, mma=False):
+        if block[0] != 1 and not v2 and not mma:
             raise RuntimeError("Invalid scaling configuration")
-        return emulated_w8a8(x, w, scale, block)
-    got, lines, calls = probe(v2_only)
+        return emulated_w8a8(x, w, scale, block, mma=mma)
+    got, mma, lines, calls = probe(v2_only)
     check(got == {"channel": {}, "block": {"v2": True}}, "blocks fall back to F.scaled_mm: %r" % got)
-    check(calls == [("w8a8", ()), ("w8a8", ()), ("w8a8", ("v2",))], "trying torch._scaled_mm first: %r" % calls)
+    cublas = [c for c in calls if c != ("w8a8", ("mma",))]
+    check(cublas == [("w8a8", ()), ("w8a8", ()), ("w8a8", ("v2",))], "trying torch._scaled_mm first: %r" % calls)
+    check(mma == {"channel": True, "block": True} and len(calls) - len(cublas) == 6,
+          "the one-kernel product checked at three row counts a layout: %r" % calls)
+
+    def mma_misread(x, w, scale, block, v2=False, mma=False):  # only the one-kernel product reads a scale wrong
+        return misread(x, w, scale, block, mma=True) if mma else emulated_w8a8(x, w, scale, block)
+    got, mma, lines, _ = probe(mma_misread)
+    check(got == {"channel": {}, "block": {}} and mma == {"channel": False, "block": False},
+          "a one-kernel product that disagrees leaves cuBLAS's on: %r %r" % (got, mma))
     logger.removeHandler(h)
 
     # The check's product emulated: its error is inside the tolerance with
     # room, and a misread scale, of the activations or of the weight (read
     # in the other order, or a row or block off), far outside.
-    def transposed(x, w, scale, block, v2=False):  # the weight's scales read column-major
+    def transposed(x, w, scale, block, v2=False, mma=False):  # the weight's scales read column-major
         return emulated_w8a8(x, w, scale.t().contiguous().view(scale.shape), block)
 
-    def shifted(x, w, scale, block, v2=False):  # each output's scale from the next row or block
+    def shifted(x, w, scale, block, v2=False, mma=False):  # each output's scale from the next row or block
         return emulated_w8a8(x, w, scale.roll(1, 0), block)
     for layout in ("channel", "block"):
         w, x = w8a8._case(layout, torch.device("cpu"), torch.float32)
@@ -373,24 +408,37 @@ def check_kernels_cuda():
     for dtype in (torch.bfloat16, torch.float16):
         w8a8.check(dev, dtype)
         on = {k[2]: v for k, v in w8a8._on.items() if k[1] == dtype and v is not None}
-        print("W8A8 on in %s: %r" % (dtype, on))
+        mma = {k[2] for k, v in w8a8._mma.items() if k[1] == dtype and v}
+        print("W8A8 on in %s: %r, in one kernel: %r" % (dtype, on, sorted(mma)))
         if dtype == torch.bfloat16:
             check(sorted(on) == ["block", "channel"], "bfloat16: both layouts pass their check here: %r" % on)
+            check(sorted(mma) == ["block", "channel"], "and the one-kernel product: %r" % mma)
         for n, k in ((6144, 4096), (4096, 14336), (1024, 512)):
             for block in [b for b in ((1, k), (128, 128)) if ("channel" if b[0] == 1 else "block") in on]:
                 w = fp8_weight(n, k, block, g, dev)
-                for M in (w8a8.MIN_ROWS, w8a8.MIN_ROWS + 1, 64, 300):
+                layout = "channel" if block[0] == 1 else "block"
+                for M in (w8a8.MMA_MIN_ROWS, 5, w8a8.MIN_ROWS, w8a8.MIN_ROWS + 1, 32, 64, 65, 300):
+                    in_mma = layout in mma and w8a8.MMA_MIN_ROWS <= M <= w8a8.MMA_MAX_ROWS
+                    if M < w8a8.MIN_ROWS and not in_mma:
+                        continue
                     x = torch.randn(M, k, generator=g).to(dev, dtype)
                     got = w.forward(x)
                     t = w.t
-                    emu = emulated_w8a8(x, t["w"], t["scale"], t["block"])
+                    emu = emulated_w8a8(x, t["w"], t["scale"], t["block"], mma=in_mma)
                     want = x.float() @ w.dequant(torch.float32).t()
                     what = "W8A8 %s [%d, %d] %r x %d rows" % (dtype, n, k, block[:1], M)
                     check(rel(got, emu) < 1e-2, what + ": %.3g from the emulated product" % rel(got, emu))
                     check(rel(got, want) < w8a8.TOLERANCE, what + ": %.3g from the dequantized" % rel(got, want))
-                x = torch.randn(w8a8.MIN_ROWS - 1, k, generator=g).to(dev, dtype)
+                x = torch.randn(w8a8.MMA_MIN_ROWS - 1, k, generator=g).to(dev, dtype)
                 check(torch.equal(w.forward(x), qt.fp8_linear(x, w.t["w"], w.t["scale"], w.t["block"])),
-                      "below w8a8.MIN_ROWS: the weight-only GEMM")
+                      "below w8a8.MMA_MIN_ROWS: the weight-only GEMM")
+                # The one-kernel product's two forms (the tile quantized
+                # in the kernel, or by act_quant first) agree bit for bit.
+                if layout in mma:
+                    x = torch.randn(16, k, generator=g).to(dev, dtype)
+                    a = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=qt.Tiles(16, 64, 4, 3, 1, swap=True))
+                    b = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=qt.Tiles(16, 64, 4, 3, 1, swap=True, pre=True))
+                    check(torch.equal(a, b), "[%d, %d] %s: fp8_mma quantizes alike in the kernel and before it" % (n, k, layout))
                 # Batch invariance within a row count, and graph capture.
                 x = torch.randn(64, k, generator=g).to(dev, dtype)
                 y = w.forward(x)

@@ -154,30 +154,86 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # As _fp8_gemv_kernel, over words packed along K ([K/8, N], N contiguous).
+    # As _fp8_gemv_kernel, over words packed along K ([K/8, N], N
+    # contiguous). The words stay [BLOCK_K/8, 8, BLOCK_N] (no reshape: a
+    # reshape that interleaves the nibbles moves them between threads),
+    # and x is read as [BLOCK_K/8, 8] to match. A nibble becomes a float
+    # by the exponent trick (0x4B000000 | q is 2^23 + q as a float32, so
+    # one OR and one subtraction, where an int-to-float conversion runs at
+    # a quarter of the FP32 rate), and the zero comes out of the sum:
+    # sum((q - z) x) s = (sum(q x) - z sum(x)) s, one K tile in one group.
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     shifts = tl.arange(0, 8) * 4
+    R: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k0 = pk * k_per
     for kk in range(0, k_per, BLOCK_K):
         ks = k0 + kk
-        offs_r = ks // 8 + tl.arange(0, BLOCK_K // 8)
+        offs_r = ks // 8 + tl.arange(0, R)
         words = tl.load(q_ptr + offs_r[:, None] * N + offs_n[None, :],
                         mask=(offs_r[:, None] < K // 8) & (offs_n[None, :] < N), other=0)
-        q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+        nib = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | 0x4B000000
+        q = nib.to(tl.float32, bitcast=True) - 8388608.0
         g = ks // G
         nmask = (offs_n < N) & (ks < K)
         s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        w = q.to(tl.float32) - z[None, :]
-        offs_k = ks + tl.arange(0, BLOCK_K)
+        offs_k = ks + tl.arange(0, R)[:, None] * 8 + tl.arange(0, 8)[None, :]
         for m in tl.static_range(BLOCK_M):
             xm = tl.load(x_ptr + m * sxm + offs_k, mask=(offs_k < K) & (m < M), other=0.0).to(tl.float32)
-            part = tl.sum(w * xm[:, None], axis=0) * s
+            qx = tl.sum(tl.sum(q * xm[:, :, None], axis=1), axis=0)
+            part = (qx - z * tl.sum(tl.sum(xm, axis=1), axis=0)) * s
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
+
+
+@triton.jit
+def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, ssam, ssag,
+                    swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PRE: tl.constexpr):
+    # W8A8 on the FP8 tensor cores: each K tile (ACT_GROUP inputs, inside
+    # one block of the weight's scales) of each row of x in e4m3 under its
+    # own scale (its max / 448), dotted with the weight's e4m3 tile as
+    # stored, the float32 partial scaled by the row's and the weight's
+    # scales. PRE: x holds act_quant's codes and sa_ptr their scales;
+    # else x is the activations, quantized here by every program that
+    # reads them. SWAP computes the transposed tile (weight rows x
+    # tokens), so a few tokens fill the MMA's narrow side and the weight
+    # its 64-row side.
+    pid, pk = tl.program_id(0), tl.program_id(1)
+    nn = tl.cdiv(N, BLOCK_N)
+    pm, pn = pid // nn, pid % nn
+    offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k0 = pk * k_per
+    for kk in range(0, k_per, BLOCK_K):
+        ks = k0 + kk
+        offs_k = ks + tl.arange(0, BLOCK_K)
+        xmask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+        if PRE:
+            aq = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0)
+            sa = tl.load(sa_ptr + offs_m * ssam + (ks // BLOCK_K) * ssag, mask=offs_m < M, other=0.0)
+        else:
+            a = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0).to(tl.float32)
+            sa = tl.maximum(tl.max(tl.abs(a), axis=1) / 448.0, 1e-12)
+            aq = tl.minimum(tl.maximum(a / sa[:, None], -448.0), 448.0).to(w_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
+                    mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+        sw = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
+        if SWAP:
+            acc += tl.dot(w, tl.trans(aq)) * sw[:, None] * sa[None, :]
+        else:
+            acc += tl.dot(aq, tl.trans(w)) * sa[:, None] * sw[None, :]
+    if SWAP:
+        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+    else:
+        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
 
 
 @triton.jit
@@ -247,22 +303,34 @@ class Tiles:
     """One product's launch: tile sizes, warps, stages and the K split's
     target (waves: programs per SM the split aims for)."""
 
-    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None):
+    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False):
         self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
-        self.gemv, self.bk = gemv, bk
+        self.gemv, self.bk, self.swap, self.pre = gemv, bk, swap, pre
 
     def __repr__(self):
-        return "%s bm%d bn%d%s w%d s%d waves%d" % ("gemv" if self.gemv else "dot", self.bm, self.bn,
-                                                  " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
-                                                  self.waves)
+        return "%s%s bm%d bn%d%s w%d s%d waves%d" % ("gemv" if self.gemv else "swap" if self.swap else "dot",
+                                                    " pre" if self.pre else "", self.bm, self.bn,
+                                                    " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
+                                                    self.waves)
 
 
-def tiles_for(M, kind):
+def tiles_for(M, kind, N=0):
     """The tile table, from cmd/gpubench/quant_sweep.py on an H200 (the
     llama1b and llama8b projections): one row streams the weight through
     the row-loop kernel, narrow tiles and deep K splits; more rows take
-    tensor cores, wider tiles as M grows."""
+    tensor cores, wider tiles as M grows. kind "mma": fp8_mma's tiles.
+    One row of int4 over a wide product (N: the 8B's gate_up) streams
+    faster in wider tiles: 38.6 against 47.6 us there, the same on the
+    narrow ones."""
+    if kind == "mma":  # pre: the activations quantized once by act_quant (wins from 32 rows)
+        if M <= 16:
+            return Tiles(16, 64, 4, 3, 4, swap=True)
+        if M <= 32:
+            return Tiles(32, 64, 4, 3, 2, swap=True, pre=True)
+        return Tiles(64, 64, 4, 3, 2, pre=True)
     if M == 1:
+        if kind == "int4" and N >= 16384:
+            return Tiles(1, 256, 4, 2, 8, gemv=True, bk=128)
         return Tiles(1, 64, 2, 2, 8, gemv=True, bk=128)
     if M <= 16:
         return Tiles(16, 32, 4, 3, 4) if kind == "fp8" else Tiles(16, 64, 4, 3, 4)
@@ -290,9 +358,9 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    t = tiles or tiles_for(M, kind)
+    t = tiles or tiles_for(M, kind, N)
     if t.gemv and M > t.bm:  # the row loop covers every row of the product
-        t = tiles_for(max(M, 17), kind)
+        t = tiles_for(max(M, 17), kind, N)
     kernel = kernels[1] if t.gemv else kernels[0]
     if t.bk and unit % t.bk == 0:
         bk = t.bk
@@ -324,6 +392,43 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None):
     kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
     unit = bk if bk < K else kt
     return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), _fp8_consts(w, scale, block), "fp8", tiles)
+
+
+# The inputs of a row that fp8_mma quantizes under one scale: one K tile,
+# and one block of 128x128-block weights' scales.
+ACT_GROUP = 128
+
+
+def fp8_mma(x, w, scale, block, tiles=None):
+    """x [..., K] @ dequant(w).T as W8A8 in a Triton kernel: each row's
+    inputs quantized to e4m3 per ACT_GROUP by their own max (so each row
+    alone, whatever its batch), FP8 MMA, float32 sums scaled per group
+    and weight block (or channel); no cuBLAS floor (w8a8.py). Up to 16
+    rows the kernel quantizes the tile it reads (one launch); from 32
+    act_quant quantizes x once first, as each program re-reading and
+    re-quantizing the rows costs more there than the launch. Either
+    way the codes and scales are the same. The weight must fit
+    (w8a8.mma_fits)."""
+    N, K = w.shape
+    shape = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    t = tiles or tiles_for(M, "mma")
+    sms, locks = _device_state(x.device)
+    n_tiles, split, k_per = _plan(M, N, K, ACT_GROUP, sms, t)
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    part = torch.empty(split, M, N, device=x.device, dtype=torch.float32) if split > 1 else y
+    a, sa = x2, y  # sa unused unless pre
+    if t.pre:
+        a, sa = act_quant(x2, ACT_GROUP)
+    consts = _fp8_consts(w, scale, block)
+    _fp8_mma_kernel[(n_tiles, split)](a, sa, w, scale, y, part, locks, M, N, K, k_per, split, a.stride(0),
+                                      *(sa.stride() if t.pre else (0, 0)), *consts[0], BLOCK_M=t.bm, BLOCK_N=t.bn,
+                                      BLOCK_K=ACT_GROUP, SWAP=t.swap, PRE=t.pre, num_warps=t.warps,
+                                      num_stages=t.stages, **consts[1])
+    return y.reshape(*shape, N)
 
 
 def int4_linear(x, qw, scales, zeros, g, tiles=None, dequant_rows=None):
@@ -383,7 +488,7 @@ def act_quant(x, group=None, rows=None):
     return q, s
 
 
-def fp8_w8a8(x, w, scale, block, v2=False):
+def fp8_w8a8(x, w, scale, block, v2=False, mma=False):
     """x [..., K] @ dequant(w).T as W8A8 on the FP8 tensor cores (see
     w8a8.py): x's rows quantized per token, then cuBLAS's
     scaled GEMM. Per-channel weights (block (1, K), scale [N, 1]) take a
@@ -394,7 +499,10 @@ def fp8_w8a8(x, w, scale, block, v2=False):
     wants, and its scales transposed: views, no copy a step. v2: the
     block product through torch.nn.functional.scaled_mm (its recipes
     named) instead of torch._scaled_mm (recipes read from the scales'
-    shapes)."""
+    shapes). mma: fp8_mma instead (w8a8.route sends it the rows it
+    takes)."""
+    if mma:
+        return fp8_mma(x, w, scale, block)
     N, K = w.shape
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)

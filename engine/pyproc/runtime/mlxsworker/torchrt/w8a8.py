@@ -1,13 +1,21 @@
-"""FP8 weights as W8A8: products of MIN_ROWS rows or more (decode
+"""FP8 weights as W8A8: products of MMA_MIN_ROWS rows or more (decode
 batches, prompt chunks) run quant.py's FP8 QWeights on the FP8 tensor
-cores as vLLM's dynamic FP8 does: each row's activations quantized to
-e4m3 by its own max / 448 (per channel weights: one scale a row; 128x128
-blocks: one per 128 inputs of a row, the 1x128 recipe cuBLAS pairs with
-them), then torch._scaled_mm (quant_triton.act_quant and fp8_w8a8). The
-weight-only GEMM converts each FP8 tile to bf16 before a bf16 MMA, which
-bounds it at these row counts; W8A8 skips the conversion and runs at
-FP8's rate. Smaller products stay weight-only (the weight's bytes bound
-them).
+cores as vLLM's dynamic FP8 does, each row's activations quantized to
+e4m3 by its own max / 448. The weight-only GEMM converts each FP8 tile
+to bf16 before a bf16 MMA, which bounds it at these row counts; W8A8
+skips the conversion and runs at FP8's rate. One row stays weight-only
+(the weight's bytes bound it, and the row-loop kernel streams them).
+
+Two products, by rows:
+- MMA_MIN_ROWS to MMA_MAX_ROWS (decode batches): quant_triton.fp8_mma,
+  one Triton kernel, the activations quantized per 128 inputs of a row
+  (for per-channel weights too). cuBLAS's scaled GEMM has a floor of
+  about 15 us a product whatever its size, which the 8B model's smaller
+  products sit under at these rows (BENCHMARKS.md, issue 33's runs).
+- MIN_ROWS and more beyond that (large batches, prompt chunks): cuBLAS
+  through torch._scaled_mm (quant_triton.act_quant and fp8_w8a8): per
+  channel weights one scale a row, 128x128 blocks one per 128 inputs of
+  a row (the 1x128 recipe cuBLAS pairs with them).
 
 Each row is quantized by its own scales (no scale over the batch), so
 the quantization adds no dependence on the other rows of a product (as
@@ -33,11 +41,22 @@ from . import quant
 
 log = logging.getLogger("quant")
 
-# The fewest rows a product runs as W8A8: 16, the smallest decode batch
-# of issue 33's measurements (bf16 3,352 tok/s, weight-only FP8 3,886 at
-# batch 16 on the 8B shape); to be set from cmd/gpubench/quant_sweep.py's
-# W8A8 column against the Triton tile at 16 and 64 rows.
+# The fewest rows a product runs through cuBLAS's W8A8 (where fp8_mma
+# is off, or above MMA_MAX_ROWS): 16, the smallest decode batch of issue
+# 33's measurements.
 MIN_ROWS = 16
+
+# The rows fp8_mma takes (cmd/gpubench/quant_sweep.py --mma-rows, H200,
+# the 8B projections, microseconds a product): at 16 rows it beats cuBLAS
+# W8A8 and the weight-only tile on all four (sum 80 against 95 and 99),
+# at 64 rows 100 against cuBLAS's 112 and bf16's 121; at 128 cuBLAS wins
+# (114 against 137). From 2 rows: the weight-only tile below 16 rows
+# costs what it costs at 16.
+MMA_MIN_ROWS = 2
+MMA_MAX_ROWS = 64
+
+# (device, dtype, layout) -> whether fp8_mma passed check there.
+_mma = {}
 
 # (device, dtype, layout) -> the keyword arguments of quant_triton.fp8_w8a8
 # that passed check there, or None: the weight-only GEMM. Set at
@@ -78,13 +97,27 @@ def fits(w):
 _refused = set()
 
 
+def mma_fits(w):
+    """Which fp8_mma layout an fp8 QWeight fits: "channel" or "block"
+    (128x128), K a multiple of 128 (its activation groups); else None."""
+    if w.k % 128:
+        return None
+    block = w.t["block"]
+    return "channel" if block[0] == 1 else "block" if block == (128, 128) else None
+
+
 def route(w, x):
     """The keyword arguments of quant_triton.fp8_w8a8 for fp8 QWeight w
     and input x when that product runs as W8A8, else None."""
-    if x.numel() < MIN_ROWS * w.k or not _on:
+    rows = x.numel() // w.k
+    if rows < MMA_MIN_ROWS or not _on:
         return None
     where = _where(x.device)
     if (where, x.dtype, w.n, w.k) in _refused:
+        return None
+    if rows <= MMA_MAX_ROWS and _mma.get((where, x.dtype, mma_fits(w))):
+        return {"mma": True}
+    if rows < MIN_ROWS:
         return None
     return _on.get((where, x.dtype, fits(w)))
 
@@ -138,7 +171,9 @@ def check(device, dtype):
     is captured): a small product against the dequantized one. Block
     weights try torch._scaled_mm, then torch.nn.functional.scaled_mm;
     what passes goes into _on, and a layout that fails keeps the
-    weight-only GEMM, logged."""
+    weight-only GEMM, logged. Then fp8_mma at MMA_MIN_ROWS, the case's
+    rows and MMA_MAX_ROWS (its tile classes) into _mma; where it fails,
+    those rows take cuBLAS's product (or the weight-only one)."""
     from . import quant_triton
     for kind, tries in (("channel", ({},)), ("block", ({}, {"v2": True}))):
         key = (_where(device), dtype, kind)
@@ -161,6 +196,24 @@ def check(device, dtype):
             log.warning("W8A8 %s disagrees with the dequantized product (relative %.3g)", what, err)
         if _on[key] is None:
             log.warning("FP8 %s weights stay on the weight-only GEMM", kind)
+        _mma[key] = _check_mma(kind, w, x, want)
+
+
+def _check_mma(kind, w, x, want):
+    from . import quant_triton
+    for rows in (MMA_MIN_ROWS, x.shape[0], MMA_MAX_ROWS):
+        reps = -(-rows // x.shape[0])
+        try:
+            got = quant_triton.fp8_w8a8(x.repeat(reps, 1)[:rows], w.t["w"], w.t["scale"], w.t["block"], mma=True)
+            err = ((got.float() - want.repeat(reps, 1)[:rows]).abs().max() / want.abs().max()).item()
+        except Exception as e:  # a Triton that has no FP8 dot for this GPU, and the like
+            log.warning("W8A8 %s in one kernel unavailable (%s)", kind, (str(e).splitlines() or [repr(e)])[0])
+            return False
+        if not err < TOLERANCE:
+            log.warning("W8A8 %s in one kernel disagrees with the dequantized product at %d rows (relative %.3g)",
+                        kind, rows, err)
+            return False
+    return True
 
 
 def _case(kind, device, dtype):
