@@ -228,6 +228,30 @@ def check_routing():
         return out
 
     got = with_standin(stand, routes)
+
+    # warm runs a (layout, K)'s products once at load, and only with W8A8 on.
+    def warmed():
+        out = []
+        w8a8._warmed.clear()
+        for on in (False, True):
+            if on:
+                w8a8._on[(dev, torch.float32, "channel")] = {}
+                w8a8._mma[(dev, torch.float32, "channel")] = True
+            for w in (chan, chan, other_k):
+                stand.calls.clear()
+                w8a8.warm(w, torch.device(dev), torch.float32)
+                out.append(list(stand.calls))
+        w8a8._on.clear()
+        w8a8._mma.clear()
+        w8a8._warmed.clear()
+        return out
+    other_k = fp8_weight(64, 1024, (1, 1024), g)
+    ws = with_standin(stand, warmed)
+    check(ws[:3] == [[], [], []], "warm with W8A8 off runs nothing: %r" % ws[:3])
+    rows = w8a8.WARM_ROWS
+    want_calls = [("w8a8", ("mma",)) if w8a8.MMA_MIN_ROWS <= r <= w8a8.MMA_MAX_ROWS else ("w8a8", ()) for r in rows]
+    check(ws[3] == want_calls and ws[4] == [] and ws[5] == want_calls,
+          "warm runs each tile class once a K, then nothing: %r" % ws[3:])
     mma = ("w8a8", ("mma",))
     want = {"off": "weight-only", "channel_small": "weight-only", "channel": ("w8a8", ()), "block": ("w8a8", ("v2",)),
             "narrow": "weight-only", "odd": "weight-only", "rows3d": ("w8a8", ()), "block_small": "weight-only",

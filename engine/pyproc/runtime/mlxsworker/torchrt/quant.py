@@ -269,6 +269,9 @@ class Loader:
                 return w
         if w is None:
             return self.ck.get(name, shape, self.device, self.dtype)
+        if self.keep and w.kind == "fp8":
+            from . import w8a8
+            w8a8.warm(w, self.device, self.dtype)
         return w if self.keep else w.dequant(self.dtype)
 
     def _fp8_channel(self, w):

@@ -189,7 +189,10 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
 
 
-@triton.jit
+# Not specialized on the values that vary between a model's products and
+# the check's (w8a8.check compiles every variant at load: the rows, the
+# K split, the strides of the scales), so serving meets no compile.
+@triton.jit(do_not_specialize=["M", "split", "ssam", "ssag", "ssn"])
 def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, ssam, ssag,
                     swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PRE: tl.constexpr):
