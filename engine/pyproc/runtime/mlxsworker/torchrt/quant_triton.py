@@ -10,10 +10,12 @@ a weight.
   scales, so its partial product is scaled once per output column.
   Weight-only: activations stay in their dtype (no activation
   quantization, so no activation scales).
-- act_quant and fp8_w8a8: the FP8 weights' W8A8 product (w8a8.py:
-  products of w8a8.MIN_ROWS rows or more): x's rows quantized to e4m3 per token by one
-  kernel that reads x once and writes the codes and their float32
-  scales, then torch._scaled_mm on the FP8 tensor cores.
+- fp8_mma: the FP8 weights' W8A8 product for decode batches (w8a8.py:
+  w8a8.MMA_MIN_ROWS to MMA_MAX_ROWS rows), one Triton kernel on the
+  FP8 tensor cores, each row's activations quantized per 128 inputs.
+- act_quant and fp8_w8a8: the W8A8 product for more rows: x's rows
+  quantized to e4m3 per token by one kernel that reads x once and
+  writes the codes and their float32 scales, then torch._scaled_mm.
 - int4_linear: x times a 4-bit weight packed GPTQ-style along K (int32
   [K/8, N], input 8r + j in nibble j), with scales and zeros per group of
   g inputs ([K/g, N], the zero as a value; the scales in the file's dtype,

@@ -47,11 +47,11 @@ log = logging.getLogger("quant")
 MIN_ROWS = 16
 
 # The rows fp8_mma takes (cmd/gpubench/quant_sweep.py --mma-rows, H200,
-# the 8B projections, microseconds a product): at 16 rows it beats cuBLAS
-# W8A8 and the weight-only tile on all four (sum 80 against 95 and 99),
-# at 64 rows 100 against cuBLAS's 112 and bf16's 121; at 128 cuBLAS wins
-# (114 against 137). From 2 rows: the weight-only tile below 16 rows
-# costs what it costs at 16.
+# the 8B projections, microseconds a layer's four products, BENCHMARKS.md):
+# at 16 rows it beats cuBLAS W8A8 and the weight-only tile on all four
+# (77 against 95 and 99), at 64 rows 96 against cuBLAS's 112 and bf16's
+# 121; at 128 cuBLAS wins (114 against 137). From 2 rows: the weight-only
+# tile below 16 rows costs what it costs at 16.
 MMA_MIN_ROWS = 2
 MMA_MAX_ROWS = 64
 
