@@ -83,7 +83,7 @@ var (
 	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	tpOneShot = flag.Bool("tp-oneshot", true, "small tensor-parallel all-reduces over peer memory, not NCCL (pyproc.Tuning.NoOneShotAllReduce)")
-	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 through torch._scaled_mm in products of 16 rows or more (pyproc.Tuning.NoFP8ScaledMM)")
+	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 in products of 2 rows or more: a Triton kernel to 64 rows, torch._scaled_mm beyond (pyproc.Tuning.NoFP8ScaledMM)")
 	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
 	kvDtype   = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
 	script    = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")

@@ -71,10 +71,11 @@ type Tuning struct {
 	// kernels do not run.
 	NoLoRASideStream bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
-	// By default products of 16 rows or more (decode batches, prompt
-	// chunks) run as W8A8 through torch._scaled_mm, each token's
-	// activations quantized to FP8 by its own scale, where the GPU
-	// supports it and it agrees with the dequantized product at load.
+	// By default products of 2 rows or more run as W8A8, each token's
+	// activations quantized to FP8 by its own scales: decode batches up
+	// to 64 rows in one Triton kernel, larger products (prompt chunks)
+	// through torch._scaled_mm, where the GPU supports it and it agrees
+	// with the dequantized product at load.
 	NoFP8ScaledMM bool
 	// TPTimeout bounds a tensor-parallel collective: a rank silent for
 	// longer takes the worker down; 0: 5 minutes.

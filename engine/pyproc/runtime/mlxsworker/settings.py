@@ -37,8 +37,9 @@ class Settings:
     a second CUDA stream, beside the base projection's GEMM (both read the
     projection's input alone); the expand then waits for it (default on).
     fp8_scaled_mm: FP8 weights (per channel or in 128x128 blocks) run as
-    W8A8 through torch._scaled_mm in products of w8a8.MIN_ROWS rows or
-    more, where that passes its check at load; off: weight-only always.
+    W8A8 in products of w8a8.MMA_MIN_ROWS rows or more (a Triton kernel
+    up to w8a8.MMA_MAX_ROWS, torch._scaled_mm beyond), where that passes
+    its check at load; off: weight-only always.
     tp_timeout: seconds a tensor-parallel collective waits at most.
     tp_graphs: CUDA graphs under tensor parallel.
     tp_oneshot: on CUDA, tensor-parallel all-reduces of up to

@@ -54,7 +54,7 @@ dtype. On CUDA the decoder's projections (q, k, v, o, gate, up, down) stay
 quantized (QWeight) and run through quant_triton: the FP8 weights through
 a GEMM that converts each tile to the activations' dtype in registers and
 scales it per block or channel (weight-only: activations stay bf16) or,
-in products of w8a8.MIN_ROWS rows or more, as W8A8 on the FP8 tensor
+in products of w8a8.MMA_MIN_ROWS rows or more, as W8A8 on the FP8 tensor
 cores with each row's activations quantized dynamically (w8a8.py; static
 activation scales in the config are not used either way), the int4
 weights through a GEMM that unpacks and dequantizes each tile in
