@@ -72,9 +72,9 @@ type Tuning struct {
 	NoLoRASideStream bool
 	// NoFP8ScaledMM keeps FP8 projections weight-only at every row count.
 	// By default products of 2 rows or more run as W8A8, each token's
-	// activations quantized to FP8 by its own scales: decode batches up
-	// to 64 rows in one Triton kernel, larger products (prompt chunks)
-	// through torch._scaled_mm, where the GPU supports it and it agrees
+	// activations quantized to FP8 by its own scales: products of up to
+	// 64 rows (decode batches, short prompt chunks) in one Triton kernel,
+	// larger ones through torch._scaled_mm, where the GPU supports it and it agrees
 	// with the dequantized product at load.
 	NoFP8ScaledMM bool
 	// TPTimeout bounds a tensor-parallel collective: a rank silent for

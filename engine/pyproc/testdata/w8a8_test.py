@@ -299,6 +299,39 @@ def check_routing():
     check(others == [("w8a8", ())], "other shapes keep W8A8: %r" % others)
     check(sum("refused" in ln for ln in h.lines) == 1, "logged once: %r" % h.lines)
 
+    # fp8_mma refused at a shape (a Triton error, not a RuntimeError): the
+    # step takes cuBLAS's product, the shape keeps cuBLAS's product for the
+    # rows it takes and the weight-only one below MIN_ROWS; cuBLAS refused
+    # too: weight-only.
+    def mma_refusing(x, w, scale, block, v2=False, mma=False):
+        if mma and w.shape[0] == chan.n:
+            raise ValueError("triton: out of resources")
+        if w.shape[0] == chan.n and x.shape[0] == 2 * R:
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return emulated_w8a8(x, w, scale, block, mma=mma)
+    stand3 = StandIn(mma_refusing)
+
+    def mma_refused():
+        w8a8._refused.clear()
+        w8a8._on[(dev, torch.float32, "channel")] = {}
+        w8a8._mma[(dev, torch.float32, "channel")] = True
+        out = []
+        for rows in (R, R, R // 2, 2 * R, R, 2):
+            stand3.calls.clear()
+            chan.forward(torch.randn(rows, 512, generator=g))
+            out.append(list(stand3.calls))
+        stand3.calls.clear()
+        other.forward(torch.randn(R, 512, generator=g))
+        out.append(list(stand3.calls))
+        w8a8._on.clear()
+        w8a8._mma.clear()
+        w8a8._refused.clear()
+        return out
+    got = with_standin(stand3, mma_refused)
+    cub, mma = ("w8a8", ()), ("w8a8", ("mma",))
+    want = [[mma, cub], [cub], ["weight-only"], [cub, "weight-only"], ["weight-only"], ["weight-only"], [mma]]
+    check(got == want, "a refused fp8_mma falls back to cuBLAS's product, then weight-only: %r" % got)
+
 
 # -- the check at load -------------------------------------------------------
 

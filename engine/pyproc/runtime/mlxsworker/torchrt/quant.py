@@ -176,11 +176,12 @@ class QWeight:
         t = self.t
         if self.kind == "fp8":
             how, y = w8a8.route(self, x), None
-            if how is not None:
+            while how is not None and y is None:
                 try:
                     y = quant_triton.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)
-                except RuntimeError as e:  # this shape, not the layout the check passed: weight-only from now on
-                    w8a8.refuse(self, x, e)
+                except Exception as e:  # torch's and Triton's: this shape, not the layout the check passed
+                    w8a8.refuse(self, x, e, how)  # then cuBLAS's product where fp8_mma refused, else none
+                    how = w8a8.route(self, x)
             if y is None:
                 y = quant_triton.fp8_linear(x, t["w"], t["scale"], t["block"])
         else:

@@ -10,9 +10,10 @@ a weight.
   scales, so its partial product is scaled once per output column.
   Weight-only: activations stay in their dtype (no activation
   quantization, so no activation scales).
-- fp8_mma: the FP8 weights' W8A8 product for decode batches (w8a8.py:
-  w8a8.MMA_MIN_ROWS to MMA_MAX_ROWS rows), one Triton kernel on the
-  FP8 tensor cores, each row's activations quantized per 128 inputs.
+- fp8_mma: the FP8 weights' W8A8 product of w8a8.MMA_MIN_ROWS to
+  MMA_MAX_ROWS rows (decode batches, short prompt chunks; w8a8.py), one
+  Triton kernel on the FP8 tensor cores, each row's activations
+  quantized per 128 inputs.
 - act_quant and fp8_w8a8: the W8A8 product for more rows: x's rows
   quantized to e4m3 per token by one kernel that reads x once and
   writes the codes and their float32 scales, then torch._scaled_mm.
@@ -223,7 +224,7 @@ def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N
         xmask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
         if PRE:
             aq = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0)
-            sa = tl.load(sa_ptr + offs_m * ssam + (ks // BLOCK_K) * ssag, mask=offs_m < M, other=0.0)
+            sa = tl.load(sa_ptr + offs_m * ssam + (ks // BLOCK_K) * ssag, mask=(offs_m < M) & (ks < K), other=0.0)
         else:
             a = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0).to(tl.float32)
             sa = tl.maximum(tl.max(tl.abs(a), axis=1) / 448.0, 1e-12)
@@ -253,7 +254,7 @@ def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, swn, ssn, ssk, BN_S: tl.con
              mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "ssg"])  # as _fp8_mma_kernel: one compile a width
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.constexpr, GROUPS: tl.constexpr):
     # One row a program, read once: its K inputs as GROUPS groups of GROUP
     # (one group: the whole row), each scaled by its own max / 448 into
@@ -294,6 +295,7 @@ DEQUANT_ROWS = 256
 
 _sms = {}
 _locks = {}
+_no_part = {}  # device -> a float32 scalar fp8_mma passes as part when K is not split
 _LOCKS = 4096  # split products have fewer tiles than 2 waves of SMs
 
 
@@ -301,6 +303,7 @@ def _device_state(device):
     if device not in _sms:
         _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
         _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
+        _no_part[device] = torch.zeros(1, dtype=torch.float32, device=device)
     return _sms[device], _locks[device]
 
 
@@ -327,7 +330,7 @@ def tiles_for(M, kind, N=0):
     One row of int4 over a wide product (N: the 8B's gate_up) streams
     faster in wider tiles: 38.6 against 47.6 us there, the same on the
     narrow ones."""
-    if kind == "mma":  # pre: the activations quantized once by act_quant (wins from 32 rows)
+    if kind == "mma":  # pre: the activations quantized once by act_quant (measured to win at 32 rows)
         if M <= 16:
             return Tiles(16, 64, 4, 3, 4, swap=True)
         if M <= 32:
@@ -411,8 +414,9 @@ def fp8_mma(x, w, scale, block, tiles=None):
     and weight block (or channel); no cuBLAS floor (w8a8.py). Up to 16
     rows the kernel quantizes the tile it reads (one launch); from 32
     act_quant quantizes x once first, as each program re-reading and
-    re-quantizing the rows costs more there than the launch. Either
-    way the codes and scales are the same. The weight must fit
+    re-quantizing the rows costs more there than the launch (measured at
+    32; rows 17 to 31 share that tile). Either way the codes and scales
+    are the same. The weight must fit
     (w8a8.mma_fits)."""
     N, K = w.shape
     shape = x.shape[:-1]
@@ -424,7 +428,13 @@ def fp8_mma(x, w, scale, block, tiles=None):
     sms, locks = _device_state(x.device)
     n_tiles, split, k_per = _plan(M, N, K, ACT_GROUP, sms, t)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    part = torch.empty(split, M, N, device=x.device, dtype=torch.float32) if split > 1 else y
+    # part is float32 either way (unread when K is not split), so a
+    # product's K split never changes the kernel's signature: warm-up's
+    # products compile what every width of the model runs.
+    if split > 1:
+        part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
+    else:
+        part = _no_part[x.device]
     a, sa = x2, y  # sa unused unless pre
     if t.pre:
         a, sa = act_quant(x2, ACT_GROUP)
@@ -553,9 +563,16 @@ def self_check(device, dtype):
     perm = torch.randperm(K, generator=gen)
     cases.append(quant.QWeight("int4", N, K, qw=quant.pack4(q).to(device), scales=sc.bfloat16().to(device),
                                zeros=z.to(device), group=128, perm=perm.to(device)))
+    # A product as wide as tiles_for's wide int4 tile wants (one row only).
+    wide = 16384
+    qwide = torch.randint(0, 16, (K, wide), generator=gen, dtype=torch.int32)
+    swide = (torch.rand(K // 128, wide, generator=gen) * 0.02).half()
+    zwide = torch.randint(0, 16, (K // 128, wide), generator=gen).half()
+    cwide = quant.QWeight("int4", wide, K, qw=quant.pack4(qwide).to(device), scales=swide.to(device),
+                          zeros=zwide.to(device), group=128)
     for M in (1, 7, 33, 200, DEQUANT_ROWS + 44):
         x = torch.randn(M, K, generator=gen).to(device=device, dtype=dtype)
-        for c in cases:
+        for c in cases + ([cwide] if M == 1 else []):
             want = x.float() @ c.dequant(torch.float32).t()
             got = c.forward(x).float()
             err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)

@@ -7,7 +7,7 @@ skips the conversion and runs at FP8's rate. One row stays weight-only
 (the weight's bytes bound it, and the row-loop kernel streams them).
 
 Two products, by rows:
-- MMA_MIN_ROWS to MMA_MAX_ROWS (decode batches): quant_triton.fp8_mma,
+- MMA_MIN_ROWS to MMA_MAX_ROWS (decode batches, short prompt chunks): quant_triton.fp8_mma,
   one Triton kernel, the activations quantized per 128 inputs of a row
   (for per-channel weights too). cuBLAS's scaled GEMM has a floor of
   about 15 us a product whatever its size, which the 8B model's smaller
@@ -19,12 +19,12 @@ Two products, by rows:
 
 Each row is quantized by its own scales (no scale over the batch), so
 the quantization adds no dependence on the other rows of a product (as
-far as cuBLAS's choice of kernel by shape lets it, as for bf16). The two
-paths differ, though (W8A8 adds the activations' rounding, within 2^-4
-of each value relative), so a sequence's numbers depend on which side of
-MIN_ROWS the product's row count fell: the step's rows, or in a CUDA
-graph its bucket's (9 to 16 live rows replay bucket 16 and run W8A8; the
-same rows run eagerly run weight-only).
+far as the tile a row count takes lets it, as for bf16). The paths
+differ, though (W8A8 adds the activations' rounding, within 2^-4 of each
+value relative; per-channel weights' activations are scaled per 128
+inputs up to MMA_MAX_ROWS rows and per row beyond), so a sequence's
+numbers depend on which side of 1 and MMA_MAX_ROWS rows the product's
+row count fell: the step's rows, or in a CUDA graph its bucket's.
 
 The settings' fp8_scaled_mm (pyproc.Tuning.NoFP8ScaledMM) turns it off.
 Where it is on, quant.Loader calls check at load, which tries each layout
@@ -90,8 +90,8 @@ def fits(w):
     return None
 
 
-# (device, dtype, N, K) of products whose W8A8 call raised when they first
-# ran (refuse): weight-only from then on. The check at load tries one
+# (device, dtype, N, K, "mma" or "cublas") of products whose W8A8 call
+# raised when they first ran (refuse): off that product from then on. The check at load tries one
 # shape; a model's own may still be refused by the GEMM (a layout it does
 # not take at that size).
 _refused = set()
@@ -113,25 +113,27 @@ def route(w, x):
     if rows < MMA_MIN_ROWS or not _on:
         return None
     where = _where(x.device)
-    if (where, x.dtype, w.n, w.k) in _refused:
-        return None
-    if rows <= MMA_MAX_ROWS and _mma.get((where, x.dtype, mma_fits(w))):
+    if (rows <= MMA_MAX_ROWS and _mma.get((where, x.dtype, mma_fits(w)))
+            and (where, x.dtype, w.n, w.k, "mma") not in _refused):
         return {"mma": True}
-    if rows < MIN_ROWS:
+    if rows < MIN_ROWS or (where, x.dtype, w.n, w.k, "cublas") in _refused:
         return None
     return _on.get((where, x.dtype, fits(w)))
 
 
-def refuse(w, x, e):
-    """Routes w's shape weight-only from now on, after its W8A8 call raised
-    e (logged once a shape). The call checks its operands on the host
-    before launching anything, so a step being captured into a CUDA graph
-    records the weight-only product in its place."""
-    key = (_where(x.device), x.dtype, w.n, w.k)
+def refuse(w, x, e, how):
+    """Routes w's shape off the W8A8 product how named (fp8_mma or
+    cuBLAS's) from now on, after that call raised e (logged once a shape
+    and product): those rows go to cuBLAS's product or the weight-only
+    one. The calls check their operands on the host before launching
+    anything, so a step being captured into a CUDA graph records the
+    other product in its place."""
+    path = "mma" if how.get("mma") else "cublas"
+    key = (_where(x.device), x.dtype, w.n, w.k, path)
     if key not in _refused:
         _refused.add(key)
-        log.warning("W8A8 refused a %dx%d FP8 product (%s); that shape runs weight-only", w.n, w.k,
-                    (str(e).splitlines() or [repr(e)])[0])
+        log.warning("W8A8 (%s) refused a %dx%d FP8 product (%s); those rows of that shape run without it",
+                    "one kernel" if path == "mma" else "cuBLAS", w.n, w.k, (str(e).splitlines() or [repr(e)])[0])
 
 
 _names = {}  # device (as given) -> _where's name: route runs for every FP8 product of a step
@@ -203,8 +205,10 @@ def check(device, dtype):
 _warmed = set()
 
 # Row counts warm runs: each of fp8_mma's tile classes (2-16, 17-32,
-# 33-64) at a multiple of 16 and not (Triton compiles a variant for
-# each where a value's divisibility by 16 is known), then cuBLAS's side.
+# 33-64) at a multiple of 16 and not, then cuBLAS's side. The kernels
+# are not specialized on the rows or the K split (quant_triton), so these
+# compile what every product of that K runs (N a multiple of 16, as
+# every projection's is).
 WARM_ROWS = (2, 16, 19, 32, 37, 64, 65)
 
 
