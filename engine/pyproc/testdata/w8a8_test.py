@@ -34,7 +34,7 @@ With --cuda (CUDA, float8 and Triton), on the GPU:
   layouts) against the product emulated in float32 from the same codes
   (within 1e-2 of the largest output: bf16's output rounding and fp32
   sums in another order) and against the dequantized product (within
-  w8a8.TOLERANCE), from 2 to 300 rows over 8B-shaped projections
+  w8a8.TOLERANCE), from 2 to 300 rows over 8B- and 4B-shaped projections
   (fp8_mma from w8a8.MMA_MIN_ROWS to MMA_MAX_ROWS, emulated with groups
   of 128 inputs; cuBLAS past it); one row the weight-only GEMM's bytes;
   fp8_mma's activations quantized in the kernel and by act_quant alike;
@@ -470,7 +470,8 @@ def check_kernels_cuda():
         if dtype == torch.bfloat16:
             check(sorted(on) == ["block", "channel"], "bfloat16: both layouts pass their check here: %r" % on)
             check(sorted(mma) == ["block", "channel"], "and the one-kernel product: %r" % mma)
-        for n, k in ((6144, 4096), (4096, 14336), (1024, 512)):
+        # 2560x4096 (Qwen3-4B's o): a K split that rounds past K at 17-64 rows.
+        for n, k in ((6144, 4096), (4096, 14336), (2560, 4096), (1024, 512)):
             for block in [b for b in ((1, k), (128, 128)) if ("channel" if b[0] == 1 else "block") in on]:
                 w = fp8_weight(n, k, block, g, dev)
                 layout = "channel" if block[0] == 1 else "block"
