@@ -133,20 +133,9 @@ def main():
                 t_dq = timed(lambda: call(qt, qw, x, dequant_rows=1))
                 best, best_t = "-", float("nan")
                 if a.sweep and M <= 64:
-                    times = {}
-                    for tl_ in candidates(M):
-                        try:
-                            if err(call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30), want) > 2e-2:
-                                continue
-                            times[repr(tl_)] = timed(lambda: call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30), reps=10, replays=3)
-                        except Exception as ex:  # out of shared memory and the like
-                            times[repr(tl_)] = float("inf")
-                            print("  %s %s M=%d %r: %s" % (kind, name, M, tl_, str(ex).splitlines()[0][:100]), file=sys.stderr)
-                    best = min(times, key=times.get)
-                    best_t = times[best]
-                    acc = best_by.setdefault((kind, M), {})
-                    for k, v in times.items():
-                        acc[k] = acc.get(k, 0.0) + v / best_t
+                    best, best_t = sweep(candidates(M), lambda tl_: call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30),
+                                         want, lambda e: e <= 2e-2, best_by.setdefault((kind, M), {}),
+                                         "%s %s M=%d" % (kind, name, M))
                 print("| %s | %d | %.1f | %s | %.1f%s | %.0f | %.2fx | %.1f | %s | %.1f |" % (
                     name, M, t_bf, t_old, t_new, "" if e <= 2e-2 else " (err %.3g)" % e, nbytes / t_new / 1e3,
                     t_bf / t_new, t_dq, best, best_t))
@@ -162,16 +151,44 @@ def main():
             print("%s M=%d: %s" % (kind, M, "; ".join("%s %.2f" % kv for kv in top)))
 
 
+def sweep(cands, product, want, good, acc, what):
+    """Times product(tiles) for each candidate whose result good(err)
+    accepts and adds each one's time over the best to acc; returns the
+    best tile's repr and microseconds ("-", NaN when none ran)."""
+    times = {}
+    for tl_ in cands:
+        try:
+            if not good(err(product(tl_), want)):
+                continue
+            times[repr(tl_)] = timed(lambda: product(tl_), reps=10, replays=3)
+        except Exception as ex:  # out of shared memory and the like
+            times[repr(tl_)] = float("inf")
+            print("  %s %r: %s" % (what, tl_, str(ex).splitlines()[0][:120]), file=sys.stderr)
+    if not times:
+        return "-", float("nan")
+    best = min(times, key=times.get)
+    for k, v in times.items():
+        acc[k] = acc.get(k, 0.0) + v / times[best]
+    return best, times[best]
+
+
+def fp8_pair(N, K, dev):
+    """weights("fp8") with 128x128 block scales, and the same weight
+    quantized per channel: the two FP8 layouts of a projection."""
+    blk = weights("fp8", N, K, dev)
+    wf = blk.dequant(torch.float32)
+    s = wf.abs().amax(1, keepdim=True) / quant.E4M3_MAX
+    return blk, quant.QWeight("fp8", N, K, w=(wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), scale=s, block=(1, K))
+
+
 def w8a8_table(rows, dev):
     """The W8A8 products beside bf16 and the weight-only path, per projection."""
     print("\n| fp8 W8A8 | rows | bf16 us | weight-only us | W8A8 block us | block v2 us | W8A8 channel us | act quant us "
           "| block/bf16 speed | block/weight-only speed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, (N, K) in SHAPES.items():
-        blk = weights("fp8", N, K, dev)
+        blk, chan = fp8_pair(N, K, dev)
         wf = blk.dequant(torch.float32)
-        s = wf.abs().amax(1, keepdim=True) / quant.E4M3_MAX
-        chan = quant.QWeight("fp8", N, K, w=(wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), scale=s, block=(1, K))
         wb = blk.dequant(torch.bfloat16)
         cases = ((blk, wf, {}), (blk, wf, {"v2": True}), (chan, chan.dequant(torch.float32), {}))
         for M in rows:
@@ -205,10 +222,7 @@ def mma_table(rows, dev, sweep, best_by):
           "| mma/weight-only speed | err vs dequant | best tile | best us |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, (N, K) in SHAPES.items():
-        blk = weights("fp8", N, K, dev)
-        wf = blk.dequant(torch.float32)
-        s = wf.abs().amax(1, keepdim=True) / quant.E4M3_MAX
-        chan = quant.QWeight("fp8", N, K, w=(wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), scale=s, block=(1, K))
+        blk, chan = fp8_pair(N, K, dev)
         for label, w in (("block", blk), ("channel", chan)):
             t = w.t
             wd = w.dequant(torch.float32)
@@ -228,22 +242,10 @@ def mma_table(rows, dev, sweep, best_by):
                     e, t_m = float("nan"), float("nan")
                 best, best_t = "-", float("nan")
                 if sweep and label == "block":  # the channel layout runs the same tiles
-                    times = {}
-                    for tl_ in mma_candidates(M):
-                        f2 = lambda: qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=tl_)  # noqa: E731
-                        try:
-                            if not err(f2(), want) < w8a8.TOLERANCE:
-                                continue
-                            times[repr(tl_)] = timed(f2, reps=10, replays=3)
-                        except Exception as ex:
-                            times[repr(tl_)] = float("inf")
-                            print("  mma %s M=%d %r: %s" % (name, M, tl_, str(ex).splitlines()[0][:120]), file=sys.stderr)
-                    if times:
-                        best = min(times, key=times.get)
-                        best_t = times[best]
-                        acc = best_by.setdefault(("mma-" + label, M), {})
-                        for k, v in times.items():
-                            acc[k] = acc.get(k, 0.0) + v / best_t
+                    best, best_t = sweep(mma_candidates(M),
+                                         lambda tl_: qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=tl_), want,
+                                         lambda e: e < w8a8.TOLERANCE, best_by.setdefault(("mma-" + label, M), {}),
+                                         "mma %s M=%d" % (name, M))
                 print("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx | %.3g | %s | %.1f |" % (
                     name, label, M, t_bf, t_wo, t_cb, t_m, w.nbytes() / t_m / 1e3, t_bf / t_m, t_wo / t_m, e, best,
                     best_t))

@@ -192,9 +192,9 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
 
 
-# Not specialized on the values that vary between a model's products and
-# the check's (w8a8.check compiles every variant at load: the rows, the
-# K split, the strides of the scales), so serving meets no compile.
+# Not specialized on the values that vary between a model's products of
+# one K (the rows, the K split, the strides of the scales), so w8a8.warm's
+# products at load compile every variant serving runs.
 @triton.jit(do_not_specialize=["M", "split", "ssam", "ssag", "ssn"])
 def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, ssam, ssag,
                     swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -412,12 +412,11 @@ def fp8_mma(x, w, scale, block, tiles=None):
     inputs quantized to e4m3 per ACT_GROUP by their own max (so each row
     alone, whatever its batch), FP8 MMA, float32 sums scaled per group
     and weight block (or channel); no cuBLAS floor (w8a8.py). Up to 16
-    rows the kernel quantizes the tile it reads (one launch); from 32
+    rows the kernel quantizes the tile it reads (one launch); from 17
     act_quant quantizes x once first, as each program re-reading and
     re-quantizing the rows costs more there than the launch (measured at
-    32; rows 17 to 31 share that tile). Either way the codes and scales
-    are the same. The weight must fit
-    (w8a8.mma_fits)."""
+    32). Either way the codes and scales are the same. The weight must
+    fit (w8a8.mma_fits)."""
     N, K = w.shape
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)

@@ -91,9 +91,9 @@ def fits(w):
 
 
 # (device, dtype, N, K, "mma" or "cublas") of products whose W8A8 call
-# raised when they first ran (refuse): off that product from then on. The check at load tries one
-# shape; a model's own may still be refused by the GEMM (a layout it does
-# not take at that size).
+# raised when they first ran (refuse): off that product from then on. The
+# check at load tries one shape; a model's own may still be refused by the
+# GEMM (a layout it does not take at that size).
 _refused = set()
 
 
@@ -133,7 +133,13 @@ def refuse(w, x, e, how):
     if key not in _refused:
         _refused.add(key)
         log.warning("W8A8 (%s) refused a %dx%d FP8 product (%s); those rows of that shape run without it",
-                    "one kernel" if path == "mma" else "cuBLAS", w.n, w.k, (str(e).splitlines() or [repr(e)])[0])
+                    "one kernel" if path == "mma" else "cuBLAS", w.n, w.k, _first_line(e))
+
+
+def _first_line(e):
+    """An exception's first line, for a one-line log (torch's and Triton's
+    messages run to pages)."""
+    return (str(e).splitlines() or [repr(e)])[0]
 
 
 _names = {}  # device (as given) -> _where's name: route runs for every FP8 product of a step
@@ -190,7 +196,7 @@ def check(device, dtype):
                 got = quant_triton.fp8_w8a8(x, w.t["w"], w.t["scale"], w.t["block"], **kw).float()
                 err = ((got - want).abs().max() / want.abs().max()).item()
             except Exception as e:  # torch's and Triton's errors alike (a kernel that does not compile here)
-                log.warning("W8A8 %s unavailable (%s)", what, (str(e).splitlines() or [repr(e)])[0])
+                log.warning("W8A8 %s unavailable (%s)", what, _first_line(e))
                 continue
             if err < TOLERANCE:
                 _on[key] = kw
@@ -215,8 +221,8 @@ WARM_ROWS = (2, 16, 19, 32, 37, 64, 65)
 def warm(w, device, dtype):
     """Runs fp8 QWeight w's W8A8 products once at WARM_ROWS, the first
     of its (layout, K) at load: the kernels of a K's activation groups
-    compile here (seconds on a fresh machine, 0.4 s seen in one step)
-    rather than in a served step."""
+    compile here (seconds on a fresh machine) rather than in a served
+    step."""
     key = (_where(device), dtype, mma_fits(w) or fits(w), w.k)
     if key in _warmed or not _on:
         return
@@ -233,7 +239,7 @@ def _check_mma(kind, w, x, want):
             got = quant_triton.fp8_w8a8(x.repeat(reps, 1)[:rows], w.t["w"], w.t["scale"], w.t["block"], mma=True)
             err = ((got.float() - want.repeat(reps, 1)[:rows]).abs().max() / want.abs().max()).item()
         except Exception as e:  # a Triton that has no FP8 dot for this GPU, and the like
-            log.warning("W8A8 %s in one kernel unavailable (%s)", kind, (str(e).splitlines() or [repr(e)])[0])
+            log.warning("W8A8 %s in one kernel unavailable (%s)", kind, _first_line(e))
             return False
         if not err < TOLERANCE:
             log.warning("W8A8 %s in one kernel disagrees with the dequantized product at %d rows (relative %.3g)",
