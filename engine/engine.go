@@ -128,6 +128,57 @@ type SavedKV interface {
 	EvictedSaved() []string
 }
 
+// Pipeliner is implemented by models that take a step before the
+// previous step's tokens are read, so the caller's work between steps —
+// delivering tokens, admitting, planning the next batch — and the trip
+// to the device run while the device runs the previous step (vLLM's
+// async scheduling, SGLang's overlap scheduler). At most one step is
+// pending when StepAsync is called: the caller sends step N+1, then
+// waits for step N.
+//
+// Its methods are serialised with Open, Step and Free like them, and
+// Step, Open and the other methods may be called only when no step is
+// pending, except Free and FreeBlocks:
+//   - Free of a sequence in a pending step is allowed; it takes effect
+//     after that step (and the step still returns the sequence's output,
+//     which the caller ignores). The KV saved under the key then holds
+//     the token that step fed.
+//   - FreeBlocks does not wait for a pending step: it reports the pool as
+//     the engine knows it now, which may not yet count the blocks a
+//     pending step takes (the caller subtracts those) nor those freed
+//     behind it.
+//
+// A lost worker fails every pending step and open with ErrWorkerLost.
+type Pipeliner interface {
+	// StepAsync checks batch and sends it behind the pending step, if
+	// any, returning without waiting for the device. Inputs may use Prev.
+	// ok false: the model runs this batch better synchronously (say, a
+	// small batch it decodes ahead on its own); nothing was sent, and the
+	// caller waits for the pending step and uses Step. An error means
+	// nothing was sent either: an invalid batch, or a lost worker.
+	StepAsync(ctx context.Context, batch []StepInput) (p PendingStep, ok bool, err error)
+	// OpenAsync is Open without waiting for the reply. The sequence may
+	// not be stepped before its PendingOpen's Wait returned nil; Free
+	// before that is allowed and takes effect after the open. ok false:
+	// the caller uses Open, after waiting for the pending step.
+	OpenAsync(ctx context.Context, id SeqID, prompt []int32, prefixKey string) (p PendingOpen, ok bool)
+}
+
+// PendingStep is a step sent by Pipeliner.StepAsync.
+type PendingStep interface {
+	// Wait returns what Step would have returned for the batch, with
+	// Step's error contract. A step sent behind a step that failed fails
+	// with an error wrapping ErrNotRun, having changed no sequence. Wait
+	// may be called once.
+	Wait(ctx context.Context) ([]StepOutput, error)
+}
+
+// PendingOpen is an open sent by Pipeliner.OpenAsync.
+type PendingOpen interface {
+	// Wait returns what Open would have returned. Wait may be called once.
+	Wait(ctx context.Context) (reused int, err error)
+}
+
 // SeqID names a sequence within one model. The caller picks ids and never
 // reuses one while it is open.
 type SeqID uint64
@@ -164,6 +215,20 @@ type StepInput struct {
 	// past Step. Zero LoopSteps: no loop.
 	Loop      []uint64
 	LoopSteps int
+	// Prev, only in a batch given to Pipeliner.StepAsync, feeds the token
+	// this sequence samples in the pending step instead of Tokens, which
+	// must be nil: the engine resolves it on its side, so the caller plans
+	// a step before the previous step's tokens are back. Sample must be
+	// set, Allowed nil, and the sequence must sample in the pending step.
+	Prev bool
+}
+
+// Feeds is the number of tokens the input appends to its sequence.
+func (in StepInput) Feeds() int {
+	if in.Prev {
+		return 1
+	}
+	return len(in.Tokens)
 }
 
 // StepOutput is the token sampled for one StepInput with Sample set.

@@ -32,6 +32,10 @@ var (
 	ErrInvalidParam = api.ErrInvalidParam
 	// ErrClosed means the engine or model was closed.
 	ErrClosed = errors.New("engine closed")
+	// ErrNotRun means a step sent behind another (Pipeliner) was not run
+	// because the step before it failed: it changed no sequence, and the
+	// caller plans it again once it has handled that failure.
+	ErrNotRun = errors.New("step not run: the step before it failed")
 )
 
 // ContextLengthError says by how much a sequence overflows the context.
