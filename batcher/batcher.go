@@ -78,6 +78,21 @@ type ContinuousBatcher struct {
 	// the other buffer of the pair the step swaps.
 	pending, pendingSpare []pendingChunk
 
+	// Pipelined steps (pipeline.go): the model's Pipeliner, nil when the
+	// loop steps synchronously; the step sent and not delivered; the
+	// buffers of the last delivered one; the id of the last step sent;
+	// whether the next step must be synchronous (after a failure), or the
+	// pending one delivered first (plan met a preemption); the opens
+	// sent and not answered.
+	piper     engine.Pipeliner
+	pend      *sentStep
+	spare     *sentStep
+	lastSent  uint64
+	syncNext  bool
+	wantDrain bool
+	opening   int
+	orphans   []engine.PendingOpen // opens of sequences freed before their answer
+
 	// Paged KV (blocks.go): the model's pool, nil when it does not page;
 	// the blocks an admission round has left (valid while leftValid);
 	// the free blocks the engine reported last.
@@ -133,6 +148,9 @@ func New(model engine.Model, queue Queue, opts ...Option) (*ContinuousBatcher, e
 		b.limit = cfg.minBatch
 	}
 	b.admitFn = b.fits
+	if !cfg.noPipeline {
+		b.piper, _ = model.(engine.Pipeliner)
+	}
 	if b.pool = pagedPool(model, info); b.pool != nil {
 		b.admitFn = b.fitsBlocks
 		b.lastFree = info.KVBlocks
@@ -171,11 +189,16 @@ func (b *ContinuousBatcher) Shutdown(ctx context.Context) error {
 func (b *ContinuousBatcher) loop(ctx context.Context) {
 	defer close(b.done)
 	defer b.failDelayed(ErrClosed)
+	defer b.abandon(ctx)
 	defer b.failRunning(ErrClosed)
 	for {
 		b.reapCancelled()
 		b.admit(ctx)
 		b.publishOccupancy()
+		if len(b.running) == 0 && b.pend != nil {
+			b.drain(ctx) // what is left of the sequences it ran
+			continue
+		}
 		if len(b.running) == 0 {
 			b.flushText()
 			b.stepEnd = time.Time{} // the next step's Between counts from its own work, not this wait
@@ -197,7 +220,11 @@ func (b *ContinuousBatcher) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		b.step(ctx)
+		if b.piper != nil {
+			b.stepAhead(ctx)
+		} else {
+			b.step(ctx)
+		}
 	}
 }
 
@@ -237,7 +264,7 @@ func (b *ContinuousBatcher) admit(ctx context.Context) {
 	for {
 		next, blocked := b.queue.Pop(b.admitFn)
 		if next == nil {
-			if blocked == nil || !b.preemptFor(blocked) {
+			if blocked == nil || !b.preemptFor(ctx, blocked) {
 				return
 			}
 			continue
@@ -261,6 +288,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	}
 	b.nextID++
 	s.id = b.nextID
+	s.ahead, s.sampleIn, s.opening = 0, 0, nil
 	s.feed = s.Prompt
 	s.params = s.Params
 	s.forced = 0              // a recompute feeds every generated token
@@ -271,26 +299,14 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 		s.params.Generated += len(s.generated)
 	}
 	reused, err := b.open(ctx, s)
-	switch {
-	case err == nil:
-	case errors.Is(err, engine.ErrOutOfMemory) && len(b.running) > 0:
+	if err != nil {
 		b.model.Free(s.id, "")
-		b.queue.Requeue(e) // fits once running sequences finish
-		return false
-	case b.cfg.retry.Retryable(err):
-		b.model.Free(s.id, "")
-		return !b.retryOrFail(e, err)
-	default:
-		b.model.Free(s.id, "")
-		s.out.finish(api.Chunk{}, err)
-		return true
+		return b.openFailed(e, err, len(b.running))
 	}
-	s.fed, s.kv = reused, reused
 	s.open = true
 	b.admittedBlocks(s)
-	if s.admitted.IsZero() {
-		s.admitted = time.Now()
-		s.cached = reused
+	if s.opening == nil {
+		b.opened(s, reused)
 	}
 	b.reserved += b.need(s)
 	b.running = append(b.running, e)
@@ -300,9 +316,40 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	return true
 }
 
+// openFailed handles an Open that failed (the sequence freed in the
+// engine), others being the sequences running beside it. It reports
+// whether admission may go on this round.
+func (b *ContinuousBatcher) openFailed(e *Entry, err error, others int) bool {
+	switch {
+	case errors.Is(err, engine.ErrOutOfMemory) && others > 0:
+		b.queue.Requeue(e) // fits once running sequences finish
+		return false
+	case b.cfg.retry.Retryable(err):
+		return !b.retryOrFail(e, err)
+	default:
+		e.Value.out.finish(api.Chunk{}, err)
+		return true
+	}
+}
+
+// opened records what the engine's Open of s reused.
+func (b *ContinuousBatcher) opened(s *Sequence, reused int) {
+	s.fed, s.kv = reused, reused
+	if s.admitted.IsZero() {
+		s.admitted = time.Now()
+		s.cached = reused
+	}
+}
+
 // open opens s in the engine: OpenPooled for an embedding sequence, Open
-// for a generating one.
+// for a generating one — sent without waiting for the answer when the
+// loop pipelines (s.opening; the sequence steps once it is answered).
+// An Open that waits for its answer delivers the pending step first.
 func (b *ContinuousBatcher) open(ctx context.Context, s *Sequence) (reused int, err error) {
+	if s.Pool == engine.PoolNone && !b.info.Encoder && b.openAsync(ctx, s) {
+		return 0, nil
+	}
+	b.drain(ctx)
 	if s.Pool == engine.PoolNone {
 		if b.info.Encoder {
 			return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an embedding encoder: it does not generate", b.info.ID)}
@@ -348,10 +395,17 @@ func (b *ContinuousBatcher) startForced(s *Sequence) {
 // preemptFor evicts the lowest-tier, most recently admitted running
 // sequence if the blocked entry's tier may preempt it. The victim is
 // requeued and later recomputes its prompt and the tokens it generated.
-func (b *ContinuousBatcher) preemptFor(blocked *Entry) bool {
+// With a step pending it delivers that step first and reports true, so
+// admission looks again at what the delivery freed.
+func (b *ContinuousBatcher) preemptFor(ctx context.Context, blocked *Entry) bool {
 	victim := b.victim(func(e *Entry) bool { return b.queue.Preempts(blocked.Tier, e.Tier) })
 	if victim < 0 {
 		return false
+	}
+	if b.pend != nil {
+		b.drain(ctx)
+		b.leftValid = false
+		return true
 	}
 	b.preempt(victim)
 	b.leftValid = false // the victim's blocks came back
@@ -392,6 +446,11 @@ func (b *ContinuousBatcher) release(e *Entry, saveKey string) { b.free(e.Value, 
 // its reservation.
 func (b *ContinuousBatcher) free(s *Sequence, saveKey string) {
 	b.model.Free(s.id, saveKey)
+	if s.opening != nil { // freed before its open was answered: read the answer later
+		b.orphans = append(b.orphans, s.opening)
+		s.opening = nil
+		b.opening--
+	}
 	s.open = false
 	b.reserved -= b.need(s)
 }

@@ -27,9 +27,11 @@ func pagedPool(m engine.Model, info engine.Info) engine.BlockPool {
 	return p
 }
 
-// grows is the blocks s takes when n more tokens are fed to it.
+// grows is the blocks s takes when n more tokens are fed to it after
+// what the pending step feeds it.
 func (b *ContinuousBatcher) grows(s *Sequence, n int) int {
-	return b.info.BlocksFor(s.kv+n) - b.info.BlocksFor(s.kv)
+	kv := s.kv + s.ahead
+	return b.info.BlocksFor(kv+n) - b.info.BlocksFor(kv)
 }
 
 // blocksLeft is what the running batch leaves of the pool: the free
@@ -38,18 +40,22 @@ func (b *ContinuousBatcher) grows(s *Sequence, n int) int {
 func (b *ContinuousBatcher) blocksLeft() int {
 	left := b.freeBlocks() - max(1, b.info.KVBlocks/100)
 	for _, e := range b.running {
-		if s := e.Value; s.fed < len(s.feed) {
-			left -= b.grows(s, len(s.feed)-s.fed)
+		if s := e.Value; s.fed+s.ahead < len(s.feed) {
+			left -= b.grows(s, len(s.feed)-s.fed-s.ahead)
 		}
 	}
 	return left
 }
 
 // freeBlocks asks the engine for its free blocks and remembers the answer
-// for the stats.
+// for the stats. It leaves out the blocks the pending step takes, which
+// the engine's answer may not count yet (engine.Pipeliner).
 func (b *ContinuousBatcher) freeBlocks() int {
 	n := b.pool.FreeBlocks()
 	b.lastFree = n
+	if b.pend != nil {
+		n -= b.pend.blocks
+	}
 	return n
 }
 
@@ -82,17 +88,26 @@ func (b *ContinuousBatcher) admittedBlocks(s *Sequence) {
 // chunks. A sequence alone is never preempted: if the engine still has
 // no room, its step fails with ErrOutOfMemory and the retry policy
 // decides.
+//
+// Behind a pending step it preempts nothing: a victim's blocks would come
+// back only after the engine ran the pending step, and the free blocks it
+// reports would not show them yet. It asks for the pending step to be
+// delivered first instead (b.wantDrain) and returns 0.
 func (b *ContinuousBatcher) roomForDecodes() int {
 	for {
 		need := 0
 		for _, e := range b.running {
-			if s := e.Value; s.fed == len(s.feed) {
+			if s := e.Value; b.decodes(s) {
 				need += b.grows(s, 1+s.forced)
 			}
 		}
 		free := b.freeBlocks()
 		if need <= free || len(b.running) <= 1 {
 			return max(free-need, 0)
+		}
+		if b.pend != nil {
+			b.wantDrain = true
+			return 0
 		}
 		b.preemptForBlocks()
 	}

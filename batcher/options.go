@@ -26,6 +26,7 @@ type config struct {
 	logger         *slog.Logger
 	noJumpForward  bool // WithJumpForward(false)
 	serialText     bool // WithTextBehindStep(false)
+	noPipeline     bool // WithPipeline(false)
 	jumpForward    bool // resolved: on and the model takes forced tokens
 	embedShare     float64
 }
@@ -187,6 +188,24 @@ func WithJumpForward(on bool) Option {
 func WithTextBehindStep(on bool) Option {
 	return func(c *config) error {
 		c.serialText = !on
+		return nil
+	}
+}
+
+// WithPipeline sets whether the batcher sends a step before it has read
+// the previous step's tokens, on a model that implements
+// engine.Pipeliner (on by default): the engine then finds the next step
+// waiting when it finishes one, and the batcher's own work between steps
+// (delivering tokens, admission, planning) and the trip to the engine
+// run while the device runs the previous step. A new sequence joins the
+// step after the one its Open was answered behind, a step or two later
+// than it would otherwise; a sequence that stops on a token other than by
+// its length has one row run for nothing. While a constrained sequence
+// runs, and around preemptions, steps are synchronous. Off, every step
+// waits for the one before it.
+func WithPipeline(on bool) Option {
+	return func(c *config) error {
+		c.noPipeline = !on
 		return nil
 	}
 }

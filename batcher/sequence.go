@@ -92,13 +92,20 @@ type Sequence struct {
 	out       outbox
 
 	// Owned by the batcher's loop.
-	id          engine.SeqID
-	params      engine.SamplingParams // Params, with Generated counting what this attempt recomputes
-	generated   []int32
-	feed        []int32 // tokens to prefill after Open: prompt (+ generated on recompute)
-	fed         int     // tokens of feed already stepped
-	kv          int     // tokens the engine holds for the sequence: reused + every token fed
-	open        bool
+	id        engine.SeqID
+	params    engine.SamplingParams // Params, with Generated counting what this attempt recomputes
+	generated []int32
+	feed      []int32 // tokens to prefill after Open: prompt (+ generated on recompute)
+	fed       int     // tokens of feed already stepped
+	kv        int     // tokens the engine holds for the sequence: reused + every token fed
+	open      bool
+	// Pipelined steps (pipeline.go): the tokens steps sent and not yet
+	// delivered feed it (fed and kv count them at delivery), the id of
+	// the last sent step it samples in, and its open while the engine
+	// has not answered it.
+	ahead       int
+	sampleIn    uint64
+	opening     engine.PendingOpen
 	admitted    time.Time
 	firstToken  time.Time
 	lastToken   time.Time // when the last token was produced

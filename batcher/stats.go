@@ -75,6 +75,11 @@ type Stats struct {
 	// BlockPreemptions counts sequences preempted because the pool ran
 	// out of blocks; each recomputes when admitted again.
 	BlockPreemptions uint64
+	// Pipelined counts steps sent before the previous step's tokens were
+	// read (WithPipeline), and Drains the times the batcher waited for a
+	// pending step before planning the next (a constrained sequence, a
+	// preemption, a synchronous open, a failure).
+	Pipelined, Drains uint64
 }
 
 // Stats returns a snapshot. Safe for concurrent use.
@@ -130,6 +135,18 @@ func (b *ContinuousBatcher) adapt(st StepStats) {
 func (b *ContinuousBatcher) addResume() {
 	b.statsMu.Lock()
 	b.stats.Resumed++
+	b.statsMu.Unlock()
+}
+
+func (b *ContinuousBatcher) addPipelined() {
+	b.statsMu.Lock()
+	b.stats.Pipelined++
+	b.statsMu.Unlock()
+}
+
+func (b *ContinuousBatcher) addDrain() {
+	b.statsMu.Lock()
+	b.stats.Drains++
 	b.statsMu.Unlock()
 }
 

@@ -16,11 +16,49 @@ import (
 
 // step builds one batch — a token for every decoding sequence first, then
 // prompt chunks under what is left of the token budget — runs it, and hands
-// the sampled tokens to their sequences.
+// the sampled tokens to their sequences. Nothing may be pending
+// (pipeline.go).
 func (b *ContinuousBatcher) step(ctx context.Context) {
-	in, seqs := b.inputs[:0], b.stepSeqs[:0]
+	in, seqs, decode, prefill := b.plan()
+	if len(in) == 0 {
+		b.flushText()
+		if b.pool != nil && len(b.running) > 1 {
+			b.preemptForBlocks() // every sequence waits for blocks: make some
+		}
+		return
+	}
+	b.run(ctx, in, seqs, decode, prefill)
+}
+
+// run runs a planned step and hands the sampled tokens to their
+// sequences.
+func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs []*Sequence, decode, prefill int) {
+	start := time.Now()
+	between := b.between(start)
+	text := b.textBehind()
+	outs, err := b.model.Step(ctx, in)
+	elapsed := time.Since(start)
+	b.stepEnd = start.Add(elapsed)
+	text()
+	if err != nil {
+		b.stepFailed(ctx, err, in)
+		return
+	}
+	if err := b.deliver(in, seqs, outs, start.Add(elapsed)); err != nil {
+		b.stepFailed(ctx, err, in)
+		return
+	}
+	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed, Between: between})
+}
+
+// plan builds the next step's batch into b.inputs and b.stepSeqs: a token
+// for every decoding sequence first, then prompt chunks under what is
+// left of the token budget. Behind a pending step (pipeline.go) a
+// sequence that samples in it feeds that sample (engine.StepInput.Prev)
+// and prompt chunks go on from where the pending step leaves them.
+func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, decode, prefill int) {
+	in, seqs = b.inputs[:0], b.stepSeqs[:0]
 	budget := b.cfg.tokenBudget
-	decode, prefill := 0, 0
 	dead := false
 	blocks := 0 // blocks left for prompt chunks on a paged model
 	if b.pool != nil {
@@ -31,7 +69,16 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	for _, e := range b.running {
 		s := e.Value
 		generating = generating || s.Pool == engine.PoolNone
-		if s.fed == len(s.feed) {
+		switch {
+		case s.opening != nil:
+		case b.samplesAhead(s):
+			if b.decodesAhead(s) {
+				in = append(in, engine.StepInput{Seq: s.id, Prev: true, Sample: true, Params: &s.params})
+				seqs = append(seqs, s)
+				budget--
+				decode++
+			}
+		case s.fed == len(s.feed):
 			allowed, ok := b.allowed(s)
 			if !ok {
 				dead = true
@@ -65,14 +112,15 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 		}
 		for _, e := range b.running {
 			s := e.Value
-			if (s.Pool != engine.PoolNone) != pooled || s.fed == len(s.feed) || room <= 0 {
+			fed := s.fed + s.ahead // where the pending step leaves the feed
+			if (s.Pool != engine.PoolNone) != pooled || fed >= len(s.feed) || s.opening != nil || room <= 0 {
 				continue
 			}
-			n := min(room, len(s.feed)-s.fed)
+			n := min(room, len(s.feed)-fed)
 			if pooled && b.info.Encoder {
 				// An encoder reads its input whole; alone in a step it
 				// may exceed the budget.
-				if n = len(s.feed) - s.fed; n > room && len(in) > 0 {
+				if n = len(s.feed) - fed; n > room && len(in) > 0 {
 					continue
 				}
 			}
@@ -82,7 +130,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 				}
 				blocks -= b.grows(s, n)
 			}
-			end := s.fed + n
+			end := fed + n
 			var allowed []uint64
 			if end == len(s.feed) {
 				var ok bool
@@ -91,7 +139,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 					continue
 				}
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[s.fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
 			seqs = append(seqs, s)
 			budget -= n
 			room -= n
@@ -104,33 +152,7 @@ func (b *ContinuousBatcher) step(ctx context.Context) {
 	if dead {
 		b.removeFinished()
 	}
-	if len(in) == 0 {
-		b.flushText()
-		if b.pool != nil && len(b.running) > 1 {
-			b.preemptForBlocks() // every sequence waits for blocks: make some
-		}
-		return
-	}
-
-	start := time.Now()
-	var between time.Duration
-	if !b.stepEnd.IsZero() {
-		between = start.Sub(b.stepEnd)
-	}
-	text := b.textBehind()
-	outs, err := b.model.Step(ctx, in)
-	elapsed := time.Since(start)
-	b.stepEnd = start.Add(elapsed)
-	text()
-	if err != nil {
-		b.stepFailed(ctx, err)
-		return
-	}
-	if err := b.deliver(in, seqs, outs, start.Add(elapsed)); err != nil {
-		b.stepFailed(ctx, err)
-		return
-	}
-	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed, Between: between})
+	return in, seqs, decode, prefill
 }
 
 // deliver advances every input's sequence and appends the sampled tokens.
@@ -155,9 +177,19 @@ func (b *ContinuousBatcher) deliver(in []engine.StepInput, seqs []*Sequence, out
 	finished := false
 	for i := range in {
 		s := seqs[i]
-		s.kv += len(in[i].Tokens)
+		if !s.open || s.id != in[i].Seq {
+			// It finished, was cancelled or preempted after the step
+			// was sent (pipeline.go): the row's output is not its.
+			if in[i].Sample {
+				j++
+			}
+			continue
+		}
+		n := in[i].Feeds()
+		s.kv += n
+		s.ahead = max(s.ahead-n, 0)
 		if s.fed < len(s.feed) {
-			s.fed += len(in[i].Tokens)
+			s.fed += n
 		}
 		if !in[i].Sample {
 			continue
@@ -357,7 +389,7 @@ func (b *ContinuousBatcher) removeFinished() {
 // stepFailed handles a failed Step. Every sequence of the batch is treated
 // as failed (the contract says its KV is undefined) and goes to
 // retryOrFail: retried or resumed when the retry policy allows.
-func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
+func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error, in []engine.StepInput) {
 	if ctx.Err() != nil {
 		return // closing: the loop fails what is running
 	}
@@ -366,14 +398,14 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error) {
 		// pool is shorter than the batcher counted (blocks held ahead
 		// by the engine, or workers' pools of different fill). Give
 		// blocks back and step again.
-		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "batch", len(b.inputs), "err", err)
+		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "batch", len(in), "err", err)
 		b.preemptForBlocks()
 		return
 	}
-	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(b.inputs), "retryable", b.cfg.retry.Retryable(err))
-	failed := make(map[engine.SeqID]bool, len(b.inputs))
-	for _, in := range b.inputs {
-		failed[in.Seq] = true
+	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(in), "retryable", b.cfg.retry.Retryable(err))
+	failed := make(map[engine.SeqID]bool, len(in))
+	for i := range in {
+		failed[in[i].Seq] = true
 	}
 	kept := b.running[:0]
 	for _, e := range b.running {

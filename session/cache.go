@@ -120,6 +120,12 @@ type PrefixCache struct {
 
 	keys atomic.Uint64
 	seqs map[engine.SeqID]*Hasher // owned by the caller of Open, Step and Free
+	// Pipelined steps (pipeline.go), owned by the same caller: the last
+	// token each sequence sampled in a step run ahead, what a Prev input
+	// feeds; the sequences whose open was sent and not answered.
+	last    map[engine.SeqID]int32
+	opening map[engine.SeqID]struct{}
+	one     [1]int32
 }
 
 var (
@@ -170,7 +176,8 @@ func NewPrefixCache(m engine.Model, opts ...CacheOption) (*PrefixCache, error) {
 	if cfg.budget == 0 {
 		cfg.budget = max(m.Info().KVCapacity, 1)
 	}
-	c := &PrefixCache{m: m, cfg: cfg, idx: NewIndex(cfg.block), seqs: map[engine.SeqID]*Hasher{}}
+	c := &PrefixCache{m: m, cfg: cfg, idx: NewIndex(cfg.block), seqs: map[engine.SeqID]*Hasher{},
+		last: map[engine.SeqID]int32{}, opening: map[engine.SeqID]struct{}{}}
 	c.lru = c.newLRU()
 	c.sk, _ = m.(engine.SavedKV)
 	return c, nil
@@ -223,6 +230,13 @@ func (c *PrefixCache) open(id engine.SeqID, prompt []int32, key, adapter string,
 	if err != nil {
 		return r, err
 	}
+	c.opened(id, prompt, adapter, chosen, predicted, r)
+	return r, nil
+}
+
+// opened records an open that reused r tokens of the KV saved under
+// chosen, where the index predicted it would reuse predicted.
+func (c *PrefixCache) opened(id engine.SeqID, prompt []int32, adapter, chosen string, predicted, r int) {
 	h := NewAdapterHasher(c.cfg.block, adapter)
 	h.Write(prompt[:r])
 	c.seqs[id] = h
@@ -243,7 +257,6 @@ func (c *PrefixCache) open(id engine.SeqID, prompt []int32, key, adapter string,
 	}
 	c.mu.Unlock()
 	c.collect()
-	return r, nil
 }
 
 // choose picks the key to pass the engine and the tokens the index
@@ -294,6 +307,8 @@ func (c *PrefixCache) OpenPooled(ctx context.Context, id engine.SeqID, input []i
 func (c *PrefixCache) Free(id engine.SeqID, saveKey string) {
 	h := c.seqs[id]
 	delete(c.seqs, id)
+	delete(c.last, id)
+	delete(c.opening, id)
 	c.applyDrops()
 	c.m.Free(id, saveKey)
 	if saveKey != "" && h != nil && h.Tokens() > 0 {
