@@ -140,7 +140,7 @@ func (m *simModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []in
 	}
 	ad.users++ // held while open runs, so no other Open evicts it
 	m.mu.Unlock()
-	reused, err := m.open(ctx, id, prompt, savedKey(adapter, prefixKey))
+	reused, err := m.open(ctx, id, prompt, savedKey(adapter, prefixKey), false)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {

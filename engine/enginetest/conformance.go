@@ -38,20 +38,7 @@ const (
 // not eng.
 func Run(t *testing.T, eng engine.Engine, dir string) {
 	t.Helper()
-	s, err := loadModels(context.Background(), eng, dir)
-	if err != nil {
-		t.Fatalf("enginetest: %v", err)
-	}
-	defer func() {
-		if err := s.m.Close(); err != nil {
-			t.Errorf("closing model %q: %v", mainID, err)
-		}
-		_ = s.small.Close()
-	}()
-	for _, c := range []struct {
-		name  string
-		check func(testing.TB, *suite)
-	}{
+	runChecks(t, eng, dir, nil, []namedCheck{
 		{"load", checkLoad},
 		{"greedy_determinism", checkDeterminism},
 		{"batch_invariance", checkBatchInvariance},
@@ -69,7 +56,37 @@ func Run(t *testing.T, eng engine.Engine, dir string) {
 		{"cancellation", checkCancellation},
 		{"warm", checkWarm},
 		{"close", checkClose},
-	} {
+	})
+}
+
+// namedCheck is one check of a suite, run in a subtest of its name.
+type namedCheck struct {
+	name  string
+	check func(testing.TB, *suite)
+}
+
+// runChecks loads the suite's two models from dir, failing t at once if
+// either load fails, runs each check in a subtest, and closes the models.
+// skip, when not nil, says why the suite does not apply to the models
+// loaded ("" when it does): t is then skipped.
+func runChecks(t *testing.T, eng engine.Engine, dir string, skip func(*suite) string, checks []namedCheck) {
+	t.Helper()
+	s, err := loadModels(context.Background(), eng, dir)
+	if err != nil {
+		t.Fatalf("enginetest: %v", err)
+	}
+	defer func() {
+		if err := s.m.Close(); err != nil {
+			t.Errorf("closing model %q: %v", mainID, err)
+		}
+		_ = s.small.Close()
+	}()
+	if skip != nil {
+		if why := skip(s); why != "" {
+			t.Skip(why)
+		}
+	}
+	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) { c.check(t, s) })
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 )
@@ -292,4 +293,34 @@ func TestSuiteFailsPerturbingEngine(t *testing.T) {
 		t.Fatal("batch_invariance passes an engine whose batched tokens differ from lone ones")
 	}
 	t.Logf("caught: %s", r.logs[0])
+}
+
+// TestSimPipelineConformance runs the pipelining suite on the simulated
+// engine: unpaged and paged, with steps that take no time and with steps
+// that take long enough for FreeBlocks' timing to be checked.
+func TestSimPipelineConformance(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts []SimOption
+	}{
+		{"instant", nil},
+		{"paged", []SimOption{WithBlockSize(16)}},
+		{"paged_timed", []SimOption{WithBlockSize(16), WithStepTime(2*time.Millisecond, 20*time.Microsecond)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sim, err := NewSim(append([]SimOption{WithVocabSize(500), WithContextLength(512), WithMaxBatch(8)}, c.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sim.Close()
+			RunPipeline(t, sim, "")
+			st := sim.Stats()
+			if st.OpenSequences != 0 || st.KVTokens != 0 || st.Models != 0 {
+				t.Errorf("after the suite: %+v; want no open sequences, KV or models", st)
+			}
+			if st.Pipelined == 0 || st.Wasted == 0 {
+				t.Errorf("after the suite: %d steps pipelined, %d rows wasted; want some of each", st.Pipelined, st.Wasted)
+			}
+		})
+	}
 }

@@ -1,5 +1,6 @@
 // Package enginetest holds what every engine and the serving layer test
-// against: [Run], the conformance suite an [engine.Engine] must pass, and
+// against: [Run], the conformance suite an [engine.Engine] must pass,
+// [RunPipeline], the one of models that implement [engine.Pipeliner], and
 // [Sim], a simulated engine with deterministic pseudo-tokens, a step-time
 // model and real KV accounting, for testing and benchmarking the serving
 // layer without a model.

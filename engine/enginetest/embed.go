@@ -35,7 +35,7 @@ func (m *simModel) OpenPooled(ctx context.Context, id engine.SeqID, input []int3
 	default:
 		return &engine.InvalidParamError{Param: "pooling", Reason: fmt.Sprintf("%v is not a pooling", pool)}
 	}
-	if _, err := m.open(ctx, id, input, ""); err != nil {
+	if _, err := m.open(ctx, id, input, "", false); err != nil {
 		return err
 	}
 	m.mu.Lock()

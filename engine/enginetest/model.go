@@ -40,6 +40,16 @@ type simModel struct {
 	adapters     map[string]*simAdapter // served LoRA adapters (adapter.go)
 	resident     int                    // adapters holding a slot
 	adapterClock uint64                 // counts OpenAdapter calls, for LRU eviction
+
+	// pending are the steps StepAsync sent whose Wait has not begun to
+	// return, oldest first: two at most (pipeline.go).
+	pending []*simPending
+	// busy is when the simulated device finishes the last step sent: a
+	// step sent behind it starts then.
+	busy time.Time
+	// resolved and prevTokens are scratch for a batch with Prev inputs.
+	resolved   []engine.StepInput
+	prevTokens []int32
 }
 
 // simSeq is an open sequence.
@@ -71,6 +81,14 @@ type simSeq struct {
 	pooled int
 	// adapter is the LoRA adapter the sequence runs with; nil: the base.
 	adapter *simAdapter
+	// unfed is the token the sequence sampled last and no input has fed
+	// since, and unfedAt the stamp of the step that sampled it; zero when
+	// there is none. A Prev input feeds it (pipeline.go).
+	unfed   int32
+	unfedAt uint64
+	// opening is set from OpenAsync until its PendingOpen's Wait: the
+	// sequence may not be stepped before.
+	opening bool
 }
 
 // Info describes the model. It is safe for concurrent use.
@@ -86,11 +104,13 @@ func (m *simModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 	if m.info.Encoder {
 		return 0, &engine.InvalidParamError{Param: "model", Reason: fmt.Sprintf("model %q is an encoder: it embeds and does not generate", m.info.ID)}
 	}
-	return m.open(ctx, id, prompt, prefixKey)
+	return m.open(ctx, id, prompt, prefixKey, false)
 }
 
-// open is Open for generating and embedding sequences alike.
-func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (int, error) {
+// open is Open for generating and embedding sequences alike; async is
+// set for OpenAsync, which may run while a step is pending and leaves the
+// sequence opening until its Wait.
+func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, async bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -99,6 +119,8 @@ func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 	switch {
 	case m.closed:
 		return 0, fmt.Errorf("enginetest: model %q: open: %w", m.info.ID, engine.ErrClosed)
+	case !async && len(m.pending) > 0:
+		return 0, m.pendingError("Open")
 	case len(prompt) == 0:
 		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "the prompt is empty"}
 	case m.seqs[id] != nil:
@@ -121,7 +143,7 @@ func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 		return 0, fmt.Errorf("enginetest: model %q: sequence %d needs %d KV tokens, %d of %d are free: %w",
 			m.info.ID, id, held, m.info.KVCapacity-m.kv, m.info.KVCapacity, engine.ErrOutOfMemory)
 	}
-	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: held, seed: m.sim.newSeed()}
+	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: held, seed: m.sim.newSeed(), opening: async}
 	copy(seq.tokens, prompt[:reused])
 	seq.hash = feed(hashStart, seq.tokens)
 	m.seqs[id] = seq
@@ -208,6 +230,7 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	m.noteWasted(id)
 	m.release(seq)
 	m.kv -= seq.held
 	m.blocks -= m.info.BlocksFor(seq.held)
@@ -234,7 +257,7 @@ func (m *simModel) Close() error {
 	m.sim.stats.kv.Add(-int64(m.kv))
 	m.sim.stats.open.Add(-int64(len(m.seqs)))
 	m.sim.stats.models.Add(-1)
-	m.kv, m.blocks, m.seqs, m.scratch = 0, 0, nil, nil
+	m.kv, m.blocks, m.seqs, m.scratch, m.pending = 0, 0, nil, nil, nil
 	m.adapters, m.resident = nil, 0
 	m.saves.Purge()
 	m.evicted = nil // the purge's, which are no evictions
@@ -244,14 +267,21 @@ func (m *simModel) Close() error {
 
 // FreeBlocks returns the blocks no open sequence holds on a paged model
 // (see [WithBlockSize] and [engine.BlockPool]); zero when the model does
-// not page or is closed.
+// not page or is closed. While steps sent by StepAsync are pending it
+// reports the pool as a worker's last reply would: without the blocks
+// those steps take (the caller subtracts them), with the blocks of every
+// sequence freed so far. It never waits.
 func (m *simModel) FreeBlocks() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed || !m.info.Paged() {
 		return 0
 	}
-	return m.info.KVBlocks - m.blocks
+	free := m.info.KVBlocks - m.blocks
+	for _, p := range m.pending {
+		free += p.grow
+	}
+	return free
 }
 
 var (

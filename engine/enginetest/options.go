@@ -49,6 +49,8 @@ type simConfig struct {
 	normalize               bool
 	encoder                 bool
 	matryoshka              bool
+	noPipeline              bool
+	pipelineAbove           int
 }
 
 func defaultConfig() simConfig {
@@ -326,6 +328,32 @@ func WithWorkerLoss(rate float64, seed uint64) SimOption {
 			return badOption("worker loss rate", rate, "0 to below 1")
 		}
 		c.lossRate, c.lossSeed = rate, seed
+		return nil
+	}
+}
+
+// WithoutPipeline makes models that do not implement [engine.Pipeliner],
+// as an engine that cannot send a step before the previous one's tokens
+// are read (the MLX engine), so that the serving layer's synchronous
+// loop can be tested. Default: models implement it.
+func WithoutPipeline() SimOption {
+	return func(c *simConfig) error {
+		c.noPipeline = true
+		return nil
+	}
+}
+
+// WithPipelineAbove makes StepAsync decline (ok false, nothing sent)
+// batches of n inputs or fewer, as pyproc does for the small batches its
+// own lookahead decodes better, so that the serving layer's switching
+// between pipelined and synchronous steps can be tested. Default 0:
+// StepAsync takes every batch.
+func WithPipelineAbove(n int) SimOption {
+	return func(c *simConfig) error {
+		if n < 0 {
+			return badOption("pipeline above", n, "0 or more")
+		}
+		c.pipelineAbove = n
 		return nil
 	}
 }

@@ -59,6 +59,18 @@ import (
 // kernel compilation or graph capture does, and Warm pays it ahead of
 // traffic. [WithMemory] makes Info report weight and KV bytes.
 //
+// Its models implement [engine.Pipeliner]: StepAsync checks and applies
+// its batch at once — a Prev input resolves from the sequence's last
+// sample, a later Free is ordered after the step — and its Wait returns
+// when the simulated device, running the steps sent back to back, has
+// finished it, so the caller's work between steps is hidden as on a real
+// device. Errors a worker decides (out of memory, a lost worker) come
+// from Wait, and a step sent behind a failed one is not run
+// (engine.ErrNotRun). Step and Open while a step is pending fail with
+// [ErrPending]. [WithoutPipeline] makes models that do not implement it,
+// [WithPipelineAbove] ones that decline small batches, and [SimStats]
+// counts the steps pipelined and the rows wasted.
+//
 // Its models serve LoRA adapters ([engine.AdapterModel]): real adapter
 // files, read and checked as the engines read them; an adapter's
 // sequences draw tokens of their own, and slots, eviction and KV keyed by
@@ -77,8 +89,17 @@ type Sim struct {
 
 // SimStats is a snapshot of a [Sim]'s counters, across all its models.
 type SimStats struct {
-	// Steps is the number of Step calls that accepted a non-empty batch.
+	// Steps is the number of Step and StepAsync calls that ran a
+	// non-empty batch.
 	Steps int64
+	// Pipelined is the number of StepAsync calls that sent their batch
+	// (ok true, no error), whether its Wait then failed or not; Declined
+	// the number that answered ok false ([WithPipelineAbove]).
+	Pipelined, Declined int64
+	// Wasted is the number of samples taken for sequences that were freed
+	// while the step taking them was pending: rows a pipelining caller
+	// planned before it knew the sequence had finished.
+	Wasted int64
 	// Tokens is the number of tokens fed through Step.
 	Tokens int64
 	// Sampled is the number of tokens Step returned.
@@ -113,6 +134,8 @@ type simCounters struct {
 	models, loads, cold    atomic.Int64
 	adapterLoads, polled   atomic.Int64
 	adapterWarms           atomic.Int64
+	pipelined, declined    atomic.Int64
+	wasted                 atomic.Int64
 }
 
 // NewSim returns a simulated engine configured by opts; see the Default*
@@ -172,7 +195,10 @@ func (s *Sim) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model, er
 	s.models[m] = struct{}{}
 	s.stats.models.Add(1)
 	s.stats.loads.Add(1)
-	return m, nil
+	if s.cfg.noPipeline {
+		return m, nil
+	}
+	return pipeModel{m}, nil
 }
 
 // info checks spec and applies its overrides to the engine's settings.
@@ -269,6 +295,9 @@ func (s *Sim) forget(m *simModel) {
 func (s *Sim) Stats() SimStats {
 	return SimStats{
 		Steps:         s.stats.steps.Load(),
+		Pipelined:     s.stats.pipelined.Load(),
+		Declined:      s.stats.declined.Load(),
+		Wasted:        s.stats.wasted.Load(),
 		Tokens:        s.stats.tokens.Load(),
 		Sampled:       s.stats.sampled.Load(),
 		MaxBatch:      int(s.stats.maxBatch.Load()),

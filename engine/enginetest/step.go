@@ -11,7 +11,8 @@ import (
 
 // Step feeds every input's tokens to its sequence and samples the next
 // token for inputs with Sample set, then waits out the configured step
-// time. Bad batches are refused before any sequence changes.
+// time. Bad batches are refused before any sequence changes, and so is a
+// Step while a step sent by StepAsync is pending ([ErrPending]).
 func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
 	cfg := &m.sim.cfg
 	var start time.Time
@@ -26,33 +27,64 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 	if m.closed {
 		return nil, fmt.Errorf("enginetest: model %q: step: %w", m.info.ID, engine.ErrClosed)
 	}
+	if len(m.pending) > 0 {
+		return nil, m.pendingError("Step")
+	}
 	if len(batch) == 0 {
 		return nil, nil
 	}
-	grow, samples, tokens, err := m.check(batch)
+	out, d, _, err := m.run(batch, false)
 	if err != nil {
 		return nil, err
+	}
+	if d > 0 {
+		if start.IsZero() {
+			start = time.Now()
+		}
+		deadline := start.Add(d)
+		m.busy = later(deadline, m.busy) // a step StepAsync sends next starts after this one
+		if err := m.waitUntil(ctx, m.timer, deadline); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// run checks batch and applies it, or loses it with the simulated worker
+// as [WithWorkerLoss] says (lost; a batch of a sequence lost before is
+// refused as any bad batch): the outputs and the simulated device time
+// the step takes. async allows Prev inputs. Has to be called with m.mu
+// held.
+func (m *simModel) run(batch []engine.StepInput, async bool) (out []engine.StepOutput, d time.Duration, lost bool, err error) {
+	batch, err = m.resolve(batch, async)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	grow, samples, tokens, err := m.check(batch)
+	if err != nil {
+		return nil, 0, false, err
 	}
 	if m.sim.loseStep() {
 		for _, seq := range m.scratch {
 			seq.lost = true
 		}
-		return nil, m.lostError()
+		return nil, 0, true, m.lostError()
 	}
-	out := m.apply(batch, grow, samples)
+	out = m.apply(batch, grow, samples)
 	m.sim.stats.steps.Add(1)
 	m.sim.stats.tokens.Add(int64(tokens))
 	m.sim.stats.sampled.Add(int64(samples))
 	m.sim.stats.noteBatch(int64(len(batch)))
-	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens) + m.coldCost(len(batch)); d > 0 {
-		if start.IsZero() {
-			start = time.Now()
-		}
-		if err := m.waitUntil(ctx, start.Add(d)); err != nil {
-			return nil, err
-		}
+	cfg := &m.sim.cfg
+	return out, cfg.stepFixed + cfg.stepPerToken*time.Duration(tokens) + m.coldCost(len(batch)), false, nil
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
 	}
-	return out, nil
+	return a
 }
 
 // check validates batch against the model's limits and the sequences'
@@ -100,6 +132,8 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 	switch {
 	case seq == nil:
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
+	case seq.opening:
+		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is opening: the Wait of its OpenAsync has not returned", in.Seq)}
 	case seq.stamp == m.stamp:
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in one batch", in.Seq)}
 	case len(in.Tokens) == 0:
@@ -156,6 +190,7 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 			}
 		}
 		seq.tokens = append(seq.tokens, in.Tokens...)
+		seq.unfedAt = 0
 		m.blocks -= m.info.BlocksFor(seq.held)
 		seq.held = max(seq.held, len(seq.tokens))
 		m.blocks += m.info.BlocksFor(seq.held)
@@ -197,6 +232,7 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 		if p.TopLogprobs > 0 {
 			o.Top = m.pick.top(seq.hash, tok, lp, p.TopLogprobs, in.Allowed)
 		}
+		seq.unfed, seq.unfedAt = tok, m.stamp
 		out = append(out, o)
 	}
 	m.kv += grow
@@ -231,27 +267,32 @@ func (m *simModel) lostError() error {
 	return fmt.Errorf("enginetest: model %q: simulated worker loss: %w", m.info.ID, engine.ErrWorkerLost)
 }
 
-// waitUntil waits for the deadline: on the model's reused timer, then by
-// polling the clock for the last tenth of the wait (at most a
+// waitUntil waits for the deadline: on timer t (a new one if nil), then
+// by polling the clock for the last tenth of the wait (at most a
 // millisecond), yielding between polls, as a CUDA stream sync spins. An OS
 // timer alone fires 0.2–0.5 ms late on a loaded machine, which would make
 // the simulated device slower than it was told to be and count its
 // lateness against the serving layer. It ends early with ctx's error or
-// engine.ErrClosed. Has to be called with m.mu held.
-func (m *simModel) waitUntil(ctx context.Context, deadline time.Time) error {
+// engine.ErrClosed. The model's reused timer m.timer is only for callers
+// that hold m.mu.
+func (m *simModel) waitUntil(ctx context.Context, t *time.Timer, deadline time.Time) error {
 	d := time.Until(deadline)
 	if d <= 0 {
 		return nil
 	}
 	if sleep := d - min(d/10, time.Millisecond); sleep > 0 {
-		m.timer.Reset(sleep)
+		if t == nil {
+			t = time.NewTimer(sleep)
+		} else {
+			t.Reset(sleep)
+		}
 		select {
-		case <-m.timer.C:
+		case <-t.C:
 		case <-ctx.Done():
-			m.timer.Stop()
+			t.Stop()
 			return ctx.Err()
 		case <-m.done:
-			m.timer.Stop()
+			t.Stop()
 			return m.closedDuringStep()
 		}
 	}

@@ -69,7 +69,7 @@ func (m *simModel) warmOne(ctx context.Context, n int) error {
 	}
 	cfg := &m.sim.cfg
 	if d := cfg.stepFixed + cfg.stepPerToken*time.Duration(n) + m.coldCost(n); d > 0 {
-		return m.waitUntil(ctx, time.Now().Add(d))
+		return m.waitUntil(ctx, m.timer, time.Now().Add(d))
 	}
 	return nil
 }
