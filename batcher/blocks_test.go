@@ -68,12 +68,16 @@ func runQueued(t *testing.T, simOpts []enginetest.SimOption, seqs []*batcher.Seq
 			t.Errorf("%d of %d blocks free after every stream ended: blocks leaked", free, m.Info().KVBlocks)
 		}
 	}
-	lastStats = b.Stats()
+	lastStats, lastSim = b.Stats(), sim.Stats()
 	return out
 }
 
-// lastStats is the batcher's stats when runQueued's streams had ended.
-var lastStats batcher.Stats
+// lastStats and lastSim are the batcher's and the simulated engine's
+// stats when runQueued's streams had ended.
+var (
+	lastStats batcher.Stats
+	lastSim   enginetest.SimStats
+)
 
 // TestPagedContextDoesNotCapTheBatch: on a model with a 131,072-token
 // context whose pool holds eight whole contexts, 48 requests that may
