@@ -142,4 +142,3 @@ func TestPipelineNotAPipeliner(t *testing.T) {
 		t.Errorf("%d steps, %d ahead", lastStats.Steps, lastStats.Pipelined)
 	}
 }
-
