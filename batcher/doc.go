@@ -27,6 +27,15 @@
 // first;
 // [WithTextBehindStep]).
 //
+// On a model that takes steps ahead (engine.Pipeliner, the Python
+// engine's workers), the batcher sends step N+1 before it reads step N's
+// tokens ([WithPipeline]): a sequence that samples in step N feeds that
+// token in N+1 without the batcher knowing it (the engine resolves it), so
+// delivering N's tokens, admission, planning N+1 and the trip to the
+// engine all run while the device runs N. Steps whose inputs need the
+// previous tokens (constrained sequences, preemptions, adapter and
+// embedding admissions) wait for the pending step first.
+//
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus
 // the tokens it already produced, so its stream continues without

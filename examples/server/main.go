@@ -95,6 +95,7 @@ type options struct {
 	kvCacheDtype          string  // pyproc: how the KV pool stores keys and values ("auto": the model's dtype, or "fp8")
 	noJumpForward         bool    // constrained output sampled one token a step (batcher.WithJumpForward)
 	textSerial            bool    // each token's text work before the next step (batcher.WithTextBehindStep(false))
+	noPipeline            bool    // every step waits for the one before it (batcher.WithPipeline(false))
 	tp                    int     // pyproc: tensor-parallel ranks per worker (1: none)
 	gpus                  []int   // pyproc: CUDA devices, cut into replicas of tp (nil: every worker sees all)
 	kvFraction            float64 // pyproc: share of free GPU memory the KV pool takes (0: 0.8)
@@ -123,6 +124,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.lookahead, "lookahead", 0, "python engine: tokens each decode step asks the worker for (1: off; default 8 on CUDA, 1 elsewhere)")
 	fs.StringVar(&o.quantize, "quantize", "", "python engine: fp8 quantizes a float checkpoint's projections at load, per output channel (served as FP8 on CUDA)")
 	fs.StringVar(&o.kvCacheDtype, "kv-cache-dtype", "auto", "python engine: auto keeps the KV cache in the model's dtype; fp8 stores it as float8 e4m3 (one byte an element: twice bfloat16's tokens in the same memory)")
+	fs.BoolVar(&o.noPipeline, "no-pipeline", false, "send each engine step only after the previous step's tokens are back (default: the next step is sent while the engine runs one, on engines that take steps ahead)")
 	fs.BoolVar(&o.textSerial, "text-serial", false, "detokenize each token and hand its chunk over before the next step is built (default: behind the next step, while the engine runs it)")
 	fs.BoolVar(&o.noJumpForward, "no-jump-forward", false, "sample every token of structured output, even where the schema allows only one continuation (default: forced runs are appended without a forward pass each)")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "JSON file of API keys (see openai.LoadKeyFile; also $"+keysEnv+"=name:key,...); default: no keys")
@@ -323,6 +325,9 @@ func serverOptions(o options, log *slog.Logger, mp *sdkmetric.MeterProvider) []m
 	}
 	if o.textSerial {
 		opts = append(opts, mlxserving.WithBatcherOptions(batcher.WithTextBehindStep(false)))
+	}
+	if o.noPipeline {
+		opts = append(opts, mlxserving.WithBatcherOptions(batcher.WithPipeline(false)))
 	}
 	if o.merge {
 		var mopts []merge.Option
