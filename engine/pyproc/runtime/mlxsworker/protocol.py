@@ -231,14 +231,13 @@ class Worker:
 
 
 def resolve(unfed, batch):
-    """batch with each row whose tokens are null given the token unfed
-    holds for its sequence, so the backend sees exactly the row a step
+    """Gives each row of batch whose tokens are null the token unfed holds
+    for its sequence, in place, so the backend sees exactly the row a step
     that fed it explicitly would have sent (its penalties, seeded draws
-    and speculated step alike). Changes nothing; a null row without a
-    token to feed, or one that does not sample or takes tokens back, is
-    invalid_value."""
-    out = None
-    for i, row in enumerate(batch):
+    and speculated step alike). A null row without a token to feed, or
+    one that does not sample or takes tokens back, is invalid_value, and
+    unfed is left as it was."""
+    for row in batch:
         if row[1] is not None:
             continue
         tok = unfed.get(row[0])
@@ -246,10 +245,8 @@ def resolve(unfed, batch):
             raise ProtocolError(INVALID, "sequence %s: tokens null, and it has no sampled token left to feed" % row[0])
         if not row[2] or (len(row) > 5 and row[5]):
             raise ProtocolError(INVALID, "sequence %s: a row with tokens null samples and takes nothing back" % row[0])
-        if out is None:
-            out = list(batch)
-        out[i] = [row[0], [tok]] + row[2:]
-    return batch if out is None else out
+        row[1] = [tok]
+    return batch
 
 
 def note_sampled(unfed, batch, res):
@@ -257,17 +254,18 @@ def note_sampled(unfed, batch, res):
     did not feed: the step's token, or the last one a lookahead chain
     decoded after it (the chain feeds every token but the last). Rows that
     fed tokens without sampling, and pooled rows (token -1), leave none."""
-    more, k = res.more, 0
+    tokens, more, k = res.tokens, res.more, 0
+    drop = unfed.pop
     for row in batch:
         if not row[2]:
-            unfed.pop(row[0], None)
+            drop(row[0], None)
             continue
-        tok = res.tokens[k]
+        tok = tokens[k]
         if more is not None and more[k]:
             tok = more[k][-1]
         k += 1
         if tok < 0:
-            unfed.pop(row[0], None)
+            drop(row[0], None)
         else:
             unfed[row[0]] = tok
 
