@@ -82,8 +82,11 @@ func (m *Model) lookaheadServes(batch []engine.StepInput) bool {
 }
 
 // checkPrev checks a Prev input against the pending step behind: it
-// samples there, and feeds nothing of its own here.
-func (m *Model) checkPrev(in *engine.StepInput, behind *pendingStep) error {
+// samples there, and feeds nothing of its own here. *hint is where the
+// search of behind's batch starts, left past the input found: callers
+// keep their sequences in the same order step after step, so a batch
+// checks in linear time.
+func (m *Model) checkPrev(in *engine.StepInput, behind *pendingStep, hint *int) error {
 	bad := func(reason string) error {
 		return &engine.InvalidParamError{Param: "prev", Reason: fmt.Sprintf("sequence %d: %s", in.Seq, reason)}
 	}
@@ -97,11 +100,14 @@ func (m *Model) checkPrev(in *engine.StepInput, behind *pendingStep) error {
 	case m.pooled[in.Seq] != nil:
 		return bad("Prev on an embedding sequence")
 	}
-	for i := range behind.run.batch {
-		if prev := &behind.run.batch[i]; prev.Seq == in.Seq {
-			if !prev.Sample {
+	prev := behind.run.batch
+	for n := range prev {
+		i := (*hint + n) % len(prev)
+		if prev[i].Seq == in.Seq {
+			if !prev[i].Sample {
 				return bad("it does not sample in the pending step")
 			}
+			*hint = i + 1
 			return nil
 		}
 	}

@@ -179,10 +179,11 @@ func (m *Model) checkBatch(batch []engine.StepInput, behind *pendingStep) error 
 	if len(batch) > m.info.MaxBatch {
 		return &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs exceed MaxBatch %d", len(batch), m.info.MaxBatch)}
 	}
+	hint := 0
 	for i := range batch {
 		in := &batch[i]
 		if in.Prev {
-			if err := m.checkPrev(in, behind); err != nil {
+			if err := m.checkPrev(in, behind, &hint); err != nil {
 				return err
 			}
 		} else if len(in.Tokens) == 0 {
