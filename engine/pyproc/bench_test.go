@@ -19,7 +19,7 @@ func BenchmarkEmptyStepRoundTrip(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	empty := func(buf []byte, id uint64) []byte { return appendStep(buf, id, m.handle, 0, nil, nil, nil) }
+	empty := func(buf []byte, id uint64) []byte { return appendStep(buf, id, m.handle, 0, nil, nil, nil, 0) }
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -60,22 +60,34 @@ func (m *Model) sentFree(p *proc, id uint64, ch chan *reply) {
 	wp.frees = append(wp.frees, sentRequest{id, ch})
 }
 
-// readFrees reads the replies to the free requests sent to p, waiting for
-// them (they come quickly: a free is cheap, and nothing else is in flight
-// when the caller's loop asks). A worker that died answers none.
-func (m *Model) readFrees(p *proc) {
+// readFrees reads the replies to the free requests sent to p. With no
+// step or open out it waits for them (they come quickly: a free is cheap,
+// and nothing else is in flight); with one out it reads those that
+// arrived, since a free sent behind a pending step is answered after it
+// (pipeline.go). A worker that died answers none.
+func (m *Model) readFrees(p *proc) { m.takeFrees(p, m.inflight == 0) }
+
+// readArrivedFrees reads the replies to the free requests sent to p that
+// have arrived: after a reply, those to the frees sent before it.
+func (m *Model) readArrivedFrees(p *proc) { m.takeFrees(p, false) }
+
+func (m *Model) takeFrees(p *proc, block bool) {
 	wp := m.pools[p]
 	if wp == nil || len(wp.frees) == 0 {
 		return
 	}
-	frees := wp.frees
-	wp.frees = nil
-	for _, f := range frees {
+	n := 0
+	for _, f := range wp.frees {
+		if !block && len(f.ch) == 0 && p.alive() {
+			break // replies come in request order: the later ones are not here either
+		}
+		n++
 		r, err := p.wait(context.Background(), m.spec.ID, f.id, f.ch)
 		if err == nil {
 			m.noteReply(p, f.id, r)
 		}
 	}
+	wp.frees = append(wp.frees[:0], wp.frees[n:]...)
 }
 
 // FreeBlocks returns the KV blocks sequences can take now (see
@@ -85,7 +97,9 @@ func (m *Model) readFrees(p *proc) {
 // pool of the worker it was opened on (the least loaded), so a step can
 // still find one worker short while others have room: it then fails with
 // engine.ErrOutOfMemory and changes nothing, and the caller gives blocks
-// back (the batcher preempts) and steps again. A worker that died took
+// back (the batcher preempts) and steps again. While a step or open is
+// out (engine.Pipeliner) it does not wait for it: it counts the free
+// replies that arrived. A worker that died took
 // its blocks with it; its replacement starts with a whole pool. Zero for
 // a model that does not page, and when no worker is up.
 func (m *Model) FreeBlocks() int {

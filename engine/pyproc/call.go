@@ -117,12 +117,18 @@ func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply
 }
 
 // appendStep encodes a step request by hand: it runs every decode step.
-// plan (nil: every input as given, one token) says what each input sends.
-func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, plan []inPlan, idx []int) []byte {
+// plan (nil: every input as given, one token) says what each input sends;
+// a Prev input's tokens go as null. after, when not 0, is the step
+// request this one was sent behind (PROTOCOL.md, "Pipelined steps").
+func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, plan []inPlan, idx []int, after uint64) []byte {
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, id, 10)
 	b = append(b, `,"op":"step","model":`...)
 	b = strconv.AppendQuote(b, model)
+	if after != 0 {
+		b = append(b, `,"after":`...)
+		b = strconv.AppendUint(b, after, 10)
+	}
 	b = append(b, `,"batch":[`...)
 	for n, i := range idx {
 		in := &batch[i]
@@ -135,14 +141,18 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		}
 		b = append(b, '[')
 		b = strconv.AppendUint(b, uint64(in.Seq), 10)
-		b = append(b, ",["...)
-		for j, t := range toks {
-			if j > 0 {
-				b = append(b, ',')
+		if in.Prev {
+			b = append(b, ",null,"...)
+		} else {
+			b = append(b, ",["...)
+			for j, t := range toks {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = strconv.AppendInt(b, int64(t), 10)
 			}
-			b = strconv.AppendInt(b, int64(t), 10)
+			b = append(b, "],"...)
 		}
-		b = append(b, "],"...)
 		b = strconv.AppendBool(b, in.Sample)
 		b = append(b, ',')
 		var loop []uint64

@@ -14,6 +14,17 @@ func TestConformance(t *testing.T) {
 	enginetest.Run(t, e, tiny(t))
 }
 
+// TestPipelineConformance runs enginetest.RunPipeline against two real
+// workers (each step request names the one before it on its own worker).
+// Lookahead off: StepAsync leaves the small batches it would serve to
+// Step. The prefix cache off: the suite's pipelined run opens the
+// synchronous run's prompts again without a key and wants nothing
+// reused, which the cache would reuse.
+func TestPipelineConformance(t *testing.T) {
+	e := newEngine(t, WithWorkers(2), WithLookahead(1), WithTuning(Tuning{NoPrefixCache: true}))
+	enginetest.RunPipeline(t, e, tiny(t))
+}
+
 // TestAdapterConformance runs enginetest.RunAdapters on the tiny llama,
 // qwen2 (biases) and phi3 (fused projections) checkpoints: tokens equal
 // the merged checkpoints'. One worker: the suite's one-slot model must

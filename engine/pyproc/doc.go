@@ -44,6 +44,13 @@
 // token bucket, piecewise around attention, on bfloat16 and float16
 // models with plain weights (Tuning.NoPrefillGraphs turns this off).
 //
+// Models implement engine.Pipeliner when every worker pipelines (both
+// backends do): StepAsync sends step N+1 while step N is out, its Prev
+// inputs fed on the worker with the token it sampled in N, so the worker
+// finds the next step in its pipe when it replies; a step sent behind one
+// that failed is not run (engine.ErrNotRun). Batches the lookahead serves
+// (up to 32 sequences with WithLookahead above 1) stay synchronous.
+//
 // Several GPUs: WithTensorParallel(n) splits each worker's models over n
 // ranks, one process and one GPU each, joined with torch.distributed
 // (NCCL; gloo on the CPU): attention and KV heads, the MLP and the

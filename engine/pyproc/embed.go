@@ -88,7 +88,9 @@ func (m *Model) pooledOutput(in *engine.StepInput, r *reply, k int) (engine.Step
 	if err != nil {
 		return bad("%v", err)
 	}
-	m.pooled[in.Seq].ended = true
+	if ps := m.pooled[in.Seq]; ps != nil { // nil: freed while its step was out
+		ps.ended = true
+	}
 	return engine.StepOutput{Seq: in.Seq, Token: -1, Embedding: vec}, nil
 }
 

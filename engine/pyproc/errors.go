@@ -64,7 +64,13 @@ var workerKinds = map[string]error{
 	retry.CodeRequestTooLarge: engine.ErrInvalidParam,
 	retry.CodeModelNotFound:   engine.ErrModelNotFound,
 	retry.CodeUnavailable:     engine.ErrUnavailable,
+	codeNotRun:                engine.ErrNotRun,
 }
+
+// codeNotRun is the code of a pipelined step the worker did not run
+// because the step it was sent behind failed (PROTOCOL.md, "Pipelined
+// steps"); the classification has no code of its own for it.
+const codeNotRun = "not_run"
 
 // toError maps a worker's error reply to the engine's typed errors.
 func (w *wireError) toError(model string) error {

@@ -203,8 +203,7 @@ func (st *ahead) pop() engine.StepOutput {
 // from their buffer are topped up to k-1 buffered tokens (or not sent when
 // already full); others are sent as given, rolled back first when they
 // had tokens buffered, and ask for k tokens when they decode one token.
-func (m *Model) planStep(batch []engine.StepInput) []inPlan {
-	plan := m.plan[:0]
+func (m *Model) planStep(batch []engine.StepInput, plan []inPlan) []inPlan {
 	k := m.k
 	if len(batch) > lookaheadMaxBatch {
 		k = 1 // buffered tokens are still served
@@ -227,6 +226,8 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 			}
 		case m.pooled[in.Seq] != nil:
 			p.send, p.n, p.pooled = in.Tokens, 1, true
+		case in.Prev: // never decoded ahead: StepAsync runs with k 1 only
+			p.send, p.n = prevRow, 1
 		default:
 			p.send, p.n = in.Tokens, 1
 			if st != nil {
@@ -244,15 +245,18 @@ func (m *Model) planStep(batch []engine.StepInput) []inPlan {
 		}
 		plan = append(plan, p)
 	}
-	m.plan = plan
 	return plan
 }
+
+// prevRow is the send of a Prev input's plan: sent, its token left to the
+// worker (a null row).
+var prevRow = []int32{}
 
 // absorb records input i's reply: the step's token k and the tokens
 // decoded after it; it returns the output Step hands back for the input.
 func (m *Model) absorb(in *engine.StepInput, p *inPlan, r *reply, k int) (engine.StepOutput, error) {
 	st := m.look[in.Seq]
-	if st == nil && m.k > 1 {
+	if _, open := m.seqs[in.Seq]; st == nil && m.k > 1 && open { // a sequence freed while its step was out keeps none
 		st = &ahead{}
 		m.look[in.Seq] = st
 	}

@@ -68,10 +68,15 @@ type Model struct {
 	savedBy     map[string]string
 	gone, swept atomic.Uint64
 
-	// Step scratch, reused between steps (Step is serialised).
-	groups map[*proc]*stepGroup
-	outAt  []int
-	plan   []inPlan
+	// Steps' scratch, reused (Step is serialised): runs not out now.
+	spare []*stepRun
+	// Pipelining (pipeline.go): whether every worker pipelines, the step
+	// sent and not yet waited for, the opens sent and not yet waited
+	// for, and how many steps and opens are out.
+	pipelines bool
+	pending   *pendingStep
+	opening   map[engine.SeqID]*pendingOpen
+	inflight  int
 }
 
 // seqRef is where a sequence lives: the worker it was opened on. If that
@@ -84,14 +89,6 @@ type seqRef struct {
 	// base. akey is the adapter's key on the workers.
 	adapter int
 	akey    string
-}
-
-type stepGroup struct {
-	idx   []int // batch indices on this worker
-	id    uint64
-	ch    chan *reply
-	err   error
-	reply *reply
 }
 
 var _ engine.Model = (*Model)(nil)
@@ -114,7 +111,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if abs, err := filepath.Abs(spec.Path); err == nil {
 		spec.Path = abs
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, groups: map[*proc]*stepGroup{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, opening: map[engine.SeqID]*pendingOpen{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
 		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{}, savedBy: map[string]string{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
@@ -155,6 +152,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	m.loops.run = float64(m.k) // optimistic until rounds tell otherwise
 	m.info.Resumes = capable(m.hellos(), "resume")
 	m.info.JumpForward = capable(m.hellos(), "jump_forward")
+	m.pipelines = capable(m.hellos(), "pipeline")
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -306,14 +304,8 @@ func (m *Model) open(ctx context.Context, id engine.SeqID, prompt []int32, prefi
 
 // openWith is open for a sequence that runs adapter a (nil: the base).
 func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string, pool engine.Pooling, a *served) (int, error) {
-	if len(prompt) == 0 {
-		return 0, &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
-	}
-	if len(prompt) > m.info.ContextLength {
-		return 0, &engine.ContextLengthError{Model: m.spec.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
-	}
-	if _, ok := m.seqs[id]; ok {
-		return 0, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
+	if err := m.checkOpen(id, prompt); err != nil {
+		return 0, err
 	}
 	s, done := m.route(prefixKey, a)
 	p, err := s.current(ctx, m.e.closing)
@@ -323,7 +315,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 			rid uint64
 			ch  chan *reply
 		)
-		fields := map[string]any{"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}
+		fields := m.openFields(id, prompt, prefixKey)
 		if pool != engine.PoolNone {
 			fields["pool"] = pool.String()
 		}
@@ -365,7 +357,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 				r, err = p.wait(ctx, m.spec.ID, rid, ch)
 			}
 		}
-		m.readFrees(p) // answered before this open
+		m.readArrivedFrees(p) // answered before this open
 		if a != nil {
 			m.hold(p, a, aslot, load, err)
 		}
@@ -387,6 +379,25 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 		done(err)
 	}
 	return 0, err
+}
+
+// checkOpen checks an open's sequence and prompt.
+func (m *Model) checkOpen(id engine.SeqID, prompt []int32) error {
+	if len(prompt) == 0 {
+		return &engine.InvalidParamError{Param: "prompt", Reason: "empty"}
+	}
+	if len(prompt) > m.info.ContextLength {
+		return &engine.ContextLengthError{Model: m.spec.ID, Prompt: len(prompt), Limit: m.info.ContextLength}
+	}
+	if _, ok := m.seqs[id]; ok {
+		return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is already open", id)}
+	}
+	return nil
+}
+
+// openFields are an open request's fields.
+func (m *Model) openFields(id engine.SeqID, prompt []int32, prefixKey string) map[string]any {
+	return map[string]any{"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}
 }
 
 // pickSlot routes a new sequence: the live worker with the fewest open
@@ -428,6 +439,10 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	if po := m.opening[id]; po != nil { // its Wait reports the outcome
+		po.freed = true
+		delete(m.opening, id)
+	}
 	m.release(ref)
 	if m.pooled[id] != nil {
 		delete(m.pooled, id)

@@ -7,6 +7,29 @@ import (
 	"github.com/mlxserving/mlxserving/engine"
 )
 
+// stepRun is one step on its way through the workers: the scratch it is
+// planned with, from its send to its wait. A pipelined step (pipeline.go)
+// is sent while the step before it is still out, so each keeps its own;
+// runs are reused (Model.spare), so the synchronous path allocates no more
+// than before.
+type stepRun struct {
+	batch  []engine.StepInput // the step's inputs: Step's caller's, or copy
+	copy   []engine.StepInput // StepAsync's copy of its caller's
+	plan   []inPlan
+	procs  []*proc // each input's worker as at send: a Free while the step is out still lets its reply decode
+	order  []*proc // the workers sent a group, in send order
+	groups map[*proc]*stepGroup
+	outAt  []int
+}
+
+type stepGroup struct {
+	idx   []int // batch indices on this worker
+	id    uint64
+	ch    chan *reply
+	err   error
+	reply *reply
+}
+
 // Step runs one forward pass. Inputs on different workers go out together
 // and run in parallel; the outputs come back in input order. A sequence
 // whose worker died fails the step with an error wrapping
@@ -14,18 +37,7 @@ import (
 // answered from tokens the worker decoded ahead, without a round trip.
 // A step whose ctx is already done returns ctx's error and sends nothing.
 func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
-	if err := m.usable(); err != nil {
-		return nil, err
-	}
-	// A step cancelled before it starts sends nothing: otherwise a worker
-	// that answers at once races the cancellation in wait's select.
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if err := m.checkBatch(batch); err != nil {
-		return nil, err
-	}
-	if err := m.checkPooled(batch); err != nil {
+	if err := m.stepUsable(ctx, batch, nil); err != nil {
 		return nil, err
 	}
 	if m.k > 1 {
@@ -33,38 +45,118 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 			return outs, nil
 		}
 	}
-	plan := m.planStep(batch)
-	for _, g := range m.groups {
+	r := m.takeRun()
+	defer m.putRun(r)
+	if err := m.sendStep(r, batch, nil); err != nil {
+		return nil, err
+	}
+	return m.waitStep(ctx, r)
+}
+
+// stepUsable checks what Step and StepAsync check before planning: a live
+// model, a ctx not done (a step cancelled before it starts sends nothing:
+// otherwise a worker that answers at once races the cancellation in
+// wait's select) and the batch; behind is the step StepAsync sends it
+// behind.
+func (m *Model) stepUsable(ctx context.Context, batch []engine.StepInput, behind *pendingStep) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := m.checkBatch(batch, behind); err != nil {
+		return err
+	}
+	return m.checkPooled(batch)
+}
+
+// takeRun returns a spare stepRun, or a new one.
+func (m *Model) takeRun() *stepRun {
+	if n := len(m.spare); n > 0 {
+		r := m.spare[n-1]
+		m.spare = m.spare[:n-1]
+		return r
+	}
+	return &stepRun{groups: map[*proc]*stepGroup{}}
+}
+
+// putRun keeps r for a later step, holding none of its inputs.
+func (m *Model) putRun(r *stepRun) {
+	m.dropDeadGroups(r)
+	clear(r.copy)
+	r.batch, r.copy = nil, r.copy[:0]
+	m.spare = append(m.spare, r)
+}
+
+// sendStep plans batch into r and sends each worker its group. behind is
+// the pending step it is sent behind (nil: none): each worker's request
+// then names the request of that step it follows ("after"). An error
+// before any send (a lost worker) sends nothing; a send that fails is
+// kept in its group and returned by waitStep.
+func (m *Model) sendStep(r *stepRun, batch []engine.StepInput, behind *stepRun) error {
+	r.batch = batch
+	r.plan = m.planStep(batch, r.plan[:0])
+	for _, g := range r.groups {
 		g.idx, g.reply, g.err = g.idx[:0], nil, nil
 	}
-	order := make([]*proc, 0, len(m.e.slots))
+	r.order, r.procs = r.order[:0], r.procs[:0]
 	for i := range batch {
 		ref := m.seqs[batch[i].Seq]
 		if !ref.proc.alive() {
-			return nil, ref.proc.lost()
+			return ref.proc.lost()
 		}
-		if plan[i].send == nil {
+		r.procs = append(r.procs, ref.proc)
+		if r.plan[i].send == nil {
 			continue
 		}
-		g := m.groups[ref.proc]
+		g := r.groups[ref.proc]
 		if g == nil {
 			g = &stepGroup{}
-			m.groups[ref.proc] = g
+			r.groups[ref.proc] = g
 		}
 		if len(g.idx) == 0 {
-			order = append(order, ref.proc)
+			r.order = append(r.order, ref.proc)
 		}
 		g.idx = append(g.idx, i)
 	}
-	for _, p := range order {
-		g := m.groups[p]
+	for _, p := range r.order {
+		g := r.groups[p]
+		after := behind.sentTo(p)
 		g.id, g.ch, g.err = p.send(func(b []byte, id uint64) []byte {
-			return appendStep(b, id, m.handle, m.info.VocabSize, batch, plan, g.idx)
+			return appendStep(b, id, m.handle, m.info.VocabSize, batch, r.plan, g.idx, after)
 		}, true)
 	}
+	return nil
+}
+
+// sentTo is the id of r's request to worker p; 0 when r is nil or sent p
+// nothing.
+func (r *stepRun) sentTo(p *proc) uint64 {
+	if r == nil {
+		return 0
+	}
+	if g := r.groups[p]; g != nil && len(g.idx) > 0 {
+		return g.id
+	}
+	return 0
+}
+
+// waitStep reads the replies of r's groups and returns the step's
+// outputs, or the first group's error.
+func (m *Model) waitStep(ctx context.Context, r *stepRun) ([]engine.StepOutput, error) {
+	if err := m.waitGroups(ctx, r); err != nil {
+		return nil, err
+	}
+	return m.collect(r)
+}
+
+// waitGroups waits for every group of r that was sent and takes the pool
+// reports of those that answered; it returns the first group's error.
+func (m *Model) waitGroups(ctx context.Context, r *stepRun) error {
 	var firstErr error
-	for _, p := range order {
-		g := m.groups[p]
+	for _, p := range r.order {
+		g := r.groups[p]
 		if g.err == nil {
 			g.reply, g.err = p.wait(ctx, m.spec.ID, g.id, g.ch)
 		}
@@ -72,30 +164,36 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 			firstErr = g.err
 		}
 	}
-	for _, p := range order {
-		if g := m.groups[p]; g.err == nil {
+	for _, p := range r.order {
+		if g := r.groups[p]; g.err == nil {
 			m.noteReply(p, g.id, g.reply)
 		}
-		m.readFrees(p) // answered before this step
+		m.readArrivedFrees(p) // answered before this step
 	}
-	m.dropDeadGroups()
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	return m.collect(batch, plan, order)
+	return firstErr
 }
 
-func (m *Model) checkBatch(batch []engine.StepInput) error {
+// checkBatch checks a batch for Step (behind nil) or for StepAsync,
+// sent behind the pending step behind (nil when none is pending).
+func (m *Model) checkBatch(batch []engine.StepInput, behind *pendingStep) error {
 	if len(batch) > m.info.MaxBatch {
 		return &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs exceed MaxBatch %d", len(batch), m.info.MaxBatch)}
 	}
+	hint := 0
 	for i := range batch {
 		in := &batch[i]
-		if len(in.Tokens) == 0 {
+		if in.Prev {
+			if err := m.checkPrev(in, behind, &hint); err != nil {
+				return err
+			}
+		} else if len(in.Tokens) == 0 {
 			return &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d: no tokens to feed", in.Seq)}
 		}
 		if _, ok := m.seqs[in.Seq]; !ok {
 			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
+		}
+		if len(m.opening) > 0 && m.opening[in.Seq] != nil {
+			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d: its open was not waited for", in.Seq)}
 		}
 		if in.Sample && in.Params != nil {
 			if err := in.Params.Validate(); err != nil {
@@ -136,22 +234,23 @@ func checkLoop(in *engine.StepInput, vocab int) error {
 
 // collect puts the workers' sampled tokens back in input order, taking
 // lookahead buffers into account.
-func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) ([]engine.StepOutput, error) {
-	// k[i]: input i's index among the sampling inputs its worker was sent.
-	at := m.outAt[:0]
+func (m *Model) collect(r *stepRun) ([]engine.StepOutput, error) {
+	batch, plan := r.batch, r.plan
+	// at[i]: input i's index among the sampling inputs its worker was sent.
+	at := r.outAt[:0]
 	for range batch {
 		at = append(at, -1)
 	}
-	for _, p := range order {
+	for _, p := range r.order {
 		k := 0
-		for _, i := range m.groups[p].idx {
+		for _, i := range r.groups[p].idx {
 			if batch[i].Sample {
 				at[i] = k
 				k++
 			}
 		}
 	}
-	m.outAt = at
+	r.outAt = at
 	outs := make([]engine.StepOutput, 0, len(batch))
 	for i := range batch {
 		in := &batch[i]
@@ -161,19 +260,19 @@ func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) 
 			}
 			continue
 		}
-		var r *reply
+		var rep *reply
 		if plan[i].send != nil {
-			r = m.groups[m.seqs[in.Seq].proc].reply
+			rep = r.groups[r.procs[i]].reply
 		}
 		if plan[i].pooled {
-			o, err := m.pooledOutput(in, r, at[i])
+			o, err := m.pooledOutput(in, rep, at[i])
 			if err != nil {
 				return nil, err
 			}
 			outs = append(outs, o)
 			continue
 		}
-		o, err := m.absorb(in, &plan[i], r, at[i])
+		o, err := m.absorb(in, &plan[i], rep, at[i])
 		if err != nil {
 			return nil, err
 		}
@@ -183,10 +282,10 @@ func (m *Model) collect(batch []engine.StepInput, plan []inPlan, order []*proc) 
 }
 
 // dropDeadGroups forgets scratch kept for workers that have died.
-func (m *Model) dropDeadGroups() {
-	for p := range m.groups {
+func (m *Model) dropDeadGroups(r *stepRun) {
+	for p := range r.groups {
 		if !p.alive() {
-			delete(m.groups, p)
+			delete(r.groups, p)
 		}
 	}
 	m.forgetDeadPools()

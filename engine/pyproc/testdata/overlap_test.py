@@ -8,7 +8,11 @@ logprobs: sequences joining with chunked prompts beside decoding ones,
 greedy and seeded temperature sampling with logprobs, a sequence leaving
 mid-decode, a caller feeding a token it was not given, a repetition
 penalty (which never runs ahead) for some steps; and the counts must show
-speculations used whole, used beside prompt chunks and discarded.
+speculations used whole, used beside prompt chunks and discarded. The
+scenario run through the protocol's Worker as a pipelining supervisor
+sends it (every decode row that feeds the token just sampled as a null
+row, every step naming the one before in "after") must give the same
+tokens and logprobs and use the speculations exactly as often.
 
   python3 overlap_test.py RUNTIME_DIR MODEL_DIR...
 
@@ -25,6 +29,7 @@ sys.path.insert(0, sys.argv[1])  # the runtime; standins.py is beside this scrip
 
 import torch  # noqa: E402
 
+from mlxsworker.protocol import Worker  # noqa: E402
 from mlxsworker.settings import Settings  # noqa: E402
 from mlxsworker.torchrt import graphs  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
@@ -44,16 +49,56 @@ def model(path, overlap):
 PARAMS = [{"l": True}, {"t": 0.9, "k": 40, "s": 7, "l": True}, {}, {"t": 0.7, "p": 0.9, "s": 3}]
 
 
-def run(m):
+class Direct:
+    """Steps and frees on the model itself, every token explicit."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def step(self, batch, prev):
+        r = self.m.step(batch)
+        return r.tokens, r.logprobs
+
+    def free(self, seq):
+        self.m.free(seq, "")
+
+
+class Piped:
+    """Steps and frees through the protocol's Worker, as a pipelining
+    supervisor sends them: a row feeding the token its sequence just
+    sampled goes as null, and each step names the one before it."""
+
+    def __init__(self, m):
+        self.w = Worker(None, None, None, False)
+        self.w.models["m"] = m
+        self.id, self.last = 0, None
+
+    def step(self, batch, prev):
+        self.id += 1
+        batch = [[b[0], None] + b[2:] if b[0] in prev else b for b in batch]
+        req = {"id": self.id, "model": "m", "batch": batch}
+        if self.last is not None:
+            req["after"] = self.last
+        r = self.w.step(req)
+        self.last = self.id
+        return r["tokens"], r.get("logprobs", [0.0] * len(r["tokens"]))
+
+    def free(self, seq):
+        self.id += 1
+        self.w.free({"id": self.id, "model": "m", "seq": seq, "key": ""})
+
+
+def run(m, via=Direct):
     """Four sequences join two steps apart (prompts fed 5 tokens a step);
     at step 7 sequence 2 is fed a token it was not given; sequence 1
     leaves after step 9; at steps 11 to 15 sequence 3 takes a repetition
     penalty; the others decode until step 39 (past two blocks of a
     16-token window). Returns every sampled (token, logprob)."""
+    via = via(m)
     prompts = [[(i * 131 + j * 37 + 11) % 300 + 5 for j in range(n)] for i, n in enumerate((9, 4, 13, 6))]
     fed, last, open_, out = [0] * 4, [None] * 4, [False] * 4, []
     for step in range(40):
-        batch = []
+        batch, prev = [], set()
         for i, p in enumerate(prompts):
             if step == 2 * i and not open_[i] and step < 10:
                 m.open(i + 1, p, "")
@@ -69,17 +114,18 @@ def run(m):
                 fed[i] = end
             elif step == 7 and i == 1:
                 batch.append([i + 1, [(last[i] + 1) % 300], True, params])
-            else:
+            else:  # the token just sampled: Piped sends it as null
                 batch.append([i + 1, [last[i]], True, params])
-        r = m.step(batch)
+                prev.add(i + 1)
+        toks, lps = via.step(batch, prev)
         k = 0
         for b in batch:
             if b[2]:
-                last[b[0] - 1] = r.tokens[k]
-                out.append((step, b[0], r.tokens[k], round(r.logprobs[k], 5)))
+                last[b[0] - 1] = toks[k]
+                out.append((step, b[0], toks[k], round(lps[k], 5)))
                 k += 1
         if step == 9:
-            m.free(1, "")
+            via.free(1)
             open_[0] = False
     return out
 
@@ -89,12 +135,16 @@ def check(path):
         want = run(model(path, False))
         m = model(path, True)
         got = run(m)
+        piped = model(path, True)
+        got_piped = run(piped, Piped)
     assert got == want, "%s: overlap on:\n%r\noff:\n%r" % (path, got, want)
+    assert got_piped == want, "%s: null rows:\n%r\nexplicit:\n%r" % (path, got_piped, want)
     sp = m.stats()["speculated"]
     assert sp["chained"] > 0 and sp["beside"] > 0 and sp["discarded"] > 0, (path, sp)
     assert sp["launched"] >= sp["chained"] + sp["beside"], (path, sp)
+    assert piped.stats()["speculated"] == sp, (path, piped.stats()["speculated"], sp)
     print("%s: speculated %s" % (path, sp))
-    return 2
+    return 3
 
 
 def main():

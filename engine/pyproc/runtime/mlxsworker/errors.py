@@ -9,6 +9,7 @@ OUT_OF_MEMORY = "out_of_memory"  # the device or the KV pool
 MODEL_NOT_FOUND = "model_not_found"
 UNAVAILABLE = "unavailable"  # a backend, device or group that cannot serve here
 CHECKPOINT = "bad_checkpoint"  # extra fields: path, tensor, reason (CheckpointError)
+NOT_RUN = "not_run"  # a pipelined step sent behind a step that failed: nothing changed
 INTERNAL = "engine_error"  # anything else (retry.CodeInternal); the traceback is in the log
 
 

@@ -10,8 +10,8 @@ import threading
 import time
 import traceback
 
-from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, OUT_OF_MEMORY, TOO_LARGE, CheckpointError,
-                     ProtocolError)
+from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, NOT_RUN, OUT_OF_MEMORY, TOO_LARGE,
+                     CheckpointError, ProtocolError)
 from .timing import StepTiming
 
 log = logging.getLogger("worker")
@@ -59,11 +59,21 @@ class Heartbeat(threading.Thread):
 
 class Worker:
     """Runs requests on the backend's models (handle) and answers them
-    (reply)."""
+    (reply).
+
+    Pipelined steps (PROTOCOL.md, "Pipelined steps"): per model, unfed
+    maps each sequence to the last token the worker sampled for it and has
+    not fed, which a step row with tokens null feeds; last_step is the id
+    of the last step request handled and whether it succeeded, which a
+    step's "after" must name. Both live here, not in the backend, so every
+    backend pipelines, and under tensor parallel every rank (which runs
+    handle, not reply) keeps the same."""
 
     def __init__(self, out, hb, backend, faults):
         self.out, self.hb, self.backend, self.faults = out, hb, backend, faults
         self.models = {}
+        self.unfed = {}
+        self.last_step = {}
         self.step_delay = 0.0
 
     def model(self, req):
@@ -83,7 +93,18 @@ class Worker:
         if self.step_delay:
             time.sleep(self.step_delay)
         m = self.model(req)
-        res = m.step(req["batch"])
+        name, ok = req["model"], False
+        try:
+            after = req.get("after")
+            if after is not None and self.last_step.get(name) != (after, True):
+                raise ProtocolError(NOT_RUN, "step not run: it was sent behind step %s, which failed or was not the last" % after)
+            unfed = self.unfed.setdefault(name, {})
+            batch = resolve(unfed, req["batch"])
+            res = m.step(batch)
+            note_sampled(unfed, batch, res)
+            ok = True
+        finally:
+            self.last_step[name] = (req.get("id"), ok)
         r = {"tokens": res.tokens}
         if any(res.logprobs):
             r["logprobs"] = res.logprobs
@@ -104,6 +125,7 @@ class Worker:
             pool = None
         elif pool is not None and not m.pooling:
             raise ProtocolError(INVALID, "this model does not embed (pooled sequences need the torch backend)")
+        self.unfed.get(req["model"], {}).pop(req["seq"], None)
         return self.pool(m, {"reused": m.open(req["seq"], req["prompt"], req.get("key", ""), pool=pool, adapter=adapter)})
 
     def adapter(self, req):
@@ -121,18 +143,23 @@ class Worker:
         if m is None:
             return {}
         m.free(req["seq"], req.get("key", ""), int(req.get("back") or 0))
+        self.unfed.get(req["model"], {}).pop(req["seq"], None)
         return self.pool(m, {})
 
     def load(self, req):
         name = req["model"]
         if name in self.models:
             self.models.pop(name).close()
+        self.unfed.pop(name, None)
+        self.last_step.pop(name, None)
         m = self.backend.load(req["path"], req.get("opts") or {})
         self.models[name] = m
         return {"info": m.info()}
 
     def unload(self, req):
         m = self.models.pop(req.get("model"), None)
+        self.unfed.pop(req.get("model"), None)
+        self.last_step.pop(req.get("model"), None)
         if m is not None:
             m.close()
         return {}
@@ -201,6 +228,46 @@ class Worker:
             return {"code": OUT_OF_MEMORY, "message": msg}
         log.error("internal error: %s", traceback.format_exc())
         return {"code": INTERNAL, "message": "%s: %s" % (type(e).__name__, msg)}
+
+
+def resolve(unfed, batch):
+    """Gives each row of batch whose tokens are null the token unfed holds
+    for its sequence, in place, so the backend sees exactly the row a step
+    that fed it explicitly would have sent (its penalties, seeded draws
+    and speculated step alike). A null row without a token to feed, or
+    one that does not sample or takes tokens back, is invalid_value, and
+    unfed is left as it was."""
+    for row in batch:
+        if row[1] is not None:
+            continue
+        tok = unfed.get(row[0])
+        if tok is None:
+            raise ProtocolError(INVALID, "sequence %s: tokens null, and it has no sampled token left to feed" % row[0])
+        if not row[2] or (len(row) > 5 and row[5]):
+            raise ProtocolError(INVALID, "sequence %s: a row with tokens null samples and takes nothing back" % row[0])
+        row[1] = [tok]
+    return batch
+
+
+def note_sampled(unfed, batch, res):
+    """Records, after a step, the last token each sampling row sampled and
+    did not feed: the step's token, or the last one a lookahead chain
+    decoded after it (the chain feeds every token but the last). Rows that
+    fed tokens without sampling, and pooled rows (token -1), leave none."""
+    tokens, more, k = res.tokens, res.more, 0
+    drop = unfed.pop
+    for row in batch:
+        if not row[2]:
+            drop(row[0], None)
+            continue
+        tok = tokens[k]
+        if more is not None and more[k]:
+            tok = more[k][-1]
+        k += 1
+        if tok < 0:
+            drop(row[0], None)
+        else:
+            unfed[row[0]] = tok
 
 
 Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "free": Worker.free, "load": Worker.load,

@@ -38,7 +38,7 @@ class MlxBackend(Backend):
     name = "mlx"
 
     def capabilities(self):
-        return {"batch": False, "prefix_cache": True, "logprobs": True,
+        return {"batch": False, "prefix_cache": True, "logprobs": True, "pipeline": True,
                 "sampling": params.features(without=("generated",)), "params": params.KEYS}
 
     def versions(self):

@@ -24,7 +24,7 @@ class TorchBackend(Backend):
 
     def capabilities(self):
         return {"batch": True, "prefix_cache": True, "logprobs": True, "lookahead": True, "resume": True,
-                "jump_forward": True, "adapters": True, "sampling": params.features(), "params": params.KEYS}
+                "jump_forward": True, "adapters": True, "pipeline": True, "sampling": params.features(), "params": params.KEYS}
 
     def versions(self):
         return {"torch": torch.__version__, "cuda": bool(torch.cuda.is_available())}

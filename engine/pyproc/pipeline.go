@@ -1,0 +1,274 @@
+package pyproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/retry"
+)
+
+// Pipelined steps (engine.Pipeliner; PROTOCOL.md, "Pipelined steps"):
+// StepAsync sends a step while the step before it is still out, so the
+// worker finds it in its pipe the moment it replies to that one. A Prev
+// input goes as a null row, which the worker feeds the token it sampled
+// for the sequence in the step before; each worker's request names the
+// request of the pending step it follows ("after"), and a worker whose
+// step before failed runs nothing of it (not_run). The Model implements
+// it when every worker's handshake lists "pipeline".
+//
+// Frees and FreeBlocks never wait while a step or open is out (a free sent
+// behind a step is answered after it): blocks.go reads the free replies
+// that arrived.
+
+var _ engine.Pipeliner = (*Model)(nil)
+
+// pendingStep is a step StepAsync sent.
+type pendingStep struct {
+	m      *Model
+	run    *stepRun
+	behind *pendingStep // the step it was sent behind, until Wait; nil: none
+	err    error        // what Wait returned
+	waited bool
+}
+
+// StepAsync sends batch behind the pending step, if any, without waiting
+// for its reply. ok is false, with nothing sent, when the workers do not
+// pipeline, and when lookahead serves the batch better: a batch of up to
+// lookaheadMaxBatch inputs decodes ahead (WithLookahead), and a sequence
+// still holding tokens decoded ahead takes them from its buffer or is
+// rolled back, which Step does.
+func (m *Model) StepAsync(ctx context.Context, batch []engine.StepInput) (engine.PendingStep, bool, error) {
+	if !m.pipelines || m.lookaheadServes(batch) {
+		return nil, false, nil
+	}
+	behind := m.pending
+	if err := m.stepUsable(ctx, batch, behind); err != nil {
+		return nil, true, err
+	}
+	r := m.takeRun()
+	var prev *stepRun
+	if behind != nil {
+		prev = behind.run
+	}
+	r.copy = append(r.copy[:0], batch...) // the caller may plan the next step in its slice meanwhile
+	if err := m.sendStep(r, r.copy, prev); err != nil {
+		m.putRun(r)
+		return nil, true, err
+	}
+	ps := &pendingStep{m: m, run: r, behind: behind}
+	m.pending = ps
+	m.inflight++
+	return ps, true, nil
+}
+
+// lookaheadServes reports whether Step's lookahead should take batch:
+// lookahead is on and the batch small enough for it, or some input's
+// sequence holds tokens decoded ahead.
+func (m *Model) lookaheadServes(batch []engine.StepInput) bool {
+	if m.k <= 1 {
+		return false
+	}
+	if len(batch) <= lookaheadMaxBatch {
+		return true
+	}
+	for i := range batch {
+		if st := m.look[batch[i].Seq]; st != nil && len(st.buf) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPrev checks a Prev input against the pending step behind: it
+// samples there, and feeds nothing of its own here. *hint is where the
+// search of behind's batch starts, left past the input found: callers
+// keep their sequences in the same order step after step, so a batch
+// checks in linear time.
+func (m *Model) checkPrev(in *engine.StepInput, behind *pendingStep, hint *int) error {
+	bad := func(reason string) error {
+		return &engine.InvalidParamError{Param: "prev", Reason: fmt.Sprintf("sequence %d: %s", in.Seq, reason)}
+	}
+	switch {
+	case behind == nil:
+		return bad("Prev needs a pending step (StepAsync) that samples the sequence")
+	case in.Tokens != nil:
+		return bad("Prev with tokens")
+	case !in.Sample || in.Allowed != nil:
+		return bad("Prev feeds a sampling input without a mask")
+	case m.pooled[in.Seq] != nil:
+		return bad("Prev on an embedding sequence")
+	}
+	prev := behind.run.batch
+	for n := range prev {
+		i := (*hint + n) % len(prev)
+		if prev[i].Seq == in.Seq {
+			if !prev[i].Sample {
+				return bad("it does not sample in the pending step")
+			}
+			*hint = i + 1
+			return nil
+		}
+	}
+	return bad("it is not in the pending step")
+}
+
+// Wait returns the step's outputs. A step sent behind one that failed
+// returns an error wrapping engine.ErrNotRun when no worker ran any of it
+// (nothing changed); when some worker ran its part (data-parallel
+// workers: the step before failed on another) the error does not wrap
+// it, and the caller treats every sequence in the batch as failed, as
+// after any failed step.
+func (ps *pendingStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
+	if ps.waited {
+		return nil, errors.New("pyproc: pending step waited for twice")
+	}
+	ps.waited = true
+	m := ps.m
+	if m.pending == ps {
+		m.pending = nil
+	}
+	m.inflight--
+	behindFailed := ps.behind != nil && ps.behind.err != nil
+	ps.behind = nil
+	r := ps.run
+	defer m.putRun(r)
+	err := ps.outcome(m.waitGroups(ctx, r), behindFailed)
+	if err == nil {
+		var outs []engine.StepOutput
+		outs, err = m.collect(r)
+		ps.err = err
+		return outs, err
+	}
+	ps.err = err
+	return nil, err
+}
+
+// outcome is the step's error given its groups' replies (err: the first
+// group's error) and whether the step it was sent behind failed.
+func (ps *pendingStep) outcome(err error, behindFailed bool) error {
+	ran := false
+	for _, p := range ps.run.order {
+		switch g := ps.run.groups[p]; {
+		case g.err == nil:
+			ran = true
+		case !errors.Is(g.err, engine.ErrNotRun):
+			return g.err // a failure of its own
+		}
+	}
+	switch {
+	case err == nil && !behindFailed:
+		return nil
+	case !ran && err != nil:
+		return err // not_run
+	case !ran:
+		return fmt.Errorf("pyproc: %w", engine.ErrNotRun)
+	}
+	return &WorkerError{Code: retry.CodeInternal, Message: "the step ran on some workers only: the step it was sent behind failed"}
+}
+
+// pendingOpen is an open OpenAsync sent, or one it refused at once (err).
+type pendingOpen struct {
+	m      *Model
+	id     engine.SeqID
+	slot   *slot
+	proc   *proc
+	done   func(error) // the slot breaker's admission, reported at Wait (or by a Free after it)
+	rid    uint64
+	ch     chan *reply
+	err    error
+	freed  bool // Free came before Wait
+	waited bool
+}
+
+// OpenAsync sends an open of a base-model sequence without waiting for
+// its reply (engine.Pipeliner). The sequence counts as open from the send
+// on, so a Free before Wait is sent behind the open and undoes it. ok is
+// false, with nothing sent, when the workers do not pipeline, for an
+// encoder (OpenPooled), and when the routed worker is being restarted
+// (Open waits for it). Adapter and embedding sequences have no
+// asynchronous open.
+func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (engine.PendingOpen, bool) {
+	if !m.pipelines || m.info.Encoder {
+		return nil, false
+	}
+	po := &pendingOpen{m: m, id: id}
+	if po.err = m.usable(); po.err == nil {
+		po.err = m.checkOpen(id, prompt)
+	}
+	if po.err == nil {
+		po.err = ctx.Err()
+	}
+	if po.err != nil {
+		return po, true
+	}
+	s, done := m.route(prefixKey, nil)
+	s.mu.Lock()
+	p := s.cur
+	s.mu.Unlock()
+	if p == nil || !p.alive() {
+		if done != nil {
+			done(context.Canceled) // the worker was not asked: not counted either way
+		}
+		return nil, false
+	}
+	po.slot, po.proc, po.done = s, p, done
+	if po.rid, po.ch, po.err = p.send(request("open", m.openFields(id, prompt, prefixKey)), true); po.err != nil {
+		po.report(po.err)
+		return po, true
+	}
+	m.seqs[id] = seqRef{slot: s, proc: p}
+	m.opening[id] = po
+	s.open.Add(1)
+	m.inflight++
+	return po, true
+}
+
+// Wait returns the open's outcome. An open that failed leaves the
+// sequence closed; one freed before Wait is closed already.
+func (po *pendingOpen) Wait(ctx context.Context) (int, error) {
+	if po.waited {
+		return 0, errors.New("pyproc: pending open waited for twice")
+	}
+	po.waited = true
+	if po.ch == nil { // refused before a send
+		return 0, po.err
+	}
+	m := po.m
+	m.inflight--
+	if m.opening[po.id] == po {
+		delete(m.opening, po.id)
+	}
+	r, err := po.proc.wait(ctx, m.spec.ID, po.rid, po.ch)
+	m.readArrivedFrees(po.proc) // answered before this open
+	if err == nil {
+		m.noteReply(po.proc, po.rid, r)
+	}
+	switch {
+	case po.freed: // Free released the sequence; the breaker hears the open's outcome
+		if err == nil && !po.proc.alive() {
+			err = po.proc.lost()
+		}
+		po.report(err)
+	case err != nil:
+		delete(m.seqs, po.id)
+		po.slot.open.Add(-1)
+		po.report(err)
+	default: // the breaker hears at Free, as for Open
+		ref := m.seqs[po.id]
+		ref.done = po.done
+		m.seqs[po.id] = ref
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.Reused, nil
+}
+
+// report gives the breaker the outcome.
+func (po *pendingOpen) report(err error) {
+	if po.done != nil {
+		po.done(err)
+	}
+}
