@@ -157,10 +157,12 @@ type Pipeliner interface {
 	// caller waits for the pending step and uses Step. An error means
 	// nothing was sent either: an invalid batch, or a lost worker.
 	StepAsync(ctx context.Context, batch []StepInput) (p PendingStep, ok bool, err error)
-	// OpenAsync is Open without waiting for the reply. The sequence may
-	// not be stepped before its PendingOpen's Wait returned nil; Free
-	// before that is allowed and takes effect after the open. ok false:
-	// the caller uses Open, after waiting for the pending step.
+	// OpenAsync is Open without waiting for the reply. Before its
+	// PendingOpen's Wait returned nil the sequence may be stepped only by
+	// one StepAsync input marked Opening (its first prompt chunk, sent
+	// behind the open); Free before that is allowed and takes effect
+	// after the open. ok false: the caller uses Open, after waiting for
+	// the pending step.
 	OpenAsync(ctx context.Context, id SeqID, prompt []int32, prefixKey string) (p PendingOpen, ok bool)
 }
 
@@ -221,9 +223,19 @@ type StepInput struct {
 	// a step before the previous step's tokens are back. Sample must be
 	// set, Allowed nil, and the sequence must sample in the pending step.
 	Prev bool
+	// Opening, only in a batch given to Pipeliner.StepAsync, marks a
+	// sequence's first prompt chunk sent before its OpenAsync was
+	// answered: Tokens are the feed from its first token, and the engine
+	// feeds only those past the prefix the Open reused, so the chunk may
+	// go in the first step behind the open. The sequence holds
+	// max(reused, len(Tokens)) tokens after the step. A chunk no longer
+	// than the reused prefix feeds nothing; it must not sample (a chunk
+	// that ends the feed never is: Open leaves a token to feed).
+	Opening bool
 }
 
-// Feeds is the number of tokens the input appends to its sequence.
+// Feeds is the number of tokens the input appends to its sequence (for
+// an Opening input, at most that many).
 func (in StepInput) Feeds() int {
 	if in.Prev {
 		return 1
