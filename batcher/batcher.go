@@ -288,7 +288,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	}
 	b.nextID++
 	s.id = b.nextID
-	s.ahead, s.sampleIn, s.opening = 0, 0, nil
+	s.fed, s.kv, s.ahead, s.sampleIn, s.opening = 0, 0, 0, 0, nil
 	s.feed = s.Prompt
 	s.params = s.Params
 	s.forced = 0              // a recompute feeds every generated token
@@ -332,9 +332,13 @@ func (b *ContinuousBatcher) openFailed(e *Entry, err error, others int) bool {
 	}
 }
 
-// opened records what the engine's Open of s reused.
+// opened records what the engine's Open of s reused. A first chunk sent
+// behind an asynchronous open (engine.StepInput.Opening, counted in
+// s.ahead) feeds what it holds past the reused prefix: the reused tokens
+// it does not cover count as fed now.
 func (b *ContinuousBatcher) opened(s *Sequence, reused int) {
-	s.fed, s.kv = reused, reused
+	s.fed = max(reused-s.ahead, 0)
+	s.kv = s.fed
 	if s.admitted.IsZero() {
 		s.admitted = time.Now()
 		s.cached = reused

@@ -113,8 +113,8 @@ func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, dec
 		for _, e := range b.running {
 			s := e.Value
 			fed := s.fed + s.ahead // where the pending step leaves the feed
-			if (s.Pool != engine.PoolNone) != pooled || fed >= len(s.feed) || s.opening != nil || room <= 0 {
-				continue
+			if (s.Pool != engine.PoolNone) != pooled || fed >= len(s.feed) || room <= 0 || (s.opening != nil && s.ahead > 0) {
+				continue // an open not answered yet takes its first chunk only
 			}
 			n := min(room, len(s.feed)-fed)
 			if pooled && b.info.Encoder {
@@ -139,7 +139,7 @@ func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, dec
 					continue
 				}
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed})
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed, Opening: s.opening != nil})
 			seqs = append(seqs, s)
 			budget -= n
 			room -= n

@@ -47,12 +47,15 @@ func (s *cachedStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 		if h == nil {
 			continue // freed while the step was pending
 		}
-		if in.Prev {
+		switch {
+		case in.Prev:
 			c.one[0] = c.last[in.Seq]
 			h.Write(c.one[:])
-			continue
+		case in.Opening: // the feed from its start: the reused prefix is hashed already
+			h.Write(in.Tokens[min(h.Tokens(), len(in.Tokens)):])
+		default:
+			h.Write(in.Tokens)
 		}
-		h.Write(in.Tokens)
 	}
 	for i := range out {
 		if c.seqs[out[i].Seq] != nil {
