@@ -7,7 +7,8 @@ and prompt-step graph settings off, the overlap on, and both on (twice,
 alternating), the wall time per step, the GPU's busy time per step
 from the torch profiler (kernels on the one stream: their sum is the
 busy time) and the top device and host ops; with HOST_PROFILE=1, also
-cProfile's table of the host's time (blocking waits included).
+cProfile's table of the host's time (blocking waits included); with
+MIXED_CONFIGS=on, only the served configuration, once.
 
   mixed_prof.py RUNTIME_DIR CHECKPOINT [BATCH [PROMPT [CONTEXT [STEPS]]]]
 
@@ -100,5 +101,10 @@ def run(overlap, graphs):
     torch.cuda.empty_cache()
 
 
-for ov, pg in ((False, False), (True, False), (True, True), (False, False), (True, False), (True, True)):
+# MIXED_CONFIGS=on runs only the served configuration (overlap and
+# prompt-step graphs on), once.
+configs = ((False, False), (True, False), (True, True), (False, False), (True, False), (True, True))
+if os.environ.get("MIXED_CONFIGS") == "on":
+    configs = ((True, True),)
+for ov, pg in configs:
     run(ov, pg)
