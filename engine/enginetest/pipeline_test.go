@@ -397,7 +397,8 @@ func TestSimPipelineOpeningRefused(t *testing.T) {
 // says: "tokens", a step with Prev inputs samples off by one; "drops",
 // a step drops the outputs of sequences freed while it was pending;
 // "runs", a step sent behind a failed one hides engine.ErrNotRun;
-// "blocks", FreeBlocks waits while a step is pending.
+// "blocks", FreeBlocks waits while a step is pending; "opening", an
+// Opening chunk is fed whole, over the prefix its open reused.
 type brokenPipeliner struct {
 	engine.Model
 	how     string
@@ -406,6 +407,12 @@ type brokenPipeliner struct {
 }
 
 func (b *brokenPipeliner) StepAsync(ctx context.Context, batch []engine.StepInput) (engine.PendingStep, bool, error) {
+	if b.how == "opening" {
+		batch = slices.Clone(batch)
+		for i := range batch {
+			batch[i].Opening = false // its open was waited for: see OpenAsync
+		}
+	}
 	p, ok, err := b.Model.(engine.Pipeliner).StepAsync(ctx, batch)
 	if !ok || err != nil {
 		return p, ok, err
@@ -416,8 +423,21 @@ func (b *brokenPipeliner) StepAsync(ctx context.Context, batch []engine.StepInpu
 }
 
 func (b *brokenPipeliner) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, key string) (engine.PendingOpen, bool) {
-	return b.Model.(engine.Pipeliner).OpenAsync(ctx, id, prompt, key)
+	po, ok := b.Model.(engine.Pipeliner).OpenAsync(ctx, id, prompt, key)
+	if b.how != "opening" || !ok {
+		return po, ok
+	}
+	reused, err := po.Wait(ctx)
+	return doneOpen{reused, err}, true
 }
+
+// doneOpen is an open already waited for.
+type doneOpen struct {
+	reused int
+	err    error
+}
+
+func (o doneOpen) Wait(context.Context) (int, error) { return o.reused, o.err }
 
 func (b *brokenPipeliner) Free(id engine.SeqID, key string) {
 	if b.pending > 0 {
@@ -483,6 +503,7 @@ func TestPipelineSuiteFailsBrokenEngines(t *testing.T) {
 		{"free_pending/drops", checkPipelineFree, "drops"},
 		{"not_run/runs", checkPipelineNotRun, "runs"},
 		{"free_blocks_pending/blocks", checkPipelineFreeBlocks, "blocks"},
+		{"opening_chunk/opening", checkPipelineOpening, "opening"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if failed, msg := runCheck(t, c.check, broken(m, ""), broken(small, "")); failed {
