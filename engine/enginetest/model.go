@@ -87,8 +87,12 @@ type simSeq struct {
 	unfed   int32
 	unfedAt uint64
 	// opening is set from OpenAsync until its PendingOpen's Wait: the
-	// sequence may not be stepped before.
+	// sequence may not be stepped before, but by an Opening input.
 	opening bool
+	// fresh is set from Open until the first input that reaches the
+	// sequence: an Opening input may come only then, its tokens starting
+	// with the reused prefix the sequence holds.
+	fresh bool
 }
 
 // Info describes the model. It is safe for concurrent use.
@@ -143,7 +147,7 @@ func (m *simModel) open(ctx context.Context, id engine.SeqID, prompt []int32, pr
 		return 0, fmt.Errorf("enginetest: model %q: sequence %d needs %d KV tokens, %d of %d are free: %w",
 			m.info.ID, id, held, m.info.KVCapacity-m.kv, m.info.KVCapacity, engine.ErrOutOfMemory)
 	}
-	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: held, seed: m.sim.newSeed(), opening: async}
+	seq := &simSeq{tokens: make([]int32, reused, len(prompt)+64), held: held, seed: m.sim.newSeed(), opening: async, fresh: true}
 	copy(seq.tokens, prompt[:reused])
 	seq.hash = feed(hashStart, seq.tokens)
 	m.seqs[id] = seq

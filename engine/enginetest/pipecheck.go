@@ -33,7 +33,13 @@ import (
 //     also after a Free of one of its sequences (paged models);
 //   - open_async: OpenAsync with and without a step pending, its Wait
 //     before and after the step's, a Free before its Wait, and a prefix
-//     reused through it.
+//     reused through it;
+//   - opening_chunk: a first prompt chunk marked Opening sent behind its
+//     OpenAsync — within the prefix the open reuses, past it, the whole
+//     prompt, and for an open that reuses nothing — gives the tokens of a
+//     synchronous Open and Step of the rest, and stepping on gives the
+//     same tokens; Opening in a Step, or of a sequence stepped since its
+//     open, is refused (skipped for a model that reuses no saved prefix).
 //
 // A model that does not implement engine.Pipeliner skips the suite, and
 // a check whose StepAsync or OpenAsync declines (ok false) skips: an
@@ -56,6 +62,7 @@ func RunPipeline(t *testing.T, eng engine.Engine, dir string) {
 		{"not_run", checkPipelineNotRun},
 		{"free_blocks_pending", checkPipelineFreeBlocks},
 		{"open_async", checkPipelineOpen},
+		{"opening_chunk", checkPipelineOpening},
 	})
 }
 

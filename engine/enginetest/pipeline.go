@@ -21,8 +21,9 @@ var ErrPending = errors.New("enginetest: a step sent by StepAsync is pending")
 // simModel, so that a model without them is not an engine.Pipeliner.
 //
 // StepAsync checks and applies its batch at once, so a Prev input resolves
-// from its sequence's last sample and a later Free is ordered after the
-// step; Wait delivers the outputs when the simulated device would have
+// from its sequence's last sample, an Opening input skips the prefix its
+// sequence's open reused (the open ran at once too) and a later Free is
+// ordered after the step; Wait delivers the outputs when the simulated device would have
 // finished: the step starts when the step before it ends, or when it was
 // sent if that is later, and takes the step time of [WithStepTime]. What
 // a real worker decides — a step that needs more KV than is free, a
@@ -165,11 +166,13 @@ func (p *simPending) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 }
 
 // resolve returns batch with the Prev inputs' tokens filled in from their
-// sequences' unfed samples — a copy in m.resolved, leaving the caller's
-// batch alone — or batch itself when no input uses Prev. A Prev input
-// must sample, carry no tokens and no mask, be in a batch for StepAsync
-// (async) and be of a sequence that sampled in the pending step: anything
-// else is an *engine.InvalidParamError. Has to be called with m.mu held.
+// sequences' unfed samples and the Opening inputs' cut to the tokens past
+// the prefix their sequences hold — a copy in m.resolved, leaving the
+// caller's batch alone — or batch itself when no input uses either. A
+// Prev input must sample, carry no tokens and no mask, be in a batch for
+// StepAsync (async) and be of a sequence that sampled in the pending
+// step; an Opening input is checked by openingFeed: anything else is an
+// *engine.InvalidParamError. Has to be called with m.mu held.
 func (m *simModel) resolve(batch []engine.StepInput, async bool) ([]engine.StepInput, error) {
 	var pending uint64 // the stamp of the step this batch goes behind
 	if n := len(m.pending); async && n > 0 {
@@ -178,19 +181,24 @@ func (m *simModel) resolve(batch []engine.StepInput, async bool) ([]engine.StepI
 	out, copied := batch, false
 	for i := range batch {
 		in := &batch[i]
-		if !in.Prev {
+		if !in.Prev && !in.Opening {
 			continue
-		}
-		if err := m.checkPrev(in, async, pending); err != nil {
-			return nil, err
 		}
 		if !copied {
 			m.resolved = append(m.resolved[:0], batch...)
 			m.prevTokens = slices.Grow(m.prevTokens[:0], len(batch))[:len(batch)]
 			out, copied = m.resolved, true
 		}
-		m.prevTokens[i] = m.seqs[in.Seq].unfed
-		out[i].Tokens = m.prevTokens[i : i+1 : i+1]
+		var err error
+		if in.Opening {
+			out[i].Tokens, err = m.openingFeed(in, async)
+		} else if err = m.checkPrev(in, async, pending); err == nil {
+			m.prevTokens[i] = m.seqs[in.Seq].unfed
+			out[i].Tokens = m.prevTokens[i : i+1 : i+1]
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -217,6 +225,41 @@ func (m *simModel) checkPrev(in *engine.StepInput, async bool, pending uint64) e
 		return nil
 	}
 	return &engine.InvalidParamError{Param: "prev", Reason: fmt.Sprintf("sequence %d: %s", in.Seq, why)}
+}
+
+// openingFeed validates an Opening input of a batch (for StepAsync when
+// async) and returns the tokens it feeds: those of its chunk past the
+// prefix its sequence holds, which the chunk must repeat; none when the
+// chunk lies within it, and then it may not sample. Has to be called with
+// m.mu held.
+func (m *simModel) openingFeed(in *engine.StepInput, async bool) ([]int32, error) {
+	seq := m.seqs[in.Seq]
+	var why string
+	switch {
+	case !async:
+		why = "Opening is only for a batch given to StepAsync"
+	case in.Prev:
+		why = "an Opening input carries its chunk, not Prev"
+	case len(in.Tokens) == 0:
+		why = "an Opening input carries its first prompt chunk"
+	case seq == nil:
+		why = "the sequence is not open"
+	case !seq.fresh:
+		why = "the sequence was stepped since its open: Opening is for its first chunk"
+	}
+	if why == "" {
+		held := len(seq.tokens)
+		k := min(held, len(in.Tokens))
+		switch {
+		case !slices.Equal(in.Tokens[:k], seq.tokens[:k]):
+			why = fmt.Sprintf("the chunk does not start with the %d prompt tokens its open reused", k)
+		case k == len(in.Tokens) && in.Sample:
+			why = fmt.Sprintf("the %d-token chunk lies within the %d tokens its open reused: it feeds nothing to sample from", k, held)
+		default:
+			return in.Tokens[k:], nil
+		}
+	}
+	return nil, &engine.InvalidParamError{Param: "opening", Reason: fmt.Sprintf("sequence %d: %s", in.Seq, why)}
 }
 
 // noteWasted counts the samples that pending steps take for sequence id,
@@ -248,8 +291,9 @@ type simOpen struct {
 }
 
 // OpenAsync opens the sequence at once, as Open does, and returns its
-// result from Wait; the sequence may be freed before, and stepped after.
-// It may be called while a step is pending. ok is always true.
+// result from Wait; the sequence may be freed before, and stepped after,
+// or before by one Opening input. It may be called while a step is
+// pending. ok is always true.
 func (m pipeModel) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (engine.PendingOpen, bool) {
 	if m.info.Encoder {
 		_, err := m.Open(ctx, id, prompt, prefixKey) // refused

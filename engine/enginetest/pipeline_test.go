@@ -265,11 +265,140 @@ func TestSimPipelineClose(t *testing.T) {
 	}
 }
 
+// savePrefix steps tokens through a new sequence id and frees it under
+// key, so that an open with key reuses them.
+func savePrefix(t *testing.T, m engine.Model, id engine.SeqID, key string, tokens []int32) {
+	t.Helper()
+	if _, err := m.Open(context.Background(), id, tokens, ""); err != nil {
+		t.Fatal(err)
+	}
+	step(t, m, id, tokens, greedy)
+	m.Free(id, key)
+}
+
+// openingIn is sequence id's first prompt chunk, marked Opening; it
+// samples when it is the whole prompt.
+func openingIn(id engine.SeqID, prompt []int32, chunk int) engine.StepInput {
+	return engine.StepInput{Seq: id, Tokens: prompt[:chunk], Sample: chunk == len(prompt), Params: greedy, Opening: true}
+}
+
+// TestSimPipelineOpening: an Opening input feeds the tokens of its chunk
+// past the prefix its sequence's open reused — none for a chunk within
+// it — whether the open was answered or not, and after a synchronous
+// Open too: the sequence gets the tokens of a synchronous Open and Step
+// of the rest and holds only the blocks of the tokens it holds.
+func TestSimPipelineOpening(t *testing.T) {
+	sim, m, pl := newPipeliner(t, WithBlockSize(4))
+	ctx, pool, info := context.Background(), m.(engine.BlockPool), m.Info()
+	saved := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	savePrefix(t, m, 1, "k", saved)
+	prompt := append(slices.Clone(saved), 11, 12, 13, 14, 15, 16)
+	const reused = 10
+	if r, err := m.Open(ctx, 2, prompt, "k"); err != nil || r != reused {
+		t.Fatalf("Open with the saved prefix: reused %d, %v; want %d", r, err, reused)
+	}
+	want := []int32{step(t, m, 2, prompt[reused:], greedy)}
+	want = append(want, step(t, m, 2, want, greedy))
+	m.Free(2, "")
+	for i, c := range []struct {
+		what  string
+		chunk int
+		open  string // "pending": the open's Wait after the step; "answered": before it; "sync": Open
+	}{
+		{"a chunk within the reused prefix", 6, "pending"},
+		{"a chunk as long as the reused prefix", reused, "answered"},
+		{"a chunk past the reused prefix", 13, "pending"},
+		{"the whole prompt", len(prompt), "answered"},
+		{"the whole prompt after a synchronous Open", len(prompt), "sync"},
+	} {
+		id := engine.SeqID(10 + i)
+		before, fed := pool.FreeBlocks(), sim.Stats().Tokens
+		var po engine.PendingOpen
+		if c.open == "sync" {
+			if _, err := m.Open(ctx, id, prompt, "k"); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			po, _ = pl.OpenAsync(ctx, id, prompt, "k")
+		}
+		if c.open == "answered" {
+			if r, err := po.Wait(ctx); err != nil || r != reused {
+				t.Fatalf("%s: the open reused %d, %v; want %d", c.what, r, err, reused)
+			}
+		}
+		got := tokens(waitOK(t, sendOK(t, pl, openingIn(id, prompt, c.chunk))))
+		if c.open == "pending" {
+			if r, err := po.Wait(ctx); err != nil || r != reused {
+				t.Fatalf("%s: the open reused %d, %v; want %d", c.what, r, err, reused)
+			}
+		}
+		held := max(reused, c.chunk)
+		if n := sim.Stats().Tokens - fed; n != int64(held-reused) {
+			t.Errorf("%s of %d tokens fed %d; want %d", c.what, c.chunk, n, held-reused)
+		}
+		if free := pool.FreeBlocks(); free != before-info.BlocksFor(held) {
+			t.Errorf("%s: FreeBlocks %d; want %d (%d before, a sequence of %d tokens)", c.what, free, before-info.BlocksFor(held), before, held)
+		}
+		if held < len(prompt) {
+			got = append(got, step(t, m, id, prompt[held:], greedy))
+		}
+		got = append(got, step(t, m, id, got, greedy))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: tokens %v; a synchronous Open and Step of the rest gives %v", c.what, got, want)
+		}
+		m.Free(id, "")
+	}
+}
+
+// TestSimPipelineOpeningRefused: an Opening input in a Step, with Prev,
+// with no tokens, sampling within the reused prefix, not repeating it,
+// of a sequence not open or stepped since its open is refused with an
+// *engine.InvalidParamError, changing nothing.
+func TestSimPipelineOpeningRefused(t *testing.T) {
+	sim, m, pl := newPipeliner(t, WithBlockSize(4))
+	ctx, pool := context.Background(), m.(engine.BlockPool)
+	saved := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	savePrefix(t, m, 1, "k", saved)
+	prompt := append(slices.Clone(saved), 11, 12, 13, 14, 15, 16)
+	po, _ := pl.OpenAsync(ctx, 2, prompt, "k")
+	defer m.Free(2, "")
+	prev, empty, differs := openingIn(2, prompt, len(prompt)), openingIn(2, prompt, 0), openingIn(2, slices.Clone(prompt), 12)
+	prev.Tokens, prev.Prev = nil, true
+	differs.Tokens[3]++
+	before, free := sim.Stats(), pool.FreeBlocks()
+	if _, err := m.Step(ctx, []engine.StepInput{openingIn(2, prompt, len(prompt))}); !isInvalid(err) {
+		t.Errorf("an Opening input in a Step: %v; want an *engine.InvalidParamError", err)
+	}
+	for what, in := range map[string]engine.StepInput{
+		"with Prev":                         prev,
+		"with no tokens":                    empty,
+		"sampling within the reused prefix": {Seq: 2, Tokens: prompt[:8], Sample: true, Params: greedy, Opening: true},
+		"not repeating the reused prefix":   differs,
+		"of a sequence not open":            openingIn(3, prompt, 4),
+	} {
+		if _, _, err := pl.StepAsync(ctx, []engine.StepInput{in}); !isInvalid(err) {
+			t.Errorf("an Opening input %s: %v; want an *engine.InvalidParamError", what, err)
+		}
+	}
+	if st := sim.Stats(); st.Steps != before.Steps || st.Tokens != before.Tokens || pool.FreeBlocks() != free {
+		t.Errorf("the refusals changed the model: stats %+v, FreeBlocks %d; before %+v, %d", st, pool.FreeBlocks(), before, free)
+	}
+	waitOK(t, sendOK(t, pl, openingIn(2, prompt, 12)))
+	if _, err := po.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pl.StepAsync(ctx, []engine.StepInput{openingIn(2, prompt, len(prompt))}); !isInvalid(err) {
+		t.Errorf("an Opening input of a sequence stepped since its open: %v; want an *engine.InvalidParamError", err)
+	}
+	waitOK(t, sendOK(t, pl, sampleIn(2, prompt[12:]...)))
+}
+
 // brokenPipeliner is a simulated model whose pipelining is broken as how
 // says: "tokens", a step with Prev inputs samples off by one; "drops",
 // a step drops the outputs of sequences freed while it was pending;
 // "runs", a step sent behind a failed one hides engine.ErrNotRun;
-// "blocks", FreeBlocks waits while a step is pending.
+// "blocks", FreeBlocks waits while a step is pending; "opening", an
+// Opening chunk is fed whole, over the prefix its open reused.
 type brokenPipeliner struct {
 	engine.Model
 	how     string
@@ -278,6 +407,12 @@ type brokenPipeliner struct {
 }
 
 func (b *brokenPipeliner) StepAsync(ctx context.Context, batch []engine.StepInput) (engine.PendingStep, bool, error) {
+	if b.how == "opening" {
+		batch = slices.Clone(batch)
+		for i := range batch {
+			batch[i].Opening = false // its open was waited for: see OpenAsync
+		}
+	}
 	p, ok, err := b.Model.(engine.Pipeliner).StepAsync(ctx, batch)
 	if !ok || err != nil {
 		return p, ok, err
@@ -288,8 +423,21 @@ func (b *brokenPipeliner) StepAsync(ctx context.Context, batch []engine.StepInpu
 }
 
 func (b *brokenPipeliner) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, key string) (engine.PendingOpen, bool) {
-	return b.Model.(engine.Pipeliner).OpenAsync(ctx, id, prompt, key)
+	po, ok := b.Model.(engine.Pipeliner).OpenAsync(ctx, id, prompt, key)
+	if b.how != "opening" || !ok {
+		return po, ok
+	}
+	reused, err := po.Wait(ctx)
+	return doneOpen{reused, err}, true
 }
+
+// doneOpen is an open already waited for.
+type doneOpen struct {
+	reused int
+	err    error
+}
+
+func (o doneOpen) Wait(context.Context) (int, error) { return o.reused, o.err }
 
 func (b *brokenPipeliner) Free(id engine.SeqID, key string) {
 	if b.pending > 0 {
@@ -355,6 +503,7 @@ func TestPipelineSuiteFailsBrokenEngines(t *testing.T) {
 		{"free_pending/drops", checkPipelineFree, "drops"},
 		{"not_run/runs", checkPipelineNotRun, "runs"},
 		{"free_blocks_pending/blocks", checkPipelineFreeBlocks, "blocks"},
+		{"opening_chunk/opening", checkPipelineOpening, "opening"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if failed, msg := runCheck(t, c.check, broken(m, ""), broken(small, "")); failed {

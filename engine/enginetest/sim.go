@@ -61,11 +61,13 @@ import (
 //
 // Its models implement [engine.Pipeliner]: StepAsync checks and applies
 // its batch at once — a Prev input resolves from the sequence's last
-// sample, a later Free is ordered after the step — and its Wait returns
-// when the simulated device, running the steps sent back to back, has
-// finished it, so the caller's work between steps is hidden as on a real
-// device. Errors a worker decides (out of memory, a lost worker) come
-// from Wait, and a step sent behind a failed one is not run
+// sample, an Opening input feeds the tokens of its chunk past the prefix
+// its sequence's open reused (refused in a Step, with Prev, and once the
+// sequence was stepped), a later Free is ordered after the step — and its
+// Wait returns when the simulated device, running the steps sent back to
+// back, has finished it, so the caller's work between steps is hidden as
+// on a real device. Errors a worker decides (out of memory, a lost
+// worker) come from Wait, and a step sent behind a failed one is not run
 // (engine.ErrNotRun). Step and Open while a step is pending fail with
 // [ErrPending]. [WithoutPipeline] makes models that do not implement it,
 // [WithPipelineAbove] ones that decline small batches, and [SimStats]

@@ -53,8 +53,8 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 // run checks batch and applies it, or loses it with the simulated worker
 // as [WithWorkerLoss] says (lost; a batch of a sequence lost before is
 // refused as any bad batch): the outputs and the simulated device time
-// the step takes. async allows Prev inputs. Has to be called with m.mu
-// held.
+// the step takes. async allows Prev and Opening inputs. Has to be called
+// with m.mu held.
 func (m *simModel) run(batch []engine.StepInput, async bool) (out []engine.StepOutput, d time.Duration, lost bool, err error) {
 	batch, err = m.resolve(batch, async)
 	if err != nil {
@@ -132,11 +132,11 @@ func (m *simModel) checkInput(in *engine.StepInput) (*simSeq, error) {
 	switch {
 	case seq == nil:
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
-	case seq.opening:
+	case seq.opening && !in.Opening:
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is opening: the Wait of its OpenAsync has not returned", in.Seq)}
 	case seq.stamp == m.stamp:
 		return nil, &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d appears twice in one batch", in.Seq)}
-	case len(in.Tokens) == 0:
+	case len(in.Tokens) == 0 && !in.Opening: // resolve refused an empty Opening input
 		return nil, &engine.InvalidParamError{Param: "tokens", Reason: fmt.Sprintf("sequence %d feeds no tokens", in.Seq)}
 	case in.Sample && in.Params == nil && seq.pool == engine.PoolNone:
 		return nil, &engine.InvalidParamError{Param: "params", Reason: fmt.Sprintf("sequence %d samples without parameters", in.Seq)}
@@ -190,7 +190,7 @@ func (m *simModel) apply(batch []engine.StepInput, grow, samples int) []engine.S
 			}
 		}
 		seq.tokens = append(seq.tokens, in.Tokens...)
-		seq.unfedAt = 0
+		seq.unfedAt, seq.fresh = 0, false
 		m.blocks -= m.info.BlocksFor(seq.held)
 		seq.held = max(seq.held, len(seq.tokens))
 		m.blocks += m.info.BlocksFor(seq.held)
