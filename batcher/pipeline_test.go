@@ -1,12 +1,15 @@
 package batcher_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
 )
 
@@ -140,5 +143,36 @@ func TestPipelineNotAPipeliner(t *testing.T) {
 	runQueued(t, append(simOpts, enginetest.WithoutPipeline()), seqs, opts...)
 	if lastStats.Pipelined != 0 || lastStats.Steps == 0 {
 		t.Errorf("%d steps, %d ahead", lastStats.Steps, lastStats.Pipelined)
+	}
+}
+
+// TestPipelineFailedOpen: a sequence whose asynchronous open fails (its
+// prompt is longer than the context) ends with the open's error, while
+// the step its first chunk was sent in runs for the others.
+func TestPipelineFailedOpen(t *testing.T) {
+	var seqs []*batcher.Sequence
+	for i := range 24 {
+		n := 10 + i
+		if i%5 == 2 {
+			n = 300 // past the 256-token context
+		}
+		seqs = append(seqs, &batcher.Sequence{Prompt: prompt(i, n), MaxTokens: 3 + i%7, IgnoreEOS: true}) // lengths apart: admissions behind pending steps
+	}
+	simOpts := []enginetest.SimOption{enginetest.WithContextLength(256), enginetest.WithStepTime(time.Millisecond, 0)}
+	want := runQueued(t, simOpts, cloneSeqs(seqs), batcher.WithPipeline(false), batcher.WithMaxBatch(6))
+	got := runQueued(t, simOpts, cloneSeqs(seqs), batcher.WithMaxBatch(6))
+	if lastStats.Pipelined == 0 {
+		t.Fatal("no step was sent ahead")
+	}
+	for i := range seqs {
+		if i%5 == 2 {
+			if !errors.Is(got[i].err, engine.ErrContextLength) || !errors.Is(want[i].err, engine.ErrContextLength) {
+				t.Errorf("request %d: errors %v / %v, want context length exceeded", i, want[i].err, got[i].err)
+			}
+			continue
+		}
+		if got[i].err != nil || !slices.Equal(got[i].tokens, want[i].tokens) {
+			t.Errorf("request %d: %v (err %v), want %v", i, got[i].tokens, got[i].err, want[i].tokens)
+		}
 	}
 }

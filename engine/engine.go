@@ -230,7 +230,10 @@ type StepInput struct {
 	// go in the first step behind the open. The sequence holds
 	// max(reused, len(Tokens)) tokens after the step. A chunk no longer
 	// than the reused prefix feeds nothing; it must not sample (a chunk
-	// that ends the feed never is: Open leaves a token to feed).
+	// that ends the feed never is: Open leaves a token to feed). If the
+	// open fails, the input feeds nothing and, when it samples, its
+	// output's Token is -1: the rest of the step runs, and the caller,
+	// told by the open's Wait, drops the output.
 	Opening bool
 }
 

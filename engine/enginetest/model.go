@@ -50,6 +50,12 @@ type simModel struct {
 	// resolved and prevTokens are scratch for a batch with Prev inputs.
 	resolved   []engine.StepInput
 	prevTokens []int32
+	// openFailed holds the sequences whose OpenAsync failed, until Free:
+	// an Opening input of theirs in a step sent behind it feeds nothing
+	// (engine.StepInput.Opening); failedRows are the sampling inputs of
+	// the batch being run that resolve dropped so.
+	openFailed map[engine.SeqID]bool
+	failedRows []int
 }
 
 // simSeq is an open sequence.
@@ -230,6 +236,7 @@ func (m *simModel) Free(id engine.SeqID, saveKey string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	seq := m.seqs[id]
+	delete(m.openFailed, id)
 	if m.closed || seq == nil {
 		return
 	}

@@ -179,9 +179,14 @@ func (m *simModel) resolve(batch []engine.StepInput, async bool) ([]engine.StepI
 		pending = m.pending[n-1].stamp
 	}
 	out, copied := batch, false
+	m.failedRows = m.failedRows[:0]
+	dropped := 0
 	for i := range batch {
 		in := &batch[i]
 		if !in.Prev && !in.Opening {
+			if copied && dropped > 0 {
+				out[i-dropped] = *in
+			}
 			continue
 		}
 		if !copied {
@@ -189,18 +194,49 @@ func (m *simModel) resolve(batch []engine.StepInput, async bool) ([]engine.StepI
 			m.prevTokens = slices.Grow(m.prevTokens[:0], len(batch))[:len(batch)]
 			out, copied = m.resolved, true
 		}
+		if in.Opening && async && m.openFailed[in.Seq] && m.seqs[in.Seq] == nil {
+			// Its open failed: the row feeds nothing, and a sample gets -1.
+			if in.Sample {
+				m.failedRows = append(m.failedRows, i)
+			}
+			dropped++
+			continue
+		}
+		k := i - dropped // its place in out
+		out[k] = *in
 		var err error
 		if in.Opening {
-			out[i].Tokens, err = m.openingFeed(in, async)
+			out[k].Tokens, err = m.openingFeed(in, async)
 		} else if err = m.checkPrev(in, async, pending); err == nil {
-			m.prevTokens[i] = m.seqs[in.Seq].unfed
-			out[i].Tokens = m.prevTokens[i : i+1 : i+1]
+			m.prevTokens[k] = m.seqs[in.Seq].unfed
+			out[k].Tokens = m.prevTokens[k : k+1 : k+1]
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	return out, nil
+	return out[:len(out)-dropped], nil
+}
+
+// withFailedOpens returns out, the outputs of batch less the rows resolve
+// dropped for failed opens, with a Token -1 output for each of those that
+// samples, in batch's order.
+func (m *simModel) withFailedOpens(batch []engine.StepInput, out []engine.StepOutput) []engine.StepOutput {
+	all := make([]engine.StepOutput, 0, len(out)+len(m.failedRows))
+	j, f := 0, 0
+	for i := range batch {
+		if !batch[i].Sample {
+			continue
+		}
+		if f < len(m.failedRows) && m.failedRows[f] == i {
+			all = append(all, engine.StepOutput{Seq: batch[i].Seq, Token: -1})
+			f++
+			continue
+		}
+		all = append(all, out[j])
+		j++
+	}
+	return all
 }
 
 // checkPrev validates a Prev input of a batch that goes behind the step
@@ -301,11 +337,16 @@ func (m pipeModel) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int3
 	}
 	reused, err := m.open(ctx, id, prompt, prefixKey, true)
 	o := &simOpen{m: m.simModel, reused: reused, err: err}
+	m.mu.Lock()
 	if err == nil {
-		m.mu.Lock()
 		o.seq = m.seqs[id]
-		m.mu.Unlock()
+	} else {
+		if m.openFailed == nil {
+			m.openFailed = map[engine.SeqID]bool{}
+		}
+		m.openFailed[id] = true
 	}
+	m.mu.Unlock()
 	return o, true
 }
 

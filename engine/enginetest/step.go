@@ -56,6 +56,7 @@ func (m *simModel) Step(ctx context.Context, batch []engine.StepInput) ([]engine
 // the step takes. async allows Prev and Opening inputs. Has to be called
 // with m.mu held.
 func (m *simModel) run(batch []engine.StepInput, async bool) (out []engine.StepOutput, d time.Duration, lost bool, err error) {
+	orig := batch
 	batch, err = m.resolve(batch, async)
 	if err != nil {
 		return nil, 0, false, err
@@ -71,6 +72,9 @@ func (m *simModel) run(batch []engine.StepInput, async bool) (out []engine.StepO
 		return nil, 0, true, m.lostError()
 	}
 	out = m.apply(batch, grow, samples)
+	if len(m.failedRows) > 0 {
+		out = m.withFailedOpens(orig, out)
+	}
 	m.sim.stats.steps.Add(1)
 	m.sim.stats.tokens.Add(int64(tokens))
 	m.sim.stats.sampled.Add(int64(samples))
