@@ -119,7 +119,8 @@ func (p *proc) wait(ctx context.Context, model string, id uint64, ch chan *reply
 // appendStep encodes a step request by hand: it runs every decode step.
 // plan (nil: every input as given, one token) says what each input sends;
 // a Prev input's tokens go as null. after, when not 0, is the step
-// request this one was sent behind (PROTOCOL.md, "Pipelined steps").
+// request this one was sent behind, and "opening" lists the sequences of
+// Opening inputs (PROTOCOL.md, "Pipelined steps").
 func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.StepInput, plan []inPlan, idx []int, after uint64) []byte {
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, id, 10)
@@ -129,6 +130,7 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		b = append(b, `,"after":`...)
 		b = strconv.AppendUint(b, after, 10)
 	}
+	b = appendOpening(b, batch, idx)
 	b = append(b, `,"batch":[`...)
 	for n, i := range idx {
 		in := &batch[i]
@@ -177,6 +179,28 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		b = append(b, ']')
 	}
 	return append(b, "]}"...)
+}
+
+// appendOpening writes "opening", the sequences of the Opening inputs
+// among batch's inputs idx, when there are any.
+func appendOpening(b []byte, batch []engine.StepInput, idx []int) []byte {
+	first := true
+	for _, i := range idx {
+		if !batch[i].Opening {
+			continue
+		}
+		if first {
+			b = append(b, `,"opening":[`...)
+		} else {
+			b = append(b, ',')
+		}
+		first = false
+		b = strconv.AppendUint(b, uint64(batch[i].Seq), 10)
+	}
+	if first {
+		return b
+	}
+	return append(b, ']')
 }
 
 // paramKeys are the keys appendParams and appendLoop write. The worker

@@ -48,8 +48,11 @@
 // backends do): StepAsync sends step N+1 while step N is out, its Prev
 // inputs fed on the worker with the token it sampled in N, so the worker
 // finds the next step in its pipe when it replies; a step sent behind one
-// that failed is not run (engine.ErrNotRun). Batches the lookahead serves
-// (up to 32 sequences with WithLookahead above 1) stay synchronous.
+// that failed is not run (engine.ErrNotRun). A sequence opened with
+// OpenAsync may join the very next step with its first prompt chunk as
+// an Opening input, from the prompt's first token: the worker skips the
+// tokens the open reused. Batches the lookahead serves (up to 32
+// sequences with WithLookahead above 1) stay synchronous.
 //
 // Several GPUs: WithTensorParallel(n) splits each worker's models over n
 // ranks, one process and one GPU each, joined with torch.distributed

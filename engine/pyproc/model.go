@@ -26,6 +26,9 @@ type Model struct {
 	closed atomic.Bool
 
 	seqs map[engine.SeqID]seqRef
+	// fresh holds the open sequences no step was sent for yet: an Opening
+	// input may feed them (pipeline.go).
+	fresh map[engine.SeqID]struct{}
 	// pooled holds the open embedding sequences (embed.go); stepCap is
 	// the tokens one encoder step may carry to a worker.
 	pooled  map[engine.SeqID]*pooledSeq
@@ -111,7 +114,7 @@ func (e *Engine) Load(ctx context.Context, spec engine.ModelSpec) (engine.Model,
 	if abs, err := filepath.Abs(spec.Path); err == nil {
 		spec.Path = abs
 	}
-	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, pooled: map[engine.SeqID]*pooledSeq{}, opening: map[engine.SeqID]*pendingOpen{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
+	m := &Model{e: e, spec: spec, seqs: map[engine.SeqID]seqRef{}, fresh: map[engine.SeqID]struct{}{}, pooled: map[engine.SeqID]*pooledSeq{}, opening: map[engine.SeqID]*pendingOpen{}, saved: map[string]*proc{}, savedAt: map[string]uint64{}, byProc: map[*proc]map[string]struct{}{}, look: map[engine.SeqID]*ahead{},
 		pools: map[*proc]*workerPool{}, adapters: map[string]*served{}, resident: map[*proc][]slotState{}, savedBy: map[string]string{},
 		handle: spec.ID + "#" + strconv.FormatUint(e.nextID.Add(1), 10)}
 	infos := make([]*wireInfo, len(e.slots))
@@ -368,6 +371,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 				ref.akey = a.key
 			}
 			m.seqs[id] = ref
+			m.fresh[id] = struct{}{}
 			if pool != engine.PoolNone {
 				m.pooled[id] = &pooledSeq{pool: pool}
 			}
@@ -439,6 +443,7 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 		return
 	}
 	delete(m.seqs, id)
+	delete(m.fresh, id)
 	if po := m.opening[id]; po != nil { // its Wait reports the outcome
 		po.freed = true
 		delete(m.opening, id)
@@ -496,7 +501,7 @@ func (m *Model) Close() error {
 			ref.done(context.Canceled) // not counted either way
 		}
 	}
-	m.seqs, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled = nil, nil, nil, nil, nil, nil, nil
+	m.seqs, m.fresh, m.saved, m.savedAt, m.byProc, m.evicted, m.pools, m.pooled = nil, nil, nil, nil, nil, nil, nil, nil
 	m.smu.Lock()
 	m.resident = nil
 	m.smu.Unlock()

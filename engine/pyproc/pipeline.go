@@ -18,6 +18,12 @@ import (
 // step before failed runs nothing of it (not_run). The Model implements
 // it when every worker's handshake lists "pipeline".
 //
+// An Opening input (engine.StepInput.Opening) carries a sequence's first
+// prompt chunk from its first token, sent behind its OpenAsync before the
+// open was answered: the request lists the sequence in "opening", and the
+// worker drops the tokens the open reused before it runs the step. It
+// goes to the worker the open was sent to (m.seqs records it at send).
+//
 // Frees and FreeBlocks never wait while a step or open is out (a free sent
 // behind a step is answered after it): blocks.go reads the free replies
 // that arrived.
@@ -34,17 +40,18 @@ type pendingStep struct {
 }
 
 // StepAsync sends batch behind the pending step, if any, without waiting
-// for its reply. ok is false, with nothing sent, when the workers do not
-// pipeline, and when lookahead serves the batch better: a batch of up to
-// lookaheadMaxBatch inputs decodes ahead (WithLookahead), and a sequence
-// still holding tokens decoded ahead takes them from its buffer or is
-// rolled back, which Step does.
+// for its reply. An Opening input may feed a sequence whose open was sent
+// and not waited for (checkOpening). ok is false, with nothing sent, when
+// the workers do not pipeline, and when lookahead serves the batch
+// better: a batch of up to lookaheadMaxBatch inputs decodes ahead
+// (WithLookahead), and a sequence still holding tokens decoded ahead
+// takes them from its buffer or is rolled back, which Step does.
 func (m *Model) StepAsync(ctx context.Context, batch []engine.StepInput) (engine.PendingStep, bool, error) {
 	if !m.pipelines || m.lookaheadServes(batch) {
 		return nil, false, nil
 	}
 	behind := m.pending
-	if err := m.stepUsable(ctx, batch, behind); err != nil {
+	if err := m.stepUsable(ctx, batch, true, behind); err != nil {
 		return nil, true, err
 	}
 	r := m.takeRun()
@@ -112,6 +119,36 @@ func (m *Model) checkPrev(in *engine.StepInput, behind *pendingStep, hint *int) 
 		}
 	}
 	return bad("it is not in the pending step")
+}
+
+// checkOpening checks an Opening input: in a batch for StepAsync, not
+// Prev, of a sequence fed nothing since its open (whether or not the open
+// was answered yet: the worker skips what it reused either way).
+func (m *Model) checkOpening(in *engine.StepInput, async bool) error {
+	bad := func(reason string) error {
+		return &engine.InvalidParamError{Param: "opening", Reason: fmt.Sprintf("sequence %d: %s", in.Seq, reason)}
+	}
+	switch {
+	case !async:
+		return bad("Opening is only for a batch given to StepAsync")
+	case in.Prev:
+		return bad("an Opening input feeds its prompt's first chunk, not Prev")
+	}
+	if _, ok := m.fresh[in.Seq]; !ok {
+		return bad("it was fed since its open")
+	}
+	return nil
+}
+
+// noteFed records that batch's sequences were sent a step: none of them
+// takes an Opening input from now on.
+func (m *Model) noteFed(batch []engine.StepInput) {
+	if len(m.fresh) == 0 {
+		return
+	}
+	for i := range batch {
+		delete(m.fresh, batch[i].Seq)
+	}
 }
 
 // Wait returns the step's outputs. A step sent behind one that failed
@@ -184,7 +221,8 @@ type pendingOpen struct {
 
 // OpenAsync sends an open of a base-model sequence without waiting for
 // its reply (engine.Pipeliner). The sequence counts as open from the send
-// on, so a Free before Wait is sent behind the open and undoes it. ok is
+// on, so a Free before Wait is sent behind the open and undoes it, and a
+// StepAsync may carry its first chunk as an Opening input. ok is
 // false, with nothing sent, when the workers do not pipeline, for an
 // encoder (OpenPooled), and when the routed worker is being restarted
 // (Open waits for it). Adapter and embedding sequences have no
@@ -219,6 +257,7 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 		return po, true
 	}
 	m.seqs[id] = seqRef{slot: s, proc: p}
+	m.fresh[id] = struct{}{}
 	m.opening[id] = po
 	s.open.Add(1)
 	m.inflight++
@@ -253,6 +292,7 @@ func (po *pendingOpen) Wait(ctx context.Context) (int, error) {
 		po.report(err)
 	case err != nil:
 		delete(m.seqs, po.id)
+		delete(m.fresh, po.id)
 		po.slot.open.Add(-1)
 		po.report(err)
 	default: // the breaker hears at Free, as for Open

@@ -15,6 +15,14 @@ import (
 	"github.com/mlxserving/mlxserving/testmodel"
 )
 
+// pipeEngine is newEngine with lookahead off, which CUDA turns on by
+// default (defaultLookaheadCUDA): StepAsync leaves the batches lookahead
+// serves, up to lookaheadMaxBatch inputs, to Step.
+func pipeEngine(t *testing.T, opts ...Option) *Engine {
+	t.Helper()
+	return newEngine(t, append([]Option{WithLookahead(1)}, opts...)...)
+}
+
 // pipeSeq is one sequence of pipeScript: it joins at step join with a
 // prompt fed in chunks of up to 5 tokens, and leaves after gen tokens, a
 // stop the caller sees only once it has the token (so a pipelined caller
@@ -221,7 +229,7 @@ var pipeParams = []*engine.SamplingParams{
 // worker's speculated step served the null rows, with parameters that
 // let it run.
 func TestPipelineSameTokens(t *testing.T) {
-	e := newEngine(t, WithWorkers(2), WithLookahead(1))
+	e := pipeEngine(t, WithWorkers(2))
 	m := load(t, e, tiny(t))
 	if !m.pipelines {
 		t.Fatal("the workers' handshakes do not list pipeline")
@@ -263,7 +271,7 @@ func TestPipelineSameTokens(t *testing.T) {
 // then samples what it samples without either.
 func TestPipelineNotRun(t *testing.T) {
 	ctx := context.Background()
-	m := loadPool(t, newEngine(t), 4)
+	m := loadPool(t, pipeEngine(t), 4)
 	p := prompt(7, 20)
 	want := generate(t, m, 1, p, 2)
 	for _, id := range []engine.SeqID{2, 3} {
@@ -318,7 +326,7 @@ func TestPipelineNotRun(t *testing.T) {
 // its last step, and changes nothing.
 func TestPipelinePrevRefused(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t)
+	e := pipeEngine(t)
 	m := load(t, e, tiny(t))
 	want := generate(t, m, 9, prompt(4, 8), 3)
 	feed := openFeed(t, m, 1, prompt(4, 8))
@@ -379,7 +387,7 @@ func TestPipelinePrevRefused(t *testing.T) {
 // sequence freed meanwhile.
 func TestPipelineFreeBlocksDoesNotWait(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t, withFaults())
+	e := pipeEngine(t, withFaults())
 	m := load(t, e, tiny(t))
 	for _, id := range []engine.SeqID{1, 2} {
 		if _, err := m.Open(ctx, id, prompt(int(id), 20), ""); err != nil {
@@ -427,7 +435,7 @@ func TestPipelineFreeBlocksDoesNotWait(t *testing.T) {
 // an open out fails each Wait with an error wrapping ErrWorkerLost.
 func TestPipelineWorkerLost(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t, withFaults())
+	e := pipeEngine(t, withFaults())
 	m := load(t, e, tiny(t))
 	feed := openFeed(t, m, 1, prompt(1, 10))
 	p := inject(t, e, 0, map[string]any{"kind": "step_delay", "seconds": 2})

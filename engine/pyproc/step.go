@@ -37,7 +37,7 @@ type stepGroup struct {
 // answered from tokens the worker decoded ahead, without a round trip.
 // A step whose ctx is already done returns ctx's error and sends nothing.
 func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
-	if err := m.stepUsable(ctx, batch, nil); err != nil {
+	if err := m.stepUsable(ctx, batch, false, nil); err != nil {
 		return nil, err
 	}
 	if m.k > 1 {
@@ -56,16 +56,16 @@ func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.St
 // stepUsable checks what Step and StepAsync check before planning: a live
 // model, a ctx not done (a step cancelled before it starts sends nothing:
 // otherwise a worker that answers at once races the cancellation in
-// wait's select) and the batch; behind is the step StepAsync sends it
-// behind.
-func (m *Model) stepUsable(ctx context.Context, batch []engine.StepInput, behind *pendingStep) error {
+// wait's select) and the batch; async is set for StepAsync, and behind is
+// the step it sends the batch behind (nil: none).
+func (m *Model) stepUsable(ctx context.Context, batch []engine.StepInput, async bool, behind *pendingStep) error {
 	if err := m.usable(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.checkBatch(batch, behind); err != nil {
+	if err := m.checkBatch(batch, async, behind); err != nil {
 		return err
 	}
 	return m.checkPooled(batch)
@@ -127,6 +127,7 @@ func (m *Model) sendStep(r *stepRun, batch []engine.StepInput, behind *stepRun) 
 			return appendStep(b, id, m.handle, m.info.VocabSize, batch, r.plan, g.idx, after)
 		}, true)
 	}
+	m.noteFed(batch)
 	return nil
 }
 
@@ -173,9 +174,9 @@ func (m *Model) waitGroups(ctx context.Context, r *stepRun) error {
 	return firstErr
 }
 
-// checkBatch checks a batch for Step (behind nil) or for StepAsync,
+// checkBatch checks a batch for Step (async false) or for StepAsync,
 // sent behind the pending step behind (nil when none is pending).
-func (m *Model) checkBatch(batch []engine.StepInput, behind *pendingStep) error {
+func (m *Model) checkBatch(batch []engine.StepInput, async bool, behind *pendingStep) error {
 	if len(batch) > m.info.MaxBatch {
 		return &engine.InvalidParamError{Param: "batch", Reason: fmt.Sprintf("%d inputs exceed MaxBatch %d", len(batch), m.info.MaxBatch)}
 	}
@@ -192,7 +193,11 @@ func (m *Model) checkBatch(batch []engine.StepInput, behind *pendingStep) error 
 		if _, ok := m.seqs[in.Seq]; !ok {
 			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d is not open", in.Seq)}
 		}
-		if len(m.opening) > 0 && m.opening[in.Seq] != nil {
+		if in.Opening {
+			if err := m.checkOpening(in, async); err != nil {
+				return err
+			}
+		} else if len(m.opening) > 0 && m.opening[in.Seq] != nil {
 			return &engine.InvalidParamError{Param: "seq", Reason: fmt.Sprintf("sequence %d: its open was not waited for", in.Seq)}
 		}
 		if in.Sample && in.Params != nil {

@@ -57,6 +57,11 @@ class Model(abc.ABC):
         pool: open a pooled sequence (pooling models only); adapter: the
         open request's LoRA adapter. Returns the tokens reused."""
 
+    def seq_len(self, seq):
+        """The tokens sequence seq holds (after open: those it reused);
+        None when it is not open."""
+        raise ProtocolError(INVALID, "this model takes no opening rows")
+
     @abc.abstractmethod
     def step(self, batch):
         """Runs batch ([seq, tokens, sample, params, n?, back?] per input);

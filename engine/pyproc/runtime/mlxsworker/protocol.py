@@ -67,7 +67,8 @@ class Worker:
     of the last step request handled and whether it succeeded, which a
     step's "after" must name. Both live here, not in the backend, so every
     backend pipelines, and under tensor parallel every rank (which runs
-    handle, not reply) keeps the same."""
+    handle, not reply) keeps the same. A step's "opening" rows are cut to
+    the tokens past those their sequences hold here too (skip_reused)."""
 
     def __init__(self, out, hb, backend, faults):
         self.out, self.hb, self.backend, self.faults = out, hb, backend, faults
@@ -100,6 +101,8 @@ class Worker:
                 raise ProtocolError(NOT_RUN, "step not run: it was sent behind step %s, which failed or was not the last" % after)
             unfed = self.unfed.setdefault(name, {})
             batch = resolve(unfed, req["batch"])
+            if req.get("opening"):
+                batch = skip_reused(m, batch, req["opening"])
             res = m.step(batch)
             note_sampled(unfed, batch, res)
             ok = True
@@ -247,6 +250,35 @@ def resolve(unfed, batch):
             raise ProtocolError(INVALID, "sequence %s: a row with tokens null samples and takes nothing back" % row[0])
         row[1] = [tok]
     return batch
+
+
+def skip_reused(m, batch, opening):
+    """Returns batch with the rows of the sequences listed in opening (a
+    sequence's first prompt chunk, from its first token, sent before its
+    open was answered) cut to the tokens past those the sequence holds
+    (what its open reused), and a row left empty dropped: it feeds
+    nothing, and only a row that samples has an output. A row left empty
+    that samples, an opening row with tokens null, and a sequence not open
+    are invalid_value, and nothing is run. The backend then sees the rows
+    a step that fed prompt[reused:] would have sent."""
+    opening = set(opening)
+    out = []
+    for row in batch:
+        if row[0] not in opening:
+            out.append(row)
+            continue
+        held = m.seq_len(row[0])
+        if held is None:
+            raise ProtocolError(INVALID, "sequence %s is not open" % row[0])
+        if row[1] is None:
+            raise ProtocolError(INVALID, "sequence %s: an opening row carries its tokens" % row[0])
+        row[1] = row[1][min(held, len(row[1])):]
+        if row[1]:
+            out.append(row)
+        elif row[2]:
+            raise ProtocolError(INVALID, "sequence %s: its opening row feeds nothing past the %d tokens its open reused, "
+                                "and samples" % (row[0], held))
+    return out
 
 
 def note_sampled(unfed, batch, res):

@@ -190,6 +190,10 @@ class MlxModel(Model):
     def drop(self, key):
         self.saved.pop(key, None)
 
+    def seq_len(self, seq):
+        s = self.seqs.get(seq)
+        return None if s is None else len(s.tokens)
+
     def free(self, seq, key, back=0):
         if back:
             raise ProtocolError(INVALID, "the mlx backend decodes no tokens ahead: nothing to take back")

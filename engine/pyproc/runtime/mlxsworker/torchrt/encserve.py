@@ -70,6 +70,9 @@ class EncoderModel(Model):
         self.seqs[seq] = pool
         return 0
 
+    def seq_len(self, seq):
+        return 0 if seq in self.seqs else None  # an encoder holds nothing between steps
+
     def free(self, seq, key, back=0):
         self.seqs.pop(seq, None)
 

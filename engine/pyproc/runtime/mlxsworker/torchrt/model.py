@@ -291,6 +291,10 @@ class TorchModel(Model):
         """Discards the KV saved under key; an unknown key is a no-op."""
         self.kv.drop(key)
 
+    def seq_len(self, seq):
+        s = self.seqs.get(seq)
+        return None if s is None else len(s.tokens)
+
     def free(self, seq, key, back=0):
         s = self.seqs.pop(seq, None)
         if s is None:
