@@ -224,23 +224,17 @@ type pendingOpen struct {
 // on, so a Free before Wait is sent behind the open and undoes it, and a
 // StepAsync may carry its first chunk as an Opening input. ok is
 // false, with nothing sent, when the workers do not pipeline, for an
-// encoder (OpenPooled), and when the routed worker is being restarted
-// (Open waits for it). Adapter and embedding sequences have no
-// asynchronous open.
+// encoder (OpenPooled), when the routed worker is being restarted (Open
+// waits for it), and when Open would refuse the sequence before asking a
+// worker (a closed model, a prompt past the context): the caller's Open
+// then reports it, and no step goes out with a first chunk of a sequence
+// no worker knows. Adapter and embedding sequences have no asynchronous
+// open.
 func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, prefixKey string) (engine.PendingOpen, bool) {
-	if !m.pipelines || m.info.Encoder {
+	if !m.pipelines || m.info.Encoder || ctx.Err() != nil || m.usable() != nil || m.checkOpen(id, prompt) != nil {
 		return nil, false
 	}
 	po := &pendingOpen{m: m, id: id}
-	if po.err = m.usable(); po.err == nil {
-		po.err = m.checkOpen(id, prompt)
-	}
-	if po.err == nil {
-		po.err = ctx.Err()
-	}
-	if po.err != nil {
-		return po, true
-	}
 	s, done := m.route(prefixKey, nil)
 	s.mu.Lock()
 	p := s.cur
@@ -254,7 +248,7 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 	po.slot, po.proc, po.done = s, p, done
 	if po.rid, po.ch, po.err = p.send(request("open", m.openFields(id, prompt, prefixKey)), true); po.err != nil {
 		po.report(po.err)
-		return po, true
+		return nil, false // the worker is going: Open waits for its replacement
 	}
 	m.seqs[id] = seqRef{slot: s, proc: p}
 	m.fresh[id] = struct{}{}

@@ -495,11 +495,14 @@ func TestPipelineOpenFreedBeforeWait(t *testing.T) {
 	if _, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: []int32{5}, Sample: true}}); !errors.Is(err, engine.ErrInvalidParam) {
 		t.Errorf("a step of the freed sequence: %v, want invalid", err)
 	}
-	// A failed asynchronous open leaves it closed too; the id opens again.
-	po, ok = m.OpenAsync(ctx, 1, prompt(1, m.Info().ContextLength+1), "")
+	// An open Open would refuse before asking a worker is declined, and
+	// Open reports it; the id opens again.
+	if _, ok = m.OpenAsync(ctx, 1, prompt(1, m.Info().ContextLength+1), ""); ok {
+		t.Fatal("OpenAsync of a prompt past the context: sent")
+	}
 	var cl *engine.ContextLengthError
-	if _, err := po.Wait(ctx); !ok || !errors.As(err, &cl) {
-		t.Fatalf("an open past the context: ok %v, %v", ok, err)
+	if _, err := m.Open(ctx, 1, prompt(1, m.Info().ContextLength+1), ""); !errors.As(err, &cl) {
+		t.Fatalf("an open past the context: %v", err)
 	}
 	want := generate(t, m, 2, prompt(1, 40), 3)
 	if got := generate(t, m, 1, prompt(1, 40), 3); !slices.Equal(got, want) {

@@ -101,10 +101,13 @@ class Worker:
                 raise ProtocolError(NOT_RUN, "step not run: it was sent behind step %s, which failed or was not the last" % after)
             unfed = self.unfed.setdefault(name, {})
             batch = resolve(unfed, req["batch"])
+            failed = ()
             if req.get("opening"):
-                batch = skip_reused(m, batch, req["opening"])
+                batch, failed = skip_reused(m, batch, req["opening"])
             res = m.step(batch)
             note_sampled(unfed, batch, res)
+            if failed:
+                pad_failed_opens(res, failed)
             ok = True
         finally:
             self.last_step[name] = (req.get("id"), ok)
@@ -260,16 +263,25 @@ def skip_reused(m, batch, opening):
     nothing, and only a row that samples has an output. A row left empty
     that samples, an opening row with tokens null, and a sequence not open
     are invalid_value, and nothing is run. The backend then sees the rows
-    a step that fed prompt[reused:] would have sent."""
+    a step that fed prompt[reused:] would have sent.
+
+    A listed sequence that is not open had its open fail (the supervisor
+    sent the row before it read that answer): its row is dropped and the
+    rest of the step runs; the second value lists the output places of
+    such rows that sample, which pad_failed_opens fills with -1."""
     opening = set(opening)
-    out = []
+    out, failed, k = [], [], 0
     for row in batch:
+        if row[2]:
+            k += 1
         if row[0] not in opening:
             out.append(row)
             continue
         held = m.seq_len(row[0])
         if held is None:
-            raise ProtocolError(INVALID, "sequence %s is not open" % row[0])
+            if row[2]:
+                failed.append(k - 1)
+            continue
         if row[1] is None:
             raise ProtocolError(INVALID, "sequence %s: an opening row carries its tokens" % row[0])
         row[1] = row[1][min(held, len(row[1])):]
@@ -278,7 +290,23 @@ def skip_reused(m, batch, opening):
         elif row[2]:
             raise ProtocolError(INVALID, "sequence %s: its opening row feeds nothing past the %d tokens its open reused, "
                                 "and samples" % (row[0], held))
-    return out
+    return out, failed
+
+
+def pad_failed_opens(res, failed):
+    """Puts a token -1 output (no log-probabilities, nothing ahead) at each
+    of the output places in failed, in increasing order: the rows of
+    sequences whose open failed, which skip_reused dropped."""
+    for k in failed:
+        res.tokens.insert(k, -1)
+        res.logprobs.insert(k, 0.0)
+        res.top.insert(k, [])
+        if res.more is not None:
+            res.more.insert(k, [])
+        if res.more_logprobs is not None:
+            res.more_logprobs.insert(k, [])
+        if res.embeddings is not None:
+            res.embeddings.insert(k, None)
 
 
 def note_sampled(unfed, batch, res):
