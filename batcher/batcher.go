@@ -307,6 +307,9 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	b.admittedBlocks(s)
 	if s.opening == nil {
 		b.opened(s, reused)
+	} else if s.admitted.IsZero() {
+		// Its queue wait ends now; what it reused is known at the answer.
+		s.admitted, s.cachedAtAnswer = time.Now(), true
 	}
 	b.reserved += b.need(s)
 	b.running = append(b.running, e)
@@ -339,9 +342,11 @@ func (b *ContinuousBatcher) openFailed(e *Entry, err error, others int) bool {
 func (b *ContinuousBatcher) opened(s *Sequence, reused int) {
 	s.fed = max(reused-s.ahead, 0)
 	s.kv = s.fed
-	if s.admitted.IsZero() {
-		s.admitted = time.Now()
-		s.cached = reused
+	if s.admitted.IsZero() || s.cachedAtAnswer {
+		if s.admitted.IsZero() {
+			s.admitted = time.Now()
+		}
+		s.cached, s.cachedAtAnswer = reused, false
 	}
 }
 

@@ -103,24 +103,27 @@ type Sequence struct {
 	// delivered feed it (fed and kv count them at delivery), the id of
 	// the last sent step it samples in, and its open while the engine
 	// has not answered it.
-	ahead       int
-	sampleIn    uint64
-	opening     engine.PendingOpen
-	admitted    time.Time
-	firstToken  time.Time
-	lastToken   time.Time // when the last token was produced
-	resumedFrom time.Time // lastToken when the sequence resumed; zero once a token followed
-	resumes     int
-	resumeGap   time.Duration
-	cached      int
-	preemptions int
-	retries     *retry.Tracker // started at the first failed attempt
-	mask        []uint64       // the Constraint's mask for the next sample
-	forced      int            // tokens jump-forward appended after the last sampled one, fed with it
-	forcedTotal int            // tokens jump-forward appended over the sequence's life
-	maskReady   bool           // mask was filled for this step
-	closingAt   int            // 1 + the tokens generated when the budget first restricted the mask; 0: never
-	pendingText bool           // a chunk of it waits in the batcher's pending text work (WithTextBehindStep)
+	ahead    int
+	sampleIn uint64
+	opening  engine.PendingOpen
+	// cachedAtAnswer: first admitted with an open not answered yet, whose
+	// answer sets cached.
+	cachedAtAnswer bool
+	admitted       time.Time
+	firstToken     time.Time
+	lastToken      time.Time // when the last token was produced
+	resumedFrom    time.Time // lastToken when the sequence resumed; zero once a token followed
+	resumes        int
+	resumeGap      time.Duration
+	cached         int
+	preemptions    int
+	retries        *retry.Tracker // started at the first failed attempt
+	mask           []uint64       // the Constraint's mask for the next sample
+	forced         int            // tokens jump-forward appended after the last sampled one, fed with it
+	forcedTotal    int            // tokens jump-forward appended over the sequence's life
+	maskReady      bool           // mask was filled for this step
+	closingAt      int            // 1 + the tokens generated when the budget first restricted the mask; 0: never
+	pendingText    bool           // a chunk of it waits in the batcher's pending text work (WithTextBehindStep)
 	// loop and loopLeft: the Constraint's loop at mask (Looper), steps
 	// left; a token accepted in it leaves mask as it is (maskKept).
 	loop     []uint64
