@@ -288,7 +288,7 @@ func (b *ContinuousBatcher) start(ctx context.Context, e *Entry) bool {
 	}
 	b.nextID++
 	s.id = b.nextID
-	s.fed, s.kv, s.ahead, s.sampleIn, s.opening = 0, 0, 0, 0, nil
+	s.fed, s.kv, s.ahead, s.sampleIn, s.opening, s.reused = 0, 0, 0, 0, nil, 0
 	s.feed = s.Prompt
 	s.params = s.Params
 	s.forced = 0              // a recompute feeds every generated token
@@ -341,7 +341,7 @@ func (b *ContinuousBatcher) openFailed(e *Entry, err error, others int) bool {
 // it does not cover count as fed now.
 func (b *ContinuousBatcher) opened(s *Sequence, reused int) {
 	s.fed = max(reused-s.ahead, 0)
-	s.kv = s.fed
+	s.kv, s.reused = s.fed, reused
 	if s.admitted.IsZero() || s.cachedAtAnswer {
 		if s.admitted.IsZero() {
 			s.admitted = time.Now()

@@ -113,10 +113,10 @@ func (b *ContinuousBatcher) roomForDecodes() int {
 	}
 }
 
-// chunkForBlocks caps a prompt chunk of n tokens for s at what left
-// blocks hold.
+// chunkForBlocks caps a prompt chunk of n tokens for s, fed after what
+// the pending step feeds it, at what left blocks hold.
 func (b *ContinuousBatcher) chunkForBlocks(s *Sequence, n, left int) int {
-	return min(n, max(b.info.TokensFor(s.kv, left), 0))
+	return min(n, max(b.info.TokensFor(s.kv+s.ahead, left), 0))
 }
 
 // preemptForBlocks preempts the lowest-tier, most recently admitted

@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -166,9 +167,21 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 		b.pend = nil
 		_, nerr := next.p.Wait(ctx)
 		b.unsend(next)
-		if !errors.Is(nerr, engine.ErrNotRun) {
-			// It ran, or failed on its own: its sequences' KV is not what
-			// the batcher counts.
+		switch {
+		case errors.Is(nerr, engine.ErrNotRun), errors.Is(nerr, engine.ErrOutOfMemory):
+			// It changed nothing: its sequences go on.
+		case errors.Is(err, engine.ErrOutOfMemory):
+			// The refused step changed nothing, but this one ran, in part
+			// at least (workers of one step answer apart): its sequences'
+			// KV is not what the batcher counts, and the refusal's
+			// preemption below fails nothing.
+			if nerr == nil {
+				nerr = fmt.Errorf("model %s: a step ran behind one refused for want of memory", b.info.ID)
+			}
+			b.stepFailed(ctx, nerr, next.in)
+		default:
+			// It ran, or failed on its own: its sequences fail with the
+			// step before.
 			failed = append(append(make([]engine.StepInput, 0, len(st.in)+len(next.in)), st.in...), next.in...)
 		}
 		b.recycle(next)
@@ -180,7 +193,14 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 func (b *ContinuousBatcher) unsend(st *sentStep) {
 	for i := range st.in {
 		if s := st.seqs[i]; s.open && s.id == st.in[i].Seq {
-			s.ahead = max(s.ahead-st.in[i].Feeds(), 0)
+			n := st.in[i].Feeds()
+			s.ahead = max(s.ahead-n, 0)
+			if st.in[i].Opening && s.opening == nil {
+				// Its open was answered while the chunk was out: opened
+				// left the reused tokens the chunk covers to the chunk.
+				s.fed += min(n, s.reused)
+				s.kv = s.fed
+			}
 		}
 	}
 }

@@ -106,6 +106,7 @@ type Sequence struct {
 	ahead    int
 	sampleIn uint64
 	opening  engine.PendingOpen
+	reused   int // what its open reused
 	// cachedAtAnswer: first admitted with an open not answered yet, whose
 	// answer sets cached.
 	cachedAtAnswer bool
