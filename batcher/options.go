@@ -197,12 +197,14 @@ func WithTextBehindStep(on bool) Option {
 // engine.Pipeliner (on by default): the engine then finds the next step
 // waiting when it finishes one, and the batcher's own work between steps
 // (delivering tokens, admission, planning) and the trip to the engine
-// run while the device runs the previous step. A new sequence joins the
-// step after the one its Open was answered behind, a step or two later
-// than it would otherwise; a sequence that stops on a token other than by
-// its length has one row run for nothing. While a constrained sequence
-// runs, and around preemptions, steps are synchronous. Off, every step
-// waits for the one before it.
+// run while the device runs the previous step. The next step is planned
+// when the one before it starts, so under load a new request starts a
+// step later than it would otherwise (its first chunk goes in the step
+// sent right behind its open: engine.StepInput.Opening); a sequence that
+// stops on a token other than by its length has one row run for nothing.
+// While a constrained sequence runs, and around preemptions and
+// synchronous opens (adapters, embeddings), steps are synchronous. Off,
+// every step waits for the one before it.
 func WithPipeline(on bool) Option {
 	return func(c *config) error {
 		c.noPipeline = !on
