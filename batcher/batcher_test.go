@@ -30,7 +30,7 @@ type rig struct {
 	b     *batcher.ContinuousBatcher
 }
 
-func newRig(t *testing.T, simOpts []enginetest.SimOption, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
+func newRig(t testing.TB, simOpts []enginetest.SimOption, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
 	t.Helper()
 	sim, m := simModel(t, simOpts...)
 	return newRigModel(t, sim, m, qOpts, bOpts...)
@@ -38,7 +38,7 @@ func newRig(t *testing.T, simOpts []enginetest.SimOption, qOpts []scheduler.Opti
 
 // simModel is a simulated engine and its model "sim" loaded; the caller
 // closes the engine (newRigModel does).
-func simModel(t *testing.T, opts ...enginetest.SimOption) (*enginetest.Sim, engine.Model) {
+func simModel(t testing.TB, opts ...enginetest.SimOption) (*enginetest.Sim, engine.Model) {
 	t.Helper()
 	sim, err := enginetest.NewSim(opts...)
 	if err != nil {
@@ -51,7 +51,7 @@ func simModel(t *testing.T, opts ...enginetest.SimOption) (*enginetest.Sim, engi
 	return sim, m
 }
 
-func newRigModel(t *testing.T, sim *enginetest.Sim, m engine.Model, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
+func newRigModel(t testing.TB, sim *enginetest.Sim, m engine.Model, qOpts []scheduler.Option, bOpts ...batcher.Option) *rig {
 	t.Helper()
 	q, err := scheduler.New[*batcher.Sequence](qOpts...)
 	if err != nil {
@@ -69,7 +69,7 @@ func newRigModel(t *testing.T, sim *enginetest.Sim, m engine.Model, qOpts []sche
 	return &rig{sim: sim, model: m, queue: q, b: b}
 }
 
-func (r *rig) submit(t *testing.T, seq *batcher.Sequence) *batcher.Entry {
+func (r *rig) submit(t testing.TB, seq *batcher.Sequence) *batcher.Entry {
 	t.Helper()
 	if seq.Tier == 0 {
 		seq.Tier = api.Normal
