@@ -128,6 +128,6 @@ func (b *ContinuousBatcher) preemptForBlocks() bool {
 		return false
 	}
 	b.preempt(victim)
-	b.addBlockPreemption()
+	b.count(&b.stats.BlockPreemptions)
 	return true
 }

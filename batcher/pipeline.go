@@ -74,10 +74,7 @@ func (b *ContinuousBatcher) stepAhead(ctx context.Context) {
 		return
 	}
 	if len(in) == 0 {
-		b.flushText()
-		if b.pool != nil && len(b.running) > 1 {
-			b.preemptForBlocks() // every sequence waits for blocks: make some
-		}
+		b.nothingToStep()
 		return
 	}
 	start := time.Now()
@@ -125,7 +122,7 @@ func (b *ContinuousBatcher) sent(p engine.PendingStep, in []engine.StepInput, se
 			s.sampleIn = st.id
 		}
 	}
-	b.addPipelined()
+	b.count(&b.stats.Pipelined)
 	return st
 }
 
@@ -219,7 +216,7 @@ func (b *ContinuousBatcher) drain(ctx context.Context) {
 		return
 	}
 	b.pend = nil
-	b.addDrain()
+	b.count(&b.stats.Drains)
 	b.deliverSent(ctx, st)
 }
 

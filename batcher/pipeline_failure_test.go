@@ -10,11 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
-	"github.com/mlxserving/mlxserving/scheduler"
 )
 
 // oomCounter counts the batcher's "engine out of blocks" debug lines.
@@ -102,38 +100,17 @@ func (w *oomOnOpening) StepAsync(ctx context.Context, batch []engine.StepInput) 
 // want of blocks after the open was answered; the sequence must go on
 // from the prefix the engine holds.
 func TestPipelineRefusedOpeningChunk(t *testing.T) {
-	sim, err := enginetest.NewSim(enginetest.WithBlockSize(16), enginetest.WithKVCapacity(64*16), enginetest.WithContextLength(512), enginetest.WithStepTime(200*time.Microsecond, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
-	m, err := sim.Load(context.Background(), engine.ModelSpec{ID: "sim"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, m := simModel(t, enginetest.WithBlockSize(16), enginetest.WithKVCapacity(64*16), enginetest.WithContextLength(512), enginetest.WithStepTime(200*time.Microsecond, 0))
 	w := &oomOnOpening{Model: m}
-	q, err := scheduler.New[*batcher.Sequence]()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	b, err := batcher.New(w, q, batcher.WithTokenBudget(64))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	push := func(s *batcher.Sequence) {
-		if err := q.Push(&batcher.Entry{Value: s, Tier: api.Normal, Cost: len(s.Prompt) + s.MaxTokens}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r := newRigModel(t, sim, w, nil, batcher.WithTokenBudget(64))
+	push := func(s *batcher.Sequence) { r.submit(t, s) }
 	base := prompt(1, 100)
 	a := &batcher.Sequence{Prompt: base, MaxTokens: 2, IgnoreEOS: true, SaveKey: "k"}
 	long := &batcher.Sequence{Prompt: prompt(2, 20), MaxTokens: 300, IgnoreEOS: true} // keeps steps pipelined
 	push(long)
 	push(a)
-	if r := collect(a); r.err != nil {
-		t.Fatal(r.err)
+	if res := collect(a); res.err != nil {
+		t.Fatal(res.err)
 	}
 	w.armed.Store(true)
 	pb := append(slices.Clip(base), prompt(3, 40)...)

@@ -42,7 +42,7 @@ func (b *ContinuousBatcher) retryOrFail(e *Entry, err error) bool {
 	}
 	s.preemptions++
 	if n > 0 {
-		b.addResume()
+		b.count(&b.stats.Resumed)
 		s.resumes++
 		if s.resumedFrom.IsZero() { // not lost again before a token followed
 			s.resumedFrom = s.lastToken

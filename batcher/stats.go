@@ -131,28 +131,10 @@ func (b *ContinuousBatcher) adapt(st StepStats) {
 	}
 }
 
-// addResume counts a resumed sequence.
-func (b *ContinuousBatcher) addResume() {
+// count adds one to a counter of b.stats (&b.stats.Resumed, ...).
+func (b *ContinuousBatcher) count(n *uint64) {
 	b.statsMu.Lock()
-	b.stats.Resumed++
-	b.statsMu.Unlock()
-}
-
-func (b *ContinuousBatcher) addPipelined() {
-	b.statsMu.Lock()
-	b.stats.Pipelined++
-	b.statsMu.Unlock()
-}
-
-func (b *ContinuousBatcher) addDrain() {
-	b.statsMu.Lock()
-	b.stats.Drains++
-	b.statsMu.Unlock()
-}
-
-func (b *ContinuousBatcher) addBlockPreemption() {
-	b.statsMu.Lock()
-	b.stats.BlockPreemptions++
+	*n++
 	b.statsMu.Unlock()
 }
 

@@ -21,13 +21,20 @@ import (
 func (b *ContinuousBatcher) step(ctx context.Context) {
 	in, seqs, decode, prefill := b.plan()
 	if len(in) == 0 {
-		b.flushText()
-		if b.pool != nil && len(b.running) > 1 {
-			b.preemptForBlocks() // every sequence waits for blocks: make some
-		}
+		b.nothingToStep()
 		return
 	}
 	b.run(ctx, in, seqs, decode, prefill)
+}
+
+// nothingToStep handles a plan with no input: the pending text work goes
+// out, and on a paged model where every sequence waits for blocks, one
+// is preempted to make some.
+func (b *ContinuousBatcher) nothingToStep() {
+	b.flushText()
+	if b.pool != nil && len(b.running) > 1 {
+		b.preemptForBlocks()
+	}
 }
 
 // run runs a planned step and hands the sampled tokens to their

@@ -136,9 +136,11 @@ type SavedKV interface {
 // pending when StepAsync is called: the caller sends step N+1, then
 // waits for step N.
 //
-// Its methods are serialised with Open, Step and Free like them, and
-// Step, Open and the other methods may be called only when no step is
-// pending, except Free and FreeBlocks:
+// Its methods are serialised with Open, Step and Free like them. While a
+// step is pending the caller may send one more step (StepAsync), open
+// (OpenAsync), call Free and FreeBlocks, and use SavedKV's methods (the
+// prefix cache does, at its opens and frees); Step, Open and every other
+// method may be called only when no step is pending. Of those allowed:
 //   - Free of a sequence in a pending step is allowed; it takes effect
 //     after that step (and the step still returns the sequence's output,
 //     which the caller ignores). The KV saved under the key then holds
@@ -155,7 +157,9 @@ type Pipeliner interface {
 	// ok false: the model runs this batch better synchronously (say, a
 	// small batch it decodes ahead on its own); nothing was sent, and the
 	// caller waits for the pending step and uses Step. An error means
-	// nothing was sent either: an invalid batch, or a lost worker.
+	// nothing was sent either: an invalid batch, or a lost worker. The
+	// caller leaves batch as it is until the step's Wait returns (a
+	// wrapper such as the prefix cache reads it then).
 	StepAsync(ctx context.Context, batch []StepInput) (p PendingStep, ok bool, err error)
 	// OpenAsync is Open without waiting for the reply. Before its
 	// PendingOpen's Wait returned nil the sequence may be stepped only by

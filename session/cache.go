@@ -221,17 +221,25 @@ func (c *PrefixCache) OpenAdapter(ctx context.Context, id engine.SeqID, prompt [
 // open opens id through openIn, given the key it chose among the KV saved
 // by adapter's sequences (the base's for "").
 func (c *PrefixCache) open(id engine.SeqID, prompt []int32, key, adapter string, openIn func(chosen string) (int, error)) (int, error) {
-	c.applyDrops()
-	c.collect() // a worker may have died since the last call: its keys leave the index first
-	c.mu.Lock()
-	chosen, predicted := c.choose(prompt, key, adapter)
-	c.mu.Unlock()
+	chosen, predicted := c.lookup(prompt, key, adapter)
 	r, err := openIn(chosen)
 	if err != nil {
 		return r, err
 	}
 	c.opened(id, prompt, adapter, chosen, predicted, r)
 	return r, nil
+}
+
+// lookup passes the engine the keys dropped since the last call, takes
+// its evictions out of the index (a worker may have died since: its keys
+// leave first), and chooses the key an open of prompt passes the engine
+// (see choose).
+func (c *PrefixCache) lookup(prompt []int32, key, adapter string) (chosen string, predicted int) {
+	c.applyDrops()
+	c.collect()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.choose(prompt, key, adapter)
 }
 
 // opened records an open that reused r tokens of the KV saved under

@@ -73,11 +73,7 @@ func (c *PrefixCache) OpenAsync(ctx context.Context, id engine.SeqID, prompt []i
 	if !ok {
 		return nil, false
 	}
-	c.applyDrops()
-	c.collect()
-	c.mu.Lock()
-	chosen, predicted := c.choose(prompt, key, "")
-	c.mu.Unlock()
+	chosen, predicted := c.lookup(prompt, key, "")
 	p, ok := pl.OpenAsync(ctx, id, prompt, chosen)
 	if !ok {
 		return nil, false

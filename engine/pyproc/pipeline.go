@@ -205,7 +205,7 @@ func (ps *pendingStep) outcome(err error, behindFailed bool) error {
 	return &WorkerError{Code: retry.CodeInternal, Message: "the step ran on some workers only: the step it was sent behind failed"}
 }
 
-// pendingOpen is an open OpenAsync sent, or one it refused at once (err).
+// pendingOpen is an open OpenAsync sent.
 type pendingOpen struct {
 	m      *Model
 	id     engine.SeqID
@@ -214,7 +214,6 @@ type pendingOpen struct {
 	done   func(error) // the slot breaker's admission, reported at Wait (or by a Free after it)
 	rid    uint64
 	ch     chan *reply
-	err    error
 	freed  bool // Free came before Wait
 	waited bool
 }
@@ -234,7 +233,6 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 	if !m.pipelines || m.info.Encoder || ctx.Err() != nil || m.usable() != nil || m.checkOpen(id, prompt) != nil {
 		return nil, false
 	}
-	po := &pendingOpen{m: m, id: id}
 	s, done := m.route(prefixKey, nil)
 	s.mu.Lock()
 	p := s.cur
@@ -245,9 +243,10 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 		}
 		return nil, false
 	}
-	po.slot, po.proc, po.done = s, p, done
-	if po.rid, po.ch, po.err = p.send(request("open", m.openFields(id, prompt, prefixKey)), true); po.err != nil {
-		po.report(po.err)
+	po := &pendingOpen{m: m, id: id, slot: s, proc: p, done: done}
+	var err error
+	if po.rid, po.ch, err = p.send(request("open", m.openFields(id, prompt, prefixKey)), true); err != nil {
+		po.report(err)
 		return nil, false // the worker is going: Open waits for its replacement
 	}
 	m.seqs[id] = seqRef{slot: s, proc: p}
@@ -265,9 +264,6 @@ func (po *pendingOpen) Wait(ctx context.Context) (int, error) {
 		return 0, errors.New("pyproc: pending open waited for twice")
 	}
 	po.waited = true
-	if po.ch == nil { // refused before a send
-		return 0, po.err
-	}
 	m := po.m
 	m.inflight--
 	if m.opening[po.id] == po {

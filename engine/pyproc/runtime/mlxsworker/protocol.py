@@ -261,9 +261,9 @@ def skip_reused(m, batch, opening):
     open was answered) cut to the tokens past those the sequence holds
     (what its open reused), and a row left empty dropped: it feeds
     nothing, and only a row that samples has an output. A row left empty
-    that samples, an opening row with tokens null, and a sequence not open
-    are invalid_value, and nothing is run. The backend then sees the rows
-    a step that fed prompt[reused:] would have sent.
+    that samples, and an opening row with tokens null, are invalid_value,
+    and nothing is run. The backend then sees the rows a step that fed
+    prompt[reused:] would have sent.
 
     A listed sequence that is not open had its open fail (the supervisor
     sent the row before it read that answer): its row is dropped and the
