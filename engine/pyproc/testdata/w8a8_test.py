@@ -459,6 +459,30 @@ def check_kernels_cuda():
             steps = ((a & 0x7F) - (b & 0x7F)).abs().max().item()
             check(steps <= 1 and ((a != b).float().mean().item() < 1e-3), what + ": codes %d steps apart" % steps)
 
+    # The kernels that quantize their own output for fp8_mma (the
+    # add+RMSNorm before q/k/v and gate/up, SwiGLU before down): the
+    # rows as without it, and act_quant's codes and scales bit for bit.
+    from mlxsworker.torchrt import kernels
+    for dtype in (torch.bfloat16, torch.float16):
+        for M, n, norm in ((17, 4096, "llama"), (64, 3072, "gemma"), (24, 512, "olmo2")):
+            x = torch.randn(M, n, generator=g).to(dev, dtype)
+            d = torch.randn(M, n, generator=g).to(dev, dtype) * 3
+            w = torch.rand(n, generator=g).to(dev, dtype)
+            xo, y = kernels.add_rms(x, d, w, 1e-5, norm)
+            xo2, y2, q, s = kernels.add_rms(x, d, w, 1e-5, norm, quant=qt.ACT_GROUP)
+            qa, sa = qt.act_quant(y2, qt.ACT_GROUP)
+            what = "add_rms %s [%d, %d] %s with its codes" % (dtype, M, n, norm)
+            check(torch.equal(xo, xo2) and torch.equal(y, y2), what + ": rows as without them")
+            check(torch.equal(q.view(torch.uint8), qa.view(torch.uint8)) and torch.equal(s, sa), what + ": act_quant's codes")
+        for M, inter in ((17, 14336), (64, 8192), (33, 1152)):
+            gu = torch.randn(M, 2 * inter, generator=g).to(dev, dtype) * 4
+            y = kernels.silu_mul(gu)
+            y2, q, s = kernels.silu_mul(gu, quant=qt.ACT_GROUP)
+            qa, sa = qt.act_quant(y2, qt.ACT_GROUP)
+            what = "silu_mul %s [%d, %d] with its codes" % (dtype, M, inter)
+            check(torch.equal(y, y2), what + ": rows as without them")
+            check(torch.equal(q.view(torch.uint8), qa.view(torch.uint8)) and torch.equal(s, sa), what + ": act_quant's codes")
+
     # Products: after the check, both layouts on in bfloat16 (float16's
     # block product depends on what cuBLAS offers: checked where on).
     w8a8._on.clear()
@@ -546,9 +570,47 @@ def check_model_cuda(path):
         ref = scenario(load("cpu", "float32"), got)
         compare(got, ref, tol, "%s %s" % (path, what))
         check(m.graphs is not None and m.graphs.graphs and not m.graphs.broken, "%s %s: decode graphs ran" % (path, what))
+        if what == "W8A8":  # the norms and SwiGLU quantizing for fp8_mma change no number
+            given, offered = w8a8.given_group, []
+            try:
+                w8a8.given_group = lambda *a: 0
+                w8a8._on.clear()
+                plain = scenario(load("cuda", "bfloat16", settings))
+            finally:
+                w8a8.given_group = given
+            give = qt_give(offered)
+            try:
+                w8a8._on.clear()
+                again = scenario(load("cuda", "bfloat16", settings))
+            finally:
+                give()
+            check(offered and all(n == 0 for n in offered), "%s: the kernels' codes were taken (%d offered, %d left)" % (
+                path, len(offered), sum(offered)))
+            check(again == plain, "%s: the same tokens and logprobs with the kernels' codes as with act_quant's" % path)
         print("%s bfloat16 %s against the dequantized float32 model: %d tokens, worst logprob difference %.3g" % (
             path, what, sum(map(len, got.values())), worst(got, ref)))
     w8a8._on.clear()
+
+
+def qt_give(offered):
+    """Counts quant_triton.give's offers; offered gets, for each, whether
+    it was still untaken at the next offer (1) or not (0). Returns the
+    function that puts give back."""
+    from mlxsworker.torchrt import quant_triton as qt
+    give = qt.give
+
+    def counted(x, q, s):
+        if offered:
+            offered[-1] = int(qt._given is not None)
+        offered.append(0)
+        give(x, q, s)
+    qt.give = counted
+
+    def restore():
+        if offered:
+            offered[-1] = int(qt._given is not None)
+        qt.give = give
+    return restore
 
 
 def scenario(m, forced=None):

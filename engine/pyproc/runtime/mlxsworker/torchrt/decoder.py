@@ -31,7 +31,7 @@ except ImportError:
     causal_lower_right = None
 
 from ..settings import Settings
-from . import gemma, gptoss, kvcache, moe, phi3, quant, rope
+from . import gemma, gptoss, kvcache, moe, phi3, quant, rope, w8a8
 from .st import Checkpoint
 
 log = logging.getLogger("decoder")
@@ -227,16 +227,23 @@ class Decoder:
             return range(p, end)
         return [j + self.rope_ctx if j < old else j for j in range(p, end)]
 
-    def add_norm(self, x, d, w):
+    def add_norm(self, x, d, w, then=None):
         """(x + d, norm(x + d) by w); d is skipped when None (the first
         layer: x is the embedding), the norm when w is None (OLMo 2).
-        Returns the new residual and the normalised rows."""
+        Returns the new residual and the normalised rows. then: the
+        weight the rows go to next; where its product quantizes them
+        first (w8a8.given_group), the kernel writes their codes too."""
         if d is not None and d.dim() == 3 and (w is None or self.kern is None):
             d = d.sum(dim=1)  # a mixture's k choices (mlp, summed=False)
         if w is None:
             x = x if d is None else x + d
             return x, x
         if self.kern is not None:
+            group = w8a8.given_group(then, x.shape[0], x.device, x.dtype)
+            if group:
+                x, h, q, s = self.kern.add_rms(x, d, w, self.cfg.eps, self.norm_kind, quant=group)
+                self.kern.quant_triton.give(h, q, s)
+                return x, h
             return self.kern.add_rms(x, d, w, self.cfg.eps, self.norm_kind)
         if d is not None:
             x = x + d
@@ -254,7 +261,7 @@ class Decoder:
         kernel to sum."""
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul, summed=summed)
-        return self.reduce(self.proj(self.act_mul(self.proj(h, L, "gate_up", li)), L, "down", li))
+        return self.reduce(self.proj(self.act_mul(self.proj(h, L, "gate_up", li), L.get("down")), L, "down", li))
 
     def proj(self, x, L, name, li):
         """Layer li's packed projection name of rows x (its bias where it
@@ -278,14 +285,20 @@ class Decoder:
         down, whose inputs are split); x itself without them."""
         return x if self.tp is None else self.tp.reduce(x)
 
-    def act_mul(self, gu):
-        """act(gate) * up of the packed [N, 2 * inter] gate and up rows."""
+    def act_mul(self, gu, then=None):
+        """act(gate) * up of the packed [N, 2 * inter] gate and up rows;
+        then: as add_norm's."""
         if self.cfg.family.act == "clamped_glu":
             return gptoss.act_mul(gu, self.cfg.swiglu_limit)
         if self.cfg.family.act == "gelu_tanh":
             g, u = gu.chunk(2, dim=-1)
             return F.gelu(g, approximate="tanh") * u
         if self.kern is not None:
+            group = w8a8.given_group(then, gu.shape[0], gu.device, gu.dtype)
+            if group:
+                y, q, s = self.kern.silu_mul(gu.contiguous(), quant=group)
+                self.kern.quant_triton.give(y, q, s)
+                return y
             return self.kern.silu_mul(gu.contiguous())
         g, u = gu.chunk(2, dim=-1)
         return F.silu(g) * u
@@ -317,7 +330,7 @@ class Decoder:
         d = None
         for li, L in enumerate(self.layers):
             kc, vc, kr = kv.kc[li], kv.vc[li], kvrow[kv.group_of[li]]
-            x, h = self.add_norm(x, d, L.get("ln_in"))
+            x, h = self.add_norm(x, d, L.get("ln_in"), L.get("qkv"))
             qkv = self.qk_norm(self.proj(h, L, "qkv", li), L)
             t = self.tab_of[li]
             ks, vs = self.kvq.scales[li]
@@ -331,7 +344,7 @@ class Decoder:
                 self.kvq.store(kc.view(-1, K, hd), kr, k, ks)
                 self.kvq.store(vc.view(-1, K, hd), kr, v, vs)
             a = self.rms(self.reduce(self.proj(self.attend(q, k, v, qkv, kc, vc, kv, groups, li), L, "o", li)), L.get("attn_post"))
-            x, h = self.add_norm(x, a, L.get("ln_ffn"))
+            x, h = self.add_norm(x, a, L.get("ln_ffn"), L.get("gate_up"))
             d = self.rms(self.mlp(h, L, li), L.get("mlp_post"))
         out = self.logits(self.rms(x[last] + d[last], self.norm))
         if hidden is None:
@@ -351,7 +364,7 @@ class Decoder:
         # much as the weights it sat between.
         head_norm = cfg.family.qk_norm == "head"
         for li, L in enumerate(self.layers):
-            x, h = self.add_norm(x, d, L.get("ln_in"))
+            x, h = self.add_norm(x, d, L.get("ln_in"), L.get("qkv"))
             qkv = self.proj(h, L, "qkv", li)
             qkn = None
             if head_norm:
@@ -363,7 +376,7 @@ class Decoder:
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li],
                                            sinks=L.get("sinks"), qk_norm=qkn)
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
-            x, h = self.add_norm(x, a, L.get("ln_ffn"))
+            x, h = self.add_norm(x, a, L.get("ln_ffn"), L.get("gate_up"))
             post = L.get("mlp_post")
             d = self.rms(self.mlp(h, L, li, summed=post is not None), post)
         _, x = self.add_norm(x, d, self.norm)

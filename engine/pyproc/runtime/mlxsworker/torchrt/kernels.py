@@ -9,6 +9,9 @@ tokens do not depend on which path ran.
 - add_rms: the residual add and the next RMSNorm in one pass (in decode
   steps of a mixture, its k choices summed first).
 - silu_mul: SwiGLU's silu(gate) * up from the packed gate_up projection.
+  Both also write their output's e4m3 codes and scales where the next
+  product is an FP8 one that would quantize it first (quant=ACT_GROUP:
+  quant_triton.give), one launch fewer a product.
 - decode_attention: one token per sequence: the per-head RMS norms of q
   and k where the family has them (qwen3, gemma3), rotary embedding of q and k,
   the new k and v written into the sequence's KV block, and attention
@@ -31,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import kvcache
+from . import kvcache, quant_triton
 from .kvcache import FLOAT8
+from .quant_triton import e4m3_groups
 
 
 @triton.jit
@@ -50,8 +54,24 @@ def _normed(x, rstd, w, ROUND: tl.constexpr, OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.constexpr, KS: tl.constexpr, BLOCK: tl.constexpr,
-                    ROUND: tl.constexpr, OFFSET: tl.constexpr):
+def _quant_out(y, q_ptr, s_ptr, row, n, ssm, ssg, g0, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    # The e4m3 codes and scales of y, a [BLOCK] piece of a row from
+    # group g0 on, as quant_triton.act_quant writes them (the same
+    # arithmetic: quant_triton.e4m3_groups); groups past n are masked.
+    GROUPS: tl.constexpr = BLOCK // GROUP
+    g = tl.arange(0, GROUPS)
+    offs = (g0 + g)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    q, s = e4m3_groups(tl.reshape(y.to(tl.float32), (GROUPS, GROUP)))
+    tl.store(q_ptr + row * n + offs, q.to(q_ptr.dtype.element_ty), mask=offs < n)
+    tl.store(s_ptr + row * ssm + (g0 + g) * ssg, s, mask=(g0 + g) * GROUP < n)
+
+
+# Not specialized on the scales' strides (one is the step's rows), so a
+# model compiles one variant of each kind (as quant_triton's).
+@triton.jit(do_not_specialize=["ssm", "ssg"])
+def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, q_ptr, s_ptr, ssm, ssg, n, eps, HAS_D: tl.constexpr,
+                    KS: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr, OFFSET: tl.constexpr,
+                    QUANT: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < n
@@ -70,31 +90,56 @@ def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, n, eps, HAS_D: tl.conste
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
     y = _normed(x, rstd, tl.load(w_ptr + offs, mask=m, other=0.0), ROUND, OFFSET)
     tl.store(y_ptr + row * n + offs, y, mask=m)
+    if QUANT:
+        _quant_out(y, q_ptr, s_ptr, row, n, ssm, ssg, 0, BLOCK, QUANT)
 
 
 # The RMSNorm kinds (decoder.Decoder.rms): (round before w, 1 + w).
 NORMS = {"llama": (True, False), "olmo2": (False, False), "gemma": (False, True)}
 
 
-def add_rms(x, d, w, eps, norm="llama"):
+def add_rms(x, d, w, eps, norm="llama", quant=0):
     """Returns (x + d, rms_norm(x + d) * w); with d None, (x, rms_norm(x) * w).
     x: contiguous [N, hidden]; d: contiguous [N, hidden], or [N, k, hidden]
     (a mixture's k choices, unsummed: moe.Experts.forward(summed=False)),
-    summed first; norm: the kind (NORMS)."""
+    summed first; norm: the kind (NORMS). quant: quant_triton.ACT_GROUP
+    (hidden a multiple of it) also returns the normalised rows' e4m3
+    codes and scales for fp8_mma, as act_quant computes them: (x + d,
+    rows, codes, scales)."""
     rnd, off = NORMS[norm]
     n = x.shape[-1]
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if d is not None else x
     ks = d.shape[1] if d is not None and d.dim() == 3 else 1
+    q, s = _codes(x.shape[0], n, x.device, quant)
     if x.shape[0]:
-        _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, n, eps,
+        _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, q, s, *s.stride(), n, eps,
                                        HAS_D=d is not None, KS=ks, BLOCK=triton.next_power_of_2(n), ROUND=rnd, OFFSET=off,
-                                       num_warps=8)
-    return xo, y
+                                       QUANT=quant, num_warps=8)
+    return (xo, y, q, s) if quant else (xo, y)
 
 
-@triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _codes(rows, n, device, quant):
+    """The codes and scales a kernel quantizing its [rows, n] output for
+    fp8_mma writes (quant: the group; 0: none, placeholders)."""
+    if quant:
+        assert n % quant == 0 and quant == quant_triton.ACT_GROUP, (n, quant)
+        return quant_triton.quantized_codes(rows, n, device)
+    return _unused(device), _unused(device).view(1, 1)
+
+
+_none = {}
+
+
+def _unused(device):
+    """A placeholder tensor for pointers a kernel does not read (QUANT 0)."""
+    if device not in _none:
+        _none[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _none[device]
+
+
+@triton.jit(do_not_specialize=["ssm", "ssg"])
+def _silu_mul_kernel(gu_ptr, out_ptr, q_ptr, s_ptr, ssm, ssg, inter, BLOCK: tl.constexpr, QUANT: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < inter
@@ -102,17 +147,23 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
     u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=m, other=0.0)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-    tl.store(out_ptr + row * inter + offs, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
+    y = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+    tl.store(out_ptr + row * inter + offs, y, mask=m)
+    if QUANT:  # BLOCK a multiple of the group: whole groups a program
+        _quant_out(y, q_ptr, s_ptr, row, inter, ssm, ssg, tl.program_id(1) * (BLOCK // QUANT), BLOCK, QUANT)
 
 
-def silu_mul(gu):
-    """gu: contiguous [N, 2*inter] (gate then up). Returns silu(gate) * up."""
+def silu_mul(gu, quant=0):
+    """gu: contiguous [N, 2*inter] (gate then up). Returns silu(gate) * up;
+    quant: as add_rms's, (rows, codes, scales)."""
     n, inter = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(n, inter, device=gu.device, dtype=gu.dtype)
     BLOCK = 1024
+    q, s = _codes(n, inter, gu.device, quant)
     if n:
-        _silu_mul_kernel[(n, triton.cdiv(inter, BLOCK))](gu, out, inter, BLOCK=BLOCK, num_warps=4)
-    return out
+        _silu_mul_kernel[(n, triton.cdiv(inter, BLOCK))](gu, out, q, s, *s.stride(), inter, BLOCK=BLOCK, QUANT=quant,
+                                                          num_warps=4)
+    return (out, q, s) if quant else out
 
 
 @triton.jit

@@ -254,6 +254,16 @@ def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, swn, ssn, ssk, BN_S: tl.con
              mask=mask)
 
 
+@triton.jit
+def e4m3_groups(x):
+    # x float32 [groups, group]: each group's e4m3 values (still float32)
+    # under its own scale, its max / 448, and the scales. Every kernel
+    # that quantizes activations for fp8_mma does it here, so the codes
+    # do not depend on which kernel wrote them.
+    s = tl.maximum(tl.max(tl.abs(x), axis=1) / 448.0, 1e-12)
+    return tl.minimum(tl.maximum(x / s[:, None], -448.0), 448.0), s
+
+
 @triton.jit(do_not_specialize=["M", "ssg"])  # as _fp8_mma_kernel: one compile a width
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.constexpr, GROUPS: tl.constexpr):
     # One row a program, read once: its K inputs as GROUPS groups of GROUP
@@ -262,8 +272,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.conste
     m = tl.program_id(0)
     offs = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + m * sxm + offs, mask=(offs < K) & (m < M), other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), axis=1) / 448.0, 1e-12)
-    q = tl.minimum(tl.maximum(x / s[:, None], -448.0), 448.0)
+    q, s = e4m3_groups(x)
     tl.store(q_ptr + m * K + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
     g = tl.arange(0, GROUPS)
     tl.store(s_ptr + m * ssm + g * ssg, s, mask=g * GROUP < K)
@@ -436,7 +445,7 @@ def fp8_mma(x, w, scale, block, tiles=None):
         part = _no_part[x.device]
     a, sa = x2, y  # sa unused unless pre
     if t.pre:
-        a, sa = act_quant(x2, ACT_GROUP)
+        a, sa = _given_for(x2) or act_quant(x2, ACT_GROUP)
     consts = _fp8_consts(w, scale, block)
     _fp8_mma_kernel[(n_tiles, split)](a, sa, w, scale, y, part, locks, M, N, K, k_per, split, a.stride(0),
                                       *(sa.stride() if t.pre else (0, 0)), *consts[0], BLOCK_M=t.bm, BLOCK_N=t.bn,
@@ -471,6 +480,43 @@ def int4_dequant(qw, scales, zeros, g, dtype):
     bk = min(g, 64)
     _int4_dequant_kernel[(-(-N // 64), -(-K // bk))](qw, scales, zeros, out, N, K, G=g, BLOCK_N=64, BLOCK_K=bk)
     return out
+
+
+def quantized_codes(rows, K, device):
+    """Empty codes [rows, K] and scales [rows, K / ACT_GROUP] as
+    act_quant lays them out, for a kernel that quantizes its output for
+    fp8_mma (kernels.add_rms, silu_mul: quant)."""
+    return (torch.empty(rows, K, device=device, dtype=torch.float8_e4m3fn),
+            torch.empty(K // ACT_GROUP, rows, device=device, dtype=torch.float32).t())
+
+
+# The activations of the next fp8_mma product as the kernel that wrote
+# them quantized them: (x, its version, codes, scales) or None. At
+# 17-64 rows fp8_mma quantizes its input in a launch of its own
+# (act_quant); the add+RMSNorm before q/k/v and gate/up and the SwiGLU
+# before down write their output's codes as well, one launch fewer
+# each (decoder.add_norm, act_mul). One slot: each is read by the
+# product right after it, on the worker's one thread.
+_given = None
+
+
+def give(x, q, s):
+    """Offers q and s (quantized_codes, filled) as x's codes to the next
+    fp8_mma of x."""
+    global _given
+    _given = (x, x._version, q, s)
+
+
+def _given_for(x):
+    """The codes give offered for x (the same memory, shape and version:
+    not written since), once; else None."""
+    global _given
+    g = _given
+    if g is None or g[1] != x._version or g[0].data_ptr() != x.data_ptr() or g[0].shape != x.shape \
+            or g[0].stride() != x.stride() or g[0].dtype != x.dtype:
+        return None
+    _given = None
+    return g[2], g[3]
 
 
 # The widest row _act_quant_kernel holds in one program's registers;

@@ -17,6 +17,11 @@ Two products, by rows:
   channel weights one scale a row, 128x128 blocks one per 128 inputs of
   a row (the 1x128 recipe cuBLAS pairs with them).
 
+From 17 rows fp8_mma quantizes its input in a launch of its own first;
+the add+RMSNorm before q/k/v and gate/up and the SwiGLU before down
+write those codes themselves (given_group, quant_triton.give), the same
+codes bit for bit, so only the launch goes.
+
 Each row is quantized by its own scales (no scale over the batch), so
 the quantization adds no dependence on the other rows of a product (as
 far as the tile a row count takes lets it, as for bf16). The paths
@@ -119,6 +124,21 @@ def route(w, x):
     if rows < MIN_ROWS or (where, x.dtype, w.n, w.k, "cublas") in _refused:
         return None
     return _on.get((where, x.dtype, fits(w)))
+
+
+def given_group(w, rows, device, dtype):
+    """The activation group (quant_triton.ACT_GROUP) when the product of
+    weight w (a tensor, a QWeight or None) over rows rows runs fp8_mma on
+    activations quantized first (act_quant: 17 to MMA_MAX_ROWS rows), so
+    the kernel writing them can quantize them instead (quant_triton.give);
+    else 0. As route decides."""
+    if not _on or not isinstance(w, quant.QWeight) or w.kind != "fp8" or not MMA_MIN_ROWS <= rows <= MMA_MAX_ROWS:
+        return 0
+    where = _where(device)
+    if not _mma.get((where, dtype, mma_fits(w))) or (where, dtype, w.n, w.k, "mma") in _refused:
+        return 0
+    from . import quant_triton
+    return quant_triton.ACT_GROUP if quant_triton.tiles_for(rows, "mma").pre else 0
 
 
 def refuse(w, x, e, how):
