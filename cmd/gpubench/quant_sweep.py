@@ -4,6 +4,7 @@ llama8b shapes and the row counts decode and prompt steps use: the table
 quant_triton's tiles_for reads comes from this.
 
     python3 cmd/gpubench/quant_sweep.py [--old PATH] [--rows 1,16,64,256,2048] [--sweep] [--w8a8-rows 16,64,256]
+        [--int4-fast-rows 1,2,16,64]
 
 Every product runs inside a CUDA graph of 20 launches (as the decode
 steps run), timed by CUDA events over 5 replays; figures are microseconds
@@ -19,6 +20,16 @@ per-channel ones, beside bf16 cuBLAS and the weight-only path quant.py
 takes at that row count (the Triton tile, or dequantize + cuBLAS from
 DEQUANT_ROWS), and the activation quantizer alone: w8a8.MIN_ROWS is the
 fewest rows where W8A8 wins.
+
+--int4-fast-rows: the int4 products through quant_triton's fast kernels
+(INT4_FAST: the magic-number row loop and the tensor-core tile of 16-bit
+codes) beside the kernels they would replace, on random nibbles, scales
+and zeros: each checked against the float32 product of the dequantized
+weight (bfloat16 x, and float16 x for the error alone), a failure printed
+as a FAIL line and the table going on; with --sweep, the fast kernels'
+candidate tiles too. The fast kernels alone, with no other table:
+
+    python3 cmd/gpubench/quant_sweep.py --kinds int4 --rows "" --w8a8-rows "" --int4-fast-rows 1,2,16,64
 """
 import argparse
 import importlib.util
@@ -102,6 +113,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--w8a8-rows", default="16,32,64,128,256", help="rows of the W8A8 table; empty: none")
     ap.add_argument("--mma-rows", default="", help="rows of the fp8_mma table (with --sweep: its tiles); empty: none")
+    ap.add_argument("--int4-fast-rows", default="", help="rows of the fast int4 kernels' table; empty: none")
     a = ap.parse_args()
     dev = torch.device("cuda")
     old = None
@@ -111,14 +123,14 @@ def main():
         spec.loader.exec_module(old)
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
     best_by = {}  # (kind, M) -> {repr(tiles): sum of time / best time over shapes}
-    for kind in a.kinds.split(","):
+    for kind in a.kinds.split(",") if ints(a.rows) else ():
         print("\n| %s | rows | bf16 us | old us | new us | new GB/s | new/bf16 speed | dequant+mm us | best tile | best us |" % kind)
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, (N, K) in SHAPES.items():
             qw = weights(kind, N, K, dev)
             wb = qw.dequant(torch.bfloat16)
             nbytes = qw.nbytes()
-            for M in (int(r) for r in a.rows.split(",")):
+            for M in ints(a.rows):
                 x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
                 want = x.float() @ wb.float().t()
                 t_bf = timed(lambda: x @ wb.t())
@@ -144,11 +156,98 @@ def main():
         w8a8_table([int(r) for r in a.w8a8_rows.split(",")], dev)
     if a.mma_rows:
         mma_table([int(r) for r in a.mma_rows.split(",")], dev, a.sweep, best_by)
+    if a.int4_fast_rows:
+        int4_fast_table(ints(a.int4_fast_rows), dev, a.sweep, best_by)
     if best_by:
         print("\nTiles by rows (sum over shapes of time / that shape's best; lower is better, %d shapes):" % len(SHAPES))
         for (kind, M), acc in sorted(best_by.items()):
             top = sorted(acc.items(), key=lambda kv: kv[1])[:5]
             print("%s M=%d: %s" % (kind, M, "; ".join("%s %.2f" % kv for kv in top)))
+
+
+def ints(csv):
+    return [int(r) for r in csv.split(",") if r.strip()]
+
+
+def int4_random(N, K, dev):
+    """An int4 QWeight with random nibbles, scales and (integer) zeros, as
+    quant_triton.self_check builds them."""
+    gen = torch.Generator(device="cpu").manual_seed(N * 5 + K)
+    q = torch.randint(0, 16, (K, N), generator=gen, dtype=torch.int32)
+    sc = (torch.rand(K // 128, N, generator=gen) * 0.02 + 0.001).half()
+    z = torch.randint(0, 16, (K // 128, N), generator=gen).half()
+    return quant.QWeight("int4", N, K, qw=quant.pack4(q).to(dev), scales=sc.to(dev), zeros=z.to(dev), group=128)
+
+
+def checked(what, fn, want, tol=2e-2):
+    """(relative error, microseconds) of fn, timed only where its error is
+    under tol; a failure or an exception is printed as a FAIL line and
+    gives NaN microseconds."""
+    try:
+        e = err(fn(), want)
+    except Exception as ex:  # a compile or launch failure: report and go on
+        print("FAIL %s: %s" % (what, str(ex).strip().splitlines()[-1][:300] if str(ex).strip() else repr(ex)))
+        return float("nan"), float("nan")
+    if not e <= tol:
+        print("FAIL %s: relative error %.3g (tolerance %.3g)" % (what, e, tol))
+        return e, float("nan")
+    try:
+        return e, timed(fn)
+    except Exception as ex:  # graph capture
+        print("FAIL %s (timing): %s" % (what, str(ex).strip().splitlines()[-1][:300]))
+        return e, float("nan")
+
+
+def int4_fast_candidates(M):
+    if M == 1:  # the row loop: 1 to 8 words a thread
+        for bn, warps, waves, bk in itertools.product((64, 128, 256, 512, 1024), (1, 2, 4, 8), (4, 8), (64, 128)):
+            if 1 <= bn // (32 * warps) <= 8:
+                yield qt.Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True)
+        return
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    for bn, stages, waves, swap, bk in itertools.product((64, 128), (3, 4), (2, 4), (True, False), (64, 128)):
+        yield qt.Tiles(bm, bn, 4, stages, waves, bk=bk, swap=swap, fast=True)
+
+
+def int4_fast_table(rows, dev, do_sweep, best_by):
+    """The fast int4 kernels beside the ones INT4_FAST replaces and bf16
+    cuBLAS, per projection and row count; errors relative to the output's
+    largest magnitude."""
+    print("\n| int4 fast | rows | bf16 us | old us | old GB/s | fast us | fast GB/s | fast/old speed | fast/bf16 speed "
+          "| old err | fast err | fast fp16 err | fast tile | best fast tile | best us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, (N, K) in SHAPES.items():
+        qw = int4_random(N, K, dev)
+        wd = qw.dequant(torch.float32)
+        wb = wd.to(torch.bfloat16)
+        nbytes = qw.nbytes()
+        for M in rows:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            want = x.float() @ wd.t()
+            t_bf = timed(lambda: x @ wb.t())
+            t_old, t_new = qt.tiles_for(M, "int4", N, False), qt.tiles_for(M, "int4", N, True)
+            e_old, us_old = checked("int4 old %s M=%d %r" % (name, M, t_old),
+                                    lambda: call(qt, qw, x, tiles=t_old, dequant_rows=1 << 30), want)
+            e_new, us_new = checked("int4 fast %s M=%d %r" % (name, M, t_new),
+                                    lambda: call(qt, qw, x, tiles=t_new, dequant_rows=1 << 30), want)
+            xh = x.half()
+            try:
+                e_h = err(call(qt, qw, xh, tiles=t_new, dequant_rows=1 << 30), xh.float() @ wd.t())
+                if not e_h <= 2e-2:
+                    print("FAIL int4 fast fp16 %s M=%d %r: relative error %.3g" % (name, M, t_new, e_h))
+            except Exception as ex:
+                e_h = float("nan")
+                print("FAIL int4 fast fp16 %s M=%d: %s" % (name, M, str(ex).strip().splitlines()[-1][:300]))
+            best, best_t = "-", float("nan")
+            if do_sweep:
+                best, best_t = sweep(int4_fast_candidates(M),
+                                     lambda tl_: call(qt, qw, x, tiles=tl_, dequant_rows=1 << 30), want,
+                                     lambda e: e <= 2e-2, best_by.setdefault(("int4-fast", M), {}),
+                                     "int4 fast %s M=%d" % (name, M))
+            print("| %s | %d | %.1f | %.1f | %.0f | %.1f | %.0f | %.2fx | %.2fx | %.2g | %.2g | %.2g | %r | %s | %.1f |" % (
+                name, M, t_bf, us_old, nbytes / us_old / 1e3, us_new, nbytes / us_new / 1e3, us_old / us_new,
+                t_bf / us_new, e_old, e_new, e_h, t_new, best, best_t))
+            sys.stdout.flush()
 
 
 def sweep(cands, product, want, good, acc, what):

@@ -5,7 +5,9 @@ quantized projections (the CUDA path's q/k/v and gate/up), and, where CUDA
 runs, the Triton GEMMs against the dequantized product on shapes and row
 counts the decoder meets (odd rows, split K, partial blocks): FP8 through
 the weight-only GEMM at every row count, as no W8A8 check ran here
-(w8a8_test.py checks that path).
+(w8a8_test.py checks that path), and int4 through both kernel sets
+(quant_triton.INT4_FAST off and on; MLXSERVING_INT4_FAST=1 also routes
+the self check and quant.linear through the fast ones).
 
   python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
 
@@ -189,5 +191,23 @@ if torch.cuda.is_available():
                 got = quant.linear(x, c).float()
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
+
+    # The fast int4 kernels (quant_triton.INT4_FAST) and the ones they
+    # replace, whatever the flag: odd widths, split K, groups of 64,
+    # bfloat16 scales, every row class.
+    for dtype in (torch.bfloat16, torch.float16):
+        for n, k, grp, M in ((2048, 2048, 128, 1), (1000, 384, 128, 1), (28672, 4096, 128, 1), (640, 512, 64, 1),
+                             (512, 8192, 128, 3), (3072, 2048, 128, 16), (1000, 384, 128, 17), (640, 1024, 64, 32),
+                             (4096, 14336, 128, 64), (2048, 2048, 128, 200)):
+            q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+            c = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // grp, n, device=dev) * 0.01 + 0.001).bfloat16(),
+                              zeros=torch.randint(0, 17, (k // grp, n), device=dev).half(), group=grp)
+            x = torch.randn(M, k, device=dev, dtype=dtype)
+            want = x.float() @ c.dequant(torch.float32).t()
+            for fast in (False, True):
+                t = quant_triton.tiles_for(M, "int4", n, fast)
+                got = quant_triton.int4_linear(x, c.t["qw"], c.t["scales"], c.t["zeros"], grp, tiles=t).float()
+                err = ((got - want).abs().max() / want.abs().max()).item()
+                check(err < 2e-2, "int4 %r [%d, %d] g%d x %d rows %s: relative error %.3g" % (t, n, k, grp, M, dtype, err))
 
 print("%d passed, 0 failed" % passed)

@@ -24,7 +24,11 @@ a weight.
   converted to float32 as loaded): each packed word is loaded once and
   unpacked to its eight inputs in registers, each tile is (q - z) * s in
   float32, rounded to x's dtype, into tl.dot. Act order's gather of x
-  (QWeight's perm) is the caller's.
+  (QWeight's perm) is the caller's. INT4_FAST (off by default) routes
+  bfloat16/float16 products to faster kernels: a row loop whose nibbles
+  become float32 in one LOP3 each, and a tensor-core tile fed 16-bit
+  codes OFF + q with the zero and scale applied to its float32 partials
+  (see _int4_gemv2_kernel and _int4_dot2_kernel).
 
 Decode steps have few rows (M): the weight is all the traffic, so a
 kernel is as fast as it keeps enough of the weight in flight. A grid over
@@ -48,6 +52,8 @@ Tile sizes come from a table by M (no autotuning, so CUDA graph capture
 never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
 candidates on a GPU.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -192,6 +198,134 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
 
 
+# The fast int4 kernels (INT4_FAST) turn nibbles into numbers by the
+# magic-number trick without shifting each one to the bottom of its
+# register: a nibble ANDed in place and ORed into the mantissa of a float
+# whose exponent leaves the mantissa's unit at 1 reads as that float's base
+# plus q times the nibble's place, in one LOP3 (inline PTX: ptxas does not
+# fuse Triton's AND and OR into one; the LUT of (a & b) | c is
+# (0xF0 & 0xCC) | 0xAA = 0xEA). A float32 of exponent 2^23 (0x4B000000)
+# holds the nibbles at bits 0..19 exactly (q 2^e, e = 0, 4, 8, 12, 16);
+# one logical shift of the word by 20 brings nibbles 5..7 to e = 0, 4, 8.
+# Then (v 2^-e) - (2^(23-e) + z) is q - z exactly (one FMA; the zeros are
+# integers as the loader makes them): three instructions a weight (the
+# LOP3, that FMA and the one into the sum; the H200's SASS of a 128-input
+# tile, 512 weights a thread: 516 LOP3, 900 FFMA, 180 FADD) where
+# _int4_gemv_kernel's shift, mask, OR, subtraction and FMA were five.
+
+
+@triton.jit
+def _int4_fma_nibble(part, src, LOP3: tl.constexpr, INV: tl.constexpr, c, xk):
+    """part + xk (q - z) for src's nibble that LOP3 (its mask) lifts into
+    2^23 + q / INV; c is 2^23 INV + z."""
+    v = tl.inline_asm_elementwise(LOP3, "=r,r", [src], dtype=tl.int32, is_pure=True, pack=1)
+    d = v.to(tl.float32, bitcast=True) * INV - c
+    return part + xk * d
+
+
+@triton.jit
+def _int4_gemv2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
+                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # The row loop of INT4_FAST, one row (BLOCK_M 1): each program holds
+    # BLOCK_N columns and walks its K range a word row at a time (unrolled
+    # over BLOCK_K inputs inside one group), so a nibble's place is a
+    # constant, K never crosses threads (no reduction) and each input of x
+    # is a scalar every thread loads alike, at a constant offset. Each K
+    # tile's float32 sum of (q - z) x is scaled once per column.
+    tl.static_assert(BLOCK_M == 1)
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k0 = pk * k_per
+    k_end = tl.minimum(k0 + k_per, K)
+    for ks in range(k0, k_end, BLOCK_K):
+        g = ks // G
+        s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        c0, c4, c8 = z + 8388608.0, z + 524288.0, z + 32768.0
+        c12, c16 = z + 2048.0, z + 128.0
+        xp = x_ptr + ks
+        qp = q_ptr + (ks // 8) * N + offs_n
+        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r in tl.static_range(BLOCK_K // 8):
+            w = tl.load(qp + r * N, mask=nmask, other=0)
+            hi = w.to(tl.uint32, bitcast=True) >> 20
+            hi = hi.to(tl.int32, bitcast=True)
+            part = _int4_fma_nibble(part, w, "lop3.b32 $0, $1, 0xF, 0x4B000000, 0xEA;", 1.0, c0,
+                                    tl.load(xp + 8 * r).to(tl.float32))
+            part = _int4_fma_nibble(part, w, "lop3.b32 $0, $1, 0xF0, 0x4B000000, 0xEA;", 0.0625, c4,
+                                    tl.load(xp + (8 * r + 1)).to(tl.float32))
+            part = _int4_fma_nibble(part, w, "lop3.b32 $0, $1, 0xF00, 0x4B000000, 0xEA;", 0.00390625, c8,
+                                    tl.load(xp + (8 * r + 2)).to(tl.float32))
+            part = _int4_fma_nibble(part, w, "lop3.b32 $0, $1, 0xF000, 0x4B000000, 0xEA;", 0.000244140625, c12,
+                                    tl.load(xp + (8 * r + 3)).to(tl.float32))
+            part = _int4_fma_nibble(part, w, "lop3.b32 $0, $1, 0xF0000, 0x4B000000, 0xEA;", 0.0000152587890625,
+                                    c16, tl.load(xp + (8 * r + 4)).to(tl.float32))
+            part = _int4_fma_nibble(part, hi, "lop3.b32 $0, $1, 0xF, 0x4B000000, 0xEA;", 1.0, c0,
+                                    tl.load(xp + (8 * r + 5)).to(tl.float32))
+            part = _int4_fma_nibble(part, hi, "lop3.b32 $0, $1, 0xF0, 0x4B000000, 0xEA;", 0.0625, c4,
+                                    tl.load(xp + (8 * r + 6)).to(tl.float32))
+            part = _int4_fma_nibble(part, hi, "lop3.b32 $0, $1, 0xF00, 0x4B000000, 0xEA;", 0.00390625, c8,
+                                    tl.load(xp + (8 * r + 7)).to(tl.float32))
+        acc += part * s
+    _finish(acc[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n)
+
+
+@triton.jit
+def _int4_codes(words, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, dtype: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] tile of words [BLOCK_K/8, BLOCK_N] as 16-bit
+    floats OFF + q (MAGIC: OFF's bits, its mantissa's unit 1), exact."""
+    shifts = tl.arange(0, 8) * 4
+    codes = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | MAGIC
+    return tl.reshape(codes, (BLOCK_K, BLOCK_N)).to(tl.int16).to(dtype, bitcast=True)
+
+
+@triton.jit
+def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      MAGIC: tl.constexpr, OFF: tl.constexpr, SWAP: tl.constexpr):
+    # The tensor-core tile of INT4_FAST: the nibbles go into tl.dot as the
+    # 16-bit floats OFF + q (an OR a nibble: no int-to-float conversion,
+    # subtraction or scaling in the tile), and the zero and scale apply to
+    # the float32 partial of each K tile (inside one group):
+    # sum((q - z) x) s = (sum((OFF + q) x) - (OFF + z) sum(x)) s. SWAP
+    # computes the transposed tile (weight columns by rows of x), so a few
+    # rows fill the MMA's narrow side.
+    pid, pk = tl.program_id(0), tl.program_id(1)
+    nn = tl.cdiv(N, BLOCK_N)
+    pm, pn = pid // nn, pid % nn
+    offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k0 = pk * k_per
+    k_end = tl.minimum(k0 + k_per, K)
+    for ks in range(k0, k_end, BLOCK_K):
+        offs_k = ks + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=offs_m[:, None] < M, other=0.0)
+        offs_r = ks // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(q_ptr + offs_r[:, None] * N + offs_n[None, :], mask=nmask[None, :], other=0)
+        c = _int4_codes(words, MAGIC, BLOCK_K, BLOCK_N, a.dtype)
+        g = ks // G
+        s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        zo = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32) + OFF
+        xsum = tl.sum(a.to(tl.float32), axis=1)
+        if SWAP:
+            d = tl.dot(tl.trans(c), tl.trans(a))
+            acc += (d - zo[:, None] * xsum[None, :]) * s[:, None]
+        else:
+            d = tl.dot(a, c)
+            acc += (d - xsum[:, None] * zo[None, :]) * s[None, :]
+    if SWAP:
+        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+    else:
+        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+
+
 # Not specialized on the values that vary between a model's products of
 # one K (the rows, the K split, the strides of the scales), so w8a8.warm's
 # products at load compile every variant serving runs.
@@ -316,29 +450,43 @@ def _device_state(device):
     return _sms[device], _locks[device]
 
 
+# Whether int4 products of fewer than DEQUANT_ROWS rows run the fast
+# kernels (_int4_gemv2_kernel, _int4_dot2_kernel) instead of
+# _int4_gemv_kernel and _int4_kernel. Off until measured on a GPU
+# (cmd/gpubench/quant_sweep.py --int4-fast-rows); MLXSERVING_INT4_FAST=1
+# in the worker's environment turns it on, read once here so the served
+# path and a benchmark of it need no code change.
+INT4_FAST = os.environ.get("MLXSERVING_INT4_FAST", "") == "1"
+
+
 class Tiles:
     """One product's launch: tile sizes, warps, stages and the K split's
-    target (waves: programs per SM the split aims for)."""
+    target (waves: programs per SM the split aims for). fast: int4's
+    INT4_FAST kernels (gemv: the row loop, else the tensor-core tile)."""
 
-    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False):
+    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False, fast=False):
         self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
-        self.gemv, self.bk, self.swap, self.pre = gemv, bk, swap, pre
+        self.gemv, self.bk, self.swap, self.pre, self.fast = gemv, bk, swap, pre, fast
 
     def __repr__(self):
-        return "%s%s bm%d bn%d%s w%d s%d waves%d" % ("gemv" if self.gemv else "swap" if self.swap else "dot",
+        return "%s%s%s bm%d bn%d%s w%d s%d waves%d" % ("fast " if self.fast else "",
+                                                    "gemv" if self.gemv else "swap" if self.swap else "dot",
                                                     " pre" if self.pre else "", self.bm, self.bn,
                                                     " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
                                                     self.waves)
 
 
-def tiles_for(M, kind, N=0):
+def tiles_for(M, kind, N=0, fast=None):
     """The tile table, from cmd/gpubench/quant_sweep.py on an H200 (the
     llama1b and llama8b projections): one row streams the weight through
     the row-loop kernel, narrow tiles and deep K splits; more rows take
     tensor cores, wider tiles as M grows. kind "mma": fp8_mma's tiles.
     One row of int4 over a wide product (N: the 8B's gate_up) streams
     faster in wider tiles: 38.6 against 47.6 us there, the same on the
-    narrow ones."""
+    narrow ones. fast (INT4_FAST when None): int4's fast kernels'
+    tiles."""
+    if kind == "int4" and (INT4_FAST if fast is None else fast):
+        return _int4_fast_tiles(M, N)
     if kind == "mma":  # pre: the activations quantized once by act_quant (measured to win at 32 rows)
         if M <= 16:
             return Tiles(16, 64, 4, 3, 4, swap=True)
@@ -358,6 +506,22 @@ def tiles_for(M, kind, N=0):
     return Tiles(64, 128, 4, 3 if kind == "fp8" else 2, 2)
 
 
+def _int4_fast_tiles(M, N):
+    """The fast int4 kernels' tiles, the best of quant_sweep.py --sweep on
+    an H200 over the llama1b and llama8b products at 1, 2, 16 and 64 rows:
+    the row loop for one row, then the transposed tensor-core tile up to
+    32 rows (tokens on the MMA's narrow side), the plain one beyond."""
+    if M == 1:  # a wide product (gate_up) streams faster in shorter K tiles: fewer registers, more programs
+        if N >= 16384:
+            return Tiles(1, 512, 4, 1, 8, gemv=True, bk=64, fast=True)
+        return Tiles(1, 256, 4, 1, 8, gemv=True, bk=128, fast=True)
+    if M <= 16:
+        return Tiles(16, 64, 4, 3, 4, bk=128, swap=True, fast=True)
+    if M <= 32:  # not measured
+        return Tiles(32, 64, 4, 3, 2, bk=128, swap=True, fast=True)
+    return Tiles(64, 64, 4, 3, 2, bk=128, fast=True)
+
+
 def _plan(M, N, K, unit, sms, t):
     """The K split for an [M, K] x [K, N] product; unit: K per split is a
     multiple of it (the scale block or group)."""
@@ -370,6 +534,9 @@ def _plan(M, N, K, unit, sms, t):
 
 
 def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
+    """One weight-only product. kernels: (tensor-core tile, row loop), or
+    for int4 those and the fast pair after them, which Tiles.fast picks;
+    the fast tile takes its own constants (_int4_fast_consts)."""
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -377,8 +544,10 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
     M = x2.shape[0]
     t = tiles or tiles_for(M, kind, N)
     if t.gemv and M > t.bm:  # the row loop covers every row of the product
-        t = tiles_for(max(M, 17), kind, N)
-    kernel = kernels[1] if t.gemv else kernels[0]
+        t = tiles_for(max(M, 17), kind, N, t.fast)
+    kernel = kernels[(1 if t.gemv else 0) + (2 if t.fast else 0)]
+    if t.fast and not t.gemv:
+        consts = (consts[0], dict(consts[1], **_int4_fast_consts(x.dtype, t)))
     if t.bk and unit % t.bk == 0:
         bk = t.bk
     sms, locks = _device_state(x.device)
@@ -454,13 +623,29 @@ def fp8_mma(x, w, scale, block, tiles=None):
     return y.reshape(*shape, N)
 
 
+# The fast tensor-core tile's 16-bit codes OFF + q by x's dtype: OFF's
+# bits (MAGIC, a nibble ORed into its mantissa's low bits) and OFF.
+_INT4_CODES = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+
+
+def _int4_fast_consts(dtype, t):
+    magic, off = _INT4_CODES[dtype]
+    return {"MAGIC": magic, "OFF": off, "SWAP": t.swap}
+
+
 def int4_linear(x, qw, scales, zeros, g, tiles=None, dequant_rows=None):
     """x [..., K] @ dequant(qw).T with qw int32 [K/8, N], scales (float16,
-    bfloat16 or float32) and zeros [K/g, N]."""
+    bfloat16 or float32) and zeros [K/g, N] (integers, as the loader makes
+    them: the fast kernels subtract them exactly only then). Fast tiles
+    (INT4_FAST, or tiles with fast set) run the fast kernels for bfloat16
+    and float16 x; float32 x keeps the others."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     if x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
         return x @ int4_dequant(qw, scales, zeros, g, x.dtype).t()
-    return _run((_int4_kernel, _int4_gemv_kernel), x, N, K, g, min(g, 64), (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
+    if x.dtype not in _INT4_CODES:
+        tiles = tiles if tiles is not None and not tiles.fast else tiles_for(x.numel() // K, "int4", N, False)
+    return _run((_int4_kernel, _int4_gemv_kernel, _int4_dot2_kernel, _int4_gemv2_kernel), x, N, K, g, min(g, 64),
+                (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
 
 
 def fp8_dequant(w, scale, block, dtype):
