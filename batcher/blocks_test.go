@@ -30,6 +30,13 @@ func (m *meanBatch) mean() float64 { return float64(m.inputs.Load()) / float64(m
 // returns every stream's result once all have ended.
 func runQueued(t *testing.T, simOpts []enginetest.SimOption, seqs []*batcher.Sequence, opts ...batcher.Option) []result {
 	t.Helper()
+	return runWrapped(t, simOpts, nil, seqs, opts...)
+}
+
+// runWrapped is runQueued with the batcher on the simulated model as wrap
+// wraps it (nil: as it is).
+func runWrapped(t *testing.T, simOpts []enginetest.SimOption, wrap func(engine.Model) engine.Model, seqs []*batcher.Sequence, opts ...batcher.Option) []result {
+	t.Helper()
 	sim, err := enginetest.NewSim(simOpts...)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +59,11 @@ func runQueued(t *testing.T, simOpts []enginetest.SimOption, seqs []*batcher.Seq
 			t.Fatal(err)
 		}
 	}
-	b, err := batcher.New(m, q, opts...)
+	bm := m
+	if wrap != nil {
+		bm = wrap(m)
+	}
+	b, err := batcher.New(bm, q, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,11 @@
 // grows, and when a step would need more than the pool has, prompt chunks
 // wait and the lowest-tier, most recently admitted sequences are
 // preempted and later recomputed — an admitted request never fails for
-// want of KV. Stats reports the pool and the preemptions.
+// want of KV. On an engine whose pool is split across workers a step can
+// run in part (engine.PartialStepError: one worker short of blocks while
+// the others had room): the tokens of the inputs that ran are delivered
+// and the others step again, after one of their sequences is preempted.
+// Stats reports the pool, the preemptions and the steps run in part.
 //
 // Use:
 //

@@ -3,7 +3,7 @@ package batcher
 import (
 	"context"
 	"errors"
-	"fmt"
+	"slices"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -150,49 +150,100 @@ func (b *ContinuousBatcher) deliverSent(ctx context.Context, st *sentStep) {
 	b.resolveOpens(ctx)
 }
 
-// sentFailed handles a sent step that failed. The step sent behind it
-// failed too (engine.ErrNotRun when it was not run); the sequences of
-// both are failed unless nothing ran, and the next step is synchronous.
+// sentFailed handles a sent step that failed, and the step sent behind
+// it, if any, which it waits for. A step that changed nothing
+// (engine.ErrNotRun, engine.ErrOutOfMemory) leaves its sequences to go
+// on, preempting for blocks after a refusal as a synchronous step does; a
+// step that ran in part (engine.PartialStepError) has what ran delivered
+// and the rest goes on. The step behind such a step is delivered as far
+// as it ran: the engine ran none of it on sequences left unchanged. After
+// any other failure the sequences of both steps fail, unless the one
+// behind changed nothing: it may have run on sequences the failed step
+// fed. The next step is synchronous.
 func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err error) {
-	b.unsend(st)
 	b.syncNext = true
 	if errors.Is(err, engine.ErrNotRun) {
+		b.unsend(st.in, st.seqs)
 		return // it changed nothing: its sequences go on
 	}
+	next := b.pend
+	b.pend = nil
+	var nouts []engine.StepOutput
+	var nerr error
+	if next != nil {
+		nouts, nerr = next.p.Wait(ctx)
+	}
+	now := time.Now()
+	left, ferr := b.settleSent(st, nil, err, now)
 	failed := st.in
-	if next := b.pend; next != nil {
-		b.pend = nil
-		_, nerr := next.p.Wait(ctx)
-		b.unsend(next)
-		switch {
-		case errors.Is(nerr, engine.ErrNotRun), errors.Is(nerr, engine.ErrOutOfMemory):
-			// It changed nothing: its sequences go on.
-		case errors.Is(err, engine.ErrOutOfMemory):
-			// The refused step changed nothing, but this one ran, in part
-			// at least (workers of one step answer apart): its sequences'
-			// KV is not what the batcher counts, and the refusal's
-			// preemption below fails nothing.
-			if nerr == nil {
-				nerr = fmt.Errorf("model %s: a step ran behind one refused for want of memory", b.info.ID)
-			}
-			b.stepFailed(ctx, nerr, next.in)
-		default:
-			// It ran, or failed on its own: its sequences fail with the
-			// step before.
-			failed = append(append(make([]engine.StepInput, 0, len(st.in)+len(next.in)), st.in...), next.in...)
+	if next != nil {
+		// As between two steps delivered in turn (deliverSent): st's
+		// text is handed over before next's tokens (a stop in them
+		// finishes the stream), and the opens whose first chunks ride
+		// in next are answered, so that an Opening chunk delivered
+		// counts from the prefix its open reused.
+		b.flushText()
+		b.resolveOpens(ctx)
+		if ferr != nil && !unchanged(nerr) {
+			b.unsend(next.in, next.seqs)
+			failed = append(slices.Clip(st.in), next.in...)
+		} else if _, nferr := b.settleSent(next, nouts, nerr, now); nferr != nil {
+			b.stepFailed(ctx, nferr, next.in)
 		}
 		b.recycle(next)
 	}
-	b.stepFailed(ctx, err, failed)
+	var part *engine.PartialStepError
+	switch {
+	case ferr != nil:
+		b.stepFailed(ctx, ferr, failed)
+	case errors.As(err, &part):
+		b.leftInPart(ctx, part.Err, left)
+	default: // refused whole for want of memory
+		b.stepFailed(ctx, err, st.in)
+	}
 }
 
-// unsend takes back what an undelivered step counted on its sequences.
-func (b *ContinuousBatcher) unsend(st *sentStep) {
-	for i := range st.in {
-		if s := st.seqs[i]; s.open && s.id == st.in[i].Seq {
-			n := st.in[i].Feeds()
+// settleSent takes the outcome of sent step st, its outputs outs or its
+// error err: what ran is delivered and what did not is taken back
+// (unsend). It returns the inputs a step that ran in part left
+// unchanged, and the error its sequences fail with when the step failed
+// otherwise than by changing nothing.
+func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, err error, now time.Time) (left stepPart, failed error) {
+	var part *engine.PartialStepError
+	switch {
+	case err == nil:
+		if err = b.deliver(st.in, st.seqs, outs, now); err == nil {
+			return stepPart{}, nil
+		}
+	case errors.As(err, &part) && len(part.Ran) == len(st.in):
+		b.count(&b.stats.PartialSteps)
+		var done stepPart
+		done, left = splitRan(st.in, st.seqs, part.Ran)
+		if err = b.deliver(done.in, done.seqs, part.Outputs, now); err == nil {
+			b.unsend(left.in, left.seqs)
+			return left, nil
+		}
+	case unchanged(err):
+		b.unsend(st.in, st.seqs)
+		return stepPart{}, nil
+	}
+	b.unsend(st.in, st.seqs) // deliver fails before it changes anything
+	return stepPart{}, err
+}
+
+// unchanged reports whether err says a step changed no sequence.
+func unchanged(err error) bool {
+	return errors.Is(err, engine.ErrNotRun) || errors.Is(err, engine.ErrOutOfMemory)
+}
+
+// unsend takes back what undelivered inputs of a sent step counted on
+// their sequences (seqs[i] the sequence of in[i]).
+func (b *ContinuousBatcher) unsend(in []engine.StepInput, seqs []*Sequence) {
+	for i := range in {
+		if s := seqs[i]; s.open && s.id == in[i].Seq {
+			n := in[i].Feeds()
 			s.ahead = max(s.ahead-n, 0)
-			if st.in[i].Opening && s.opening == nil {
+			if in[i].Opening && s.opening == nil {
 				// Its open was answered while the chunk was out: opened
 				// left the reused tokens the chunk covers to the chunk.
 				s.fed += min(n, s.reused)

@@ -75,6 +75,11 @@ type Stats struct {
 	// BlockPreemptions counts sequences preempted because the pool ran
 	// out of blocks; each recomputes when admitted again.
 	BlockPreemptions uint64
+	// PartialSteps counts steps the engine ran in part
+	// (engine.PartialStepError): one of its workers left its inputs
+	// unchanged, short of blocks in its own pool, while the others ran
+	// theirs. Those inputs step again.
+	PartialSteps uint64
 	// Pipelined counts steps sent before the previous step's tokens were
 	// read (WithPipeline), and Drains the times the batcher waited for a
 	// pending step before planning the next (a constrained sequence, a

@@ -47,6 +47,11 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 	elapsed := time.Since(start)
 	b.stepEnd = start.Add(elapsed)
 	text()
+	var part *engine.PartialStepError
+	if errors.As(err, &part) {
+		b.ranInPart(ctx, in, seqs, part, b.stepEnd)
+		return
+	}
 	if err != nil {
 		b.stepFailed(ctx, err, in)
 		return

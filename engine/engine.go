@@ -96,7 +96,12 @@ type Model interface {
 	// If ctx ends during Step, Step returns ctx.Err() and the KV of the
 	// batch's sequences is undefined: the caller frees them. On any error
 	// the caller must treat every sequence in the batch as failed; errors
-	// that wrap ErrWorkerLost are retryable from the start.
+	// that wrap ErrWorkerLost are retryable from the start. Two errors
+	// say more: ErrOutOfMemory changed no sequence (BlockPool), and a
+	// *PartialStepError, from an engine that splits a batch across
+	// workers, says which inputs ran (changed as by a successful Step,
+	// their outputs in it) while the others changed nothing — one
+	// worker's pool was short of blocks while others had room.
 	Step(ctx context.Context, batch []StepInput) ([]StepOutput, error)
 
 	// Free releases sequence id. If saveKey is non-empty the engine may keep
@@ -176,6 +181,17 @@ type PendingStep interface {
 	// Step's error contract. A step sent behind a step that failed fails
 	// with an error wrapping ErrNotRun, having changed no sequence. Wait
 	// may be called once.
+	//
+	// On an engine that splits a batch across workers, only the inputs
+	// on the workers where the step before failed are not run; the
+	// others run, and Wait returns a *PartialStepError whose Err wraps
+	// ErrNotRun, or the outputs when no input was on such a worker. So
+	// an input is never run after its sequence's input in the step
+	// before was left unchanged (ErrOutOfMemory, ErrNotRun, or not run
+	// in a *PartialStepError); but a step that failed otherwise (a lost
+	// worker) may have run on some workers, and so may the step behind
+	// it: the caller fails the sequences of both, unless the one behind
+	// changed nothing.
 	Wait(ctx context.Context) ([]StepOutput, error)
 }
 
@@ -474,6 +490,13 @@ type BlockPool interface {
 	// sequence needs them. Open and Step fail with ErrOutOfMemory, and
 	// change no sequence, when the blocks they need exceed it; a caller
 	// that checks FreeBlocks first never sees that error.
+	//
+	// A model whose pool is split across workers, each sequence taking
+	// blocks from its own worker's, reports their sum: a step can then
+	// find one worker short while the sum has room. Its Step runs the
+	// inputs of the workers with room and returns a *PartialStepError;
+	// giving back blocks of the inputs that did not run (preempting
+	// one of their sequences) gives them to the worker that was short.
 	FreeBlocks() int
 }
 

@@ -38,6 +38,39 @@ var (
 	ErrNotRun = errors.New("step not run: the step before it failed")
 )
 
+// PartialStepError is a Step, or a PendingStep's Wait, that ran some of
+// its inputs only. An engine that splits a batch across workers (each
+// sequence lives on one) returns it when the workers of some inputs ran
+// them while the others' workers left them unchanged: refused them for
+// want of memory in their own pool (Err wraps ErrOutOfMemory), or did not
+// run them behind a step that failed there (Err wraps ErrNotRun). The
+// inputs that ran changed their sequences as a successful Step does and
+// Outputs holds their outputs; the others changed nothing.
+//
+// It wraps neither sentinel, since the step did change sequences: a
+// caller that does not look for it treats every sequence of the batch as
+// failed, as after any other error, which is safe.
+type PartialStepError struct {
+	// Ran reports, per input of the batch, whether it ran.
+	Ran []bool
+	// Outputs holds the outputs of the sampling inputs that ran, in input
+	// order, as Step returns them.
+	Outputs []StepOutput
+	// Err says why the other inputs did not run; it wraps ErrOutOfMemory
+	// or ErrNotRun.
+	Err error
+}
+
+func (e *PartialStepError) Error() string {
+	ran := 0
+	for _, r := range e.Ran {
+		if r {
+			ran++
+		}
+	}
+	return fmt.Sprintf("step ran %d of its %d inputs; the others changed nothing: %v", ran, len(e.Ran), e.Err)
+}
+
 // ContextLengthError says by how much a sequence overflows the context.
 type ContextLengthError struct {
 	// Model is the model id.

@@ -285,18 +285,33 @@ func (c *PrefixCache) choose(prompt []int32, key, adapter string) (string, int) 
 }
 
 // Step runs the wrapped model's step and hashes what each sequence was
-// fed.
+// fed: every input after a step that succeeded, those that ran after one
+// that ran in part (engine.PartialStepError).
 func (c *PrefixCache) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
 	out, err := c.m.Step(ctx, batch)
-	if err != nil {
+	ran, _, ok := stepRan(out, err)
+	if !ok {
 		return out, err
 	}
 	for i := range batch {
-		if h := c.seqs[batch[i].Seq]; h != nil {
+		if h := c.seqs[batch[i].Seq]; h != nil && (ran == nil || ran[i]) {
 			h.Write(batch[i].Tokens)
 		}
 	}
-	return out, nil
+	return out, err
+}
+
+// stepRan reads a step's result: ok when some of its inputs ran, ran
+// saying which (nil: all) and outs holding their outputs.
+func stepRan(out []engine.StepOutput, err error) (ran []bool, outs []engine.StepOutput, ok bool) {
+	var part *engine.PartialStepError
+	switch {
+	case err == nil:
+		return nil, out, true
+	case errors.As(err, &part):
+		return part.Ran, part.Outputs, true
+	}
+	return nil, nil, false
 }
 
 // OpenPooled opens an embedding sequence on the wrapped model (see

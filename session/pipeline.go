@@ -34,18 +34,20 @@ type cachedStep struct {
 }
 
 // Wait returns the wrapped step's outputs, after hashing what each
-// sequence was fed and noting what each sampled.
+// sequence was fed and noting what each sampled: of every input, or of
+// those that ran when the step ran in part (engine.PartialStepError).
 func (s *cachedStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 	out, err := s.p.Wait(ctx)
-	if err != nil {
+	ran, outs, ok := stepRan(out, err)
+	if !ok {
 		return out, err
 	}
 	c := s.c
 	for i := range s.batch {
 		in := &s.batch[i]
 		h := c.seqs[in.Seq]
-		if h == nil {
-			continue // freed while the step was pending
+		if h == nil || (ran != nil && !ran[i]) {
+			continue // freed while the step was pending, or not run
 		}
 		switch {
 		case in.Prev:
@@ -57,12 +59,12 @@ func (s *cachedStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 			h.Write(in.Tokens)
 		}
 	}
-	for i := range out {
-		if c.seqs[out[i].Seq] != nil {
-			c.last[out[i].Seq] = out[i].Token
+	for i := range outs {
+		if c.seqs[outs[i].Seq] != nil {
+			c.last[outs[i].Seq] = outs[i].Token
 		}
 	}
-	return out, nil
+	return out, err
 }
 
 // OpenAsync is Open sent to the wrapped model without waiting, when it

@@ -95,9 +95,11 @@ func (m *Model) takeFrees(p *proc, block bool) {
 // prefix cache: the sum over the live workers, as Info.KVBlocks is the
 // sum of their pools. With several workers each sequence draws from the
 // pool of the worker it was opened on (the least loaded), so a step can
-// still find one worker short while others have room: it then fails with
-// engine.ErrOutOfMemory and changes nothing, and the caller gives blocks
-// back (the batcher preempts) and steps again. While a step or open is
+// still find one worker short while others have room: that worker
+// refuses its part, changing nothing, while the others run theirs, and
+// the step returns an *engine.PartialStepError; the caller gives back
+// blocks of the inputs that did not run (the batcher preempts one of
+// their sequences) and steps them again. While a step or open is
 // out (engine.Pipeliner) it does not wait for it: it counts the free
 // replies that arrived. A worker that died took
 // its blocks with it; its replacement starts with a whole pool. Zero for

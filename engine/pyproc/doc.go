@@ -48,7 +48,11 @@
 // backends do): StepAsync sends step N+1 while step N is out, its Prev
 // inputs fed on the worker with the token it sampled in N, so the worker
 // finds the next step in its pipe when it replies; a step sent behind one
-// that failed is not run (engine.ErrNotRun). A sequence opened with
+// that failed is not run (engine.ErrNotRun) on the workers where that
+// one failed. With several workers a step runs on each worker that has
+// the blocks for its part: when one refuses its part for want of blocks
+// while others ran theirs, the step returns an *engine.PartialStepError
+// naming the inputs that ran. A sequence opened with
 // OpenAsync may join the very next step with its first prompt chunk as
 // an Opening input, from the prompt's first token: the worker skips the
 // tokens the open reused. Batches the lookahead serves (up to 32

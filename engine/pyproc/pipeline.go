@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/mlxserving/mlxserving/engine"
-	"github.com/mlxserving/mlxserving/retry"
 )
 
 // Pipelined steps (engine.Pipeliner; PROTOCOL.md, "Pipelined steps"):
@@ -152,11 +151,10 @@ func (m *Model) noteFed(batch []engine.StepInput) {
 }
 
 // Wait returns the step's outputs. A step sent behind one that failed
-// returns an error wrapping engine.ErrNotRun when no worker ran any of it
-// (nothing changed); when some worker ran its part (data-parallel
-// workers: the step before failed on another) the error does not wrap
-// it, and the caller treats every sequence in the batch as failed, as
-// after any failed step.
+// is not run on the workers where that one failed (the worker answers
+// not_run): it returns an error wrapping engine.ErrNotRun when no worker
+// ran any of it (nothing changed), an *engine.PartialStepError when some
+// did, and its outputs when none of its inputs was on such a worker.
 func (ps *pendingStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 	if ps.waited {
 		return nil, errors.New("pyproc: pending step waited for twice")
@@ -171,38 +169,10 @@ func (ps *pendingStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
 	ps.behind = nil
 	r := ps.run
 	defer m.putRun(r)
-	err := ps.outcome(m.waitGroups(ctx, r), behindFailed)
-	if err == nil {
-		var outs []engine.StepOutput
-		outs, err = m.collect(r)
-		ps.err = err
-		return outs, err
-	}
+	m.waitGroups(ctx, r)
+	outs, err := m.finish(r, r.outcome(behindFailed))
 	ps.err = err
-	return nil, err
-}
-
-// outcome is the step's error given its groups' replies (err: the first
-// group's error) and whether the step it was sent behind failed.
-func (ps *pendingStep) outcome(err error, behindFailed bool) error {
-	ran := false
-	for _, p := range ps.run.order {
-		switch g := ps.run.groups[p]; {
-		case g.err == nil:
-			ran = true
-		case !errors.Is(g.err, engine.ErrNotRun):
-			return g.err // a failure of its own
-		}
-	}
-	switch {
-	case err == nil && !behindFailed:
-		return nil
-	case !ran && err != nil:
-		return err // not_run
-	case !ran:
-		return fmt.Errorf("pyproc: %w", engine.ErrNotRun)
-	}
-	return &WorkerError{Code: retry.CodeInternal, Message: "the step ran on some workers only: the step it was sent behind failed"}
+	return outs, err
 }
 
 // pendingOpen is an open OpenAsync sent.

@@ -558,46 +558,54 @@ func TestPipelineTensorParallel(t *testing.T) {
 	}
 }
 
-// TestPipelineOutcome checks how a pipelined step's error follows from
-// its workers' replies and the step it was sent behind, data-parallel
-// workers included: nothing ran (ErrNotRun), a failure of its own, or a
-// part run on one worker behind a step that failed on another (an error
-// that does not claim nothing changed).
+// TestPipelineOutcome checks how a step's error follows from its
+// workers' replies and the step it was sent behind, data-parallel
+// workers included: nothing ran (ErrNotRun, ErrOutOfMemory), a failure
+// of its own, a part run on one worker while the other's part changed
+// nothing (an *engine.PartialStepError that claims neither), and a step
+// whose every part ran behind a step that failed on another worker.
 func TestPipelineOutcome(t *testing.T) {
 	notRun := (&wireError{Code: codeNotRun}).toError("m")
 	oom := (&wireError{Code: "out_of_memory"}).toError("m")
+	lost := &LostError{Reason: "test"}
 	a, b := &proc{}, &proc{}
 	for _, tc := range []struct {
 		name         string
 		errA, errB   error
 		behindFailed bool
-		want         error // nil: no error; ErrNotRun; else errors.Is target
-		partial      bool
+		want         error // nil: no error; else an errors.Is target
+		partial      error // the Err of the *engine.PartialStepError wanted
 	}{
-		{"both ran", nil, nil, false, nil, false},
-		{"neither ran", notRun, notRun, true, engine.ErrNotRun, false},
-		{"a failure of its own wins", notRun, oom, true, engine.ErrOutOfMemory, false},
-		{"ran behind a step that failed elsewhere", nil, nil, true, nil, true},
-		{"one ran, one not", nil, notRun, true, nil, true},
+		{"both ran", nil, nil, false, nil, nil},
+		{"neither ran", notRun, notRun, true, engine.ErrNotRun, nil},
+		{"a refusal wins over not run", notRun, oom, true, engine.ErrOutOfMemory, nil},
+		{"a failure of its own wins", oom, lost, false, engine.ErrWorkerLost, nil},
+		{"a failure of its own beside a part that ran", nil, lost, false, engine.ErrWorkerLost, nil},
+		{"ran behind a step that failed elsewhere", nil, nil, true, nil, nil},
+		{"one ran, one not", nil, notRun, true, nil, engine.ErrNotRun},
+		{"one ran, one refused", nil, oom, false, nil, engine.ErrOutOfMemory},
 	} {
 		r := &stepRun{order: []*proc{a, b}, groups: map[*proc]*stepGroup{
-			a: {idx: []int{0}, err: tc.errA}, b: {idx: []int{1}, err: tc.errB}}}
-		first := tc.errA
-		if first == nil {
-			first = tc.errB
-		}
-		err := (&pendingStep{run: r}).outcome(first, tc.behindFailed)
+			a: {idx: []int{0}, err: tc.errA}, b: {idx: []int{1}, err: tc.errB}},
+			batch: make([]engine.StepInput, 2), plan: []inPlan{{send: prevRow}, {send: prevRow}}, procs: []*proc{a, b}}
+		err := r.outcome(tc.behindFailed)
+		var part *engine.PartialStepError
 		switch {
-		case tc.partial:
-			if err == nil || errors.Is(err, engine.ErrNotRun) {
-				t.Errorf("%s: %v, want an error not wrapping ErrNotRun", tc.name, err)
+		case tc.partial != nil:
+			if !errors.As(err, &part) || !errors.Is(part.Err, tc.partial) || !slices.Equal(part.Ran, []bool{true, false}) {
+				t.Errorf("%s: %v, want a partial step, the second input left for %v", tc.name, err, tc.partial)
+			} else if errors.Is(err, engine.ErrNotRun) || errors.Is(err, engine.ErrOutOfMemory) {
+				t.Errorf("%s: %v claims nothing changed", tc.name, err)
 			}
 		case tc.want == nil:
 			if err != nil {
 				t.Errorf("%s: %v, want none", tc.name, err)
 			}
-		case !errors.Is(err, tc.want):
+		case !errors.Is(err, tc.want) || errors.As(err, &part):
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
+	}
+	if err := (&stepRun{}).outcome(true); !errors.Is(err, engine.ErrNotRun) {
+		t.Errorf("nothing sent behind a step that failed: %v, want not run", err)
 	}
 }

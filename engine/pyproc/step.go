@@ -2,6 +2,7 @@ package pyproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -33,9 +34,13 @@ type stepGroup struct {
 // Step runs one forward pass. Inputs on different workers go out together
 // and run in parallel; the outputs come back in input order. A sequence
 // whose worker died fails the step with an error wrapping
-// engine.ErrWorkerLost. With lookahead (WithLookahead) a step may be
-// answered from tokens the worker decoded ahead, without a round trip.
-// A step whose ctx is already done returns ctx's error and sends nothing.
+// engine.ErrWorkerLost. A worker short of blocks for its part refuses
+// it, changing nothing: the step then fails with engine.ErrOutOfMemory
+// when no other worker ran its part, and otherwise returns an
+// *engine.PartialStepError (outcome). With lookahead (WithLookahead) a
+// step may be answered from tokens the worker decoded ahead, without a
+// round trip. A step whose ctx is already done returns ctx's error and
+// sends nothing.
 func (m *Model) Step(ctx context.Context, batch []engine.StepInput) ([]engine.StepOutput, error) {
 	if err := m.stepUsable(ctx, batch, false, nil); err != nil {
 		return nil, err
@@ -144,25 +149,18 @@ func (r *stepRun) sentTo(p *proc) uint64 {
 }
 
 // waitStep reads the replies of r's groups and returns the step's
-// outputs, or the first group's error.
+// outputs or its error (outcome).
 func (m *Model) waitStep(ctx context.Context, r *stepRun) ([]engine.StepOutput, error) {
-	if err := m.waitGroups(ctx, r); err != nil {
-		return nil, err
-	}
-	return m.collect(r)
+	m.waitGroups(ctx, r)
+	return m.finish(r, r.outcome(false))
 }
 
 // waitGroups waits for every group of r that was sent and takes the pool
-// reports of those that answered; it returns the first group's error.
-func (m *Model) waitGroups(ctx context.Context, r *stepRun) error {
-	var firstErr error
+// reports of those that answered.
+func (m *Model) waitGroups(ctx context.Context, r *stepRun) {
 	for _, p := range r.order {
-		g := r.groups[p]
-		if g.err == nil {
+		if g := r.groups[p]; g.err == nil {
 			g.reply, g.err = p.wait(ctx, m.spec.ID, g.id, g.ch)
-		}
-		if g.err != nil && firstErr == nil {
-			firstErr = g.err
 		}
 	}
 	for _, p := range r.order {
@@ -171,7 +169,80 @@ func (m *Model) waitGroups(ctx context.Context, r *stepRun) error {
 		}
 		m.readArrivedFrees(p) // answered before this step
 	}
-	return firstErr
+}
+
+// outcome is the error of the step r once its groups were waited for;
+// behindFailed tells whether the step it was sent behind failed. A group
+// that failed on its own (a lost worker, a cancelled wait, a bad batch)
+// fails the step. Groups that changed nothing — refused for want of
+// blocks in their worker's pool, or not run behind a step that failed on
+// their worker — give their error when no group ran, and otherwise an
+// *engine.PartialStepError, whose Outputs finish fills in: never
+// ErrOutOfMemory or ErrNotRun while some worker ran its part, as the
+// caller then steps the batch again (engine.BlockPool). When every group
+// ran the step succeeded, even behind a step that failed: each worker
+// ran it behind its own part of that one (PROTOCOL.md, "after").
+func (r *stepRun) outcome(behindFailed bool) error {
+	var refused, notRun error
+	ran := false
+	for _, p := range r.order {
+		switch g := r.groups[p]; {
+		case g.err == nil:
+			ran = true
+		case errors.Is(g.err, engine.ErrOutOfMemory):
+			if refused == nil {
+				refused = g.err
+			}
+		case errors.Is(g.err, engine.ErrNotRun):
+			if notRun == nil {
+				notRun = g.err
+			}
+		default:
+			return g.err
+		}
+	}
+	left := refused // a refusal says more to the caller: it gives blocks back
+	if left == nil {
+		left = notRun
+	}
+	switch {
+	case left == nil && !ran && behindFailed: // nothing sent
+		return fmt.Errorf("pyproc: %w", engine.ErrNotRun)
+	case left == nil:
+		return nil
+	case !ran:
+		return left
+	}
+	part := &engine.PartialStepError{Ran: make([]bool, len(r.batch)), Err: left}
+	for i := range r.batch {
+		part.Ran[i] = r.ran(i)
+	}
+	return part
+}
+
+// ran reports whether input i of r ran: it was not sent (lookahead served
+// it), or its worker ran the group it was in.
+func (r *stepRun) ran(i int) bool {
+	return r.plan[i].send == nil || r.groups[r.procs[i]].err == nil
+}
+
+// finish returns the outputs of the step r, whose outcome is err: those
+// of every input, or on a partial step those of the inputs that ran, in
+// the error.
+func (m *Model) finish(r *stepRun, err error) ([]engine.StepOutput, error) {
+	var part *engine.PartialStepError
+	switch {
+	case err == nil:
+		return m.collect(r)
+	case errors.As(err, &part):
+		outs, err := m.collect(r)
+		if err != nil {
+			return nil, err
+		}
+		part.Outputs = outs
+		return nil, part
+	}
+	return nil, err
 }
 
 // checkBatch checks a batch for Step (async false) or for StepAsync,
@@ -238,7 +309,8 @@ func checkLoop(in *engine.StepInput, vocab int) error {
 }
 
 // collect puts the workers' sampled tokens back in input order, taking
-// lookahead buffers into account.
+// lookahead buffers into account. Inputs whose worker did not run its
+// group (a partial step) are left out, their sequences as they were.
 func (m *Model) collect(r *stepRun) ([]engine.StepOutput, error) {
 	batch, plan := r.batch, r.plan
 	// at[i]: input i's index among the sampling inputs its worker was sent.
@@ -259,6 +331,9 @@ func (m *Model) collect(r *stepRun) ([]engine.StepOutput, error) {
 	outs := make([]engine.StepOutput, 0, len(batch))
 	for i := range batch {
 		in := &batch[i]
+		if !r.ran(i) {
+			continue
+		}
 		if !in.Sample {
 			if st := m.look[in.Seq]; st != nil && plan[i].send != nil { // rolled back by the worker
 				st.buf, st.has = st.buf[:0], false
