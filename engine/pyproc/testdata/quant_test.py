@@ -6,8 +6,8 @@ runs, the Triton GEMMs against the dequantized product on shapes and row
 counts the decoder meets (odd rows, split K, partial blocks): FP8 through
 the weight-only GEMM at every row count, as no W8A8 check ran here
 (w8a8_test.py checks that path), and int4 through both kernel sets
-(quant_triton.INT4_FAST off and on; MLXSERVING_INT4_FAST=1 also routes
-the self check and quant.linear through the fast ones).
+(quant_triton.INT4_FAST off and on; the self check and quant.linear
+take the fast ones unless MLXSERVING_INT4_FAST=0).
 
   python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
 

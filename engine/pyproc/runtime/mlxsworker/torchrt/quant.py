@@ -68,6 +68,7 @@ then served as FP8; on CPU they are rounded to the fp8 grid and back, so
 the CPU serves the numbers the GPU does.
 """
 import logging
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -411,16 +412,33 @@ def _finite(ck, name, s):
 _checked = {}
 
 
+def _self_check(device, dtype):
+    """quant_triton.self_check's verdict, or what raised (no Triton, no
+    float8 dtype, a kernel that cannot compile here)."""
+    try:
+        from . import quant_triton
+        return quant_triton.self_check(device, dtype)
+    except Exception as e:
+        return str(e)
+
+
 def _kernels_ok(device, dtype):
     """Whether quant_triton runs here and agrees with the dequantized
     product (once per device and dtype)."""
     key = (str(device), dtype)
     if key not in _checked:
-        try:
-            from . import quant_triton
-            err = quant_triton.self_check(device, dtype)
-        except Exception as e:  # no Triton, no float8 dtype, or it cannot compile here
-            err = str(e)
+        err = _self_check(device, dtype)
+        quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
+        if err is not None and quant_triton is not None and quant_triton.INT4_FAST:
+            # The fast int4 kernels are the newest: without them the rest
+            # may still run (the previous int4 kernels beside FP8's).
+            quant_triton.INT4_FAST = False
+            again = _self_check(device, dtype)
+            if again is None:
+                log.warning("fast int4 kernels unavailable (%s): int4 weights run the previous kernels", err)
+            else:
+                quant_triton.INT4_FAST = True
+            err = again
         if err is not None:
             log.warning("quantized kernels unavailable (%s): quantized weights are dequantized at load", err)
         _checked[key] = err is None
