@@ -492,11 +492,13 @@ type BlockPool interface {
 	// that checks FreeBlocks first never sees that error.
 	//
 	// A model whose pool is split across workers, each sequence taking
-	// blocks from its own worker's, reports their sum: a step can then
-	// find one worker short while the sum has room. Its Step runs the
-	// inputs of the workers with room and returns a *PartialStepError;
-	// giving back blocks of the inputs that did not run (preempting
-	// one of their sequences) gives them to the worker that was short.
+	// blocks from its own worker's, reports their sum: a step or open
+	// can then find one worker short while the sum has room, so the
+	// promise above holds per worker only. Its Step runs the inputs of
+	// the workers with room and returns a *PartialStepError (or fails
+	// with ErrOutOfMemory when no worker with inputs had room); giving
+	// back blocks of the inputs that did not run (preempting one of
+	// their sequences) gives them to the worker that was short.
 	FreeBlocks() int
 }
 

@@ -57,7 +57,8 @@ type PartialStepError struct {
 	// order, as Step returns them.
 	Outputs []StepOutput
 	// Err says why the other inputs did not run; it wraps ErrOutOfMemory
-	// or ErrNotRun.
+	// or ErrNotRun (ErrOutOfMemory when some were refused and others not
+	// run: a refusal asks the caller to give blocks back).
 	Err error
 }
 
