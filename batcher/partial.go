@@ -69,8 +69,7 @@ func (b *ContinuousBatcher) leftInPart(ctx context.Context, err error, left step
 	default:
 		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "refused", len(left.in), "err", err)
 		victim := b.victim(func(e *Entry) bool { return slices.Contains(left.seqs, e.Value) })
-		if victim < 0 {
-			b.preemptForBlocks()
+		if victim < 0 { // none runs now (failed or cancelled since): their blocks went back to the short worker
 			return
 		}
 		b.preempt(victim)
