@@ -42,7 +42,7 @@ func splitRan(in []engine.StepInput, seqs []*Sequence, ran []bool) (done, left s
 // ranInPart handles a step that ran some of its inputs only
 // (engine.PartialStepError: one worker of several left its part
 // unchanged): those that ran are delivered, and the others step again.
-func (b *ContinuousBatcher) ranInPart(ctx context.Context, in []engine.StepInput, seqs []*Sequence, part *engine.PartialStepError, now time.Time) {
+func (b *ContinuousBatcher) ranInPart(ctx context.Context, in []engine.StepInput, seqs []*Sequence, part *engine.PartialStepError, now time.Time, whole StepStats) {
 	if len(part.Ran) != len(in) {
 		b.stepFailed(ctx, fmt.Errorf("engine reported %d inputs of a partial step; the batch has %d: %w", len(part.Ran), len(in), part), in)
 		return
@@ -53,7 +53,28 @@ func (b *ContinuousBatcher) ranInPart(ctx context.Context, in []engine.StepInput
 		b.stepFailed(ctx, err, in)
 		return
 	}
+	b.observe(ranStats(in, part.Ran, whole))
 	b.leftInPart(ctx, part.Err, left)
+}
+
+// ranStats is the StepStats of the inputs of a step that ran, as ran
+// says: whole's latency and gap, its batch, decode inputs (the first
+// whole.Decode, as plan puts them) and prompt tokens counted over those
+// inputs only.
+func ranStats(in []engine.StepInput, ran []bool, whole StepStats) StepStats {
+	st := StepStats{Latency: whole.Latency, Between: whole.Between}
+	for i := range in {
+		switch {
+		case !ran[i]:
+		case i < whole.Decode:
+			st.Batch++
+			st.Decode++
+		default:
+			st.Batch++
+			st.PrefillTokens += len(in[i].Tokens)
+		}
+	}
+	return st
 }
 
 // leftInPart handles the inputs a step that ran in part left unchanged

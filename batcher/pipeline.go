@@ -142,7 +142,7 @@ func (b *ContinuousBatcher) deliverSent(ctx context.Context, st *sentStep) {
 		err = b.deliver(st.in, st.seqs, outs, now)
 	}
 	if err != nil {
-		b.sentFailed(ctx, st, err)
+		b.sentFailed(ctx, st, err, latency)
 	} else {
 		b.observe(StepStats{Batch: len(st.in), Decode: st.decode, PrefillTokens: st.prefill, Latency: latency, Between: st.between})
 	}
@@ -160,7 +160,7 @@ func (b *ContinuousBatcher) deliverSent(ctx context.Context, st *sentStep) {
 // any other failure the sequences of both steps fail, unless the one
 // behind changed nothing: it may have run on sequences the failed step
 // fed. The next step is synchronous.
-func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err error) {
+func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err error, latency time.Duration) {
 	b.syncNext = true
 	if errors.Is(err, engine.ErrNotRun) {
 		b.unsend(st.in, st.seqs)
@@ -174,7 +174,7 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 		nouts, nerr = next.p.Wait(ctx)
 	}
 	now := time.Now()
-	left, ferr := b.settleSent(st, nil, err, now)
+	left, ferr := b.settleSent(st, nil, err, now, latency)
 	failed := st.in
 	if next != nil {
 		// As between two steps delivered in turn (deliverSent): st's
@@ -187,7 +187,7 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 		if ferr != nil && !unchanged(nerr) {
 			b.unsend(next.in, next.seqs)
 			failed = append(slices.Clip(st.in), next.in...)
-		} else if _, nferr := b.settleSent(next, nouts, nerr, now); nferr != nil {
+		} else if _, nferr := b.settleSent(next, nouts, nerr, now, now.Sub(b.stepEnd)); nferr != nil {
 			b.stepFailed(ctx, nferr, next.in)
 		}
 		b.recycle(next)
@@ -204,15 +204,17 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 }
 
 // settleSent takes the outcome of sent step st, its outputs outs or its
-// error err: what ran is delivered and what did not is taken back
-// (unsend). It returns the inputs a step that ran in part left
+// error err: what ran is delivered, and counted in the stats (latency:
+// the step's), and what did not is taken back (unsend). It returns the inputs a step that ran in part left
 // unchanged, and the error its sequences fail with when the step failed
 // otherwise than by changing nothing.
-func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, err error, now time.Time) (left stepPart, failed error) {
+func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, err error, now time.Time, latency time.Duration) (left stepPart, failed error) {
 	var part *engine.PartialStepError
+	whole := StepStats{Batch: len(st.in), Decode: st.decode, PrefillTokens: st.prefill, Latency: latency, Between: st.between}
 	switch {
 	case err == nil:
 		if err = b.deliver(st.in, st.seqs, outs, now); err == nil {
+			b.observe(whole)
 			return stepPart{}, nil
 		}
 	case errors.As(err, &part) && len(part.Ran) == len(st.in):
@@ -221,6 +223,7 @@ func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, e
 		done, left = splitRan(st.in, st.seqs, part.Ran)
 		if err = b.deliver(done.in, done.seqs, part.Outputs, now); err == nil {
 			b.unsend(left.in, left.seqs)
+			b.observe(ranStats(st.in, part.Ran, whole))
 			return left, nil
 		}
 	case unchanged(err):

@@ -49,7 +49,7 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 	text()
 	var part *engine.PartialStepError
 	if errors.As(err, &part) {
-		b.ranInPart(ctx, in, seqs, part, b.stepEnd)
+		b.ranInPart(ctx, in, seqs, part, b.stepEnd, StepStats{Decode: decode, Latency: elapsed, Between: between})
 		return
 	}
 	if err != nil {
