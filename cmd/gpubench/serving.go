@@ -80,6 +80,7 @@ type servingConfig struct {
 	inputWords, maxTokens   int
 	temperature             float64 // loadgen's -temperature (0: greedy)
 	ttftSLO, tpotSLO        time.Duration
+	ramp                    time.Duration // closed-loop loads: loadgen's -ramp
 	logDir                  string
 	serverArgs              []string
 }
@@ -229,6 +230,8 @@ func runLoad(ctx context.Context, c servingConfig, base string, l load, seed uin
 		"-duration", "10m", "-slo-ttft", c.ttftSLO.String(), "-slo-tpot", c.tpotSLO.String()}
 	if l.rate > 0 {
 		args = append(args, "-rate", strconv.FormatFloat(l.rate, 'f', -1, 64))
+	} else if c.ramp > 0 {
+		args = append(args, "-ramp", c.ramp.String())
 	}
 	cmd := exec.CommandContext(ctx, c.loadgen, args...)
 	cmd.Stderr = os.Stderr

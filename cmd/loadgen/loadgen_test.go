@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -195,6 +198,45 @@ func TestCutAtDuration(t *testing.T) {
 	for _, want := range []string{"Successful requests:            0", "Failed requests:                1", "status 503", "Cut at -duration:               2"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestRamp: with -ramp the closed loop's clients start evenly over it
+// (client i no earlier than i/concurrency of it), then run as a closed
+// loop; -ramp with -rate or past -duration is refused.
+func TestRamp(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		starts []time.Time
+	)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	defer ts.Close()
+	begin := time.Now()
+	err := mainErr(context.Background(), []string{"-url", ts.URL, "-model", "m", "-requests", "8", "-concurrency", "4",
+		"-ramp", "400ms", "-max-tokens", "4"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(starts) != 8 {
+		t.Fatalf("%d requests reached the server, want 8", len(starts))
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < 4; i++ {
+		if at, least := starts[i].Sub(begin), 400*time.Millisecond*time.Duration(i)/4; at < least {
+			t.Errorf("client %d started %v into the run, before %v", i, at, least)
+		}
+	}
+	for _, args := range [][]string{{"-ramp", "1s", "-rate", "5"}, {"-ramp", "-1s"}, {"-ramp", "2m"}} {
+		if _, _, _, _, err := parseFlags(args); err == nil {
+			t.Errorf("%q accepted", args)
 		}
 	}
 }

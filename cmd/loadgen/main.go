@@ -13,6 +13,11 @@
 // -input-words words; its time to first token is its whole latency and
 // the summary adds inputs embedded per second.
 //
+// A closed loop starts its -concurrency clients at once, so the first
+// prompts queue behind each other and the run's TTFT percentiles carry
+// that start; -ramp D starts them evenly over D, as users arrive at a
+// service (report both when it matters).
+//
 // Every run is bounded: at most -requests requests and -duration of time;
 // requests still in flight when -duration ends are cancelled and reported
 // as cut, apart from the failed ones.
@@ -69,8 +74,8 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(s)
 	}
-	fmt.Fprintf(out, "target %s  model %s  endpoint %s  stream %v  requests %d  concurrency %d  rate %v/s  input %d words  output %d tokens\n",
-		cfg.target, cfg.model, cfg.endpoint, cfg.stream, cfg.requests, cfg.concurrency, cfg.rate, cfg.inputWords, cfg.maxTokens)
+	fmt.Fprintf(out, "target %s  model %s  endpoint %s  stream %v  requests %d  concurrency %d  rate %v/s  ramp %v  input %d words  output %d tokens\n",
+		cfg.target, cfg.model, cfg.endpoint, cfg.stream, cfg.requests, cfg.concurrency, cfg.rate, cfg.ramp, cfg.inputWords, cfg.maxTokens)
 	s.print(out, goal)
 	return nil
 }
@@ -85,6 +90,7 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 	fs.DurationVar(&cfg.duration, "duration", time.Minute, "time limit for the whole run (at most 1h)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "most requests in flight")
 	fs.Float64Var(&cfg.rate, "rate", 0, "Poisson arrival rate in requests/s (0: closed loop at -concurrency)")
+	fs.DurationVar(&cfg.ramp, "ramp", 0, "closed loop: start the -concurrency clients evenly over this time rather than all at once")
 	fs.IntVar(&cfg.inputWords, "input-words", 32, "prompt length in words")
 	fs.IntVar(&cfg.prompts, "prompts", 0, "repeat this many distinct prompts in turn, to measure prefix caching (0: every request its own random prompt)")
 	fs.IntVar(&cfg.maxTokens, "max-tokens", 64, "tokens to generate per request (ignore_eos is set)")
@@ -131,6 +137,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-concurrency %d: want 1 to 100000", c.concurrency)
 	case c.rate < 0:
 		return fmt.Errorf("-rate %v: want 0 or more", c.rate)
+	case c.ramp < 0 || c.ramp > 0 && c.rate > 0 || c.ramp >= c.duration:
+		return fmt.Errorf("-ramp %v: want 0 or more, shorter than -duration, and no -rate (Poisson arrivals have no ramp)", c.ramp)
 	case c.temperature < 0 || c.temperature > 2:
 		return fmt.Errorf("-temperature %v: want 0 to 2", c.temperature)
 	case c.prompts < 0:

@@ -27,7 +27,8 @@ type config struct {
 	duration    time.Duration
 	prompts     int // distinct prompts repeated in turn; 0: every request its own
 	concurrency int
-	rate        float64 // Poisson arrivals per second; 0 is closed loop
+	rate        float64       // Poisson arrivals per second; 0 is closed loop
+	ramp        time.Duration // closed loop: the clients start evenly over it (0: all at once)
 	inputWords  int
 	maxTokens   int
 	stream      bool
@@ -74,6 +75,14 @@ func run(ctx context.Context, client *http.Client, cfg config) ([]*result, time.
 		if cfg.rate > 0 {
 			next = next.Add(time.Duration(rng.ExpFloat64() / cfg.rate * float64(time.Second)))
 			if !sleepUntil(ctx, next) {
+				break
+			}
+		}
+		if cfg.rate == 0 && i < cfg.concurrency && cfg.ramp > 0 {
+			// Client i joins at i/concurrency of the ramp, as users
+			// arrive at a service; all at once, the first prompts queue
+			// behind each other and their TTFT says so.
+			if !sleepUntil(ctx, start.Add(cfg.ramp*time.Duration(i)/time.Duration(cfg.concurrency))) {
 				break
 			}
 		}
