@@ -49,6 +49,11 @@ type sentStep struct {
 	between         time.Duration
 }
 
+// stats is st's StepStats, delivered whole after latency.
+func (st *sentStep) stats(latency time.Duration) StepStats {
+	return StepStats{Batch: len(st.in), Decode: st.decode, PrefillTokens: st.prefill, Latency: latency, Between: st.between}
+}
+
 // stepAhead is step on a Pipeliner: it plans the next step behind the
 // pending one, sends it, then delivers the pending one.
 func (b *ContinuousBatcher) stepAhead(ctx context.Context) {
@@ -144,7 +149,7 @@ func (b *ContinuousBatcher) deliverSent(ctx context.Context, st *sentStep) {
 	if err != nil {
 		b.sentFailed(ctx, st, err, latency)
 	} else {
-		b.observe(StepStats{Batch: len(st.in), Decode: st.decode, PrefillTokens: st.prefill, Latency: latency, Between: st.between})
+		b.observe(st.stats(latency))
 	}
 	b.recycle(st)
 	b.resolveOpens(ctx)
@@ -210,7 +215,7 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 // otherwise than by changing nothing.
 func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, err error, now time.Time, latency time.Duration) (left stepPart, failed error) {
 	var part *engine.PartialStepError
-	whole := StepStats{Batch: len(st.in), Decode: st.decode, PrefillTokens: st.prefill, Latency: latency, Between: st.between}
+	whole := st.stats(latency)
 	switch {
 	case err == nil:
 		if err = b.deliver(st.in, st.seqs, outs, now); err == nil {

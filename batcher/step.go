@@ -47,9 +47,10 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 	elapsed := time.Since(start)
 	b.stepEnd = start.Add(elapsed)
 	text()
+	whole := StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed, Between: between}
 	var part *engine.PartialStepError
 	if errors.As(err, &part) {
-		b.ranInPart(ctx, in, seqs, part, b.stepEnd, StepStats{Decode: decode, Latency: elapsed, Between: between})
+		b.ranInPart(ctx, in, seqs, part, b.stepEnd, whole)
 		return
 	}
 	if err != nil {
@@ -60,7 +61,7 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 		b.stepFailed(ctx, err, in)
 		return
 	}
-	b.observe(StepStats{Batch: len(in), Decode: decode, PrefillTokens: prefill, Latency: elapsed, Between: between})
+	b.observe(whole)
 }
 
 // plan builds the next step's batch into b.inputs and b.stepSeqs: a token

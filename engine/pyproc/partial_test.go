@@ -56,6 +56,23 @@ func partialOutputs(t *testing.T, outs []engine.StepOutput, err error, why error
 	return part.Outputs
 }
 
+// stepBoth steps sequence 1 (which has sampled gotA) and sequence 2 (fed
+// its prompt pb again: the refused part left it unchanged) together
+// until 2 has sampled n tokens; it returns both sequences' tokens.
+func stepBoth(t *testing.T, m *Model, gotA, pb []int32, n int) (a, b []int32) {
+	t.Helper()
+	feedB := pb
+	for len(b) < n {
+		outs, err := m.Step(context.Background(), []engine.StepInput{{Seq: 1, Tokens: gotA[len(gotA)-1:], Sample: true, Params: greedy}, {Seq: 2, Tokens: feedB, Sample: true, Params: greedy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotA, b = append(gotA, outs[0].Token), append(b, outs[1].Token)
+		feedB = b[len(b)-1:]
+	}
+	return gotA, b
+}
+
 // TestPartialStepShortWorker: a step whose part on one worker is refused
 // for want of blocks while the other worker has room runs that worker's
 // part and returns an *engine.PartialStepError, not ErrOutOfMemory (which
@@ -73,16 +90,7 @@ func TestPartialStepShortWorker(t *testing.T) {
 	outs, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: pa, Sample: true, Params: greedy}, {Seq: 2, Tokens: pb, Sample: true, Params: greedy}})
 	gotA := []int32{partialOutputs(t, outs, err, engine.ErrOutOfMemory)[0].Token}
 	m.Free(4, "")
-	var gotB []int32
-	feedB := pb
-	for len(gotB) < len(wantB) {
-		outs, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: gotA[len(gotA)-1:], Sample: true, Params: greedy}, {Seq: 2, Tokens: feedB, Sample: true, Params: greedy}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		gotA, gotB = append(gotA, outs[0].Token), append(gotB, outs[1].Token)
-		feedB = gotB[len(gotB)-1:]
-	}
+	gotA, gotB := stepBoth(t, m, gotA, pb, len(wantB))
 	if !slices.Equal(gotA[:len(wantA)], wantA) || !slices.Equal(gotB, wantB) {
 		t.Errorf("after a step that ran on worker 0 only: %v and %v; alone %v and %v", gotA, gotB, wantA, wantB)
 	}
@@ -124,16 +132,7 @@ func TestPipelinePartialStep(t *testing.T) {
 	}
 	gotA = append(gotA, outs[0].Token)
 	m.Free(4, "")
-	var gotB []int32
-	feedB := pb
-	for len(gotB) < len(wantB) {
-		outs, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: gotA[len(gotA)-1:], Sample: true, Params: greedy}, {Seq: 2, Tokens: feedB, Sample: true, Params: greedy}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		gotA, gotB = append(gotA, outs[0].Token), append(gotB, outs[1].Token)
-		feedB = gotB[len(gotB)-1:]
-	}
+	gotA, gotB := stepBoth(t, m, gotA, pb, len(wantB))
 	if !slices.Equal(gotA[:len(wantA)], wantA) || !slices.Equal(gotB, wantB) {
 		t.Errorf("after pipelined steps that ran on worker 0 only: %v and %v; alone %v and %v", gotA, gotB, wantA, wantB)
 	}

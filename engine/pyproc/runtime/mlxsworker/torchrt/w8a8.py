@@ -118,8 +118,7 @@ def route(w, x):
     if rows < MMA_MIN_ROWS or not _on:
         return None
     where = _where(x.device)
-    if (rows <= MMA_MAX_ROWS and _mma.get((where, x.dtype, mma_fits(w)))
-            and (where, x.dtype, w.n, w.k, "mma") not in _refused):
+    if _takes_mma(w, rows, where, x.dtype):
         return {"mma": True}
     if rows < MIN_ROWS or (where, x.dtype, w.n, w.k, "cublas") in _refused:
         return None
@@ -132,13 +131,20 @@ def given_group(w, rows, device, dtype):
     activations quantized first (act_quant: 17 to MMA_MAX_ROWS rows), so
     the kernel writing them can quantize them instead (quant_triton.give);
     else 0. As route decides."""
-    if not _on or not isinstance(w, quant.QWeight) or w.kind != "fp8" or not MMA_MIN_ROWS <= rows <= MMA_MAX_ROWS:
+    if not _on or not isinstance(w, quant.QWeight) or w.kind != "fp8" or rows < MMA_MIN_ROWS:
         return 0
-    where = _where(device)
-    if not _mma.get((where, dtype, mma_fits(w))) or (where, dtype, w.n, w.k, "mma") in _refused:
+    if not _takes_mma(w, rows, _where(device), dtype):
         return 0
     from . import quant_triton
     return quant_triton.ACT_GROUP if quant_triton.tiles_for(rows, "mma").pre else 0
+
+
+def _takes_mma(w, rows, where, dtype):
+    """Whether fp8 QWeight w's product of rows rows (MMA_MIN_ROWS or
+    more, W8A8 on) runs fp8_mma on device where: within its rows, its
+    layout's check passed there and the shape was not refused."""
+    return (rows <= MMA_MAX_ROWS and bool(_mma.get((where, dtype, mma_fits(w))))
+            and (where, dtype, w.n, w.k, "mma") not in _refused)
 
 
 def refuse(w, x, e, how):
