@@ -81,6 +81,7 @@ var (
 	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
 	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
 	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
+	promptAtt = flag.Bool("prompt-attention", true, "prompt-step graphs of the whole step around the paged prompt-attention kernel (pyproc.Tuning.NoPromptAttention)")
 	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
 	tpOneShot = flag.Bool("tp-oneshot", true, "small tensor-parallel all-reduces over peer memory, not NCCL (pyproc.Tuning.NoOneShotAllReduce)")
 	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 in products of 2 rows or more: a Triton kernel to 64 rows, torch._scaled_mm beyond (pyproc.Tuning.NoFP8ScaledMM)")
@@ -113,7 +114,7 @@ func tuning() pyproc.Option { return pyproc.WithTuning(tuningValue()) }
 
 // tuningValue is the pyproc.Tuning the flags ask for.
 func tuningValue() pyproc.Tuning {
-	return pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoTPGraphs: !*tpGraphs, NoOneShotAllReduce: !*tpOneShot, NoFP8ScaledMM: !*scaledMM}
+	return pyproc.Tuning{NoKernels: !*kernels, NoOverlap: !*overlap, NoPrefillGraphs: !*prefillG, NoPromptAttention: !*promptAtt, NoTPGraphs: !*tpGraphs, NoOneShotAllReduce: !*tpOneShot, NoFP8ScaledMM: !*scaledMM}
 }
 
 // bf16Rate is a large bf16 matrix product's rate on the H100 as measured

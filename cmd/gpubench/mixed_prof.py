@@ -4,7 +4,8 @@ BATCH sequences decoding at about CONTEXT tokens each while every step
 brings one new prompt of PROMPT tokens (the oldest sequence leaves), so
 each step mixes a prompt with the decodes. Prints, with the overlap
 and prompt-step graph settings off, the overlap on, and both on (twice,
-alternating), the wall time per step, the GPU's busy time per step
+alternating; MIXED_CONFIGS=paged: the served configuration with the
+prompt steps' graphs piecewise and whole, alternating), the wall time per step, the GPU's busy time per step
 from the torch profiler (kernels on the one stream: their sum is the
 busy time) and the top device and host ops; with HOST_PROFILE=1, also
 cProfile's table of the host's time (blocking waits included); with
@@ -38,9 +39,10 @@ def prompt(n, seed):
     return [(seed * 7919 + j * 104729) % 120000 for j in range(n)]
 
 
-def run(overlap, graphs):
+def run(overlap, graphs, paged=True):
     m = TorchModel(path, {"max_batch": batch + 8, "context_length": 8192, "device": "cuda", "dtype": "bfloat16",
-                          "kv_capacity": (batch + 8) * 4096}, Settings(overlap=overlap, prefill_graphs=graphs))
+                          "kv_capacity": (batch + 8) * 4096},
+                   Settings(overlap=overlap, prefill_graphs=graphs, prompt_attention=paged))
     seqs = {}  # id -> the token to feed next
     nid = 0
     # Start: batch sequences whose prompts reach about ctx tokens, staggered
@@ -84,9 +86,9 @@ def run(overlap, graphs):
         torch.cuda.synchronize()
     ka = prof.key_averages()
     busy = sum(getattr(e, "self_device_time_total", 0) for e in ka if str(getattr(e, "device_type", "")).endswith("CUDA")) / 8e3
-    print("overlap %s, prefill graphs %s: batch %d + one %d-token prompt per step: %.2f ms per step (wall, %d steps); "
+    print("overlap %s, prefill graphs %s, whole-step (paged attention) %s: batch %d + one %d-token prompt per step: %.2f ms per step (wall, %d steps); "
           "profiled: GPU busy %.2f ms per step; speculated %s"
-          % (overlap, graphs, batch, plen, wall * 1e3, steps, busy, m.stats().get("speculated")))
+          % (overlap, graphs, m.prefill is not None and m.prefill.paged, batch, plen, wall * 1e3, steps, busy, m.stats().get("speculated")))
     print(ka.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
     print(ka.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
     if HOST:  # the host's own time per function, blocking waits included
@@ -106,5 +108,7 @@ def run(overlap, graphs):
 configs = ((False, False), (True, False), (True, True), (False, False), (True, False), (True, True))
 if os.environ.get("MIXED_CONFIGS") == "on":
     configs = ((True, True),)
-for ov, pg in configs:
-    run(ov, pg)
+if os.environ.get("MIXED_CONFIGS") == "paged":  # the served configuration, prompt steps piecewise and whole, alternating
+    configs = ((True, True, False), (True, True, True), (True, True, False), (True, True, True))
+for cf in configs:
+    run(*cf)

@@ -202,6 +202,18 @@ func TestRuntimeKernels(t *testing.T) {
 	}
 }
 
+// TestPromptAttentionCUDA runs testdata/prompt_attention_test.py
+// (MLXSERVING_TEST_DEVICE=cuda only): the paged prompt-attention kernel of
+// the whole-step prompt graphs against plain float32 attention over the
+// same pool, for every family's shapes, chunks fresh and after a long
+// prefix, windows, block sizes, FP8 pools; and its load check.
+func TestPromptAttentionCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	runPyCheck(t, "testdata/prompt_attention_test.py", "runtime")
+}
+
 // TestBatchedDraws runs testdata/draws_test.py on the CPU: a step's
 // temperature rows drawn at once (sampling.draws) filter each row as the
 // row alone is filtered, never pick a token of probability 0, pick each

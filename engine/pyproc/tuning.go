@@ -45,6 +45,13 @@ type Tuning struct {
 	// (CUDA, bfloat16/float16 models with plain weights, no mixture of
 	// experts or tensor parallel; steps with adapters on graphs of their own).
 	NoPrefillGraphs bool
+	// NoPromptAttention keeps the prompt-step graphs piecewise around
+	// each layer's attention (a gather of the chunks' cache and the
+	// varlen flash call, run eagerly between the pieces). By default a
+	// step of prompt chunks attends through a Triton kernel that reads
+	// the cache through the block table, and replays one graph of the
+	// whole step, where that kernel agrees with plain attention at load.
+	NoPromptAttention bool
 	// NoKernels runs the plain torch code instead of the runtime's Triton
 	// kernels (CUDA).
 	NoKernels bool
@@ -130,6 +137,7 @@ type settings struct {
 	SplitSteps    bool    `json:"split_steps"`
 	Overlap       bool    `json:"overlap"`
 	PrefillGraphs bool    `json:"prefill_graphs"`
+	PromptAttn    bool    `json:"prompt_attention"`
 	Kernels       bool    `json:"kernels"`
 	Varlen        bool    `json:"varlen"`
 	AttnPrefetch  bool    `json:"attn_prefetch"`
@@ -146,7 +154,7 @@ type settings struct {
 // settingsArg returns the --settings argument for t.
 func (t Tuning) settingsArg() string {
 	s := settings{BlockSize: t.BlockSize, WindowStep: t.WindowStep, KVFraction: t.KVFraction,
-		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, PrefillGraphs: !t.NoPrefillGraphs, Kernels: !t.NoKernels,
+		PrefixCache: !t.NoPrefixCache, SplitSteps: !t.NoSplitSteps, Overlap: !t.NoOverlap, PrefillGraphs: !t.NoPrefillGraphs, PromptAttn: !t.NoPromptAttention, Kernels: !t.NoKernels,
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto", LoRASide: !t.NoLoRASideStream,
 		FP8ScaledMM: !t.NoFP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		TPOneShot: !t.NoOneShotAllReduce,

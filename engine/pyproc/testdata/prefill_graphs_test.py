@@ -12,7 +12,9 @@ scratch block (padding rows write there alone).
   python3 prefill_graphs_test.py RUNTIME_DIR MODEL_DIR...
 
 Each model directory is checked on its own (the Go test passes one per
-family: norms, QK norms, sliding layers, partial rotary and longrope).
+family: norms, QK norms, sliding layers, partial rotary and longrope),
+with the piecewise graphs and with whole-step graphs around the paged
+prompt attention (its kernel stood in by prefill.attention_reference).
 
 Prints "N passed, 0 failed" or raises. Run by TestPrefillGraphsEmulated.
 """
@@ -28,15 +30,17 @@ from mlxsworker.torchrt.model import TorchModel  # noqa: E402
 from standins import Kern, MoEKern, flash_varlen, prompt, record, sampler  # noqa: E402
 
 
-def model(path, with_graphs):
+def model(path, graphs_kind):
+    """The TorchModel of path on the CPU with the stand-ins; graphs_kind:
+    None (eager prompt steps), "piecewise" or "whole" (prefill.py)."""
     m = TorchModel(path, {"device": "cpu", "max_batch": 8})
     m.model.kern = Kern(m.model)
     if m.model.moe is not None:  # the fused experts' path, which the graphs take
         m.model.moe.fused = MoEKern
     m.model.varlen = m.model.sdpa = True
-    if with_graphs:
+    if graphs_kind:
         assert prefill.PrefillGraphs.supports(m.model)
-        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512)
+        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512, paged=graphs_kind == "whole")
     return m
 
 
@@ -65,12 +69,13 @@ def run(m):
     return out, pool
 
 
-def check(path):
-    """The checks on one checkpoint; returns how many passed."""
+def check(path, kind):
+    """The checks on one checkpoint with graphs of kind ("piecewise" or
+    "whole"); returns how many passed."""
     passed = 0
     with torch.no_grad():
-        eager, pe = run(model(path, False))
-        gm = model(path, True)
+        eager, pe = run(model(path, None))
+        gm = model(path, kind)
         got, pg = run(gm)
     assert [t for t, _ in got] == [t for t, _ in eager], "tokens: graphs %r, eager %r" % (got, eager)
     passed += 1
@@ -80,6 +85,10 @@ def check(path):
     got_buckets = gm.prefill.captured()
     assert got_buckets and set(got_buckets) <= {64, 256, 512} and len(got_buckets) == len(gm.prefill.sets), sorted(gm.prefill.sets)
     assert not gm.prefill.broken
+    whole = kind == "whole"
+    assert all(k[2] == whole for k in gm.prefill.sets), "graph kinds %r, want whole %s" % (sorted(gm.prefill.sets), whole)
+    assert all(len(g) == (1 if whole else gm.cfg.layers + 1) for g in gm.prefill.sets.values())
+    assert gm.prefill.paged == whole and (gm.prefill.table is gm.kv.table) == whole
     passed += 1
     # The pool outside the scratch block as the eager path left it; the
     # padding rows wrote the scratch block (its first row).
@@ -91,14 +100,27 @@ def check(path):
         assert torch.allclose(a[keep], b[keep], atol=1e-5), "layer %d: KV outside the scratch block differs" % li
         assert not torch.equal(b[sc, 0], a[sc, 0]), "layer %d: no padding row wrote the scratch block" % li
     passed += 1
-    print("%s: buckets %s, worst logprob difference %.2g" % (path, got_buckets, worst))
+    print("%s, %s graphs: buckets %s, worst logprob difference %.2g" % (path, kind, got_buckets, worst))
     return passed
+
+
+def check_tile_plan():
+    """tile_plan: each chunk cut in tiles of tb tokens, positions and
+    rows advancing with them, unused columns of 0 tokens; None past the
+    width."""
+    got = prefill.tile_plan([(0, 5, 10, 3), (5, 2, 0, 7)], 2, 6)
+    assert got == [[0, 2, 4, 5, 0, 0], [2, 2, 1, 2, 0, 0], [10, 12, 14, 0, 0, 0], [3, 3, 3, 7, 0, 0]], got
+    assert prefill.tile_plan([(0, 5, 10, 3)], 2, 2) is None
+    assert prefill.tile_tokens(32, 8, 64) == 32 and prefill.tile_tokens(24, 8, 128) == 32 and prefill.tile_tokens(8, 8, 128) == 128
+    assert prefill.tile_tokens(8, 4, 256) == 32 and prefill.tile_tokens(64, 1, 256) == 1
+    return 1
 
 
 def main():
     decoder._flash_varlen = flash_varlen
     graphs.record, graphs.new_pool = record, lambda: object()
-    passed = sum(check(path) for path in sys.argv[2:])
+    passed = check_tile_plan()
+    passed += sum(check(path, kind) for path in sys.argv[2:] for kind in ("piecewise", "whole"))
     print("%d passed, 0 failed" % passed)
 
 

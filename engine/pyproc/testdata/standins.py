@@ -2,13 +2,15 @@
 that the CPU tests (prefill_graphs_test.py, overlap_test.py) run those
 paths: a captured graph kept as a callable that every replay runs again,
 the Triton kernels' entry points (kernels.py, and moe_triton.py's as
-MoEKern) and the varlen flash call, in float32. Attention sinks (gpt_oss) take the real calls' interfaces and
+MoEKern; prompt_attention as prefill.attention_reference, the kernel's
+check at load) and the varlen flash call, in float32. Attention sinks (gpt_oss) take the real calls' interfaces and
 math: decode_attention adds exp(s_h - m) to its softmax's denominator, as
 the kernel does; flash_varlen returns its log-sum-exp for the decoder to
 rescale by.
 """
 import torch
 import torch.nn.functional as F
+from mlxsworker.torchrt import prefill
 
 
 def prompt(mul, add, n):
@@ -79,6 +81,12 @@ class Kern:
         f.store(kc.view(-1, kv_heads, hd), kvrow, qk[:, heads:], k_scale)
         f.store(vc.view(-1, kv_heads, hd), kvrow, qkv[:, (heads + kv_heads) * hd :].reshape(-1, kv_heads, hd), v_scale)
         return qk
+
+    def prompt_attention(self, q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, scale=None, window=0,
+                         k_scale=1.0, v_scale=1.0):
+        assert int(tiles[1, :ntiles].max()) <= tb, "a tile of more tokens than the kernel's"
+        return prefill.attention_reference(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, scale, window, k_scale,
+                                           v_scale, self.m.kvq)
 
     def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
                          rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):

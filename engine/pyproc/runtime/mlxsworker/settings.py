@@ -22,6 +22,10 @@ class Settings:
     launched before the host reads the tokens (CUDA with the kernels).
     prefill_graphs: steps of prompt chunks replay CUDA graphs captured
     piecewise around attention (CUDA, varlen attention, plain weights).
+    prompt_attention: with prefill_graphs, steps of prompt chunks attend
+    through the paged prompt-attention kernel, so each replays one graph
+    of the whole step (prefill.py), where the kernel passes its check at
+    load.
     kv_fraction: the share of the device's free memory a KV pool sized
     from memory takes (CUDA).
     kernels: the Triton kernels run the CUDA decode path.
@@ -54,6 +58,7 @@ class Settings:
     split_steps: bool = True
     overlap: bool = True
     prefill_graphs: bool = True
+    prompt_attention: bool = True
     kv_fraction: float = 0.8
     kernels: bool = True
     varlen: bool = True

@@ -22,6 +22,10 @@ tokens do not depend on which path ran.
   split).
 - rope_kv: the rotary embedding of a prompt chunk's q and k and its KV
   write into the blocks.
+- prompt_attention: causal attention of a step's prompt chunks over their
+  blocks through the block table (flash-style tiles of a chunk's tokens
+  times a KV head's query heads), whose only host input is a small tile
+  plan: the prompt-step graphs (prefill.py) hold it whole.
 
 A pool of torch.float8_e4m3fn (FP8 KV, kvcache.py) is written as e4m3(x /
 scale) and read as code * scale, converted in registers: the attention
@@ -483,6 +487,102 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
                                        SINK=sinks is not None, num_warps=4)
+    return out
+
+
+# Keys a loop step of prompt_attention.
+PROMPT_KEYS = 64
+
+
+@triton.jit
+def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stride, bt_stride, s_blk, s_pos, s_head,
+                        tile_stride, scale, k_scale, v_scale,
+                        H: tl.constexpr, REP: tl.constexpr, REPP: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr,
+                        BS: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
+                        IEEE: tl.constexpr):
+    t = tl.program_id(0)
+    kh = tl.program_id(1)
+    n = tl.load(tile_ptr + tile_stride + t)  # the tile's tokens; 0: an unused program
+    if n > 0:
+        a = tl.load(tile_ptr + t)  # its first packed row
+        p0 = tl.load(tile_ptr + 2 * tile_stride + t)  # that row's position
+        trow = tl.load(tile_ptr + 3 * tile_stride + t)  # the sequence's block-table row
+        m = tl.arange(0, ROWS)  # tokens of the tile times the KV head's query heads
+        tok = m // REPP
+        r = m % REPP
+        rm = (tok < n) & (r < REP)
+        d = tl.arange(0, HD)
+        head = (kh * REP + r) * HD
+        q = tl.load(q_ptr + (a + tok).to(tl.int64)[:, None] * q_stride + head[:, None] + d[None, :], mask=rm[:, None],
+                    other=0.0)
+        qpos = p0 + tok
+        bt = bt_ptr + trow.to(tl.int64) * bt_stride
+        hi = p0 + n  # keys 0 .. the tile's last position
+        lo = p0 * 0
+        if WINDOW > 0:  # no query of the tile sees a key at or before p0 - WINDOW
+            lo = tl.maximum(p0 - (WINDOW - 1), lo)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HD], tl.float32)
+        j = tl.arange(0, BN)
+        for start in range(lo, hi, BN):
+            pj = start + j
+            jm = pj < hi
+            blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
+            off = blk * s_blk + (pj % BS) * s_pos + kh * s_head
+            kb = _kv_decode(tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), k_scale, q, FP8)
+            vb = _kv_decode(tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), v_scale, q, FP8)
+            if IEEE:
+                s = tl.dot(q, tl.trans(kb), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kb))
+            ok = jm[None, :] & (pj[None, :] <= qpos[:, None])
+            if WINDOW > 0:
+                ok = ok & (pj[None, :] > qpos[:, None] - WINDOW)
+            s = tl.where(ok, s * scale, float("-inf"))
+            # Every row sees key lo in the first step (lo <= p0 <= its
+            # position, inside its window), so m_i is finite from then on.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(pr, vb.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
+            m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + (a + tok).to(tl.int64)[:, None] * (H * HD) + head[:, None] + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, scale=None, window=0, k_scale=1.0,
+                     v_scale=1.0):
+    """Causal attention of a step's prompt chunks over their sequences'
+    blocks, read in place through the block table: no gather of the
+    cache, so nothing in it depends on the host but tiles, and a CUDA
+    graph can hold it. q [N, >= H, hd] (row stride any; the rotated
+    queries of the step's packed rows), kc, vc [blocks, block_size, K,
+    hd] (float8_e4m3fn: read with k_scale and v_scale), table [rows,
+    max_blocks] int32; tiles [4, >= ntiles] int32, one column a program:
+    its first packed row, its token count (at most tb; 0: none), that
+    row's position and the sequence's table row (prefill.tile_plan); tb
+    times the query heads of a KV head, rounded up to a power of two, is
+    a power of two of at least 16 (a program's rows). A
+    chunk's tokens see every key of their sequence up to their own
+    position (pos - window < j in a sliding layer); the chunk's own keys
+    must be in the blocks already (rope_kv). Writes out [N, H * hd]."""
+    hd = kc.shape[-1]
+    rep = heads // kv_heads
+    repp = triton.next_power_of_2(rep)
+    if scale is None:
+        scale = 1.0 / math.sqrt(hd)
+    warps = 8 if hd >= 128 else 4
+    _prompt_attn_kernel[(ntiles, kv_heads)](
+        q, kc, vc, out, table, tiles, q.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+        tiles.stride(0), scale, float(k_scale), float(v_scale),
+        H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=PROMPT_KEYS, WINDOW=window,
+        FP8=kc.dtype == FLOAT8, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=2)
     return out
 
 

@@ -14,6 +14,7 @@ from .decoder import Decoder
 from .graphs import BATCH_BUCKETS, DecodeGraphs
 from .paged import Layout, OutOfBlocks, PagedKV
 from .pooling import Pooled, with_pooled
+from . import prefill
 from .prefill import PrefillGraphs
 from .sampling import note_forced, sample_rows
 from .upload import HostCopy, to_device
@@ -135,7 +136,8 @@ class TorchModel(Model):
         # (prefill.py; with adapters, graphs of their own).
         self.prefill = None
         if self.graphs is not None and settings.prefill_graphs and PrefillGraphs.supports(self.model):
-            self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens, self.adapters)
+            paged = settings.prompt_attention and prefill.prompt_attention_ok(self.model, self.kv.bs)
+            self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens, self.adapters, paged=paged)
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched
         self.spec_missed = False
@@ -711,14 +713,26 @@ class TorchModel(Model):
             elif sample:
                 last.append(len(tokens) - 1)
             s.tokens.extend(toks)
+        # A step of prompt chunks alone may replay a whole-step graph: its
+        # attention plan is then a few ints a chunk (prefill.tile_plan).
+        tiles = None
+        if chunks and not dec_rows and not pooled and self.prefill is not None:
+            tiles = self.prefill.tiles([(c[1], c[2] - c[1], c[4], c[3]) for c in chunks], len(tokens), lora)
         parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid, slot_rows] + kvrow + blocks
+        if tiles is not None:
+            parts.append([v for row in tiles for v in row])
         flat = to_device([v for part in parts for v in part], self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])
             at += len(part)
         tok, posd, lastd, rowsd, trowsd, lensd, rposd, hidd, slotd = views[:9]
-        kvrowd, blocksd = views[9 : 9 + G], views[9 + G :]
+        kvrowd, blocksd = views[9 : 9 + G], views[9 + G : 9 + 2 * G]
+        if tiles is not None:
+            out = self.prefill.run(tok, rposd if longrope else posd, kvrowd, None, lastd, slotd if lora else None,
+                                   tiles=views[-1])
+            if out is not None:
+                return out
         groups = []
         if chunks and self.model.varlen:
             groups.append(self._varlen_group(seqs, chunks, len(tokens)))

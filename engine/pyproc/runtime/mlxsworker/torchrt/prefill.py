@@ -12,6 +12,20 @@ residual. Attention itself (its KV rows and cumulative lengths change
 every step) runs eagerly between them: per layer two gathers and the flash
 call. The logits of the sampled rows run eagerly too.
 
+Whole-step graphs (settings.prompt_attention, on by default where the
+check below passes): attention through kernels.prompt_attention, which
+reads each chunk's keys and values in place through the block table and
+takes from the host only a tile plan (tile_plan: a few ints a chunk,
+copied into a buffer), so the step's every layer, attention included, is
+one graph per bucket, replayed by one launch. The piecewise graphs'
+gathers and varlen calls cost host time that scaled with the layers
+(about 80 eager launches a step on a 16-layer model) and device copies
+that scaled with each chunk's prefix. A step with more chunks than
+MAX_CHUNKS, or whose plan does not fit the bucket's tiles, takes the
+piecewise graphs. At load the kernel is checked against the plain torch
+attention (attention_reference) on a pool in the model's shapes; where it
+disagrees or does not build, the piecewise graphs serve (logged).
+
 Graphs are captured per token bucket (BUCKETS up to the step's token
 budget) on first use and share their buffers: inputs (tokens, rotary rows,
 each block group's KV rows), the residual, the MLP's output, the rotated q
@@ -59,6 +73,14 @@ from .lora import SegmentPlan, segments
 
 log = logging.getLogger("prefill")
 
+# A program of kernels.prompt_attention takes TILE_ROWS rows (half as many
+# for heads wider than 128): tokens of one chunk times the query heads of
+# one KV head (padded to a power of two).
+TILE_ROWS = 128
+# The most prompt chunks a whole-step graph's tile plan leaves room for
+# beyond the bucket's tokens (a chunk's last tile may be short).
+MAX_CHUNKS = 64
+
 
 def buckets(limit):
     """Token counts a step is padded up to: 64, 128, 256, then every 256
@@ -71,12 +93,117 @@ def buckets(limit):
     return out + [limit]
 
 
+def _pow2(n):
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def tile_tokens(heads, kv_heads, head_dim):
+    """The tokens of one chunk a program of prompt_attention takes."""
+    rows = TILE_ROWS if head_dim <= 128 else TILE_ROWS // 2
+    return max(1, rows // _pow2(heads // kv_heads))
+
+
+def tile_plan(chunks, tb, width):
+    """prompt_attention's tiles for chunks [(first packed row, tokens,
+    position, table row)], tb tokens a tile: four lists of width columns
+    (first packed row, tokens, position, table row; unused columns count
+    0 tokens), or None when they take more than width."""
+    rows, counts, pos, trows = [], [], [], []
+    for a, n, p, trow in chunks:
+        for off in range(0, n, tb):
+            rows.append(a + off)
+            counts.append(min(tb, n - off))
+            pos.append(p + off)
+            trows.append(trow)
+    if len(rows) > width:
+        return None
+    pad = [0] * (width - len(rows))
+    return [rows + pad, counts + pad, pos + pad, trows + pad]
+
+
+def attention_reference(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, scale, window, k_scale, v_scale, fmt):
+    """kernels.prompt_attention in plain torch (float32 scores), the pool
+    read through fmt (kvcache.KVFormat): the load check's reference and
+    the CPU tests' stand-in."""
+    hd, bs = kc.shape[-1], kc.shape[1]
+    rep = heads // kv_heads
+    scale = hd ** -0.5 if scale is None else scale
+    for a, n, p0, trow in zip(*tiles[:, :ntiles].tolist()):
+        if n == 0:
+            continue
+        L = p0 + n
+        blocks = table[trow, : -(-L // bs)].long()
+        kk = fmt.load(kc, blocks, k_scale).reshape(-1, kv_heads, hd)[:L].float()
+        vv = fmt.load(vc, blocks, v_scale).reshape(-1, kv_heads, hd)[:L].float()
+        qq = q[a : a + n, :heads].float().reshape(n, kv_heads, rep, hd)
+        s = torch.einsum("nkrd,lkd->krnl", qq, kk) * scale
+        i = torch.arange(n, device=q.device).unsqueeze(1) + p0
+        j = torch.arange(L, device=q.device).unsqueeze(0)
+        ok = j <= i
+        if window:
+            ok = ok & (j > i - window)
+        o = torch.einsum("krnl,lkd->nkrd", torch.softmax(s.masked_fill(~ok, float("-inf")), -1), vv)
+        out[a : a + n] = o.reshape(n, heads * hd).to(out.dtype)
+    return out
+
+
+def prompt_attention_ok(m, bs):
+    """Whether kernels.prompt_attention builds here and agrees with
+    attention_reference for decoder m's heads, head dim, KV format,
+    scale and windows over blocks of bs tokens: chunks fresh and after a
+    prefix, longer and shorter than a tile, one past a sliding window.
+    Logs why not."""
+    cfg, dev = m.cfg, m.device
+    if any(L.get("sinks") is not None for L in m.layers):
+        return False  # sink logits: the piecewise graphs' varlen call has them
+    H, K, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    tb = tile_tokens(H, K, hd)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    chunks = [(0, 37, 0, 1), (37, 3, 90, 2), (40, tb + 9, 200, 3)]  # (row, tokens, position, table row)
+    n = sum(c[1] for c in chunks)
+    nb = -(-(200 + tb + 9) // bs)
+    blocks = 3 * nb + 1
+    perm = torch.randperm(3 * nb, generator=g).to(torch.int32)
+    table = torch.full((4, nb), 3 * nb, dtype=torch.int32)
+    table[1:] = perm.view(3, nb)
+    table = table.to(dev)
+    ks, vs = 0.5, 0.25
+    pool = [m.kvq.encode(torch.randn(blocks, bs, K, hd, generator=g).to(dev, m.dtype), sc).contiguous() for sc in (ks, vs)]
+    q = torch.randn(n, H + K, hd, generator=g).to(dev, m.dtype)
+    tiles = torch.tensor(tile_plan(chunks, tb, 64), dtype=torch.int32, device=dev)
+    tol = 1e-3 if m.dtype == torch.float32 else 3e-2
+    try:
+        for window in sorted({0} | {w for w in cfg.windows if w} | ({50} if any(cfg.windows) else set())):
+            got = torch.zeros(n, H * hd, device=dev, dtype=m.dtype)
+            want = torch.zeros_like(got)
+            args = (table, tiles, 64)
+            m.kern.prompt_attention(q, *pool, *args, got, H, K, tb, m.custom_scale(), window, ks, vs)
+            attention_reference(q, *pool, *args, want, H, K, m.custom_scale(), window, ks, vs, m.kvq)
+            err = (got.float() - want.float()).abs().max().item()
+            if not err <= tol:
+                log.warning("prompt attention kernel disagrees with plain attention (window %d, by %.3g); "
+                            "prompt steps keep the piecewise graphs", window, err)
+                return False
+    except Exception as e:  # no build for this device or shape
+        log.warning("prompt attention kernel unavailable (%s); prompt steps keep the piecewise graphs", e)
+        return False
+    return True
+
+
 class PrefillGraphs:
-    def __init__(self, model, kv, limit, adapters=None):
+    def __init__(self, model, kv, limit, adapters=None, paged=False):
         self.model, self.kv, self.limit = model, kv, limit
         self.adapters = adapters  # lora.Slots when the model serves adapters
         self.sizes = buckets(limit)
-        self.sets = {}  # (bucket, with the delta) -> its graphs, in replay order
+        # paged: whole-step graphs around kernels.prompt_attention (the
+        # module doc); off after a failed capture.
+        self.paged = paged
+        self.tb = tile_tokens(model.cfg.heads, model.cfg.kv_heads, model.cfg.head_dim)
+        self.table = None  # the KV table the whole-step graphs read (paged.py reallocates it as rows run out)
+        self.sets = {}  # (bucket, with the delta, whole) -> its graphs, in replay order
         # bucket -> the segmented LoRA plan's buffers its graphs read (kept
         # here: a graph holds no tensor from outside its pool alive).
         self.segs = {}
@@ -87,7 +214,23 @@ class PrefillGraphs:
 
     def captured(self, lora=False):
         """The buckets whose graphs (with the delta: lora) are captured."""
-        return sorted(nb for nb, d in self.sets if d == lora)
+        return sorted({nb for nb, d, _ in self.sets if d == lora})
+
+    def width(self, nb):
+        """The tiles of bucket nb's whole-step graph."""
+        return -(-nb // self.tb) + MAX_CHUNKS
+
+    def tiles(self, chunks, n, lora=False):
+        """The tile plan (tile_plan) of a step of chunks [(first packed row,
+        tokens, position, table row)], n rows in all, for a whole-step
+        graph, or None when the step cannot take one (no paged graphs
+        here, the step too large, a plan on the decoder, adapter rows the
+        graphs with the delta cannot run, too many chunks)."""
+        if not self.paged or self.broken or not 0 < n <= self.limit or self.model.lora is not None:
+            return None
+        if lora and (self.lora_broken or self.adapters is None or self.adapters.A is None):
+            return None
+        return tile_plan(chunks, self.tb, self.width(next(s for s in self.sizes if s >= n)))
 
     @staticmethod
     def supports(model):
@@ -120,18 +263,22 @@ class PrefillGraphs:
             "qk": torch.zeros(n, H + K, hd, dtype=m.dtype, device=dev),
             "a": torch.zeros(n, H * hd, dtype=m.dtype, device=dev),
             "slot": torch.zeros(n, dtype=torch.long, device=dev),  # each row's adapter (lora.py; 0: the base)
+            "tiles": torch.zeros(4, self.width(n), dtype=torch.int32, device=dev),  # prompt_attention's plan
         }
 
-    def _capture(self, nb, lora=False):
+    def _capture(self, nb, lora=False, whole=False):
         """The graphs of bucket nb (with the delta: lora): embedding and
         layer 0 to its q and k, then per layer the rest of it and the next
-        layer to its q and k."""
+        layer to its q and k; whole: one graph of them all with each
+        layer's prompt_attention between."""
         m, kv, cfg = self.model, self.kv, self.model.cfg
         H, K = cfg.heads, cfg.kv_heads
         if self.buf is None:
             self.buf = self._buffers()
-        b = {k: v[:, :nb] if k == "kr" else v[:nb] for k, v in self.buf.items()}
+        b = {k: v[:, :nb] if k == "kr" else v[:nb] for k, v in self.buf.items() if k != "tiles"}
         b["kr"][:] = kv.scratch * kv.bs  # the warm-up runs write the scratch block only
+        tiles, width = self.buf["tiles"], self.width(nb)
+        tiles.zero_()  # and attend nowhere
 
         def pre(li, x, d):
             L = m.layers[li]
@@ -188,20 +335,34 @@ class PrefillGraphs:
                     m.lora = None
             return delta
 
-        pool = self.pools.get(lora)
+        pool = self.pools.get((lora, whole))
         if pool is None:
-            pool = self.pools[lora] = graphs.new_pool()
-        out = []
-        for li in range(-1, len(m.layers)):
-            g, _ = graphs.record(piece(li), pool, warmup=1)
-            out.append(g)
-        self.sets[(nb, lora)] = out
+            pool = self.pools[(lora, whole)] = graphs.new_pool()
+        if whole:
+            pieces = [piece(li) for li in range(-1, len(m.layers))]
+
+            def step():
+                pieces[0]()
+                for li in range(len(m.layers)):
+                    m.kern.prompt_attention(b["qk"], kv.kc[li], kv.vc[li], kv.table_of(li), tiles, width, b["a"], H, K,
+                                            self.tb, m.custom_scale(), cfg.windows[li], *m.kvq.scales[li])
+                    pieces[li + 1]()
+            self.table = kv.table
+            out = [graphs.record(step, pool, warmup=1)[0]]
+        else:
+            out = [graphs.record(piece(li), pool, warmup=1)[0] for li in range(-1, len(m.layers))]
+        self.sets[(nb, lora, whole)] = out
         return out
 
-    def _fail(self, lora, e):
+    def _fail(self, lora, e, whole=False):
         """Marks the graphs of a kind broken after their capture failed
-        (logged): steps of that kind run eagerly from now on."""
-        if lora:
+        (logged): steps of that kind run eagerly from now on (whole-step
+        graphs: on the piecewise graphs)."""
+        if whole:
+            self.paged = False
+            log.warning("whole prompt-step CUDA graphs failed to capture; prompts take the piecewise graphs: %s", e,
+                        exc_info=True)
+        elif lora:
             self.lora_broken = True
             log.warning("prompt-step CUDA graphs with LoRA failed to capture; prompts with adapters run eagerly: %s", e,
                         exc_info=True)
@@ -209,22 +370,31 @@ class PrefillGraphs:
             self.broken = True
             log.warning("prompt-step CUDA graphs failed to capture; prompts run eagerly: %s", e, exc_info=True)
 
-    def run(self, tokens, rp, kvrow, group, last, slots=None):
+    def run(self, tokens, rp, kvrow, group, last, slots=None, tiles=None):
         """The packed step's logits of rows last: tokens, rp (rotary rows)
         [n] and kvrow (per block group [n]) on the device, group its
-        varlen plan; slots: each row's device slot [n] (lora.py) for a
-        step with adapters, else None. None when capturing failed (the
-        step then runs eagerly; graphs of that kind are off from then
-        on)."""
+        varlen plan, or tiles its tile plan (self.tiles, flattened, on the
+        device) for a whole-step graph; slots: each row's device slot [n]
+        (lora.py) for a step with adapters, else None. None when
+        capturing failed (the step then runs eagerly; graphs of that kind
+        are off from then on)."""
         m, kv = self.model, self.kv
-        n, lora = tokens.shape[0], slots is not None
+        n, lora, whole = tokens.shape[0], slots is not None, tiles is not None
         nb = next(s for s in self.sizes if s >= n)
-        gs = self.sets.get((nb, lora))
+        if whole and self.table is not None and self.table is not kv.table:
+            # The table was reallocated: the whole-step graphs read the old
+            # one. Drop them and their pools (never captured into again).
+            for key in [k for k in self.sets if k[2]]:
+                del self.sets[key]
+            for key in [k for k in self.pools if k[1]]:
+                del self.pools[key]
+            self.table = None
+        gs = self.sets.get((nb, lora, whole))
         if gs is None:
             try:
-                gs = self._capture(nb, lora)
+                gs = self._capture(nb, lora, whole)
             except RuntimeError as e:
-                self._fail(lora, e)
+                self._fail(lora, e, whole)
                 return None
         b = self.buf
         b["tok"][:n].copy_(tokens)
@@ -237,6 +407,12 @@ class PrefillGraphs:
             b["slot"][:n].copy_(slots)
             b["slot"][n:nb].zero_()  # padding rows: the base
         H = m.cfg.heads
+        if whole:
+            w = self.width(nb)
+            b["tiles"][:, :w].copy_(tiles.view(4, w))
+            gs[0].replay()
+            x, d = b["x"][:n], b["d"][:n]
+            return m.logits(m.rms(x[last] + d[last], m.norm))
         gs[0].replay()
         for li in range(len(m.layers)):
             o = m.attend_varlen(b["qk"][:n, :H], kv.kc[li], kv.vc[li], group, None, li, kv.group_of[li])
