@@ -40,6 +40,7 @@ SHAPES = [
     ("phi-4-mini", 24, 8, 128, None, 0),
     ("olmo 2 (no grouping)", 16, 16, 128, None, 0),
     ("the tiny test models (a window that bites)", 4, 2, 16, 0.3, 7),
+    ("a window inside a tile of more tokens than a loop step", 16, 16, 64, None, 40),
 ]
 
 
@@ -77,14 +78,30 @@ def case(dev, dtype, H, K, hd, scale, window, bs, kv, g):
 
 
 def bench(dev):
-    """Device time per layer: prompt_attention against the gathers and the
-    varlen flash call, one 1,260-token fresh prompt and a 512-token chunk
-    after an 8,000-token prefix."""
+    """Device time per layer: prompt_attention (each launch configuration
+    of a sweep, "*" the default) against the gathers and the varlen flash
+    call, for a fresh 1,260-token prompt and 512-token chunks after
+    prefixes of 1,024 to 8,000 tokens."""
     g = torch.Generator(device="cpu").manual_seed(3)
+    cases = ((1260, 0), (512, 1024), (512, 2048), (512, 4096), (512, 8000))
+    sweep = [None] + [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(50):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b) * 20  # us a call
+
     for name, H, K, hd in (("llama1b", 32, 8, 64), ("llama8b", 32, 8, 128)):
-        for T, p in ((1260, 0), (512, 8000)):
-            bs, dtype = 16, torch.bfloat16
-            tb = prefill.tile_tokens(H, K, hd)
+        bs, dtype = 16, torch.bfloat16
+        tb = prefill.tile_tokens(H, K, hd)
+        rows_out = {}
+        for T, p in cases:
             nb = -(-(p + T) // bs)
             kc, vc = (torch.randn(nb + 1, bs, K, hd, generator=g).to(dev, dtype) for _ in "kv")
             table = torch.arange(nb, dtype=torch.int32).view(1, nb).repeat(2, 1).to(dev)
@@ -97,23 +114,23 @@ def bench(dev):
             cu_k = torch.tensor([0, p + T], dtype=torch.int32, device=dev)
             qq = q[:, :H]
 
-            def paged():
-                kernels.prompt_attention(q, kc, vc, table, tiles, width, out, H, K, tb)
-
             def gathered():
                 kk = kc.view(-1, K, hd)[rows]
                 vv = vc.view(-1, K, hd)[rows]
                 return decoder._flash_varlen(qq, kk, vv, cu_q, cu_k, T, p + T)
-            for label, fn in (("paged kernel", paged), ("gathers + varlen flash", gathered)):
-                for _ in range(3):
-                    fn()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(50):
-                    fn()
-                b.record()
-                torch.cuda.synchronize()
-                print("bench %s, %d-token chunk after %d: %s %.1f us a layer" % (name, T, p, label, a.elapsed_time(b) * 20))
+            rows_out.setdefault("gathers + varlen flash", []).append(timed(gathered))
+            for cf in sweep:
+                kernels.PROMPT_CONFIG = cf
+                try:
+                    us = timed(lambda: kernels.prompt_attention(q, kc, vc, table, tiles, width, out, H, K, tb))
+                except Exception as e:  # a configuration that does not build here
+                    us = float("nan")
+                    print("bench %s config %s: %s" % (name, cf, str(e).splitlines()[0][:80]))
+                rows_out.setdefault("paged %s" % ("*" if cf is None else "BN %d, %d warps, %d stages" % cf), []).append(us)
+            kernels.PROMPT_CONFIG = None
+        print("bench %s (us a layer): %s" % (name, ", ".join("%d after %d" % c for c in cases)))
+        for label, v in rows_out.items():
+            print("bench %s | %s | %s" % (name, label, " | ".join("%.1f" % x for x in v)))
 
 
 def main():

@@ -490,13 +490,59 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     return out
 
 
-# Keys a loop step of prompt_attention.
-PROMPT_KEYS = 64
+# Launch parameters of prompt_attention, (keys a loop step, warps,
+# stages) by head dim; PROMPT_CONFIG set overrides them (the tuning runs
+# of testdata/prompt_attention_test.py --bench do).
+PROMPT_CONFIG = None
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos, scale2, k_scale, v_scale,
+                 d, j, BS: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr,
+                 MASK: tl.constexpr):
+    # One step of keys start .. start + BN - 1 of the online softmax (in
+    # base 2: scale2 is the scale times log2 e). MASK: some key of the
+    # step is past hi, past a query's position or out of its window;
+    # without it every query of the tile sees every key of the step.
+    pj = start + j
+    if MASK:
+        jm = pj < hi
+        blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
+        off = blk * s_blk + (pj % BS) * s_pos + off_h
+        kb = _kv_decode(tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), k_scale, q, FP8)
+        vb = _kv_decode(tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), v_scale, q, FP8)
+    else:
+        blk = tl.load(bt + pj // BS).to(tl.int64)
+        off = blk * s_blk + (pj % BS) * s_pos + off_h
+        kb = _kv_decode(tl.load(kc_ptr + off[:, None] + d[None, :]), k_scale, q, FP8)
+        vb = _kv_decode(tl.load(vc_ptr + off[:, None] + d[None, :]), v_scale, q, FP8)
+    if IEEE:
+        s = tl.dot(q, tl.trans(kb), input_precision="ieee") * scale2
+    else:
+        s = tl.dot(q, tl.trans(kb)) * scale2
+    if MASK:
+        ok = jm[None, :] & (pj[None, :] <= qpos[:, None])
+        if WINDOW > 0:
+            ok = ok & (pj[None, :] > qpos[:, None] - WINDOW)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = m_new
+    if MASK:  # a row that has seen no key yet (a sliding window's edge): 0, not -inf - -inf
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    pr = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(pr, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(pr, vb.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
+    return acc, m_new, l_i
 
 
 @triton.jit
 def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stride, bt_stride, s_blk, s_pos, s_head,
-                        tile_stride, scale, k_scale, v_scale,
+                        tile_stride, scale2, k_scale, v_scale,
                         H: tl.constexpr, REP: tl.constexpr, REPP: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr,
                         BS: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
                         IEEE: tl.constexpr):
@@ -517,43 +563,41 @@ def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stri
                     other=0.0)
         qpos = p0 + tok
         bt = bt_ptr + trow.to(tl.int64) * bt_stride
+        off_h = kh * s_head
         hi = p0 + n  # keys 0 .. the tile's last position
-        lo = p0 * 0
-        if WINDOW > 0:  # no query of the tile sees a key at or before p0 - WINDOW
-            lo = tl.maximum(p0 - (WINDOW - 1), lo)
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
         l_i = tl.zeros([ROWS], tl.float32)
         acc = tl.zeros([ROWS, HD], tl.float32)
         j = tl.arange(0, BN)
-        for start in range(lo, hi, BN):
-            pj = start + j
-            jm = pj < hi
-            blk = tl.load(bt + pj // BS, mask=jm, other=0).to(tl.int64)
-            off = blk * s_blk + (pj % BS) * s_pos + kh * s_head
-            kb = _kv_decode(tl.load(kc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), k_scale, q, FP8)
-            vb = _kv_decode(tl.load(vc_ptr + off[:, None] + d[None, :], mask=jm[:, None], other=0.0), v_scale, q, FP8)
-            if IEEE:
-                s = tl.dot(q, tl.trans(kb), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(kb))
-            ok = jm[None, :] & (pj[None, :] <= qpos[:, None])
-            if WINDOW > 0:
-                ok = ok & (pj[None, :] > qpos[:, None] - WINDOW)
-            s = tl.where(ok, s * scale, float("-inf"))
-            # Every row sees key lo in the first step (lo <= p0 <= its
-            # position, inside its window), so m_i is finite from then on.
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            pr = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(pr, vb.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(pr.to(vb.dtype), vb)
-            m_i = m_new
+        lo = p0 * 0
+        if WINDOW > 0:  # no query of the tile sees a key at or before p0 - WINDOW
+            lo = tl.maximum(p0 - (WINDOW - 1), lo)
+            for start in range(lo, hi, BN):
+                acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
+                                             scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, True)
+        else:
+            # Keys before the last whole step at or below p0 are seen by
+            # every query of the tile: no masks there.
+            full = (p0 // BN) * BN
+            for start in range(lo, full, BN):
+                acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
+                                             scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, False)
+            for start in range(full, hi, BN):
+                acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
+                                             scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, True)
         o = acc / l_i[:, None]
         tl.store(out_ptr + (a + tok).to(tl.int64)[:, None] * (H * HD) + head[:, None] + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def _prompt_config(hd, elem):
+    """(keys a step, warps, stages) of prompt_attention for heads of hd
+    dims, elem bytes an element of the pool."""
+    if PROMPT_CONFIG is not None:
+        return PROMPT_CONFIG
+    # The sweep's best on an H200 (testdata/prompt_attention_test.py
+    # --bench): 64 keys a step and 8 warps, three stages for 64-wide heads.
+    return (64, 8, 3 if hd <= 64 else 2)
 
 
 def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, scale=None, window=0, k_scale=1.0,
@@ -577,12 +621,12 @@ def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, 
     repp = triton.next_power_of_2(rep)
     if scale is None:
         scale = 1.0 / math.sqrt(hd)
-    warps = 8 if hd >= 128 else 4
+    bn, warps, stages = _prompt_config(hd, kc.element_size())
     _prompt_attn_kernel[(ntiles, kv_heads)](
         q, kc, vc, out, table, tiles, q.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
-        tiles.stride(0), scale, float(k_scale), float(v_scale),
-        H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=PROMPT_KEYS, WINDOW=window,
-        FP8=kc.dtype == FLOAT8, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=2)
+        tiles.stride(0), scale * LOG2E, float(k_scale), float(v_scale),
+        H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=bn, WINDOW=window,
+        FP8=kc.dtype == FLOAT8, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     return out
 
 

@@ -327,6 +327,7 @@ class TorchModel(Model):
             st["lora_graphs"] = sum(1 for k in self.graphs.graphs if "lora" in k) if self.graphs is not None else 0
             st["prefill_lora_graphs"] = self.prefill.captured(lora=True) if self.prefill is not None else []
         st["prefill_graphs"] = self.prefill.captured() if self.prefill is not None else []
+        st["prompt_attention"] = self.prefill is not None and self.prefill.paged  # whole-step prompt graphs
         # The CUDA fast paths this model runs: the Triton kernels, the varlen
         # prompt attention, and the batch buckets of its base decode graphs.
         st["kernels"], st["varlen"] = self.model.kern is not None, bool(self.model.varlen)
