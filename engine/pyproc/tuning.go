@@ -98,6 +98,13 @@ type Tuning struct {
 	// Profile makes the worker profile itself (cProfile) and log the
 	// profile when it exits.
 	Profile bool
+	// StepTokens is the most tokens (decodes plus prompt chunks) one step
+	// carries: the worker sizes its prompt-step graphs for it and reports
+	// it as Info.StepTokens, the batcher's default token budget; 0: 4096
+	// on CUDA, elsewhere the batcher's default. Set it with the batcher's
+	// budget (batcher.WithTokenBudget) where that is set: chunks past it
+	// run without graphs.
+	StepTokens int
 }
 
 // check reports the first field out of range.
@@ -109,6 +116,8 @@ func (t Tuning) check() error {
 		return fmt.Errorf("pyproc: Tuning.WindowStep %d: want 0 or more", t.WindowStep)
 	case !(t.KVFraction >= 0 && t.KVFraction <= 1): // also refuses NaN
 		return fmt.Errorf("pyproc: Tuning.KVFraction %v: want 0 (0.8) to 1", t.KVFraction)
+	case t.StepTokens < 0:
+		return fmt.Errorf("pyproc: Tuning.StepTokens %d: want 0 or more", t.StepTokens)
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}
@@ -149,6 +158,7 @@ type settings struct {
 	TPOneShot     bool    `json:"tp_oneshot"`
 	Profile       bool    `json:"profile"`
 	MaxLookahead  int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
+	StepTokens    int     `json:"step_tokens"`
 }
 
 // settingsArg returns the --settings argument for t.
@@ -158,7 +168,7 @@ func (t Tuning) settingsArg() string {
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto", LoRASide: !t.NoLoRASideStream,
 		FP8ScaledMM: !t.NoFP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		TPOneShot: !t.NoOneShotAllReduce,
-		Profile:   t.Profile, MaxLookahead: maxLookahead}
+		Profile:   t.Profile, MaxLookahead: maxLookahead, StepTokens: t.StepTokens}
 	if s.BlockSize == 0 {
 		s.BlockSize = 16
 	}

@@ -120,7 +120,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.simStep, "sim-step", time.Millisecond, "the simulated engine's fixed time per step")
 	fs.BoolVar(&o.verbose, "v", false, "debug logging")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "most sequences in one engine step (default: what the engine reports)")
-	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d)", batcher.DefaultTokenBudget))
+	fs.IntVar(&o.tokenBudget, "token-budget", 0, fmt.Sprintf("most tokens (decodes plus prompt chunks) in one engine step (default: what the engine reports, else %d); the python engine sizes its prompt-step graphs to it", batcher.DefaultTokenBudget))
 	fs.IntVar(&o.lookahead, "lookahead", 0, "python engine: tokens each decode step asks the worker for (1: off; default 8 on CUDA, 1 elsewhere)")
 	fs.StringVar(&o.quantize, "quantize", "", "python engine: fp8 quantizes a float checkpoint's projections at load, per output channel (served as FP8 on CUDA)")
 	fs.StringVar(&o.kvCacheDtype, "kv-cache-dtype", "auto", "python engine: auto keeps the KV cache in the model's dtype; fp8 stores it as float8 e4m3 (one byte an element: twice bfloat16's tokens in the same memory)")

@@ -16,6 +16,9 @@ call), for the 1B and 8B Llama shapes.
 
   python3 prompt_attention_test.py RUNTIME_DIR [--bench]
 
+PROMPT_CONFIG=BN,BNF,WARPS,STAGES runs the cases under those launch
+parameters (kernels.PROMPT_CONFIG) instead of the defaults.
+
 Prints "N passed, 0 failed" or raises; CUDA and Triton only. Run by
 TestPromptAttentionCUDA (MLXSERVING_TEST_DEVICE=cuda).
 """
@@ -24,6 +27,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, sys.argv[1])
 
+import os  # noqa: E402
 import types  # noqa: E402
 
 import torch  # noqa: E402
@@ -84,7 +88,7 @@ def bench(dev):
     prefixes of 1,024 to 8,000 tokens."""
     g = torch.Generator(device="cpu").manual_seed(3)
     cases = ((1260, 0), (512, 1024), (512, 2048), (512, 4096), (512, 8000))
-    sweep = [None] + [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+    sweep = [None] + [(64, bnf, 8, st) for bnf in (64, 128) for st in (2, 3)] + [(128, 128, 8, 3), (64, 256, 8, 2)]
 
     def timed(fn):
         for _ in range(3):
@@ -126,7 +130,7 @@ def bench(dev):
                 except Exception as e:  # a configuration that does not build here
                     us = float("nan")
                     print("bench %s config %s: %s" % (name, cf, str(e).splitlines()[0][:80]))
-                rows_out.setdefault("paged %s" % ("*" if cf is None else "BN %d, %d warps, %d stages" % cf), []).append(us)
+                rows_out.setdefault("paged %s" % ("*" if cf is None else "BN %d, BNF %d, %d warps, %d stages" % cf), []).append(us)
             kernels.PROMPT_CONFIG = None
         print("bench %s (us a layer): %s" % (name, ", ".join("%d after %d" % c for c in cases)))
         for label, v in rows_out.items():
@@ -139,6 +143,8 @@ def main():
     dev = torch.device("cuda")
     g = torch.Generator(device="cpu").manual_seed(1)
     passed = 0
+    if os.environ.get("PROMPT_CONFIG"):  # the cases under other launch parameters (a sweep's candidate)
+        kernels.PROMPT_CONFIG = tuple(int(x) for x in os.environ["PROMPT_CONFIG"].split(","))
     for name, H, K, hd, scale, window in SHAPES:
         # Every dtype with blocks of 16; bfloat16 also with blocks of 32 and
         # an FP8 pool (each variant is a kernel build: they take the time).

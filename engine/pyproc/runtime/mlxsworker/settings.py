@@ -49,6 +49,9 @@ class Settings:
     tp_oneshot: on CUDA, tensor-parallel all-reduces of up to
     tp.OneShot.LIMIT bytes run over peer memory (tp.py), not NCCL.
     profile: the worker profiles itself and logs the profile at exit.
+    step_tokens: the most tokens one step carries, which the worker sizes
+    its prompt-step graphs for and reports (0: 4096 on CUDA; elsewhere the
+    supervisor's default).
     max_lookahead: the most tokens one step input may ask for (PROTOCOL.md,
     "Lookahead"; 0: 64)."""
 
@@ -71,6 +74,7 @@ class Settings:
     tp_oneshot: bool = True
     profile: bool = False
     max_lookahead: int = 0
+    step_tokens: int = 0
 
     @property
     def lookahead_limit(self):

@@ -490,8 +490,8 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     return out
 
 
-# Launch parameters of prompt_attention, (keys a loop step, warps,
-# stages) by head dim; PROMPT_CONFIG set overrides them (the tuning runs
+# Launch parameters of prompt_attention, (keys a loop step where masks
+# apply, keys a step where none do, warps, stages) by head dim; PROMPT_CONFIG set overrides them (the tuning runs
 # of testdata/prompt_attention_test.py --bench do).
 PROMPT_CONFIG = None
 LOG2E = 1.4426950408889634
@@ -544,7 +544,7 @@ def _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s
 def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stride, bt_stride, s_blk, s_pos, s_head,
                         tile_stride, scale2, k_scale, v_scale,
                         H: tl.constexpr, REP: tl.constexpr, REPP: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr,
-                        BS: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
+                        BS: tl.constexpr, BN: tl.constexpr, BNF: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
                         IEEE: tl.constexpr):
     t = tl.program_id(0)
     kh = tl.program_id(1)
@@ -576,12 +576,14 @@ def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stri
                 acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
                                              scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, True)
         else:
-            # Keys before the last whole step at or below p0 are seen by
-            # every query of the tile: no masks there.
-            full = (p0 // BN) * BN
-            for start in range(lo, full, BN):
+            # Keys before the last whole step of BNF at or below p0 are seen
+            # by every query of the tile: no masks there, and longer steps
+            # (a long prefix's keys are most of the work).
+            full = (p0 // BNF) * BNF
+            jf = tl.arange(0, BNF)
+            for start in range(lo, full, BNF):
                 acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
-                                             scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, False)
+                                             scale2, k_scale, v_scale, d, jf, BS, WINDOW, FP8, IEEE, False)
             for start in range(full, hi, BN):
                 acc, m_i, l_i = _prompt_keys(q, acc, m_i, l_i, start, hi, qpos, bt, kc_ptr, vc_ptr, off_h, s_blk, s_pos,
                                              scale2, k_scale, v_scale, d, j, BS, WINDOW, FP8, IEEE, True)
@@ -591,13 +593,14 @@ def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stri
 
 
 def _prompt_config(hd, elem):
-    """(keys a step, warps, stages) of prompt_attention for heads of hd
-    dims, elem bytes an element of the pool."""
+    """(keys a masked step, keys an unmasked step, warps, stages) of
+    prompt_attention for heads of hd dims, elem bytes an element of the
+    pool."""
     if PROMPT_CONFIG is not None:
         return PROMPT_CONFIG
     # The sweep's best on an H200 (testdata/prompt_attention_test.py
     # --bench): 64 keys a step and 8 warps, three stages for 64-wide heads.
-    return (64, 8, 3 if hd <= 64 else 2)
+    return (64, 64, 8, 3 if hd <= 64 else 2)
 
 
 def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, scale=None, window=0, k_scale=1.0,
@@ -621,11 +624,11 @@ def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, 
     repp = triton.next_power_of_2(rep)
     if scale is None:
         scale = 1.0 / math.sqrt(hd)
-    bn, warps, stages = _prompt_config(hd, kc.element_size())
+    bn, bnf, warps, stages = _prompt_config(hd, kc.element_size())
     _prompt_attn_kernel[(ntiles, kv_heads)](
         q, kc, vc, out, table, tiles, q.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
         tiles.stride(0), scale * LOG2E, float(k_scale), float(v_scale),
-        H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=bn, WINDOW=window,
+        H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=bn, BNF=bnf, WINDOW=window,
         FP8=kc.dtype == FLOAT8, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     return out
 

@@ -115,7 +115,7 @@ class TorchModel(Model):
                               self.model.kvq)
         except RuntimeError as e:
             raise ProtocolError(OUT_OF_MEMORY, "KV pool of %d blocks: %s" % (blocks, e))
-        self.step_tokens = STEP_TOKENS_CUDA if self.device.type == "cuda" else 0
+        self.step_tokens = settings.step_tokens or (STEP_TOKENS_CUDA if self.device.type == "cuda" else 0)
         self.graphs = None
         # Steps that mix prompt chunks with decodes: decodes on their graph
         # and the chunks in a second pass (True), or all in one pass.
