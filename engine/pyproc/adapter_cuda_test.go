@@ -218,8 +218,8 @@ func firstDiffAt(a, b []int32) int {
 
 // TestAdapterGraphsEmulated runs testdata/lora_graphs_test.py: the LoRA
 // graph paths (the decode graphs captured with the delta, split steps,
-// the dense delta, the prompt-step graphs with the delta on stand-ins of
-// the CUDA kernels) on the CPU, each capture's step run again at every
+// the dense delta, the prompt-step graphs with the delta, piecewise and of
+// whole steps, on stand-ins of the CUDA kernels) on the CPU, each capture's step run again at every
 // replay, against the eager path: the same tokens (and, for the prompt
 // steps, logprobs); captures made to fail leave their steps eager with
 // the same tokens; under tensor parallel 2 (gloo) each rank's graphs and

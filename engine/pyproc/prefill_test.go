@@ -12,7 +12,9 @@ import (
 // (each captured piece run again at every replay, the CUDA kernels stood
 // in by plain torch) against the eager path: the same tokens and
 // logprobs, and the same KV outside the scratch block, for each dense
-// family.
+// family, with the graphs piecewise around attention and of whole steps
+// around the paged prompt attention (captured again when the KV table is
+// reallocated).
 func TestPrefillGraphsEmulated(t *testing.T) {
 	args := []string{"runtime"}
 	// Llama, biases, QK norm, Gemma 3's sandwich norms, scale and sliding

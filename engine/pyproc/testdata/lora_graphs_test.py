@@ -243,11 +243,13 @@ def segmented(base, ads, eager):
     return n
 
 
-def prompt_model(base, with_graphs, overlap=True):
+def prompt_model(base, with_graphs, overlap=True, whole=False):
     """A model with two adapter slots on the CUDA paths' stand-ins (the
     kernels, varlen attention); with_graphs: the decode graphs and the
     prompt-step graphs, else every step eager; overlap: the settings'
-    (the next decode step speculated behind each step, on the graphs)."""
+    (the next decode step speculated behind each step, on the graphs);
+    whole: the prompt-step graphs of whole steps around the paged prompt
+    attention (prefill.py), else piecewise."""
     m = TorchModel(base, {"device": "cpu", "adapter_slots": 2, "max_adapter_rank": 8, "max_batch": 8}, Settings(overlap=overlap))
     m.model.kern = Kern(m.model)
     m.model.varlen = m.model.sdpa = True
@@ -255,7 +257,7 @@ def prompt_model(base, with_graphs, overlap=True):
         m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
         m.graphs.lora = m.adapters
         assert prefill.PrefillGraphs.supports(m.model)
-        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512, m.adapters)
+        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512, m.adapters, paged=whole)
     return m
 
 
@@ -309,12 +311,13 @@ def prompt_graphs(base, ads):
         with torch.no_grad():
             eager = prompt_steps(prompt_model(base, False), ads)
             assert abs(eager[2][1] - eager[3][1]) > 1e-3, "adapter 0 and the base on one prompt: %r" % eager[2:4]
-            for overlap in (True, False):
-                gm = prompt_model(base, True, overlap)
+            for overlap, whole in ((True, False), (False, False), (True, True), (False, True)):
+                gm = prompt_model(base, True, overlap, whole)
                 runs, splits = spy(gm.prefill, "run"), spy(gm, "_forward_split")
-                same_as(prompt_steps(gm, ads), eager, "prompt graphs, overlap %s" % overlap)
+                same_as(prompt_steps(gm, ads), eager, "prompt graphs, overlap %s, whole %s" % (overlap, whole))
                 pf, delta = gm.prefill, [len(a) > 5 and a[5] is not None for a, _, out in runs if out is not None]
                 assert pf.captured(lora=True) and pf.captured() and not pf.broken and not pf.lora_broken, sorted(pf.sets)
+                assert pf.paged == whole and all(k[2] == whole for k in pf.sets), sorted(pf.sets)
                 assert delta.count(True) >= 3 and delta.count(False) >= 1, "prompt-graph runs with the delta: %r" % delta
                 assert gm.stats()["prefill_lora_graphs"] == pf.captured(lora=True), gm.stats()
                 if overlap:  # the speculated decodes of adapter rows ran beside later steps' chunks
@@ -325,25 +328,26 @@ def prompt_graphs(base, ads):
             # The segmented kernels (stood in) on the prompt-step graphs: the
             # eager path's tokens, the rows sorted once a step by the first
             # piece, not by every piece.
-            sm = prompt_model(base, True)
-            kern = Segmented()
-            sm.adapters.kern = kern
-            sorts, runs = spy(prefill, "segments"), spy(sm.prefill, "run")
-            try:
-                same_as(prompt_steps(sm, ads), eager, "prompt graphs, segmented")
-            finally:
-                prefill.segments = saved[4]
-            replays = sum(1 for a, _, out in runs if out is not None and a[5] is not None)
-            sets = len([k for k in sm.prefill.sets if k[1]])
-            assert sm.adapters.fused and kern.calls > 0 and replays >= 3, (sm.adapters.fused, kern.calls, replays)
-            assert replays <= len(sorts) <= replays + 2 * sets, "%d sorts for %d replays of %d sets" % (len(sorts), replays, sets)
-            # The buffers the graphs read outlive the capture: the graphs keep no tensor alive.
-            assert all(k[0] in sm.prefill.segs for k in sm.prefill.sets if k[1]), (sorted(sm.prefill.sets), sorted(sm.prefill.segs))
+            for whole in (False, True):
+                sm = prompt_model(base, True, whole=whole)
+                kern = Segmented()
+                sm.adapters.kern = kern
+                sorts, runs = spy(prefill, "segments"), spy(sm.prefill, "run")
+                try:
+                    same_as(prompt_steps(sm, ads), eager, "prompt graphs, segmented, whole %s" % whole)
+                finally:
+                    prefill.segments = saved[4]
+                replays = sum(1 for a, _, out in runs if out is not None and a[5] is not None)
+                sets = len([k for k in sm.prefill.sets if k[1]])
+                assert sm.adapters.fused and kern.calls > 0 and replays >= 3, (sm.adapters.fused, kern.calls, replays)
+                assert replays <= len(sorts) <= replays + 2 * sets, "%d sorts for %d replays of %d sets" % (len(sorts), replays, sets)
+                # The buffers the graphs read outlive the capture: the graphs keep no tensor alive.
+                assert all((k[0], k[2]) in sm.prefill.segs for k in sm.prefill.sets if k[1]), (sorted(sm.prefill.sets), sorted(sm.prefill.segs))
 
-            def failing(self, nb, lora=False):
+            def failing(self, nb, lora=False, whole=False):
                 if lora:
                     raise RuntimeError("injected capture failure (prompt graphs with the delta)")
-                return saved[3](self, nb, lora)
+                return saved[3](self, nb, lora, whole)
             prefill.PrefillGraphs._capture = failing
             fm = prompt_model(base, True)
             runs = spy(fm.prefill, "run")

@@ -14,7 +14,9 @@ scratch block (padding rows write there alone).
 Each model directory is checked on its own (the Go test passes one per
 family: norms, QK norms, sliding layers, partial rotary and longrope),
 with the piecewise graphs and with whole-step graphs around the paged
-prompt attention (its kernel stood in by prefill.attention_reference).
+prompt attention (its kernel stood in by prefill.attention_reference);
+the first also with the KV table reallocated under whole-step graphs
+(they are captured again) and the tile plan's layout.
 
 Prints "N passed, 0 failed" or raises. Run by TestPrefillGraphsEmulated.
 """
@@ -104,6 +106,40 @@ def check(path, kind):
     return passed
 
 
+def check_table_grows(path):
+    """Whole-step graphs read the KV table in place: when it is
+    reallocated (more open sequences than its rows) their graphs are
+    dropped and captured again, and the step after gives the eager path's
+    tokens and logprobs."""
+    def scenario(m):
+        out = []
+        step = sampler(m, out)
+        p1 = prompt(37, 11, 30)
+        m.open(1, p1, "")
+        step([[1, p1, True, {"l": True}]])
+        for i in range(2, 2 + 2 * m.max_batch):  # opens take table rows
+            m.open(i, prompt(5 + i, i, 10), "")
+        step([[2, prompt(7, 2, 10), True, {"l": True}], [3, prompt(8, 3, 10), True, {"l": True}]])
+        return out
+    with torch.no_grad():
+        eager = scenario(model(path, None))
+        gm = model(path, "whole")
+        first = {}
+        real = gm.prefill._capture
+
+        def capture(nb, lora=False, whole=False):
+            first.setdefault((nb, lora, whole), 0)
+            first[(nb, lora, whole)] += 1
+            return real(nb, lora, whole)
+        gm.prefill._capture = capture
+        got = scenario(gm)
+    assert [t for t, _ in got] == [t for t, _ in eager], "tokens: graphs %r, eager %r" % (got, eager)
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, eager)) < 1e-4
+    assert first == {(64, False, True): 2}, "captures %r, want bucket 64 twice (the table grew)" % first
+    assert gm.prefill.table is gm.kv.table
+    return 1
+
+
 def check_tile_plan():
     """tile_plan: each chunk cut in tiles of tb tokens, positions and
     rows advancing with them, unused columns of 0 tokens; None past the
@@ -121,6 +157,7 @@ def main():
     graphs.record, graphs.new_pool = record, lambda: object()
     passed = check_tile_plan()
     passed += sum(check(path, kind) for path in sys.argv[2:] for kind in ("piecewise", "whole"))
+    passed += check_table_grows(sys.argv[2])
     print("%d passed, 0 failed" % passed)
 
 

@@ -204,10 +204,11 @@ class PrefillGraphs:
         self.tb = tile_tokens(model.cfg.heads, model.cfg.kv_heads, model.cfg.head_dim)
         self.table = None  # the KV table the whole-step graphs read (paged.py reallocates it as rows run out)
         self.sets = {}  # (bucket, with the delta, whole) -> its graphs, in replay order
-        # bucket -> the segmented LoRA plan's buffers its graphs read (kept
-        # here: a graph holds no tensor from outside its pool alive).
+        # (bucket, whole) -> the segmented LoRA plan's buffers its graphs
+        # read (kept here: a graph holds no tensor from outside its pool
+        # alive).
         self.segs = {}
-        self.pools = {}  # with the delta (bool) -> the memory pool of those graphs
+        self.pools = {}  # (with the delta, whole) -> the memory pool of those graphs
         self.broken = False
         self.lora_broken = False  # capture with the delta failed: steps with adapters run eagerly
         self.buf = None  # the shared buffers (_buffers)
@@ -312,7 +313,7 @@ class PrefillGraphs:
         segs = None
         if lora and ad.fused:
             dev, S = b["slot"].device, ad.n
-            segs = self.segs[nb] = (torch.zeros(nb, dtype=torch.long, device=dev), torch.zeros(S + 1, dtype=torch.int32, device=dev),
+            segs = self.segs[(nb, whole)] = (torch.zeros(nb, dtype=torch.long, device=dev), torch.zeros(S + 1, dtype=torch.int32, device=dev),
                                     {bm: torch.zeros(S + 1, dtype=torch.int32, device=dev) for bm in ad.kern.ROW_TILES})
 
         def with_delta(run, li):
