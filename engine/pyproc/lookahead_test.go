@@ -326,14 +326,15 @@ func TestLookaheadOffForLargeBatches(t *testing.T) {
 	}
 }
 
-// TestPrefillGraphsSameTokens checks that prompt steps on the piecewise
-// CUDA graphs (bfloat16: the varlen attention they need) sample what the
-// eager prompt steps sample, for families whose layers differ (biases, QK
-// norm, Gemma 3's sandwich norms and sliding layers, Mistral's window,
-// Phi-3's partial rotary and longrope, mixtures of experts on the fused
-// kernels): chunks of three lengths in one
-// step, then greedy decoding; and that the graphs ran (the worker's stats list their
-// token buckets). Logprobs of the first tokens may differ by rounding:
+// TestPrefillGraphsSameTokens checks that prompt steps on the CUDA graphs
+// (whole steps around the paged prompt attention, which must pass its
+// load check; bfloat16) sample what the eager prompt steps sample, for
+// families whose layers differ (biases, QK norm, Gemma 3's sandwich norms
+// and sliding layers, Mistral's window, Phi-3's partial rotary and
+// longrope, mixtures of experts on the fused kernels): chunks of three
+// lengths in one step, then greedy decoding; and that the graphs ran (the
+// worker's stats list their token buckets and say the prompt attention
+// is on). Logprobs of the first tokens may differ by rounding:
 // the graphs run the projections on the bucket's padded row count, where
 // cuBLAS may pick another kernel.
 func TestPrefillGraphsSameTokens(t *testing.T) {
@@ -396,8 +397,12 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 				t.Errorf("%s: prompt %d: first token's logprob %.5f with graphs, %.5f eager", arch, i, lb[i], la[i])
 			}
 		}
-		if st := workerStats(t, on, mOn.(*Model)); fmt.Sprint(st["prefill_graphs"]) == "[]" {
+		st := workerStats(t, on, mOn.(*Model))
+		if fmt.Sprint(st["prefill_graphs"]) == "[]" {
 			t.Errorf("%s: worker stats: prompt-step graph buckets %v, want some", arch, st["prefill_graphs"])
+		}
+		if st["prompt_attention"] != true { // whole-step graphs: the load check passed for this family's shapes
+			t.Errorf("%s: worker stats: prompt_attention %v, want true", arch, st["prompt_attention"])
 		}
 	}
 }
