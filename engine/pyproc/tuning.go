@@ -41,9 +41,11 @@ type Tuning struct {
 	// step comes back.
 	NoOverlap bool
 	// NoPrefillGraphs runs steps of prompt chunks eagerly instead of on
-	// CUDA graphs captured per token count, piecewise around attention
-	// (CUDA, bfloat16/float16 models with plain weights, no mixture of
-	// experts or tensor parallel; steps with adapters on graphs of their own).
+	// CUDA graphs captured per token count, of the whole step (see
+	// NoPromptAttention) or piecewise around attention (CUDA,
+	// bfloat16/float16 models with plain weights, no mixture of experts
+	// but on the fused kernels, no tensor parallel; steps with adapters on
+	// graphs of their own).
 	NoPrefillGraphs bool
 	// NoPromptAttention keeps the prompt-step graphs piecewise around
 	// each layer's attention (a gather of the chunks' cache and the
