@@ -401,8 +401,11 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 		if fmt.Sprint(st["prefill_graphs"]) == "[]" {
 			t.Errorf("%s: worker stats: prompt-step graph buckets %v, want some", arch, st["prefill_graphs"])
 		}
-		if st["prompt_attention"] != true { // whole-step graphs: the load check passed for this family's shapes
-			t.Errorf("%s: worker stats: prompt_attention %v, want true", arch, st["prompt_attention"])
+		// Whole-step graphs: the load check passed for this family's shapes,
+		// and prompt steps replayed them.
+		if st["prompt_attention"] != true || fmt.Sprint(st["prefill_whole_graphs"]) == "[]" {
+			t.Errorf("%s: worker stats: prompt_attention %v, whole-step graph buckets %v; want true and some",
+				arch, st["prompt_attention"], st["prefill_whole_graphs"])
 		}
 	}
 }

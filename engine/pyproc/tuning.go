@@ -101,9 +101,10 @@ type Tuning struct {
 	// profile when it exits.
 	Profile bool
 	// StepTokens is the most tokens (decodes plus prompt chunks) one step
-	// carries: the worker sizes its prompt-step graphs for it and reports
-	// it as Info.StepTokens, the batcher's default token budget; 0: 4096
-	// on CUDA, elsewhere the batcher's default. Set it with the batcher's
+	// of a torch-backend decoder carries: the worker sizes its prompt-step
+	// graphs for it and reports it as Info.StepTokens, the batcher's
+	// default token budget; 0: 4096 on CUDA, elsewhere the batcher's
+	// default. The mlx backend and embedding models keep their own. Set it with the batcher's
 	// budget (batcher.WithTokenBudget) where that is set: chunks past it
 	// run without graphs.
 	StepTokens int

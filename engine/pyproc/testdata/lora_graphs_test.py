@@ -304,7 +304,8 @@ def prompt_graphs(base, ads):
     """prompt_steps on the prompt-step graphs (with the delta for steps
     with adapter rows) against every step eager, with the overlap (the
     decodes beside chunks speculated) and without (split steps); then
-    with the capture with the delta failing. Returns the checks passed."""
+    with the capture with the delta failing, piecewise and whole. Returns
+    the checks passed."""
     saved = decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture, prefill.segments
     decoder._flash_varlen, graphs.record, graphs.new_pool = flash_varlen, standin_record, lambda: object()
     try:
@@ -355,9 +356,24 @@ def prompt_graphs(base, ads):
             pf = fm.prefill
             assert pf.lora_broken and not pf.broken and not pf.captured(lora=True) and pf.captured(), sorted(pf.sets)
             assert all(a[5] is None for a, _, out in runs if out is not None), "a run with the delta"
+
+            # A whole-step capture with the delta failing (a Triton build
+            # error, say): steps with adapters take the piecewise graphs with
+            # the delta, the base's keep their whole-step graphs.
+            def failing_whole(self, nb, lora=False, whole=False):
+                if lora and whole:
+                    raise ValueError("injected build failure (whole-step graphs with the delta)")
+                return saved[3](self, nb, lora, whole)
+            prefill.PrefillGraphs._capture = failing_whole
+            wm = prompt_model(base, True, whole=True)
+            same_as(prompt_steps(wm, ads), eager, "whole-step graphs with the delta failing")
+            pf = wm.prefill
+            assert pf.lora_whole_broken and pf.paged and not pf.lora_broken and not pf.broken, sorted(pf.sets)
+            kinds = {k[1:] for k in pf.sets}
+            assert kinds == {(False, True), (True, False)}, "graph kinds %r, want the base's whole, the delta's piecewise" % kinds
     finally:
         decoder._flash_varlen, graphs.record, graphs.new_pool, prefill.PrefillGraphs._capture, prefill.segments = saved
-    return 4
+    return 5
 
 
 def spy(obj, name):

@@ -91,6 +91,7 @@ def check(path, kind):
     assert all(k[2] == whole for k in gm.prefill.sets), "graph kinds %r, want whole %s" % (sorted(gm.prefill.sets), whole)
     assert all(len(g) == (1 if whole else gm.cfg.layers + 1) for g in gm.prefill.sets.values())
     assert gm.prefill.paged == whole and (gm.prefill.table is gm.kv.table) == whole
+    assert gm.stats()["prefill_whole_graphs"] == (got_buckets if whole else []), gm.stats()
     passed += 1
     # The pool outside the scratch block as the eager path left it; the
     # padding rows wrote the scratch block (its first row).

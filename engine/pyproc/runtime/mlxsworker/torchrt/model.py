@@ -328,6 +328,7 @@ class TorchModel(Model):
             st["prefill_lora_graphs"] = self.prefill.captured(lora=True) if self.prefill is not None else []
         st["prefill_graphs"] = self.prefill.captured() if self.prefill is not None else []
         st["prompt_attention"] = self.prefill is not None and self.prefill.paged  # whole-step prompt graphs
+        st["prefill_whole_graphs"] = self.prefill.captured(whole=True) if self.prefill is not None else []
         # The CUDA fast paths this model runs: the Triton kernels, the varlen
         # prompt attention, and the batch buckets of its base decode graphs.
         st["kernels"], st["varlen"] = self.model.kern is not None, bool(self.model.varlen)

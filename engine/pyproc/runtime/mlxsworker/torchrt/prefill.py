@@ -20,11 +20,14 @@ copied into a buffer), so the step's every layer, attention included, is
 one graph per bucket, replayed by one launch. The piecewise graphs'
 gathers and varlen calls cost host time that scaled with the layers
 (about 80 eager launches a step on a 16-layer model) and device copies
-that scaled with each chunk's prefix. A step with more chunks than
-MAX_CHUNKS, or whose plan does not fit the bucket's tiles, takes the
+that scaled with each chunk's prefix. A step whose plan takes more tiles
+than the bucket's (its tokens' tiles and MAX_CHUNKS more) takes the
 piecewise graphs. At load the kernel is checked against the plain torch
 attention (attention_reference) on a pool in the model's shapes; where it
-disagrees or does not build, the piecewise graphs serve (logged).
+disagrees or does not build (a head dim not a power of two, say), or the
+model has sinks, the piecewise graphs serve (logged). A failed capture of
+whole-step graphs sends their kind (with the delta or without) to the
+piecewise graphs.
 
 Graphs are captured per token bucket (BUCKETS up to the step's token
 budget) on first use and share their buffers: inputs (tokens, rotary rows,
@@ -32,9 +35,9 @@ each block group's KV rows), the residual, the MLP's output, the rotated q
 and k and the attention output, sized for the largest bucket; a bucket's
 graphs use the first rows. Rows past the step's tokens write their keys
 and values into the scratch block (paged.py), as the decode graphs' padding
-rows do. The base's graphs share one memory pool, those with the delta
-(below) another, so that a failed capture of theirs leaves the base's
-untouched: their temporaries never outlive a replay and replays never
+rows do. Graphs share a memory pool per kind (with the delta or
+without, whole or piecewise), so that a failed capture of one kind leaves
+the others untouched: their temporaries never outlive a replay and replays never
 overlap.
 
 LoRA adapters (lora.py): a step with adapter rows replays graphs of its
@@ -211,11 +214,13 @@ class PrefillGraphs:
         self.pools = {}  # (with the delta, whole) -> the memory pool of those graphs
         self.broken = False
         self.lora_broken = False  # capture with the delta failed: steps with adapters run eagerly
+        self.lora_whole_broken = False  # whole-step capture with the delta failed: such steps take the piecewise graphs
         self.buf = None  # the shared buffers (_buffers)
 
-    def captured(self, lora=False):
-        """The buckets whose graphs (with the delta: lora) are captured."""
-        return sorted({nb for nb, d, _ in self.sets if d == lora})
+    def captured(self, lora=False, whole=None):
+        """The buckets whose graphs (with the delta: lora; of whole steps or
+        piecewise: whole, None for either) are captured."""
+        return sorted({nb for nb, d, w in self.sets if d == lora and whole in (None, w)})
 
     def width(self, nb):
         """The tiles of bucket nb's whole-step graph."""
@@ -229,7 +234,7 @@ class PrefillGraphs:
         graphs with the delta cannot run, too many chunks)."""
         if not self.paged or self.broken or not 0 < n <= self.limit or self.model.lora is not None:
             return None
-        if lora and (self.lora_broken or self.adapters is None or self.adapters.A is None):
+        if lora and (self.lora_broken or self.lora_whole_broken or self.adapters is None or self.adapters.A is None):
             return None
         return tile_plan(chunks, self.tb, self.width(next(s for s in self.sizes if s >= n)))
 
@@ -360,9 +365,13 @@ class PrefillGraphs:
         (logged): steps of that kind run eagerly from now on (whole-step
         graphs: on the piecewise graphs)."""
         if whole:
-            self.paged = False
-            log.warning("whole prompt-step CUDA graphs failed to capture; prompts take the piecewise graphs: %s", e,
-                        exc_info=True)
+            if lora:
+                self.lora_whole_broken = True
+            else:
+                self.paged = False
+                self._drop_whole()
+            log.warning("whole prompt-step CUDA graphs%s failed to capture; such prompts take the piecewise graphs: %s",
+                        " with LoRA" if lora else "", e, exc_info=True)
         elif lora:
             self.lora_broken = True
             log.warning("prompt-step CUDA graphs with LoRA failed to capture; prompts with adapters run eagerly: %s", e,
@@ -370,6 +379,15 @@ class PrefillGraphs:
         else:
             self.broken = True
             log.warning("prompt-step CUDA graphs failed to capture; prompts run eagerly: %s", e, exc_info=True)
+
+    def _drop_whole(self):
+        """Drops the whole-step graphs and their pools (never captured into
+        again) and the table they read."""
+        for key in [k for k in self.sets if k[2]]:
+            del self.sets[key]
+        for key in [k for k in self.pools if k[1]]:
+            del self.pools[key]
+        self.table = None
 
     def run(self, tokens, rp, kvrow, group, last, slots=None, tiles=None):
         """The packed step's logits of rows last: tokens, rp (rotary rows)
@@ -383,18 +401,14 @@ class PrefillGraphs:
         n, lora, whole = tokens.shape[0], slots is not None, tiles is not None
         nb = next(s for s in self.sizes if s >= n)
         if whole and self.table is not None and self.table is not kv.table:
-            # The table was reallocated: the whole-step graphs read the old
-            # one. Drop them and their pools (never captured into again).
-            for key in [k for k in self.sets if k[2]]:
-                del self.sets[key]
-            for key in [k for k in self.pools if k[1]]:
-                del self.pools[key]
-            self.table = None
+            self._drop_whole()  # the table was reallocated: they read the old one
         gs = self.sets.get((nb, lora, whole))
         if gs is None:
             try:
                 gs = self._capture(nb, lora, whole)
-            except RuntimeError as e:
+            except Exception as e:  # RuntimeError from CUDA; a Triton build error (whole) too
+                if not (whole or isinstance(e, RuntimeError)):
+                    raise
                 self._fail(lora, e, whole)
                 return None
         b = self.buf
