@@ -103,6 +103,7 @@ var (
 	sloTTFT    = flag.Duration("slo-ttft", 500*time.Millisecond, "serving mode: goodput SLO on time to first token")
 	sloTPOT    = flag.Duration("slo-tpot", 20*time.Millisecond, "serving mode: goodput SLO on time per output token")
 	ramp       = flag.Duration("ramp", 0, "serving mode: closed-loop loads start their clients evenly over this time (loadgen -ramp; 0: all at once)")
+	rangeRatio = flag.Float64("range-ratio", 0, "serving mode: each request's prompt words and output tokens uniform within this fraction of -input-words and -max-tokens (loadgen -range-ratio; 0: exactly those)")
 	logDir     = flag.String("logs", os.TempDir(), "serving mode: where the server's log goes")
 	quantFlag  = flag.String("quant", "", "a quantized checkpoint: fp8, fp8-channel, awq, gptq (testmodel layouts) or quantize-fp8 (-quantize fp8 on the bf16 one)")
 	bwFlag     = flag.Float64("bandwidth", 0, "memory bandwidth for the decode bound, bytes/s (0: the GPU's nominal figure)")
@@ -284,7 +285,7 @@ func servingMode(ctx context.Context) error {
 	}
 	return runServing(ctx, *dir, servingConfig{
 		server: *serverBin, loadgen: *loadgenBin, python: *python, loads: ls,
-		inputWords: *inWords, maxTokens: *outTokens, temperature: *temp, ttftSLO: *sloTTFT, tpotSLO: *sloTPOT, ramp: *ramp,
+		inputWords: *inWords, maxTokens: *outTokens, temperature: *temp, ttftSLO: *sloTTFT, tpotSLO: *sloTPOT, ramp: *ramp, rangeRatio: *rangeRatio,
 		logDir: *logDir, serverArgs: flag.Args(),
 	})
 }

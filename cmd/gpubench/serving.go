@@ -81,6 +81,7 @@ type servingConfig struct {
 	temperature             float64 // loadgen's -temperature (0: greedy)
 	ttftSLO, tpotSLO        time.Duration
 	ramp                    time.Duration // closed-loop loads: loadgen's -ramp
+	rangeRatio              float64       // loadgen's -range-ratio (0: every request the same sizes)
 	logDir                  string
 	serverArgs              []string
 }
@@ -118,8 +119,8 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		return fmt.Errorf("server not ready (see %s): %w", logf.Name(), err)
 	}
 	fmt.Printf("server ready in %v; %s\n", time.Since(t0).Round(time.Millisecond), grepLog(logf.Name(), "model loaded"))
-	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), temperature %g, streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
-		c.inputWords, c.maxTokens, c.temperature, c.ttftSLO, c.tpotSLO)
+	fmt.Printf("\nserving: examples/server -engine pyproc at the checkpoint's full context; cmd/loadgen %d-word prompts, %d output tokens (ignore_eos), range ratio %g, temperature %g, streamed; goodput SLO TTFT <= %v, TPOT <= %v\n",
+		c.inputWords, c.maxTokens, c.rangeRatio, c.temperature, c.ttftSLO, c.tpotSLO)
 	fmt.Println("| load | requests | failed | req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | goodput req/s | met SLO | mean batch | mean step | between steps | prompt tokens cached | mean queue wait | GPU busy |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for i, l := range c.loads {
@@ -226,7 +227,7 @@ func runLoad(ctx context.Context, c servingConfig, base string, l load, seed uin
 	args := []string{"-seed", strconv.FormatUint(seed, 10), "-url", base, "-model", "bench", "-json", "-percentiles", "50,99",
 		"-requests", strconv.Itoa(l.requests), "-concurrency", strconv.Itoa(l.concurrency),
 		"-input-words", strconv.Itoa(c.inputWords), "-max-tokens", strconv.Itoa(c.maxTokens),
-		"-temperature", strconv.FormatFloat(c.temperature, 'f', -1, 64),
+		"-temperature", strconv.FormatFloat(c.temperature, 'f', -1, 64), "-range-ratio", strconv.FormatFloat(c.rangeRatio, 'f', -1, 64),
 		"-duration", "10m", "-slo-ttft", c.ttftSLO.String(), "-slo-tpot", c.tpotSLO.String()}
 	if l.rate > 0 {
 		args = append(args, "-rate", strconv.FormatFloat(l.rate, 'f', -1, 64))

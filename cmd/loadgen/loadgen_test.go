@@ -263,3 +263,53 @@ func TestTemperature(t *testing.T) {
 		}
 	}
 }
+
+// TestRangeRatio: with -range-ratio each request's prompt words and
+// max_tokens are drawn within the ratio of -input-words and -max-tokens,
+// both vary across requests, a request is the same in every run (its own
+// seed), and without it every request asks for exactly the flags' sizes;
+// ratios outside [0, 1) are refused.
+func TestRangeRatio(t *testing.T) {
+	sizes := func(args []string) (words, tokens []int) {
+		cfg, _, _, _, err := parseFlags(append([]string{"-input-words", "20", "-max-tokens", "40", "-endpoint", "completions"}, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 200 {
+			var req struct {
+				Prompt    string `json:"prompt"`
+				MaxTokens int    `json:"max_tokens"`
+			}
+			if err := json.Unmarshal(requestBody(cfg, i), &req); err != nil {
+				t.Fatal(err)
+			}
+			words = append(words, len(strings.Fields(req.Prompt)))
+			tokens = append(tokens, req.MaxTokens)
+		}
+		return words, tokens
+	}
+	words, tokens := sizes(nil)
+	if slices.Min(words) != 20 || slices.Max(words) != 20 || slices.Min(tokens) != 40 || slices.Max(tokens) != 40 {
+		t.Errorf("no ratio: words %d..%d, tokens %d..%d; want exactly 20 and 40",
+			slices.Min(words), slices.Max(words), slices.Min(tokens), slices.Max(tokens))
+	}
+	words, tokens = sizes([]string{"-range-ratio", "0.5"})
+	if slices.Min(words) < 10 || slices.Max(words) > 30 || slices.Min(tokens) < 20 || slices.Max(tokens) > 60 {
+		t.Errorf("ratio 0.5: words %d..%d, tokens %d..%d; want within 10..30 and 20..60",
+			slices.Min(words), slices.Max(words), slices.Min(tokens), slices.Max(tokens))
+	}
+	// 200 uniform draws: both ends of each range are approached.
+	if slices.Max(words)-slices.Min(words) < 15 || slices.Max(tokens)-slices.Min(tokens) < 30 {
+		t.Errorf("ratio 0.5: words %d..%d, tokens %d..%d; want them spread over their ranges",
+			slices.Min(words), slices.Max(words), slices.Min(tokens), slices.Max(tokens))
+	}
+	again, againTok := sizes([]string{"-range-ratio", "0.5"})
+	if !slices.Equal(words, again) || !slices.Equal(tokens, againTok) {
+		t.Error("ratio 0.5: a second run drew other sizes for the same requests")
+	}
+	for _, r := range []string{"1", "-0.1", "NaN"} {
+		if _, _, _, _, err := parseFlags([]string{"-range-ratio", r}); err == nil {
+			t.Errorf("-range-ratio %s accepted", r)
+		}
+	}
+}

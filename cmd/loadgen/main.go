@@ -16,7 +16,12 @@
 // A closed loop starts its -concurrency clients at once, so the first
 // prompts queue behind each other and the run's TTFT percentiles carry
 // that start; -ramp D starts them evenly over D, as users arrive at a
-// service (report both when it matters).
+// service (report both when it matters). Its requests all ask for
+// -max-tokens (ignore_eos), so clients that start together finish
+// together and their next prompts arrive in waves; -range-ratio R draws
+// each request's prompt words and output tokens uniformly within R of
+// -input-words and -max-tokens (vLLM's --random-range-ratio), as a real
+// workload's lengths vary (again, report both).
 //
 // Every run is bounded: at most -requests requests and -duration of time;
 // requests still in flight when -duration ends are cancelled and reported
@@ -74,8 +79,8 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(s)
 	}
-	fmt.Fprintf(out, "target %s  model %s  endpoint %s  stream %v  requests %d  concurrency %d  rate %v/s  ramp %v  input %d words  output %d tokens\n",
-		cfg.target, cfg.model, cfg.endpoint, cfg.stream, cfg.requests, cfg.concurrency, cfg.rate, cfg.ramp, cfg.inputWords, cfg.maxTokens)
+	fmt.Fprintf(out, "target %s  model %s  endpoint %s  stream %v  requests %d  concurrency %d  rate %v/s  ramp %v  input %d words  output %d tokens  range ratio %v\n",
+		cfg.target, cfg.model, cfg.endpoint, cfg.stream, cfg.requests, cfg.concurrency, cfg.rate, cfg.ramp, cfg.inputWords, cfg.maxTokens, cfg.rangeRatio)
 	s.print(out, goal)
 	return nil
 }
@@ -94,6 +99,7 @@ func parseFlags(args []string) (cfg config, goal slo, pcts []float64, asJSON boo
 	fs.IntVar(&cfg.inputWords, "input-words", 32, "prompt length in words")
 	fs.IntVar(&cfg.prompts, "prompts", 0, "repeat this many distinct prompts in turn, to measure prefix caching (0: every request its own random prompt)")
 	fs.IntVar(&cfg.maxTokens, "max-tokens", 64, "tokens to generate per request (ignore_eos is set)")
+	fs.Float64Var(&cfg.rangeRatio, "range-ratio", 0, "each request's prompt words and output tokens drawn uniformly within this fraction either side of -input-words and -max-tokens, 0 to below 1 (0: exactly those)")
 	fs.BoolVar(&cfg.stream, "stream", true, "stream responses over SSE")
 	fs.Float64Var(&cfg.temperature, "temperature", 0, "sampling temperature of every request, 0 to 2 (0: greedy; OpenAI clients default to 1)")
 	fs.StringVar(&cfg.priority, "priority", "", "priority tier sent with every request")
@@ -145,6 +151,8 @@ func (c config) validate() error {
 		return errors.New("-prompts must be 0 or more")
 	case c.inputWords < 1 || c.maxTokens < 1:
 		return errors.New("-input-words and -max-tokens must be at least 1")
+	case !(c.rangeRatio >= 0 && c.rangeRatio < 1): // NaN too
+		return fmt.Errorf("-range-ratio %v: want 0 to below 1", c.rangeRatio)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -31,6 +32,7 @@ type config struct {
 	ramp        time.Duration // closed loop: the clients start evenly over it (0: all at once)
 	inputWords  int
 	maxTokens   int
+	rangeRatio  float64 // each request's words and tokens uniform within ±rangeRatio of inputWords and maxTokens
 	stream      bool
 	temperature float64 // sampling temperature sent with every request (0: greedy)
 	priority    string
@@ -127,7 +129,9 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 // than the chat template's start — a server's prefix cache gets no help a
 // real workload would not give it; with cfg.prompts > 0 request i repeats
 // prompt i mod cfg.prompts, to measure prefix caching. It asks for
-// exactly cfg.maxTokens tokens.
+// exactly cfg.maxTokens tokens. With cfg.rangeRatio r its prompt's words
+// and its tokens are drawn, each uniformly, from ±r of those (at least
+// 1), by its own seed: a given request is the same in every run.
 func requestBody(cfg config, i int) []byte {
 	model := cfg.model
 	if ms := strings.Split(cfg.model, ","); len(ms) > 1 { // requests take the models in turn
@@ -137,8 +141,9 @@ func requestBody(cfg config, i int) []byte {
 		i %= cfg.prompts
 	}
 	rng := rand.New(rand.NewPCG(cfg.seed, uint64(i)))
+	inputWords, maxTokens := spread(rng, cfg.inputWords, cfg.rangeRatio), spread(rng, cfg.maxTokens, cfg.rangeRatio)
 	text := func() string {
-		words := make([]string, cfg.inputWords)
+		words := make([]string, inputWords)
 		for w := range words {
 			words[w] = vocabulary[rng.IntN(len(vocabulary))]
 		}
@@ -158,7 +163,7 @@ func requestBody(cfg config, i int) []byte {
 	}
 	prompt := text()
 	req := map[string]any{
-		"model": model, "max_tokens": cfg.maxTokens, "ignore_eos": true,
+		"model": model, "max_tokens": maxTokens, "ignore_eos": true,
 		"temperature": cfg.temperature, "stream": cfg.stream,
 	}
 	if cfg.stream {
@@ -174,6 +179,17 @@ func requestBody(cfg config, i int) []byte {
 	}
 	b, _ := json.Marshal(req)
 	return b
+}
+
+// spread is n, or with ratio r > 0 an integer drawn uniformly from
+// [n(1-r), n(1+r)], at least 1 (vLLM's benchmark_serving
+// --random-range-ratio).
+func spread(rng *rand.Rand, n int, r float64) int {
+	if r <= 0 {
+		return n
+	}
+	lo, hi := max(1, int(math.Round(float64(n)*(1-r)))), int(math.Round(float64(n)*(1+r)))
+	return lo + rng.IntN(max(1, hi-lo+1))
 }
 
 var vocabulary = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars watch " +
