@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -129,11 +130,17 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 			return err
 		}
 		busy := sampleBusy(ctx)
+		logAt := fileSize(logf.Name())
 		s, err := runLoad(ctx, c, base, l, uint64(i+1))
 		busyPct := busy()
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
+		// The workers log a step-cycle summary when they go idle (a second
+		// without steps, noticed at their next heartbeat): wait for it, so
+		// this load's summaries are all in the log and the next load's
+		// windows start afresh.
+		time.Sleep(workerIdle)
 		after, err := scrape(ctx, base)
 		if err != nil {
 			return err
@@ -155,32 +162,60 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
-		if w := workerTiming(logf.Name()); w != "" {
-			fmt.Printf("  worker, its last summary: %s\n", w)
+		if w := workerTiming(logf.Name(), logAt); w != "" {
+			fmt.Printf("  workers, during this load: %s\n", w)
 		}
 	}
 	return nil
 }
 
-// workerTiming is the last step-cycle summary a worker logged
-// (mlxsworker/timing.py: time in the worker a step, waiting for the
-// device, and from its reply to the next step's request), or "".
-func workerTiming(path string) string {
+// workerIdle is how long after a load its workers' last step-cycle
+// summaries are logged: their idle time (mlxsworker/timing.py's IDLE, 1 s)
+// and a heartbeat (half a second in pyproc by default), with a margin.
+const workerIdle = 2500 * time.Millisecond
+
+var timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply`)
+
+// workerTiming combines the step-cycle summaries the workers logged past
+// offset from of the server log (mlxsworker/timing.py: time in the
+// worker a step, waiting for the device, and from its reply to the next
+// step's request), weighting each by its steps, or "" when there are
+// none.
+func workerTiming(path string, from int64) string {
 	b, err := os.ReadFile(path)
-	if err != nil {
+	if err != nil || int64(len(b)) < from {
 		return ""
 	}
-	const mark = "timing: "
-	last := ""
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if i := strings.Index(line, mark); i >= 0 {
-			last = line[i+len(mark):]
-			if j := strings.IndexByte(last, '"'); j >= 0 {
-				last = last[:j]
-			}
+	var steps, windows int
+	var secs, inside, wait, between float64
+	for _, m := range timingLine.FindAllStringSubmatch(string(b[from:]), -1) {
+		n, _ := strconv.Atoi(m[1])
+		f := make([]float64, 4)
+		for i := range f {
+			f[i], _ = strconv.ParseFloat(m[i+2], 64)
 		}
+		steps += n
+		windows++
+		secs += f[0]
+		inside += float64(n) * f[1]
+		wait += float64(n) * f[2]
+		between += float64(n) * f[3]
 	}
-	return last
+	if steps == 0 {
+		return ""
+	}
+	n := float64(steps)
+	return fmt.Sprintf("steps: %d in %.1f s (%d summaries); a step %.2f ms in the worker (%.2f ms of it waiting for the device), "+
+		"%.2f ms from its reply to the next step's request", steps, secs, windows, inside/n, wait/n, between/n)
+}
+
+// fileSize is path's size, 0 when it cannot be read.
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
 }
 
 // sampleBusy starts sampling nvidia-smi's utilization.gpu (the share of

@@ -70,21 +70,27 @@ func TestBandwidthFor(t *testing.T) {
 	}
 }
 
-// TestWorkerTiming reads the last step-cycle summary out of a server log.
+// TestWorkerTiming combines the step-cycle summaries logged past an
+// offset of a server log, each weighted by its steps.
 func TestWorkerTiming(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "server.log")
-	body := `time=1 level=INFO msg="model loaded" model=bench
-time=2 level=INFO msg="INFO timing: steps: 10 in 10.0 s; a step 1.00 ms in the worker (0.50 ms of it waiting for the device), 0.20 ms from its reply to the next step's request" worker=0
-time=3 level=INFO msg="INFO timing: steps: 20 in 10.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.30 ms from its reply to the next step's request" worker=0
+	before := `time=1 level=INFO msg="model loaded" model=bench
+time=2 level=INFO msg="INFO timing: steps: 1 in 14.0 s; a step 98.00 ms in the worker (0.00 ms of it waiting for the device), 0.00 ms from its reply to the next step's request" worker=0
 `
-	if err := os.WriteFile(log, []byte(body), 0o644); err != nil {
+	during := `time=3 level=INFO msg="INFO timing: steps: 10 in 1.0 s; a step 1.00 ms in the worker (0.50 ms of it waiting for the device), 0.20 ms from its reply to the next step's request" worker=0
+time=4 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.40 ms from its reply to the next step's request" worker=0
+`
+	if err := os.WriteFile(log, []byte(before+during), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	want := "steps: 20 in 10.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.30 ms from its reply to the next step's request"
-	if got := workerTiming(log); got != want {
+	want := "steps: 40 in 4.0 s (2 summaries); a step 1.75 ms in the worker (0.50 ms of it waiting for the device), 0.35 ms from its reply to the next step's request"
+	if got := workerTiming(log, int64(len(before))); got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if got := workerTiming(filepath.Join(t.TempDir(), "missing")); got != "" {
+	if got := workerTiming(log, int64(len(before)+len(during))); got != "" {
+		t.Errorf("nothing past the offset: %q", got)
+	}
+	if got := workerTiming(filepath.Join(t.TempDir(), "missing"), 0); got != "" {
 		t.Errorf("missing log: %q", got)
 	}
 }

@@ -1,7 +1,7 @@
 """mlxsworker.timing, the worker's step-cycle summary, on made-up times:
 per step, the time in the worker, the part of it waiting for the device,
 and the time from a step's reply to the next step's request; logged once
-per interval, then restarted.
+per interval, then restarted; and a window ended by an idle spell.
 
   python3 timing_test.py RUNTIME_DIR
 
@@ -44,5 +44,31 @@ passed += 1
 assert t.steps == 0 and t.inside == 0 and t.between == 0 and timing._waited[0] == 0
 t.step(now + 0.001, now + 0.003)
 assert t.steps == 1 and abs(t.between - 0.001) < 1e-12 and abs(t.inside - 0.002) < 1e-12
+passed += 1
+# An idle spell ends the window: nothing at 0.5 s after the last reply,
+# the summary at 1 s, over the busy time up to that reply (10 steps of 2 ms
+# in the worker, 1 ms apart: 29 ms, 0.9 ms a step between); the next step starts a window of its
+# own, the idle gap not counted between steps; idle without steps logs
+# nothing.
+lines.clear()
+t = timing.StepTiming(every=10.0, clock=lambda: 100.0, idle_after=1.0)
+now = 100.0
+for k in range(10):
+    read = now + (0.001 if k else 0.0)
+    t.step(read, read + 0.002)
+    now = read + 0.002
+t.idle(now + 0.5)
+assert not lines, lines
+t.idle(now + 1.0)
+assert lines == ["steps: 10 in 0.0 s; a step 2.00 ms in the worker (0.00 ms of it waiting for the device), "
+                 "0.90 ms from its reply to the next step's request"], lines  # nine gaps, ten steps
+assert abs((now - 100.0) - 0.029) < 1e-9
+passed += 1
+t.step(now + 5.0, now + 5.004)
+assert t.steps == 1 and t.between == 0 and t.start == now + 5.0, (t.steps, t.between, t.start)
+t.idle(now + 7.0)
+assert len(lines) == 2 and lines[1].startswith("steps: 1 in 0.0 s; a step 4.00 ms"), lines
+t.idle(now + 9.0)
+assert len(lines) == 2, lines
 passed += 1
 print("%d passed, 0 failed" % passed)

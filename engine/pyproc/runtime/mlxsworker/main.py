@@ -9,6 +9,7 @@ from . import settings as settings_mod
 from .backend import TensorParallel
 from .errors import INVALID, UNAVAILABLE
 from .protocol import Heartbeat, Out, Worker, serve
+from .timing import StepTiming
 
 PROTOCOL = 1
 
@@ -89,7 +90,8 @@ def main():
     hello.update({"backend": backend.name, "versions": backend.versions(), "capabilities": backend.capabilities(),
                   "max_line": args.max_line})
     out.send(hello)
-    hb = Heartbeat(out, args.heartbeat)
+    timing = StepTiming()
+    hb = Heartbeat(out, args.heartbeat, timing)
     hb.start()
     worker = Worker(out, hb, backend, args.faults)
     if guard is not None:  # every request goes to the follower ranks first
@@ -98,10 +100,10 @@ def main():
         import cProfile
         import pstats
         prof = cProfile.Profile()
-        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line)
+        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line, timing)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(35)
     else:
-        serve(sys.stdin.buffer, out, worker, args.max_line)
+        serve(sys.stdin.buffer, out, worker, args.max_line, timing)
     # Every reply is flushed (Out.raw): exit now rather than wait for the
     # interpreter's finalisation, which takes over a second once torch is
     # imported and would keep the supervisor's shutdown waiting.

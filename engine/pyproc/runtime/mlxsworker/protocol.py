@@ -39,11 +39,12 @@ class Out:
 
 class Heartbeat(threading.Thread):
     """Sends a heartbeat every interval and exits the process when its
-    parent goes away (the parent id changes)."""
+    parent goes away (the parent id changes); each beat also ends the
+    step-cycle window of a worker gone idle (timing.StepTiming.idle)."""
 
-    def __init__(self, out, interval):
+    def __init__(self, out, interval, timing=None):
         super().__init__(daemon=True)
-        self.out, self.interval = out, interval
+        self.out, self.interval, self.timing = out, interval, timing
         self.ppid = os.getppid()
         self.stopped = False
 
@@ -55,6 +56,8 @@ class Heartbeat(threading.Thread):
                 os._exit(0)
             if not self.stopped:
                 self.out.send({"type": "hb"})
+            if self.timing is not None:
+                self.timing.idle(time.perf_counter())
 
 
 class Worker:
@@ -334,8 +337,8 @@ Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "fr
               "unload": Worker.unload, "warm": Worker.warm, "adapter": Worker.adapter, "stats": Worker.stats, "fault": Worker.fault}
 
 
-def serve(inp, out, worker, max_line):
-    timing = StepTiming()
+def serve(inp, out, worker, max_line, timing=None):
+    timing = timing or StepTiming()
     while True:
         line = inp.readline(max_line + 1)
         read = time.perf_counter()
