@@ -5,41 +5,23 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/batcher"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/syncbuf"
 	"github.com/mlxserving/mlxserving/openai"
 	"github.com/mlxserving/mlxserving/retry"
 )
-
-// lockedBuffer is a log sink safe for the handler's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestResumedStreamSaysSo: a stream whose worker is lost after tokens goes
 // on and ends with the ": finished" comment counting its resumes, and the
 // request's log line records the event; a stream that did not resume has
 // no comment.
 func TestResumedStreamSaysSo(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	policy := retry.MustPolicy(retry.WithMaxAttempts(1000), retry.WithBackoff(time.Microsecond, time.Microsecond, 1))
 	f := newFixture(t, fixtureOpts{
 		sim:     []enginetest.SimOption{enginetest.WithWorkerLoss(0.3, 11)},

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/mlxserving/mlxserving/balancer/natsbackend"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/enginetest"
+	"github.com/mlxserving/mlxserving/internal/syncbuf"
 	"github.com/mlxserving/mlxserving/retry"
 	"github.com/mlxserving/mlxserving/scheduler"
 )
@@ -246,7 +246,7 @@ func TestInstanceDeath(t *testing.T) {
 func TestNATSRestart(t *testing.T) {
 	n := startNATS(t)
 	startInstance(t, n, "a")
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	lb, d := newBalancer(t, n, natsbackend.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	waitInstances(t, d, "a")
 	c := client(t, d, "a")
@@ -279,21 +279,4 @@ func TestNATSRestart(t *testing.T) {
 			t.Errorf("discovery logged no %q:\n%s", want, logs.String())
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,42 +1,23 @@
 package pyproc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/internal/syncbuf"
 )
-
-// lockedBuffer is a bytes.Buffer a logger and a test share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestWorkerLogsIdleSummary: a real worker that stops stepping logs its
 // step-cycle summary within seconds (an idle spell ends the window), over
 // exactly the steps it ran, rather than waiting for the next step past
 // its 10 s interval.
 func TestWorkerLogsIdleSummary(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	e := newEngine(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	m := load(t, e, tiny(t))
 	ctx := context.Background()

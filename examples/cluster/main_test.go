@@ -8,21 +8,22 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/mlxserving/mlxserving/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // startCluster runs the cluster with args until the test ends and returns
 // its HTTP address, the log buffer and a stop function that waits for run.
-func startCluster(t *testing.T, args ...string) (string, *syncBuffer, func()) {
+func startCluster(t *testing.T, args ...string) (string, *syncbuf.Buffer, func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	listening := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), logs, listening) }()
@@ -138,21 +139,4 @@ func TestFlags(t *testing.T) {
 			t.Errorf("%v accepted", args)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

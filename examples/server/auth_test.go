@@ -1,41 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/mlxserving/mlxserving/internal/syncbuf"
 	"github.com/mlxserving/mlxserving/openai"
 )
 
-// syncBuffer is a log sink the server goroutine writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // start runs the example with args until the test ends; it returns the
 // base URL.
-func start(t *testing.T, args []string, log *syncBuffer) string {
+func start(t *testing.T, args []string, log *syncbuf.Buffer) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	listening := make(chan string, 1)
@@ -91,7 +72,7 @@ func TestAPIKeysFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(keysEnv, "ops:sk-ops-0123456789")
-	var log syncBuffer
+	var log syncbuf.Buffer
 	base := start(t, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-api-keys", file}, &log)
 	cases := []struct {
 		method, path, key string
@@ -122,7 +103,7 @@ func TestAPIKeysFlag(t *testing.T) {
 }
 
 func TestWarnsWhenExposedWithoutKeys(t *testing.T) {
-	var log syncBuffer
+	var log syncbuf.Buffer
 	base := start(t, []string{"-addr", "0.0.0.0:0", "-engine", "sim"}, &log)
 	if got := status(t, http.MethodGet, base+"/v1/models", ""); got != 200 {
 		t.Fatalf("no keys: /v1/models %d", got)
@@ -130,7 +111,7 @@ func TestWarnsWhenExposedWithoutKeys(t *testing.T) {
 	if !strings.Contains(log.String(), "WITHOUT API keys") {
 		t.Errorf("no warning for a non-loopback address without keys:\n%s", log.String())
 	}
-	var quiet syncBuffer
+	var quiet syncbuf.Buffer
 	start(t, []string{"-addr", "127.0.0.1:0", "-engine", "sim"}, &quiet)
 	if strings.Contains(quiet.String(), "WITHOUT API keys") {
 		t.Errorf("warned on loopback:\n%s", quiet.String())
@@ -140,7 +121,7 @@ func TestWarnsWhenExposedWithoutKeys(t *testing.T) {
 func TestBadKeyFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "keys.json")
 	os.WriteFile(file, []byte(`{"keys":[{"name":"app"}]}`), 0o600)
-	err := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-api-keys", file}, &syncBuffer{}, nil)
+	err := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-api-keys", file}, &syncbuf.Buffer{}, nil)
 	if !errors.Is(err, openai.ErrBadKeys) {
 		t.Fatalf("run with a bad key file: %v", err)
 	}
