@@ -174,21 +174,34 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 // and a heartbeat (half a second in pyproc by default), with a margin.
 const workerIdle = 2500 * time.Millisecond
 
-var timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply`)
+var (
+	timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply[^;\n"]*(; the device busy ([\d.]+) ms a step \((\d+) steps timed\), (\d+)% of the window)?`)
+)
 
 // workerTiming combines the step-cycle summaries the workers logged past
 // offset from of the server log (mlxsworker/timing.py: time in the
 // worker a step, waiting for the device, and from its reply to the next
-// step's request), weighting each by its steps, or "" when there are
-// none.
+// step's request, each weighted by its steps; where the worker timed them,
+// the device's busy time a step, weighted by the steps timed, and its
+// share of the windows, by their length), or "" when there are none.
 func workerTiming(path string, from int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil || int64(len(b)) < from {
 		return ""
 	}
-	var steps, windows int
-	var secs, inside, wait, between float64
+	var steps, windows, timed int
+	var secs, inside, wait, between, busy, share, timedSecs float64
 	for _, m := range timingLine.FindAllStringSubmatch(string(b[from:]), -1) {
+		if m[6] != "" {
+			ms, _ := strconv.ParseFloat(m[7], 64)
+			k, _ := strconv.Atoi(m[8])
+			pc, _ := strconv.ParseFloat(m[9], 64)
+			w, _ := strconv.ParseFloat(m[2], 64)
+			timed += k
+			busy += float64(k) * ms
+			share += w * pc
+			timedSecs += w
+		}
 		n, _ := strconv.Atoi(m[1])
 		f := make([]float64, 4)
 		for i := range f {
@@ -205,8 +218,13 @@ func workerTiming(path string, from int64) string {
 		return ""
 	}
 	n := float64(steps)
-	return fmt.Sprintf("steps: %d in %.1f s (%d summaries); a step %.2f ms in the worker (%.2f ms of it waiting for the device), "+
+	out := fmt.Sprintf("steps: %d in %.1f s (%d summaries); a step %.2f ms in the worker (%.2f ms of it waiting for the device), "+
 		"%.2f ms from its reply to the next step's request", steps, secs, windows, inside/n, wait/n, between/n)
+	if timed > 0 {
+		out += fmt.Sprintf("; the device busy %.2f ms a step (%d steps timed), %.0f%% of the windows", busy/float64(timed), timed,
+			share/max(timedSecs, 1e-9))
+	}
+	return out
 }
 
 // fileSize is path's size, 0 when it cannot be read.

@@ -80,6 +80,9 @@ time=2 level=INFO msg="INFO timing: steps: 1 in 14.0 s; a step 98.00 ms in the w
 	during := `time=3 level=INFO msg="INFO timing: steps: 10 in 1.0 s; a step 1.00 ms in the worker (0.50 ms of it waiting for the device), 0.20 ms from its reply to the next step's request" worker=0
 time=4 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.40 ms from its reply to the next step's request" worker=0
 `
+	timedLines := `time=5 level=INFO msg="INFO timing: steps: 10 in 1.0 s; a step 1.00 ms in the worker (0.50 ms of it waiting for the device), 0.20 ms from its reply to the next step's request; the device busy 0.80 ms a step (10 steps timed), 80% of the window" worker=0
+time=6 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the worker (0.50 ms of it waiting for the device), 0.40 ms from its reply to the next step's request; the device busy 1.60 ms a step (30 steps timed), 60% of the window" worker=0
+`
 	if err := os.WriteFile(log, []byte(before+during), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +92,14 @@ time=4 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the wo
 	}
 	if got := workerTiming(log, int64(len(before)+len(during))); got != "" {
 		t.Errorf("nothing past the offset: %q", got)
+	}
+	// The device's busy time where the worker timed it (CUDA).
+	if err := os.WriteFile(log, []byte(timedLines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want += "; the device busy 1.40 ms a step (40 steps timed), 65% of the windows"
+	if got := workerTiming(log, 0); got != want {
+		t.Errorf("timed: got %q, want %q", got, want)
 	}
 	if got := workerTiming(filepath.Join(t.TempDir(), "missing"), 0); got != "" {
 		t.Errorf("missing log: %q", got)

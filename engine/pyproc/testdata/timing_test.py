@@ -71,4 +71,36 @@ assert len(lines) == 2 and lines[1].startswith("steps: 1 in 0.0 s; a step 4.00 m
 t.idle(now + 9.0)
 assert len(lines) == 2, lines
 passed += 1
+# Device spans (CUDA events on a GPU; stand-ins here): read once the
+# device passed their end, averaged a step, their share of the window
+# scaled to every step; one still running counts in a later window.
+
+
+class Event:
+    def __init__(self, at, done=True):
+        self.at, self.done = at, done
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, end):  # milliseconds, as torch's
+        return (end.at - self.at) * 1e3
+
+
+lines.clear()
+t = timing.StepTiming(every=10.0, clock=lambda: 0.0, idle_after=1.0)
+late = Event(0.42, done=False)
+for k, (a, b) in enumerate([(0.0, 0.003), (0.01, 0.012), (0.02, 0.024)]):
+    t.step(0.01 * k, 0.01 * k + 0.005)
+    timing.device_span(Event(a), late if k == 2 else Event(b))
+assert len(timing._spans) == 1 and timing._busy == [0.005, 2], (timing._spans, timing._busy)
+line = t.summary(0.1)
+assert line.endswith("; the device busy 2.50 ms a step (2 steps timed), 8% of the window"), line
+t.idle(1.5)  # ends the window; the running span stays for the next
+late.done = True
+t.step(2.0, 2.004)
+t.idle(3.1)
+assert lines[-1].startswith("steps: 1 in 0.0 s;") and "the device busy 400.00 ms a step (1 steps timed)" in lines[-1], lines
+assert not timing._spans
+passed += 1
 print("%d passed, 0 failed" % passed)

@@ -6,7 +6,14 @@ every EVERY seconds while it steps (INFO, in the server's log):
   (device_wait, called by torchrt's HostCopy);
 - between steps: from a step's reply to the next step's request line,
   the supervisor's part (the batcher's work, other requests such as opens,
-  both pipes).
+  both pipes);
+- where the backend times it (torchrt on CUDA, device_span), the device's
+  busy time a step: from the device reaching a step's first launched work
+  to its finishing the last (CUDA events around the step), and its share of
+  the window. Gaps where the device waits for a step's first launch are
+  outside these spans; a gap inside one (a later launch of the same step
+  arriving late) is counted, so the share is an upper bound, read beside
+  nvidia-smi's.
 
 A device that idles under load idles in the gaps that work launched
 ahead does not cover; these three say which part of the cycle to shorten.
@@ -18,6 +25,7 @@ the next step. A load that ran between two idle spells so gets a summary
 of its own, whatever its length, and an idle gap never counts as time
 between steps.
 """
+import collections
 import logging
 import threading
 import time
@@ -33,6 +41,27 @@ _waited = [0.0]  # device waits since the last summary
 def device_wait(seconds):
     """Adds seconds the host spent blocked on the device's results."""
     _waited[0] += seconds
+
+
+_spans = collections.deque()  # (start, end) events of steps whose times are not read yet
+_busy = [0.0, 0]  # device seconds of the steps read since the last summary, and how many
+_spans_lock = threading.Lock()  # steps add spans on the protocol loop; summaries read them on either thread
+
+
+def device_span(start, end):
+    """Adds a step's device span: start and end are events (CUDA events
+    with timing) recorded before the step's first launch and after its
+    last; read once the device has passed end."""
+    with _spans_lock:
+        _spans.append((start, end))
+        _read_spans()
+
+
+def _read_spans():
+    while _spans and _spans[0][1].query():
+        start, end = _spans.popleft()
+        _busy[0] += start.elapsed_time(end) / 1e3
+        _busy[1] += 1
 
 
 class StepTiming:
@@ -52,6 +81,8 @@ class StepTiming:
         self.start, self.steps, self.inside, self.between = now, 0, 0.0, 0.0
         self.fresh = fresh
         _waited[0] = 0.0
+        with _spans_lock:
+            _busy[0], _busy[1] = 0.0, 0
 
     def step(self, read, replied):
         """Records a step whose request line was read at read and whose
@@ -80,6 +111,16 @@ class StepTiming:
 
     def summary(self, now):
         n = max(self.steps, 1)
-        return ("steps: %d in %.1f s; a step %.2f ms in the worker (%.2f ms of it waiting for the device), "
-                "%.2f ms from its reply to the next step's request"
-                % (self.steps, now - self.start, self.inside / n * 1e3, _waited[0] / n * 1e3, self.between / n * 1e3))
+        out = ("steps: %d in %.1f s; a step %.2f ms in the worker (%.2f ms of it waiting for the device), "
+               "%.2f ms from its reply to the next step's request"
+               % (self.steps, now - self.start, self.inside / n * 1e3, _waited[0] / n * 1e3, self.between / n * 1e3))
+        with _spans_lock:
+            _read_spans()
+            busy, timed = _busy
+        if timed:
+            # Spans not read yet (their steps still on the device) count in
+            # the next window; the share scales the read ones to every step.
+            share = busy / timed * self.steps / max(now - self.start, 1e-9)
+            out += "; the device busy %.2f ms a step (%d steps timed), %.0f%% of the window" % (busy / timed * 1e3, timed,
+                                                                                               100 * min(share, 1.0))
+        return out

@@ -7,6 +7,7 @@ import torch
 
 from ..backend import Model, StepResult
 from ..errors import CONTEXT_LENGTH, INVALID, OUT_OF_MEMORY, UNAVAILABLE, CheckpointError, ProtocolError
+from .. import timing
 from ..settings import Settings
 from . import fit, kvcache, lookahead, lora, quant
 from .config import Config
@@ -337,6 +338,20 @@ class TorchModel(Model):
         return st
 
     def step(self, batch):
+        """The step of batch (_step); on CUDA its device span, CUDA events
+        before its first launch and after its last, goes to the worker's
+        step-cycle summary (timing.device_span)."""
+        if self.device.type != "cuda":
+            return self._step(batch)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            return self._step(batch)
+        finally:
+            end.record()
+            timing.device_span(start, end)
+
+    def _step(self, batch):
         """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
         the StepResult of the sampling inputs in order, with more and
         more_logprobs when inputs asked for lookahead: the tokens decoded
