@@ -140,7 +140,11 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		// without steps, noticed at their next heartbeat): wait for it, so
 		// this load's summaries are all in the log and the next load's
 		// windows start afresh.
-		time.Sleep(workerIdle)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(workerIdle):
+		}
 		after, err := scrape(ctx, base)
 		if err != nil {
 			return err
@@ -174,9 +178,7 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 // and a heartbeat (half a second in pyproc by default), with a margin.
 const workerIdle = 2500 * time.Millisecond
 
-var (
-	timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply[^;\n"]*(; the device busy ([\d.]+) ms a step \((\d+) steps timed\), (\d+)% of the window)?`)
-)
+var timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply[^;\n"]*(; the device busy ([\d.]+) ms a step \((\d+) steps timed\), (\d+)% of the window)?`)
 
 // workerTiming combines the step-cycle summaries the workers logged past
 // offset from of the server log (mlxsworker/timing.py: time in the

@@ -15,8 +15,7 @@ from .decoder import Decoder
 from .graphs import BATCH_BUCKETS, DecodeGraphs
 from .paged import Layout, OutOfBlocks, PagedKV
 from .pooling import Pooled, with_pooled
-from . import prefill
-from .prefill import PrefillGraphs
+from .prefill import PrefillGraphs, prompt_attention_ok
 from .sampling import note_forced, sample_rows
 from .upload import HostCopy, to_device
 
@@ -137,7 +136,7 @@ class TorchModel(Model):
         # (prefill.py; with adapters, graphs of their own).
         self.prefill = None
         if self.graphs is not None and settings.prefill_graphs and PrefillGraphs.supports(self.model):
-            paged = settings.prompt_attention and prefill.prompt_attention_ok(self.model, self.kv.bs)
+            paged = settings.prompt_attention and prompt_attention_ok(self.model, self.kv.bs)
             self.prefill = PrefillGraphs(self.model, self.kv, self.step_tokens, self.adapters, paged=paged)
         self.lookahead_used = False  # a supervisor that asks for lookahead: remember generator states
         self.spec = None  # lookahead.Spec: the next round's first step, already launched

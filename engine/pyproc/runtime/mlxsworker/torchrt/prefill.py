@@ -20,8 +20,7 @@ copied into a buffer), so the step's every layer, attention included, is
 one graph per bucket, replayed by one launch. The piecewise graphs'
 gathers and varlen calls cost host time that scaled with the layers
 (about 60 eager kernel launches and 17 graph launches a step on a 16-layer
-model) and device copies
-that scaled with each chunk's prefix. A step whose plan takes more tiles
+model) and device copies that scaled with each chunk's prefix. A step whose plan takes more tiles
 than the bucket's (its tokens' tiles and MAX_CHUNKS more) takes the
 piecewise graphs. At load the kernel is checked against the plain torch
 attention (attention_reference) on a pool in the model's shapes; where it
@@ -284,8 +283,6 @@ class PrefillGraphs:
             self.buf = self._buffers()
         b = {k: v[:, :nb] if k == "kr" else v[:nb] for k, v in self.buf.items() if k != "tiles"}
         b["kr"][:] = kv.scratch * kv.bs  # the warm-up runs write the scratch block only
-        tiles, width = self.buf["tiles"], self.width(nb)
-        tiles.zero_()  # and attend nowhere
 
         def pre(li, x, d):
             L = m.layers[li]
@@ -347,6 +344,8 @@ class PrefillGraphs:
             pool = self.pools[(lora, whole)] = graphs.new_pool()
         if whole:
             pieces = [piece(li) for li in range(-1, len(m.layers))]
+            tiles, width = self.buf["tiles"], self.width(nb)
+            tiles.zero_()  # the warm-up run attends nowhere
 
             def step():
                 pieces[0]()
@@ -426,11 +425,8 @@ class PrefillGraphs:
         if whole:
             w = self.width(nb)
             b["tiles"][:, :w].copy_(tiles.view(4, w))
-            gs[0].replay()
-            x, d = b["x"][:n], b["d"][:n]
-            return m.logits(m.rms(x[last] + d[last], m.norm))
         gs[0].replay()
-        for li in range(len(m.layers)):
+        for li in range(len(gs) - 1):  # piecewise: each layer's attention between its graphs
             o = m.attend_varlen(b["qk"][:n, :H], kv.kc[li], kv.vc[li], group, None, li, kv.group_of[li])
             b["a"][:n].copy_(o)
             gs[li + 1].replay()
