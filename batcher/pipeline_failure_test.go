@@ -2,6 +2,7 @@ package batcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -155,5 +156,75 @@ func TestPipelinedMatchesSynchronousWithPrefixes(t *testing.T) {
 				t.Fatalf("seed %d request %d: %v %q %v, sync %v %q %v", seed, i, got[i].tokens, got[i].finish, got[i].err, want[i].tokens, want[i].finish, want[i].err)
 			}
 		}
+	}
+}
+
+// cancelInWait wraps a simulated pipelining model: the step carrying a
+// sampling row of exactly watch prompt tokens pushes next into the queue,
+// and waiting for that step cancels target first — a cancellation that
+// lands after the loop reaped cancelled sequences and before the step's
+// delivery.
+type cancelInWait struct {
+	engine.Model
+	watch  int
+	target *batcher.Sequence
+	next   func()
+	fired  atomic.Bool
+}
+
+type cancelFirst struct {
+	engine.PendingStep
+	cancel func()
+}
+
+func (c *cancelFirst) Wait(ctx context.Context) ([]engine.StepOutput, error) {
+	c.cancel()
+	return c.PendingStep.Wait(ctx)
+}
+
+func (w *cancelInWait) FreeBlocks() int { return w.Model.(engine.BlockPool).FreeBlocks() }
+
+func (w *cancelInWait) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, key string) (engine.PendingOpen, bool) {
+	return w.Model.(engine.Pipeliner).OpenAsync(ctx, id, prompt, key)
+}
+
+func (w *cancelInWait) StepAsync(ctx context.Context, batch []engine.StepInput) (engine.PendingStep, bool, error) {
+	p, ok, err := w.Model.(engine.Pipeliner).StepAsync(ctx, batch)
+	if err != nil || !ok || w.fired.Load() || !slices.ContainsFunc(batch, func(in engine.StepInput) bool { return in.Sample && len(in.Tokens) == w.watch }) {
+		return p, ok, err
+	}
+	w.fired.Store(true)
+	w.next()
+	return &cancelFirst{PendingStep: p, cancel: func() { w.target.Cancel(context.Canceled) }}, true, nil
+}
+
+// TestPipelineCancelledWhileLastChunkPending: a sequence is cancelled
+// while the step with its last prompt chunk is pending, and that step is
+// delivered by an admission that must wait for it (an open that cannot
+// be sent asynchronously) rather than at the loop's top. Its prompt is
+// then fed with no token sampled; the next plan must not step it.
+func TestPipelineCancelledWhileLastChunkPending(t *testing.T) {
+	sim, m := simModel(t, enginetest.WithBlockSize(16), enginetest.WithKVCapacity(64*16), enginetest.WithContextLength(512), enginetest.WithStepTime(200*time.Microsecond, 0))
+	target := &batcher.Sequence{Prompt: prompt(2, 37), MaxTokens: 5, IgnoreEOS: true}
+	w := &cancelInWait{Model: m, watch: len(target.Prompt), target: target}
+	r := newRigModel(t, sim, w, nil, batcher.WithTokenBudget(64))
+	// An adapter's open is never sent asynchronously; the simulated model
+	// serves none, so it fails after the admission waited.
+	sync := &batcher.Sequence{Prompt: prompt(3, 20), MaxTokens: 5, IgnoreEOS: true, Adapter: "none"}
+	w.next = func() { r.submit(t, sync) }
+	long := &batcher.Sequence{Prompt: prompt(1, 20), MaxTokens: 300, IgnoreEOS: true} // keeps steps pipelined
+	r.submit(t, long)
+	time.Sleep(5 * time.Millisecond)
+	r.submit(t, target)
+	if res := collect(target); !errors.Is(res.err, context.Canceled) {
+		t.Fatalf("cancelled sequence: tokens %v, err %v; want context.Canceled", res.tokens, res.err)
+	}
+	if res := collect(sync); res.err == nil {
+		t.Fatal("a sequence asking for an adapter the model does not serve succeeded")
+	}
+	long.Cancel(nil)
+	collect(long)
+	if !w.fired.Load() {
+		t.Fatal("no step carried the watched prompt: the test did not run its case")
 	}
 }

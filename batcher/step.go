@@ -70,6 +70,10 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 // sequence that samples in it feeds that sample (engine.StepInput.Prev)
 // and prompt chunks go on from where the pending step leaves them.
 func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, decode, prefill int) {
+	// A delivery since the loop's top (an admission that waited for the
+	// pending step) may have fed a sequence cancelled meanwhile its last
+	// prompt chunk with no token sampled: it must not step again.
+	b.reapCancelled()
 	in, seqs = b.inputs[:0], b.stepSeqs[:0]
 	budget := b.cfg.tokenBudget
 	dead := false
