@@ -41,8 +41,8 @@
 // step that adds prompt chunks or new sequences runs them beside it, one
 // that feeds a sequence something else discards it (Tuning.NoOverlap
 // turns this off). Steps of prompt chunks replay CUDA graphs captured per
-// token bucket on bfloat16 and float16 models with plain weights
-// (Tuning.NoPrefillGraphs turns this off): one graph of the whole step,
+// token bucket on bfloat16 and float16 models, their projections float or
+// FP8/int4 (Tuning.NoPrefillGraphs turns this off): one graph of the whole step,
 // its attention a Triton kernel reading the cache through the block
 // table, or, where that kernel is off (Tuning.NoPromptAttention) or
 // disagrees with plain attention at load, graphs piecewise around an

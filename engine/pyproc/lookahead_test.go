@@ -371,11 +371,9 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 		}
 		return toks, lps
 	}
-	off := newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true}))
-	on := newEngine(t, WithDType("bfloat16"))
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "qwen3_moe", "mixtral"} {
+	check := func(arch string, off, on *Engine, cfg testmodel.Config) {
 		dir := t.TempDir()
-		if err := testmodel.Write(dir, testmodel.TinyFamily(arch)); err != nil {
+		if err := testmodel.Write(dir, cfg); err != nil {
 			t.Fatal(err)
 		}
 		spec := engine.ModelSpec{ID: arch, Path: dir}
@@ -408,4 +406,20 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 				arch, st["prompt_attention"], st["prefill_whole_graphs"])
 		}
 	}
+	off := newEngine(t, WithDType("bfloat16"), WithTuning(Tuning{NoPrefillGraphs: true}))
+	on := newEngine(t, WithDType("bfloat16"))
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "gemma3_text", "mistral", "phi3", "qwen3_moe", "mixtral"} {
+		check(arch, off, on, testmodel.TinyFamily(arch))
+	}
+	// Quantized projections (FP8 and int4 kept quantized on CUDA): the
+	// 487-row step runs their prompt-sized products (W8A8, dequantized
+	// int4 for cuBLAS) inside the graphs.
+	for _, q := range testmodel.Quants() {
+		cfg := testmodel.TinyQuant()
+		cfg.Quant = q
+		check(q, off, on, cfg)
+	}
+	qoff := newEngine(t, WithDType("bfloat16"), WithQuantize("fp8"), WithTuning(Tuning{NoPrefillGraphs: true}))
+	qon := newEngine(t, WithDType("bfloat16"), WithQuantize("fp8"))
+	check("quantize-fp8", qoff, qon, testmodel.TinyQuant())
 }

@@ -43,7 +43,7 @@ type Tuning struct {
 	// NoPrefillGraphs runs steps of prompt chunks eagerly instead of on
 	// CUDA graphs captured per token count, of the whole step (see
 	// NoPromptAttention) or piecewise around attention (CUDA,
-	// bfloat16/float16 models with plain weights, no mixture of experts
+	// bfloat16/float16 models, float or FP8/int4 projections, no mixture of experts
 	// but on the fused kernels, no tensor parallel; steps with adapters on
 	// graphs of their own).
 	NoPrefillGraphs bool

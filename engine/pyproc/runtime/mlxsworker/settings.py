@@ -21,7 +21,7 @@ class Settings:
     overlap: behind each step the next decode step of its sequences is
     launched before the host reads the tokens (CUDA with the kernels).
     prefill_graphs: steps of prompt chunks replay CUDA graphs captured
-    per token count (CUDA, varlen attention, plain weights): of the whole
+    per token count (CUDA, varlen attention, float or FP8/int4 weights): of the whole
     step with prompt_attention, else piecewise around attention.
     prompt_attention: with prefill_graphs, steps of prompt chunks attend
     through the paged prompt-attention kernel, so each replays one graph

@@ -57,8 +57,9 @@ module per adapter on top of the eager launches): under a prompt-bound
 load on an H100 they served 0.66x the base's throughput at 1 or 8
 adapters and 0.46x at 32.
 
-Only models whose projections are plain tensors (no quantized weights),
-whose experts, if any, run the fused kernels (moe_triton: routing and
+Only models whose projections are float tensors or quantized weights kept
+quantized (quant.QWeight: FP8 and int4 products whose kernel the rows
+alone pick), whose experts, if any, run the fused kernels (moe_triton: routing and
 sort on the device, a grid that depends on the bucket's rows alone), and
 no tensor parallel take this path; anything else, and a capture that fails (logged, then never tried again: of the
 base's graphs, every prompt step; of those with the delta, the steps
@@ -73,6 +74,7 @@ import torch
 
 from . import graphs
 from .lora import SegmentPlan, segments
+from .quant import QWeight
 
 log = logging.getLogger("prefill")
 
@@ -241,9 +243,13 @@ class PrefillGraphs:
     @staticmethod
     def supports(model):
         """Whether model's prompt steps can run here (see the module doc)."""
-        plain = all(isinstance(L[n], torch.Tensor) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
+        # Quantized projections (quant.QWeight) capture as the decode graphs
+        # do: their products pick a kernel by the rows alone, launch
+        # nothing before their operands' checks, and a W8A8 product refused
+        # during capture records the weight-only one in its place.
+        weights = all(isinstance(L[n], (torch.Tensor, QWeight)) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
         experts = model.moe is None or model.moe.fused is not None  # the fused experts: no host sync, a grid fixed by the rows
-        return model.kern is not None and model.varlen and model.tp is None and experts and plain
+        return model.kern is not None and model.varlen and model.tp is None and experts and weights
 
     def usable(self, n, groups, pooled, lora=False):
         """Whether a packed step of n rows with attention plan groups runs
