@@ -2,6 +2,10 @@ package pyproc
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,4 +140,41 @@ func serveAll(b *testing.B, srv *mlxserving.Server, model string, n int, p api.P
 	}
 	wg.Wait()
 	return total
+}
+
+// BenchmarkWorkerHostStep measures the worker's host time a decode step on
+// the CUDA path, emulated on the CPU (testdata/host_step_bench.py: the
+// protocol, TorchModel.step, the speculated step behind it and the
+// sampling bookkeeping of 220 decoding rows, the device's work taken
+// out). That time is what the GPU waits behind when it exceeds a step's
+// device time.
+func BenchmarkWorkerHostStep(b *testing.B) {
+	py := python(b)
+	dir := tiny(b)
+	for _, params := range []string{"greedy", "sampled"} {
+		b.Run(params, func(b *testing.B) {
+			for b.Loop() {
+				ms, perRow := hostStep(b, py, dir, 220, 300, params)
+				b.ReportMetric(ms, "host-ms/step")
+				b.ReportMetric(perRow, "host-µs/row")
+			}
+		})
+	}
+}
+
+// hostStep runs testdata/host_step_bench.py and returns its median host
+// milliseconds a step and microseconds a row.
+func hostStep(tb testing.TB, py, dir string, rows, steps int, params string) (ms, perRow float64) {
+	tb.Helper()
+	out, err := exec.Command(py, "testdata/host_step_bench.py", "runtime", dir, strconv.Itoa(rows), strconv.Itoa(steps), params).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("host_step_bench.py: %v\n%s", err, out)
+	}
+	var mean float64
+	var n, s int
+	var kind string
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "host ms a step: median %f mean %f (%d rows, %d steps, %s %f us a row)", &ms, &mean, &n, &s, &kind, &perRow); err != nil {
+		tb.Fatalf("host_step_bench.py printed %q: %v", out, err)
+	}
+	return ms, perRow
 }

@@ -49,3 +49,16 @@ func TestOverlapEmulated(t *testing.T) {
 	}
 	runPyCheck(t, "testdata/overlap_test.py", args...)
 }
+
+// TestWorkerHostStepBench runs BenchmarkWorkerHostStep's script on a
+// small batch: every step after the first runs on the emulated device
+// chain with the next one speculated behind it (the script asserts it),
+// greedy and sampled, so the benchmark measures the path it names.
+func TestWorkerHostStepBench(t *testing.T) {
+	py, dir := python(t), tiny(t)
+	for _, params := range []string{"greedy", "sampled"} {
+		if ms, _ := hostStep(t, py, dir, 12, 20, params); ms <= 0 {
+			t.Errorf("%s: host time a step %v ms", params, ms)
+		}
+	}
+}
