@@ -31,7 +31,7 @@ def allowed(params):
     only with its loop."""
     if "x" in params:
         return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in AHEAD_KEYS or k in LOOP_KEYS for k in params)
-    return all(k in AHEAD_KEYS for k in params)
+    return AHEAD_KEYS.issuperset(params)
 
 
 def loops(items, width):
@@ -63,11 +63,19 @@ def remember(model, items, rows=None):
     """Records each temperature-sampled sequence's generator state before
     its next draw, so that taking tokens back (rewind) also takes back
     their draws: a seeded sequence then samples as if they never happened."""
+    keep = 2 * model.max_ahead + 1 if model.max_ahead > 0 else None  # states kept: the last 2 * max_ahead and this one
     for i in (range(len(items)) if rows is None else rows):
         params, s = items[i]
-        if float(params.get("t") or 0) > 0:
-            g = _generator(s, params)
-            s.hist = (s.hist or [])[-2 * model.max_ahead:] + [g.get_state()]
+        t = params.get("t")
+        if t and float(t) > 0:
+            state = _generator(s, params).get_state()
+            h = s.hist
+            if h is None:
+                s.hist = [state]
+                continue
+            h.append(state)
+            if keep is not None and len(h) > keep:
+                del h[:len(h) - keep]
 
 
 def rewind(s, back):
@@ -94,11 +102,21 @@ def plan(model, batch, seqs):
     extra tokens need (plus one more token's where free, for Spec). batch
     entries are [seq, tokens, sample, params, n?, back?]."""
     ahead = overlaps(model)
+    kv, context = model.kv, model.cfg.context
+    dense, bs = not kv.layout.sliding_groups, kv.bs
     want = []
     for b, s in zip(batch, seqs):
         if not b[2]:
             continue
-        n = int(b[4]) if len(b) > 4 and b[4] else 1
+        if len(b) < 5 or not b[4]:  # one token, the common decode row
+            fed = len(s.tokens) + len(b[1])
+            # The block of the next step's token (Spec), unless held already
+            # (PagedKV.grow's first test, made here without the call).
+            if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs):
+                kv.grow(s, fed + 1, free_only=True)
+            want.append(1)
+            continue
+        n = int(b[4])
         if n > 1 and not allowed(b[3]):
             n = 1
         if n > 1 and "x" in b[3]:
@@ -283,16 +301,26 @@ def _finish(ch):
     toks = got[0]
     ch.host = toks  # Spec.fed reads the last step's tokens
     items, run = ch.items, ch.run
-    res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
-    if ch.loops is not None:
-        _cut(ch, res)
-    for i, (_, s) in enumerate(items):
-        if res[i]:  # fed: feed[i], then every sampled token but the last
-            s.tokens.append(ch.feed[i])
-            s.tokens.extend(res[i][:-1])
-            # The step's own tokens were counted when it arrived (done 0).
-            s.note_fed(([ch.feed[i]] if ch.done else []) + res[i][:-1])
-        s.sampled = True
+    if ch.steps == 1 and ch.loops is None and not ch.done:
+        # A chain of one step (the Spec behind it its reason): every input
+        # (want 1 or more, none done) was fed its own token and sampled
+        # one. Nothing to count for the penalties: the step's tokens were
+        # counted when it arrived.
+        res = [[t] for t in toks[0]]
+        for (_, s), f in zip(items, ch.feed):
+            s.tokens.append(f)
+            s.sampled = True
+    else:
+        res = [[toks[j][i] for j in range(run[i])] for i in range(len(items))]
+        if ch.loops is not None:
+            _cut(ch, res)
+        for i, (_, s) in enumerate(items):
+            if res[i]:  # fed: feed[i], then every sampled token but the last
+                s.tokens.append(ch.feed[i])
+                s.tokens.extend(res[i][:-1])
+                # The step's own tokens were counted when it arrived (done 0).
+                s.note_fed(([ch.feed[i]] if ch.done else []) + res[i][:-1])
+            s.sampled = True
     if len(got) < 2:
         return res, None
     lpv = got[1]
@@ -399,11 +427,13 @@ class Spec:
         discarded. None after discarding the speculation when an item is
         not its step."""
         idx = []
-        for (p, s), t in zip(items, tokens):
-            if not self.matches(s, [t], p):
+        live, feed, rows = self.live, self.fed(), self.rows
+        for (p, s), t in zip(items, tokens):  # matches, inline
+            i = live.get(id(s))
+            if i is None or t != feed[i] or rows[i][0] != p:
                 self.discard()
                 return None
-            idx.append(self.live[id(s)])
+            idx.append(i)
         self.discard(keep=set(idx))
         if idx == list(range(len(self.rows))):
             return self.tok, self.lp
@@ -450,8 +480,12 @@ def fed_after(model, toks):
 def _room(model, items, run):
     """Whether every sequence of items has the block of position
     len(tokens) + run[i], within the context."""
-    bs = model.kv.bs
-    return all(len(s.tokens) + r < min(model.cfg.context, len(s.blocks) * bs) for (_, s), r in zip(items, run))
+    bs, context = model.kv.bs, model.cfg.context
+    for (_, s), r in zip(items, run):
+        at = len(s.tokens) + r
+        if at >= context or at >= len(s.pages[0]) * bs:
+            return False
+    return True
 
 
 def _undraw(params, s):
@@ -471,11 +505,14 @@ def settle(model, batch):
     # Inputs of sequences it did not run (prompt chunks, sequences that
     # joined since) may go beside it; each of its own must be its step.
     ok = all(len(b) < 6 or not b[5] for b in batch)
-    for b in batch if ok else ():
-        s = model.seqs.get(b[0])
-        if s is not None and id(s) in sp.live and not (b[2] and sp.matches(s, b[1], b[3])):
-            ok = False
-            break
+    if ok:
+        opened, live, feed, rows = model.seqs, sp.live, sp.fed(), sp.rows
+        for b in batch:  # Spec.matches, inline: every row of a decode step comes here
+            s = opened.get(b[0])
+            i = live.get(id(s)) if s is not None else None
+            if i is not None and not (b[2] and len(b[1]) == 1 and b[1][0] == feed[i] and rows[i][0] == b[3]):
+                ok = False
+                break
     if not ok:
         cancel(model)
 

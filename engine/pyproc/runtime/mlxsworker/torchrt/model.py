@@ -372,13 +372,19 @@ class TorchModel(Model):
         if split:
             batch = self._feed_ahead(batch, seqs)
         fresh = []  # sequences still in their prompt: their full blocks go in the prefix cache
+        kv = self.kv
+        dense, bs = not kv.layout.sliding_groups, kv.bs
         for b, s in zip(batch, seqs):
-            self.kv.grow(s, len(s.tokens) + len(b[1]))
+            toks = b[1]
+            if not (dense and len(s.tokens) + len(toks) <= len(s.pages[0]) * bs):  # PagedKV.grow's first test
+                kv.grow(s, len(s.tokens) + len(toks))
             if s.pool is not None:
                 continue
-            s.note_fed(b[1])
-            note_forced(s, b[1], b[2])
-            if not s.sampled:
+            if s.sampled:
+                s.note_fed(toks)
+                if len(toks) > 1:
+                    note_forced(s, toks, b[2])
+            else:
                 fresh.append(s)
         gen = [(b, s) for b, s in zip(batch, seqs) if s.pool is None]
         want = lookahead.plan(self, [b for b, _ in gen], [s for _, s in gen])
@@ -513,9 +519,15 @@ class TorchModel(Model):
         pieces (_feed_ahead). Raises out_of_memory when the pool lacks the
         blocks the step needs (fed in pieces: what BlocksFor counts)."""
         seqs, backs, need, peak = [], [], 0, 0
+        # Per row, as little as a decode row needs: 220 rows a step at 256
+        # clients, whose host time the GPU waits behind. A pool without
+        # sliding groups needs nothing for a row its blocks already hold
+        # (PagedKV.need's first test, made here without the calls).
+        opened, kv, context, vocab = self.seqs, self.kv, self.cfg.context, self.cfg.vocab
+        dense, bs = not kv.layout.sliding_groups, kv.bs
         for b in batch:
             seq, toks = b[0], b[1]
-            s = self.seqs.get(seq)
+            s = opened.get(seq)
             if s is None:
                 raise ProtocolError(INVALID, "sequence %d is not open" % seq)
             back = int(b[5]) if len(b) > 5 and b[5] else 0
@@ -526,19 +538,21 @@ class TorchModel(Model):
             if s.pool is not None and s.pool.vec is not None:
                 raise ProtocolError(INVALID, "sequence %d: its pooled input has ended; free it" % seq)
             n = len(s.tokens) - back + len(toks)
-            if n > self.cfg.context:
+            if n > context:
                 raise ProtocolError(CONTEXT_LENGTH, "sequence %d would hold %d tokens" % (seq, n),
-                                    prompt=n, limit=self.cfg.context)
-            bad = [t for t in toks if t < 0 or t >= self.cfg.vocab]
-            if bad:
-                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad[0]))
-            if back and not self.kv.window_held(s.pages, len(s.tokens) - back):
+                                    prompt=n, limit=context)
+            if min(toks) < 0 or max(toks) >= vocab:
+                bad = next(t for t in toks if t < 0 or t >= vocab)
+                raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad))
+            if back and not kv.window_held(s.pages, len(s.tokens) - back):
                 raise ProtocolError(INVALID, "sequence %d: cannot take back %d tokens, past the sliding window's KV"
                                     % (seq, back))
             seqs.append(s)
             backs.append(back)
-            need += self.kv.need(s, n, pieces=True)
-            peak += self.kv.need(s, n)
+            if dense and n <= len(s.pages[0]) * bs:
+                continue
+            need += kv.need(s, n, pieces=True)
+            peak += kv.need(s, n)
         if len(set(map(id, seqs))) != len(seqs):
             raise ProtocolError(INVALID, "a sequence appears twice in one step")
         if need > self.kv.pool.free():
