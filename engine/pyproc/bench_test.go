@@ -142,38 +142,48 @@ func serveAll(b *testing.B, srv *mlxserving.Server, model string, n int, p api.P
 	return total
 }
 
-// BenchmarkWorkerHostStep measures the worker's host time a decode step on
-// the CUDA path, emulated on the CPU (testdata/host_step_bench.py: the
-// protocol, TorchModel.step, the speculated step behind it and the
-// sampling bookkeeping of 220 decoding rows, the device's work taken
-// out). That time is what the GPU waits behind when it exceeds a step's
-// device time.
+// BenchmarkWorkerHostStep measures the worker's host time a step of 220
+// rows on the CUDA path, emulated on the CPU (testdata/host_step_bench.py:
+// the protocol, TorchModel.step, the speculated step behind it and the
+// sampling bookkeeping, the device's work taken out), for decode steps
+// and for mixed ones (a prompt chunk beside the decodes, a sequence
+// leaving and one joining), greedy and sampled. That time is what the GPU
+// waits behind when it exceeds a step's device time.
 func BenchmarkWorkerHostStep(b *testing.B) {
 	py := python(b)
 	dir := tiny(b)
-	for _, params := range []string{"greedy", "sampled"} {
-		b.Run(params, func(b *testing.B) {
-			for b.Loop() {
-				ms, perRow := hostStep(b, py, dir, 220, 300, params)
-				b.ReportMetric(ms, "host-ms/step")
-				b.ReportMetric(perRow, "host-µs/row")
-			}
-		})
+	for _, mix := range []string{"decode", "mixed"} {
+		for _, params := range []string{"greedy", "sampled"} {
+			b.Run(mix+"/"+params, func(b *testing.B) {
+				for b.Loop() {
+					ms, perRow := hostStep(b, py, dir, 220, 300, params, mix)
+					b.ReportMetric(ms, "host-ms/step")
+					b.ReportMetric(perRow, "host-µs/row")
+				}
+			})
+		}
 	}
 }
 
-// hostStep runs testdata/host_step_bench.py and returns its median host
-// milliseconds a step and microseconds a row.
-func hostStep(tb testing.TB, py, dir string, rows, steps int, params string) (ms, perRow float64) {
+// hostStep runs testdata/host_step_bench.py (params: greedy or sampled;
+// mix: decode or mixed) and returns its median host milliseconds a step
+// and microseconds a row.
+func hostStep(tb testing.TB, py, dir string, rows, steps int, params, mix string) (ms, perRow float64) {
 	tb.Helper()
-	out, err := exec.Command(py, "testdata/host_step_bench.py", "runtime", dir, strconv.Itoa(rows), strconv.Itoa(steps), params).CombinedOutput()
+	out, err := exec.Command(py, "testdata/host_step_bench.py", "runtime", dir, strconv.Itoa(rows), strconv.Itoa(steps), params, mix).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("host_step_bench.py: %v\n%s", err, out)
 	}
+	line := strings.TrimSpace(string(out))
 	var mean float64
-	var n, s int
-	var kind string
-	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "host ms a step: median %f mean %f (%d rows, %d steps, %s %f us a row)", &ms, &mean, &n, &s, &kind, &perRow); err != nil {
+	if _, err := fmt.Sscanf(line, "host ms a step: median %f mean %f", &ms, &mean); err != nil {
+		tb.Fatalf("host_step_bench.py printed %q: %v", out, err)
+	}
+	i := strings.LastIndex(line, "; ")
+	if i < 0 {
+		tb.Fatalf("host_step_bench.py printed %q: no time a row", out)
+	}
+	if _, err := fmt.Sscanf(line[i+2:], "%f us a row)", &perRow); err != nil {
 		tb.Fatalf("host_step_bench.py printed %q: %v", out, err)
 	}
 	return ms, perRow

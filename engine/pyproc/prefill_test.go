@@ -51,14 +51,17 @@ func TestOverlapEmulated(t *testing.T) {
 }
 
 // TestWorkerHostStepBench runs BenchmarkWorkerHostStep's script on a
-// small batch: every step after the first runs on the emulated device
-// chain with the next one speculated behind it (the script asserts it),
-// greedy and sampled, so the benchmark measures the path it names.
+// small batch, greedy and sampled: decode steps run on the emulated
+// device chain with the next one speculated behind it, mixed steps the
+// speculated decodes beside a prompt chunk (the script asserts it), so
+// the benchmark measures the paths it names.
 func TestWorkerHostStepBench(t *testing.T) {
 	py, dir := python(t), tiny(t)
-	for _, params := range []string{"greedy", "sampled"} {
-		if ms, _ := hostStep(t, py, dir, 12, 20, params); ms <= 0 {
-			t.Errorf("%s: host time a step %v ms", params, ms)
+	for _, mix := range []string{"decode", "mixed"} {
+		for _, params := range []string{"greedy", "sampled"} {
+			if ms, perRow := hostStep(t, py, dir, 12, 20, params, mix); ms <= 0 || perRow <= 0 {
+				t.Errorf("%s %s: host time a step %v ms, %v µs a row", mix, params, ms, perRow)
+			}
 		}
 	}
 }
