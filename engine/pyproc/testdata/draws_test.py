@@ -6,7 +6,8 @@ a token of probability 0 and picks the same tokens whatever order its
 scan adds in (CUDA's add in tree order), picks each token for its share
 of the uniforms, and gives a row with nothing left its largest entry; a seeded
 row draws the same token alone and among other rows, and again after its
-draw is taken back (Draws.set_state).
+draw is taken back (Draws.set_state); a step's uniforms drawn at once
+(uniforms) are each Draws' own, bit for bit.
 
   python3 draws_test.py RUNTIME_DIR
 
@@ -127,6 +128,22 @@ us = [d.next() for _ in range(1000)]
 assert all(0 <= u <= top for u in us) and d.pos == 1007 and len(set(us)) == 1000
 d.set_state(7)
 assert d.next() == us[0]
+passed += 1
+
+# uniforms (a step's draws in one pass over arrays where numpy is there)
+# gives each Draws exactly its next(), edge seeds and positions included,
+# and advances each by one.
+rng = __import__("random").Random(5)
+edges = [0, (1 << 64) - 1, (1 << 63), (1 << 64) - 1 - 0x2545F4914F6CDD1D]
+for n in (1, 7, 8, 9, 64, 220):
+    for _ in range(20):
+        sp = [(rng.choice(edges + [rng.getrandbits(64), rng.getrandbits(8)]),
+               rng.choice(edges + [rng.getrandbits(20), rng.getrandbits(64)])) for _ in range(n)]
+        scalar, batched = [sampling.Draws(*x) for x in sp], [sampling.Draws(*x) for x in sp]
+        want = [d.next() for d in scalar]
+        got = sampling.uniforms(batched)
+        assert got.dtype == torch.float64 and got.tolist() == want, (n, sp)
+        assert [d.pos for d in batched] == [d.pos for d in scalar]
 passed += 1
 
 

@@ -63,6 +63,37 @@ class Draws:
         self.pos = pos
 
 
+# splitmix64's constants as numpy scalars, for uniforms' arrays.
+_SPLIT = (0x2545F4914F6CDD1D, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _mix64_array(x):
+    """_mix64 over a uint64 array (numpy's uint64 products wrap mod 2^64,
+    its shifts are logical: the same bits as the ints' masks)."""
+    np = _np
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(_SPLIT[1])
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(_SPLIT[2])
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(gens):
+    """Each of gens' next draw's uniform (Draws.next, advancing each), as
+    a float64 CPU tensor. With numpy the splitmix64 runs over arrays: a
+    step of 220 temperature rows took 170 µs of per-row Python here. The
+    Draws are distinct (one a sequence, each once in a step)."""
+    n = len(gens)
+    if _np is None or n < 8:
+        return torch.tensor([g.next() for g in gens], dtype=torch.float64)
+    np = _np
+    seeds = np.fromiter([g.seed for g in gens], dtype=np.uint64, count=n)
+    pos = np.fromiter([g.pos & _MASK64 for g in gens], dtype=np.uint64, count=n)
+    for g in gens:
+        g.pos += 1
+    with np.errstate(over="ignore"):
+        x = _mix64_array(seeds ^ _mix64_array(pos + np.uint64(_SPLIT[0])))
+    return torch.from_numpy((x >> np.uint64(12)).astype(np.float64) / float(1 << 52))
+
+
 def _generator(seq, params):
     """The sequence's Draws, made at its first temperature draw from the
     seed ("s", a random one when absent) and the generated position it
@@ -85,7 +116,7 @@ def draws(logits, rows, items):
     dev = logits.device
     ps = [items[i][0] for i in rows]
     x = logits if len(rows) == logits.shape[0] and rows == list(range(len(rows))) else logits[to_device(rows, dev)]
-    u = to_device([_generator(items[i][1], p).next() for i, p in zip(rows, ps)], dev, torch.float64)
+    u = to_device(uniforms([_generator(items[i][1], p) for i, p in zip(rows, ps)]), dev)
     return pick(filtered(x.float(), ps), u)
 
 
