@@ -343,20 +343,35 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 	}
 	ctx := context.Background()
 	run := func(m engine.Model) ([]int32, []float64) {
-		lens := []int{37, 150, 300}
-		batch := make([]engine.StepInput, len(lens))
-		for i, n := range lens {
-			id := engine.SeqID(i + 1)
-			p := prompt(i+5, n)
-			if _, err := m.Open(ctx, id, p, ""); err != nil {
-				t.Fatal(err)
-			}
-			defer m.Free(id, "")
-			batch[i] = engine.StepInput{Seq: id, Tokens: p, Sample: true, Params: &engine.SamplingParams{Logprobs: true}}
-		}
+		// Prompt steps of 487 rows (three chunks), then 10, 200 and 100
+		// rows alone (buckets 512, 64, 256, 128: quantized products on
+		// either side of their row thresholds), then every sequence decodes.
 		var toks []int32
 		var lps []float64
-		for step := range 7 {
+		var batch []engine.StepInput
+		for _, lens := range [][]int{{37, 150, 300}, {10}, {200}, {100}} {
+			var prompts []engine.StepInput
+			for _, n := range lens {
+				id := engine.SeqID(len(batch) + len(prompts) + 1)
+				p := prompt(int(id)+4, n)
+				if _, err := m.Open(ctx, id, p, ""); err != nil {
+					t.Fatal(err)
+				}
+				defer m.Free(id, "")
+				prompts = append(prompts, engine.StepInput{Seq: id, Tokens: p, Sample: true, Params: &engine.SamplingParams{Logprobs: true}})
+			}
+			outs, err := m.Step(ctx, prompts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range outs {
+				toks = append(toks, o.Token)
+				lps = append(lps, float64(o.Logprob))
+				prompts[i].Tokens = []int32{o.Token}
+			}
+			batch = append(batch, prompts...)
+		}
+		for step := range 6 {
 			outs, err := m.Step(ctx, batch)
 			if err != nil {
 				t.Fatal(err)
@@ -392,7 +407,7 @@ func TestPrefillGraphsSameTokens(t *testing.T) {
 		}
 		for i := range la {
 			if d := la[i] - lb[i]; d > 0.02 || d < -0.02 {
-				t.Errorf("%s: prompt %d: first token's logprob %.5f with graphs, %.5f eager", arch, i, lb[i], la[i])
+				t.Errorf("%s: output %d (prompts' first tokens, then the first decode step): logprob %.5f with graphs, %.5f eager", arch, i, lb[i], la[i])
 			}
 		}
 		st := workerStats(t, on, mOn.(*Model))

@@ -244,9 +244,12 @@ class PrefillGraphs:
     def supports(model):
         """Whether model's prompt steps can run here (see the module doc)."""
         # Quantized projections (quant.QWeight) capture as the decode graphs
-        # do: their products pick a kernel by the rows alone, launch
-        # nothing before their operands' checks, and a W8A8 product refused
-        # during capture records the weight-only one in its place.
+        # do: their products pick a kernel by the rows alone (the bucket's:
+        # a step run eagerly at a row count across DEQUANT_ROWS or
+        # w8a8.MIN_ROWS from its bucket's may take the other product, and
+        # its logits differ by that product's rounding), scale activations
+        # per row or per group of a row (padding rows never reach real
+        # ones), and sync nothing with the host.
         weights = all(isinstance(L[n], (torch.Tensor, QWeight)) for L in model.layers for n in ("qkv", "o", "gate_up", "down") if n in L)
         experts = model.moe is None or model.moe.fused is not None  # the fused experts: no host sync, a grid fixed by the rows
         return model.kern is not None and model.varlen and model.tp is None and experts and weights
@@ -292,7 +295,7 @@ class PrefillGraphs:
 
         def pre(li, x, d):
             L = m.layers[li]
-            x, h = m.add_norm(x, d, L.get("ln_in"))
+            x, h = m.add_norm(x, d, L.get("ln_in"), L.get("qkv"))
             qkv = m.qk_norm(m.proj(h, L, "qkv", li), L)
             cos, sin = m.tabs[m.tab_of[li]]
             qk = m.kern.rope_kv(qkv, kv.kc[li], kv.vc[li], b["kr"][kv.group_of[li]], b["rp"], cos, sin, H, K, cfg.rot_dim,
@@ -307,7 +310,7 @@ class PrefillGraphs:
                     return
                 L = m.layers[li]
                 a = m.rms(m.proj(b["a"], L, "o", li), L.get("attn_post"))
-                x, h = m.add_norm(b["x"], a, L.get("ln_ffn"))
+                x, h = m.add_norm(b["x"], a, L.get("ln_ffn"), L.get("gate_up"))
                 d = m.rms(m.mlp(h, L, li), L.get("mlp_post"))
                 if li + 1 < len(m.layers):
                     pre(li + 1, x, d)

@@ -181,6 +181,8 @@ class QWeight:
                 try:
                     y = quant_triton.fp8_w8a8(x, t["w"], t["scale"], t["block"], **how)
                 except Exception as e:  # torch's and Triton's: this shape, not the layout the check passed
+                    if _not_the_shape(e):
+                        raise
                     w8a8.refuse(self, x, e, how)  # then cuBLAS's product where fp8_mma refused, else none
                     how = w8a8.route(self, x)
             if y is None:
@@ -190,6 +192,16 @@ class QWeight:
                 x = x.index_select(-1, t["perm"])
             y = quant_triton.int4_linear(x, t["qw"], t["scales"], t["zeros"], t["group"])
         return y if bias is None else y + bias
+
+
+def _not_the_shape(e):
+    """Whether a W8A8 product's exception says nothing about its shape,
+    so that refusing the shape for good would be wrong: out of memory,
+    or any error while a CUDA graph is being captured (the warm-up before
+    a capture runs the same shapes, so one a product refuses is refused
+    there; what fails in the capture is the capture's)."""
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(e, oom)) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def linear(x, w, bias=None):

@@ -151,9 +151,11 @@ def refuse(w, x, e, how):
     """Routes w's shape off the W8A8 product how named (fp8_mma or
     cuBLAS's) from now on, after that call raised e (logged once a shape
     and product): those rows go to cuBLAS's product or the weight-only
-    one. The calls check their operands on the host before launching
-    anything, so a step being captured into a CUDA graph records the
-    other product in its place."""
+    one. A shape is refused in the warm-up run before a graph's capture
+    (same shapes), so the capture records the other product; an error
+    during a capture, or out of memory, is not the shape's and is raised
+    instead (quant._not_the_shape). A refusal may leave an act_quant
+    launched before the call raised: its codes go unread."""
     path = "mma" if how.get("mma") else "cublas"
     key = (_where(x.device), x.dtype, w.n, w.k, path)
     if key not in _refused:
