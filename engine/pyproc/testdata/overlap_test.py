@@ -36,8 +36,8 @@ from mlxsworker.torchrt.model import TorchModel  # noqa: E402
 from standins import Kern, MoEKern, record  # noqa: E402
 
 
-def model(path, overlap):
-    m = TorchModel(path, {"device": "cpu", "max_batch": 8}, Settings(overlap=overlap))
+def model(path, overlap, **opts):
+    m = TorchModel(path, dict({"device": "cpu", "max_batch": 8}, **opts), Settings(overlap=overlap))
     m.model.kern = Kern(m.model)
     if m.model.moe is not None:  # the fused experts' path: their k choices summed by add_rms in decode steps
         m.model.moe.fused = MoEKern
@@ -158,9 +158,46 @@ def check(path):
     return 3
 
 
+def cached_pool(path):
+    """A pool whose free list is empty, every block either held or an idle
+    block of the prefix cache (a server's pool once its cache has filled):
+    a step whose sequence ends its prompt on a block's last token must
+    still speculate the next step, its block taken from the cache's least
+    recently used (never from a saved prefix). Greedy tokens as with the
+    overlap off."""
+    bs, blocks = 16, 24
+    outs = []
+    for overlap in (False, True):
+        m = model(path, overlap, kv_capacity=bs * blocks, context_length=bs * blocks)
+        if m.kv.layout.sliding_groups:
+            return 0  # no prefix cache beside sliding windows: nothing fills the pool
+        pool = m.kv.pool
+        for seq in range(100, 100 + blocks):  # prompts of two full blocks, run and freed: their blocks stay cached
+            p = [(seq * 53 + j * 29) % 300 + 5 for j in range(2 * bs)]
+            m.open(seq, p, "")
+            m.step([[seq, p, True, {}]])
+            m.free(seq, "")
+        p = [(j * 41 + 3) % 300 + 5 for j in range(3 * bs)]  # three full blocks: the next token needs a fourth
+        m.open(1, p, "")
+        # Fewer free blocks than the prompt takes: its step leaves the free
+        # list empty, the pool's other blocks the cache's.
+        assert len(pool.stack) < 3 and pool.held == 0, (len(pool.stack), len(pool.lru), pool.held)
+        before = dict(m.speculated)
+        out, t = [], m.step([[1, p, True, {}]]).tokens
+        for _ in range(5):
+            out += t
+            t = m.step([[1, t, True, {}]]).tokens
+        m.free(1, "")
+        outs.append(out)
+        if overlap:  # every step, the prompt's included, speculated the next
+            assert m.speculated["launched"] - before["launched"] == 6, (before, m.speculated)
+    assert outs[0] == outs[1], outs
+    return 1
+
+
 def main():
     graphs.record, graphs.new_pool = record, lambda: object()
-    passed = sum(check(path) for path in sys.argv[2:])
+    passed = sum(check(path) + cached_pool(path) for path in sys.argv[2:])
     print("%d passed, 0 failed" % passed)
 
 

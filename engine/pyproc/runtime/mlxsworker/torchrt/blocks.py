@@ -69,18 +69,19 @@ class Pool:
         self.refs[b] = self.seq_refs[b] = 1
         self.held += 1
 
-    def take_free(self):
-        """A block from the free list only (never evicts), or None."""
-        if not self.stack:
+    def take_idle(self):
+        """A free block, else the least recently used cached one nobody
+        references (evicted from the cache); never one a saved prefix
+        holds. None when neither is left. For blocks taken ahead of need
+        (lookahead): once the cache has filled the pool the free list
+        stays empty, and a block only from it would never come."""
+        if not self.stack and not self.lru:
             return None
-        b = self.stack.pop()
-        self.refs[b] = self.seq_refs[b] = 1
-        self.held += 1
-        return b
+        return self.take()
 
-    def spare(self):
-        """Blocks taken without evicting anything."""
-        return len(self.stack)
+    def idle(self):
+        """Blocks take_idle can give: free ones and idle cached ones."""
+        return len(self.stack) + len(self.lru)
 
     def share(self, b):
         """A sequence references b too."""

@@ -98,9 +98,10 @@ def overlaps(model):
 def plan(model, batch, seqs):
     """Returns, per sampling input in order, how many tokens it gets (1:
     just this step's), clipped to the context and to the KV blocks free
-    without evicting anything, and gives the sequences the blocks the
-    extra tokens need (plus one more token's where free, for Spec). batch
-    entries are [seq, tokens, sample, params, n?, back?]."""
+    or idle in the prefix cache (no saved prefix given up: PagedKV.grow's
+    ahead), and gives the sequences the blocks the extra tokens need
+    (plus one more token's where there is one, for Spec). batch entries
+    are [seq, tokens, sample, params, n?, back?]."""
     ahead = overlaps(model)
     kv, context = model.kv, model.cfg.context
     dense, bs = not kv.layout.sliding_groups, kv.bs
@@ -113,7 +114,7 @@ def plan(model, batch, seqs):
             # The block of the next step's token (Spec), unless held already
             # (PagedKV.grow's first test, made here without the call).
             if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs):
-                kv.grow(s, fed + 1, free_only=True)
+                kv.grow(s, fed + 1, ahead=True)
             want.append(1)
             continue
         n = int(b[4])
@@ -126,9 +127,9 @@ def plan(model, batch, seqs):
         fed = len(s.tokens) + len(b[1])
         n = min(n, model.cfg.context - fed + 1)
         if n > 1:
-            n = model.kv.grow(s, fed + n - 1, free_only=True) - fed + 1
+            n = model.kv.grow(s, fed + n - 1, ahead=True) - fed + 1
         if (n > 1 or ahead) and fed + n <= model.cfg.context:
-            model.kv.grow(s, fed + n, free_only=True)
+            model.kv.grow(s, fed + n, ahead=True)
         want.append(n)
     return want
 

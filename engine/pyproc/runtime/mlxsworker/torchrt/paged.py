@@ -180,9 +180,8 @@ class PagedKV:
 
     # Blocks.
 
-    def _take(self, free_only=False):
-        b = self.pool.take_free() if free_only else self.pool.take()
-        return b
+    def _take(self, ahead=False):
+        return self.pool.take_idle() if ahead else self.pool.take()
 
     def _set(self, s, i, b, g=0):
         p = s.pages[g]
@@ -255,21 +254,22 @@ class PagedKV:
         longer read (after a step: BlocksFor(tokens) held again)."""
         self._slide(s, len(s.tokens))
 
-    def grow(self, s, tokens, free_only=False):
+    def grow(self, s, tokens, ahead=False):
         """Gives s the blocks to hold tokens tokens, its sliding groups
         giving back first those out of the window of its next token; with
-        free_only, only while free blocks last, giving back none
-        (lookahead: the tokens may be taken back). Returns the tokens s
-        can hold."""
+        ahead, only while free or idle cached blocks last (Pool.take_idle:
+        no saved prefix is given up), giving back none (lookahead and the
+        speculated step: the tokens may be taken back). Returns the tokens
+        s can hold."""
         if not self.layout.sliding_groups and tokens <= len(s.pages[0]) * self.bs:
             return tokens  # the common decode step: its block is there
-        if not free_only:
+        if not ahead:
             self._slide(s, tokens)
         for i, gs in self._wanted(s, tokens):
-            if free_only and self.pool.spare() < len(gs):
+            if ahead and self.pool.idle() < len(gs):
                 break  # every group's block of a position, or none
             for g in range(self.ngroups):
-                self._set(s, i, self._take(free_only) if g in gs else None, g)
+                self._set(s, i, self._take(ahead) if g in gs else None, g)
         return min(tokens, len(s.pages[0]) * self.bs)
 
     def truncate(self, s, tokens):
