@@ -63,7 +63,7 @@ def remember(model, items, rows=None):
     """Records each temperature-sampled sequence's generator state before
     its next draw, so that taking tokens back (rewind) also takes back
     their draws: a seeded sequence then samples as if they never happened."""
-    keep = 2 * model.max_ahead + 1 if model.max_ahead > 0 else None  # states kept: the last 2 * max_ahead and this one
+    keep = 2 * max(model.max_ahead, 1) + 1  # states kept: the last 2 * max_ahead and this one
     for i in (range(len(items)) if rows is None else rows):
         params, s = items[i]
         t = params.get("t")
@@ -74,7 +74,7 @@ def remember(model, items, rows=None):
                 s.hist = [state]
                 continue
             h.append(state)
-            if keep is not None and len(h) > keep:
+            if len(h) > keep:
                 del h[:len(h) - keep]
 
 
