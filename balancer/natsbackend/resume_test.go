@@ -73,8 +73,16 @@ func TestResumeAcrossInstances(t *testing.T) {
 			if got.Text != want.Text || !slices.Equal(got.Tokens, want.Tokens) {
 				t.Errorf("resumed: %d tokens %q; uninterrupted: %d tokens %q", len(got.Tokens), got.Text, len(want.Tokens), want.Text)
 			}
-			if got.Usage.Resumes != 1 || got.Usage.Backend == st.Header().Backend || got.Usage.CompletionTokens != 60 {
-				t.Errorf("usage %+v: want one resume, finished elsewhere than %s, 60 completion tokens", got.Usage, st.Header().Backend)
+			// One resume at least. More are the heartbeat check at work: on a
+			// loaded machine (CI runs packages side by side, under -race) the
+			// resumed stream's instance can send its heartbeats late, be
+			// taken for lost ("instance stopped answering") and the stream
+			// resumed again; the tokens above must match either way.
+			if got.Usage.Resumes < 1 || got.Usage.Backend == st.Header().Backend || got.Usage.CompletionTokens != 60 {
+				t.Errorf("usage %+v: want a resume, finished elsewhere than %s, 60 completion tokens", got.Usage, st.Header().Backend)
+			}
+			if got.Usage.Resumes > 1 {
+				t.Logf("%d resumes (missed heartbeats on a loaded machine), resume gap %v", got.Usage.Resumes, got.Usage.ResumeGap)
 			}
 		})
 	}
