@@ -89,9 +89,16 @@ type result struct {
 }
 
 func collect(seq *batcher.Sequence) result {
+	return collectWith(context.Background(), seq, nil)
+}
+
+// collectWith reads seq's stream to its end, calling onToken (when not
+// nil) with the tokens received so far after each token. It gives up
+// when ctx ends (the result's err is then ctx's).
+func collectWith(ctx context.Context, seq *batcher.Sequence, onToken func(n int)) result {
 	var r result
 	for {
-		c, err := seq.Recv(context.Background())
+		c, err := seq.Recv(ctx)
 		if errors.Is(err, batcher.ErrStreamDone) {
 			return r
 		}
@@ -101,6 +108,9 @@ func collect(seq *batcher.Sequence) result {
 		}
 		if c.HasToken {
 			r.tokens = append(r.tokens, c.Token)
+			if onToken != nil {
+				onToken(len(r.tokens))
+			}
 		}
 		if c.Finish != "" {
 			r.finish, r.usage = c.Finish, c.Usage

@@ -252,26 +252,11 @@ func runCancelWorkload(t *testing.T, seed uint64, pipe bool) {
 // the sequence once it received c.tokens tokens when c says so. It gives
 // up when ctx ends (the result's err is then ctx's).
 func readCancelling(ctx context.Context, c *cancelCase) result {
-	var r result
-	for {
-		chunk, err := c.seq.Recv(ctx)
-		if errors.Is(err, batcher.ErrStreamDone) {
-			return r
+	return collectWith(ctx, c.seq, func(n int) {
+		if c.mode == cancelAfterTokens && n == c.tokens {
+			c.seq.Cancel(errCancelled)
 		}
-		if err != nil {
-			r.err = err
-			return r
-		}
-		if chunk.HasToken {
-			r.tokens = append(r.tokens, chunk.Token)
-			if c.mode == cancelAfterTokens && len(r.tokens) == c.tokens {
-				c.seq.Cancel(errCancelled)
-			}
-		}
-		if chunk.Finish != "" {
-			r.finish, r.usage = chunk.Finish, chunk.Usage
-		}
-	}
+	})
 }
 
 // waitIdle waits for the batcher to run nothing and the engine to hold
