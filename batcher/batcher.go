@@ -95,11 +95,14 @@ type ContinuousBatcher struct {
 
 	// Paged KV (blocks.go): the model's pool, nil when it does not page;
 	// the blocks an admission round has left (valid while leftValid);
-	// the free blocks the engine reported last.
+	// the free blocks the engine reported last; whether the engine
+	// refused a step for want of blocks since a step last ran whole
+	// (admission waits for one).
 	pool      engine.BlockPool
 	left      int
 	leftValid bool
 	lastFree  int
+	refused   bool
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -261,6 +264,12 @@ func (b *ContinuousBatcher) fits(s *Sequence) bool {
 // fit, preempting lower tiers for a blocked critical one when allowed.
 func (b *ContinuousBatcher) admit(ctx context.Context) {
 	b.leftValid = false
+	if len(b.running) == 0 {
+		b.refused = false
+	}
+	if b.refused {
+		return // the refused sequences step first (blocks.go, preemptRefused)
+	}
 	for {
 		next, blocked := b.queue.Pop(b.admitFn)
 		if next == nil {

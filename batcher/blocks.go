@@ -1,6 +1,8 @@
 package batcher
 
 import (
+	"slices"
+
 	"github.com/mlxserving/mlxserving/engine"
 )
 
@@ -117,6 +119,36 @@ func (b *ContinuousBatcher) roomForDecodes() int {
 // the pending step feeds it, at what left blocks hold.
 func (b *ContinuousBatcher) chunkForBlocks(s *Sequence, n, left int) int {
 	return min(n, max(b.info.TokensFor(s.kv+s.ahead, left), 0))
+}
+
+// preemptRefused gives back blocks after the engine refused step in, or
+// inputs in of a step it ran in part, for want of them: it preempts one
+// of their sequences, which hold blocks of the pool that refused. Any
+// other running sequence may hold its blocks in another worker's pool
+// (one admitted while the step was out, its open not answered yet, is
+// not in it): preempting it would give the short worker nothing. It
+// preempts nothing when none of them runs any more (finished or
+// cancelled while the step was out: their blocks went back already),
+// nor the one sequence left running.
+//
+// Admission then waits until a step runs whole (b.refused): the batcher
+// admits by the pools' sum, and the engine may route a sequence admitted
+// now, the victim among others, to the worker that refused, whose
+// sequences would be refused with it again and again while it is
+// preempted and admitted in turn, none of them ever stepping.
+func (b *ContinuousBatcher) preemptRefused(in []engine.StepInput) {
+	b.refused = true
+	if len(b.running) <= 1 {
+		return
+	}
+	victim := b.victim(func(e *Entry) bool {
+		return slices.ContainsFunc(in, func(x engine.StepInput) bool { return x.Seq == e.Value.id })
+	})
+	if victim < 0 {
+		return
+	}
+	b.preempt(victim)
+	b.count(&b.stats.BlockPreemptions)
 }
 
 // preemptForBlocks preempts the lowest-tier, most recently admitted

@@ -60,6 +60,9 @@
 // run in part (engine.PartialStepError: one worker short of blocks while
 // the others had room): the tokens of the inputs that ran are delivered
 // and the others step again, after one of their sequences is preempted.
+// After a refusal (in part or whole) nothing is admitted until a step
+// runs whole, so the refused sequences step before the victim, or a
+// newcomer routed to the same worker, can join them again.
 // Stats reports the pool, the preemptions and the steps run in part.
 //
 // Use:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
@@ -89,11 +88,6 @@ func (b *ContinuousBatcher) leftInPart(ctx context.Context, err error, left step
 		b.stepFailed(ctx, err, left.in)
 	default:
 		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "refused", len(left.in), "err", err)
-		victim := b.victim(func(e *Entry) bool { return slices.Contains(left.seqs, e.Value) })
-		if victim < 0 { // none runs now (failed or cancelled since): their blocks went back to the short worker
-			return
-		}
-		b.preempt(victim)
-		b.count(&b.stats.BlockPreemptions)
+		b.preemptRefused(left.in)
 	}
 }

@@ -45,6 +45,7 @@ type sentStep struct {
 	seqs            []*Sequence
 	decode, prefill int
 	blocks          int // blocks it takes, which FreeBlocks may not count yet
+	running         int // sequences running when it was sent
 	sent            time.Time
 	between         time.Duration
 }
@@ -116,7 +117,7 @@ func (b *ContinuousBatcher) sent(p engine.PendingStep, in []engine.StepInput, se
 	st.id, st.p, st.decode, st.prefill, st.sent, st.between = b.lastSent, p, decode, prefill, start, b.between(start)
 	st.in, b.inputs = in, st.in[:0]
 	st.seqs, b.stepSeqs = seqs, st.seqs[:0]
-	st.blocks = 0
+	st.blocks, st.running = 0, len(b.running)
 	for i := range in {
 		s, n := seqs[i], in[i].Feeds()
 		if b.pool != nil {
@@ -203,6 +204,13 @@ func (b *ContinuousBatcher) sentFailed(ctx context.Context, st *sentStep, err er
 		b.stepFailed(ctx, ferr, failed)
 	case errors.As(err, &part):
 		b.leftInPart(ctx, part.Err, left)
+	case b.pool != nil && len(b.running) == 1 && st.running > 1:
+		// Refused whole for want of blocks while sequences it did not
+		// feed held some (one that finished with the step before it,
+		// its free sent behind it): they have left since, and the one
+		// left steps again, as after a refusal of several.
+		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "batch", len(st.in), "err", err)
+		b.preemptRefused(st.in)
 	default: // refused whole for want of memory
 		b.stepFailed(ctx, err, st.in)
 	}
@@ -219,6 +227,7 @@ func (b *ContinuousBatcher) settleSent(st *sentStep, outs []engine.StepOutput, e
 	switch {
 	case err == nil:
 		if err = b.deliver(st.in, st.seqs, outs, now); err == nil {
+			b.refused = false
 			b.observe(whole)
 			return stepPart{}, nil
 		}

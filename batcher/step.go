@@ -61,6 +61,7 @@ func (b *ContinuousBatcher) run(ctx context.Context, in []engine.StepInput, seqs
 		b.stepFailed(ctx, err, in)
 		return
 	}
+	b.refused = false
 	b.observe(whole)
 }
 
@@ -416,7 +417,7 @@ func (b *ContinuousBatcher) stepFailed(ctx context.Context, err error, in []engi
 		// by the engine, or workers' pools of different fill). Give
 		// blocks back and step again.
 		b.cfg.logger.Debug("engine out of blocks: preempting", "model", b.info.ID, "batch", len(in), "err", err)
-		b.preemptForBlocks()
+		b.preemptRefused(in)
 		return
 	}
 	b.cfg.logger.Warn("engine step failed", "model", b.info.ID, "err", err, "batch", len(in), "retryable", b.cfg.retry.Retryable(err))
