@@ -47,7 +47,9 @@ func TestKVCacheFP8(t *testing.T) {
 // plain torch over the dequantized pool; then each family served on CUDA
 // with the FP8 pool (kernels, decode graphs, varlen prompt attention,
 // prompt-step graphs) against the CPU's emulated FP8 pool: tokens equal up
-// to a near tie, logprobs within 0.1 in bfloat16 and 0.01 in float32.
+// to a near tie, logprobs within 0.15 in bfloat16 (Gemma 3's rounding)
+// and 0.01 in float32; bfloat16 runs with and without the paged
+// prompt-attention kernel.
 func TestKVCacheFP8CUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")

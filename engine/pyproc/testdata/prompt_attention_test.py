@@ -18,6 +18,8 @@ call), for the 1B and 8B Llama shapes.
 
 PROMPT_CONFIG=BN,BNF,WARPS,STAGES runs the cases under those launch
 parameters (kernels.PROMPT_CONFIG) instead of the defaults.
+PROMPT_SHAPES=I,J,... runs only those entries of SHAPES (each variant is
+a kernel build, so processes over disjoint shapes share the compiling).
 
 Prints "N passed, 0 failed" or raises; CUDA and Triton only. Run by
 TestPromptAttentionCUDA (MLXSERVING_TEST_DEVICE=cuda).
@@ -145,7 +147,10 @@ def main():
     passed = 0
     if os.environ.get("PROMPT_CONFIG"):  # the cases under other launch parameters (a sweep's candidate)
         kernels.PROMPT_CONFIG = tuple(int(x) for x in os.environ["PROMPT_CONFIG"].split(","))
-    for name, H, K, hd, scale, window in SHAPES:
+    shapes = SHAPES
+    if os.environ.get("PROMPT_SHAPES"):
+        shapes = [SHAPES[int(i)] for i in os.environ["PROMPT_SHAPES"].split(",")]
+    for name, H, K, hd, scale, window in shapes:
         # Every dtype with blocks of 16; bfloat16 also with blocks of 32 and
         # an FP8 pool (each variant is a kernel build: they take the time).
         runs = [(torch.bfloat16, "auto", 16), (torch.float16, "auto", 16), (torch.float32, "auto", 16),
@@ -154,6 +159,7 @@ def main():
             tol = 1e-3 if dtype == torch.float32 else 3e-2
             for win in sorted({0, window}):
                 err = case(dev, dtype, H, K, hd, scale, win, bs, kv, g)
+                print("%s, %s, KV %s, blocks of %d, window %d: off by %.3g" % (name, dtype, kv, bs, win, err), flush=True)
                 if not err <= tol:
                     raise AssertionError("%s, %s, KV %s, blocks of %d, window %d: off by %.3g"
                                          % (name, dtype, kv, bs, win, err))
