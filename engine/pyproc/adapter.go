@@ -236,13 +236,14 @@ func (m *Model) claim(p *proc, a *served) (slot int, load bool, err error) {
 	return best, true, nil
 }
 
-// route is the worker a new sequence goes to, as pickFor picks it; a
-// sequence of adapter a without saved KV to follow goes, within the
-// bound of affinityLoad, to the least loaded worker that holds a
-// resident (no load, and no other worker's slot taken).
-func (m *Model) route(key string, a *served) (*slot, func(error)) {
+// route is the worker a new sequence of n prompt tokens goes to, as
+// pickFor picks it; a sequence of adapter a without saved KV to follow
+// goes, within the bound of affinityLoad, to the least loaded worker
+// that holds a resident (no load, and no other worker's slot taken) and
+// has the blocks for the prompt (roomFor).
+func (m *Model) route(key string, a *served, n int) (*slot, func(error)) {
 	if _, saved := m.saved[key]; a == nil || (key != "" && saved) {
-		return m.pickFor(key)
+		return m.pickFor(key, n)
 	}
 	total := int64(1)
 	var best *slot
@@ -251,7 +252,7 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 		s.mu.Lock()
 		p := s.cur
 		s.mu.Unlock()
-		if p == nil || !p.alive() || !m.holds(p, a) {
+		if p == nil || !p.alive() || !m.holds(p, a) || !m.roomFor(p, n) {
 			continue
 		}
 		if best == nil || s.open.Load() < best.open.Load() {
@@ -263,7 +264,7 @@ func (m *Model) route(key string, a *served) (*slot, func(error)) {
 			return best, done
 		}
 	}
-	return m.pickSlot()
+	return m.pickSlot(n)
 }
 
 // warming is the pending chan of p's slot that a warm-up is loading a

@@ -18,10 +18,14 @@
 // under a retry.Policy (exponential backoff with jitter; WithRestartPolicy).
 // A sequence whose prefix key names KV saved on a worker goes to that
 // worker unless it carries more than 1.25 times the pool's mean load
-// (bounded-load affinity) or its circuit breaker refuses; otherwise, and
-// without a key, it goes to the least-loaded worker whose circuit breaker
-// admits it (WithBreaker: a worker that keeps losing its sequences is
-// avoided until its breaker's probes succeed). It stays there. Models
+// (bounded-load affinity), its KV pool (as its last reply reported it)
+// lacks the blocks for the prompt, or its circuit breaker refuses;
+// otherwise, and without a key, it goes to the least-loaded worker whose
+// circuit breaker admits it, among those with the blocks for the prompt
+// first (the batcher admits by the sum of the workers' pools, so a
+// worker without them would refuse its steps while another has room;
+// WithBreaker: a worker that keeps losing its sequences is avoided until
+// its breaker's probes succeed). It stays there. Models
 // implement engine.SavedKV: keys evicted by a worker, or lost with it, are
 // reported.
 //

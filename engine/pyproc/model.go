@@ -310,7 +310,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 	if err := m.checkOpen(id, prompt); err != nil {
 		return 0, err
 	}
-	s, done := m.route(prefixKey, a)
+	s, done := m.route(prefixKey, a, len(prompt))
 	p, err := s.current(ctx, m.e.closing)
 	if err == nil {
 		var (
@@ -404,25 +404,38 @@ func (m *Model) openFields(id engine.SeqID, prompt []int32, prefixKey string) ma
 	return map[string]any{"model": m.handle, "seq": uint64(id), "prompt": prompt, "key": prefixKey}
 }
 
-// pickSlot routes a new sequence: the live worker with the fewest open
-// sequences among those whose breaker admits it. When every breaker
-// refuses, it takes the least-loaded worker without its breaker's
-// admission (done is nil then).
-func (m *Model) pickSlot() (*slot, func(error)) {
+// pickSlot routes a new sequence of n prompt tokens: the live worker
+// with the fewest open sequences among those whose breaker admits it,
+// those whose pool has the blocks for the prompt first (roomFor). When
+// every breaker refuses, it takes the first of them without its
+// breaker's admission (done is nil then).
+func (m *Model) pickSlot(n int) (*slot, func(error)) {
 	order := make([]*slot, len(m.e.slots))
 	up := make(map[*slot]bool, len(m.e.slots))
+	room := make(map[*slot]bool, len(m.e.slots))
 	for i, s := range m.e.slots {
 		s.mu.Lock()
-		up[s] = s.cur != nil && s.cur.alive()
+		p := s.cur
 		s.mu.Unlock()
+		up[s] = p != nil && p.alive()
+		room[s] = up[s] && m.roomFor(p, n)
 		order[i] = s
 	}
+	first := func(x, y bool) int { // x before y
+		switch {
+		case x == y:
+			return 0
+		case x:
+			return -1
+		}
+		return 1
+	}
 	slices.SortStableFunc(order, func(a, b *slot) int {
-		if up[a] != up[b] {
-			if up[a] {
-				return -1
-			}
-			return 1
+		if c := first(up[a], up[b]); c != 0 {
+			return c
+		}
+		if c := first(room[a], room[b]); c != 0 {
+			return c
 		}
 		return cmp.Compare(a.open.Load(), b.open.Load())
 	})
@@ -432,6 +445,16 @@ func (m *Model) pickSlot() (*slot, func(error)) {
 		}
 	}
 	return order[0], nil
+}
+
+// roomFor reports whether worker p's pool, as its replies last reported
+// it, has the blocks a new sequence of n prompt tokens takes (always on a
+// model that does not page). The batcher admits by the pools' sum
+// (engine.BlockPool): a sequence routed to a worker without them would
+// have its steps refused there, and, preempted, be admitted again to the
+// same worker, while the others have room.
+func (m *Model) roomFor(p *proc, n int) bool {
+	return !m.info.Paged() || m.poolOf(p).free >= m.info.BlocksFor(n)
 }
 
 // Free releases the sequence. The request is sent without waiting for its

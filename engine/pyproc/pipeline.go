@@ -203,7 +203,7 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 	if !m.pipelines || m.info.Encoder || ctx.Err() != nil || m.usable() != nil || m.checkOpen(id, prompt) != nil {
 		return nil, false
 	}
-	s, done := m.route(prefixKey, nil)
+	s, done := m.route(prefixKey, nil, len(prompt))
 	s.mu.Lock()
 	p := s.cur
 	s.mu.Unlock()

@@ -19,17 +19,19 @@ var (
 	_ engine.WorkerLocator = (*Model)(nil)
 )
 
-// pickFor is the slot a sequence with prefix key goes to, with the
-// breaker admission's done func as pickSlot gives it: the holder of the
-// key's saved KV when its load is within the bound and its breaker admits
-// the sequence, else what pickSlot picks.
-func (m *Model) pickFor(key string) (*slot, func(error)) {
+// pickFor is the slot a sequence of n prompt tokens with prefix key goes
+// to, with the breaker admission's done func as pickSlot gives it: the
+// holder of the key's saved KV when its load is within the bound, its
+// pool has the blocks for the prompt (roomFor: those of the saved prefix
+// count as free) and its breaker admits the sequence, else what pickSlot
+// picks.
+func (m *Model) pickFor(key string, n int) (*slot, func(error)) {
 	if key == "" {
-		return m.pickSlot()
+		return m.pickSlot(n)
 	}
 	p, ok := m.saved[key]
 	if !ok || !p.alive() {
-		return m.pickSlot()
+		return m.pickSlot(n)
 	}
 	var holder *slot
 	total := int64(1)
@@ -42,16 +44,16 @@ func (m *Model) pickFor(key string) (*slot, func(error)) {
 		s.mu.Unlock()
 	}
 	if holder == nil {
-		return m.pickSlot()
+		return m.pickSlot(n)
 	}
 	bound := int64(math.Ceil(affinityLoad * float64(total) / float64(len(m.e.slots))))
-	if holder.open.Load()+1 > bound {
+	if holder.open.Load()+1 > bound || !m.roomFor(p, n) {
 		m.affinityMissed++
-		return m.pickSlot()
+		return m.pickSlot(n)
 	}
 	done, err := holder.breaker.Allow()
 	if err != nil {
-		return m.pickSlot()
+		return m.pickSlot(n)
 	}
 	m.affinityHits++
 	return holder, done

@@ -136,3 +136,47 @@ func TestSavedEvictionsReported(t *testing.T) {
 		t.Fatalf("the replacement worker reused %d tokens of KV that died with its predecessor", r)
 	}
 }
+
+// TestRoutesToRoom: a new sequence goes to a worker whose pool has the
+// blocks for its prompt, even where another has fewer open sequences:
+// the batcher admits by the pools' sum, so a worker without them would
+// refuse its steps while the other has room.
+func TestRoutesToRoom(t *testing.T) {
+	e := newEngine(t, WithWorkers(2))
+	mi, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 4, KVCapacity: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mi.(*Model)
+	ctx := context.Background()
+	open := func(id engine.SeqID, p []int32) *proc {
+		t.Helper()
+		if _, err := m.Open(ctx, id, p, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Step(ctx, []engine.StepInput{{Seq: id, Tokens: p, Sample: true, Params: greedy}}); err != nil {
+			t.Fatal(err)
+		}
+		return m.seqs[id].proc
+	}
+	per := m.blocksPer[0]
+	// A long sequence fills most of one worker's pool; short ones then
+	// leave that worker with fewer open sequences than the other.
+	full := open(1, prompt(1, (per-3)*16))
+	other := open(2, prompt(2, 8))
+	if other == full {
+		t.Fatalf("the second sequence joined the first's worker")
+	}
+	if open(3, prompt(3, 8)) != full || open(4, prompt(4, 8)) != other {
+		t.Fatalf("short sequences were not spread by open sequences")
+	}
+	m.Free(3, "") // the full worker: 1 open; the other: 2
+	// Ten blocks' prompt: fewest open sequences says the full worker,
+	// which has three blocks free; room says the other.
+	if got := open(6, prompt(6, 10*16)); got != other {
+		t.Fatalf("a 10-block prompt went to the worker with %d free blocks (of %d), not to the one with room", m.poolOf(full).free, per)
+	}
+	for _, id := range []engine.SeqID{1, 2, 4, 6} {
+		m.Free(id, "")
+	}
+}
