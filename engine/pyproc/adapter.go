@@ -179,7 +179,8 @@ func (m *Model) Adapters() []engine.AdapterInfo {
 
 // OpenAdapter opens a sequence that runs with adapter (empty: Open). It
 // is routed as Open routes it, except that without saved KV to follow it
-// prefers a worker holding the adapter (within Open's load bound), and
+// prefers a worker holding the adapter (within Open's load bound, with
+// the blocks for the prompt), and
 // that when every slot of the chosen worker holds an adapter open
 // sequences run, it goes to the least loaded worker with one to spare.
 // There the adapter takes a slot: the one that holds it already, else an

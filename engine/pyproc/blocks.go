@@ -20,6 +20,10 @@ type workerPool struct {
 	free  int           // free blocks as of the reply to request at
 	at    uint64        // the request whose reply set free
 	frees []sentRequest // free requests whose replies were not read yet
+	// owed is the sum of the owed blocks of the sequences open on the
+	// worker (seqRef.owed): blocks their prompts will take that free
+	// does not show yet.
+	owed int
 }
 
 type sentRequest struct {
@@ -36,6 +40,53 @@ func (m *Model) poolOf(p *proc) *workerPool {
 		m.pools[p] = wp
 	}
 	return wp
+}
+
+// owe sets the blocks sequence id (open on its worker) will take for
+// the prompt tokens not fed yet: a worker takes a sequence's blocks as
+// its prompt is fed, not at open, so without them the sequences opened
+// in one admission round, or while a step is out, would all be routed by
+// the same free blocks (roomFor). Only a paged model owes blocks.
+func (m *Model) owe(id engine.SeqID, blocks int) {
+	ref, ok := m.seqs[id]
+	if !ok || !m.info.Paged() {
+		return
+	}
+	blocks = max(blocks, 0)
+	m.poolOf(ref.proc).owed += blocks - ref.owed
+	ref.owed = blocks
+	m.seqs[id] = ref
+}
+
+// owedFor is what a sequence of n prompt tokens owes once reused of them
+// are held (a reused prefix's blocks are the worker's already).
+func (m *Model) owedFor(n, reused int) int {
+	return m.info.BlocksFor(n) - m.info.BlocksFor(reused)
+}
+
+// paid pays down the owed blocks of the inputs of r's group on a worker
+// that ran it: its reply's free blocks count what they took. The input
+// that samples fed the prompt's last chunk and owes nothing more.
+func (m *Model) paid(r *stepRun, g *stepGroup) {
+	for _, i := range g.idx {
+		in := &r.batch[i]
+		ref, ok := m.seqs[in.Seq]
+		if !ok || ref.owed == 0 {
+			continue
+		}
+		left := 0
+		if !in.Sample {
+			left = ref.owed - m.info.BlocksFor(len(in.Tokens))
+		}
+		m.owe(in.Seq, left)
+	}
+}
+
+// forgive drops what a freed sequence owed from its worker's sum.
+func (m *Model) forgive(ref seqRef) {
+	if wp := m.pools[ref.proc]; wp != nil {
+		wp.owed -= ref.owed
+	}
 }
 
 // noteReply takes the pool report and the evicted keys of the reply to
@@ -94,15 +145,15 @@ func (m *Model) takeFrees(p *proc, block bool) {
 // engine.BlockPool), counting blocks held only by saved prefixes or the
 // prefix cache: the sum over the live workers, as Info.KVBlocks is the
 // sum of their pools. With several workers each sequence draws from the
-// pool of the worker it was opened on (the least loaded), so a step can
-// still find one worker short while others have room: that worker
-// refuses its part, changing nothing, while the others run theirs, and
-// the step returns an *engine.PartialStepError; the caller gives back
-// blocks of the inputs that did not run (the batcher preempts one of
-// their sequences) and steps them again. While a step or open is
+// pool of the worker it was opened on (Open prefers those with room), so
+// a step can still find one worker short while others have room: that
+// worker refuses its part, changing nothing, while the others run
+// theirs, and the step returns an *engine.PartialStepError; the caller
+// gives back blocks of the inputs that did not run (the batcher preempts
+// one of their sequences) and steps them again. While a step or open is
 // out (engine.Pipeliner) it does not wait for it: it counts the free
-// replies that arrived. A worker that died took
-// its blocks with it; its replacement starts with a whole pool. Zero for
+// replies that arrived. A worker that died took its blocks with it; its
+// replacement starts with a whole pool. Zero for
 // a model that does not page, and when no worker is up.
 func (m *Model) FreeBlocks() int {
 	if !m.info.Paged() || m.closed.Load() {

@@ -18,14 +18,16 @@
 // under a retry.Policy (exponential backoff with jitter; WithRestartPolicy).
 // A sequence whose prefix key names KV saved on a worker goes to that
 // worker unless it carries more than 1.25 times the pool's mean load
-// (bounded-load affinity), its KV pool (as its last reply reported it)
-// lacks the blocks for the prompt, or its circuit breaker refuses;
-// otherwise, and without a key, it goes to the least-loaded worker whose
-// circuit breaker admits it, among those with the blocks for the prompt
-// first (the batcher admits by the sum of the workers' pools, so a
-// worker without them would refuse its steps while another has room;
-// WithBreaker: a worker that keeps losing its sequences is avoided until
-// its breaker's probes succeed). It stays there. Models
+// (bounded-load affinity), its KV pool lacks the blocks for the prompt,
+// or its circuit breaker refuses; otherwise, and without a key, it goes
+// to the least-loaded worker whose circuit breaker admits it, those with
+// the blocks for the prompt first. It stays there. A worker's blocks are
+// those its last reply reported free less those the unfed prompts of its
+// open sequences will take: the batcher admits by the sum of the
+// workers' pools, and a worker without the blocks would refuse the
+// sequence's steps while another has room. WithBreaker: a worker that
+// keeps losing its sequences is avoided until its breaker's probes
+// succeed. Models
 // implement engine.SavedKV: keys evicted by a worker, or lost with it, are
 // reported.
 //

@@ -92,6 +92,9 @@ type seqRef struct {
 	// base. akey is the adapter's key on the workers.
 	adapter int
 	akey    string
+	// owed is the blocks the sequence's prompt will still take of its
+	// worker's pool (owe).
+	owed int
 }
 
 var _ engine.Model = (*Model)(nil)
@@ -282,9 +285,11 @@ func (m *Model) usable() error {
 }
 
 // Open routes the sequence to the worker holding the KV saved under
-// prefixKey unless that worker is over the load bound (see affinityLoad)
-// or its circuit breaker refuses, else to the least-loaded live worker
-// whose breaker admits it (see WithBreaker), and reserves its KV there. A
+// prefixKey unless that worker is over the load bound (see affinityLoad),
+// lacks the blocks for the prompt (roomFor) or its circuit breaker
+// refuses, else to the least-loaded live worker whose breaker admits it
+// (see WithBreaker), those with the blocks for the prompt first, and
+// reserves its KV there. A
 // worker being restarted is waited for (within ctx) when no other can
 // take it.
 //
@@ -371,6 +376,7 @@ func (m *Model) openWith(ctx context.Context, id engine.SeqID, prompt []int32, p
 				ref.akey = a.key
 			}
 			m.seqs[id] = ref
+			m.owe(id, m.owedFor(len(prompt), r.Reused))
 			m.fresh[id] = struct{}{}
 			if pool != engine.PoolNone {
 				m.pooled[id] = &pooledSeq{pool: pool}
@@ -407,8 +413,8 @@ func (m *Model) openFields(id engine.SeqID, prompt []int32, prefixKey string) ma
 // pickSlot routes a new sequence of n prompt tokens: the live worker
 // with the fewest open sequences among those whose breaker admits it,
 // those whose pool has the blocks for the prompt first (roomFor). When
-// every breaker refuses, it takes the first of them without its
-// breaker's admission (done is nil then).
+// every breaker refuses, it takes the first worker in that order without
+// its breaker's admission (done is nil then).
 func (m *Model) pickSlot(n int) (*slot, func(error)) {
 	order := make([]*slot, len(m.e.slots))
 	up := make(map[*slot]bool, len(m.e.slots))
@@ -447,14 +453,20 @@ func (m *Model) pickSlot(n int) (*slot, func(error)) {
 	return order[0], nil
 }
 
-// roomFor reports whether worker p's pool, as its replies last reported
-// it, has the blocks a new sequence of n prompt tokens takes (always on a
-// model that does not page). The batcher admits by the pools' sum
+// roomFor reports whether worker p's pool has the blocks a new sequence
+// of n prompt tokens takes, and its first token's: the free blocks its
+// replies last reported less those its open sequences' unfed prompts
+// owe (owe). Always on a model that does not page. The batcher admits by the pools' sum
 // (engine.BlockPool): a sequence routed to a worker without them would
 // have its steps refused there, and, preempted, be admitted again to the
 // same worker, while the others have room.
 func (m *Model) roomFor(p *proc, n int) bool {
-	return !m.info.Paged() || m.poolOf(p).free >= m.info.BlocksFor(n)
+	if !m.info.Paged() {
+		return true
+	}
+	m.readArrivedFrees(p) // blocks that finished sequences gave back
+	wp := m.poolOf(p)
+	return wp.free-wp.owed >= m.info.BlocksFor(n+1) // and the first token's
 }
 
 // Free releases the sequence. The request is sent without waiting for its
@@ -467,6 +479,7 @@ func (m *Model) Free(id engine.SeqID, saveKey string) {
 	}
 	delete(m.seqs, id)
 	delete(m.fresh, id)
+	m.forgive(ref)
 	if po := m.opening[id]; po != nil { // its Wait reports the outcome
 		po.freed = true
 		delete(m.opening, id)

@@ -220,6 +220,7 @@ func (m *Model) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, 
 		return nil, false // the worker is going: Open waits for its replacement
 	}
 	m.seqs[id] = seqRef{slot: s, proc: p}
+	m.owe(id, m.owedFor(len(prompt), 0)) // what it reuses is known at Wait
 	m.fresh[id] = struct{}{}
 	m.opening[id] = po
 	s.open.Add(1)
@@ -251,6 +252,7 @@ func (po *pendingOpen) Wait(ctx context.Context) (int, error) {
 		}
 		po.report(err)
 	case err != nil:
+		m.forgive(m.seqs[po.id])
 		delete(m.seqs, po.id)
 		delete(m.fresh, po.id)
 		po.slot.open.Add(-1)
@@ -259,6 +261,9 @@ func (po *pendingOpen) Wait(ctx context.Context) (int, error) {
 		ref := m.seqs[po.id]
 		ref.done = po.done
 		m.seqs[po.id] = ref
+		if r.Reused > 0 && ref.owed > 0 { // a step may have fed some of it already
+			m.owe(po.id, ref.owed-m.info.BlocksFor(r.Reused))
+		}
 	}
 	if err != nil {
 		return 0, err

@@ -10,8 +10,8 @@ import (
 // holds the KV saved under its prefix key only while that worker carries
 // at most affinityLoad times the pool's mean load (counting the new
 // sequence), the bound of consistent hashing with bounded loads (Mirrokni
-// et al.); otherwise it goes to the least-loaded worker and prefills
-// there.
+// et al.), and has the blocks for the prompt; otherwise it goes where a
+// sequence without a key goes (pickSlot) and prefills there.
 const affinityLoad = 1.25
 
 var (
@@ -147,7 +147,7 @@ type AffinityStats struct {
 	// Hits went to the worker holding their prefix.
 	Hits int64
 	// Overloaded went elsewhere because that worker was over the load
-	// bound.
+	// bound or lacked the blocks for the prompt.
 	Overloaded int64
 	// Saved is the number of keys with saved KV on some worker.
 	Saved int

@@ -172,11 +172,66 @@ func TestRoutesToRoom(t *testing.T) {
 	}
 	m.Free(3, "") // the full worker: 1 open; the other: 2
 	// Ten blocks' prompt: fewest open sequences says the full worker,
-	// which has three blocks free; room says the other.
+	// which has two or three blocks free; room says the other.
 	if got := open(6, prompt(6, 10*16)); got != other {
 		t.Fatalf("a 10-block prompt went to the worker with %d free blocks (of %d), not to the one with room", m.poolOf(full).free, per)
 	}
 	for _, id := range []engine.SeqID{1, 2, 4, 6} {
 		m.Free(id, "")
+	}
+}
+
+// TestRoutesByOwedBlocks: sequences opened before any of them is fed
+// (one admission round) count the blocks their prompts will take, which
+// the workers' reports do not show yet: a second long prompt goes to the
+// other worker, though the first one's worker has fewer open sequences,
+// and both run.
+func TestRoutesByOwedBlocks(t *testing.T) {
+	e := newEngine(t, WithWorkers(2))
+	mi, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 8, KVCapacity: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mi.(*Model)
+	ctx := context.Background()
+	open := func(id engine.SeqID, p []int32) *proc {
+		t.Helper()
+		if _, err := m.Open(ctx, id, p, ""); err != nil {
+			t.Fatal(err)
+		}
+		return m.seqs[id].proc
+	}
+	// Two short sequences on each worker, then both of the first's go:
+	// the first worker has none open, the second two.
+	first, second := open(1, prompt(1, 8)), open(2, prompt(2, 8))
+	if open(3, prompt(3, 8)) != first || open(4, prompt(4, 8)) != second || first == second {
+		t.Fatalf("short sequences were not spread by open sequences")
+	}
+	m.Free(1, "")
+	m.Free(3, "")
+	long := (m.blocksPer[0] - 4) * 16
+	a, b := prompt(10, long), prompt(11, long)
+	if got := open(10, a); got != first {
+		t.Fatalf("the first long prompt went to the worker with more open sequences")
+	}
+	if got := open(11, b); got != second {
+		t.Fatalf("the second long prompt went to the worker the first one's unfed prompt fills (%d free, %d owed)",
+			m.poolOf(first).free, m.poolOf(first).owed)
+	}
+	in := []engine.StepInput{
+		{Seq: 10, Tokens: a, Sample: true, Params: greedy},
+		{Seq: 11, Tokens: b, Sample: true, Params: greedy},
+	}
+	if _, err := m.Step(ctx, in); err != nil {
+		t.Fatalf("both long prompts in one step: %v", err)
+	}
+	if o := m.poolOf(first).owed + m.poolOf(second).owed; o != 2 {
+		t.Fatalf("%d blocks owed after the long prompts were fed; want the two unfed short ones' (1 each)", o)
+	}
+	for _, id := range []engine.SeqID{2, 4, 10, 11} {
+		m.Free(id, "")
+	}
+	if o := m.poolOf(first).owed + m.poolOf(second).owed; o != 0 {
+		t.Fatalf("%d blocks owed with no sequence open", o)
 	}
 }
