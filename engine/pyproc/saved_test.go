@@ -137,27 +137,40 @@ func TestSavedEvictionsReported(t *testing.T) {
 	}
 }
 
+// twoSmallPools loads the tiny model on two workers of 16 KV blocks each.
+func twoSmallPools(t *testing.T) *Model {
+	t.Helper()
+	e := newEngine(t, WithWorkers(2))
+	m, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 8, KVCapacity: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.(*Model)
+}
+
+// openOn opens sequence id with prompt p and returns the worker it went to.
+func openOn(t *testing.T, m *Model, id engine.SeqID, p []int32) *proc {
+	t.Helper()
+	if _, err := m.Open(context.Background(), id, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	return m.seqs[id].proc
+}
+
 // TestRoutesToRoom: a new sequence goes to a worker whose pool has the
 // blocks for its prompt, even where another has fewer open sequences:
 // the batcher admits by the pools' sum, so a worker without them would
 // refuse its steps while the other has room.
 func TestRoutesToRoom(t *testing.T) {
-	e := newEngine(t, WithWorkers(2))
-	mi, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 4, KVCapacity: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := mi.(*Model)
+	m := twoSmallPools(t)
 	ctx := context.Background()
 	open := func(id engine.SeqID, p []int32) *proc {
 		t.Helper()
-		if _, err := m.Open(ctx, id, p, ""); err != nil {
-			t.Fatal(err)
-		}
+		w := openOn(t, m, id, p)
 		if _, err := m.Step(ctx, []engine.StepInput{{Seq: id, Tokens: p, Sample: true, Params: greedy}}); err != nil {
 			t.Fatal(err)
 		}
-		return m.seqs[id].proc
+		return w
 	}
 	per := m.blocksPer[0]
 	// A long sequence fills most of one worker's pool; short ones then
@@ -187,20 +200,9 @@ func TestRoutesToRoom(t *testing.T) {
 // other worker, though the first one's worker has fewer open sequences,
 // and both run.
 func TestRoutesByOwedBlocks(t *testing.T) {
-	e := newEngine(t, WithWorkers(2))
-	mi, err := e.Load(context.Background(), engine.ModelSpec{ID: "tiny", Path: tiny(t), MaxBatch: 8, KVCapacity: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := mi.(*Model)
+	m := twoSmallPools(t)
 	ctx := context.Background()
-	open := func(id engine.SeqID, p []int32) *proc {
-		t.Helper()
-		if _, err := m.Open(ctx, id, p, ""); err != nil {
-			t.Fatal(err)
-		}
-		return m.seqs[id].proc
-	}
+	open := func(id engine.SeqID, p []int32) *proc { t.Helper(); return openOn(t, m, id, p) }
 	// Two short sequences on each worker, then both of the first's go:
 	// the first worker has none open, the second two.
 	first, second := open(1, prompt(1, 8)), open(2, prompt(2, 8))
