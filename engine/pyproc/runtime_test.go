@@ -3,6 +3,7 @@ package pyproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -206,12 +207,21 @@ func TestRuntimeKernels(t *testing.T) {
 // (MLXSERVING_TEST_DEVICE=cuda only): the paged prompt-attention kernel of
 // the whole-step prompt graphs against plain float32 attention over the
 // same pool, for every family's shapes, chunks fresh and after a long
-// prefix, windows, block sizes, FP8 pools; and its load check.
+// prefix, windows, block sizes, FP8 pools; and its load check. Each case
+// is a kernel build, so three processes take a third of the shapes each
+// (77 s on an H200, where one took over four minutes).
 func TestPromptAttentionCUDA(t *testing.T) {
 	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
-	runPyCheck(t, "testdata/prompt_attention_test.py", "runtime")
+	const parts = 3
+	for k := range parts {
+		part := fmt.Sprintf("%d/%d", k, parts)
+		t.Run(part, func(t *testing.T) {
+			t.Parallel()
+			runPyCheck(t, "testdata/prompt_attention_test.py", "runtime", "--part="+part)
+		})
+	}
 }
 
 // TestBatchedDraws runs testdata/draws_test.py on the CPU: a step's

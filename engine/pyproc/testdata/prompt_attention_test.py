@@ -14,12 +14,13 @@ With --bench, the kernel's device time per layer beside the piecewise
 graphs' attention (two gathers of the chunks' KV and the varlen flash
 call), for the 1B and 8B Llama shapes.
 
-  python3 prompt_attention_test.py RUNTIME_DIR [--bench]
+  python3 prompt_attention_test.py RUNTIME_DIR [--bench] [--part=K/N]
 
 PROMPT_CONFIG=BN,BNF,WARPS,STAGES runs the cases under those launch
 parameters (kernels.PROMPT_CONFIG) instead of the defaults.
-PROMPT_SHAPES=I,J,... runs only those entries of SHAPES (each variant is
-a kernel build, so processes over disjoint shapes share the compiling).
+--part=K/N runs only the entries of SHAPES whose index is K modulo N
+(each variant is a kernel build, so N processes share the compiling, as
+TestPromptAttentionCUDA runs them).
 
 Prints "N passed, 0 failed" or raises; CUDA and Triton only. Run by
 TestPromptAttentionCUDA (MLXSERVING_TEST_DEVICE=cuda).
@@ -148,8 +149,10 @@ def main():
     if os.environ.get("PROMPT_CONFIG"):  # the cases under other launch parameters (a sweep's candidate)
         kernels.PROMPT_CONFIG = tuple(int(x) for x in os.environ["PROMPT_CONFIG"].split(","))
     shapes = SHAPES
-    if os.environ.get("PROMPT_SHAPES"):
-        shapes = [SHAPES[int(i)] for i in os.environ["PROMPT_SHAPES"].split(",")]
+    for a in sys.argv[2:]:
+        if a.startswith("--part="):
+            k, n = (int(x) for x in a[len("--part="):].split("/"))
+            shapes = SHAPES[k::n]
     for name, H, K, hd, scale, window in shapes:
         # Every dtype with blocks of 16; bfloat16 also with blocks of 32 and
         # an FP8 pool (each variant is a kernel build: they take the time).
