@@ -105,10 +105,7 @@ func runRefused(t *testing.T, wrap func(engine.Model) engine.Model, seqs []*batc
 	var wg sync.WaitGroup
 	for i, s := range seqs {
 		r.submit(t, s)
-		wg.Go(func() {
-			c := &cancelCase{seq: s}
-			out[i] = readCancelling(ctx, c)
-		})
+		wg.Go(func() { out[i] = collectWith(ctx, s, nil) })
 	}
 	wg.Wait()
 	if ctx.Err() != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/batcher"
+	"github.com/mlxserving/mlxserving/batcher/batchertest"
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/scheduler"
 	"github.com/mlxserving/mlxserving/testmodel"
@@ -76,39 +77,6 @@ func TestPipelineStressRealWorker(t *testing.T) {
 // cancellation.
 var errStressCancelled = errors.New("cancelled by the stress test")
 
-// stressMode is when a request of the stress test is cancelled.
-type stressMode int
-
-const (
-	stressKept        stressMode = iota // not cancelled
-	stressBeforeQueue                   // before it is queued: never admitted
-	stressQueued                        // right after it is queued, most often still waiting
-	stressAfterDelay                    // a random short time after it is queued
-	stressAfterTokens                   // by its reader, once it received some tokens
-	stressAtLastChunk                   // when the step with its last prompt chunk is sent or waited for
-	stressAtOpen                        // when the engine is asked to open it
-	stressModes
-)
-
-func (m stressMode) String() string {
-	return [...]string{"not cancelled", "before queued", "while queued", "after a delay", "after tokens", "at its last chunk", "at its open"}[m]
-}
-
-// stressCase is one request of a stress workload.
-type stressCase struct {
-	seq    *batcher.Sequence
-	mode   stressMode
-	gap    time.Duration // wait before it arrives, after the request before it
-	delay  time.Duration // stressAfterDelay: from its queueing to its cancellation
-	tokens int           // stressAfterTokens: tokens its reader receives first
-	atSend bool          // stressAtLastChunk: when the step is sent rather than waited for
-	// behindStep: it is queued when the next step carrying some prompt's
-	// last chunk is sent, so that its open, which cannot be sent
-	// asynchronously, waits for that step.
-	behindStep bool
-	fired      bool // stressAtLastChunk, stressAtOpen: cancelled by stressModel (under its lock)
-}
-
 // unknownAdapter is the adapter of requests that fail at their open.
 const unknownAdapter = "none"
 
@@ -121,31 +89,31 @@ const unknownAdapter = "none"
 // Half go on from an earlier prompt, whole or in part: most under the key
 // of an earlier request that saves its KV when it finishes, the others
 // from the prefix cache.
-func stressWorkload(seed uint64) (cases []*stressCase, ctxLen, pool int, opts []batcher.Option) {
+func stressWorkload(seed uint64) (cases []*batchertest.Case, ctxLen, pool int, opts []batcher.Option) {
 	rng := rand.New(rand.NewPCG(seed, 91))
 	tiers := []api.Tier{api.Critical, api.Normal, api.Background}
 	ctxLen = (8 + rng.IntN(9)) * 16
 	pool = ctxLen * (1 + rng.IntN(3)/2)
-	cases = make([]*stressCase, 30+rng.IntN(31))
+	cases = make([]*batchertest.Case, 30+rng.IntN(31))
 	for i := range cases {
-		c := &stressCase{}
+		c := &batchertest.Case{}
 		switch k := rng.IntN(15); {
 		case k < 5:
-			c.mode = stressKept
+			c.Mode = batchertest.Kept
 		case k == 5:
-			c.mode = stressBeforeQueue
+			c.Mode = batchertest.BeforeQueue
 		case k == 6:
-			c.mode = stressQueued
+			c.Mode = batchertest.Queued
 		case k < 9:
-			c.mode = stressAfterDelay
-			c.delay = time.Duration(rng.IntN(30000)) * time.Microsecond
+			c.Mode = batchertest.AfterDelay
+			c.Delay = time.Duration(rng.IntN(30000)) * time.Microsecond
 		case k < 11:
-			c.mode = stressAfterTokens
+			c.Mode = batchertest.AfterTokens
 		case k < 14:
-			c.mode = stressAtLastChunk
-			c.atSend = rng.IntN(3) == 0
+			c.Mode = batchertest.AtLastChunk
+			c.AtSend = rng.IntN(3) == 0
 		default:
-			c.mode = stressAtOpen
+			c.Mode = batchertest.AtOpen
 		}
 		p := prompt(int(seed)*1000+i, 1+rng.IntN(ctxLen/2))
 		s := &batcher.Sequence{IgnoreEOS: true, Tier: tiers[rng.IntN(3)]}
@@ -158,7 +126,7 @@ func stressWorkload(seed uint64) (cases []*stressCase, ctxLen, pool int, opts []
 			// from the prefix cache.
 			var saving []int
 			for j, e := range cases[:i] {
-				if e.mode == stressKept && e.seq.SaveKey != "" && e.seq.Adapter == "" {
+				if e.Mode == batchertest.Kept && e.Seq.SaveKey != "" && e.Seq.Adapter == "" {
 					saving = append(saving, j)
 				}
 			}
@@ -166,9 +134,9 @@ func stressWorkload(seed uint64) (cases []*stressCase, ctxLen, pool int, opts []
 			keyed := len(saving) > 0 && rng.IntN(4) != 0
 			if keyed {
 				j = saving[rng.IntN(len(saving))]
-				s.PrefixKey = cases[j].seq.SaveKey
+				s.PrefixKey = cases[j].Seq.SaveKey
 			}
-			prev := cases[j].seq.Prompt
+			prev := cases[j].Seq.Prompt
 			cut := len(prev)
 			if rng.IntN(3) == 0 {
 				cut = rng.IntN(len(prev) + 1)
@@ -178,25 +146,25 @@ func stressWorkload(seed uint64) (cases []*stressCase, ctxLen, pool int, opts []
 		}
 		s.Prompt, s.MaxTokens = p, 1+rng.IntN(min(ctxLen-len(p), 64))
 		s.Params = stressParams(rng, seed*1000+uint64(i))
-		c.seq = s
-		if c.mode == stressAfterTokens {
-			c.tokens = 1 + rng.IntN(s.MaxTokens)
+		c.Seq = s
+		if c.Mode == batchertest.AfterTokens {
+			c.Tokens = 1 + rng.IntN(s.MaxTokens)
 		}
 		switch k := rng.IntN(20); {
 		case k < 2 && s.PrefixKey == "":
 			s.Adapter = "lora"
-			c.behindStep = rng.IntN(2) == 0
+			c.BehindStep = rng.IntN(2) == 0
 		case k == 2:
 			s.Adapter = unknownAdapter // fails after the admission waited for the pending step
-			c.behindStep = rng.IntN(2) == 0
+			c.BehindStep = rng.IntN(2) == 0
 		case k == 3:
-			s.Constraint = allowEvery{}
-			c.behindStep = rng.IntN(2) == 0
+			s.Constraint = batchertest.AllowAll{}
+			c.BehindStep = rng.IntN(2) == 0
 		}
 		if rng.IntN(4) == 0 { // they arrive in bursts
-			c.gap = time.Duration(5+rng.IntN(40)) * time.Millisecond
+			c.Gap = time.Duration(5+rng.IntN(40)) * time.Millisecond
 		} else {
-			c.gap = time.Duration(rng.IntN(1000)) * time.Microsecond
+			c.Gap = time.Duration(rng.IntN(1000)) * time.Microsecond
 		}
 		cases[i] = c
 	}
@@ -234,19 +202,6 @@ func stressParams(rng *rand.Rand, seed uint64) engine.SamplingParams {
 	}
 }
 
-// allowEvery is a Constraint that allows every token: its sequence opens
-// synchronously and makes every step it runs in synchronous, while its
-// tokens stay those it gets alone.
-type allowEvery struct{}
-
-func (allowEvery) FillMask(mask []uint64) {
-	for i := range mask {
-		mask[i] = ^uint64(0)
-	}
-}
-func (allowEvery) Accept(int32) error { return nil }
-func (allowEvery) Done() bool         { return false }
-
 // stressResult is what a stream delivered, or what a request gets alone.
 type stressResult struct {
 	tokens []int32
@@ -269,12 +224,7 @@ func runStress(t *testing.T, e *Engine, lora string, logs *stressLog, seed uint6
 	if !info.Paged() || info.KVBlocks != workers*pool/8 || !m.pipelines {
 		t.Fatalf("Info %+v, pipelines %v: want %d blocks of 8 on each of %d workers, pipelined", info, m.pipelines, pool/8, workers)
 	}
-	w := &stressModel{Model: m, ids: map[engine.SeqID]*stressCase{}, sampled: map[engine.SeqID]bool{}}
-	for _, c := range cases {
-		if c.mode == stressAtLastChunk || c.mode == stressAtOpen {
-			w.cancelAt = append(w.cancelAt, c)
-		}
-	}
+	w := &stressModel{Model: m, Canceller: batchertest.NewCanceller(cases, errStressCancelled)}
 	q, err := scheduler.New[*batcher.Sequence](scheduler.WithPreemption(true))
 	if err != nil {
 		t.Fatal(err)
@@ -295,47 +245,15 @@ func runStress(t *testing.T, e *Engine, lora string, logs *stressLog, seed uint6
 	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second) // a stream still open then hangs
 	defer stop()
 	results := make([]stressResult, len(cases))
-	var wg sync.WaitGroup
-	w.queue = func(c *stressCase) {
-		s := c.seq
-		if c.mode == stressBeforeQueue {
-			s.Cancel(errStressCancelled)
-		}
-		if err := q.Push(&batcher.Entry{Value: s, Tier: s.Tier, Cost: len(s.Prompt) + s.MaxTokens}); err != nil {
-			t.Errorf("queueing: %v", err)
-			s.Fail(err)
-			return
-		}
-		switch c.mode {
-		case stressQueued:
-			s.Cancel(errStressCancelled)
-		case stressAfterDelay:
-			wg.Go(func() {
-				select {
-				case <-time.After(c.delay):
-				case <-ctx.Done():
-				}
-				s.Cancel(errStressCancelled)
-			})
-		}
+	push := func(s *batcher.Sequence) error {
+		return q.Push(&batcher.Entry{Value: s, Tier: s.Tier, Cost: len(s.Prompt) + s.MaxTokens})
 	}
-	for i, c := range cases {
-		time.Sleep(c.gap)
-		wg.Go(func() { results[i] = readStress(ctx, c) })
-		if c.behindStep {
-			w.arm(c)
-		} else {
-			w.queue(c)
-		}
-	}
-	for _, c := range w.take() { // no step came behind them
-		w.queue(c)
-	}
-	wg.Wait()
+	w.Drive(ctx, cases, push, func(i int, c *batchertest.Case) { results[i] = readStress(ctx, c) },
+		func(err error) { t.Errorf("queueing: %v", err) })
 	ran := time.Since(start)
 	for i, c := range cases {
 		if errors.Is(results[i].err, context.DeadlineExceeded) {
-			t.Fatalf("request %d (%s): the stream did not end (%d tokens)", i, c.mode, len(results[i].tokens))
+			t.Fatalf("request %d (%s): the stream did not end (%d tokens)", i, c.Mode, len(results[i].tokens))
 		}
 	}
 	stressIdle(t, e, w, b)
@@ -348,21 +266,21 @@ func runStress(t *testing.T, e *Engine, lora string, logs *stressLog, seed uint6
 
 	// Each request alone on the same model: as many tokens as its stream
 	// got (all it asks for when it was not cancelled).
-	var cancelledBy, finishedAnyway [stressModes]int
+	var cancelledBy, finishedAnyway [batchertest.Modes]int
 	preempted, ended, ties := 0, 0, 0
 	for i, c := range cases {
-		got, s := results[i], c.seq
+		got, s := results[i], c.Seq
 		name := fmt.Sprintf("seed %d request %d (%s, prompt %d, max %d, adapter %q, constrained %v, params %+v)",
-			seed, i, c.mode, len(s.Prompt), s.MaxTokens, s.Adapter, s.Constraint != nil, s.Params)
-		cancelled := c.mode != stressKept
+			seed, i, c.Mode, len(s.Prompt), s.MaxTokens, s.Adapter, s.Constraint != nil, s.Params)
+		cancelled := c.Mode != batchertest.Kept
 		if got.usage != nil {
 			preempted += got.usage.Preemptions
 		}
 		switch {
 		case errors.Is(got.err, errStressCancelled):
-			cancelledBy[c.mode]++
+			cancelledBy[c.Mode]++
 		case got.err == nil:
-			finishedAnyway[c.mode]++
+			finishedAnyway[c.Mode]++
 		}
 		if s.Adapter == unknownAdapter {
 			if len(got.tokens) > 0 || got.err == nil || (!cancelled && !errors.Is(got.err, engine.ErrModelNotFound)) {
@@ -397,21 +315,22 @@ func runStress(t *testing.T, e *Engine, lora string, logs *stressLog, seed uint6
 			t.Errorf("%s: ended without error after %d of %d tokens, finish %q", name, len(got.tokens), s.MaxTokens, got.finish)
 		case cancelled && got.err != nil && !errors.Is(got.err, errStressCancelled):
 			t.Errorf("%s: ended with %v, not its cancellation", name, got.err)
-		case c.mode == stressAfterTokens && len(got.tokens) < c.tokens:
-			t.Errorf("%s: cancelled after %d tokens, got %d", name, c.tokens, len(got.tokens))
+		case c.Mode == batchertest.AfterTokens && len(got.tokens) < c.Tokens:
+			t.Errorf("%s: cancelled after %d tokens, got %d", name, c.Tokens, len(got.tokens))
 		}
 	}
-	eligible, fired := w.fired()
-	if fired[stressAtLastChunk] == 0 && eligible[stressAtLastChunk] > 0 {
-		t.Errorf("none of the %d requests to cancel at their last prompt chunk was", eligible[stressAtLastChunk])
+	// Those whose adapter is served run.
+	eligible, fired := w.Fired(func(c *batchertest.Case) bool { return c.Seq.Adapter != unknownAdapter })
+	if fired[batchertest.AtLastChunk] == 0 && eligible[batchertest.AtLastChunk] > 0 {
+		t.Errorf("none of the %d requests to cancel at their last prompt chunk was", eligible[batchertest.AtLastChunk])
 	}
 	if bad := logs.problems(); len(bad) > 0 {
 		t.Errorf("warnings or errors logged:\n%s", strings.Join(bad, "\n"))
 	}
 	n := w.counts()
 	var modes []string
-	for mode := range stressModes {
-		if mode != stressKept {
+	for mode := range batchertest.Modes {
+		if mode != batchertest.Kept {
 			modes = append(modes, fmt.Sprintf("%s %d/%d", mode, cancelledBy[mode], cancelledBy[mode]+finishedAnyway[mode]))
 		}
 	}
@@ -420,16 +339,16 @@ func runStress(t *testing.T, e *Engine, lora string, logs *stressLog, seed uint6
 	t.Logf("opens: %d sent ahead, %d waited; %d reused a prefix (%d tokens, %d by key); rows: %d opening, %d prev; frees: %d (%d saving, %d while a step was out); %d saved prefixes evicted",
 		n.asyncOpens, n.opens, n.reusing, n.reusedTokens, n.keyed, n.openingRows, n.prevRows, n.frees, n.saves, n.freesBehind, evicted)
 	t.Logf("cancelled (ended by the cancellation/cancelled): %s; at their last chunk %d of %d, at their open %d of %d; %d streams checked against their request alone (%d drew at a boundary)",
-		strings.Join(modes, ", "), fired[stressAtLastChunk], eligible[stressAtLastChunk], fired[stressAtOpen], eligible[stressAtOpen], ended, ties)
+		strings.Join(modes, ", "), fired[batchertest.AtLastChunk], eligible[batchertest.AtLastChunk], fired[batchertest.AtOpen], eligible[batchertest.AtOpen], ended, ties)
 }
 
 // readStress reads c's stream to its end, cancelling the sequence once
-// it received c.tokens tokens when c says so. It gives up when ctx ends
+// it received c.Tokens tokens when c says so. It gives up when ctx ends
 // (the result's err is then ctx's).
-func readStress(ctx context.Context, c *stressCase) stressResult {
+func readStress(ctx context.Context, c *batchertest.Case) stressResult {
 	var r stressResult
 	for {
-		chunk, err := c.seq.Recv(ctx)
+		chunk, err := c.Seq.Recv(ctx)
 		if errors.Is(err, batcher.ErrStreamDone) {
 			return r
 		}
@@ -440,8 +359,8 @@ func readStress(ctx context.Context, c *stressCase) stressResult {
 		if chunk.HasToken {
 			r.tokens = append(r.tokens, chunk.Token)
 			r.lps, r.top = append(r.lps, chunk.Logprob), append(r.top, chunk.Top)
-			if c.mode == stressAfterTokens && len(r.tokens) == c.tokens {
-				c.seq.Cancel(errStressCancelled)
+			if c.Mode == batchertest.AfterTokens && len(r.tokens) == c.Tokens {
+				c.Seq.Cancel(errStressCancelled)
 			}
 		}
 		if chunk.Finish != "" {
@@ -550,27 +469,17 @@ func stressIdle(t *testing.T, e *Engine, w *stressModel, b *batcher.ContinuousBa
 	t.Errorf("after every stream ended: %s", state)
 }
 
-// stressModel wraps the model the batcher runs: it cancels the sequences
-// of the stressAtLastChunk cases when the step carrying their last prompt
-// chunk (their first sampling row) is sent, or when it is waited for —
-// by the loop delivering it behind the next step, or by an admission that
-// must wait for it — and those of the stressAtOpen cases when the engine
-// is asked to open them; it queues the requests armed to arrive behind
-// the next step carrying a last chunk; and it counts what the batcher
-// asked of the engine. It knows a case's sequence by the prompt it is
-// opened with (a recompute's feed is longer). call is held across every
-// call into the model, so the test reads the model between them.
+// stressModel wraps the model the batcher runs: it tells its Canceller
+// of the opens and steps the batcher asks for (batchertest.Canceller) and
+// counts them. call is held across every call into the model, so the
+// test reads the model between them.
 type stressModel struct {
 	*Model
-	call     sync.Mutex
-	cancelAt []*stressCase
-	queue    func(*stressCase)
+	*batchertest.Canceller
+	call sync.Mutex
 
-	mu      sync.Mutex
-	ids     map[engine.SeqID]*stressCase // of stressAtLastChunk, opened, its last chunk not sent yet
-	sampled map[engine.SeqID]bool        // sequences whose last chunk was sent
-	armed   []*stressCase                // to queue behind the next such step
-	n       stressCounts
+	mu sync.Mutex
+	n  stressCounts
 }
 
 // stressCounts is what the batcher asked of the engine.
@@ -581,7 +490,7 @@ type stressCounts struct {
 }
 
 func (w *stressModel) Open(ctx context.Context, id engine.SeqID, prompt []int32, key string) (int, error) {
-	w.opening(id, prompt)
+	w.Opening(id, prompt)
 	w.call.Lock()
 	defer w.call.Unlock()
 	n, err := w.Model.Open(ctx, id, prompt, key)
@@ -590,7 +499,7 @@ func (w *stressModel) Open(ctx context.Context, id engine.SeqID, prompt []int32,
 }
 
 func (w *stressModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt []int32, key, adapter string) (int, error) {
-	w.opening(id, prompt)
+	w.Opening(id, prompt)
 	w.call.Lock()
 	defer w.call.Unlock()
 	n, err := w.Model.OpenAdapter(ctx, id, prompt, key, adapter)
@@ -599,7 +508,7 @@ func (w *stressModel) OpenAdapter(ctx context.Context, id engine.SeqID, prompt [
 }
 
 func (w *stressModel) OpenAsync(ctx context.Context, id engine.SeqID, prompt []int32, key string) (engine.PendingOpen, bool) {
-	w.opening(id, prompt)
+	w.Opening(id, prompt)
 	w.call.Lock()
 	defer w.call.Unlock()
 	p, ok := w.Model.OpenAsync(ctx, id, prompt, key)
@@ -632,15 +541,7 @@ func (w *stressModel) FreeBlocks() int {
 }
 
 func (w *stressModel) Step(ctx context.Context, in []engine.StepInput) ([]engine.StepOutput, error) {
-	cancel, last := w.lastChunks(in)
-	for _, c := range cancel {
-		c.seq.Cancel(errStressCancelled)
-	}
-	if last {
-		for _, c := range w.take() {
-			w.queue(c)
-		}
-	}
+	w.Sent(in, false)
 	w.call.Lock()
 	defer w.call.Unlock()
 	return w.Model.Step(ctx, in)
@@ -663,21 +564,7 @@ func (w *stressModel) StepAsync(ctx context.Context, in []engine.StepInput) (eng
 		}
 	}
 	w.mu.Unlock()
-	cancel, last := w.lastChunks(in)
-	var atWait []*stressCase
-	for _, c := range cancel {
-		if c.atSend {
-			c.seq.Cancel(errStressCancelled)
-		} else {
-			atWait = append(atWait, c)
-		}
-	}
-	if last {
-		for _, c := range w.take() {
-			w.queue(c)
-		}
-	}
-	return &stressStep{PendingStep: p, w: w, cancel: atWait}, true, nil
+	return &stressStep{PendingStep: p, w: w, cancel: w.Sent(in, true)}, true, nil
 }
 
 // stressStep is a pending step that cancels its cases when waited for,
@@ -685,13 +572,11 @@ func (w *stressModel) StepAsync(ctx context.Context, in []engine.StepInput) (eng
 type stressStep struct {
 	engine.PendingStep
 	w      *stressModel
-	cancel []*stressCase
+	cancel []*batchertest.Case
 }
 
 func (s *stressStep) Wait(ctx context.Context) ([]engine.StepOutput, error) {
-	for _, c := range s.cancel {
-		c.seq.Cancel(errStressCancelled)
-	}
+	s.w.Cancel(s.cancel)
 	s.w.call.Lock()
 	defer s.w.call.Unlock()
 	return s.PendingStep.Wait(ctx)
@@ -735,80 +620,6 @@ func (w *stressModel) counts() stressCounts {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.n
-}
-
-// arm makes c arrive behind the next step carrying a prompt's last chunk.
-func (w *stressModel) arm(c *stressCase) {
-	w.mu.Lock()
-	w.armed = append(w.armed, c)
-	w.mu.Unlock()
-}
-
-// take returns the armed requests and forgets them: its caller queues
-// them.
-func (w *stressModel) take() []*stressCase {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	armed := w.armed
-	w.armed = nil
-	return armed
-}
-
-// fired returns, per mode, how many of the cases to cancel at their last
-// chunk or at their open can run (their adapter is served) and how many
-// of those were cancelled so.
-func (w *stressModel) fired() (eligible, fired [stressModes]int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, c := range w.cancelAt {
-		if c.seq.Adapter != unknownAdapter {
-			eligible[c.mode]++
-			if c.fired {
-				fired[c.mode]++
-			}
-		}
-	}
-	return eligible, fired
-}
-
-// opening cancels the sequence of the stressAtOpen case that sequence id
-// is, or notes which stressAtLastChunk case it is: the first opened with
-// its prompt.
-func (w *stressModel) opening(id engine.SeqID, prompt []int32) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, c := range w.cancelAt {
-		if c.fired || !slices.Equal(prompt, c.seq.Prompt) {
-			continue
-		}
-		if c.mode == stressAtOpen {
-			c.fired = true
-			c.seq.Cancel(errStressCancelled)
-		} else {
-			w.ids[id] = c
-		}
-		return
-	}
-}
-
-// lastChunks returns the stressAtLastChunk cases whose last prompt chunk
-// in carries, forgetting them, and whether in carries any sequence's last
-// chunk.
-func (w *stressModel) lastChunks(in []engine.StepInput) (cancel []*stressCase, any bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := range in {
-		if !in[i].Sample || in[i].Prev || w.sampled[in[i].Seq] {
-			continue
-		}
-		w.sampled[in[i].Seq], any = true, true
-		if c := w.ids[in[i].Seq]; c != nil {
-			delete(w.ids, in[i].Seq)
-			c.fired = true
-			cancel = append(cancel, c)
-		}
-	}
-	return cancel, any
 }
 
 // stressLog records what the engine and the batcher log: the steps the
