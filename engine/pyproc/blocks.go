@@ -64,10 +64,14 @@ func (m *Model) owedFor(n, reused int) int {
 	return m.info.BlocksFor(n) - m.info.BlocksFor(reused)
 }
 
-// paid pays down the owed blocks of the inputs of r's group on a worker
-// that ran it: its reply's free blocks count what they took. The input
-// that samples fed the prompt's last chunk and owes nothing more.
-func (m *Model) paid(r *stepRun, g *stepGroup) {
+// paid pays down the owed blocks of the inputs of r's group g on worker
+// p, which ran it: its reply's free blocks count what they took. The
+// input that samples fed the prompt's last chunk and owes nothing more.
+// A worker that owes nothing (decode steps) costs no per-row lookup.
+func (m *Model) paid(p *proc, r *stepRun, g *stepGroup) {
+	if wp := m.pools[p]; wp == nil || wp.owed == 0 {
+		return
+	}
 	for _, i := range g.idx {
 		in := &r.batch[i]
 		ref, ok := m.seqs[in.Seq]

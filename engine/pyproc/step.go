@@ -166,7 +166,7 @@ func (m *Model) waitGroups(ctx context.Context, r *stepRun) {
 	for _, p := range r.order {
 		if g := r.groups[p]; g.err == nil {
 			m.noteReply(p, g.id, g.reply)
-			m.paid(r, g)
+			m.paid(p, r, g)
 		}
 		m.readArrivedFrees(p) // answered before this step
 	}
