@@ -50,7 +50,7 @@ if ahead == 0:
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     prefill(b, n, 9)
                 ka = prof.key_averages()
-                print(ka.table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=60))
+                print(ka.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
                 print(ka.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
     sys.exit(0)
 m = TorchModel(path, {"max_batch": 64, "context_length": 1024, "device": "cuda", "dtype": "bfloat16"})

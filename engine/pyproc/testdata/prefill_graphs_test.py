@@ -143,10 +143,13 @@ def check_table_grows(path):
 
 def check_tile_plan():
     """tile_plan: each chunk cut in tiles of tb tokens, positions and
-    rows advancing with them, unused columns of 0 tokens; None past the
-    width."""
-    got = prefill.tile_plan([(0, 5, 10, 3), (5, 2, 0, 7)], 2, 6)
-    assert got == [[0, 2, 4, 5, 0, 0], [2, 2, 1, 2, 0, 0], [10, 12, 14, 0, 0, 0], [3, 3, 3, 7, 0, 0]], got
+    rows advancing with them, the chunk ending last first and each
+    chunk's tiles from its last, unused columns of 0 tokens; None past
+    the width."""
+    got = prefill.tile_plan([(5, 2, 0, 7), (0, 5, 10, 3)], 2, 6)
+    assert got == [[4, 2, 0, 5, 0, 0], [1, 2, 2, 2, 0, 0], [14, 12, 10, 0, 0, 0], [3, 3, 3, 7, 0, 0]], got
+    got = prefill.tile_plan([(0, 4, 0, 1)], 2, 2)
+    assert got == [[2, 0], [2, 2], [2, 0], [1, 1]], got
     assert prefill.tile_plan([(0, 5, 10, 3)], 2, 2) is None
     assert prefill.tile_tokens(32, 8, 64) == 32 and prefill.tile_tokens(24, 8, 128) == 32 and prefill.tile_tokens(8, 8, 128) == 128
     assert prefill.tile_tokens(8, 4, 256) == 32 and prefill.tile_tokens(64, 1, 256) == 1

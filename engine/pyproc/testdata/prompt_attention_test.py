@@ -14,7 +14,7 @@ With --bench, the kernel's device time per layer beside the piecewise
 graphs' attention (two gathers of the chunks' KV and the varlen flash
 call), for the 1B and 8B Llama shapes.
 
-  python3 prompt_attention_test.py RUNTIME_DIR [--bench] [--part=K/N]
+  python3 prompt_attention_test.py RUNTIME_DIR [--bench [--default]] [--part=K/N]
 
 PROMPT_CONFIG=BN,BNF,WARPS,STAGES runs the cases under those launch
 parameters (kernels.PROMPT_CONFIG) instead of the defaults.
@@ -86,12 +86,15 @@ def case(dev, dtype, H, K, hd, scale, window, bs, kv, g):
 
 def bench(dev):
     """Device time per layer: prompt_attention (each launch configuration
-    of a sweep, "*" the default) against the gathers and the varlen flash
-    call, for a fresh 1,260-token prompt and 512-token chunks after
-    prefixes of 1,024 to 8,000 tokens."""
+    of a sweep, "*" the default; the default alone with --default)
+    against the gathers and the varlen flash call, for fresh prompts of
+    1,260, 2,048 and 4,096 tokens and 512-token chunks after prefixes of
+    1,024 to 8,000 tokens."""
     g = torch.Generator(device="cpu").manual_seed(3)
-    cases = ((1260, 0), (512, 1024), (512, 2048), (512, 4096), (512, 8000))
-    sweep = [None] + [(64, bnf, 8, st) for bnf in (64, 128) for st in (2, 3)] + [(128, 128, 8, 3), (64, 256, 8, 2)]
+    cases = ((1260, 0), (2048, 0), (4096, 0), (512, 1024), (512, 2048), (512, 4096), (512, 8000))
+    sweep = [None]
+    if "--default" not in sys.argv:
+        sweep += [(64, bnf, 8, st) for bnf in (64, 128) for st in (2, 3)] + [(128, 128, 8, 3), (64, 256, 8, 2)]
 
     def timed(fn):
         for _ in range(3):

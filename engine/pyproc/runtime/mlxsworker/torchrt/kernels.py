@@ -546,8 +546,10 @@ def _prompt_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, tile_ptr, q_stri
                         H: tl.constexpr, REP: tl.constexpr, REPP: tl.constexpr, ROWS: tl.constexpr, HD: tl.constexpr,
                         BS: tl.constexpr, BN: tl.constexpr, BNF: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
                         IEEE: tl.constexpr):
-    t = tl.program_id(0)
-    kh = tl.program_id(1)
+    # The KV heads vary fastest across programs, so every head's first
+    # tiles (tile_plan: the longest) start first.
+    kh = tl.program_id(0)
+    t = tl.program_id(1)
     n = tl.load(tile_ptr + tile_stride + t)  # the tile's tokens; 0: an unused program
     if n > 0:
         a = tl.load(tile_ptr + t)  # its first packed row
@@ -630,7 +632,7 @@ def prompt_attention(q, kc, vc, table, tiles, ntiles, out, heads, kv_heads, tb, 
     if scale is None:
         scale = 1.0 / math.sqrt(hd)
     bn, bnf, warps, stages = _prompt_config(hd, kc.element_size())
-    _prompt_attn_kernel[(ntiles, kv_heads)](
+    _prompt_attn_kernel[(kv_heads, ntiles)](
         q, kc, vc, out, table, tiles, q.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
         tiles.stride(0), scale * LOG2E, float(k_scale), float(v_scale),
         H=heads, REP=rep, REPP=repp, ROWS=tb * repp, HD=hd, BS=kc.shape[1], BN=bn, BNF=bnf, WINDOW=window,

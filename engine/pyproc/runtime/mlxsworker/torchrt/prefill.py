@@ -115,10 +115,16 @@ def tile_plan(chunks, tb, width):
     """prompt_attention's tiles for chunks [(first packed row, tokens,
     position, table row)], tb tokens a tile: four lists of width columns
     (first packed row, tokens, position, table row; unused columns count
-    0 tokens), or None when they take more than width."""
+    0 tokens), or None when they take more than width. A tile's work
+    grows with its last position (the keys it reads), so the longest
+    come first: the chunks by their end, each chunk's tiles from its
+    last; the GPU starts programs in order, and the short ones then fill
+    the gaps the long ones leave instead of long ones starting last and
+    running alone (a fresh 2,048-token prompt's last tile reads 64 times
+    the keys of its first)."""
     rows, counts, pos, trows = [], [], [], []
-    for a, n, p, trow in chunks:
-        for off in range(0, n, tb):
+    for a, n, p, trow in sorted(chunks, key=lambda c: c[2] + c[1], reverse=True):
+        for off in reversed(range(0, n, tb)):
             rows.append(a + off)
             counts.append(min(tb, n - off))
             pos.append(p + off)
