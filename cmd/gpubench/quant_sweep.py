@@ -4,7 +4,7 @@ llama8b shapes and the row counts decode and prompt steps use: the table
 quant_triton's tiles_for reads comes from this.
 
     python3 cmd/gpubench/quant_sweep.py [--old PATH] [--rows 1,16,64,256,2048] [--sweep] [--w8a8-rows 16,64,256]
-        [--int4-fast-rows 1,2,16,64]
+        [--int4-fast-rows 1,2,16,64] [--gemv-stages 2,3,4]
 
 Every product runs inside a CUDA graph of 20 launches (as the decode
 steps run), timed by CUDA events over 5 replays; figures are microseconds
@@ -94,11 +94,16 @@ def err(got, want):
     return (got.float() - want).abs().max().item() / (want.abs().max().item() + 1e-6)
 
 
+# The row loop's pipeline depths a sweep tries (--gemv-stages).
+STAGES = (2,)
+
+
 def candidates(M):
     if M <= 4:  # the row-loop kernel, BLOCK_M rows
         bm = 1 << (M - 1).bit_length()
-        for bn, warps, waves, bk in itertools.product((32, 64, 128, 256, 512), (1, 2, 4), (2, 4, 8), (64, 128)):
-            yield qt.Tiles(bm, bn, warps, 2, waves, gemv=True, bk=bk)
+        for bn, warps, waves, bk, stages in itertools.product((32, 64, 128, 256, 512), (1, 2, 4), (2, 4, 8), (64, 128),
+                                                              STAGES):
+            yield qt.Tiles(bm, bn, warps, stages, waves, gemv=True, bk=bk)
         return
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     for bn, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (3, 4), (1, 2, 4)):
@@ -114,7 +119,10 @@ def main():
     ap.add_argument("--w8a8-rows", default="16,32,64,128,256", help="rows of the W8A8 table; empty: none")
     ap.add_argument("--mma-rows", default="", help="rows of the fp8_mma table (with --sweep: its tiles); empty: none")
     ap.add_argument("--int4-fast-rows", default="", help="rows of the fast int4 kernels' table; empty: none")
+    ap.add_argument("--gemv-stages", default="2", help="the row loops' pipeline depths --sweep tries")
     a = ap.parse_args()
+    global STAGES
+    STAGES = tuple(ints(a.gemv_stages))
     dev = torch.device("cuda")
     old = None
     if a.old:
@@ -202,7 +210,8 @@ def int4_fast_candidates(M):
     if M == 1:  # the row loop: 1 to 8 words a thread
         for bn, warps, waves, bk in itertools.product((64, 128, 256, 512, 1024), (1, 2, 4, 8), (4, 8), (64, 128)):
             if 1 <= bn // (32 * warps) <= 8:
-                yield qt.Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True)
+                for stages in sorted({1} | set(STAGES)):
+                    yield qt.Tiles(1, bn, warps, stages, waves, gemv=True, bk=bk, fast=True)
         return
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     for bn, stages, waves, swap, bk in itertools.product((64, 128), (3, 4), (2, 4), (True, False), (64, 128)):
