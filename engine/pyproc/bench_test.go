@@ -148,7 +148,9 @@ func serveAll(b *testing.B, srv *mlxserving.Server, model string, n int, p api.P
 // sampling bookkeeping, the device's work taken out), for decode steps
 // and for mixed ones (a prompt chunk beside the decodes, a sequence
 // leaving and one joining), greedy and sampled. That time is what the GPU
-// waits behind when it exceeds a step's device time.
+// waits behind when it exceeds a step's device time. prompt/2048 is a
+// lone 2,048-token prompt's step (open, the whole prompt, free): the host
+// work before its launch is what its first token waits for.
 func BenchmarkWorkerHostStep(b *testing.B) {
 	py := python(b)
 	dir := tiny(b)
@@ -163,11 +165,19 @@ func BenchmarkWorkerHostStep(b *testing.B) {
 			})
 		}
 	}
+	b.Run("prompt/2048", func(b *testing.B) {
+		for b.Loop() {
+			ms, perToken := hostStep(b, py, dir, 2048, 200, "greedy", "prompt")
+			b.ReportMetric(ms, "host-ms/step")
+			b.ReportMetric(perToken, "host-µs/token")
+		}
+	})
 }
 
 // hostStep runs testdata/host_step_bench.py (params: greedy or sampled;
-// mix: decode or mixed) and returns its median host milliseconds a step
-// and microseconds a row.
+// mix: decode, mixed or prompt, where rows is the prompt's tokens) and
+// returns its median host milliseconds a step and microseconds a row (a
+// prompt token).
 func hostStep(tb testing.TB, py, dir string, rows, steps int, params, mix string) (ms, perRow float64) {
 	tb.Helper()
 	out, err := exec.Command(py, "testdata/host_step_bench.py", "runtime", dir, strconv.Itoa(rows), strconv.Itoa(steps), params, mix).CombinedOutput()
@@ -183,7 +193,7 @@ func hostStep(tb testing.TB, py, dir string, rows, steps int, params, mix string
 	if i < 0 {
 		tb.Fatalf("host_step_bench.py printed %q: no time a row", out)
 	}
-	if _, err := fmt.Sscanf(line[i+2:], "%f us a row)", &perRow); err != nil {
+	if _, err := fmt.Sscanf(line[i+2:], "%f us a", &perRow); err != nil {
 		tb.Fatalf("host_step_bench.py printed %q: %v", out, err)
 	}
 	return ms, perRow

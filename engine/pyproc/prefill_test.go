@@ -54,7 +54,8 @@ func TestOverlapEmulated(t *testing.T) {
 // small batch, greedy and sampled: decode steps run on the emulated
 // device chain with the next one speculated behind it, mixed steps the
 // speculated decodes beside a prompt chunk (the script asserts it), so
-// the benchmark measures the paths it names.
+// the benchmark measures the paths it names; and its lone prompt's steps
+// (the script asserts each step returns a token).
 func TestWorkerHostStepBench(t *testing.T) {
 	py, dir := python(t), tiny(t)
 	for _, mix := range []string{"decode", "mixed"} {
@@ -63,5 +64,8 @@ func TestWorkerHostStepBench(t *testing.T) {
 				t.Errorf("%s %s: host time a step %v ms, %v µs a row", mix, params, ms, perRow)
 			}
 		}
+	}
+	if ms, perToken := hostStep(t, py, dir, 300, 5, "greedy", "prompt"); ms <= 0 || perToken <= 0 {
+		t.Errorf("prompt: host time a step %v ms, %v µs a token", ms, perToken)
 	}
 }

@@ -12,7 +12,10 @@ own work, which the GPU waits behind when it exceeds the device's step.
   python3 host_step_bench.py RUNTIME_DIR MODEL_DIR [B [STEPS [PARAMS [MIX [KV]]]]]
 
 PARAMS: greedy (default) or sampled (temperature, top-p, top-k, a seed
-and logprobs). MIX: decode (default: every row a decode, each step the
+and logprobs). MIX: prompt (B is then a prompt's tokens: each step opens
+one sequence, feeds its prompt whole on the whole-step prompt graphs and
+frees it, as a lone prompt's first step runs; the host work before a
+prompt step's launch is what its first token waits for), decode (default: every row a decode, each step the
 device chain with the next step speculated behind it) or mixed (each
 step the oldest sequence leaves and a new one joins with a 64-token
 prompt in the step: the speculated decodes beside a prompt chunk, on the
@@ -48,7 +51,8 @@ path = sys.argv[2]
 B = int(sys.argv[3]) if len(sys.argv) > 3 else 220
 STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else 300
 PARAMS = {"greedy": {}, "sampled": {"t": 0.8, "p": 0.95, "k": 50, "s": 1, "l": True}}[sys.argv[5] if len(sys.argv) > 5 else "greedy"]
-MIXED = {"decode": False, "mixed": True}[sys.argv[6] if len(sys.argv) > 6 else "decode"]
+MIX = sys.argv[6] if len(sys.argv) > 6 else "decode"
+MIXED = {"decode": False, "mixed": True, "prompt": True}[MIX]
 PROMPT = 64
 KV = int(sys.argv[7]) if len(sys.argv) > 7 else 1024
 
@@ -68,6 +72,39 @@ def record_once(step, pool, warmup=2):
 
 def prompt(i):
     return [(i * 131 + j * 37 + 11) % 300 + 5 for j in range(40 + i % 30)]
+
+
+def prompt_steps():
+    """MIX prompt: host ms of each step of one B-token prompt (open, the
+    whole prompt in one step on the whole-step graphs, free)."""
+    torch.set_num_threads(1)
+    graphs.record, graphs.new_pool = record_once, lambda: object()
+    decoder._flash_varlen = flash_varlen
+    m = TorchModel(path, {"device": "cpu", "max_batch": 16, "context_length": B + 256, "kv_capacity": 16 * (B + 256)},
+                   Settings(overlap=True))
+    m.model.kern = Kern(m.model)
+    m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
+    m.model.varlen = m.model.sdpa = True
+    m.prefill = prefill.PrefillGraphs(m.model, m.kv, max(B, 64), paged=True)
+    w = Worker(None, None, None, False)
+    w.models["m"] = m
+    times = []
+    with torch.no_grad():
+        for j in range(STEPS + 10):
+            p = [(j * 7919 + k * 104729) % 300 + 5 for k in range(B)]  # unique: nothing to reuse
+            t0 = time.perf_counter()
+            w.handle({"id": 3 * j + 1, "op": "open", "model": "m", "seq": 1, "prompt": p})
+            line = json.dumps({"id": 3 * j + 2, "op": "step", "model": "m", "batch": [[1, p, True, dict(PARAMS)]]},
+                              separators=(",", ":"))
+            r = w.handle(json.loads(line))
+            assert "tokens" in r, r
+            json.dumps(r, separators=(",", ":"))
+            w.handle({"id": 3 * j + 3, "op": "free", "model": "m", "seq": 1, "key": ""})
+            times.append(time.perf_counter() - t0)
+    times = times[10:]
+    med, mean = statistics.median(times) * 1e3, statistics.fmean(times) * 1e3
+    print("host ms a step: median %.3f mean %.3f (one %d-token prompt, %d steps, %s; %.3f us a token)"
+          % (med, mean, B, STEPS, "sampled" if PARAMS else "greedy", med * 1e3 / B))
 
 
 def main():
@@ -132,4 +169,7 @@ def main():
           % (med, mean, B, STEPS, "sampled" if PARAMS else "greedy", ", mixed" if MIXED else "", used, med * 1e3 / B))
 
 
-main()
+if MIX == "prompt":
+    prompt_steps()
+else:
+    main()

@@ -1,5 +1,6 @@
 """A decoder loaded by the torch backend (backend.py): paged KV memory
 (paged.py), steps and sampling on the device."""
+import itertools
 import logging
 import os
 
@@ -58,10 +59,21 @@ def pick_dtype(name, device, cfg):
 
 def _kv_rows(blocks, bs, null, start, end):
     """The rows of positions start .. end - 1 in the flattened KV blocks
-    (block * bs + offset), a block given back (None) read as null."""
-    if None in blocks[start // bs : -(-end // bs)]:
-        return [(null if blocks[j // bs] is None else blocks[j // bs]) * bs + j % bs for j in range(start, end)]
-    return [blocks[j // bs] * bs + j % bs for j in range(start, end)]
+    (block * bs + offset), a block given back (None) read as null. A
+    block's positions are one range (extended in C, not a Python step a
+    token: a 2,048-token chunk is 128 ranges)."""
+    if end - start == 1:  # a decode row
+        b = blocks[start // bs]
+        return [(null if b is None else b) * bs + start % bs]
+    out = []
+    j = start
+    while j < end:
+        b = blocks[j // bs]
+        at = (null if b is None else b) * bs + j % bs
+        n = min(bs - j % bs, end - j)
+        out.extend(range(at, at + n))
+        j += n
+    return out
 
 
 class TorchModel(Model):
@@ -751,7 +763,7 @@ class TorchModel(Model):
         parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid, slot_rows] + kvrow + blocks
         if tiles is not None:
             parts.append([v for row in tiles for v in row])
-        flat = to_device([v for part in parts for v in part], self.device)
+        flat = to_device(list(itertools.chain.from_iterable(parts)), self.device)
         views, at = [], 0
         for part in parts:
             views.append(flat[at : at + len(part)])

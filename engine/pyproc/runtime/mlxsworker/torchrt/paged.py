@@ -238,8 +238,8 @@ class PagedKV:
         its sliding groups give back counted off): fed at once, or with
         pieces, fed in pieces of layout.step tokens (what BlocksFor's
         growth counts)."""
-        if not self.layout.sliding_groups and tokens <= len(s.pages[0]) * self.bs:
-            return 0  # the common decode step: its block is there
+        if not self.layout.sliding_groups:  # every group takes a block a new position, none gives back
+            return max(0, -(-tokens // self.bs) - len(s.pages[0])) * self.ngroups
         fed = tokens if pieces else None
         back = sum(1 for g, i in self._gone(s, tokens, fed) if self.pool.seq_refs[s.pages[g][i]] == 1)
         return max(0, sum(len(gs) for _, gs in self._wanted(s, tokens, fed)) - back)
@@ -261,8 +261,10 @@ class PagedKV:
         no saved prefix is given up), giving back none (lookahead and the
         speculated step: the tokens may be taken back). Returns the tokens
         s can hold."""
-        if not self.layout.sliding_groups and tokens <= len(s.pages[0]) * self.bs:
-            return tokens  # the common decode step: its block is there
+        if not self.layout.sliding_groups:
+            if tokens <= len(s.pages[0]) * self.bs:
+                return tokens  # the common decode step: its block is there
+            return self._grow_dense(s, tokens, ahead)
         if not ahead:
             self._slide(s, tokens)
         for i, gs in self._wanted(s, tokens):
@@ -271,6 +273,24 @@ class PagedKV:
             for g in range(self.ngroups):
                 self._set(s, i, self._take(ahead) if g in gs else None, g)
         return min(tokens, len(s.pages[0]) * self.bs)
+
+    def _grow_dense(self, s, tokens, ahead):
+        """grow without sliding groups: each new position takes a block in
+        every group (a prompt chunk's many at once, without grow's
+        per-position lists)."""
+        pool, pages, ng = self.pool, s.pages, self.ngroups
+        have, nb = len(pages[0]), -(-tokens // self.bs)
+        if ahead:
+            nb = min(nb, have + pool.idle() // ng)
+        r, x, y = self.pending
+        for i in range(have, nb):
+            for g in range(ng):
+                b = pool.take()
+                pages[g].append(b)
+                r.append(s.row)
+                x.append(g * self.max_blocks + i)
+                y.append(b)
+        return min(tokens, len(pages[0]) * self.bs)
 
     def truncate(self, s, tokens):
         """Releases the blocks of s past those holding tokens tokens."""
