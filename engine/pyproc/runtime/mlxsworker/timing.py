@@ -8,12 +8,14 @@ every EVERY seconds while it steps (INFO, in the server's log):
   the supervisor's part (the batcher's work, other requests such as opens,
   both pipes);
 - where the backend times it (torchrt on CUDA, device_span), the device's
-  busy time a step: from the device reaching a step's first launched work
-  to its finishing the last (CUDA events around the step), and its share of
-  the window. Gaps where the device waits for a step's first launch are
-  outside these spans; a gap inside one (a later launch of the same step
-  arriving late) is counted, so the share is an upper bound, read beside
-  nvidia-smi's.
+  busy time a step: CUDA events around the step, the first recorded as the
+  step's host work begins and the last after its last launch, and its share
+  of the window. A device still running the step before reaches the first
+  event only when done with it, so the wait for a pipelined step's launch
+  falls outside; but a device idle when the step begins reaches it at once,
+  and the host's work up to the step's first kernel then counts as busy,
+  as does a later launch of the step arriving late. The share is an upper
+  bound, read beside nvidia-smi's (which counts kernels running).
 
 A device that idles under load idles in the gaps that work launched
 ahead does not cover; these three say which part of the cycle to shorten.
@@ -50,8 +52,8 @@ _spans_lock = threading.Lock()  # steps add spans on the protocol loop; summarie
 
 def device_span(start, end):
     """Adds a step's device span: start and end are events (CUDA events
-    with timing) recorded before the step's first launch and after its
-    last; read once the device has passed end."""
+    with timing) recorded as the step's host work begins and after its
+    last launch; read once the device has passed end."""
     with _spans_lock:
         _spans.append((start, end))
         _read_spans()

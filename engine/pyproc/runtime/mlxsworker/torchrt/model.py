@@ -350,8 +350,9 @@ class TorchModel(Model):
 
     def step(self, batch):
         """The step of batch (_step); on CUDA its device span, CUDA events
-        before its first launch and after its last, goes to the worker's
-        step-cycle summary (timing.device_span)."""
+        as its host work begins and after its last launch, goes to the
+        worker's step-cycle summary (timing.device_span: an upper bound of
+        the device's busy time, see there)."""
         if self.device.type != "cuda":
             return self._step(batch)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
