@@ -21,9 +21,10 @@ type pooledSeq struct {
 }
 
 // OpenPooled starts embedding sequence id (engine.Embedder). It goes
-// where Open sends a sequence without a prefix key, and reuses nothing. Errors: as Open's, and an
-// *engine.InvalidParamError when the model does not embed (Info.EmbedDim
-// is 0: the MLX backend) or pool is not mean, cls or lasttoken.
+// where Open sends a sequence without a prefix key, and reuses nothing.
+// Errors: as Open's, and an *engine.InvalidParamError when the model does
+// not embed (Info.EmbedDim is 0: the MLX backend) or pool is not mean,
+// cls or lasttoken.
 func (m *Model) OpenPooled(ctx context.Context, id engine.SeqID, input []int32, pool engine.Pooling) error {
 	if err := m.usable(); err != nil {
 		return err

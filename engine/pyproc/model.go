@@ -289,9 +289,8 @@ func (m *Model) usable() error {
 // lacks the blocks for the prompt (roomFor) or its circuit breaker
 // refuses, else to the least-loaded live worker whose breaker admits it
 // (see WithBreaker), those with the blocks for the prompt first, and
-// reserves its KV there. A
-// worker being restarted is waited for (within ctx) when no other can
-// take it.
+// reserves its KV there. A worker being restarted is waited for (within
+// ctx) when no other can take it.
 //
 // An encoder (Info.Encoder) only embeds: Open fails with an
 // *engine.InvalidParamError; use OpenPooled.
@@ -456,10 +455,10 @@ func (m *Model) pickSlot(n int) (*slot, func(error)) {
 // roomFor reports whether worker p's pool has the blocks a new sequence
 // of n prompt tokens takes, and its first token's: the free blocks its
 // replies last reported less those its open sequences' unfed prompts
-// owe (owe). Always on a model that does not page. The batcher admits by the pools' sum
-// (engine.BlockPool): a sequence routed to a worker without them would
-// have its steps refused there, and, preempted, be admitted again to the
-// same worker, while the others have room.
+// owe (owe). Always on a model that does not page. The batcher admits
+// by the pools' sum (engine.BlockPool): a sequence routed to a worker
+// without them would have its steps refused there, and, preempted, be
+// admitted again to the same worker, while the others have room.
 func (m *Model) roomFor(p *proc, n int) bool {
 	if !m.info.Paged() {
 		return true

@@ -74,20 +74,30 @@ def prompt(i):
     return [(i * 131 + j * 37 + 11) % 300 + 5 for j in range(40 + i % 30)]
 
 
-def prompt_steps():
-    """MIX prompt: host ms of each step of one B-token prompt (open, the
-    whole prompt in one step on the whole-step graphs, free)."""
+def worker(opts, prompt_limit):
+    """The model (opts over the CPU device) as the CUDA path runs it, the
+    device's work out (decode graphs replayed as no-ops, kernels stood
+    in), and a protocol Worker serving it as "m". prompt_limit: prompt
+    chunks of up to that many tokens on the whole-step graphs, as on
+    CUDA (0: none)."""
     torch.set_num_threads(1)
     graphs.record, graphs.new_pool = record_once, lambda: object()
     decoder._flash_varlen = flash_varlen
-    m = TorchModel(path, {"device": "cpu", "max_batch": 16, "context_length": B + 256, "kv_capacity": 16 * (B + 256)},
-                   Settings(overlap=True))
+    m = TorchModel(path, dict(opts, device="cpu"), Settings(overlap=True))
     m.model.kern = Kern(m.model)
     m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
-    m.model.varlen = m.model.sdpa = True
-    m.prefill = prefill.PrefillGraphs(m.model, m.kv, max(B, 64), paged=True)
+    if prompt_limit:
+        m.model.varlen = m.model.sdpa = True
+        m.prefill = prefill.PrefillGraphs(m.model, m.kv, prompt_limit, paged=True)
     w = Worker(None, None, None, False)
     w.models["m"] = m
+    return m, w
+
+
+def prompt_steps():
+    """MIX prompt: host ms of each step of one B-token prompt (open, the
+    whole prompt in one step on the whole-step graphs, free)."""
+    m, w = worker({"max_batch": 16, "context_length": B + 256, "kv_capacity": 16 * (B + 256)}, max(B, 64))
     times = []
     with torch.no_grad():
         for j in range(STEPS + 10):
@@ -108,17 +118,7 @@ def prompt_steps():
 
 
 def main():
-    torch.set_num_threads(1)
-    graphs.record, graphs.new_pool = record_once, lambda: object()
-    decoder._flash_varlen = flash_varlen
-    m = TorchModel(path, {"device": "cpu", "max_batch": B + 8, "kv_capacity": (B + 8) * KV}, Settings(overlap=True))
-    m.model.kern = Kern(m.model)
-    m.graphs = graphs.DecodeGraphs(m.model, m.kv, m.max_batch, m.cfg.context)
-    if MIXED:  # prompt chunks on the whole-step graphs, as on CUDA
-        m.model.varlen = m.model.sdpa = True
-        m.prefill = prefill.PrefillGraphs(m.model, m.kv, 512, paged=True)
-    w = Worker(None, None, None, False)
-    w.models["m"] = m
+    m, w = worker({"max_batch": B + 8, "kv_capacity": (B + 8) * KV}, 512 if MIXED else 0)
     rid, last = 0, None
 
     def step(batch, after):

@@ -763,7 +763,7 @@ class TorchModel(Model):
             tiles = self.prefill.tiles([(c[1], c[2] - c[1], c[4], c[3]) for c in chunks], len(tokens), lora)
         parts = [tokens, pos, last, dec_rows, dec_trows, dec_len, rpos, hid, slot_rows] + kvrow + blocks
         if tiles is not None:
-            parts.append([v for row in tiles for v in row])
+            parts.append(list(itertools.chain.from_iterable(tiles)))
         flat = to_device(list(itertools.chain.from_iterable(parts)), self.device)
         views, at = [], 0
         for part in parts:

@@ -278,19 +278,13 @@ class PagedKV:
         """grow without sliding groups: each new position takes a block in
         every group (a prompt chunk's many at once, without grow's
         per-position lists)."""
-        pool, pages, ng = self.pool, s.pages, self.ngroups
-        have, nb = len(pages[0]), -(-tokens // self.bs)
+        have, nb = len(s.pages[0]), -(-tokens // self.bs)
         if ahead:
-            nb = min(nb, have + pool.idle() // ng)
-        r, x, y = self.pending
+            nb = min(nb, have + self.pool.idle() // self.ngroups)
         for i in range(have, nb):
-            for g in range(ng):
-                b = pool.take()
-                pages[g].append(b)
-                r.append(s.row)
-                x.append(g * self.max_blocks + i)
-                y.append(b)
-        return min(tokens, len(pages[0]) * self.bs)
+            for g in range(self.ngroups):
+                self._set(s, i, self.pool.take(), g)
+        return min(tokens, len(s.pages[0]) * self.bs)
 
     def truncate(self, s, tokens):
         """Releases the blocks of s past those holding tokens tokens."""
