@@ -224,6 +224,18 @@ func TestPromptAttentionCUDA(t *testing.T) {
 	}
 }
 
+// TestPDLCUDA runs testdata/pdl_test.py (MLXSERVING_TEST_DEVICE=cuda
+// only, sm_90 or later): a chain of the decode path's kernels captured in
+// a CUDA graph with programmatic dependent launch gives, replay after
+// replay on fresh inputs, the same bits as without it, so no kernel reads
+// its input before the kernel writing it has completed.
+func TestPDLCUDA(t *testing.T) {
+	if os.Getenv("MLXSERVING_TEST_DEVICE") != "cuda" {
+		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
+	}
+	runPyCheck(t, "testdata/pdl_test.py", "runtime")
+}
+
 // TestBatchedDraws runs testdata/draws_test.py on the CPU: a step's
 // temperature rows drawn at once (sampling.draws) filter each row as the
 // row alone is filtered, never pick a token of probability 0, pick each

@@ -7,7 +7,9 @@ counts the decoder meets (odd rows, split K, partial blocks): FP8 through
 the weight-only GEMM at every row count, as no W8A8 check ran here
 (w8a8_test.py checks that path), and int4 through both kernel sets
 (quant_triton.INT4_FAST off and on; the self check and quant.linear
-take the fast ones unless MLXSERVING_INT4_FAST=0).
+take the fast ones unless MLXSERVING_INT4_FAST=0), and the one-row FP8
+down product with SwiGLU inside (quant.silu_linear) bit for bit against
+silu_mul then the product.
 
   python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
 
@@ -191,6 +193,26 @@ if torch.cuda.is_available():
                 got = quant.linear(x, c).float()
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "%s %r [%d, %d] x %d rows %s: relative error %.3g" % (c.kind, c.t.get("block"), n, k, M, dtype, err))
+
+    # SwiGLU inside the one-row FP8 down product (quant.silu_linear): the
+    # same bits as silu_mul's rows through the row loop, both layouts,
+    # odd widths and a split K; more rows are not taken (None).
+    from mlxsworker.torchrt import kernels
+    for dtype in (torch.bfloat16, torch.float16):
+        for n, k in ((2048, 8192), (4096, 14336), (1000, 384)):
+            w = torch.randn(n, k, device=dev) / k ** 0.5
+            s = w.abs().amax(1, keepdim=True) / 448
+            w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+            sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
+            for c in (quant.QWeight("fp8", n, k, w=w8, scale=s, block=(1, k)),
+                      quant.QWeight("fp8", n, k, w=w8, scale=sb, block=(128, 128))):
+                gu = torch.randn(1, 2 * k, device=dev, dtype=dtype) * 3
+                got = quant.silu_linear(gu, c)
+                want = quant.linear(kernels.silu_mul(gu), c)
+                check(got is not None and torch.equal(got, want),
+                      "silu_linear %r [%d, %d] %s: not silu_mul's product" % (c.t["block"], n, k, dtype))
+                check(quant.silu_linear(torch.randn(3, 2 * k, device=dev, dtype=dtype), c) is None,
+                      "silu_linear takes 3 rows")
 
     # The fast int4 kernels (quant_triton.INT4_FAST) and the ones they
     # replace, whatever the flag: odd widths, split K, groups of 64,

@@ -261,7 +261,12 @@ class Decoder:
         kernel to sum."""
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul, summed=summed)
-        return self.reduce(self.proj(self.act_mul(self.proj(h, L, "gate_up", li), L.get("down")), L, "down", li))
+        gu = self.proj(h, L, "gate_up", li)
+        if self.kern is not None and self.lora is None and self.cfg.family.act == "silu" and "down_b" not in L:
+            y = quant.silu_linear(gu, L["down"])  # SwiGLU inside the down product where it runs
+            if y is not None:
+                return self.reduce(y)
+        return self.reduce(self.proj(self.act_mul(gu, L.get("down")), L, "down", li))
 
     def proj(self, x, L, name, li):
         """Layer li's packed projection name of rows x (its bias where it

@@ -27,6 +27,11 @@ tokens do not depend on which path ran.
   times a KV head's query heads), whose only host input is a small tile
   plan: the prompt-step graphs (prefill.py) hold it whole.
 
+The decode path's kernels (add_rms, silu_mul, decode_attention and its
+combine) launch under programmatic dependent launch on sm_90 and later
+(pdl.py): each waits for its predecessor first, then lets its successor
+launch.
+
 A pool of torch.float8_e4m3fn (FP8 KV, kvcache.py) is written as e4m3(x /
 scale) and read as code * scale, converted in registers: the attention
 walks one byte an element and never a bf16 copy of the pool. The current
@@ -38,9 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import kvcache, quant_triton
+from . import kvcache, pdl, quant_triton
 from .kvcache import FLOAT8
-from .quant_triton import e4m3_groups
+from .pdl import release as pdl_release, wait as pdl_wait
+from .quant_triton import e4m3_groups, silu_times
 
 
 @triton.jit
@@ -75,7 +81,9 @@ def _quant_out(y, q_ptr, s_ptr, row, n, ssm, ssg, g0, BLOCK: tl.constexpr, GROUP
 @triton.jit(do_not_specialize=["ssm", "ssg"])
 def _add_rms_kernel(x_ptr, d_ptr, w_ptr, xo_ptr, y_ptr, q_ptr, s_ptr, ssm, ssg, n, eps, HAS_D: tl.constexpr,
                     KS: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr, OFFSET: tl.constexpr,
-                    QUANT: tl.constexpr):
+                    QUANT: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pdl_release(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < n
@@ -119,7 +127,7 @@ def add_rms(x, d, w, eps, norm="llama", quant=0):
     if x.shape[0]:
         _add_rms_kernel[(x.shape[0],)](x, d if d is not None else x, w, xo, y, q, s, *s.stride(), n, eps,
                                        HAS_D=d is not None, KS=ks, BLOCK=triton.next_power_of_2(n), ROUND=rnd, OFFSET=off,
-                                       QUANT=quant, num_warps=8)
+                                       QUANT=quant, num_warps=8, **pdl.args(x.device, x.shape[0]))
     return (xo, y, q, s) if quant else (xo, y)
 
 
@@ -143,15 +151,16 @@ def _unused(device):
 
 
 @triton.jit(do_not_specialize=["ssm", "ssg"])
-def _silu_mul_kernel(gu_ptr, out_ptr, q_ptr, s_ptr, ssm, ssg, inter, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, q_ptr, s_ptr, ssm, ssg, inter, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pdl_release(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < inter
     g = tl.load(gu_ptr + row * 2 * inter + offs, mask=m, other=0.0)
     u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=m, other=0.0)
-    gf = g.to(tl.float32)
-    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-    y = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+    y = silu_times(g, u)
     tl.store(out_ptr + row * inter + offs, y, mask=m)
     if QUANT:  # BLOCK a multiple of the group: whole groups a program
         _quant_out(y, q_ptr, s_ptr, row, inter, ssm, ssg, tl.program_id(1) * (BLOCK // QUANT), BLOCK, QUANT)
@@ -166,7 +175,7 @@ def silu_mul(gu, quant=0):
     q, s = _codes(n, inter, gu.device, quant)
     if n:
         _silu_mul_kernel[(n, triton.cdiv(inter, BLOCK))](gu, out, q, s, *s.stride(), inter, BLOCK=BLOCK, QUANT=quant,
-                                                          num_warps=4)
+                                                          num_warps=4, **pdl.args(gu.device, n))
     return (out, q, s) if quant else out
 
 
@@ -234,7 +243,10 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                         PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
-                        SINK: tl.constexpr, QKN: tl.constexpr, NROUND: tl.constexpr, NOFFSET: tl.constexpr):
+                        SINK: tl.constexpr, QKN: tl.constexpr, NROUND: tl.constexpr, NOFFSET: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pdl_release(PDL)
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -330,7 +342,9 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
 
 @triton.jit
 def _combine_kernel(part_ptr, ml_ptr, out_ptr, sink_ptr, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr,
-                    RB: tl.constexpr, HD: tl.constexpr, SPLIT: tl.constexpr, SINK: tl.constexpr):
+                    RB: tl.constexpr, HD: tl.constexpr, SPLIT: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pdl_release(PDL)
     b = tl.program_id(0)
     kh = tl.program_id(1)
     r = tl.arange(0, RB)
@@ -483,10 +497,11 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         1.0 / k_scale, 1.0 / v_scale, float(eps),
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
-        SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff, num_warps=warps, num_stages=stages)
+        SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff,
+        num_warps=warps, num_stages=stages, **pdl.args(qkv.device, B))
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
-                                       SINK=sinks is not None, num_warps=4)
+                                       SINK=sinks is not None, num_warps=4, **pdl.args(qkv.device, B))
     return out
 
 

@@ -48,6 +48,12 @@ cuBLAS, whose tiles beat a Triton tile that dequantizes per output tile
 (the dequantization reads the quantized bytes once and writes the float
 weight once, small next to a GEMM of DEQUANT_ROWS rows or more).
 
+One-row FP8 down projections take SwiGLU's inputs straight from the
+packed gate and up rows (silu_linear), one launch fewer a layer at one
+token a step. Every kernel here waits for its predecessor under
+programmatic dependent launch and releases its successor once its K loop
+is done (pdl.py).
+
 Tile sizes come from a table by M (no autotuning, so CUDA graph capture
 never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
 candidates on a GPU.
@@ -58,12 +64,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import release as pdl_release, wait as pdl_wait
+
 
 @triton.jit
-def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_n):
+def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_n, PDL: tl.constexpr):
     """Writes a program's [BLOCK_M, BLOCK_N] float32 partial: straight to
     y when K is not split, else to its slot of part, and the last split
-    of the tile to arrive sums the slots in order into y."""
+    of the tile to arrive sums the slots in order into y. The K loop is
+    over: the next kernel may launch (pdl)."""
+    pdl_release(PDL)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     idx = offs_m[:, None] * N + offs_n[None, :]
     if split == 1:
@@ -84,7 +95,9 @@ def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_
 @triton.jit
 def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                 BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr):
+    tl.static_assert(SILU == 0)  # silu_linear: one row, the row loop
+    pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
     pm, pn = pid // nn, pid % nn
@@ -101,12 +114,14 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, 
                     mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
         s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
         acc += tl.dot(a, b.to(a.dtype)) * s[None, :]
-    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
 
 
 @triton.jit
 def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
-                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
     pm, pn = pid // nn, pid % nn
@@ -132,16 +147,19 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K,
         z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
         w = ((q.to(tl.float32) - z[None, :]) * s[None, :]).to(a.dtype)
         acc += tl.dot(a, w)
-    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                      BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr):
     # A few rows: no tensor cores. Each weight tile is loaded once along K
     # (its contiguous axis, wide loads), converted in registers and dotted
-    # with every row by multiply and sum.
+    # with every row by multiply and sum. SILU: x holds packed gate and up
+    # rows ([M, 2K]) and the inputs are silu(gate) * up, as
+    # kernels.silu_mul rounds them (silu_linear: one launch fewer).
+    pdl_wait(PDL)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -154,15 +172,32 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
                     mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
         s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
         for m in tl.static_range(BLOCK_M):
-            xm = tl.load(x_ptr + m * sxm + offs_k, mask=(offs_k < K) & (m < M), other=0.0).to(tl.float32)
+            xmask = (offs_k < K) & (m < M)
+            if SILU:
+                g = tl.load(x_ptr + m * sxm + offs_k, mask=xmask, other=0.0)
+                u = tl.load(x_ptr + m * sxm + K + offs_k, mask=xmask, other=0.0)
+                xm = silu_times(g, u).to(tl.float32)
+            else:
+                xm = tl.load(x_ptr + m * sxm + offs_k, mask=xmask, other=0.0).to(tl.float32)
             part = tl.sum(w * xm[None, :], axis=1) * s
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n, PDL)
+
+
+@triton.jit
+def silu_times(g, u):
+    """silu(g) * u in g's dtype, rounded where torch rounds F.silu(g) * u:
+    the silu, then the product (kernels.silu_mul and _fp8_gemv_kernel's
+    SILU inputs both take it here, so they agree bit for bit)."""
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    return (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
 
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
-                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr):
     # As _fp8_gemv_kernel, over words packed along K ([K/8, N], N
     # contiguous). The words stay [BLOCK_K/8, 8, BLOCK_N] (no reshape: a
     # reshape that interleaves the nibbles moves them between threads),
@@ -171,6 +206,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
     # one OR and one subtraction, where an int-to-float conversion runs at
     # a quarter of the FP32 rate), and the zero comes out of the sum:
     # sum((q - z) x) s = (sum(q x) - z sum(x)) s, one K tile in one group.
+    pdl_wait(PDL)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -195,7 +231,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
             qx = tl.sum(tl.sum(q * xm[:, :, None], axis=1), axis=0)
             part = (qx - z * tl.sum(tl.sum(xm, axis=1), axis=0)) * s
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n)
+    _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n, PDL)
 
 
 # The fast int4 kernels (INT4_FAST) turn nibbles into numbers by the
@@ -225,13 +261,15 @@ def _int4_fma_nibble(part, src, LOP3: tl.constexpr, INV: tl.constexpr, c, xk):
 
 @triton.jit
 def _int4_gemv2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
-                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr):
     # The row loop of INT4_FAST, one row (BLOCK_M 1): each program holds
     # BLOCK_N columns and walks its K range a word row at a time (unrolled
     # over BLOCK_K inputs inside one group), so a nibble's place is a
     # constant, K never crosses threads (no reduction) and each input of x
     # is a scalar every thread loads alike, at a constant offset. Each K
     # tile's float32 sum of (q - z) x is scaled once per column.
+    pdl_wait(PDL)
     tl.static_assert(BLOCK_M == 1)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -269,7 +307,7 @@ def _int4_gemv2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M,
             part = _int4_fma_nibble(part, hi, "lop3.b32 $0, $1, 0xF00, 0x4B000000, 0xEA;", 0.00390625, c8,
                                     tl.load(xp + (8 * r + 7)).to(tl.float32))
         acc += part * s
-    _finish(acc[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n)
+    _finish(acc[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n, PDL)
 
 
 @triton.jit
@@ -284,7 +322,7 @@ def _int4_codes(words, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.c
 @triton.jit
 def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      MAGIC: tl.constexpr, OFF: tl.constexpr, SWAP: tl.constexpr):
+                      MAGIC: tl.constexpr, OFF: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
     # The tensor-core tile of INT4_FAST: the nibbles go into tl.dot as the
     # 16-bit floats OFF + q (an OR a nibble: no int-to-float conversion,
     # subtraction or scaling in the tile), and the zero and scale apply to
@@ -292,6 +330,7 @@ def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
     # sum((q - z) x) s = (sum((OFF + q) x) - (OFF + z) sum(x)) s. SWAP
     # computes the transposed tile (weight columns by rows of x), so a few
     # rows fill the MMA's narrow side.
+    pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
     pm, pn = pid // nn, pid % nn
@@ -321,9 +360,9 @@ def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
             d = tl.dot(a, c)
             acc += (d - xsum[:, None] * zo[None, :]) * s[None, :]
     if SWAP:
-        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
     else:
-        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
 
 
 # Not specialized on the values that vary between a model's products of
@@ -332,7 +371,8 @@ def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
 @triton.jit(do_not_specialize=["M", "split", "ssam", "ssag", "ssn"])
 def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, ssam, ssag,
                     swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PRE: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PRE: tl.constexpr,
+                    PDL: tl.constexpr):
     # W8A8 on the FP8 tensor cores: each K tile (ACT_GROUP inputs, inside
     # one block of the weight's scales) of each row of x in e4m3 under its
     # own scale (its max / 448), dotted with the weight's e4m3 tile as
@@ -342,6 +382,7 @@ def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N
     # reads them. SWAP computes the transposed tile (weight rows x
     # tokens), so a few tokens fill the MMA's narrow side and the weight
     # its 64-row side.
+    pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
     pm, pn = pid // nn, pid % nn
@@ -371,9 +412,9 @@ def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N
         else:
             acc += tl.dot(aq, tl.trans(w)) * sa[:, None] * sw[None, :]
     if SWAP:
-        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+        _finish(tl.trans(acc), y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
     else:
-        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n)
+        _finish(acc, y_ptr, part_ptr, lock_ptr, pid, pk, split, M, N, offs_m, offs_n, PDL)
 
 
 @triton.jit
@@ -399,10 +440,13 @@ def e4m3_groups(x):
 
 
 @triton.jit(do_not_specialize=["M", "ssg"])  # as _fp8_mma_kernel: one compile a width
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.constexpr, GROUPS: tl.constexpr):
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, sxm, ssm, ssg, GROUP: tl.constexpr, GROUPS: tl.constexpr,
+                      PDL: tl.constexpr):
     # One row a program, read once: its K inputs as GROUPS groups of GROUP
     # (one group: the whole row), each scaled by its own max / 448 into
     # e4m3 codes. Rows from M on (padding) get zero codes.
+    pdl_wait(PDL)
+    pdl_release(PDL)
     m = tl.program_id(0)
     offs = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + m * sxm + offs, mask=(offs < K) & (m < M), other=0.0).to(tl.float32)
@@ -534,18 +578,20 @@ def _plan(M, N, K, unit, sms, t):
     return tiles, -(-K // k_per), k_per
 
 
-def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
+def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False):
     """One weight-only product. kernels: (tensor-core tile, row loop), or
     for int4 those and the fast pair after them, which Tiles.fast picks;
-    the fast tile takes its own constants (_int4_fast_consts)."""
+    the fast tile takes its own constants (_int4_fast_consts). silu: x is
+    packed gate and up rows [..., 2K] (fp8's row loop only)."""
     shape = x.shape[:-1]
-    x2 = x.reshape(-1, K)
+    x2 = x.reshape(-1, 2 * K if silu else K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
     t = tiles or tiles_for(M, kind, N)
     if t.gemv and M > t.bm:  # the row loop covers every row of the product
         t = tiles_for(max(M, 17), kind, N, t.fast)
+    assert t.gemv or not silu, t
     kernel = kernels[(1 if t.gemv else 0) + (2 if t.fast else 0)]
     if t.fast and not t.gemv:
         consts = (consts[0], dict(consts[1], **_int4_fast_consts(x.dtype, t)))
@@ -557,7 +603,7 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None):
     part = torch.empty(split, M, N, device=x.device, dtype=torch.float32) if split > 1 else y
     kernel[(n_tiles, split)](x2, *args, y, part, locks, M, N, K, k_per, split, x2.stride(0), *consts[0],
                              BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=bk, num_warps=t.warps, num_stages=t.stages,
-                             **consts[1])
+                             **consts[1], **pdl.args(x.device, M))
     return y.reshape(*shape, N)
 
 
@@ -568,17 +614,33 @@ def _fp8_consts(w, scale, block):
     return (w.stride(0), scale.stride(0), scale.stride(1)), {"BN_S": bn, "BK_S": bk if bk < w.shape[1] else 1 << 30}
 
 
-def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None):
+def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     """x [..., K] @ dequant(w).T with w float8_e4m3fn [N, K] and scale
-    float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk)."""
+    float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk). silu (one row
+    only): x holds packed gate and up rows [1, 2K] and the product's
+    inputs are silu(gate) * up, computed by the row loop as it reads them
+    (silu_linear)."""
     N, K = w.shape
-    if x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
+    if silu:
+        assert x.numel() == 2 * K, (x.shape, K)
+    elif x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
         return x @ fp8_dequant(w, scale, block, x.dtype).t()
     bk = block[1]
     # K tiles inside one scale block: BLOCK_K divides bk, or bk spans K.
     kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
     unit = bk if bk < K else kt
-    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), _fp8_consts(w, scale, block), "fp8", tiles)
+    consts = _fp8_consts(w, scale, block)
+    consts[1]["SILU"] = silu
+    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, "fp8", tiles, silu)
+
+
+def silu_linear(gu, w, scale, block):
+    """silu(gate) * up of one row of packed gate and up projections gu
+    [1, 2K] (bfloat16 or float16), times the FP8 weight: one launch where
+    kernels.silu_mul and fp8_linear take two, the same bits (silu_times).
+    At one token a step the launch saved is about a tenth of the down
+    projection's time."""
+    return fp8_linear(gu, w, scale, block, silu=True)
 
 
 # The inputs of a row that fp8_mma quantizes under one scale: one K tile,
@@ -620,7 +682,7 @@ def fp8_mma(x, w, scale, block, tiles=None):
     _fp8_mma_kernel[(n_tiles, split)](a, sa, w, scale, y, part, locks, M, N, K, k_per, split, a.stride(0),
                                       *(sa.stride() if t.pre else (0, 0)), *consts[0], BLOCK_M=t.bm, BLOCK_N=t.bn,
                                       BLOCK_K=ACT_GROUP, SWAP=t.swap, PRE=t.pre, num_warps=t.warps,
-                                      num_stages=t.stages, **consts[1])
+                                      num_stages=t.stages, **consts[1], **pdl.args(x.device, M))
     return y.reshape(*shape, N)
 
 
@@ -730,7 +792,7 @@ def act_quant(x, group=None, rows=None):
         s = torch.empty(K // group, rows, device=x.device, dtype=torch.float32).t()
         groups = triton.next_power_of_2(K // group)
     _act_quant_kernel[(rows,)](x, q, s, M, K, x.stride(0), s.stride(0), s.stride(1), GROUP=group, GROUPS=groups,
-                               num_warps=8 if width >= 4096 else 4)
+                               num_warps=8 if width >= 4096 else 4, **pdl.args(x.device, rows))
     return q, s
 
 
