@@ -27,11 +27,12 @@ Rules every kernel launched through args() keeps (its PDL constexpr):
   loop of a product (its last wave's epilogue overlaps the next launch).
 
 Which release a launch takes depends on its rows (measured on an H200,
-8B shape, decode tok/s against no PDL: BENCHMARKS.md): at one row the
-early releases gain (FP8 1.06x, GPTQ 1.05x) and at 16 and 64 rows they
-lose (FP8 0.99x and 0.98x, GPTQ 0.90x at 64), where releasing at exit
-gains (FP8 1.01x and 1.02x). So steps of up to ON_ROWS rows launch ON
-and larger ones EXIT.
+8B shape, decode tok/s: BENCHMARKS.md). At one row the early releases
+gain 1.06x over no PDL (FP8; GPTQ 1.05x), and at 2, 4 and 8 rows 1.01x
+to 1.03x over releasing at exit. At 16 and 64 rows they lose to no PDL
+(FP8 0.99x and 0.98x, GPTQ 0.90x at 64), where releasing at exit gains
+(FP8 1.01x and 1.02x). So steps of up to ON_ROWS rows launch ON and
+larger ones EXIT.
 
 Off below sm_90, where Triton lacks the instructions, and with
 MLXSERVING_PDL=0 in the worker's environment; MLXSERVING_PDL=exit and
@@ -64,7 +65,7 @@ except ImportError:  # a Triton without the instructions: PDL stays off
 # MODE AUTO: ON up to ON_ROWS rows, else EXIT.
 OFF, ON, EXIT, AUTO = 0, 1, 2, 3
 MODE = {"0": OFF, "on": ON, "exit": EXIT}.get(os.environ.get("MLXSERVING_PDL", ""), AUTO)
-ON_ROWS = 1
+ON_ROWS = 8
 
 _capable = {}
 
