@@ -214,17 +214,16 @@ def linear(x, w, bias=None):
 
 def silu_linear(gu, w):
     """silu(gate) * up of the packed gate and up rows gu [N, 2K] times w,
-    in one launch where that runs (an FP8 QWeight at one row on CUDA: its
-    row loop computes the inputs as it reads them, rounded as
-    kernels.silu_mul rounds them; quant_triton.silu_linear), else None:
-    the caller runs the two."""
+    in one launch where that runs, else None: the caller runs the two.
+    It runs for an FP8 QWeight at one row on CUDA (the weight-only row
+    loop: one row never runs as W8A8, w8a8.MMA_MIN_ROWS), which computes
+    the inputs as it reads them, rounded as kernels.silu_mul rounds
+    them."""
     if not isinstance(w, QWeight) or w.kind != "fp8" or gu.shape[0] != 1 or not gu.is_cuda \
             or gu.dtype not in (torch.bfloat16, torch.float16) or not gu.is_contiguous():
         return None
-    from . import quant_triton, w8a8
-    if w8a8.route(w, gu[:, :w.k]) is not None:
-        return None
-    return quant_triton.silu_linear(gu, w.t["w"], w.t["scale"], w.t["block"])
+    from . import quant_triton
+    return quant_triton.fp8_linear(gu, w.t["w"], w.t["scale"], w.t["block"], silu=True)
 
 
 def nbytes(w):

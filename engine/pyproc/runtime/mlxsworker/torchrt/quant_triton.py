@@ -49,10 +49,10 @@ cuBLAS, whose tiles beat a Triton tile that dequantizes per output tile
 weight once, small next to a GEMM of DEQUANT_ROWS rows or more).
 
 One-row FP8 down projections take SwiGLU's inputs straight from the
-packed gate and up rows (silu_linear), one launch fewer a layer at one
-token a step. Every kernel here waits for its predecessor under
-programmatic dependent launch and releases its successor once its K loop
-is done (pdl.py).
+packed gate and up rows (fp8_linear's silu; quant.silu_linear), one
+launch fewer a layer at one token a step. Every product kernel waits for
+its predecessor under programmatic dependent launch and releases its
+successor once its K loop is done, act_quant at its start (pdl.py).
 
 Tile sizes come from a table by M (no autotuning, so CUDA graph capture
 never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
@@ -96,7 +96,7 @@ def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_
 def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                 BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr):
-    tl.static_assert(SILU == 0)  # silu_linear: one row, the row loop
+    tl.static_assert(SILU == 0)  # quant.silu_linear: one row, the row loop
     pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
@@ -158,7 +158,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
     # (its contiguous axis, wide loads), converted in registers and dotted
     # with every row by multiply and sum. SILU: x holds packed gate and up
     # rows ([M, 2K]) and the inputs are silu(gate) * up, as
-    # kernels.silu_mul rounds them (silu_linear: one launch fewer).
+    # kernels.silu_mul rounds them (quant.silu_linear: one launch fewer).
     pdl_wait(PDL)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -619,7 +619,7 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk). silu (one row
     only): x holds packed gate and up rows [1, 2K] and the product's
     inputs are silu(gate) * up, computed by the row loop as it reads them
-    (silu_linear)."""
+    (quant.silu_linear)."""
     N, K = w.shape
     if silu:
         assert x.numel() == 2 * K, (x.shape, K)
@@ -632,15 +632,6 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     consts = _fp8_consts(w, scale, block)
     consts[1]["SILU"] = silu
     return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, "fp8", tiles, silu)
-
-
-def silu_linear(gu, w, scale, block):
-    """silu(gate) * up of one row of packed gate and up projections gu
-    [1, 2K] (bfloat16 or float16), times the FP8 weight: one launch where
-    kernels.silu_mul and fp8_linear take two, the same bits (silu_times).
-    At one token a step the launch saved is about a tenth of the down
-    projection's time."""
-    return fp8_linear(gu, w, scale, block, silu=True)
 
 
 # The inputs of a row that fp8_mma quantizes under one scale: one K tile,
