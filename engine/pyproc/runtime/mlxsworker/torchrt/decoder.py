@@ -255,13 +255,30 @@ class Decoder:
             x = x * self.embed_scale
         return x
 
+    def norm_proj(self, x, d, w, L, name, li):
+        """add_norm then proj: (x + d, the projection name of its
+        normalised rows), in one launch where quant.norm_linear runs (one
+        row of up to quant.NORM_MAX_K inputs, an FP8 or 16-bit weight, no
+        bias or adapters): at one token a step the norm's kernel costs
+        about as much as a product's tail."""
+        if self.kern is not None and self.lora is None and w is not None and name + "_b" not in L \
+                and (d is None or d.dim() == 2):
+            fused = quant.norm_linear(x, d, w, self.cfg.eps, self.norm_kind, L[name])
+            if fused is not None:
+                return fused
+        x, h = self.add_norm(x, d, w, L.get(name))
+        return x, self.proj(h, L, name, li)
+
     def mlp(self, h, L, li=0, summed=True):
         """The MLP of rows h; summed False lets a mixture's fused path
         return its k choices unsummed, [N, k, hidden], for add_norm's
         kernel to sum."""
         if "router" in L:
             return self.moe.forward(h, L, self.act_mul, summed=summed)
-        gu = self.proj(h, L, "gate_up", li)
+        return self.mlp_down(self.proj(h, L, "gate_up", li), L, li)
+
+    def mlp_down(self, gu, L, li):
+        """The rest of a dense MLP from its gate_up projection gu."""
         if self.kern is not None and self.lora is None and self.cfg.family.act == "silu" and "down_b" not in L:
             y = quant.silu_linear(gu, L["down"])  # SwiGLU inside the down product where it runs
             if y is not None:
@@ -369,8 +386,7 @@ class Decoder:
         # much as the weights it sat between.
         head_norm = cfg.family.qk_norm == "head"
         for li, L in enumerate(self.layers):
-            x, h = self.add_norm(x, d, L.get("ln_in"), L.get("qkv"))
-            qkv = self.proj(h, L, "qkv", li)
+            x, qkv = self.norm_proj(x, d, L.get("ln_in"), L, "qkv", li)
             qkn = None
             if head_norm:
                 qkn = (L["q_norm"], L["k_norm"], cfg.eps, self.norm_kind)
@@ -381,9 +397,14 @@ class Decoder:
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li],
                                            sinks=L.get("sinks"), qk_norm=qkn)
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
-            x, h = self.add_norm(x, a, L.get("ln_ffn"), L.get("gate_up"))
             post = L.get("mlp_post")
-            d = self.rms(self.mlp(h, L, li, summed=post is not None), post)
+            if "router" in L:
+                x, h = self.add_norm(x, a, L.get("ln_ffn"), L.get("gate_up"))
+                y = self.mlp(h, L, li, summed=post is not None)
+            else:
+                x, gu = self.norm_proj(x, a, L.get("ln_ffn"), L, "gate_up", li)
+                y = self.mlp_down(gu, L, li)
+            d = self.rms(y, post)
         _, x = self.add_norm(x, d, self.norm)
         return self.logits(x)
 

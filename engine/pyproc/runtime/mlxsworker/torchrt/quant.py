@@ -68,6 +68,7 @@ then served as FP8; on CPU they are rounded to the fp8 grid and back, so
 the CPU serves the numbers the GPU does.
 """
 import logging
+import os
 import sys
 
 import torch
@@ -206,24 +207,82 @@ def _not_the_shape(e):
 
 def linear(x, w, bias=None):
     """x @ w.T + bias for a float weight or a QWeight: the one entry point
-    of the decoder's projections."""
+    of the decoder's projections (one row of a 16-bit weight: the row
+    loop, ROW_LOOP)."""
     if isinstance(w, torch.Tensor):
+        if bias is None and ROW_LOOP:
+            ops = _row_operands(x, w)
+            if ops is not None:
+                from . import quant_triton
+                return quant_triton.fp8_linear(x, *ops)
         return F.linear(x, w, bias)
     return w.forward(x, bias)
+
+
+# One-row products of 16-bit weights run in the FP8 row loop too, with
+# unit scales (quant_triton.fp8_linear), where cuBLAS's would launch
+# without PDL and take SwiGLU from a kernel of its own (silu_linear):
+# MLXSERVING_ROW_LOOP=0 in the worker's environment keeps cuBLAS's.
+ROW_LOOP = os.environ.get("MLXSERVING_ROW_LOOP", "") != "0"
+_unit = {}  # device -> the unit scale [1, 1] of a 16-bit weight in the row loop
+WHOLE = (1 << 30, 1 << 30)  # one scale block over any weight: one kernel variant for every width
+
+
+def _row_operands(x, w):
+    """(weight, scale, block) of w for the one-row loop
+    (quant_triton.fp8_linear) at x's rows, or None where it does not run:
+    an FP8 QWeight, or a 16-bit weight of x's dtype with ROW_LOOP, at one
+    contiguous bfloat16/float16 row on CUDA."""
+    if x.dim() != 2 or x.shape[0] != 1 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) \
+            or not x.is_contiguous():
+        return None
+    if isinstance(w, QWeight):
+        return (w.t["w"], w.t["scale"], w.t["block"]) if w.kind == "fp8" else None
+    if not ROW_LOOP or w.dtype != x.dtype or w.dim() != 2 or not w.is_contiguous():
+        return None
+    if w.device not in _unit:
+        _unit[w.device] = torch.ones(1, 1, device=w.device)
+    return w, _unit[w.device], WHOLE
 
 
 def silu_linear(gu, w):
     """silu(gate) * up of the packed gate and up rows gu [N, 2K] times w,
     in one launch where that runs, else None: the caller runs the two.
-    It runs for an FP8 QWeight at one row on CUDA (the weight-only row
-    loop: one row never runs as W8A8, w8a8.MMA_MIN_ROWS), which computes
-    the inputs as it reads them, rounded as kernels.silu_mul rounds
-    them."""
-    if not isinstance(w, QWeight) or w.kind != "fp8" or gu.shape[0] != 1 or not gu.is_cuda \
-            or gu.dtype not in (torch.bfloat16, torch.float16) or not gu.is_contiguous():
+    It runs where the one-row loop does (_row_operands: one row on CUDA
+    of an FP8 QWeight, never W8A8 there, w8a8.MMA_MIN_ROWS, or of a
+    16-bit weight), which computes the inputs as it reads them, rounded
+    as kernels.silu_mul rounds them."""
+    ops = _row_operands(gu, w)
+    if ops is None:
         return None
     from . import quant_triton
-    return quant_triton.fp8_linear(gu, w.t["w"], w.t["scale"], w.t["block"], silu=True)
+    return quant_triton.fp8_linear(gu, *ops, silu=True)
+
+
+def norm_linear(x, d, nw, eps, kind, w):
+    """(h, rms_norm(h) * nw times w) with h = x + d (x where d is None) in
+    one launch where that runs, else None: the caller runs kernels.add_rms
+    and the product. It runs where the one-row loop does (_row_operands)
+    over up to NORM_MAX_K inputs, for the norm kinds of kernels.NORMS;
+    the normalised row is not rounded to x's dtype before the product,
+    where add_rms rounds it (quant_triton.fp8_norm_linear)."""
+    ops = _row_operands(x, w) if NORM_FUSE and x.shape[-1] <= NORM_MAX_K else None
+    if ops is None or d is not None and (d.shape != x.shape or not d.is_contiguous()) or kind not in _NORM_OFFSET:
+        return None
+    from . import quant_triton
+    return quant_triton.fp8_norm_linear(x, d, nw, eps, _NORM_OFFSET[kind], *ops)
+
+
+# Where norm_linear runs: up to NORM_MAX_K inputs. Measured on an H200 at
+# one token a step (gpubench, BENCHMARKS.md): the 1B shape (hidden 2,048,
+# bfloat16) decodes 1.026x faster with it, the 8B shape (hidden 4,096)
+# 0.96x (FP8) and 0.97x (bfloat16), so it stops at 2,048.
+# MLXSERVING_NORM_FUSE=0 in the worker's environment turns it off
+# (measurement: one binary runs both).
+NORM_MAX_K = 2048
+NORM_FUSE = os.environ.get("MLXSERVING_NORM_FUSE", "") != "0"
+# The RMSNorm kinds norm_linear takes, by whether the weight is (1 + w).
+_NORM_OFFSET = {"llama": False, "olmo2": False, "gemma": True}
 
 
 def nbytes(w):

@@ -48,9 +48,14 @@ cuBLAS, whose tiles beat a Triton tile that dequantizes per output tile
 (the dequantization reads the quantized bytes once and writes the float
 weight once, small next to a GEMM of DEQUANT_ROWS rows or more).
 
-One-row FP8 down projections take SwiGLU's inputs straight from the
-packed gate and up rows (fp8_linear's silu; quant.silu_linear), one
-launch fewer a layer at one token a step. Every product kernel waits for
+The one-row loop (_fp8_gemv_kernel) also runs one-row products of
+16-bit weights, with unit scales (quant.ROW_LOOP): cuBLAS's kernels
+launch without PDL and leave SwiGLU and the norms to kernels of their
+own. One-row down projections take SwiGLU's inputs straight from the
+packed gate and up rows (fp8_linear's silu; quant.silu_linear), and
+one-row products of up to quant.NORM_MAX_K inputs the residual add and
+RMSNorm before them (fp8_norm_linear; quant.norm_linear): one launch
+fewer each at one token a step. Every product kernel waits for
 its predecessor under programmatic dependent launch and releases its
 successor once its K loop is done, act_quant at its start (pdl.py).
 
@@ -182,6 +187,70 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
             part = tl.sum(w * xm[None, :], axis=1) * s
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n, PDL)
+
+
+@triton.jit
+def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, part_ptr, ss_ptr, lock_ptr, N, K,
+                          k_per, split, swn, ssn, ssk, eps, BN_S: tl.constexpr, BK_S: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_D: tl.constexpr, OFFSET: tl.constexpr,
+                          PDL: tl.constexpr):
+    # One row of rms_norm(x + d) * nw times the weight, the norm inside
+    # (quant.norm_linear): its 1/rms is one number a row, so it comes out
+    # of the sum, sum_k W (h_k r nw_k) = r sum_k W h_k nw_k with h = x + d
+    # (rounded to x's dtype, as kernels.add_rms stores it). Each program
+    # adds its K range's products and its range's sum of h^2, and the one
+    # that completes the tile scales the total by 1/rms of the whole row's
+    # sum. The programs of the first column tile write h (the residual)
+    # after their K loop.
+    pdl_wait(PDL)
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    k0 = pk * k_per
+    for kk in range(0, k_per, BLOCK_K):
+        ks = k0 + kk
+        offs_k = ks + tl.arange(0, BLOCK_K)
+        kmask = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=nmask & (ks < K), other=0.0)
+        h = tl.load(x_ptr + offs_k, mask=kmask, other=0.0)
+        if HAS_D:
+            h = (h.to(tl.float32) + tl.load(d_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)).to(h.dtype)
+        hf = h.to(tl.float32)
+        sq += hf * hf
+        nw = tl.load(nw_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+        if OFFSET:  # Gemma: (1 + w)
+            nw = nw + 1.0
+        acc += tl.sum(w * (hf * nw)[None, :], axis=1) * s
+    ss = tl.sum(sq, axis=0)
+    pdl_release(PDL)
+    if HAS_D and pn == 0:  # the residual, by the first column tile's programs, each its K range
+        for kk in range(0, k_per, BLOCK_K):
+            offs_k = k0 + kk + tl.arange(0, BLOCK_K)
+            kmask = offs_k < K
+            h = tl.load(x_ptr + offs_k, mask=kmask, other=0.0)
+            h = (h.to(tl.float32) + tl.load(d_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)).to(h.dtype)
+            tl.store(xo_ptr + offs_k, h, mask=kmask)
+    if split == 1:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        tl.store(y_ptr + offs_n, (acc * rstd).to(y_ptr.dtype.element_ty), mask=nmask)
+    else:
+        tl.store(part_ptr + pk * N + offs_n, acc, mask=nmask)
+        tl.store(ss_ptr + pn * split + pk, ss)
+        tl.debug_barrier()  # as _finish: every store before the release
+        arrived = tl.atomic_add(lock_ptr + pn, 1, sem="acq_rel")
+        if arrived == split - 1:
+            total = tl.zeros_like(acc)
+            whole = ss * 0.0
+            for j in range(0, split):
+                total += tl.load(part_ptr + j * N + offs_n, mask=nmask, other=0.0, cache_modifier=".cg")
+                whole += tl.load(ss_ptr + pn * split + j, cache_modifier=".cg")
+            rstd = 1.0 / tl.sqrt(whole / K + eps)
+            tl.store(y_ptr + offs_n, (total * rstd).to(y_ptr.dtype.element_ty), mask=nmask)
+            tl.atomic_xchg(lock_ptr + pn, 0)
 
 
 @triton.jit
@@ -632,6 +701,42 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     consts = _fp8_consts(w, scale, block)
     consts[1]["SILU"] = silu
     return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, "fp8", tiles, silu)
+
+
+# The fused norm's tiles: four warps a program (cmd/gpubench/rowloop_sweep.py
+# on an H200: FP8 qkv 10.2 us against 10.7 with two at the 8B's shape,
+# 5.8 against 6.3 at the 1B's).
+NORM_TILES = Tiles(1, 64, 4, 2, 8, gemv=True, bk=128)
+
+
+def fp8_norm_linear(x, d, nw, eps, offset, w, scale, block, tiles=None):
+    """One row: (h, rms_norm(h) * nw @ dequant(w).T) with h = x + d (x
+    itself where d is None), x and d [1, K] contiguous, nw [K]; offset:
+    the norm takes (1 + nw) (Gemma). The norm's rows are not rounded
+    before the product (kernels.add_rms rounds them): the product sums
+    them in float32 and scales by 1/rms last (_fp8_norm_gemv_kernel)."""
+    N, K = w.shape
+    assert x.shape == (1, K) and x.is_contiguous() and (d is None or d.shape == x.shape and d.is_contiguous()), \
+        (x.shape, None if d is None else d.shape, K)
+    bk = block[1]
+    kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
+    t = tiles or NORM_TILES
+    if t.bk and (bk if bk < K else kt) % t.bk == 0:
+        kt = t.bk
+    sms, locks = _device_state(x.device)
+    n_tiles, split, k_per = _plan(1, N, K, bk if bk < K else kt, sms, t)
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    xo = torch.empty_like(x) if d is not None else x
+    part, ss = y, y
+    if split > 1:
+        part = torch.empty(split, N, device=x.device, dtype=torch.float32)
+        ss = torch.empty(n_tiles, split, device=x.device, dtype=torch.float32)
+    consts = _fp8_consts(w, scale, block)
+    _fp8_norm_gemv_kernel[(n_tiles, split)](x, x if d is None else d, nw, xo, w, scale, y, part, ss, locks, N, K,
+                                            k_per, split, *consts[0], eps, BLOCK_N=t.bn, BLOCK_K=kt,
+                                            HAS_D=d is not None, OFFSET=offset, num_warps=t.warps,
+                                            num_stages=t.stages, **consts[1], **pdl.args(x.device, 1))
+    return xo, y
 
 
 # The inputs of a row that fp8_mma quantizes under one scale: one K tile,
