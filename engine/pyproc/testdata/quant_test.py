@@ -223,16 +223,22 @@ if torch.cuda.is_available():
     # same bits on a second run; both layouts, odd widths, K split or
     # not (70000 columns fill the SMs at one split), with and without d,
     # and Gemma's (1 + w). Every width, past the widths quant.NORM_MAX_K
-    # lets the decoder fuse (checked: a wider row is not taken).
+    # lets the decoder fuse (checked: a wider row is not taken). The
+    # decoder's gate (quant.row_loop_ok: its own check of these kernels)
+    # passes here.
+    row = quant.ROW_LOOP
+    for dtype in (torch.bfloat16, torch.float16):
+        check(quant.row_loop_ok(dev, dtype) == row, "row_loop_ok %s: not %s" % (dtype, row))
+    check(not quant.row_loop_ok(dev, torch.float32), "row_loop_ok float32")
     if quant.NORM_FUSE:
         x = torch.randn(1, quant.NORM_MAX_K * 2, device=dev, dtype=torch.bfloat16)
         c = quant.QWeight("fp8", 256, x.shape[1], w=torch.zeros(256, x.shape[1], device=dev).to(torch.float8_e4m3fn),
                           scale=torch.ones(256, 1, device=dev), block=(1, x.shape[1]))
-        check(quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c) is None,
+        check(quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c, True) is None,
               "norm_linear takes %d inputs, past NORM_MAX_K" % x.shape[1])
     max_k, quant.NORM_MAX_K = quant.NORM_MAX_K, 1 << 30
     for dtype, tol in ((torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)) if quant.NORM_FUSE else ():
-        for n, k in ((6144, 4096), (28672, 4096), (1000, 384), (70000, 256)):
+        for n, k in ((6144, 4096), (28672, 4096), (1000, 384), (70000, 256), (1000, 960)):
             w = torch.randn(n, k, device=dev) / k ** 0.5
             s = w.abs().amax(1, keepdim=True) / 448
             w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -240,7 +246,7 @@ if torch.cuda.is_available():
             for c in (quant.QWeight("fp8", n, k, w=w8, scale=s, block=(1, k)),
                       quant.QWeight("fp8", n, k, w=w8, scale=sb, block=(128, 128)), w.to(dtype)):
                 if isinstance(c, torch.Tensor):  # a 16-bit weight: the row loop's unit scales (quant.ROW_LOOP)
-                    if not quant.ROW_LOOP:
+                    if not row:
                         continue
                     wd, layout = c.double(), "16-bit"
                 else:
@@ -250,7 +256,7 @@ if torch.cuda.is_available():
                     d = torch.randn(1, k, device=dev, dtype=dtype) if has_d else None
                     nw = torch.rand(k, device=dev, dtype=dtype) + 0.5
                     what = "norm_linear %s [%d, %d] %s %s d=%s" % (layout, n, k, dtype, kind, has_d)
-                    got = quant.norm_linear(x, d, nw, 1e-5, kind, c)
+                    got = quant.norm_linear(x, d, nw, 1e-5, kind, c, True)
                     check(got is not None, what + ": not taken")
                     h, y = got
                     h0, _ = kernels.add_rms(x, d, nw, 1e-5, kind)
@@ -260,27 +266,31 @@ if torch.cuda.is_available():
                     want = nd @ wd.t()
                     err = ((y.double() - want).abs().max() / want.abs().max()).item()
                     check(err < tol, "%s: relative error %.3g" % (what, err))
-                    check(torch.equal(quant.norm_linear(x, d, nw, 1e-5, kind, c)[1], y), what + ": a second run differs")
-                check(quant.norm_linear(torch.randn(3, k, device=dev, dtype=dtype), None, nw, 1e-5, "llama", c) is None,
+                    check(torch.equal(quant.norm_linear(x, d, nw, 1e-5, kind, c, True)[1], y), what + ": a second run differs")
+                    check(quant.norm_linear(x, d, nw, 1e-5, kind, c) is None, what + ": taken without row_loop")
+                check(quant.norm_linear(torch.randn(3, k, device=dev, dtype=dtype), None, nw, 1e-5, "llama", c, True) is None,
                       "norm_linear takes 3 rows")
     quant.NORM_MAX_K = max_k
 
     # One-row products of 16-bit weights in the row loop (quant.ROW_LOOP):
     # within the output's rounding of float64, and with SwiGLU inside
     # (silu_linear) bit for bit as silu_mul's rows through the same loop.
-    for dtype, tol in ((torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)) if quant.ROW_LOOP else ():
-        for n, k in ((3072, 2048), (1000, 384), (16384, 2048), (2048, 8192)):
+    for dtype, tol in ((torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)) if row else ():
+        for n, k in ((3072, 2048), (1000, 384), (16384, 2048), (2048, 8192), (1000, 960)):
             w = (torch.randn(n, k, device=dev) / k ** 0.5).to(dtype)
             x = torch.randn(1, k, device=dev, dtype=dtype)
             want = x.double() @ w.double().t()
-            got = quant.linear(x, w)
+            check(quant._row_operands(x, w, True) is not None and quant._row_operands(x, w, False) is None,
+                  "row loop 16-bit [%d, %d] %s: not taken with row_loop alone" % (n, k, dtype))
+            got = quant.linear(x, w, row_loop=True)
             err = ((got.double() - want).abs().max() / want.abs().max()).item()
             check(err < tol, "row loop 16-bit [%d, %d] %s: relative error %.3g" % (n, k, dtype, err))
             gu = torch.randn(1, 2 * k, device=dev, dtype=dtype) * 3
-            got = quant.silu_linear(gu, w)
-            check(got is not None and torch.equal(got, quant.linear(kernels.silu_mul(gu), w)),
+            got = quant.silu_linear(gu, w, True)
+            check(got is not None and torch.equal(got, quant.linear(kernels.silu_mul(gu), w, row_loop=True)),
                   "silu_linear 16-bit [%d, %d] %s: not silu_mul's product" % (n, k, dtype))
-            check(quant.silu_linear(gu, w.float()) is None, "silu_linear takes a weight not of x's dtype")
+            check(quant.silu_linear(gu, w.float(), True) is None, "silu_linear takes a weight not of x's dtype")
+            check(quant.silu_linear(gu, w) is None, "silu_linear takes a 16-bit weight without row_loop")
 
     # The fast int4 kernels (quant_triton.INT4_FAST) and the ones they
     # replace, whatever the flag: odd widths, split K, groups of 64,

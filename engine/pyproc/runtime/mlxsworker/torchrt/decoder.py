@@ -120,6 +120,9 @@ class Decoder:
         # The kernels read FP8 KV as torch's float8_e4m3fn only.
         kern_kv = self.kvq.storage in (dtype, getattr(torch, "float8_e4m3fn", None))
         self.kern = _kernels(cfg, device, dtype, self.kvq.storage) if fast and not capped and settings.kernels and kern_kv else None
+        # One-row products of 16-bit weights in Triton's row loop, and the
+        # norms inside the products after them (quant.row_loop_ok).
+        self.row_loop = self.kern is not None and quant.row_loop_ok(device, dtype)
         self.prefetch = settings.attn_prefetch  # the decode attention kernel's (kernels.decode_attention)
         # Every prompt chunk of a step in one flash call per layer (varlen,
         # each chunk over its prefix and itself), instead of a handful of
@@ -257,13 +260,13 @@ class Decoder:
 
     def norm_proj(self, x, d, w, L, name, li):
         """add_norm then proj: (x + d, the projection name of its
-        normalised rows), in one launch where quant.norm_linear runs (one
-        row of up to quant.NORM_MAX_K inputs, an FP8 or 16-bit weight, no
-        bias or adapters): at one token a step the norm's kernel costs
-        about as much as a product's tail."""
-        if self.kern is not None and self.lora is None and w is not None and name + "_b" not in L \
+        normalised rows), in one launch where quant.norm_linear runs
+        (row_loop; one row of up to quant.NORM_MAX_K inputs, an FP8 or
+        16-bit weight, no bias or adapters): at one token a step the
+        norm's kernel costs about as much as a product's tail."""
+        if self.row_loop and self.lora is None and w is not None and name + "_b" not in L \
                 and (d is None or d.dim() == 2):
-            fused = quant.norm_linear(x, d, w, self.cfg.eps, self.norm_kind, L[name])
+            fused = quant.norm_linear(x, d, w, self.cfg.eps, self.norm_kind, L[name], True)
             if fused is not None:
                 return fused
         x, h = self.add_norm(x, d, w, L.get(name))
@@ -280,7 +283,7 @@ class Decoder:
     def mlp_down(self, gu, L, li):
         """The rest of a dense MLP from its gate_up projection gu."""
         if self.kern is not None and self.lora is None and self.cfg.family.act == "silu" and "down_b" not in L:
-            y = quant.silu_linear(gu, L["down"])  # SwiGLU inside the down product where it runs
+            y = quant.silu_linear(gu, L["down"], self.row_loop)  # SwiGLU inside the down product where it runs
             if y is not None:
                 return self.reduce(y)
         return self.reduce(self.proj(self.act_mul(gu, L.get("down")), L, "down", li))
@@ -291,10 +294,10 @@ class Decoder:
         can start the delta from x alone does so first (begin: on a side
         stream, beside the projection's GEMM)."""
         if self.lora is None:
-            return quant.linear(x, L[name], L.get(name + "_b"))
+            return quant.linear(x, L[name], L.get(name + "_b"), self.row_loop)
         started = self.lora.begin(x, li, name)
         try:
-            y = quant.linear(x, L[name], L.get(name + "_b"))
+            y = quant.linear(x, L[name], L.get(name + "_b"), self.row_loop)
         except BaseException:
             # The begun work joins the step's stream before the step's
             # tensors (x, the plan's segments) can be freed and reused.

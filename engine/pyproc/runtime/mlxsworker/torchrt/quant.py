@@ -205,13 +205,14 @@ def _not_the_shape(e):
     return (oom is not None and isinstance(e, oom)) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def linear(x, w, bias=None):
+def linear(x, w, bias=None, row_loop=False):
     """x @ w.T + bias for a float weight or a QWeight: the one entry point
-    of the decoder's projections (one row of a 16-bit weight: the row
-    loop, ROW_LOOP)."""
+    of the decoder's projections. row_loop: one row of a 16-bit weight
+    runs the row loop (the caller's kernels run and row_loop_ok passed:
+    decoder.Decoder.row_loop)."""
     if isinstance(w, torch.Tensor):
-        if bias is None and ROW_LOOP:
-            ops = _row_operands(x, w)
+        if bias is None and row_loop:
+            ops = _row_operands(x, w, row_loop)
             if ops is not None:
                 from . import quant_triton
                 return quant_triton.fp8_linear(x, *ops)
@@ -221,56 +222,114 @@ def linear(x, w, bias=None):
 
 # One-row products of 16-bit weights run in the FP8 row loop too, with
 # unit scales (quant_triton.fp8_linear), where cuBLAS's would launch
-# without PDL and take SwiGLU from a kernel of its own (silu_linear):
-# MLXSERVING_ROW_LOOP=0 in the worker's environment keeps cuBLAS's.
+# without PDL and take SwiGLU from a kernel of its own (silu_linear), and
+# the norm before them may join them (norm_linear), where row_loop_ok
+# passes: MLXSERVING_ROW_LOOP=0 in the worker's environment keeps
+# cuBLAS's and the norm's own kernel.
 ROW_LOOP = os.environ.get("MLXSERVING_ROW_LOOP", "") != "0"
 _unit = {}  # device -> the unit scale [1, 1] of a 16-bit weight in the row loop
 WHOLE = (1 << 30, 1 << 30)  # one scale block over any weight: one kernel variant for every width
+_row_checked = {}
 
 
-def _row_operands(x, w):
+def _row_operands(x, w, row_loop):
     """(weight, scale, block) of w for the one-row loop
     (quant_triton.fp8_linear) at x's rows, or None where it does not run:
-    an FP8 QWeight, or a 16-bit weight of x's dtype with ROW_LOOP, at one
-    contiguous bfloat16/float16 row on CUDA."""
+    an FP8 QWeight (kept only where _kernels_ok passed), or with row_loop
+    a 16-bit weight of x's dtype, at one contiguous bfloat16/float16 row
+    on CUDA."""
     if x.dim() != 2 or x.shape[0] != 1 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) \
             or not x.is_contiguous():
         return None
     if isinstance(w, QWeight):
         return (w.t["w"], w.t["scale"], w.t["block"]) if w.kind == "fp8" else None
-    if not ROW_LOOP or w.dtype != x.dtype or w.dim() != 2 or not w.is_contiguous():
+    if not row_loop or w.dtype != x.dtype or w.dim() != 2 or not w.is_contiguous():
         return None
     if w.device not in _unit:
         _unit[w.device] = torch.ones(1, 1, device=w.device)
     return w, _unit[w.device], WHOLE
 
 
-def silu_linear(gu, w):
+def silu_linear(gu, w, row_loop=False):
     """silu(gate) * up of the packed gate and up rows gu [N, 2K] times w,
     in one launch where that runs, else None: the caller runs the two.
     It runs where the one-row loop does (_row_operands: one row on CUDA
-    of an FP8 QWeight, never W8A8 there, w8a8.MMA_MIN_ROWS, or of a
-    16-bit weight), which computes the inputs as it reads them, rounded
-    as kernels.silu_mul rounds them."""
-    ops = _row_operands(gu, w)
+    of an FP8 QWeight, never W8A8 there, w8a8.MMA_MIN_ROWS, or with
+    row_loop of a 16-bit weight), which computes the inputs as it reads
+    them, rounded as kernels.silu_mul rounds them."""
+    ops = _row_operands(gu, w, row_loop)
     if ops is None:
         return None
     from . import quant_triton
     return quant_triton.fp8_linear(gu, *ops, silu=True)
 
 
-def norm_linear(x, d, nw, eps, kind, w):
+def norm_linear(x, d, nw, eps, kind, w, row_loop=False):
     """(h, rms_norm(h) * nw times w) with h = x + d (x where d is None) in
     one launch where that runs, else None: the caller runs kernels.add_rms
-    and the product. It runs where the one-row loop does (_row_operands)
-    over up to NORM_MAX_K inputs, for the norm kinds of kernels.NORMS;
-    the normalised row is not rounded to x's dtype before the product,
-    where add_rms rounds it (quant_triton.fp8_norm_linear)."""
-    ops = _row_operands(x, w) if NORM_FUSE and x.shape[-1] <= NORM_MAX_K else None
+    and the product. It runs with row_loop (row_loop_ok passed), where
+    the one-row loop does (_row_operands), over up to NORM_MAX_K inputs,
+    for the norm kinds of kernels.NORMS; the normalised row is not
+    rounded to x's dtype before the product, where add_rms rounds it
+    (quant_triton.fp8_norm_linear)."""
+    ops = _row_operands(x, w, True) if row_loop and NORM_FUSE and x.shape[-1] <= NORM_MAX_K else None
     if ops is None or d is not None and (d.shape != x.shape or not d.is_contiguous()) or kind not in _NORM_OFFSET:
         return None
     from . import quant_triton
     return quant_triton.fp8_norm_linear(x, d, nw, eps, _NORM_OFFSET[kind], *ops)
+
+
+def row_loop_ok(device, dtype):
+    """Whether one-row products of 16-bit weights and norm_linear may run
+    (the callers' row_loop): ROW_LOOP on, CUDA, a 16-bit dtype, and
+    _row_check passed (once per device and dtype; a failure is logged
+    and those products stay cuBLAS's, the norm its own kernel)."""
+    if not ROW_LOOP or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    key = (str(device), dtype)
+    if key not in _row_checked:
+        try:
+            err = _row_check(device, dtype)
+        except Exception as e:  # no Triton, a kernel that cannot compile here
+            err = str(e)
+        if err is not None:
+            log.warning("one-row loop unavailable (%s): one-row products of %s weights run cuBLAS's", err, dtype)
+        _row_checked[key] = err is None
+    return _row_checked[key]
+
+
+def _row_check(device, dtype):
+    """None when the row loop over a 16-bit weight (plain and with SwiGLU
+    inside) and norm_linear (over a 16-bit and an FP8 weight) agree with
+    torch's float32 products on small cases with K split, else what
+    failed. Also compiles them before any graph capture."""
+    from . import quant_triton
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    N, K = 384, 512
+    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    w = (rnd(N, K) / K ** 0.5).to(device=device, dtype=dtype)
+    x, d, gu = (rnd(1, n).to(device=device, dtype=dtype) for n in (K, K, 2 * K))
+    nw = (torch.rand(K, generator=gen) + 0.5).to(device=device, dtype=dtype)
+    wf = w.float()
+    g, u = gu.chunk(2, dim=-1)
+    h = (x.float() + d.float()).to(dtype)
+    normed = h.float() * torch.rsqrt(h.float().pow(2).mean() + 1e-5) * nw.float()
+    cases = [("16-bit row loop", lambda: linear(x, w, row_loop=True), x.float() @ wf.t()),
+             ("16-bit SwiGLU inside", lambda: silu_linear(gu, w, True), (F.silu(g.float()).to(dtype) * u).float() @ wf.t()),
+             ("norm inside, 16-bit", lambda: norm_linear(x, d, nw, 1e-5, "llama", w, True)[1], normed @ wf.t())]
+    if hasattr(torch, "float8_e4m3fn"):
+        s = wf.abs().amax(1, keepdim=True) / E4M3_MAX
+        w8 = QWeight("fp8", N, K, w=(wf / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale=s, block=(1, K))
+        cases.append(("norm inside, FP8", lambda: norm_linear(x, d, nw, 1e-5, "llama", w8, True)[1],
+                      normed @ w8.dequant(torch.float32).t()))
+    for what, run, want in cases:
+        got = run().float()
+        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+        if not err < 2e-2:
+            return "%s: relative error %.3g" % (what, err)
+    if not torch.equal(norm_linear(x, d, nw, 1e-5, "llama", w, True)[0], h):
+        return "norm inside: the residual is not x + d"
+    return None
 
 
 # Where norm_linear runs: up to NORM_MAX_K inputs. Measured on an H200 at
