@@ -683,6 +683,14 @@ def _fp8_consts(w, scale, block):
     return (w.stride(0), scale.stride(0), scale.stride(1)), {"BN_S": bn, "BK_S": bk if bk < w.shape[1] else 1 << 30}
 
 
+def _fp8_k_tile(bk, K):
+    """(BLOCK_K, the K split's unit) of an FP8 weight whose scale blocks
+    span bk inputs: K tiles inside one scale block (BLOCK_K divides bk,
+    or bk spans K), and splits at whole blocks."""
+    kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
+    return kt, bk if bk < K else kt
+
+
 def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     """x [..., K] @ dequant(w).T with w float8_e4m3fn [N, K] and scale
     float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk). silu (one row
@@ -694,10 +702,7 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
         assert x.numel() == 2 * K, (x.shape, K)
     elif x.numel() // K >= (dequant_rows or DEQUANT_ROWS):
         return x @ fp8_dequant(w, scale, block, x.dtype).t()
-    bk = block[1]
-    # K tiles inside one scale block: BLOCK_K divides bk, or bk spans K.
-    kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
-    unit = bk if bk < K else kt
+    kt, unit = _fp8_k_tile(block[1], K)
     consts = _fp8_consts(w, scale, block)
     consts[1]["SILU"] = silu
     return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, "fp8", tiles, silu)
@@ -718,13 +723,12 @@ def fp8_norm_linear(x, d, nw, eps, offset, w, scale, block, tiles=None):
     N, K = w.shape
     assert x.shape == (1, K) and x.is_contiguous() and (d is None or d.shape == x.shape and d.is_contiguous()), \
         (x.shape, None if d is None else d.shape, K)
-    bk = block[1]
-    kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
+    kt, unit = _fp8_k_tile(block[1], K)
     t = tiles or NORM_TILES
-    if t.bk and (bk if bk < K else kt) % t.bk == 0:
+    if t.bk and unit % t.bk == 0:
         kt = t.bk
     sms, locks = _device_state(x.device)
-    n_tiles, split, k_per = _plan(1, N, K, bk if bk < K else kt, sms, t)
+    n_tiles, split, k_per = _plan(1, N, K, unit if block[1] < K else kt, sms, t)
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     xo = torch.empty_like(x) if d is not None else x
     part, ss = y, y
