@@ -9,9 +9,12 @@ shapes of llama1b and llama8b:
 - for qkv and gate_up: add_rms then the product, against the residual
   add and RMSNorm inside it (quant_triton.fp8_norm_linear) at candidate
   tiles, bfloat16 and FP8;
-- for down: silu_mul then the product, against SwiGLU inside it.
+- for down: silu_mul then the product, against SwiGLU inside it;
+- lm_head: the output projection of the 1B and 8B shapes (hidden 2,048
+  and 4,096, vocabulary 128,256), cuBLAS against the row loop and the
+  final norm inside it.
 
-    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b]
+    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -63,7 +66,31 @@ VARIANTS = [Tiles(1, 64, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 2, 8, gemv
             Tiles(1, 64, 4, 2, 8, gemv=True, bk=128), Tiles(1, 128, 4, 2, 8, gemv=True, bk=64),
             Tiles(1, 32, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 3, 8, gemv=True, bk=64),
             Tiles(1, 64, 2, 2, 4, gemv=True, bk=128)]
+def lm_head(k, n=128256):
+    """The output projection at one row ([vocab, hidden] bfloat16, one
+    weight already past L2): cuBLAS as Decoder.logits runs it (then
+    float32), against the row loop and the final norm inside it."""
+    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5 for _ in range(2)]
+    x, dd = (torch.randn(1, k, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    lnw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
+    res = {"cublas": bench(lambda i: F.linear(x, ws[i]), 2),
+           "cublas+float": bench(lambda i: F.linear(x, ws[i]).float(), 2),
+           "add_rms+cublas+float": bench(lambda i: F.linear(kernels.add_rms(x, dd, lnw, 1e-5)[1], ws[i]).float(), 2)}
+    for t in [None] + VARIANTS:
+        res["rowloop %r" % (t,)] = bench(lambda i: qt.fp8_linear(x, ws[i], one, WHOLE, tiles=t), 2)
+        res["fused norm %r" % (t,)] = bench(lambda i: qt.fp8_norm_linear(x, dd, lnw, 1e-5, False, ws[i], one, WHOLE, tiles=t), 2)
+    print("== lm_head [%d, %d] (bf16 %.0f MB)" % (n, k, n * k * 2 / 1e6), flush=True)
+    for key, v in res.items():
+        print("  %-58s %.2f us  %.0f GB/s(bf16)" % (key, v, n * k * 2 / v / 1e3), flush=True)
+    del ws
+    torch.cuda.empty_cache()
+
+
 for shape in sys.argv[2:] or ["1b", "8b"]:
+    if shape == "lm_head":
+        lm_head(2048)
+        lm_head(4096)
+        continue
     for name, n, k in SHAPES[shape]:
         nw_ = max(2, -(-(256 << 20) // (n * k * 2)))
         kin = 2 * k if name == "down" else k

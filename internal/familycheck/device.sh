@@ -8,7 +8,7 @@
 #
 #   sh internal/familycheck/device.sh mlxbuild MLXSRC   # optional: MLX's CUDA build in the background (~8 min)
 #   sh internal/familycheck/device.sh build OUT [family ...]     # checkpoints and transformers' references
-#   sh internal/familycheck/device.sh run OUT ENGINE [family ...] # ENGINE pyproc or mlx, both dtypes
+#   sh internal/familycheck/device.sh run OUT ENGINE [family ...] # ENGINE pyproc, pyproc-one (a prompt at a time) or mlx, both dtypes
 #   sh internal/familycheck/device.sh compare OUT
 #
 # Embeddings (the pyproc engine's pooled vectors against transformers'
@@ -46,6 +46,9 @@ run)
 	shift 2
 	fams=${*:-$(ls $data)}
 	bin=bin/familycheck
+	flags="-engine $eng"
+	# pyproc-one: the prompts one at a time, so decode runs the one-row products
+	[ "$eng" = pyproc-one ] && flags="-engine pyproc -one"
 	if [ "$eng" = mlx ]; then
 		bin=bin/familycheck-mlx
 		while ! grep -q '^rc=' /tmp/mlx-cuda-build.log 2>/dev/null; do sleep 5; done
@@ -57,7 +60,7 @@ run)
 			[ -d $data/$f/$dt ] || continue
 			[ -s $data/$f/$eng-$dt.json ] && continue # done by an earlier call
 			start=$(date +%s)
-			$bin -engine "$eng" -dir $data/$f/$dt -in $data/$f/prompts.json -n 32 -dtype $dt -python "$py" \
+			$bin $flags -dir $data/$f/$dt -in $data/$f/prompts.json -n 32 -dtype $dt -python "$py" \
 				> $data/$f/$eng-$dt.json 2> "$out/$f-$eng-$dt.err"
 			echo "$f $eng $dt rc=$? $(($(date +%s) - start))s" | tee -a "$out/runs.txt"
 			tail -3 "$out/$f-$eng-$dt.err"

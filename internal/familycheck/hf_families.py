@@ -11,6 +11,7 @@ far the chosen tokens' log-probabilities are from transformers'.
 
     python3 hf_families.py build OUT [family ...]    # checkpoints, prompts, references
     familycheck -engine pyproc -dir OUT/F/float32 -in OUT/F/prompts.json -dtype float32 > OUT/F/pyproc-float32.json
+    familycheck -engine pyproc -one ... > OUT/F/pyproc-one-bfloat16.json   # a prompt at a time: one-row decode
     python3 hf_families.py compare OUT               # the table
 
 Weights are drawn like testmodel draws them (linear weights with std
@@ -207,7 +208,7 @@ def compare(out):
             if not os.path.exists(ref_path):
                 continue
             ref = json.load(open(ref_path))
-            for eng in ("pyproc", "mlx"):
+            for eng in ("pyproc", "pyproc-one", "mlx"):
                 p = os.path.join(d, "%s-%s.json" % (eng, dtype))
                 if not os.path.exists(p) or os.path.getsize(p) == 0:
                     continue

@@ -3,6 +3,8 @@
 // log-probabilities as JSON, for hf_families.py to compare with
 // transformers. The prompts run as one batch, as a server runs them:
 // prompt chunks of -chunk tokens beside the other sequences' decode steps.
+// With -one they run one at a time, so decode steps are one row (the
+// one-row products of a chat at a time, which a batch never reaches).
 //
 //	familycheck -engine pyproc -dir CKPT -in prompts.json -n 32 -dtype float32 > out.json
 //
@@ -70,6 +72,7 @@ func main() {
 		bench    = flag.Int("bench", 0, "time embedding batches of this many inputs (no -in)")
 		benchN   = flag.Int("bench-tokens", 128, "tokens an input with -bench")
 		benchS   = flag.Float64("bench-seconds", 20, "how long -bench runs")
+		one      = flag.Bool("one", false, "generate for one prompt at a time, so decode steps run at one row (the one-row products), not the prompts as one batch")
 	)
 	flag.Parse()
 	// The figures compare with transformers in float32: MLX runs float32
@@ -85,7 +88,7 @@ func main() {
 		}
 		return
 	}
-	quantizeOpt, weightOnlyFP8 = *quantize, !*scaledMM
+	quantizeOpt, weightOnlyFP8, oneAtATime = *quantize, !*scaledMM, *one
 	var err error
 	switch {
 	case *bench > 0:
@@ -129,8 +132,16 @@ func run(engName, dir, in string, n, chunk int, dtype, device, python string) er
 		return err
 	}
 	defer m.Close()
-	out, err := generate(ctx, m, prompts, n, chunk)
-	if err != nil {
+	var out []result
+	if oneAtATime {
+		for i := range prompts {
+			got, err := generate(ctx, m, prompts[i:i+1], n, chunk)
+			if err != nil {
+				return fmt.Errorf("prompt %d: %w", i, err)
+			}
+			out = append(out, got...)
+		}
+	} else if out, err = generate(ctx, m, prompts, n, chunk); err != nil {
 		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
@@ -181,10 +192,12 @@ func runBench(engName, dir, dtype, device, python string, batch, n int, seconds 
 	return embedBench(ctx, m, batch, n, seconds)
 }
 
-// quantizeOpt is -quantize; weightOnlyFP8 is -fp8-scaled-mm=false.
+// quantizeOpt is -quantize; weightOnlyFP8 is -fp8-scaled-mm=false;
+// oneAtATime is -one.
 var (
 	quantizeOpt   string
 	weightOnlyFP8 bool
+	oneAtATime    bool
 )
 
 // writeCheckpoint writes testmodel's checkpoint of shape in layout into

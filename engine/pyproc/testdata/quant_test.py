@@ -223,19 +223,22 @@ if torch.cuda.is_available():
     # same bits on a second run; both layouts, odd widths, K split or
     # not (70000 columns fill the SMs at one split), with and without d,
     # and Gemma's (1 + w). Every width, past the widths quant.NORM_MAX_K
-    # lets the decoder fuse (checked: a wider row is not taken). The
+    # and NORM_MAX_N let the decoder fuse (checked: past NORM_MAX_K
+    # inputs, more than NORM_MAX_N outputs are not taken). The
     # decoder's gate (quant.row_loop_ok: its own check of these kernels)
     # passes here.
     row = quant.ROW_LOOP
     for dtype in (torch.bfloat16, torch.float16):
         check(quant.row_loop_ok(dev, dtype) == row, "row_loop_ok %s: not %s" % (dtype, row))
     check(not quant.row_loop_ok(dev, torch.float32), "row_loop_ok float32")
-    if quant.NORM_FUSE:
+    if quant.NORM_FUSE:  # past NORM_MAX_K inputs: into NORM_MAX_N outputs, not more
         x = torch.randn(1, quant.NORM_MAX_K * 2, device=dev, dtype=torch.bfloat16)
-        c = quant.QWeight("fp8", 256, x.shape[1], w=torch.zeros(256, x.shape[1], device=dev).to(torch.float8_e4m3fn),
-                          scale=torch.ones(256, 1, device=dev), block=(1, x.shape[1]))
-        check(quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c, True) is None,
-              "norm_linear takes %d inputs, past NORM_MAX_K" % x.shape[1])
+        for n, taken in ((quant.NORM_MAX_N, True), (quant.NORM_MAX_N + 64, False)):
+            c = quant.QWeight("fp8", n, x.shape[1], w=torch.zeros(n, x.shape[1], device=dev).to(torch.float8_e4m3fn),
+                              scale=torch.ones(n, 1, device=dev), block=(1, x.shape[1]))
+            got = quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c, True)
+            check((got is not None) == taken, "norm_linear of %d inputs into %d outputs: taken %s, want %s"
+                  % (x.shape[1], n, got is not None, taken))
     max_k, quant.NORM_MAX_K = quant.NORM_MAX_K, 1 << 30
     for dtype, tol in ((torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)) if quant.NORM_FUSE else ():
         for n, k in ((6144, 4096), (28672, 4096), (1000, 384), (70000, 256), (1000, 960)):

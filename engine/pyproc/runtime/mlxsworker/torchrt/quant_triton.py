@@ -53,8 +53,9 @@ The one-row loop (_fp8_gemv_kernel) also runs one-row products of
 launch without PDL and leave SwiGLU and the norms to kernels of their
 own. One-row down projections take SwiGLU's inputs straight from the
 packed gate and up rows (fp8_linear's silu; quant.silu_linear), and
-one-row products of up to quant.NORM_MAX_K inputs the residual add and
-RMSNorm before them (fp8_norm_linear; quant.norm_linear): one launch
+one-row products of up to quant.NORM_MAX_K inputs (or into up to
+quant.NORM_MAX_N outputs) the residual add and RMSNorm before them
+(fp8_norm_linear; quant.norm_linear): one launch
 fewer each at one token a step. Every product kernel waits for
 its predecessor under programmatic dependent launch and releases its
 successor once its K loop is done, act_quant at its start (pdl.py).
