@@ -12,9 +12,12 @@ shapes of llama1b and llama8b:
 - for down: silu_mul then the product, against SwiGLU inside it;
 - lm_head: the output projection of the 1B and 8B shapes (hidden 2,048
   and 4,096, vocabulary 128,256), cuBLAS against the row loop and the
-  final norm inside it.
+  final norm inside it;
+- fp8tiles-S: shape S's FP8 products in the row loop over a grid of
+  tiles (columns, warps, K tile, K split target), the best eight beside
+  today's tile.
 
-    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head]
+    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-1b] [fp8tiles-8b]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -66,6 +69,8 @@ VARIANTS = [Tiles(1, 64, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 2, 8, gemv
             Tiles(1, 64, 4, 2, 8, gemv=True, bk=128), Tiles(1, 128, 4, 2, 8, gemv=True, bk=64),
             Tiles(1, 32, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 3, 8, gemv=True, bk=64),
             Tiles(1, 64, 2, 2, 4, gemv=True, bk=128)]
+
+
 def lm_head(k, n=128256):
     """The output projection at one row ([vocab, hidden] bfloat16, one
     weight already past L2): cuBLAS as Decoder.logits runs it (then
@@ -86,7 +91,34 @@ def lm_head(k, n=128256):
     torch.cuda.empty_cache()
 
 
+def fp8_tiles(shape):
+    """FP8 (128x128 blocks) one-row products of a shape at every tile of a
+    grid (columns, warps, K tile, waves: the K split's target), beside
+    the tile quant_triton.tiles_for gives one row today, best first."""
+    grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (32, 64, 128) for warps in (2, 4)
+            for bk in (128, 256) for waves in (2, 4, 8, 16)]
+    for name, n, k in SHAPES[shape]:
+        nw_ = max(2, -(-(256 << 20) // (n * k)))
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
+        sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
+        res = {"today": bench(lambda i: qt.fp8_linear(x, w8[i], sb, (128, 128)), nw_)}
+        for t in grid:
+            try:
+                res[repr(t)] = bench(lambda i: qt.fp8_linear(x, w8[i], sb, (128, 128), tiles=t), nw_)
+            except Exception as e:  # a tile Triton cannot compile (registers, shared memory)
+                print("  %r: %s" % (t, repr(e)[:80]), flush=True)
+        print("== %s %s FP8 [%d, %d] (%.1f MB): tiles, best first" % (shape, name, n, k, n * k / 1e6), flush=True)
+        for key, v in sorted(res.items(), key=lambda kv: kv[1])[:8] + [("today", res["today"])]:
+            print("  %-58s %.2f us  %.0f GB/s" % (key, v, n * k / v / 1e3), flush=True)
+        del w8
+        torch.cuda.empty_cache()
+
+
 for shape in sys.argv[2:] or ["1b", "8b"]:
+    if shape.startswith("fp8tiles"):  # fp8tiles-1b, fp8tiles-8b
+        fp8_tiles(shape.split("-", 1)[1])
+        continue
     if shape == "lm_head":
         lm_head(2048)
         lm_head(4096)
