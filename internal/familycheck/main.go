@@ -3,8 +3,9 @@
 // log-probabilities as JSON, for hf_families.py to compare with
 // transformers. The prompts run as one batch, as a server runs them:
 // prompt chunks of -chunk tokens beside the other sequences' decode steps.
-// With -one they run one at a time, so decode steps are one row (the
-// one-row products of a chat at a time, which a batch never reaches).
+// With -one they run one at a time, so every decode step is one row, as a
+// server's steps are with a single client: the engine's one-row products,
+// which a batch never reaches.
 //
 //	familycheck -engine pyproc -dir CKPT -in prompts.json -n 32 -dtype float32 > out.json
 //
@@ -88,7 +89,7 @@ func main() {
 		}
 		return
 	}
-	quantizeOpt, weightOnlyFP8, oneAtATime = *quantize, !*scaledMM, *one
+	quantizeOpt, weightOnlyFP8 = *quantize, !*scaledMM
 	var err error
 	switch {
 	case *bench > 0:
@@ -96,7 +97,7 @@ func main() {
 	case *embed:
 		err = runEmbed(*engName, *dir, *in, *chunk, *dtype, *device, *python)
 	default:
-		err = run(*engName, *dir, *in, *n, *chunk, *dtype, *device, *python)
+		err = run(*engName, *dir, *in, *n, *chunk, *dtype, *device, *python, *one)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "familycheck:", err)
@@ -104,7 +105,9 @@ func main() {
 	}
 }
 
-func run(engName, dir, in string, n, chunk int, dtype, device, python string) error {
+// run generates for the prompts in in, as one batch or (one) a prompt at
+// a time, and prints the results as JSON.
+func run(engName, dir, in string, n, chunk int, dtype, device, python string, one bool) error {
 	raw, err := os.ReadFile(in)
 	if err != nil {
 		return err
@@ -133,7 +136,7 @@ func run(engName, dir, in string, n, chunk int, dtype, device, python string) er
 	}
 	defer m.Close()
 	var out []result
-	if oneAtATime {
+	if one {
 		for i := range prompts {
 			got, err := generate(ctx, m, prompts[i:i+1], n, chunk)
 			if err != nil {
@@ -192,12 +195,10 @@ func runBench(engName, dir, dtype, device, python string, batch, n int, seconds 
 	return embedBench(ctx, m, batch, n, seconds)
 }
 
-// quantizeOpt is -quantize; weightOnlyFP8 is -fp8-scaled-mm=false;
-// oneAtATime is -one.
+// quantizeOpt is -quantize; weightOnlyFP8 is -fp8-scaled-mm=false.
 var (
 	quantizeOpt   string
 	weightOnlyFP8 bool
-	oneAtATime    bool
 )
 
 // writeCheckpoint writes testmodel's checkpoint of shape in layout into

@@ -55,10 +55,10 @@ own. One-row down projections take SwiGLU's inputs straight from the
 packed gate and up rows (fp8_linear's silu; quant.silu_linear), and
 one-row products of up to quant.NORM_MAX_K inputs (or into up to
 quant.NORM_MAX_N outputs) the residual add and RMSNorm before them
-(fp8_norm_linear; quant.norm_linear): one launch
-fewer each at one token a step. Every product kernel waits for
-its predecessor under programmatic dependent launch and releases its
-successor once its K loop is done, act_quant at its start (pdl.py).
+(fp8_norm_linear; quant.norm_linear): one launch fewer each at one token
+a step. Every product kernel waits for its predecessor under
+programmatic dependent launch and releases its successor once its K loop
+is done, act_quant at its start (pdl.py).
 
 Tile sizes come from a table by M (no autotuning, so CUDA graph capture
 never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
