@@ -13,11 +13,16 @@ shapes of llama1b and llama8b:
 - lm_head: the output projection of the 1B and 8B shapes (hidden 2,048
   and 4,096, vocabulary 128,256), cuBLAS against the row loop and the
   final norm inside it;
-- fp8tiles-S: shape S's FP8 products in the row loop over a grid of
-  tiles (columns, warps, K tile, K split target), the best eight beside
-  today's tile.
+- fp8tiles-S: shape S's one-row FP8 products as decode runs them (the
+  norm inside q/k/v and where quant.norm_linear takes gate/up, SwiGLU
+  inside down) over a grid of tiles (columns, warps, K tile, K split
+  target), the best eight beside today's tile; int4tiles-S the same for
+  int4 through the fast row loop, mmatiles-S for fp8_mma at 64 rows.
+  Where a grid's best beats today's by more than 2%, the end prints the
+  MLXSERVING_TILES line that runs it (quant_triton.SHAPE_TILES), for an
+  end-to-end A/B on one binary.
 
-    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-1b] [fp8tiles-8b]
+    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [int4tiles-S] [mmatiles-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -91,33 +96,122 @@ def lm_head(k, n=128256):
     torch.cuda.empty_cache()
 
 
+def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
+    """Times fn(i, tile) at today's tile and each candidate, prints the
+    best eight beside today's, and keeps a SHAPE_TILES entry where the
+    best beats today's by more than 2%. A candidate whose product is
+    further than 1% (of the largest output) from today's is refused."""
+    def out(r):  # fp8_norm_linear returns (residual, product)
+        return (r[1] if isinstance(r, tuple) else r).float()
+
+    res = {"today %r" % today: bench(lambda i: fn(i, None), nw_)}
+    want = out(fn(0, None))
+    tiles = {}
+    for t in cands:
+        try:
+            e = ((out(fn(0, t)) - want).abs().max() / want.abs().max()).item()
+            if not e < 1e-2:
+                print("  %r: FAIL, relative error %.3g against today's tile" % (t, e), flush=True)
+                continue
+            res[repr(t)] = bench(lambda i: fn(i, t), nw_)
+            tiles[repr(t)] = t
+        except Exception as e:  # a tile Triton cannot compile (registers, shared memory)
+            print("  %r: %s" % (t, repr(e)[:80]), flush=True)
+    print("== %s [%d, %d] (%.1f MB): tiles, best first" % (label, n, k, nbytes / 1e6), flush=True)
+    ranked = sorted(res.items(), key=lambda kv: kv[1])
+    base = res["today %r" % today]
+    for key, v in ranked[:8] + [r for r in ranked[8:] if r[0].startswith("today")]:
+        print("  %-58s %.2f us  %.0f GB/s" % (key, v, nbytes / v / 1e3), flush=True)
+    best = next((kv for kv in ranked if kv[0] in tiles), None)
+    if best is not None and best[1] < base * 0.98:
+        t = tiles[best[0]]
+        fields = ["bm%d" % t.bm] if kind == "mma" else []
+        fields += ["bn%d" % t.bn, "w%d" % t.warps, "s%d" % t.stages, "waves%d" % t.waves]
+        fields += ["bk%d" % t.bk] if t.bk else []
+        fields += (["swap" if t.swap else "noswap"] if kind == "mma" else [])
+        ENTRIES.append("%s:%d:%dx%d=%s" % (kind, rows, n, k, " ".join(fields)))
+        print("ENTRY %s  (%.2fx today's)" % (ENTRIES[-1], base / best[1]), flush=True)
+
+
+# SHAPE_TILES entries the grids found, printed at the end as MLXSERVING_TILES.
+ENTRIES = []
+
+
 def fp8_tiles(shape):
-    """FP8 (128x128 blocks) one-row products of a shape at every tile of a
-    grid (columns, warps, K tile, waves: the K split's target), beside
-    the tile quant_triton.tiles_for gives one row today, best first."""
-    grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (32, 64, 128) for warps in (2, 4)
-            for bk in (128, 256) for waves in (2, 4, 8, 16)]
+    """FP8 (128x128 blocks) one-row products of a shape as decode runs
+    them (q/k/v, and gate/up where quant.norm_linear takes it, with the
+    residual add and RMSNorm inside; down with SwiGLU inside) at every
+    tile of a grid (columns, warps, K tile within a scale block, waves:
+    the K split's target), beside today's tile."""
+    from mlxsworker.torchrt import quant
+    grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128) for warps in (1, 2, 4)
+            for bk in (64, 128) for waves in (2, 4, 8, 16) if bn * bk // (32 * warps) <= 256]
     for name, n, k in SHAPES[shape]:
         nw_ = max(2, -(-(256 << 20) // (n * k)))
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
         sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
-        res = {"today": bench(lambda i: qt.fp8_linear(x, w8[i], sb, (128, 128)), nw_)}
-        for t in grid:
-            try:
-                res[repr(t)] = bench(lambda i: qt.fp8_linear(x, w8[i], sb, (128, 128), tiles=t), nw_)
-            except Exception as e:  # a tile Triton cannot compile (registers, shared memory)
-                print("  %r: %s" % (t, repr(e)[:80]), flush=True)
-        print("== %s %s FP8 [%d, %d] (%.1f MB): tiles, best first" % (shape, name, n, k, n * k / 1e6), flush=True)
-        for key, v in sorted(res.items(), key=lambda kv: kv[1])[:8] + [("today", res["today"])]:
-            print("  %-58s %.2f us  %.0f GB/s" % (key, v, n * k / v / 1e3), flush=True)
+        x = torch.randn(1, 2 * k if name == "down" else k, device=dev, dtype=torch.bfloat16)
+        dd = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        lnw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
+        norm = name in ("qkv", "gate_up") and quant.NORM_FUSE and (k <= quant.NORM_MAX_K or n <= quant.NORM_MAX_N)
+        if norm:
+            kind, today = "fp8norm", qt.shaped(qt.NORM_TILES, "fp8norm", 1, n, k)
+            fn = lambda i, t: qt.fp8_norm_linear(x, dd, lnw, 1e-5, False, w8[i], sb, (128, 128), tiles=t)  # noqa: E731
+        else:
+            kind, today = "fp8", qt.tiles_for(1, "fp8", n, K=k)
+            fn = lambda i, t: qt.fp8_linear(x, w8[i], sb, (128, 128), tiles=t, silu=name == "down")  # noqa: E731
+        how = " (norm inside)" if norm else " (SwiGLU inside)" if name == "down" else ""
+        _grid_best("%s %s FP8%s" % (shape, name, how), n, k, n * k, today, grid, fn, nw_, kind, 1)
+        del w8
+        torch.cuda.empty_cache()
+
+
+def int4_tiles(shape):
+    """int4 (GPTQ, groups of 128) one-row products of a shape through the
+    fast row loop (quant_triton.INT4_FAST) at every tile of a grid
+    (columns, warps, K tile, waves), beside today's tile."""
+    from mlxsworker.torchrt import quant
+    grid = [Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True) for bn in (128, 256, 512, 1024)
+            for warps in (2, 4, 8) for bk in (32, 64, 128) for waves in (4, 8, 16) if 1 <= bn // (32 * warps) <= 8]
+    for name, n, k in SHAPES[shape]:
+        nw_ = max(2, -(-(256 << 20) // (n * k // 2)))
+        ws = []
+        for _ in range(nw_):
+            q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+            ws.append((quant.pack4(q), (torch.rand(k // 128, n, device=dev) * 0.01).bfloat16(),
+                       torch.full((k // 128, n), 8.0, device=dev).half()))
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        fn = lambda i, t: qt.int4_linear(x, *ws[i], 128, tiles=t)  # noqa: E731
+        _grid_best("%s %s int4" % (shape, name), n, k, n * k // 2, qt.tiles_for(1, "int4", n, K=k), grid, fn, nw_,
+                   "int4", 1)
+        del ws
+        torch.cuda.empty_cache()
+
+
+def mma_tiles(shape, M=64):
+    """FP8 W8A8 products (quant_triton.fp8_mma) of a shape at M rows (a
+    decode step of M sequences) at every tile of a grid, beside today's;
+    the activations quantized once before (act_quant), as the decoder's
+    add_rms and silu_mul hand them over from 17 rows."""
+    grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
+            for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
+            if not (bm < 64 and not swap) and not (bn == 32 and warps == 8)]
+    for name, n, k in SHAPES[shape]:
+        nw_ = max(2, -(-(256 << 20) // (n * k)))
+        w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
+        sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
+        x = torch.randn(M, k, device=dev, dtype=torch.bfloat16)
+        fn = lambda i, t: qt.fp8_mma(x, w8[i], sb, (128, 128), tiles=t)  # noqa: E731
+        _grid_best("%s %s FP8 mma %d rows" % (shape, name, M), n, k, n * k, qt.tiles_for(M, "mma", n, K=k), grid,
+                   fn, nw_, "mma", M)
         del w8
         torch.cuda.empty_cache()
 
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
-    if shape.startswith("fp8tiles"):  # fp8tiles-1b, fp8tiles-8b
-        fp8_tiles(shape.split("-", 1)[1])
+    grids = {"fp8tiles": fp8_tiles, "int4tiles": int4_tiles, "mmatiles": mma_tiles}
+    if shape.split("-")[0] in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
+        grids[shape.split("-")[0]](shape.split("-", 1)[1])
         continue
     if shape == "lm_head":
         lm_head(2048)
@@ -158,3 +252,6 @@ for shape in sys.argv[2:] or ["1b", "8b"]:
             print("  %-58s %s" % (key, ("%.2f us  %.0f GB/s(bf16)" % (v, n * k * 2 / v / 1e3)) if isinstance(v, float) else v), flush=True)
         del ws, w8
         torch.cuda.empty_cache()
+
+if ENTRIES:
+    print("MLXSERVING_TILES=%s" % "; ".join(ENTRIES), flush=True)

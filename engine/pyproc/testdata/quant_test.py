@@ -313,4 +313,59 @@ if torch.cuda.is_available():
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "int4 %r [%d, %d] g%d x %d rows %s: relative error %.3g" % (t, n, k, grp, M, dtype, err))
 
+    # Per-product tiles (quant_triton.SHAPE_TILES, MLXSERVING_TILES): the
+    # spec parses as Tiles' repr writes its fields, garbage is refused
+    # by name, and an entry moves only its own product's tile (kind, row
+    # bucket, N and K), which still computes the product: the FP8 row
+    # loop, the norm inside it, fp8_mma where the GPU has FP8 MMA, int4.
+    spec = "fp8:1:4096x4096=bn128 w4 bk64 waves4; fp8norm:1:4096x4096=bn32 w2;" \
+           "mma:64:4096x4096=bn128 s4 waves1 noswap; int4:1:4096x4096=bn512 w8 bk64 waves4"
+    table = quant_triton.parse_tiles(spec)
+    check(table[("fp8", 1, 4096, 4096)] == {"bn": 128, "warps": 4, "bk": 64, "waves": 4}
+          and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False},
+          "parse_tiles: %r" % table)
+    for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp8:one:4x4=bn64", "fp16:1:4x4=bn64"):
+        try:
+            quant_triton.parse_tiles(bad)
+            check(False, "parse_tiles took %r" % bad)
+        except ValueError as e:
+            check("MLXSERVING_TILES" in str(e) and bad in str(e), "parse_tiles(%r): %s" % (bad, e))
+    saved = dict(quant_triton.SHAPE_TILES)
+    quant_triton.SHAPE_TILES.clear()
+    quant_triton.SHAPE_TILES.update(table)
+    t = quant_triton.tiles_for(1, "fp8", 4096, K=4096)
+    check((t.bn, t.warps, t.bk, t.waves, t.gemv) == (128, 4, 64, 4, True), "tiles_for fp8 4096x4096: %r" % t)
+    check(repr(quant_triton.tiles_for(1, "fp8", 4096, K=2048)) == repr(quant_triton.tiles_for(1, "fp8", 4096)),
+          "a 4096x2048 product took the 4096x4096 entry")
+    check(repr(quant_triton.tiles_for(2, "fp8", 4096, K=4096)) == repr(quant_triton.tiles_for(2, "fp8", 4096)),
+          "two rows took the one-row entry")
+    n = k = 4096
+    w = torch.randn(n, k, device=dev) / k ** 0.5
+    s = w.abs().amax(1, keepdim=True) / 448
+    c = quant.QWeight("fp8", n, k, w=(w / s).clamp(-448, 448).to(torch.float8_e4m3fn),
+                      scale=torch.rand(n // 128, k // 128, device=dev) * 0.01, block=(128, 128))
+    wd = c.dequant(torch.float64)
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    nw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
+    xn = x.double() * torch.rsqrt(x.double().pow(2).mean() + 1e-5) * nw.double()
+    products = [("fp8 row loop", lambda: quant_triton.fp8_linear(x, c.t["w"], c.t["scale"], c.t["block"]),
+                 x.double() @ wd.t()),
+                ("fp8 norm inside", lambda: quant_triton.fp8_norm_linear(x, None, nw, 1e-5, False, c.t["w"],
+                                                                         c.t["scale"], c.t["block"])[1],
+                 xn @ wd.t())]
+    if torch.cuda.get_device_capability(dev) >= (8, 9):
+        x64 = torch.randn(64, k, device=dev, dtype=torch.bfloat16)
+        products.append(("fp8_mma 64 rows", lambda: quant_triton.fp8_mma(x64, c.t["w"], c.t["scale"], c.t["block"]),
+                         x64.double() @ wd.t()))
+    q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+    c4 = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01).half(),
+                       zeros=torch.full((k // 128, n), 8.0, device=dev).half(), group=128)
+    products.append(("int4 one row", lambda: quant_triton.int4_linear(x, c4.t["qw"], c4.t["scales"], c4.t["zeros"], 128),
+                     x.double() @ c4.dequant(torch.float64).t()))
+    for what, fn, want in products:
+        err = ((fn().double() - want).abs().max() / want.abs().max()).item()
+        check(err < 2e-2, "%s under SHAPE_TILES: relative error %.3g" % (what, err))
+    quant_triton.SHAPE_TILES.clear()
+    quant_triton.SHAPE_TILES.update(saved)
+
 print("%d passed, 0 failed" % passed)

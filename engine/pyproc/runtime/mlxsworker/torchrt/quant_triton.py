@@ -583,6 +583,14 @@ class Tiles:
         self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
         self.gemv, self.bk, self.swap, self.pre, self.fast = gemv, bk, swap, pre, fast
 
+    def replaced(self, **kw):
+        """A copy with the fields in kw changed."""
+        t = Tiles(self.bm, self.bn, self.warps, self.stages, self.waves, self.gemv, self.bk, self.swap, self.pre,
+                  self.fast)
+        for k, v in kw.items():
+            setattr(t, k, v)
+        return t
+
     def __repr__(self):
         return "%s%s%s bm%d bn%d%s w%d s%d waves%d" % ("fast " if self.fast else "",
                                                     "gemv" if self.gemv else "swap" if self.swap else "dot",
@@ -591,7 +599,63 @@ class Tiles:
                                                     self.waves)
 
 
-def tiles_for(M, kind, N=0, fast=None):
+# Per-product tiles over the table by rows: (kind, rows, N, K) -> the
+# fields that differ from tiles_for's. kind: "fp8" (FP8 weights, the
+# row loop or the weight-only tile), "w16" (16-bit weights through the
+# row loop with unit scales), "fp8norm" / "w16norm" (fp8_norm_linear),
+# "mma" (fp8_mma), "int4"; rows: a product's row count as the table
+# buckets it (1, 16, 32, 64, 0 past 64). Measured per product on an
+# H200 by cmd/gpubench/rowloop_sweep.py (weights rotated past L2, as
+# decode streams them), kept where decode gained end to end.
+SHAPE_TILES = {}
+
+# The kinds SHAPE_TILES keys, and the fields an entry may set by the
+# tokens Tiles' repr writes.
+_TILE_KINDS = ("fp8", "w16", "fp8norm", "w16norm", "mma", "int4")
+_TILE_FIELDS = {"bm": "bm", "bn": "bn", "w": "warps", "s": "stages", "waves": "waves", "bk": "bk"}
+
+
+def parse_tiles(spec):
+    """SHAPE_TILES entries from "kind:rows:NxK=tokens;..." with tokens as
+    Tiles' repr writes them ("bn128 w4 bk256 waves4", "swap" or "noswap"
+    for fp8_mma's transposed tile): MLXSERVING_TILES in the worker's
+    environment, so one binary measures a table against another
+    (rowloop_sweep.py prints one). A malformed entry raises ValueError."""
+    out = {}
+    for entry in filter(None, (e.strip() for e in spec.split(";"))):
+        try:
+            key, fields = entry.split("=", 1)
+            kind, rows, shape = key.split(":")
+            if kind not in _TILE_KINDS:
+                raise ValueError("kind %r is none of %s" % (kind, ", ".join(_TILE_KINDS)))
+            n, k = shape.lower().split("x")
+            kw = {}
+            for tok in fields.split():
+                if tok in ("swap", "noswap"):
+                    kw["swap"] = tok == "swap"
+                    continue
+                name = tok.rstrip("0123456789")
+                kw[_TILE_FIELDS[name]] = int(tok[len(name):])
+            out[(kind, int(rows), int(n), int(k))] = kw
+        except (ValueError, KeyError) as e:
+            raise ValueError("MLXSERVING_TILES: bad entry %r (want kind:rows:NxK=bn64 w4 ...): %s" % (entry, e))
+    return out
+
+
+SHAPE_TILES.update(parse_tiles(os.environ.get("MLXSERVING_TILES", "")))
+
+
+def _rows_bucket(M):
+    return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 0
+
+
+def shaped(t, kind, M, N, K):
+    """t with SHAPE_TILES' fields for this product, if it has any."""
+    kw = SHAPE_TILES.get((kind, _rows_bucket(M), N, K))
+    return t.replaced(**kw) if kw else t
+
+
+def tiles_for(M, kind, N=0, fast=None, K=0):
     """The tile table, from cmd/gpubench/quant_sweep.py on an H200 (the
     llama1b and llama8b projections): one row streams the weight through
     the row-loop kernel, narrow tiles and deep K splits; more rows take
@@ -599,7 +663,12 @@ def tiles_for(M, kind, N=0, fast=None):
     One row of int4 over a wide product (N: the 8B's gate_up) streams
     faster in wider tiles: 38.6 against 47.6 us there, the same on the
     narrow ones. fast (INT4_FAST when None): int4's fast kernels'
-    tiles."""
+    tiles. With K, SHAPE_TILES' entry for the product over the table's
+    (kind "w16" reads the table as "fp8")."""
+    if K:
+        return shaped(tiles_for(M, kind, N, fast), kind, M, N, K)
+    if kind == "w16":
+        kind = "fp8"
     if kind == "int4" and (INT4_FAST if fast is None else fast):
         return _int4_fast_tiles(M, N)
     if kind == "mma":  # pre: the activations quantized once by act_quant (measured to win at 32 rows)
@@ -658,7 +727,7 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    t = tiles or tiles_for(M, kind, N)
+    t = tiles or tiles_for(M, kind, N, K=K)
     if t.gemv and M > t.bm:  # the row loop covers every row of the product
         t = tiles_for(max(M, 17), kind, N, t.fast)
     assert t.gemv or not silu, t
@@ -706,7 +775,8 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     kt, unit = _fp8_k_tile(block[1], K)
     consts = _fp8_consts(w, scale, block)
     consts[1]["SILU"] = silu
-    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, "fp8", tiles, silu)
+    kind = "fp8" if w.element_size() == 1 else "w16"
+    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, kind, tiles, silu)
 
 
 # The fused norm's tiles: four warps a program (cmd/gpubench/rowloop_sweep.py
@@ -725,7 +795,7 @@ def fp8_norm_linear(x, d, nw, eps, offset, w, scale, block, tiles=None):
     assert x.shape == (1, K) and x.is_contiguous() and (d is None or d.shape == x.shape and d.is_contiguous()), \
         (x.shape, None if d is None else d.shape, K)
     kt, unit = _fp8_k_tile(block[1], K)
-    t = tiles or NORM_TILES
+    t = tiles or shaped(NORM_TILES, "fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K)
     if t.bk and unit % t.bk == 0:
         kt = t.bk
     sms, locks = _device_state(x.device)
@@ -765,7 +835,7 @@ def fp8_mma(x, w, scale, block, tiles=None):
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    t = tiles or tiles_for(M, "mma")
+    t = tiles or tiles_for(M, "mma", N, K=K)
     sms, locks = _device_state(x.device)
     n_tiles, split, k_per = _plan(M, N, K, ACT_GROUP, sms, t)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
