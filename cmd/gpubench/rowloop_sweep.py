@@ -17,7 +17,8 @@ shapes of llama1b and llama8b:
   norm inside q/k/v and where quant.norm_linear takes gate/up, SwiGLU
   inside down) over a grid of tiles (columns, warps, K tile, K split
   target), the best eight beside today's tile; int4tiles-S the same for
-  int4 through the fast row loop, mmatiles-S for fp8_mma at 64 rows.
+  int4 through the fast row loop, mmatiles-S for fp8_mma at 64 rows
+  (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (quant_triton.SHAPE_TILES), for an
   end-to-end A/B on one binary.
@@ -96,6 +97,12 @@ def lm_head(k, n=128256):
     torch.cuda.empty_cache()
 
 
+def products(shape):
+    """SHAPES[shape], or the one product of "8b.gate_up"."""
+    shape, _, only = shape.partition(".")
+    return [p for p in SHAPES[shape] if not only or p[0] == only]
+
+
 def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
     """Times fn(i, tile) at today's tile and each candidate, prints the
     best eight beside today's, and keeps a SHAPE_TILES entry where the
@@ -146,7 +153,7 @@ def fp8_tiles(shape):
     from mlxsworker.torchrt import quant
     grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128) for warps in (1, 2, 4)
             for bk in (64, 128) for waves in (2, 4, 8, 16) if bn * bk // (32 * warps) <= 256]
-    for name, n, k in SHAPES[shape]:
+    for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k)))
         w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
         sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
@@ -173,7 +180,7 @@ def int4_tiles(shape):
     from mlxsworker.torchrt import quant
     grid = [Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True) for bn in (128, 256, 512, 1024)
             for warps in (2, 4, 8) for bk in (32, 64, 128) for waves in (4, 8, 16) if 1 <= bn // (32 * warps) <= 8]
-    for name, n, k in SHAPES[shape]:
+    for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k // 2)))
         ws = []
         for _ in range(nw_):
@@ -196,7 +203,7 @@ def mma_tiles(shape, M=64):
     grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
             for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
             if not (bm < 64 and not swap) and not (bn == 32 and warps == 8)]
-    for name, n, k in SHAPES[shape]:
+    for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k)))
         w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
         sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01

@@ -269,15 +269,17 @@ def norm_linear(x, d, nw, eps, kind, w, row_loop=False):
     one launch where that runs, else None: the caller runs kernels.add_rms
     and the product. It runs with row_loop (row_loop_ok passed), where
     the one-row loop does (_row_operands), over up to NORM_MAX_K inputs
-    or into up to NORM_MAX_N outputs, for the norm kinds of
+    or into up to NORM_MAX_N outputs or where quant_triton.SHAPE_TILES
+    holds the norm's tile for the product, for the norm kinds of
     kernels.NORMS; the normalised row is not rounded to x's dtype before
     the product, where add_rms rounds it (quant_triton.fp8_norm_linear)."""
     ops = _row_operands(x, w, True) if row_loop and NORM_FUSE else None
     if ops is None or d is not None and (d.shape != x.shape or not d.is_contiguous()):
         return None
-    if x.shape[-1] > NORM_MAX_K and ops[0].shape[0] > NORM_MAX_N:
-        return None
     from . import kernels, quant_triton
+    N, K = ops[0].shape[0], x.shape[-1]
+    if K > NORM_MAX_K and N > NORM_MAX_N and not quant_triton.norm_tiled(ops[0], N, K):
+        return None
     if kind not in kernels.NORMS:
         return None
     return quant_triton.fp8_norm_linear(x, d, nw, eps, kernels.NORMS[kind][1], *ops)
@@ -343,7 +345,10 @@ def _row_check(device, dtype):
 # 2,048, bfloat16) decodes 1.026x faster with it in qkv and gate_up; at
 # the 8B shape (hidden 4,096) in both it loses (0.96x FP8, 0.97x
 # bfloat16), in qkv alone (6,144 outputs; gate_up has 28,672) it gains
-# 1.015x (FP8; bfloat16 1.00x). MLXSERVING_NORM_FUSE=0 in the worker's
+# 1.015x (FP8; bfloat16 1.00x). In FP8 gate_up it gains too at the
+# tile quant_triton.SHAPE_TILES holds for it (1.005x; it lost at the
+# default tile), so a product with such an entry is fused whatever its
+# width. MLXSERVING_NORM_FUSE=0 in the worker's
 # environment turns it off, MLXSERVING_NORM_MAX_K and _MAX_N move the
 # bounds (measurement: one binary runs each).
 NORM_MAX_K = int(os.environ.get("MLXSERVING_NORM_MAX_K", "2048"))

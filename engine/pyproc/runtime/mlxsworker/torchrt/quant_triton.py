@@ -606,8 +606,18 @@ class Tiles:
 # "mma" (fp8_mma), "int4"; rows: a product's row count as the table
 # buckets it (1, 16, 32, 64, 0 past 64). Measured per product on an
 # H200 by cmd/gpubench/rowloop_sweep.py (weights rotated past L2, as
-# decode streams them), kept where decode gained end to end.
-SHAPE_TILES = {}
+# decode streams them), kept where decode gained end to end: the 8B
+# shape's FP8 o, gate/up and down at one row (8.07 -> 7.8, 34.1 -> 33.1,
+# 19.3 -> 18.5 us; decode 346.1 -> 352.6 tok/s), gate/up with the norm
+# inside (35.9 -> 34.2 us, which makes fusing it win: 354.1 -> 355.9,
+# quant.norm_linear's gate), down at 64 rows (30.7 -> 29.2 us).
+SHAPE_TILES = {
+    ("fp8", 1, 4096, 4096): {"warps": 4},
+    ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
+    ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
+    ("fp8norm", 1, 28672, 4096): {"waves": 16},
+    ("mma", 64, 4096, 14336): {"waves": 4},
+}
 
 # The kinds SHAPE_TILES keys, and the fields an entry may set by the
 # tokens Tiles' repr writes.
@@ -643,6 +653,12 @@ def parse_tiles(spec):
 
 
 SHAPE_TILES.update(parse_tiles(os.environ.get("MLXSERVING_TILES", "")))
+
+
+def norm_tiled(w, N, K):
+    """Whether SHAPE_TILES holds a tile for the norm inside w's one-row
+    product (quant.norm_linear fuses it there, past its bounds)."""
+    return ("fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K) in SHAPE_TILES
 
 
 def _rows_bucket(M):
