@@ -38,7 +38,6 @@ walks one byte an element and never a bf16 copy of the pool. The current
 token's k and v are used as a read of the pool would give them.
 """
 import math
-import os
 
 import torch
 import triton
@@ -238,14 +237,14 @@ def _kv_decode(c, scale, like, FP8: tl.constexpr):
 
 
 @triton.jit
-def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, lock_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr,
-                        sin_ptr, sink_ptr, qn_ptr, kn_ptr, qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv,
+def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_ptr, row_ptr, pos_ptr, cos_ptr, sin_ptr,
+                        sink_ptr, qn_ptr, kn_ptr, qkv_stride, bt_stride, s_blk, s_pos, s_head, scale, k_scale, v_scale, k_inv,
                         v_inv, eps,
                         H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr, RB: tl.constexpr,
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                         PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
                         SINK: tl.constexpr, QKN: tl.constexpr, NROUND: tl.constexpr, NOFFSET: tl.constexpr,
-                        COMBINE: tl.constexpr, PDL: tl.constexpr):
+                        PDL: tl.constexpr):
     pdl_wait(PDL)
     pdl_release(PDL)
     b = tl.program_id(0)
@@ -334,17 +333,11 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, lock
         o = acc / l_i[:, None]
         tl.store(out_ptr + b * (H * HD) + qh + d[None, :], o.to(v.dtype), mask=rm[:, None])
     else:
-        # Partial results for _combine: acc [B, K, SPLIT, RB, HD], (m, l) [B, K, SPLIT, 2, RB].
+        # Partial results for _combine_kernel: acc [B, K, SPLIT, RB, HD], (m, l) [B, K, SPLIT, 2, RB].
         at = (b * K + kh) * SPLIT + sp
         tl.store(part_ptr + at * RB * HD + r[:, None] * HD + d[None, :], acc)
         tl.store(ml_ptr + at * 2 * RB + r, m_i)
         tl.store(ml_ptr + at * 2 * RB + RB + r, l_i)
-        if COMBINE:  # the last split of (b, kh) to arrive combines them, as quant_triton._finish sums a split K
-            tl.debug_barrier()  # every thread's partial stored before one thread's release
-            arrived = tl.atomic_add(lock_ptr + b * K + kh, 1, sem="acq_rel")
-            if arrived == SPLIT - 1:
-                _combine(part_ptr, ml_ptr, out_ptr, sink_ptr, b, kh, H, K, REP, RB, HD, SPLIT, SINK)
-                tl.atomic_xchg(lock_ptr + b * K + kh, 0)
 
 
 @triton.jit
@@ -352,20 +345,14 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, sink_ptr, H: tl.constexpr, K: tl.
                     RB: tl.constexpr, HD: tl.constexpr, SPLIT: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     pdl_release(PDL)
-    _combine(part_ptr, ml_ptr, out_ptr, sink_ptr, tl.program_id(0), tl.program_id(1), H, K, REP, RB, HD, SPLIT, SINK)
-
-
-@triton.jit
-def _combine(part_ptr, ml_ptr, out_ptr, sink_ptr, b, kh, H: tl.constexpr, K: tl.constexpr, REP: tl.constexpr,
-             RB: tl.constexpr, HD: tl.constexpr, SPLIT: tl.constexpr, SINK: tl.constexpr):
-    # One (sequence, kv head)'s splits into its output rows. The loads
-    # bypass L1 (.cg): the other splits' partials come from L2.
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
     r = tl.arange(0, RB)
     d = tl.arange(0, HD)
     s = tl.arange(0, SPLIT)
     at = (b * K + kh) * SPLIT + s
-    m = tl.load(ml_ptr + at[:, None] * 2 * RB + r[None, :], cache_modifier=".cg")  # [SPLIT, RB]
-    l = tl.load(ml_ptr + at[:, None] * 2 * RB + RB + r[None, :], cache_modifier=".cg")
+    m = tl.load(ml_ptr + at[:, None] * 2 * RB + r[None, :])  # [SPLIT, RB]
+    l = tl.load(ml_ptr + at[:, None] * 2 * RB + RB + r[None, :])
     mx = tl.max(m, axis=0)
     w = tl.exp(m - mx[None, :])  # empty splits: exp(-inf) = 0
     lt = tl.sum(l * w, axis=0)
@@ -375,8 +362,7 @@ def _combine(part_ptr, ml_ptr, out_ptr, sink_ptr, b, kh, H: tl.constexpr, K: tl.
     o = tl.zeros([RB, HD], tl.float32)
     for i in tl.static_range(SPLIT):
         wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)
-        acc = tl.load(part_ptr + ((b * K + kh) * SPLIT + i) * RB * HD + r[:, None] * HD + d[None, :],
-                      cache_modifier=".cg")
+        acc = tl.load(part_ptr + ((b * K + kh) * SPLIT + i) * RB * HD + r[:, None] * HD + d[None, :])
         o += acc * wi[:, None]
     o = o / lt[:, None]
     tl.store(out_ptr + b * (H * HD) + (kh * REP + r)[:, None] * HD + d[None, :],
@@ -466,27 +452,6 @@ def _attn_config(batch, hd, elem):
     return block, warps, stages
 
 
-# Whether a split cache's last split to finish combines the splits itself
-# (a counter per sequence and kv head, as quant_triton's split K), where a
-# second launch (_combine_kernel) did: one launch fewer a layer wherever
-# the cache is split (splits: long contexts at small batches).
-# MLXSERVING_ATTN_COMBINE=kernel in the worker's environment keeps the
-# second launch, read once here so one binary measures both.
-ATTN_COMBINE_INSIDE = os.environ.get("MLXSERVING_ATTN_COMBINE", "") != "kernel"
-
-# The counters: one per (sequence, kv head) of a split launch, which
-# splits() keeps to batch * kv_heads <= 128; reset by the program that
-# combined, so CUDA graphs replay them. One set per device.
-_ATTN_LOCKS = 256
-_attn_lock_sets = {}
-
-
-def _attn_locks(device):
-    if device not in _attn_lock_sets:
-        _attn_lock_sets[device] = torch.zeros(_ATTN_LOCKS, dtype=torch.int32, device=device)
-    return _attn_lock_sets[device]
-
-
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
                      prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
@@ -526,17 +491,15 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     sink = out if sinks is None else sinks  # out: an unread pointer
     qn, kn, eps, nkind = qk_norm if qk_norm is not None else (out, out, 0.0, "llama")
     nround, noff = NORMS[nkind]
-    inside = sp > 1 and ATTN_COMBINE_INSIDE and B * kv_heads <= _ATTN_LOCKS
-    locks = _attn_locks(qkv.device) if inside else out  # out: an unread pointer
     _decode_attn_kernel[(B, kv_heads, sp)](
-        qkv, kc, vc, out, part, ml, locks, table, rows, pos, cos, sin, sink, qn, kn,
+        qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin, sink, qn, kn,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
         1.0 / k_scale, 1.0 / v_scale, float(eps),
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
-        SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff, COMBINE=inside,
+        SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff,
         num_warps=warps, num_stages=stages, **pdl.args(qkv.device, B))
-    if sp > 1 and not inside:
+    if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
                                        SINK=sinks is not None, num_warps=4, **pdl.args(qkv.device, B))
     return out
