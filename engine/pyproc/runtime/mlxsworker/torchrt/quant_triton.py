@@ -60,9 +60,10 @@ a step. Every product kernel waits for its predecessor under
 programmatic dependent launch and releases its successor once its K loop
 is done, act_quant at its start (pdl.py).
 
-Tile sizes come from a table by M (no autotuning, so CUDA graph capture
-never meets a benchmark run); `cmd/gpubench/quant_sweep.py` measures the
-candidates on a GPU.
+Tile sizes come from a table by M, and per product where one shape's
+best differs (SHAPE_TILES), with no autotuning, so CUDA graph capture
+never meets a benchmark run; `cmd/gpubench/quant_sweep.py` and
+`rowloop_sweep.py` measure the candidates on a GPU.
 """
 import os
 
@@ -629,8 +630,9 @@ def parse_tiles(spec):
     """SHAPE_TILES entries from "kind:rows:NxK=tokens;..." with tokens as
     Tiles' repr writes them ("bn128 w4 bk256 waves4", "swap" or "noswap"
     for fp8_mma's transposed tile): MLXSERVING_TILES in the worker's
-    environment, so one binary measures a table against another
-    (rowloop_sweep.py prints one). A malformed entry raises ValueError."""
+    environment adds them to SHAPE_TILES ("none" empties it), so one
+    binary measures a table against another (rowloop_sweep.py prints
+    one). A malformed entry raises ValueError."""
     out = {}
     for entry in filter(None, (e.strip() for e in spec.split(";"))):
         try:
@@ -652,7 +654,10 @@ def parse_tiles(spec):
     return out
 
 
-SHAPE_TILES.update(parse_tiles(os.environ.get("MLXSERVING_TILES", "")))
+_spec = os.environ.get("MLXSERVING_TILES", "")
+if _spec.strip() == "none":  # the table by rows alone: the other side of an A/B
+    SHAPE_TILES.clear()
+SHAPE_TILES.update(parse_tiles("" if _spec.strip() == "none" else _spec))
 
 
 def norm_tiled(w, N, K):
