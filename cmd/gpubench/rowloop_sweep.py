@@ -20,7 +20,7 @@ shapes of llama1b and llama8b:
   int4 through the fast row loop, mmatiles-S for fp8_mma at 64 rows
   (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
-  MLXSERVING_TILES line that runs it (quant_triton.SHAPE_TILES), for an
+  MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [int4tiles-S] [mmatiles-S]
@@ -105,9 +105,11 @@ def products(shape):
 
 def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
     """Times fn(i, tile) at today's tile and each candidate, prints the
-    best eight beside today's, and keeps a SHAPE_TILES entry where the
-    best beats today's by more than 2%. A candidate whose product is
-    further than 1% (of the largest output) from today's is refused."""
+    best eight beside today's, and keeps a tile_table.SHAPE_TILES entry
+    where the best, timed again beside today's (alternating, three
+    rounds, medians), beats it by more than 2%. A candidate whose
+    product is further than 1% (of the largest output) from today's is
+    refused; one equal to today's is not timed twice."""
     def out(r):  # fp8_norm_linear returns (residual, product)
         return (r[1] if isinstance(r, tuple) else r).float()
 
@@ -115,6 +117,8 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
     want = out(fn(0, None))
     tiles = {}
     for t in cands:
+        if repr(t) == repr(today):
+            continue
         try:
             e = ((out(fn(0, t)) - want).abs().max() / want.abs().max()).item()
             if not e < 1e-2:
@@ -130,14 +134,22 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
     for key, v in ranked[:8] + [r for r in ranked[8:] if r[0].startswith("today")]:
         print("  %-58s %.2f us  %.0f GB/s" % (key, v, nbytes / v / 1e3), flush=True)
     best = next((kv for kv in ranked if kv[0] in tiles), None)
-    if best is not None and best[1] < base * 0.98:
-        t = tiles[best[0]]
+    if best is None or best[1] >= base * 0.98:
+        return
+    t = tiles[best[0]]
+    again = {"today": [], "best": []}
+    for _ in range(3):
+        again["today"].append(bench(lambda i: fn(i, None), nw_))
+        again["best"].append(bench(lambda i: fn(i, t), nw_))
+    base, best = (sorted(again[key])[1] for key in ("today", "best"))
+    print("  again, alternating: today's %.2f us, %r %.2f us" % (base, t, best), flush=True)
+    if best < base * 0.98:
         fields = ["bm%d" % t.bm] if kind == "mma" else []
         fields += ["bn%d" % t.bn, "w%d" % t.warps, "s%d" % t.stages, "waves%d" % t.waves]
         fields += ["bk%d" % t.bk] if t.bk else []
         fields += (["swap" if t.swap else "noswap"] if kind == "mma" else [])
         ENTRIES.append("%s:%d:%dx%d=%s" % (kind, rows, n, k, " ".join(fields)))
-        print("ENTRY %s  (%.2fx today's)" % (ENTRIES[-1], base / best[1]), flush=True)
+        print("ENTRY %s  (%.2fx today's)" % (ENTRIES[-1], base / best), flush=True)
 
 
 # SHAPE_TILES entries the grids found, printed at the end as MLXSERVING_TILES.
@@ -160,7 +172,7 @@ def fp8_tiles(shape):
         x = torch.randn(1, 2 * k if name == "down" else k, device=dev, dtype=torch.bfloat16)
         dd = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         lnw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
-        norm = name in ("qkv", "gate_up") and quant.NORM_FUSE and (k <= quant.NORM_MAX_K or n <= quant.NORM_MAX_N)
+        norm = name in ("qkv", "gate_up") and quant.NORM_FUSE and quant.norm_fits(w8[0], k)
         if norm:
             kind, today = "fp8norm", qt.shaped(qt.NORM_TILES, "fp8norm", 1, n, k)
             fn = lambda i, t: qt.fp8_norm_linear(x, dd, lnw, 1e-5, False, w8[i], sb, (128, 128), tiles=t)  # noqa: E731
@@ -190,7 +202,7 @@ def int4_tiles(shape):
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         fn = lambda i, t: qt.int4_linear(x, *ws[i], 128, tiles=t)  # noqa: E731
         _grid_best("%s %s int4" % (shape, name), n, k, n * k // 2, qt.tiles_for(1, "int4", n, K=k), grid, fn, nw_,
-                   "int4", 1)
+                   "int4fast" if qt.INT4_FAST else "int4", 1)
         del ws
         torch.cuda.empty_cache()
 
@@ -198,8 +210,9 @@ def int4_tiles(shape):
 def mma_tiles(shape, M=64):
     """FP8 W8A8 products (quant_triton.fp8_mma) of a shape at M rows (a
     decode step of M sequences) at every tile of a grid, beside today's;
-    the activations quantized once before (act_quant), as the decoder's
-    add_rms and silu_mul hand them over from 17 rows."""
+    the activations' codes handed over (quant_triton.give), as the
+    decoder's add_rms and silu_mul hand them over from 17 rows, so no
+    act_quant launch is timed."""
     grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
             for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
             if not (bm < 64 and not swap) and not (bn == 32 and warps == 8)]
@@ -208,7 +221,11 @@ def mma_tiles(shape, M=64):
         w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
         sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
         x = torch.randn(M, k, device=dev, dtype=torch.bfloat16)
-        fn = lambda i, t: qt.fp8_mma(x, w8[i], sb, (128, 128), tiles=t)  # noqa: E731
+        codes = qt.act_quant(x, qt.ACT_GROUP)
+
+        def fn(i, t):
+            qt.give(x, *codes)
+            return qt.fp8_mma(x, w8[i], sb, (128, 128), tiles=t)
         _grid_best("%s %s FP8 mma %d rows" % (shape, name, M), n, k, n * k, qt.tiles_for(M, "mma", n, K=k), grid,
                    fn, nw_, "mma", M)
         del w8
@@ -217,8 +234,11 @@ def mma_tiles(shape, M=64):
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
     grids = {"fp8tiles": fp8_tiles, "int4tiles": int4_tiles, "mmatiles": mma_tiles}
-    if shape.split("-")[0] in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
-        grids[shape.split("-")[0]](shape.split("-", 1)[1])
+    grid, _, of = shape.partition("-")
+    if grid in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
+        if of.partition(".")[0] not in SHAPES:
+            raise SystemExit("%s: want %s-S with S one of %s" % (shape, grid, ", ".join(SHAPES)))
+        grids[grid](of)
         continue
     if shape == "lm_head":
         lm_head(2048)

@@ -1,7 +1,8 @@
 """Checks of the quantized-weight code (runtime/quant.py, quant_triton.py)
 the CPU tests do not reach through a served model: FP8 rounding against
 every e4m3 value and tie, int4 packing round trips, the concatenation of
-quantized projections (the CUDA path's q/k/v and gate/up), and, where CUDA
+quantized projections (the CUDA path's q/k/v and gate/up), the per-product
+tile table's parsing (tile_table: MLXSERVING_TILES), and, where CUDA
 runs, the Triton GEMMs against the dequantized product on shapes and row
 counts the decoder meets (odd rows, split K, partial blocks): FP8 through
 the weight-only GEMM at every row count, as no W8A8 check ran here
@@ -11,7 +12,9 @@ take the fast ones unless MLXSERVING_INT4_FAST=0), and the one-row FP8
 down product with SwiGLU inside (quant.silu_linear) bit for bit against
 silu_mul then the product, and the residual add and RMSNorm inside the
 one-row FP8 product (quant.norm_linear) against a float64 reference;
-the same one-row loop over 16-bit weights (quant.ROW_LOOP).
+the same one-row loop over 16-bit weights (quant.ROW_LOOP); each kernel
+kind running its per-product tile (tile_table.SHAPE_TILES) and only its
+own product taking it.
 
   python3 quant_test.py RUNTIME_DIR [CHECKPOINT ...]
 
@@ -171,6 +174,31 @@ for d in sys.argv[2:]:
             check(isinstance(got, quant.QWeight), "%s: %s kept quantized" % (d, grp[0][0]))
             check(torch.equal(got.dequant(torch.float32), want), "%s: %s as the CUDA path keeps it" % (d, grp[0][0]))
 
+# The per-product tile table (tile_table, no Triton): MLXSERVING_TILES'
+# spec parses as Tiles' repr writes the fields, "none" empties the
+# table, and garbage is refused by name (the worker stops at start).
+from mlxsworker.torchrt import tile_table  # noqa: E402
+spec = "fp8:1:4096x4096=bn128 w4 bk64 waves4; fp8norm:1:4096x4096=bn32 w2;" \
+       "mma:64:4096x4096=bn128 s4 waves1 noswap; int4fast:1:4096x4096=bn512 w8 bk64 waves4"
+table = tile_table.parse(spec)
+check(table[("fp8", 1, 4096, 4096)] == {"bn": 128, "warps": 4, "bk": 64, "waves": 4}
+      and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False}
+      and len(table) == 4, "tile_table.parse: %r" % table)
+check(tile_table.from_env(table, "none") == {} and tile_table.from_env(table, " ") == table
+      and tile_table.from_env(table, "w16:1:8x8=bn16")[("w16", 1, 8, 8)] == {"bn": 16}
+      and tile_table.from_env(table, "w16:1:8x8=bn16")[("fp8", 1, 4096, 4096)] == table[("fp8", 1, 4096, 4096)],
+      "tile_table.from_env")
+for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp8:one:4x4=bn64", "fp16:1:4x4=bn64",
+            "fp8:2:4x4=bn64", "fp8:1:4x4=bn48", "fp8:1:4x4=w0", "fp8:1:4x4=w32", "fp8:1:4x4=", "fp8:1:0x4=bn64",
+            "fp8:1:4x4=gemv"):
+    try:
+        tile_table.parse(bad)
+        check(False, "tile_table.parse took %r" % bad)
+    except ValueError as e:
+        check("MLXSERVING_TILES" in str(e) and bad in str(e), "tile_table.parse(%r): %s" % (bad, e))
+check([tile_table.rows_bucket(m) for m in (1, 2, 16, 17, 32, 33, 64, 65)] == [1, 16, 16, 32, 32, 64, 64, 0],
+      "tile_table.rows_bucket")
+
 # The Triton GEMMs, where CUDA runs.
 if torch.cuda.is_available():
     from mlxsworker.torchrt import quant_triton
@@ -234,13 +262,26 @@ if torch.cuda.is_available():
     check(not quant.row_loop_ok(dev, torch.float32), "row_loop_ok float32")
     if quant.NORM_FUSE:  # past NORM_MAX_K inputs: into NORM_MAX_N outputs, not more
         x = torch.randn(1, quant.NORM_MAX_K * 2, device=dev, dtype=torch.bfloat16)
-        tiled = ("fp8norm", 1, 28672, x.shape[1]) in quant_triton.SHAPE_TILES  # the 8B's gate/up: measured to win
-        for n, taken in ((quant.NORM_MAX_N, True), (quant.NORM_MAX_N + 64, False), (28672, tiled)):
+        tiled = ("fp8norm", 1, 28672, x.shape[1]) in tile_table.SHAPE_TILES  # the 8B's gate/up: measured to win
+        for n, taken in ((quant.NORM_MAX_N, True), (quant.NORM_MAX_N + 64, False),
+                         (28672, tiled or 28672 <= quant.NORM_MAX_N)):
             c = quant.QWeight("fp8", n, x.shape[1], w=torch.zeros(n, x.shape[1], device=dev).to(torch.float8_e4m3fn),
                               scale=torch.ones(n, 1, device=dev), block=(1, x.shape[1]))
             got = quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c, True)
             check((got is not None) == taken, "norm_linear of %d inputs into %d outputs: taken %s, want %s"
                   % (x.shape[1], n, got is not None, taken))
+            # An fp8norm entry for the product takes it past the bounds.
+            key = ("fp8norm", 1, n, x.shape[1])
+            had = tile_table.SHAPE_TILES.get(key)
+            tile_table.SHAPE_TILES[key] = {"waves": 8}
+            try:
+                got = quant.norm_linear(x, None, torch.ones(x.shape[1], device=dev, dtype=x.dtype), 1e-5, "llama", c, True)
+                check(got is not None, "norm_linear into %d outputs: not taken with an fp8norm entry" % n)
+            finally:
+                if had is None:
+                    del tile_table.SHAPE_TILES[key]
+                else:
+                    tile_table.SHAPE_TILES[key] = had
     max_k, quant.NORM_MAX_K = quant.NORM_MAX_K, 1 << 30
     for dtype, tol in ((torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)) if quant.NORM_FUSE else ():
         for n, k in ((6144, 4096), (28672, 4096), (1000, 384), (70000, 256), (1000, 960)):
@@ -315,60 +356,66 @@ if torch.cuda.is_available():
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "int4 %r [%d, %d] g%d x %d rows %s: relative error %.3g" % (t, n, k, grp, M, dtype, err))
 
-    # Per-product tiles (quant_triton.SHAPE_TILES, MLXSERVING_TILES): the
-    # spec parses as Tiles' repr writes its fields, garbage is refused
-    # by name, and an entry moves only its own product's tile (kind, row
-    # bucket, N and K), which still computes the product: the FP8 row
-    # loop, the norm inside it, fp8_mma where the GPU has FP8 MMA, int4.
-    spec = "fp8:1:4096x4096=bn128 w4 bk64 waves4; fp8norm:1:4096x4096=bn32 w2;" \
-           "mma:64:4096x4096=bn128 s4 waves1 noswap; int4:1:4096x4096=bn512 w8 bk64 waves4"
-    table = quant_triton.parse_tiles(spec)
-    check(table[("fp8", 1, 4096, 4096)] == {"bn": 128, "warps": 4, "bk": 64, "waves": 4}
-          and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False},
-          "parse_tiles: %r" % table)
-    for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp8:one:4x4=bn64", "fp16:1:4x4=bn64"):
-        try:
-            quant_triton.parse_tiles(bad)
-            check(False, "parse_tiles took %r" % bad)
-        except ValueError as e:
-            check("MLXSERVING_TILES" in str(e) and bad in str(e), "parse_tiles(%r): %s" % (bad, e))
-    saved = dict(quant_triton.SHAPE_TILES)
-    quant_triton.SHAPE_TILES.clear()
-    quant_triton.SHAPE_TILES.update(table)
-    t = quant_triton.tiles_for(1, "fp8", 4096, K=4096)
-    check((t.bn, t.warps, t.bk, t.waves, t.gemv) == (128, 4, 64, 4, True), "tiles_for fp8 4096x4096: %r" % t)
-    check(repr(quant_triton.tiles_for(1, "fp8", 4096, K=2048)) == repr(quant_triton.tiles_for(1, "fp8", 4096)),
-          "a 4096x2048 product took the 4096x4096 entry")
-    check(repr(quant_triton.tiles_for(2, "fp8", 4096, K=4096)) == repr(quant_triton.tiles_for(2, "fp8", 4096)),
-          "two rows took the one-row entry")
-    n = k = 4096
-    w = torch.randn(n, k, device=dev) / k ** 0.5
-    s = w.abs().amax(1, keepdim=True) / 448
-    c = quant.QWeight("fp8", n, k, w=(w / s).clamp(-448, 448).to(torch.float8_e4m3fn),
-                      scale=torch.rand(n // 128, k // 128, device=dev) * 0.01, block=(128, 128))
-    wd = c.dequant(torch.float64)
-    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-    nw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
-    xn = x.double() * torch.rsqrt(x.double().pow(2).mean() + 1e-5) * nw.double()
-    products = [("fp8 row loop", lambda: quant_triton.fp8_linear(x, c.t["w"], c.t["scale"], c.t["block"]),
-                 x.double() @ wd.t()),
-                ("fp8 norm inside", lambda: quant_triton.fp8_norm_linear(x, None, nw, 1e-5, False, c.t["w"],
-                                                                         c.t["scale"], c.t["block"])[1],
-                 xn @ wd.t())]
-    if torch.cuda.get_device_capability(dev) >= (8, 9):  # W8A8: the activations' rounding too (w8a8.TOLERANCE)
-        from mlxsworker.torchrt import w8a8
-        x64 = torch.randn(64, k, device=dev, dtype=torch.bfloat16)
-        products.append(("fp8_mma 64 rows", lambda: quant_triton.fp8_mma(x64, c.t["w"], c.t["scale"], c.t["block"]),
-                         x64.double() @ wd.t(), w8a8.TOLERANCE))
-    q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
-    c4 = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01).half(),
-                       zeros=torch.full((k // 128, n), 8.0, device=dev).half(), group=128)
-    products.append(("int4 one row", lambda: quant_triton.int4_linear(x, c4.t["qw"], c4.t["scales"], c4.t["zeros"], 128),
-                     x.double() @ c4.dequant(torch.float64).t()))
-    for what, fn, want, *tol in products:
-        err = ((fn().double() - want).abs().max() / want.abs().max()).item()
-        check(err < (tol or [2e-2])[0], "%s under SHAPE_TILES: relative error %.3g" % (what, err))
-    quant_triton.SHAPE_TILES.clear()
-    quant_triton.SHAPE_TILES.update(saved)
+    # Per-product tiles (tile_table.SHAPE_TILES) on the GPU: an entry
+    # moves its own product's tile and no other (another K, two rows, a
+    # 16-bit weight of the same shape, int4's other kernels), each kernel
+    # kind runs the entry's fields (the tile _plan receives, recorded),
+    # and the product is still the product.
+    saved = dict(tile_table.SHAPE_TILES)
+    plan, ran = quant_triton._plan, []
+
+    def recording_plan(M, N, K, unit, sms, t):
+        ran.append(t)
+        return plan(M, N, K, unit, sms, t)
+
+    try:
+        tile_table.SHAPE_TILES.clear()
+        tile_table.SHAPE_TILES.update(table)
+        t = quant_triton.tiles_for(1, "fp8", 4096, K=4096)
+        check((t.bn, t.warps, t.bk, t.waves, t.gemv) == (128, 4, 64, 4, True), "tiles_for fp8 4096x4096: %r" % t)
+        for what, args in (("another K", (1, "fp8", 4096, None, 2048)), ("two rows", (2, "fp8", 4096, None, 4096)),
+                           ("a 16-bit weight", (1, "w16", 4096, None, 4096)),
+                           ("int4's previous kernels", (1, "int4", 4096, False, 4096))):
+            check(repr(quant_triton.tiles_for(*args)) == repr(quant_triton.tiles_for(*args[:4])),
+                  "%s took the 4096x4096 entry" % what)
+        t = quant_triton.tiles_for(1, "int4", 4096, True, K=4096)
+        check((t.bn, t.warps, t.bk, t.waves, t.fast) == (512, 8, 64, 4, True), "tiles_for int4fast: %r" % t)
+        quant_triton._plan = recording_plan
+        n = k = 4096
+        w = torch.randn(n, k, device=dev) / k ** 0.5
+        s = w.abs().amax(1, keepdim=True) / 448
+        c = quant.QWeight("fp8", n, k, w=(w / s).clamp(-448, 448).to(torch.float8_e4m3fn),
+                          scale=torch.rand(n // 128, k // 128, device=dev) * 0.01, block=(128, 128))
+        wd = c.dequant(torch.float64)
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        nw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
+        xn = x.double() * torch.rsqrt(x.double().pow(2).mean() + 1e-5) * nw.double()
+        products = [("fp8 row loop", lambda: quant_triton.fp8_linear(x, c.t["w"], c.t["scale"], c.t["block"]),
+                     x.double() @ wd.t(), (128, 4, 4)),
+                    ("fp8 norm inside", lambda: quant_triton.fp8_norm_linear(x, None, nw, 1e-5, False, c.t["w"],
+                                                                             c.t["scale"], c.t["block"])[1],
+                     xn @ wd.t(), (32, 2, 8))]
+        if torch.cuda.get_device_capability(dev) >= (8, 9):  # W8A8: the activations' rounding too (w8a8.TOLERANCE)
+            from mlxsworker.torchrt import w8a8
+            x64 = torch.randn(64, k, device=dev, dtype=torch.bfloat16)
+            products.append(("fp8_mma 64 rows", lambda: quant_triton.fp8_mma(x64, c.t["w"], c.t["scale"], c.t["block"]),
+                             x64.double() @ wd.t(), (128, 4, 1), w8a8.TOLERANCE))
+        q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+        c4 = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01).half(),
+                           zeros=torch.full((k // 128, n), 8.0, device=dev).half(), group=128)
+        if quant_triton.INT4_FAST:
+            products.append(("int4 fast one row",
+                             lambda: quant_triton.int4_linear(x, c4.t["qw"], c4.t["scales"], c4.t["zeros"], 128),
+                             x.double() @ c4.dequant(torch.float64).t(), (512, 8, 4)))
+        for what, fn, want, fields, *tol in products:
+            ran.clear()
+            err = ((fn().double() - want).abs().max() / want.abs().max()).item()
+            check(err < (tol or [2e-2])[0], "%s under SHAPE_TILES: relative error %.3g" % (what, err))
+            got = [(t.bn, t.warps, t.waves) for t in ran]
+            check(got == [fields], "%s ran %r, not its entry's %r" % (what, ran, fields))
+    finally:
+        quant_triton._plan = plan
+        tile_table.SHAPE_TILES.clear()
+        tile_table.SHAPE_TILES.update(saved)
 
 print("%d passed, 0 failed" % passed)

@@ -261,10 +261,9 @@ class Decoder:
     def norm_proj(self, x, d, w, L, name, li):
         """add_norm then proj: (x + d, the projection name of its
         normalised rows), in one launch where quant.norm_linear runs
-        (row_loop; one row of up to quant.NORM_MAX_K inputs or into up
-        to quant.NORM_MAX_N outputs, an FP8 or 16-bit weight, no bias or
-        adapters): at one token a step the norm's kernel costs about as
-        much as a product's tail."""
+        (row_loop; one row into a product quant.norm_fits takes, an FP8
+        or 16-bit weight, no bias or adapters): at one token a step the
+        norm's kernel costs about as much as a product's tail."""
         if self.row_loop and self.lora is None and w is not None and name + "_b" not in L \
                 and (d is None or d.dim() == 2):
             fused = quant.norm_linear(x, d, w, self.cfg.eps, self.norm_kind, L[name], True)

@@ -75,6 +75,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
+from . import tile_table
 from .quant_config import parse_quantize, scheme  # noqa: F401 (quant's API: config.py and model.py call them here)
 
 log = logging.getLogger("quant")
@@ -268,18 +269,16 @@ def norm_linear(x, d, nw, eps, kind, w, row_loop=False):
     """(h, rms_norm(h) * nw times w) with h = x + d (x where d is None) in
     one launch where that runs, else None: the caller runs kernels.add_rms
     and the product. It runs with row_loop (row_loop_ok passed), where
-    the one-row loop does (_row_operands), over up to NORM_MAX_K inputs
-    or into up to NORM_MAX_N outputs or where quant_triton.SHAPE_TILES
-    holds the norm's tile for the product, for the norm kinds of
+    the one-row loop does (_row_operands), into products norm_fits
+    takes, for the norm kinds of
     kernels.NORMS; the normalised row is not rounded to x's dtype before
     the product, where add_rms rounds it (quant_triton.fp8_norm_linear)."""
     ops = _row_operands(x, w, True) if row_loop and NORM_FUSE else None
     if ops is None or d is not None and (d.shape != x.shape or not d.is_contiguous()):
         return None
-    from . import kernels, quant_triton
-    N, K = ops[0].shape[0], x.shape[-1]
-    if K > NORM_MAX_K and N > NORM_MAX_N and not quant_triton.norm_tiled(ops[0], N, K):
+    if not norm_fits(ops[0], x.shape[-1]):
         return None
+    from . import kernels, quant_triton
     if kind not in kernels.NORMS:
         return None
     return quant_triton.fp8_norm_linear(x, d, nw, eps, kernels.NORMS[kind][1], *ops)
@@ -339,6 +338,15 @@ def _row_check(device, dtype):
     return None
 
 
+def norm_fits(w, K):
+    """Whether norm_linear puts the norm inside the one-row product of w
+    (the row loop's weight, [N, K]): up to NORM_MAX_K inputs, into up to
+    NORM_MAX_N outputs, or where tile_table.SHAPE_TILES holds a tile for
+    the norm inside that product (measured to win there)."""
+    N = w.shape[0]
+    return K <= NORM_MAX_K or N <= NORM_MAX_N or tile_table.norm_tiled(w, N, K)
+
+
 # Where norm_linear runs: into any product of up to NORM_MAX_K inputs,
 # and of more only into up to NORM_MAX_N outputs. Measured on an H200 at
 # one token a step (gpubench, BENCHMARKS.md): the 1B shape (hidden
@@ -346,7 +354,7 @@ def _row_check(device, dtype):
 # the 8B shape (hidden 4,096) in both it loses (0.96x FP8, 0.97x
 # bfloat16), in qkv alone (6,144 outputs; gate_up has 28,672) it gains
 # 1.015x (FP8; bfloat16 1.00x). In FP8 gate_up it gains too at the
-# tile quant_triton.SHAPE_TILES holds for it (1.005x; it lost at the
+# tile tile_table.SHAPE_TILES holds for it (1.005x; it lost at the
 # default tile), so a product with such an entry is fused whatever its
 # width. MLXSERVING_NORM_FUSE=0 in the worker's
 # environment turns it off, MLXSERVING_NORM_MAX_K and _MAX_N move the

@@ -53,15 +53,16 @@ The one-row loop (_fp8_gemv_kernel) also runs one-row products of
 launch without PDL and leave SwiGLU and the norms to kernels of their
 own. One-row down projections take SwiGLU's inputs straight from the
 packed gate and up rows (fp8_linear's silu; quant.silu_linear), and
-one-row products of up to quant.NORM_MAX_K inputs (or into up to
-quant.NORM_MAX_N outputs) the residual add and RMSNorm before them
+one-row products quant.norm_fits takes (up to quant.NORM_MAX_K inputs,
+into up to quant.NORM_MAX_N outputs, or a product with a tile for it in
+tile_table.SHAPE_TILES) the residual add and RMSNorm before them
 (fp8_norm_linear; quant.norm_linear): one launch fewer each at one token
 a step. Every product kernel waits for its predecessor under
 programmatic dependent launch and releases its successor once its K loop
 is done, act_quant at its start (pdl.py).
 
 Tile sizes come from a table by M, and per product where one shape's
-best differs (SHAPE_TILES), with no autotuning, so CUDA graph capture
+best differs (tile_table.SHAPE_TILES), with no autotuning, so CUDA graph capture
 never meets a benchmark run; `cmd/gpubench/quant_sweep.py` and
 `rowloop_sweep.py` measure the candidates on a GPU.
 """
@@ -71,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl, tile_table
 from .pdl import release as pdl_release, wait as pdl_wait
 
 
@@ -600,79 +601,10 @@ class Tiles:
                                                     self.waves)
 
 
-# Per-product tiles over the table by rows: (kind, rows, N, K) -> the
-# fields that differ from tiles_for's. kind: "fp8" (FP8 weights, the
-# row loop or the weight-only tile), "w16" (16-bit weights through the
-# row loop with unit scales), "fp8norm" / "w16norm" (fp8_norm_linear),
-# "mma" (fp8_mma), "int4"; rows: a product's row count as the table
-# buckets it (1, 16, 32, 64, 0 past 64). Measured per product on an
-# H200 by cmd/gpubench/rowloop_sweep.py (weights rotated past L2, as
-# decode streams them), kept where decode gained end to end: the 8B
-# shape's FP8 o, gate/up and down at one row (8.07 -> 7.8, 34.1 -> 33.1,
-# 19.3 -> 18.5 us; decode 346.1 -> 352.6 tok/s), gate/up with the norm
-# inside (35.9 -> 34.2 us, which makes fusing it win: 354.1 -> 355.9,
-# quant.norm_linear's gate), down at 64 rows (30.7 -> 29.2 us).
-SHAPE_TILES = {
-    ("fp8", 1, 4096, 4096): {"warps": 4},
-    ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
-    ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
-    ("fp8norm", 1, 28672, 4096): {"waves": 16},
-    ("mma", 64, 4096, 14336): {"waves": 4},
-}
-
-# The kinds SHAPE_TILES keys, and the fields an entry may set by the
-# tokens Tiles' repr writes.
-_TILE_KINDS = ("fp8", "w16", "fp8norm", "w16norm", "mma", "int4")
-_TILE_FIELDS = {"bm": "bm", "bn": "bn", "w": "warps", "s": "stages", "waves": "waves", "bk": "bk"}
-
-
-def parse_tiles(spec):
-    """SHAPE_TILES entries from "kind:rows:NxK=tokens;..." with tokens as
-    Tiles' repr writes them ("bn128 w4 bk256 waves4", "swap" or "noswap"
-    for fp8_mma's transposed tile): MLXSERVING_TILES in the worker's
-    environment adds them to SHAPE_TILES ("none" empties it), so one
-    binary measures a table against another (rowloop_sweep.py prints
-    one). A malformed entry raises ValueError."""
-    out = {}
-    for entry in filter(None, (e.strip() for e in spec.split(";"))):
-        try:
-            key, fields = entry.split("=", 1)
-            kind, rows, shape = key.split(":")
-            if kind not in _TILE_KINDS:
-                raise ValueError("kind %r is none of %s" % (kind, ", ".join(_TILE_KINDS)))
-            n, k = shape.lower().split("x")
-            kw = {}
-            for tok in fields.split():
-                if tok in ("swap", "noswap"):
-                    kw["swap"] = tok == "swap"
-                    continue
-                name = tok.rstrip("0123456789")
-                kw[_TILE_FIELDS[name]] = int(tok[len(name):])
-            out[(kind, int(rows), int(n), int(k))] = kw
-        except (ValueError, KeyError) as e:
-            raise ValueError("MLXSERVING_TILES: bad entry %r (want kind:rows:NxK=bn64 w4 ...): %s" % (entry, e))
-    return out
-
-
-_spec = os.environ.get("MLXSERVING_TILES", "")
-if _spec.strip() == "none":  # the table by rows alone: the other side of an A/B
-    SHAPE_TILES.clear()
-SHAPE_TILES.update(parse_tiles("" if _spec.strip() == "none" else _spec))
-
-
-def norm_tiled(w, N, K):
-    """Whether SHAPE_TILES holds a tile for the norm inside w's one-row
-    product (quant.norm_linear fuses it there, past its bounds)."""
-    return ("fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K) in SHAPE_TILES
-
-
-def _rows_bucket(M):
-    return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 0
-
-
 def shaped(t, kind, M, N, K):
-    """t with SHAPE_TILES' fields for this product, if it has any."""
-    kw = SHAPE_TILES.get((kind, _rows_bucket(M), N, K))
+    """t with tile_table.SHAPE_TILES' fields for this product, if it has
+    any."""
+    kw = tile_table.SHAPE_TILES.get((kind, tile_table.rows_bucket(M), N, K))
     return t.replaced(**kw) if kw else t
 
 
@@ -684,10 +616,12 @@ def tiles_for(M, kind, N=0, fast=None, K=0):
     One row of int4 over a wide product (N: the 8B's gate_up) streams
     faster in wider tiles: 38.6 against 47.6 us there, the same on the
     narrow ones. fast (INT4_FAST when None): int4's fast kernels'
-    tiles. With K, SHAPE_TILES' entry for the product over the table's
-    (kind "w16" reads the table as "fp8")."""
+    tiles. With K, tile_table.SHAPE_TILES' entry for the product over
+    the table's (kind "w16" reads the table as "fp8"; int4's fast
+    kernels' entries are kind "int4fast")."""
     if K:
-        return shaped(tiles_for(M, kind, N, fast), kind, M, N, K)
+        key = "int4fast" if kind == "int4" and (INT4_FAST if fast is None else fast) else kind
+        return shaped(tiles_for(M, kind, N, fast), key, M, N, K)
     if kind == "w16":
         kind = "fp8"
     if kind == "int4" and (INT4_FAST if fast is None else fast):

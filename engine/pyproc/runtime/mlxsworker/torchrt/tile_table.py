@@ -1,0 +1,107 @@
+"""Per-product launch tiles over quant_triton's table by rows.
+
+quant_triton.tiles_for picks a product's tile by its row count (and int4's
+width); SHAPE_TILES holds the products where one shape's best differs:
+(kind, rows, N, K) -> the fields that differ from the table's. kind:
+"fp8" (FP8 weights, the row loop or the weight-only tile), "w16" (16-bit
+weights through the row loop with unit scales), "fp8norm" / "w16norm"
+(the norm inside the one-row product, quant_triton.fp8_norm_linear),
+"mma" (fp8_mma), "int4" / "int4fast" (int4's kernels, the fast ones
+apart); rows: the product's row count as the table buckets it (1, 16,
+32, 64; 0 past 64).
+
+No Triton here: quant.py imports this at the worker's start, so a bad
+MLXSERVING_TILES stops the worker there rather than costing it its
+kernels (their import is allowed to fail, and the worker then runs
+plain torch).
+"""
+import os
+
+# Measured per product on an H200 by cmd/gpubench/rowloop_sweep.py
+# (weights rotated past L2, as decode streams them) and kept where decode
+# gained end to end, the 8B shape:
+# - FP8 at one row: o 8.07 -> 7.85 us, down with SwiGLU inside 19.26 ->
+#   18.52, gate/up 34.13 -> 33.02 (decode 346.1 -> 352.6 tok/s; gate/up's
+#   entry runs where its norm is not inside: NORM_FUSE off, adapters);
+# - gate/up with the norm inside: 35.91 -> 34.2 us, which makes fusing it
+#   win (decode 354.1 -> 355.9; quant.norm_fits);
+# - down at 64 rows (fp8_mma): 30.65 -> 29.14 us (decode 1.007x).
+SHAPE_TILES = {
+    ("fp8", 1, 4096, 4096): {"warps": 4},
+    ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
+    ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
+    ("fp8norm", 1, 28672, 4096): {"waves": 16},
+    ("mma", 64, 4096, 14336): {"waves": 4},
+}
+
+KINDS = ("fp8", "w16", "fp8norm", "w16norm", "mma", "int4", "int4fast")
+ROWS = (1, 16, 32, 64, 0)
+
+# The fields an entry may set, by the tokens quant_triton.Tiles' repr
+# writes, and the values each takes.
+_FIELDS = {"bm": "bm", "bn": "bn", "w": "warps", "s": "stages", "waves": "waves", "bk": "bk"}
+_POW2 = ("bm", "bn", "bk")
+
+
+def parse(spec):
+    """SHAPE_TILES entries from "kind:rows:NxK=fields;..." with fields as
+    quant_triton.Tiles' repr writes the numeric ones ("bn128 w4 bk64 s2
+    waves4"; bm, bn and bk powers of two, warps 1 to 16), and "swap" or
+    "noswap" for fp8_mma's transposed tile. A malformed entry raises
+    ValueError naming it."""
+    out = {}
+    for entry in filter(None, (e.strip() for e in spec.split(";"))):
+        try:
+            key, fields = entry.split("=", 1)
+            kind, rows, shape = key.split(":")
+            if kind not in KINDS:
+                raise ValueError("kind %r is none of %s" % (kind, ", ".join(KINDS)))
+            if int(rows) not in ROWS:
+                raise ValueError("rows %s is none of %s" % (rows, ", ".join(map(str, ROWS))))
+            n, k = (int(v) for v in shape.lower().split("x"))
+            if n < 1 or k < 1:
+                raise ValueError("shape %s" % shape)
+            kw = {}
+            for tok in fields.split():
+                if tok in ("swap", "noswap"):
+                    kw["swap"] = tok == "swap"
+                    continue
+                name = tok.rstrip("0123456789")
+                if name not in _FIELDS or name == tok:
+                    raise ValueError("field %r (want %s followed by a number, swap or noswap)"
+                                     % (tok, ", ".join(_FIELDS)))
+                v = int(tok[len(name):])
+                if v < 1 or name in _POW2 and v & (v - 1) or name == "w" and v > 16:
+                    raise ValueError("field %r out of range" % tok)
+                kw[_FIELDS[name]] = v
+            if not kw:
+                raise ValueError("no fields")
+            out[(kind, int(rows), n, k)] = kw
+        except ValueError as e:
+            raise ValueError("MLXSERVING_TILES: bad entry %r (want kind:rows:NxK=bn64 w4 ...): %s" % (entry, e))
+    return out
+
+
+def from_env(table, spec):
+    """table with MLXSERVING_TILES' spec over it: its entries added, or
+    none at all for "none" (the table by rows alone: the other side of
+    an A/B on one binary)."""
+    if spec.strip() == "none":
+        return {}
+    out = dict(table)
+    out.update(parse(spec))
+    return out
+
+
+SHAPE_TILES = from_env(SHAPE_TILES, os.environ.get("MLXSERVING_TILES", ""))
+
+
+def rows_bucket(M):
+    """The table's row bucket of M rows."""
+    return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 0
+
+
+def norm_tiled(w, N, K):
+    """Whether SHAPE_TILES holds a tile for the norm inside w's one-row
+    product (quant.norm_fits takes the product then, past its bounds)."""
+    return ("fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K) in SHAPE_TILES
