@@ -14,16 +14,18 @@ shapes of llama1b and llama8b:
   and 4,096, vocabulary 128,256), cuBLAS against the row loop and the
   final norm inside it;
 - fp8tiles-S: shape S's one-row FP8 products as decode runs them (the
-  norm inside q/k/v and where quant.norm_linear takes gate/up, SwiGLU
+  norm inside q/k/v and where quant.norm_fits takes gate/up, SwiGLU
   inside down) over a grid of tiles (columns, warps, K tile, K split
-  target), the best eight beside today's tile; int4tiles-S the same for
-  int4 through the fast row loop, mmatiles-S for fp8_mma at 64 rows
+  target), the best eight beside today's tile; w16tiles-S the same for
+  bfloat16 weights in the row loop, int4tiles-S for int4 through the
+  fast row loop, mmatiles-S for fp8_mma at 64 rows
   (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
-    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [int4tiles-S] [mmatiles-S]
+    python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
+        [mmatiles-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -156,32 +158,41 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
 ENTRIES = []
 
 
-def fp8_tiles(shape):
+def fp8_tiles(shape, w16=False):
     """FP8 (128x128 blocks) one-row products of a shape as decode runs
-    them (q/k/v, and gate/up where quant.norm_linear takes it, with the
+    them (q/k/v, and gate/up where quant.norm_fits takes it, with the
     residual add and RMSNorm inside; down with SwiGLU inside) at every
     tile of a grid (columns, warps, K tile within a scale block, waves:
-    the K split's target), beside today's tile."""
+    the K split's target), beside today's tile. w16: bfloat16 weights
+    through the same row loop with unit scales (quant.ROW_LOOP), as
+    bf16 checkpoints decode."""
     from mlxsworker.torchrt import quant
     grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128) for warps in (1, 2, 4)
             for bk in (64, 128) for waves in (2, 4, 8, 16) if bn * bk // (32 * warps) <= 256]
+    pre = "w16" if w16 else "fp8"
     for name, n, k in products(shape):
-        nw_ = max(2, -(-(256 << 20) // (n * k)))
-        w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
-        sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
+        nw_ = max(2, -(-(256 << 20) // (n * k * (2 if w16 else 1))))
+        if w16:
+            ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5 for _ in range(nw_)]
+            sb, block = one, WHOLE
+        else:
+            ws = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn)
+                  for _ in range(nw_)]
+            sb, block = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01, (128, 128)
         x = torch.randn(1, 2 * k if name == "down" else k, device=dev, dtype=torch.bfloat16)
         dd = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         lnw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
-        norm = name in ("qkv", "gate_up") and quant.NORM_FUSE and quant.norm_fits(w8[0], k)
+        norm = name in ("qkv", "gate_up") and quant.NORM_FUSE and quant.norm_fits(ws[0], k)
         if norm:
-            kind, today = "fp8norm", qt.shaped(qt.NORM_TILES, "fp8norm", 1, n, k)
-            fn = lambda i, t: qt.fp8_norm_linear(x, dd, lnw, 1e-5, False, w8[i], sb, (128, 128), tiles=t)  # noqa: E731
+            kind, today = pre + "norm", qt.shaped(qt.NORM_TILES, pre + "norm", 1, n, k)
+            fn = lambda i, t: qt.fp8_norm_linear(x, dd, lnw, 1e-5, False, ws[i], sb, block, tiles=t)  # noqa: E731
         else:
-            kind, today = "fp8", qt.tiles_for(1, "fp8", n, K=k)
-            fn = lambda i, t: qt.fp8_linear(x, w8[i], sb, (128, 128), tiles=t, silu=name == "down")  # noqa: E731
+            kind, today = pre, qt.tiles_for(1, pre, n, K=k)
+            fn = lambda i, t: qt.fp8_linear(x, ws[i], sb, block, tiles=t, silu=name == "down")  # noqa: E731
         how = " (norm inside)" if norm else " (SwiGLU inside)" if name == "down" else ""
-        _grid_best("%s %s FP8%s" % (shape, name, how), n, k, n * k, today, grid, fn, nw_, kind, 1)
-        del w8
+        _grid_best("%s %s %s%s" % (shape, name, "bf16" if w16 else "FP8", how), n, k, n * k * (2 if w16 else 1),
+                   today, grid, fn, nw_, kind, 1)
+        del ws
         torch.cuda.empty_cache()
 
 
@@ -233,7 +244,8 @@ def mma_tiles(shape, M=64):
 
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
-    grids = {"fp8tiles": fp8_tiles, "int4tiles": int4_tiles, "mmatiles": mma_tiles}
+    grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True), "int4tiles": int4_tiles,
+             "mmatiles": mma_tiles}
     grid, _, of = shape.partition("-")
     if grid in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
         if of.partition(".")[0] not in SHAPES:
