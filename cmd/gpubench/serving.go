@@ -238,43 +238,6 @@ func fileSize(path string) int64 {
 	return st.Size()
 }
 
-// sampleBusy starts sampling nvidia-smi's utilization.gpu (the share of
-// each 100 ms in which a kernel ran) over the GPUs the server sees —
-// CUDA_VISIBLE_DEVICES's, else every GPU of the machine, so an idle GPU
-// beside a one-GPU server does not halve the figure — and returns the
-// function that stops it and formats the mean ("-" without nvidia-smi).
-func sampleBusy(ctx context.Context) func() string {
-	args := []string{"--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"}
-	if ids := os.Getenv("CUDA_VISIBLE_DEVICES"); ids != "" {
-		args = append(args, "-i", ids)
-	}
-	cmd := exec.CommandContext(ctx, "nvidia-smi", args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil || cmd.Start() != nil {
-		return func() string { return "-" }
-	}
-	var sum, n float64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if v, err := strconv.ParseFloat(strings.TrimSpace(sc.Text()), 64); err == nil {
-				sum, n = sum+v, n+1
-			}
-		}
-	}()
-	return func() string {
-		_ = cmd.Process.Kill()
-		<-done
-		_ = cmd.Wait()
-		if n == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.1f%%", sum/n)
-	}
-}
-
 // runLoad runs loadgen for one row with its own seed: every load sends
 // prompts no earlier load sent, so no row is served from the prefix cache
 // another warmed.
