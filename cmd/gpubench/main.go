@@ -6,7 +6,10 @@
 // tokens/s for whole prompts. Each figure is set against its bound
 // (weights read once per decode step at the device's bandwidth; matrix
 // FLOPs at its bf16 rate). It also checks the runtime's greedy tokens and
-// log-probabilities against transformers.
+// log-probabilities against transformers. Beside each decode figure (and
+// under each serving load) it prints the GPU's mean SM and memory clocks,
+// power and throttle reasons through the run, from nvidia-smi (smi.go):
+// one binary has run 40% slower on one GPU than on another of its kind.
 //
 //	gpubench -python python3 -dir /tmp/llama1b -batches 1,8,32,64 -prefill 1x2048,16x512
 //

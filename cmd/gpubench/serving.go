@@ -129,10 +129,10 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		if err != nil {
 			return err
 		}
-		busy := sampleBusy(ctx)
+		busy, clocks := sampleBusy(ctx), sampleClocks(ctx)
 		logAt := fileSize(logf.Name())
 		s, err := runLoad(ctx, c, base, l, uint64(i+1))
-		busyPct := busy()
+		busyPct, clocksSeen := busy(), clocks()
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
@@ -168,6 +168,9 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		}
 		if w := workerTiming(logf.Name(), logAt); w != "" {
 			fmt.Printf("  workers, during this load: %s\n", w)
+		}
+		if clocksSeen != "-" {
+			fmt.Printf("  GPU during this load: %s\n", clocksSeen)
 		}
 	}
 	return nil
