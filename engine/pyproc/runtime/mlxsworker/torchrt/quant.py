@@ -270,9 +270,9 @@ def norm_linear(x, d, nw, eps, kind, w, row_loop=False):
     one launch where that runs, else None: the caller runs kernels.add_rms
     and the product. It runs with row_loop (row_loop_ok passed), where
     the one-row loop does (_row_operands), into products norm_fits
-    takes, for the norm kinds of
-    kernels.NORMS; the normalised row is not rounded to x's dtype before
-    the product, where add_rms rounds it (quant_triton.fp8_norm_linear)."""
+    takes, for the norm kinds of kernels.NORMS; the normalised row is not
+    rounded to x's dtype before the product, where add_rms rounds it
+    (quant_triton.fp8_norm_linear)."""
     ops = _row_operands(x, w, True) if row_loop and NORM_FUSE else None
     if ops is None or d is not None and (d.shape != x.shape or not d.is_contiguous()):
         return None
@@ -356,9 +356,9 @@ def norm_fits(w, K):
 # 1.015x (FP8; bfloat16 1.00x). In FP8 gate_up it gains too at the
 # tile tile_table.SHAPE_TILES holds for it (1.005x; it lost at the
 # default tile), so a product with such an entry is fused whatever its
-# width. MLXSERVING_NORM_FUSE=0 in the worker's
-# environment turns it off, MLXSERVING_NORM_MAX_K and _MAX_N move the
-# bounds (measurement: one binary runs each).
+# width. MLXSERVING_NORM_FUSE=0 in the worker's environment turns it
+# off, MLXSERVING_NORM_MAX_K and _MAX_N move the bounds (measurement:
+# one binary runs each).
 NORM_MAX_K = int(os.environ.get("MLXSERVING_NORM_MAX_K", "2048"))
 NORM_MAX_N = int(os.environ.get("MLXSERVING_NORM_MAX_N", "8192"))
 NORM_FUSE = os.environ.get("MLXSERVING_NORM_FUSE", "") != "0"

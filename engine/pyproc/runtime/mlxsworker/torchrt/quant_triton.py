@@ -62,10 +62,11 @@ programmatic dependent launch and releases its successor once its K loop
 is done, act_quant at its start (pdl.py).
 
 Tile sizes come from a table by M, and per product where one shape's
-best differs (tile_table.SHAPE_TILES), with no autotuning, so CUDA graph capture
-never meets a benchmark run; `cmd/gpubench/quant_sweep.py` and
+best differs (tile_table.SHAPE_TILES), with no autotuning, so CUDA graph
+capture never meets a benchmark run; `cmd/gpubench/quant_sweep.py` and
 `rowloop_sweep.py` measure the candidates on a GPU.
 """
+import copy
 import os
 
 import torch
@@ -587,10 +588,8 @@ class Tiles:
 
     def replaced(self, **kw):
         """A copy with the fields in kw changed."""
-        t = Tiles(self.bm, self.bn, self.warps, self.stages, self.waves, self.gemv, self.bk, self.swap, self.pre,
-                  self.fast)
-        for k, v in kw.items():
-            setattr(t, k, v)
+        t = copy.copy(self)
+        t.__dict__.update(kw)
         return t
 
     def __repr__(self):
