@@ -18,14 +18,16 @@ shapes of llama1b and llama8b:
   inside down) over a grid of tiles (columns, warps, K tile, K split
   target), the best eight beside today's tile; w16tiles-S the same for
   bfloat16 weights in the row loop, int4tiles-S for int4 through the
-  fast row loop, mmatiles-S for fp8_mma at 64 rows
+  fast row loop, int4h2tiles-S through the packed one (under
+  MLXSERVING_INT4_H2=0: beside the unpacked loop), mmatiles-S for fp8_mma
+  at 64 rows
   (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
-        [mmatiles-S]
+        [int4h2tiles-S] [mmatiles-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -150,6 +152,7 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
         fields += ["bn%d" % t.bn, "w%d" % t.warps, "s%d" % t.stages, "waves%d" % t.waves]
         fields += ["bk%d" % t.bk] if t.bk else []
         fields += (["swap" if t.swap else "noswap"] if kind == "mma" else [])
+        fields += (["h2" if t.h2 else "noh2"] if kind == "int4fast" else [])
         ENTRIES.append("%s:%d:%dx%d=%s" % (kind, rows, n, k, " ".join(fields)))
         print("ENTRY %s  (%.2fx today's)" % (ENTRIES[-1], base / best), flush=True)
 
@@ -196,13 +199,20 @@ def fp8_tiles(shape, w16=False):
         torch.cuda.empty_cache()
 
 
-def int4_tiles(shape):
+def int4_tiles(shape, h2=False):
     """int4 (GPTQ, groups of 128) one-row products of a shape through the
     fast row loop (quant_triton.INT4_FAST) at every tile of a grid
-    (columns, warps, K tile, waves), beside today's tile."""
+    (columns, warps, K tile, waves), beside today's tile; h2: the packed
+    row loop's grid (quant_triton.INT4_H2; beside the unpacked loop under
+    MLXSERVING_INT4_H2=0)."""
     from mlxsworker.torchrt import quant
-    grid = [Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True) for bn in (128, 256, 512, 1024)
-            for warps in (2, 4, 8) for bk in (32, 64, 128) for waves in (4, 8, 16) if 1 <= bn // (32 * warps) <= 8]
+    if h2:  # a [columns, K tile / 8] tile of words: 4 to 64 words a thread
+        grid = [Tiles(1, bn, warps, stages, waves, gemv=True, bk=128, fast=True, h2=True) for bn in (32, 64, 128)
+                for warps in (2, 4) for stages in (1, 2, 3) for waves in (8, 16)
+                if 4 <= bn * 16 // (32 * warps) <= 64]
+    else:
+        grid = [Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True) for bn in (128, 256, 512, 1024)
+                for warps in (2, 4, 8) for bk in (32, 64, 128) for waves in (4, 8, 16) if 1 <= bn // (32 * warps) <= 8]
     for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k // 2)))
         ws = []
@@ -245,7 +255,7 @@ def mma_tiles(shape, M=64):
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
     grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True), "int4tiles": int4_tiles,
-             "mmatiles": mma_tiles}
+             "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles}
     grid, _, of = shape.partition("-")
     if grid in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
         if of.partition(".")[0] not in SHAPES:

@@ -184,6 +184,9 @@ table = tile_table.parse(spec)
 check(table[("fp8", 1, 4096, 4096)] == {"bn": 128, "warps": 4, "bk": 64, "waves": 4}
       and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False}
       and len(table) == 4, "tile_table.parse: %r" % table)
+check(tile_table.parse("int4fast:1:8x8=bn64 noh2; int4fast:1:16x8=h2 w2") == {("int4fast", 1, 8, 8): {"bn": 64, "h2": False},
+                                                                          ("int4fast", 1, 16, 8): {"h2": True, "warps": 2}},
+      "tile_table.parse h2, noh2")
 check(tile_table.from_env(table, "none") == {} and tile_table.from_env(table, " ") == table
       and tile_table.from_env(table, "w16:1:8x8=bn16")[("w16", 1, 8, 8)] == {"bn": 16}
       and tile_table.from_env(table, "w16:1:8x8=bn16")[("fp8", 1, 4096, 4096)] == table[("fp8", 1, 4096, 4096)],
@@ -350,11 +353,37 @@ if torch.cuda.is_available():
                               zeros=torch.randint(0, 17, (k // grp, n), device=dev).half(), group=grp)
             x = torch.randn(M, k, device=dev, dtype=dtype)
             want = x.float() @ c.dequant(torch.float32).t()
-            for fast in (False, True):
-                t = quant_triton.tiles_for(M, "int4", n, fast)
+            tiles = [quant_triton.tiles_for(M, "int4", n, fast) for fast in (False, True)]
+            if M == 1:  # the fast row loop, packed (INT4_H2) and not
+                tiles.append(tiles[-1].replaced(h2=not tiles[-1].h2))
+            for t in tiles:
                 got = quant_triton.int4_linear(x, c.t["qw"], c.t["scales"], c.t["zeros"], grp, tiles=t).float()
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 check(err < 2e-2, "int4 %r [%d, %d] g%d x %d rows %s: relative error %.3g" % (t, n, k, grp, M, dtype, err))
+
+    # The packed row loop's float16 arithmetic (quant_triton.INT4_H2) at
+    # its edges: inputs in the thousands (x enters over 16, a word's four
+    # products summed in float16), nibbles and zeros at 0 and 15, against
+    # a float64 product; and as precise as the float32 row loop on
+    # ordinary inputs (within a few float16 roundings of each word's sum).
+    for dtype in (torch.bfloat16, torch.float16):
+        n, k = 1536, 4096
+        q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+        q[:, :8] = 15
+        q[:, 8:16] = 0
+        zeros = torch.randint(0, 16, (k // 128, n), device=dev).half()
+        zeros[:, :16:2] = 0
+        zeros[:, 1:16:2] = 15
+        c = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01 + 0.001).half(),
+                          zeros=zeros, group=128)
+        t = quant_triton.tiles_for(1, "int4", n, True).replaced(h2=True)
+        for scale in (1.0, 2000.0):
+            x = (torch.randn(1, k, device=dev) * scale).to(dtype)
+            want = x.double() @ c.dequant(torch.float64).t()
+            got = quant_triton.int4_linear(x, c.t["qw"], c.t["scales"], c.t["zeros"], 128, tiles=t).double()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            check(torch.isfinite(got).all().item() and err < 4e-3,
+                  "int4 packed row loop %s, |x| ~%g: relative error %.3g" % (dtype, scale, err))
 
     # Per-product tiles (tile_table.SHAPE_TILES) on the GPU: an entry
     # moves its own product's tile and no other (another K, two rows, a

@@ -593,6 +593,17 @@ def _kernels_ok(device, dtype):
     if key not in _checked:
         err = _self_check(device, dtype)
         quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
+        if err is not None and quant_triton is not None and quant_triton.INT4_FAST and quant_triton.INT4_H2:
+            # The packed int4 row loop is the newest: without it the
+            # fast kernels may still run (one row in the unpacked loop).
+            quant_triton.INT4_H2 = False
+            again = _self_check(device, dtype)
+            if again is None:
+                log.warning("packed int4 row loop unavailable (%s): one-row int4 products run the fast row loop",
+                            err)
+                err = None
+            else:
+                quant_triton.INT4_H2 = True
         if err is not None and quant_triton is not None and quant_triton.INT4_FAST:
             # The fast int4 kernels are the newest: without them the rest
             # may still run (the previous int4 kernels beside FP8's).

@@ -28,7 +28,10 @@ a weight.
   bfloat16/float16 products to faster kernels: a row loop whose nibbles
   become float32 in one LOP3 each, and a tensor-core tile fed 16-bit
   codes OFF + q with the zero and scale applied to its float32 partials
-  (see _int4_gemv2_kernel and _int4_dot2_kernel).
+  (see _int4_gemv2_kernel and _int4_dot2_kernel). INT4_H2 (on by
+  default) runs one-row products narrower than 16,384 columns through a
+  row loop that works in float16 pairs, two weights an instruction
+  (_int4_h2_kernel).
 
 Decode steps have few rows (M): the weight is all the traffic, so a
 kernel is as fast as it keeps enough of the weight in flight. A grid over
@@ -383,6 +386,100 @@ def _int4_gemv2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M,
     _finish(acc[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n, PDL)
 
 
+# The packed int4 row loop (INT4_H2) works two inputs an instruction:
+# float16 pairs, the low half of a word holding nibbles 0-3 and the high
+# half nibbles 4-7. One LOP3 ORs nibbles j and j + 4 into the mantissas of
+# two float16s 1024 (0x6400, mantissa unit 1): 1024 + q at bits 0 and 16,
+# 1024 + 16q at bits 4 and 20; the word shifted by 8 gives nibbles 2, 6
+# and 3, 7 the same way. One SUB.F16X2 of 1024 + z (or one FMA.F16X2 by
+# 1/16 less 64 + z) leaves q - z exactly (integers below 2048), one
+# FMA.F16X2 a pair multiplies it by the inputs (j, j + 4): per word 4
+# LOP3, a shift, 4 dequantizing and 4 multiplying instructions, then the
+# two float16 halves to float32 and added: 16 instructions for 8 weights
+# where _int4_gemv2_kernel takes about 25. The float16 sum of a word's
+# four products holds at most 60 |x|, so x enters scaled by 1/16 (the
+# scale takes the 16 back in float32): no overflow below |x| of 17,000.
+# (A constexpr: a kernel reads no other global.)
+_INT4_H2_WORD = tl.constexpr("""{
+.reg .b32 %qa, %qb, %qc, %qd, %qw, %qt, %qk;
+.reg .b16 %ql, %qh;
+.reg .f32 %fl, %fh;
+lop3.b32 %qa, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 %qb, $1, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 %qw, $1, 8;
+lop3.b32 %qc, %qw, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 %qd, %qw, 0x00F000F0, 0x64006400, 0xEA;
+mov.b32 %qk, 0x2C002C00;
+sub.f16x2 %qa, %qa, $6;
+fma.rn.f16x2 %qb, %qb, %qk, $7;
+sub.f16x2 %qc, %qc, $6;
+fma.rn.f16x2 %qd, %qd, %qk, $7;
+mul.f16x2 %qt, %qa, $2;
+fma.rn.f16x2 %qt, %qb, $3, %qt;
+fma.rn.f16x2 %qt, %qc, $4, %qt;
+fma.rn.f16x2 %qt, %qd, $5, %qt;
+mov.b32 {%ql, %qh}, %qt;
+cvt.f32.f16 %fl, %ql;
+cvt.f32.f16 %fh, %qh;
+add.f32 $0, %fl, %fh;
+}""")
+
+
+@triton.jit
+def _f16x2(lo, hi):
+    """The float16 pair (lo, hi) of two float32 tensors, as int32 bits."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _x_pair(xp, j: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Inputs j and j + 4 of each word row xp points at, over 16, as a
+    float16 pair broadcast over BLOCK_N columns."""
+    lo = tl.load(xp + j).to(tl.float32) * 0.0625
+    hi = tl.load(xp + (j + 4)).to(tl.float32) * 0.0625
+    pair = _f16x2(lo, hi)
+    return tl.broadcast_to(pair[None, :], (BLOCK_N, pair.shape[0]))
+
+
+@triton.jit
+def _int4_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
+                    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PDL: tl.constexpr):
+    # The packed row loop (above), one row: a program's [BLOCK_N, BLOCK_K/8]
+    # tile of words is loaded along N (contiguous in the GPTQ layout), each
+    # word row's inputs are packed into the four pairs once per program and
+    # K tile, and each word's float32 sum times its column's scale stays in
+    # a [BLOCK_N, BLOCK_K/8] accumulator, reduced over K once at the end.
+    pdl_wait(PDL)
+    tl.static_assert(BLOCK_M == 1)
+    R: tl.constexpr = BLOCK_K // 8
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    offs_r = tl.arange(0, R)
+    acc = tl.zeros((BLOCK_N, R), dtype=tl.float32)
+    k0 = pk * k_per
+    k_end = tl.minimum(k0 + k_per, K)
+    for ks in range(k0, k_end, BLOCK_K):
+        g = ks // G
+        s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32) * 16.0
+        z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        zlo = _f16x2(z + 1024.0, z + 1024.0)
+        zhi = _f16x2(-64.0 - z, -64.0 - z)
+        words = tl.load(q_ptr + ((ks // 8) + offs_r)[None, :] * N + offs_n[:, None], mask=nmask[:, None], other=0)
+        xp = x_ptr + ks + offs_r * 8
+        word = tl.inline_asm_elementwise(_INT4_H2_WORD, "=f,r,r,r,r,r,r,r",
+                                         [words, _x_pair(xp, 0, BLOCK_N), _x_pair(xp, 1, BLOCK_N),
+                                          _x_pair(xp, 2, BLOCK_N), _x_pair(xp, 3, BLOCK_N),
+                                          tl.broadcast_to(zlo[:, None], (BLOCK_N, R)),
+                                          tl.broadcast_to(zhi[:, None], (BLOCK_N, R))],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+        acc += word * s[:, None]
+    _finish(tl.sum(acc, axis=1)[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n,
+            PDL)
+
+
 @triton.jit
 def _int4_codes(words, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, dtype: tl.constexpr):
     """The [BLOCK_K, BLOCK_N] tile of words [BLOCK_K/8, BLOCK_N] as 16-bit
@@ -575,16 +672,23 @@ def _device_state(device):
 # once here so one binary measures both; quant.py turns it off, logged,
 # where the fast kernels fail self_check and the others pass.
 INT4_FAST = os.environ.get("MLXSERVING_INT4_FAST", "") != "0"
+# Whether the fast kernels' one-row product runs the packed row loop
+# (_int4_h2_kernel) rather than _int4_gemv2_kernel. MLXSERVING_INT4_H2=0
+# turns it off (an A/B on one binary); quant.py turns it off, logged, where
+# it fails self_check and the rest passes.
+INT4_H2 = os.environ.get("MLXSERVING_INT4_H2", "") != "0"
 
 
 class Tiles:
     """One product's launch: tile sizes, warps, stages and the K split's
     target (waves: programs per SM the split aims for). fast: int4's
-    INT4_FAST kernels (gemv: the row loop, else the tensor-core tile)."""
+    INT4_FAST kernels (gemv: the row loop, else the tensor-core tile);
+    h2: with fast and gemv, the packed row loop (INT4_H2)."""
 
-    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False, fast=False):
+    def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False, fast=False,
+                 h2=False):
         self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
-        self.gemv, self.bk, self.swap, self.pre, self.fast = gemv, bk, swap, pre, fast
+        self.gemv, self.bk, self.swap, self.pre, self.fast, self.h2 = gemv, bk, swap, pre, fast, h2
 
     def replaced(self, **kw):
         """A copy with the fields in kw changed."""
@@ -593,7 +697,8 @@ class Tiles:
         return t
 
     def __repr__(self):
-        return "%s%s%s bm%d bn%d%s w%d s%d waves%d" % ("fast " if self.fast else "",
+        return "%s%s%s bm%d bn%d%s w%d s%d waves%d" % ("fast h2 " if self.fast and self.h2 else
+                                                    "fast " if self.fast else "",
                                                     "gemv" if self.gemv else "swap" if self.swap else "dot",
                                                     " pre" if self.pre else "", self.bm, self.bn,
                                                     " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
@@ -647,11 +752,14 @@ def tiles_for(M, kind, N=0, fast=None, K=0):
 def _int4_fast_tiles(M, N):
     """The fast int4 kernels' tiles, the best of quant_sweep.py --sweep on
     an H200 over the llama1b and llama8b products at 1, 2, 16 and 64 rows:
-    the row loop for one row, then the transposed tensor-core tile up to
+    the row loop for one row (the packed one, INT4_H2, at its own tile
+    from rowloop_sweep.py int4h2tiles-8b), then the transposed tensor-core tile up to
     32 rows (tokens on the MMA's narrow side), the plain one beyond."""
     if M == 1:  # a wide product (gate_up) streams faster in shorter K tiles: fewer registers, more programs
-        if N >= 16384:
+        if N >= 16384:  # the packed loop loses here (29.1 against 27.4 us, 8B gate_up)
             return Tiles(1, 512, 4, 1, 8, gemv=True, bk=64, fast=True)
+        if INT4_H2:  # narrow tiles, many programs (rowloop_sweep.py int4h2tiles-8b)
+            return Tiles(1, 64, 4, 1, 8, gemv=True, bk=128, fast=True, h2=True)
         return Tiles(1, 256, 4, 1, 8, gemv=True, bk=128, fast=True)
     if M <= 16:
         return Tiles(16, 64, 4, 3, 4, bk=128, swap=True, fast=True)
@@ -673,8 +781,8 @@ def _plan(M, N, K, unit, sms, t):
 
 def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False):
     """One weight-only product. kernels: (tensor-core tile, row loop), or
-    for int4 those and the fast pair after them, which Tiles.fast picks;
-    the fast tile takes its own constants (_int4_fast_consts). silu: x is
+    for int4 those, the fast pair after them, which Tiles.fast picks, and
+    the packed row loop (Tiles.h2); the fast tile takes its own constants (_int4_fast_consts). silu: x is
     packed gate and up rows [..., 2K] (fp8's row loop only)."""
     shape = x.shape[:-1]
     x2 = x.reshape(-1, 2 * K if silu else K)
@@ -685,7 +793,7 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False)
     if t.gemv and M > t.bm:  # the row loop covers every row of the product
         t = tiles_for(max(M, 17), kind, N, t.fast)
     assert t.gemv or not silu, t
-    kernel = kernels[(1 if t.gemv else 0) + (2 if t.fast else 0)]
+    kernel = kernels[4] if t.h2 and t.gemv and t.fast else kernels[(1 if t.gemv else 0) + (2 if t.fast else 0)]
     if t.fast and not t.gemv:
         consts = (consts[0], dict(consts[1], **_int4_fast_consts(x.dtype, t)))
     if t.bk and unit % t.bk == 0:
@@ -832,7 +940,8 @@ def int4_linear(x, qw, scales, zeros, g, tiles=None, dequant_rows=None):
         return x @ int4_dequant(qw, scales, zeros, g, x.dtype).t()
     if x.dtype not in _INT4_CODES:
         tiles = tiles if tiles is not None and not tiles.fast else tiles_for(x.numel() // K, "int4", N, False)
-    return _run((_int4_kernel, _int4_gemv_kernel, _int4_dot2_kernel, _int4_gemv2_kernel), x, N, K, g, min(g, 64),
+    return _run((_int4_kernel, _int4_gemv_kernel, _int4_dot2_kernel, _int4_gemv2_kernel, _int4_h2_kernel), x, N, K, g,
+                min(g, 64),
                 (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
 
 

@@ -46,9 +46,9 @@ _POW2 = ("bm", "bn", "bk")
 def parse(spec):
     """SHAPE_TILES entries from "kind:rows:NxK=fields;..." with fields as
     quant_triton.Tiles' repr writes the numeric ones ("bn128 w4 bk64 s2
-    waves4"; bm, bn and bk powers of two, warps 1 to 16), and "swap" or
-    "noswap" for fp8_mma's transposed tile. A malformed entry raises
-    ValueError naming it."""
+    waves4"; bm, bn and bk powers of two, warps 1 to 16), "swap" or
+    "noswap" for fp8_mma's transposed tile and "h2" or "noh2" for int4's
+    packed row loop. A malformed entry raises ValueError naming it."""
     out = {}
     for entry in filter(None, (e.strip() for e in spec.split(";"))):
         try:
@@ -63,12 +63,12 @@ def parse(spec):
                 raise ValueError("shape %s" % shape)
             kw = {}
             for tok in fields.split():
-                if tok in ("swap", "noswap"):
-                    kw["swap"] = tok == "swap"
+                if tok in ("swap", "noswap", "h2", "noh2"):
+                    kw[tok[2:] if tok.startswith("no") else tok] = not tok.startswith("no")
                     continue
                 name = tok.rstrip("0123456789")
                 if name not in _FIELDS or name == tok:
-                    raise ValueError("field %r (want %s followed by a number, swap or noswap)"
+                    raise ValueError("field %r (want %s followed by a number, swap, noswap, h2 or noh2)"
                                      % (tok, ", ".join(_FIELDS)))
                 v = int(tok[len(name):])
                 if v < 1 or name in _POW2 and v & (v - 1) or name == "w" and v > 16:
