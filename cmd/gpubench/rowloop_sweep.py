@@ -206,9 +206,10 @@ def int4_tiles(shape, h2=False):
     row loop's grid (quant_triton.INT4_H2; beside the unpacked loop under
     MLXSERVING_INT4_H2=0)."""
     from mlxsworker.torchrt import quant
-    if h2:  # a [columns, K tile / 8] tile of words: 4 to 64 words a thread
+    if h2:  # a [columns, K tile / 8] tile of words, 4 to 64 words a thread; down to one program an SM and
+        # no K split (waves 1), its loads in flight through the pipeliner's stages instead
         grid = [Tiles(1, bn, warps, stages, waves, gemv=True, bk=128, fast=True, h2=True) for bn in (32, 64, 128)
-                for warps in (2, 4) for stages in (1, 2, 3) for waves in (8, 16)
+                for warps in (2, 4, 8) for stages in (1, 2, 3, 4) for waves in (1, 2, 4, 8, 16)
                 if 4 <= bn * 16 // (32 * warps) <= 64]
     else:
         grid = [Tiles(1, bn, warps, 1, waves, gemv=True, bk=bk, fast=True) for bn in (128, 256, 512, 1024)
