@@ -363,9 +363,9 @@ if torch.cuda.is_available():
 
     # The packed row loop's float16 arithmetic (quant_triton.INT4_H2) at
     # its edges: inputs in the thousands (x enters over 16, a word's four
-    # products summed in float16), nibbles and zeros at 0 and 15, against
-    # a float64 product; and as precise as the float32 row loop on
-    # ordinary inputs (within a few float16 roundings of each word's sum).
+    # products summed in float16) and at 1, nibbles and zeros at 0 and 15,
+    # within a few float16 roundings of each word's sum of a float64
+    # product.
     for dtype in (torch.bfloat16, torch.float16):
         n, k = 1536, 4096
         q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)

@@ -586,6 +586,12 @@ def _self_check(device, dtype):
         return str(e)
 
 
+# quant_triton's int4 switches _kernels_ok turns off, newest first, and
+# what it logs: (what is unavailable, what runs instead).
+_INT4_FALLBACKS = (("INT4_H2", "packed int4 row loop", "one-row int4 products run the unpacked row loop"),
+                   ("INT4_FAST", "fast int4 kernels", "int4 weights run the previous kernels"))
+
+
 def _kernels_ok(device, dtype):
     """Whether quant_triton runs here and agrees with the dequantized
     product (once per device and dtype)."""
@@ -593,26 +599,18 @@ def _kernels_ok(device, dtype):
     if key not in _checked:
         err = _self_check(device, dtype)
         quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
-        if err is not None and quant_triton is not None and quant_triton.INT4_FAST and quant_triton.INT4_H2:
-            # The packed int4 row loop is the newest: without it the
-            # fast kernels may still run (one row in the unpacked loop).
-            quant_triton.INT4_H2 = False
+        # The newest int4 kernels first: without each the rest may still
+        # run (the unpacked one-row loop, then the previous int4 kernels
+        # beside FP8's).
+        for flag, name, instead in _INT4_FALLBACKS:
+            if err is None or quant_triton is None or not (quant_triton.INT4_FAST and getattr(quant_triton, flag)):
+                continue
+            setattr(quant_triton, flag, False)
             again = _self_check(device, dtype)
             if again is None:
-                log.warning("packed int4 row loop unavailable (%s): one-row int4 products run the fast row loop",
-                            err)
-                err = None
+                log.warning("%s unavailable (%s): %s", name, err, instead)
             else:
-                quant_triton.INT4_H2 = True
-        if err is not None and quant_triton is not None and quant_triton.INT4_FAST:
-            # The fast int4 kernels are the newest: without them the rest
-            # may still run (the previous int4 kernels beside FP8's).
-            quant_triton.INT4_FAST = False
-            again = _self_check(device, dtype)
-            if again is None:
-                log.warning("fast int4 kernels unavailable (%s): int4 weights run the previous kernels", err)
-            else:
-                quant_triton.INT4_FAST = True
+                setattr(quant_triton, flag, True)
             err = again
         if err is not None:
             log.warning("quantized kernels unavailable (%s): quantized weights are dequantized at load", err)

@@ -753,8 +753,9 @@ def _int4_fast_tiles(M, N):
     """The fast int4 kernels' tiles, the best of quant_sweep.py --sweep on
     an H200 over the llama1b and llama8b products at 1, 2, 16 and 64 rows:
     the row loop for one row (the packed one, INT4_H2, at its own tile
-    from rowloop_sweep.py int4h2tiles-8b), then the transposed tensor-core tile up to
-    32 rows (tokens on the MMA's narrow side), the plain one beyond."""
+    from rowloop_sweep.py int4h2tiles-8b), then the transposed
+    tensor-core tile up to 32 rows (tokens on the MMA's narrow side), the
+    plain one beyond."""
     if M == 1:  # a wide product (gate_up) streams faster in shorter K tiles: fewer registers, more programs
         if N >= 16384:  # the packed loop loses here (29.1 against 27.4 us, 8B gate_up)
             return Tiles(1, 512, 4, 1, 8, gemv=True, bk=64, fast=True)
@@ -782,8 +783,9 @@ def _plan(M, N, K, unit, sms, t):
 def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False):
     """One weight-only product. kernels: (tensor-core tile, row loop), or
     for int4 those, the fast pair after them, which Tiles.fast picks, and
-    the packed row loop (Tiles.h2); the fast tile takes its own constants (_int4_fast_consts). silu: x is
-    packed gate and up rows [..., 2K] (fp8's row loop only)."""
+    the packed row loop (Tiles.h2); the fast tile takes its own constants
+    (_int4_fast_consts). silu: x is packed gate and up rows [..., 2K]
+    (fp8's row loop only)."""
     shape = x.shape[:-1]
     x2 = x.reshape(-1, 2 * K if silu else K)
     if x2.stride(-1) != 1:
@@ -940,9 +942,8 @@ def int4_linear(x, qw, scales, zeros, g, tiles=None, dequant_rows=None):
         return x @ int4_dequant(qw, scales, zeros, g, x.dtype).t()
     if x.dtype not in _INT4_CODES:
         tiles = tiles if tiles is not None and not tiles.fast else tiles_for(x.numel() // K, "int4", N, False)
-    return _run((_int4_kernel, _int4_gemv_kernel, _int4_dot2_kernel, _int4_gemv2_kernel, _int4_h2_kernel), x, N, K, g,
-                min(g, 64),
-                (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
+    kernels = (_int4_kernel, _int4_gemv_kernel, _int4_dot2_kernel, _int4_gemv2_kernel, _int4_h2_kernel)
+    return _run(kernels, x, N, K, g, min(g, 64), (qw, scales, zeros), ((), {"G": g}), "int4", tiles)
 
 
 def fp8_dequant(w, scale, block, dtype):

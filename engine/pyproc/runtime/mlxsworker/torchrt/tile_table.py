@@ -41,6 +41,8 @@ ROWS = (1, 16, 32, 64, 0)
 # writes, and the values each takes.
 _FIELDS = {"bm": "bm", "bn": "bn", "w": "warps", "s": "stages", "waves": "waves", "bk": "bk"}
 _POW2 = ("bm", "bn", "bk")
+# The fields an entry sets by a word alone: word -> (field, value).
+_FLAGS = {"swap": ("swap", True), "noswap": ("swap", False), "h2": ("h2", True), "noh2": ("h2", False)}
 
 
 def parse(spec):
@@ -63,8 +65,9 @@ def parse(spec):
                 raise ValueError("shape %s" % shape)
             kw = {}
             for tok in fields.split():
-                if tok in ("swap", "noswap", "h2", "noh2"):
-                    kw[tok[2:] if tok.startswith("no") else tok] = not tok.startswith("no")
+                if tok in _FLAGS:
+                    field, v = _FLAGS[tok]
+                    kw[field] = v
                     continue
                 name = tok.rstrip("0123456789")
                 if name not in _FIELDS or name == tok:
