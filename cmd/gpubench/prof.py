@@ -103,4 +103,4 @@ dev_total = sum(getattr(e, "self_device_time_total", 0) for e in ka if str(getat
 kernels = sum(e.count for e in ka if str(getattr(e, "device_type", "")).endswith("CUDA"))
 print("profiled %d token steps: GPU busy %.3f ms and %.0f kernels per token step"
       % (n, dev_total / 1e3 / n, kernels / n))
-print(ka.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
+print(ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))

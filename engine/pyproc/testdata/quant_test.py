@@ -385,6 +385,30 @@ if torch.cuda.is_available():
             check(torch.isfinite(got).all().item() and err < 4e-3,
                   "int4 packed row loop %s, |x| ~%g: relative error %.3g" % (dtype, scale, err))
 
+    # A per-product entry's h2 does not turn the packed row loop back on
+    # where INT4_H2 is off (quant.py's self-check turns it off where it
+    # fails), and the built-in int4 entries compute the product.
+    saved_h2, saved_table = quant_triton.INT4_H2, dict(tile_table.SHAPE_TILES)
+    try:
+        quant_triton.INT4_H2 = False
+        tile_table.SHAPE_TILES[("int4fast", 1, 1536, 4096)] = {"h2": True, "bn": 32}
+        t = quant_triton.tiles_for(1, "int4", 1536, K=4096)
+        check(not t.h2 and t.bn == 32, "an h2 entry with INT4_H2 off: %r" % t)
+    finally:
+        quant_triton.INT4_H2 = saved_h2
+        tile_table.SHAPE_TILES.clear()
+        tile_table.SHAPE_TILES.update(saved_table)
+    for (kind, rows, n, k), fields in tile_table.SHAPE_TILES.items():
+        if kind != "int4fast":
+            continue
+        q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
+        c = quant.QWeight("int4", n, k, qw=quant.pack4(q), scales=(torch.rand(k // 128, n, device=dev) * 0.01 + 0.001).half(),
+                          zeros=torch.randint(0, 16, (k // 128, n), device=dev).half(), group=128)
+        x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+        want = x.float() @ c.dequant(torch.float32).t()
+        err = ((quant.linear(x, c).float() - want).abs().max() / want.abs().max()).item()
+        check(err < 2e-2, "int4fast entry %r [%d, %d]: relative error %.3g" % (fields, n, k, err))
+
     # Per-product tiles (tile_table.SHAPE_TILES) on the GPU: an entry
     # moves its own product's tile and no other (another K, two rows, a
     # 16-bit weight of the same shape, int4's other kernels), each kernel

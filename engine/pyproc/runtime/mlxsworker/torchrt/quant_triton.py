@@ -725,7 +725,10 @@ def tiles_for(M, kind, N=0, fast=None, K=0):
     kernels' entries are kind "int4fast")."""
     if K:
         key = "int4fast" if kind == "int4" and (INT4_FAST if fast is None else fast) else kind
-        return shaped(tiles_for(M, kind, N, fast), key, M, N, K)
+        t = shaped(tiles_for(M, kind, N, fast), key, M, N, K)
+        # An entry's h2 runs only where the packed loop is on (quant.py's
+        # self-check may have turned it off).
+        return t.replaced(h2=False) if t.h2 and not INT4_H2 else t
     if kind == "w16":
         kind = "fp8"
     if kind == "int4" and (INT4_FAST if fast is None else fast):

@@ -25,13 +25,24 @@ import os
 #   entry runs where its norm is not inside: NORM_FUSE off, adapters);
 # - gate/up with the norm inside: 35.91 -> 34.2 us, which makes fusing it
 #   win (decode 354.1 -> 355.9; quant.norm_fits);
-# - down at 64 rows (fp8_mma): 30.65 -> 29.14 us (decode 1.007x).
+# - down at 64 rows (fp8_mma): 30.65 -> 29.14 us (decode 1.007x);
+# - int4 (GPTQ) at one row, the packed row loop: o 8.18 -> 7.71 us (decode
+#   374.4 -> 376.1 tok/s, two rounds).
+# The 1B shape, int4 at one row (per product, rowloop_sweep.py
+# int4h2tiles-1b): qkv 6.25 -> 5.43 us, o 5.57 -> 4.85, down 9.22 ->
+# 8.16, and gate/up 13.53 -> 10.85 in the packed loop where the 8B's
+# wider gate/up keeps the unpacked one (decode 1,206 -> 1,304 tok/s).
 SHAPE_TILES = {
     ("fp8", 1, 4096, 4096): {"warps": 4},
     ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
     ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
     ("fp8norm", 1, 28672, 4096): {"waves": 16},
     ("mma", 64, 4096, 14336): {"waves": 4},
+    ("int4fast", 1, 4096, 4096): {"bn": 32, "stages": 3},
+    ("int4fast", 1, 3072, 2048): {"bn": 32, "stages": 3, "waves": 16},
+    ("int4fast", 1, 2048, 2048): {"bn": 32, "stages": 3, "waves": 16},
+    ("int4fast", 1, 16384, 2048): {"bn": 128, "warps": 2, "stages": 3, "waves": 16, "bk": 128, "h2": True},
+    ("int4fast", 1, 2048, 8192): {"bn": 32, "stages": 2},
 }
 
 KINDS = ("fp8", "w16", "fp8norm", "w16norm", "mma", "int4", "int4fast")
