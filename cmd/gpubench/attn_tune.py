@@ -6,7 +6,10 @@ of 1,024 (one program a KV head) and of 131,072 (the cache split along
 the sequence, then combined: kernels.splits). Each configuration is
 checked against the first one's output.
 
-  attn_tune.py RUNTIME_DIR [1b] [8b]
+  attn_tune.py RUNTIME_DIR [1b] [8b] [splits-1b] [splits-8b]
+
+splits-S: today's parameters at 1 to 16 programs a KV head (the split
+forced), batches 1 and 8: what splitting a short cache costs or gains.
 """
 import sys
 
@@ -57,9 +60,9 @@ def tune(name):
             qkv = torch.randn(B, (H + 2 * K) * hd, generator=g).to(dev, torch.bfloat16)
             kc, vc = pools[0]
             ref = None
-            for blk in (16, 32, 64, 128):
+            for blk in (32, 64, 128):
                 for w in (1, 2, 4):
-                    for st in (2, 3, 4):
+                    for st in (2, 3):
                         kernels.ATTN_CONFIG = (blk, w, st)
                         try:
                             # The new token's k and v are written at pos
@@ -88,5 +91,36 @@ def tune(name):
                 ", ".join("block %d warps %d stages %d %.2f us" % (k[2], k[3], k[4], v * 1e3) for v, k in best)))
 
 
+def split_counts(name):
+    """Today's launch parameters at a forced split count (kernels.splits
+    patched), batches 1 and 8 at cache lengths 128..256: what splitting a
+    short cache costs or gains, the combine included."""
+    H, K, hd = SHAPES[name]
+    cos, sin = rope_tables(1024, hd)
+    today = kernels.splits
+    for B in (1, 8):
+        g = torch.Generator(device="cpu").manual_seed(B)
+        pools, table, rows, pos = case(B, K, hd, 256, g)
+        qkv = torch.randn(B, (H + 2 * K) * hd, generator=g).to(dev, torch.bfloat16)
+        kc, vc = pools[0]
+        ref = None
+        for sp in (1, 2, 4, 8, 16):
+            kernels.splits = lambda batch, kv_heads, context, n=sp: n
+            try:
+                out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, 1024)
+                ref = out.float() if ref is None else ref
+                err = (out.float() - ref).abs().max().item()
+                ms = triton.testing.do_bench_cudagraph(
+                    lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, 1024)
+                             for a, b in pools], rep=50, return_mode="median") / len(pools)
+            finally:
+                kernels.splits = today
+            print("%s splits B %d: %2d programs a KV head %7.2f us  (max diff %.3g)%s"
+                  % (name, B, sp, ms * 1e3, err, "  FAIL" if err > 2e-2 else ""), flush=True)
+
+
 for arg in sys.argv[2:] or ["1b", "8b"]:
+    if arg.startswith("splits-"):
+        split_counts(arg[len("splits-"):])
+        continue
     tune(arg)

@@ -4,18 +4,18 @@ the families the torch backend serves: head dims, grouped-query ratios,
 rotated dims, attention scales, sliding windows and RMSNorm kinds, in
 each serving dtype. Every case runs each kernel once on random data:
 add_rms (and its sum of a mixture's k choices), silu_mul,
-decode_attention (with and without its cache split, blocks of 16 and 32
-tokens scattered through the pool, no window, the family's and one that
-bites; gpt-oss's with a sink logit per head, some far above and below
-the scores; each head of q and k RMS-normalised inside, as the QK-norm
-families' decode steps run it), rope_kv and argmax (a tie included).
-Then the varlen flash call with sinks (its log-sum-exp rescaling the
-output, decoder._flash_varlen and gptoss.with_sinks) against float32
-attention with a sink column, in gpt-oss's shapes: packed chunks, fresh
-and continuing, one-token chunks, its window of 128 and none. At load the
-runtime only builds the kernels (kernels.probe) and checks the varlen
-call on a few tokens (decoder._varlen_ok); this is where their numbers
-are checked.
+decode_attention (its cache split at a long context and a short one, and
+unsplit; blocks of 16 and 32 tokens scattered through the pool; no
+window, the family's and one that bites; gpt-oss's with a sink logit per
+head, some far above and below the scores; each head of q and k
+RMS-normalised inside, as the QK-norm families' decode steps run it),
+rope_kv and argmax (a tie included). Then the varlen flash call with
+sinks (its log-sum-exp rescaling the output, decoder._flash_varlen and
+gptoss.with_sinks) against float32 attention with a sink column, in
+gpt-oss's shapes: packed chunks, fresh and continuing, one-token chunks,
+its window of 128 and none. At load the runtime only builds the kernels
+(kernels.probe) and checks the varlen call on a few tokens
+(decoder._varlen_ok); this is where their numbers are checked.
 
   python3 kernels_test.py RUNTIME_DIR [DTYPE...]
 
@@ -161,10 +161,16 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
         blk, off = where(b)
         kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]), kw)
         vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
-    for context in (ctx, 1024):
+    # A long context (split up to 16 ways), a short one (split up to
+    # kernels.SHORT_SPLITS ways) and the short one unsplit.
+    for context, short in ((ctx, kernels.SHORT_SPLITS), (1024, kernels.SHORT_SPLITS), (1024, 1)):
         k2, v2 = kc.clone(), vc.clone()
-        out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot,
-                                       sinks=None if sinks is None else sinks.to(device), qk_norm=qkn)
+        keep, kernels.SHORT_SPLITS = kernels.SHORT_SPLITS, short
+        try:
+            out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot,
+                                           sinks=None if sinks is None else sinks.to(device), qk_norm=qkn)
+        finally:
+            kernels.SHORT_SPLITS = keep
         for b in range(B):
             p = int(pos[b])
             q = rope(qkv[b, : H * hd].view(H, hd), p, qw)
@@ -178,7 +184,8 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
                 att = torch.softmax(torch.cat([s, sinks.to(device).unsqueeze(1)], -1), -1)[:, :-1]
             o = torch.einsum("hl,hld->hd", att, vv).reshape(-1)
             if not torch.allclose(out[b].float(), o, atol=tol, rtol=tol):
-                return "decode_attention (block %d, context %d, row %d, max diff %.3g)" % (bs, context, b, (out[b].float() - o).abs().max())
+                return "decode_attention (block %d, context %d, %d splits, row %d, max diff %.3g)" % (
+                    bs, context, kernels.splits(B, K, context) if short > 1 else 1, b, (out[b].float() - o).abs().max())
         if not (torch.allclose(k2.float(), kref.float(), atol=tol, rtol=tol) and torch.equal(v2, vref)):
             return "decode_attention's KV write (block %d)" % bs
     if qkn is not None:

@@ -38,6 +38,7 @@ walks one byte an element and never a bf16 copy of the pool. The current
 token's k and v are used as a read of the pool would give them.
 """
 import math
+import os
 
 import torch
 import triton
@@ -244,12 +245,17 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
                         HD: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                         PREFETCH: tl.constexpr, ROT: tl.constexpr, WINDOW: tl.constexpr, FP8: tl.constexpr,
                         SINK: tl.constexpr, QKN: tl.constexpr, NROUND: tl.constexpr, NOFFSET: tl.constexpr,
-                        PDL: tl.constexpr):
-    pdl_wait(PDL)
-    pdl_release(PDL)
+                        EARLY: tl.constexpr, PDL: tl.constexpr):
+    if not EARLY:
+        pdl_wait(PDL)
+        pdl_release(PDL)
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
+    # EARLY: the step's inputs (table row, position, rotary rows, the first
+    # tile's block ids) load before the wait, while the qkv product ends.
+    # No kernel of the step writes them, and every kernel before the
+    # product has completed by now (pdl.py: each releases after its wait).
     bt = bt_ptr + tl.load(row_ptr + b).to(tl.int64) * bt_stride  # the sequence's block table
     p = tl.load(pos_ptr + b)
     d = tl.arange(0, HD)
@@ -259,6 +265,19 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     row = qkv_ptr + b * qkv_stride
     cos = tl.load(cos_ptr + p * HD + d)
     sin = tl.load(sin_ptr + p * HD + d)
+    # This program's share of the cached positions [first, p): first is 0,
+    # or p - WINDOW + 1 in a sliding layer (keys p - WINDOW < j <= p).
+    first = p * 0
+    if WINDOW > 0:
+        first = tl.maximum(p - (WINDOW - 1), p * 0)
+    chunk = tl.cdiv(tl.cdiv(p - first, SPLIT), BLOCK) * BLOCK
+    lo = first + sp * chunk
+    hi = tl.minimum(p, lo + chunk)
+    j = tl.arange(0, BLOCK)
+    nxt = tl.load(bt + (lo + j) // BS, mask=lo + j < hi, other=0)
+    if EARLY:
+        pdl_wait(PDL)
+        pdl_release(PDL)
     qh = (kh * REP + r)[:, None] * HD
     q = tl.load(row + qh + d[None, :], mask=rm[:, None], other=0.0)
     qr = tl.load(row + qh + dr[None, :], mask=rm[:, None], other=0.0)
@@ -292,16 +311,6 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
         m_i = tl.full([RB], float("-inf"), tl.float32)
         l_i = tl.zeros([RB], tl.float32)
         acc = tl.zeros([RB, HD], tl.float32)
-    # This program's share of the cached positions [first, p): first is 0,
-    # or p - WINDOW + 1 in a sliding layer (keys p - WINDOW < j <= p).
-    first = p * 0
-    if WINDOW > 0:
-        first = tl.maximum(p - (WINDOW - 1), p * 0)
-    chunk = tl.cdiv(tl.cdiv(p - first, SPLIT), BLOCK) * BLOCK
-    lo = first + sp * chunk
-    hi = tl.minimum(p, lo + chunk)
-    j = tl.arange(0, BLOCK)
-    nxt = tl.load(bt + (lo + j) // BS, mask=lo + j < hi, other=0)
     for start in range(lo, hi, BLOCK):
         pj = start + j
         jm = pj < hi
@@ -415,12 +424,27 @@ def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scal
     return qk
 
 
+# The shortest context whose cache splits up to 16 ways; shorter ones
+# split up to SHORT_SPLITS ways (MLXSERVING_ATTN_SPLIT_FROM and
+# MLXSERVING_ATTN_SHORT_SPLITS in the worker's environment: measurement).
+SPLIT_FROM = int(os.environ.get("MLXSERVING_ATTN_SPLIT_FROM", "4096"))
+SHORT_SPLITS = int(os.environ.get("MLXSERVING_ATTN_SHORT_SPLITS", "4"))
+
+
 def splits(batch, kv_heads, context):
-    """How many programs share one sequence's cache. Splitting costs a
-    second kernel (the combine), about as long as a short cache's whole
-    attention: only long contexts at small batches gain."""
+    """How many programs share one sequence's cache. A long context splits
+    up to 16 ways while the programs stay within a wave. A short one
+    splits less: a cache of a few tiles gains from 2 to 4 programs (8B
+    shape on an H200, caches of 128 to 255 positions, the combine
+    included: 7.90 us at one, 5.47 at four, 7.96 at sixteen at batch 1;
+    8.07, 6.61 and 6.53 us at one, two and four at batch 8), and up to
+    256 programs in all."""
     n = 1
-    while context >= 4096 and n < 16 and batch * kv_heads * n * 2 <= 256:
+    if context >= SPLIT_FROM:
+        while n < 16 and batch * kv_heads * n * 2 <= 256:
+            n *= 2
+        return n
+    while n < SHORT_SPLITS and batch * kv_heads * n < 256:
         n *= 2
     return n
 
@@ -429,6 +453,13 @@ def splits(batch, kv_heads, context):
 # by batch size from cmd/gpubench/attn_tune.py on an H100; ATTN_CONFIG
 # set overrides them (the tuning script does).
 ATTN_CONFIG = None
+
+# The decode attention's step inputs load before its PDL wait
+# (_decode_attn_kernel's EARLY) where it launches ON (pdl.py: up to
+# pdl.ON_ROWS rows, where it was measured: 8B shape on an H200, batch 1,
+# FP8 1.010x, bf16 1.006x); MLXSERVING_ATTN_EARLY=0 in the worker's
+# environment loads them after it (measurement).
+ATTN_EARLY = os.environ.get("MLXSERVING_ATTN_EARLY", "") != "0"
 
 
 # The shared memory a launch's pipelined K and V tiles may take: below the
@@ -491,6 +522,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     sink = out if sinks is None else sinks  # out: an unread pointer
     qn, kn, eps, nkind = qk_norm if qk_norm is not None else (out, out, 0.0, "llama")
     nround, noff = NORMS[nkind]
+    launch = pdl.args(qkv.device, B)
     _decode_attn_kernel[(B, kv_heads, sp)](
         qkv, kc, vc, out, part, ml, table, rows, pos, cos, sin, sink, qn, kn,
         qkv.stride(0), table.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), scale, float(k_scale), float(v_scale),
@@ -498,7 +530,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
         SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff,
-        num_warps=warps, num_stages=stages, **pdl.args(qkv.device, B))
+        EARLY=ATTN_EARLY and launch["PDL"] == pdl.ON, num_warps=warps, num_stages=stages, **launch)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
                                        SINK=sinks is not None, num_warps=4, **pdl.args(qkv.device, B))
