@@ -67,12 +67,14 @@ def tune(name):
                         try:
                             # The new token's k and v are written at pos
                             # each run: the same values, so runs agree.
-                            out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, ctx)
+                            out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, ctx,
+                                                           early=True)
                             if ref is None:
                                 ref = out.float()
                             err = (out.float() - ref).abs().max().item()
                             ms = triton.testing.do_bench_cudagraph(
-                                lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, ctx)
+                                lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, ctx,
+                                                                  early=True)
                                          for a, b in pools], rep=50, return_mode="median") / len(pools)
                         except Exception as e:  # a configuration Triton refuses
                             print("%s ctx %d B %d block %d warps %d stages %d: %s"
@@ -107,11 +109,11 @@ def split_counts(name):
         for sp in (1, 2, 4, 8, 16):
             kernels.splits = lambda batch, kv_heads, context, n=sp: n
             try:
-                out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, 1024)
+                out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, 1024, early=True)
                 ref = out.float() if ref is None else ref
                 err = (out.float() - ref).abs().max().item()
                 ms = triton.testing.do_bench_cudagraph(
-                    lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, 1024)
+                    lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, 1024, early=True)
                              for a, b in pools], rep=50, return_mode="median") / len(pools)
             finally:
                 kernels.splits = today

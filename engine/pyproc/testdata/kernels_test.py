@@ -162,13 +162,16 @@ def _check_attention(device, dtype, rnd, g, tol, B, ctx, bs, H, K, hd, rot, scal
         kref[blk, off] = rope(qkv[b, H * hd : (H + K) * hd].view(K, hd), int(pos[b]), kw)
         vref[blk, off] = qkv[b, (H + K) * hd :].view(K, hd)
     # A long context (split up to 16 ways), a short one (split up to
-    # kernels.SHORT_SPLITS ways) and the short one unsplit.
+    # kernels.SHORT_SPLITS ways) and the short one unsplit, that one with
+    # the step's inputs loaded after the PDL wait (early off, as a mixed
+    # step's decode rows run it).
     for context, short in ((ctx, kernels.SHORT_SPLITS), (1024, kernels.SHORT_SPLITS), (1024, 1)):
         k2, v2 = kc.clone(), vc.clone()
         keep, kernels.SHORT_SPLITS = kernels.SHORT_SPLITS, short
         try:
             out = kernels.decode_attention(qkv, k2, v2, table, rows, pos, cos, sin, H, K, context, scale, window, rot,
-                                           sinks=None if sinks is None else sinks.to(device), qk_norm=qkn)
+                                           sinks=None if sinks is None else sinks.to(device), qk_norm=qkn,
+                                           early=short > 1)
         finally:
             kernels.SHORT_SPLITS = keep
         for b in range(B):

@@ -83,7 +83,7 @@ class Chain:
             x, h = kernels.add_rms(x, d, L["ln1"], 1e-5)
             qkv = self.fp8(h, L["qkv"])
             a = kernels.decode_attention(qkv, self.kc[li], self.vc[li], self.table, self.trows, self.pos, self.cos,
-                                         self.sin, HEADS, KV_HEADS, CONTEXT)
+                                         self.sin, HEADS, KV_HEADS, CONTEXT, early=True)
             a = quant_triton.int4_linear(a, *L["o"], 128)
             x, h = kernels.add_rms(x, a, L["ln2"], 1e-5)
             d = quant_triton.int4_linear(kernels.silu_mul(self.fp8(h, L["gate_up"])), *L["down"], 128)

@@ -398,7 +398,7 @@ class Decoder:
             cos, sin = self.tabs[self.tab_of[li]]
             a = self.kern.decode_attention(qkv, kv.kc[li], kv.vc[li], kv.table_of(li), rows, pos, cos, sin, cfg.heads, cfg.kv_heads,
                                            cfg.context, cfg.scale, cfg.windows[li], cfg.rot_dim, self.prefetch, *self.kvq.scales[li],
-                                           sinks=L.get("sinks"), qk_norm=qkn)
+                                           sinks=L.get("sinks"), qk_norm=qkn, early=True)
             a = self.rms(self.reduce(self.proj(a, L, "o", li)), L.get("attn_post"))
             post = L.get("mlp_post")
             if "router" in L:

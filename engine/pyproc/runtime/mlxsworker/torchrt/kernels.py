@@ -455,7 +455,8 @@ def splits(batch, kv_heads, context):
 ATTN_CONFIG = None
 
 # The decode attention's step inputs load before its PDL wait
-# (_decode_attn_kernel's EARLY) where it launches ON (pdl.py: up to
+# (_decode_attn_kernel's EARLY), where the caller says they are the step's
+# inputs (decode_attention's early) and it launches ON (pdl.py: up to
 # pdl.ON_ROWS rows, where it was measured: 8B shape on an H200, batch 1,
 # FP8 1.010x, bf16 1.006x); MLXSERVING_ATTN_EARLY=0 in the worker's
 # environment loads them after it (measurement).
@@ -484,7 +485,7 @@ def _attn_config(batch, hd, elem):
 
 
 def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0, rot=None,
-                     prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):
+                     prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None, early=False):
     """qkv [B, (H + 2K) * hd] (q, k, v projections of one token per
     sequence, before the rotary embedding); kc, vc [blocks, block_size, K,
     hd]; table [rows, max_blocks] (int32): each sequence's blocks; rows,
@@ -499,9 +500,11 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
     more column of the softmax that holds no value; qk_norm: (q weight,
     k weight [hd], eps, norm kind) to RMS-normalise each head of q and k
     before the rotary embedding, as decoder.qk_norm does (None: qkv comes
-    normalised or the family has no such norm). Writes k and v at pos
-    and returns attention over positions 0..pos (pos - window < j <= pos
-    in a sliding layer), [B, H * hd]."""
+    normalised or the family has no such norm); early: table, rows and pos
+    are the step's inputs, written before the launch before this one, so
+    the kernel may load them before its PDL wait (ATTN_EARLY). Writes k
+    and v at pos and returns attention over positions 0..pos (pos - window
+    < j <= pos in a sliding layer), [B, H * hd]."""
     B = qkv.shape[0]
     hd = kc.shape[-1]
     rot = rot or hd
@@ -530,7 +533,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, BS=bs, BLOCK=block, SPLIT=sp,
         IEEE=qkv.dtype == torch.float32, PREFETCH=prefetch, ROT=rot, WINDOW=window, FP8=kc.dtype == FLOAT8,
         SINK=sinks is not None, QKN=qk_norm is not None, NROUND=nround, NOFFSET=noff,
-        EARLY=ATTN_EARLY and launch["PDL"] == pdl.ON, num_warps=warps, num_stages=stages, **launch)
+        EARLY=early and ATTN_EARLY and launch["PDL"] == pdl.ON, num_warps=warps, num_stages=stages, **launch)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
                                        SINK=sinks is not None, num_warps=4, **pdl.args(qkv.device, B))
