@@ -30,15 +30,26 @@ func (s *Server) Generate(ctx context.Context, req api.Request) (*api.Stream, er
 }
 
 func (s *Server) generate(ctx context.Context, req api.Request) (*api.Stream, error) {
+	return s.startOn(ctx, &req.Model, &req.Adapter, req.KeepAlive, func(m *model) (*api.Stream, error) {
+		return s.generateOn(ctx, m, req)
+	})
+}
+
+// startOn resolves a request's model and adapter names (rewriting them
+// in place: an adapter named as the model becomes its base and adapter),
+// takes the model and starts the request on it with start, releasing the
+// model where start refuses the request.
+func (s *Server) startOn(ctx context.Context, name, adapter *string, keepAlive *time.Duration,
+	start func(*model) (*api.Stream, error)) (*api.Stream, error) {
 	var err error
-	if req.Model, req.Adapter, err = s.resolveAdapter(req.Model, req.Adapter); err != nil {
+	if *name, *adapter, err = s.resolveAdapter(*name, *adapter); err != nil {
 		return nil, err
 	}
-	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
+	m, err := s.acquire(ctx, *name, keepAlive)
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.generateOn(ctx, m, req)
+	st, err := start(m)
 	if err != nil {
 		s.release(m)
 	}
@@ -73,19 +84,9 @@ func (s *Server) Chat(ctx context.Context, req api.ChatRequest) (*api.Stream, er
 }
 
 func (s *Server) chat(ctx context.Context, req api.ChatRequest) (*api.Stream, error) {
-	var err error
-	if req.Model, req.Adapter, err = s.resolveAdapter(req.Model, req.Adapter); err != nil {
-		return nil, err
-	}
-	m, err := s.acquire(ctx, req.Model, req.KeepAlive)
-	if err != nil {
-		return nil, err
-	}
-	st, err := s.chatOn(ctx, m, req)
-	if err != nil {
-		s.release(m)
-	}
-	return st, err
+	return s.startOn(ctx, &req.Model, &req.Adapter, req.KeepAlive, func(m *model) (*api.Stream, error) {
+		return s.chatOn(ctx, m, req)
+	})
 }
 
 func (s *Server) chatOn(ctx context.Context, m *model, req api.ChatRequest) (*api.Stream, error) {
