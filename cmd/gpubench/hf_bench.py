@@ -13,10 +13,10 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
 
 
 def model(path, dtype):
+    from transformers import AutoModelForCausalLM  # here: info runs without transformers (a CPU dry run)
     m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=getattr(torch, dtype))
     return m.cuda().eval()
 
@@ -92,9 +92,9 @@ def prefill(path, cases):
 
 
 def info():
-    import transformers
-    print("%s, torch %s, transformers %s, triton %s" % (torch.cuda.get_device_name(), torch.__version__,
-                                                        transformers.__version__, _version("triton")))
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print("%s, torch %s, transformers %s, triton %s" % (device, torch.__version__, _version("transformers"),
+                                                        _version("triton")))
 
 
 def _version(name):

@@ -48,6 +48,12 @@
 // they part), then decode tok/s per batch size, alternating:
 //
 //	gpubench -shape llama8b -dir /tmp/llama8b -tp 2 -batches 1,64
+//
+// ab.sh runs the decode microbenchmark under two or more worker
+// environments (the runtime's MLXSERVING_* measurement switches), one
+// binary, alternating, and prints each variant's mean against the first:
+// a before/after from one device call. With -small and -device cpu the
+// program runs on a CPU without transformers (a dry run of a script).
 package main
 
 import (
