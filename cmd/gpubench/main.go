@@ -52,8 +52,9 @@
 // ab.sh runs the decode microbenchmark under two or more worker
 // environments (the runtime's MLXSERVING_* measurement switches), one
 // binary, alternating, and prints each variant's mean against the first:
-// a before/after from one device call. With -small and -device cpu the
-// program runs on a CPU without transformers (a dry run of a script).
+// a before/after from one device call. With -small -device cpu -hf=false
+// -hfstatic=false the program runs on a CPU without transformers (a dry
+// run of a script).
 package main
 
 import (
