@@ -89,7 +89,7 @@ class Kern:
                                            v_scale, self.m.kvq)
 
     def decode_attention(self, qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, context, scale=None, window=0,
-                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None):
+                         rot=None, prefetch=True, k_scale=1.0, v_scale=1.0, sinks=None, qk_norm=None, early=False):
         bs, hd, f = kc.shape[1], kc.shape[-1], self.m.kvq
         if qk_norm is not None:  # each head of q and k normalised first
             qkv = self.m.qk_norm(qkv, {"q_norm": qk_norm[0], "k_norm": qk_norm[1]})
