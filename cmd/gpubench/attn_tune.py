@@ -49,6 +49,19 @@ def rope_tables(ctx, hd):
     return emb.cos().to(dev, torch.bfloat16), emb.sin().to(dev, torch.bfloat16)
 
 
+def timed(qkv, pools, table, rows, pos, cos, sin, H, K, ctx):
+    """(output, ms a launch): decode_attention as a decode step launches
+    it (early), once on the first pool, then timed in a CUDA graph over
+    the four pools in turn. The new token's k and v are written at pos
+    each run: the same values, so runs agree."""
+    def run(kc, vc):
+        return kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, ctx, early=True)
+    out = run(*pools[0])
+    ms = triton.testing.do_bench_cudagraph(lambda: [run(kc, vc) for kc, vc in pools], rep=50,
+                                           return_mode="median") / len(pools)
+    return out, ms
+
+
 def tune(name):
     H, K, hd = SHAPES[name]
     cos, sin = rope_tables(1024, hd)  # positions stay below 256
@@ -58,24 +71,16 @@ def tune(name):
             g = torch.Generator(device="cpu").manual_seed(B)
             pools, table, rows, pos = case(B, K, hd, 256, g)
             qkv = torch.randn(B, (H + 2 * K) * hd, generator=g).to(dev, torch.bfloat16)
-            kc, vc = pools[0]
             ref = None
             for blk in (32, 64, 128):
                 for w in (1, 2, 4):
                     for st in (2, 3):
                         kernels.ATTN_CONFIG = (blk, w, st)
                         try:
-                            # The new token's k and v are written at pos
-                            # each run: the same values, so runs agree.
-                            out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, ctx,
-                                                           early=True)
+                            out, ms = timed(qkv, pools, table, rows, pos, cos, sin, H, K, ctx)
                             if ref is None:
                                 ref = out.float()
                             err = (out.float() - ref).abs().max().item()
-                            ms = triton.testing.do_bench_cudagraph(
-                                lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, ctx,
-                                                                  early=True)
-                                         for a, b in pools], rep=50, return_mode="median") / len(pools)
                         except Exception as e:  # a configuration Triton refuses
                             print("%s ctx %d B %d block %d warps %d stages %d: %s"
                                   % (name, ctx, B, blk, w, st, str(e)[:80]))
@@ -104,17 +109,13 @@ def split_counts(name):
         g = torch.Generator(device="cpu").manual_seed(B)
         pools, table, rows, pos = case(B, K, hd, 256, g)
         qkv = torch.randn(B, (H + 2 * K) * hd, generator=g).to(dev, torch.bfloat16)
-        kc, vc = pools[0]
         ref = None
         for sp in (1, 2, 4, 8, 16):
             kernels.splits = lambda batch, kv_heads, context, n=sp: n
             try:
-                out = kernels.decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, H, K, 1024, early=True)
+                out, ms = timed(qkv, pools, table, rows, pos, cos, sin, H, K, 1024)
                 ref = out.float() if ref is None else ref
                 err = (out.float() - ref).abs().max().item()
-                ms = triton.testing.do_bench_cudagraph(
-                    lambda: [kernels.decode_attention(qkv, a, b, table, rows, pos, cos, sin, H, K, 1024, early=True)
-                             for a, b in pools], rep=50, return_mode="median") / len(pools)
             finally:
                 kernels.splits = today
             print("%s splits B %d: %2d programs a KV head %7.2f us  (max diff %.3g)%s"

@@ -254,8 +254,9 @@ def _decode_attn_kernel(qkv_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, bt_p
     sp = tl.program_id(2)
     # EARLY: the step's inputs (table row, position, rotary rows, the first
     # tile's block ids) load before the wait, while the qkv product ends.
-    # No kernel of the step writes them, and every kernel before the
-    # product has completed by now (pdl.py: each releases after its wait).
+    # The caller vouches that the launch just before did not write them
+    # (decode_attention's early), and every launch before that one has
+    # completed by now (pdl.py: each releases after its wait).
     bt = bt_ptr + tl.load(row_ptr + b).to(tl.int64) * bt_stride  # the sequence's block table
     p = tl.load(pos_ptr + b)
     d = tl.arange(0, HD)
@@ -425,9 +426,9 @@ def rope_kv(qkv, kc, vc, kvrow, pos, cos, sin, heads, kv_heads, rot=None, k_scal
 
 
 # The shortest context whose cache splits up to 16 ways; shorter ones
-# split up to SHORT_SPLITS ways (MLXSERVING_ATTN_SPLIT_FROM and
-# MLXSERVING_ATTN_SHORT_SPLITS in the worker's environment: measurement).
-SPLIT_FROM = int(os.environ.get("MLXSERVING_ATTN_SPLIT_FROM", "4096"))
+# split up to SHORT_SPLITS ways (MLXSERVING_ATTN_SHORT_SPLITS in the
+# worker's environment: measurement; 1 splits none).
+SPLIT_FROM = 4096
 SHORT_SPLITS = int(os.environ.get("MLXSERVING_ATTN_SHORT_SPLITS", "4"))
 
 
@@ -536,7 +537,7 @@ def decode_attention(qkv, kc, vc, table, rows, pos, cos, sin, heads, kv_heads, c
         EARLY=early and ATTN_EARLY and launch["PDL"] == pdl.ON, num_warps=warps, num_stages=stages, **launch)
     if sp > 1:
         _combine_kernel[(B, kv_heads)](part, ml, out, sink, H=heads, K=kv_heads, REP=rep, RB=rb, HD=hd, SPLIT=sp,
-                                       SINK=sinks is not None, num_warps=4, **pdl.args(qkv.device, B))
+                                       SINK=sinks is not None, num_warps=4, **launch)
     return out
 
 
