@@ -20,14 +20,14 @@ shapes of llama1b and llama8b:
   bfloat16 weights in the row loop, int4tiles-S for int4 through the
   fast row loop, int4h2tiles-S through the packed one (under
   MLXSERVING_INT4_H2=0: beside the unpacked loop), mmatiles-S for fp8_mma
-  at 64 rows
+  at 64 rows, mmatma-S for it with the weight (and its input) through TMA
   (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
-        [int4h2tiles-S] [mmatiles-S]
+        [int4h2tiles-S] [mmatiles-S] [mmatma-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -151,7 +151,7 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
         fields = ["bm%d" % t.bm] if kind == "mma" else []
         fields += ["bn%d" % t.bn, "w%d" % t.warps, "s%d" % t.stages, "waves%d" % t.waves]
         fields += ["bk%d" % t.bk] if t.bk else []
-        fields += (["swap" if t.swap else "noswap"] if kind == "mma" else [])
+        fields += (["swap" if t.swap else "noswap", ("notma", "tma", "tma2")[t.tma]] if kind == "mma" else [])
         fields += (["h2" if t.h2 else "noh2"] if kind == "int4fast" else [])
         ENTRIES.append("%s:%d:%dx%d=%s" % (kind, rows, n, k, " ".join(fields)))
         print("ENTRY %s  (%.2fx today's)" % (ENTRIES[-1], base / best), flush=True)
@@ -229,15 +229,22 @@ def int4_tiles(shape, h2=False):
         torch.cuda.empty_cache()
 
 
-def mma_tiles(shape, M=64):
+def mma_tiles(shape, M=64, tma=False):
     """FP8 W8A8 products (quant_triton.fp8_mma) of a shape at M rows (a
     decode step of M sequences) at every tile of a grid, beside today's;
     the activations' codes handed over (quant_triton.give), as the
     decoder's add_rms and silu_mul hand them over from 17 rows, so no
-    act_quant launch is timed."""
-    grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
-            for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
-            if not (bm < 64 and not swap) and not (bn == 32 and warps == 8)]
+    act_quant launch is timed. tma: the grid of tiles whose weight
+    streams through a TMA descriptor (quant_triton.FP8_TMA), deeper
+    pipelines and wider tiles among them."""
+    if tma:
+        grid = [Tiles(64, bn, warps, stages, waves, swap=swap, pre=True, tma=tma) for bn in (64, 128, 256)
+                for warps in (4, 8) for stages in (3, 4, 5, 6) for waves in (1, 2, 4, 8) for swap in (False, True)
+                for tma in (1, 2) if bn * 128 * stages <= 160 << 10 and not (swap and bn == 256)]
+    else:
+        grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
+                for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
+                if not (bm < 64 and not swap) and not (bn == 32 and warps == 8)]
     for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k)))
         w8 = [(torch.randn(n, k, device=dev) * 40 / k ** 0.5).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in range(nw_)]
@@ -256,7 +263,8 @@ def mma_tiles(shape, M=64):
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
     grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True), "int4tiles": int4_tiles,
-             "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles}
+             "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles,
+             "mmatma": lambda sh: mma_tiles(sh, tma=True)}
     grid, _, of = shape.partition("-")
     if grid in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
         if of.partition(".")[0] not in SHAPES:

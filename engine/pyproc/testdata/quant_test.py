@@ -179,10 +179,10 @@ for d in sys.argv[2:]:
 # table, and garbage is refused by name (the worker stops at start).
 from mlxsworker.torchrt import tile_table  # noqa: E402
 spec = "fp8:1:4096x4096=bn128 w4 bk64 waves4; fp8norm:1:4096x4096=bn32 w2;" \
-       "mma:64:4096x4096=bn128 s4 waves1 noswap; int4fast:1:4096x4096=bn512 w8 bk64 waves4"
+       "mma:64:4096x4096=bn128 s4 waves1 noswap tma; int4fast:1:4096x4096=bn512 w8 bk64 waves4"
 table = tile_table.parse(spec)
 check(table[("fp8", 1, 4096, 4096)] == {"bn": 128, "warps": 4, "bk": 64, "waves": 4}
-      and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False}
+      and table[("mma", 64, 4096, 4096)] == {"bn": 128, "stages": 4, "waves": 1, "swap": False, "tma": 1}
       and len(table) == 4, "tile_table.parse: %r" % table)
 check(tile_table.parse("int4fast:1:8x8=bn64 noh2; int4fast:1:16x8=h2 w2") == {("int4fast", 1, 8, 8): {"bn": 64, "h2": False},
                                                                           ("int4fast", 1, 16, 8): {"h2": True, "warps": 2}},

@@ -37,7 +37,8 @@ With --cuda (CUDA, float8 and Triton), on the GPU:
   w8a8.TOLERANCE), from 2 to 300 rows over 8B- and 4B-shaped projections
   (fp8_mma from w8a8.MMA_MIN_ROWS to MMA_MAX_ROWS, emulated with groups
   of 128 inputs; cuBLAS past it); one row the weight-only GEMM's bytes;
-  fp8_mma's activations quantized in the kernel and by act_quant alike;
+  fp8_mma's activations quantized in the kernel and by act_quant alike,
+  and its weight read through TMA (quant_triton.FP8_TMA) and not alike;
 - a row's output bitwise the same beside other rows of another value
   (batch invariance within a row count), and a product captured in a CUDA
   graph replays what runs eagerly;
@@ -160,6 +161,8 @@ def check_act_quant():
 
 class StandIn:
     """quant_triton's FP8 entry points in plain torch, recording which ran."""
+
+    FP8_TMA = False
 
     def __init__(self, product=emulated_w8a8):
         self.calls, self.product = [], product
@@ -339,10 +342,10 @@ def check_probe():
     logger, h = logging.getLogger("quant"), Logged()
     logger.addHandler(h)
 
-    def probe(product):
+    def probe(product, stand=None):
         w8a8._on.clear()
         h.lines.clear()
-        stand = StandIn(product)
+        stand = stand or StandIn(product)
         with_standin(stand, lambda: w8a8.check(torch.device("cpu"), torch.float32))
         out = {k[2]: v for k, v in w8a8._on.items()}
         mma = {k[2]: v for k, v in w8a8._mma.items()}
@@ -391,6 +394,27 @@ def check_probe():
     got, mma, lines, _ = probe(mma_misread)
     check(got == {"channel": {}, "block": {}} and mma == {"channel": False, "block": False},
           "a one-kernel product that disagrees leaves cuBLAS's on: %r %r" % (got, mma))
+
+    # A one-kernel product that raises with the weight's TMA loads and
+    # passes without: TMA goes off, the kernel stays on.
+    tma = StandIn()
+
+    def tma_raises(x, w, scale, block, v2=False, mma=False):
+        if mma and tma.FP8_TMA:
+            raise RuntimeError("TMA descriptor: box dimension\nmore")
+        return emulated_w8a8(x, w, scale, block, mma=mma)
+    tma.product, tma.FP8_TMA = tma_raises, True
+    got, mma, lines, _ = probe(tma_raises, tma)
+    check(mma == {"channel": True, "block": True} and not tma.FP8_TMA,
+          "a one-kernel product that fails only with TMA keeps the kernel, TMA off: %r %r" % (mma, tma.FP8_TMA))
+    check(any("TMA loads are off" in ln and "box dimension" in ln for ln in lines), "and says why: %r" % lines)
+
+    # One that fails either way is off, and TMA left as it was.
+    both = StandIn()
+    both.product, both.FP8_TMA = misread, True
+    got, mma, lines, _ = probe(misread, both)
+    check(mma == {"channel": False, "block": False} and both.FP8_TMA,
+          "a one-kernel product that fails with and without TMA is off, TMA as it was: %r %r" % (mma, both.FP8_TMA))
     logger.removeHandler(h)
 
     # The check's product emulated: its error is inside the tolerance with
@@ -521,6 +545,19 @@ def check_kernels_cuda():
                     a = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=qt.Tiles(16, 64, 4, 3, 1, swap=True))
                     b = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=qt.Tiles(16, 64, 4, 3, 1, swap=True, pre=True))
                     check(torch.equal(a, b), "[%d, %d] %s: fp8_mma quantizes alike in the kernel and before it" % (n, k, layout))
+                    # The weight (and the codes) through TMA where this GPU
+                    # has it: the same tiles, so the same sums, bit for bit,
+                    # with the K split rounding past K (waves 4) and without.
+                    for M, tile in ((5, qt.Tiles(16, 64, 4, 3, 4, swap=True)), (40, qt.Tiles(64, 64, 4, 3, 4, pre=True)),
+                                    (64, qt.Tiles(64, 128, 4, 3, 1, pre=True))):
+                        if not qt.FP8_TMA:
+                            break
+                        x = torch.randn(M, k, generator=g).to(dev, dtype)
+                        a = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=tile)
+                        for level in (1, 2) if tile.pre else (1,):
+                            b = qt.fp8_mma(x, t["w"], t["scale"], t["block"], tiles=tile.replaced(tma=level, stages=5))
+                            check(torch.equal(a, b), "[%d, %d] %s x %d rows: fp8_mma alike with TMA %d" % (
+                                n, k, layout, M, level))
                 # Batch invariance within a row count, and graph capture.
                 x = torch.randn(64, k, generator=g).to(dev, dtype)
                 y = w.forward(x)

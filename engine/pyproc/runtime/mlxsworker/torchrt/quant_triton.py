@@ -13,7 +13,9 @@ a weight.
 - fp8_mma: the FP8 weights' W8A8 product of w8a8.MMA_MIN_ROWS to
   MMA_MAX_ROWS rows (decode batches, short prompt chunks; w8a8.py), one
   Triton kernel on the FP8 tensor cores, each row's activations
-  quantized per 128 inputs.
+  quantized per 128 inputs; on Hopper and later the products whose tile
+  asks for it (tile_table.SHAPE_TILES: the 8B shape's at 64 rows) read
+  the weight, and the input's codes, through TMA descriptors (FP8_TMA).
 - act_quant and fp8_w8a8: the W8A8 product for more rows: x's rows
   quantized to e4m3 per token by one kernel that reads x once and
   writes the codes and their float32 scales, then torch._scaled_mm.
@@ -78,6 +80,11 @@ import triton.language as tl
 
 from . import pdl, tile_table
 from .pdl import release as pdl_release, wait as pdl_wait
+
+try:  # host-side TMA descriptors (Triton 3.4 and later)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 
 @triton.jit
@@ -542,7 +549,7 @@ def _int4_dot2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, 
 def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, ssam, ssag,
                     swn, ssn, ssk, BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PRE: tl.constexpr,
-                    PDL: tl.constexpr):
+                    TMA: tl.constexpr, PDL: tl.constexpr):
     # W8A8 on the FP8 tensor cores: each K tile (ACT_GROUP inputs, inside
     # one block of the weight's scales) of each row of x in e4m3 under its
     # own scale (its max / 448), dotted with the weight's e4m3 tile as
@@ -551,7 +558,10 @@ def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N
     # else x is the activations, quantized here by every program that
     # reads them. SWAP computes the transposed tile (weight rows x
     # tokens), so a few tokens fill the MMA's narrow side and the weight
-    # its 64-row side.
+    # its 64-row side. TMA 1: w_ptr is a tensor descriptor of the weight
+    # ([BLOCK_N, BLOCK_K] boxes, zero past its edges): the weight's tiles
+    # stream through the copy engine instead of every thread's loads; 2:
+    # with PRE, x_ptr one of the codes too ([BLOCK_M, BLOCK_K] boxes).
     pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
@@ -568,14 +578,24 @@ def _fp8_mma_kernel(x_ptr, sa_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N
         offs_k = ks + tl.arange(0, BLOCK_K)
         xmask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
         if PRE:
-            aq = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0)
+            if TMA == 2:
+                aq = x_ptr.load([pm * BLOCK_M, ks])
+            else:
+                aq = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0)
             sa = tl.load(sa_ptr + offs_m * ssam + (ks // BLOCK_K) * ssag, mask=(offs_m < M) & (ks < K), other=0.0)
         else:
             a = tl.load(x_ptr + offs_m[:, None] * sxm + offs_k[None, :], mask=xmask, other=0.0).to(tl.float32)
             sa = tl.maximum(tl.max(tl.abs(a), axis=1) / 448.0, 1e-12)
-            aq = tl.minimum(tl.maximum(a / sa[:, None], -448.0), 448.0).to(w_ptr.dtype.element_ty)
-        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
-                    mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+            aq = tl.minimum(tl.maximum(a / sa[:, None], -448.0), 448.0)
+            if TMA:  # the descriptor's weights are float8_e4m3fn (fp8_mma)
+                aq = aq.to(tl.float8e4nv)
+            else:
+                aq = aq.to(w_ptr.dtype.element_ty)
+        if TMA:
+            w = w_ptr.load([pn * BLOCK_N, ks])
+        else:
+            w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
+                        mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
         sw = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
         if SWAP:
             acc += tl.dot(w, tl.trans(aq)) * sw[:, None] * sa[None, :]
@@ -679,16 +699,27 @@ INT4_FAST = os.environ.get("MLXSERVING_INT4_FAST", "") != "0"
 INT4_H2 = os.environ.get("MLXSERVING_INT4_H2", "") != "0"
 
 
+# Whether fp8_mma's tiles that ask for it (Tiles.tma) stream the weight
+# through a TMA descriptor (Hopper and later, with a Triton that has host
+# descriptors) rather than every thread's loads. MLXSERVING_FP8_TMA=0 in
+# the worker's environment turns it off (an A/B on one binary); w8a8.check
+# turns it off, logged, where the kernel fails with it and passes without.
+FP8_TMA = TensorDescriptor is not None and os.environ.get("MLXSERVING_FP8_TMA", "") != "0"
+
+
 class Tiles:
     """One product's launch: tile sizes, warps, stages and the K split's
     target (waves: programs per SM the split aims for). fast: int4's
     INT4_FAST kernels (gemv: the row loop, else the tensor-core tile);
-    h2: with fast and gemv, the packed row loop (INT4_H2)."""
+    h2: with fast and gemv, the packed row loop (INT4_H2); tma: fp8_mma's
+    weight through a TMA descriptor (FP8_TMA) at 1, and at 2 with pre its
+    input's codes as well."""
 
     def __init__(self, bm, bn, warps=4, stages=3, waves=2, gemv=False, bk=None, swap=False, pre=False, fast=False,
-                 h2=False):
+                 h2=False, tma=0):
         self.bm, self.bn, self.warps, self.stages, self.waves = bm, bn, warps, stages, waves
         self.gemv, self.bk, self.swap, self.pre, self.fast, self.h2 = gemv, bk, swap, pre, fast, h2
+        self.tma = tma
 
     def replaced(self, **kw):
         """A copy with the fields in kw changed."""
@@ -697,12 +728,11 @@ class Tiles:
         return t
 
     def __repr__(self):
-        return "%s%s%s bm%d bn%d%s w%d s%d waves%d" % ("fast h2 " if self.fast and self.h2 else
-                                                    "fast " if self.fast else "",
-                                                    "gemv" if self.gemv else "swap" if self.swap else "dot",
-                                                    " pre" if self.pre else "", self.bm, self.bn,
-                                                    " bk%d" % self.bk if self.bk else "", self.warps, self.stages,
-                                                    self.waves)
+        kind = "fast h2 " if self.fast and self.h2 else "fast " if self.fast else ""
+        kind += "gemv" if self.gemv else "swap" if self.swap else "dot"
+        kind += (" pre" if self.pre else "") + ("", " tma", " tma2")[self.tma]
+        return "%s bm%d bn%d%s w%d s%d waves%d" % (kind, self.bm, self.bn, " bk%d" % self.bk if self.bk else "",
+                                                   self.warps, self.stages, self.waves)
 
 
 def shaped(t, kind, M, N, K):
@@ -917,11 +947,38 @@ def fp8_mma(x, w, scale, block, tiles=None):
     if t.pre:
         a, sa = _given_for(x2) or act_quant(x2, ACT_GROUP)
     consts = _fp8_consts(w, scale, block)
-    _fp8_mma_kernel[(n_tiles, split)](a, sa, w, scale, y, part, locks, M, N, K, k_per, split, a.stride(0),
-                                      *(sa.stride() if t.pre else (0, 0)), *consts[0], BLOCK_M=t.bm, BLOCK_N=t.bn,
-                                      BLOCK_K=ACT_GROUP, SWAP=t.swap, PRE=t.pre, num_warps=t.warps,
-                                      num_stages=t.stages, **consts[1], **pdl.args(x.device, M))
+    wt = _weight_descriptor(w, t.bn) if t.tma else None
+    tma, at = (0 if wt is None else 1), a
+    if tma and t.tma == 2 and t.pre and a.stride(1) == 1 and a.stride(0) % 16 == 0 and a.data_ptr() % 16 == 0:
+        tma, at = 2, TensorDescriptor.from_tensor(a, [t.bm, ACT_GROUP])
+    _fp8_mma_kernel[(n_tiles, split)](at, sa, w if wt is None else wt, scale, y, part, locks, M, N, K, k_per, split,
+                                      a.stride(0), *(sa.stride() if t.pre else (0, 0)), *consts[0], BLOCK_M=t.bm,
+                                      BLOCK_N=t.bn, BLOCK_K=ACT_GROUP, SWAP=t.swap, PRE=t.pre, TMA=tma,
+                                      num_warps=t.warps, num_stages=t.stages, **consts[1], **pdl.args(x.device, M))
     return y.reshape(*shape, N)
+
+
+_tma_devices = {}  # device -> whether it has TMA (compute capability 9.0 and later)
+
+
+def _weight_descriptor(w, bn):
+    """A TMA descriptor of FP8 weight w [N, K] in [bn, ACT_GROUP] boxes,
+    or None where TMA is off (FP8_TMA), the GPU has none, or w's layout
+    does not take one (e4m3 codes, rows contiguous, 16-byte aligned).
+    Kept on the weight, one a box width: a served step's products make
+    none."""
+    if not FP8_TMA or w.dtype != torch.float8_e4m3fn or w.stride(1) != 1 or w.stride(0) % 16 \
+            or w.data_ptr() % 16:
+        return None
+    if w.device not in _tma_devices:
+        _tma_devices[w.device] = torch.cuda.get_device_capability(w.device)[0] >= 9
+    if not _tma_devices[w.device]:
+        return None
+    cache = w.__dict__.setdefault("_tma", {})
+    key = (bn, w.data_ptr())  # the memory too: a descriptor holds its address
+    if key not in cache:
+        cache[key] = TensorDescriptor.from_tensor(w, [bn, ACT_GROUP])
+    return cache[key]
 
 
 # The fast tensor-core tile's 16-bit codes OFF + q by x's dtype: OFF's

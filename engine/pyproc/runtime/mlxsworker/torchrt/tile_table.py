@@ -25,7 +25,14 @@ import os
 #   entry runs where its norm is not inside: NORM_FUSE off, adapters);
 # - gate/up with the norm inside: 35.91 -> 34.2 us, which makes fusing it
 #   win (decode 354.1 -> 355.9; quant.norm_fits);
-# - down at 64 rows (fp8_mma): 30.65 -> 29.14 us (decode 1.007x);
+# - down at 64 rows (fp8_mma), four waves: 30.65 -> 29.14 us (decode
+#   1.007x), since replaced below;
+# - q/k/v and o at 64 rows with the weight through TMA, five stages and
+#   no K split beyond one program an SM (rowloop_sweep.py mmatma-8b):
+#   15.11 -> 13.28 us and 11.37 -> 10.72 (decode at batch 64 1.025x,
+#   15,376 -> 15,768 tok/s, two rounds alternating); down at 64 rows
+#   with its input's codes through TMA too, two waves, four stages
+#   (mmatma-8b.down): 26.45 -> 24.34 us;
 # - int4 (GPTQ) at one row, the packed row loop: o 8.18 -> 7.71 us (decode
 #   374.4 -> 376.1 tok/s, two rounds).
 # The 1B shape, int4 at one row (per product, rowloop_sweep.py
@@ -37,7 +44,9 @@ SHAPE_TILES = {
     ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
     ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
     ("fp8norm", 1, 28672, 4096): {"waves": 16},
-    ("mma", 64, 4096, 14336): {"waves": 4},
+    ("mma", 64, 4096, 14336): {"stages": 4, "waves": 2, "tma": 2},
+    ("mma", 64, 6144, 4096): {"stages": 5, "waves": 1, "tma": 1},
+    ("mma", 64, 4096, 4096): {"stages": 5, "waves": 1, "tma": 1},
     ("int4fast", 1, 4096, 4096): {"bn": 32, "stages": 3},
     ("int4fast", 1, 3072, 2048): {"bn": 32, "stages": 3, "waves": 16},
     ("int4fast", 1, 2048, 2048): {"bn": 32, "stages": 3, "waves": 16},
@@ -53,15 +62,17 @@ ROWS = (1, 16, 32, 64, 0)
 _FIELDS = {"bm": "bm", "bn": "bn", "w": "warps", "s": "stages", "waves": "waves", "bk": "bk"}
 _POW2 = ("bm", "bn", "bk")
 # The fields an entry sets by a word alone: word -> (field, value).
-_FLAGS = {"swap": ("swap", True), "noswap": ("swap", False), "h2": ("h2", True), "noh2": ("h2", False)}
+_FLAGS = {"swap": ("swap", True), "noswap": ("swap", False), "h2": ("h2", True), "noh2": ("h2", False),
+          "tma": ("tma", 1), "tma2": ("tma", 2), "notma": ("tma", 0)}
 
 
 def parse(spec):
     """SHAPE_TILES entries from "kind:rows:NxK=fields;..." with fields as
     quant_triton.Tiles' repr writes the numeric ones ("bn128 w4 bk64 s2
     waves4"; bm, bn and bk powers of two, warps 1 to 16), "swap" or
-    "noswap" for fp8_mma's transposed tile and "h2" or "noh2" for int4's
-    packed row loop. A malformed entry raises ValueError naming it."""
+    "noswap" for fp8_mma's transposed tile, "tma", "tma2" or "notma" for
+    its weight (and its input's codes) through TMA descriptors, and "h2"
+    or "noh2" for int4's packed row loop. A malformed entry raises ValueError naming it."""
     out = {}
     for entry in filter(None, (e.strip() for e in spec.split(";"))):
         try:
@@ -82,8 +93,8 @@ def parse(spec):
                     continue
                 name = tok.rstrip("0123456789")
                 if name not in _FIELDS or name == tok:
-                    raise ValueError("field %r (want %s followed by a number, swap, noswap, h2 or noh2)"
-                                     % (tok, ", ".join(_FIELDS)))
+                    raise ValueError("field %r (want %s followed by a number, or one of %s)"
+                                     % (tok, ", ".join(_FIELDS), ", ".join(_FLAGS)))
                 v = int(tok[len(name):])
                 if v < 1 or name in _POW2 and v & (v - 1) or name == "w" and v > 16:
                     raise ValueError("field %r out of range" % tok)
