@@ -91,7 +91,8 @@ func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, dec
 		case s.opening != nil:
 		case b.samplesAhead(s):
 			if b.decodesAhead(s) {
-				in = append(in, engine.StepInput{Seq: s.id, Prev: true, Sample: true, Params: &s.params})
+				// Its token in the pending step is not in generated yet.
+				in = append(in, engine.StepInput{Seq: s.id, Prev: true, Sample: true, Params: &s.params, Last: b.budget(s) <= 2})
 				seqs = append(seqs, s)
 				budget--
 				decode++
@@ -104,7 +105,7 @@ func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, dec
 			}
 			// The last sampled token, and the tokens jump-forward
 			// appended after it.
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1-s.forced:], Sample: true, Params: &s.params, Allowed: allowed})
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.generated[len(s.generated)-1-s.forced:], Sample: true, Params: &s.params, Allowed: allowed, Last: b.budget(s) <= 1})
 			if allowed != nil && s.loopLeft > 0 {
 				in[len(in)-1].Loop, in[len(in)-1].LoopSteps = s.loop, s.loopLeft
 			}
@@ -157,7 +158,9 @@ func (b *ContinuousBatcher) plan() (in []engine.StepInput, seqs []*Sequence, dec
 					continue
 				}
 			}
-			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[fed:end], Sample: end == len(s.feed), Params: &s.params, Allowed: allowed, Opening: s.opening != nil})
+			sample := end == len(s.feed)
+			in = append(in, engine.StepInput{Seq: s.id, Tokens: s.feed[fed:end], Sample: sample, Params: &s.params, Allowed: allowed, Opening: s.opening != nil,
+				Last: sample && s.Pool == engine.PoolNone && b.budget(s) <= 1})
 			seqs = append(seqs, s)
 			budget -= n
 			room -= n

@@ -255,6 +255,14 @@ type StepInput struct {
 	// output's Token is -1: the rest of the step runs, and the caller,
 	// told by the open's Wait, drops the output.
 	Opening bool
+	// Last, with Sample, says the token this input samples is its
+	// sequence's last: the caller will not step the sequence again (its
+	// MaxTokens or the context is reached). An engine that computes a
+	// sequence's next step before it is asked (the pyproc worker's
+	// speculated decode step) leaves it out, so a request of one token
+	// costs no decode step. A hint: an engine may ignore it, and a
+	// sequence stepped again anyway still steps correctly.
+	Last bool
 }
 
 // Feeds is the number of tokens the input appends to its sequence (for

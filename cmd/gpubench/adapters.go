@@ -176,7 +176,7 @@ func promptStep(ctx context.Context, m engine.Model, c prefillCase, seed int, op
 		toks := promptFor(seed+i, c.n, m.Info().VocabSize)
 		got, err := open(engine.SeqID(i+1), toks)
 		must(err)
-		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[got:], Sample: true, Params: &engine.SamplingParams{}}
+		batch[i] = engine.StepInput{Seq: engine.SeqID(i + 1), Tokens: toks[got:], Sample: true, Params: &engine.SamplingParams{}, Last: *prefillLast}
 	}
 	t0 := time.Now()
 	_, err := m.Step(ctx, batch)

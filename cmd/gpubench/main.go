@@ -79,29 +79,30 @@ import (
 )
 
 var (
-	python    = flag.String("python", "python3", "interpreter with torch (CUDA) and transformers")
-	dir       = flag.String("dir", "/tmp/llama1b", "checkpoint directory; written if missing")
-	batches   = flag.String("batches", "1,8,32,64", "decode batch sizes")
-	prefills  = flag.String("prefill", "1x2048,16x512", "prefill cases, BATCHxTOKENS; empty: none")
-	prompt    = flag.Int("prompt", 128, "prompt tokens per sequence (decode)")
-	gen       = flag.Int("gen", 128, "decoded tokens per sequence")
-	hf        = flag.Bool("hf", true, "run transformers (plain generate, prefill) and the logits check")
-	hfStatic  = flag.Bool("hfstatic", true, "run transformers' generate with a static cache and torch.compile")
-	graphs    = flag.Bool("graphs", true, "CUDA graphs for decode steps")
-	kernels   = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
-	overlap   = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
-	prefillG  = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
-	promptAtt = flag.Bool("prompt-attention", true, "prompt-step graphs of the whole step around the paged prompt-attention kernel (pyproc.Tuning.NoPromptAttention)")
-	tpGraphs  = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
-	tpOneShot = flag.Bool("tp-oneshot", true, "small tensor-parallel all-reduces over peer memory, not NCCL (pyproc.Tuning.NoOneShotAllReduce)")
-	scaledMM  = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 in products of 2 rows or more: a Triton kernel to 64 rows, torch._scaled_mm beyond (pyproc.Tuning.NoFP8ScaledMM)")
-	lookahead = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
-	kvDtype   = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
-	script    = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")
-	device    = flag.String("device", "cuda", "torch device")
-	small     = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
-	withStack = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
-	shape     = flag.String("shape", "llama1b", "checkpoint shape: a testmodel.Shapes name (llama1b, llama8b, llama70b, qwen3-32b, ...; bf16, random weights)")
+	python      = flag.String("python", "python3", "interpreter with torch (CUDA) and transformers")
+	dir         = flag.String("dir", "/tmp/llama1b", "checkpoint directory; written if missing")
+	batches     = flag.String("batches", "1,8,32,64", "decode batch sizes")
+	prefills    = flag.String("prefill", "1x2048,16x512", "prefill cases, BATCHxTOKENS; empty: none")
+	prefillLast = flag.Bool("prefill-last", true, "prefill steps' inputs sample their sequences' last token (engine.StepInput.Last), as a request of one token does: no decode step is speculated behind each; false: one is, as behind a served prompt whose request goes on")
+	prompt      = flag.Int("prompt", 128, "prompt tokens per sequence (decode)")
+	gen         = flag.Int("gen", 128, "decoded tokens per sequence")
+	hf          = flag.Bool("hf", true, "run transformers (plain generate, prefill) and the logits check")
+	hfStatic    = flag.Bool("hfstatic", true, "run transformers' generate with a static cache and torch.compile")
+	graphs      = flag.Bool("graphs", true, "CUDA graphs for decode steps")
+	kernels     = flag.Bool("kernels", true, "the runtime's Triton kernels (pyproc.Tuning.NoKernels)")
+	overlap     = flag.Bool("overlap", true, "the next decode step launched behind each step (pyproc.Tuning.NoOverlap)")
+	prefillG    = flag.Bool("prefill-graphs", true, "steps of prompt chunks on CUDA graphs (pyproc.Tuning.NoPrefillGraphs)")
+	promptAtt   = flag.Bool("prompt-attention", true, "prompt-step graphs of the whole step around the paged prompt-attention kernel (pyproc.Tuning.NoPromptAttention)")
+	tpGraphs    = flag.Bool("tp-graphs", true, "CUDA graphs under tensor parallel (pyproc.Tuning.NoTPGraphs)")
+	tpOneShot   = flag.Bool("tp-oneshot", true, "small tensor-parallel all-reduces over peer memory, not NCCL (pyproc.Tuning.NoOneShotAllReduce)")
+	scaledMM    = flag.Bool("fp8-scaled-mm", true, "FP8 projections as W8A8 in products of 2 rows or more: a Triton kernel to 64 rows, torch._scaled_mm beyond (pyproc.Tuning.NoFP8ScaledMM)")
+	lookahead   = flag.Int("lookahead", 0, "pyproc.WithLookahead (0: the engine's default)")
+	kvDtype     = flag.String("kv-cache-dtype", "auto", "pyproc.WithKVCacheDtype: auto (the model's dtype) or fp8 (float8 e4m3: twice the tokens in the KV pool)")
+	script      = flag.String("script", "cmd/gpubench/hf_bench.py", "transformers script")
+	device      = flag.String("device", "cuda", "torch device")
+	small       = flag.Bool("small", false, "write the tiny model instead (a dry run of this program on CPU)")
+	withStack   = flag.Bool("stack", true, "also measure through mlxserving.Server (scheduler, batcher)")
+	shape       = flag.String("shape", "llama1b", "checkpoint shape: a testmodel.Shapes name (llama1b, llama8b, llama70b, qwen3-32b, ...; bf16, random weights)")
 
 	serving    = flag.Bool("serving", false, "serving mode: examples/server at the checkpoint's full context, driven by cmd/loadgen")
 	serverBin  = flag.String("server", "bin/server", "serving mode: the examples/server binary")
@@ -274,8 +275,12 @@ func main() {
 			bound, ours[b]/bound, stack[b]/bound, ratio(ours[b], hfStat[k]))
 	}
 	if len(cases) > 0 {
-		fmt.Printf("\nprefill: one Step with every prompt whole (first token sampled); bound = %.2f GFLOP/token at %.0f TFLOP/s\n",
-			flopsPerToken(cfg, 1024)/1e9, bf16Rate/1e12)
+		behind := "its token each sequence's last: no decode step speculated behind it"
+		if !*prefillLast {
+			behind = "a decode step speculated behind it (-prefill-last=false)"
+		}
+		fmt.Printf("\nprefill: one Step with every prompt whole (first token sampled; %s); bound = %.2f GFLOP/token at %.0f TFLOP/s\n",
+			behind, flopsPerToken(cfg, 1024)/1e9, bf16Rate/1e12)
 		fmt.Println("| prompts | engine tok/s | HF forward tok/s | bound tok/s | engine/bound |")
 		fmt.Println("|---|---|---|---|---|")
 		for _, c := range cases {

@@ -131,6 +131,7 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 		b = strconv.AppendUint(b, after, 10)
 	}
 	b = appendOpening(b, batch, idx)
+	b = appendLast(b, batch, idx)
 	b = append(b, `,"batch":[`...)
 	for n, i := range idx {
 		in := &batch[i]
@@ -184,13 +185,27 @@ func appendStep(b []byte, id uint64, model string, vocab int, batch []engine.Ste
 // appendOpening writes "opening", the sequences of the Opening inputs
 // among batch's inputs idx, when there are any.
 func appendOpening(b []byte, batch []engine.StepInput, idx []int) []byte {
+	return appendSeqs(b, `,"opening":[`, batch, idx, func(in *engine.StepInput) bool { return in.Opening })
+}
+
+// appendLast writes "last", the sequences of the inputs among idx whose
+// sample is their last (engine.StepInput.Last), when there are any: the
+// worker speculates no decode step of theirs.
+func appendLast(b []byte, batch []engine.StepInput, idx []int) []byte {
+	return appendSeqs(b, `,"last":[`, batch, idx, func(in *engine.StepInput) bool { return in.Last && in.Sample })
+}
+
+// appendSeqs writes key (a member's opening, through its "[") and the
+// sequences of the inputs among idx that has picks, closing the list;
+// nothing when none is picked.
+func appendSeqs(b []byte, key string, batch []engine.StepInput, idx []int, has func(*engine.StepInput) bool) []byte {
 	first := true
 	for _, i := range idx {
-		if !batch[i].Opening {
+		if !has(&batch[i]) {
 			continue
 		}
 		if first {
-			b = append(b, `,"opening":[`...)
+			b = append(b, key...)
 		} else {
 			b = append(b, ',')
 		}

@@ -221,7 +221,8 @@ func (m *Model) planStep(batch []engine.StepInput, plan []inPlan) []inPlan {
 			p.served = true
 			// A masked buffer is not topped up: whether the mask holds
 			// after its last token is the caller's to say.
-			if n := k - len(st.buf); n >= 1 && !st.masked {
+			// Nor is the buffer of a sequence at its last token.
+			if n := k - len(st.buf); n >= 1 && !st.masked && !in.Last {
 				p.send, p.n = []int32{st.buf[len(st.buf)-1].Token}, n
 			}
 		case m.pooled[in.Seq] != nil:

@@ -12,7 +12,8 @@ speculations used whole, used beside prompt chunks and discarded. The
 scenario run through the protocol's Worker as a pipelining supervisor
 sends it (every decode row that feeds the token just sampled as a null
 row, every step naming the one before in "after") must give the same
-tokens and logprobs and use the speculations exactly as often.
+tokens and logprobs and use the speculations exactly as often. A
+step's "last" sequences are left out of the speculated step (last_rows).
 
   python3 overlap_test.py RUNTIME_DIR MODEL_DIR...
 
@@ -195,9 +196,67 @@ def cached_pool(path):
     return 1
 
 
+def last_rows(path):
+    """A step's "last" sequences (their token is their last) are left out
+    of the speculated next step: a lone prompt of one token launches
+    nothing; of two decoding sequences where one ends, the other's next
+    step is still the speculation's (used, not discarded), its tokens as
+    with the overlap off; through the protocol's Worker too, which refuses
+    a "last" that is not a list of sequence ids."""
+    from mlxsworker.errors import ProtocolError
+    p1 = [(j * 37 + 11) % 300 + 5 for j in range(9)]
+    p2 = [(j * 53 + 7) % 300 + 5 for j in range(5)]
+    outs = []
+    for overlap in (False, True):
+        m = model(path, overlap)
+        out = []
+        m.open(1, p1, "")
+        before = dict(m.speculated)
+        out += m.step([[1, p1, True, {}]], last=frozenset({1})).tokens
+        if overlap:
+            assert m.spec is None and m.speculated == before, (m.speculated, before)
+        m.free(1, "")
+        m.open(1, p1, "")
+        m.open(2, p2, "")
+        t = m.step([[1, p1, True, {}], [2, p2, True, {"l": True}]]).tokens
+        out += t
+        for step in range(3):  # sequence 2's third token here is its last
+            t = m.step([[1, [t[0]], True, {}], [2, [t[1]], True, {"l": True}]],
+                       last=frozenset({2}) if step == 2 else frozenset()).tokens
+            out += t
+        if overlap:
+            assert m.spec is not None and list(m.spec.live.values()) == [0] and len(m.spec.rows) == 1, m.spec.live
+            assert m.spec.fed() == [t[0]], (m.spec.fed(), t)
+        m.free(2, "")
+        before = dict(m.speculated)
+        for _ in range(2):
+            t = m.step([[1, [t[0]], True, {}]]).tokens
+            out += t
+        if overlap:
+            assert m.speculated["discarded"] == before["discarded"], (before, m.speculated)
+            assert m.speculated["chained"] + m.speculated["beside"] > before["chained"] + before["beside"], m.speculated
+        m.free(1, "")
+        outs.append(out)
+    assert outs[0] == outs[1], outs
+    m = model(path, True)
+    w = Worker(None, None, None, False)
+    w.models["m"] = m
+    m.open(1, p1, "")
+    before = dict(m.speculated)
+    w.step({"id": 1, "model": "m", "batch": [[1, p1, True, {}]], "last": [1]})
+    assert m.spec is None and m.speculated == before, (m.speculated, before)
+    for i, bad in enumerate(({"1": 1}, [1.5], ["1"], [True], 7)):
+        try:
+            w.step({"id": 2 + i, "model": "m", "batch": [[1, [3], True, {}]], "last": bad})
+            raise AssertionError("last %r accepted" % (bad,))
+        except ProtocolError as e:
+            assert "last" in str(e), e
+    return 3
+
+
 def main():
     graphs.record, graphs.new_pool = record, lambda: object()
-    passed = sum(check(path) + cached_pool(path) for path in sys.argv[2:])
+    passed = sum(check(path) + cached_pool(path) + last_rows(path) for path in sys.argv[2:])
     print("%d passed, 0 failed" % passed)
 
 

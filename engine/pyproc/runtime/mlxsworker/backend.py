@@ -63,9 +63,11 @@ class Model(abc.ABC):
         raise ProtocolError(INVALID, "this model takes no opening rows")
 
     @abc.abstractmethod
-    def step(self, batch):
+    def step(self, batch, last=frozenset()):
         """Runs batch ([seq, tokens, sample, params, n?, back?] per input);
-        returns a StepResult."""
+        returns a StepResult. last: the sequences whose token this step
+        samples is their last (the request's "last"): a backend that
+        computes a step ahead leaves them out of it."""
 
     @abc.abstractmethod
     def free(self, seq, key, back=0):

@@ -107,7 +107,7 @@ class Worker:
             failed = ()
             if req.get("opening"):
                 batch, failed = skip_reused(m, batch, req["opening"])
-            res = m.step(batch)
+            res = m.step(batch, last=last_rows(req))
             note_sampled(unfed, batch, res)
             if failed:
                 pad_failed_opens(res, failed)
@@ -256,6 +256,18 @@ def resolve(unfed, batch):
             raise ProtocolError(INVALID, "sequence %s: a row with tokens null samples and takes nothing back" % row[0])
         row[1] = [tok]
     return batch
+
+
+def last_rows(req):
+    """The sequences a step request lists in "last" (those whose token in
+    it is their last: none is stepped again), as a set; invalid_value
+    for anything but a list of sequence ids."""
+    last = req.get("last")
+    if last is None:
+        return frozenset()
+    if not isinstance(last, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in last):
+        raise ProtocolError(INVALID, "last: want a list of sequence ids, got %r" % (last,))
+    return frozenset(last)
 
 
 def skip_reused(m, batch, opening):

@@ -216,7 +216,7 @@ class MlxModel(Model):
     def stats(self):
         return {"open": len(self.seqs), "saved": len(self.saved)}
 
-    def step(self, batch):
+    def step(self, batch, last=frozenset()):  # last: nothing runs ahead here
         if len(batch) > self.max_batch:
             raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
         out = StepResult([], [], [])

@@ -83,10 +83,11 @@ class EncoderModel(Model):
     def stats(self):
         return {"open": len(self.seqs)}
 
-    def step(self, batch):
+    def step(self, batch, last=frozenset()):
         """batch: [seq, tokens, sample, params, ...] per input, each a
         pooled sequence's whole input with sample true. Returns a
-        StepResult of -1 per input and the inputs' vectors."""
+        StepResult of -1 per input and the inputs' vectors (last: nothing
+        runs ahead here)."""
         if not batch:
             return StepResult([], [], [])
         if len(batch) > self.max_batch:

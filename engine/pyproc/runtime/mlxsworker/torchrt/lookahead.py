@@ -95,13 +95,14 @@ def overlaps(model):
     return model.overlap and g is not None and g.fast
 
 
-def plan(model, batch, seqs):
+def plan(model, batch, seqs, last=frozenset()):
     """Returns, per sampling input in order, how many tokens it gets (1:
     just this step's), clipped to the context and to the KV blocks free
     or idle in the prefix cache (no saved prefix given up: PagedKV.grow's
     ahead), and gives the sequences the blocks the extra tokens need
-    (plus one more token's where there is one, for Spec). batch entries
-    are [seq, tokens, sample, params, n?, back?]."""
+    (plus one more token's where there is one, for Spec; not for the
+    sequences in last, which Spec leaves out). batch entries are [seq,
+    tokens, sample, params, n?, back?]."""
     ahead = overlaps(model)
     kv, context = model.kv, model.cfg.context
     dense, bs = not kv.layout.sliding_groups, kv.bs
@@ -113,7 +114,7 @@ def plan(model, batch, seqs):
             fed = len(s.tokens) + len(b[1])
             # The block of the next step's token (Spec), unless held already
             # (PagedKV.grow's first test, made here without the call).
-            if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs):
+            if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs) and b[0] not in last:
                 kv.grow(s, fed + 1, ahead=True)
             want.append(1)
             continue
@@ -152,11 +153,12 @@ def adapted(items):
     return any(s.lora for _, s in items)
 
 
-def run_chain(model, items, tokens, want):
+def run_chain(model, items, tokens, want, ends=None):
     """The whole step on the device (see chainable): tokens are the ones
     the inputs feed. Returns the StepResult TorchModel.step does. When
     the next round looks like this one, its first step is launched before
-    this round's tokens are read."""
+    this round's tokens are read, without the inputs ends marks as their
+    sequences' last (Spec.launch)."""
     spec, model.spec = model.spec, None
     pre = spec.take(items, tokens) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
@@ -164,7 +166,7 @@ def run_chain(model, items, tokens, want):
         model.speculated["chained" if pre is not None else "discarded"] += 1
         model.spec_missed = pre is None
     if not model.spec_missed:
-        model.spec = Spec.launch(model, items, ch)
+        model.spec = Spec.launch(model, items, ch, ends)
     model.spec_missed = False  # after a miss, one round without
     out, lps = _finish(ch)
     first = [o[0] for o in out]
@@ -359,22 +361,34 @@ class Spec:
     sequence something else discards it (one step of GPU work lost;
     temperature draws are taken back, so seeded sequences do not notice)."""
 
-    __slots__ = ("rows", "live", "chain", "feed", "tok", "lp")
+    __slots__ = ("rows", "live", "chain", "feed", "tok", "lp", "pick")
 
     @staticmethod
-    def launch(model, items, ch):
+    def launch(model, items, ch, ends=None):
         """Speculates the step after chain ch, or returns None when the
-        next step cannot be such a step."""
+        next step cannot be such a step. ends (None: none), per input,
+        whether its token is its sequence's last: those rows are left out
+        (none left: nothing launched)."""
         run = ch.run
         if ch.steps < 1 or min(run) != ch.steps or ch.loops is not None:
             return None  # a constrained round's next mask is the caller's
+        plan = ch.plan[ch.steps - 1].clone()
+        plan[0] += 1  # the position after the round's last fed token
+        tok, slots, pick = ch.last, ch.slots, None
+        if ends is not None and any(ends):
+            pick = [i for i, e in enumerate(ends) if not e]
+            if not pick or not model.graphs.usable(len(pick)):
+                return None
+            ix = _upload(pick, tok.device)
+            items, run = [items[i] for i in pick], [run[i] for i in pick]
+            plan, tok, slots = plan[:, ix], tok[ix], (slots[ix] if slots is not None else None)
         # The step writes at position len + run (the chain's tokens are not
         # counted in s.tokens yet): its block must be there.
         if not _room(model, items, run):
             return None
-        plan = ch.plan[ch.steps - 1].clone()
-        plan[0] += 1  # the position after the round's last fed token
-        return Spec._start(model, items, ch.last, plan, ch.slots, ch, None)
+        sp = Spec._start(model, items, tok, plan, slots, ch, None)
+        sp.pick = pick
+        return sp
 
     @staticmethod
     def after(model, items, toks):
@@ -404,6 +418,7 @@ class Spec:
         sp.rows = [(dict(p), s) for p, s in items]
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
         sp.chain, sp.feed = chain, feed  # what each row is fed: feed, or the chain's last tokens
+        sp.pick = None  # Spec.after over some of a step's inputs: their indices (fed_after)
         logits = model.graphs.run_device(tok, plan, slots)
         sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
         model.speculated["launched"] += 1
@@ -413,7 +428,8 @@ class Spec:
         """The token each row was fed, host ints (after an ordinary step,
         set by fed_after once the step's tokens are read)."""
         if self.feed is None:
-            self.feed = list(self.chain.host[-1])  # read by _finish already
+            last = self.chain.host[-1]  # read by _finish already
+            self.feed = list(last) if self.pick is None else [last[i] for i in self.pick]
         return self.feed
 
     def matches(self, s, toks, params):
@@ -455,27 +471,42 @@ class Spec:
                 _undraw(*self.rows[i])
 
 
-def launcher(model, items):
+def launcher(model, items, ends=None):
     """For sample_rows' launch after an ordinary step whose sampling
     inputs are items: launches the next decode step behind it (Spec.after)
     where the model overlaps, unless the last speculation missed (then one
-    step goes without). None where there is nothing to launch. The caller
-    gives the Spec its host tokens (fed_after) once read."""
+    step goes without). ends (None: none), per input, whether its token
+    is its sequence's last (the request's "last"): those are left out, and
+    nothing is launched when every input ends (a request of one token: no
+    decode step of it ever comes). None where there is nothing to launch.
+    The caller gives the Spec its host tokens (fed_after) once read."""
     if not overlaps(model):
         return None
+    pick = None
+    if ends is not None and any(ends):
+        pick = [i for i, e in enumerate(ends) if not e]
+        if not pick:
+            return None
+        items = [items[i] for i in pick]
     if model.spec_missed:
         model.spec_missed = False
         return None
 
     def launch(toks):
-        model.spec = Spec.after(model, items, toks)
+        if pick is not None:
+            toks = toks[_upload(pick, toks.device)]
+        model.spec = sp = Spec.after(model, items, toks)
+        if sp is not None:
+            sp.pick = pick
     return launch
 
 
 def fed_after(model, toks):
-    """The host tokens of the step a Spec.after speculation follows."""
-    if model.spec is not None and model.spec.feed is None and model.spec.chain is None:
-        model.spec.feed = list(toks)
+    """The host tokens of the step a Spec.after speculation follows (of
+    its inputs the speculation took, where it left some out)."""
+    sp = model.spec
+    if sp is not None and sp.feed is None and sp.chain is None:
+        sp.feed = list(toks) if sp.pick is None else [toks[i] for i in sp.pick]
 
 
 def _room(model, items, run):

@@ -348,27 +348,30 @@ class TorchModel(Model):
         st["speculated"] = dict(self.speculated)
         return st
 
-    def step(self, batch):
+    def step(self, batch, last=frozenset()):
         """The step of batch (_step); on CUDA its device span, CUDA events
         as its host work begins and after its last launch, goes to the
         worker's step-cycle summary (timing.device_span: an upper bound of
-        the device's busy time, see there)."""
+        the device's busy time, see there). last: the sequences sampling
+        their last token, left out of the speculated next step."""
         if self.device.type != "cuda":
-            return self._step(batch)
+            return self._step(batch, last)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         try:
-            return self._step(batch)
+            return self._step(batch, last)
         finally:
             end.record()
             timing.device_span(start, end)
 
-    def _step(self, batch):
+    def _step(self, batch, last=frozenset()):
         """batch: list of [seq, tokens, sample, params, n?, back?]. Returns
         the StepResult of the sampling inputs in order, with more and
         more_logprobs when inputs asked for lookahead: the tokens decoded
-        after them (lookahead.py). Fails with out_of_memory, changing
-        nothing, when the blocks the inputs need are not free."""
+        after them (lookahead.py). The sequences in last sample their last
+        token: the next decode step speculated behind this one leaves
+        them out (lookahead.launcher, Spec.launch). Fails with out_of_memory,
+        changing nothing, when the blocks the inputs need are not free."""
         if not batch:
             return StepResult([], [], [])
         if len(batch) > self.max_batch:
@@ -400,21 +403,22 @@ class TorchModel(Model):
             else:
                 fresh.append(s)
         gen = [(b, s) for b, s in zip(batch, seqs) if s.pool is None]
-        want = lookahead.plan(self, [b for b, _ in gen], [s for _, s in gen])
+        want = lookahead.plan(self, [b for b, _ in gen], [s for _, s in gen], last)
         self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b, _ in gen)
         with torch.no_grad():
             items = [(b[3], s) for b, s in gen if b[2]]
             single = max(want, default=1) == 1
             if self.spec is not None and not pooled and single and any(id(s) not in self.spec.live for s in seqs):
-                out = self._step_with_spec(batch, seqs, fresh)
+                out = self._step_with_spec(batch, seqs, fresh, last)
                 if out is not None:
                     return out
+            ends = [b[0] in last for b, _ in gen if b[2]] if last else None
             if not pooled and lookahead.chainable(self, batch, items, want):
-                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want)
+                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want, ends)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
             self._settle(seqs, fresh, items)
-            launch = lookahead.launcher(self, items) if single and not pooled else None
+            launch = lookahead.launcher(self, items, ends) if single and not pooled else None
             out = StepResult(*sample_rows(rows, items, self.device, launch=launch))
             lookahead.fed_after(self, out.tokens)
             if not single:
@@ -434,7 +438,7 @@ class TorchModel(Model):
         if self.lookahead_used:
             lookahead.remember(self, items)
 
-    def _step_with_spec(self, batch, seqs, fresh):
+    def _step_with_spec(self, batch, seqs, fresh, last=frozenset()):
         """A step of one token per sampling input at most, some of them
         the decodes the speculated step (lookahead.Spec) already ran, the
         others beside them (prompt chunks, sequences that joined since):
@@ -468,7 +472,7 @@ class TorchModel(Model):
         order = [i for i, b in enumerate(batch) if b[2]]
         at = {i: k for k, i in enumerate(mine)}
         items = [(batch[i][3], seqs[i]) for i in order]
-        launch = lookahead.launcher(self, items)
+        launch = lookahead.launcher(self, items, [batch[i][0] in last for i in order] if last else None)
 
         def merged(rest_toks):
             """Every sampling input's token on the device, in order: the
