@@ -128,3 +128,51 @@ func TestLookaheadLastNoTopUp(t *testing.T) {
 		t.Errorf("buffer after a step: %d tokens with Last, %d without; want fewer with Last (no top-up)", kept, topped)
 	}
 }
+
+// TestLookaheadLastAlone: a step whose only input samples its last token
+// decodes nothing ahead of it (lookahead 4 would decode three more), and
+// one beside an input that decodes ahead keeps its lookahead (the
+// worker's chain runs in lockstep).
+func TestLookaheadLastAlone(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, WithLookahead(4))
+	m := load(t, e, tiny(t))
+	open := func(id engine.SeqID) int32 {
+		t.Helper()
+		p := prompt(int(id), 6)
+		if _, err := m.Open(ctx, id, p, ""); err != nil {
+			t.Fatal(err)
+		}
+		outs, err := m.Step(ctx, []engine.StepInput{{Seq: id, Tokens: p, Sample: true, Params: greedy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return outs[0].Token
+	}
+	buffered := func(last ...bool) []int {
+		t.Helper()
+		in := make([]engine.StepInput, len(last))
+		for i, l := range last {
+			id := engine.SeqID(300 + 10*len(last) + i)
+			in[i] = engine.StepInput{Seq: id, Tokens: []int32{open(id)}, Sample: true, Params: greedy, Last: l}
+			defer m.Free(id, "")
+		}
+		if _, err := m.Step(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]int, len(in))
+		for i := range in {
+			out[i] = len(m.look[in[i].Seq].buf)
+		}
+		return out
+	}
+	if got := buffered(true); got[0] != 0 {
+		t.Errorf("a lone last input: %d tokens decoded ahead, want none", got[0])
+	}
+	if got := buffered(false); got[0] == 0 {
+		t.Errorf("a lone input not last: nothing decoded ahead")
+	}
+	if got := buffered(true, false); got[0] == 0 || got[1] == 0 {
+		t.Errorf("a last input beside one decoding ahead: buffers %v, want both filled (lockstep)", got)
+	}
+}

@@ -241,12 +241,33 @@ func (m *Model) planStep(batch []engine.StepInput, plan []inPlan) []inPlan {
 			// with the next step.
 			if k > 1 && in.Sample && len(in.Tokens) == 1 && canLookahead(in) {
 				p.n = aheadFor(in, k, masked)
-				m.loops.asked = m.loops.asked || (in.Allowed != nil && p.n > 1)
 			}
 		}
 		plan = append(plan, p)
 	}
+	ahead := plan[len(plan)-len(batch):]
+	lastOnly(batch, ahead)
+	for i := range ahead {
+		m.loops.asked = m.loops.asked || (batch[i].Allowed != nil && ahead[i].n > 1 && !ahead[i].served)
+	}
 	return plan
+}
+
+// lastOnly asks nothing ahead of a step whose every input decoding
+// ahead samples its sequence's last token (engine.StepInput.Last): their
+// tokens past this one would be thrown away. Where another input decodes
+// ahead, they keep their n: the worker's chain runs its rows in lockstep,
+// so a row stopped early saves nothing there, and a chain of rows of
+// unequal lengths has no next step speculated behind it.
+func lastOnly(batch []engine.StepInput, plan []inPlan) {
+	for i := range plan { // a buffer topped up decodes ahead too
+		if plan[i].n > 1 && !batch[i].Last {
+			return
+		}
+	}
+	for i := range plan {
+		plan[i].n = min(plan[i].n, 1)
+	}
 }
 
 // prevRow is the send of a Prev input's plan: sent, its token left to the

@@ -87,7 +87,7 @@ def dequant_acts(q, s, M):
     return (values(q).reshape(rows, -1, g) * s[..., None]).reshape(rows, K)[:M]
 
 
-def emulated_w8a8(x, w, scale, block, v2=False, mma=False):
+def emulated_w8a8(x, w, scale, block, v2=False, mma=False, tma=False):
     """quant_triton.fp8_w8a8 in float32: act_quant's codes and scales
     times the dequantized weight (mma: fp8_mma's groups of 128 inputs,
     whatever the weight's scales)."""
@@ -232,7 +232,8 @@ def check_routing():
 
     got = with_standin(stand, routes)
 
-    # warm runs a (layout, K)'s products once at load, and only with W8A8 on.
+    # warm runs a (layout, K, N)'s products once at load, and only with
+    # W8A8 on: another K or another N of a K (its own tile entries) again.
     def warmed():
         out = []
         w8a8._warmed.clear()
@@ -240,7 +241,7 @@ def check_routing():
             if on:
                 w8a8._on[(dev, torch.float32, "channel")] = {}
                 w8a8._mma[(dev, torch.float32, "channel")] = True
-            for w in (chan, chan, other_k):
+            for w in (chan, chan, other_k, other_n):
                 stand.calls.clear()
                 w8a8.warm(w, torch.device(dev), torch.float32)
                 out.append(list(stand.calls))
@@ -249,12 +250,13 @@ def check_routing():
         w8a8._warmed.clear()
         return out
     other_k = fp8_weight(64, 1024, (1, 1024), g)
+    other_n = fp8_weight(2 * chan.n, chan.k, (1, chan.k), g)
     ws = with_standin(stand, warmed)
-    check(ws[:3] == [[], [], []], "warm with W8A8 off runs nothing: %r" % ws[:3])
+    check(ws[:4] == [[], [], [], []], "warm with W8A8 off runs nothing: %r" % ws[:4])
     rows = w8a8.WARM_ROWS
     want_calls = [("w8a8", ("mma",)) if w8a8.MMA_MIN_ROWS <= r <= w8a8.MMA_MAX_ROWS else ("w8a8", ()) for r in rows]
-    check(ws[3] == want_calls and ws[4] == [] and ws[5] == want_calls,
-          "warm runs each tile class once a K, then nothing: %r" % ws[3:])
+    check(ws[4] == want_calls and ws[5] == [] and ws[6] == want_calls and ws[7] == want_calls,
+          "warm runs each tile class once a K and N, then nothing: %r" % ws[4:])
     mma = ("w8a8", ("mma",))
     want = {"off": "weight-only", "channel_small": "weight-only", "channel": ("w8a8", ()), "block": ("w8a8", ("v2",)),
             "narrow": "weight-only", "odd": "weight-only", "rows3d": ("w8a8", ()), "block_small": "weight-only",
@@ -267,7 +269,7 @@ def check_routing():
     # A product whose W8A8 call raises at its own shape (the check passed
     # on another): the step gets the weight-only product, that shape stays
     # weight-only (logged once), other shapes keep W8A8.
-    def refusing(x, w, scale, block, v2=False, mma=False):
+    def refusing(x, w, scale, block, v2=False, mma=False, tma=False):
         if w.shape[0] == chan.n:
             raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
         return emulated_w8a8(x, w, scale, block)
@@ -306,7 +308,7 @@ def check_routing():
     # step takes cuBLAS's product, the shape keeps cuBLAS's product for the
     # rows it takes and the weight-only one below MIN_ROWS; cuBLAS refused
     # too: weight-only.
-    def mma_refusing(x, w, scale, block, v2=False, mma=False):
+    def mma_refusing(x, w, scale, block, v2=False, mma=False, tma=False):
         if mma and w.shape[0] == chan.n:
             raise ValueError("triton: out of resources")
         if w.shape[0] == chan.n and x.shape[0] == 2 * R:
@@ -358,7 +360,7 @@ def check_probe():
     check(mma == {"channel": True, "block": True}, "and the one-kernel product: %r" % mma)
     check(lines == [] and len(calls) == 8, "and logs nothing: %r" % lines)
 
-    def raises(x, w, scale, block, v2=False, mma=False):
+    def raises(x, w, scale, block, v2=False, mma=False, tma=False):
         raise RuntimeError("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0\nmore")
     got, mma, lines, _ = probe(raises)
     check(got == {"channel": None, "block": None} and mma == {"channel": False, "block": False},
@@ -367,7 +369,7 @@ def check_probe():
           any("weight-only" in ln for ln in lines) and any("one kernel unavailable" in ln for ln in lines),
           "and says why: %r" % lines)
 
-    def misread(x, w, scale, block, v2=False, mma=False):  # each row scaled by the next row's scale
+    def misread(x, w, scale, block, v2=False, mma=False, tma=False):  # each row scaled by the next row's scale
         N, K = w.shape
         q, s = w8a8.act_quant(x, 128 if mma else None if block[0] == 1 else block[1])
         wd = quant.QWeight("fp8", N, K, w=w, scale=scale, block=block).dequant(torch.float32)
@@ -378,7 +380,7 @@ def check_probe():
     check(any("disagrees" in ln for ln in lines) and any("one kernel disagrees" in ln for ln in lines),
           "and says so: %r" % lines)
 
-    def v2_only(x, w, scale, block, v2=False, mma=False):
+    def v2_only(x, w, scale, block, v2=False, mma=False, tma=False):
         if block[0] != 1 and not v2 and not mma:
             raise RuntimeError("Invalid scaling configuration")
         return emulated_w8a8(x, w, scale, block, mma=mma)
@@ -389,7 +391,7 @@ def check_probe():
     check(mma == {"channel": True, "block": True} and len(calls) - len(cublas) == 6,
           "the one-kernel product checked at three row counts a layout: %r" % calls)
 
-    def mma_misread(x, w, scale, block, v2=False, mma=False):  # only the one-kernel product reads a scale wrong
+    def mma_misread(x, w, scale, block, v2=False, mma=False, tma=False):  # only the one-kernel product reads a scale wrong
         return misread(x, w, scale, block, mma=True) if mma else emulated_w8a8(x, w, scale, block)
     got, mma, lines, _ = probe(mma_misread)
     check(got == {"channel": {}, "block": {}} and mma == {"channel": False, "block": False},
@@ -397,17 +399,18 @@ def check_probe():
 
     # A one-kernel product that raises with the weight's TMA loads and
     # passes without: TMA goes off, the kernel stays on.
-    tma = StandIn()
+    stand_tma = StandIn()
 
-    def tma_raises(x, w, scale, block, v2=False, mma=False):
-        if mma and tma.FP8_TMA:
+    def tma_raises(x, w, scale, block, v2=False, mma=False, tma=False):  # tma: the check's TMA tile
+        if mma and tma:
             raise RuntimeError("TMA descriptor: box dimension\nmore")
         return emulated_w8a8(x, w, scale, block, mma=mma)
-    tma.product, tma.FP8_TMA = tma_raises, True
-    got, mma, lines, _ = probe(tma_raises, tma)
-    check(mma == {"channel": True, "block": True} and not tma.FP8_TMA,
-          "a one-kernel product that fails only with TMA keeps the kernel, TMA off: %r %r" % (mma, tma.FP8_TMA))
+    stand_tma.product, stand_tma.FP8_TMA = tma_raises, True
+    got, mma, lines, calls = probe(tma_raises, stand_tma)
+    check(mma == {"channel": True, "block": True} and not stand_tma.FP8_TMA,
+          "a one-kernel product that fails only with TMA keeps the kernel, TMA off: %r %r" % (mma, stand_tma.FP8_TMA))
     check(any("TMA loads are off" in ln and "box dimension" in ln for ln in lines), "and says why: %r" % lines)
+    check(("w8a8", ("mma", "tma")) in calls, "the check ran a TMA tile: %r" % calls)
 
     # One that fails either way is off, and TMA left as it was.
     both = StandIn()
@@ -420,10 +423,10 @@ def check_probe():
     # The check's product emulated: its error is inside the tolerance with
     # room, and a misread scale, of the activations or of the weight (read
     # in the other order, or a row or block off), far outside.
-    def transposed(x, w, scale, block, v2=False, mma=False):  # the weight's scales read column-major
+    def transposed(x, w, scale, block, v2=False, mma=False, tma=False):  # the weight's scales read column-major
         return emulated_w8a8(x, w, scale.t().contiguous().view(scale.shape), block)
 
-    def shifted(x, w, scale, block, v2=False, mma=False):  # each output's scale from the next row or block
+    def shifted(x, w, scale, block, v2=False, mma=False, tma=False):  # each output's scale from the next row or block
         return emulated_w8a8(x, w, scale.roll(1, 0), block)
     for layout in ("channel", "block"):
         w, x = w8a8._case(layout, torch.device("cpu"), torch.float32)

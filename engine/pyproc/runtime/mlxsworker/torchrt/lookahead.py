@@ -100,9 +100,9 @@ def plan(model, batch, seqs, last=frozenset()):
     just this step's), clipped to the context and to the KV blocks free
     or idle in the prefix cache (no saved prefix given up: PagedKV.grow's
     ahead), and gives the sequences the blocks the extra tokens need
-    (plus one more token's where there is one, for Spec; not for the
-    sequences in last, which Spec leaves out). batch entries are [seq,
-    tokens, sample, params, n?, back?]."""
+    (plus one more token's where there is one, for the next step and
+    Spec; not for the sequences in last, which have no next step). batch
+    entries are [seq, tokens, sample, params, n?, back?]."""
     ahead = overlaps(model)
     kv, context = model.kv, model.cfg.context
     dense, bs = not kv.layout.sliding_groups, kv.bs
@@ -129,7 +129,7 @@ def plan(model, batch, seqs, last=frozenset()):
         n = min(n, model.cfg.context - fed + 1)
         if n > 1:
             n = model.kv.grow(s, fed + n - 1, ahead=True) - fed + 1
-        if (n > 1 or ahead) and fed + n <= model.cfg.context:
+        if (n > 1 or ahead) and fed + n <= model.cfg.context and b[0] not in last:  # no next step for last
             model.kv.grow(s, fed + n, ahead=True)
         want.append(n)
     return want
@@ -485,7 +485,8 @@ def launcher(model, items, ends=None):
     pick = None
     if ends is not None and any(ends):
         pick = [i for i, e in enumerate(ends) if not e]
-        if not pick:
+        if not pick:  # a round without a speculation: as after a miss (run_chain's rule)
+            model.spec_missed = False
             return None
         items = [items[i] for i in pick]
     if model.spec_missed:

@@ -1089,7 +1089,7 @@ def act_quant(x, group=None, rows=None):
     return q, s
 
 
-def fp8_w8a8(x, w, scale, block, v2=False, mma=False):
+def fp8_w8a8(x, w, scale, block, v2=False, mma=False, tma=False):
     """x [..., K] @ dequant(w).T as W8A8 on the FP8 tensor cores (see
     w8a8.py): x's rows quantized per token, then cuBLAS's
     scaled GEMM. Per-channel weights (block (1, K), scale [N, 1]) take a
@@ -1101,9 +1101,14 @@ def fp8_w8a8(x, w, scale, block, v2=False, mma=False):
     block product through torch.nn.functional.scaled_mm (its recipes
     named) instead of torch._scaled_mm (recipes read from the scales'
     shapes). mma: fp8_mma instead (w8a8.route sends it the rows it
-    takes)."""
+    takes); with tma, on its table's tile for the rows with the weight
+    (and with pre the codes) through TMA (w8a8.check's TMA case)."""
     if mma:
-        return fp8_mma(x, w, scale, block)
+        tiles = None
+        if tma:
+            t = tiles_for(x.numel() // x.shape[-1], "mma")
+            tiles = t.replaced(tma=2 if t.pre else 1)
+        return fp8_mma(x, w, scale, block, tiles)
     N, K = w.shape
     shape = x.shape[:-1]
     x2 = x.reshape(-1, K)

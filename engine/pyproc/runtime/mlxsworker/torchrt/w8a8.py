@@ -235,7 +235,7 @@ def check(device, dtype):
         _mma[key] = _check_mma(kind, w, x, want)
 
 
-# (device, dtype, layout, K) of the products warm has run.
+# (device, dtype, layout, K, N) of the products warm has run.
 _warmed = set()
 
 # Row counts warm runs: each of fp8_mma's tile classes (2-16, 17-32,
@@ -248,10 +248,12 @@ WARM_ROWS = (2, 16, 19, 32, 37, 64, 65)
 
 def warm(w, device, dtype):
     """Runs fp8 QWeight w's W8A8 products once at WARM_ROWS, the first
-    of its (layout, K) at load: the kernels of a K's activation groups
+    of its (layout, K, N) at load: the kernels of a K's activation groups
     compile here (seconds on a fresh machine) rather than in a served
     step."""
-    key = (_where(device), dtype, mma_fits(w) or fits(w), w.k)
+    # N too: tile_table's entries give a K's products their own tiles,
+    # each its own compile.
+    key = (_where(device), dtype, mma_fits(w) or fits(w), w.k, w.n)
     if key in _warmed or not _on:
         return
     _warmed.add(key)
@@ -264,10 +266,11 @@ def _check_mma(kind, w, x, want):
     weight through TMA (quant_triton.FP8_TMA) and passes without, TMA is
     turned off, logged, and the kernel kept."""
     from . import quant_triton
-    why = _mma_fails(w, x, want)
-    if why and quant_triton.FP8_TMA:
+    tma = quant_triton.FP8_TMA
+    why = _mma_fails(w, x, want, tma)
+    if why and tma:
         quant_triton.FP8_TMA = False
-        if _mma_fails(w, x, want) is None:
+        if _mma_fails(w, x, want, False) is None:
             log.warning("W8A8 %s in one kernel: the weight's TMA loads are off (%s)", kind, why)
             return True
         quant_triton.FP8_TMA = True  # not TMA's doing: another layout may still take it
@@ -277,13 +280,20 @@ def _check_mma(kind, w, x, want):
     return True
 
 
-def _mma_fails(w, x, want):
-    """Why fp8_mma fails the check's case at its row classes, or None."""
+def _mma_fails(w, x, want, tma):
+    """Why fp8_mma fails the check's case at its row classes (and with
+    tma, at MMA_MAX_ROWS on a tile that reads through TMA, as
+    tile_table's TMA entries do: the default tiles read without), or
+    None."""
     from . import quant_triton
-    for rows in (MMA_MIN_ROWS, x.shape[0], MMA_MAX_ROWS):
+    cases = [(rows, {}) for rows in (MMA_MIN_ROWS, x.shape[0], MMA_MAX_ROWS)]
+    if tma:
+        cases.append((MMA_MAX_ROWS, {"tma": True}))
+    for rows, how in cases:
         reps = -(-rows // x.shape[0])
         try:
-            got = quant_triton.fp8_w8a8(x.repeat(reps, 1)[:rows], w.t["w"], w.t["scale"], w.t["block"], mma=True)
+            got = quant_triton.fp8_w8a8(x.repeat(reps, 1)[:rows], w.t["w"], w.t["scale"], w.t["block"], mma=True,
+                                        **how)
             err = ((got.float() - want.repeat(reps, 1)[:rows]).abs().max() / want.abs().max()).item()
         except Exception as e:  # a Triton that has no FP8 dot for this GPU, and the like
             return "unavailable (%s)" % _first_line(e)
