@@ -21,13 +21,14 @@ shapes of llama1b and llama8b:
   fast row loop, int4h2tiles-S through the packed one (under
   MLXSERVING_INT4_H2=0: beside the unpacked loop), mmatiles-S for fp8_mma
   at 64 rows, mmatma-S for it with the weight (and its input) through TMA
+  (mmatma-S@16 and @32: at those rows)
   (fp8tiles-8b.gate_up: that product alone).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
-        [int4h2tiles-S] [mmatiles-S] [mmatma-S]
+        [int4h2tiles-S] [mmatiles-S] [mmatma-S[@ROWS]]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, sys.argv[1])
-from mlxsworker.torchrt import kernels, quant_triton as qt  # noqa: E402
+from mlxsworker.torchrt import kernels, quant_triton as qt, tile_table  # noqa: E402
 from mlxsworker.torchrt.quant import WHOLE  # noqa: E402
 from mlxsworker.torchrt.quant_triton import Tiles  # noqa: E402
 
@@ -237,10 +238,13 @@ def mma_tiles(shape, M=64, tma=False):
     act_quant launch is timed. tma: the grid of tiles whose weight
     streams through a TMA descriptor (quant_triton.FP8_TMA), deeper
     pipelines and wider tiles among them."""
-    if tma:
-        grid = [Tiles(64, bn, warps, stages, waves, swap=swap, pre=True, tma=tma) for bn in (64, 128, 256)
-                for warps in (4, 8) for stages in (3, 4, 5, 6) for waves in (1, 2, 4, 8) for swap in (False, True)
-                for tma in (1, 2) if bn * 128 * stages <= 160 << 10 and not (swap and bn == 256)]
+    if tma:  # the rows' tile height, tokens on the narrow side below 64; up to 16 rows quantized in the kernel too
+        bm, pres = (16, (False, True)) if M <= 16 else (32, (True,)) if M <= 32 else (64, (True,))
+        grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=pre, tma=tma) for pre in pres
+                for bn in (64, 128, 256) for warps in (4, 8) for stages in (3, 4, 5, 6) for waves in (1, 2, 4, 8)
+                for swap in (False, True) for tma in (1, 2)
+                if bn * 128 * stages <= 160 << 10 and not (swap and bn == 256) and not (tma == 2 and not pre)
+                and not (bm < 64 and not swap)]
     else:
         grid = [Tiles(bm, bn, warps, stages, waves, swap=swap, pre=True) for bm in (32, 64) for bn in (32, 64, 128)
                 for warps in (4, 8) for stages in (3, 4) for waves in (1, 2, 4) for swap in (False, True)
@@ -256,7 +260,7 @@ def mma_tiles(shape, M=64, tma=False):
             qt.give(x, *codes)
             return qt.fp8_mma(x, w8[i], sb, (128, 128), tiles=t)
         _grid_best("%s %s FP8 mma %d rows" % (shape, name, M), n, k, n * k, qt.tiles_for(M, "mma", n, K=k), grid,
-                   fn, nw_, "mma", M)
+                   fn, nw_, "mma", tile_table.rows_bucket(M))
         del w8
         torch.cuda.empty_cache()
 
@@ -264,12 +268,14 @@ def mma_tiles(shape, M=64, tma=False):
 for shape in sys.argv[2:] or ["1b", "8b"]:
     grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True), "int4tiles": int4_tiles,
              "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles,
-             "mmatma": lambda sh: mma_tiles(sh, tma=True)}
+             "mmatma": lambda sh, M=64: mma_tiles(sh, M, tma=True)}
     grid, _, of = shape.partition("-")
+    of, _, rows = of.partition("@")  # mmatma-8b@32: the mma grids at another row count
     if grid in grids:  # fp8tiles-1b, int4tiles-8b, mmatiles-8b
-        if of.partition(".")[0] not in SHAPES:
-            raise SystemExit("%s: want %s-S with S one of %s" % (shape, grid, ", ".join(SHAPES)))
-        grids[grid](of)
+        if of.partition(".")[0] not in SHAPES or rows and (grid != "mmatma" or int(rows) not in (16, 32, 64)):
+            raise SystemExit("%s: want %s-S with S one of %s (mmatma-S@ROWS: 16, 32 or 64)"
+                             % (shape, grid, ", ".join(SHAPES)))
+        grids[grid](of, int(rows)) if rows else grids[grid](of)
         continue
     if shape == "lm_head":
         lm_head(2048)
