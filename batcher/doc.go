@@ -36,6 +36,11 @@
 // previous tokens (constrained sequences, preemptions, adapter and
 // embedding admissions) wait for the pending step first.
 //
+// A sample that ends its sequence by length (its MaxTokens, or the
+// model's context) is marked engine.StepInput.Last, so an engine that
+// computes steps ahead (the Python engine's speculated decode step, its
+// lookahead) does none for it.
+//
 // A lower-tier sequence may be preempted for a blocked critical one (when
 // the queue allows it): it is requeued and later recomputes its prompt plus
 // the tokens it already produced, so its stream continues without
