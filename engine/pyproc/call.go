@@ -196,8 +196,8 @@ func appendLast(b []byte, batch []engine.StepInput, idx []int) []byte {
 }
 
 // appendSeqs writes key (a member's opening, through its "[") and the
-// sequences of the inputs among idx that has picks, closing the list;
-// nothing when none is picked.
+// sequences of the inputs among idx for which has is true, closing the
+// list; nothing when there are none.
 func appendSeqs(b []byte, key string, batch []engine.StepInput, idx []int, has func(*engine.StepInput) bool) []byte {
 	first := true
 	for _, i := range idx {

@@ -374,9 +374,8 @@ class Spec:
             return None  # a constrained round's next mask is the caller's
         plan = ch.plan[ch.steps - 1].clone()
         plan[0] += 1  # the position after the round's last fed token
-        tok, slots, pick = ch.last, ch.slots, None
-        if ends is not None and any(ends):
-            pick = [i for i, e in enumerate(ends) if not e]
+        tok, slots, pick = ch.last, ch.slots, _going_on(ends)
+        if pick is not None:
             if not pick or not model.graphs.usable(len(pick)):
                 return None
             ix = _upload(pick, tok.device)
@@ -482,9 +481,8 @@ def launcher(model, items, ends=None):
     The caller gives the Spec its host tokens (fed_after) once read."""
     if not overlaps(model):
         return None
-    pick = None
-    if ends is not None and any(ends):
-        pick = [i for i, e in enumerate(ends) if not e]
+    pick = _going_on(ends)
+    if pick is not None:
         if not pick:  # a round without a speculation: as after a miss (run_chain's rule)
             model.spec_missed = False
             return None
@@ -500,6 +498,14 @@ def launcher(model, items, ends=None):
         if sp is not None:
             sp.pick = pick
     return launch
+
+
+def _going_on(ends):
+    """The indices of the inputs whose sequences go on (ends: per input,
+    whether its token is its last), or None when every one does."""
+    if ends is None or not any(ends):
+        return None
+    return [i for i, e in enumerate(ends) if not e]
 
 
 def fed_after(model, toks):
