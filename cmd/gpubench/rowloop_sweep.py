@@ -22,13 +22,15 @@ shapes of llama1b and llama8b:
   MLXSERVING_INT4_H2=0: beside the unpacked loop), mmatiles-S for fp8_mma
   at 64 rows, mmatma-S for it with the weight (and its input) through TMA
   (mmatma-S@16 and @32: at those rows)
-  (fp8tiles-8b.gate_up: that product alone).
+  (fp8tiles-8b.gate_up: that product alone); fp8wide-S and w16wide-S
+  the grids of K tiles 256 and 512 wide (over two and four FP8 scale
+  blocks).
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
-        [int4h2tiles-S] [mmatiles-S] [mmatma-S[@ROWS]]
+        [int4h2tiles-S] [mmatiles-S] [mmatma-S[@ROWS]] [fp8wide-S] [w16wide-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -162,17 +164,24 @@ def _grid_best(label, n, k, nbytes, today, cands, fn, nw_, kind, rows):
 ENTRIES = []
 
 
-def fp8_tiles(shape, w16=False):
+def fp8_tiles(shape, w16=False, wide=False):
     """FP8 (128x128 blocks) one-row products of a shape as decode runs
     them (q/k/v, and gate/up where quant.norm_fits takes it, with the
     residual add and RMSNorm inside; down with SwiGLU inside) at every
     tile of a grid (columns, warps, K tile within a scale block, waves:
     the K split's target), beside today's tile. w16: bfloat16 weights
     through the same row loop with unit scales (quant.ROW_LOOP), as
-    bf16 checkpoints decode."""
+    bf16 checkpoints decode. wide: the grid of K tiles over whole scale
+    blocks (256 and 512 inputs: two and four of FP8's, quant_triton's
+    NB)."""
     from mlxsworker.torchrt import quant
-    grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128) for warps in (1, 2, 4)
-            for bk in (64, 128) for waves in (2, 4, 8, 16) if bn * bk // (32 * warps) <= 256]
+    if wide:
+        grid = [Tiles(1, bn, warps, stages, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128)
+                for warps in (2, 4, 8) for bk in (256, 512) for stages in (2,) for waves in (4, 8, 16)
+                if 64 <= bn * bk // (32 * warps) <= 256]
+    else:
+        grid = [Tiles(1, bn, warps, 2, waves, gemv=True, bk=bk) for bn in (16, 32, 64, 128) for warps in (1, 2, 4)
+                for bk in (64, 128) for waves in (2, 4, 8, 16) if bn * bk // (32 * warps) <= 256]
     pre = "w16" if w16 else "fp8"
     for name, n, k in products(shape):
         nw_ = max(2, -(-(256 << 20) // (n * k * (2 if w16 else 1))))
@@ -266,7 +275,9 @@ def mma_tiles(shape, M=64, tma=False):
 
 
 for shape in sys.argv[2:] or ["1b", "8b"]:
-    grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True), "int4tiles": int4_tiles,
+    grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True),
+             "fp8wide": lambda sh: fp8_tiles(sh, wide=True), "w16wide": lambda sh: fp8_tiles(sh, True, True),
+             "int4tiles": int4_tiles,
              "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles,
              "mmatma": lambda sh, M=64: mma_tiles(sh, M, tma=True)}
     grid, _, of = shape.partition("-")

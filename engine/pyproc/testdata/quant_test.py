@@ -12,7 +12,8 @@ take the fast ones unless MLXSERVING_INT4_FAST=0), and the one-row FP8
 down product with SwiGLU inside (quant.silu_linear) bit for bit against
 silu_mul then the product, and the residual add and RMSNorm inside the
 one-row FP8 product (quant.norm_linear) against a float64 reference;
-the same one-row loop over 16-bit weights (quant.ROW_LOOP); each kernel
+the same one-row loop over 16-bit weights (quant.ROW_LOOP); its K tiles
+over whole scale blocks (quant_triton.FP8_WIDE) against float64; each kernel
 kind running its per-product tile (tile_table.SHAPE_TILES) and only its
 own product taking it.
 
@@ -202,6 +203,43 @@ for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp
 check([tile_table.rows_bucket(m) for m in (1, 2, 16, 17, 32, 33, 64, 65)] == [1, 16, 16, 32, 32, 64, 64, 0],
       "tile_table.rows_bucket")
 
+# quant._kernels_ok's fallbacks (no Triton: a stand-in for quant_triton
+# whose self-check fails while one switch is on): that switch alone turns
+# off and the kernels pass; a failure no switch cures restores them all
+# and fails; int4's switches are not blamed where INT4_FAST is off.
+import types  # noqa: E402
+
+pkg, qt_name = sys.modules[quant.__package__], quant.__package__ + ".quant_triton"
+saved_qt = sys.modules.get(qt_name), getattr(pkg, "quant_triton", None)
+flags = ("FP8_WIDE", "INT4_H2", "INT4_FAST")
+try:
+    for bad, fast, want_ok, want in (("FP8_WIDE", True, True, (False, True, True)),
+                                     ("INT4_H2", True, True, (True, False, True)),
+                                     ("INT4_FAST", True, True, (True, True, False)),
+                                     (None, True, True, (True, True, True)),
+                                     ("always", True, False, (True, True, True)),
+                                     ("INT4_H2", False, False, (True, True, False))):
+        fake = types.SimpleNamespace(FP8_WIDE=True, INT4_H2=True, INT4_FAST=fast)
+        fake.self_check = lambda d, t, f=fake, bad=bad: None if bad is None or bad != "always" and not getattr(f, bad) \
+            else "%s fails" % bad
+        sys.modules[qt_name] = fake
+        pkg.quant_triton = fake
+        quant._checked.pop(("cpu", torch.float32), None)
+        ok = quant._kernels_ok(torch.device("cpu"), torch.float32)
+        got = tuple(getattr(fake, f) for f in flags)
+        check(ok == want_ok and got == (want[0], want[1], want[2] and fast),
+              "_kernels_ok with %s failing (INT4_FAST %s): ok %s, switches %r" % (bad, fast, ok, got))
+finally:
+    quant._checked.pop(("cpu", torch.float32), None)
+    if saved_qt[0] is None:
+        sys.modules.pop(qt_name, None)
+    else:
+        sys.modules[qt_name] = saved_qt[0]
+    if saved_qt[1] is None:
+        pkg.__dict__.pop("quant_triton", None)
+    else:
+        pkg.quant_triton = saved_qt[1]
+
 # The Triton GEMMs, where CUDA runs.
 if torch.cuda.is_available():
     from mlxsworker.torchrt import quant_triton
@@ -341,6 +379,39 @@ if torch.cuda.is_available():
             check(quant.silu_linear(gu, w.float(), True) is None, "silu_linear takes a weight not of x's dtype")
             check(quant.silu_linear(gu, w) is None, "silu_linear takes a 16-bit weight without row_loop")
 
+    # The row loop's K tiles over whole scale blocks (quant_triton._fp8_wide:
+    # 256 and 512 inputs, two and four 128-input blocks; one scale a row;
+    # 16-bit weights): the product within the output's rounding of float64,
+    # with SwiGLU inside and with the norm inside, K not a whole number of
+    # tiles (960, 384) and split or not (waves).
+    for n, k in ((3072, 2048), (1000, 960), (4096, 14336), (1000, 384)):
+        w = torch.randn(n, k, device=dev) / k ** 0.5
+        s = w.abs().amax(1, keepdim=True) / 448
+        w8 = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+        sb = torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01 + 0.001
+        for c in (quant.QWeight("fp8", n, k, w=w8, scale=sb, block=(128, 128)),
+                  quant.QWeight("fp8", n, k, w=w8, scale=s, block=(1, k)), w.to(torch.bfloat16)):
+            if isinstance(c, torch.Tensor):
+                wt, sc, blk, wd, layout = c, torch.ones(1, 1, device=dev), quant.WHOLE, c.double(), "16-bit"
+            else:
+                wt, sc, blk, wd, layout = c.t["w"], c.t["scale"], c.t["block"], c.dequant(torch.float64), repr(c.t["block"])
+            x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+            gu = torch.randn(1, 2 * k, device=dev, dtype=torch.bfloat16) * 3
+            nw = torch.rand(k, device=dev, dtype=torch.bfloat16) + 0.5
+            xd, sd = x.double(), kernels.silu_mul(gu).double()
+            xn = xd * torch.rsqrt(xd.pow(2).mean() + 1e-5) * nw.double()
+            for bk, warps, waves in ((256, 4, 8), (512, 8, 16), (256, 2, 1)):
+                t = quant_triton.Tiles(1, 32, warps, 2, waves, gemv=True, bk=bk)
+                what = "wide K tile %d (waves %d) %s [%d, %d]" % (bk, waves, layout, n, k)
+                for how, fn, want in (
+                        ("", lambda: quant_triton.fp8_linear(x, wt, sc, blk, tiles=t), xd @ wd.t()),
+                        (" SwiGLU inside", lambda: quant_triton.fp8_linear(gu, wt, sc, blk, tiles=t, silu=True),
+                         sd @ wd.t()),
+                        (" norm inside", lambda: quant_triton.fp8_norm_linear(x, None, nw, 1e-5, False, wt, sc, blk,
+                                                                              tiles=t)[1], xn @ wd.t())):
+                    err = ((fn().double() - want).abs().max() / want.abs().max()).item()
+                    check(err < 2 ** -7, "%s%s: relative error %.3g" % (what, how, err))
+
     # The fast int4 kernels (quant_triton.INT4_FAST) and the ones they
     # replace, whatever the flag: odd widths, split K, groups of 64,
     # bfloat16 scales, every row class.
@@ -394,6 +465,18 @@ if torch.cuda.is_available():
         tile_table.SHAPE_TILES[("int4fast", 1, 1536, 4096)] = {"h2": True, "bn": 32}
         t = quant_triton.tiles_for(1, "int4", 1536, K=4096)
         check(not t.h2 and t.bn == 32, "an h2 entry with INT4_H2 off: %r" % t)
+        # A wide K tile's entry is passed over whole while FP8_WIDE is off.
+        tile_table.SHAPE_TILES[("fp8", 1, 1536, 4096)] = {"bk": 256, "bn": 32}
+        tile_table.SHAPE_TILES[("fp8", 1, 1536, 2048)] = {"bk": 64, "bn": 32}
+        saved_wide = quant_triton.FP8_WIDE
+        try:
+            for wide in (True, False):
+                quant_triton.FP8_WIDE = wide
+                t, t2 = (quant_triton.tiles_for(1, "fp8", 1536, K=k) for k in (4096, 2048))
+                check((t.bk, t.bn) == ((256, 32) if wide else (128, 64)) and (t2.bk, t2.bn) == (64, 32),
+                      "FP8_WIDE %s: a wide entry reads %r, a narrow one %r" % (wide, t, t2))
+        finally:
+            quant_triton.FP8_WIDE = saved_wide
     finally:
         quant_triton.INT4_H2 = saved_h2
         tile_table.SHAPE_TILES.clear()

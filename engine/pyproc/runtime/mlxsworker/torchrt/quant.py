@@ -307,7 +307,9 @@ def _row_check(device, dtype):
     """None when the row loop over a 16-bit weight (plain and with SwiGLU
     inside) and norm_linear (over a 16-bit and an FP8 weight) agree with
     torch's float32 products on small cases with K split, else what
-    failed. Also compiles them before any graph capture."""
+    failed. Also compiles them before any graph capture. Where they pass
+    and quant_triton.wide_check fails, the wide K tiles alone turn off
+    (logged)."""
     from . import quant_triton
     gen = torch.Generator(device="cpu").manual_seed(1)
     N, K = 384, 512
@@ -335,6 +337,12 @@ def _row_check(device, dtype):
         err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
         if not err < 2e-2:
             return "%s: relative error %.3g" % (what, err)
+    if quant_triton.FP8_WIDE:  # the rest passed: a failure costs the wide tiles alone
+        err = quant_triton.wide_check(device, dtype)
+        if err is not None:
+            quant_triton.FP8_WIDE = False
+            name, instead = _FALLBACKS[0][1:]
+            log.warning("%s unavailable (%s): %s", name, err, instead)
     return None
 
 
@@ -586,10 +594,11 @@ def _self_check(device, dtype):
         return str(e)
 
 
-# quant_triton's int4 switches _kernels_ok turns off, newest first, and
-# what it logs: (what is unavailable, what runs instead).
-_INT4_FALLBACKS = (("INT4_H2", "packed int4 row loop", "one-row int4 products run the unpacked row loop"),
-                   ("INT4_FAST", "fast int4 kernels", "int4 weights run the previous kernels"))
+# quant_triton's switches _kernels_ok turns off, newest first, and what
+# it logs: (what is unavailable, what runs instead).
+_FALLBACKS = (("FP8_WIDE", "wide row-loop K tiles", "one-row products read K tiles within one scale block"),
+              ("INT4_H2", "packed int4 row loop", "one-row int4 products run the unpacked row loop"),
+              ("INT4_FAST", "fast int4 kernels", "int4 weights run the previous kernels"))
 
 
 def _kernels_ok(device, dtype):
@@ -599,11 +608,12 @@ def _kernels_ok(device, dtype):
     if key not in _checked:
         err = _self_check(device, dtype)
         quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
-        # The newest int4 kernels first: without each the rest may still
-        # run (the unpacked one-row loop, then the previous int4 kernels
-        # beside FP8's).
-        for flag, name, instead in _INT4_FALLBACKS:
-            if err is None or quant_triton is None or not (quant_triton.INT4_FAST and getattr(quant_triton, flag)):
+        # The newest kernels first: without each the rest may still run
+        # (narrow K tiles, the unpacked one-row loop, then the previous
+        # int4 kernels beside FP8's).
+        for flag, name, instead in _FALLBACKS:
+            if err is None or quant_triton is None or not getattr(quant_triton, flag) \
+                    or flag.startswith("INT4") and not quant_triton.INT4_FAST:
                 continue
             setattr(quant_triton, flag, False)
             again = _self_check(device, dtype)

@@ -114,8 +114,9 @@ def _finish(acc, y_ptr, part_ptr, lock_ptr, tile, pk, split, M, N, offs_m, offs_
 @triton.jit
 def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                 BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr):
+                BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr, NB: tl.constexpr):
     tl.static_assert(SILU == 0)  # quant.silu_linear: one row, the row loop
+    tl.static_assert(NB == 1)  # wide K tiles: the row loop's (_fp8_wide)
     pdl_wait(PDL)
     pid, pk = tl.program_id(0), tl.program_id(1)
     nn = tl.cdiv(N, BLOCK_N)
@@ -172,12 +173,16 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K,
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm, swn, ssn, ssk,
                      BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr):
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr, NB: tl.constexpr):
     # A few rows: no tensor cores. Each weight tile is loaded once along K
     # (its contiguous axis, wide loads), converted in registers and dotted
     # with every row by multiply and sum. SILU: x holds packed gate and up
     # rows ([M, 2K]) and the inputs are silu(gate) * up, as
     # kernels.silu_mul rounds them (quant.silu_linear: one launch fewer).
+    # NB: the scale blocks a K tile spans (_fp8_wide); past one, the tile
+    # is [BLOCK_N, NB, BLOCK_K / NB], summed per block and scaled per
+    # block, so a row of e4m3 codes moves as many bytes an iteration as a
+    # bfloat16 row does at half the width.
     pdl_wait(PDL)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -186,19 +191,33 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
     k0 = pk * k_per
     for kk in range(0, k_per, BLOCK_K):
         ks = k0 + kk
-        offs_k = ks + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
-                    mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K), other=0.0)
+        if NB == 1:
+            offs_k = ks + tl.arange(0, BLOCK_K)
+            kmask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :],
+                        mask=(offs_n[:, None] < N) & kmask[None, :], other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=(offs_n < N) & (ks < K),
+                        other=0.0)
+        else:
+            blk = tl.arange(0, NB)
+            offs_k = ks + blk[:, None] * (BLOCK_K // NB) + tl.arange(0, BLOCK_K // NB)[None, :]
+            kmask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None, None] * swn + offs_k[None, :, :],
+                        mask=(offs_n[:, None, None] < N) & kmask[None, :, :], other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + (offs_n // BN_S)[:, None] * ssn + (ks // BK_S + blk)[None, :] * ssk,
+                        mask=(offs_n[:, None] < N) & (ks + blk * BK_S < K)[None, :], other=0.0)
         for m in tl.static_range(BLOCK_M):
-            xmask = (offs_k < K) & (m < M)
+            xmask = kmask & (m < M)
             if SILU:
                 g = tl.load(x_ptr + m * sxm + offs_k, mask=xmask, other=0.0)
                 u = tl.load(x_ptr + m * sxm + K + offs_k, mask=xmask, other=0.0)
                 xm = silu_times(g, u).to(tl.float32)
             else:
                 xm = tl.load(x_ptr + m * sxm + offs_k, mask=xmask, other=0.0).to(tl.float32)
-            part = tl.sum(w * xm[None, :], axis=1) * s
+            if NB == 1:
+                part = tl.sum(w * xm[None, :], axis=1) * s
+            else:
+                part = tl.sum(tl.sum(w * xm[None, :, :], axis=2) * s, axis=1)
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     _finish(acc, y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, rows, offs_n, PDL)
 
@@ -207,7 +226,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_
 def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, part_ptr, ss_ptr, lock_ptr, N, K,
                           k_per, split, swn, ssn, ssk, eps, BN_S: tl.constexpr, BK_S: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_D: tl.constexpr, OFFSET: tl.constexpr,
-                          PDL: tl.constexpr):
+                          PDL: tl.constexpr, NB: tl.constexpr):
     # One row of rms_norm(x + d) * nw times the weight, the norm inside
     # (quant.norm_linear): its 1/rms is one number a row, so it comes out
     # of the sum, sum_k W (h_k r nw_k) = r sum_k W h_k nw_k with h = x + d
@@ -215,21 +234,33 @@ def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, par
     # adds its K range's products and its range's sum of h^2, and the one
     # that completes the tile scales the total by 1/rms of the whole row's
     # sum. The programs of the first column tile write h (the residual)
-    # after their K loop.
+    # after their K loop. NB: as _fp8_gemv_kernel's.
     pdl_wait(PDL)
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    blk = tl.arange(0, NB)
+    if NB == 1:
+        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    else:
+        sq = tl.zeros((NB, BLOCK_K // NB), dtype=tl.float32)
     k0 = pk * k_per
     for kk in range(0, k_per, BLOCK_K):
         ks = k0 + kk
-        offs_k = ks + tl.arange(0, BLOCK_K)
-        kmask = offs_k < K
-        w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=nmask & (ks < K), other=0.0)
+        if NB == 1:
+            offs_k = ks + tl.arange(0, BLOCK_K)
+            kmask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None] * swn + offs_k[None, :], mask=nmask[:, None] & kmask[None, :],
+                        other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=nmask & (ks < K), other=0.0)
+        else:  # [NB, BLOCK_K / NB]: a row a scale block
+            offs_k = ks + blk[:, None] * (BLOCK_K // NB) + tl.arange(0, BLOCK_K // NB)[None, :]
+            kmask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None, None] * swn + offs_k[None, :, :],
+                        mask=nmask[:, None, None] & kmask[None, :, :], other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + (offs_n // BN_S)[:, None] * ssn + (ks // BK_S + blk)[None, :] * ssk,
+                        mask=nmask[:, None] & (ks + blk * BK_S < K)[None, :], other=0.0)
         h = tl.load(x_ptr + offs_k, mask=kmask, other=0.0)
         if HAS_D:
             h = (h.to(tl.float32) + tl.load(d_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)).to(h.dtype)
@@ -238,8 +269,14 @@ def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, par
         nw = tl.load(nw_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
         if OFFSET:  # Gemma: (1 + w)
             nw = nw + 1.0
-        acc += tl.sum(w * (hf * nw)[None, :], axis=1) * s
-    ss = tl.sum(sq, axis=0)
+        if NB == 1:
+            acc += tl.sum(w * (hf * nw)[None, :], axis=1) * s
+        else:
+            acc += tl.sum(tl.sum(w * (hf * nw)[None, :, :], axis=2) * s, axis=1)
+    if NB == 1:
+        ss = tl.sum(sq, axis=0)
+    else:
+        ss = tl.sum(tl.sum(sq, axis=1), axis=0)
     pdl_release(PDL)
     if HAS_D and pn == 0:  # the residual, by the first column tile's programs, each its K range
         for kk in range(0, k_per, BLOCK_K):
@@ -699,6 +736,15 @@ INT4_FAST = os.environ.get("MLXSERVING_INT4_FAST", "") != "0"
 INT4_H2 = os.environ.get("MLXSERVING_INT4_H2", "") != "0"
 
 
+# Whether the row loop's tiles that ask for it (a Tiles.bk of whole scale
+# blocks past one) read K tiles that wide (_fp8_wide): FP8 and 16-bit
+# weights at one row, 1.05x decode at the 8B shape (FP8, tile_table).
+# MLXSERVING_FP8_WIDE=0 in the worker's environment turns it off (an A/B
+# on one binary); quant.py turns it off, logged, where wide_check fails
+# and the rest passes.
+FP8_WIDE = os.environ.get("MLXSERVING_FP8_WIDE", "") != "0"
+
+
 # Whether fp8_mma's tiles that ask for it (Tiles.tma) stream the weight
 # through a TMA descriptor (Hopper and later, with a Triton that has host
 # descriptors) rather than every thread's loads. MLXSERVING_FP8_TMA=0 in
@@ -737,9 +783,14 @@ class Tiles:
 
 def shaped(t, kind, M, N, K):
     """t with tile_table.SHAPE_TILES' fields for this product, if it has
-    any."""
+    any. An entry for wide K tiles (bk past 128, the row loop's widest
+    within one scale block) is passed over while FP8_WIDE is off: its
+    other fields were chosen for the wide tile (the 8B's FP8 decode at its
+    wide entries read narrow ran 315 tok/s, against 365 at the table's)."""
     kw = tile_table.SHAPE_TILES.get((kind, tile_table.rows_bucket(M), N, K))
-    return t.replaced(**kw) if kw else t
+    if not kw or kw.get("bk", 0) > 128 and not FP8_WIDE:
+        return t
+    return t.replaced(**kw)
 
 
 def tiles_for(M, kind, N=0, fast=None, K=0):
@@ -813,12 +864,13 @@ def _plan(M, N, K, unit, sms, t):
     return tiles, -(-K // k_per), k_per
 
 
-def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False):
+def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False, wide=False):
     """One weight-only product. kernels: (tensor-core tile, row loop), or
     for int4 those, the fast pair after them, which Tiles.fast picks, and
     the packed row loop (Tiles.h2); the fast tile takes its own constants
     (_int4_fast_consts). silu: x is packed gate and up rows [..., 2K]
-    (fp8's row loop only)."""
+    (fp8's row loop only). wide: fp8's kernels, whose row loop takes K
+    tiles over whole scale blocks (_fp8_wide)."""
     shape = x.shape[:-1]
     x2 = x.reshape(-1, 2 * K if silu else K)
     if x2.stride(-1) != 1:
@@ -833,6 +885,9 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False)
         consts = (consts[0], dict(consts[1], **_int4_fast_consts(x.dtype, t)))
     if t.bk and unit % t.bk == 0:
         bk = t.bk
+    if wide:
+        bk, unit, nb = _fp8_wide(t, bk, unit, consts[1]["BK_S"])
+        consts = (consts[0], dict(consts[1], NB=nb))
     sms, locks = _device_state(x.device)
     n_tiles, split, k_per = _plan(M, N, K, unit, sms, t)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
@@ -858,6 +913,17 @@ def _fp8_k_tile(bk, K):
     return kt, bk if bk < K else kt
 
 
+def _fp8_wide(t, kt, unit, bk_s):
+    """(BLOCK_K, the K split's unit, NB) of fp8's row loop at tile t,
+    from _fp8_k_tile's kt and unit and the kernels' BK_S: a row-loop tile
+    whose bk is a whole number of units (scale blocks, or K tiles where
+    one scale spans K) reads K tiles that wide, NB scale blocks each
+    (powers of two), and splits K at whole tiles."""
+    if FP8_WIDE and t.gemv and t.bk and t.bk > unit and t.bk % unit == 0:
+        kt = unit = t.bk
+    return kt, unit, max(1, kt // bk_s)
+
+
 def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     """x [..., K] @ dequant(w).T with w float8_e4m3fn [N, K] and scale
     float32 [ceil(N/bn), ceil(K/bk)] for block (bn, bk). silu (one row
@@ -873,7 +939,7 @@ def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
     consts = _fp8_consts(w, scale, block)
     consts[1]["SILU"] = silu
     kind = "fp8" if w.element_size() == 1 else "w16"
-    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, kind, tiles, silu)
+    return _run((_fp8_kernel, _fp8_gemv_kernel), x, N, K, unit, kt, (w, scale), consts, kind, tiles, silu, True)
 
 
 # The fused norm's tiles: four warps a program (cmd/gpubench/rowloop_sweep.py
@@ -895,18 +961,21 @@ def fp8_norm_linear(x, d, nw, eps, offset, w, scale, block, tiles=None):
     t = tiles or shaped(NORM_TILES, "fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K)
     if t.bk and unit % t.bk == 0:
         kt = t.bk
+    if block[1] >= K:  # one scale spans K: the split's unit is the K tile
+        unit = kt
+    consts = _fp8_consts(w, scale, block)
+    kt, unit, nb = _fp8_wide(t, kt, unit, consts[1]["BK_S"])
     sms, locks = _device_state(x.device)
-    n_tiles, split, k_per = _plan(1, N, K, unit if block[1] < K else kt, sms, t)
+    n_tiles, split, k_per = _plan(1, N, K, unit, sms, t)
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     xo = torch.empty_like(x) if d is not None else x
     part, ss = y, y
     if split > 1:
         part = torch.empty(split, N, device=x.device, dtype=torch.float32)
         ss = torch.empty(n_tiles, split, device=x.device, dtype=torch.float32)
-    consts = _fp8_consts(w, scale, block)
     _fp8_norm_gemv_kernel[(n_tiles, split)](x, x if d is None else d, nw, xo, w, scale, y, part, ss, locks, N, K,
                                             k_per, split, *consts[0], eps, BLOCK_N=t.bn, BLOCK_K=kt,
-                                            HAS_D=d is not None, OFFSET=offset, num_warps=t.warps,
+                                            HAS_D=d is not None, OFFSET=offset, NB=nb, num_warps=t.warps,
                                             num_stages=t.stages, **consts[1], **pdl.args(x.device, 1))
     return xo, y
 
@@ -1169,4 +1238,41 @@ def self_check(device, dtype):
             err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
             if not err < 2e-2:
                 return "%s %r, %d rows: relative error %.3g" % (c.kind, c.t.get("block"), M, err)
+    return wide_check(device, dtype) if FP8_WIDE else None
+
+
+def wide_check(device, dtype):
+    """None when the row loop's wide K tiles (_fp8_wide: 256 inputs over
+    two FP8 scale blocks with K split, 512 over four; FP8 and 16-bit
+    weights; plain, SwiGLU inside and the norm inside) agree with the
+    float32 product, else what failed. Also compiles them."""
+    import torch.nn.functional as F
+    from . import quant
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    N, K = 384, 1024
+    w = torch.randn(N, K, generator=gen) / K ** 0.5
+    x = torch.randn(1, K, generator=gen).to(device=device, dtype=dtype)
+    gu = (torch.randn(1, 2 * K, generator=gen) * 3).to(device=device, dtype=dtype)
+    nw = (torch.rand(K, generator=gen) + 0.5).to(device=device, dtype=dtype)
+    g, u = gu.float().chunk(2, dim=-1)
+    inputs = {"plain": x.float(), "SwiGLU inside": (F.silu(g).to(dtype) * u.to(dtype)).float(),
+              "norm inside": x.float() * torch.rsqrt(x.float().pow(2).mean() + 1e-5) * nw.float()}
+    w16 = w.to(device=device, dtype=dtype)
+    weights = [("16-bit", w16, torch.ones(1, 1, device=device), quant.WHOLE, w16.float())]
+    if hasattr(torch, "float8_e4m3fn"):
+        s = w.abs().amax(1, keepdim=True) / quant.E4M3_MAX
+        c = quant.QWeight("fp8", N, K, w=(w / s).clamp(-quant.E4M3_MAX, quant.E4M3_MAX).to(torch.float8_e4m3fn)
+                          .to(device), scale=(torch.rand(N // 128, K // 128, generator=gen) * 0.01 + 0.001)
+                          .to(device), block=(128, 128))
+        weights.append(("FP8 128x128", c.t["w"], c.t["scale"], c.t["block"], c.dequant(torch.float32)))
+    for t in (Tiles(1, 32, 4, 2, 2, gemv=True, bk=256), Tiles(1, 16, 2, 2, 1, gemv=True, bk=512)):
+        for name, wt, scale, block, wf in weights:
+            for how, run in (("plain", lambda: fp8_linear(x, wt, scale, block, tiles=t)),
+                             ("SwiGLU inside", lambda: fp8_linear(gu, wt, scale, block, tiles=t, silu=True)),
+                             ("norm inside", lambda: fp8_norm_linear(x, None, nw, 1e-5, False, wt, scale, block,
+                                                                     tiles=t)[1])):
+                want = inputs[how] @ wf.t()
+                err = (run().float() - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+                if not err < 2e-2:
+                    return "wide K tile %d, %s %s: relative error %.3g" % (t.bk, name, how, err)
     return None

@@ -39,11 +39,33 @@ import os
 # int4h2tiles-1b): qkv 6.25 -> 5.43 us, o 5.57 -> 4.85, down 9.22 ->
 # 8.16, and gate/up 13.53 -> 10.85 in the packed loop where the 8B's
 # wider gate/up keeps the unpacked one (decode 1,206 -> 1,304 tok/s).
+# K tiles over two and four scale blocks (256 and 512 inputs,
+# quant_triton._fp8_wide; rowloop_sweep.py fp8wide-S and w16wide-S), one
+# row, per product in us (the FP8 8B down keeps its tile: none won):
+# - 8B FP8: qkv (norm inside) 10.18 -> 9.84, o 7.94 -> 7.59, gate/up
+#   (norm inside) 34.32 -> 29.86 (decode 365.3 -> 385.4 tok/s);
+# - 8B bf16: qkv (norm inside) 17.25 -> 15.77, o 11.81 -> 11.54, gate/up
+#   57.89 -> 55.36 (decode 233.1 -> 237.6);
+# - 1B FP8: qkv 5.84 -> 5.63, o 5.27 -> 4.94, gate/up 11.52 -> 10.53,
+#   down 9.31 -> 8.19; 1B bf16: qkv 7.08 -> 6.69, o 6.36 -> 5.71,
+#   gate/up 20.37 -> 17.85, down 13.10 -> 12.05 (decode 1,018 -> 1,103).
 SHAPE_TILES = {
-    ("fp8", 1, 4096, 4096): {"warps": 4},
+    ("fp8", 1, 4096, 4096): {"bn": 64, "warps": 8, "stages": 2, "waves": 4, "bk": 256},
     ("fp8", 1, 28672, 4096): {"bn": 32, "waves": 16},
     ("fp8", 1, 4096, 14336): {"bn": 32, "waves": 16},
-    ("fp8norm", 1, 28672, 4096): {"waves": 16},
+    ("fp8norm", 1, 6144, 4096): {"bn": 32, "warps": 2, "stages": 2, "waves": 8, "bk": 512},
+    ("fp8norm", 1, 28672, 4096): {"bn": 32, "warps": 4, "stages": 2, "waves": 4, "bk": 256},
+    ("w16norm", 1, 6144, 4096): {"bn": 32, "warps": 2, "stages": 2, "waves": 8, "bk": 256},
+    ("w16", 1, 4096, 4096): {"bn": 64, "warps": 2, "stages": 2, "waves": 8, "bk": 256},
+    ("w16", 1, 28672, 4096): {"bn": 16, "warps": 4, "stages": 2, "waves": 4, "bk": 512},
+    ("fp8norm", 1, 3072, 2048): {"bn": 32, "warps": 4, "stages": 2, "waves": 16, "bk": 256},
+    ("fp8", 1, 2048, 2048): {"bn": 32, "warps": 4, "stages": 2, "waves": 16, "bk": 256},
+    ("fp8norm", 1, 16384, 2048): {"bn": 16, "warps": 2, "stages": 2, "waves": 4, "bk": 512},
+    ("fp8", 1, 2048, 8192): {"bn": 64, "warps": 8, "stages": 2, "waves": 16, "bk": 256},
+    ("w16norm", 1, 3072, 2048): {"bn": 32, "warps": 4, "stages": 2, "waves": 16, "bk": 256},
+    ("w16", 1, 2048, 2048): {"bn": 16, "warps": 2, "stages": 2, "waves": 16, "bk": 256},
+    ("w16norm", 1, 16384, 2048): {"bn": 32, "warps": 4, "stages": 2, "waves": 4, "bk": 256},
+    ("w16", 1, 2048, 8192): {"bn": 16, "warps": 4, "stages": 2, "waves": 4, "bk": 512},
     ("mma", 64, 4096, 14336): {"stages": 4, "waves": 2, "tma": 2},
     ("mma", 64, 6144, 4096): {"stages": 5, "waves": 1, "tma": 1},
     ("mma", 64, 4096, 4096): {"stages": 5, "waves": 1, "tma": 1},
