@@ -202,33 +202,54 @@ for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp
         check("MLXSERVING_TILES" in str(e) and bad in str(e), "tile_table.parse(%r): %s" % (bad, e))
 check([tile_table.rows_bucket(m) for m in (1, 2, 16, 17, 32, 33, 64, 65)] == [1, 16, 16, 32, 32, 64, 64, 0],
       "tile_table.rows_bucket")
+# Without wide K tiles (quant_triton.FP8_WIDE off) a row-loop entry for
+# them is passed over, for the tile and for whether the norm goes inside;
+# narrow entries and other kinds' stay.
+saved_table = dict(tile_table.SHAPE_TILES)
+try:
+    tile_table.SHAPE_TILES.update({("fp8norm", 1, 8, 8): {"bk": 256}, ("w16", 1, 8, 8): {"bk": 512, "bn": 16},
+                                   ("fp8", 1, 8, 8): {"bk": 64}, ("int4fast", 1, 8, 8): {"bk": 256}})
+    w8_, w16_ = torch.zeros(8, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.bfloat16)
+    check(tile_table.entry("w16", 1, 8, 8) == {"bk": 512, "bn": 16} and tile_table.entry("w16", 1, 8, 8, False) is None
+          and tile_table.entry("fp8", 1, 8, 8, False) == {"bk": 64}
+          and tile_table.entry("int4fast", 1, 8, 8, False) == {"bk": 256}
+          and tile_table.norm_tiled(w8_, 8, 8) and not tile_table.norm_tiled(w8_, 8, 8, False)
+          and not tile_table.norm_tiled(w16_, 8, 8), "tile_table.entry / norm_tiled without wide K tiles")
+finally:
+    tile_table.SHAPE_TILES.clear()
+    tile_table.SHAPE_TILES.update(saved_table)
 
 # quant._kernels_ok's fallbacks (no Triton: a stand-in for quant_triton
-# whose self-check fails while one switch is on): that switch alone turns
-# off and the kernels pass; a failure no switch cures restores them all
-# and fails; int4's switches are not blamed where INT4_FAST is off.
+# whose self-check fails while a bad switch's kernels run; the packed
+# int4 loop runs only under INT4_FAST): the switches a failure needs stay
+# off and no other (the newest first: INT4_FAST before INT4_H2 would
+# turn off the fast kernels for the packed loop's failure); a failure no
+# switch cures restores them all and fails; int4's switches are not
+# blamed where INT4_FAST is off.
 import types  # noqa: E402
 
 pkg, qt_name = sys.modules[quant.__package__], quant.__package__ + ".quant_triton"
 saved_qt = sys.modules.get(qt_name), getattr(pkg, "quant_triton", None)
 flags = ("FP8_WIDE", "INT4_H2", "INT4_FAST")
+runs = {"FP8_WIDE": lambda f: f.FP8_WIDE, "INT4_H2": lambda f: f.INT4_FAST and f.INT4_H2,
+        "INT4_FAST": lambda f: f.INT4_FAST, "always": lambda f: True}
 try:
-    for bad, fast, want_ok, want in (("FP8_WIDE", True, True, (False, True, True)),
-                                     ("INT4_H2", True, True, (True, False, True)),
-                                     ("INT4_FAST", True, True, (True, True, False)),
-                                     (None, True, True, (True, True, True)),
-                                     ("always", True, False, (True, True, True)),
-                                     ("INT4_H2", False, False, (True, True, False))):
+    for bad, fast, want_ok, want in ((("FP8_WIDE",), True, True, (False, True, True)),
+                                     (("INT4_H2",), True, True, (True, False, True)),
+                                     (("INT4_FAST",), True, True, (True, True, False)),
+                                     (("FP8_WIDE", "INT4_H2"), True, True, (False, False, True)),
+                                     ((), True, True, (True, True, True)),
+                                     (("always",), True, False, (True, True, True)),
+                                     (("always",), False, False, (True, True, False))):
         fake = types.SimpleNamespace(FP8_WIDE=True, INT4_H2=True, INT4_FAST=fast)
-        fake.self_check = lambda d, t, f=fake, bad=bad: None if bad is None or bad != "always" and not getattr(f, bad) \
-            else "%s fails" % bad
+        fake.self_check = lambda d, t, f=fake, bad=bad: next(("%s fails" % b for b in bad if runs[b](f)), None)
         sys.modules[qt_name] = fake
         pkg.quant_triton = fake
         quant._checked.pop(("cpu", torch.float32), None)
         ok = quant._kernels_ok(torch.device("cpu"), torch.float32)
         got = tuple(getattr(fake, f) for f in flags)
-        check(ok == want_ok and got == (want[0], want[1], want[2] and fast),
-              "_kernels_ok with %s failing (INT4_FAST %s): ok %s, switches %r" % (bad, fast, ok, got))
+        check(ok == want_ok and got == want,
+              "_kernels_ok with %r failing (INT4_FAST %s): ok %s, switches %r" % (bad, fast, ok, got))
 finally:
     quant._checked.pop(("cpu", torch.float32), None)
     if saved_qt[0] is None:

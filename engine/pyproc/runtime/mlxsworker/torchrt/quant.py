@@ -338,7 +338,10 @@ def _row_check(device, dtype):
         if not err < 2e-2:
             return "%s: relative error %.3g" % (what, err)
     if quant_triton.FP8_WIDE:  # the rest passed: a failure costs the wide tiles alone
-        err = quant_triton.wide_check(device, dtype)
+        try:
+            err = quant_triton.wide_check(device, dtype)
+        except Exception as e:  # a wide tile that cannot compile here
+            err = str(e)
         if err is not None:
             quant_triton.FP8_WIDE = False
             name, instead = _FALLBACKS[0][1:]
@@ -351,8 +354,9 @@ def norm_fits(w, K):
     (the row loop's weight, [N, K]): up to NORM_MAX_K inputs, into up to
     NORM_MAX_N outputs, or where tile_table.SHAPE_TILES holds a tile for
     the norm inside that product (measured to win there)."""
+    from . import quant_triton  # the row loop runs: it imported
     N = w.shape[0]
-    return K <= NORM_MAX_K or N <= NORM_MAX_N or tile_table.norm_tiled(w, N, K)
+    return K <= NORM_MAX_K or N <= NORM_MAX_N or tile_table.norm_tiled(w, N, K, quant_triton.FP8_WIDE)
 
 
 # Where norm_linear runs: into any product of up to NORM_MAX_K inputs,
@@ -603,26 +607,33 @@ _FALLBACKS = (("FP8_WIDE", "wide row-loop K tiles", "one-row products read K til
 
 def _kernels_ok(device, dtype):
     """Whether quant_triton runs here and agrees with the dequantized
-    product (once per device and dtype)."""
+    product (once per device and dtype). Where it does not, _FALLBACKS'
+    switches turn off, newest first and one more at a time, until the
+    check passes; then each but the last goes back on where the check
+    still passes without it, so only the switches it needs stay off
+    (logged). Where none cures it, every switch is restored."""
     key = (str(device), dtype)
     if key not in _checked:
-        err = _self_check(device, dtype)
+        err = first = _self_check(device, dtype)
         quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
-        # The newest kernels first: without each the rest may still run
-        # (narrow K tiles, the unpacked one-row loop, then the previous
-        # int4 kernels beside FP8's).
-        for flag, name, instead in _FALLBACKS:
-            if err is None or quant_triton is None or not getattr(quant_triton, flag) \
-                    or flag.startswith("INT4") and not quant_triton.INT4_FAST:
+        off, why = [], {}  # the switches turned off, and the failure each was turned off for
+        for flag, _, _ in _FALLBACKS if err is not None and quant_triton is not None else ():
+            if not getattr(quant_triton, flag) or flag.startswith("INT4") and not quant_triton.INT4_FAST:
                 continue
             setattr(quant_triton, flag, False)
-            again = _self_check(device, dtype)
-            if again is None:
-                log.warning("%s unavailable (%s): %s", name, err, instead)
-            else:
-                setattr(quant_triton, flag, True)
-            err = again
+            off.append(flag)
+            why[flag] = err
+            err = _self_check(device, dtype)
+            if err is None:
+                break
+        for flag in off[:-1] if err is None else off:
+            setattr(quant_triton, flag, True)
+            if err is None and _self_check(device, dtype) is not None:
+                setattr(quant_triton, flag, False)
+        for flag, name, instead in _FALLBACKS if err is None else ():
+            if flag in off and not getattr(quant_triton, flag):
+                log.warning("%s unavailable (%s): %s", name, why[flag], instead)
         if err is not None:
-            log.warning("quantized kernels unavailable (%s): quantized weights are dequantized at load", err)
+            log.warning("quantized kernels unavailable (%s): quantized weights are dequantized at load", first)
         _checked[key] = err is None
     return _checked[key]

@@ -7,8 +7,9 @@ a weight.
 - fp8_linear: x [M, K] (bf16/fp16) times an F8_E4M3 weight [N, K] whose
   scales are per block (bn, bk): (128, 128) for the block-scaled
   checkpoints, (1, K) per channel. Each K tile lies in one block of
-  scales, so its partial product is scaled once per output column.
-  Weight-only: activations stay in their dtype (no activation
+  scales, so its partial product is scaled once per output column; the
+  one-row loop's tiles may span several whole blocks instead (FP8_WIDE,
+  _fp8_wide), each block's partial scaled by its own scale. Weight-only: activations stay in their dtype (no activation
   quantization, so no activation scales).
 - fp8_mma: the FP8 weights' W8A8 product of w8a8.MMA_MIN_ROWS to
   MMA_MAX_ROWS rows (decode batches, short prompt chunks; w8a8.py), one
@@ -783,14 +784,10 @@ class Tiles:
 
 def shaped(t, kind, M, N, K):
     """t with tile_table.SHAPE_TILES' fields for this product, if it has
-    any. An entry for wide K tiles (bk past 128, the row loop's widest
-    within one scale block) is passed over while FP8_WIDE is off: its
-    other fields were chosen for the wide tile (the 8B's FP8 decode at its
-    wide entries read narrow ran 315 tok/s, against 365 at the table's)."""
-    kw = tile_table.SHAPE_TILES.get((kind, tile_table.rows_bucket(M), N, K))
-    if not kw or kw.get("bk", 0) > 128 and not FP8_WIDE:
-        return t
-    return t.replaced(**kw)
+    any (tile_table.entry: an entry for wide K tiles is passed over
+    whole while FP8_WIDE is off)."""
+    kw = tile_table.entry(kind, tile_table.rows_bucket(M), N, K, FP8_WIDE)
+    return t.replaced(**kw) if kw else t
 
 
 def tiles_for(M, kind, N=0, fast=None, K=0):
@@ -803,7 +800,9 @@ def tiles_for(M, kind, N=0, fast=None, K=0):
     narrow ones. fast (INT4_FAST when None): int4's fast kernels'
     tiles. With K, tile_table.SHAPE_TILES' entry for the product over
     the table's (kind "w16" reads the table as "fp8"; int4's fast
-    kernels' entries are kind "int4fast")."""
+    kernels' entries are kind "int4fast"; a row-loop entry's bk past
+    128 asks for K tiles over whole scale blocks, _fp8_wide, and is
+    passed over while FP8_WIDE is off)."""
     if K:
         key = "int4fast" if kind == "int4" and (INT4_FAST if fast is None else fast) else kind
         t = shaped(tiles_for(M, kind, N, fast), key, M, N, K)
@@ -908,7 +907,8 @@ def _fp8_consts(w, scale, block):
 def _fp8_k_tile(bk, K):
     """(BLOCK_K, the K split's unit) of an FP8 weight whose scale blocks
     span bk inputs: K tiles inside one scale block (BLOCK_K divides bk,
-    or bk spans K), and splits at whole blocks."""
+    or bk spans K), and splits at whole blocks. A row-loop tile may then
+    widen both to several units (_fp8_wide)."""
     kt = 128 if bk % 128 == 0 or bk >= K else 64 if bk % 64 == 0 else 32 if bk % 32 == 0 else 16
     return kt, bk if bk < K else kt
 

@@ -20,11 +20,13 @@ import os
 # Measured per product on an H200 by cmd/gpubench/rowloop_sweep.py
 # (weights rotated past L2, as decode streams them) and kept where decode
 # gained end to end, the 8B shape:
-# - FP8 at one row: o 8.07 -> 7.85 us, down with SwiGLU inside 19.26 ->
-#   18.52, gate/up 34.13 -> 33.02 (decode 346.1 -> 352.6 tok/s; gate/up's
-#   entry runs where its norm is not inside: NORM_FUSE off, adapters);
-# - gate/up with the norm inside: 35.91 -> 34.2 us, which makes fusing it
-#   win (decode 354.1 -> 355.9; quant.norm_fits);
+# - FP8 at one row: down with SwiGLU inside 19.26 -> 18.52 us, gate/up
+#   34.13 -> 33.02 (decode 346.1 -> 352.6 tok/s with o's entry since
+#   replaced below; gate/up's entry runs where its norm is not inside:
+#   NORM_FUSE off, adapters, FP8_WIDE off);
+# - gate/up with the norm inside: 35.91 -> 34.2 us, which made fusing it
+#   win (decode 354.1 -> 355.9; quant.norm_fits), its entry since
+#   replaced by the wide one below;
 # - down at 64 rows (fp8_mma), four waves: 30.65 -> 29.14 us (decode
 #   1.007x), since replaced below;
 # - q/k/v and o at 64 rows with the weight through TMA, five stages and
@@ -148,7 +150,25 @@ def rows_bucket(M):
     return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 0
 
 
-def norm_tiled(w, N, K):
+# The row loop's kinds, whose entries may ask for K tiles wider than one
+# scale block (bk past 128: quant_triton._fp8_wide).
+ROW_KINDS = ("fp8", "w16", "fp8norm", "w16norm")
+
+
+def entry(kind, rows, N, K, wide=True):
+    """SHAPE_TILES' fields for the product, or None. Without wide
+    (quant_triton.FP8_WIDE off) a row-loop entry for wide K tiles is
+    passed over whole: its other fields were chosen for the wide tile
+    (the 8B's FP8 decode at its wide entries read narrow ran 315 tok/s,
+    against 365 at the table's)."""
+    kw = SHAPE_TILES.get((kind, rows, N, K))
+    if kw and not wide and kind in ROW_KINDS and kw.get("bk", 0) > 128:
+        return None
+    return kw
+
+
+def norm_tiled(w, N, K, wide=True):
     """Whether SHAPE_TILES holds a tile for the norm inside w's one-row
-    product (quant.norm_fits takes the product then, past its bounds)."""
-    return ("fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K) in SHAPE_TILES
+    product (quant.norm_fits takes the product then, past its bounds);
+    wide: as entry's."""
+    return entry("fp8norm" if w.element_size() == 1 else "w16norm", 1, N, K, wide) is not None
