@@ -12,6 +12,7 @@ import (
 	"github.com/mlxserving/mlxserving"
 	"github.com/mlxserving/mlxserving/api"
 	"github.com/mlxserving/mlxserving/engine"
+	"github.com/mlxserving/mlxserving/testmodel"
 )
 
 // BenchmarkEmptyStepRoundTrip measures the protocol's own cost: a step
@@ -166,6 +167,12 @@ func BenchmarkWorkerHostStep(b *testing.B) {
 		}
 	}
 	b.Run("prompt/2048", func(b *testing.B) {
+		long := testmodel.Tiny() // its context (512) is shorter than the prompt
+		long.ContextLength = 4096
+		dir := b.TempDir()
+		if err := testmodel.Write(dir, long); err != nil {
+			b.Fatal(err)
+		}
 		for b.Loop() {
 			ms, perToken := hostStep(b, py, dir, 2048, 200, "greedy", "prompt")
 			b.ReportMetric(ms, "host-ms/step")
