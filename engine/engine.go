@@ -368,7 +368,12 @@ type Info struct {
 	// Generated set to n, samples exactly the tokens that earlier sequence
 	// would have gone on to sample — a seeded draw is a function of the
 	// seed and the generated position, and presence and frequency
-	// penalties count the prompt's last n tokens as generated. The
+	// penalties count the prompt's last n tokens as generated. "Exactly"
+	// holds for the same logits: a step's arithmetic may round the
+	// logits' last bits otherwise with the batch beside the sequence (or
+	// for a prompt step against a decode step), and where a draw or an
+	// argmax lands within that of a boundary between two tokens it picks
+	// the other, as any two runs of one request in other batches may. The
 	// batcher resumes a seeded or penalised sequence whose worker was
 	// lost only on a model that reports it (greedy and unseeded ones
 	// resume on any model); false fails such a sequence instead.

@@ -99,8 +99,12 @@ func (t *faultTally) gap(r batcher.ResumeStats) {
 // and any other failure — both must be none — and the resume gap's p50
 // and p99 (last token before the kill to the first after). Then it runs
 // every completed greedy and seeded request again on the undisturbed
-// server and compares token ids and text: every one must be identical.
-// Run it alone: -run '^$' -bench KillUnderLoad -benchtime 1x.
+// server and compares token ids and text: every one must be identical,
+// or reproduced by the undisturbed server beside some other number of
+// sequences (near_ties: a batch's size moves the logits in their last
+// bits, which flips a draw that lands on a boundary between two tokens;
+// see compareWithReference). Run it alone: -run '^$' -bench
+// KillUnderLoad -benchtime 1x.
 func BenchmarkKillUnderLoad(b *testing.B) {
 	const streams, maxTokens = 32, 48
 	e := newEngine(b, WithWorkers(2), WithHeartbeat(200*time.Millisecond, 5*time.Second))
@@ -118,7 +122,7 @@ func BenchmarkKillUnderLoad(b *testing.B) {
 		tally := &faultTally{}
 		current.Store(tally)
 		kills := killUnderLoad(b, e, srv, tally, streams, maxTokens)
-		mismatched := compareWithReference(b, srv, tally.done, streams)
+		mismatched, nearTies := compareWithReference(b, srv, tally.done, streams)
 		slices.Sort(tally.gaps)
 		b.ReportMetric(float64(kills), "kills")
 		b.ReportMetric(float64(tally.completed.Load()), "completed")
@@ -128,6 +132,7 @@ func BenchmarkKillUnderLoad(b *testing.B) {
 		b.ReportMetric(float64(tally.failed.Load()), "failed")
 		b.ReportMetric(float64(len(tally.done)), "compared")
 		b.ReportMetric(float64(mismatched), "mismatched")
+		b.ReportMetric(float64(nearTies), "near_ties")
 		b.ReportMetric(float64(len(tally.gaps)), "resume_gaps")
 		b.ReportMetric(percentile(tally.gaps, 0.50).Seconds()*1e3, "gap_p50_ms")
 		b.ReportMetric(percentile(tally.gaps, 0.99).Seconds()*1e3, "gap_p99_ms")
@@ -137,7 +142,7 @@ func BenchmarkKillUnderLoad(b *testing.B) {
 			}
 		}
 		if mismatched > 0 {
-			b.Errorf("%d of %d greedy and seeded streams differ from their reference run", mismatched, len(tally.done))
+			b.Errorf("%d of %d greedy and seeded streams give tokens no undisturbed run gives", mismatched, len(tally.done))
 		}
 	}
 }
@@ -192,28 +197,30 @@ func killUnderLoad(b *testing.B, e *Engine, srv *mlxserving.Server, tally *fault
 
 // compareWithReference runs every request of done again, with no kills,
 // on as many goroutines as there were streams, and returns how many give
-// other tokens or text.
-func compareWithReference(b *testing.B, srv *mlxserving.Server, done []faultDone, streams int) int {
-	var mismatched atomic.Int64
+// other tokens or text than any undisturbed run (mismatched), and how
+// many differ from their reference but are reproduced beside another
+// number of sequences (nearTies). The worker's arithmetic depends on its
+// batch: a matrix product over more rows may round its last bits
+// otherwise, and a seeded draw that lands within that of a boundary
+// between two tokens picks the other one. A resume that broke the
+// sampling's state would give tokens no undisturbed run gives.
+func compareWithReference(b *testing.B, srv *mlxserving.Server, done []faultDone, streams int) (mismatched, nearTies int) {
+	var mu sync.Mutex
+	var differ []faultDone
 	next := make(chan faultDone)
 	var wg sync.WaitGroup
 	for range streams {
 		wg.Go(func() {
 			for d := range next {
-				st, err := srv.Generate(context.Background(), d.req)
-				var ref api.Result
-				if err == nil {
-					ref, err = st.Collect()
-				}
+				ref, err := collect(srv, d.req)
 				if err != nil {
 					b.Errorf("reference run: %v", err)
 					continue
 				}
-				if !slices.Equal(ref.Tokens, d.res.Tokens) || ref.Text != d.res.Text {
-					if mismatched.Add(1) <= 3 {
-						b.Logf("differs from its reference (resumes %d, sampling %+v):\n got %v\nwant %v",
-							d.res.Usage.Resumes, d.req.Sampling, d.res.Tokens, ref.Tokens)
-					}
+				if !sameResult(ref, d.res) {
+					mu.Lock()
+					differ = append(differ, d)
+					mu.Unlock()
 				}
 			}
 		})
@@ -223,7 +230,51 @@ func compareWithReference(b *testing.B, srv *mlxserving.Server, done []faultDone
 	}
 	close(next)
 	wg.Wait()
-	return int(mismatched.Load())
+	for _, d := range differ {
+		if reproduced(b, srv, d, done) {
+			nearTies++
+			continue
+		}
+		if mismatched++; mismatched <= 3 {
+			b.Logf("no undisturbed run gives its tokens (resumes %d, sampling %+v):\n got %v",
+				d.res.Usage.Resumes, d.req.Sampling, d.res.Tokens)
+		}
+	}
+	return mismatched, nearTies
+}
+
+// reproduced reports whether the undisturbed server gives d's tokens and
+// text running d's request beside 0, 1, 3, 7, 15 or 31 other requests of
+// done at once.
+func reproduced(b *testing.B, srv *mlxserving.Server, d faultDone, done []faultDone) bool {
+	for _, others := range []int{0, 1, 3, 7, 15, 31} {
+		var wg sync.WaitGroup
+		for i := range min(others, len(done)) {
+			wg.Go(func() { _, _ = collect(srv, done[i].req) })
+		}
+		res, err := collect(srv, d.req)
+		wg.Wait()
+		if err != nil {
+			b.Errorf("reproducing run: %v", err)
+			return false
+		}
+		if sameResult(res, d.res) {
+			return true
+		}
+	}
+	return false
+}
+
+func collect(srv *mlxserving.Server, req api.Request) (api.Result, error) {
+	st, err := srv.Generate(context.Background(), req)
+	if err != nil {
+		return api.Result{}, err
+	}
+	return st.Collect()
+}
+
+func sameResult(a, b api.Result) bool {
+	return slices.Equal(a.Tokens, b.Tokens) && a.Text == b.Text
 }
 
 // percentile returns the q-quantile of sorted durations (0 when empty).
