@@ -9,7 +9,8 @@ a weight.
   checkpoints, (1, K) per channel. Each K tile lies in one block of
   scales, so its partial product is scaled once per output column; the
   one-row loop's tiles may span several whole blocks instead (FP8_WIDE,
-  _fp8_wide), each block's partial scaled by its own scale. Weight-only: activations stay in their dtype (no activation
+  _fp8_wide), each block's partial scaled by its own scale.
+  Weight-only: activations stay in their dtype (no activation
   quantization, so no activation scales).
 - fp8_mma: the FP8 weights' W8A8 product of w8a8.MMA_MIN_ROWS to
   MMA_MAX_ROWS rows (decode batches, short prompt chunks; w8a8.py), one
@@ -241,7 +242,6 @@ def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, par
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    blk = tl.arange(0, NB)
     if NB == 1:
         sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     else:
@@ -256,6 +256,7 @@ def _fp8_norm_gemv_kernel(x_ptr, d_ptr, nw_ptr, xo_ptr, w_ptr, s_ptr, y_ptr, par
                         other=0.0).to(tl.float32)
             s = tl.load(s_ptr + (offs_n // BN_S) * ssn + (ks // BK_S) * ssk, mask=nmask & (ks < K), other=0.0)
         else:  # [NB, BLOCK_K / NB]: a row a scale block
+            blk = tl.arange(0, NB)
             offs_k = ks + blk[:, None] * (BLOCK_K // NB) + tl.arange(0, BLOCK_K // NB)[None, :]
             kmask = offs_k < K
             w = tl.load(w_ptr + offs_n[:, None, None] * swn + offs_k[None, :, :],
