@@ -202,9 +202,9 @@ for bad in ("fp8:1:4096=bn64", "fp8:1:4096x4096=bn", "fp8:1:4096x4096=zz64", "fp
         check("MLXSERVING_TILES" in str(e) and bad in str(e), "tile_table.parse(%r): %s" % (bad, e))
 check([tile_table.rows_bucket(m) for m in (1, 2, 16, 17, 32, 33, 64, 65)] == [1, 16, 16, 32, 32, 64, 64, 0],
       "tile_table.rows_bucket")
-# Without wide K tiles (quant_triton.FP8_WIDE off, INT4_WIDE for
-# int4fast) a row-loop entry for them is passed over, for the tile and
-# for whether the norm goes inside; narrow entries and other kinds' stay.
+# Without wide K tiles (quant_triton.FP8_WIDE off) a row-loop entry for
+# them is passed over, for the tile and for whether the norm goes inside;
+# narrow entries and other kinds' stay.
 saved_table = dict(tile_table.SHAPE_TILES)
 try:
     tile_table.SHAPE_TILES.update({("fp8norm", 1, 8, 8): {"bk": 256}, ("w16", 1, 8, 8): {"bk": 512, "bn": 16},
@@ -212,8 +212,7 @@ try:
     w8_, w16_ = torch.zeros(8, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.bfloat16)
     check(tile_table.entry("w16", 1, 8, 8) == {"bk": 512, "bn": 16} and tile_table.entry("w16", 1, 8, 8, False) is None
           and tile_table.entry("fp8", 1, 8, 8, False) == {"bk": 64}
-          and tile_table.entry("int4fast", 1, 8, 8, False) is None
-          and tile_table.entry("int4fast", 1, 8, 8) == {"bk": 256}
+          and tile_table.entry("int4fast", 1, 8, 8, False) == {"bk": 256}
           and tile_table.norm_tiled(w8_, 8, 8) and not tile_table.norm_tiled(w8_, 8, 8, False)
           and not tile_table.norm_tiled(w16_, 8, 8), "tile_table.entry / norm_tiled without wide K tiles")
 finally:
@@ -231,21 +230,18 @@ import types  # noqa: E402
 
 pkg, qt_name = sys.modules[quant.__package__], quant.__package__ + ".quant_triton"
 saved_qt = sys.modules.get(qt_name), getattr(pkg, "quant_triton", None)
-flags = ("INT4_WIDE", "FP8_WIDE", "INT4_H2", "INT4_FAST")
-runs = {"INT4_WIDE": lambda f: f.INT4_FAST and f.INT4_H2 and f.INT4_WIDE, "FP8_WIDE": lambda f: f.FP8_WIDE,
-        "INT4_H2": lambda f: f.INT4_FAST and f.INT4_H2, "INT4_FAST": lambda f: f.INT4_FAST,
-        "always": lambda f: True}
+flags = ("FP8_WIDE", "INT4_H2", "INT4_FAST")
+runs = {"FP8_WIDE": lambda f: f.FP8_WIDE, "INT4_H2": lambda f: f.INT4_FAST and f.INT4_H2,
+        "INT4_FAST": lambda f: f.INT4_FAST, "always": lambda f: True}
 try:
-    for bad, fast, want_ok, want in ((("INT4_WIDE",), True, True, (False, True, True, True)),
-                                     (("FP8_WIDE",), True, True, (True, False, True, True)),
-                                     (("INT4_H2",), True, True, (True, True, False, True)),
-                                     (("INT4_FAST",), True, True, (True, True, True, False)),
-                                     (("FP8_WIDE", "INT4_H2"), True, True, (True, False, False, True)),
-                                     (("INT4_WIDE", "INT4_FAST"), True, True, (True, True, True, False)),
-                                     ((), True, True, (True, True, True, True)),
-                                     (("always",), True, False, (True, True, True, True)),
-                                     (("always",), False, False, (True, True, True, False))):
-        fake = types.SimpleNamespace(INT4_WIDE=True, FP8_WIDE=True, INT4_H2=True, INT4_FAST=fast)
+    for bad, fast, want_ok, want in ((("FP8_WIDE",), True, True, (False, True, True)),
+                                     (("INT4_H2",), True, True, (True, False, True)),
+                                     (("INT4_FAST",), True, True, (True, True, False)),
+                                     (("FP8_WIDE", "INT4_H2"), True, True, (False, False, True)),
+                                     ((), True, True, (True, True, True)),
+                                     (("always",), True, False, (True, True, True)),
+                                     (("always",), False, False, (True, True, False))):
+        fake = types.SimpleNamespace(FP8_WIDE=True, INT4_H2=True, INT4_FAST=fast)
         fake.self_check = lambda d, t, f=fake, bad=bad: next(("%s fails" % b for b in bad if runs[b](f)), None)
         sys.modules[qt_name] = fake
         pkg.quant_triton = fake
@@ -481,33 +477,6 @@ if torch.cuda.is_available():
             check(torch.isfinite(got).all().item() and err < 4e-3,
                   "int4 packed row loop %s, |x| ~%g: relative error %.3g" % (dtype, scale, err))
 
-    # The packed row loop's K tiles over whole groups (quant_triton._int4_wide:
-    # 256 to 1,024 inputs over groups of 128 and 64): within a few float16
-    # roundings of a float64 product, K not a whole number of tiles (1,280,
-    # 14,336 at 1,024), split or not (waves), float16 and bfloat16 scales.
-    for n, k, grp in ((1536, 4096, 128), (1000, 1280, 128), (4096, 14336, 128), (640, 1024, 64)):
-        q = torch.randint(0, 16, (k, n), device=dev, dtype=torch.int32)
-        for sdt in (torch.float16, torch.bfloat16):
-            c = quant.QWeight("int4", n, k, qw=quant.pack4(q), group=grp,
-                              scales=(torch.rand(k // grp, n, device=dev) * 0.01 + 0.001).to(sdt),
-                              zeros=torch.randint(0, 16, (k // grp, n), device=dev).half())
-            wd = c.dequant(torch.float64)
-            for dtype in (torch.bfloat16, torch.float16):
-                x = torch.randn(1, k, device=dev, dtype=dtype)
-                want = x.double() @ wd.t()
-                for bk, bn, warps, stages, waves in ((256, 32, 4, 2, 8), (512, 64, 4, 1, 16), (1024, 16, 2, 3, 1)):
-                    t = quant_triton.Tiles(1, bn, warps, stages, waves, gemv=True, bk=bk, fast=True, h2=True)
-                    got = quant_triton.int4_linear(x, c.t["qw"], c.t["scales"], c.t["zeros"], grp, tiles=t).double()
-                    err = ((got - want).abs().max() / want.abs().max()).item()
-                    check(torch.isfinite(got).all().item() and err < 4e-3,
-                          "int4 wide K tile %d (waves %d) [%d, %d] g%d %s scales, x %s: relative error %.3g"
-                          % (bk, waves, n, k, grp, sdt, dtype, err))
-    # The wide tiles' split is at whole tiles: a program's K range never
-    # reaches into the next one's (_int4_wide's unit).
-    t = quant_triton.Tiles(1, 32, 4, 2, 16, gemv=True, bk=512, fast=True, h2=True)
-    check(quant_triton._int4_wide(t, 64, 128) == (512, 512, 4) and quant_triton._int4_wide(t, 64, 1024) == (64, 1024, 1),
-          "_int4_wide at 512 over groups of 128 and 1,024")
-
     # A per-product entry's h2 does not turn the packed row loop back on
     # where INT4_H2 is off (quant.py's self-check turns it off where it
     # fails), and the built-in int4 entries compute the product.
@@ -529,18 +498,6 @@ if torch.cuda.is_available():
                       "FP8_WIDE %s: a wide entry reads %r, a narrow one %r" % (wide, t, t2))
         finally:
             quant_triton.FP8_WIDE = saved_wide
-        # An int4 entry for wide K tiles is passed over whole while INT4_WIDE is off.
-        quant_triton.INT4_H2 = True
-        tile_table.SHAPE_TILES[("int4fast", 1, 1536, 4096)] = {"h2": True, "bn": 16, "bk": 512}
-        saved_wide = quant_triton.INT4_WIDE
-        try:
-            for wide in (True, False):
-                quant_triton.INT4_WIDE = wide
-                t = quant_triton.tiles_for(1, "int4", 1536, K=4096)
-                check((t.bk, t.bn) == (512, 16) if wide else (t.bk, t.bn) == (128, 64),
-                      "INT4_WIDE %s: a wide int4 entry reads %r" % (wide, t))
-        finally:
-            quant_triton.INT4_WIDE = saved_wide
     finally:
         quant_triton.INT4_H2 = saved_h2
         tile_table.SHAPE_TILES.clear()

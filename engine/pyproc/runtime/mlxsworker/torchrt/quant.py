@@ -600,8 +600,7 @@ def _self_check(device, dtype):
 
 # quant_triton's switches _kernels_ok turns off, newest first, and what
 # it logs: (what is unavailable, what runs instead).
-_FALLBACKS = (("INT4_WIDE", "wide packed int4 K tiles", "one-row int4 products read K tiles within one group"),
-              ("FP8_WIDE", "wide row-loop K tiles", "one-row products read K tiles within one scale block"),
+_FALLBACKS = (("FP8_WIDE", "wide row-loop K tiles", "one-row products read K tiles within one scale block"),
               ("INT4_H2", "packed int4 row loop", "one-row int4 products run the unpacked row loop"),
               ("INT4_FAST", "fast int4 kernels", "int4 weights run the previous kernels"))
 
@@ -619,8 +618,7 @@ def _kernels_ok(device, dtype):
         quant_triton = sys.modules.get(__package__ + ".quant_triton")  # None: it did not import
         off, why = [], {}  # the switches turned off, and the failure each was turned off for
         for flag, _, _ in _FALLBACKS if err is not None and quant_triton is not None else ():
-            if not getattr(quant_triton, flag) or flag.startswith("INT4") and not quant_triton.INT4_FAST \
-                    or flag == "INT4_WIDE" and not quant_triton.INT4_H2:
+            if not getattr(quant_triton, flag) or flag.startswith("INT4") and not quant_triton.INT4_FAST:
                 continue
             setattr(quant_triton, flag, False)
             off.append(flag)

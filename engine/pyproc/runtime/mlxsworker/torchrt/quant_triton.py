@@ -35,8 +35,7 @@ a weight.
   (see _int4_gemv2_kernel and _int4_dot2_kernel). INT4_H2 (on by
   default) runs one-row products narrower than 16,384 columns through a
   row loop that works in float16 pairs, two weights an instruction
-  (_int4_h2_kernel); its tiles may span several whole groups
-  (INT4_WIDE, _int4_wide), each group's partial scaled by its own scale.
+  (_int4_h2_kernel).
 
 Decode steps have few rows (M): the weight is all the traffic, so a
 kernel is as fast as it keeps enough of the weight in flight. A grid over
@@ -490,84 +489,41 @@ def _x_pair(xp, j: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _x_pair3(xp, kmask, j: tl.constexpr, BLOCK_N: tl.constexpr):
-    """_x_pair over a wide K tile's [groups, word rows] (_int4_h2_kernel's
-    NB), the rows past K read as zeros."""
-    lo = tl.load(xp + j, mask=kmask, other=0.0).to(tl.float32) * 0.0625
-    hi = tl.load(xp + (j + 4), mask=kmask, other=0.0).to(tl.float32) * 0.0625
-    pair = _f16x2(lo, hi)
-    return tl.broadcast_to(pair[None, :, :], (BLOCK_N, pair.shape[0], pair.shape[1]))
-
-
-@triton.jit
 def _int4_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per, split, sxm,
                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PDL: tl.constexpr, NB: tl.constexpr):
+                    PDL: tl.constexpr):
     # The packed row loop (above), one row: a program's [BLOCK_N, BLOCK_K/8]
     # tile of words is loaded along N (contiguous in the GPTQ layout), each
     # word row's inputs are packed into the four pairs once per program and
     # K tile, and each word's float32 sum times its column's scale stays in
     # a [BLOCK_N, BLOCK_K/8] accumulator, reduced over K once at the end.
-    # NB: the groups a K tile spans (_int4_wide); past one the tile is
-    # [BLOCK_N, NB, G/8] words, each group's scale and zero its own, so a
-    # program moves more words an iteration than one group's 16 a column.
     pdl_wait(PDL)
     tl.static_assert(BLOCK_M == 1)
+    R: tl.constexpr = BLOCK_K // 8
     pn, pk = tl.program_id(0), tl.program_id(1)
     offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
+    offs_r = tl.arange(0, R)
+    acc = tl.zeros((BLOCK_N, R), dtype=tl.float32)
     k0 = pk * k_per
     k_end = tl.minimum(k0 + k_per, K)
-    if NB == 1:
-        R: tl.constexpr = BLOCK_K // 8
-        offs_r = tl.arange(0, R)
-        acc = tl.zeros((BLOCK_N, R), dtype=tl.float32)
-        for ks in range(k0, k_end, BLOCK_K):
-            g = ks // G
-            s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32) * 16.0
-            z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
-            zlo = _f16x2(z + 1024.0, z + 1024.0)
-            zhi = _f16x2(-64.0 - z, -64.0 - z)
-            words = tl.load(q_ptr + ((ks // 8) + offs_r)[None, :] * N + offs_n[:, None], mask=nmask[:, None],
-                            other=0)
-            xp = x_ptr + ks + offs_r * 8
-            word = tl.inline_asm_elementwise(_INT4_H2_WORD, "=f,r,r,r,r,r,r,r",
-                                             [words, _x_pair(xp, 0, BLOCK_N), _x_pair(xp, 1, BLOCK_N),
-                                              _x_pair(xp, 2, BLOCK_N), _x_pair(xp, 3, BLOCK_N),
-                                              tl.broadcast_to(zlo[:, None], (BLOCK_N, R)),
-                                              tl.broadcast_to(zhi[:, None], (BLOCK_N, R))],
-                                             dtype=tl.float32, is_pure=True, pack=1)
-            acc += word * s[:, None]
-        total = tl.sum(acc, axis=1)
-    else:
-        # A K tile of whole groups: K itself is (the loader's groups divide
-        # it), so the tile's last groups past K are masked whole.
-        R0: tl.constexpr = G // 8
-        tl.static_assert(BLOCK_K == NB * G)
-        blk = tl.arange(0, NB)
-        offs_w = blk[:, None] * R0 + tl.arange(0, R0)[None, :]
-        acc3 = tl.zeros((BLOCK_N, NB, R0), dtype=tl.float32)
-        for ks in range(k0, k_end, BLOCK_K):
-            gin = ks + blk * G < K
-            smask = nmask[:, None] & gin[None, :]
-            sz = (ks // G + blk)[None, :] * N + offs_n[:, None]
-            s = tl.load(s_ptr + sz, mask=smask, other=0.0).to(tl.float32) * 16.0
-            z = tl.load(z_ptr + sz, mask=smask, other=0.0).to(tl.float32)
-            zlo = _f16x2(z + 1024.0, z + 1024.0)
-            zhi = _f16x2(-64.0 - z, -64.0 - z)
-            words = tl.load(q_ptr + ((ks // 8) + offs_w)[None, :, :] * N + offs_n[:, None, None],
-                            mask=smask[:, :, None], other=0)
-            xp = x_ptr + ks + offs_w * 8
-            kmask = tl.broadcast_to(gin[:, None], (NB, R0))
-            word = tl.inline_asm_elementwise(_INT4_H2_WORD, "=f,r,r,r,r,r,r,r",
-                                             [words, _x_pair3(xp, kmask, 0, BLOCK_N), _x_pair3(xp, kmask, 1, BLOCK_N),
-                                              _x_pair3(xp, kmask, 2, BLOCK_N), _x_pair3(xp, kmask, 3, BLOCK_N),
-                                              tl.broadcast_to(zlo[:, :, None], (BLOCK_N, NB, R0)),
-                                              tl.broadcast_to(zhi[:, :, None], (BLOCK_N, NB, R0))],
-                                             dtype=tl.float32, is_pure=True, pack=1)
-            acc3 += word * s[:, :, None]
-        total = tl.sum(tl.sum(acc3, axis=2), axis=1)
-    _finish(total[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n, PDL)
+    for ks in range(k0, k_end, BLOCK_K):
+        g = ks // G
+        s = tl.load(s_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32) * 16.0
+        z = tl.load(z_ptr + g * N + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        zlo = _f16x2(z + 1024.0, z + 1024.0)
+        zhi = _f16x2(-64.0 - z, -64.0 - z)
+        words = tl.load(q_ptr + ((ks // 8) + offs_r)[None, :] * N + offs_n[:, None], mask=nmask[:, None], other=0)
+        xp = x_ptr + ks + offs_r * 8
+        word = tl.inline_asm_elementwise(_INT4_H2_WORD, "=f,r,r,r,r,r,r,r",
+                                         [words, _x_pair(xp, 0, BLOCK_N), _x_pair(xp, 1, BLOCK_N),
+                                          _x_pair(xp, 2, BLOCK_N), _x_pair(xp, 3, BLOCK_N),
+                                          tl.broadcast_to(zlo[:, None], (BLOCK_N, R)),
+                                          tl.broadcast_to(zhi[:, None], (BLOCK_N, R))],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+        acc += word * s[:, None]
+    _finish(tl.sum(acc, axis=1)[None, :], y_ptr, part_ptr, lock_ptr, pn, pk, split, M, N, tl.arange(0, 1), offs_n,
+            PDL)
 
 
 @triton.jit
@@ -782,14 +738,6 @@ INT4_FAST = os.environ.get("MLXSERVING_INT4_FAST", "") != "0"
 INT4_H2 = os.environ.get("MLXSERVING_INT4_H2", "") != "0"
 
 
-# Whether the packed int4 row loop's tiles that ask for it (a Tiles.bk of
-# whole groups past one) read K tiles that wide (_int4_wide).
-# MLXSERVING_INT4_WIDE=0 in the worker's environment turns it off (an A/B
-# on one binary); quant.py turns it off, logged, where int4_wide_check
-# fails and the rest passes.
-INT4_WIDE = os.environ.get("MLXSERVING_INT4_WIDE", "") != "0"
-
-
 # Whether the row loop's tiles that ask for it (a Tiles.bk of whole scale
 # blocks past one) read K tiles that wide (_fp8_wide): FP8 and 16-bit
 # weights at one row, 1.05x decode at the 8B shape (FP8, tile_table).
@@ -838,9 +786,8 @@ class Tiles:
 def shaped(t, kind, M, N, K):
     """t with tile_table.SHAPE_TILES' fields for this product, if it has
     any (tile_table.entry: an entry for wide K tiles is passed over
-    whole while its switch is off, INT4_WIDE for int4's fast kernels,
-    FP8_WIDE for the rest)."""
-    kw = tile_table.entry(kind, tile_table.rows_bucket(M), N, K, INT4_WIDE if kind == "int4fast" else FP8_WIDE)
+    whole while FP8_WIDE is off)."""
+    kw = tile_table.entry(kind, tile_table.rows_bucket(M), N, K, FP8_WIDE)
     return t.replaced(**kw) if kw else t
 
 
@@ -941,9 +888,6 @@ def _run(kernels, x, N, K, unit, bk, args, consts, kind, tiles=None, silu=False,
     if wide:
         bk, unit, nb = _fp8_wide(t, bk, unit, consts[1]["BK_S"])
         consts = (consts[0], dict(consts[1], NB=nb))
-    elif kernel is _int4_h2_kernel:
-        bk, unit, nb = _int4_wide(t, bk, unit)
-        consts = (consts[0], dict(consts[1], NB=nb))
     sms, locks = _device_state(x.device)
     n_tiles, split, k_per = _plan(M, N, K, unit, sms, t)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
@@ -979,16 +923,6 @@ def _fp8_wide(t, kt, unit, bk_s):
     if FP8_WIDE and t.gemv and t.bk and t.bk > unit and t.bk % unit == 0:
         kt = unit = t.bk
     return kt, unit, max(1, kt // bk_s)
-
-
-def _int4_wide(t, bk, g):
-    """(BLOCK_K, the K split's unit, NB) of the packed int4 row loop at
-    tile t, from _run's K tile bk and the group g: a tile whose bk is a
-    whole number of groups past one reads K tiles that wide, NB groups
-    each, and splits K at whole tiles (INT4_WIDE)."""
-    if INT4_WIDE and t.bk and t.bk > g and t.bk % g == 0 and g % 8 == 0:
-        return t.bk, t.bk, t.bk // g
-    return bk, g, 1
 
 
 def fp8_linear(x, w, scale, block, tiles=None, dequant_rows=None, silu=False):
@@ -1305,34 +1239,7 @@ def self_check(device, dtype):
             err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
             if not err < 2e-2:
                 return "%s %r, %d rows: relative error %.3g" % (c.kind, c.t.get("block"), M, err)
-    err = wide_check(device, dtype) if FP8_WIDE else None
-    if err is None and INT4_FAST and INT4_H2 and INT4_WIDE:
-        err = int4_wide_check(device, dtype)
-    return err
-
-
-def int4_wide_check(device, dtype):
-    """None when the packed int4 row loop's wide K tiles (_int4_wide: two
-    and four groups of 128, four of 64; K split and not, K not a whole
-    number of tiles) agree with the dequantized float32 product, else
-    what failed. Also compiles them."""
-    from . import quant
-    gen = torch.Generator(device="cpu").manual_seed(3)
-    N, K = 384, 1280
-    q = torch.randint(0, 16, (K, N), generator=gen, dtype=torch.int32)
-    x = torch.randn(1, K, generator=gen).to(device=device, dtype=dtype)
-    for g, t in ((128, Tiles(1, 32, 4, 2, 2, gemv=True, bk=256, fast=True, h2=True)),
-                 (128, Tiles(1, 16, 2, 1, 1, gemv=True, bk=512, fast=True, h2=True)),
-                 (64, Tiles(1, 32, 4, 2, 2, gemv=True, bk=256, fast=True, h2=True))):
-        c = quant.QWeight("int4", N, K, qw=quant.pack4(q).to(device), group=g,
-                          scales=(torch.rand(K // g, N, generator=gen) * 0.02 + 0.001).half().to(device),
-                          zeros=torch.randint(0, 16, (K // g, N), generator=gen).half().to(device))
-        want = x.float() @ c.dequant(torch.float32).t()
-        got = int4_linear(x, c.t["qw"], c.t["scales"], c.t["zeros"], g, tiles=t).float()
-        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
-        if not err < 2e-2:
-            return "wide int4 K tile %d, groups of %d: relative error %.3g" % (t.bk, g, err)
-    return None
+    return wide_check(device, dtype) if FP8_WIDE else None
 
 
 def wide_check(device, dtype):

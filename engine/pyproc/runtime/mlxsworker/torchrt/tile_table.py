@@ -150,18 +150,17 @@ def rows_bucket(M):
     return 1 if M == 1 else 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 0
 
 
-# The row loops' kinds, whose entries may ask for K tiles wider than one
-# scale block or group (bk past 128: quant_triton._fp8_wide, and
-# _int4_wide for int4's packed loop).
-ROW_KINDS = ("fp8", "w16", "fp8norm", "w16norm", "int4fast")
+# The row loop's kinds, whose entries may ask for K tiles wider than one
+# scale block (bk past 128: quant_triton._fp8_wide).
+ROW_KINDS = ("fp8", "w16", "fp8norm", "w16norm")
 
 
 def entry(kind, rows, N, K, wide=True):
-    """SHAPE_TILES' fields for the product, or None. Without wide (the
-    kind's switch off: quant_triton.FP8_WIDE, INT4_WIDE for int4fast) a
-    row-loop entry for wide K tiles is passed over whole: its other
-    fields were chosen for the wide tile (the 8B's FP8 decode at its wide
-    entries read narrow ran 315 tok/s, against 365 at the table's)."""
+    """SHAPE_TILES' fields for the product, or None. Without wide
+    (quant_triton.FP8_WIDE off) a row-loop entry for wide K tiles is
+    passed over whole: its other fields were chosen for the wide tile
+    (the 8B's FP8 decode at its wide entries read narrow ran 315 tok/s,
+    against 365 at the table's)."""
     kw = SHAPE_TILES.get((kind, rows, N, K))
     if kw and not wide and kind in ROW_KINDS and kw.get("bk", 0) > 128:
         return None
