@@ -24,13 +24,13 @@ shapes of llama1b and llama8b:
   (mmatma-S@16 and @32: at those rows)
   (fp8tiles-8b.gate_up: that product alone); fp8wide-S and w16wide-S
   the grids of K tiles 256 and 512 wide (over two and four FP8 scale
-  blocks).
+  blocks); int4mma-S int4's tensor-core tile at one row.
   Where a grid's best beats today's by more than 2%, the end prints the
   MLXSERVING_TILES line that runs it (tile_table.SHAPE_TILES), for an
   end-to-end A/B on one binary.
 
     python3 cmd/gpubench/rowloop_sweep.py RUNTIME_DIR [1b] [8b] [lm_head] [fp8tiles-S] [w16tiles-S] [int4tiles-S]
-        [int4h2tiles-S] [mmatiles-S] [mmatma-S[@ROWS]] [fp8wide-S] [w16wide-S]
+        [int4h2tiles-S] [mmatiles-S] [mmatma-S[@ROWS]] [fp8wide-S] [w16wide-S] [int4mma-S]
 
 Each product runs inside a CUDA graph of 20 launches (PDL edges between
 them where the kernels take it, as in decode), timed by CUDA events over
@@ -209,14 +209,18 @@ def fp8_tiles(shape, w16=False, wide=False):
         torch.cuda.empty_cache()
 
 
-def int4_tiles(shape, h2=False):
+def int4_tiles(shape, h2=False, mma=False):
     """int4 (GPTQ, groups of 128) one-row products of a shape through the
     fast row loop (quant_triton.INT4_FAST) at every tile of a grid
     (columns, warps, K tile, waves), beside today's tile; h2: the packed
     row loop's grid (quant_triton.INT4_H2; beside the unpacked loop under
-    MLXSERVING_INT4_H2=0)."""
+    MLXSERVING_INT4_H2=0); mma: the fast tensor-core tile
+    (_int4_dot2_kernel, the row on the MMA's narrow side) at one row."""
     from mlxsworker.torchrt import quant
-    if h2:  # a [columns, K tile / 8] tile of words, 4 to 64 words a thread; down to one program an SM and
+    if mma:
+        grid = [Tiles(16, bn, 4, stages, waves, bk=bk, swap=True, fast=True) for bn in (32, 64, 128, 256)
+                for bk in (64, 128) for stages in (3, 4) for waves in (1, 2, 4, 8)]
+    elif h2:  # a [columns, K tile / 8] tile of words, 4 to 64 words a thread; down to one program an SM and
         # no K split (waves 1), its loads in flight through the pipeliner's stages instead
         grid = [Tiles(1, bn, warps, stages, waves, gemv=True, bk=128, fast=True, h2=True) for bn in (32, 64, 128)
                 for warps in (2, 4, 8) for stages in (1, 2, 3, 4) for waves in (1, 2, 4, 8, 16)
@@ -278,7 +282,8 @@ for shape in sys.argv[2:] or ["1b", "8b"]:
     grids = {"fp8tiles": fp8_tiles, "w16tiles": lambda sh: fp8_tiles(sh, True),
              "fp8wide": lambda sh: fp8_tiles(sh, wide=True), "w16wide": lambda sh: fp8_tiles(sh, True, True),
              "int4tiles": int4_tiles,
-             "int4h2tiles": lambda sh: int4_tiles(sh, True), "mmatiles": mma_tiles,
+             "int4h2tiles": lambda sh: int4_tiles(sh, True), "int4mma": lambda sh: int4_tiles(sh, mma=True),
+             "mmatiles": mma_tiles,
              "mmatma": lambda sh, M=64: mma_tiles(sh, M, tma=True)}
     grid, _, of = shape.partition("-")
     of, _, rows = of.partition("@")  # mmatma-8b@32: the mma grids at another row count
