@@ -787,11 +787,10 @@ class TorchModel(Model):
         tiles = None
         if chunks and not dec_rows and not pooled and self.prefill is not None:
             tiles = self.prefill.tiles([(c[1], c[2] - c[1], c[4], c[3]) for c in chunks], len(tokens), lora)
-        n = len(tokens)
+        n, chain = len(tokens), itertools.chain.from_iterable
         parts = [tokens, last, dec_rows, dec_trows, dec_len, rpos, hid, slot_rows] + blocks
         if tiles is not None:
-            parts.append(list(itertools.chain.from_iterable(tiles)))
-        chain = itertools.chain.from_iterable
+            parts.append(list(chain(tiles)))
         flat = to_device(pack_ints(parts, list(chain(run_at)), list(chain(run_len)), (1 + G) * n), self.device)
         views, at = [], 0
         for size in [len(part) for part in parts] + [n] * (1 + G):
