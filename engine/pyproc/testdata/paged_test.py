@@ -4,7 +4,8 @@ drops and evictions against the pool's invariants (no block leaked, none
 double-owned, reference counts exact, no table entry written twice in
 one flush) and against the KV contents: every
 sequence reads back, through its block table, exactly the tokens it was
-fed, so shared and copied blocks hold the right tokens.
+fed, so shared and copied blocks hold the right tokens; and the KV rows
+a packed step writes a chunk to (model._kv_runs) are its blocks'.
 
   python3 paged_test.py RUNTIME_DIR [OPS] [SEED]
 
@@ -17,7 +18,7 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 
-from mlxsworker.torchrt import paged  # noqa: E402
+from mlxsworker.torchrt import model, paged, upload  # noqa: E402
 from mlxsworker.torchrt.paged import OutOfBlocks, PagedKV  # noqa: E402
 
 _to_device = paged.to_device
@@ -64,6 +65,19 @@ def read(kv, s, g=0):
     got = [int(x) for x in kv.k[0][idx].reshape(-1, 2)[:n, 0].tolist()]
     w = kv.layout.windows[g]
     return got[max(0, n - w + 1) if w else 0 :]
+
+
+def rows_match(kv, s, start, end):
+    """The KV rows a packed step writes positions start .. end - 1 of s to
+    (model._kv_runs, expanded as Python ints and by torch ops) are those
+    of its blocks, the scratch block's where a group gave a block back."""
+    bs = kv.bs
+    for pages in s.pages:
+        want = [(kv.scratch if pages[p // bs] is None else pages[p // bs]) * bs + p % bs for p in range(start, end)]
+        at, counts = [], []
+        model._kv_runs(pages, bs, kv.scratch, start, end, at, counts)
+        assert upload.pack_ints([[7]], at, counts, end - start).tolist() == [7] + want, "KV rows as ints differ"
+        assert upload.expand_runs(at, counts, end - start).tolist() == want, "KV rows by torch ops differ"
 
 
 def read_all(kv, s):
@@ -122,6 +136,7 @@ def run(ops, seed, cfg=Cfg):
                 n = len(s.tokens)
                 kv.grow(s, n + len(more[at : at + step]))
                 s.tokens.extend(more[at : at + step])
+                rows_match(kv, s, n, len(s.tokens))
                 write(kv, s, n)
                 assert read_all(kv, s), "a step reads other tokens than it was fed"
                 kv.settle(s)

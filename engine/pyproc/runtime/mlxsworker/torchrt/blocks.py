@@ -60,6 +60,28 @@ class Pool:
         self.held += 1
         return b
 
+    def take_many(self, k):
+        """k blocks for a sequence, in the order k take() calls give them.
+        Raises OutOfBlocks, taking none, when fewer than k are free (a
+        block no sequence holds can always be had: free, cached, or given
+        up by the saved prefixes holding it)."""
+        if k > self.n - self.held:
+            raise OutOfBlocks()
+        stack, refs, seq_refs = self.stack, self.refs, self.seq_refs
+        out = stack[-k:]  # pop() takes from the top, so reversed
+        del stack[-k:]
+        out.reverse()
+        while len(out) < k and self.lru:
+            b, _ = self.lru.popitem(last=False)
+            self._uncache(b)
+            out.append(b)
+        for b in out:
+            refs[b] = seq_refs[b] = 1
+        self.held += len(out)
+        while len(out) < k:  # none free or idle: saved prefixes give theirs up (take)
+            out.append(self.take())
+        return out
+
     def adopt(self, b):
         """A sequence takes over b, cached and referenced by nobody: out of
         the cache, the sequence's own (it will write into it)."""

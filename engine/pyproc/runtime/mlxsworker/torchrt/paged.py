@@ -194,6 +194,17 @@ class PagedKV:
         x.append(g * self.max_blocks + i)
         y.append(self.scratch if b is None else b)
 
+    def _extend(self, s, blocks, g=0):
+        """_set for blocks (taken ones, never None) at the end of group g
+        of s, at once."""
+        p, n = s.pages[g], len(blocks)
+        r, x, y = self.pending
+        at = g * self.max_blocks + len(p)
+        p += blocks
+        r += [s.row] * n
+        x += range(at, at + n)
+        y += blocks
+
     def flush(self):
         """Writes the pending block-table entries to the device table."""
         r, x, y = self.pending
@@ -203,9 +214,7 @@ class PagedKV:
         # entries pending (a block swapped for its cached twin) when a new
         # sequence takes the row, and the GPU applies duplicate indices in
         # no particular order.
-        last = {}
-        for i, k in enumerate(zip(r, x)):
-            last[k] = i
+        last = dict(zip(zip(r, x), range(len(r))))
         if len(last) < len(r):
             keep = sorted(last.values())
             r, x, y = [r[i] for i in keep], [x[i] for i in keep], [y[i] for i in keep]
@@ -281,9 +290,15 @@ class PagedKV:
         have, nb = len(s.pages[0]), -(-tokens // self.bs)
         if ahead:
             nb = min(nb, have + self.pool.idle() // self.ngroups)
-        for i in range(have, nb):
-            for g in range(self.ngroups):
-                self._set(s, i, self.pool.take(), g)
+        G = self.ngroups
+        if (nb - have) * G == 1:  # a decode row's next block: less work than a batch's setup
+            self._set(s, have, self.pool.take())
+        elif nb > have:
+            # A prompt chunk's blocks taken at once (Pool.take_many),
+            # position by position, a block for each group.
+            got = self.pool.take_many((nb - have) * G)
+            for g in range(G):
+                self._extend(s, got[g::G] if G > 1 else got, g)
         return min(tokens, len(s.pages[0]) * self.bs)
 
     def truncate(self, s, tokens):
@@ -314,17 +329,16 @@ class PagedKV:
         group of full attention (see auto_prefix)."""
         if self.layout.sliding_groups or s.pool is not None:  # a pooled sequence's blocks stay its own
             return
-        pool, bs = self.pool, self.bs
-        while s.reg < min(upto, len(s.tokens)) // bs and s.reg < len(s.blocks):
-            i = s.reg
-            b = s.blocks[i]
-            got = pool.register(b, s.node, tuple(s.tokens[i * bs : (i + 1) * bs]))
+        pool, bs, toks, blocks, node = self.pool, self.bs, s.tokens, s.blocks, s.node
+        for i in range(s.reg, min(min(upto, len(toks)) // bs, len(blocks))):
+            b = blocks[i]
+            got = pool.register(b, node, tuple(toks[i * bs : (i + 1) * bs]))
             if got != b:
                 pool.share(got)
                 self._set(s, i, got)
                 pool.release(b)
-            s.node = pool.node[got]
-            s.reg += 1
+            node = s.node = pool.node[got]
+            s.reg = i + 1
 
     # Sequences.
 

@@ -1,4 +1,6 @@
 """Host-to-device copies that do not make the host wait for the GPU."""
+import itertools
+import operator
 import time
 
 import torch
@@ -42,3 +44,30 @@ class HostCopy:
             self.event.synchronize()
             device_wait(time.perf_counter() - t0)
         return [h.tolist() for h in self.host]
+
+
+# Fewer values of runs than this go through pack_ints as Python ints
+# (~20 ns a value), more through expand_runs' torch ops (~20 us a call).
+EXPAND_MIN = 512
+
+
+def pack_ints(parts, starts, counts, n):
+    """One CPU long tensor of parts (lists of ints) one after another,
+    then the n values of the runs of starts and counts (expand_runs)."""
+    chain = itertools.chain.from_iterable
+    if n < EXPAND_MIN:
+        runs = chain(map(range, starts, map(operator.add, starts, counts)))
+        return torch.tensor(list(chain(parts + [runs])), dtype=torch.long)
+    return torch.cat([torch.tensor(list(chain(parts)), dtype=torch.long), expand_runs(starts, counts, n)])
+
+
+def expand_runs(starts, counts, n):
+    """The runs start, start + 1, .. start + count - 1 of starts and
+    counts, one after another (n values in all), as a CPU long tensor:
+    a few torch ops a call, where building the values as Python ints
+    costs ~20 ns each (a 2,048-token chunk's positions and KV rows ~80 us)."""
+    sc = torch.tensor([starts, counts], dtype=torch.long)
+    s, c = sc[0], sc[1]
+    # Value i of run r is i less the values before the run, plus its start.
+    shift = s - (c.cumsum(0) - c)
+    return torch.arange(n) + shift.repeat_interleave(c, output_size=n)
