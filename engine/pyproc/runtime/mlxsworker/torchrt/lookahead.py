@@ -68,7 +68,8 @@ def remember(model, items, rows=None):
         params, s = items[i]
         t = params.get("t")
         if t and float(t) > 0:
-            state = _generator(s, params).get_state()
+            g = s.gen  # _generator(s, params).get_state(), inline: every temperature row of a step comes here
+            state = (g if g is not None else _generator(s, params)).pos
             h = s.hist
             if h is None:
                 s.hist = [state]
@@ -327,6 +328,9 @@ def _finish(ch):
     if len(got) < 2:
         return res, None
     lpv = got[1]
+    if ch.steps == 1 and ch.loops is None and not ch.done:  # one token each, as above: one pass a row
+        lp0 = lpv[0]
+        return res, [[lp0[i]] if p.get("l") else [0.0] for i, (p, _) in enumerate(items)]
     return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(len(res[i]))] for i in range(len(items))]
 
 
