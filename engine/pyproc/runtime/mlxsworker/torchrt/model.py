@@ -416,8 +416,11 @@ class TorchModel(Model):
             if s.pool is not None:
                 continue
             if s.sampled:
-                s.note_fed(toks)
-                if len(toks) > 1:
+                if len(toks) == 1:  # a decode row: SeqState.note_fed, inline (a third of the call's time)
+                    counts, t = s.counts, toks[0]
+                    counts[t] = counts.get(t, 0) + 1
+                else:
+                    s.note_fed(toks)
                     note_forced(s, toks, b[2])
             else:
                 fresh.append(s)
@@ -577,7 +580,8 @@ class TorchModel(Model):
             if n > context:
                 raise ProtocolError(CONTEXT_LENGTH, "sequence %d would hold %d tokens" % (seq, n),
                                     prompt=n, limit=context)
-            if min(toks) < 0 or max(toks) >= vocab:
+            # A decode row's one token compared without min and max (a third of their time).
+            if (not 0 <= toks[0] < vocab) if len(toks) == 1 else (min(toks) < 0 or max(toks) >= vocab):
                 bad = next(t for t in toks if t < 0 or t >= vocab)
                 raise ProtocolError(INVALID, "sequence %d: token %d outside the vocabulary" % (seq, bad))
             if back and not kv.window_held(s.pages, len(s.tokens) - back):
