@@ -454,7 +454,8 @@ class Spec:
                 self.discard()
                 return None
             idx.append(i)
-        self.discard(keep=set(idx))
+        if len(idx) < len(live):  # else every live row is one of items' (distinct sequences)
+            self.discard(keep=set(idx))
         if idx == list(range(len(self.rows))):
             return self.tok, self.lp
         ix = _upload(idx, self.tok.device)
