@@ -16,6 +16,8 @@ Its extra tokens are sampled under the same mask, and it stops after the
 first token outside the loop (on the device chain the later tokens are
 decoded anyway and dropped, their draws taken back).
 """
+from operator import itemgetter
+
 import torch
 
 from ..backend import StepResult
@@ -32,6 +34,16 @@ def allowed(params):
     if "x" in params:
         return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in AHEAD_KEYS or k in LOOP_KEYS for k in params)
     return AHEAD_KEYS.issuperset(params)
+
+
+_params, _tokens = itemgetter(0), itemgetter(1)  # of an item (params, seq), of a batch row
+
+
+def all_plain(items):
+    """Whether every input of items may run ahead without a mask (allowed,
+    no "x": AHEAD_KEYS holds all its keys). Looped in C: a decode step's
+    220 rows come here."""
+    return all(map(AHEAD_KEYS.issuperset, map(_params, items)))
 
 
 def loops(items, width):
@@ -143,7 +155,8 @@ def chainable(model, batch, items, want):
     of one step is worth it for the Spec behind it (overlaps)."""
     g = model.graphs
     return ((max(want, default=1) > 1 or overlaps(model)) and g is not None and g.fast and g.usable(len(batch))
-            and len(items) == len(batch) and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
+            and len(items) == len(batch) and max(map(len, map(_tokens, batch))) == 1
+            and (all_plain(items) or all(allowed(p) for p, _ in items))
             and (not adapted(items) or g.lora_usable(len(batch))))
 
 
@@ -402,7 +415,7 @@ class Spec:
         input with parameters that do not run ahead or a mask, a batch
         size without a graph, a sequence at the end of its blocks."""
         g = model.graphs
-        if not items or not g.usable(len(items)) or not all(allowed(p) and "x" not in p for p, _ in items):
+        if not items or not g.usable(len(items)) or not all_plain(items):
             return None
         ad = adapted(items)
         if ad and not g.lora_usable(len(items)):
