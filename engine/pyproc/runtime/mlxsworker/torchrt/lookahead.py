@@ -251,9 +251,14 @@ def _sample(model, items, logits, active, step, masks):
     (sampling.draws); their logprobs when any input asked. masks: the
     rows' allowed masks (device_masks), applied first."""
     apply_masks(logits, masks)
-    nxt = model.model.kern.argmax(logits)
     temp = [i for i, (p, _) in enumerate(items) if active[i] > step and float(p.get("t") or 0) > 0]
-    if temp:
+    if not temp:
+        nxt = model.model.kern.argmax(logits)
+    elif len(temp) == len(items):  # every row draws: no argmax to overwrite, nor rows to upload (sample_rows' rule)
+        remember(model, items, temp)
+        nxt = draws(logits, temp, items)
+    else:
+        nxt = model.model.kern.argmax(logits)
         remember(model, items, temp)
         nxt[_upload(temp, model.device)] = draws(logits, temp, items)
     lp = None
