@@ -41,7 +41,7 @@ sys.path.insert(0, sys.argv[1])  # the runtime; standins.py is beside this scrip
 
 import torch  # noqa: E402
 
-from mlxsworker.protocol import Worker  # noqa: E402
+from mlxsworker.protocol import Worker, quiet_gc  # noqa: E402
 from mlxsworker.settings import Settings  # noqa: E402
 from mlxsworker.torchrt import decoder, graphs, prefill  # noqa: E402
 from mlxsworker.torchrt.model import TorchModel  # noqa: E402
@@ -91,6 +91,7 @@ def worker(opts, prompt_limit):
         m.prefill = prefill.PrefillGraphs(m.model, m.kv, prompt_limit, paged=True)
     w = Worker(None, None, None, False)
     w.models["m"] = m
+    quiet_gc()  # as Worker.load does
     return m, w
 
 

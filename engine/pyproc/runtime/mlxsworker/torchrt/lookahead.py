@@ -16,6 +16,8 @@ Its extra tokens are sampled under the same mask, and it stops after the
 first token outside the loop (on the device chain the later tokens are
 decoded anyway and dropped, their draws taken back).
 """
+from operator import itemgetter
+
 import torch
 
 from ..backend import StepResult
@@ -32,6 +34,16 @@ def allowed(params):
     if "x" in params:
         return "lp" in params and int(params.get("ls") or 0) > 0 and all(k in AHEAD_KEYS or k in LOOP_KEYS for k in params)
     return AHEAD_KEYS.issuperset(params)
+
+
+_params, _tokens = itemgetter(0), itemgetter(1)  # of an item (params, seq), of a batch row
+
+
+def all_plain(items):
+    """Whether every input of items may run ahead without a mask (allowed,
+    no "x": AHEAD_KEYS holds all its keys). Looped in C: a decode step's
+    220 rows come here."""
+    return all(map(AHEAD_KEYS.issuperset, map(_params, items)))
 
 
 def loops(items, width):
@@ -68,7 +80,8 @@ def remember(model, items, rows=None):
         params, s = items[i]
         t = params.get("t")
         if t and float(t) > 0:
-            state = _generator(s, params).get_state()
+            g = s.gen  # _generator(s, params).get_state(), inline: every temperature row of a step comes here
+            state = (g if g is not None else _generator(s, params)).pos
             h = s.hist
             if h is None:
                 s.hist = [state]
@@ -142,7 +155,8 @@ def chainable(model, batch, items, want):
     of one step is worth it for the Spec behind it (overlaps)."""
     g = model.graphs
     return ((max(want, default=1) > 1 or overlaps(model)) and g is not None and g.fast and g.usable(len(batch))
-            and len(items) == len(batch) and all(len(b[1]) == 1 for b in batch) and all(allowed(p) for p, _ in items)
+            and len(items) == len(batch) and max(map(len, map(_tokens, batch))) == 1
+            and (all_plain(items) or all(allowed(p) for p, _ in items))
             and (not adapted(items) or g.lora_usable(len(batch))))
 
 
@@ -237,9 +251,14 @@ def _sample(model, items, logits, active, step, masks):
     (sampling.draws); their logprobs when any input asked. masks: the
     rows' allowed masks (device_masks), applied first."""
     apply_masks(logits, masks)
-    nxt = model.model.kern.argmax(logits)
     temp = [i for i, (p, _) in enumerate(items) if active[i] > step and float(p.get("t") or 0) > 0]
-    if temp:
+    if not temp:
+        nxt = model.model.kern.argmax(logits)
+    elif len(temp) == len(items):  # every row draws: no argmax to overwrite, nor rows to upload (sample_rows' rule)
+        remember(model, items, temp)
+        nxt = draws(logits, temp, items)
+    else:
+        nxt = model.model.kern.argmax(logits)
         remember(model, items, temp)
         nxt[_upload(temp, model.device)] = draws(logits, temp, items)
     lp = None
@@ -327,6 +346,9 @@ def _finish(ch):
     if len(got) < 2:
         return res, None
     lpv = got[1]
+    if ch.steps == 1 and ch.loops is None and not ch.done:  # one token each, as above: one pass a row
+        lp0 = lpv[0]
+        return res, [[lp0[i]] if p.get("l") else [0.0] for i, (p, _) in enumerate(items)]
     return res, [[lpv[j][i] if items[i][0].get("l") else 0.0 for j in range(len(res[i]))] for i in range(len(items))]
 
 
@@ -398,7 +420,7 @@ class Spec:
         input with parameters that do not run ahead or a mask, a batch
         size without a graph, a sequence at the end of its blocks."""
         g = model.graphs
-        if not items or not g.usable(len(items)) or not all(allowed(p) and "x" not in p for p, _ in items):
+        if not items or not g.usable(len(items)) or not all_plain(items):
             return None
         ad = adapted(items)
         if ad and not g.lora_usable(len(items)):
@@ -450,7 +472,8 @@ class Spec:
                 self.discard()
                 return None
             idx.append(i)
-        self.discard(keep=set(idx))
+        if len(idx) < len(live):  # else every live row is one of items' (distinct sequences)
+            self.discard(keep=set(idx))
         if idx == list(range(len(self.rows))):
             return self.tok, self.lp
         ix = _upload(idx, self.tok.device)
