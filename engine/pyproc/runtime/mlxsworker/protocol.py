@@ -173,6 +173,8 @@ class Worker:
         self.last_step.pop(req.get("model"), None)
         if m is not None:
             m.close()
+            del m
+            quiet_gc()  # the unloaded model's cycles were frozen: collected now, before another load wants the memory
         return {}
 
     def warm(self, req):
@@ -251,8 +253,9 @@ def quiet_gc():
     dicts (the request's rows, their params, the speculation's records):
     at the default threshold that ran several collections a step and,
     every hundred or so, a full pass over the heap, which put 0.3 ms on a
-    220-row decode step's mean host time in host_step_bench.py. An unload's
-    garbage is collected at the next load (unfreeze first)."""
+    220-row decode step's mean host time in host_step_bench.py. An unload
+    calls it too, so the unloaded model's frozen cycles are collected
+    then (unfreeze first), not left holding memory until the next load."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
