@@ -252,6 +252,14 @@ func TestStepTiming(t *testing.T) {
 	runPyCheck(t, "testdata/timing_test.py", "runtime")
 }
 
+// TestQuietGC runs testdata/gc_test.py on the CPU: the worker freezes
+// its heap after a load, and an unload collects the unloaded model even
+// where a reference cycle holds it, so its memory is free before another
+// load.
+func TestQuietGC(t *testing.T) {
+	runPyCheck(t, "testdata/gc_test.py", "runtime", tiny(t))
+}
+
 // TestMoEAlign runs testdata/moe_align_test.py on the CPU: the fused
 // expert kernels' block layout (moe.align) holds every (token, choice)
 // pair once, in blocks of one expert, and the blocks run in plain torch
