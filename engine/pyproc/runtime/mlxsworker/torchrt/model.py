@@ -558,8 +558,9 @@ class TorchModel(Model):
         """Validates the step without changing anything; returns the
         sequences, the (sequence, tokens) of the rows that take tokens
         back, whether long chunks must be fed in pieces (_feed_ahead) and
-        whether any sequence is pooled (one pass over the rows for all). Raises out_of_memory when the pool lacks the
-        blocks the step needs (fed in pieces: what BlocksFor counts)."""
+        whether any sequence is pooled (one pass over the rows for all).
+        Raises out_of_memory when the pool lacks the blocks the step needs
+        (fed in pieces: what BlocksFor counts)."""
         seqs, backs, need, peak, pooled = [], [], 0, 0, False
         # Per row, as little as a decode row needs: 220 rows a step at 256
         # clients, whose host time the GPU waits behind. A pool without
