@@ -36,7 +36,8 @@ def allowed(params):
     return AHEAD_KEYS.issuperset(params)
 
 
-_params, _tokens = itemgetter(0), itemgetter(1)  # of an item (params, seq), of a batch row
+_params, _seq = itemgetter(0), itemgetter(1)  # of an item (params, seq)
+_tokens = itemgetter(1)  # of a batch row
 
 
 def all_plain(items):
@@ -174,7 +175,7 @@ def run_chain(model, items, tokens, want, ends=None):
     this round's tokens are read, without the inputs ends marks as their
     sequences' last (Spec.launch)."""
     spec, model.spec = model.spec, None
-    pre = spec.take(items, tokens) if spec is not None else None
+    pre = spec.take(map(_seq, items)) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
     if spec is not None:
         model.speculated["chained" if pre is not None else "discarded"] += 1
@@ -245,13 +246,23 @@ def _upload(rows, dev):
     return to_device(rows, dev)
 
 
-def _sample(model, items, logits, active, step, masks):
+def _drawn(items):
+    """The indices of items' temperature-sampled inputs. A greedy row's
+    params lack "t": tested before float(), the common case costs a
+    lookup a row (a decode step's 220 rows come here)."""
+    return [i for i, (p, _) in enumerate(items) if p.get("t") and float(p["t"]) > 0]
+
+
+def _wants_logprobs(items):
+    return any(p.get("l") for p, _ in items)
+
+
+def _sample(model, items, logits, masks, temp, logprobs):
     """Greedy for every row (the Triton argmax), then the temperature rows
-    that are active at this step drawn, each at its own position
-    (sampling.draws); their logprobs when any input asked. masks: the
-    rows' allowed masks (device_masks), applied first."""
+    temp (of _drawn(items), those active at this step) drawn, each at its
+    own position (sampling.draws); their logprobs when logprobs (an input
+    asked). masks: the rows' allowed masks (device_masks), applied first."""
     apply_masks(logits, masks)
-    temp = [i for i, (p, _) in enumerate(items) if active[i] > step and float(p.get("t") or 0) > 0]
     if not temp:
         nxt = model.model.kern.argmax(logits)
     elif len(temp) == len(items):  # every row draws: no argmax to overwrite, nor rows to upload (sample_rows' rule)
@@ -262,13 +273,14 @@ def _sample(model, items, logits, active, step, masks):
         remember(model, items, temp)
         nxt[_upload(temp, model.device)] = draws(logits, temp, items)
     lp = None
-    if any(p.get("l") for p, _ in items):
+    if logprobs:
         lp = torch.log_softmax(logits, dim=-1).gather(1, nxt.unsqueeze(1)).squeeze(1)
     return nxt, lp
 
 
 class _Chain:
-    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "copy", "host", "loops", "slots")
+    __slots__ = ("items", "feed", "done", "run", "steps", "plan", "last", "copy", "host", "loops", "slots", "temp",
+                 "logprobs")
 
 
 def _launch(model, items, feed, want, done, pre):
@@ -290,8 +302,14 @@ def _launch(model, items, feed, want, done, pre):
     run = ch.run
     model.kv.flush()  # blocks the plan took
     ch.slots = _upload([s.lora for _, s in items], dev) if adapted(items) else None  # LoRA slots: graphs.run_device
-    ch.plan = _upload([[[p0[i] + j if run[i] > j else 0 for i in range(S)],
-                        [rows[i] if run[i] > j else 0 for i in range(S)]] for j in range(ch.steps)], dev)
+    low = min(run)  # the steps every input runs: their rows need no test an input
+
+    def step_rows(j):
+        if j < low:
+            return [p0 if j == 0 else [p + j for p in p0], rows]
+        return [[p0[i] + j if run[i] > j else 0 for i in range(S)], [rows[i] if run[i] > j else 0 for i in range(S)]]
+    ch.plan = _upload([step_rows(j) for j in range(ch.steps)], dev)
+    ch.temp, ch.logprobs = _drawn(items), _wants_logprobs(items)  # the same every step, and for Spec.launch
     outs, outl = [], []
     tok = None
     masks = device_masks(items, model.cfg.vocab, dev)
@@ -302,14 +320,16 @@ def _launch(model, items, feed, want, done, pre):
         else:
             if tok is None:
                 tok = _upload(feed, dev)
-            nxt, lp = _sample(model, items, model.graphs.run_device(tok, ch.plan[j], ch.slots), run, j, masks)
+            logits = model.graphs.run_device(tok, ch.plan[j], ch.slots)
+            temp = ch.temp if j < low else [i for i in ch.temp if run[i] > j]
+            nxt, lp = _sample(model, items, logits, masks, temp, ch.logprobs)
         outs.append(nxt)
         if lp is not None:
             outl.append(lp)
         tok = nxt
     ch.last = tok
     reads = [torch.stack(outs)]
-    if any(p.get("l") for p, _ in items):
+    if ch.logprobs:
         reads.append(torch.stack(outl))
     ch.copy = HostCopy(reads)
     return ch
@@ -407,7 +427,8 @@ class Spec:
         # counted in s.tokens yet): its block must be there.
         if not _room(model, items, run):
             return None
-        sp = Spec._start(model, items, tok, plan, slots, ch, None)
+        temp, logprobs = (ch.temp, ch.logprobs) if pick is None else (_drawn(items), _wants_logprobs(items))
+        sp = Spec._start(model, items, tok, plan, slots, ch, None, temp, logprobs)
         sp.pick = pick
         return sp
 
@@ -431,17 +452,18 @@ class Spec:
         model.kv.flush()  # the block plan() took ahead for this step
         plan = _upload([[len(s.tokens) for _, s in items], [s.row for _, s in items]], dev)
         slots = _upload([s.lora for _, s in items], dev) if ad else None
-        return Spec._start(model, items, toks, plan, slots, None, None)
+        return Spec._start(model, items, toks, plan, slots, None, None, _drawn(items), _wants_logprobs(items))
 
     @staticmethod
-    def _start(model, items, tok, plan, slots, chain, feed):
+    def _start(model, items, tok, plan, slots, chain, feed, temp, logprobs):
+        """temp, logprobs: items' _drawn and _wants_logprobs."""
         sp = Spec()
         sp.rows = [(dict(p), s) for p, s in items]
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
         sp.chain, sp.feed = chain, feed  # what each row is fed: feed, or the chain's last tokens
         sp.pick = None  # Spec.after over some of a step's inputs: their indices (fed_after)
         logits = model.graphs.run_device(tok, plan, slots)
-        sp.tok, sp.lp = _sample(model, items, logits, [1] * len(items), 0, None)
+        sp.tok, sp.lp = _sample(model, items, logits, None, temp, logprobs)
         model.speculated["launched"] += 1
         return sp
 
@@ -459,19 +481,18 @@ class Spec:
         i = self.live.get(id(s))
         return i is not None and len(toks) == 1 and toks[0] == self.fed()[i] and self.rows[i][0] == params
 
-    def take(self, items, tokens):
-        """The speculated (tokens, logprobs) of items (sequences it ran, fed
-        tokens), in their order, on the device; the other rows are
-        discarded. None after discarding the speculation when an item is
-        not its step."""
-        idx = []
-        live, feed, rows = self.live, self.fed(), self.rows
-        for (p, s), t in zip(items, tokens):  # matches, inline
-            i = live.get(id(s))
-            if i is None or t != feed[i] or rows[i][0] != p:
-                self.discard()
-                return None
-            idx.append(i)
+    def take(self, seqs):
+        """The speculated (tokens, logprobs) of the inputs of seqs, in their
+        order, on the device; the other rows are discarded. None after
+        discarding the speculation when a sequence is not one it ran.
+        settle() has matched every input of a sequence it ran to its step
+        (else it discarded the speculation): what is left to test is that
+        each sequence is one of those."""
+        live = self.live
+        idx = list(map(live.get, map(id, seqs)))
+        if None in idx:
+            self.discard()
+            return None
         if len(idx) < len(live):  # else every live row is one of items' (distinct sequences)
             self.discard(keep=set(idx))
         if idx == list(range(len(self.rows))):

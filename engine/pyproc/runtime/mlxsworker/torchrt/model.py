@@ -432,7 +432,9 @@ class TorchModel(Model):
         with torch.no_grad():
             items = [(b[3], s) for b, s in zip(gb, gs) if b[2]]
             single = max(want, default=1) == 1
-            if self.spec is not None and not pooled and single and any(id(s) not in self.spec.live for s in seqs):
+            # Whether a sequence is not the speculation's, looped in C.
+            beside = self.spec is not None and not all(map(self.spec.live.__contains__, map(id, seqs)))
+            if beside and not pooled and single:
                 out = self._step_with_spec(batch, seqs, fresh, last)
                 if out is not None:
                     return out
@@ -475,7 +477,7 @@ class TorchModel(Model):
             sp.discard()
             self.speculated["discarded"] += 1
             return None
-        pre = sp.take([(batch[i][3], seqs[i]) for i in mine], [batch[i][1][0] for i in mine])
+        pre = sp.take([seqs[i] for i in mine])
         if pre is None:  # discarded by take
             self.spec_missed = True
             self.speculated["discarded"] += 1
