@@ -578,10 +578,11 @@ def _undraw(params, s):
 
 
 def settle(model, batch):
-    """Called first thing for every step request: discards a speculation
-    this request cannot use (an input of a sequence it ran that is not
-    the decode step it assumed, or any take-back), so that rewinding and
-    sampling see the draws as they are."""
+    """Discards a speculation this request cannot use (an input of a
+    sequence it ran that is not the decode step it assumed, or any
+    take-back), so that rewinding and sampling see the draws as they are.
+    TorchModel._check makes the same test in its pass over the rows;
+    this is for a request that fails validation."""
     sp = model.spec
     if sp is None:
         return

@@ -395,8 +395,13 @@ class TorchModel(Model):
             return StepResult([], [], [])
         if len(batch) > self.max_batch:
             raise ProtocolError(INVALID, "a step of %d inputs exceeds max_batch %d" % (len(batch), self.max_batch))
-        lookahead.settle(self, batch)
-        seqs, backs, split, pooled = self._check(batch)
+        try:
+            seqs, backs, split, pooled, keep = self._check(batch)
+        except Exception:
+            lookahead.settle(self, batch)  # as on success: a speculation this request cannot use goes first
+            raise
+        if not keep:
+            lookahead.cancel(self)
         for s, back in backs:
             lookahead.rewind(s, back)
             self.kv.truncate(s, len(s.tokens))
@@ -559,11 +564,16 @@ class TorchModel(Model):
     def _check(self, batch):
         """Validates the step without changing anything; returns the
         sequences, the (sequence, tokens) of the rows that take tokens
-        back, whether long chunks must be fed in pieces (_feed_ahead) and
-        whether any sequence is pooled (one pass over the rows for all).
-        Raises out_of_memory when the pool lacks the blocks the step needs
-        (fed in pieces: what BlocksFor counts)."""
+        back, whether long chunks must be fed in pieces (_feed_ahead),
+        whether any sequence is pooled and whether there is a speculated
+        step this request can use (lookahead.settle's test; one pass over
+        the rows for all). Raises out_of_memory when the pool lacks the
+        blocks the step needs (fed in pieces: what BlocksFor counts)."""
         seqs, backs, need, peak, pooled = [], [], 0, 0, False
+        sp = self.spec
+        keep = sp is not None
+        if keep:
+            live, feed, fed_params = sp.live, sp.fed(), sp.rows
         # Per row, as little as a decode row needs: 220 rows a step at 256
         # clients, whose host time the GPU waits behind. A pool without
         # sliding groups needs nothing for a row its blocks already hold
@@ -580,6 +590,11 @@ class TorchModel(Model):
                 raise ProtocolError(INVALID, "sequence %d: cannot take back %d of its %d tokens" % (seq, back, len(s.tokens)))
             if not toks:
                 raise ProtocolError(INVALID, "sequence %d: empty tokens" % seq)
+            if keep:  # no take-back, and an input of a sequence it ran is its step (Spec.matches)
+                i = live.get(id(s))
+                if (len(b) > 5 and b[5]) or i is not None and not (
+                        b[2] and len(toks) == 1 and toks[0] == feed[i] and fed_params[i][0] == b[3]):
+                    keep = False
             if s.pool is not None:
                 if s.pool.vec is not None:
                     raise ProtocolError(INVALID, "sequence %d: its pooled input has ended; free it" % seq)
@@ -607,7 +622,7 @@ class TorchModel(Model):
         if need > self.kv.pool.free():
             raise ProtocolError(OUT_OF_MEMORY, "the step needs %d more KV blocks; %d of %d are free"
                                 % (need, self.kv.pool.free(), self.kv.pool.n))
-        return seqs, backs, peak > self.kv.pool.free(), pooled
+        return seqs, backs, peak > self.kv.pool.free(), pooled, keep
 
     def _forward(self, batch, seqs):
         self.kv.flush()
