@@ -257,6 +257,15 @@ def _wants_logprobs(items):
     return any(p.get("l") for p, _ in items)
 
 
+def _kinds(items):
+    """items' _drawn and _wants_logprobs. Rows without params (greedy,
+    nothing asked: a greedy decode step's every row) are told in one
+    pass in C."""
+    if not any(map(_params, items)):
+        return [], False
+    return _drawn(items), _wants_logprobs(items)
+
+
 def _sample(model, items, logits, masks, temp, logprobs):
     """Greedy for every row (the Triton argmax), then the temperature rows
     temp (of _drawn(items), those active at this step) drawn, each at its
@@ -309,10 +318,11 @@ def _launch(model, items, feed, want, done, pre):
             return [p0 if j == 0 else [p + j for p in p0], rows]
         return [[p0[i] + j if run[i] > j else 0 for i in range(S)], [rows[i] if run[i] > j else 0 for i in range(S)]]
     ch.plan = _upload([step_rows(j) for j in range(ch.steps)], dev)
-    ch.temp, ch.logprobs = _drawn(items), _wants_logprobs(items)  # the same every step, and for Spec.launch
+    plain = not any(map(_params, items))  # no input has params (_kinds): nothing to draw, mask or report
+    ch.temp, ch.logprobs = ([], False) if plain else _kinds(items)  # the same every step, and for Spec.launch
     outs, outl = [], []
     tok = None
-    masks = device_masks(items, model.cfg.vocab, dev)
+    masks = None if plain else device_masks(items, model.cfg.vocab, dev)
     ch.loops = loops(items, model.cfg.vocab) if masks is not None else None
     for j in range(ch.steps):
         if j == 0 and pre is not None:
@@ -427,7 +437,7 @@ class Spec:
         # counted in s.tokens yet): its block must be there.
         if not _room(model, items, run):
             return None
-        temp, logprobs = (ch.temp, ch.logprobs) if pick is None else (_drawn(items), _wants_logprobs(items))
+        temp, logprobs = (ch.temp, ch.logprobs) if pick is None else _kinds(items)
         sp = Spec._start(model, items, tok, plan, slots, ch, None, temp, logprobs)
         sp.pick = pick
         return sp
@@ -452,11 +462,11 @@ class Spec:
         model.kv.flush()  # the block plan() took ahead for this step
         plan = _upload([[len(s.tokens) for _, s in items], [s.row for _, s in items]], dev)
         slots = _upload([s.lora for _, s in items], dev) if ad else None
-        return Spec._start(model, items, toks, plan, slots, None, None, _drawn(items), _wants_logprobs(items))
+        return Spec._start(model, items, toks, plan, slots, None, None, *_kinds(items))
 
     @staticmethod
     def _start(model, items, tok, plan, slots, chain, feed, temp, logprobs):
-        """temp, logprobs: items' _drawn and _wants_logprobs."""
+        """temp, logprobs: items' _kinds."""
         sp = Spec()
         sp.rows = [(dict(p), s) for p, s in items]
         sp.live = {id(s): i for i, (_, s) in enumerate(items)}
