@@ -3,6 +3,8 @@
 import itertools
 import logging
 import os
+from itertools import compress, filterfalse
+from operator import itemgetter
 
 import torch
 
@@ -30,6 +32,7 @@ STEP_TOKENS_CUDA = 4096
 CPU_KV_BYTES = 1 << 30  # the memory a KV pool sized from memory takes on the CPU
 
 log = logging.getLogger("torchrt")
+_samples = itemgetter(2)  # of a batch row: whether it samples
 
 
 def weight_bytes(model):
@@ -433,7 +436,7 @@ class TorchModel(Model):
         else:  # all of them: no copies of a 220-row batch
             gb, gs = batch, seqs
         want = lookahead.plan(self, gb, gs, last)
-        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or any(len(b) > 4 for b in gb)
+        self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or max(map(len, gb), default=0) > 4
         with torch.no_grad():
             items = [(b[3], s) for b, s in zip(gb, gs) if b[2]]
             single = max(want, default=1) == 1
@@ -475,9 +478,12 @@ class TorchModel(Model):
         others beside them (prompt chunks, sequences that joined since):
         the others run as an ordinary step behind it, and the tokens merge
         in input order. Returns None when no input is the speculation's
-        (it is discarded; settle() let through only inputs it matches)."""
+        (it is discarded; _check let through only inputs it matches, each
+        a sampling one). The index lists are made in C: most steps at 256
+        clients are ~220 speculated decodes beside one prompt chunk."""
         sp, self.spec = self.spec, None
-        mine = [i for i, s in enumerate(seqs) if id(s) in sp.live]
+        ran = list(map(sp.live.__contains__, map(id, seqs)))  # per input: the speculation ran its sequence
+        mine = list(compress(range(len(seqs)), ran))
         if not mine:  # its sequences all ended: nothing was guessed wrong
             sp.discard()
             self.speculated["discarded"] += 1
@@ -491,17 +497,22 @@ class TorchModel(Model):
         for i in mine:  # the speculated step fed them their token
             seqs[i].tokens.append(batch[i][1][0])
             seqs[i].sampled = True
-        taken = set(mine)
-        rest = [i for i in range(len(batch)) if i not in taken]
+        rest = list(filterfalse(ran.__getitem__, range(len(seqs))))
         rb, rs = [batch[i] for i in rest], [seqs[i] for i in rest]
         ritems = [(b[3], s) for b, s in zip(rb, rs) if b[2]]
         rows = self._forward(rb, rs) if rest else None
         self._settle(seqs, fresh, ritems)
         tok, lp = pre
         mine_host = HostCopy([tok] + ([lp] if lp is not None else []))  # queued before the next speculation
-        # Sampling inputs in order; where each one's token comes from.
-        order = [i for i, b in enumerate(batch) if b[2]]
-        at = {i: k for k, i in enumerate(mine)}
+        # Sampling inputs in order, and the places among them of the
+        # speculation's (all of mine) and of the others.
+        if all(map(_samples, batch)):
+            order, ran_o = range(len(batch)), ran
+        else:
+            order = [i for i, b in enumerate(batch) if b[2]]
+            ran_o = [ran[i] for i in order]
+        places = range(len(order))
+        spec_at, rest_at = list(compress(places, ran_o)), list(filterfalse(ran_o.__getitem__, places))
         items = [(batch[i][3], seqs[i]) for i in order]
         launch = lookahead.launcher(self, items, [batch[i][0] in last for i in order] if last else None)
 
@@ -509,8 +520,7 @@ class TorchModel(Model):
             """Every sampling input's token on the device, in order: the
             speculation's and this step's."""
             allt = torch.empty(len(order), dtype=torch.long, device=self.device)
-            ix = to_device([k for k, i in enumerate(order) if i in at] + [k for k, i in enumerate(order) if i not in at],
-                           self.device)
+            ix = to_device(spec_at + rest_at, self.device)
             allt[ix[: len(mine)]] = tok
             if rest_toks is not None:
                 allt[ix[len(mine):]] = rest_toks
@@ -523,20 +533,15 @@ class TorchModel(Model):
             if launch is not None:
                 launch(merged(None))
         got = mine_host.get()
-        st, sl = got[0], (got[1] if lp is not None else None)
-        out = StepResult([], [], [])
-        r = 0
-        for i in order:
-            b, k = batch[i], at.get(i)
-            if k is None:
-                out.tokens.append(rt[r])
-                out.logprobs.append(rl[r])
-                out.top.append(rtop[r])
-                r += 1
-            else:
-                out.tokens.append(st[k])
-                out.logprobs.append(sl[k] if sl is not None and b[3].get("l") else 0.0)
-                out.top.append([])  # lookahead.allowed refuses top log-probabilities
+        out = StepResult(got[0], [0.0] * len(mine), [[] for _ in mine])  # no top: lookahead.allowed refuses it
+        if lp is not None:
+            out.logprobs = [v if items[k][0].get("l") else 0.0 for k, v in zip(spec_at, got[1])]
+        # The others' outputs into their places, in increasing order: each
+        # lands where it belongs, those before it being in place.
+        for k, t, v, top in zip(rest_at, rt, rl, rtop):
+            out.tokens.insert(k, t)
+            out.logprobs.insert(k, v)
+            out.top.insert(k, top)
         lookahead.fed_after(self, out.tokens)
         return out
 
