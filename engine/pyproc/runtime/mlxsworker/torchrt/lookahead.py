@@ -116,20 +116,27 @@ def plan(model, batch, seqs, last=frozenset()):
     ahead), and gives the sequences the blocks the extra tokens need
     (plus one more token's where there is one, for the next step and
     Spec; not for the sequences in last, which have no next step). batch
-    entries are [seq, tokens, sample, params, n?, back?]."""
+    entries are [seq, tokens, sample, params, n?, back?]. Also returns
+    whether every sampling input not in last then has room for the
+    speculated step after its tokens: the block of its next position,
+    within the context (what Spec.launch and Spec.after need; the
+    sequences' blocks do not shrink before then)."""
     ahead = overlaps(model)
     kv, context = model.kv, model.cfg.context
     dense, bs = not kv.layout.sliding_groups, kv.bs
-    want = []
+    want, room = [], True
     for b, s in zip(batch, seqs):
         if not b[2]:
             continue
         if len(b) < 5 or not b[4]:  # one token, the common decode row
             fed = len(s.tokens) + len(b[1])
             # The block of the next step's token (Spec), unless held already
-            # (PagedKV.grow's first test, made here without the call).
-            if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs) and b[0] not in last:
-                kv.grow(s, fed + 1, ahead=True)
+            # (PagedKV.grow's first test, made here without the call): the
+            # common row's is, within the context.
+            if not (dense and fed + 1 <= len(s.pages[0]) * bs and fed < context) and b[0] not in last:
+                if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs):
+                    kv.grow(s, fed + 1, ahead=True)
+                room = room and fed < context and fed + 1 <= len(s.pages[0]) * bs
             want.append(1)
             continue
         n = int(b[4])
@@ -145,8 +152,10 @@ def plan(model, batch, seqs, last=frozenset()):
             n = model.kv.grow(s, fed + n - 1, ahead=True) - fed + 1
         if (n > 1 or ahead) and fed + n <= model.cfg.context and b[0] not in last:  # no next step for last
             model.kv.grow(s, fed + n, ahead=True)
+        if b[0] not in last:
+            room = room and fed + n <= context and fed + n <= len(s.pages[0]) * bs
         want.append(n)
-    return want
+    return want, room
 
 
 def chainable(model, batch, items, want):
@@ -168,12 +177,12 @@ def adapted(items):
     return any(s.lora for _, s in items)
 
 
-def run_chain(model, items, tokens, want, ends=None):
+def run_chain(model, items, tokens, want, ends=None, room=False):
     """The whole step on the device (see chainable): tokens are the ones
     the inputs feed. Returns the StepResult TorchModel.step does. When
     the next round looks like this one, its first step is launched before
     this round's tokens are read, without the inputs ends marks as their
-    sequences' last (Spec.launch)."""
+    sequences' last (Spec.launch; room: plan's)."""
     spec, model.spec = model.spec, None
     pre = spec.take(map(_seq, items)) if spec is not None else None
     ch = _launch(model, items, tokens, want, 0, pre)
@@ -181,7 +190,7 @@ def run_chain(model, items, tokens, want, ends=None):
         model.speculated["chained" if pre is not None else "discarded"] += 1
         model.spec_missed = pre is None
     if not model.spec_missed:
-        model.spec = Spec.launch(model, items, ch, ends)
+        model.spec = Spec.launch(model, items, ch, ends, room)
     model.spec_missed = False  # after a miss, one round without
     out, lps = _finish(ch)
     first = [o[0] for o in out]
@@ -416,11 +425,12 @@ class Spec:
     __slots__ = ("rows", "live", "chain", "feed", "tok", "lp", "pick")
 
     @staticmethod
-    def launch(model, items, ch, ends=None):
+    def launch(model, items, ch, ends=None, room=False):
         """Speculates the step after chain ch, or returns None when the
         next step cannot be such a step. ends (None: none), per input,
         whether its token is its sequence's last: those rows are left out
-        (none left: nothing launched)."""
+        (none left: nothing launched). room: whether the others have the
+        block the step writes in (plan's)."""
         run = ch.run
         if ch.steps < 1 or min(run) != ch.steps or ch.loops is not None:
             return None  # a constrained round's next mask is the caller's
@@ -433,9 +443,7 @@ class Spec:
             ix = _upload(pick, tok.device)
             items, run = [items[i] for i in pick], [run[i] for i in pick]
             plan, tok, slots = plan[:, ix], tok[ix], (slots[ix] if slots is not None else None)
-        # The step writes at position len + run (the chain's tokens are not
-        # counted in s.tokens yet): its block must be there.
-        if not _room(model, items, run):
+        if not room:  # the block of the position the step writes in, for some input
             return None
         temp, logprobs = (ch.temp, ch.logprobs) if pick is None else _kinds(items)
         sp = Spec._start(model, items, tok, plan, slots, ch, None, temp, logprobs)
@@ -443,20 +451,21 @@ class Spec:
         return sp
 
     @staticmethod
-    def after(model, items, toks):
+    def after(model, items, toks, room):
         """Speculates the decode step after an ordinary step whose
         sampling inputs were items and which sampled toks (on the device,
         int64 [len(items)]; the host's copy goes in feed once read), or
         returns None where that step cannot run on the device chain: an
         input with parameters that do not run ahead or a mask, a batch
-        size without a graph, a sequence at the end of its blocks."""
+        size without a graph, a sequence at the end of its blocks (room
+        false: plan's)."""
         g = model.graphs
         if not items or not g.usable(len(items)) or not all_plain(items):
             return None
         ad = adapted(items)
         if ad and not g.lora_usable(len(items)):
             return None
-        if not _room(model, items, [0] * len(items)):
+        if not room:
             return None
         dev = model.device
         model.kv.flush()  # the block plan() took ahead for this step
@@ -524,7 +533,7 @@ class Spec:
                 _undraw(*self.rows[i])
 
 
-def launcher(model, items, ends=None):
+def launcher(model, items, ends=None, room=False):
     """For sample_rows' launch after an ordinary step whose sampling
     inputs are items: launches the next decode step behind it (Spec.after)
     where the model overlaps, unless the last speculation missed (then one
@@ -532,7 +541,8 @@ def launcher(model, items, ends=None):
     is its sequence's last (the request's "last"): those are left out, and
     nothing is launched when every input ends (a request of one token: no
     decode step of it ever comes). None where there is nothing to launch.
-    The caller gives the Spec its host tokens (fed_after) once read."""
+    The caller gives the Spec its host tokens (fed_after) once read.
+    room: plan's, for Spec.after."""
     if not overlaps(model):
         return None
     pick = _going_on(ends)
@@ -548,7 +558,7 @@ def launcher(model, items, ends=None):
     def launch(toks):
         if pick is not None:
             toks = toks[_upload(pick, toks.device)]
-        model.spec = sp = Spec.after(model, items, toks)
+        model.spec = sp = Spec.after(model, items, toks, room)
         if sp is not None:
             sp.pick = pick
     return launch
@@ -568,17 +578,6 @@ def fed_after(model, toks):
     sp = model.spec
     if sp is not None and sp.feed is None and sp.chain is None:
         sp.feed = list(toks) if sp.pick is None else [toks[i] for i in sp.pick]
-
-
-def _room(model, items, run):
-    """Whether every sequence of items has the block of position
-    len(tokens) + run[i], within the context."""
-    bs, context = model.kv.bs, model.cfg.context
-    for (_, s), r in zip(items, run):
-        at = len(s.tokens) + r
-        if at >= context or at >= len(s.pages[0]) * bs:
-            return False
-    return True
 
 
 def _undraw(params, s):

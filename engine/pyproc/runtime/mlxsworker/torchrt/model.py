@@ -435,7 +435,7 @@ class TorchModel(Model):
             gb, gs = [b for b, _ in gen], [s for _, s in gen]
         else:  # all of them: no copies of a 220-row batch
             gb, gs = batch, seqs
-        want = lookahead.plan(self, gb, gs, last)
+        want, room = lookahead.plan(self, gb, gs, last)
         self.lookahead_used = self.lookahead_used or max(want, default=1) > 1 or max(map(len, gb), default=0) > 4
         with torch.no_grad():
             items = [(b[3], s) for b, s in zip(gb, gs) if b[2]]
@@ -443,16 +443,16 @@ class TorchModel(Model):
             # Whether a sequence is not the speculation's, looped in C.
             beside = self.spec is not None and not all(map(self.spec.live.__contains__, map(id, seqs)))
             if beside and not pooled and single:
-                out = self._step_with_spec(batch, seqs, fresh, last)
+                out = self._step_with_spec(batch, seqs, fresh, last, room)
                 if out is not None:
                     return out
             ends = [b[0] in last for b in gb if b[2]] if last else None
             if not pooled and lookahead.chainable(self, batch, items, want):
-                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want, ends)
+                return lookahead.run_chain(self, items, [b[1][0] for b in batch], want, ends, room)
             lookahead.cancel(self)  # a speculation this step cannot use
             rows = self._forward(batch, seqs)
             self._settle(seqs, fresh, items)
-            launch = lookahead.launcher(self, items, ends) if single and not pooled else None
+            launch = lookahead.launcher(self, items, ends, room) if single and not pooled else None
             out = StepResult(*sample_rows(rows, items, self.device, launch=launch))
             lookahead.fed_after(self, out.tokens)
             if not single:
@@ -472,7 +472,7 @@ class TorchModel(Model):
         if self.lookahead_used:
             lookahead.remember(self, items)
 
-    def _step_with_spec(self, batch, seqs, fresh, last=frozenset()):
+    def _step_with_spec(self, batch, seqs, fresh, last=frozenset(), room=False):
         """A step of one token per sampling input at most, some of them
         the decodes the speculated step (lookahead.Spec) already ran, the
         others beside them (prompt chunks, sequences that joined since):
@@ -480,7 +480,8 @@ class TorchModel(Model):
         in input order. Returns None when no input is the speculation's
         (it is discarded; _check let through only inputs it matches, each
         a sampling one). The index lists are made in C: most steps at 256
-        clients are ~220 speculated decodes beside one prompt chunk."""
+        clients are ~220 speculated decodes beside one prompt chunk. room:
+        lookahead.plan's."""
         sp, self.spec = self.spec, None
         ran = list(map(sp.live.__contains__, map(id, seqs)))  # per input: the speculation ran its sequence
         mine = list(compress(range(len(seqs)), ran))
@@ -514,7 +515,7 @@ class TorchModel(Model):
         places = range(len(order))
         spec_at, rest_at = list(compress(places, ran_o)), list(filterfalse(ran_o.__getitem__, places))
         items = [(batch[i][3], seqs[i]) for i in order]
-        launch = lookahead.launcher(self, items, [batch[i][0] in last for i in order] if last else None)
+        launch = lookahead.launcher(self, items, [batch[i][0] in last for i in order] if last else None, room)
 
         def merged(rest_toks):
             """Every sampling input's token on the device, in order: the
