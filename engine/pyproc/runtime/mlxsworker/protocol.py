@@ -5,6 +5,7 @@ answered with one reply line.
 import gc
 import json
 import logging
+import operator
 import os
 import sys
 import threading
@@ -348,12 +349,19 @@ def pad_failed_opens(res, failed):
             res.embeddings.insert(k, None)
 
 
+_seq = operator.itemgetter(0)  # of a batch row
+
+
 def note_sampled(unfed, batch, res):
     """Records, after a step, the last token each sampling row sampled and
     did not feed: the step's token, or the last one a lookahead chain
     decoded after it (the chain feeds every token but the last). Rows that
     fed tokens without sampling, and pooled rows (token -1), leave none."""
     tokens, more, k = res.tokens, res.more, 0
+    if more is None and len(tokens) == len(batch) and (not tokens or min(tokens) >= 0):
+        # Every row sampled a token of its own (a decode step's 220): recorded in C.
+        unfed.update(zip(map(_seq, batch), tokens))
+        return
     drop = unfed.pop
     for row in batch:
         if not row[2]:
