@@ -431,9 +431,10 @@ class Spec:
         whether its token is its sequence's last: those rows are left out
         (none left: nothing launched). room: whether the others have the
         block the step writes in (plan's)."""
-        run = ch.run
-        if ch.steps < 1 or min(run) != ch.steps or ch.loops is not None:
+        if ch.steps < 1 or min(ch.run) != ch.steps or ch.loops is not None:
             return None  # a constrained round's next mask is the caller's
+        if not room:  # the block of the position the step writes in, for some input
+            return None
         plan = ch.plan[ch.steps - 1].clone()
         plan[0] += 1  # the position after the round's last fed token
         tok, slots, pick = ch.last, ch.slots, _going_on(ends)
@@ -441,10 +442,8 @@ class Spec:
             if not pick or not model.graphs.usable(len(pick)):
                 return None
             ix = _upload(pick, tok.device)
-            items, run = [items[i] for i in pick], [run[i] for i in pick]
+            items = [items[i] for i in pick]
             plan, tok, slots = plan[:, ix], tok[ix], (slots[ix] if slots is not None else None)
-        if not room:  # the block of the position the step writes in, for some input
-            return None
         temp, logprobs = (ch.temp, ch.logprobs) if pick is None else _kinds(items)
         sp = Spec._start(model, items, tok, plan, slots, ch, None, temp, logprobs)
         sp.pick = pick
