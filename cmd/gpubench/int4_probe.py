@@ -31,10 +31,9 @@ sys.path.insert(0, sys.argv[1])
 from mlxsworker.torchrt import pdl, quant, quant_triton as qt  # noqa: E402
 from mlxsworker.torchrt.quant_triton import _INT4_H2_WORD, _f16x2, _finish, _x_pair  # noqa: E402
 from mlxsworker.torchrt.pdl import wait as pdl_wait  # noqa: E402
+from rowbench import SHAPES, bench  # noqa: E402  (this script's folder)
 
 dev = torch.device("cuda")
-SHAPES = {"1b": [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192)],
-          "8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]}
 MODES = ("full", "no-x", "words", "packed-x", "tiled-words", "tiled-full")
 
 
@@ -104,28 +103,6 @@ def run(mode, x, xq, qw, sc, z, t):
                                     BLOCK_K=128, MODE=MODES.index(mode), num_warps=t.warps, num_stages=t.stages,
                                     **pdl.args(x.device, 1))
     return y
-
-
-def bench(fn, n_w, reps=20, iters=30):
-    for i in range(n_w):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for r in range(reps):
-            fn(r % n_w)
-    g.replay()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(iters):
-            g.replay()
-        e1.record()
-        e1.synchronize()
-        best = min(best, e0.elapsed_time(e1) * 1000 / (iters * reps))
-    return best
 
 
 for shape in sys.argv[2:] or ["8b"]:

@@ -49,35 +49,10 @@ sys.path.insert(0, sys.argv[1])
 from mlxsworker.torchrt import kernels, quant_triton as qt, tile_table  # noqa: E402
 from mlxsworker.torchrt.quant import WHOLE  # noqa: E402
 from mlxsworker.torchrt.quant_triton import Tiles  # noqa: E402
+from rowbench import SHAPES, bench  # noqa: E402  (this script's folder)
 
 dev = torch.device("cuda")
 one = torch.ones(1, 1, device=dev)
-
-
-def bench(fn, n_w, reps=20, iters=30):
-    for i in range(n_w):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for r in range(reps):
-            fn(r % n_w)
-    g.replay()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(iters):
-            g.replay()
-        e1.record()
-        e1.synchronize()
-        best = min(best, e0.elapsed_time(e1) * 1000 / (iters * reps))
-    return best
-
-
-SHAPES = {"1b": [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192)],
-          "8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]}
 VARIANTS = [Tiles(1, 64, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 2, 8, gemv=True, bk=64),
             Tiles(1, 64, 4, 2, 8, gemv=True, bk=128), Tiles(1, 128, 4, 2, 8, gemv=True, bk=64),
             Tiles(1, 32, 2, 2, 8, gemv=True, bk=128), Tiles(1, 64, 2, 3, 8, gemv=True, bk=64),

@@ -133,10 +133,12 @@ def plan(model, batch, seqs, last=frozenset()):
             # The block of the next step's token (Spec), unless held already
             # (PagedKV.grow's first test, made here without the call): the
             # common row's is, within the context.
-            if not (dense and fed + 1 <= len(s.pages[0]) * bs and fed < context) and b[0] not in last:
-                if ahead and fed < context and not (dense and fed + 1 <= len(s.pages[0]) * bs):
+            held = fed + 1 <= len(s.pages[0]) * bs
+            if not (dense and held and fed < context) and b[0] not in last:
+                if ahead and fed < context and not (dense and held):
                     kv.grow(s, fed + 1, ahead=True)
-                room = room and fed < context and fed + 1 <= len(s.pages[0]) * bs
+                    held = fed + 1 <= len(s.pages[0]) * bs
+                room = room and fed < context and held
             want.append(1)
             continue
         n = int(b[4])
@@ -328,7 +330,8 @@ def _launch(model, items, feed, want, done, pre):
         return [[p0[i] + j if run[i] > j else 0 for i in range(S)], [rows[i] if run[i] > j else 0 for i in range(S)]]
     ch.plan = _upload([step_rows(j) for j in range(ch.steps)], dev)
     plain = not any(map(_params, items))  # no input has params (_kinds): nothing to draw, mask or report
-    ch.temp, ch.logprobs = ([], False) if plain else _kinds(items)  # the same every step, and for Spec.launch
+    # The same every step, and for Spec.launch.
+    ch.temp, ch.logprobs = ([], False) if plain else (_drawn(items), _wants_logprobs(items))
     outs, outl = [], []
     tok = None
     masks = None if plain else device_masks(items, model.cfg.vocab, dev)
