@@ -42,11 +42,18 @@ func embedInputs(n, chars int) []api.EmbedInput {
 	return in
 }
 
-// slowMachine lets the tests that move megabytes of vectors miss 20 of
-// the instance's heartbeats (100 ms) before the instance counts as lost:
-// under the race detector on a loaded machine, encoding and decoding them
-// takes a while. Lost instances are what TestEmbedFailsOver tests.
-var slowMachine = natsbackend.WithHeartbeat(700 * time.Millisecond)
+// slowMachine lets the tests that move megabytes of vectors stall for
+// seconds before the instance counts as lost: under the race detector on
+// a loaded 2-core machine, encoding and decoding them (and the collector
+// behind them) can hold the instance's probe answers past the default
+// 200 ms probe timeout and its stats past the tests' 500 ms timeout, as
+// well as 20 of its heartbeats (100 ms). Lost instances are what
+// TestEmbedFailsOver tests.
+var slowMachine = []natsbackend.DiscoverOption{
+	natsbackend.WithHeartbeat(700 * time.Millisecond),
+	natsbackend.WithProbeTimeout(5 * time.Second),
+	natsbackend.WithTimeout(5 * time.Second),
+}
 
 func embedReq(in []api.EmbedInput) api.EmbedRequest {
 	return api.EmbedRequest{Model: "tiny", Inputs: in}
@@ -112,7 +119,7 @@ func TestEmbedOverMaxPayload(t *testing.T) {
 	const maxPayload = 32 << 10
 	n := startNATSWith(t, func(o *server.Options) { o.MaxPayload = maxPayload })
 	a := startInstance(t, n, "a", enginetest.WithEmbedding(1024, engine.PoolLast, true, false))
-	_, d := newBalancer(t, n, slowMachine)
+	_, d := newBalancer(t, n, slowMachine...)
 	waitInstances(t, d, "a")
 
 	// Count the requests to the embed endpoint and the messages of parts.
@@ -176,7 +183,7 @@ func TestEmbedMaxInputs(t *testing.T) {
 	}
 	n := startNATS(t)
 	a := startInstance(t, n, "a", enginetest.WithEmbedding(1024, engine.PoolMean, true, false))
-	_, d := newBalancer(t, n, slowMachine)
+	_, d := newBalancer(t, n, slowMachine...)
 	waitInstances(t, d, "a")
 	req := embedReq(embedInputs(api.MaxEmbedInputs, 30))
 	want, err := a.srv.Embed(context.Background(), req)
