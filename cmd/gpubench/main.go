@@ -22,6 +22,13 @@
 //
 //	gpubench -serving -shape llama8b -dir /tmp/llama8b -server bin/server -loadgen bin/loadgen
 //
+// Where the GPU idles under a load: pass the server -trace-dir DIR after
+// -- (with -trace-skip past the load's warm-up); each worker writes a
+// device trace of its steps there and a summary of its idle gaps and what
+// the worker did in them (pyproc.Tuning.TraceDir):
+//
+//	gpubench -serving -shape llama1b -dir /tmp/llama1b -server bin/server -loadgen bin/loadgen -loads c256:1024 -- -trace-dir /tmp/trace -trace-skip 3000
+//
 // With -quant it measures a quantized checkpoint of the shape instead
 // (testmodel's layouts: fp8, fp8-channel, awq, gptq, written into -dir; or
 // quantize-fp8: the bf16 checkpoint loaded with pyproc.WithQuantize), the

@@ -1,14 +1,19 @@
 package pyproc
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/mlxserving/mlxserving/engine"
 )
 
 func TestRuntimeInstalledPrivate(t *testing.T) {
@@ -277,4 +282,82 @@ func TestMoEKernelsCUDA(t *testing.T) {
 		t.Skip("CUDA only (MLXSERVING_TEST_DEVICE=cuda)")
 	}
 	runPyCheck(t, "testdata/moe_kernels_cuda.py", "runtime")
+}
+
+// TestTraceSummary runs testdata/trace_test.py on the CPU: the device
+// trace's summary over a made-up trace with kernels (busy share, idle
+// gaps, the phase of each), the recorder over a loop on the CPU profiler,
+// and a directory it cannot write refused.
+func TestTraceSummary(t *testing.T) {
+	runPyCheck(t, "testdata/trace_test.py", "runtime")
+}
+
+// TestTraceReachesWorker: a worker told Tuning.TraceDir traces the steps
+// it was told to (after TraceSkip, TraceSteps of them) and writes the
+// trace and its summary there; one told a directory it cannot make fails
+// to start, saying why.
+func TestTraceReachesWorker(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "traces")
+	e := newEngine(t, WithTuning(Tuning{TraceDir: dir, TraceSkip: 3, TraceSteps: 4}))
+	m := load(t, e, tiny(t))
+	generate(t, m, 1, []int32{1, 2, 3, 4, 5}, 12)
+	var summary []byte
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		names, _ := filepath.Glob(filepath.Join(dir, "trace-*.txt"))
+		if len(names) == 1 {
+			var err error
+			if summary, err = os.ReadFile(names[0]); err != nil {
+				t.Fatal(err)
+			}
+			if len(summary) > 0 && summary[len(summary)-1] == '\n' {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no summary in %s: %v", dir, names)
+		}
+	}
+	if !strings.Contains(string(summary), ".json.gz: 4 steps over") || !strings.Contains(string(summary), "no device events (a CPU worker)") {
+		t.Errorf("summary:\n%s\nwant 4 steps on the CPU", summary)
+	}
+	traces, _ := filepath.Glob(filepath.Join(dir, "trace-*.json.gz"))
+	if len(traces) != 1 {
+		t.Fatalf("traces %v, want one", traces)
+	}
+	f, err := os.Open(traces[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(body), `"worker.step"`); n != 4 {
+		t.Errorf("the trace holds %d worker.step events, want 4", n)
+	}
+
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bad, err := New(ctx, WithPython(python(t)), WithCacheDir(t.TempDir()), WithDevice("cpu"), WithThreads(1),
+		WithTuning(Tuning{TraceDir: filepath.Join(file, "traces")}))
+	if err == nil {
+		_, err = bad.Load(ctx, engine.ModelSpec{ID: "tiny", Path: tiny(t)})
+		_ = bad.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "trace_dir") {
+		t.Fatalf("a trace directory under a file: %v, want an error naming trace_dir", err)
+	}
+	if !errors.Is(err, engine.ErrUnavailable) {
+		t.Errorf("a trace directory under a file: %v, want engine.ErrUnavailable", err)
+	}
+	t.Logf("refused: %v", err)
 }

@@ -3,6 +3,7 @@ package pyproc
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"time"
 )
 
@@ -100,6 +101,25 @@ type Tuning struct {
 	// Profile makes the worker profile itself (cProfile) and log the
 	// profile when it exits.
 	Profile bool
+	// TraceDir makes each worker write a device trace of its steps to
+	// this directory (made if missing): torch's profiler records
+	// TraceSteps steps after the first TraceSkip, the device's kernels and
+	// copies (CUDA) beside the worker's phases (waiting for a request,
+	// handling one, waiting for the device), written as
+	// trace-<pid>.json.gz, a Chrome trace that Perfetto opens, with a
+	// summary in trace-<pid>.txt that the worker also logs: the device's
+	// busy share of the traced steps, its idle gaps by length, the phase
+	// each idle moment fell in, and the largest gaps. A worker that cannot
+	// trace (no torch, a directory it cannot write) fails to start. The
+	// host's work is slower while it records, and the load stalls as the
+	// trace ends, for as long as the profiler takes to stop (seconds; it
+	// grows with the host ops recorded): for diagnosis.
+	TraceDir string
+	// TraceSkip is the step requests a worker serves before its trace
+	// starts (TraceDir), to pass a load's warm-up.
+	TraceSkip int
+	// TraceSteps is the steps a trace records; 0: 200.
+	TraceSteps int
 	// StepTokens is the most tokens (decodes plus prompt chunks) one step
 	// of a torch-backend decoder carries: the worker sizes its prompt-step
 	// graphs for it and reports it as Info.StepTokens, the batcher's
@@ -121,6 +141,10 @@ func (t Tuning) check() error {
 		return fmt.Errorf("pyproc: Tuning.KVFraction %v: want 0 (0.8) to 1", t.KVFraction)
 	case t.StepTokens < 0:
 		return fmt.Errorf("pyproc: Tuning.StepTokens %d: want 0 or more", t.StepTokens)
+	case t.TraceSkip < 0:
+		return fmt.Errorf("pyproc: Tuning.TraceSkip %d: want 0 or more", t.TraceSkip)
+	case t.TraceSteps < 0:
+		return fmt.Errorf("pyproc: Tuning.TraceSteps %d: want 0 (200) or more", t.TraceSteps)
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}
@@ -133,6 +157,14 @@ func WithTuning(t Tuning) Option {
 	return func(c *config) error {
 		if err := t.check(); err != nil {
 			return err
+		}
+		if t.TraceDir != "" {
+			// The workers' working directory need not be this process's.
+			dir, err := filepath.Abs(t.TraceDir)
+			if err != nil {
+				return fmt.Errorf("pyproc: Tuning.TraceDir %q: %w", t.TraceDir, err)
+			}
+			t.TraceDir = dir
 		}
 		c.tuning = t
 		return nil
@@ -160,6 +192,9 @@ type settings struct {
 	TPGraphs      bool    `json:"tp_graphs"`
 	TPOneShot     bool    `json:"tp_oneshot"`
 	Profile       bool    `json:"profile"`
+	TraceDir      string  `json:"trace_dir"`
+	TraceSkip     int     `json:"trace_skip"`
+	TraceSteps    int     `json:"trace_steps"`
 	MaxLookahead  int     `json:"max_lookahead"` // WithLookahead's bound, which the worker clips at too
 	StepTokens    int     `json:"step_tokens"`
 }
@@ -171,7 +206,8 @@ func (t Tuning) settingsArg() string {
 		Varlen: !t.NoVarlen, AttnPrefetch: !t.NoAttnPrefetch, LoRAPlan: "auto", LoRASide: !t.NoLoRASideStream,
 		FP8ScaledMM: !t.NoFP8ScaledMM, TPTimeout: t.TPTimeout.Seconds(), TPGraphs: !t.NoTPGraphs,
 		TPOneShot: !t.NoOneShotAllReduce,
-		Profile:   t.Profile, MaxLookahead: maxLookahead, StepTokens: t.StepTokens}
+		Profile:   t.Profile, TraceDir: t.TraceDir, TraceSkip: t.TraceSkip, TraceSteps: t.TraceSteps,
+		MaxLookahead: maxLookahead, StepTokens: t.StepTokens}
 	if s.BlockSize == 0 {
 		s.BlockSize = 16
 	}
@@ -180,6 +216,9 @@ func (t Tuning) settingsArg() string {
 	}
 	if s.TPTimeout == 0 {
 		s.TPTimeout = 300
+	}
+	if s.TraceSteps == 0 {
+		s.TraceSteps = 200
 	}
 	if t.DenseLoRA {
 		s.LoRAPlan = "dense"

@@ -15,7 +15,7 @@ func TestTuningRefusesOutOfRange(t *testing.T) {
 	for _, tu := range []Tuning{
 		{BlockSize: -1}, {BlockSize: 1025}, {WindowStep: -8},
 		{KVFraction: -0.1}, {KVFraction: 1.5}, {KVFraction: math.NaN()},
-		{TPTimeout: -time.Second}, {StepTokens: -1},
+		{TPTimeout: -time.Second}, {StepTokens: -1}, {TraceSkip: -1}, {TraceSteps: -5},
 	} {
 		var c config
 		err := WithTuning(tu)(&c)
@@ -37,7 +37,8 @@ func TestTuningSettings(t *testing.T) {
 	}
 	want := map[string]any{"block_size": 16.0, "window_step": 0.0, "kv_fraction": 0.8, "prefix_cache": true,
 		"split_steps": true, "overlap": true, "prefill_graphs": true, "prompt_attention": true, "kernels": true, "varlen": true, "attn_prefetch": true, "lora_plan": "auto",
-		"lora_side_stream": true, "fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false, "max_lookahead": float64(maxLookahead), "step_tokens": 0.0}
+		"lora_side_stream": true, "fp8_scaled_mm": true, "tp_timeout": 300.0, "tp_graphs": true, "tp_oneshot": true, "profile": false,
+		"trace_dir": "", "trace_skip": 0.0, "trace_steps": 200.0, "max_lookahead": float64(maxLookahead), "step_tokens": 0.0}
 	got := decode(Tuning{})
 	if len(got) != len(want) {
 		t.Errorf("defaults: %d keys %v, want %d", len(got), got, len(want))
@@ -49,10 +50,12 @@ func TestTuningSettings(t *testing.T) {
 	}
 	got = decode(Tuning{BlockSize: 4, WindowStep: 8, KVFraction: 0.5, NoPrefixCache: true, NoSplitSteps: true, NoOverlap: true, NoPrefillGraphs: true, NoPromptAttention: true,
 		NoKernels: true, NoVarlen: true, NoAttnPrefetch: true, DenseLoRA: true, NoLoRASideStream: true, NoFP8ScaledMM: true,
-		TPTimeout: 3 * time.Second, NoTPGraphs: true, NoOneShotAllReduce: true, Profile: true, StepTokens: 8192})
+		TPTimeout: 3 * time.Second, NoTPGraphs: true, NoOneShotAllReduce: true, Profile: true, StepTokens: 8192,
+		TraceDir: "/tmp/traces", TraceSkip: 100, TraceSteps: 50})
 	set := map[string]any{"block_size": 4.0, "window_step": 8.0, "kv_fraction": 0.5, "prefix_cache": false,
 		"split_steps": false, "overlap": false, "prefill_graphs": false, "prompt_attention": false, "kernels": false, "varlen": false, "attn_prefetch": false, "lora_plan": "dense",
-		"lora_side_stream": false, "fp8_scaled_mm": false, "tp_timeout": 3.0, "tp_graphs": false, "tp_oneshot": false, "profile": true, "step_tokens": 8192.0}
+		"lora_side_stream": false, "fp8_scaled_mm": false, "tp_timeout": 3.0, "tp_graphs": false, "tp_oneshot": false, "profile": true, "step_tokens": 8192.0,
+		"trace_dir": "/tmp/traces", "trace_skip": 100.0, "trace_steps": 50.0}
 	for k, v := range set {
 		if got[k] != v {
 			t.Errorf("set: %s = %v, want %v", k, got[k], v)

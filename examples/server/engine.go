@@ -83,12 +83,11 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	if len(o.gpus) > 0 {
 		opts = append(opts, pyproc.WithGPUs(o.gpus))
 	}
-	if o.kvFraction != 0 || o.blockSize != 0 || o.loraDense || o.loraNoSideStream || o.tokenBudget > 0 {
-		// -token-budget sizes the worker's steps (its prompt-step graphs) as
-		// it sizes the batcher's.
-		opts = append(opts, pyproc.WithTuning(pyproc.Tuning{KVFraction: o.kvFraction, BlockSize: o.blockSize, DenseLoRA: o.loraDense,
-			NoLoRASideStream: o.loraNoSideStream, StepTokens: o.tokenBudget}))
-	}
+	// -token-budget sizes the worker's steps (its prompt-step graphs) as it
+	// sizes the batcher's.
+	opts = append(opts, pyproc.WithTuning(pyproc.Tuning{KVFraction: o.kvFraction, BlockSize: o.blockSize, DenseLoRA: o.loraDense,
+		NoLoRASideStream: o.loraNoSideStream, StepTokens: max(o.tokenBudget, 0),
+		TraceDir: o.traceDir, TraceSkip: o.traceSkip, TraceSteps: o.traceSteps}))
 	return pyproc.New(ctx, opts...)
 }
 

@@ -102,6 +102,8 @@ type options struct {
 	blockSize             int     // pyproc: tokens a KV block holds (0: 16)
 	loraDense             bool    // pyproc: adapter deltas over every slot at once, not the segmented kernels (Tuning.DenseLoRA)
 	loraNoSideStream      bool    // pyproc: the segmented kernels' shrink on the step's stream (Tuning.NoLoRASideStream)
+	traceDir              string  // pyproc: where each worker writes a device trace of its steps (Tuning.TraceDir; "": none)
+	traceSkip, traceSteps int     // pyproc: the steps served before the trace starts, and the steps it records
 	// LoRA adapters served over the main model (-lora name=dir, repeated),
 	// and the main model's adapter slots and highest rank (0: the engine's).
 	adapters                  []mlxserving.AdapterSpec
@@ -155,6 +157,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.blockSize, "block-size", 0, "python engine: tokens a block of the paged KV pool holds (default 16)")
 	fs.BoolVar(&o.loraDense, "lora-dense", false, "python engine: LoRA deltas over every adapter slot at once, not the segmented Triton kernels that CUDA runs by default (pyproc.Tuning.DenseLoRA)")
 	fs.BoolVar(&o.loraNoSideStream, "lora-no-side-stream", false, "python engine: each projection's LoRA shrink on the step's own CUDA stream, not on a second one beside the base projection (pyproc.Tuning.NoLoRASideStream)")
+	fs.StringVar(&o.traceDir, "trace-dir", "", "python engine: each worker writes a device trace of -trace-steps steps to this directory, after -trace-skip steps: trace-PID.json.gz (Perfetto opens it) and a summary, trace-PID.txt, of where the GPU idled (pyproc.Tuning.TraceDir; slows the traced steps; for diagnosis)")
+	fs.IntVar(&o.traceSkip, "trace-skip", 0, "python engine, with -trace-dir: steps each worker serves before its trace starts")
+	fs.IntVar(&o.traceSteps, "trace-steps", 200, "python engine, with -trace-dir: steps the trace records")
 	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {

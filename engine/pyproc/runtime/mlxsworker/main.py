@@ -10,6 +10,7 @@ from .backend import TensorParallel
 from .errors import INVALID, UNAVAILABLE
 from .protocol import Heartbeat, Out, Worker, serve
 from .timing import StepTiming
+from .trace import StepTrace, TraceError
 
 PROTOCOL = 1
 
@@ -87,6 +88,12 @@ def main():
             guard = backend.join(tp, lambda out, hb: Worker(out, hb, backend, args.faults))
         except Exception as e:  # no group: the worker cannot serve
             refuse(out, hello, UNAVAILABLE, "tensor parallel %d: %s" % (args.tp, e))
+    trace = None
+    if settings.trace_dir:
+        try:
+            trace = StepTrace(settings.trace_dir, settings.trace_skip, settings.trace_length)
+        except TraceError as e:
+            refuse(out, hello, UNAVAILABLE, str(e))
     hello.update({"backend": backend.name, "versions": backend.versions(), "capabilities": backend.capabilities(),
                   "max_line": args.max_line})
     out.send(hello)
@@ -100,10 +107,12 @@ def main():
         import cProfile
         import pstats
         prof = cProfile.Profile()
-        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line, timing)
+        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line, timing, trace)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(35)
     else:
-        serve(sys.stdin.buffer, out, worker, args.max_line, timing)
+        serve(sys.stdin.buffer, out, worker, args.max_line, timing, trace)
+    if trace is not None:
+        trace.close()
     # Every reply is flushed (Out.raw): exit now rather than wait for the
     # interpreter's finalisation, which takes over a second once torch is
     # imported and would keep the supervisor's shutdown waiting.

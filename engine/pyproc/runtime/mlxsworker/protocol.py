@@ -381,10 +381,18 @@ Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "fr
               "unload": Worker.unload, "warm": Worker.warm, "adapter": Worker.adapter, "stats": Worker.stats, "fault": Worker.fault}
 
 
-def serve(inp, out, worker, max_line, timing=None):
+def serve(inp, out, worker, max_line, timing=None, trace=None):
+    """The protocol loop: reads requests from inp until it closes or a
+    shutdown comes, each handled by worker. timing: the step cycle's
+    sums (timing.StepTiming); trace: a trace.StepTrace recording steps,
+    or None."""
     timing = timing or StepTiming()
     while True:
-        line = inp.readline(max_line + 1)
+        if trace is None:
+            line = inp.readline(max_line + 1)
+        else:
+            with trace.waiting():
+                line = inp.readline(max_line + 1)
         read = time.perf_counter()
         if not line:
             log.info("stdin closed; exiting")
@@ -403,6 +411,10 @@ def serve(inp, out, worker, max_line, timing=None):
         if req.get("op") == "shutdown":
             out.send({"id": rid, "ok": True})
             return
-        worker.reply(rid, worker.handle, req)
+        if trace is None:
+            worker.reply(rid, worker.handle, req)
+        else:
+            with trace.request(req.get("op")):
+                worker.reply(rid, worker.handle, req)
         if req.get("op") == "step":
             timing.step(read, time.perf_counter())

@@ -50,6 +50,10 @@ class Settings:
     tp_oneshot: on CUDA, tensor-parallel all-reduces of up to
     tp.OneShot.LIMIT bytes run over peer memory (tp.py), not NCCL.
     profile: the worker profiles itself and logs the profile at exit.
+    trace_dir: where the worker writes a device trace of its steps under
+    load ("": none; trace.py): torch's profiler records trace_steps steps
+    (0: 200) after the first trace_skip, written as trace-<pid>.json.gz
+    with a summary (trace-<pid>.txt, logged too).
     step_tokens: the most tokens one step carries, which the worker sizes
     its prompt-step graphs for and reports (0: 4096 on CUDA; elsewhere the
     supervisor's default).
@@ -74,8 +78,16 @@ class Settings:
     tp_graphs: bool = True
     tp_oneshot: bool = True
     profile: bool = False
+    trace_dir: str = ""
+    trace_skip: int = 0
+    trace_steps: int = 0
     max_lookahead: int = 0
     step_tokens: int = 0
+
+    @property
+    def trace_length(self):
+        """trace_steps with its default applied."""
+        return self.trace_steps or 200
 
     @property
     def lookahead_limit(self):
@@ -123,4 +135,7 @@ def parse(text):
         out[key] = float(v) if kind is float else v
     if out.get("lora_plan", "auto") not in LORA_PLANS:
         raise SettingsError("settings: lora_plan %r, want one of %s" % (out["lora_plan"], ", ".join(LORA_PLANS)))
+    for key in ("trace_skip", "trace_steps"):
+        if out.get(key, 0) < 0:
+            raise SettingsError("settings: %s %d, want 0 or more" % (key, out[key]))
     return Settings(**out)

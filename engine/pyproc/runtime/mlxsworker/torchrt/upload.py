@@ -6,6 +6,7 @@ import time
 import torch
 
 from ..timing import device_wait
+from ..trace import span
 
 
 def to_device(values, dev, dtype=torch.long):
@@ -41,7 +42,8 @@ class HostCopy:
         """The tensors as host lists."""
         if self.event is not None:
             t0 = time.perf_counter()
-            self.event.synchronize()
+            with span("worker.device_wait"):
+                self.event.synchronize()
             device_wait(time.perf_counter() - t0)
         return [h.tolist() for h in self.host]
 

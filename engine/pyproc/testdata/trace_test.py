@@ -1,0 +1,118 @@
+"""The worker's device trace (mlxsworker/trace.py) on the CPU:
+
+- summarize() over a made-up trace with kernels: the busy share is the
+  union of the kernels (overlaps counted once, clipped to the steps'
+  window), every idle gap falls under the phase open then (a wait for the
+  device inside a step under that wait, not the step), the gaps by length
+  add up, and the largest gap names the kernels on either side;
+- StepTrace on the CPU profiler: it records steps skip+1 to skip+steps of
+  a loop, annotated, writes trace-<pid>.json.gz and trace-<pid>.txt, and
+  records nothing before or after;
+- a directory it cannot write is refused with TraceError.
+
+  python3 trace_test.py RUNTIME_DIR
+
+Prints "N passed, 0 failed" or raises. Run by TestTraceSummary.
+"""
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[1])
+
+from mlxsworker import trace  # noqa: E402
+
+passed = 0
+
+
+def check(ok, what):
+    global passed
+    if not ok:
+        raise AssertionError(what)
+    passed += 1
+
+
+def ev(name, ts, dur, cat):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat}
+
+
+# Two steps (0-1000 and 1200-2000 us) with a wait for a request between
+# them (1000-1200) and a wait for the device inside the second (1500-1800).
+# Kernels: 0-300 and 200-600 overlap (busy 0-600), 650-1100, 1150-1500,
+# 1900-2100 (clipped at 2000), and one before the window (-100 to -50).
+# Idle: 600-650 (step, 50), 1100-1150 (wait, 50), 1500-1900 (device wait
+# 300 + step 100) = 500 us; busy 1500 of 2000.
+made = {"traceEvents": [
+    ev("worker.step", 0, 1000, "user_annotation"),
+    ev("worker.wait", 1000, 200, "user_annotation"),
+    ev("worker.step", 1200, 800, "user_annotation"),
+    ev("worker.device_wait", 1500, 300, "user_annotation"),
+    ev("worker.step", 0, 900, "gpu_user_annotation"),  # the device's copy of an annotation: not a phase
+    ev("early", -100, 50, "kernel"),
+    ev("gemm_a", 0, 300, "kernel"),
+    ev("gemm_b", 200, 400, "kernel"),
+    ev("Memcpy HtoD", 650, 450, "gpu_memcpy"),
+    ev("attention", 1150, 350, "kernel"),
+    ev("sample", 1900, 200, "kernel"),
+    ev("aten::mm", 10, 20, "cpu_op"),
+    {"ph": "i", "name": "worker.step", "ts": 5},  # not a complete event
+]}
+text = trace.summarize(made, "made")
+lines = text.split("\n")
+check(lines[0] == "device trace made: 2 steps over 2.0 ms", lines[0])
+check(lines[1].startswith("the device busy 1.5 ms, 75.0% of the window") and "idle 0.5 ms in 3 gaps" in lines[1], lines[1])
+check(lines[2] == "idle by gap length: 10-100 us 0.10 ms (2), 100 us-1 ms 0.40 ms (1)", lines[2])
+check(lines[3] == ("idle while the worker: waited for the device 0.30 ms (15.0% of the window), "
+                   "stepped (host work) 0.15 ms (7.5% of the window), waited for a request 0.05 ms (2.5% of the window)"), lines[3])
+check(lines[4].startswith("a gap of 0.400 ms at +1.5 ms, the worker waited for the device; after 'attention', before 'sample'"), lines[4])
+check(len(lines) == 7, "three gaps listed: %r" % lines)
+
+# Without device events, the phases' shares of the window.
+cpu = [e for e in made["traceEvents"] if e.get("cat") in ("user_annotation", None)]
+text = trace.summarize(cpu, "cpu")
+check("no device events (a CPU worker)" in text and "stepped (host work) 75.0%" in text and "waited for the device 15.0%" in text
+      and "waited for a request 10.0%" in text, text)
+check(trace.summarize([], "empty") == "device trace empty: no step recorded", "an empty trace")
+
+# The recorder on the CPU profiler: steps 3 to 6 of ten, each a torch op.
+import torch  # noqa: E402
+
+with tempfile.TemporaryDirectory() as d:
+    st = trace.StepTrace(os.path.join(d, "sub"), 2, 4)
+    ops = ["open"] + ["step"] * 10 + ["free"]
+    for i, op in enumerate(ops):
+        with st.waiting():
+            time.sleep(0.001)
+        with st.request(op):
+            torch.ones(8).sum()
+            if op == "step":
+                with trace.span("worker.device_wait"):
+                    time.sleep(0.0005)
+        check(trace._active[0] == (op == "step" and 2 <= i - 1 < 5), "recording at request %d (%s)" % (i, op))
+    st.close()
+    base = os.path.join(d, "sub", "trace-%d" % os.getpid())
+    with gzip.open(base + ".json.gz") as f:
+        got = trace._events(json.load(f))
+    names = [e["name"] for e in got]
+    check(names.count("worker.step") == 4 and names.count("worker.device_wait") == 4, "4 steps traced: %r" % sorted(set(names)))
+    check("worker.open" not in names and "worker.free" not in names, "nothing before or after the steps")
+    check(names.count("worker.wait") == 3, "the waits between the traced steps: %d" % names.count("worker.wait"))
+    check(not os.path.exists(base + ".json"), "the plain JSON removed")
+    with open(base + ".txt") as f:
+        summary = f.read()
+    check(summary.startswith("device trace trace-%d.json.gz: 4 steps" % os.getpid()) and "no device events" in summary, summary)
+
+    # A path under a file cannot be a directory.
+    blocker = os.path.join(d, "file")
+    open(blocker, "w").close()
+    try:
+        trace.StepTrace(os.path.join(blocker, "x"), 0, 1)
+        check(False, "a directory under a file accepted")
+    except trace.TraceError as e:
+        check("trace_dir" in str(e), str(e))
+
+print("%d passed, 0 failed" % passed)
