@@ -337,8 +337,8 @@ func TestTraceReachesWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(body), `"worker.step"`); n != 4 {
-		t.Errorf("the trace holds %d worker.step events, want 4", n)
+	if n := strings.Count(string(body), `"worker.step"`); n != 5 {
+		t.Errorf("the trace holds %d worker.step events, want 5 (4 and the warm-up step)", n)
 	}
 
 	file := filepath.Join(t.TempDir(), "file")

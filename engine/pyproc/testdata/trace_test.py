@@ -40,13 +40,15 @@ def ev(name, ts, dur, cat):
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat}
 
 
-# Two steps (0-1000 and 1200-2000 us) with a wait for a request between
-# them (1000-1200) and a wait for the device inside the second (1500-1800).
-# Kernels: 0-300 and 200-600 overlap (busy 0-600), 650-1100, 1150-1500,
-# 1900-2100 (clipped at 2000), and one before the window (-100 to -50).
+# The warm-up step (-300-0 us), left out; two steps (0-1000 and 1200-2000)
+# with a wait for a request between them (1000-1200) and a wait for the
+# device inside the second (1500-1800). Kernels: 0-300 and 200-600
+# overlap (busy 0-600), 650-1100, 1150-1500, 1900-2100 (clipped at 2000),
+# and one in the warm-up step, before the window (-100 to -50).
 # Idle: 600-650 (step, 50), 1100-1150 (wait, 50), 1500-1900 (device wait
 # 300 + step 100) = 500 us; busy 1500 of 2000.
 made = {"traceEvents": [
+    ev("worker.step", -300, 300, "user_annotation"),
     ev("worker.step", 0, 1000, "user_annotation"),
     ev("worker.wait", 1000, 200, "user_annotation"),
     ev("worker.step", 1200, 800, "user_annotation"),
@@ -76,9 +78,11 @@ cpu = [e for e in made["traceEvents"] if e.get("cat") in ("user_annotation", Non
 text = trace.summarize(cpu, "cpu")
 check("no device events (a CPU worker)" in text and "stepped (host work) 75.0%" in text and "waited for the device 15.0%" in text
       and "waited for a request 10.0%" in text, text)
-check(trace.summarize([], "empty") == "device trace empty: no step recorded", "an empty trace")
+for few in ([], made["traceEvents"][:1]):
+    check(trace.summarize(few, "few") == "device trace few: no step recorded past the warm-up step", "a trace of %d steps" % len(few))
 
-# The recorder on the CPU profiler: steps 3 to 6 of ten, each a torch op.
+# The recorder on the CPU profiler: steps 3 to 6 of ten, each a torch op,
+# behind the warm-up step 2.
 import torch  # noqa: E402
 
 with tempfile.TemporaryDirectory() as d:
@@ -92,15 +96,16 @@ with tempfile.TemporaryDirectory() as d:
             if op == "step":
                 with trace.span("worker.device_wait"):
                     time.sleep(0.0005)
-        check(trace._active[0] == (op == "step" and 2 <= i - 1 < 5), "recording at request %d (%s)" % (i, op))
+        check(trace._active[0] == (op == "step" and 2 <= i < 6), "recording at request %d (%s)" % (i, op))
     st.close()
     base = os.path.join(d, "sub", "trace-%d" % os.getpid())
     with gzip.open(base + ".json.gz") as f:
         got = trace._events(json.load(f))
     names = [e["name"] for e in got]
-    check(names.count("worker.step") == 4 and names.count("worker.device_wait") == 4, "4 steps traced: %r" % sorted(set(names)))
+    check(names.count("worker.step") == 5 and names.count("worker.device_wait") == 5, "4 steps and the warm-up traced: %r"
+          % sorted(set(names)))
     check("worker.open" not in names and "worker.free" not in names, "nothing before or after the steps")
-    check(names.count("worker.wait") == 3, "the waits between the traced steps: %d" % names.count("worker.wait"))
+    check(names.count("worker.wait") == 4, "the waits between the traced steps: %d" % names.count("worker.wait"))
     check(not os.path.exists(base + ".json"), "the plain JSON removed")
     with open(base + ".txt") as f:
         summary = f.read()

@@ -4,7 +4,10 @@ and what the worker was doing then.
 
 After trace_skip step requests, torch's profiler records the next
 trace_steps steps: the device's kernels and copies (CUDA), the host's torch
-ops, and the worker's own phases as annotations:
+ops, and the worker's own phases as annotations. It starts a step early
+(the step before the first traced one, or the first step when trace_skip
+is 0): the profiler's start-up lands in that step, which the summary
+leaves out. The annotations:
 
 - worker.wait: reading the next request line, i.e. waiting for the
   supervisor (the batcher's work, the pipes);
@@ -100,7 +103,8 @@ class StepTrace:
     @contextlib.contextmanager
     def request(self, op):
         step = op == "step"
-        if step and not self.done and self.prof is None and self.seen == self.skip:
+        # Step max(skip, 1) is the warm-up step the summary leaves out.
+        if step and not self.done and self.prof is None and self.seen == max(self.skip - 1, 0):
             self.prof = self._profile()
             self.prof.__enter__()
             _active[0] = True
@@ -108,7 +112,7 @@ class StepTrace:
             self.seen += 1
         with span("worker." + str(op)):
             yield
-        if step and self.prof is not None and self.seen == self.skip + self.steps:
+        if step and self.prof is not None and self.seen == max(self.skip, 1) + self.steps:
             self._finish()
 
     def close(self):
@@ -194,15 +198,17 @@ def _label(name):
 
 def summarize(trace, name="the trace"):
     """The summary of a worker's trace (the profiler's Chrome trace, as
-    loaded from JSON): see the module doc. Times in the trace are
-    microseconds."""
+    loaded from JSON): see the module doc. Its window runs from the end of
+    the first step (the warm-up step, where the profiler started) to the
+    end of the last. Times in the trace are microseconds."""
     evs = _events(trace)
     notes = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]) for e in evs
              if str(e.get("name", "")).startswith("worker.") and e.get("cat") != "gpu_user_annotation"]
     steps = sorted((s, e) for s, e, n in notes if n == "worker.step")
-    if not steps:
-        return "device trace %s: no step recorded" % name
-    lo, hi = steps[0][0], max(e for _, e in steps)
+    if len(steps) < 2:
+        return "device trace %s: no step recorded past the warm-up step" % name
+    lo, hi = steps[0][1], max(e for _, e in steps)
+    steps = steps[1:]
     window = hi - lo
     lines = ["device trace %s: %d steps over %.1f ms" % (name, len(steps), window / 1e3)]
     phases = _phases(notes, lo, hi)
