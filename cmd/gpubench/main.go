@@ -27,7 +27,7 @@
 // device trace of its steps there and a summary of its idle gaps and what
 // the worker did in them (pyproc.Tuning.TraceDir):
 //
-//	gpubench -serving -shape llama1b -dir /tmp/llama1b -server bin/server -loadgen bin/loadgen -loads c256:1024 -- -trace-dir /tmp/trace -trace-skip 3000
+//	gpubench -serving -shape llama1b -dir /tmp/llama1b -server bin/server -loadgen bin/loadgen -loads c256:1024 -- -trace-dir /tmp/trace -trace-skip 200
 //
 // With -quant it measures a quantized checkpoint of the shape instead
 // (testmodel's layouts: fp8, fp8-channel, awq, gptq, written into -dir; or
