@@ -4,10 +4,12 @@
   union of the kernels (overlaps counted once, clipped to the steps'
   window), every idle gap falls under the phase open then (a wait for the
   device inside a step under that wait, not the step), the gaps by length
-  add up, and the largest gap names the kernels on either side;
+  add up, copies in the gaps are counted (not as busy), the warm-up step
+  is left out, and the largest gap names the kernels on either side;
 - StepTrace on the CPU profiler: it records steps skip+1 to skip+steps of
-  a loop, annotated, writes trace-<pid>.json.gz and trace-<pid>.txt, and
-  records nothing before or after;
+  a loop and the warm-up step before them, annotated, writes
+  trace-<pid>.json.gz and trace-<pid>.txt, and records nothing before or
+  after;
 - a directory it cannot write is refused with TraceError.
 
   python3 trace_test.py RUNTIME_DIR
@@ -44,7 +46,8 @@ def ev(name, ts, dur, cat):
 # with a wait for a request between them (1000-1200) and a wait for the
 # device inside the second (1500-1800). Kernels: 0-300 and 200-600
 # overlap (busy 0-600), 650-1100, 1150-1500, 1900-2100 (clipped at 2000),
-# and one in the warm-up step, before the window (-100 to -50).
+# and one in the warm-up step, before the window (-100 to -50); a copy in
+# an idle gap (1600-1650) and one beside a kernel (1400-1450).
 # Idle: 600-650 (step, 50), 1100-1150 (wait, 50), 1500-1900 (device wait
 # 300 + step 100) = 500 us; busy 1500 of 2000.
 made = {"traceEvents": [
@@ -57,7 +60,9 @@ made = {"traceEvents": [
     ev("early", -100, 50, "kernel"),
     ev("gemm_a", 0, 300, "kernel"),
     ev("gemm_b", 200, 400, "kernel"),
-    ev("Memcpy HtoD", 650, 450, "gpu_memcpy"),
+    ev("copy_rows", 650, 450, "kernel"),
+    ev("Memcpy HtoD", 1600, 50, "gpu_memcpy"),  # the SMs idle meanwhile
+    ev("Memset", 1400, 50, "gpu_memset"),  # beside a kernel
     ev("attention", 1150, 350, "kernel"),
     ev("sample", 1900, 200, "kernel"),
     ev("aten::mm", 10, 20, "cpu_op"),
@@ -66,7 +71,7 @@ made = {"traceEvents": [
 text = trace.summarize(made, "made")
 lines = text.split("\n")
 check(lines[0] == "device trace made: 2 steps over 2.0 ms", lines[0])
-check(lines[1].startswith("the device busy 1.5 ms, 75.0% of the window") and "idle 0.5 ms in 3 gaps" in lines[1], lines[1])
+check(lines[1] == "the device busy 1.5 ms, 75.0% of the window (its kernels); idle 0.5 ms in 3 gaps, 0.05 ms of it copying", lines[1])
 check(lines[2] == "idle by gap length: 10-100 us 0.10 ms (2), 100 us-1 ms 0.40 ms (1)", lines[2])
 check(lines[3] == ("idle while the worker: waited for the device 0.30 ms (15.0% of the window), "
                    "stepped (host work) 0.15 ms (7.5% of the window), waited for a request 0.05 ms (2.5% of the window)"), lines[3])

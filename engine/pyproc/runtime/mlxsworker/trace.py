@@ -18,8 +18,9 @@ leaves out. The annotations:
 
 It then writes trace-<pid>.json.gz (a Chrome trace: Perfetto and
 chrome://tracing open it) and trace-<pid>.txt, a summary logged as well:
-the device's busy share of the traced window (the union of its kernels and
-copies, as nvidia-smi's utilization counts them), its idle gaps by length,
+the device's busy share of the traced window (the union of its kernels, as
+nvidia-smi's utilization counts them; copies are reported beside), its
+idle gaps by length,
 which phase each idle microsecond fell in, and the largest gaps with the
 kernels on either side. The CPU backend has no device events: its summary
 gives the phases' shares alone.
@@ -46,8 +47,11 @@ log = logging.getLogger("trace")
 # Set while the profiler records; span() costs nothing otherwise.
 _active = [False]
 
-# The Chrome trace's categories of the device's own work.
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# The Chrome trace's categories of the device's own work: kernels, which
+# nvidia-smi's utilization counts and the busy share is made of, and
+# copies, run by the copy engines while the SMs may idle.
+KERNEL_CATS = ("kernel",)
+COPY_CATS = ("gpu_memcpy", "gpu_memset")
 
 # Which phase an idle moment counts under when annotations nest or meet:
 # a wait for the device inside a step is that wait, not the step.
@@ -165,6 +169,19 @@ def _merge(intervals):
     return out
 
 
+def _overlap(a, b):
+    """The time two sorted lists of disjoint intervals share."""
+    out, j = 0.0, 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            out += max(0.0, min(e, b[k][1]) - max(s, b[k][0]))
+            k += 1
+    return out
+
+
 def _phases(notes, lo, hi):
     """The worker's phase at each moment of [lo, hi]: disjoint segments
     (start, end, name) from its annotations, the highest priority where
@@ -213,7 +230,8 @@ def summarize(trace, name="the trace"):
     lines = ["device trace %s: %d steps over %.1f ms" % (name, len(steps), window / 1e3)]
     phases = _phases(notes, lo, hi)
     kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "?")) for e in evs
-                     if e.get("cat") in DEVICE_CATS)
+                     if e.get("cat") in KERNEL_CATS)
+    copies = _merge((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in evs if e.get("cat") in COPY_CATS)
     if not kernels:
         share = {}
         for s, e, p in phases:
@@ -231,8 +249,9 @@ def summarize(trace, name="the trace"):
     if at < hi:
         gaps.append((at, hi))
     idle = window - busy_t
-    lines.append("the device busy %.1f ms, %.1f%% of the window (its kernels and copies); idle %.1f ms in %d gaps"
-                 % (busy_t / 1e3, 100 * busy_t / window, idle / 1e3, len(gaps)))
+    copying = _overlap(gaps, copies)
+    lines.append("the device busy %.1f ms, %.1f%% of the window (its kernels); idle %.1f ms in %d gaps, %.2f ms of it copying"
+                 % (busy_t / 1e3, 100 * busy_t / window, idle / 1e3, len(gaps), copying / 1e3))
     by_len = [[0, 0.0] for _ in LENGTHS]
     for s, e in gaps:
         i = next(k for k, (top, _) in enumerate(LENGTHS) if e - s < top)
