@@ -40,6 +40,7 @@ func keyedFixture(t *testing.T, extra ...openai.Key) *fixture {
 	return newFixture(t, fixtureOpts{handler: []openai.Option{
 		openai.WithAPIKeys(keys...),
 		openai.WithMetricsHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("metrics\n")) })),
+		openai.WithTraceHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}\n")) })),
 	}})
 }
 
@@ -134,6 +135,16 @@ func TestAPIKeyRoutes(t *testing.T) {
 	for _, c := range cases {
 		if got := get(c.path, c.key); got != c.status {
 			t.Errorf("GET %s with key %q: %d, want %d", c.path, c.key, got, c.status)
+		}
+	}
+	// A device trace stalls the engine: admin keys only, as /metrics.
+	for key, want := range map[string]int{"": 401, normalKey: 403, adminKey: 200} {
+		var h []string
+		if key != "" {
+			h = bearer(key)
+		}
+		if status, _, body := f.post(t, "/debug/trace", "", h...); status != want {
+			t.Errorf("POST /debug/trace with key %q: %d %s, want %d", key, status, body, want)
 		}
 	}
 }

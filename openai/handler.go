@@ -72,6 +72,7 @@ var routes = map[string]route{
 	"/health":                 {"health", http.MethodGet, (*Handler).health, accessOpen},
 	"/ready":                  {"ready", http.MethodGet, (*Handler).readyz, accessOpen},
 	"/metrics":                {"metrics", http.MethodGet, (*Handler).metricsz, accessAdmin},
+	"/debug/trace":            {"trace", http.MethodPost, (*Handler).tracez, accessAdmin},
 }
 
 // ServeHTTP routes r to its endpoint.
@@ -127,6 +128,14 @@ func (h *Handler) metricsz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.cfg.metricsHandler.ServeHTTP(w, r)
+}
+
+func (h *Handler) tracez(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.traceHandler == nil {
+		writeError(w, newAPIError(http.StatusNotFound, typeNotFound, "", "unknown_url", "device traces are not served here"))
+		return
+	}
+	h.cfg.traceHandler.ServeHTTP(w, r)
 }
 
 func (h *Handler) chatCompletions(w http.ResponseWriter, r *http.Request) {

@@ -238,6 +238,9 @@ func TestEndpoints(t *testing.T) {
 			metricsHit = true
 			_, _ = w.Write([]byte("# metrics\n"))
 		})),
+		openai.WithTraceHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte(`{"steps":"` + r.URL.Query().Get("steps") + `"}`))
+		})),
 	}})
 	cases := []struct {
 		path   string
@@ -261,6 +264,12 @@ func TestEndpoints(t *testing.T) {
 	}
 	if !metricsHit {
 		t.Error("/metrics did not reach the metrics handler")
+	}
+	if status, body := f.get(t, "/debug/trace"); status != 405 {
+		t.Errorf("GET /debug/trace: %d %s, want 405", status, body)
+	}
+	if status, _, body := f.post(t, "/debug/trace?steps=7", ""); status != 200 || string(body) != `{"steps":"7"}` {
+		t.Errorf("POST /debug/trace: %d %s, want the trace handler's answer", status, body)
 	}
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -300,6 +309,9 @@ func TestNotReadyWithoutModels(t *testing.T) {
 	}
 	if status, _ := f.get(t, "/metrics"); status != 404 {
 		t.Fatalf("/metrics without a handler: %d", status)
+	}
+	if status, _, body := f.post(t, "/debug/trace", ""); status != 404 || errCode(t, body) != "unknown_url" {
+		t.Fatalf("/debug/trace without a handler: %d %s", status, body)
 	}
 	f2 := newFixture(t, fixtureOpts{handler: []openai.Option{openai.WithReadyCheck(func(context.Context) error { return errors.New("warming up") })}})
 	if status, body := f2.get(t, "/ready"); status != 503 || !strings.Contains(string(body), "warming up") {

@@ -21,6 +21,7 @@ type config struct {
 	maxBody        int64
 	defaultMax     int
 	metricsHandler http.Handler
+	traceHandler   http.Handler
 	ready          func(context.Context) error
 	keys           []*grant // API keys; none: the handler serves anyone
 }
@@ -103,6 +104,21 @@ func WithMetricsHandler(h http.Handler) Option {
 			return errors.New("metrics handler is nil")
 		}
 		c.metricsHandler = h
+		return nil
+	}
+}
+
+// WithTraceHandler serves h on POST /debug/trace, behind the same keys as
+// /metrics (with API keys, an admin key): a server's on-demand device
+// trace of its engine's next steps, as vLLM's and SGLang's /start_profile
+// (examples/server wires it to pyproc.Engine.Trace). Without it
+// /debug/trace answers 404.
+func WithTraceHandler(h http.Handler) Option {
+	return func(c *config) error {
+		if h == nil {
+			return errors.New("trace handler is nil")
+		}
+		c.traceHandler = h
 		return nil
 	}
 }

@@ -47,6 +47,9 @@ type reply struct {
 	// Embeddings: per sampling input, a pooled sequence's vector (base64
 	// of little-endian float32), null for a generating input.
 	Embeddings []*string `json:"embeddings"`
+	// A device trace's files and summary (the trace op).
+	File    string `json:"file"`
+	Summary string `json:"summary"`
 
 	Protocol int            `json:"protocol"`
 	Backend  string         `json:"backend"`

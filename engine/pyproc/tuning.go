@@ -106,14 +106,15 @@ type Tuning struct {
 	// TraceSteps steps after the first TraceSkip, the device's kernels and
 	// copies (CUDA) beside the worker's phases (waiting for a request,
 	// handling one, waiting for the device), written as
-	// trace-<pid>.json.gz, a Chrome trace that Perfetto opens, with a
-	// summary in trace-<pid>.txt that the worker also logs: the device's
+	// trace-<pid>-<n>.json.gz, a Chrome trace that Perfetto opens, with a
+	// summary in trace-<pid>-<n>.txt that the worker also logs: the device's
 	// busy share of the traced steps, its idle gaps by length, the phase
 	// each idle moment fell in, and the largest gaps. A worker that cannot
 	// trace (no torch, a directory it cannot write) fails to start. The
 	// host's work is slower while it records, and the load stalls as the
 	// trace ends, for as long as the profiler takes to stop (seconds; it
-	// grows with the host ops recorded): for diagnosis.
+	// grows with the host ops recorded): for diagnosis. Engine.Trace takes
+	// one on demand instead.
 	TraceDir string
 	// TraceSkip is the step requests a worker serves before its trace
 	// starts (TraceDir), to pass a load's warm-up.

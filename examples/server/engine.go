@@ -87,7 +87,7 @@ func openPyproc(ctx context.Context, o options, log *slog.Logger) (engine.Engine
 	// sizes the batcher's.
 	opts = append(opts, pyproc.WithTuning(pyproc.Tuning{KVFraction: o.kvFraction, BlockSize: o.blockSize, DenseLoRA: o.loraDense,
 		NoLoRASideStream: o.loraNoSideStream, StepTokens: max(o.tokenBudget, 0),
-		TraceDir: o.traceDir, TraceSkip: o.traceSkip, TraceSteps: o.traceSteps}))
+		TraceDir: startupTrace(o), TraceSkip: o.traceSkip, TraceSteps: o.traceSteps}))
 	return pyproc.New(ctx, opts...)
 }
 
@@ -135,4 +135,14 @@ func newMetrics() (*sdkmetric.MeterProvider, http.Handler, prometheus.Registerer
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
 	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), reg, nil
+}
+
+// startupTrace is Tuning.TraceDir: -trace-dir where -trace-steps asks for
+// a trace from start-up, else none (the directory then serves
+// /debug/trace alone).
+func startupTrace(o options) string {
+	if o.traceSteps > 0 {
+		return o.traceDir
+	}
+	return ""
 }

@@ -157,9 +157,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.blockSize, "block-size", 0, "python engine: tokens a block of the paged KV pool holds (default 16)")
 	fs.BoolVar(&o.loraDense, "lora-dense", false, "python engine: LoRA deltas over every adapter slot at once, not the segmented Triton kernels that CUDA runs by default (pyproc.Tuning.DenseLoRA)")
 	fs.BoolVar(&o.loraNoSideStream, "lora-no-side-stream", false, "python engine: each projection's LoRA shrink on the step's own CUDA stream, not on a second one beside the base projection (pyproc.Tuning.NoLoRASideStream)")
-	fs.StringVar(&o.traceDir, "trace-dir", "", "python engine: each worker writes a device trace of -trace-steps steps to this directory, after -trace-skip steps: trace-PID.json.gz (Perfetto opens it) and a summary, trace-PID.txt, of where the GPU idled (pyproc.Tuning.TraceDir; slows the traced steps; for diagnosis)")
-	fs.IntVar(&o.traceSkip, "trace-skip", 0, "python engine, with -trace-dir: steps each worker serves before its trace starts")
-	fs.IntVar(&o.traceSteps, "trace-steps", 200, "python engine, with -trace-dir: steps the trace records")
+	fs.StringVar(&o.traceDir, "trace-dir", "", "python engine: where device traces go, trace-PID-N.json.gz (Perfetto opens it) beside a summary, trace-PID-N.txt, of where the GPU idled; serves POST /debug/trace?steps=N (admin key), which traces every worker's next N steps and answers with the summaries (pyproc.Engine.Trace; slows the traced steps; for diagnosis)")
+	fs.IntVar(&o.traceSkip, "trace-skip", 0, "python engine, with -trace-dir and -trace-steps: steps each worker serves before its start-up trace")
+	fs.IntVar(&o.traceSteps, "trace-steps", 0, "python engine, with -trace-dir: each worker traces this many steps from start-up, past -trace-skip (pyproc.Tuning.TraceDir; 0: none but on request)")
 	gpus := fs.String("gpus", "", "python engine: CUDA device ids, e.g. 0,1,2,3; with -tp 2 two replicas (0,1 and 2,3) serve behind one engine (default: one worker on the devices the process sees)")
 	o.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -197,6 +197,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.adapterSlots < 0 || o.adapterRank < 0 {
 		return o, fmt.Errorf("-lora-slots %d, -max-lora-rank %d: want 0 (the engine's default) or more", o.adapterSlots, o.adapterRank)
+	}
+	if o.traceSteps < 0 || o.traceSkip < 0 || (o.traceSteps > 0 || o.traceSkip > 0) && o.traceDir == "" {
+		return o, fmt.Errorf("-trace-steps %d, -trace-skip %d: want 0 or more, and -trace-dir", o.traceSteps, o.traceSkip)
 	}
 	if err := o.cluster.check(); err != nil {
 		return o, err
@@ -261,8 +264,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, listening chan<- 
 		return err
 	}
 	defer pws.stop()
-	h, err := openai.New(rs.front(), append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp),
-		openai.WithMetricsHandler(metricsHandler), openai.WithReadyCheck(pws.checkReady)}, keyOpts...)...)
+	hopts := append([]openai.Option{openai.WithLogger(log), openai.WithMeterProvider(mp),
+		openai.WithMetricsHandler(metricsHandler), openai.WithReadyCheck(pws.checkReady)}, keyOpts...)
+	if o.traceDir != "" {
+		engines, err := pythonEngines(rs.engines)
+		if err != nil {
+			return err
+		}
+		hopts = append(hopts, openai.WithTraceHandler(traceHandler(engines, o.traceDir)))
+	}
+	h, err := openai.New(rs.front(), hopts...)
 	if err != nil {
 		return err
 	}

@@ -6,11 +6,12 @@
   device inside a step under that wait, not the step), the gaps by length
   add up, copies in the gaps are counted (not as busy), the warm-up step
   is left out, and the largest gap names the kernels on either side;
-- StepTrace on the CPU profiler: it records steps skip+1 to skip+steps of
-  a loop and the warm-up step before them, annotated, writes
-  trace-<pid>.json.gz and trace-<pid>.txt, and records nothing before or
-  after;
-- a directory it cannot write is refused with TraceError.
+- StepTrace on the CPU profiler: armed, it records steps skip+1 to
+  skip+steps of a loop and the warm-up step before them, annotated,
+  writes trace-<pid>-<n>.json.gz and .txt, records nothing before or
+  after, and answers the request that armed it; one trace at a time;
+  ended early it writes what it has, and armed again it numbers on;
+- a directory it cannot write, or no steps, is refused with TraceError.
 
   python3 trace_test.py RUNTIME_DIR
 
@@ -90,8 +91,24 @@ for few in ([], made["traceEvents"][:1]):
 # behind the warm-up step 2.
 import torch  # noqa: E402
 
+class Out:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, obj):
+        self.sent.append(obj)
+
+
 with tempfile.TemporaryDirectory() as d:
-    st = trace.StepTrace(os.path.join(d, "sub"), 2, 4)
+    out = Out()
+    st = trace.StepTrace(out)
+    base = st.arm(os.path.join(d, "sub"), 2, 4, rid=17)
+    check(base == os.path.join(d, "sub", "trace-%d-1" % os.getpid()), base)
+    try:
+        st.arm(d, 0, 1)
+        check(False, "a second trace armed beside the first")
+    except trace.TraceError as e:
+        check("under way" in str(e) and e.code == "invalid_value", str(e))
     ops = ["open"] + ["step"] * 10 + ["free"]
     for i, op in enumerate(ops):
         with st.waiting():
@@ -102,8 +119,7 @@ with tempfile.TemporaryDirectory() as d:
                 with trace.span("worker.device_wait"):
                     time.sleep(0.0005)
         check(trace._active[0] == (op == "step" and 2 <= i < 6), "recording at request %d (%s)" % (i, op))
-    st.close()
-    base = os.path.join(d, "sub", "trace-%d" % os.getpid())
+        check(st.armed == (i < 6), "armed after request %d" % i)
     with gzip.open(base + ".json.gz") as f:
         got = trace._events(json.load(f))
     names = [e["name"] for e in got]
@@ -114,15 +130,36 @@ with tempfile.TemporaryDirectory() as d:
     check(not os.path.exists(base + ".json"), "the plain JSON removed")
     with open(base + ".txt") as f:
         summary = f.read()
-    check(summary.startswith("device trace trace-%d.json.gz: 4 steps" % os.getpid()) and "no device events" in summary, summary)
+    check(summary.startswith("device trace trace-%d-1.json.gz: 4 steps" % os.getpid()) and "no device events" in summary, summary)
+    check(len(out.sent) == 1 and out.sent[0] == {"id": 17, "ok": True, "file": base + ".json.gz", "summary": summary.rstrip("\n")},
+          "the request answered once written: %r" % out.sent)
 
-    # A path under a file cannot be a directory.
+    # Armed again, ended after two steps (the warm-up and one): written,
+    # numbered on; ended before its first step: answered, nothing written.
+    base = st.arm(d, 0, 50, rid=18)
+    check(base.endswith("trace-%d-2" % os.getpid()), base)
+    for op in ("step", "step"):
+        with st.request(op):
+            torch.ones(8).sum()
+    st.finish()
+    check(not st.armed and not trace._active[0] and os.path.exists(base + ".json.gz"), "ended early")
+    check(out.sent[-1]["id"] == 18 and out.sent[-1]["summary"].startswith("device trace trace-%d-2.json.gz: 1 step over" % os.getpid()),
+          out.sent[-1])
+    base = st.arm(d, 5, 10, rid=19)
+    st.finish()
+    check(out.sent[-1] == {"id": 19, "ok": True, "summary": "device trace trace-%d-3: stopped before its first step" % os.getpid()}
+          and not os.path.exists(base + ".json.gz"), out.sent[-1])
+    st.finish()  # nothing armed: nothing sent
+    check(len(out.sent) == 3, "answers %d" % len(out.sent))
+
+    # A path under a file cannot be a directory; nothing is armed.
     blocker = os.path.join(d, "file")
     open(blocker, "w").close()
-    try:
-        trace.StepTrace(os.path.join(blocker, "x"), 0, 1)
-        check(False, "a directory under a file accepted")
-    except trace.TraceError as e:
-        check("trace_dir" in str(e), str(e))
+    for args in ((os.path.join(blocker, "x"), 0, 1), (d, 0, 0), (d, -1, 5)):
+        try:
+            st.arm(*args)
+            check(False, "armed with %r" % (args,))
+        except trace.TraceError as e:
+            check(("trace_dir" in str(e) or "want 1 step" in str(e)) and not st.armed, str(e))
 
 print("%d passed, 0 failed" % passed)

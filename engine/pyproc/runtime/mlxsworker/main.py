@@ -88,10 +88,10 @@ def main():
             guard = backend.join(tp, lambda out, hb: Worker(out, hb, backend, args.faults))
         except Exception as e:  # no group: the worker cannot serve
             refuse(out, hello, UNAVAILABLE, "tensor parallel %d: %s" % (args.tp, e))
-    trace = None
+    tracer = StepTrace(out)
     if settings.trace_dir:
         try:
-            trace = StepTrace(settings.trace_dir, settings.trace_skip, settings.trace_length)
+            tracer.arm(settings.trace_dir, settings.trace_skip, settings.trace_length)
         except TraceError as e:
             refuse(out, hello, UNAVAILABLE, str(e))
     hello.update({"backend": backend.name, "versions": backend.versions(), "capabilities": backend.capabilities(),
@@ -101,18 +101,18 @@ def main():
     hb = Heartbeat(out, args.heartbeat, timing)
     hb.start()
     worker = Worker(out, hb, backend, args.faults)
+    worker.tracer = tracer
     if guard is not None:  # every request goes to the follower ranks first
         worker.handle = guard(worker.handle)
     if settings.profile:  # diagnosis: where the worker's time goes
         import cProfile
         import pstats
         prof = cProfile.Profile()
-        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line, timing, trace)
+        prof.runcall(serve, sys.stdin.buffer, out, worker, args.max_line, timing)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(35)
     else:
-        serve(sys.stdin.buffer, out, worker, args.max_line, timing, trace)
-    if trace is not None:
-        trace.close()
+        serve(sys.stdin.buffer, out, worker, args.max_line, timing)
+    tracer.finish()  # a trace still recording is written
     # Every reply is flushed (Out.raw): exit now rather than wait for the
     # interpreter's finalisation, which takes over a second once torch is
     # imported and would keep the supervisor's shutdown waiting.

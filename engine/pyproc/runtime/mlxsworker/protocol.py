@@ -15,6 +15,10 @@ import traceback
 from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, NOT_RUN, OUT_OF_MEMORY, TOO_LARGE,
                      CheckpointError, ProtocolError)
 from .timing import StepTiming
+from .trace import StepTrace, TraceError
+
+# What a handler returns for a request it answers later itself (trace).
+DEFERRED = object()
 
 log = logging.getLogger("worker")
 
@@ -81,6 +85,7 @@ class Worker:
         self.unfed = {}
         self.last_step = {}
         self.step_delay = 0.0
+        self.tracer = StepTrace(out)
 
     def model(self, req):
         m = self.models.get(req.get("model"))
@@ -184,6 +189,26 @@ class Worker:
     def stats(self, req):
         return {"models": {k: m.stats() for k, m in self.models.items()}}
 
+    def trace(self, req):
+        """Arms a device trace of the next "steps" steps past "skip" into
+        "dir" (trace.py), answered once it is written with its "file" and
+        "summary"; "stop": true ends the armed trace now (its request is
+        answered with what it recorded) and is answered at once."""
+        if req.get("stop"):
+            self.tracer.finish()
+            return {}
+        d, steps, skip = req.get("dir"), req.get("steps", 200), req.get("skip", 0)
+        if not isinstance(d, str) or not d:
+            raise ProtocolError(INVALID, "trace: dir: want a directory, got %r" % (d,))
+        for k, v in (("steps", steps), ("skip", skip)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ProtocolError(INVALID, "trace: %s: want an integer, got %r" % (k, v))
+        try:
+            self.tracer.arm(d, skip, steps, rid=req["id"])
+        except TraceError as e:
+            raise ProtocolError(e.code, str(e))
+        return DEFERRED
+
     @staticmethod
     def pool(m, r):
         """Adds the model's free KV blocks and the saved keys it evicted
@@ -222,6 +247,8 @@ class Worker:
     def reply(self, rid, fn, req):
         try:
             r = fn(req)
+            if r is DEFERRED:
+                return
             r["id"] = rid
             r["ok"] = True
             self.out.send(r)
@@ -378,20 +405,22 @@ def note_sampled(unfed, batch, res):
 
 
 Worker.OPS = {"step": Worker.step, "open": Worker.open, "drop": Worker.drop, "free": Worker.free, "load": Worker.load,
-              "unload": Worker.unload, "warm": Worker.warm, "adapter": Worker.adapter, "stats": Worker.stats, "fault": Worker.fault}
+              "unload": Worker.unload, "warm": Worker.warm, "adapter": Worker.adapter, "stats": Worker.stats, "fault": Worker.fault,
+              "trace": Worker.trace}
 
 
-def serve(inp, out, worker, max_line, timing=None, trace=None):
+def serve(inp, out, worker, max_line, timing=None):
     """The protocol loop: reads requests from inp until it closes or a
     shutdown comes, each handled by worker. timing: the step cycle's
-    sums (timing.StepTiming); trace: a trace.StepTrace recording steps,
-    or None."""
+    sums (timing.StepTiming). While worker.tracer is armed, the loop's
+    phases are annotated for it (trace.py)."""
     timing = timing or StepTiming()
+    tracer = worker.tracer
     while True:
-        if trace is None:
+        if not tracer.armed:
             line = inp.readline(max_line + 1)
         else:
-            with trace.waiting():
+            with tracer.waiting():
                 line = inp.readline(max_line + 1)
         read = time.perf_counter()
         if not line:
@@ -411,10 +440,10 @@ def serve(inp, out, worker, max_line, timing=None, trace=None):
         if req.get("op") == "shutdown":
             out.send({"id": rid, "ok": True})
             return
-        if trace is None:
+        if not tracer.armed:
             worker.reply(rid, worker.handle, req)
         else:
-            with trace.request(req.get("op")):
+            with tracer.request(req.get("op")):
                 worker.reply(rid, worker.handle, req)
         if req.get("op") == "step":
             timing.step(read, time.perf_counter())

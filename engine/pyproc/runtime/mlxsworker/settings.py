@@ -52,8 +52,8 @@ class Settings:
     profile: the worker profiles itself and logs the profile at exit.
     trace_dir: where the worker writes a device trace of its steps under
     load ("": none; trace.py): torch's profiler records trace_steps steps
-    (0: 200) after the first trace_skip, written as trace-<pid>.json.gz
-    with a summary (trace-<pid>.txt, logged too).
+    (0: 200) after the first trace_skip, written as trace-<pid>-<n>.json.gz
+    with a summary (trace-<pid>-<n>.txt, logged too).
     step_tokens: the most tokens one step carries, which the worker sizes
     its prompt-step graphs for and reports (0: 4096 on CUDA; elsewhere the
     supervisor's default).

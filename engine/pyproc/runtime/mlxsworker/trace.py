@@ -1,13 +1,14 @@
-"""A device trace of a worker's steps under load (settings trace_dir,
-trace_skip, trace_steps): where the device idles while the worker serves,
-and what the worker was doing then.
+"""A device trace of a worker's steps under load: where the device idles
+while the worker serves, and what the worker was doing then. Armed at
+start-up (settings trace_dir, trace_skip, trace_steps) or by a trace
+request (PROTOCOL.md), one at a time.
 
-After trace_skip step requests, torch's profiler records the next
-trace_steps steps: the device's kernels and copies (CUDA), the host's torch
-ops, and the worker's own phases as annotations. It starts a step early
-(the step before the first traced one, or the first step when trace_skip
-is 0): the profiler's start-up lands in that step, which the summary
-leaves out. The annotations:
+After skip step requests, torch's profiler records the next steps steps:
+the device's kernels and copies (CUDA), the host's torch ops, and the
+worker's own phases as annotations. It starts a step early (the step
+before the first traced one, or the first step when skip is 0): the
+profiler's start-up lands in that step, which the summary leaves out.
+The annotations:
 
 - worker.wait: reading the next request line, i.e. waiting for the
   supervisor (the batcher's work, the pipes);
@@ -16,13 +17,13 @@ leaves out. The annotations:
 - worker.device_wait: inside a step, the host blocked on the device's
   results (torchrt's HostCopy).
 
-It then writes trace-<pid>.json.gz (a Chrome trace: Perfetto and
-chrome://tracing open it) and trace-<pid>.txt, a summary logged as well:
+It then writes trace-<pid>-<n>.json.gz (a Chrome trace: Perfetto and
+chrome://tracing open it) and trace-<pid>-<n>.txt, a summary logged as well:
 the device's busy share of the traced window (the union of its kernels, as
 nvidia-smi's utilization counts them; copies are reported beside), its
-idle gaps by length,
-which phase each idle microsecond fell in, and the largest gaps with the
-kernels on either side. The CPU backend has no device events: its summary
+idle gaps by length, which phase each idle microsecond fell in, and the
+largest gaps with the kernels on either side; then answers the request
+that armed it with the file and the summary. The CPU backend has no device events: its summary
 gives the phases' shares alone.
 
 Recording the host's ops costs host time (a few microseconds an op), so a
@@ -41,6 +42,8 @@ import logging
 import os
 import shutil
 import time
+
+from .errors import INTERNAL, INVALID, UNAVAILABLE
 
 log = logging.getLogger("trace")
 
@@ -61,8 +64,12 @@ LENGTHS = ((10.0, "under 10 us"), (100.0, "10-100 us"), (1000.0, "100 us-1 ms"),
 
 
 class TraceError(Exception):
-    """The trace cannot be taken: no torch profiler, a directory that
-    cannot be written."""
+    """The trace cannot be taken: no torch profiler (code unavailable), a
+    directory that cannot be written, a trace under way (invalid_value)."""
+
+    def __init__(self, message, code=INVALID):
+        super().__init__(message)
+        self.code = code
 
 
 def span(name):
@@ -74,20 +81,34 @@ def span(name):
 
 
 class StepTrace:
-    """Records steps skip+1 to skip+steps of the protocol loop (see the
-    module doc). The loop calls waiting() around reading a request line
-    and request(op) around handling one."""
+    """A worker's traces of its protocol loop's steps (see the module doc):
+    one at a time, armed at start-up (settings trace_dir) or by a trace
+    request, whose reply it sends when the trace is written. The loop
+    calls waiting() around reading a request line and request(op) around
+    handling one while armed is true."""
 
-    def __init__(self, directory, skip, steps):
-        self.directory, self.skip, self.steps = directory, skip, steps
-        self.seen = 0  # step requests so far
+    def __init__(self, out=None):
+        self.out = out  # where a trace request's reply goes
+        self.armed = False  # a trace waits for its steps or records them
+        self.taken = 0  # traces armed so far, numbering their files
         self.prof = None
-        self.done = False
+        self.rid = None  # the trace request to answer, if any
+
+    def arm(self, directory, skip, steps, rid=None):
+        """Arms a trace of steps skip+1 to skip+steps (and the warm-up step
+        before them) into directory; returns the path its files start
+        with. rid: the request to answer once written. Raises TraceError
+        when a trace is armed already, torch's profiler is missing or the
+        directory cannot be written."""
+        if self.armed:
+            raise TraceError("a trace is under way (%s)" % self.base)
+        if steps < 1 or skip < 0:
+            raise TraceError("trace: steps %d, skip %d: want 1 step or more, 0 skipped or more" % (steps, skip))
         try:
             import torch
             from torch.profiler import ProfilerActivity, profile
         except ImportError as e:
-            raise TraceError("trace_dir: the trace needs torch's profiler: %s" % e)
+            raise TraceError("trace_dir: the trace needs torch's profiler: %s" % e, UNAVAILABLE)
         try:
             os.makedirs(directory, exist_ok=True)
             probe = os.path.join(directory, ".trace-%d" % os.getpid())
@@ -100,15 +121,23 @@ class StepTrace:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self._profile = lambda: profile(activities=activities)
+        self.taken += 1
+        self.base = os.path.join(directory, "trace-%d-%d" % (os.getpid(), self.taken))
+        self.skip, self.steps, self.seen, self.rid = skip, steps, 0, rid
+        self.armed = True
+        return self.base
 
     def waiting(self):
         return span("worker.wait")
 
     @contextlib.contextmanager
     def request(self, op):
+        if op == "trace":  # it may end the trace: no annotation around it
+            yield
+            return
         step = op == "step"
         # Step max(skip, 1) is the warm-up step the summary leaves out.
-        if step and not self.done and self.prof is None and self.seen == max(self.skip - 1, 0):
+        if step and self.prof is None and self.seen == max(self.skip - 1, 0):
             self.prof = self._profile()
             self.prof.__enter__()
             _active[0] = True
@@ -117,23 +146,24 @@ class StepTrace:
         with span("worker." + str(op)):
             yield
         if step and self.prof is not None and self.seen == max(self.skip, 1) + self.steps:
-            self._finish()
+            self.finish()
 
-    def close(self):
-        """Writes a trace still recording (the worker stops before its last
-        step)."""
-        if self.prof is not None:
-            self._finish()
-
-    def _finish(self):
-        prof, self.prof = self.prof, None
+    def finish(self):
+        """Ends the armed trace now: writes what it recorded, or, armed but
+        not yet recording, nothing; answers its request either way."""
+        if not self.armed:
+            return
+        prof, self.prof, self.armed = self.prof, None, False
         _active[0] = False
-        self.done = True
+        rid, self.rid = self.rid, None
+        if prof is None:
+            self._answer(rid, {"ok": True, "summary": "device trace %s: stopped before its first step" % os.path.basename(self.base)})
+            return
+        base = self.base
         try:
             t0 = time.perf_counter()
             prof.__exit__(None, None, None)
             t1 = time.perf_counter()
-            base = os.path.join(self.directory, "trace-%d" % os.getpid())
             prof.export_chrome_trace(base + ".json")
             t2 = time.perf_counter()
             with open(base + ".json", "rb") as src, gzip.open(base + ".json.gz", "wb", compresslevel=3) as dst:
@@ -146,8 +176,15 @@ class StepTrace:
                 f.write(text + "\n")
             log.info("%s", text.replace("\n", " | "))
             log.info("trace: stopped in %.2f s, exported in %.2f s, written in %.2f s", t1 - t0, t2 - t1, time.perf_counter() - t2)
+            self._answer(rid, {"ok": True, "file": base + ".json.gz", "summary": text})
         except Exception as e:  # a diagnosis: the worker serves on without it
             log.error("trace: not written: %s", e, exc_info=True)
+            self._answer(rid, {"ok": False, "error": {"code": INTERNAL, "message": "trace not written: %s" % e}})
+
+    def _answer(self, rid, reply):
+        if rid is not None and self.out is not None:
+            reply["id"] = rid
+            self.out.send(reply)
 
 
 def _events(trace):
@@ -227,7 +264,7 @@ def summarize(trace, name="the trace"):
     lo, hi = steps[0][1], max(e for _, e in steps)
     steps = steps[1:]
     window = hi - lo
-    lines = ["device trace %s: %d steps over %.1f ms" % (name, len(steps), window / 1e3)]
+    lines = ["device trace %s: %d step%s over %.1f ms" % (name, len(steps), "" if len(steps) == 1 else "s", window / 1e3)]
     phases = _phases(notes, lo, hi)
     kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "?")) for e in evs
                      if e.get("cat") in KERNEL_CATS)

@@ -425,7 +425,7 @@ def follow(rank, size, port, seed, settings, make_worker):
         op = req.get("op")
         if op == "shutdown":
             break
-        if op == "fault":  # the test hook acts on rank 0 only
+        if op in ("fault", "trace"):  # the test hook and the device trace act on rank 0 only
             continue
         try:
             worker.handle(req)
