@@ -20,6 +20,8 @@
 //	GET  /ready                 readiness: 200 once models are loaded (and warm,
 //	                            see WithReadyCheck), 503 otherwise
 //	GET  /metrics               the handler given to WithMetricsHandler (404 without)
+//	POST /debug/trace           the handler given to WithTraceHandler (404 without): a
+//	                            device trace of the engine's next steps, as vLLM's /start_profile
 //
 // # Request fields
 //
@@ -160,8 +162,9 @@
 // constant time. Each key has a name — the scheduler's client id for its
 // rate limits and metrics, in place of the body's "user", and what logs
 // show; never the key — the most urgent tier it may ask for, the models it
-// may use, and request and token limits per minute. /metrics (and any
-// operator route) and the keep_alive field need a key marked Admin. A
+// may use, and request and token limits per minute. /metrics,
+// /debug/trace (and any operator route) and the keep_alive field need a
+// key marked Admin. A
 // missing or wrong key is a 401, a model or tier the key may not use a
 // 403 (a request that names no tier runs at normal, or at the key's
 // highest tier if that is lower), a key over its limits a 429 with
