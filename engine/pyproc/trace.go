@@ -2,10 +2,10 @@ package pyproc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 // DefaultTraceSteps is the steps a device trace records when none are
@@ -28,18 +28,24 @@ type DeviceTrace struct {
 	Summary string
 }
 
+// traceStopWait bounds the wait for a worker's trace once it was told to
+// stop: its answer comes as soon as it has written what it recorded.
+const traceStopWait = 30 * time.Second
+
 // Trace records the next steps steps (0: DefaultTraceSteps) of every
 // worker with torch's profiler, the device's kernels and copies beside the
 // worker's phases, writes each worker's trace into dir (made if missing)
-// and returns them once all are written. The traced steps' host work is
-// slower (every host op is recorded), and each worker stalls while its
-// trace is written. It is the on-demand form of Tuning.TraceDir, for a
-// load already running: the steps are the load's, so Trace returns only
-// once the engine has stepped that often. When ctx ends first, each
-// worker's trace ends where it is (its files written, if it recorded a
-// step) and Trace returns ctx's error. A worker already tracing refuses
-// with a *WorkerError wrapping engine.ErrInvalidParam; one whose Python
-// has no torch, with one wrapping engine.ErrUnavailable.
+// and returns them, in worker order, once all are written. The traced
+// steps' host work is slower (every host op is recorded), and each worker
+// stalls while its trace is written. It is the on-demand form of
+// Tuning.TraceDir, for a load already running: the steps are the load's,
+// so a worker's trace ends only once it has stepped that often. When ctx
+// ends first, every worker's trace ends where it is and Trace returns
+// them as written then (one that had not reached its first step has no
+// File), with ctx's error. A worker already tracing refuses with a
+// *WorkerError wrapping engine.ErrInvalidParam; one whose Python has no
+// torch, with one wrapping engine.ErrUnavailable; Trace then returns that
+// error alone, the other workers' traces ended.
 func (e *Engine) Trace(ctx context.Context, dir string, steps int) ([]DeviceTrace, error) {
 	if steps < 0 {
 		return nil, fmt.Errorf("pyproc: Trace: steps %d: want 0 (%d) or more", steps, DefaultTraceSteps)
@@ -54,54 +60,74 @@ func (e *Engine) Trace(ctx context.Context, dir string, steps int) ([]DeviceTrac
 	if err != nil {
 		return nil, fmt.Errorf("pyproc: Trace: directory %q: %w", dir, err)
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make([]DeviceTrace, len(e.slots))
 	errs := make([]error, len(e.slots))
 	var wg sync.WaitGroup
 	for i, s := range e.slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			out[i], errs[i] = e.traceWorker(ctx, s, abs, steps)
-			if errs[i] != nil {
-				cancel() // the others stop where they are
+			if errs[i] != nil && ctx.Err() == nil {
+				cancel() // a failure: the others end where they are
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	// The cause, not the cancellations it caused.
-	var first error
 	for _, err := range errs {
-		if err != nil && !errors.Is(err, context.Canceled) {
+		if err != nil && err != ctx.Err() { // a failure, not an end it caused
 			return nil, err
 		}
-		if first == nil {
-			first = err
-		}
 	}
-	if first != nil {
-		return nil, first
+	if err := parent.Err(); err != nil {
+		return out, err
 	}
 	return out, nil
 }
 
-// traceWorker arms one worker's trace and waits for its reply, which the
-// worker sends once the trace is written; when ctx ends first it tells the
-// worker to end the trace.
+// traceWorker arms one worker's trace and waits for its answer, which the
+// worker sends once the trace is written. When ctx ends first it tells
+// the worker to end the trace now and waits (traceStopWait at most) for
+// what it wrote, returned with ctx's error.
 func (e *Engine) traceWorker(ctx context.Context, s *slot, dir string, steps int) (DeviceTrace, error) {
+	tr := DeviceTrace{Worker: s.idx}
 	p, err := s.current(ctx, e.closing)
 	if err != nil {
-		return DeviceTrace{}, err
+		return tr, err
 	}
-	r, err := p.call(ctx, "", request("trace", map[string]any{"dir": dir, "steps": steps}))
+	id, ch, err := p.send(request("trace", map[string]any{"dir": dir, "steps": steps}), true)
+	if err != nil {
+		return tr, err
+	}
+	// The answer is awaited past ctx's end: told to stop, the worker
+	// answers with what it recorded.
+	wait, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWaiting()
+	answered := make(chan struct{})
+	defer close(answered)
+	go func() {
+		select {
+		case <-ctx.Done():
+			// Naming the trace: one another caller armed is not ended.
+			_, _, _ = p.send(request("trace", map[string]any{"stop": true, "trace": id}), false)
+			t := time.NewTimer(traceStopWait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				stopWaiting()
+			case <-answered:
+			}
+		case <-answered:
+		}
+	}()
+	r, err := p.wait(wait, "", id, ch)
 	if err != nil {
 		if ctx.Err() != nil {
-			// Unanswered now: its answer, when the worker writes what it
-			// recorded, is dropped.
-			_, _, _ = p.send(request("trace", map[string]any{"stop": true}), false)
+			return tr, ctx.Err()
 		}
-		return DeviceTrace{}, err
+		return tr, err
 	}
-	return DeviceTrace{Worker: s.idx, File: r.File, Summary: r.Summary}, nil
+	tr.File, tr.Summary = r.File, r.Summary
+	return tr, ctx.Err()
 }

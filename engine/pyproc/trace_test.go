@@ -14,20 +14,22 @@ import (
 
 // TestTraceOnDemand: Engine.Trace traces the steps that come after it,
 // while a sequence decodes, and returns the worker's trace and summary
-// once written; a second trace meanwhile is refused as invalid; a trace
-// whose caller gives up before any step ends at the worker, which then
-// takes the next.
+// once written; a second trace meanwhile is refused as invalid, and the
+// first goes on; a trace whose caller gives up before any step ends at
+// the worker, which says so and then takes the next.
 func TestTraceOnDemand(t *testing.T) {
 	e := newEngine(t)
 	m := load(t, e, tiny(t))
 	dir := filepath.Join(t.TempDir(), "traces")
 
-	// No steps: the caller's deadline ends it, and the worker's trace too.
+	// No steps: the caller's deadline ends it, and the worker's trace too,
+	// which answers that it recorded nothing.
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	_, err := e.Trace(ctx, dir, 5)
+	early, err := e.Trace(ctx, dir, 5)
 	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a trace without steps: %v, want the deadline", err)
+	if !errors.Is(err, context.DeadlineExceeded) || len(early) != 1 || early[0].File != "" ||
+		!strings.HasSuffix(early[0].Summary, "-1: stopped before its first step") {
+		t.Fatalf("a trace without steps: %+v, %v; want the deadline and a trace that stopped before its first step", early, err)
 	}
 
 	type result struct {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
@@ -17,10 +19,15 @@ import (
 const maxTraceSteps = 10000
 
 // traceReply is /debug/trace's answer: one trace per worker of each
-// replica.
+// replica; Complete is false when the timeout ended them first.
 type traceReply struct {
-	Traces []replicaTrace `json:"traces"`
+	Traces   []replicaTrace `json:"traces"`
+	Complete bool           `json:"complete"`
 }
+
+// defaultTraceTimeout is how long /debug/trace waits for its steps unless
+// the request says (timeout=): then every trace ends where it is.
+const defaultTraceTimeout = time.Minute
 
 type replicaTrace struct {
 	Replica int    `json:"replica"`
@@ -29,16 +36,18 @@ type replicaTrace struct {
 	Summary string `json:"summary"`
 }
 
-// traceHandler answers POST /debug/trace?steps=N (default
-// pyproc.DefaultTraceSteps): every worker of every replica traces its
-// next N steps into dir (pyproc.Engine.Trace), and the answer, once all
-// are written, lists each trace's file and summary. The caller's going
-// away ends the traces where they are. engines must be the Python
-// engine's.
+// traceHandler answers POST /debug/trace?steps=N&timeout=D (defaults
+// pyproc.DefaultTraceSteps and defaultTraceTimeout): every worker of
+// every replica traces its next N steps into dir (pyproc.Engine.Trace),
+// and the answer, once all are written, lists each trace's file and
+// summary. At the timeout, or when the caller goes away, the traces end
+// where they are; the answer then says complete false. engines must be
+// the Python engine's.
 func traceHandler(engines []*pyproc.Engine, dir string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
 		steps := pyproc.DefaultTraceSteps
-		if s := r.URL.Query().Get("steps"); s != "" {
+		if s := q.Get("steps"); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > maxTraceSteps {
 				traceError(w, http.StatusBadRequest, fmt.Sprintf("steps %q: want 1 to %d", s, maxTraceSteps))
@@ -46,34 +55,54 @@ func traceHandler(engines []*pyproc.Engine, dir string) http.Handler {
 			}
 			steps = n
 		}
-		type result struct {
-			traces []pyproc.DeviceTrace
-			err    error
+		timeout := defaultTraceTimeout
+		if s := q.Get("timeout"); s != "" {
+			d, err := time.ParseDuration(s)
+			if err != nil || d <= 0 || d > time.Hour {
+				traceError(w, http.StatusBadRequest, fmt.Sprintf("timeout %q: want a duration up to 1h, e.g. 90s", s))
+				return
+			}
+			timeout = d
 		}
-		results := make([]chan result, len(engines))
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		type result struct {
+			replica int
+			traces  []pyproc.DeviceTrace
+			err     error
+		}
+		results := make(chan result, len(engines))
 		for i, e := range engines {
-			results[i] = make(chan result, 1)
 			go func() {
-				tr, err := e.Trace(r.Context(), dir, steps)
-				results[i] <- result{tr, err}
+				tr, err := e.Trace(ctx, dir, steps)
+				results <- result{i, tr, err}
 			}()
 		}
-		var reply traceReply
+		byReplica := make([][]pyproc.DeviceTrace, len(engines))
+		reply := traceReply{Complete: true}
 		var failed error
-		for i := range engines {
-			res := <-results[i]
-			if res.err != nil && failed == nil {
+		for range engines {
+			res := <-results
+			byReplica[res.replica] = res.traces
+			switch {
+			case res.err == nil:
+			case res.err == ctx.Err(): // ended early: what they recorded
+				reply.Complete = false
+			case failed == nil:
 				failed = res.err
+				cancel() // the other replicas' traces end where they are
 			}
-			for _, t := range res.traces {
+		}
+		for i, trs := range byReplica {
+			for _, t := range trs {
 				reply.Traces = append(reply.Traces, replicaTrace{Replica: i, Worker: t.Worker, File: t.File, Summary: t.Summary})
 			}
 		}
 		switch {
+		case r.Context().Err() != nil: // the caller is gone
 		case failed == nil:
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(reply)
-		case r.Context().Err() != nil: // the caller is gone
 		case errors.Is(failed, engine.ErrInvalidParam):
 			traceError(w, http.StatusConflict, failed.Error())
 		default:

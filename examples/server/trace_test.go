@@ -16,8 +16,9 @@ import (
 // TestTraceEndpoint: with -trace-dir, POST /debug/trace?steps=N on the
 // real Python engine answers once the worker has traced N steps of the
 // load that runs meanwhile, with the trace's file (written in the
-// directory) and its summary; a bad step count is refused; -trace-dir on
-// an engine without traces fails at start.
+// directory) and its summary; on an idle server the timeout ends the
+// trace, answered as incomplete; a bad step count or timeout is refused;
+// -trace-dir on an engine without traces fails at start.
 func TestTraceEndpoint(t *testing.T) {
 	py := testPython(t)
 	dir := filepath.Join(t.TempDir(), "traces")
@@ -31,10 +32,24 @@ func TestTraceEndpoint(t *testing.T) {
 	defer client.CloseIdleConnections()
 	base := "http://" + addr
 
-	if resp, err := client.Post(base+"/debug/trace?steps=0", "", nil); err != nil || resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("steps=0: %v %v, want 400", resp, err)
-	} else {
-		resp.Body.Close()
+	for _, q := range []string{"steps=0", "steps=x", "timeout=-1s", "timeout=2h"} {
+		if resp, err := client.Post(base+"/debug/trace?"+q, "", nil); err != nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %v %v, want 400", q, resp, err)
+		} else {
+			resp.Body.Close()
+		}
+	}
+	// Idle: the timeout ends the trace, which recorded nothing.
+	resp, err := client.Post(base+"/debug/trace?steps=5&timeout=300ms", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var idle traceReply
+	if err := json.Unmarshal(body, &idle); err != nil || resp.StatusCode != http.StatusOK || idle.Complete || len(idle.Traces) != 1 ||
+		idle.Traces[0].File != "" || !strings.HasSuffix(idle.Traces[0].Summary, "stopped before its first step") {
+		t.Fatalf("an idle trace: %d %s (%v), want 200, complete false, nothing recorded", resp.StatusCode, body, err)
 	}
 
 	type answer struct {
@@ -80,7 +95,7 @@ load:
 	if err := json.Unmarshal(got.body, &reply); err != nil {
 		t.Fatal(err)
 	}
-	if len(reply.Traces) != 1 {
+	if len(reply.Traces) != 1 || !reply.Complete {
 		t.Fatalf("%s: want one trace", got.body)
 	}
 	tr := reply.Traces[0]
@@ -94,7 +109,7 @@ load:
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-trace-dir", dir}, io.Discard, nil)
+	err = run(ctx, []string{"-addr", "127.0.0.1:0", "-engine", "sim", "-trace-dir", dir}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "-trace-dir") {
 		t.Errorf("-trace-dir on the simulated engine: %v, want an error naming the flag", err)
 	}

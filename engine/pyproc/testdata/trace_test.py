@@ -11,7 +11,9 @@
   writes trace-<pid>-<n>.json.gz and .txt, records nothing before or
   after, and answers the request that armed it; one trace at a time;
   ended early it writes what it has, and armed again it numbers on;
-- a directory it cannot write, or no steps, is refused with TraceError.
+- a directory it cannot write, or no steps, is refused with TraceError;
+- the trace op through the protocol's Worker: answered when written, a
+  stop ends only the trace it names, bad fields are invalid_value.
 
   python3 trace_test.py RUNTIME_DIR
 
@@ -161,5 +163,29 @@ with tempfile.TemporaryDirectory() as d:
             check(False, "armed with %r" % (args,))
         except trace.TraceError as e:
             check(("trace_dir" in str(e) or "want 1 step" in str(e)) and not st.armed, str(e))
+
+# The trace op through the protocol's Worker: answered once written (here
+# ended by a stop naming it), a stop naming another request ends nothing,
+# bad fields are invalid_value.
+from mlxsworker.protocol import Worker  # noqa: E402
+
+with tempfile.TemporaryDirectory() as d:
+    out = Out()
+    w = Worker(out, None, None, False)
+    w.reply(5, w.handle, {"id": 5, "op": "trace", "dir": d, "steps": 3})
+    check(out.sent == [] and w.tracer.armed, "the trace request answered at once: %r" % out.sent)
+    w.reply(6, w.handle, {"id": 6, "op": "trace", "stop": True, "trace": 4})
+    check(out.sent == [{"id": 6, "ok": True}] and w.tracer.armed, "a stop naming another trace: %r" % out.sent)
+    w.reply(7, w.handle, {"id": 7, "op": "trace", "dir": d, "steps": 3})
+    check(out.sent[-1]["id"] == 7 and out.sent[-1]["error"]["code"] == "invalid_value" and "under way" in out.sent[-1]["error"]["message"],
+          out.sent[-1])
+    w.reply(8, w.handle, {"id": 8, "op": "trace", "stop": True, "trace": 5})
+    check(out.sent[-2]["id"] == 5 and "stopped before its first step" in out.sent[-2]["summary"] and out.sent[-1] == {"id": 8, "ok": True}
+          and not w.tracer.armed, out.sent[-2:])
+    for i, bad in enumerate(({"dir": ""}, {"dir": 3}, {"dir": d, "steps": "x"}, {"dir": d, "steps": True}, {"dir": d, "steps": 0},
+                             {"dir": d, "skip": -1})):
+        w.reply(20 + i, w.handle, dict(bad, id=20 + i, op="trace"))
+        check(out.sent[-1]["ok"] is False and out.sent[-1]["error"]["code"] == "invalid_value" and not w.tracer.armed,
+              "trace %r: %r" % (bad, out.sent[-1]))
 
 print("%d passed, 0 failed" % passed)

@@ -192,10 +192,12 @@ class Worker:
     def trace(self, req):
         """Arms a device trace of the next "steps" steps past "skip" into
         "dir" (trace.py), answered once it is written with its "file" and
-        "summary"; "stop": true ends the armed trace now (its request is
-        answered with what it recorded) and is answered at once."""
+        "summary"; "stop": true ends the armed trace now if it is the one
+        the trace request of id "trace" armed (that request is answered
+        with what it recorded), and is answered at once."""
         if req.get("stop"):
-            self.tracer.finish()
+            if self.tracer.armed and self.tracer.rid is not None and self.tracer.rid == req.get("trace"):
+                self.tracer.finish()
             return {}
         d, steps, skip = req.get("dir"), req.get("steps", 200), req.get("skip", 0)
         if not isinstance(d, str) or not d:
