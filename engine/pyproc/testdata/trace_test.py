@@ -74,7 +74,8 @@ made = {"traceEvents": [
 text = trace.summarize(made, "made")
 lines = text.split("\n")
 check(lines[0] == "device trace made: 2 steps over 2.0 ms", lines[0])
-check(lines[1] == "the device busy 1.5 ms, 75.0% of the window (its kernels); idle 0.5 ms in 3 gaps, 0.05 ms of it copying", lines[1])
+check(lines[1] == "the device busy 1.5 ms, 75.0% of the window (its 5 kernels, 2.5 a step); idle 0.5 ms in 3 gaps, 0.05 ms of it copying",
+      lines[1])
 check(lines[2] == "idle by gap length: 10-100 us 0.10 ms (2), 100 us-1 ms 0.40 ms (1)", lines[2])
 check(lines[3] == ("idle while the worker: waited for the device 0.30 ms (15.0% of the window), "
                    "stepped (host work) 0.15 ms (7.5% of the window), waited for a request 0.05 ms (2.5% of the window)"), lines[3])

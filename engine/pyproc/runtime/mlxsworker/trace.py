@@ -287,8 +287,11 @@ def summarize(trace, name="the trace"):
         gaps.append((at, hi))
     idle = window - busy_t
     copying = _overlap(gaps, copies)
-    lines.append("the device busy %.1f ms, %.1f%% of the window (its kernels); idle %.1f ms in %d gaps, %.2f ms of it copying"
-                 % (busy_t / 1e3, 100 * busy_t / window, idle / 1e3, len(gaps), copying / 1e3))
+    # Many short kernels idle the device between them even when launched
+    # ahead (a graph's replay included): their count says how many gaps.
+    n = sum(1 for s, e, _ in kernels if e > lo and s < hi)
+    lines.append("the device busy %.1f ms, %.1f%% of the window (its %d kernels, %.1f a step); idle %.1f ms in %d gaps, %.2f ms of it copying"
+                 % (busy_t / 1e3, 100 * busy_t / window, n, n / len(steps), idle / 1e3, len(gaps), copying / 1e3))
     by_len = [[0, 0.0] for _ in LENGTHS]
     for s, e in gaps:
         i = next(k for k, (top, _) in enumerate(LENGTHS) if e - s < top)
