@@ -29,8 +29,14 @@ type DeviceTrace struct {
 }
 
 // traceStopWait bounds the wait for a worker's trace once it was told to
-// stop: its answer comes as soon as it has written what it recorded.
-const traceStopWait = 30 * time.Second
+// stop: its answer comes as soon as it has written what it recorded,
+// which takes seconds for a long trace.
+const traceStopWait = 2 * time.Minute
+
+// MaxTraceSteps is the most steps one trace records (the worker's
+// trace.MAX_STEPS): the profiler holds every event until the trace is
+// written, and the worker stalls for a time that grows with them.
+const MaxTraceSteps = 2000
 
 // Trace records the next steps steps (0: DefaultTraceSteps) of every
 // worker with torch's profiler, the device's kernels and copies beside the
@@ -45,10 +51,11 @@ const traceStopWait = 30 * time.Second
 // File), with ctx's error. A worker already tracing refuses with a
 // *WorkerError wrapping engine.ErrInvalidParam; one whose Python has no
 // torch, with one wrapping engine.ErrUnavailable; Trace then returns that
-// error alone, the other workers' traces ended.
+// error, and the other workers' traces, ended where they were. Under
+// tensor parallel a worker's trace is its rank 0's.
 func (e *Engine) Trace(ctx context.Context, dir string, steps int) ([]DeviceTrace, error) {
-	if steps < 0 {
-		return nil, fmt.Errorf("pyproc: Trace: steps %d: want 0 (%d) or more", steps, DefaultTraceSteps)
+	if steps < 0 || steps > MaxTraceSteps {
+		return nil, fmt.Errorf("pyproc: Trace: steps %d: want 0 (%d) to %d", steps, DefaultTraceSteps, MaxTraceSteps)
 	}
 	if steps == 0 {
 		steps = DefaultTraceSteps
@@ -77,7 +84,7 @@ func (e *Engine) Trace(ctx context.Context, dir string, steps int) ([]DeviceTrac
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil && err != ctx.Err() { // a failure, not an end it caused
-			return nil, err
+			return out, err
 		}
 	}
 	if err := parent.Err(); err != nil {
@@ -123,10 +130,10 @@ func (e *Engine) traceWorker(ctx context.Context, s *slot, dir string, steps int
 	}()
 	r, err := p.wait(wait, "", id, ch)
 	if err != nil {
-		if ctx.Err() != nil {
+		if wait.Err() != nil { // no answer within traceStopWait of the stop
 			return tr, ctx.Err()
 		}
-		return tr, err
+		return tr, err // the worker's refusal, or its loss
 	}
 	tr.File, tr.Summary = r.File, r.Summary
 	return tr, ctx.Err()

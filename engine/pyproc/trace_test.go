@@ -14,9 +14,9 @@ import (
 
 // TestTraceOnDemand: Engine.Trace traces the steps that come after it,
 // while a sequence decodes, and returns the worker's trace and summary
-// once written; a second trace meanwhile is refused as invalid, and the
-// first goes on; a trace whose caller gives up before any step ends at
-// the worker, which says so and then takes the next.
+// once written; a trace whose caller gives up before any step ends at
+// the worker, which says so and then takes the next; a worker tracing
+// already refuses another as invalid.
 func TestTraceOnDemand(t *testing.T) {
 	e := newEngine(t)
 	m := load(t, e, tiny(t))
@@ -41,12 +41,10 @@ func TestTraceOnDemand(t *testing.T) {
 		tr, err := e.Trace(context.Background(), dir, 5)
 		done <- result{tr, err}
 	}()
-	// Step until the trace is written; a second trace is refused while
-	// the first is armed.
+	// Step until the trace is written.
 	ctx = context.Background()
 	feed := openFeed(t, m, 1, []int32{1, 2, 3, 4, 5})
 	defer m.Free(1, "")
-	refused := false
 	var got result
 	for steps := 0; ; steps++ {
 		select {
@@ -54,14 +52,6 @@ func TestTraceOnDemand(t *testing.T) {
 		default:
 			if steps > 2000 {
 				t.Fatal("no trace after 2,000 steps")
-			}
-			if !refused {
-				_, err := e.Trace(ctx, dir, 5)
-				var we *WorkerError
-				refused = errors.Is(err, engine.ErrInvalidParam) && errors.As(err, &we) && strings.Contains(we.Message, "under way")
-				if err != nil && !refused {
-					t.Fatalf("a second trace: %v, want it refused as under way", err)
-				}
 			}
 			o, err := m.Step(ctx, []engine.StepInput{{Seq: 1, Tokens: feed, Sample: true, Params: greedy}})
 			if err != nil {
@@ -78,9 +68,6 @@ func TestTraceOnDemand(t *testing.T) {
 	}
 	if got.err != nil {
 		t.Fatal(got.err)
-	}
-	if !refused {
-		t.Error("a second trace beside the first was not refused")
 	}
 	if len(got.traces) != 1 {
 		t.Fatalf("%d traces, want one a worker", len(got.traces))
@@ -100,7 +87,17 @@ func TestTraceOnDemand(t *testing.T) {
 		t.Errorf("the summary file: %q, %v; want the summary", txt, err)
 	}
 
-	if _, err := e.Trace(ctx, dir, -1); err == nil {
-		t.Error("a trace of -1 steps accepted")
+	for _, n := range []int{-1, MaxTraceSteps + 1} {
+		if _, err := e.Trace(ctx, dir, n); err == nil {
+			t.Errorf("a trace of %d steps accepted", n)
+		}
+	}
+
+	// A worker whose start-up trace waits for its steps refuses another.
+	busy := newEngine(t, WithTuning(Tuning{TraceDir: dir, TraceSkip: 1000, TraceSteps: 5}))
+	_, err = busy.Trace(ctx, dir, 5)
+	var we *WorkerError
+	if !errors.Is(err, engine.ErrInvalidParam) || !errors.As(err, &we) || !strings.Contains(we.Message, "under way") {
+		t.Errorf("a trace beside another: %v, want it refused as under way", err)
 	}
 }

@@ -119,7 +119,8 @@ type Tuning struct {
 	// TraceSkip is the step requests a worker serves before its trace
 	// starts (TraceDir), to pass a load's warm-up.
 	TraceSkip int
-	// TraceSteps is the steps a trace records; 0: 200.
+	// TraceSteps is the steps a trace records, at most MaxTraceSteps; 0:
+	// 200.
 	TraceSteps int
 	// StepTokens is the most tokens (decodes plus prompt chunks) one step
 	// of a torch-backend decoder carries: the worker sizes its prompt-step
@@ -144,8 +145,8 @@ func (t Tuning) check() error {
 		return fmt.Errorf("pyproc: Tuning.StepTokens %d: want 0 or more", t.StepTokens)
 	case t.TraceSkip < 0:
 		return fmt.Errorf("pyproc: Tuning.TraceSkip %d: want 0 or more", t.TraceSkip)
-	case t.TraceSteps < 0:
-		return fmt.Errorf("pyproc: Tuning.TraceSteps %d: want 0 (200) or more", t.TraceSteps)
+	case t.TraceSteps < 0 || t.TraceSteps > MaxTraceSteps:
+		return fmt.Errorf("pyproc: Tuning.TraceSteps %d: want 0 (200) to %d", t.TraceSteps, MaxTraceSteps)
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}

@@ -15,7 +15,7 @@ func TestTuningRefusesOutOfRange(t *testing.T) {
 	for _, tu := range []Tuning{
 		{BlockSize: -1}, {BlockSize: 1025}, {WindowStep: -8},
 		{KVFraction: -0.1}, {KVFraction: 1.5}, {KVFraction: math.NaN()},
-		{TPTimeout: -time.Second}, {StepTokens: -1}, {TraceSkip: -1}, {TraceSteps: -5},
+		{TPTimeout: -time.Second}, {StepTokens: -1}, {TraceSkip: -1}, {TraceSteps: -5}, {TraceSteps: MaxTraceSteps + 1},
 	} {
 		var c config
 		err := WithTuning(tu)(&c)

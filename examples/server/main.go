@@ -198,8 +198,8 @@ func parseFlags(args []string) (options, error) {
 	if o.adapterSlots < 0 || o.adapterRank < 0 {
 		return o, fmt.Errorf("-lora-slots %d, -max-lora-rank %d: want 0 (the engine's default) or more", o.adapterSlots, o.adapterRank)
 	}
-	if o.traceSteps < 0 || o.traceSkip < 0 || (o.traceSteps > 0 || o.traceSkip > 0) && o.traceDir == "" {
-		return o, fmt.Errorf("-trace-steps %d, -trace-skip %d: want 0 or more, and -trace-dir", o.traceSteps, o.traceSkip)
+	if o.traceSteps < 0 || o.traceSkip < 0 || (o.traceSteps > 0 || o.traceSkip > 0) && o.traceDir == "" || o.traceSkip > 0 && o.traceSteps == 0 {
+		return o, fmt.Errorf("-trace-steps %d, -trace-skip %d: want 0 or more, with -trace-dir, and -trace-skip only with -trace-steps", o.traceSteps, o.traceSkip)
 	}
 	if err := o.cluster.check(); err != nil {
 		return o, err

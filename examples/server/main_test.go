@@ -107,7 +107,7 @@ func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{"-engine", "gpu"}, {"extra"}, {"-nope"}, {"-cache-bytes", "1000"}, {"-merge", "-cache-ttl", "0s"}, {"-stall-deadline", "-1s"},
 		{"-instance", "x"}, {"-nats", "nats://127.0.0.1:4222", "-nats-cert", "c.pem"}, {"-nats", "nats://127.0.0.1:4222", "-nats-drain-notice", "-1s"},
 		{"-nats", "nats://127.0.0.1:4222", "-nats-heartbeat", "0s"}, {"-kv-cache-dtype", "bogus"}, {"-kv-cache-dtype", "fp8", "-engine", "mlx"},
-		{"-trace-steps", "5"}, {"-trace-dir", "/tmp/t", "-trace-steps", "-1"}, {"-trace-dir", "/tmp/t", "-trace-skip", "-1"}} {
+		{"-trace-steps", "5"}, {"-trace-dir", "/tmp/t", "-trace-steps", "-1"}, {"-trace-dir", "/tmp/t", "-trace-skip", "-1"}, {"-trace-dir", "/tmp/t", "-trace-skip", "5"}} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)
 		}

@@ -7,16 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/mlxserving/mlxserving/engine"
 	"github.com/mlxserving/mlxserving/engine/pyproc"
 )
-
-// maxTraceSteps bounds the steps one /debug/trace request records: each
-// step's host ops and kernels stay in the profiler's memory until the
-// trace is written.
-const maxTraceSteps = 10000
 
 // traceReply is /debug/trace's answer: one trace per worker of each
 // replica; Complete is false when the timeout ended them first.
@@ -44,13 +40,21 @@ type replicaTrace struct {
 // where they are; the answer then says complete false. engines must be
 // the Python engine's.
 func traceHandler(engines []*pyproc.Engine, dir string) http.Handler {
+	// One trace at a time: a second would arm some workers before the
+	// first's refusal, and both would fail.
+	var tracing sync.Mutex
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tracing.TryLock() {
+			traceError(w, http.StatusConflict, "a trace is under way")
+			return
+		}
+		defer tracing.Unlock()
 		q := r.URL.Query()
 		steps := pyproc.DefaultTraceSteps
 		if s := q.Get("steps"); s != "" {
 			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 || n > maxTraceSteps {
-				traceError(w, http.StatusBadRequest, fmt.Sprintf("steps %q: want 1 to %d", s, maxTraceSteps))
+			if err != nil || n < 1 || n > pyproc.MaxTraceSteps {
+				traceError(w, http.StatusBadRequest, fmt.Sprintf("steps %q: want 1 to %d", s, pyproc.MaxTraceSteps))
 				return
 			}
 			steps = n

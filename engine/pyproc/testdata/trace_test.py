@@ -69,6 +69,11 @@ made = {"traceEvents": [
     ev("attention", 1150, 350, "kernel"),
     ev("sample", 1900, 200, "kernel"),
     ev("aten::mm", 10, 20, "cpu_op"),
+    ev("cudaLaunchKernel", -200, 5, "cuda_runtime"),  # before the window
+    ev("cudaLaunchKernel", 100, 5, "cuda_runtime"),
+    ev("cudaGraphLaunch", 1210, 20, "cuda_runtime"),
+    ev("cudaStreamSynchronize", 590, 70, "cuda_runtime"),  # the host waits for the device in the step's gap
+    ev("cudaMemcpyAsync", 1100, 40, "cuda_runtime"),  # does not wait
     {"ph": "i", "name": "worker.step", "ts": 5},  # not a complete event
 ]}
 text = trace.summarize(made, "made")
@@ -76,11 +81,14 @@ lines = text.split("\n")
 check(lines[0] == "device trace made: 2 steps over 2.0 ms", lines[0])
 check(lines[1] == "the device busy 1.5 ms, 75.0% of the window (its 5 kernels, 2.5 a step); idle 0.5 ms in 3 gaps, 0.05 ms of it copying",
       lines[1])
-check(lines[2] == "idle by gap length: 10-100 us 0.10 ms (2), 100 us-1 ms 0.40 ms (1)", lines[2])
-check(lines[3] == ("idle while the worker: waited for the device 0.30 ms (15.0% of the window), "
-                   "stepped (host work) 0.15 ms (7.5% of the window), waited for a request 0.05 ms (2.5% of the window)"), lines[3])
-check(lines[4].startswith("a gap of 0.400 ms at +1.5 ms, the worker waited for the device; after 'attention', before 'sample'"), lines[4])
-check(len(lines) == 7, "three gaps listed: %r" % lines)
+check(lines[2] == "the host launched 1 kernels and 1 CUDA graphs in the window", lines[2])
+check(lines[3] == "idle by gap length: 10-100 us 0.10 ms (2), 100 us-1 ms 0.40 ms (1)", lines[3])
+check(lines[4] == ("idle while the worker: waited for the device 0.35 ms (17.5% of the window), "
+                   "stepped (host work) 0.10 ms (5.0% of the window), waited for a request 0.05 ms (2.5% of the window)"), lines[4])
+check(lines[5].startswith("a gap of 0.400 ms at +1.5 ms, the worker waited for the device; after 'attention', before 'sample'"), lines[5])
+check(len(lines) == 8, "three gaps listed: %r" % lines)
+text = trace.summarize([e for e in made["traceEvents"] if e.get("cat") != "kernel"], "nokernels", cuda=True)
+check("no kernel recorded, though the device's events were asked for" in text, text)
 
 # Without device events, the phases' shares of the window.
 cpu = [e for e in made["traceEvents"] if e.get("cat") in ("user_annotation", None)]
@@ -121,6 +129,9 @@ with tempfile.TemporaryDirectory() as d:
             if op == "step":
                 with trace.span("worker.device_wait"):
                     time.sleep(0.0005)
+        check(st.due == (i == 6), "due after request %d" % i)
+        if st.due:  # as the protocol loop does, after the step's timing
+            st.finish()
         check(trace._active[0] == (op == "step" and 2 <= i < 6), "recording at request %d (%s)" % (i, op))
         check(st.armed == (i < 6), "armed after request %d" % i)
     with gzip.open(base + ".json.gz") as f:
@@ -158,12 +169,12 @@ with tempfile.TemporaryDirectory() as d:
     # A path under a file cannot be a directory; nothing is armed.
     blocker = os.path.join(d, "file")
     open(blocker, "w").close()
-    for args in ((os.path.join(blocker, "x"), 0, 1), (d, 0, 0), (d, -1, 5)):
+    for args in ((os.path.join(blocker, "x"), 0, 1), (d, 0, 0), (d, -1, 5), (d, 0, 2001)):
         try:
             st.arm(*args)
             check(False, "armed with %r" % (args,))
         except trace.TraceError as e:
-            check(("trace_dir" in str(e) or "want 1 step" in str(e)) and not st.armed, str(e))
+            check(("trace: directory" in str(e) or "want 1 to 2000 steps" in str(e)) and not st.armed, str(e))
 
 # The trace op through the protocol's Worker: answered once written (here
 # ended by a stop naming it), a stop naming another request ends nothing,

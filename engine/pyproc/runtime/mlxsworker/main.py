@@ -93,7 +93,7 @@ def main():
         try:
             tracer.arm(settings.trace_dir, settings.trace_skip, settings.trace_length)
         except TraceError as e:
-            refuse(out, hello, UNAVAILABLE, str(e))
+            refuse(out, hello, UNAVAILABLE, "trace_dir: %s" % e)
     hello.update({"backend": backend.name, "versions": backend.versions(), "capabilities": backend.capabilities(),
                   "max_line": args.max_line})
     out.send(hello)
@@ -112,7 +112,8 @@ def main():
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(35)
     else:
         serve(sys.stdin.buffer, out, worker, args.max_line, timing)
-    tracer.finish()  # a trace still recording is written
+    # A trace still recording is lost: the supervisor kills a worker that
+    # has not exited soon after its shutdown, sooner than a trace is written.
     # Every reply is flushed (Out.raw): exit now rather than wait for the
     # interpreter's finalisation, which takes over a second once torch is
     # imported and would keep the supervisor's shutdown waiting.

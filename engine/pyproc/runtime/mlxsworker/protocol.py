@@ -449,3 +449,5 @@ def serve(inp, out, worker, max_line, timing=None):
                 worker.reply(rid, worker.handle, req)
         if req.get("op") == "step":
             timing.step(read, time.perf_counter())
+            if tracer.due:  # written after the step's timing, which it is not part of
+                tracer.finish()

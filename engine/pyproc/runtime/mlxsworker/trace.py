@@ -60,6 +60,16 @@ COPY_CATS = ("gpu_memcpy", "gpu_memset")
 # a wait for the device inside a step is that wait, not the step.
 _PRIORITY = {"worker.device_wait": 3, "worker.wait": 1}
 
+# The most steps one trace records: the profiler keeps every event until
+# the trace ends, and stopping it, exporting and reading the trace back
+# hold the interpreter for a time that grows with them, while the
+# supervisor's watchdog waits for heartbeats.
+MAX_STEPS = 2000
+
+# The host's CUDA runtime calls that block until the device catches up: an
+# idle moment under one is the host waiting for the device.
+_SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaStreamWaitEvent")
+
 LENGTHS = ((10.0, "under 10 us"), (100.0, "10-100 us"), (1000.0, "100 us-1 ms"), (float("inf"), "1 ms or more"))
 
 
@@ -95,20 +105,21 @@ class StepTrace:
         self.rid = None  # the trace request to answer, if any
 
     def arm(self, directory, skip, steps, rid=None):
-        """Arms a trace of steps skip+1 to skip+steps (and the warm-up step
-        before them) into directory; returns the path its files start
+        """Arms a trace into directory of the steps steps after the
+        warm-up step, which is step max(skip, 1) from now (so skip 0 and 1
+        both trace steps 2 to steps+1); returns the path its files start
         with. rid: the request to answer once written. Raises TraceError
-        when a trace is armed already, torch's profiler is missing or the
-        directory cannot be written."""
+        when a trace is armed already, the counts are out of range, torch's
+        profiler is missing or the directory cannot be written."""
         if self.armed:
             raise TraceError("a trace is under way (%s)" % self.base)
-        if steps < 1 or skip < 0:
-            raise TraceError("trace: steps %d, skip %d: want 1 step or more, 0 skipped or more" % (steps, skip))
+        if not 1 <= steps <= MAX_STEPS or skip < 0:
+            raise TraceError("trace: steps %d, skip %d: want 1 to %d steps, 0 skipped or more" % (steps, skip, MAX_STEPS))
         try:
             import torch
             from torch.profiler import ProfilerActivity, profile
         except ImportError as e:
-            raise TraceError("trace_dir: the trace needs torch's profiler: %s" % e, UNAVAILABLE)
+            raise TraceError("trace: the trace needs torch's profiler: %s" % e, UNAVAILABLE)
         try:
             os.makedirs(directory, exist_ok=True)
             probe = os.path.join(directory, ".trace-%d" % os.getpid())
@@ -116,9 +127,10 @@ class StepTrace:
                 pass
             os.remove(probe)
         except OSError as e:
-            raise TraceError("trace_dir %r: %s" % (directory, e))
+            raise TraceError("trace: directory %r: %s" % (directory, e))
         activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
             activities.append(ProfilerActivity.CUDA)
         self._profile = lambda: profile(activities=activities)
         self.taken += 1
@@ -132,28 +144,48 @@ class StepTrace:
 
     @contextlib.contextmanager
     def request(self, op):
+        """Around handling a request of op while armed: starts the profiler
+        before the warm-up step and annotates the request. After the last
+        traced step, due is true: the loop then calls finish."""
         if op == "trace":  # it may end the trace: no annotation around it
             yield
             return
         step = op == "step"
         # Step max(skip, 1) is the warm-up step the summary leaves out.
         if step and self.prof is None and self.seen == max(self.skip - 1, 0):
-            self.prof = self._profile()
-            self.prof.__enter__()
-            _active[0] = True
+            self._start()
+            if not self.armed:  # the profiler would not start
+                yield
+                return
         if step:
             self.seen += 1
         with span("worker." + str(op)):
             yield
         if step and self.prof is not None and self.seen == max(self.skip, 1) + self.steps:
-            self.finish()
+            self.due = True
+
+    due = False  # the last traced step is done: the loop calls finish
+
+    def _start(self):
+        """Starts the profiler; one that will not start (another profiler
+        holds CUPTI, say) disarms the trace and answers its request."""
+        try:
+            prof = self._profile()
+            prof.__enter__()
+        except Exception as e:
+            log.error("trace: the profiler did not start: %s", e, exc_info=True)
+            rid, self.rid, self.armed = self.rid, None, False
+            self._answer(rid, {"ok": False, "error": {"code": UNAVAILABLE, "message": "trace: the profiler did not start: %s" % e}})
+            return
+        self.prof = prof
+        _active[0] = True
 
     def finish(self):
         """Ends the armed trace now: writes what it recorded, or, armed but
         not yet recording, nothing; answers its request either way."""
         if not self.armed:
             return
-        prof, self.prof, self.armed = self.prof, None, False
+        prof, self.prof, self.armed, self.due = self.prof, None, False, False
         _active[0] = False
         rid, self.rid = self.rid, None
         if prof is None:
@@ -171,7 +203,7 @@ class StepTrace:
             with open(base + ".json") as f:
                 events = json.load(f)
             os.remove(base + ".json")
-            text = summarize(events, os.path.basename(base) + ".json.gz")
+            text = summarize(events, os.path.basename(base) + ".json.gz", cuda=self.cuda)
             with open(base + ".txt", "w") as f:
                 f.write(text + "\n")
             log.info("%s", text.replace("\n", " | "))
@@ -250,14 +282,19 @@ def _label(name):
             "worker.device_wait": "waited for the device", "other": "between phases"}.get(name, name)
 
 
-def summarize(trace, name="the trace"):
+def summarize(trace, name="the trace", cuda=False):
     """The summary of a worker's trace (the profiler's Chrome trace, as
     loaded from JSON): see the module doc. Its window runs from the end of
     the first step (the warm-up step, where the profiler started) to the
-    end of the last. Times in the trace are microseconds."""
+    end of the last. The host's blocking CUDA calls (_SYNCS) count as
+    waits for the device beside the worker's own. cuda: the profiler
+    was asked for the device's events. Times in the trace are
+    microseconds."""
     evs = _events(trace)
     notes = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]) for e in evs
              if str(e.get("name", "")).startswith("worker.") and e.get("cat") != "gpu_user_annotation"]
+    notes += [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "worker.device_wait") for e in evs
+              if e.get("cat") == "cuda_runtime" and e.get("name") in _SYNCS]
     steps = sorted((s, e) for s, e, n in notes if n == "worker.step")
     if len(steps) < 2:
         return "device trace %s: no step recorded past the warm-up step" % name
@@ -273,9 +310,21 @@ def summarize(trace, name="the trace"):
         share = {}
         for s, e, p in phases:
             share[p] = share.get(p, 0.0) + e - s
-        lines.append("no device events (a CPU worker); the window: " + ", ".join(
+        what = ("no kernel recorded, though the device's events were asked for (did CUPTI record nothing?)" if cuda
+                else "no device events (a CPU worker)")
+        lines.append(what + "; the window: " + ", ".join(
             "%s %.1f%%" % (_label(p), 100 * t / window) for p, t in sorted(share.items(), key=lambda x: -x[1])))
         return "\n".join(lines)
+    # The host's launches: kernels the device recorded fewer of than were
+    # launched (graph replays aside) would read as idle time.
+    launches = {"kernel": 0, "graph": 0}
+    for e in evs:
+        if e.get("cat") == "cuda_runtime" and lo <= float(e["ts"]) < hi:
+            n = e.get("name", "")
+            if "LaunchKernel" in n:
+                launches["kernel"] += 1
+            elif "GraphLaunch" in n:
+                launches["graph"] += 1
     busy = [(max(s, lo), min(e, hi)) for s, e in _merge((s, e) for s, e, _ in kernels) if e > lo and s < hi]
     busy_t = sum(e - s for s, e in busy)
     gaps, at = [], lo
@@ -292,6 +341,7 @@ def summarize(trace, name="the trace"):
     n = sum(1 for s, e, _ in kernels if e > lo and s < hi)
     lines.append("the device busy %.1f ms, %.1f%% of the window (its %d kernels, %.1f a step); idle %.1f ms in %d gaps, %.2f ms of it copying"
                  % (busy_t / 1e3, 100 * busy_t / window, n, n / len(steps), idle / 1e3, len(gaps), copying / 1e3))
+    lines.append("the host launched %d kernels and %d CUDA graphs in the window" % (launches["kernel"], launches["graph"]))
     by_len = [[0, 0.0] for _ in LENGTHS]
     for s, e in gaps:
         i = next(k for k, (top, _) in enumerate(LENGTHS) if e - s < top)
