@@ -25,7 +25,8 @@
 // Where the GPU idles under a load: pass the server -trace-dir DIR after
 // -- (with -trace-skip past the load's warm-up); each worker writes a
 // device trace of its steps there and a summary of its idle gaps and what
-// the worker did in them (pyproc.Tuning.TraceDir):
+// the worker did in them (pyproc.Tuning.TraceDir), which gpubench prints
+// under the load's row:
 //
 //	gpubench -serving -shape llama1b -dir /tmp/llama1b -server bin/server -loadgen bin/loadgen -loads c256:1024 -- -trace-dir /tmp/trace -trace-skip 200
 //

@@ -169,6 +169,9 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		if w := workerTiming(logf.Name(), logAt); w != "" {
 			fmt.Printf("  workers, during this load: %s\n", w)
 		}
+		for _, tr := range workerTraces(logf.Name(), logAt) { // the server run with -trace-dir
+			fmt.Printf("  a worker's device trace, during this load:\n    %s\n", strings.ReplaceAll(tr, "\n", "\n    "))
+		}
 		if clocksSeen != "-" {
 			fmt.Printf("  GPU during this load: %s\n", clocksSeen)
 		}
@@ -228,6 +231,28 @@ func workerTiming(path string, from int64) string {
 	if timed > 0 {
 		out += fmt.Sprintf("; the device busy %.2f ms a step (%d steps timed), %.0f%% of the windows", busy/float64(timed), timed,
 			share/max(timedSecs, 1e-9))
+	}
+	return out
+}
+
+// traceLine is a worker's device-trace summary as the server logs it
+// (mlxsworker/trace.py, its lines joined by " | " in a quoted msg).
+var traceLine = regexp.MustCompile(`msg="INFO trace: (device trace (?:[^"\\]|\\.)*)"`)
+
+// workerTraces returns the device-trace summaries the workers logged past
+// offset from of the server log, one line of text per summary line.
+func workerTraces(path string, from int64) []string {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) < from {
+		return nil
+	}
+	var out []string
+	for _, m := range traceLine.FindAllStringSubmatch(string(b[from:]), -1) {
+		text, err := strconv.Unquote(`"` + m[1] + `"`)
+		if err != nil {
+			text = m[1]
+		}
+		out = append(out, strings.ReplaceAll(text, " | ", "\n"))
 	}
 	return out
 }

@@ -105,3 +105,30 @@ time=6 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the wo
 		t.Errorf("missing log: %q", got)
 	}
 }
+
+// TestWorkerTraces finds the device-trace summaries a worker logged past
+// an offset of a server log, their lines split again.
+func TestWorkerTraces(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "server.log")
+	before := `time=1 level=INFO msg="INFO trace: device trace trace-1-1.json.gz: 5 steps over 9.0 ms | no device events (a CPU worker); the window: stepped (host work) 90.0%" worker=0
+`
+	during := `time=2 level=INFO msg="INFO timing: steps: 10 in 1.0 s" worker=0
+time=3 level=INFO msg="INFO trace: device trace trace-1-2.json.gz: 250 steps over 3000.0 ms | the device busy 2700.0 ms, 90.0% of the window | a gap of 1.000 ms at +3.0 ms, the worker stepped (host work); after 'k \"a\"', before nothing" worker=0
+time=4 level=INFO msg="INFO trace: trace: stopped in 0.50 s, exported in 0.10 s, written in 0.20 s" worker=0
+`
+	if err := os.WriteFile(log, []byte(before+during), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := workerTraces(log, int64(len(before)))
+	want := "device trace trace-1-2.json.gz: 250 steps over 3000.0 ms\nthe device busy 2700.0 ms, 90.0% of the window\n" +
+		`a gap of 1.000 ms at +3.0 ms, the worker stepped (host work); after 'k "a"', before nothing`
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("got %q, want [%q]", got, want)
+	}
+	if got := workerTraces(log, 0); len(got) != 2 {
+		t.Errorf("from the start: %d summaries, want 2", len(got))
+	}
+	if got := workerTraces(filepath.Join(t.TempDir(), "missing"), 0); got != nil {
+		t.Errorf("missing log: %q", got)
+	}
+}
