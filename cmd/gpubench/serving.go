@@ -166,10 +166,11 @@ func runServing(ctx context.Context, dir string, c servingConfig) error {
 		if s.FirstError != "" {
 			fmt.Printf("  first error: %s\n", s.FirstError)
 		}
-		if w := workerTiming(logf.Name(), logAt); w != "" {
+		logged := logFrom(logf.Name(), logAt)
+		if w := workerTiming(logged); w != "" {
 			fmt.Printf("  workers, during this load: %s\n", w)
 		}
-		for _, tr := range workerTraces(logf.Name(), logAt) { // the server run with -trace-dir
+		for _, tr := range workerTraces(logged) { // the server run with -trace-dir
 			fmt.Printf("  a worker's device trace, during this load:\n    %s\n", strings.ReplaceAll(tr, "\n", "\n    "))
 		}
 		if clocksSeen != "-" {
@@ -186,20 +187,26 @@ const workerIdle = 2500 * time.Millisecond
 
 var timingLine = regexp.MustCompile(`steps: (\d+) in ([\d.]+) s; a step ([\d.]+) ms in the worker \(([\d.]+) ms of it waiting for the device\), ([\d.]+) ms from its reply[^;\n"]*(; the device busy ([\d.]+) ms a step \((\d+) steps timed\), (\d+)% of the window)?`)
 
-// workerTiming combines the step-cycle summaries the workers logged past
-// offset from of the server log (mlxsworker/timing.py: time in the
-// worker a step, waiting for the device, and from its reply to the next
-// step's request, each weighted by its steps; where the worker timed them,
-// the device's busy time a step, weighted by the steps timed, and its
-// share of the windows, by their length), or "" when there are none.
-func workerTiming(path string, from int64) string {
+// logFrom is the server log at path past offset from, "" when it cannot
+// be read.
+func logFrom(path string, from int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil || int64(len(b)) < from {
 		return ""
 	}
+	return string(b[from:])
+}
+
+// workerTiming combines the step-cycle summaries the workers logged in
+// logged, a part of the server log (mlxsworker/timing.py: time in the
+// worker a step, waiting for the device, and from its reply to the next
+// step's request, each weighted by its steps; where the worker timed them,
+// the device's busy time a step, weighted by the steps timed, and its
+// share of the windows, by their length), or "" when there are none.
+func workerTiming(logged string) string {
 	var steps, windows, timed int
 	var secs, inside, wait, between, busy, share, timedSecs float64
-	for _, m := range timingLine.FindAllStringSubmatch(string(b[from:]), -1) {
+	for _, m := range timingLine.FindAllStringSubmatch(logged, -1) {
 		if m[6] != "" {
 			ms, _ := strconv.ParseFloat(m[7], 64)
 			k, _ := strconv.Atoi(m[8])
@@ -239,15 +246,11 @@ func workerTiming(path string, from int64) string {
 // (mlxsworker/trace.py, its lines joined by " | " in a quoted msg).
 var traceLine = regexp.MustCompile(`msg="INFO trace: (device trace (?:[^"\\]|\\.)*)"`)
 
-// workerTraces returns the device-trace summaries the workers logged past
-// offset from of the server log, one line of text per summary line.
-func workerTraces(path string, from int64) []string {
-	b, err := os.ReadFile(path)
-	if err != nil || int64(len(b)) < from {
-		return nil
-	}
+// workerTraces returns the device-trace summaries the workers logged in
+// logged, a part of the server log, one line of text per summary line.
+func workerTraces(logged string) []string {
 	var out []string
-	for _, m := range traceLine.FindAllStringSubmatch(string(b[from:]), -1) {
+	for _, m := range traceLine.FindAllStringSubmatch(logged, -1) {
 		text, err := strconv.Unquote(`"` + m[1] + `"`)
 		if err != nil {
 			text = m[1]

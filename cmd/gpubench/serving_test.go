@@ -87,10 +87,10 @@ time=6 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the wo
 		t.Fatal(err)
 	}
 	want := "steps: 40 in 4.0 s (2 summaries); a step 1.75 ms in the worker (0.50 ms of it waiting for the device), 0.35 ms from its reply to the next step's request"
-	if got := workerTiming(log, int64(len(before))); got != want {
+	if got := workerTiming(logFrom(log, int64(len(before)))); got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if got := workerTiming(log, int64(len(before)+len(during))); got != "" {
+	if got := workerTiming(logFrom(log, int64(len(before)+len(during)))); got != "" {
 		t.Errorf("nothing past the offset: %q", got)
 	}
 	// The device's busy time where the worker timed it (CUDA).
@@ -98,10 +98,10 @@ time=6 level=INFO msg="INFO timing: steps: 30 in 3.0 s; a step 2.00 ms in the wo
 		t.Fatal(err)
 	}
 	want += "; the device busy 1.40 ms a step (40 steps timed), 65% of the windows"
-	if got := workerTiming(log, 0); got != want {
+	if got := workerTiming(logFrom(log, 0)); got != want {
 		t.Errorf("timed: got %q, want %q", got, want)
 	}
-	if got := workerTiming(filepath.Join(t.TempDir(), "missing"), 0); got != "" {
+	if got := workerTiming(logFrom(filepath.Join(t.TempDir(), "missing"), 0)); got != "" {
 		t.Errorf("missing log: %q", got)
 	}
 }
@@ -119,16 +119,16 @@ time=4 level=INFO msg="INFO trace: trace: stopped in 0.50 s, exported in 0.10 s,
 	if err := os.WriteFile(log, []byte(before+during), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got := workerTraces(log, int64(len(before)))
+	got := workerTraces(logFrom(log, int64(len(before))))
 	want := "device trace trace-1-2.json.gz: 250 steps over 3000.0 ms\nthe device busy 2700.0 ms, 90.0% of the window\n" +
 		`a gap of 1.000 ms at +3.0 ms, the worker stepped (host work); after 'k "a"', before nothing`
 	if len(got) != 1 || got[0] != want {
 		t.Errorf("got %q, want [%q]", got, want)
 	}
-	if got := workerTraces(log, 0); len(got) != 2 {
+	if got := workerTraces(logFrom(log, 0)); len(got) != 2 {
 		t.Errorf("from the start: %d summaries, want 2", len(got))
 	}
-	if got := workerTraces(filepath.Join(t.TempDir(), "missing"), 0); got != nil {
+	if got := workerTraces(logFrom(filepath.Join(t.TempDir(), "missing"), 0)); got != nil {
 		t.Errorf("missing log: %q", got)
 	}
 }

@@ -87,10 +87,7 @@ func (e *Engine) Trace(ctx context.Context, dir string, steps int) ([]DeviceTrac
 			return out, err
 		}
 	}
-	if err := parent.Err(); err != nil {
-		return out, err
-	}
-	return out, nil
+	return out, parent.Err()
 }
 
 // traceWorker arms one worker's trace and waits for its answer, which the

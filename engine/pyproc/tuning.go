@@ -146,7 +146,7 @@ func (t Tuning) check() error {
 	case t.TraceSkip < 0:
 		return fmt.Errorf("pyproc: Tuning.TraceSkip %d: want 0 or more", t.TraceSkip)
 	case t.TraceSteps < 0 || t.TraceSteps > MaxTraceSteps:
-		return fmt.Errorf("pyproc: Tuning.TraceSteps %d: want 0 (200) to %d", t.TraceSteps, MaxTraceSteps)
+		return fmt.Errorf("pyproc: Tuning.TraceSteps %d: want 0 (%d) to %d", t.TraceSteps, DefaultTraceSteps, MaxTraceSteps)
 	case t.TPTimeout < 0:
 		return fmt.Errorf("pyproc: Tuning.TPTimeout %v: want 0 (5m) or more", t.TPTimeout)
 	}
@@ -220,7 +220,7 @@ func (t Tuning) settingsArg() string {
 		s.TPTimeout = 300
 	}
 	if s.TraceSteps == 0 {
-		s.TraceSteps = 200
+		s.TraceSteps = DefaultTraceSteps
 	}
 	if t.DenseLoRA {
 		s.LoRAPlan = "dense"

@@ -15,7 +15,7 @@ import traceback
 from .errors import (CHECKPOINT, INTERNAL, INVALID, MODEL_NOT_FOUND, NOT_RUN, OUT_OF_MEMORY, TOO_LARGE,
                      CheckpointError, ProtocolError)
 from .timing import StepTiming
-from .trace import StepTrace, TraceError
+from .trace import DEFAULT_STEPS, StepTrace, TraceError
 
 # What a handler returns for a request it answers later itself (trace).
 DEFERRED = object()
@@ -199,7 +199,7 @@ class Worker:
             if self.tracer.armed and self.tracer.rid is not None and self.tracer.rid == req.get("trace"):
                 self.tracer.finish()
             return {}
-        d, steps, skip = req.get("dir"), req.get("steps", 200), req.get("skip", 0)
+        d, steps, skip = req.get("dir"), req.get("steps", DEFAULT_STEPS), req.get("skip", 0)
         if not isinstance(d, str) or not d:
             raise ProtocolError(INVALID, "trace: dir: want a directory, got %r" % (d,))
         for k, v in (("steps", steps), ("skip", skip)):

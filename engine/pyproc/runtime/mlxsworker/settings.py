@@ -9,6 +9,8 @@ Settings() as it is.
 import dataclasses
 import json
 
+from .trace import DEFAULT_STEPS
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -87,7 +89,7 @@ class Settings:
     @property
     def trace_length(self):
         """trace_steps with its default applied."""
-        return self.trace_steps or 200
+        return self.trace_steps or DEFAULT_STEPS
 
     @property
     def lookahead_limit(self):

@@ -15,7 +15,8 @@ The annotations:
 - worker.<op>: handling a request of that op (worker.step, worker.open,
   worker.free, ...), its reply included;
 - worker.device_wait: inside a step, the host blocked on the device's
-  results (torchrt's HostCopy).
+  results (torchrt's HostCopy); the host's blocking CUDA calls (_SYNCS)
+  count as such waits too.
 
 It then writes trace-<pid>-<n>.json.gz (a Chrome trace: Perfetto and
 chrome://tracing open it) and trace-<pid>-<n>.txt, a summary logged as well:
@@ -40,7 +41,6 @@ import gzip
 import json
 import logging
 import os
-import shutil
 import time
 
 from .errors import INTERNAL, INVALID, UNAVAILABLE
@@ -59,6 +59,9 @@ COPY_CATS = ("gpu_memcpy", "gpu_memset")
 # Which phase an idle moment counts under when annotations nest or meet:
 # a wait for the device inside a step is that wait, not the step.
 _PRIORITY = {"worker.device_wait": 3, "worker.wait": 1}
+
+# The steps a trace records when none are asked for.
+DEFAULT_STEPS = 200
 
 # The most steps one trace records: the profiler keeps every event until
 # the trace ends, and stopping it, exporting and reading the trace back
@@ -103,6 +106,7 @@ class StepTrace:
         self.taken = 0  # traces armed so far, numbering their files
         self.prof = None
         self.rid = None  # the trace request to answer, if any
+        self.due = False  # the last traced step is done: the loop calls finish
 
     def arm(self, directory, skip, steps, rid=None):
         """Arms a trace into directory of the steps steps after the
@@ -164,8 +168,6 @@ class StepTrace:
         if step and self.prof is not None and self.seen == max(self.skip, 1) + self.steps:
             self.due = True
 
-    due = False  # the last traced step is done: the loop calls finish
-
     def _start(self):
         """Starts the profiler; one that will not start (another profiler
         holds CUPTI, say) disarms the trace and answers its request."""
@@ -198,11 +200,12 @@ class StepTrace:
             t1 = time.perf_counter()
             prof.export_chrome_trace(base + ".json")
             t2 = time.perf_counter()
-            with open(base + ".json", "rb") as src, gzip.open(base + ".json.gz", "wb", compresslevel=3) as dst:
-                shutil.copyfileobj(src, dst)
-            with open(base + ".json") as f:
-                events = json.load(f)
+            with open(base + ".json", "rb") as f:
+                raw = f.read()
             os.remove(base + ".json")
+            with gzip.open(base + ".json.gz", "wb", compresslevel=3) as f:
+                f.write(raw)
+            events = json.loads(raw)
             text = summarize(events, os.path.basename(base) + ".json.gz", cuda=self.cuda)
             with open(base + ".txt", "w") as f:
                 f.write(text + "\n")
@@ -238,17 +241,26 @@ def _merge(intervals):
     return out
 
 
-def _overlap(a, b):
-    """The time two sorted lists of disjoint intervals share."""
-    out, j = 0.0, 0
+def _overlaps(a, b):
+    """Yields (k, t) for each interval b[k] that an interval of a shares
+    time t > 0 with; a and b are sorted lists of disjoint intervals whose
+    first two fields are start and end."""
+    j = 0
     for s, e in a:
         while j < len(b) and b[j][1] <= s:
             j += 1
         k = j
         while k < len(b) and b[k][0] < e:
-            out += max(0.0, min(e, b[k][1]) - max(s, b[k][0]))
+            t = min(e, b[k][1]) - max(s, b[k][0])
+            if t > 0:
+                yield k, t
             k += 1
-    return out
+
+
+def _span(e):
+    """A trace event's (start, end), microseconds."""
+    ts = float(e["ts"])
+    return ts, ts + float(e.get("dur", 0))
 
 
 def _phases(notes, lo, hi):
@@ -291,10 +303,9 @@ def summarize(trace, name="the trace", cuda=False):
     was asked for the device's events. Times in the trace are
     microseconds."""
     evs = _events(trace)
-    notes = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]) for e in evs
+    notes = [(*_span(e), e["name"]) for e in evs
              if str(e.get("name", "")).startswith("worker.") and e.get("cat") != "gpu_user_annotation"]
-    notes += [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "worker.device_wait") for e in evs
-              if e.get("cat") == "cuda_runtime" and e.get("name") in _SYNCS]
+    notes += [(*_span(e), "worker.device_wait") for e in evs if e.get("cat") == "cuda_runtime" and e.get("name") in _SYNCS]
     steps = sorted((s, e) for s, e, n in notes if n == "worker.step")
     if len(steps) < 2:
         return "device trace %s: no step recorded past the warm-up step" % name
@@ -303,9 +314,8 @@ def summarize(trace, name="the trace", cuda=False):
     window = hi - lo
     lines = ["device trace %s: %d step%s over %.1f ms" % (name, len(steps), "" if len(steps) == 1 else "s", window / 1e3)]
     phases = _phases(notes, lo, hi)
-    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "?")) for e in evs
-                     if e.get("cat") in KERNEL_CATS)
-    copies = _merge((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in evs if e.get("cat") in COPY_CATS)
+    kernels = sorted((*_span(e), e.get("name", "?")) for e in evs if e.get("cat") in KERNEL_CATS)
+    copies = _merge(_span(e) for e in evs if e.get("cat") in COPY_CATS)
     if not kernels:
         share = {}
         for s, e, p in phases:
@@ -335,7 +345,7 @@ def summarize(trace, name="the trace", cuda=False):
     if at < hi:
         gaps.append((at, hi))
     idle = window - busy_t
-    copying = _overlap(gaps, copies)
+    copying = sum(t for _, t in _overlaps(gaps, copies))
     # Many short kernels idle the device between them even when launched
     # ahead (a graph's replay included): their count says how many gaps.
     n = sum(1 for s, e, _ in kernels if e > lo and s < hi)
@@ -349,18 +359,10 @@ def summarize(trace, name="the trace", cuda=False):
         by_len[i][1] += e - s
     lines.append("idle by gap length: " + ", ".join("%s %.2f ms (%d)" % (lab, t / 1e3, n)
                                                     for (n, t), (_, lab) in zip(by_len, LENGTHS) if n))
-    # Each idle moment under the phase open then: the phases are disjoint
-    # and sorted, so one pass over both lists.
-    idle_in, j = {}, 0
-    for s, e in gaps:
-        while j < len(phases) and phases[j][1] <= s:
-            j += 1
-        k = j
-        while k < len(phases) and phases[k][0] < e:
-            ov = min(e, phases[k][1]) - max(s, phases[k][0])
-            if ov > 0:
-                idle_in[phases[k][2]] = idle_in.get(phases[k][2], 0.0) + ov
-            k += 1
+    # Each idle moment under the phase open then.
+    idle_in = {}
+    for k, t in _overlaps(gaps, phases):
+        idle_in[phases[k][2]] = idle_in.get(phases[k][2], 0.0) + t
     if idle > 0:
         lines.append("idle while the worker: " + ", ".join("%s %.2f ms (%.1f%% of the window)" % (_label(p), t / 1e3, 100 * t / window)
                                                            for p, t in sorted(idle_in.items(), key=lambda x: -x[1])))
